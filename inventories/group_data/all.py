@@ -1,0 +1,106 @@
+# Every tunable of tritonfleet lives here, once, with its default and what it does.
+# Per-GPU-class values are in t4.py / l4.py; per-host values in the inventory.
+# Precedence (pyinfra): --data > host data > group_data/<group>.py > inventory group data > this file.
+# README's "Tunables" table lists the same names (a test keeps them in step).
+
+# --- Target OS ---------------------------------------------------------------------------
+# Distro codename used in NVIDIA's CUDA repository path (ubuntu2204, ubuntu2404, debian12).
+# None: derived from the host's /etc/os-release.
+cuda_distro = None
+
+# --- NVIDIA driver ------------------------------------------------------------------------
+# CUDA network repository (a directory per distro/arch below it).
+cuda_repo_url = "https://developer.download.nvidia.com/compute/cuda/repos"
+# Signing key file inside <cuda_repo_url>/<distro>/<arch>/ and its pinned fingerprint.
+# The key is fetched on the host and trusted only if its fingerprint equals this one.
+cuda_repo_key_name = "3bf863cc.pub"
+cuda_repo_key_fingerprint = "EB693B3035CD5710E231E123A4B469963BF863CC"
+# Driver branch (e.g. "535"). Set per GPU class in t4.py / l4.py; a host may override it.
+nvidia_driver_branch = None
+# Exact driver package version to pin (e.g. "535.183.01-1"); None: newest of the branch.
+nvidia_driver_version = None
+# Driver packages; "{branch}" is replaced by nvidia_driver_branch.
+nvidia_driver_packages = ["cuda-drivers-{branch}"]
+# Kernel headers and DKMS so the module is rebuilt on kernel upgrades; "{kernel}" = uname -r.
+nvidia_kernel_packages = ["linux-headers-{kernel}", "dkms"]
+# Hold the driver packages (apt-mark hold + unattended-upgrades blacklist).
+nvidia_hold_packages = True
+# Enable the nvidia-persistenced service.
+nvidia_persistenced = True
+# Reboot when the loaded driver does not match the installed one (after a driver change).
+nvidia_reboot_if_needed = True
+# Seconds to wait for a rebooted host to answer SSH again.
+nvidia_reboot_timeout = 600
+
+# --- Docker Engine ------------------------------------------------------------------------
+# "docker": Docker's apt repository (pinned key + version); "distro": the distro's docker.io.
+docker_source = "docker"
+docker_repo_url = "https://download.docker.com/linux"
+docker_repo_key_fingerprint = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+# Exact docker-ce version to pin (e.g. "5:27.3.1-1~ubuntu.22.04~jammy"); None: newest.
+docker_version = None
+
+# --- NVIDIA Container Toolkit ------------------------------------------------------------
+container_toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stable/deb"
+container_toolkit_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
+container_toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+# The four toolkit packages are pinned together to this version.
+container_toolkit_version = "1.16.2-1"
+
+# --- GPU verification --------------------------------------------------------------------
+# Image the article uses to prove `docker run --gpus all` reaches the GPU.
+cuda_test_image = "nvidia/cuda:12.2.0-base-ubuntu22.04"
+# Lowest compute capability and CUDA version accepted (the article: 6.0 and 12).
+gpu_min_compute_capability = "6.0"
+gpu_min_cuda_version = "12.0"
+
+# --- Triton images ------------------------------------------------------------------------
+triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3"
+# Image archives to `docker load` instead of pulling (air-gapped sites): {image: local path}.
+image_archives = {}
+# Private registry login: user name, and the environment variable holding the secret
+# (read on the control machine, passed to `docker login --password-stdin`). None: no login.
+registry_user = None
+registry_password_env = "TRITONFLEET_REGISTRY_PASSWORD"
+
+# --- Triton model repository --------------------------------------------------------------
+# Local model repository (relative to the working directory) synced to every host.
+model_repository = "files/model_repository"
+# Per-class overrides of config.pbtxt (rendered through templates): {model: {key: value}}.
+model_overrides = {}
+# Where releases of the model repository live on the host; `current` points at the live one.
+triton_base_dir = "/opt/triton"
+# How many previous model releases to keep on the host (for rollback).
+triton_keep_releases = 3
+
+# --- Triton service -----------------------------------------------------------------------
+triton_service = "triton"
+triton_container_name = "triton-server"
+triton_http_port = 8000
+triton_grpc_port = 8001
+triton_metrics_port = 8002
+# Host addresses the ports are published on ("" = all). Narrow them behind a firewall/LB.
+triton_http_bind = ""
+triton_grpc_bind = ""
+triton_metrics_bind = ""
+# docker run flags; set a flag to None to drop it (e.g. memlock on hosts that cannot raise it).
+triton_gpus = "all"
+triton_shm_size = "1g"
+triton_ulimit_memlock = "-1"
+triton_ulimit_stack = "67108864"
+triton_strict_model_config = True
+# none | explicit (explicit: models loaded through the repository API, zero-downtime updates)
+triton_model_control_mode = "none"
+# Extra arguments appended to the tritonserver command line.
+triton_extra_args = []
+# Seconds systemd waits for the container to start (image unpack can be slow).
+triton_start_timeout = 600
+
+# --- Health gate --------------------------------------------------------------------------
+# "direct": HTTP to the host's ports; "ssh": through a tunnel over the host's SSH connection.
+health_via = "direct"
+# Address the control machine uses for the host's Triton ports; None: the SSH address.
+health_host = None
+# Total seconds to wait for live/ready/model-ready/metrics, and per-request timeout.
+health_timeout = 180
+health_request_timeout = 5
