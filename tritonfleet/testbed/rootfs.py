@@ -1,0 +1,164 @@
+"""Debian root filesystems for the testbed, built with debootstrap and cached as tar.zst.
+
+The Debian mirror is never written down here: it is read from this machine's own apt
+configuration, and that configuration is copied into every root filesystem so the test
+hosts use the same mirror as the machine that built them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE = Path(os.environ.get("TRITONFLEET_CACHE", "/var/cache/tritonfleet"))
+SUITE = "bookworm"
+
+
+@dataclass(frozen=True)
+class Mirror:
+    uri: str
+    suite: str
+    components: tuple[str, ...]
+
+
+def _deb822_stanzas(text: str):
+    stanza: dict[str, str] = {}
+    for line in text.splitlines() + [""]:
+        if not line.strip():
+            if stanza:
+                yield stanza
+            stanza = {}
+            continue
+        if line.startswith("#"):
+            continue
+        if ":" in line and not line[0].isspace():
+            key, _, value = line.partition(":")
+            stanza[key.strip().lower()] = value.strip()
+    return
+
+
+def parse_apt_sources(files: dict[str, str]) -> list[Mirror]:
+    """Parse sources.list and deb822 .sources texts ({file name: text}) into mirrors."""
+    mirrors: list[Mirror] = []
+    for name, text in files.items():
+        if name.endswith(".sources"):
+            for st in _deb822_stanzas(text):
+                if "deb" not in st.get("types", "").split():
+                    continue
+                if st.get("enabled", "yes").lower() == "no":
+                    continue
+                comps = tuple(st.get("components", "main").split())
+                for uri in st.get("uris", "").split():
+                    for suite in st.get("suites", "").split():
+                        mirrors.append(Mirror(uri.rstrip("/"), suite, comps))
+        else:
+            for line in text.splitlines():
+                line = re.sub(r"\[[^\]]*\]", "", line.split("#", 1)[0]).split()
+                if len(line) >= 3 and line[0] == "deb":
+                    mirrors.append(Mirror(line[1].rstrip("/"), line[2], tuple(line[3:])))
+    return mirrors
+
+
+def read_apt_sources(root: Path = Path("/")) -> dict[str, str]:
+    out: dict[str, str] = {}
+    main = root / "etc/apt/sources.list"
+    if main.exists():
+        out[str(main)] = main.read_text()
+    d = root / "etc/apt/sources.list.d"
+    if d.is_dir():
+        for p in sorted(d.iterdir()):
+            if p.suffix in (".list", ".sources") and p.is_file():
+                out[str(p)] = p.read_text()
+    return out
+
+
+def debian_mirror(suite: str = SUITE) -> Mirror:
+    """The mirror this machine's apt uses for Debian ``suite`` (main archive, not security)."""
+    for m in parse_apt_sources(read_apt_sources()):
+        if m.suite == suite and "main" in m.components and "security" not in m.uri:
+            return m
+    raise RuntimeError(
+        f"no apt source for Debian {suite} main found in /etc/apt/sources.list(.d); "
+        "the testbed uses this machine's own Debian mirror"
+    )
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("check", True)
+    return subprocess.run(cmd, **kw)
+
+
+def debootstrap(target: Path, include: list[str], variant: str = "minbase") -> None:
+    """debootstrap ``SUITE`` into ``target`` from this machine's mirror, then copy its apt setup."""
+    mirror = debian_mirror()
+    target.mkdir(parents=True, exist_ok=True)
+    run(
+        [
+            "debootstrap",
+            f"--variant={variant}",
+            "--include=" + ",".join(include),
+            SUITE,
+            str(target),
+            mirror.uri,
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    copy_apt_config(target)
+
+
+def copy_apt_config(target: Path) -> None:
+    """Give ``target`` this machine's apt sources and apt.conf.d (same mirror, same options)."""
+    for sub in ("etc/apt/sources.list.d", "etc/apt/apt.conf.d"):
+        src = Path("/") / sub
+        if src.is_dir():
+            dst = target / sub
+            dst.mkdir(parents=True, exist_ok=True)
+            for p in src.iterdir():
+                if p.is_file() and not p.name.endswith(".disabled-by-farm"):
+                    if sub.endswith("sources.list.d") and p.suffix not in (".list", ".sources"):
+                        continue
+                    shutil.copy2(p, dst / p.name)
+    main = Path("/etc/apt/sources.list")
+    dst = target / "etc/apt/sources.list"
+    if main.exists():
+        shutil.copy2(main, dst)
+    elif dst.exists() and (target / "etc/apt/sources.list.d").glob("*.sources"):
+        dst.unlink()
+    # keyrings named by Signed-By in the copied sources
+    for text in read_apt_sources(target).values():
+        for m in re.finditer(r"(?:Signed-By:|signed-by=)\s*(/\S+?)(?:\]|\s|$)", text):
+            key = Path(m.group(1))
+            if key.exists() and not (target / key.relative_to("/")).exists():
+                (target / key.relative_to("/")).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(key, target / key.relative_to("/"))
+
+
+def cached_tarball(name: str, recipe: str, build) -> Path:
+    """Return CACHE/<name>-<hash(recipe)>.tar.zst, building it with ``build(dir)`` when missing."""
+    digest = hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    out = CACHE / f"{name}-{digest}.tar.zst"
+    if out.exists():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = CACHE / f".build-{name}-{digest}"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir()
+    try:
+        build(work)
+        tmp = out.with_suffix(".tmp")
+        run(["tar", "--zstd", "-C", str(work), "-cpf", str(tmp), "."])
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def extract(tarball: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    run(["tar", "--zstd", "-C", str(dest), "-xpf", str(tarball)])
