@@ -1,0 +1,6 @@
+# Read-only: GPU verification and the health gate. Changes nothing.
+from tritonfleet.steps.triton import health_gate
+from tritonfleet.steps.verify import verify_gpus
+
+verify_gpus(load_image=False)
+health_gate()

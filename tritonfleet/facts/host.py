@@ -1,0 +1,98 @@
+"""Facts about the host's apt keys, Docker and Triton releases. Each reads, never fails hard."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import FactBase
+
+
+class KeyringFingerprints(FactBase):
+    """Fingerprints of the keys in a keyring file ([] when the file is missing)."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f"[ -f {p} ] && gpg --batch --no-default-keyring --show-keys --with-colons {p} "
+            "2>/dev/null | awk -F: '/^fpr/{print $10}' || true"
+        )
+
+    def process(self, output):
+        return [line.strip().upper() for line in output if line.strip()]
+
+
+class HeldPackages(FactBase):
+    """Packages marked hold in apt."""
+
+    def command(self) -> str:
+        return "apt-mark showhold 2>/dev/null || true"
+
+    def process(self, output):
+        return sorted(line.strip() for line in output if line.strip())
+
+
+class DockerDaemonJson(FactBase):
+    """/etc/docker/daemon.json parsed ({} when missing, None when not JSON)."""
+
+    def command(self, path: str = "/etc/docker/daemon.json") -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        if not text:
+            return {}
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+
+
+class DockerImageId(FactBase):
+    """The local image ID of a tag (None when the image or docker is missing)."""
+
+    def command(self, image: str) -> str:
+        return (
+            f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)} 2>/dev/null || true"
+        )
+
+    def process(self, output):
+        for line in output:
+            if line.startswith("sha256:"):
+                return line.strip()
+        return None
+
+
+class ModelReleases(FactBase):
+    """Model repository releases below ``base``: which is live, which are complete."""
+
+    def command(self, base: str) -> str:
+        b = shlex.quote(base)
+        return (
+            f"echo current=$(readlink {b}/model_repository 2>/dev/null); "
+            f"for d in {b}/releases/*/; do [ -f \"$d.tritonfleet-release\" ] && "
+            "echo release=$(basename \"$d\"); done 2>/dev/null; true"
+        )
+
+    def process(self, output):
+        current, releases = None, []
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            if key == "current" and value:
+                current = value.rstrip("/").rsplit("/", 1)[-1]
+            elif key == "release" and value:
+                releases.append(value)
+        return {"current": current, "releases": sorted(releases)}
+
+
+class ReleaseManifest(FactBase):
+    """The manifest (path -> [size, sha256]) a release was built from ({} if none)."""
+
+    def command(self, base: str, release: str) -> str:
+        return f"cat {shlex.quote(base)}/releases/{shlex.quote(release)}/.tritonfleet-release 2>/dev/null || true"
+
+    def process(self, output):
+        try:
+            return json.loads("\n".join(output)).get("files", {})
+        except ValueError:
+            return {}

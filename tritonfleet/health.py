@@ -1,0 +1,168 @@
+"""The health gate: Triton answers live, ready, every model ready, and serves metrics.
+
+Runs on the control machine with requests, either straight to the host's ports or through a
+tunnel over the host's own SSH connection (for firewalls that open 8000-8002 only to the load
+balancer and Prometheus).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+
+class HealthError(RuntimeError):
+    pass
+
+
+@dataclass
+class Check:
+    endpoint: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class HealthResult:
+    ok: bool
+    checks: list[Check] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def first_failure(self) -> Check | None:
+        return next((c for c in self.checks if not c.ok), None)
+
+
+def _get(session: requests.Session, url: str, timeout: float) -> tuple[bool, str]:
+    try:
+        r = session.get(url, timeout=timeout)
+    except requests.RequestException as e:
+        return False, f"no answer ({type(e).__name__}: {e})"
+    body = r.text.strip().replace("\n", " ")[:200]
+    return r.status_code == 200, f"HTTP {r.status_code} {body}".strip()
+
+
+def check_once(http_url: str, metrics_url: str, models: list[str], timeout: float = 5) -> HealthResult:
+    s = requests.Session()
+    checks = []
+    for path in ("/v2/health/live", "/v2/health/ready"):
+        ok, detail = _get(s, http_url + path, timeout)
+        checks.append(Check(http_url + path, ok, detail))
+        if not ok:
+            return HealthResult(False, checks)
+    for m in models:
+        url = f"{http_url}/v2/models/{m}/ready"
+        ok, detail = _get(s, url, timeout)
+        checks.append(Check(url, ok, detail))
+    url = metrics_url + "/metrics"
+    try:
+        r = s.get(url, timeout=timeout)
+        ok = r.status_code == 200 and "nv_inference_request_success" in r.text
+        detail = f"HTTP {r.status_code}" + ("" if ok else ", no nv_inference_request_success")
+    except requests.RequestException as e:
+        ok, detail = False, f"no answer ({type(e).__name__})"
+    checks.append(Check(url, ok, detail))
+    return HealthResult(all(c.ok for c in checks), checks)
+
+
+def wait_healthy(http_url: str, metrics_url: str, models: list[str], timeout: float = 180,
+                 request_timeout: float = 5, interval: float = 1.0) -> HealthResult:
+    """Retry until everything answers or ``timeout`` seconds pass."""
+    t0 = time.monotonic()
+    while True:
+        res = check_once(http_url, metrics_url, models, request_timeout)
+        res.seconds = time.monotonic() - t0
+        if res.ok or res.seconds >= timeout:
+            return res
+        time.sleep(interval)
+
+
+class SSHTunnel:
+    """Forward 127.0.0.1:<random> to ``remote_port`` on the host over an open paramiko transport."""
+
+    def __init__(self, transport, remote_port: int, remote_host: str = "127.0.0.1"):
+        self.transport, self.remote = transport, (remote_host, remote_port)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                client, addr = self.sock.accept()
+            except OSError:
+                continue
+            try:
+                chan = self.transport.open_channel("direct-tcpip", self.remote, addr)
+            except Exception:
+                client.close()
+                continue
+            threading.Thread(target=self._pipe, args=(client, chan), daemon=True).start()
+
+    def _pipe(self, client, chan):
+        with contextlib.closing(client), contextlib.closing(chan):
+            while not self._stop.is_set():
+                r, _, _ = select.select([client, chan], [], [], 0.5)
+                if client in r:
+                    data = client.recv(65536)
+                    if not data:
+                        return
+                    chan.sendall(data)
+                if chan in r:
+                    data = chan.recv(65536)
+                    if not data:
+                        return
+                    client.sendall(data)
+
+    def close(self):
+        self._stop.set()
+        self.sock.close()
+
+
+def gate_current_host(models: list[str]) -> HealthResult:
+    """pyinfra callback: health-gate the host being deployed; raise with details on failure."""
+    from pyinfra import host, logger
+
+    from . import config
+
+    via = config.get("health_via")
+    tunnels: list[SSHTunnel] = []
+    http_port, metrics_port = config.get("triton_http_port"), config.get("triton_metrics_port")
+    if via == "ssh":
+        transport = host.connector.client.get_transport()
+        tunnels = [SSHTunnel(transport, http_port), SSHTunnel(transport, metrics_port)]
+        http_url = f"http://127.0.0.1:{tunnels[0].port}"
+        metrics_url = f"http://127.0.0.1:{tunnels[1].port}"
+    elif via == "direct":
+        addr = config.get("health_host") or host.data.get("ssh_hostname") or host.name
+        http_url, metrics_url = f"http://{addr}:{http_port}", f"http://{addr}:{metrics_port}"
+    else:
+        raise config.ConfigError(f"{host.name}: health_via must be 'direct' or 'ssh', not {via!r}")
+    try:
+        res = wait_healthy(http_url, metrics_url, models, config.get("health_timeout"),
+                           config.get("health_request_timeout"))
+    finally:
+        for t in tunnels:
+            t.close()
+    if not res.ok:
+        bad = res.first_failure
+        service = config.get("triton_service")
+        _, out = host.run_shell_command(f"journalctl -u {service} -n 25 --no-pager 2>&1 || true")
+        journal = "\n    ".join(out.stdout_lines[-25:])
+        raise HealthError(
+            f"{host.name}: health gate failed after {res.seconds:.0f}s: {bad.endpoint} -> {bad.detail}\n"
+            f"  last lines of the {service} unit's journal:\n    {journal}"
+        )
+    logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served)")
+    return res

@@ -1,0 +1,64 @@
+"""An apt source whose signing key is trusted only after its fingerprint is checked on the host."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.facts.files import File
+from pyinfra.operations import files
+
+from ..facts.host import KeyringFingerprints
+
+
+def normalize_fingerprint(fpr: str) -> str:
+    return fpr.replace(" ", "").upper()
+
+
+def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
+    """Shell that downloads a key, refuses it unless its fingerprint matches, then installs it
+    (dearmored) as ``keyring``. Nothing is trusted on a mismatch."""
+    fpr = normalize_fingerprint(fingerprint)
+    q = shlex.quote
+    return (
+        "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
+        f"curl -fsSL --retry 3 -o \"$t/key\" {q(url)}; "
+        "found=$(gpg --batch --no-default-keyring --show-keys --with-colons \"$t/key\" "
+        "| awk -F: '/^fpr/{print $10; exit}'); "
+        f"if [ \"$found\" != {q(fpr)} ]; then "
+        f"echo \"signing key at {url} has fingerprint ${{found:-none}}, pinned {fpr}: not trusted. "
+        "If the vendor rotated its key, check the new fingerprint against the vendor's "
+        "documentation and set it in group data.\" >&2; exit 1; fi; "
+        "if head -c 5 \"$t/key\" | grep -q -- '-----'; then "
+        "gpg --batch --yes --dearmor -o \"$t/keyring\" \"$t/key\"; "
+        "else cp \"$t/key\" \"$t/keyring\"; fi; "
+        f"install -D -m 0644 \"$t/keyring\" {q(keyring)}"
+    )
+
+
+@operation()
+def signed_key(url: str, fingerprint: str, keyring: str):
+    """Install the key at ``url`` as ``keyring`` if it is missing or not the pinned key."""
+    fprs = host.get_fact(KeyringFingerprints, path=keyring)
+    if normalize_fingerprint(fingerprint) in fprs and len(fprs) == 1:
+        host.noop(f"{keyring} holds the pinned key")
+        return
+    yield fetch_key_command(url, fingerprint, keyring)
+
+
+def source_file(name: str, line: str, _sudo=None):
+    """/etc/apt/sources.list.d/<name>.list holding exactly ``line``."""
+    from io import StringIO
+
+    dest = f"/etc/apt/sources.list.d/{name}.list"
+    return files.put(
+        name=f"apt source {name}",
+        src=StringIO(line.rstrip() + "\n"),
+        dest=dest,
+        mode="644",
+    )
+
+
+def exists(path: str) -> bool:
+    return bool(host.get_fact(File, path=path))

@@ -1,0 +1,232 @@
+"""Host preparation: NVIDIA driver, Docker Engine, NVIDIA Container Toolkit.
+
+Each step checks before it changes (facts), so a re-run on a converged host is a no-op.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.util import any_changed
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
+from pyinfra.operations import apt, files, python, server, systemd
+
+from .. import config
+from ..facts.host import DockerDaemonJson, HeldPackages
+from ..ops.apt_repo import signed_key, source_file
+
+CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+DOCKER_KEYRING = "/etc/apt/keyrings/docker.gpg"
+TOOLKIT_PACKAGES = [
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+]
+# Packages that must move together with the kernel module: held, and kept out of
+# unattended-upgrades, so a silent upgrade cannot cause "Driver/library version mismatch".
+DRIVER_HOLD_PATTERN = r"^(cuda-drivers|nvidia-|libnvidia-|xserver-xorg-video-nvidia)"
+UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
+UNATTENDED_TEXT = (
+    "// Managed by tritonfleet: driver and toolkit packages change only through the deploy.\n"
+    'Unattended-Upgrade::Package-Blacklist {\n    "cuda-drivers";\n    "nvidia-";\n'
+    '    "libnvidia-";\n};\n'
+)
+NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
+NOUVEAU_TEXT = "# Managed by tritonfleet\nblacklist nouveau\noptions nouveau modeset=0\n"
+
+
+def cuda_distro() -> str:
+    wanted = config.get("cuda_distro")
+    if wanted:
+        return wanted
+    d = host.get_fact(LinuxDistribution)
+    name = (d.get("name") or "").lower()
+    major, minor = d.get("major"), d.get("minor")
+    if name == "ubuntu":
+        return f"ubuntu{major}{minor or 0:02d}" if isinstance(minor, int) else f"ubuntu{major}04"
+    if name == "debian":
+        return f"debian{major}"
+    raise config.ConfigError(
+        f"{host.name}: unsupported OS {d.get('name')} {d.get('major')}; "
+        "supported: Ubuntu 22.04/24.04, Debian 12 (or set cuda_distro)"
+    )
+
+
+def cuda_arch() -> str:
+    arch = host.get_fact(Arch)
+    return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}.get(arch, arch)
+
+
+def deb_arch() -> str:
+    arch = host.get_fact(Arch)
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(arch, arch)
+
+
+def driver_packages() -> list[str]:
+    branch = str(config.get("nvidia_driver_branch"))
+    version = config.get("nvidia_driver_version")
+    pkgs = [p.format(branch=branch) for p in config.get("nvidia_driver_packages")]
+    if version:
+        pkgs = [f"{p}={version}" for p in pkgs]
+    return pkgs
+
+
+def _hold_missing(installed: dict) -> list[str]:
+    import re
+
+    held = set(host.get_fact(HeldPackages))
+    return [p for p in installed if re.match(DRIVER_HOLD_PATTERN, p) and p not in held]
+
+
+def _hold_command() -> str:
+    return (
+        "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\"{print $2}' "
+        f"| grep -E '{DRIVER_HOLD_PATTERN}' | xargs -r apt-mark hold"
+    )
+
+
+def _reboot_needed() -> bool:
+    """At execution time: the loaded driver does not match the installed one."""
+    if not config.get("nvidia_reboot_if_needed"):
+        return False
+    ok, out = host.run_shell_command("nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1")
+    text = out.stdout + out.stderr
+    if "version mismatch" in text.lower():
+        logger.warning(f"{host.name}: loaded NVIDIA module does not match the installed driver; rebooting")
+        return True
+    return False
+
+
+@deploy("NVIDIA driver")
+def nvidia_driver():
+    repo = config.get("cuda_repo_url").rstrip("/")
+    base = f"{repo}/{cuda_distro()}/{cuda_arch()}"
+    key = signed_key(
+        name="CUDA repository signing key (fingerprint checked)",
+        url=f"{base}/{config.get('cuda_repo_key_name')}",
+        fingerprint=config.get("cuda_repo_key_fingerprint"),
+        keyring=CUDA_KEYRING,
+    )
+    src = source_file("cuda", f"deb [signed-by={CUDA_KEYRING}] {base}/ /")
+    apt.update(name="apt update (CUDA repository changed)", _if=any_changed(key, src))
+
+    kernel = host.get_fact(KernelVersion)
+    kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
+    if kernel_pkgs:
+        apt.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
+
+    nouveau = files.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
+    server.shell(
+        name="rebuild initramfs (nouveau blacklist changed)",
+        commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; "
+                  "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
+        _if=nouveau.did_change,
+    )
+
+    pkgs = driver_packages()
+    installed = host.get_fact(DebPackages) or {}
+    # Changing branch: the old branch's held packages would block apt ("held broken packages").
+    other = [p for p in installed if p.startswith("cuda-drivers-") and p not in {x.split("=")[0] for x in pkgs}]
+    driver = apt.packages(
+        name=f"NVIDIA driver {', '.join(pkgs)}",
+        packages=pkgs,
+        extra_install_args="--allow-change-held-packages" if other else None,
+    )
+    if other:
+        apt.packages(name=f"remove other driver branch {', '.join(other)}", packages=other,
+                     present=False, extra_uninstall_args="--allow-change-held-packages")
+
+    if config.get("nvidia_hold_packages"):
+        unheld = _hold_missing(installed)
+        server.shell(
+            name="hold driver packages (apt-mark hold)",
+            commands=[_hold_command()],
+            _if=lambda: bool(unheld) or driver.did_change(),
+        )
+        files.put(name="keep driver packages out of unattended-upgrades",
+                  src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
+
+    if config.get("nvidia_persistenced"):
+        systemd.service(name="nvidia-persistenced running and enabled",
+                        service="nvidia-persistenced", running=True, enabled=True)
+
+    server.reboot(
+        name="reboot if the loaded driver does not match the installed one",
+        reboot_timeout=config.get("nvidia_reboot_timeout"),
+        _if=_reboot_needed,
+    )
+
+
+@deploy("Docker Engine")
+def docker_engine():
+    source = config.get("docker_source")
+    if source == "distro":
+        # apparmor: without it docker.io cannot start containers on AppArmor kernels
+        engine = apt.packages(name="Docker Engine (distro docker.io)",
+                              packages=["docker.io", "apparmor"], update=False)
+    elif source == "docker":
+        d = host.get_fact(LinuxDistribution)
+        distro = (d.get("name") or "").lower()
+        codename = (d.get("release_meta") or {}).get("VERSION_CODENAME") or ""
+        repo = config.get("docker_repo_url").rstrip("/")
+        key = signed_key(name="Docker repository signing key (fingerprint checked)",
+                         url=f"{repo}/{distro}/gpg", fingerprint=config.get("docker_repo_key_fingerprint"),
+                         keyring=DOCKER_KEYRING)
+        src = source_file("docker", f"deb [arch={deb_arch()} signed-by={DOCKER_KEYRING}] {repo}/{distro} {codename} stable")
+        apt.update(name="apt update (Docker repository changed)", _if=any_changed(key, src))
+        version = config.get("docker_version")
+        pin = f"={version}" if version else ""
+        engine = apt.packages(
+            name="Docker Engine (docker-ce)",
+            packages=[f"docker-ce{pin}", f"docker-ce-cli{pin}", "containerd.io",
+                      "docker-buildx-plugin", "docker-compose-plugin"],
+        )
+    else:
+        raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r}")
+    systemd.service(name="docker running and enabled", service="docker", running=True, enabled=True)
+    return engine
+
+
+@deploy("NVIDIA Container Toolkit")
+def container_toolkit():
+    url = config.get("container_toolkit_repo_url").rstrip("/")
+    key = signed_key(name="Container Toolkit signing key (fingerprint checked)",
+                     url=config.get("container_toolkit_key_url"),
+                     fingerprint=config.get("container_toolkit_key_fingerprint"),
+                     keyring=TOOLKIT_KEYRING)
+    src = source_file("nvidia-container-toolkit", f"deb [signed-by={TOOLKIT_KEYRING}] {url}/{deb_arch()} /")
+    apt.update(name="apt update (Container Toolkit repository changed)", _if=any_changed(key, src))
+    version = config.get("container_toolkit_version")
+    pin_text = "".join(
+        f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
+    )
+    files.put(name=f"pin Container Toolkit packages to {version}",
+              src=StringIO(pin_text), dest="/etc/apt/preferences.d/nvidia-container-toolkit", mode="644")
+    apt.packages(name=f"Container Toolkit {version}",
+                 packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True)
+
+    daemon = host.get_fact(DockerDaemonJson)
+    if daemon is None:
+        python.call(name="daemon.json is not valid JSON", function=_fail,
+                    message=f"{host.name}: /etc/docker/daemon.json is not valid JSON; fix it by hand "
+                            "(tritonfleet never overwrites the operator's daemon.json)")
+        return
+    configured = "nvidia" in (daemon.get("runtimes") or {})
+    ctk = server.shell(
+        name="register the nvidia runtime with Docker (nvidia-ctk, keeps other daemon.json keys)",
+        commands=["nvidia-ctk runtime configure --runtime=docker"],
+        _if=lambda: not configured,
+    )
+    hook_missing = not host.get_fact(Command, command="command -v nvidia-container-runtime-hook || true")
+    systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
+                    running=True, restarted=True,
+                    _if=lambda: ctk.did_change() or hook_missing)
+
+
+def _fail(message: str):
+    raise RuntimeError(message)
