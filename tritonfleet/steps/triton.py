@@ -196,5 +196,5 @@ def triton_service(changed: list | None = None):
 @deploy("Health gate")
 def health_gate():
     local, _, _ = host_repository()
-    python.call(name="health gate: live, ready, every model ready, metrics", function=gate_current_host,
+    python.call(name="check: health gate (live, ready, every model ready, metrics)", function=gate_current_host,
                 models=models.model_names(local))

@@ -62,5 +62,5 @@ def verify_gpus(load_image: bool = True):
     image = config.get("cuda_test_image")
     if load_image:
         ensure_image(image)
-    python.call(name=f"nvidia-smi on the host and in {image} with --gpus all",
+    python.call(name=f"check: nvidia-smi on the host and in {image} with --gpus all",
                 function=verify_current_host, image=image)
