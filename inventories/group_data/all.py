@@ -14,6 +14,7 @@ cuda_repo_url = "https://developer.download.nvidia.com/compute/cuda/repos"
 # Signing key file inside <cuda_repo_url>/<distro>/<arch>/ and its pinned fingerprint.
 # The key is fetched on the host and trusted only if its fingerprint equals this one.
 cuda_repo_key_name = "3bf863cc.pub"
+# Pinned fingerprint of the CUDA repository key (NVIDIA's 3bf863cc key).
 cuda_repo_key_fingerprint = "EB693B3035CD5710E231E123A4B469963BF863CC"
 # Driver branch (e.g. "535"). Set per GPU class in t4.py / l4.py; a host may override it.
 nvidia_driver_branch = None
@@ -35,14 +36,19 @@ nvidia_reboot_timeout = 600
 # --- Docker Engine ------------------------------------------------------------------------
 # "docker": Docker's apt repository (pinned key + version); "distro": the distro's docker.io.
 docker_source = "docker"
+# Docker's apt repository (a directory per distro below it).
 docker_repo_url = "https://download.docker.com/linux"
+# Pinned fingerprint of Docker's repository key.
 docker_repo_key_fingerprint = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
 # Exact docker-ce version to pin (e.g. "5:27.3.1-1~ubuntu.22.04~jammy"); None: newest.
 docker_version = None
 
 # --- NVIDIA Container Toolkit ------------------------------------------------------------
+# Container Toolkit apt repository (a directory per architecture below it).
 container_toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stable/deb"
+# Container Toolkit signing key (ASCII-armored).
 container_toolkit_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
+# Pinned fingerprint of the Container Toolkit key.
 container_toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
 # The four toolkit packages are pinned together to this version.
 container_toolkit_version = "1.16.2-1"
@@ -50,17 +56,20 @@ container_toolkit_version = "1.16.2-1"
 # --- GPU verification --------------------------------------------------------------------
 # Image the article uses to prove `docker run --gpus all` reaches the GPU.
 cuda_test_image = "nvidia/cuda:12.2.0-base-ubuntu22.04"
-# Lowest compute capability and CUDA version accepted (the article: 6.0 and 12).
+# Lowest compute capability accepted (the runbook: 6.0).
 gpu_min_compute_capability = "6.0"
+# Lowest CUDA version (as nvidia-smi reports it) accepted.
 gpu_min_cuda_version = "12.0"
 
 # --- Triton images ------------------------------------------------------------------------
+# The Triton image every host serves (pinned tag).
 triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3"
 # Image archives to `docker load` instead of pulling (air-gapped sites): {image: local path}.
 image_archives = {}
 # Private registry login: user name, and the environment variable holding the secret
 # (read on the control machine, passed to `docker login --password-stdin`). None: no login.
 registry_user = None
+# Environment variable on the control machine holding the registry secret.
 registry_password_env = "TRITONFLEET_REGISTRY_PASSWORD"
 
 # --- Triton model repository --------------------------------------------------------------
@@ -74,20 +83,31 @@ triton_base_dir = "/opt/triton"
 triton_keep_releases = 3
 
 # --- Triton service -----------------------------------------------------------------------
+# systemd unit name (triton.service).
 triton_service = "triton"
+# Docker container name the unit runs.
 triton_container_name = "triton-server"
+# Host port for HTTP/REST (container 8000).
 triton_http_port = 8000
+# Host port for gRPC (container 8001).
 triton_grpc_port = 8001
+# Host port for Prometheus metrics (container 8002).
 triton_metrics_port = 8002
-# Host addresses the ports are published on ("" = all). Narrow them behind a firewall/LB.
+# Bind address of the HTTP port ("" = all). Narrow the ports behind a firewall/LB.
 triton_http_bind = ""
+# Bind address of the gRPC port ("" = all).
 triton_grpc_bind = ""
+# Bind address of the metrics port ("" = all).
 triton_metrics_bind = ""
 # docker run flags; set a flag to None to drop it (e.g. memlock on hosts that cannot raise it).
 triton_gpus = "all"
+# --shm-size (Docker's 64 MB default makes Triton crash under load).
 triton_shm_size = "1g"
+# --ulimit memlock (NVIDIA recommends -1; None drops the flag).
 triton_ulimit_memlock = "-1"
+# --ulimit stack (NVIDIA recommends 67108864; None drops the flag).
 triton_ulimit_stack = "67108864"
+# --strict-model-config=true: every model needs a complete config.pbtxt.
 triton_strict_model_config = True
 # none | explicit (explicit: models loaded through the repository API, zero-downtime updates)
 triton_model_control_mode = "none"
@@ -101,6 +121,7 @@ triton_start_timeout = 600
 health_via = "direct"
 # Address the control machine uses for the host's Triton ports; None: the SSH address.
 health_host = None
-# Total seconds to wait for live/ready/model-ready/metrics, and per-request timeout.
+# Total seconds to wait for live/ready/model-ready/metrics.
 health_timeout = 180
+# Seconds for each health request.
 health_request_timeout = 5

@@ -9,7 +9,7 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.api.util import any_changed
+from pyinfra.operations.util import any_changed
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, python, server, systemd

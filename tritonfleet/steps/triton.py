@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.api.util import any_changed
+from pyinfra.operations.util import any_changed
 from pyinfra.operations import files, python, server, systemd
 
 from .. import TEMPLATES, config, models

@@ -1,0 +1,40 @@
+"""The tunables in inventories/group_data/all.py, with their defaults and comments.
+
+Used for README's table (`python -m tritonfleet.tunables`) and by the test that keeps README,
+the group data and the code in step.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from . import ROOT
+
+ALL = ROOT / "inventories" / "group_data" / "all.py"
+
+
+def read(path: Path = ALL) -> list[tuple[str, str, str]]:
+    """[(name, default as written, comment)] in file order."""
+    text = path.read_text()
+    lines = text.splitlines()
+    out = []
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            comment, i = [], node.lineno - 2
+            while i >= 0 and lines[i].startswith("# ") and not lines[i].startswith("# ---"):
+                comment.insert(0, lines[i][2:].strip())
+                i -= 1
+            out.append((node.targets[0].id, ast.get_source_segment(text, node.value), " ".join(comment)))
+    return out
+
+
+def markdown() -> str:
+    rows = ["| tunable | default | what it does |", "|---|---|---|"]
+    for name, default, comment in read():
+        rows.append(f"| `{name}` | `{default}` | {comment.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown())
