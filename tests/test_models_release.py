@@ -1,0 +1,58 @@
+"""Local side of the model sync: manifest, release ids, per-class overrides."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tritonfleet import FILES, models
+
+REPO = FILES / "model_repository"
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    dst = tmp_path / "repo"
+    shutil.copytree(REPO, dst)
+    return dst
+
+
+def test_release_id_depends_on_content_only(repo, tmp_path):
+    a = models.release_id(models.manifest(repo))
+    other = tmp_path / "copy"
+    shutil.copytree(repo, other)
+    assert models.release_id(models.manifest(other)) == a
+    (other / "resnet50_onnx" / "config.pbtxt").write_text(
+        (other / "resnet50_onnx" / "config.pbtxt").read_text() + "\n# changed\n")
+    assert models.release_id(models.manifest(other)) != a
+
+
+def test_manifest_skips_hidden_and_lists_sizes(repo):
+    (repo / ".git").mkdir()
+    (repo / ".git" / "x").write_text("x")
+    man = models.manifest(repo)
+    assert "resnet50_onnx/config.pbtxt" in man
+    assert not any(p.startswith(".") for p in man)
+    size, digest = man["resnet50_onnx/1/model.onnx"]
+    assert size == (repo / "resnet50_onnx/1/model.onnx").stat().st_size and len(digest) == 64
+
+
+def test_overrides_replace_fields_through_the_schema(repo, tmp_path):
+    over = {"resnet50_onnx": {"instance_group": [{"count": 4, "kind": "KIND_CPU"}]}}
+    out = models.render(repo, over, tmp_path / "rendered")
+    text = (out / "resnet50_onnx" / "config.pbtxt").read_text()
+    assert "KIND_CPU" in text and "count: 4" in text and "KIND_GPU" not in text
+    assert "preferred_batch_size: 8" in text  # the rest is kept
+    # untouched model: byte-identical
+    assert (out / "text_classifier_onnx/config.pbtxt").read_bytes() == (
+        repo / "text_classifier_onnx/config.pbtxt").read_bytes()
+    assert models.render(repo, {}, tmp_path / "r2") == repo
+
+
+def test_override_of_unknown_model_or_field_is_an_error(repo, tmp_path):
+    with pytest.raises(ValueError, match="nosuch"):
+        models.render(repo, {"nosuch": {"max_batch_size": 1}}, tmp_path / "r")
+    with pytest.raises(Exception, match="no_such_field"):
+        models.render(repo, {"resnet50_onnx": {"no_such_field": 1}}, tmp_path / "r")
