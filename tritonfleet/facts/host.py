@@ -11,6 +11,8 @@ from pyinfra.api import FactBase
 class KeyringFingerprints(FactBase):
     """Fingerprints of the keys in a keyring file ([] when the file is missing)."""
 
+    default = list
+
     def command(self, path: str) -> str:
         p = shlex.quote(path)
         return (
@@ -25,6 +27,8 @@ class KeyringFingerprints(FactBase):
 class HeldPackages(FactBase):
     """Packages marked hold in apt."""
 
+    default = list
+
     def command(self) -> str:
         return "apt-mark showhold 2>/dev/null || true"
 
@@ -34,6 +38,8 @@ class HeldPackages(FactBase):
 
 class DockerDaemonJson(FactBase):
     """/etc/docker/daemon.json parsed ({} when missing, None when not JSON)."""
+
+    default = dict
 
     def command(self, path: str = "/etc/docker/daemon.json") -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
@@ -66,6 +72,10 @@ class DockerImageId(FactBase):
 class ModelReleases(FactBase):
     """Model repository releases below ``base``: which is live, which are complete."""
 
+    @staticmethod
+    def default():
+        return {"current": None, "releases": []}
+
     def command(self, base: str) -> str:
         b = shlex.quote(base)
         return (
@@ -87,6 +97,8 @@ class ModelReleases(FactBase):
 
 class ReleaseManifest(FactBase):
     """The manifest (path -> [size, sha256]) a release was built from ({} if none)."""
+
+    default = dict
 
     def command(self, base: str, release: str) -> str:
         return f"cat {shlex.quote(base)}/releases/{shlex.quote(release)}/.tritonfleet-release 2>/dev/null || true"

@@ -9,10 +9,10 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations.util import any_changed
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.operations.util import any_changed
 
 from .. import config
 from ..facts.host import DockerDaemonJson, HeldPackages

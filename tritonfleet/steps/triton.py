@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from functools import lru_cache
+from functools import cache
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations.util import any_changed
 from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations.util import any_changed
 
 from .. import TEMPLATES, config, models
 from ..facts.host import DockerImageId, ModelReleases, ReleaseManifest
@@ -20,7 +20,7 @@ from ..health import gate_current_host
 IMAGE_CACHE = "/var/lib/tritonfleet/images"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _archive_image_id(path: str) -> str:
     from ..images import image_id
 
@@ -78,7 +78,7 @@ def registry_login(image: str, user: str):
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _rendered(src: str, overrides_json: str) -> tuple[str, str, str]:
     rendered = models.render(Path(src), json.loads(overrides_json))
     man = models.manifest(rendered)

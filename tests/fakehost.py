@@ -1,0 +1,36 @@
+"""Run tritonfleet deploy steps against pyinfra's @fake connector and return the commands."""
+
+from __future__ import annotations
+
+import runpy
+
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+
+from tritonfleet import ROOT
+
+
+def defaults(*groups: str) -> dict:
+    data = {}
+    for g in ("all", *groups):
+        ns = runpy.run_path(str(ROOT / "inventories" / "group_data" / f"{g}.py"))
+        data.update({k: v for k, v in ns.items() if not k.startswith("_")})
+    return data
+
+
+def run_fake(deploy_func, responses: dict, data: dict | None = None, groups=("t4",), **kwargs):
+    host_data = {**defaults(*groups), "fake_delay": 0, "fake_delay_jitter": 0,
+                 "fake_responses": responses, **(data or {})}
+    inventory = Inventory(([("@fake/gpu1", host_data)], {}), **{g: (["@fake/gpu1"], {}) for g in groups})
+    host = inventory.get_host("@fake/gpu1")
+    state = State(inventory, Config())
+    connect_all(state)
+    add_deploy(state, deploy_func, **kwargs)
+    try:
+        run_ops(state)
+    except PyinfraError:  # "No hosts remaining": the (only) host failed
+        pass
+    return host, host.connector.executed_commands, state

@@ -1,0 +1,84 @@
+"""Command generation of the deploy steps (pyinfra's @fake connector): what runs, and what
+does not run on a converged host. The same steps run for real in test_e2e_testbed.py."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from fakehost import run_fake
+
+from tritonfleet.steps.host_prep import container_toolkit, nvidia_driver
+
+FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
+BASE = {"uname -m": "x86_64", "uname -r": "6.1.0-28-amd64"}
+DATA = {"cuda_distro": "debian12"}
+
+
+def ops(cmds):
+    """Commands that are not fact reads."""
+    return [c for c in cmds if "##PYINFRA_NOCMD##" not in c and not c.startswith(("uname", "cat /etc/docker",
+            "[ -f ", "apt-mark showhold", "echo current"))]
+
+
+def test_driver_bare_host():
+    host, cmds, state = run_fake(nvidia_driver, BASE, DATA)
+    assert not state.failed_hosts
+    run = "\n".join(ops(cmds))
+    # key fetched on the host and checked against the pinned fingerprint before it is installed
+    assert "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/3bf863cc.pub" in run
+    assert FPR in run and "/usr/share/keyrings/cuda-archive-keyring.gpg" in run
+    assert "apt-get -y update" in run or "apt-get update" in run
+    assert re.search(r"install .*linux-headers-6\.1\.0-28-amd64.*dkms", run)
+    assert re.search(r"install .*cuda-drivers-535", run)
+    assert "update-initramfs -u" in run
+    assert "apt-mark hold" in run
+    assert "systemctl start nvidia-persistenced.service" in run
+
+
+def test_driver_pinned_version_and_branch_from_data():
+    _, cmds, _ = run_fake(nvidia_driver, BASE, {**DATA, "nvidia_driver_branch": "560",
+                                                 "nvidia_driver_version": "560.35.03-1"})
+    assert any("cuda-drivers-560=560.35.03-1" in c for c in cmds)
+
+
+def test_driver_converged_host_changes_nothing():
+    responses = {
+        **BASE,
+        "cuda-archive-keyring.gpg": FPR,
+        "apt-mark showhold": ["cuda-drivers-535", "nvidia-utils-535"],
+        "dpkg -l": ["ii  cuda-drivers-535  535.183.01-1  amd64  CUDA drivers",
+                    "ii  nvidia-utils-535  535.183.01-1  amd64  utils",
+                    "ii  linux-headers-6.1.0-28-amd64  6.1.76-1  amd64  headers",
+                    "ii  dkms  3.0.10-8  all  dkms"],
+        "nvidia-persistenced.service": ["Id=nvidia-persistenced.service", "SubState=running",
+                                        "UnitFileState=enabled"],
+    }
+    # (managed files are compared by pyinfra's files.put; the real re-run is in test_e2e_testbed)
+    _, cmds, state = run_fake(nvidia_driver, responses, DATA)
+    assert not state.failed_hosts
+    run = "\n".join(ops(cmds))
+    assert "curl" not in run, "a pinned key already installed must not be fetched again"
+    assert "install cuda-drivers" not in run and "linux-headers" not in run
+    assert "apt-mark hold" not in run and "systemctl start" not in run
+
+
+def test_toolkit_configures_runtime_only_when_missing():
+    _, cmds, _ = run_fake(container_toolkit, {**BASE, "cat /etc/docker/daemon.json": json.dumps({"log-driver": "json-file"})}, DATA)
+    run = "\n".join(cmds)
+    assert "nvidia-ctk runtime configure --runtime=docker" in run
+    assert re.search(r"install .*nvidia-container-toolkit=1\.16\.2-1.*libnvidia-container1=1\.16\.2-1", run)
+    assert re.search(r"systemctl (re)?start docker.service", run)
+
+    daemon = json.dumps({"log-driver": "json-file", "runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}})
+    _, cmds, _ = run_fake(container_toolkit, {**BASE, "cat /etc/docker/daemon.json": daemon,
+                                              "command -v nvidia-container-runtime-hook": "/usr/bin/nvidia-container-runtime-hook"}, DATA)
+    run = "\n".join(cmds)
+    assert "nvidia-ctk runtime configure" not in run
+    assert "systemctl restart docker" not in run
+
+
+def test_toolkit_refuses_broken_daemon_json():
+    _, cmds, state = run_fake(container_toolkit, {**BASE, "cat /etc/docker/daemon.json": "{not json"}, DATA)
+    assert state.failed_hosts
+    assert not any("nvidia-ctk" in c for c in cmds)
