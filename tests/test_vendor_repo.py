@@ -1,0 +1,509 @@
+"""The stand-in vendor repositories: signed, installable, and their programs behave like the
+real ones (parsed with the same parsers the deploy uses)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tritonfleet.facts import gpu
+from tritonfleet.gpucheck import check_gpus
+from tritonfleet.testbed.vendor_repo import (
+    DRIVER_BRANCHES,
+    TOOLKIT_VERSION,
+    build_vendor_repo,
+    gpu_profile,
+)
+
+FIX = Path(__file__).parent / "fixtures" / "nvidia"
+KERNEL = "6.1.0-99-testbed"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return build_vendor_repo(tmp_path_factory.mktemp("vendor") / "repo", KERNEL)
+
+
+@pytest.fixture(scope="module")
+def extracted(repo, tmp_path_factory):
+    """Every package unpacked into its own directory: {filename stem: dir}."""
+    out = {}
+    base = tmp_path_factory.mktemp("x")
+    for d in [*repo.cuda_dirs.values(), repo.toolkit_dir]:
+        for deb in d.glob("*.deb"):
+            target = base / deb.stem
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], check=True)
+            out[deb.stem] = target
+    return out
+
+
+def control(deb: Path) -> dict:
+    text = subprocess.run(["dpkg-deb", "-f", str(deb)], capture_output=True, text=True, check=True).stdout
+    fields, key = {}, None
+    for line in text.splitlines():
+        if line.startswith(" ") and key:
+            fields[key] += "\n" + line
+        else:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+def dearmored(repo, tmp_path) -> Path:
+    k = tmp_path / "key.gpg"
+    subprocess.run(["gpg", "--batch", "--yes", "--dearmor", "-o", str(k), str(repo.toolkit_key)], check=True)
+    return k
+
+
+# ---------------------------------------------------------------- layout, keys, signatures
+
+def test_layout_and_keys(repo):
+    cuda = repo.root / "cuda/debian12/x86_64"
+    assert repo.cuda_dirs == {"debian12": cuda}
+    assert repo.toolkit_dir == repo.root / "libnvidia-container/stable/deb/amd64"
+    assert repo.cuda_key == cuda / repo.cuda_key_name
+    assert repo.cuda_key_name == repo.fingerprint[-8:].lower() + ".pub"
+    assert repo.toolkit_key == repo.root / "libnvidia-container/gpgkey"
+    for key in (repo.cuda_key, repo.toolkit_key):
+        assert key.read_text().startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+        shown = subprocess.run(["gpg", "--batch", "--show-keys", "--with-colons", str(key)],
+                               capture_output=True, text=True, check=True).stdout
+        assert [ln.split(":")[9] for ln in shown.splitlines() if ln.startswith("fpr:")][0] == repo.fingerprint
+    assert len(repo.fingerprint) == 40
+
+
+@pytest.mark.parametrize("which", ["cuda", "toolkit"])
+def test_signatures_verify_with_gpgv(repo, tmp_path, which):
+    d = repo.cuda_dirs["debian12"] if which == "cuda" else repo.toolkit_dir
+    k = dearmored(repo, tmp_path)
+    for args in (["InRelease"], ["Release.gpg", "Release"]):
+        p = subprocess.run(["gpgv", "--keyring", str(k), *[str(d / a) for a in args]],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert repo.fingerprint in p.stderr
+    # a changed Release no longer verifies
+    bad = tmp_path / "Release"
+    bad.write_text((d / "Release").read_text().replace("Origin: NVIDIA", "Origin: someone"))
+    p = subprocess.run(["gpgv", "--keyring", str(k), str(d / "Release.gpg"), str(bad)], capture_output=True)
+    assert p.returncode != 0
+    release = (d / "Release").read_text()
+    assert "Packages.gz" in release and "SHA256:" in release
+
+
+def test_rebuild_reuses_repo_and_key(repo):
+    inrelease = repo.cuda_dirs["debian12"] / "InRelease"
+    before = inrelease.stat().st_mtime_ns
+    again = build_vendor_repo(repo.root, KERNEL)
+    assert again.fingerprint == repo.fingerprint
+    assert inrelease.stat().st_mtime_ns == before
+    other = build_vendor_repo(repo.root, "6.1.0-98-testbed")  # new inputs: rebuilt, same key
+    assert other.fingerprint == repo.fingerprint
+    assert (other.cuda_dirs["debian12"] / "linux-headers-6.1.0-98-testbed_6.1.0-98-testbed_amd64.deb").is_file()
+    assert not (other.cuda_dirs["debian12"] / f"linux-headers-{KERNEL}_{KERNEL}_amd64.deb").exists()
+    back = build_vendor_repo(repo.root, KERNEL)
+    assert back.fingerprint == repo.fingerprint
+
+
+# ---------------------------------------------------------------- package metadata
+
+def test_cuda_packages_control_fields(repo):
+    d = repo.cuda_dirs["debian12"]
+    for branch, (version, _) in DRIVER_BRANCHES.items():
+        v = f"{version}-1"
+        meta = control(d / f"cuda-drivers-{branch}_{v}_amd64.deb")
+        assert (meta["Package"], meta["Version"], meta["Architecture"]) == (f"cuda-drivers-{branch}", v, "amd64")
+        nxt = int(branch) + 1
+        for dep in ("nvidia-driver", "nvidia-smi", "nvidia-persistenced", "nvidia-kernel-dkms"):
+            assert f"{dep} (>= {version})" in meta["Depends"] and f"{dep} (<< {nxt})" in meta["Depends"]
+        driver = control(d / f"nvidia-driver_{v}_amd64.deb")
+        assert f"nvidia-smi (= {v})" in driver["Depends"]
+        assert control(d / f"nvidia-smi_{v}_amd64.deb")["Depends"] == f"libnvidia-ml1 (= {v})"
+    headers = control(d / f"linux-headers-{KERNEL}_{KERNEL}_amd64.deb")
+    assert headers["Package"] == f"linux-headers-{KERNEL}"
+    assert control(d / "cuda-drivers_560.35.03-1_amd64.deb")["Depends"] == "cuda-drivers-560 (= 560.35.03-1)"
+
+
+def test_toolkit_packages_control_fields(repo):
+    v = f"{TOOLKIT_VERSION}-1"
+    d = repo.toolkit_dir
+    names = sorted(control(p)["Package"] for p in d.glob("*.deb"))
+    assert names == ["libnvidia-container-tools", "libnvidia-container1", "nvidia-container-toolkit",
+                     "nvidia-container-toolkit-base"]
+    for p in d.glob("*.deb"):
+        assert control(p)["Version"] == v
+    tk = control(d / f"nvidia-container-toolkit_{v}_amd64.deb")["Depends"]
+    assert f"nvidia-container-toolkit-base (= {v})" in tk and f"libnvidia-container-tools (>= {v})" in tk
+    assert "python3" in tk
+    assert control(d / f"libnvidia-container-tools_{v}_amd64.deb")["Depends"] == f"libnvidia-container1 (= {v})"
+    assert "python3" in control(d / f"nvidia-container-toolkit-base_{v}_amd64.deb")["Depends"]
+    packages = (d / "Packages").read_text()
+    assert "Filename: ./nvidia-container-toolkit_1.16.2-1_amd64.deb" in packages
+
+
+def test_package_contents(extracted):
+    smi = extracted["nvidia-smi_535.183.01-1_amd64"] / "usr/bin/nvidia-smi"
+    assert os.access(smi, os.X_OK) and smi.read_text().startswith("#!/bin/sh")
+    p = extracted["nvidia-persistenced_535.183.01-1_amd64"]
+    unit = (p / "lib/systemd/system/nvidia-persistenced.service").read_text()
+    assert "Type=forking" in unit and "ExecStart=/usr/bin/nvidia-persistenced" in unit
+    assert "WantedBy=multi-user.target" in unit
+    assert os.access(p / "usr/bin/nvidia-persistenced", os.X_OK)
+    base = extracted["nvidia-container-toolkit-base_1.16.2-1_amd64"]
+    assert os.access(base / "usr/bin/nvidia-ctk", os.X_OK) and os.access(base / "usr/bin/nvidia-container-runtime", os.X_OK)
+    assert os.access(extracted["nvidia-container-toolkit_1.16.2-1_amd64"] / "usr/bin/nvidia-container-runtime-hook", os.X_OK)
+    headers = extracted[f"linux-headers-{KERNEL}_{KERNEL}_amd64"]
+    assert os.readlink(headers / f"lib/modules/{KERNEL}/build") == f"/usr/src/linux-headers-{KERNEL}"
+
+
+# ---------------------------------------------------------------- apt resolves them
+
+def apt(tmp_path: Path, repo, *args: str, prefs: str | None = None) -> subprocess.CompletedProcess:
+    k = dearmored(repo, tmp_path)
+    state = tmp_path / "apt"
+    (state / "lists/partial").mkdir(parents=True, exist_ok=True)
+    (state / "cache/archives/partial").mkdir(parents=True, exist_ok=True)
+    (state / "prefs").mkdir(exist_ok=True)
+    if prefs:
+        (state / "prefs/pin").write_text(prefs)
+    (state / "sources.list").write_text(
+        f"deb [signed-by={k}] file:{repo.cuda_dirs['debian12']}/ /\n"
+        f"deb [signed-by={k}] file:{repo.toolkit_dir}/ /\n")
+    opts = ["-o", f"Dir::Etc::SourceList={state / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
+            "-o", f"Dir::State::Lists={state / 'lists'}", "-o", f"Dir::Cache={state / 'cache'}",
+            "-o", f"Dir::Etc::PreferencesParts={state / 'prefs'}", "-o", "Dir::Etc::Preferences=/dev/null",
+            "-o", "Debug::NoLocking=1"]
+    up = subprocess.run(["apt-get", *opts, "update"], capture_output=True, text=True)
+    assert up.returncode == 0 and "NO_PUBKEY" not in up.stderr and "not signed" not in up.stderr, up.stderr
+    return subprocess.run(["apt-get", *opts, "-s", *args], capture_output=True, text=True)
+
+
+def installs(p: subprocess.CompletedProcess) -> dict:
+    out = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("Inst "):
+            parts = line.split()
+            out[parts[1]] = parts[2].strip("(")
+    return out
+
+
+def test_apt_installs_toolkit_pinned_and_headers(repo, tmp_path):
+    v = f"{TOOLKIT_VERSION}-1"
+    p = apt(tmp_path, repo, "install", f"nvidia-container-toolkit={v}", f"nvidia-container-toolkit-base={v}",
+            f"libnvidia-container-tools={v}", f"libnvidia-container1={v}", f"linux-headers-{KERNEL}")
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = installs(p)
+    assert got["nvidia-container-toolkit"] == v and got["libnvidia-container1"] == v
+    assert got[f"linux-headers-{KERNEL}"] == KERNEL
+
+
+def test_apt_newest_branch_installs(repo, tmp_path):
+    p = apt(tmp_path, repo, "install", "cuda-drivers-560")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert installs(p)["nvidia-smi"] == "560.35.03-1"
+
+
+def test_apt_older_branch_needs_a_version_pin_as_on_debian12(repo, tmp_path):
+    # Like NVIDIA's debian12 repository, both branches ship the same package names: apt's
+    # candidate for nvidia-driver is the newest (560), which cuda-drivers-535 refuses.
+    p = apt(tmp_path, repo, "install", "cuda-drivers-535")
+    assert p.returncode != 0
+    assert "nvidia-driver (< 536) but 560.35.03-1 is to be installed" in p.stdout + p.stderr
+    pin = "Package: nvidia-* libnvidia-ml1 cuda-drivers\nPin: version 535.*\nPin-Priority: 1000\n"
+    p = apt(tmp_path, repo, "install", "cuda-drivers-535", prefs=pin)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = installs(p)
+    assert got["nvidia-driver"] == got["nvidia-smi"] == got["nvidia-persistenced"] == "535.183.01-1"
+
+
+# ---------------------------------------------------------------- stand-in nvidia-smi
+
+def host_root(tmp_path: Path, gpu_class: str) -> Path:
+    root = tmp_path / f"root-{gpu_class}"
+    (root / "etc/nvidia-standin").mkdir(parents=True)
+    env = gpu_profile(gpu_class)
+    if env:
+        (root / "etc/nvidia-standin/gpu.env").write_text(env)
+    return root
+
+
+SHELLS = [s for s in ("dash", "busybox") if shutil.which(s)]
+
+
+def smi(extracted, branch: str, root: Path, *args: str, shell: str = "dash") -> subprocess.CompletedProcess:
+    version = DRIVER_BRANCHES[branch][0]
+    script = extracted[f"nvidia-smi_{version}-1_amd64"] / "usr/bin/nvidia-smi"
+    cmd = ["busybox", "sh", str(script)] if shell == "busybox" else [shell, str(script)]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(root)})
+
+
+def test_shells_available():
+    assert SHELLS == ["dash", "busybox"], "the stand-in must be checked with dash and busybox sh"
+
+
+@pytest.mark.parametrize("shell", ["dash", "busybox"])
+@pytest.mark.parametrize("branch", sorted(DRIVER_BRANCHES))
+@pytest.mark.parametrize("gpu_class,name,cc,mem", [("T4", "Tesla T4", "7.5", 15360), ("L4", "NVIDIA L4", "8.9", 23034)])
+def test_nvidia_smi_parsed_by_the_deploys_parsers(extracted, tmp_path, shell, branch, gpu_class, name, cc, mem):
+    root = host_root(tmp_path, gpu_class)
+    version, cuda = DRIVER_BRANCHES[branch]
+    p = smi(extracted, branch, root, *gpu.QUERY_COMMAND.split()[1:], shell=shell)
+    assert p.returncode == 0, p.stdout + p.stderr
+    q = gpu.parse_query(p.stdout.splitlines())
+    assert q.ok, q
+    g = q.gpus[0]
+    assert (g.index, g.name, g.compute_cap, g.memory_total_mib, g.driver_version) == (0, name, cc, mem, version)
+    table = smi(extracted, branch, root, shell=shell)
+    assert table.returncode == 0
+    s = gpu.parse_summary(table.stdout.splitlines())
+    assert (s["status"], s["driver_version"], s["cuda_version"]) == ("ok", version, cuda)
+    assert [(x["name"], x["memory_total_mib"]) for x in s["gpus"]] == [(name, mem)]
+    assert check_gpus("h", gpu_class, q.gpus, s["cuda_version"]) == []
+    listed = gpu.parse_list(smi(extracted, branch, root, "-L", shell=shell).stdout.splitlines())
+    assert listed == [{"index": 0, "name": name, "uuid": g.uuid}]
+
+
+def without_time(text: str) -> list[str]:
+    return text.splitlines()[1:] if text.splitlines()[0][:3].isalpha() else text.splitlines()
+
+
+@pytest.mark.parametrize("shell", ["dash", "busybox"])
+def test_nvidia_smi_table_matches_real_capture(extracted, tmp_path, shell, monkeypatch):
+    """With the capture's GPU values the stand-in renders the real tables byte for byte."""
+    import tritonfleet.testbed.vendor_repo as vr
+
+    # 535 table: docker/docs L4 capture (535.288.01; the stand-in's 535 is 535.183.01)
+    root = host_root(tmp_path, "L4")
+    out = smi(extracted, "535", root, shell=shell).stdout.replace("535.183.01", "535.288.01")
+    assert without_time(out) == (FIX / "smi_l4_535.288.01.txt").read_text().splitlines()
+    # wide table (550 and later): the T4 550.54.15 capture
+    t4 = dict(vr.GPU_PROFILES["T4"], PCI_BUS_ID="00000000:00:04.0", TEMPERATURE_C="65", PERF_STATE="P8",
+              POWER_DRAW_W="12")
+    monkeypatch.setitem(vr.GPU_PROFILES, "T4", t4)
+    root = host_root(tmp_path / "t4", "T4")
+    out = smi(extracted, "560", root, shell=shell).stdout.replace("560.35.03", "550.54.15").replace(
+        "CUDA Version: 12.6", "CUDA Version: 12.4")
+    expected = (FIX / "smi_t4_550.54.15.txt").read_text().splitlines()
+    assert without_time(out) == expected[1:]
+    assert out.splitlines()[0].endswith("       ")
+
+
+def test_nvidia_smi_without_gpu(extracted, tmp_path):
+    root = host_root(tmp_path, "none")
+    for args in ((), tuple(gpu.QUERY_COMMAND.split()[1:])):
+        p = smi(extracted, "535", root, *args)
+        assert p.returncode == 9
+        assert p.stdout.splitlines()[0] == (FIX / "smi_no_communication.txt").read_text().strip()
+        assert gpu.parse_query(p.stdout.splitlines()).status == "no_communication"
+        assert gpu.parse_summary(p.stdout.splitlines())["status"] == "no_communication"
+
+
+def test_nvidia_smi_query_fields_and_errors(extracted, tmp_path):
+    root = host_root(tmp_path, "L4")
+    p = smi(extracted, "535", root, "--query-gpu=name,memory.total,memory.used,utilization.gpu,persistence_mode,uuid,pci.bus_id",
+            "--format=csv")
+    assert p.stdout.splitlines() == [
+        "name, memory.total [MiB], memory.used [MiB], utilization.gpu [%], persistence_mode, uuid, pci.bus_id",
+        "NVIDIA L4, 23034 MiB, 0 MiB, 4 %, Disabled, GPU-3a23c669-1f69-c64e-cf85-44e9b07e7a2a, 00000000:31:00.0"]
+    p = smi(extracted, "535", root, "--query-gpu=name,memory.total", "--format=csv,noheader")
+    assert p.stdout.splitlines() == (FIX / "query_name_memory_l4_noheader.csv").read_text().splitlines()
+    p = smi(extracted, "535", root, "--query-gpu=index,name,compute_cap", "--format=csv,noheader,nounits")
+    assert p.stdout.strip() == "0, NVIDIA L4, 8.9"
+    p = smi(extracted, "535", root, "--query-gpu=id,name,compute_cap", "--format=csv")
+    assert p.returncode == 2
+    assert p.stdout.splitlines()[0] == (FIX / "query_id_invalid.txt").read_text().strip()
+    assert gpu.parse_query(p.stdout.splitlines(), ("id", "name", "compute_cap")).invalid_field == "id"
+
+
+def test_driver_change_without_reboot_is_a_version_mismatch(extracted, tmp_path):
+    root = host_root(tmp_path, "T4")
+    assert smi(extracted, "535", root).returncode == 0  # loads the 535 module
+    assert (root / "run/nvidia-standin/module-version").read_text().strip() == "535.183.01"
+    p = smi(extracted, "560", root)  # 560 installed, 535 still loaded
+    assert p.returncode != 0
+    assert gpu.parse_summary(p.stdout.splitlines())["status"] == "version_mismatch"
+    assert p.stdout.splitlines() == ["Failed to initialize NVML: Driver/library version mismatch",
+                                     "NVML library version: 560.35"]
+    (root / "run/nvidia-standin/module-version").unlink()  # reboot: /run is empty again
+    assert smi(extracted, "560", root).returncode == 0
+
+
+def test_gpu_profile():
+    assert gpu_profile("none") == "" and gpu_profile(None) == ""
+    assert 'GPU_NAME="Tesla T4"' in gpu_profile("t4") and 'COMPUTE_CAP="7.5"' in gpu_profile("T4")
+    assert 'GPU_NAME="NVIDIA L4"' in gpu_profile("l4") and 'MEMORY_MIB="23034"' in gpu_profile("L4")
+    with pytest.raises(ValueError, match="A100"):
+        gpu_profile("A100")
+
+
+# ---------------------------------------------------------------- nvidia-persistenced
+
+def test_nvidia_persistenced(extracted, tmp_path):
+    script = extracted["nvidia-persistenced_535.183.01-1_amd64"] / "usr/bin/nvidia-persistenced"
+    root = host_root(tmp_path, "L4")
+    env = {"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(root)}
+    p = subprocess.run(["dash", str(script), "--verbose"], capture_output=True, text=True, env=env, timeout=20)
+    assert p.returncode == 0, p.stderr
+    pidfile = root / "var/run/nvidia-persistenced/nvidia-persistenced.pid"
+    pid = int(pidfile.read_text())
+    try:
+        os.kill(pid, 0)
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    for _ in range(50):
+        if not pidfile.exists():
+            break
+        time.sleep(0.1)
+    assert not pidfile.exists()
+    none = host_root(tmp_path, "none")
+    p = subprocess.run(["dash", str(script)], capture_output=True, text=True,
+                       env=dict(env, NVIDIA_STANDIN_ROOT=str(none)), timeout=20)
+    assert p.returncode == 1 and "nvidia-persistenced failed to initialize" in p.stderr
+
+
+# ---------------------------------------------------------------- nvidia-ctk
+
+def ctk(extracted, *args, cwd=None) -> subprocess.CompletedProcess:
+    script = extracted["nvidia-container-toolkit-base_1.16.2-1_amd64"] / "usr/bin/nvidia-ctk"
+    return subprocess.run(["python3", str(script), *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_nvidia_ctk_keeps_other_keys_and_is_idempotent(extracted, tmp_path):
+    cfg = tmp_path / "etc/docker/daemon.json"
+    cfg.parent.mkdir(parents=True)
+    original = {"log-driver": "json-file", "log-opts": {"max-size": "10m"}, "data-root": "/srv/docker",
+                "runtimes": {"crun": {"path": "/usr/bin/crun"}}}
+    cfg.write_text(json.dumps(original))
+    p = ctk(extracted, "runtime", "configure", "--runtime=docker", f"--config={cfg}")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(cfg.read_text())
+    assert data["runtimes"]["nvidia"] == {"args": [], "path": "nvidia-container-runtime"}
+    assert data["runtimes"]["crun"] == {"path": "/usr/bin/crun"}
+    for key in ("log-driver", "log-opts", "data-root"):
+        assert data[key] == original[key]
+    first = cfg.read_bytes()
+    assert not first.endswith(b"\n") and b'\n    "data-root": "/srv/docker",' in first
+    msgs = [line.split('msg="', 1)[1].rstrip('"') for line in p.stderr.splitlines()]
+    assert msgs == ["Ignoring runtime-config-override flag for docker", f"Loading config from {cfg}",
+                    f"Wrote updated config to {cfg}", "It is recommended that docker daemon be restarted."]
+    again = ctk(extracted, "runtime", "configure", "--runtime=docker", "--config", str(cfg))
+    assert again.returncode == 0 and cfg.read_bytes() == first
+
+
+def test_nvidia_ctk_new_file_matches_real_output(extracted, tmp_path):
+    cfg = tmp_path / "docker/daemon.json"
+    p = ctk(extracted, "runtime", "configure", "--runtime=docker", f"--config={cfg}")
+    assert p.returncode == 0
+    assert cfg.read_text() + "\n" == (FIX / "daemon_json_after_ctk.json").read_text()
+    assert 'level=info msg="Config file does not exist; using empty config"' in p.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    p = ctk(extracted, "runtime", "configure", "--runtime=docker", f"--config={bad}")
+    assert p.returncode == 1 and "unable to load config for runtime docker" in p.stderr
+    assert bad.read_text() == "{not json"
+
+
+def test_nvidia_ctk_terminal_log_format_matches_capture(extracted, tmp_path, monkeypatch):
+    script = extracted["nvidia-container-toolkit-base_1.16.2-1_amd64"] / "usr/bin/nvidia-ctk"
+    loader = importlib.machinery.SourceFileLoader("standin_nvidia_ctk", str(script))
+    spec = importlib.util.spec_from_loader("standin_nvidia_ctk", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(mod.sys, "stderr", err)
+    assert mod.main(["runtime", "configure", "--runtime=docker", f"--config={tmp_path}/daemon.json"]) == 0
+    # padding depends on the message length: compare without it, then check it with the real path
+    got = err.getvalue().replace(f"{tmp_path}/daemon.json", "/etc/docker/daemon.json").splitlines()
+    real = (FIX / "ctk_configure_docker_no_config_tty.txt").read_text().splitlines()
+    assert [g.rstrip() for g in got] == [r.rstrip() for r in real]
+    err.truncate(0)
+    err.seek(0)
+    assert mod.main(["runtime", "configure", f"--config={tmp_path}/daemon.json"]) == 0
+    got = err.getvalue().replace(f"{tmp_path}/daemon.json", "/etc/docker/daemon.json").splitlines()
+    real = (FIX / "ctk_configure_docker_existing_config_tty.txt").read_text().splitlines()
+    assert [g.rstrip() for g in got[1:]] == [r.rstrip() for r in real]
+    err.truncate(0)
+    err.seek(0)
+    for line in real[:2] + (FIX / "ctk_configure_docker_no_config_tty.txt").read_text().splitlines():
+        level = {"INFO": "info", "WARN": "warning"}[line[:4]]
+        mod.log(level, line[11:].rstrip())
+    assert err.getvalue().splitlines()[:2] == real[:2]
+    out = io.StringIO()
+    monkeypatch.setattr(mod.sys, "stdout", out)
+    assert mod.main(["--version"]) == 0
+    first = out.getvalue().splitlines()
+    assert first[0] == "NVIDIA Container Toolkit CLI version 1.16.2" and first[1].startswith("commit: ")
+    assert len(first[1].split()[1]) == 40
+
+
+# ---------------------------------------------------------------- the OCI hook
+
+def bundle(tmp_path: Path, env: list[str]) -> tuple[Path, Path]:
+    b = tmp_path / "bundle"
+    rootfs = b / "rootfs"
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "bin").symlink_to("usr/bin")
+    (rootfs / "etc").mkdir()
+    (b / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2-dev", "root": {"path": "rootfs"},
+        "process": {"args": ["nvidia-smi"], "env": ["PATH=/usr/local/sbin:/usr/bin:/bin", *env]},
+    }))
+    return b, rootfs
+
+
+def hook(extracted, host: Path, b: Path, *args: str) -> subprocess.CompletedProcess:
+    script = extracted["nvidia-container-toolkit_1.16.2-1_amd64"] / "usr/bin/nvidia-container-runtime-hook"
+    state = json.dumps({"ociVersion": "1.0.2-dev", "id": "abc", "status": "creating", "pid": 4242,
+                        "bundle": str(b)})
+    return subprocess.run(["python3", str(script), *args], input=state, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(host)})
+
+
+def test_hook_makes_nvidia_smi_visible_in_the_container(extracted, tmp_path):
+    host = host_root(tmp_path, "L4")
+    (host / "usr/bin").mkdir(parents=True)
+    shutil.copy(extracted["nvidia-smi_535.183.01-1_amd64"] / "usr/bin/nvidia-smi", host / "usr/bin/nvidia-smi")
+    assert smi(extracted, "535", host).returncode == 0  # the host loaded the module
+    b, rootfs = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    p = hook(extracted, host, b, "prestart")
+    assert p.returncode == 0, p.stderr
+    assert os.access(rootfs / "usr/bin/nvidia-smi", os.X_OK)
+    assert (rootfs / "etc/nvidia-standin/gpu.env").read_text() == gpu_profile("L4")
+    assert (rootfs / "run/nvidia-standin/module-version").read_text().strip() == "535.183.01"
+    # inside the container (busybox sh, paths relative to its root)
+    p = subprocess.run(["busybox", "sh", str(rootfs / "bin/nvidia-smi")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(rootfs)})
+    s = gpu.parse_summary(p.stdout.splitlines())
+    assert (s["status"], s["gpus"][0]["name"]) == ("ok", "NVIDIA L4")
+    assert hook(extracted, host, b, "poststop").returncode == 0
+
+
+def test_hook_without_gpu_request_or_without_gpu(extracted, tmp_path):
+    host = host_root(tmp_path, "T4")
+    (host / "usr/bin").mkdir(parents=True)
+    shutil.copy(extracted["nvidia-smi_560.35.03-1_amd64"] / "usr/bin/nvidia-smi", host / "usr/bin/nvidia-smi")
+    b, rootfs = bundle(tmp_path / "a", ["NVIDIA_VISIBLE_DEVICES=void"])
+    assert hook(extracted, host, b, "prestart").returncode == 0
+    assert not (rootfs / "usr/bin/nvidia-smi").exists()
+    nogpu = host_root(tmp_path, "none")
+    (nogpu / "usr/bin").mkdir(parents=True)
+    shutil.copy(host / "usr/bin/nvidia-smi", nogpu / "usr/bin/nvidia-smi")
+    b, rootfs = bundle(tmp_path / "b", ["NVIDIA_VISIBLE_DEVICES=all"])
+    p = hook(extracted, nogpu, b, "prestart")
+    assert p.returncode == 1 and "driver not loaded" in p.stderr
+    assert not (rootfs / "usr/bin/nvidia-smi").exists()

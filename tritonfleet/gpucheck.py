@@ -1,0 +1,133 @@
+"""Rules a host's GPUs and driver must meet: the GPU class it is in, and Triton's driver needs.
+
+``check_gpus`` compares what nvidia-smi reported with the host's GPU class and the minimum
+compute capability / CUDA version; ``driver_supported`` says whether a driver branch or version
+can run a Triton release (its release notes' "Driver Requirements").
+"""
+
+from __future__ import annotations
+
+import re
+
+GPU_CLASSES = {
+    "T4": {"names": ["Tesla T4", "NVIDIA T4"], "compute_capability": "7.5"},
+    "L4": {"names": ["NVIDIA L4"], "compute_capability": "8.9"},
+}
+
+# Triton container release -> CUDA it is built on, the driver that CUDA needs, and the older
+# data-center branches that CUDA's forward-compatibility package supports (branch -> minimum).
+# From NVIDIA's Triton Inference Server release notes ("Driver Requirements"):
+#   24.08: "based on CUDA 12.6 which requires NVIDIA Driver release 560 or later. However, if you
+#   are running on a data center GPU (for example, T4 or any other data center GPU), you can use
+#   NVIDIA driver release 470.57 (or later R470), 525.85 (or later R525), 535.86 (or later R535),
+#   or 545.23 (or later R545)."  R550 and R555 are in neither list, so they are refused for 24.08.
+#   (The same notes also list R545 among the branches to "upgrade from"; the explicit list above
+#   is what is applied here.)
+TRITON_DRIVER_REQUIREMENTS = {
+    "24.07": {"cuda": "12.5.1", "min_driver": "555",
+              "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
+    "24.08": {"cuda": "12.6", "min_driver": "560",
+              "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
+    "24.10": {"cuda": "12.6.2", "min_driver": "560",
+              "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
+}
+
+
+def _vtuple(v) -> tuple[int, ...]:
+    parts = re.findall(r"\d+", str(v))
+    return tuple(int(p) for p in parts)
+
+
+def _gpu_attr(gpu, key: str):
+    if isinstance(gpu, dict):
+        return gpu.get(key)
+    return getattr(gpu, key, None)
+
+
+def check_gpus(host_name: str, gpu_class: str, gpus, cuda_version, min_cc="6.0",
+               min_cuda="12.0") -> list[str]:
+    """Problems with ``gpus`` (Gpu objects or dicts with name/compute_cap) for a host of
+    ``gpu_class``; [] when all is well.  Each message names the host, what was expected and
+    what was found."""
+    min_cc = str(min_cc or "6.0")
+    min_cuda = str(min_cuda or "12.0")
+    key = str(gpu_class or "").upper()
+    if key not in GPU_CLASSES:
+        return [f"{host_name}: unknown GPU class {gpu_class!r}; expected one of {', '.join(GPU_CLASSES)}"]
+    spec = GPU_CLASSES[key]
+    expected = f"{key} ({' or '.join(spec['names'])}, compute capability {spec['compute_capability']})"
+    gpus = list(gpus or [])
+    if not gpus:
+        return [f"{host_name}: expected a {expected} GPU, found no GPU"]
+    errors = []
+    for n, gpu in enumerate(gpus):
+        index = _gpu_attr(gpu, "index")
+        index = n if index is None else index
+        name = _gpu_attr(gpu, "name") or "?"
+        cc = _gpu_attr(gpu, "compute_cap")
+        if name not in spec["names"]:
+            errors.append(f"{host_name}: GPU {index} is {name!r}, expected {expected}")
+            continue
+        if not cc:
+            errors.append(f"{host_name}: GPU {index} ({name}) reports no compute capability, "
+                          f"expected {spec['compute_capability']} (>= {min_cc})")
+            continue
+        if _vtuple(cc) < _vtuple(min_cc):
+            errors.append(f"{host_name}: GPU {index} ({name}) has compute capability {cc}, "
+                          f"expected >= {min_cc}")
+        elif str(cc) != spec["compute_capability"]:
+            errors.append(f"{host_name}: GPU {index} ({name}) has compute capability {cc}, "
+                          f"expected {spec['compute_capability']} for class {key}")
+    if not cuda_version:
+        errors.append(f"{host_name}: nvidia-smi shows no CUDA version, expected CUDA >= {min_cuda}")
+    elif _vtuple(cuda_version) < _vtuple(min_cuda):
+        errors.append(f"{host_name}: driver supports CUDA {cuda_version}, expected CUDA >= {min_cuda}")
+    return errors
+
+
+def triton_release(image_or_tag: str) -> str | None:
+    """'nvcr.io/nvidia/tritonserver:24.08-py3' (or '24.08-py3', '24.08') -> '24.08'."""
+    text = str(image_or_tag or "").strip()
+    tag = text.rsplit("/", 1)[-1]
+    tag = tag.split(":", 1)[1] if ":" in tag else tag
+    m = re.match(r"^(\d{2}\.\d{2})(?:\b|-|$)", tag)
+    return m.group(1) if m else None
+
+
+def _upstream(version: str) -> str:
+    v = str(version).strip().split(":", 1)[-1]
+    return v.split("-", 1)[0]
+
+
+def driver_supported(branch_or_version, triton_image, datacenter: bool = True) -> tuple[bool, str]:
+    """Whether driver ``branch_or_version`` ("535", "535.183.01", "535.183.01-1") can run the
+    Triton release of ``triton_image``.  ``datacenter``: the GPU is a data-center one (T4, L4),
+    which may use the older branches CUDA's forward compatibility supports."""
+    tag = triton_release(triton_image)
+    if tag is None or tag not in TRITON_DRIVER_REQUIREMENTS:
+        known = ", ".join(sorted(TRITON_DRIVER_REQUIREMENTS))
+        return False, (f"no driver requirements known for Triton release {tag or triton_image!r} "
+                       f"(known: {known}); add them from NVIDIA's release notes to "
+                       "tritonfleet/gpucheck.py TRITON_DRIVER_REQUIREMENTS")
+    req = TRITON_DRIVER_REQUIREMENTS[tag]
+    version = _upstream(branch_or_version)
+    if not re.fullmatch(r"\d+(\.\d+){0,2}", version):
+        return False, f"{branch_or_version!r} is not a driver branch or version"
+    parts = _vtuple(version)
+    branch = str(parts[0])
+    branch_only = len(parts) == 1
+    compat = req["datacenter"] if datacenter else {}
+    allowed = ", ".join(f"R{b} >= {m}" for b, m in compat.items())
+    needs = (f"Triton {tag} (CUDA {req['cuda']}) needs driver >= {req['min_driver']}"
+             + (f", or on data-center GPUs {allowed}" if allowed else ""))
+    if parts >= _vtuple(req["min_driver"]):
+        return True, f"driver {version} >= {req['min_driver']}: {needs}"
+    if branch in compat:
+        minimum = compat[branch]
+        if branch_only:
+            return True, (f"branch R{branch} is supported from {minimum} on (its current releases "
+                          f"are newer); {needs}")
+        if parts >= _vtuple(minimum):
+            return True, f"driver {version} >= {minimum} (R{branch} forward compatibility): {needs}"
+        return False, f"driver {version} is older than {minimum}, the first R{branch} release Triton {tag} supports; {needs}"
+    return False, f"driver {'branch R' + branch if branch_only else version} is not supported: {needs}"

@@ -1,0 +1,40 @@
+#!/bin/sh
+# Stand-in nvidia-persistenced of the testbed's driver packages: forks a daemon that holds the
+# (stand-in) driver open, as the real one keeps the GPU initialized. Fails, like the real one,
+# when the driver cannot be reached (no GPU: no /etc/nvidia-standin/gpu.env).
+DRIVER_VERSION='@DRIVER_VERSION@'
+ROOT="${NVIDIA_STANDIN_ROOT:-}"
+GPU_ENV="$ROOT/etc/nvidia-standin/gpu.env"
+MODULE_FILE="$ROOT/run/nvidia-standin/module-version"
+RUN_DIR="$ROOT/var/run/nvidia-persistenced"
+user=''
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -u|--user) user=$2; shift ;;
+        --user=*) user=${1#--user=} ;;
+        -v|--version) echo "nvidia-persistenced:  version $DRIVER_VERSION"; exit 0 ;;
+    esac
+    shift
+done
+fail() {
+    logger -t nvidia-persistenced "$1" 2>/dev/null || echo "nvidia-persistenced: $1" >&2
+    echo "nvidia-persistenced failed to initialize. Check syslog for more details." >&2
+    exit 1
+}
+[ -r "$GPU_ENV" ] || fail "Failed to query NVIDIA devices. Please ensure that the NVIDIA device files exist and have proper permissions."
+loaded=''
+[ -r "$MODULE_FILE" ] && read -r loaded < "$MODULE_FILE"
+if [ -z "$loaded" ]; then
+    { mkdir -p "${MODULE_FILE%/*}" && echo "$DRIVER_VERSION" > "$MODULE_FILE"; } 2>/dev/null
+elif [ "$loaded" != "$DRIVER_VERSION" ]; then
+    fail "Failed to initialize NVML: Driver/library version mismatch"
+fi
+mkdir -p "$RUN_DIR" || fail "Failed to create $RUN_DIR"
+[ -n "$user" ] && chown "$user" "$RUN_DIR" 2>/dev/null
+(
+    trap 'rm -f "$RUN_DIR/nvidia-persistenced.pid"; exit 0' TERM INT
+    while :; do sleep 3600 & wait $!; done
+) </dev/null >/dev/null 2>&1 &
+echo $! > "$RUN_DIR/nvidia-persistenced.pid"
+echo "Started ($!)"
+exit 0

@@ -1,0 +1,173 @@
+#!/bin/sh
+# Stand-in nvidia-smi of the testbed's driver packages (POSIX sh: it also runs in busybox-only
+# containers). Driver and CUDA version are fixed when the package is built; the "hardware" is
+# /etc/nvidia-standin/gpu.env (absent: no GPU, the driver cannot talk to a device).
+# Output follows real nvidia-smi captures (see tests/fixtures/nvidia/SOURCES.md).
+DRIVER_VERSION='@DRIVER_VERSION@'
+CUDA_VERSION='@CUDA_VERSION@'
+ROOT="${NVIDIA_STANDIN_ROOT:-}"
+GPU_ENV="$ROOT/etc/nvidia-standin/gpu.env"
+MODULE_FILE="$ROOT/run/nvidia-standin/module-version"
+
+no_driver() {
+    echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+    echo
+    exit 9
+}
+
+[ -r "$GPU_ENV" ] || no_driver
+
+GPU_NAME='' GPU_UUID='' PCI_BUS_ID='' MEMORY_MIB='' COMPUTE_CAP=''
+PERSISTENCE_MODE=Off DISPLAY_ACTIVE=Off ECC_ERRORS=0 FAN=N/A TEMPERATURE_C=40 PERF_STATE=P0
+POWER_DRAW_W=27 POWER_LIMIT_W=72 MEMORY_USED_MIB=0 UTILIZATION_GPU=0 COMPUTE_MODE=Default MIG_MODE=N/A
+# shellcheck disable=SC1090
+. "$GPU_ENV"
+
+# The kernel module: the first user loads the installed version; it stays loaded (a driver
+# upgrade without reboot leaves the old one, as on a real host).
+loaded=''
+[ -r "$MODULE_FILE" ] && read -r loaded < "$MODULE_FILE"
+if [ -z "$loaded" ]; then
+    { mkdir -p "${MODULE_FILE%/*}" && echo "$DRIVER_VERSION" > "$MODULE_FILE"; } 2>/dev/null
+    loaded=$DRIVER_VERSION
+fi
+if [ "$loaded" != "$DRIVER_VERSION" ]; then
+    echo "Failed to initialize NVML: Driver/library version mismatch"
+    echo "NVML library version: ${DRIVER_VERSION%.*}"
+    exit 18
+fi
+
+major=${DRIVER_VERSION%%.*}
+if [ "$major" -ge 550 ]; then WIDE=1; else WIDE=0; fi
+
+dashes() { n=$1; s=''; while [ "$n" -gt 0 ]; do s="$s$2"; n=$((n - 1)); done; printf '%s' "$s"; }
+
+table() {
+    printf '%s       \n' "$(date '+%a %b %e %H:%M:%S %Y')"
+    if [ "$WIDE" = 1 ]; then c2=24; all=89; else c2=22; all=87; fi
+    c1=41 c3=22
+    printf '+%s+\n' "$(dashes $all -)"
+    if [ "$WIDE" = 1 ]; then
+        printf '| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|\n' "$DRIVER_VERSION" "$DRIVER_VERSION" "$CUDA_VERSION"
+    else
+        printf '| NVIDIA-SMI %-23sDriver Version: %-13sCUDA Version: %-9s|\n' "$DRIVER_VERSION" "$DRIVER_VERSION" "$CUDA_VERSION"
+    fi
+    printf '|%s+%s+%s+\n' "$(dashes $c1 -)" "$(dashes $c2 -)" "$(dashes $c3 -)"
+    if [ "$WIDE" = 1 ]; then
+        echo '| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |'
+        echo '| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |'
+    else
+        echo '| GPU  Name                 Persistence-M | Bus-Id        Disp.A | Volatile Uncorr. ECC |'
+        echo '| Fan  Temp   Perf          Pwr:Usage/Cap |         Memory-Usage | GPU-Util  Compute M. |'
+    fi
+    printf '|%s|%s|%21s |\n' "$(dashes $c1 ' ')" "$(dashes $c2 ' ')" "MIG M."
+    printf '|%s+%s+%s|\n' "$(dashes $c1 =)" "$(dashes $c2 =)" "$(dashes $c3 =)"
+    if [ "$WIDE" = 1 ]; then
+        printf '| %3d  %-31s%-3s |   %16s %3s | %20s |\n' 0 "$GPU_NAME" "$PERSISTENCE_MODE" "$PCI_BUS_ID" "$DISPLAY_ACTIVE" "$ECC_ERRORS"
+        printf '| %3s   %3s    %-2s%16s / %5s |%11s / %9s |%8s%13s |\n' "$FAN" "${TEMPERATURE_C}C" "$PERF_STATE" \
+            "${POWER_DRAW_W}W" "${POWER_LIMIT_W}W" "${MEMORY_USED_MIB}MiB" "${MEMORY_MIB}MiB" "${UTILIZATION_GPU}%" "$COMPUTE_MODE"
+    else
+        printf '| %3d  %-31s%-3s | %16s %3s | %20s |\n' 0 "$GPU_NAME" "$PERSISTENCE_MODE" "$PCI_BUS_ID" "$DISPLAY_ACTIVE" "$ECC_ERRORS"
+        printf '| %3s   %3s    %-2s%17s / %4s |%10s / %8s |%8s%13s |\n' "$FAN" "${TEMPERATURE_C}C" "$PERF_STATE" \
+            "${POWER_DRAW_W}W" "${POWER_LIMIT_W}W" "${MEMORY_USED_MIB}MiB" "${MEMORY_MIB}MiB" "${UTILIZATION_GPU}%" "$COMPUTE_MODE"
+    fi
+    printf '|%s|%s|%21s |\n' "$(dashes $c1 ' ')" "$(dashes $c2 ' ')" "$MIG_MODE"
+    printf '+%s+%s+%s+\n' "$(dashes $c1 -)" "$(dashes $c2 -)" "$(dashes $c3 -)"
+    if [ "$WIDE" = 1 ]; then
+        printf '%s\n' "$(dashes 89 ' ')"
+        printf '+%s+\n' "$(dashes 89 -)"
+        printf '| %-88s|\n' 'Processes:'
+        printf '| %-88s|\n' ' GPU   GI   CI        PID   Type   Process name                              GPU Memory'
+        printf '| %-88s|\n' '       ID   ID                                                               Usage'
+        printf '|%s|\n' "$(dashes 89 =)"
+        printf '| %-88s|\n' ' No running processes found'
+        printf '+%s+\n' "$(dashes 89 -)"
+    else
+        echo
+        printf '+%s+\n' "$(dashes 87 -)"
+        printf '| %-86s|\n' 'Processes:'
+        printf '| %-86s|\n' ' GPU   GI   CI        PID   Type   Process name                            GPU Memory'
+        printf '| %-86s|\n' '       ID   ID                                                             Usage'
+        printf '|%s|\n' "$(dashes 87 =)"
+        printf '| %-86s|\n' ' No running processes found'
+        printf '+%s+\n' "$(dashes 87 -)"
+    fi
+}
+
+# value FIELD UNITS(0/1) -> prints the value; returns 1 for an unknown field
+value() {
+    case "$1" in
+        index) echo 0 ;;
+        count) echo 1 ;;
+        name|gpu_name) echo "$GPU_NAME" ;;
+        uuid|gpu_uuid) echo "$GPU_UUID" ;;
+        pci.bus_id|gpu_bus_id) echo "$PCI_BUS_ID" ;;
+        driver_version) echo "$DRIVER_VERSION" ;;
+        compute_cap) echo "$COMPUTE_CAP" ;;
+        memory.total) unit "$MEMORY_MIB" " MiB" "$2" ;;
+        memory.used) unit "$MEMORY_USED_MIB" " MiB" "$2" ;;
+        memory.free) unit "$((MEMORY_MIB - MEMORY_USED_MIB))" " MiB" "$2" ;;
+        utilization.gpu) unit "$UTILIZATION_GPU" " %" "$2" ;;
+        temperature.gpu) echo "$TEMPERATURE_C" ;;
+        power.draw) unit "$POWER_DRAW_W.00" " W" "$2" ;;
+        power.limit) unit "$POWER_LIMIT_W.00" " W" "$2" ;;
+        pstate) echo "$PERF_STATE" ;;
+        compute_mode) echo "$COMPUTE_MODE" ;;
+        persistence_mode) if [ "$PERSISTENCE_MODE" = On ]; then echo Enabled; else echo Disabled; fi ;;
+        timestamp) date '+%Y/%m/%d %H:%M:%S.000' ;;
+        *) return 1 ;;
+    esac
+}
+unit() { if [ "$3" = 1 ]; then echo "$1$2"; else echo "$1"; fi; }
+header_name() {
+    case "$1" in
+        memory.*) echo "$1 [MiB]" ;;
+        utilization.*) echo "$1 [%]" ;;
+        power.*) echo "$1 [W]" ;;
+        *) echo "$1" ;;
+    esac
+}
+
+query() {
+    fields=$1 format=$2
+    header=1 units=1
+    case ",$format," in *,noheader,*) header=0 ;; esac
+    case ",$format," in *,nounits,*) units=0 ;; esac
+    old_ifs=$IFS; IFS=,
+    for f in $fields; do
+        value "$f" 1 >/dev/null || { IFS=$old_ifs; echo "Field \"$f\" is not a valid field to query."; echo; exit 2; }
+    done
+    if [ "$header" = 1 ]; then
+        line='' sep=''
+        for f in $fields; do line="$line$sep$(header_name "$f")"; sep=', '; done
+        echo "$line"
+    fi
+    line='' sep=''
+    for f in $fields; do line="$line$sep$(value "$f" "$units")"; sep=', '; done
+    IFS=$old_ifs
+    echo "$line"
+}
+
+fields='' format='csv' mode=table
+for arg in "$@"; do
+    case "$arg" in
+        --query-gpu=*) fields=${arg#--query-gpu=}; mode=query ;;
+        --format=*) format=${arg#--format=} ;;
+        -L|--list-gpus) mode=list ;;
+        --version) mode=version ;;
+        -i|--id=*|[0-9]*) ;;
+        *) echo "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."; echo; exit 2 ;;
+    esac
+done
+
+case "$mode" in
+    table) table ;;
+    list) echo "GPU 0: $GPU_NAME (UUID: $GPU_UUID)" ;;
+    query) query "$fields" "$format" ;;
+    version)
+        echo "NVIDIA-SMI version  : $DRIVER_VERSION"
+        echo "NVML version        : ${DRIVER_VERSION%.*}"
+        echo "DRIVER version      : $DRIVER_VERSION"
+        echo "CUDA Version        : $CUDA_VERSION" ;;
+esac
+exit 0

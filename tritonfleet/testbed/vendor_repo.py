@@ -1,0 +1,413 @@
+"""The testbed's stand-in NVIDIA vendor repositories: signed flat apt repos, served locally.
+
+Layout below ``dest`` (the URL paths the deploy uses for NVIDIA's real repositories):
+
+* ``cuda/<distro>/x86_64/``: CUDA driver repository (flat, ``deb [...] <url>/ /``), signed, with
+  its key as ``<key_name>`` (ASCII-armored, like NVIDIA's ``3bf863cc.pub``).  Per driver branch
+  (535: 535.183.01-1, 560: 560.35.03-1) the packages use the names of NVIDIA's debian12
+  repository: ``cuda-drivers-<branch>`` (metapackage) -> ``nvidia-driver`` -> ``nvidia-smi``
+  (stand-in nvidia-smi, driver/CUDA version baked in), ``libnvidia-ml1``, ``nvidia-kernel-dkms``,
+  and ``nvidia-persistenced`` (stand-in daemon + ``nvidia-persistenced.service``);
+  ``cuda-drivers`` (newest branch), and ``linux-headers-<kernel_release>`` (the test hosts run
+  this machine's kernel, which Debian has no headers for).
+* ``libnvidia-container/stable/deb/amd64/``: NVIDIA Container Toolkit repository (flat),
+  ``nvidia-container-toolkit``, ``nvidia-container-toolkit-base``, ``libnvidia-container-tools``,
+  ``libnvidia-container1`` at 1.16.2-1 (stand-in nvidia-ctk, nvidia-container-runtime,
+  nvidia-container-runtime-hook), key at ``libnvidia-container/gpgkey``.
+
+Both repositories are signed (InRelease, Release.gpg) by one throwaway ed25519 key kept in
+``gnupg_home`` (default ``dest/.gnupg``), so rebuilding keeps the fingerprint.
+
+A host's GPU is the file ``/etc/nvidia-standin/gpu.env`` (see ``gpu_profile``): shell
+KEY=VALUE lines read by the stand-in nvidia-smi: GPU_NAME, GPU_UUID, PCI_BUS_ID, MEMORY_MIB,
+COMPUTE_CAP, and for the table PERSISTENCE_MODE, DISPLAY_ACTIVE, ECC_ERRORS, FAN,
+TEMPERATURE_C, PERF_STATE, POWER_DRAW_W, POWER_LIMIT_W, MEMORY_USED_MIB, UTILIZATION_GPU,
+COMPUTE_MODE, MIG_MODE.  No file: no GPU (nvidia-smi cannot communicate with the driver).
+The loaded kernel module is emulated by ``/run/nvidia-standin/module-version`` (written by the
+first nvidia-smi/nvidia-persistenced after boot): installing another driver without a reboot
+gives "Driver/library version mismatch", as on a real host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STANDIN = Path(__file__).with_name("standin")
+RECIPE_VERSION = "1"
+MAINTAINER = "tritonfleet testbed <testbed@tritonfleet.invalid>"
+KEY_UID = "tritonfleet testbed vendor repository <testbed@tritonfleet.invalid>"
+
+# branch -> (driver version, CUDA version its nvidia-smi reports)
+DRIVER_BRANCHES = {
+    "535": ("535.183.01", "12.2"),
+    "560": ("560.35.03", "12.6"),
+}
+TOOLKIT_VERSION = "1.16.2"
+DEB_REVISION = "1"
+CUDA_REPO_LABEL = "NVIDIA CUDA"
+
+# The "hardware" of each GPU class, values from real captures (tests/fixtures/nvidia/SOURCES.md):
+# T4: AWS g4dn (bus 00:1E.0, UUID from its nvidia-smi -q, 18 W / 70 W, 27 C, P0);
+# L4: Docker's GPU documentation (bus 31:00.0, UUID from its nvidia-smi -L, 27 W / 72 W, 40 C, 4 %).
+GPU_PROFILES = {
+    "T4": {
+        "GPU_NAME": "Tesla T4",
+        "GPU_UUID": "GPU-84b0bf9a-67bf-493c-9214-4fad8b125a6d",
+        "PCI_BUS_ID": "00000000:00:1E.0",
+        "MEMORY_MIB": "15360",
+        "COMPUTE_CAP": "7.5",
+        "PERSISTENCE_MODE": "Off",
+        "DISPLAY_ACTIVE": "Off",
+        "ECC_ERRORS": "0",
+        "FAN": "N/A",
+        "TEMPERATURE_C": "27",
+        "PERF_STATE": "P0",
+        "POWER_DRAW_W": "18",
+        "POWER_LIMIT_W": "70",
+        "MEMORY_USED_MIB": "0",
+        "UTILIZATION_GPU": "0",
+        "COMPUTE_MODE": "Default",
+        "MIG_MODE": "N/A",
+    },
+    "L4": {
+        "GPU_NAME": "NVIDIA L4",
+        "GPU_UUID": "GPU-3a23c669-1f69-c64e-cf85-44e9b07e7a2a",
+        "PCI_BUS_ID": "00000000:31:00.0",
+        "MEMORY_MIB": "23034",
+        "COMPUTE_CAP": "8.9",
+        "PERSISTENCE_MODE": "Off",
+        "DISPLAY_ACTIVE": "Off",
+        "ECC_ERRORS": "0",
+        "FAN": "N/A",
+        "TEMPERATURE_C": "40",
+        "PERF_STATE": "P0",
+        "POWER_DRAW_W": "27",
+        "POWER_LIMIT_W": "72",
+        "MEMORY_USED_MIB": "0",
+        "UTILIZATION_GPU": "4",
+        "COMPUTE_MODE": "Default",
+        "MIG_MODE": "N/A",
+    },
+}
+
+
+def gpu_profile(gpu_class: str | None) -> str:
+    """The gpu.env text for a host of ``gpu_class`` ("T4", "L4"; "none"/"" -> "", no GPU)."""
+    key = str(gpu_class or "").strip().upper()
+    if key in ("", "NONE"):
+        return ""
+    if key not in GPU_PROFILES:
+        raise ValueError(f"no stand-in GPU for class {gpu_class!r}; known: {', '.join(GPU_PROFILES)}, none")
+    lines = [f'{k}="{v}"' for k, v in GPU_PROFILES[key].items()]
+    return "# The testbed host's GPU, read by the stand-in NVIDIA driver\n" + "\n".join(lines) + "\n"
+
+
+@dataclass
+class VendorRepo:
+    root: Path
+    fingerprint: str
+    cuda_key_name: str
+    cuda_key: Path
+    toolkit_key: Path
+    keyring: Path  # the key dearmored (for gpgv / signed-by)
+    gnupg_home: Path
+    cuda_dirs: dict[str, Path] = field(default_factory=dict)
+    toolkit_dir: Path | None = None
+    kernel_release: str = ""
+    packages: dict[str, list[dict]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for k, v in list(d.items()):
+            if isinstance(v, Path):
+                d[k] = str(v)
+        d["cuda_dirs"] = {k: str(v) for k, v in self.cuda_dirs.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> VendorRepo:
+        return cls(
+            root=Path(d["root"]), fingerprint=d["fingerprint"], cuda_key_name=d["cuda_key_name"],
+            cuda_key=Path(d["cuda_key"]), toolkit_key=Path(d["toolkit_key"]),
+            keyring=Path(d["keyring"]), gnupg_home=Path(d["gnupg_home"]),
+            cuda_dirs={k: Path(v) for k, v in d["cuda_dirs"].items()},
+            toolkit_dir=Path(d["toolkit_dir"]) if d.get("toolkit_dir") else None,
+            kernel_release=d.get("kernel_release", ""), packages=d.get("packages", {}),
+        )
+
+
+def _run(cmd, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def _template(name: str, **values: str) -> str:
+    text = (STANDIN / name).read_text()
+    for k, v in values.items():
+        text = text.replace(f"@{k}@", v)
+    left = re.findall(r"@[A-Z_]+@", text)
+    if left:
+        raise ValueError(f"{name}: unreplaced {left}")
+    return text
+
+
+def _inputs_digest(kernel_release: str, distros, key_name: str | None) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([RECIPE_VERSION, kernel_release, list(distros), key_name, DRIVER_BRANCHES,
+                         TOOLKIT_VERSION, GPU_PROFILES]).encode())
+    for p in sorted(STANDIN.iterdir()):
+        if p.is_file() and not p.name.endswith(".pyc"):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- keys
+
+def _ensure_key(gnupg_home: Path) -> str:
+    gnupg_home.mkdir(parents=True, exist_ok=True)
+    os.chmod(gnupg_home, 0o700)
+    env = dict(os.environ, GNUPGHOME=str(gnupg_home))
+    listing = _run(["gpg", "--batch", "--with-colons", "--list-secret-keys"], env=env).stdout
+    fprs = [line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")]
+    if not fprs:
+        _run(["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
+              "--quick-generate-key", KEY_UID, "ed25519", "sign", "never"], env=env)
+        listing = _run(["gpg", "--batch", "--with-colons", "--list-secret-keys"], env=env).stdout
+        fprs = [line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")]
+    return fprs[0].upper()
+
+
+def _gpg(gnupg_home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GNUPGHOME=str(gnupg_home))
+    return _run(["gpg", "--batch", "--yes", "--pinentry-mode", "loopback", "--passphrase", "", *args], env=env)
+
+
+# --------------------------------------------------------------------------- packages
+
+def _deb(out_dir: Path, name: str, version: str, *, arch: str = "amd64", depends: str = "",
+         recommends: str = "", section: str = "utils", description: str, files=(),
+         symlinks=(), postinst: str | None = None, prerm: str | None = None) -> dict:
+    """Build one .deb with dpkg-deb. ``files``: (path, text, mode); ``symlinks``: (path, target)."""
+    with tempfile.TemporaryDirectory(prefix=f"deb-{name}-") as tmp:
+        root = Path(tmp) / "root"
+        (root / "DEBIAN").mkdir(parents=True)
+        for path, text, mode in files:
+            target = root / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            os.chmod(target, mode)
+        for path, link in symlinks:
+            target = root / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(link, target)
+        doc = root / "usr/share/doc" / name / "README"
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(f"{name} {version}: {description.splitlines()[0]}\n")
+        size_kib = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink()) // 1024 + 1
+        control = [f"Package: {name}", f"Version: {version}", f"Architecture: {arch}",
+                   f"Maintainer: {MAINTAINER}", f"Installed-Size: {size_kib}", f"Section: {section}",
+                   "Priority: optional"]
+        if depends:
+            control.append(f"Depends: {depends}")
+        if recommends:
+            control.append(f"Recommends: {recommends}")
+        first, *rest = description.splitlines()
+        control.append(f"Description: {first}")
+        control += [f" {line}" if line.strip() else " ." for line in rest]
+        (root / "DEBIAN/control").write_text("\n".join(control) + "\n")
+        for script, body in (("postinst", postinst), ("prerm", prerm)):
+            if body:
+                p = root / "DEBIAN" / script
+                p.write_text("#!/bin/sh\nset -e\n" + body.strip() + "\nexit 0\n")
+                os.chmod(p, 0o755)
+        for d in root.rglob("*"):
+            if d.is_dir():
+                os.chmod(d, 0o755)
+        filename = f"{name}_{version.split(':')[-1]}_{arch}.deb"
+        _run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(root),
+              str(out_dir / filename)])
+    return {"package": name, "version": version, "architecture": arch, "filename": filename,
+            "depends": depends}
+
+
+def _cuda_packages(out_dir: Path, kernel_release: str) -> list[dict]:
+    built = []
+    rev = DEB_REVISION
+    for branch, (version, cuda) in DRIVER_BRANCHES.items():
+        v = f"{version}-{rev}"
+        nxt = int(branch) + 1
+        smi = _template("nvidia-smi.sh", DRIVER_VERSION=version, CUDA_VERSION=cuda)
+        persistenced = _template("nvidia-persistenced.sh", DRIVER_VERSION=version)
+        unit = (STANDIN / "nvidia-persistenced.service").read_text()
+        built.append(_deb(out_dir, "libnvidia-ml1", v, section="non-free/libs",
+                          description=f"NVIDIA Management Library (NVML) {version}\n"
+                                      "Testbed stand-in: the library the stand-in nvidia-smi reports."))
+        built.append(_deb(out_dir, "nvidia-smi", v, depends=f"libnvidia-ml1 (= {v})", section="non-free/utils",
+                          description=f"NVIDIA System Management Interface {version}\n"
+                                      f"Testbed stand-in nvidia-smi (driver {version}, CUDA {cuda}); the GPU it\n"
+                                      "reports is /etc/nvidia-standin/gpu.env.",
+                          files=[("/usr/bin/nvidia-smi", smi, 0o755)]))
+        built.append(_deb(out_dir, "nvidia-kernel-dkms", v, section="non-free/kernel",
+                          description=f"NVIDIA binary kernel module {version}\n"
+                                      "Testbed stand-in: the hosts have no GPU; the module is emulated by the\n"
+                                      "stand-in nvidia-smi.",
+                          files=[(f"/usr/src/nvidia-{version}/dkms.conf.testbed",
+                                  f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\n', 0o644)]))
+        built.append(_deb(out_dir, "nvidia-persistenced", v, section="contrib/utils",
+                          description=f"daemon to maintain persistent software state in the NVIDIA driver {version}\n"
+                                      "Testbed stand-in daemon and its systemd unit nvidia-persistenced.service\n"
+                                      "(not enabled by the package).",
+                          files=[("/usr/bin/nvidia-persistenced", persistenced, 0o755),
+                                 ("/lib/systemd/system/nvidia-persistenced.service", unit, 0o644)],
+                          postinst=("if ! getent passwd nvidia-persistenced >/dev/null; then\n"
+                                    "  useradd --system --no-create-home --home-dir /var/run/nvidia-persistenced "
+                                    "--shell /usr/sbin/nologin nvidia-persistenced\nfi\n"
+                                    "if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi"),
+                          prerm=("if [ -d /run/systemd/system ] && [ \"$1\" = remove ]; then\n"
+                                 "  systemctl stop nvidia-persistenced.service 2>/dev/null || true\nfi")))
+        built.append(_deb(out_dir, "nvidia-driver", v, section="non-free/x11",
+                          depends=(f"nvidia-smi (= {v}), libnvidia-ml1 (= {v}), nvidia-kernel-dkms (= {v})"),
+                          recommends=f"nvidia-persistenced (>= {version})",
+                          description=f"NVIDIA metapackage (driver {version})\n"
+                                      "Testbed stand-in driver."))
+        built.append(_deb(out_dir, f"cuda-drivers-{branch}", v, section="multiverse/metapackages",
+                          depends=(f"nvidia-driver (>= {version}), nvidia-driver (<< {nxt}), "
+                                   f"nvidia-kernel-dkms (>= {version}), nvidia-kernel-dkms (<< {nxt}), "
+                                   f"nvidia-smi (>= {version}), nvidia-smi (<< {nxt}), "
+                                   f"nvidia-persistenced (>= {version}), nvidia-persistenced (<< {nxt})"),
+                          description=f"CUDA Driver meta-package, branch-specific (R{branch})\n"
+                                      f"Installs the R{branch} driver ({version})."))
+    newest_branch = max(DRIVER_BRANCHES, key=int)
+    newest = f"{DRIVER_BRANCHES[newest_branch][0]}-{rev}"
+    built.append(_deb(out_dir, "cuda-drivers", newest, section="multiverse/metapackages",
+                      depends=f"cuda-drivers-{newest_branch} (= {newest})",
+                      description="CUDA Driver meta-package, newest branch\nInstalls the newest driver branch."))
+    kver = kernel_release if re.match(r"^[0-9][A-Za-z0-9.+~-]*$", kernel_release) else "1"
+    built.append(_deb(out_dir, f"linux-headers-{kernel_release}", kver, section="kernel",
+                      description=f"Header files for Linux {kernel_release}\n"
+                                  "Testbed stand-in: the test hosts run the test machine's kernel.",
+                      files=[(f"/usr/src/linux-headers-{kernel_release}/Makefile",
+                              f"# Linux {kernel_release} (testbed stand-in headers)\n", 0o644)],
+                      symlinks=[(f"/lib/modules/{kernel_release}/build",
+                                 f"/usr/src/linux-headers-{kernel_release}")]))
+    return built
+
+
+def _toolkit_packages(out_dir: Path) -> list[dict]:
+    v = f"{TOOLKIT_VERSION}-{DEB_REVISION}"
+    commit = hashlib.sha1(f"tritonfleet-testbed-{v}".encode()).hexdigest()
+    ctk = _template("nvidia-ctk.py", TOOLKIT_VERSION=TOOLKIT_VERSION, COMMIT=commit)
+    hook = _template("nvidia-container-runtime-hook.py", TOOLKIT_VERSION=TOOLKIT_VERSION)
+    runtime = _template("nvidia-container-runtime.sh", TOOLKIT_VERSION=TOOLKIT_VERSION)
+    cli = _template("nvidia-container-cli.sh", TOOLKIT_VERSION_SHORT=TOOLKIT_VERSION)
+    return [
+        _deb(out_dir, "libnvidia-container1", v, section="libs",
+             description="NVIDIA container runtime library\nTestbed stand-in."),
+        _deb(out_dir, "libnvidia-container-tools", v, section="utils",
+             depends=f"libnvidia-container1 (= {v})",
+             description="NVIDIA container runtime library (command-line tools)\nTestbed stand-in nvidia-container-cli.",
+             files=[("/usr/bin/nvidia-container-cli", cli, 0o755)]),
+        _deb(out_dir, "nvidia-container-toolkit-base", v, section="utils", depends="python3",
+             description="NVIDIA Container Toolkit Base\nTestbed stand-in nvidia-ctk and nvidia-container-runtime.",
+             files=[("/usr/bin/nvidia-ctk", ctk, 0o755),
+                    ("/usr/bin/nvidia-container-runtime", runtime, 0o755),
+                    ("/etc/nvidia-container-runtime/config.toml",
+                     '#accept-nvidia-visible-devices-as-volume-mounts = false\n'
+                     '[nvidia-container-runtime]\nmode = "auto"\n'
+                     '[nvidia-container-runtime-hook]\npath = "nvidia-container-runtime-hook"\n', 0o644)]),
+        _deb(out_dir, "nvidia-container-toolkit", v, section="utils",
+             depends=(f"nvidia-container-toolkit-base (= {v}), libnvidia-container-tools (>= {v}), "
+                      "libnvidia-container-tools (<< 2.0.0), python3"),
+             description="NVIDIA Container toolkit\nTestbed stand-in nvidia-container-runtime-hook (OCI prestart hook).",
+             files=[("/usr/bin/nvidia-container-runtime-hook", hook, 0o755)]),
+    ]
+
+
+def _index_and_sign(repo_dir: Path, gnupg_home: Path, fingerprint: str, origin: str, label: str) -> None:
+    packages = _run(["apt-ftparchive", "packages", "."], cwd=repo_dir).stdout
+    (repo_dir / "Packages").write_text(packages)
+    _run(["gzip", "-9nkf", "Packages"], cwd=repo_dir)
+    release = _run(["apt-ftparchive",
+                    "-o", f"APT::FTPArchive::Release::Origin={origin}",
+                    "-o", f"APT::FTPArchive::Release::Label={label}",
+                    "-o", "APT::FTPArchive::Release::Architectures=amd64",
+                    "release", "."], cwd=repo_dir).stdout
+    for stale in ("Release", "InRelease", "Release.gpg"):
+        (repo_dir / stale).unlink(missing_ok=True)
+    (repo_dir / "Release").write_text(release)
+    _gpg(gnupg_home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--clearsign",
+         "-o", str(repo_dir / "InRelease"), str(repo_dir / "Release"))
+    _gpg(gnupg_home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--armor",
+         "--detach-sign", "-o", str(repo_dir / "Release.gpg"), str(repo_dir / "Release"))
+
+
+def build_vendor_repo(dest: Path, kernel_release: str, gnupg_home: Path | None = None,
+                      key_name: str | None = None, distros=("debian12",)) -> VendorRepo:
+    """Build (or reuse, when already built from the same inputs) the stand-in repositories in
+    ``dest``.  ``key_name``: the CUDA key's file name (default: last 8 hex digits of the
+    fingerprint + ".pub", as NVIDIA names its keys)."""
+    dest = Path(dest)
+    gnupg_home = Path(gnupg_home) if gnupg_home else dest / ".gnupg"
+    distros = tuple(distros)
+    digest = _inputs_digest(kernel_release, distros, key_name)
+    stamp = dest / ".vendor-repo.json"
+    if stamp.is_file():
+        try:
+            saved = json.loads(stamp.read_text())
+            repo = VendorRepo.from_json(saved["repo"])
+            if (saved.get("digest") == digest and Path(saved["repo"]["gnupg_home"]) == gnupg_home
+                    and all((d / "InRelease").is_file() for d in repo.cuda_dirs.values())
+                    and repo.toolkit_dir and (repo.toolkit_dir / "InRelease").is_file()
+                    and repo.cuda_key.is_file() and repo.toolkit_key.is_file()):
+                return repo
+        except (ValueError, KeyError, TypeError):
+            pass
+    dest.mkdir(parents=True, exist_ok=True)
+    fingerprint = _ensure_key(gnupg_home)
+    key_name = key_name or f"{fingerprint[-8:].lower()}.pub"
+    armored = _gpg(gnupg_home, "--armor", "--export", fingerprint).stdout
+    binary_keyring = dest / "vendor-keyring.gpg"
+    _gpg(gnupg_home, "--output", str(binary_keyring), "--export", fingerprint)
+
+    for sub in ("cuda", "libnvidia-container"):
+        shutil.rmtree(dest / sub, ignore_errors=True)
+    cuda_dirs: dict[str, Path] = {}
+    first = dest / "cuda" / distros[0] / "x86_64"
+    first.mkdir(parents=True)
+    cuda_built = _cuda_packages(first, kernel_release)
+    _index_and_sign(first, gnupg_home, fingerprint, "NVIDIA", CUDA_REPO_LABEL)
+    (first / key_name).write_text(armored)
+    cuda_dirs[distros[0]] = first
+    for distro in distros[1:]:
+        d = dest / "cuda" / distro / "x86_64"
+        d.mkdir(parents=True)
+        for f in first.iterdir():
+            os.link(f, d / f.name)
+        cuda_dirs[distro] = d
+
+    toolkit_dir = dest / "libnvidia-container/stable/deb/amd64"
+    toolkit_dir.mkdir(parents=True)
+    toolkit_built = _toolkit_packages(toolkit_dir)
+    _index_and_sign(toolkit_dir, gnupg_home, fingerprint, "NVIDIA", "NVIDIA Container Toolkit")
+    toolkit_key = dest / "libnvidia-container/gpgkey"
+    toolkit_key.write_text(armored)
+
+    repo = VendorRepo(root=dest, fingerprint=fingerprint, cuda_key_name=key_name,
+                      cuda_key=first / key_name, toolkit_key=toolkit_key, keyring=binary_keyring,
+                      gnupg_home=gnupg_home, cuda_dirs=cuda_dirs, toolkit_dir=toolkit_dir,
+                      kernel_release=kernel_release,
+                      packages={"cuda": cuda_built, "toolkit": toolkit_built})
+    stamp.write_text(json.dumps({"digest": digest, "repo": repo.to_json()}, indent=2))
+    return repo
