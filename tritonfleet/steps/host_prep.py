@@ -30,6 +30,9 @@ TOOLKIT_PACKAGES = [
 # Packages that must move together with the kernel module: held, and kept out of
 # unattended-upgrades, so a silent upgrade cannot cause "Driver/library version mismatch".
 DRIVER_HOLD_PATTERN = r"^(cuda-drivers|nvidia-|libnvidia-|xserver-xorg-video-nvidia)"
+# ... except the Container Toolkit, which is pinned by version instead (preferences.d)
+TOOLKIT_PATTERN = r"^(nvidia-container|libnvidia-container)"
+DRIVER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-nvidia-driver"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
 UNATTENDED_TEXT = (
     "// Managed by tritonfleet: driver and toolkit packages change only through the deploy.\n"
@@ -80,13 +83,28 @@ def _hold_missing(installed: dict) -> list[str]:
     import re
 
     held = set(host.get_fact(HeldPackages))
-    return [p for p in installed if re.match(DRIVER_HOLD_PATTERN, p) and p not in held]
+    return [p for p in installed
+            if re.match(DRIVER_HOLD_PATTERN, p) and not re.match(TOOLKIT_PATTERN, p) and p not in held]
 
 
 def _hold_command() -> str:
     return (
         "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\"{print $2}' "
-        f"| grep -E '{DRIVER_HOLD_PATTERN}' | xargs -r apt-mark hold"
+        f"| grep -E '{DRIVER_HOLD_PATTERN}' | grep -v -E '{TOOLKIT_PATTERN}' | xargs -r apt-mark hold"
+    )
+
+
+def driver_pin_text() -> str:
+    """apt preferences that keep every driver package on the configured branch. NVIDIA's Debian
+    repositories ship all branches under one set of names (nvidia-driver, nvidia-smi, ...): without
+    a pin apt picks the newest branch and `cuda-drivers-<branch>` ends in "held broken packages"."""
+    branch = str(config.get("nvidia_driver_branch"))
+    version = config.get("nvidia_driver_version")
+    pin = version if version else f"{branch}.*"
+    return (
+        "# Managed by tritonfleet: driver packages stay on the configured branch.\n"
+        "Package: cuda-drivers* nvidia-* libnvidia-* libcuda1 libnvcuvid1 libnvidia-ml1 xserver-xorg-video-nvidia\n"
+        f"Pin: version {pin}\nPin-Priority: 1000\n"
     )
 
 
@@ -128,6 +146,8 @@ def nvidia_driver():
         _if=nouveau.did_change,
     )
 
+    pin = files.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
+                    src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
     pkgs = driver_packages()
     installed = host.get_fact(DebPackages) or {}
     # Changing branch: the old branch's held packages would block apt ("held broken packages").
@@ -137,6 +157,13 @@ def nvidia_driver():
         packages=pkgs,
         extra_install_args="--allow-change-held-packages" if other else None,
     )
+    # a changed pin (branch switch) must move the installed dependencies too
+    server.shell(name="move driver packages to the pinned branch",
+                 commands=["apt-get -y -o Dpkg::Options::=--force-confold --allow-change-held-packages "
+                           "--allow-downgrades install $(dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' "
+                           f"| awk '$1==\"ii\"{{print $2}}' | grep -E '{DRIVER_HOLD_PATTERN}' "
+                           f"| grep -v -E '{TOOLKIT_PATTERN}')"],
+                 _if=lambda: pin.did_change() and bool(other))
     if other:
         apt.packages(name=f"remove other driver branch {', '.join(other)}", packages=other,
                      present=False, extra_uninstall_args="--allow-change-held-packages")

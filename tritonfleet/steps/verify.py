@@ -28,6 +28,10 @@ def _probe(where: str, command: str):
     _, out = host.run_shell_command(command)
     lines = out.stdout_lines + out.stderr_lines
     info = gpufacts.parse_query(lines)
+    if info.invalid_field == "compute_cap":  # drivers before R510: look the capability up by name
+        _, out = host.run_shell_command(command.replace(QUERY, gpufacts.QUERY_COMMAND_NO_CC))
+        lines = out.stdout_lines + out.stderr_lines
+        info = gpufacts.parse_query(lines, gpufacts.QUERY_FIELDS_NO_CC)
     _, out2 = host.run_shell_command(command.replace(QUERY, "nvidia-smi"))
     summary = gpufacts.parse_summary(out2.stdout_lines + out2.stderr_lines)
     return info, summary, lines

@@ -54,7 +54,7 @@ def bring_up(n_hosts: int) -> hosts.State:
     state.repo = {
         "url": f"http://{hosts.GATEWAY}:{hosts.REPO_PORT}",
         "fingerprint": repo.fingerprint,
-        "cuda_key_name": Path(repo.cuda_key).name,
+        "cuda_key_name": repo.cuda_key_name,
     }
     state.images = {"triton": str(triton), "cuda": str(cuda)}
     state.save()

@@ -8,6 +8,7 @@ the bridge, the nft table and the ip_forward setting it changed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,7 +23,22 @@ from . import rootfs
 
 STATE_DIR = Path(os.environ.get("TRITONFLEET_TESTBED_DIR", "/var/lib/tritonfleet/testbed"))
 STATE_FILE = STATE_DIR / "state.json"
-CGROUP_ROOT = Path("/sys/fs/cgroup/tritonfleet-testbed")
+
+
+def _cgroup2_mount() -> Path:
+    """Where the unified (v2) cgroup hierarchy is mounted (/sys/fs/cgroup, or .../unified on
+    hybrid systems)."""
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "cgroup2":
+                return Path(parts[1])
+    except OSError:
+        pass
+    return Path("/sys/fs/cgroup")
+
+
+CGROUP_ROOT = _cgroup2_mount() / "tritonfleet-testbed"
 BRIDGE = "tfbr0"
 SUBNET = "10.77.0"  # /24; the bridge (this machine) is .1, hosts start at .11
 GATEWAY = f"{SUBNET}.1"
@@ -250,6 +266,8 @@ def _host_fs_up(h: Host, lower: Path, gpu_env: str | None) -> None:
 def _start(h: Host) -> None:
     CGROUP_ROOT.mkdir(exist_ok=True)
     h.cgroup.mkdir(exist_ok=True)
+    if not (h.cgroup / "cgroup.procs").exists():
+        raise TestbedError(f"{CGROUP_ROOT} is not a cgroup2 directory; the testbed needs cgroup v2")
     logf = open(h.dir / "console.log", "ab")  # noqa: SIM115
     env = dict(
         os.environ,
@@ -312,16 +330,18 @@ def _kill_cgroup(h: Host) -> None:
         kill = cg / "cgroup.kill"
         if kill.exists():
             kill.write_text("1")
-        else:  # pragma: no cover - kernels before 5.14
-            for pid in (cg / "cgroup.procs").read_text().split():
-                os.kill(int(pid), signal.SIGKILL)
+        else:  # kernels before 5.14
+            for pid in _cgroup_pids(cg):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
         for _ in range(100):
             if not _cgroup_pids(cg):
                 break
             time.sleep(0.05)
         _rmdir_tree(cg)
     if h.pid and _alive(h.pid):
-        os.kill(h.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(h.pid, signal.SIGKILL)
 
 
 def _cgroup_pids(cg: Path) -> list[str]:
