@@ -1,4 +1,5 @@
-"""Docker image archives (`docker save` format) as the control machine sees them."""
+"""Docker image archives (`docker save` format) as the control machine sees them: read
+without unpacking the layers, so a multi-GB archive answers in milliseconds."""
 
 from __future__ import annotations
 
@@ -8,23 +9,40 @@ import tarfile
 from pathlib import Path
 
 
-def _manifest(tf: tarfile.TarFile) -> list[dict]:
-    f = tf.extractfile("manifest.json")
-    if f is None:
-        raise ValueError("no manifest.json")
-    return json.load(f)
+def _read_metadata(archive: Path) -> dict[str, bytes]:
+    """The small files of a ``docker save`` archive (everything but layer tars), by name."""
+    files: dict[str, bytes] = {}
+    with tarfile.open(archive, "r|*") as tf:
+        for member in tf:
+            name = member.name.removeprefix("./")
+            if member.isfile() and not name.endswith("layer.tar") and member.size < 16 << 20:
+                files[name] = tf.extractfile(member).read()
+            manifest = files.get("manifest.json")
+            if manifest and all(m["Config"] in files for m in json.loads(manifest)):
+                break
+    if "manifest.json" not in files:
+        raise ValueError(f"{archive}: no manifest.json, not a docker save archive")
+    return files
+
+
+def read_manifest(archive: Path) -> list[dict]:
+    """manifest.json of ``archive``: [{"Config": ..., "RepoTags": [...], "Layers": [...]}]."""
+    return json.loads(_read_metadata(Path(archive))["manifest.json"])
+
+
+def image_config(archive: Path) -> dict:
+    """The image config JSON of ``archive`` (its first image)."""
+    files = _read_metadata(Path(archive))
+    return json.loads(files[json.loads(files["manifest.json"])[0]["Config"]])
 
 
 def image_id(archive: Path) -> str:
-    """The image ID (``sha256:<hash of the config>``) `docker load` gives the archive's first image."""
-    with tarfile.open(archive, "r:*") as tf:
-        m = _manifest(tf)
-        cfg = tf.extractfile(m[0]["Config"])
-        if cfg is None:
-            raise ValueError(f"{archive}: config {m[0]['Config']} missing")
-        return "sha256:" + hashlib.sha256(cfg.read()).hexdigest()
+    """``sha256:<hex>`` of the image config: the ID ``docker images --no-trunc`` shows."""
+    files = _read_metadata(Path(archive))
+    config = files[json.loads(files["manifest.json"])[0]["Config"]]
+    return "sha256:" + hashlib.sha256(config).hexdigest()
 
 
 def archive_tags(archive: Path) -> list[str]:
-    with tarfile.open(archive, "r:*") as tf:
-        return [t for m in _manifest(tf) for t in (m.get("RepoTags") or [])]
+    """The RepoTags ``docker load`` gives the image(s) of ``archive``."""
+    return [tag for m in read_manifest(Path(archive)) for tag in m.get("RepoTags") or []]

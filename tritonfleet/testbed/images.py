@@ -141,44 +141,7 @@ exec "$@"
 # reading archives
 
 
-def _read_metadata(archive: Path) -> dict[str, bytes]:
-    """The small files of a ``docker save`` archive (everything but layer tars), by name."""
-    files: dict[str, bytes] = {}
-    with tarfile.open(archive, "r|*") as tf:
-        for member in tf:
-            name = member.name.removeprefix("./")
-            if member.isfile() and not name.endswith("layer.tar") and member.size < 16 << 20:
-                files[name] = tf.extractfile(member).read()
-            manifest = files.get("manifest.json")
-            if manifest and all(m["Config"] in files for m in json.loads(manifest)):
-                break
-    if "manifest.json" not in files:
-        raise ValueError(f"{archive}: no manifest.json, not a docker save archive")
-    return files
-
-
-def read_manifest(archive: Path) -> list[dict]:
-    """manifest.json of ``archive``: [{"Config": ..., "RepoTags": [...], "Layers": [...]}]."""
-    return json.loads(_read_metadata(Path(archive))["manifest.json"])
-
-
-def image_config(archive: Path) -> dict:
-    """The image config JSON of ``archive`` (its first image)."""
-    files = _read_metadata(Path(archive))
-    return json.loads(files[json.loads(files["manifest.json"])[0]["Config"]])
-
-
-def image_id(archive: Path) -> str:
-    """``sha256:<hex>`` of the image config: the ID ``docker images --no-trunc`` shows."""
-    files = _read_metadata(Path(archive))
-    config = files[json.loads(files["manifest.json"])[0]["Config"]]
-    return "sha256:" + hashlib.sha256(config).hexdigest()
-
-
-def archive_tags(archive: Path) -> list[str]:
-    """The RepoTags ``docker load`` gives the image(s) of ``archive``."""
-    return [tag for m in read_manifest(Path(archive)) for tag in m.get("RepoTags") or []]
-
+from tritonfleet.images import archive_tags, image_config, image_id, read_manifest  # noqa: E402,F401
 
 # --------------------------------------------------------------------------------------
 # writing archives
