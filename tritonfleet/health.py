@@ -49,7 +49,11 @@ def _get(session: requests.Session, url: str, timeout: float) -> tuple[bool, str
 
 
 def check_once(http_url: str, metrics_url: str, models: list[str], timeout: float = 5) -> HealthResult:
-    s = requests.Session()
+    with requests.Session() as s:
+        return _check(s, http_url, metrics_url, models, timeout)
+
+
+def _check(s: requests.Session, http_url: str, metrics_url: str, models: list[str], timeout: float) -> HealthResult:
     checks = []
     for path in ("/v2/health/live", "/v2/health/ready"):
         ok, detail = _get(s, http_url + path, timeout)
