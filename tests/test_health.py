@@ -93,6 +93,8 @@ def _serve_ssh(sock, server_iface, key, opened):
             finally:
                 for s in (a, b):
                     try:
+                        if isinstance(s, socket.socket):
+                            s.shutdown(socket.SHUT_RDWR)
                         s.close()
                     except Exception:
                         pass

@@ -97,6 +97,7 @@ class SSHTunnel:
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self._stop = threading.Event()
+        self._open: list = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -112,6 +113,7 @@ class SSHTunnel:
             except Exception:
                 client.close()
                 continue
+            self._open += [client, chan]
             threading.Thread(target=self._pipe, args=(client, chan), daemon=True).start()
 
     def _pipe(self, client, chan):
@@ -132,6 +134,9 @@ class SSHTunnel:
     def close(self):
         self._stop.set()
         self.sock.close()
+        for s in self._open:
+            with contextlib.suppress(Exception):
+                s.close()
 
 
 def gate_current_host(models: list[str]) -> HealthResult:
