@@ -117,6 +117,10 @@ class SSHTunnel:
             threading.Thread(target=self._pipe, args=(client, chan), daemon=True).start()
 
     def _pipe(self, client, chan):
+        with contextlib.suppress(OSError, EOFError, ValueError):
+            self._pump(client, chan)
+
+    def _pump(self, client, chan):
         with contextlib.closing(client), contextlib.closing(chan):
             while not self._stop.is_set():
                 r, _, _ = select.select([client, chan], [], [], 0.5)
