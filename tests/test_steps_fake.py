@@ -82,3 +82,12 @@ def test_toolkit_refuses_broken_daemon_json():
     _, cmds, state = run_fake(container_toolkit, {**BASE, "cat /etc/docker/daemon.json": "{not json"}, DATA)
     assert state.failed_hosts
     assert not any("nvidia-ctk" in c for c in cmds)
+
+
+def test_secure_boot_stops_before_the_driver():
+    _, cmds, state = run_fake(nvidia_driver, {**BASE, "mokutil --sb-state": "SecureBoot enabled"}, DATA)
+    assert state.failed_hosts
+    assert not any("apt-get" in c or "curl" in c for c in cmds)
+    _, cmds, state = run_fake(nvidia_driver, {**BASE, "mokutil --sb-state": "SecureBoot enabled"},
+                              {**DATA, "nvidia_secure_boot_ok": True})
+    assert not state.failed_hosts and any("cuda-drivers-535" in c for c in cmds)

@@ -28,6 +28,9 @@ nvidia_kernel_packages = ["linux-headers-{kernel}", "dkms"]
 nvidia_hold_packages = True
 # Enable the nvidia-persistenced service.
 nvidia_persistenced = True
+# Secure Boot hosts stop before the driver step unless this says the module will load there
+# (MOK enrolled for DKMS signing, or signed precompiled modules in nvidia_driver_packages).
+nvidia_secure_boot_ok = False
 # Reboot when the loaded driver does not match the installed one (after a driver change).
 nvidia_reboot_if_needed = True
 # Seconds to wait for a rebooted host to answer SSH again.

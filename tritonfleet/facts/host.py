@@ -108,3 +108,18 @@ class ReleaseManifest(FactBase):
             return json.loads("\n".join(output)).get("files", {})
         except ValueError:
             return {}
+
+
+class SecureBoot(FactBase):
+    """True when UEFI Secure Boot is enforcing (mokutil), False when off, None when unknown."""
+
+    def command(self) -> str:
+        return "mokutil --sb-state 2>&1 || true"
+
+    def process(self, output):
+        text = " ".join(output).lower()
+        if "secureboot enabled" in text:
+            return True
+        if "secureboot disabled" in text or "not supported" in text:
+            return False
+        return None

@@ -15,7 +15,7 @@ from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from .. import config
-from ..facts.host import DockerDaemonJson, HeldPackages
+from ..facts.host import DockerDaemonJson, HeldPackages, SecureBoot
 from ..ops.apt_repo import signed_key, source_file
 
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
@@ -120,8 +120,22 @@ def _reboot_needed() -> bool:
     return False
 
 
+SECURE_BOOT_HELP = (
+    "{host}: UEFI Secure Boot is enabled: the DKMS-built nvidia module is unsigned and will not "
+    "load, leaving a half-installed driver. Do one of: enroll a Machine Owner Key and let DKMS "
+    "sign the module (`mokutil --import /var/lib/dkms/mok.pub`, confirm at the next boot), use "
+    "the distribution's signed precompiled modules (Ubuntu: linux-modules-nvidia-<branch>-server-"
+    "<flavour>, set nvidia_driver_packages), or disable Secure Boot in the firmware. Then set "
+    "nvidia_secure_boot_ok = True for this host and run the deploy again."
+)
+
+
 @deploy("NVIDIA driver")
 def nvidia_driver():
+    if host.get_fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
+        python.call(name="Secure Boot is enabled: stop before installing an unloadable driver",
+                    function=_fail, message=SECURE_BOOT_HELP.format(host=host.name))
+        return
     repo = config.get("cuda_repo_url").rstrip("/")
     base = f"{repo}/{cuda_distro()}/{cuda_arch()}"
     key = signed_key(
