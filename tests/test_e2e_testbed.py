@@ -101,6 +101,51 @@ def test_bare_to_serving_and_idempotent(testbed):
     assert changed_ops(data2) == [], changed_ops(data2)
 
 
+def ssh(h, command: str) -> str:
+    key = hosts.ssh_key()
+    res = subprocess.run(
+        ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", f"root@{h.address}", command],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_model_update_moves_only_changed_files(testbed, tmp_path):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "files" / "model_repository", repo)
+    cfg = repo / "text_classifier_onnx" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("max_queue_delay_microseconds: 2000",
+                                           "max_queue_delay_microseconds: 1000"))
+    (repo / "resnet50_onnx" / "labels.txt").write_text("tench\ngoldfish\n")
+    h = testbed.hosts[0]
+    before = ssh(h, "readlink /opt/triton/model_repository").strip()
+    res, data = pyinfra("deploys/models.py", "--limit", h.name, "--data", f"model_repository={repo}")
+    assert res.returncode == 0, res.stderr[-4000:]
+    sent = [o["name"] for o in data["results"]["operations"] if o["name"].startswith("Model repository | model file")]
+    assert sorted(sent) == ["Model repository | model file resnet50_onnx/labels.txt",
+                            "Model repository | model file text_classifier_onnx/config.pbtxt"], sent
+    after = ssh(h, "readlink /opt/triton/model_repository").strip()
+    assert after != before
+    # the new release shares the unchanged model file with the previous one (hard link)
+    inode = ssh(h, f"stat -c %i /opt/triton/{before}/resnet50_onnx/1/model.onnx "
+                   f"/opt/triton/{after}/resnet50_onnx/1/model.onnx").split()
+    assert inode[0] == inode[1]
+    # the previous release is kept for rollback; a file removed locally is gone remotely
+    (repo / "resnet50_onnx" / "labels.txt").unlink()
+    res, _ = pyinfra("deploys/models.py", "--limit", h.name, "--data", f"model_repository={repo}")
+    assert res.returncode == 0, res.stderr[-4000:]
+    latest = ssh(h, "readlink /opt/triton/model_repository").strip()
+    assert ssh(h, f"test -e /opt/triton/{latest}/resnet50_onnx/labels.txt || echo gone").strip() == "gone"
+    assert ssh(h, f"test -d /opt/triton/{before} && echo kept").strip() == "kept"
+    assert "max_queue_delay_microseconds: 1000" in requests.get(
+        f"http://{h.address}:8000/v2/models/text_classifier_onnx/config", timeout=5).text.replace('"', "").replace(
+        "max_queue_delay_microseconds:1000", "max_queue_delay_microseconds: 1000")
+
+
 def test_down_leaves_nothing(testbed):
     # runs last in this module: tear down here and check what is left
     hosts.down()
