@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from fakehost import run_fake
 
 from tritonfleet.steps.host_prep import container_toolkit, nvidia_driver
@@ -91,3 +92,48 @@ def test_secure_boot_stops_before_the_driver():
     _, cmds, state = run_fake(nvidia_driver, {**BASE, "mokutil --sb-state": "SecureBoot enabled"},
                               {**DATA, "nvidia_secure_boot_ok": True})
     assert not state.failed_hosts and any("cuda-drivers-535" in c for c in cmds)
+
+
+def test_docker_from_dockers_repository_with_pinned_key():
+    from tritonfleet.steps.host_prep import docker_engine
+
+    os_release = ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="22.04"',
+                  "VERSION_CODENAME=jammy", "---"]
+    _, cmds, state = run_fake(docker_engine, {**BASE, "ls -pdL *-release": os_release},
+                              {**DATA, "docker_version": "5:27.3.1-1~ubuntu.22.04~jammy"})
+    assert not state.failed_hosts
+    run = "\n".join(cmds)
+    assert "9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in run and "/etc/apt/keyrings/docker.gpg" in run
+    assert "https://download.docker.com/linux/ubuntu/gpg" in run
+    assert "/etc/apt/sources.list.d/docker.list" in run
+    assert re.search(r"install 'docker-ce=5:27\.3\.1-1~ubuntu\.22\.04~jammy' 'docker-ce-cli=5:27", run)
+
+
+def test_registry_secret_only_on_stdin(monkeypatch):
+    from tritonfleet.steps.triton import triton_image
+
+    secret = "s3cr3t-registry-token"
+    monkeypatch.setenv("TRITONFLEET_REGISTRY_PASSWORD", secret)
+    _, cmds, state = run_fake(triton_image, BASE, {"registry_user": "$oauthtoken"})
+    assert not state.failed_hosts
+    run = "\n".join(cmds)
+    assert "--password-stdin nvcr.io" in run and "docker pull nvcr.io/nvidia/tritonserver:24.08-py3" in run
+    assert secret not in run  # never in a command line (it travels by SFTP into a 0600 file)
+
+    monkeypatch.delenv("TRITONFLEET_REGISTRY_PASSWORD")
+    with pytest.raises(Exception, match="TRITONFLEET_REGISTRY_PASSWORD"):
+        run_fake(triton_image, BASE, {"registry_user": "$oauthtoken"})
+
+
+def test_present_image_is_not_pulled_again():
+    from tritonfleet.steps.triton import triton_image
+
+    _, cmds, _ = run_fake(triton_image, {**BASE, "docker image inspect": "sha256:" + "a" * 64}, {})
+    assert not any("docker pull" in c for c in cmds)
+
+
+def test_docker_repository_needs_a_known_distro():
+    from tritonfleet.steps.host_prep import docker_engine
+
+    with pytest.raises(Exception, match="docker_source"):
+        run_fake(docker_engine, BASE, DATA)

@@ -214,6 +214,10 @@ def docker_engine():
         d = host.get_fact(LinuxDistribution)
         distro = (d.get("name") or "").lower()
         codename = (d.get("release_meta") or {}).get("VERSION_CODENAME") or ""
+        if distro not in ("ubuntu", "debian") or not codename:
+            raise config.ConfigError(
+                f"{host.name}: Docker's repository needs Ubuntu or Debian with a VERSION_CODENAME in "
+                f"/etc/os-release (found {d.get('name')!r} {codename!r}); or set docker_source = \"distro\"")
         repo = config.get("docker_repo_url").rstrip("/")
         key = signed_key(name="Docker repository signing key (fingerprint checked)",
                          url=f"{repo}/{distro}/gpg", fingerprint=config.get("docker_repo_key_fingerprint"),
