@@ -89,7 +89,7 @@ def _hold_missing(installed: dict) -> list[str]:
 
 def _hold_command() -> str:
     return (
-        "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\"{print $2}' "
+        "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\" || $1==\"hi\" {print $2}' "
         f"| grep -E '{DRIVER_HOLD_PATTERN}' | grep -v -E '{TOOLKIT_PATTERN}' | xargs -r apt-mark hold"
     )
 
@@ -104,7 +104,7 @@ def driver_pin_text() -> str:
     return (
         "# Managed by tritonfleet: driver packages stay on the configured branch.\n"
         "Package: cuda-drivers* nvidia-* libnvidia-* libcuda1 libnvcuvid1 libnvidia-ml1 xserver-xorg-video-nvidia\n"
-        f"Pin: version {pin}\nPin-Priority: 1000\n"
+        f"Pin: version {pin}\nPin-Priority: 1001\n"
     )
 
 
@@ -160,28 +160,24 @@ def nvidia_driver():
         _if=nouveau.did_change,
     )
 
-    pin = files.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
+    files.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
                     src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
     pkgs = driver_packages()
     installed = host.get_fact(DebPackages) or {}
     # Changing branch: the old branch's held packages would block apt ("held broken packages").
     other = [p for p in installed if p.startswith("cuda-drivers-") and p not in {x.split("=")[0] for x in pkgs}]
+    if other:
+        # Held packages are never moved as dependencies: release them for this switch only
+        # (they are held again below, at the new branch).
+        server.shell(name=f"release driver holds to switch from {', '.join(other)}",
+                     commands=[_hold_command().replace("apt-mark hold", "apt-mark unhold")])
+        apt.packages(name=f"remove the other branch's metapackage {', '.join(other)}", packages=other,
+                     present=False)
     driver = apt.packages(
         name=f"NVIDIA driver {', '.join(pkgs)}",
         packages=pkgs,
-        extra_install_args="--allow-change-held-packages" if other else None,
+        extra_install_args="--allow-downgrades" if other else None,
     )
-    # a changed pin (branch switch) must move the installed dependencies too
-    server.shell(name="move driver packages to the pinned branch",
-                 commands=["apt-get -y -o Dpkg::Options::=--force-confold --allow-change-held-packages "
-                           "--allow-downgrades install $(dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' "
-                           f"| awk '$1==\"ii\"{{print $2}}' | grep -E '{DRIVER_HOLD_PATTERN}' "
-                           f"| grep -v -E '{TOOLKIT_PATTERN}')"],
-                 _if=lambda: pin.did_change() and bool(other))
-    if other:
-        apt.packages(name=f"remove other driver branch {', '.join(other)}", packages=other,
-                     present=False, extra_uninstall_args="--allow-change-held-packages")
-
     if config.get("nvidia_hold_packages"):
         unheld = _hold_missing(installed)
         server.shell(
