@@ -1,4 +1,8 @@
-"""``tritonfleet validate [REPO] [--json]``: exit 0 valid, 1 invalid, 2 usage error."""
+"""``tritonfleet validate [REPO] [--json]``: exit 0 valid, 1 invalid, 2 usage error.
+
+REPO defaults to files/model_repository under the current directory. Each problem is printed on
+a line of its own as ``REPO/model/file:line: [rule] message``.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +14,46 @@ import click
 
 from .cli import main
 
+DEFAULT_REPOSITORY = "files/model_repository"
+
 
 @main.command("validate")
-@click.argument("repo", required=False, default="files/model_repository")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable result")
-def validate_cmd(repo: str, as_json: bool) -> None:
-    """Validate a Triton model repository the way tritonserver will (default: files/model_repository)."""
-    from .validate import validate_repository
+@click.argument("repo", required=False, default=DEFAULT_REPOSITORY)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--gpus", type=click.IntRange(min=0), default=None,
+              help="GPUs per host: KIND_GPU instances and gpu ids are checked against it.")
+@click.option("--backend", "backends", multiple=True, metavar="NAME",
+              help="A backend the Triton image has beyond the standard ones (repeatable).")
+def validate_cmd(repo: str, as_json: bool, gpus: int | None, backends: tuple[str, ...]) -> None:
+    """Validate a Triton model repository the way tritonserver loads it.
+
+    REPO defaults to files/model_repository. Exit status: 0 valid, 1 invalid, 2 usage error.
+    """
+    from .validate import list_models, validate_repository
 
     path = Path(repo)
-    if not path.is_dir():
+    if not path.exists():
         click.echo(f"tritonfleet validate: {repo}: no such directory", err=True)
         sys.exit(2)
-    problems = validate_repository(path)
-    models = sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not path.is_dir():
+        click.echo(f"tritonfleet validate: {repo}: not a directory", err=True)
+        sys.exit(2)
+    problems = validate_repository(path, gpus=gpus, backends=backends)
+    models = list_models(path)
     if as_json:
-        click.echo(json.dumps({"repository": str(path), "valid": not problems, "models": models,
-                               "problems": [p.as_dict() for p in problems]}, indent=2))
+        click.echo(json.dumps({
+            "repository": str(path),
+            "valid": not problems,
+            "models": models,
+            "problems": [p.as_dict() | {"path": p.path} for p in problems],
+        }, indent=2))
     else:
         for p in problems:
-            click.echo(f"{path}/{p}", err=True)
-        if not problems:
-            click.echo(f"{path}: {len(models)} models valid ({', '.join(models)})")
+            click.echo(f"{path}/{p}")
+        if problems:
+            bad = sorted({p.model for p in problems if p.model})
+            click.echo(f"{path}: invalid: {len(problems)} problem(s)"
+                       + (f" in {', '.join(bad)}" if bad else ""), err=True)
         else:
-            click.echo(f"{path}: {len(problems)} problem(s) in {len({p.model for p in problems})} model(s)", err=True)
+            click.echo(f"{path}: valid: {len(models)} model(s): {', '.join(models)}")
     sys.exit(1 if problems else 0)

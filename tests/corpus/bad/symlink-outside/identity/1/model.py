@@ -1,0 +1,1 @@
+../../../../good/python/identity/1/model.py

@@ -1,0 +1,3 @@
+"""Fails when Triton imports it."""
+
+raise ImportError("a package the model needs is missing")
