@@ -149,7 +149,7 @@ def test_model_update_moves_only_changed_files(testbed, tmp_path):
 def test_down_leaves_nothing(testbed):
     # runs last in this module: tear down here and check what is left
     hosts.down()
-    assert not list(Path("/run/netns").glob("tf-*")) if Path("/run/netns").exists() else True
+    assert not list(Path("/run/netns").glob(f"{hosts.NETNS_PREFIX}*")) if Path("/run/netns").exists() else True
     assert not Path(f"/sys/class/net/{hosts.BRIDGE}").exists()
     nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert hosts.NFT_TABLE not in nft

@@ -21,7 +21,13 @@ from pathlib import Path
 
 from . import rootfs
 
-STATE_DIR = Path(os.environ.get("TRITONFLEET_TESTBED_DIR", "/var/lib/tritonfleet/testbed"))
+# Several testbeds can run side by side on one machine: TRITONFLEET_TESTBED=N (0-9, default 0)
+# selects the instance, with its own state, bridge, subnet (10.77.N.0/24), NAT table and cgroup.
+INSTANCE = int(os.environ.get("TRITONFLEET_TESTBED", "0") or 0)
+if not 0 <= INSTANCE <= 9:
+    raise ValueError(f"TRITONFLEET_TESTBED must be 0-9, not {INSTANCE}")
+_SUFFIX = f"-{INSTANCE}" if INSTANCE else ""
+STATE_DIR = Path(os.environ.get("TRITONFLEET_TESTBED_DIR", f"/var/lib/tritonfleet/testbed{_SUFFIX}"))
 STATE_FILE = STATE_DIR / "state.json"
 
 
@@ -38,12 +44,17 @@ def _cgroup2_mount() -> Path:
     return Path("/sys/fs/cgroup")
 
 
-CGROUP_ROOT = _cgroup2_mount() / "tritonfleet-testbed"
-BRIDGE = "tfbr0"
-SUBNET = "10.77.0"  # /24; the bridge (this machine) is .1, hosts start at .11
+CGROUP_ROOT = _cgroup2_mount() / f"tritonfleet-testbed{_SUFFIX}"
+BRIDGE = f"tfbr{INSTANCE}"
+SUBNET = f"10.77.{INSTANCE}"  # /24; the bridge (this machine) is .1, hosts start at .11
 GATEWAY = f"{SUBNET}.1"
-NFT_TABLE = "tritonfleet_testbed"
+NFT_TABLE = f"tritonfleet_testbed{_SUFFIX.replace('-', '_')}"
 REPO_PORT = 8081
+# per-instance prefixes of the network namespaces and host-side veth ends
+NETNS_PREFIX = f"tf{INSTANCE if INSTANCE else ''}-tb"
+VETH_PREFIX = f"tf{INSTANCE if INSTANCE else ''}v"
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+IP_FORWARD_BEFORE = Path("/var/lib/tritonfleet/ip_forward.before")
 GPU_CLASSES = ("t4", "l4")
 
 BASE_PACKAGES = [
@@ -172,10 +183,12 @@ def _net_up(state: State) -> None:
         sh("ip", "link", "add", BRIDGE, "type", "bridge")
         sh("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
     sh("ip", "link", "set", BRIDGE, "up")
-    if state.ip_forward_before is None:
-        state.ip_forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
-        state.save()
-    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    # ip_forward is one setting for all instances: the value from before the first instance
+    # came up is kept in one shared file and restored when the last instance goes down.
+    if not IP_FORWARD_BEFORE.exists():
+        IP_FORWARD_BEFORE.parent.mkdir(parents=True, exist_ok=True)
+        IP_FORWARD_BEFORE.write_text(IP_FORWARD.read_text())
+    IP_FORWARD.write_text("1\n")
     sh("nft", "delete", "table", "ip", NFT_TABLE, check=False)
     rules = (
         f"table ip {NFT_TABLE} {{\n"
@@ -192,9 +205,13 @@ def _net_down(state: State) -> None:
     sh("nft", "delete", "table", "ip", NFT_TABLE, check=False)
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         sh("ip", "link", "del", BRIDGE, check=False)
-    if state.ip_forward_before is not None:
-        Path("/proc/sys/net/ipv4/ip_forward").write_text(state.ip_forward_before + "\n")
-        state.ip_forward_before = None
+    if state.ip_forward_before is not None and not IP_FORWARD_BEFORE.exists():  # older state files
+        IP_FORWARD_BEFORE.write_text(state.ip_forward_before + "\n")
+    state.ip_forward_before = None
+    others = [p for p in Path("/sys/class/net").glob("tfbr[0-9]") if p.name != BRIDGE]
+    if IP_FORWARD_BEFORE.exists() and not others:
+        IP_FORWARD.write_text(IP_FORWARD_BEFORE.read_text())
+        IP_FORWARD_BEFORE.unlink()
 
 
 def _host_net_up(h: Host) -> None:
@@ -387,8 +404,8 @@ def make_host(index: int) -> Host:
         index=index,
         gpu_class=gpu_class,
         address=f"{SUBNET}.{10 + index}",
-        netns=f"tf-tb{index}",
-        veth=f"tfv{index}",
+        netns=f"{NETNS_PREFIX}{index}",
+        veth=f"{VETH_PREFIX}{index}",
     )
 
 
@@ -449,9 +466,9 @@ def down() -> None:
         _host_down(h)
         log(f"{h.name} removed")
     # leftovers of a crash before the state was written
-    for p in Path("/run/netns").glob("tf-tb*") if Path("/run/netns").exists() else []:
+    for p in Path("/run/netns").glob(f"{NETNS_PREFIX}*") if Path("/run/netns").exists() else []:
         sh("ip", "netns", "del", p.name, check=False)
-    for p in Path("/sys/class/net").glob("tfv*"):
+    for p in Path("/sys/class/net").glob(f"{VETH_PREFIX}[0-9]*"):
         sh("ip", "link", "del", p.name, check=False)
     if CGROUP_ROOT.exists():
         for cg in CGROUP_ROOT.iterdir():
