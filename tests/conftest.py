@@ -1,0 +1,60 @@
+"""Session fixtures for tests on the local testbed (real hosts, real SSH, real Triton).
+
+``testbed``: the hosts, brought up bare once per session and removed at its end (the teardown
+checks that nothing is left behind). ``deployed``: the full deploy from bare on all of them,
+run once; tests that change a host put it back (or leave it serving the same release).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+TESTBED_HOSTS = 3
+TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session")
+def testbed():
+    from tritonfleet.testbed import hosts
+    from tritonfleet.testbed.cli import bring_up
+
+    hosts.down()  # from bare: no host left from an earlier run
+    t0 = time.monotonic()
+    state = bring_up(TESTBED_HOSTS)
+    TIMINGS[f"testbed up ({TESTBED_HOSTS} hosts)"] = time.monotonic() - t0
+    yield state
+    t0 = time.monotonic()
+    hosts.down()
+    TIMINGS["testbed down"] = time.monotonic() - t0
+    print("\ntestbed timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in TIMINGS.items()))
+    # nothing may be left behind: hosts, mounts, namespaces, bridge, NAT table, cgroups
+    leftovers = []
+    if Path("/run/netns").exists():
+        leftovers += [str(p) for p in Path("/run/netns").glob(f"{hosts.NETNS_PREFIX}*")]
+    if Path(f"/sys/class/net/{hosts.BRIDGE}").exists():
+        leftovers.append(f"bridge {hosts.BRIDGE}")
+    nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    if hosts.NFT_TABLE in nft.split():
+        leftovers.append(f"nft table {hosts.NFT_TABLE}")
+    if str(hosts.STATE_DIR / "hosts") in Path("/proc/mounts").read_text():
+        leftovers.append("overlay mounts")
+    if hosts.CGROUP_ROOT.exists():
+        leftovers.append(str(hosts.CGROUP_ROOT))
+    assert not leftovers, f"testbed down left: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def deployed(testbed):
+    """Every testbed host taken from bare to serving by the full deploy (once a session)."""
+    from testbed_util import pyinfra
+
+    t0 = time.monotonic()
+    res, data = pyinfra("deploys/triton.py")
+    TIMINGS[f"deploy from bare ({TESTBED_HOSTS} hosts)"] = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr[-6000:]
+    assert data.get("results", {}).get("failed_hosts") == [], res.stderr[-4000:]
+    return testbed, res, data

@@ -1,0 +1,85 @@
+"""Helpers for tests that run on the local testbed: pyinfra over real SSH, ssh, inference."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import requests
+
+from tritonfleet import ROOT
+from tritonfleet.testbed import hosts
+
+BIN = Path(sys.executable).parent
+PYINFRA = str(BIN / "pyinfra")
+TRITONFLEET = str(BIN / "tritonfleet")
+INVENTORY = "inventories/testbed.py"
+
+
+def env() -> dict:
+    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
+
+
+def pyinfra(deploy: str, *extra: str, timeout: float = 1500) -> tuple[subprocess.CompletedProcess, dict]:
+    """``pyinfra -y --json [extra] inventories/testbed.py deploy`` from the repository root."""
+    res = subprocess.run(
+        [PYINFRA, "-y", "--json", *extra, INVENTORY, deploy],
+        cwd=ROOT, capture_output=True, text=True, env=env(), timeout=timeout,
+    )
+    try:
+        data = json.loads(res.stdout)
+    except ValueError:
+        data = {}
+    return res, data
+
+
+def tritonfleet(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([TRITONFLEET, *args], cwd=ROOT, capture_output=True, text=True, env=env(),
+                          timeout=timeout)
+
+
+def changed_ops(data: dict) -> list[str]:
+    """Operations that changed something (the `check:` verifications excluded)."""
+    ops = data.get("results", {}).get("operations", [])
+    return [o["name"] for o in ops if o.get("success") and "check:" not in o["name"].split("|")[-1][:8]]
+
+
+def ssh(h: hosts.Host, command: str, check: bool = True, timeout: float = 120) -> str:
+    key = hosts.ssh_key()
+    res = subprocess.run(
+        ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"root@{h.address}", command],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if check:
+        assert res.returncode == 0, f"{h.name}: {command}: {res.stderr}"
+    return res.stdout
+
+
+def infer_resnet(address: str, port: int = 8000) -> np.ndarray:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=f"{address}:{port}")
+    data = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    inp = httpclient.InferInput("input", data.shape, "FP32")
+    inp.set_data_from_numpy(data)
+    res = client.infer("resnet50_onnx", [inp], outputs=[httpclient.InferRequestedOutput("output")])
+    return res.as_numpy("output")
+
+
+def success_count(address: str, model: str, port: int = 8002) -> float:
+    text = requests.get(f"http://{address}:{port}/metrics", timeout=5).text
+    total = 0.0
+    for m in re.finditer(r'^nv_inference_request_success\{([^}]*)\}\s+([0-9.e+]+)$', text, re.M):
+        if f'model="{model}"' in m.group(1):
+            total += float(m.group(2))
+    return total
+
+
+def live_release(h: hosts.Host) -> str:
+    return ssh(h, "readlink /opt/triton/model_repository").strip()
