@@ -5,5 +5,5 @@ from tritonfleet.steps.triton import health_gate, model_repository, triton_image
 check_model_repository()
 image = triton_image()
 models = model_repository()
-triton_service(changed=image + models)
+triton_service(image, models)
 health_gate()

@@ -12,5 +12,5 @@ container_toolkit()                           # NVIDIA Container Toolkit, nvidia
 verify_gpus()                                 # nvidia-smi on the host and in `docker run --gpus all`
 image = triton_image()                        # pull (or load) the Triton image before any restart
 models = model_repository()                   # the model repository as a new release
-triton_service(changed=image + models)        # systemd unit; restart only if something changed
-health_gate()                                 # live, ready, every model ready, metrics
+triton_service(image, models)                 # systemd unit; restart (or reload models) only on change
+health_gate()                                 # live, ready, every model ready, metrics; recorded

@@ -3,4 +3,4 @@ from tritonfleet.steps.triton import health_gate
 from tritonfleet.steps.verify import verify_gpus
 
 verify_gpus(load_image=False)
-health_gate()
+health_gate(record=False)

@@ -11,7 +11,7 @@ BASE = dict(
     shm_size="1g", ulimit_memlock="-1", ulimit_stack="67108864", http_port=8000, grpc_port=8001,
     metrics_port=8002, http_bind="", grpc_bind="", metrics_bind="",
     model_repository="/opt/triton/model_repository", strict_model_config=True,
-    model_control_mode="none", extra_args=[], start_timeout=600,
+    model_control_mode="none", extra_args=[], start_timeout=600, base_dir="/opt/triton",
 )
 
 
@@ -62,5 +62,16 @@ def test_binds_ports_mode_and_extra_args():
     }))
     assert "-p 127.0.0.1:8000:8000" in cmd and "-p 10.0.0.5:8002:8002" in cmd
     assert "-p 9001:8001" in cmd
-    assert cmd.endswith("--model-control-mode=explicit --log-verbose=1")
+    assert cmd.endswith("--model-control-mode=explicit --load-model=* --log-verbose=1")
     assert "--strict-model-config" not in cmd
+
+
+def test_explicit_mode_mounts_the_release_tree_so_a_link_switch_is_seen():
+    cmd = exec_start(render_unit({**BASE, "model_control_mode": "explicit"}))
+    # the model_repository link resolves inside the container at load time, not at `docker run`
+    assert "-v /opt/triton:/opt/triton:ro" in cmd
+    assert "--model-repository=/opt/triton/model_repository" in cmd
+    assert ":/models" not in cmd
+    assert "--model-control-mode=explicit --load-model=*" in cmd
+    # the default (none) keeps the runbook's /models mount
+    assert "-v /opt/triton/model_repository:/models:ro" in exec_start(render_unit(BASE))

@@ -83,3 +83,25 @@ def success_count(address: str, model: str, port: int = 8002) -> float:
 
 def live_release(h: hosts.Host) -> str:
     return ssh(h, "readlink /opt/triton/model_repository").strip()
+
+
+def repository_copy(dest: Path) -> Path:
+    """A copy of files/model_repository to change in a test."""
+    import shutil
+
+    shutil.copytree(ROOT / "files" / "model_repository", dest)
+    return dest
+
+
+def break_model_at_load(repo: Path, model: str = "text_classifier_onnx") -> Path:
+    """Make ``model`` valid for the validator but unloadable for Triton: its weights move to an
+    external data file that is then not shipped (as when a weights file is forgotten)."""
+    import onnx
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    path = repo / model / "1" / "model.onnx"
+    m = onnx.load(str(path))
+    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    onnx.save(m, str(path))
+    (path.parent / "weights.bin").unlink()
+    return repo

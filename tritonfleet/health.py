@@ -143,39 +143,63 @@ class SSHTunnel:
                 s.close()
 
 
+def journal_excerpt(lines: list[str], keep: int = 15) -> list[str]:
+    """The unit journal's error lines (Triton's E-level log lines, failures), else its tail."""
+    import re
+
+    bad = [ln for ln in lines if re.search(r"\]: E\d{4} |\bE\d{4} \d|error|failed|unavailable", ln, re.I)
+           and "| " not in ln]
+    return (bad or lines)[-keep:]
+
+
+def gate(get, address: str, models: list[str], transport=None, timeout: float | None = None) -> HealthResult:
+    """Wait until the host whose tunables ``get`` reads is healthy (or ``timeout`` passes).
+    ``address``: its SSH address; ``transport``: its open paramiko transport (health_via ssh)."""
+    from . import config
+
+    via = get("health_via")
+    tunnels: list[SSHTunnel] = []
+    http_port, metrics_port = get("triton_http_port"), get("triton_metrics_port")
+    if via == "ssh":
+        if transport is None:
+            raise config.ConfigError("health_via = 'ssh' needs the host's SSH connection")
+        tunnels = [SSHTunnel(transport, http_port), SSHTunnel(transport, metrics_port)]
+        http_url = f"http://127.0.0.1:{tunnels[0].port}"
+        metrics_url = f"http://127.0.0.1:{tunnels[1].port}"
+    elif via == "direct":
+        addr = get("health_host") or address
+        http_url, metrics_url = f"http://{addr}:{http_port}", f"http://{addr}:{metrics_port}"
+    else:
+        raise config.ConfigError(f"health_via must be 'direct' or 'ssh', not {via!r}")
+    try:
+        return wait_healthy(http_url, metrics_url, models, get("health_timeout") if timeout is None else timeout,
+                            get("health_request_timeout"))
+    finally:
+        for t in tunnels:
+            t.close()
+
+
 def gate_current_host(models: list[str]) -> HealthResult:
     """pyinfra callback: health-gate the host being deployed; raise with details on failure."""
     from pyinfra import host, logger
 
     from . import config
 
-    via = config.get("health_via")
-    tunnels: list[SSHTunnel] = []
-    http_port, metrics_port = config.get("triton_http_port"), config.get("triton_metrics_port")
-    if via == "ssh":
+    transport = None
+    if config.get("health_via") == "ssh":
         transport = host.connector.client.get_transport()
-        tunnels = [SSHTunnel(transport, http_port), SSHTunnel(transport, metrics_port)]
-        http_url = f"http://127.0.0.1:{tunnels[0].port}"
-        metrics_url = f"http://127.0.0.1:{tunnels[1].port}"
-    elif via == "direct":
-        addr = config.get("health_host") or host.data.get("ssh_hostname") or host.name
-        http_url, metrics_url = f"http://{addr}:{http_port}", f"http://{addr}:{metrics_port}"
-    else:
-        raise config.ConfigError(f"{host.name}: health_via must be 'direct' or 'ssh', not {via!r}")
     try:
-        res = wait_healthy(http_url, metrics_url, models, config.get("health_timeout"),
-                           config.get("health_request_timeout"))
-    finally:
-        for t in tunnels:
-            t.close()
+        res = gate(config.get, host.data.get("ssh_hostname") or host.name, models, transport)
+    except config.ConfigError as e:
+        raise config.ConfigError(f"{host.name}: {e}") from e
     if not res.ok:
         bad = res.first_failure
         service = config.get("triton_service")
-        _, out = host.run_shell_command(f"journalctl -u {service} -n 25 --no-pager 2>&1 || true")
-        journal = "\n    ".join(out.stdout_lines[-25:])
+        _, out = host.run_shell_command(f"journalctl -u {service} -n 300 --no-pager 2>&1 || true")
+        journal = "\n    ".join(journal_excerpt(out.stdout_lines))
         raise HealthError(
             f"{host.name}: health gate failed after {res.seconds:.0f}s: {bad.endpoint} -> {bad.detail}\n"
-            f"  last lines of the {service} unit's journal:\n    {journal}"
+            f"  the {service} unit's journal (errors, newest last):\n    {journal}"
         )
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served)")
     return res

@@ -119,6 +119,12 @@ triton_extra_args = []
 # Seconds systemd waits for the container to start (image unpack can be slow).
 triton_start_timeout = 600
 
+# --- Rollout and rollback -------------------------------------------------------------------
+# Deployment a rollback returns to, per host: {host: {"release": id, "unit": digest}}. Set by
+# `tritonfleet rollout` (what the host served before its batch); empty: the newest recorded
+# healthy deployment that differs from what the host has now.
+rollback_to = {}
+
 # --- Health gate --------------------------------------------------------------------------
 # "direct": HTTP to the host's ports; "ssh": through a tunnel over the host's SSH connection.
 health_via = "direct"

@@ -123,3 +123,33 @@ class SecureBoot(FactBase):
         if "secureboot disabled" in text or "not supported" in text:
             return False
         return None
+
+
+class DeployHistory(FactBase):
+    """The host's record of healthy deployments (oldest first) and the unit snapshots it keeps:
+    ``{"records": [{release, image, unit, time, action, ...}], "units": [digest, ...]}``."""
+
+    @staticmethod
+    def default():
+        return {"records": [], "units": []}
+
+    def command(self, base: str) -> str:
+        b = shlex.quote(base)
+        return (f"cat {b}/history.jsonl 2>/dev/null; "
+                f"for f in {b}/units/*.service; do [ -f \"$f\" ] && echo \"unit=$(basename \"$f\" .service)\"; "
+                "done 2>/dev/null; true")
+
+    def process(self, output):
+        records, units = [], []
+        for line in output:
+            line = line.strip()
+            if line.startswith("unit="):
+                units.append(line[5:])
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a torn line from an interrupted write is not a record
+            if isinstance(rec, dict) and rec.get("release"):
+                records.append(rec)
+        return {"records": records, "units": sorted(units)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from functools import cache
@@ -13,11 +14,13 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from .. import TEMPLATES, config, models
-from ..facts.host import DockerImageId, ModelReleases, ReleaseManifest
+from .. import TEMPLATES, __version__, config, models
+from ..facts.host import DeployHistory, DockerImageId, ModelReleases, ReleaseManifest
 from ..health import gate_current_host
 
 IMAGE_CACHE = "/var/lib/tritonfleet/images"
+# Healthy deployments remembered on each host (<triton_base_dir>/history.jsonl) for rollback.
+HISTORY_KEEP = 20
 
 
 @cache
@@ -85,10 +88,12 @@ def _rendered(src: str, overrides_json: str) -> tuple[str, str, str]:
     return str(rendered), json.dumps(man, sort_keys=True), models.release_id(man)
 
 
-def host_repository() -> tuple[Path, dict, str]:
-    """(rendered local repository, manifest, release id) for the current host."""
-    src = Path(config.get("model_repository")).resolve()
-    overrides = config.get("model_overrides") or {}
+def host_repository(get=None) -> tuple[Path, dict, str]:
+    """(rendered local repository, manifest, release id) for the current host (or for the host
+    whose tunables ``get`` reads)."""
+    get = get or config.get
+    src = Path(get("model_repository")).resolve()
+    overrides = get("model_overrides") or {}
     path, man, rid = _rendered(str(src), json.dumps(overrides, sort_keys=True))
     return Path(path), json.loads(man), rid
 
@@ -139,26 +144,37 @@ def sync_models() -> list:
     return ops
 
 
-def unit_context() -> dict:
-    base = config.get("triton_base_dir")
+MODEL_CONTROL_MODES = ("none", "explicit")
+
+
+def unit_context(get=None) -> dict:
+    """Values the unit template is rendered with, from ``get`` (default: the current host's
+    tunables; the fleet commands pass an inventory host's ``get``)."""
+    get = get or config.get
+    base = get("triton_base_dir")
+    mode = get("triton_model_control_mode") or "none"
+    if mode not in MODEL_CONTROL_MODES:
+        raise config.ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
+                                 f"not {mode!r} (group data; poll mode is not for production)")
     return dict(
-        image=config.get("triton_image"),
-        container=config.get("triton_container_name"),
-        gpus=config.get("triton_gpus"),
-        shm_size=config.get("triton_shm_size"),
-        ulimit_memlock=config.get("triton_ulimit_memlock"),
-        ulimit_stack=config.get("triton_ulimit_stack"),
-        http_port=config.get("triton_http_port"),
-        grpc_port=config.get("triton_grpc_port"),
-        metrics_port=config.get("triton_metrics_port"),
-        http_bind=config.get("triton_http_bind"),
-        grpc_bind=config.get("triton_grpc_bind"),
-        metrics_bind=config.get("triton_metrics_bind"),
+        image=get("triton_image"),
+        container=get("triton_container_name"),
+        gpus=get("triton_gpus"),
+        shm_size=get("triton_shm_size"),
+        ulimit_memlock=get("triton_ulimit_memlock"),
+        ulimit_stack=get("triton_ulimit_stack"),
+        http_port=get("triton_http_port"),
+        grpc_port=get("triton_grpc_port"),
+        metrics_port=get("triton_metrics_port"),
+        http_bind=get("triton_http_bind"),
+        grpc_bind=get("triton_grpc_bind"),
+        metrics_bind=get("triton_metrics_bind"),
+        base_dir=base,
         model_repository=f"{base}/model_repository",
-        strict_model_config=config.get("triton_strict_model_config"),
-        model_control_mode=config.get("triton_model_control_mode"),
-        extra_args=config.get("triton_extra_args") or [],
-        start_timeout=config.get("triton_start_timeout"),
+        strict_model_config=get("triton_strict_model_config"),
+        model_control_mode=mode,
+        extra_args=get("triton_extra_args") or [],
+        start_timeout=get("triton_start_timeout"),
     )
 
 
@@ -180,21 +196,134 @@ def model_repository():
     return sync_models()
 
 
+def unit_path() -> str:
+    return f"/etc/systemd/system/{config.get('triton_service')}.service"
+
+
+def unit_digest(text: str) -> str:
+    """Short sha256 of a unit file's text: names its snapshot on the host."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _by_model(man: dict) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for path, value in man.items():
+        out.setdefault(path.split("/", 1)[0], {})[path] = value
+    return out
+
+
+def model_changes() -> tuple[list[str], list[str]]:
+    """(models to load, models to unload) between the live release and this host's release."""
+    base = config.get("triton_base_dir")
+    _, man, rid = host_repository()
+    state = host.get_fact(ModelReleases, base=base)
+    old = state["current"]
+    if old == rid:
+        return [], []
+    new_m = _by_model(man)
+    old_m = _by_model(host.get_fact(ReleaseManifest, base=base, release=old)) if old else {}
+    return ([m for m in sorted(new_m) if new_m[m] != old_m.get(m)],
+            [m for m in sorted(old_m) if m not in new_m])
+
+
+def api_address() -> str:
+    bind = config.get("triton_http_bind")
+    return bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
+
+
+def repository_api_commands(load: list[str], unload: list[str]) -> str:
+    """curl calls to Triton's repository API on the host; the first failure stops with Triton's
+    answer (a failed load leaves the model that was loaded serving)."""
+    url = f"http://{api_address()}:{config.get('triton_http_port')}/v2/repository/models"
+    calls = [(m, "unload") for m in unload] + [(m, "load") for m in load]
+    return "; ".join(
+        f"curl -sS -m 600 --fail-with-body -X POST {url}/{shlex.quote(m)}/{verb} >/dev/null "
+        f"|| {{ echo 'repository API: {verb} of {m} failed (the model that was loaded keeps serving)' >&2; exit 1; }}"
+        for m, verb in calls
+    ) or "true"
+
+
 @deploy("Triton service")
-def triton_service(changed: list | None = None):
+def triton_service(image: list | None = None, models: list | None = None):
     service = config.get("triton_service")
-    unit = files.put(name=f"systemd unit {service}.service", src=StringIO(render_unit(unit_context())),
-                     dest=f"/etc/systemd/system/{service}.service", mode="644")
+    text = render_unit(unit_context())
+    unit = files.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     systemd.daemon_reload(name="systemd daemon-reload (unit changed)", _if=unit.did_change)
-    systemd.service(name=f"restart {service} (unit, image or models changed)", service=service,
-                    restarted=True, _if=any_changed(unit, *(changed or [])))
+    image, models = list(image or []), list(models or [])
+    if config.get("triton_model_control_mode") == "explicit":
+        # zero downtime: new models are loaded through the repository API while the old ones
+        # serve; only a unit or image change restarts the container
+        load, unload = model_changes()
+        restart = systemd.service(name=f"restart {service} (unit or image changed)", service=service,
+                                  restarted=True, _if=any_changed(unit, *image))
+        server.shell(
+            name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
+            commands=[repository_api_commands(load, unload)],
+            _if=lambda: any(op.did_change() for op in models) and not restart.did_change(),
+        )
+    else:
+        systemd.service(name=f"restart {service} (unit, image or models changed)", service=service,
+                        restarted=True, _if=any_changed(unit, *image, *models))
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
+def record_deployment(action: str = "deploy") -> None:
+    """Append (release, image, unit) to the host's deploy history once it is healthy, with a
+    snapshot of the unit: what a rollback returns to, kept on the host itself."""
+    base = config.get("triton_base_dir")
+    _, _, rid = host_repository()
+    text = render_unit(unit_context())
+    _append_record(base, rid, unit_digest(text), config.get("triton_image"), action)
+
+
+def _append_record(base: str, release: str, unit: str, image: str, action: str) -> None:
+    history = host.get_fact(DeployHistory, base=base)["records"]
+    last = history[-1] if history else {}
+    if (last.get("release"), last.get("unit"), last.get("image")) == (release, unit, image):
+        host.noop(f"deployment {release} / {image} already recorded")
+        return
+    record = {"time": "@TIME@", "action": action, "release": release, "image": image, "image_id": "@IMAGE_ID@",
+              "unit": unit, "by": _operator(), "tritonfleet": __version__}
+    server.shell(name=f"record healthy deployment (release {release}, {image})",
+                 commands=[record_command(base, unit, image, record)])
+
+
+RECORD_SCRIPT = """\
+set -e
+mkdir -p {b}/units
+install -m 644 {unit_path} {b}/units/{unit}.service
+id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null || true)
+printf '%s\\n' {record} | sed "s/@TIME@/$(date -u +%Y-%m-%dT%H:%M:%SZ)/; s/@IMAGE_ID@/$id/" >> {b}/history.jsonl
+tail -n {keep} {b}/history.jsonl > {b}/history.jsonl.tmp
+mv {b}/history.jsonl.tmp {b}/history.jsonl
+for f in {b}/units/*.service; do grep -qF "$(basename "$f" .service)" {b}/history.jsonl || rm -f "$f"; done
+"""
+
+
+def record_command(base: str, unit: str, image: str, record: dict) -> str:
+    q = shlex.quote
+    return RECORD_SCRIPT.format(b=q(base), unit_path=q(unit_path()), unit=unit, image=q(image),
+                                record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP)
+
+
+def _operator() -> str:
+    import getpass
+    import re
+    import socket
+
+    try:
+        who = f"{getpass.getuser()}@{socket.gethostname()}"
+    except Exception:  # noqa: BLE001 - no user name is no reason to fail a deploy
+        who = "unknown"
+    return re.sub(r"[^A-Za-z0-9@._-]", "_", who)
+
+
 @deploy("Health gate")
-def health_gate():
+def health_gate(record: bool = True):
     local, _, _ = host_repository()
     python.call(name="check: health gate (live, ready, every model ready, metrics)", function=gate_current_host,
                 models=models.model_names(local))
+    if record:
+        record_deployment()

@@ -1,0 +1,108 @@
+"""``tritonfleet status`` and ``tritonfleet rollout``: the fleet commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from . import fleet, probe
+from .cli import main
+
+
+def _data(pairs: tuple[str, ...]) -> dict:
+    """--data key=value, parsed the way pyinfra parses it (JSON, numbers, booleans)."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r}: expected key=value", param_hint="--data")
+        out[key] = parse_cli_arg(value)
+    return out
+
+
+def _short_time(rec: dict | None) -> str:
+    if not rec:
+        return "-"
+    return f"{rec.get('time', '?').replace('T', ' ').rstrip('Z')} {rec.get('action', '')}".strip()
+
+
+def status_table(rows: list[probe.HostStatus]) -> str:
+    head = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
+            "RELEASE", "LAST DEPLOY", "DRIFT")
+    table = [head]
+    for st in rows:
+        gpu = f"{len(st.gpus)}x {st.gpus[0]}" if st.gpus else ("-" if st.reachable else "")
+        n_models = len(st.models_ready) + len(st.models_not_ready)
+        table.append((
+            st.host, st.gpu_class or "-", "yes" if st.reachable else "NO", gpu, st.driver or "-",
+            st.toolkit or "-", st.docker or "-", (st.image or "-").rsplit("/", 1)[-1], st.unit_state or "-",
+            f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-", st.release or "-",
+            _short_time(st.last_deploy), "; ".join(st.drift) if st.drift else "none",
+        ))
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(head) - 1)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + str(r[-1])
+                     for r in table)
+
+
+@main.command("status")
+@click.argument("inventory")
+@click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per host")
+def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_json: bool) -> None:
+    """One row a host: reachable, GPUs, driver, toolkit, Docker, Triton image, unit, models ready,
+    live release, last deploy, and drift from what the inventory asks for.
+
+    Read-only. Exit status 0 when every host is reachable and matches the inventory, 1 otherwise.
+    """
+    try:
+        hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
+    except fleet.FleetError as e:
+        raise click.ClickException(str(e)) from e
+    rows = fleet.parallel(hosts, probe.probe)
+    for h in hosts:
+        fleet.disconnect(h)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+    else:
+        click.echo(status_table(rows))
+    sys.exit(0 if all(r.reachable and not r.drift for r in rows) else 1)
+
+
+@main.command("rollout")
+@click.argument("inventory")
+@click.argument("deploy")
+@click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
+@click.option("--canary", default=1, show_default=True, help="hosts deployed first, as a batch of their own")
+@click.option("--batch", default="25%", show_default=True, help="batch size after the canary: N hosts or P%")
+@click.option("--max-fail", default=0, show_default=True,
+              help="failed hosts tolerated before the rollout halts")
+@click.option("--gate-timeout", type=float, default=None,
+              help="seconds each host has to pass the health gate after its batch (default: health_timeout)")
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, passed to pyinfra")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+def rollout_cmd(inventory: str, deploy: str, limit: tuple[str, ...], canary: int, batch: str, max_fail: int,
+                gate_timeout: float | None, data: tuple[str, ...], as_json: bool) -> None:
+    """Roll DEPLOY out over INVENTORY: canary first, then batches in inventory order, each gated on
+    health. A failed host is rolled back to what it served before; more failures than --max-fail
+    halt the rollout, leaving the hosts not reached yet untouched.
+
+    Exit status: 0 when every host ends on the new version; 1 on any failure, rollback or halt.
+    """
+    from .rollout import RolloutError, rollout, table
+
+    echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
+    try:
+        report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
+                         max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo)
+    except (RolloutError, fleet.FleetError) as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo(table(report))
+    sys.exit(0 if report.ok else 1)

@@ -1,0 +1,173 @@
+"""One read-only look at a host, in one SSH command: GPUs, driver, toolkit, Docker, the Triton
+unit, image and live model release, which models Triton has ready, and the last recorded
+deployment. Compared with what the inventory asks for, it shows drift.
+
+Used by ``tritonfleet status`` and by ``tritonfleet rollout`` (versions before and after).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+
+from . import fleet
+from .gpucheck import GPU_CLASSES
+
+SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "release", "models", "last")
+
+
+def command(get) -> str:
+    """The probe's shell command for a host whose tunables ``get`` reads."""
+    q = shlex.quote
+    base, service = get("triton_base_dir"), get("triton_service")
+    container = get("triton_container_name")
+    bind = get("triton_http_bind")
+    addr = bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
+    url = f"http://{addr}:{get('triton_http_port')}/v2/repository/index"
+    parts = {
+        "gpu": "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 16",
+        "toolkit": "dpkg-query -W -f '${Version}' nvidia-container-toolkit 2>/dev/null",
+        "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null",
+        "active": f"systemctl is-active {q(service)} 2>/dev/null",
+        "unit": f"sha256sum /etc/systemd/system/{q(service)}.service 2>/dev/null | cut -c1-16",
+        "image": f"docker inspect --format '{{{{.Config.Image}}}}' {q(container)} 2>/dev/null",
+        "release": f"readlink {q(base)}/model_repository",
+        "models": f"curl -s -m 5 -X POST {url}",
+        "last": f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
+    }
+    return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"
+
+
+def parse(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {k: [] for k in SECTIONS}
+    key = None
+    for line in text.splitlines():
+        if line.startswith("@") and line[1:].strip() in out:
+            key = line[1:].strip()
+        elif key and line.strip():
+            out[key].append(line.strip())
+    return out
+
+
+@dataclass
+class HostStatus:
+    host: str
+    address: str
+    gpu_class: str | None
+    reachable: bool = False
+    error: str = ""
+    gpus: list[str] = field(default_factory=list)
+    driver: str | None = None
+    toolkit: str | None = None
+    docker: str | None = None
+    unit_state: str | None = None
+    unit: str | None = None
+    image: str | None = None
+    release: str | None = None
+    models_ready: list[str] = field(default_factory=list)
+    models_not_ready: list[str] = field(default_factory=list)
+    last_deploy: dict | None = None
+    drift: list[str] = field(default_factory=list)
+
+    @property
+    def version(self) -> str:
+        """Short form of what the host serves: release id and image tag."""
+        if not self.release and not self.image:
+            return "-"
+        tag = (self.image or "-").rsplit("/", 1)[-1]
+        return f"{self.release or '-'} {tag}"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["version"] = self.version
+        return d
+
+
+def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus:
+    st = HostStatus(fh.name, fh.address, fh.gpu_class, reachable=True)
+    gpu_lines = sections["gpu"]
+    if gpu_lines and "," in gpu_lines[0] and "failed" not in gpu_lines[0].lower():
+        for line in gpu_lines:
+            name, _, drv = line.partition(",")
+            st.gpus.append(name.strip())
+            st.driver = drv.strip()
+    elif gpu_lines:
+        st.error = gpu_lines[0][:120]
+    st.toolkit = (sections["toolkit"] or [None])[0]
+    st.docker = (sections["docker"] or [None])[0]
+    st.unit_state = (sections["active"] or ["unknown"])[0]
+    st.unit = (sections["unit"] or [None])[0]
+    st.image = (sections["image"] or [None])[0]
+    rel = (sections["release"] or [None])[0]
+    st.release = rel.rstrip("/").rsplit("/", 1)[-1] if rel else None
+    try:
+        index = json.loads(" ".join(sections["models"])) if sections["models"] else []
+    except ValueError:
+        index = []
+    for m in index if isinstance(index, list) else []:
+        (st.models_ready if m.get("state") == "READY" else st.models_not_ready).append(m.get("name"))
+    try:
+        st.last_deploy = json.loads(sections["last"][0]) if sections["last"] else None
+    except ValueError:
+        st.last_deploy = None
+    return st
+
+
+def intent(fh: fleet.FleetHost) -> dict:
+    """What the inventory asks of this host: image, model release, unit, driver branch, toolkit."""
+    from .steps.triton import host_repository, render_unit, unit_context, unit_digest
+
+    want = {"image": fh.get("triton_image"), "driver_branch": fh.get("nvidia_driver_branch"),
+            "toolkit": fh.get("container_toolkit_version")}
+    try:
+        _, man, rid = host_repository(fh.get)
+        want["release"] = rid
+        want["models"] = sorted({p.split("/", 1)[0] for p in man})
+    except (OSError, ValueError) as e:
+        want["release_error"] = str(e)
+    want["unit"] = unit_digest(render_unit(unit_context(fh.get)))
+    return want
+
+
+def drift(st: HostStatus, want: dict) -> list[str]:
+    out = []
+    if not st.reachable:
+        return ["unreachable"]
+    if st.unit_state != "active":
+        out.append(f"triton {st.unit_state}")
+    if want.get("image") and st.image != want["image"]:
+        out.append(f"image {st.image or 'none'} (want {want['image']})")
+    if want.get("release") and st.release != want["release"]:
+        out.append(f"models {st.release or 'none'} (want {want['release']})")
+    if want.get("unit") and st.unit != want["unit"]:
+        out.append("unit differs")
+    missing = [m for m in want.get("models", []) if m not in st.models_ready]
+    if missing and st.unit_state == "active":
+        out.append(f"not ready: {', '.join(missing)}")
+    branch = want.get("driver_branch")
+    if branch and st.driver and not st.driver.startswith(f"{branch}."):
+        out.append(f"driver {st.driver} (want {branch})")
+    elif branch and not st.driver:
+        out.append("no driver")
+    tk = want.get("toolkit")
+    if tk and st.toolkit != tk:
+        out.append(f"toolkit {st.toolkit or 'none'} (want {tk})")
+    names = GPU_CLASSES.get(st.gpu_class or "", {}).get("names", [])
+    wrong = [g for g in st.gpus if g not in names]
+    if names and wrong:
+        out.append(f"GPU {wrong[0]} (want {' or '.join(names)})")
+    return out
+
+
+def probe(fh: fleet.FleetHost, with_intent: bool = True, timeout: float = 30) -> HostStatus:
+    try:
+        _, text = fleet.run(fh, command(fh.get), timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - any connection error means: unreachable
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return HostStatus(fh.name, fh.address, fh.gpu_class, reachable=False, error=msg[:160],
+                          drift=["unreachable"])
+    st = interpret(fh, parse(text))
+    if with_intent:
+        st.drift = drift(st, intent(fh))
+    return st

@@ -1,0 +1,342 @@
+"""Health-gated rolling rollout over pyinfra: canary first, then batches in inventory order.
+
+pyinfra alone cannot do this safely (``--serial`` ignores ``--fail-percent``, orders hosts at
+random, ``--no-wait`` exits 0 on failure). Here each batch is one ``pyinfra --limit`` run of the
+deploy; after it, every host of the batch must pass the health gate. A host that fails is
+rolled back (``deploys/rollback.py``) to what it served before the rollout; once more hosts have
+failed than ``max_fail`` allows, the rollout halts and the hosts not reached yet are left exactly
+as they were.
+
+Before the first batch: every target is probed (reachable, what it serves) and the deploy is
+planned with ``pyinfra --dry`` on all of them, so a pre-flight error stops the rollout before any
+host is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import ROOT, fleet, health, probe
+
+ROLLBACK_DEPLOY = ROOT / "deploys" / "rollback.py"
+
+
+class RolloutError(RuntimeError):
+    pass
+
+
+@dataclass
+class HostResult:
+    host: str
+    batch: int | None = None
+    result: str = "not touched"
+    seconds: float = 0.0
+    before: str = "-"
+    after: str = "-"
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("updated", "unchanged")
+
+
+@dataclass
+class Report:
+    inventory: str
+    deploy: str
+    batches: list[list[str]]
+    hosts: list[HostResult] = field(default_factory=list)
+    halted: str = ""
+    seconds: float = 0.0
+    log_dir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.halted and all(h.ok for h in self.hosts)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def parse_batch(batch: str | int, total: int) -> int:
+    """Batch size: N hosts, or P% of the target hosts (at least 1)."""
+    text = str(batch).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 < pct <= 100:
+                raise ValueError
+            return max(1, math.ceil(total * pct / 100))
+        n = int(text)
+        if n < 1:
+            raise ValueError
+        return n
+    except ValueError:
+        raise RolloutError(f"--batch must be a number of hosts (>= 1) or a percentage like 25%, not {batch!r}") from None
+
+
+def plan_batches(names: list[str], canary: int, batch: str | int) -> list[list[str]]:
+    """Canary hosts first (a batch of their own), then batches of the rest, in inventory order."""
+    if canary < 0:
+        raise RolloutError("--canary must be >= 0")
+    out: list[list[str]] = []
+    head, rest = names[:canary], names[canary:]
+    if head:
+        out.append(head)
+    size = parse_batch(batch, len(names))
+    out += [rest[i:i + size] for i in range(0, len(rest), size)]
+    return out
+
+
+@dataclass
+class PyinfraRun:
+    rc: int
+    data: dict
+    log: str
+
+    def failed(self) -> set[str]:
+        return set((self.data.get("results") or {}).get("failed_hosts") or [])
+
+    def changed(self) -> set[str]:
+        out: set[str] = set()
+        for op in (self.data.get("results") or {}).get("operations", []):
+            if "check:" not in op["name"].split("|")[-1][:8]:
+                out.update(op.get("success", []))
+        return out
+
+    def ran(self) -> set[str]:
+        out: set[str] = set()
+        for op in (self.data.get("results") or {}).get("operations", []):
+            out.update(op.get("success", []) + op.get("error", []) + op.get("no_change", []))
+        return out
+
+    def reason(self, host: str) -> str:
+        """Why pyinfra failed ``host``: the exception it raised, else its last error line."""
+        import re
+
+        lines = [ln.strip() for ln in self.log.splitlines()]
+        raised = [re.sub(r"^[\w.]+(Error|Exception): ", "", ln) for ln in lines
+                  if re.match(r"^[\w.]+(Error|Exception): ", ln) and host in ln]
+        if raised:
+            return raised[-1][:300]
+        about = [ln for ln in lines if f"[{host}]" in ln or f"{host}:" in ln]
+        bad = [ln for ln in about if re.search(r"error|fail|could not|refused", ln, re.I)
+               and "executed 0 commands" not in ln]
+        return (bad or about or [ln for ln in lines if ln][-1:] or ["?"])[-1][:300]
+
+
+def pyinfra_command() -> list[str]:
+    exe = Path(sys.executable).parent / "pyinfra"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "pyinfra"]
+
+
+def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: bool = False,
+                log_path: Path | None = None, timeout: float = 7200) -> PyinfraRun:
+    cmd = pyinfra_command() + ["-y", "--json"]
+    for h in hosts:  # one --limit per host: pyinfra takes no comma-separated list
+        cmd += ["--limit", h]
+    if dry:
+        cmd.append("--dry")
+    for k, v in data.items():
+        cmd += ["--data", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
+    cmd += [inventory, deploy]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        rc, out, err = res.returncode, res.stdout, res.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = 124, "", f"{e.stderr or ''}\npyinfra did not finish within {timeout:.0f}s"
+    if log_path:
+        log_path.write_text(f"$ {' '.join(cmd)}\n{err}\n{out}")
+    try:
+        data_out = json.loads(out) if out.strip() else {}
+    except ValueError:
+        data_out = {}
+    return PyinfraRun(rc, data_out, err)
+
+
+def _log_dir() -> Path:
+    base = Path(os.environ.get("TRITONFLEET_LOG_DIR", ".tritonfleet/rollouts"))
+    d = base / time.strftime("%Y%m%d-%H%M%S")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, canary: int = 1,
+            batch: str | int = "25%", max_fail: int = 0, data: dict | None = None,
+            gate_timeout: float | None = None, echo: Callable[[str], None] = print) -> Report:
+    data = dict(data or {})
+    if not Path(deploy).is_file():
+        raise RolloutError(f"deploy {deploy} not found")
+    if max_fail < 0:
+        raise RolloutError("--max-fail must be >= 0")
+    t_start = time.monotonic()
+    hosts = fleet.load_inventory(inventory, data=data, limit=limit)
+    by_name = {h.name: h for h in hosts}
+    names = [h.name for h in hosts]
+    batches = plan_batches(names, canary, batch)
+    report = Report(inventory, deploy, batches, [HostResult(n) for n in names])
+    results = {r.host: r for r in report.hosts}
+    logs = _log_dir()
+    report.log_dir = str(logs)
+    echo(f"rollout of {deploy} to {len(names)} host(s) of {inventory}: "
+         f"{len(batches)} batch(es) {[len(b) for b in batches]}, canary {min(canary, len(names))}, "
+         f"max {max_fail} failure(s); logs in {logs}")
+
+    # 1. what every target serves now, and whether it answers
+    before = dict(zip(names, fleet.parallel(hosts, probe.probe), strict=True))
+    for n, st in before.items():
+        results[n].before = st.version
+    unreachable = [n for n, st in before.items() if not st.reachable]
+    for n in unreachable:
+        results[n].result, results[n].detail = "unreachable", before[n].error
+    failures = len(unreachable)
+    if unreachable:
+        echo(f"unreachable before the start (not touched): {', '.join(unreachable)}")
+    if failures > max_fail:
+        report.halted = f"{failures} host(s) unreachable before the start (max {max_fail} failure(s))"
+        return _finish(report, t_start, echo)
+
+    # 2. plan on every reachable target: a pre-flight error stops here, with no host touched
+    targets = [n for n in names if n not in unreachable]
+    dry = run_pyinfra(inventory, deploy, targets, data, dry=True, log_path=logs / "plan.log")
+    if dry.rc != 0:
+        report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(_plan_error(dry.log))
+        return _finish(report, t_start, echo)
+
+    # 3. batches
+    for i, b in enumerate(batches, 1):
+        todo = [n for n in b if n not in unreachable]
+        if not todo:
+            continue
+        label = "canary" if i == 1 and canary else f"batch {i}/{len(batches)}"
+        echo(f"[{label}] deploying to {', '.join(todo)}")
+        t0 = time.monotonic()
+        run = run_pyinfra(inventory, deploy, todo, data, log_path=logs / f"batch-{i}.log")
+        failed: dict[str, str] = {n: run.reason(n) for n in run.failed() if n in todo}
+        if run.rc != 0 and not failed and not run.data:
+            failed = {n: run.reason(n) for n in todo}
+        changed = run.changed()
+        # the gate, on every host of the batch that the deploy did not already fail
+        ok_hosts = [by_name[n] for n in todo if n not in failed]
+        gates = fleet.parallel(ok_hosts, lambda fh: _gate(fh, gate_timeout))
+        for fh, res in zip(ok_hosts, gates, strict=True):
+            if not res.ok:
+                bad = res.first_failure
+                failed[fh.name] = f"health gate: {bad.endpoint} -> {bad.detail}" if bad else "health gate failed"
+        elapsed = time.monotonic() - t0
+        for n in todo:
+            r = results[n]
+            r.batch, r.seconds = i, elapsed
+            if n in failed:
+                r.result, r.detail = "failed", failed[n]
+            else:
+                r.result = "updated" if n in changed else "unchanged"
+        if failed:
+            echo(f"[{label}] failed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
+            _roll_back(inventory, [by_name[n] for n in failed], before, results, data, logs / f"rollback-{i}.log",
+                       run, echo)
+        _versions([by_name[n] for n in todo], results)
+        failures += len(failed)
+        echo(f"[{label}] done in {elapsed:.1f}s: " + ", ".join(f"{n} {results[n].result}" for n in todo))
+        if failures > max_fail:
+            left = [n for bb in batches[i:] for n in bb if n not in unreachable]
+            report.halted = (f"{failures} failure(s), more than --max-fail {max_fail}: halted after "
+                             f"{label}; {len(left)} host(s) not touched")
+            break
+    return _finish(report, t_start, echo)
+
+
+def _plan_error(log: str) -> list[str]:
+    """The part of a failed plan's output that says why (pre-flight message, without tracebacks)."""
+    lines = [ln for ln in log.strip().splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if "pre-flight failed" in ln), max(0, len(lines) - 12))
+    out = []
+    for ln in lines[start:]:
+        if ln.startswith("Traceback"):
+            break
+        out.append(ln)
+    return out[:20]
+
+
+def _gate(fh: fleet.FleetHost, timeout: float | None) -> health.HealthResult:
+    want = probe.intent(fh)
+    transport = None
+    try:
+        if fh.get("health_via") == "ssh":
+            fleet.run(fh, "true")
+            transport = fh.pyinfra_host.connector.client.get_transport()
+        return health.gate(fh.get, fh.address, want.get("models", []), transport, timeout)
+    except Exception as e:  # noqa: BLE001 - a gate that cannot run is a failed gate
+        return health.HealthResult(False, [health.Check(fh.address, False, str(e)[:200])])
+
+
+def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, results: dict, data: dict,
+               log_path: Path, run: PyinfraRun, echo) -> None:
+    targets, wanted = [], {}
+    now = dict(zip([fh.name for fh in failed], fleet.parallel(failed, lambda h: probe.probe(h, with_intent=False)),
+                   strict=True))
+    for fh in failed:
+        r, st = results[fh.name], before[fh.name]
+        if not now[fh.name].reachable:
+            r.result = "unreachable"
+            never = f"[{fh.name}] Could not connect" in run.log
+            r.detail += (" (the deploy never reached it: not changed)" if never
+                         else " (no SSH now: cannot roll back; run deploys/rollback.py once it answers)")
+            continue
+        if not st.release or not st.unit:
+            r.detail += " (no earlier deployment on this host: nothing to roll back to)"
+            continue
+        targets.append(fh.name)
+        wanted[fh.name] = {"release": st.release, "unit": st.unit}
+    if not targets:
+        return
+    echo(f"rolling back {', '.join(targets)} to what they served before")
+    rb = run_pyinfra(inventory, str(ROLLBACK_DEPLOY), targets, {**data, "rollback_to": wanted}, log_path=log_path)
+    bad = rb.failed() if rb.data else set(targets)
+    for n in targets:
+        r = results[n]
+        if n in bad:
+            r.result = "rollback failed"
+            r.detail += f"; rollback: {rb.reason(n)}"
+        else:
+            r.result = "rolled back"
+
+
+def _versions(hosts: list[fleet.FleetHost], results: dict) -> None:
+    for fh, st in zip(hosts, fleet.parallel(hosts, lambda h: probe.probe(h, with_intent=False)), strict=True):
+        results[fh.name].after = st.version if st.reachable else "unreachable"
+
+
+def _finish(report: Report, t_start: float, echo) -> Report:
+    report.seconds = time.monotonic() - t_start
+    for r in report.hosts:
+        if r.result == "not touched" and r.after == "-":
+            r.after = r.before
+    if report.halted:
+        echo(f"HALTED: {report.halted}")
+    return report
+
+
+def table(report: Report) -> str:
+    rows = [("HOST", "BATCH", "RESULT", "TIME", "BEFORE", "AFTER", "DETAIL")]
+    for r in report.hosts:
+        rows.append((r.host, str(r.batch or "-"), r.result, f"{r.seconds:.1f}s" if r.batch else "-",
+                     r.before, r.after, r.detail[:100]))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
+             for row in rows]
+    verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
+    lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
+                 f"version in {report.seconds:.1f}s")
+    return "\n".join(lines)

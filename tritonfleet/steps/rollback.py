@@ -1,0 +1,100 @@
+"""Rollback: put a host back on an earlier healthy deployment recorded on the host itself.
+
+Every healthy deploy appends (model release, image, unit digest) to
+``<triton_base_dir>/history.jsonl`` and keeps a snapshot of the unit in ``units/``; the model
+releases stay in ``releases/`` (``triton_keep_releases``) and images are never removed. A
+rollback therefore needs nothing from the control machine: it restores the unit, switches the
+``model_repository`` link back, restarts Triton and runs the health gate.
+
+Target: ``rollback_to[<host>]`` ({"release": ..., "unit": ...}, set by ``tritonfleet rollout`` to
+what the host served before its batch) or, without it, the newest recorded deployment that differs
+from what the host has now.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.files import Sha256File
+from pyinfra.operations import python, server, systemd
+
+from .. import config
+from ..facts.host import DeployHistory, DockerImageId, ModelReleases, ReleaseManifest
+from ..health import gate_current_host
+from .triton import _append_record, unit_path
+
+
+class RollbackError(RuntimeError):
+    pass
+
+
+def pick_target(records: list[dict], current: tuple[str | None, str | None], releases: list[str],
+                units: list[str], wanted: dict | None = None) -> tuple[dict | None, str]:
+    """The record to return to, or None with the reason. ``current`` = (release, unit digest)."""
+    usable = [r for r in records if r.get("release") in releases and r.get("unit") in units]
+    if wanted:
+        key = (wanted.get("release"), wanted.get("unit"))
+        for r in reversed(usable):
+            if (r["release"], r["unit"]) == key:
+                return r, ""
+        # what the host had before was never recorded healthy (or is gone): the newest healthy
+        # deployment is the best there is
+    for r in reversed(usable):
+        if (r["release"], r["unit"]) != tuple(current):
+            return r, ""
+    if not records:
+        return None, "no healthy deployment was ever recorded on this host: nothing to roll back to"
+    return None, (f"no recorded deployment other than the current one is restorable "
+                  f"({len(records)} records, {len(usable)} with their release and unit still on the host)")
+
+
+def _fail(message: str):
+    raise RollbackError(message)
+
+
+@deploy("Rollback")
+def rollback():
+    base = config.get("triton_base_dir")
+    service = config.get("triton_service")
+    history = host.get_fact(DeployHistory, base=base)
+    state = host.get_fact(ModelReleases, base=base)
+    unit_now = (host.get_fact(Sha256File, path=unit_path()) or "")[:16] or None
+    wanted = (config.get("rollback_to") or {}).get(host.name)
+    target, why = pick_target(history["records"], (state["current"], unit_now), state["releases"],
+                              history["units"], wanted)
+    if target is None:
+        python.call(name="no earlier deployment to roll back to", function=_fail,
+                    message=f"{host.name}: rollback impossible: {why}")
+        return
+    rid, digest, image = target["release"], target["unit"], target["image"]
+    if not host.get_fact(DockerImageId, image=image):
+        python.call(name=f"image {image} of the earlier deployment is gone", function=_fail,
+                    message=f"{host.name}: rollback impossible: image {image} is no longer on the host "
+                            "(tritonfleet never removes images; was it pruned by hand?)")
+        return
+    q = shlex.quote
+    b = q(base)
+    unit_changes = unit_now != digest
+    link_changes = state["current"] != rid
+    if not unit_changes and not link_changes:
+        host.noop(f"already on release {rid} with unit {digest}")
+    server.shell(
+        name=f"restore unit {digest} ({image})",
+        commands=[f"install -m 644 {b}/units/{digest}.service {q(unit_path())}"],
+        _if=lambda: unit_changes,
+    )
+    systemd.daemon_reload(name="systemd daemon-reload (unit restored)", _if=lambda: unit_changes)
+    server.shell(
+        name=f"switch live model repository back to release {rid}",
+        commands=[f"ln -sfn releases/{rid} {b}/model_repository.new && "
+                  f"mv -T {b}/model_repository.new {b}/model_repository && echo {rid} >> {b}/releases.log"],
+        _if=lambda: link_changes,
+    )
+    systemd.service(name=f"restart {service} on the earlier deployment", service=service,
+                    restarted=True, running=True, _if=lambda: unit_changes or link_changes)
+    systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
+    names = sorted({p.split("/", 1)[0] for p in host.get_fact(ReleaseManifest, base=base, release=rid)})
+    python.call(name="check: health gate after rollback", function=gate_current_host, models=names)
+    _append_record(base, rid, digest, image, "rollback")
