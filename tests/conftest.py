@@ -3,10 +3,14 @@
 ``testbed``: the hosts, brought up bare once per session and removed at its end (the teardown
 checks that nothing is left behind). ``deployed``: the full deploy from bare on all of them,
 run once; tests that change a host put it back (or leave it serving the same release).
+
+TRITONFLEET_TEST_REUSE_TESTBED=1 (for a developer's quick loop, never in CI) keeps running test
+hosts instead of starting from bare, and leaves them up at the end.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -22,11 +26,15 @@ def testbed():
     from tritonfleet.testbed import hosts
     from tritonfleet.testbed.cli import bring_up
 
-    hosts.down()  # from bare: no host left from an earlier run
+    reuse = os.environ.get("TRITONFLEET_TEST_REUSE_TESTBED") == "1"  # developers' fast loop only
+    if not reuse:
+        hosts.down()  # from bare: no host left from an earlier run
     t0 = time.monotonic()
     state = bring_up(TESTBED_HOSTS)
     TIMINGS[f"testbed up ({TESTBED_HOSTS} hosts)"] = time.monotonic() - t0
     yield state
+    if reuse:
+        return
     t0 = time.monotonic()
     hosts.down()
     TIMINGS["testbed down"] = time.monotonic() - t0

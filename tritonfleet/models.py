@@ -96,7 +96,11 @@ def render(src: Path, overrides: dict | None, dest_root: Path | None = None) -> 
             s, d = Path(root) / name, tmp / rel_root / name
             model = rel_root.parts[0] if rel_root.parts else None
             if name == "config.pbtxt" and len(rel_root.parts) == 1 and model in overrides:
-                d.write_text(apply_overrides(s.read_text(), overrides[model]))
+                try:
+                    d.write_text(apply_overrides(s.read_text(), overrides[model]))
+                except Exception as e:  # protobuf parse errors: name the file
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise ValueError(f"{s}: cannot apply model_overrides[{model!r}]: {e}") from e
             else:
                 try:
                     os.link(s, d)

@@ -31,14 +31,21 @@ def check_model_repository() -> None:
     if not src.is_dir():
         raise PreflightError(f"{host.name}: model_repository {src} is not a directory "
                              "(set model_repository in group data, relative to where pyinfra runs)")
-    try:
-        local, _, _ = host_repository()
-    except ValueError as e:
-        raise PreflightError(f"{host.name}: {e} (model_overrides in group data)") from e
-    key = str(local)
-    if key not in _validated:
-        _validated[key] = validate_repository(local)
-    problems = _validated[key]
+    def problems_of(repo: Path) -> list:
+        key = str(repo.resolve())
+        if key not in _validated:
+            _validated[key] = validate_repository(repo)
+        return _validated[key]
+
+    # the repository as written first (its errors name its own files), then as this host's
+    # class renders it (model_overrides)
+    problems = problems_of(src)
+    if not problems:
+        try:
+            local, _, _ = host_repository()
+        except ValueError as e:
+            raise PreflightError(f"{host.name}: {e} (model_overrides in group data)") from e
+        problems = [f"with model_overrides applied: {p}" for p in problems_of(local)] if local != src.resolve() else []
     if problems:
         lines = "\n".join(f"  {p}" for p in problems)
         raise PreflightError(f"{host.name}: model repository {src} is invalid "

@@ -124,7 +124,7 @@ def intent(fh: fleet.FleetHost) -> dict:
         _, man, rid = host_repository(fh.get)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man})
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - an unrenderable repository is shown, not fatal here
         want["release_error"] = str(e)
     want["unit"] = unit_digest(render_unit(unit_context(fh.get)))
     return want
@@ -138,6 +138,8 @@ def drift(st: HostStatus, want: dict) -> list[str]:
         out.append(f"triton {st.unit_state}")
     if want.get("image") and st.image != want["image"]:
         out.append(f"image {st.image or 'none'} (want {want['image']})")
+    if want.get("release_error"):
+        out.append(f"cannot tell the wanted models: {want['release_error'][:120]}")
     if want.get("release") and st.release != want["release"]:
         out.append(f"models {st.release or 'none'} (want {want['release']})")
     if want.get("unit") and st.unit != want["unit"]:

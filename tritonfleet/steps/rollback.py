@@ -17,13 +17,13 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import python, server, systemd
 
 from .. import config
 from ..facts.host import DeployHistory, DockerImageId, ModelReleases, ReleaseManifest
 from ..health import gate_current_host
-from .triton import _append_record, unit_path
+from .triton import _append_record, model_diff, repository_api_commands, unit_path
 
 
 class RollbackError(RuntimeError):
@@ -48,6 +48,11 @@ def pick_target(records: list[dict], current: tuple[str | None, str | None], rel
         return None, "no healthy deployment was ever recorded on this host: nothing to roll back to"
     return None, (f"no recorded deployment other than the current one is restorable "
                   f"({len(records)} records, {len(usable)} with their release and unit still on the host)")
+
+
+def _model_diff(base: str, current: str | None, target: str) -> tuple[list[str], list[str]]:
+    now = host.get_fact(ReleaseManifest, base=base, release=current) if current else {}
+    return model_diff(now, host.get_fact(ReleaseManifest, base=base, release=target))
 
 
 def _fail(message: str):
@@ -92,8 +97,16 @@ def rollback():
                   f"mv -T {b}/model_repository.new {b}/model_repository && echo {rid} >> {b}/releases.log"],
         _if=lambda: link_changes,
     )
-    systemd.service(name=f"restart {service} on the earlier deployment", service=service,
-                    restarted=True, running=True, _if=lambda: unit_changes or link_changes)
+    explicit = bool(host.get_fact(FindInFile, path=unit_path(), pattern="--model-control-mode=explicit"))
+    if explicit and not unit_changes:
+        # same unit in explicit model-control mode: the earlier models are loaded through the
+        # repository API while the others serve (no restart)
+        load, unload = _model_diff(base, state["current"], rid)
+        server.shell(name=f"load the earlier models without a restart ({', '.join(load + unload) or 'none'})",
+                     commands=[repository_api_commands(load, unload)], _if=lambda: link_changes)
+    else:
+        systemd.service(name=f"restart {service} on the earlier deployment", service=service,
+                        restarted=True, running=True, _if=lambda: unit_changes or link_changes)
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
     names = sorted({p.split("/", 1)[0] for p in host.get_fact(ReleaseManifest, base=base, release=rid)})
     python.call(name="check: health gate after rollback", function=gate_current_host, models=names)

@@ -205,25 +205,26 @@ def unit_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _by_model(man: dict) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    for path, value in man.items():
-        out.setdefault(path.split("/", 1)[0], {})[path] = value
-    return out
+def model_diff(old_man: dict, new_man: dict) -> tuple[list[str], list[str]]:
+    """(models to load, models to unload) going from one release manifest to another."""
+    def by_model(man: dict) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for path, value in man.items():
+            out.setdefault(path.split("/", 1)[0], {})[path] = value
+        return out
+
+    old, new = by_model(old_man), by_model(new_man)
+    return [m for m in sorted(new) if new[m] != old.get(m)], [m for m in sorted(old) if m not in new]
 
 
 def model_changes() -> tuple[list[str], list[str]]:
     """(models to load, models to unload) between the live release and this host's release."""
     base = config.get("triton_base_dir")
     _, man, rid = host_repository()
-    state = host.get_fact(ModelReleases, base=base)
-    old = state["current"]
+    old = host.get_fact(ModelReleases, base=base)["current"]
     if old == rid:
         return [], []
-    new_m = _by_model(man)
-    old_m = _by_model(host.get_fact(ReleaseManifest, base=base, release=old)) if old else {}
-    return ([m for m in sorted(new_m) if new_m[m] != old_m.get(m)],
-            [m for m in sorted(old_m) if m not in new_m])
+    return model_diff(host.get_fact(ReleaseManifest, base=base, release=old) if old else {}, man)
 
 
 def api_address() -> str:
@@ -235,9 +236,15 @@ def repository_api_commands(load: list[str], unload: list[str]) -> str:
     """curl calls to Triton's repository API on the host; the first failure stops with Triton's
     answer (a failed load leaves the model that was loaded serving)."""
     url = f"http://{api_address()}:{config.get('triton_http_port')}/v2/repository/models"
+    repo = f"{config.get('triton_base_dir')}/model_repository"
+    q = shlex.quote
     calls = [(m, "unload") for m in unload] + [(m, "load") for m in load]
     return "; ".join(
-        f"curl -sS -m 600 --fail-with-body -X POST {url}/{shlex.quote(m)}/{verb} >/dev/null "
+        # Triton reloads a loaded model (and each version of it) only when its directories look
+        # newer than at the last load; a release switched back to is older, so the model's
+        # directories (never its files: files are shared with other releases) are touched first.
+        (f"find {q(repo + '/' + m)} -type d -exec touch -c {{}} + && " if verb == "load" else "")
+        + f"curl -sS -m 600 --fail-with-body -X POST {url}/{q(m)}/{verb} >&2 "
         f"|| {{ echo 'repository API: {verb} of {m} failed (the model that was loaded keeps serving)' >&2; exit 1; }}"
         for m, verb in calls
     ) or "true"

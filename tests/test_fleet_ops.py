@@ -1,0 +1,286 @@
+"""Fleet operations on the testbed: status, health-gated rollouts (success, unhealthy canary,
+unreachable host), rollback, zero-downtime model updates in explicit mode, rebuild from bare.
+
+Every test leaves the fleet serving the default model repository in model-control mode none,
+as the shared `deployed` fixture made it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+from testbed_util import (
+    break_model_at_load,
+    changed_ops,
+    infer_resnet,
+    live_release,
+    pyinfra,
+    repository_copy,
+    ssh,
+    tritonfleet,
+)
+
+from tritonfleet.testbed import hosts
+
+pytestmark = pytest.mark.testbed
+INV = "inventories/testbed.py"
+
+
+def status(*extra: str) -> tuple[int, dict]:
+    res = tritonfleet("status", INV, "--json", *extra)
+    rows = json.loads(res.stdout)
+    return res.returncode, {r["host"]: r for r in rows}
+
+
+def rollout(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    res = tritonfleet("rollout", INV, *args, "--json")
+    try:
+        report = json.loads(res.stdout)
+    except ValueError:
+        report = {}
+    return res, report
+
+
+def by_host(report: dict) -> dict:
+    return {h["host"]: h for h in report.get("hosts", [])}
+
+
+def served_delay(h) -> int:
+    cfg = requests.get(f"http://{h.address}:8000/v2/models/text_classifier_onnx/config", timeout=5).json()
+    return cfg["dynamic_batching"]["max_queue_delay_microseconds"]
+
+
+def container_started(h) -> str:
+    return ssh(h, "docker inspect --format '{{.State.StartedAt}}' triton-server").strip()
+
+
+def history(h) -> list[dict]:
+    return [json.loads(line) for line in ssh(h, "cat /opt/triton/history.jsonl").splitlines() if line.strip()]
+
+
+@pytest.fixture
+def changed_repo(tmp_path):
+    """The default repository with one config change (max_queue_delay 2000 -> 1000)."""
+    repo = repository_copy(tmp_path / "changed")
+    cfg = repo / "text_classifier_onnx" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("max_queue_delay_microseconds: 2000", "max_queue_delay_microseconds: 1000"))
+    return repo
+
+
+def restore_fleet(testbed):
+    """Back to the default repository on every host (a no-op when nothing changed)."""
+    res, _ = pyinfra("deploys/models.py")
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@contextlib.contextmanager
+def ssh_refused(h):
+    """The host's sshd refuses connections (as when it is stopped); Triton keeps serving."""
+    rules = ("table inet tritonfleet_fault {\n chain input {\n  type filter hook input priority 0; policy accept;\n"
+             "  tcp dport 22 reject with tcp reset\n }\n}\n")
+    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "exec", h.netns, "nft", "delete", "table", "inet", "tritonfleet_fault"],
+                       check=False)
+
+
+def test_status_one_row_a_host_and_drift(deployed):
+    testbed, _, _ = deployed
+    rc, rows = status()
+    assert rc == 0, rows
+    assert set(rows) == {h.name for h in testbed.hosts}
+    for h in testbed.hosts:
+        r = rows[h.name]
+        assert r["reachable"] and r["drift"] == [], r
+        assert r["gpus"] == (["Tesla T4"] if h.gpu_class == "t4" else ["NVIDIA L4"])
+        assert r["driver"].startswith("535.") and r["toolkit"] == "1.16.2-1" and r["docker"]
+        assert r["image"] == "nvcr.io/nvidia/tritonserver:24.08-py3" and r["unit_state"] == "active"
+        assert sorted(r["models_ready"]) == ["resnet50_onnx", "text_classifier_onnx"]
+        assert r["release"] == live_release(h).rsplit("/", 1)[-1]
+        assert r["last_deploy"]["release"] == r["release"] and r["last_deploy"]["action"] == "deploy"
+    # drift: a stopped Triton and an unreachable host show up, and the exit status says so
+    h2, h3 = testbed.hosts[1], testbed.hosts[2]
+    ssh(h3, "systemctl stop triton")
+    try:
+        with ssh_refused(h2):
+            rc, rows = status()
+    finally:
+        ssh(h3, "systemctl start triton")
+    assert rc == 1
+    assert rows[h2.name]["reachable"] is False and rows[h2.name]["drift"] == ["unreachable"]
+    assert "triton inactive" in rows[h3.name]["drift"], rows[h3.name]
+    assert rows[testbed.hosts[0].name]["drift"] == []
+    # back to serving (Triton loads its models again), then the table form of one group
+    deadline = time.monotonic() + 60
+    while status()[0] != 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    res = tritonfleet("status", INV, "--limit", "t4")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [ln.split()[0] for ln in res.stdout.splitlines()[1:]] == [h.name for h in testbed.hosts if h.gpu_class == "t4"]
+
+
+def test_rollout_canary_then_batches_in_inventory_order(deployed, changed_repo):
+    testbed, _, _ = deployed
+    before = {h.name: live_release(h) for h in testbed.hosts}
+    res, report = rollout("deploys/models.py", "--canary", "1", "--batch", "1",
+                          "--data", f"model_repository={changed_repo}")
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert report["ok"] and not report["halted"]
+    order = [n for batch in report["batches"] for n in batch]
+    assert order == [h["host"] for h in report["hosts"]]  # inventory order: t4 group, then l4
+    assert report["batches"][0] == [order[0]] and len(report["batches"]) == len(testbed.hosts)
+    rows = by_host(report)
+    for h in testbed.hosts:
+        assert rows[h.name]["result"] == "updated", rows[h.name]
+        assert served_delay(h) == 1000
+        new = live_release(h).rsplit("/", 1)[-1]
+        assert new != before[h.name].rsplit("/", 1)[-1]
+        assert rows[h.name]["after"].startswith(new)
+    # progress per batch went to the terminal
+    assert res.stderr.count("done in") == len(testbed.hosts)
+    # the deploy history on each host names the new release; the old one is kept for rollback
+    h = testbed.hosts[0]
+    assert history(h)[-1]["release"] == live_release(h).rsplit("/", 1)[-1]
+    assert ssh(h, f"test -d /opt/triton/{before[h.name]} && echo kept").strip() == "kept"
+
+    # a manual rollback (deploys/rollback.py) puts the earlier release back, with no local state
+    res2, data2 = pyinfra("deploys/rollback.py", "--limit", h.name)
+    assert res2.returncode == 0, res2.stderr[-3000:]
+    assert live_release(h) == before[h.name] and served_delay(h) == 2000
+    assert history(h)[-1]["action"] == "rollback"
+    assert infer_resnet(h.address).shape == (1, 1000)
+    restore_fleet(testbed)
+    assert all(served_delay(x) == 2000 for x in testbed.hosts)
+
+
+def test_rollout_halts_on_an_unhealthy_canary_and_rolls_it_back(deployed, tmp_path):
+    testbed, _, _ = deployed
+    bad = break_model_at_load(repository_copy(tmp_path / "bad"))
+    canary, rest = testbed.hosts[0], testbed.hosts[1:]
+    before = {h.name: (live_release(h), container_started(h), len(history(h))) for h in testbed.hosts}
+    res, report = rollout("deploys/models.py", "--canary", "1", "--batch", "50%",
+                          "--data", f"model_repository={bad}", "--data", "health_timeout=20")
+    assert res.returncode == 1, res.stdout + res.stderr[-3000:]
+    assert "canary" in report["halted"] or "halted after" in report["halted"], report["halted"]
+    rows = by_host(report)
+    assert rows[canary.name]["result"] == "rolled back", rows[canary.name]
+    assert "health gate" in rows[canary.name]["detail"]
+    # the canary serves what it served before, again
+    assert live_release(canary) == before[canary.name][0]
+    assert infer_resnet(canary.address).shape == (1, 1000)
+    assert history(canary)[-1]["release"] == before[canary.name][0].rsplit("/", 1)[-1]
+    # the other hosts were never touched: same release, same container, same history
+    for h in rest:
+        assert rows[h.name]["result"] == "not touched"
+        assert (live_release(h), container_started(h), len(history(h))) == before[h.name]
+    assert "HALTED" in res.stderr
+
+
+def test_rollout_refuses_to_start_when_a_host_is_unreachable(deployed, changed_repo):
+    testbed, _, _ = deployed
+    down = testbed.hosts[1]
+    before = {h.name: live_release(h) for h in testbed.hosts}
+    with ssh_refused(down):
+        res, report = rollout("deploys/models.py", "--data", f"model_repository={changed_repo}")
+    assert res.returncode == 1
+    rows = by_host(report)
+    assert rows[down.name]["result"] == "unreachable"
+    assert "unreachable before the start" in report["halted"]
+    assert all(rows[h.name]["result"] == "not touched" for h in testbed.hosts if h is not down)
+    assert {h.name: live_release(h) for h in testbed.hosts} == before
+
+
+def test_rollout_stops_at_planning_when_the_repository_is_invalid(deployed, tmp_path):
+    testbed, _, _ = deployed
+    repo = repository_copy(tmp_path / "invalid")
+    cfg = repo / "resnet50_onnx" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("max_batch_size", "max_batch_sise"))
+    before = {h.name: live_release(h) for h in testbed.hosts}
+    res, report = rollout("deploys/models.py", "--data", f"model_repository={repo}")
+    assert res.returncode == 1
+    assert "planning failed before any host was changed" in report["halted"]
+    assert "max_batch_sise" in report["halted"]
+    assert all(h["result"] == "not touched" for h in report["hosts"])
+    assert {h.name: live_release(h) for h in testbed.hosts} == before
+
+
+def test_explicit_mode_updates_models_with_zero_failed_requests(deployed, changed_repo, tmp_path):
+    testbed, _, _ = deployed
+    h = testbed.hosts[-1]
+    explicit = ("--data", "triton_model_control_mode=explicit", "--limit", h.name)
+    res, data = pyinfra("deploys/models.py", *explicit)  # unit changes: one restart, now
+    assert res.returncode == 0, res.stderr[-3000:]
+    body = {"inputs": [{"name": n, "shape": [1, 128], "datatype": "INT64", "data": [1] * 128}
+                       for n in ("input_ids", "attention_mask")]}
+    stop, sent, failures = threading.Event(), [0], []
+
+    def client():
+        with requests.Session() as s:
+            while not stop.is_set():
+                try:
+                    r = s.post(f"http://{h.address}:8000/v2/models/text_classifier_onnx/infer", json=body, timeout=10)
+                    if r.status_code != 200:
+                        failures.append(r.text[:200])
+                except requests.RequestException as e:
+                    failures.append(str(e)[:200])
+                sent[0] += 1
+
+    started = container_started(h)
+    loop = threading.Thread(target=client)
+    loop.start()
+    try:
+        time.sleep(1)
+        res1, data1 = pyinfra("deploys/models.py", *explicit, "--data", f"model_repository={changed_repo}")
+        delay1 = served_delay(h)
+        # and back again, to the older release (Triton must still reload it)
+        res2, data2 = pyinfra("deploys/models.py", *explicit)
+        delay2 = served_delay(h)
+        # an update whose model fails to load: refused, the loaded model keeps serving
+        bad = break_model_at_load(repository_copy(tmp_path / "bad"))
+        res3, _ = pyinfra("deploys/models.py", *explicit, "--data", f"model_repository={bad}")
+        time.sleep(1)
+    finally:
+        stop.set()
+        loop.join()
+    assert res1.returncode == 0 and res2.returncode == 0, (res1.stderr + res2.stderr)[-3000:]
+    assert delay1 == 1000 and delay2 == 2000
+    assert any("load changed models without a restart (text_classifier_onnx)" in n for n in changed_ops(data1))
+    assert not any("restart" in n.lower() and "without" not in n for n in changed_ops(data1) + changed_ops(data2))
+    assert res3.returncode != 0 and "load of text_classifier_onnx failed" in res3.stderr
+    assert container_started(h) == started  # never restarted
+    assert sent[0] > 50 and failures == [], (sent[0], failures[:3])
+    # the failed update is rolled back without a restart either
+    res4, data4 = pyinfra("deploys/rollback.py", *explicit)
+    assert res4.returncode == 0, res4.stderr[-3000:]
+    assert any("without a restart" in n for n in changed_ops(data4)) and container_started(h) == started
+    # back to mode none (one restart) for the other tests
+    res5, _ = pyinfra("deploys/models.py", "--limit", h.name)
+    assert res5.returncode == 0, res5.stderr[-3000:]
+    assert served_delay(h) == 2000
+
+
+def test_rebuild_a_destroyed_host_from_bare_with_one_command(deployed):
+    testbed, _, _ = deployed
+    h = testbed.hosts[-1]
+    hosts.destroy_host(h.name)
+    from tritonfleet.testbed.vendor_repo import gpu_profile
+
+    hosts.up(len(testbed.hosts), gpu_env_for=gpu_profile)  # the same host, bare (a new disk)
+    assert ssh(h, "test -e /opt/triton || echo bare").strip() == "bare"
+    t0 = time.monotonic()
+    res, report = rollout("deploys/triton.py", "--limit", h.name)
+    took = time.monotonic() - t0
+    print(f"\nrebuild of {h.name} from bare to serving: {took:.0f}s")
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert by_host(report)[h.name]["result"] == "updated"
+    assert infer_resnet(h.address).shape == (1, 1000)
+    rc, rows = status("--limit", h.name)
+    assert rc == 0 and rows[h.name]["drift"] == [], rows
