@@ -273,3 +273,12 @@ def test_unreachable_host_is_named_and_the_rest_reported(server, tmp_path):
     assert "local-1" in res.stdout and "resnet50_onnx" in res.stdout
     assert f"error: local-2: http://127.0.0.1:{bad['triton_metrics_port']}/metrics: ConnectionError" in res.stderr
     assert "health_host / ssh_hostname" in res.stderr
+
+
+def test_window_reads_twice(server, sequential_load, tmp_path):
+    """--window N: two reads N seconds apart; nothing was sent in between, so nothing is judged."""
+    out = _tune_json(_inventory(tmp_path, server), "--window", "1")
+    assert out["window_s"] >= 1 and out["errors"] == []
+    assert sorted(r["model"] for r in out["rows"]) == ["resnet50_onnx", "text_classifier_onnx"]
+    for r in out["rows"]:
+        assert (r["requests"], r["requests_per_s"], r["batch_sizes"], r["advice"]) == (0, 0, {}, [])
