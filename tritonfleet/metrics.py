@@ -148,7 +148,6 @@ class HostRead:
     models: dict[str, ModelCounters] = field(default_factory=dict)
     gpu_utilization: float | None = None
     cpu_utilization: float | None = None
-    gpus: int = 0
     configs: dict[str, dict] = field(default_factory=dict)
     error: str | None = None
 
@@ -181,7 +180,6 @@ def read_host(fh: FleetHost, http_url: str, metrics_url: str, *, configs: bool =
             return res
         res.models = {m: c for m, c in model_counters(samples).items() if not models or m in models}
         res.gpu_utilization = gauge_mean(samples, "nv_gpu_utilization")
-        res.gpus = len({s.labels.get("gpu_uuid") for s in samples if s.name == "nv_gpu_utilization"})
         res.cpu_utilization = gauge_mean(samples, "nv_cpu_utilization")
         for m, mc in res.models.items():
             for what in ("stats", "config") if configs else ("stats",):

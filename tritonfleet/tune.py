@@ -20,6 +20,7 @@ the settings from the live configuration (``/v2/models/<m>/config``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -168,8 +169,13 @@ def advise(row: Row, t: Thresholds) -> list[str]:
 def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = None
                ) -> tuple[list[tuple[HostRead, HostRead | None]], float | None]:
     """Each host read once (window 0) or twice, ``window`` seconds apart; (reads, seconds)."""
-    import contextlib
 
+    def connect(h: FleetHost) -> None:  # SSH connections at once; a failure shows below
+        with contextlib.suppress(Exception):
+            if metrics.tunable(h, "health_via") == "ssh" and not h.pyinfra_host.connected:
+                h.pyinfra_host.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
+
+    parallel(hosts, connect)
     with contextlib.ExitStack() as stack:
         urls = {}
         for h in hosts:
