@@ -134,3 +134,20 @@ health_host = None
 health_timeout = 180
 # Seconds for each health request.
 health_request_timeout = 5
+
+# --- Monitoring (tritonfleet prometheus, tritonfleet tune) -----------------------------------
+# Alert when a model's mean request time (queue + compute, from Triton's _us counters) stays
+# above this many milliseconds.
+monitor_latency_ms = 1000
+# Alert when more than this share of a model's requests fails.
+monitor_failure_ratio = 0.05
+# Mean queue time above this multiple of the mean compute time counts as "queue dominates".
+monitor_queue_compute_ratio = 1.0
+# Utilization (0-1) under which a model whose queue dominates should lower
+# max_queue_delay_microseconds (the runbook's 40%).
+monitor_low_utilization = 0.4
+# Utilization (0-1) above which a model that runs small batches should raise
+# max_queue_delay_microseconds (tritonfleet tune).
+monitor_busy_utilization = 0.8
+# Alert when a GPU's used memory exceeds this share of its total.
+monitor_gpu_memory_ratio = 0.9

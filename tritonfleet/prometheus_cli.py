@@ -1,0 +1,66 @@
+"""``tritonfleet prometheus INVENTORY [--out DIR]``: Prometheus targets, scrape job, rules and a
+Grafana dashboard for every Triton host of the inventory (see tritonfleet.prometheus)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .cli import main
+
+
+@main.command("prometheus")
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--out", "out", default="prometheus", show_default=True, type=click.Path(file_okay=False),
+              help="Directory to write the files into.")
+@click.option("--prometheus-dir", default=None, metavar="PATH",
+              help="Where the directory will be on the Prometheus server (paths in the scrape job "
+                   "and prometheus.yml). Default: the absolute path of --out.")
+@click.option("--job", default="triton", show_default=True, help="Prometheus job name.")
+@click.option("--scrape-interval", default="15s", show_default=True,
+              help="Scrape interval of the job (and rule evaluation in prometheus.yml).")
+@click.option("--rate-window", default="5m", show_default=True,
+              help="Window of rate() in the recording rules (at least 4 scrape intervals).")
+@click.option("--limit", multiple=True, metavar="HOST|GROUP",
+              help="Only these hosts or groups (globs; repeatable or comma-separated).")
+def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: str,
+                   scrape_interval: str, rate_window: str, limit: tuple[str, ...]) -> None:
+    """Write Prometheus file_sd targets, the scrape job, recording and alerting rules and a
+    Grafana dashboard for the inventory's Triton hosts.
+
+    Targets are each host's health_host (or ssh_hostname) and triton_metrics_port, labelled
+    host, gpu_class and group. Regenerate after every inventory change: target files of groups
+    that are gone are removed.
+    """
+    from .fleet import FleetError, load_inventory
+
+    out_dir = Path(out)
+    try:
+        hosts = load_inventory(inventory, limit=limit or None)
+        from . import prometheus  # after the inventory: pyinfra patches sockets on import
+
+        opts = prometheus.Options(job=job, scrape_interval=scrape_interval, rate_window=rate_window,
+                                  prometheus_dir=prometheus_dir or str(out_dir.resolve()))
+        gen = prometheus.generate(hosts, opts)
+    except FleetError as e:
+        click.echo(f"tritonfleet prometheus: {e}", err=True)
+        sys.exit(1)
+    for w in gen.warnings:
+        click.echo(f"warning: {w}", err=True)
+    removed = prometheus.write(gen, out_dir, job)
+    for path in removed:
+        click.echo(f"removed {path} (its group is no longer in {inventory})")
+    groups: dict[str, int] = {}
+    for t in gen.targets:
+        groups[t.labels.get("group", "ungrouped")] = groups.get(t.labels.get("group", "ungrouped"), 0) + 1
+    n_alerts = sum(1 for g in gen.rules["groups"] for r in g["rules"] if "alert" in r)
+    n_records = sum(1 for g in gen.rules["groups"] for r in g["rules"] if "record" in r)
+    click.echo(f"{out_dir}: {len(gen.targets)} targets ("
+               + ", ".join(f"{g} {n}" for g, n in groups.items())
+               + f"), {n_records} recording and {n_alerts} alerting rules, dashboard "
+               f"grafana/{job}-fleet.json")
+    for t in gen.targets:
+        labels = " ".join(f"{k}={v}" for k, v in t.labels.items())
+        click.echo(f"  {t.target:<24} {labels}")

@@ -1,0 +1,66 @@
+"""``tritonfleet tune INVENTORY [--model M]``: per model, queue vs compute time, batch efficiency,
+utilization and the runbook's advice on dynamic batching, from the fleet's live metrics."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .cli import main
+
+
+@main.command("tune")
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--model", "models", multiple=True, metavar="M", help="Only this model (repeatable).")
+@click.option("--window", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds between the two reads whose difference is judged; 0: totals since "
+                   "each server started.")
+@click.option("--per-host", is_flag=True, help="A row per host and model instead of per group.")
+@click.option("--limit", multiple=True, metavar="HOST|GROUP",
+              help="Only these hosts or groups (globs; repeatable or comma-separated).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def tune_cmd(inventory: str, models: tuple[str, ...], window: float, per_host: bool,
+             limit: tuple[str, ...], as_json: bool) -> None:
+    """Read every host's Triton metrics and judge each model's dynamic batching.
+
+    Reports per model mean queue and compute time per request, batch efficiency (inferences
+    per execution), the largest batch run, GPU (or, for KIND_CPU models, CPU) utilization and
+    advice: lower max_queue_delay_microseconds when queue time dominates at low utilization,
+    raise it when batches stay small on a busy GPU, preferred batch sizes never reached.
+    Exit status 1 when a host could not be read (the others are still reported).
+    """
+    from .fleet import FleetError, disconnect, load_inventory
+
+    try:
+        hosts = load_inventory(inventory, limit=limit or None)
+    except FleetError as e:
+        click.echo(f"tritonfleet tune: {e}", err=True)
+        sys.exit(1)
+    from . import tune  # after the inventory: pyinfra patches sockets on import
+
+    try:
+        reads, seconds = tune.read_fleet(hosts, window, set(models) or None)
+        result, errors = tune.rows(reads, seconds, per_host)
+    except FleetError as e:
+        click.echo(f"tritonfleet tune: {e}", err=True)
+        sys.exit(1)
+    finally:
+        for h in hosts:
+            disconnect(h)
+    missing = set(models) - {r.model for r in result}
+    if as_json:
+        click.echo(json.dumps({"window_s": seconds, "rows": [r.as_dict() for r in result],
+                               "errors": errors}, indent=2))
+    else:
+        span = f"over {seconds:.1f}s" if seconds else "since each server started"
+        click.echo(f"{len(result)} model rows from {len(hosts) - len(errors)} of {len(hosts)} hosts, {span}")
+        click.echo(tune.table(result, per_host))
+    for e in errors:
+        click.echo(f"error: {e} (check that this machine reaches the host's Triton ports: "
+                   "health_host / ssh_hostname, triton_http_port, triton_metrics_port; or set "
+                   "health_via = \"ssh\")", err=True)
+    for m in sorted(missing):
+        click.echo(f"warning: model {m} is loaded on none of the hosts read", err=True)
+    sys.exit(1 if errors else 0)
