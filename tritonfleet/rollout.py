@@ -121,18 +121,23 @@ class PyinfraRun:
         return out
 
     def reason(self, host: str) -> str:
-        """Why pyinfra failed ``host``: the exception it raised, else its last error line."""
+        """Why pyinfra failed ``host``: the exception it raised, else its error line, with the
+        operation it failed in."""
         import re
 
-        lines = [ln.strip() for ln in self.log.splitlines()]
-        raised = [re.sub(r"^[\w.]+(Error|Exception): ", "", ln) for ln in lines
-                  if re.match(r"^[\w.]+(Error|Exception): ", ln) and host in ln]
-        if raised:
-            return raised[-1][:300]
-        about = [ln for ln in lines if f"[{host}]" in ln or f"{host}:" in ln]
-        bad = [ln for ln in about if re.search(r"error|fail|could not|refused", ln, re.I)
-               and "executed 0 commands" not in ln]
-        return (bad or about or [ln for ln in lines if ln][-1:] or ["?"])[-1][:300]
+        op, raised, errors, about = "", [], [], []
+        for ln in (x.strip() for x in self.log.splitlines()):
+            if ln.startswith("--> Starting operation:"):
+                op = ln.split(":", 1)[1].split("|")[-1].strip()
+            elif re.match(r"^[\w.]+(Error|Exception): ", ln) and host in ln:
+                raised.append(re.sub(r"^[\w.]+(Error|Exception): ", "", ln))
+            elif f"[{host}]" in ln or f"{host}:" in ln:
+                about.append(ln)
+                if re.search(r"error|fail|could not|refused|denied", ln, re.I) and "executed 0 commands" not in ln \
+                        and not re.search(r"Error: executed \d+ commands", ln):
+                    errors.append(f"{op}: {ln}" if op else ln)
+        found = raised or errors or about or [x for x in self.log.splitlines() if x.strip()][-1:] or ["?"]
+        return found[-1][:300]
 
 
 def pyinfra_command() -> list[str]:

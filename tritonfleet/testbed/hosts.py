@@ -280,6 +280,10 @@ def _host_fs_up(h: Host, lower: Path, gpu_env: str | None) -> None:
         hw.unlink()
 
 
+def machine_name(h: Host) -> str:
+    return f"{NETNS_PREFIX}{h.index}-{h.gpu_class}"
+
+
 def _start(h: Host) -> None:
     CGROUP_ROOT.mkdir(exist_ok=True)
     h.cgroup.mkdir(exist_ok=True)
@@ -294,7 +298,9 @@ def _start(h: Host) -> None:
     )
     nspawn = [
         "systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
-        "--console=passive", "-D", str(h.merged), "-M", h.name,
+        # the machine name is unique across testbed instances (nspawn keeps per-machine state in
+        # /run/systemd/nspawn/propagate/<machine>); the host name inside is the inventory's
+        "--console=passive", "-D", str(h.merged), "-M", machine_name(h), f"--hostname={h.name}",
         f"--network-namespace-path=/run/netns/{h.netns}", "--capability=all",
         f"--bind={h.dir / 'docker'}:/var/lib/docker",
     ]
@@ -393,6 +399,8 @@ def _host_down(h: Host) -> None:
     if _mounted(h.merged):
         sh("umount", "-l", str(h.merged), check=False)
     _host_net_down(h)
+    with contextlib.suppress(OSError):  # nspawn's own per-machine directory, left on a disk /run
+        (Path("/run/systemd/nspawn/propagate") / machine_name(h)).rmdir()
     if h.dir.exists():
         shutil.rmtree(h.dir, ignore_errors=True)
 
