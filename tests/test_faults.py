@@ -6,7 +6,6 @@ made it (default repository, driver branch 535, mode none).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,7 +19,9 @@ import pytest
 from testbed_util import (
     INVENTORY,
     PYINFRA,
+    block_ssh,
     changed_ops,
+    container_started,
     env,
     infer_resnet,
     live_release,
@@ -28,36 +29,13 @@ from testbed_util import (
     repository_copy,
     ssh,
     tritonfleet,
+    unblock_ssh,
 )
 
 from tritonfleet import ROOT
 from tritonfleet.testbed import hosts
 
 pytestmark = pytest.mark.testbed
-
-
-@contextlib.contextmanager
-def ssh_blocked(h):
-    """Every packet to the host's port 22 is answered with a reset: new connections are refused
-    and the open ones die (as when sshd or the network goes away); Triton's ports stay open."""
-    rules = ("table inet tritonfleet_fault {\n chain input {\n  type filter hook input priority 0; policy accept;\n"
-             "  tcp dport 22 reject with tcp reset\n }\n}\n")
-    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
-    try:
-        yield
-    finally:
-        unblock_ssh(h)
-
-
-def block_ssh(h):
-    rules = ("table inet tritonfleet_fault {\n chain input {\n  type filter hook input priority 0; policy accept;\n"
-             "  tcp dport 22 reject with tcp reset\n }\n}\n")
-    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
-
-
-def unblock_ssh(h):
-    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "delete", "table", "inet", "tritonfleet_fault"],
-                   check=False, capture_output=True)
 
 
 def incoming(h) -> list[Path]:
@@ -87,10 +65,6 @@ def big_repo(tmp_path, mb: int = 300) -> Path:
         for _ in range(mb):
             f.write(os.urandom(1 << 20))
     return repo
-
-
-def container_started(h) -> str:
-    return ssh(h, "docker inspect --format '{{.State.StartedAt}}' triton-server").strip()
 
 
 def serving(h) -> bool:

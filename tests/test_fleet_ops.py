@@ -7,7 +7,6 @@ as the shared `deployed` fixture made it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import threading
@@ -18,11 +17,13 @@ import requests
 from testbed_util import (
     break_model_at_load,
     changed_ops,
+    container_started,
     infer_resnet,
     live_release,
     pyinfra,
     repository_copy,
     ssh,
+    ssh_blocked,
     tritonfleet,
 )
 
@@ -56,10 +57,6 @@ def served_delay(h) -> int:
     return cfg["dynamic_batching"]["max_queue_delay_microseconds"]
 
 
-def container_started(h) -> str:
-    return ssh(h, "docker inspect --format '{{.State.StartedAt}}' triton-server").strip()
-
-
 def history(h) -> list[dict]:
     return [json.loads(line) for line in ssh(h, "cat /opt/triton/history.jsonl").splitlines() if line.strip()]
 
@@ -77,19 +74,6 @@ def restore_fleet(testbed):
     """Back to the default repository on every host (a no-op when nothing changed)."""
     res, _ = pyinfra("deploys/models.py")
     assert res.returncode == 0, res.stderr[-3000:]
-
-
-@contextlib.contextmanager
-def ssh_refused(h):
-    """The host's sshd refuses connections (as when it is stopped); Triton keeps serving."""
-    rules = ("table inet tritonfleet_fault {\n chain input {\n  type filter hook input priority 0; policy accept;\n"
-             "  tcp dport 22 reject with tcp reset\n }\n}\n")
-    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["ip", "netns", "exec", h.netns, "nft", "delete", "table", "inet", "tritonfleet_fault"],
-                       check=False)
 
 
 def test_status_one_row_a_host_and_drift(deployed):
@@ -110,7 +94,7 @@ def test_status_one_row_a_host_and_drift(deployed):
     h2, h3 = testbed.hosts[1], testbed.hosts[2]
     ssh(h3, "systemctl stop triton")
     try:
-        with ssh_refused(h2):
+        with ssh_blocked(h2):
             rc, rows = status()
     finally:
         ssh(h3, "systemctl start triton")
@@ -188,7 +172,7 @@ def test_rollout_refuses_to_start_when_a_host_is_unreachable(deployed, changed_r
     testbed, _, _ = deployed
     down = testbed.hosts[1]
     before = {h.name: live_release(h) for h in testbed.hosts}
-    with ssh_refused(down):
+    with ssh_blocked(down):
         res, report = rollout("deploys/models.py", "--data", f"model_repository={changed_repo}")
     assert res.returncode == 1
     rows = by_host(report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -105,3 +106,33 @@ def break_model_at_load(repo: Path, model: str = "text_classifier_onnx") -> Path
     onnx.save(m, str(path))
     (path.parent / "weights.bin").unlink()
     return repo
+
+
+FAULT_TABLE = "tritonfleet_fault"
+
+
+def block_ssh(h: hosts.Host) -> None:
+    """Every packet to the host's port 22 is answered with a reset, from its own network
+    namespace: new connections are refused and open ones die (as when sshd or the network goes
+    away); Triton's ports stay open."""
+    rules = (f"table inet {FAULT_TABLE} {{\n chain input {{\n  type filter hook input priority 0; policy accept;\n"
+             "  tcp dport 22 reject with tcp reset\n }\n}\n")
+    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
+
+
+def unblock_ssh(h: hosts.Host) -> None:
+    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "delete", "table", "inet", FAULT_TABLE],
+                   check=False, capture_output=True)
+
+
+@contextlib.contextmanager
+def ssh_blocked(h: hosts.Host):
+    block_ssh(h)
+    try:
+        yield
+    finally:
+        unblock_ssh(h)
+
+
+def container_started(h: hosts.Host) -> str:
+    return ssh(h, "docker inspect --format '{{.State.StartedAt}}' triton-server").strip()
