@@ -10,12 +10,12 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, python, server, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import files, server, systemd
 
 from .. import TEMPLATES, config, models
 from ..facts.host import DockerImageId, ModelReleases, ReleaseManifest
 from ..health import gate_current_host
+from ..ops.check import check, will_change
 
 IMAGE_CACHE = "/var/lib/tritonfleet/images"
 
@@ -187,14 +187,16 @@ def triton_service(changed: list | None = None):
                      dest=f"/etc/systemd/system/{service}.service", mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
-    systemd.daemon_reload(name="systemd daemon-reload (unit changed)", _if=unit.did_change)
-    systemd.service(name=f"restart {service} (unit, image or models changed)", service=service,
-                    restarted=True, _if=any_changed(unit, *(changed or [])))
+    if will_change(unit):
+        systemd.daemon_reload(name="systemd daemon-reload (unit changed)")
+    if will_change(unit, changed or []):
+        systemd.service(name=f"restart {service} (unit, image or models changed)", service=service,
+                        restarted=True)
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
 @deploy("Health gate")
 def health_gate():
     local, _, _ = host_repository()
-    python.call(name="check: health gate (live, ready, every model ready, metrics)", function=gate_current_host,
-                models=models.model_names(local))
+    check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_current_host,
+          models=models.model_names(local))
