@@ -74,6 +74,9 @@ image_archives = {}
 registry_user = None
 # Environment variable on the control machine holding the registry secret.
 registry_password_env = "TRITONFLEET_REGISTRY_PASSWORD"
+# Registry the login is for (e.g. "nvcr.io"); None: the registry of triton_image. Images from
+# other registries (Docker Hub's nvidia/cuda) are pulled without it.
+registry_host = None
 
 # --- Triton model repository --------------------------------------------------------------
 # Local model repository (relative to the working directory) synced to every host.

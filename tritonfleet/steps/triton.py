@@ -16,6 +16,7 @@ from .. import TEMPLATES, config, models
 from ..facts.host import DockerImageId, ModelReleases, ReleaseManifest
 from ..health import gate_current_host
 from ..ops.check import check, will_change
+from ..ops.registry import docker_login, registry_of
 
 IMAGE_CACHE = "/var/lib/tritonfleet/images"
 
@@ -50,32 +51,29 @@ def ensure_image(image: str) -> list:
     if have:
         return []
     ops = []
-    user = config.get("registry_user")
-    if user:
-        ops.append(registry_login(image, user))
+    if needs_login(image):
+        ops.append(docker_login(name=f"docker login {login_registry()} as {config.get('registry_user')} "
+                                     f"(secret from ${config.get('registry_password_env')}, on stdin)",
+                                registry=login_registry(), user=config.get("registry_user"),
+                                secret_env=config.get("registry_password_env")))
     ops.append(server.shell(name=f"docker pull {image}", commands=[f"docker pull {shlex.quote(image)}"]))
     return ops
 
 
-def registry_login(image: str, user: str):
-    import os
+def login_registry() -> str:
+    """The registry the login (registry_user) is for: registry_host, or triton_image's registry."""
+    return config.get("registry_host") or registry_of(config.get("triton_image"))
 
-    env = config.get("registry_password_env")
-    secret = os.environ.get(env)
-    if not secret:
-        raise config.ConfigError(
-            f"{host.name}: registry_user is set but ${env} is empty; export the registry secret "
-            f"in ${env} on the control machine (it is never read from files or argv)"
-        )
-    registry = image.split("/", 1)[0]
-    tmp = "/root/.tritonfleet-registry-secret"
-    # The secret travels over SFTP into a 0600 file and reaches docker on stdin only.
-    files.put(name=f"registry secret for {registry} (not logged)", src=StringIO(secret), dest=tmp, mode="600")
-    return server.shell(
-        name=f"docker login {registry} as {user}",
-        commands=[f"docker login -u {shlex.quote(user)} --password-stdin {shlex.quote(registry)} < {tmp}; "
-                  f"rc=$?; rm -f {tmp}; exit $rc"],
-    )
+
+def needs_login(image: str) -> bool:
+    """Pulling ``image`` needs the registry login."""
+    return bool(config.get("registry_user")) and registry_of(image) == login_registry()
+
+
+def pulls(images: list[str]) -> list[str]:
+    """Those of ``images`` this host will pull (no archive configured, not present yet)."""
+    archives = config.get("image_archives") or {}
+    return [i for i in images if i not in archives and not host.get_fact(DockerImageId, image=i)]
 
 
 @cache
