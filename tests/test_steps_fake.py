@@ -137,3 +137,128 @@ def test_docker_repository_needs_a_known_distro():
 
     with pytest.raises(Exception, match="docker_source"):
         run_fake(docker_engine, BASE, DATA)
+
+
+# ---------------------------------------------------------------- architectures and distros
+
+OS_RELEASE = {
+    "ubuntu2204": ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="22.04"',
+                   "VERSION_CODENAME=jammy", "---"],
+    "ubuntu2404": ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="24.04"',
+                   "VERSION_CODENAME=noble", "---"],
+    "debian12": ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',
+                 "VERSION_CODENAME=bookworm", "---"],
+}
+
+
+@pytest.mark.parametrize("distro,codename", [("ubuntu2204", "jammy"), ("ubuntu2404", "noble"),
+                                             ("debian12", "bookworm")])
+@pytest.mark.parametrize("machine,cuda_arch,deb_arch", [("aarch64", "sbsa", "arm64"),
+                                                        ("x86_64", "x86_64", "amd64")])
+def test_repository_paths_per_architecture_and_distro(distro, codename, machine, cuda_arch, deb_arch):
+    """NVIDIA's CUDA repository names arm64 "sbsa"; apt and the other repositories say arm64."""
+    from pyinfra.api import deploy
+
+    from tritonfleet.steps.host_prep import docker_engine
+
+    @deploy("host layer")
+    def host_layer():
+        nvidia_driver()
+        docker_engine()
+        container_toolkit()
+
+    host, cmds, state = run_fake(host_layer, {"uname -m": machine, "uname -r": "6.8.0-1-generic",
+                                              "ls -pdL *-release": OS_RELEASE[distro]})
+    assert not state.failed_hosts
+    run = "\n".join(cmds)
+    vendor = "ubuntu" if distro.startswith("ubuntu") else "debian"
+    cuda = f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{cuda_arch}"
+    assert f"{cuda}/3bf863cc.pub" in run
+    assert f"https://download.docker.com/linux/{vendor}/gpg" in run
+    up = host.connector.uploads
+    assert up["/etc/apt/sources.list.d/cuda.list"] == (
+        f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {cuda}/ /\n")
+    assert up["/etc/apt/sources.list.d/docker.list"] == (
+        f"deb [arch={deb_arch} signed-by=/etc/apt/keyrings/docker.gpg] "
+        f"https://download.docker.com/linux/{vendor} {codename} stable\n")
+    assert up["/etc/apt/sources.list.d/nvidia-container-toolkit.list"] == (
+        "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
+        f"https://nvidia.github.io/libnvidia-container/stable/deb/{deb_arch} /\n")
+
+
+def test_unsupported_os_is_named():
+    os_release = ["/etc/os-release", "ID=fedora", 'NAME="Fedora Linux"', 'VERSION_ID="40"', "---"]
+    with pytest.raises(Exception, match="unsupported OS Fedora 40.*cuda_distro"):
+        run_fake(nvidia_driver, {**BASE, "ls -pdL *-release": os_release})
+
+
+# ---------------------------------------------------------------- planning: checks and follow-ups
+
+def test_converged_host_plans_no_follow_up():
+    """Holds, reboot, nvidia-ctk and the Docker restart are planned only when what they follow
+    will change, so a dry run of a converged host lists no change. (The follow-ups of managed
+    files, apt update and initramfs, are proven by the dry run on the testbed.)"""
+    daemon = json.dumps({"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}})
+    responses = {
+        **BASE,
+        "cuda-archive-keyring.gpg": FPR,
+        "nvidia-container-toolkit-keyring.gpg": "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+        "apt-mark showhold": ["cuda-drivers-535", "nvidia-utils-535"],
+        "dpkg -l": ["ii  cuda-drivers-535  535.183.01-1  amd64  CUDA drivers",
+                    "ii  nvidia-utils-535  535.183.01-1  amd64  utils",
+                    "ii  linux-headers-6.1.0-28-amd64  6.1.76-1  amd64  headers",
+                    "ii  dkms  3.0.10-8  all  dkms",
+                    "ii  nvidia-container-toolkit  1.16.2-1  amd64  toolkit",
+                    "ii  nvidia-container-toolkit-base  1.16.2-1  amd64  toolkit",
+                    "ii  libnvidia-container-tools  1.16.2-1  amd64  toolkit",
+                    "ii  libnvidia-container1  1.16.2-1  amd64  toolkit"],
+        "cat /etc/docker/daemon.json": daemon,
+        "command -v nvidia-container-runtime-hook": "/usr/bin/nvidia-container-runtime-hook",
+        "nvidia-smi --query-gpu": ["0, Tesla T4, GPU-1, 00000000:00:1E.0, 535.183.01, 7.5, 15360", "rc=0"],
+    }
+    from pyinfra.api import deploy
+
+    @deploy("host layer")
+    def layer():
+        nvidia_driver()
+        container_toolkit()
+
+    _, _, state = run_fake(layer, responses, DATA)
+    planned = {n for meta in state.op_meta.values() for n in meta.names}
+    for follow_up in ("hold driver packages", "reboot", "register the nvidia runtime", "restart Docker"):
+        assert not any(follow_up in n for n in planned), (follow_up, planned)
+    # ... and on a bare host they are all there
+    _, _, state = run_fake(layer, BASE, DATA)
+    planned = {n for meta in state.op_meta.values() for n in meta.names}
+    for follow_up in ("apt update (CUDA", "rebuild initramfs", "hold driver packages", "reboot",
+                      "register the nvidia runtime", "restart Docker"):
+        assert any(follow_up in n for n in planned), (follow_up, planned)
+
+
+def test_a_check_runs_but_is_never_a_planned_change():
+    from pyinfra.api import Config, Inventory, State, deploy
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.operations import run_ops
+
+    from tritonfleet.ops.check import check
+
+    ran = []
+
+    def verify(what):
+        ran.append(what)
+
+    @deploy("d")
+    def d():
+        check(name="check: something", function=verify, what="ran")
+
+    inventory = Inventory(([("@fake/h", {"fake_delay": 0, "fake_delay_jitter": 0})], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    add_deploy(state, d)
+    host = inventory.get_host("@fake/h")
+    (op_hash,) = state.ops[host]
+    assert state.ops[host][op_hash].operation_meta.will_change is False
+    assert ran == []
+    run_ops(state)
+    assert ran == ["ran"]

@@ -48,18 +48,23 @@ def check_model_repository() -> None:
     if not base.startswith("/") or ".." in PurePosixPath(base).parts:
         raise PreflightError(f"{host.name}: triton_base_dir {base!r} must be an absolute path without '..' "
                              f"(set it in {GROUP_DATA}/all.py or the inventory)")
+
+    def validated(repo: Path) -> None:
+        key = str(repo.resolve())
+        if key not in _validated:
+            _validated[key] = validate_repository(repo)
+        if _validated[key]:
+            lines = "\n".join(f"  {p}" for p in _validated[key])
+            raise PreflightError(f"{host.name}: model repository {src} is invalid "
+                                 f"(fix it, then check with `tritonfleet validate {src}`):\n{lines}")
+
+    validated(src)  # first as it is: nothing is read through a link out of it
     try:
         local, _, _ = host_repository()
     except ValueError as e:
         raise PreflightError(f"{host.name}: {e} (model_overrides in {GROUP_DATA}/)") from e
-    key = str(local)
-    if key not in _validated:
-        _validated[key] = validate_repository(local)
-    problems = _validated[key]
-    if problems:
-        lines = "\n".join(f"  {p}" for p in problems)
-        raise PreflightError(f"{host.name}: model repository {src} is invalid "
-                             f"(fix it, then check with `tritonfleet validate {src}`):\n{lines}")
+    if local.resolve() != src.resolve():
+        validated(local)  # then as this host's class serves it (model_overrides applied)
 
 
 def check_gpu_class_and_driver() -> None:

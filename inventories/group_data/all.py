@@ -3,6 +3,13 @@
 # Precedence (pyinfra): --data > host data > group_data/<group>.py > inventory group data > this file.
 # README's "Tunables" table lists the same names (a test keeps them in step).
 
+# --- SSH ----------------------------------------------------------------------------------
+# Host keys: "yes" connects only to hosts whose key is already in known_hosts (~/.ssh/known_hosts,
+# or UserKnownHostsFile in ~/.ssh/config; fill it with ssh-keyscan after checking the keys) and
+# refuses unknown or changed keys. pyinfra's own default, "accept-new", trusts any host on first
+# contact. Only the testbed inventory turns this off (its hosts share one image's host keys).
+ssh_strict_host_key_checking = "yes"
+
 # --- Target OS ---------------------------------------------------------------------------
 # Distro codename used in NVIDIA's CUDA repository path (ubuntu2204, ubuntu2404, debian12).
 # None: derived from the host's /etc/os-release.
