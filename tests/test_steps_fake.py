@@ -3,6 +3,7 @@ does not run on a converged host. The same steps run for real in test_e2e_testbe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -94,19 +95,57 @@ def test_secure_boot_stops_before_the_driver():
     assert not state.failed_hosts and any("cuda-drivers-535" in c for c in cmds)
 
 
-def test_docker_from_dockers_repository_with_pinned_key():
+@pytest.mark.parametrize("version,pattern", [("27.3.1", "5:27.3.1-*"),  # the default, any distro
+                                             ("5:27.3.1-1~ubuntu.22.04~jammy", "5:27.3.1-1~ubuntu.22.04~jammy")])
+def test_docker_from_dockers_repository_with_pinned_key(version, pattern):
     from tritonfleet.steps.host_prep import docker_engine
 
     os_release = ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="22.04"',
                   "VERSION_CODENAME=jammy", "---"]
-    _, cmds, state = run_fake(docker_engine, {**BASE, "ls -pdL *-release": os_release},
-                              {**DATA, "docker_version": "5:27.3.1-1~ubuntu.22.04~jammy"})
+    host, cmds, state = run_fake(docker_engine, {**BASE, "ls -pdL *-release": os_release,
+                                                 "-f '${Version}' docker-ce": "5:27.3.1-1~ubuntu.22.04~jammy"},
+                                 {**DATA, "docker_version": version})
     assert not state.failed_hosts
     run = "\n".join(cmds)
     assert "9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in run and "/etc/apt/keyrings/docker.gpg" in run
     assert "https://download.docker.com/linux/ubuntu/gpg" in run
     assert "/etc/apt/sources.list.d/docker.list" in run
-    assert re.search(r"install 'docker-ce=5:27\.3\.1-1~ubuntu\.22\.04~jammy' 'docker-ce-cli=5:27", run)
+    # apt's candidate is the pinned version (priority 1001, also downgrades)
+    assert host.connector.uploads["/etc/apt/preferences.d/tritonfleet-docker"].splitlines()[1:] == [
+        "Package: docker-ce docker-ce-cli docker-ce-rootless-extras", f"Pin: version {pattern}",
+        "Pin-Priority: 1001"]
+    assert re.search(r"install .*docker-ce docker-ce-cli containerd\.io docker-buildx-plugin docker-compose-plugin", run)
+    names = {n for meta in state.op_meta.values() for n in meta.names}
+    assert f"Docker Engine | check: docker-ce is {version}" in names
+    assert "Docker Engine | move Docker Engine to the pinned version" not in names  # nothing installed yet
+
+
+def test_docker_installed_at_another_version_is_moved_to_the_pin():
+    from tritonfleet.steps.host_prep import docker_engine
+
+    os_release = ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',
+                  "VERSION_CODENAME=bookworm", "---"]
+    responses = {**BASE, "ls -pdL *-release": os_release,
+                 "dpkg -l": ["ii  docker-ce  5:27.4.0-1~debian.12~bookworm  amd64  Docker"]}
+    _, cmds, state = run_fake(docker_engine, responses, DATA)
+    assert "apt-get install -y -q --allow-downgrades docker-ce docker-ce-cli" in "\n".join(cmds)
+    responses["dpkg-query -W -f '${Version}' docker-ce"] = "5:27.3.1-1~debian.12~bookworm"
+    # at the pinned version, the pin file in place: nothing to move
+    from tritonfleet.steps.host_prep import DOCKER_PIN_FILE, docker_pin_text
+
+    pin_sha1 = hashlib.sha1(docker_pin_text("27.3.1").encode()).hexdigest()
+    responses.update({
+        "dpkg -l": ["ii  docker-ce  5:27.3.1-1~debian.12~bookworm  amd64  Docker"],
+        re.compile(rf"stat -c .* {DOCKER_PIN_FILE}"): f"user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "
+                                                       f"ctime=0 size=120 '{DOCKER_PIN_FILE}'",
+        re.compile(rf"sha1sum {DOCKER_PIN_FILE}"): f"{pin_sha1}  {DOCKER_PIN_FILE}",
+        re.compile(r"stat -c .* /etc/apt/preferences.d "): "user=root group=root mode=drwxr-xr-x atime=0 "
+                                                           "mtime=0 ctime=0 size=4096 '/etc/apt/preferences.d'",
+    })
+    _, _, state = run_fake(docker_engine, responses, DATA)
+    assert not state.failed_hosts
+    names = {n for meta in state.op_meta.values() for n in meta.names}
+    assert not any("move Docker Engine" in n for n in names)
 
 
 def test_registry_secret_only_on_stdin(monkeypatch):
@@ -168,7 +207,8 @@ def test_repository_paths_per_architecture_and_distro(distro, codename, machine,
         container_toolkit()
 
     host, cmds, state = run_fake(host_layer, {"uname -m": machine, "uname -r": "6.8.0-1-generic",
-                                              "ls -pdL *-release": OS_RELEASE[distro]})
+                                              "ls -pdL *-release": OS_RELEASE[distro],
+                                              "-f '${Version}' docker-ce": f"5:27.3.1-1~{distro}"})
     assert not state.failed_hosts
     run = "\n".join(cmds)
     vendor = "ubuntu" if distro.startswith("ubuntu") else "debian"

@@ -50,8 +50,10 @@ docker_source = "docker"
 docker_repo_url = "https://download.docker.com/linux"
 # Pinned fingerprint of Docker's repository key.
 docker_repo_key_fingerprint = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
-# Exact docker-ce version to pin (e.g. "5:27.3.1-1~ubuntu.22.04~jammy"); None: newest.
-docker_version = None
+# Docker Engine version (docker-ce, docker-ce-cli), pinned in apt preferences: an upstream version
+# ("27.3.1": 5:27.3.1-1~<distro> on every distro) or an exact package version
+# ("5:27.3.1-1~ubuntu.22.04~jammy"); None: newest. Checked after the install.
+docker_version = "27.3.1"
 
 # --- NVIDIA Container Toolkit ------------------------------------------------------------
 # Container Toolkit apt repository (a directory per architecture below it).

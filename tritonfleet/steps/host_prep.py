@@ -5,6 +5,7 @@ Each step checks before it changes (facts), so a re-run on a converged host is a
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from io import StringIO
 
 from pyinfra import host, logger
@@ -18,6 +19,7 @@ from ..facts.gpu import NvidiaGpus
 from ..facts.host import DockerDaemonJson, HeldPackages, SecureBoot
 from ..ops.apt_repo import signed_key, source_file
 from ..ops.check import check, will_change
+from ..ops.reboot import reboot
 
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -196,7 +198,7 @@ def nvidia_driver():
     # differs from the installed driver; whether it is, is decided on the host after the install.
     gpus = host.get_fact(NvidiaGpus)
     if driver_changes or (gpus is not None and gpus.status == "version_mismatch"):
-        server.reboot(
+        reboot(
             name="reboot if the loaded driver does not match the installed one",
             reboot_timeout=config.get("nvidia_reboot_timeout"),
             _if=_reboot_needed,
@@ -220,17 +222,56 @@ def docker_engine():
         if will_change(key, src):
             apt.update(name="apt update (Docker repository changed)")
         version = config.get("docker_version")
-        pin = f"={version}" if version else ""
+        if version:
+            pin = files.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
+                            dest=DOCKER_PIN_FILE, mode="644")
+        else:
+            pin = files.file(name="Docker Engine not pinned", path=DOCKER_PIN_FILE, present=False)
         engine = apt.packages(
             name="Docker Engine (docker-ce)",
-            packages=[f"docker-ce{pin}", f"docker-ce-cli{pin}", "containerd.io",
-                      "docker-buildx-plugin", "docker-compose-plugin"],
+            packages=["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin",
+                      "docker-compose-plugin"],
         )
+        # installed at another version (docker_version changed, or upgraded by hand): apt moves it
+        # to the pinned one (packages already present are not touched by apt.packages)
+        have = (host.get_fact(DebPackages) or {}).get("docker-ce")
+        if have and (will_change(pin) or (version and not any(
+                fnmatchcase(v, docker_version_pattern(version)) for v in have))):
+            server.shell(name="move Docker Engine to the pinned version",
+                         commands=["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+                                   "docker-ce docker-ce-cli"])
+        if version:
+            check(name=f"check: docker-ce is {version}", function=_check_docker_version,
+                  pattern=docker_version_pattern(version))
     else:
         raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
                                  "(group data, inventories/group_data/all.py)")
     systemd.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
+
+
+DOCKER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-docker"
+
+
+def docker_version_pattern(version: str) -> str:
+    """apt's version pattern for docker_version: exact, or 5:<upstream>-* for an upstream version."""
+    version = str(version)
+    return version if (":" in version or "-" in version) else f"5:{version}-*"
+
+
+def docker_pin_text(version: str) -> str:
+    return ("# Managed by tritonfleet: Docker Engine stays at docker_version.\n"
+            "Package: docker-ce docker-ce-cli docker-ce-rootless-extras\n"
+            f"Pin: version {docker_version_pattern(version)}\nPin-Priority: 1001\n")
+
+
+def _check_docker_version(pattern: str):
+    _, out = host.run_shell_command("dpkg-query -W -f '${Version}' docker-ce 2>&1")
+    found = "".join(out.stdout_lines).strip()
+    if not fnmatchcase(found, pattern):
+        raise RuntimeError(f"{host.name}: docker-ce is {found or 'not installed'}, docker_version wants "
+                           f"{pattern}: no such version in Docker's repository for this distro? "
+                           "(`apt-cache madison docker-ce` lists them; set docker_version in group data)")
 
 
 def docker_distro() -> tuple[str, str]:
