@@ -34,6 +34,7 @@ class LocalRegistry:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LocalRegistry:
+        self.dir.mkdir(parents=True, exist_ok=True)
         binary = self.dir / "bin"
         subprocess.run(["dpkg-deb", "-x", str(debian_package("docker-registry")), str(binary)], check=True)
         (self.dir / "data").mkdir(exist_ok=True)
