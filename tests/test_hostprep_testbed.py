@@ -275,7 +275,7 @@ def test_host_layer_from_dockers_repository(extra_host):
         assert step in done, (step, sorted(done))
     # the verification table: nvidia-smi on the host and in `docker run --gpus all`
     for where in ("host", "container"):
-        assert re.search(rf"GPU check  {h.name} +{where} +1x NVIDIA L4 +driver 535\.183\.01 cc 8\.9 +CUDA 12\.2",
+        assert re.search(rf"GPU check  {h.name} +{where} +1x NVIDIA L4 +driver 535\.183\.01 +cc 8\.9 +CUDA 12\.2",
                          res.stderr), res.stderr[-3000:]
 
     # Docker's repository: pinned key, source line, pinned version (the repository has a newer one)
@@ -378,7 +378,7 @@ def test_driver_branch_switch_reboots_once_and_goes_on(extra_host):
         assert step in done, (step, sorted(done))
     assert ssh(h, "cat /proc/sys/kernel/random/boot_id") != boot  # rebooted ...
     for where in ("host", "container"):  # ... and went on to the verification
-        assert re.search(rf"GPU check  {h.name} +{where} +1x NVIDIA L4 +driver 560\.35\.03 cc 8\.9 +CUDA 12\.6",
+        assert re.search(rf"GPU check  {h.name} +{where} +1x NVIDIA L4 +driver 560\.35\.03 +cc 8\.9 +CUDA 12\.6",
                          res.stderr), res.stderr[-3000:]
     assert "cuda-drivers-560" in ssh(h, "apt-mark showhold").split()
     boot = ssh(h, "cat /proc/sys/kernel/random/boot_id")
