@@ -1,10 +1,10 @@
 # Only the host layer: driver, Docker, Container Toolkit, GPU verification.
-from tritonfleet.preflight import check_gpu_class_and_driver
+from tritonfleet.preflight import host_layer as preflight
 from tritonfleet.steps.host_prep import container_toolkit, docker_engine, nvidia_driver
 from tritonfleet.steps.verify import verify_gpus
 
-check_gpu_class_and_driver()
-nvidia_driver()
-docker_engine()
-container_toolkit()
-verify_gpus()
+preflight()            # GPU class and driver branch, Secure Boot, GPU found, daemon.json, vendor keys
+nvidia_driver()        # driver from the CUDA repo, held; reboot if needed
+docker_engine()        # Docker Engine
+container_toolkit()    # NVIDIA Container Toolkit, nvidia runtime registered
+verify_gpus()          # nvidia-smi on the host and in `docker run --gpus all`

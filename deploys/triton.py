@@ -5,7 +5,7 @@ from tritonfleet.steps.host_prep import container_toolkit, docker_engine, nvidia
 from tritonfleet.steps.triton import health_gate, model_repository, triton_image, triton_service
 from tritonfleet.steps.verify import verify_gpus
 
-preflight()                                   # model repository valid, driver branch supported
+preflight()                                   # bad input and host facts: nothing changed on failure
 nvidia_driver()                               # driver from the CUDA repo, held; reboot if needed
 docker_engine()                               # Docker Engine
 container_toolkit()                           # NVIDIA Container Toolkit, nvidia runtime registered

@@ -1,6 +1,6 @@
 # The local testbed's hosts (`tritonfleet testbed up`), half in t4, half in l4.
-# Only test-only data differs from prod.py: the stand-in vendor repository and its key,
-# Debian's docker.io, no memlock ulimit (these hosts cannot raise it), models on CPU
+# Only test-only data differs from prod.py: the stand-in vendor repositories and their key,
+# Debian's docker.io (Docker's stand-in repository is there too), no memlock ulimit (these hosts cannot raise it), models on CPU
 # instances (no real GPU behind the stand-in driver), image archives instead of a registry,
 # and relaxed host-key checking (every host is made from one image).
 from tritonfleet.testbed.hosts import State, ssh_key
@@ -21,7 +21,9 @@ _test_data = {
     "container_toolkit_repo_url": f"{_repo['url']}/libnvidia-container/stable/deb",
     "container_toolkit_key_url": f"{_repo['url']}/libnvidia-container/gpgkey",
     "container_toolkit_key_fingerprint": _repo["fingerprint"],
-    "docker_source": "distro",
+    "docker_source": "distro",  # Docker's repository: the stand-in below (tests use both)
+    "docker_repo_url": f"{_repo['url']}/docker",
+    "docker_repo_key_fingerprint": _repo["fingerprint"],
     "triton_ulimit_memlock": None,
     "image_archives": {
         "nvcr.io/nvidia/tritonserver:24.08-py3": _state.images["triton"],

@@ -28,9 +28,29 @@ def run_fake(deploy_func, responses: dict, data: dict | None = None, groups=("t4
     host = inventory.get_host("@fake/gpu1")
     state = State(inventory, Config())
     connect_all(state)
+    record_uploads(host)
     add_deploy(state, deploy_func, **kwargs)
     try:
         run_ops(state)
     except PyinfraError:  # "No hosts remaining": the (only) host failed
         pass
     return host, host.connector.executed_commands, state
+
+
+def record_uploads(host) -> None:
+    """Keep what the fake host is sent: ``host.connector.uploads`` = {remote path: text}."""
+    connector = host.connector
+    connector.uploads = {}
+    put_file = connector.put_file
+
+    def recording_put_file(src, dest, *args, **kwargs):
+        if hasattr(src, "read"):
+            data = src.read()
+            src.seek(0)
+        else:
+            with open(src, "rb") as f:
+                data = f.read()
+        connector.uploads[dest] = data.decode() if isinstance(data, bytes) else data
+        return put_file(src, dest, *args, **kwargs)
+
+    connector.put_file = recording_put_file

@@ -58,3 +58,46 @@ def test_wrong_fingerprint_trusts_nothing(key, tmp_path):
 def test_unreachable_key_fails(tmp_path):
     res = run(fetch_key_command(f"file://{tmp_path}/missing.asc", "AB" * 20, str(tmp_path / "k.gpg")))
     assert res.returncode != 0 and not (tmp_path / "k.gpg").exists()
+
+
+@pytest.fixture(scope="module")
+def key_with_subkey(tmp_path_factory):
+    """A key like Docker's: the primary certifies, a subkey signs (two fpr records)."""
+    home = tmp_path_factory.mktemp("gnupg2")
+    os.chmod(home, 0o700)
+    env = dict(os.environ, GNUPGHOME=str(home))
+    gpg = ["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", ""]
+    subprocess.run([*gpg, "--quick-gen-key", "Sub Key <s@example.invalid>", "ed25519", "cert", "never"],
+                   env=env, check=True, capture_output=True)
+    out = subprocess.run(["gpg", "--batch", "--with-colons", "--list-keys"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    fpr = next(line.split(":")[9] for line in out.splitlines() if line.startswith("fpr"))
+    subprocess.run([*gpg, "--quick-add-key", fpr, "ed25519", "sign", "never"], env=env, check=True,
+                   capture_output=True)
+    armored = home / "key.asc"
+    subprocess.run(["gpg", "--batch", "--armor", "--export", "-o", str(armored)], env=env, check=True)
+    return fpr, armored
+
+
+def test_facts_report_the_primary_fingerprint_only(key_with_subkey, tmp_path):
+    """A key with a signing subkey is still one pinned fingerprint: installed once, then a no-op
+    (comparing every fpr record would re-fetch Docker's key on every run)."""
+    from tritonfleet.facts.host import KeyringFingerprints, RemoteKeyFingerprints
+
+    fpr, armored = key_with_subkey
+    shown = subprocess.run(["gpg", "--batch", "--show-keys", "--with-colons", str(armored)],
+                           capture_output=True, text=True).stdout
+    assert sum(line.startswith("fpr:") for line in shown.splitlines()) == 2
+    keyring = tmp_path / "docker.gpg"
+    assert run(fetch_key_command(f"file://{armored}", fpr, str(keyring))).returncode == 0
+    fact = KeyringFingerprints()
+    assert fact.process(run(fact.command(str(keyring))).stdout.splitlines()) == [fpr]
+    assert fact.process(run(fact.command(str(tmp_path / "missing.gpg"))).stdout.splitlines()) == []
+    remote = RemoteKeyFingerprints()
+    assert remote.process(run(remote.command(f"file://{armored}")).stdout.splitlines()) == {
+        "fingerprints": [fpr], "error": None}
+    missing = remote.process(run(remote.command(f"file://{tmp_path}/nope.asc")).stdout.splitlines())
+    assert missing["fingerprints"] == [] and "nope.asc" in missing["error"]
+    (tmp_path / "junk").write_text("not a key\n")
+    junk = remote.process(run(remote.command(f"file://{tmp_path}/junk")).stdout.splitlines())
+    assert junk == {"fingerprints": [], "error": "not an OpenPGP key"}

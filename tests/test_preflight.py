@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -67,3 +68,123 @@ def test_unknown_model_in_overrides_is_refused(project):
     res = run(project, 'model_overrides={"nosuch": {"max_batch_size": 1}}')
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "nosuch" in out and "no host was changed" in out
+
+
+# ---------------------------------------------------------------- host facts (pyinfra @fake)
+
+T4_SMI = ["0, Tesla T4, GPU-84b0bf9a, 00000000:00:1E.0, 535.183.01, 7.5, 15360", "rc=0"]
+L4_SMI = ["0, NVIDIA L4, GPU-3a23c669, 00000000:31:00.0, 535.183.01, 8.9, 23034", "rc=0"]
+KEYS = {  # every pinned key already installed: nothing to fetch
+    "cuda-archive-keyring.gpg": "EB693B3035CD5710E231E123A4B469963BF863CC",
+    "docker.gpg": "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+    "nvidia-container-toolkit-keyring.gpg": "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+}
+UBUNTU = {"uname -m": "x86_64", "ls -pdL *-release": [
+    "/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="22.04"', "VERSION_CODENAME=jammy", "---"]}
+
+
+def preflight_fake(responses, data=None, groups=("t4",), deploy_name="host"):
+    """Run a deploy's pre-flight against a fake host; returns (SystemExit message or None, commands)."""
+    from fakehost import run_fake
+    from pyinfra.api import deploy
+
+    from tritonfleet import preflight
+
+    check = {"host": preflight.host_layer, "triton": preflight.triton_layer, "all": preflight.run_all}[deploy_name]
+
+    @deploy("pre-flight")
+    def pf():
+        check()
+
+    try:
+        _, cmds, _ = run_fake(pf, {**UBUNTU, **responses}, data, groups=groups)
+    except SystemExit as e:
+        return str(e), []
+    return None, cmds
+
+
+def test_clean_host_passes():
+    msg, _ = preflight_fake({**KEYS, "nvidia-smi --query-gpu": T4_SMI})
+    assert msg is None
+
+
+def test_gpu_found_differs_from_inventory():
+    msg, _ = preflight_fake({**KEYS, "nvidia-smi --query-gpu": L4_SMI})
+    assert msg and "no host was changed" in msg
+    assert "@fake/gpu1" in msg and "GPU class T4" in msg and "GPU 0 'NVIDIA L4'" in msg
+    assert "move the host to the l4 group of the inventory" in msg
+    # a bare host has no driver to ask: not refused here (the verification after the driver catches it)
+    msg, _ = preflight_fake(KEYS)
+    assert msg is None
+
+
+def test_secure_boot_and_broken_daemon_json_are_refused():
+    msg, _ = preflight_fake({**KEYS, "mokutil --sb-state": "SecureBoot enabled"})
+    assert msg and "Secure Boot" in msg and "nvidia_secure_boot_ok" in msg and "@fake/gpu1" in msg
+    msg, _ = preflight_fake({**KEYS, "mokutil --sb-state": "SecureBoot enabled"}, {"nvidia_secure_boot_ok": True})
+    assert msg is None
+    msg, _ = preflight_fake({**KEYS, "cat /etc/docker/daemon.json": "{not json"})
+    assert msg and "/etc/docker/daemon.json is not valid JSON" in msg and "json.tool" in msg
+
+
+@pytest.mark.parametrize("keyring,tunable", [
+    ("cuda-archive-keyring.gpg", "cuda_repo_key_fingerprint"),
+    ("docker.gpg", "docker_repo_key_fingerprint"),
+    ("nvidia-container-toolkit-keyring.gpg", "container_toolkit_key_fingerprint"),
+])
+def test_vendor_key_with_another_fingerprint_is_refused(keyring, tunable):
+    other = "0123456789ABCDEF0123456789ABCDEF01234567"
+    responses = {k: v for k, v in KEYS.items() if k != keyring}
+    # the host fetches the key (into a temporary directory) and reports its fingerprint
+    msg, _ = preflight_fake({**responses, "curl -fsSL": f"fpr={other}"})
+    assert msg and "no host was changed" in msg and f"has fingerprint {other}" in msg
+    assert f"{tunable} pins {KEYS[keyring]}" in msg and "inventories/group_data/all.py" in msg
+    msg, _ = preflight_fake({**responses, "curl -fsSL": f"fpr={KEYS[keyring]}"})
+    assert msg is None
+    msg, _ = preflight_fake({**responses, "curl -fsSL": "error=curl: (6) Could not resolve host"})
+    assert msg and "could not fetch" in msg and "Could not resolve host" in msg
+
+
+def test_missing_registry_secret_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITONFLEET_REGISTRY_PASSWORD", raising=False)
+    data = {"registry_user": "$oauthtoken"}
+    msg, _ = preflight_fake({}, data, deploy_name="triton")
+    assert msg and "nvcr.io/nvidia/tritonserver:24.08-py3 is pulled from nvcr.io" in msg
+    assert "$TRITONFLEET_REGISTRY_PASSWORD is empty" in msg and "@fake/gpu1" in msg
+    # an image already on the host is not pulled: no secret needed
+    msg, _ = preflight_fake({"docker image inspect": "sha256:" + "a" * 64}, data, deploy_name="triton")
+    assert msg is None
+    # the CUDA test image comes from Docker Hub: the nvcr.io login is not for it
+    msg, _ = preflight_fake(KEYS, data, deploy_name="host")
+    assert msg is None
+    monkeypatch.setenv("TRITONFLEET_REGISTRY_PASSWORD", "x")
+    msg, _ = preflight_fake({}, data, deploy_name="triton")
+    assert msg is None
+
+
+def test_unknown_gpu_class_and_relative_base_dir_are_refused(project):
+    res = run(project, "gpu_class=A100")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "unknown gpu_class 'A100'" in out and "no host was changed" in out
+    res = run(project, "triton_base_dir=../opt/triton")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "triton_base_dir '../opt/triton'" in out and "absolute" in out
+
+
+@pytest.mark.parametrize("name", ["symlink-out", "broken-symlink", "absolute-symlink", "dotdot-name"])
+def test_model_paths_escaping_the_repository_are_refused(project, name):
+    repo = project / "files/model_repository"
+    if name == "symlink-out":
+        (repo / "resnet50_onnx/labels.txt").symlink_to(os.path.relpath("/etc/passwd", repo / "resnet50_onnx"))
+    elif name == "broken-symlink":
+        (repo / "resnet50_onnx/labels.txt").symlink_to("missing-labels.txt")
+    elif name == "absolute-symlink":
+        (repo / "resnet50_onnx/1/extra.onnx").symlink_to("/etc/passwd")
+    else:
+        (repo / "text_classifier_onnx").rename(repo / "text..classifier")
+    res = run(project, deploy="deploys/models.py")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "no host was changed" in out
+    expected = {"dotdot-name": "[model-name]", "broken-symlink": "[broken-symlink]"}.get(name, "[unsafe-path]")
+    assert expected in out and "tritonfleet validate" in out
+    assert "Starting operation" not in out

@@ -3,6 +3,7 @@ does not run on a converged host. The same steps run for real in test_e2e_testbe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -94,19 +95,57 @@ def test_secure_boot_stops_before_the_driver():
     assert not state.failed_hosts and any("cuda-drivers-535" in c for c in cmds)
 
 
-def test_docker_from_dockers_repository_with_pinned_key():
+@pytest.mark.parametrize("version,pattern", [("27.3.1", "5:27.3.1-*"),  # the default, any distro
+                                             ("5:27.3.1-1~ubuntu.22.04~jammy", "5:27.3.1-1~ubuntu.22.04~jammy")])
+def test_docker_from_dockers_repository_with_pinned_key(version, pattern):
     from tritonfleet.steps.host_prep import docker_engine
 
     os_release = ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="22.04"',
                   "VERSION_CODENAME=jammy", "---"]
-    _, cmds, state = run_fake(docker_engine, {**BASE, "ls -pdL *-release": os_release},
-                              {**DATA, "docker_version": "5:27.3.1-1~ubuntu.22.04~jammy"})
+    host, cmds, state = run_fake(docker_engine, {**BASE, "ls -pdL *-release": os_release,
+                                                 "-f '${Version}' docker-ce": "5:27.3.1-1~ubuntu.22.04~jammy"},
+                                 {**DATA, "docker_version": version})
     assert not state.failed_hosts
     run = "\n".join(cmds)
     assert "9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in run and "/etc/apt/keyrings/docker.gpg" in run
     assert "https://download.docker.com/linux/ubuntu/gpg" in run
     assert "/etc/apt/sources.list.d/docker.list" in run
-    assert re.search(r"install 'docker-ce=5:27\.3\.1-1~ubuntu\.22\.04~jammy' 'docker-ce-cli=5:27", run)
+    # apt's candidate is the pinned version (priority 1001, also downgrades)
+    assert host.connector.uploads["/etc/apt/preferences.d/tritonfleet-docker"].splitlines()[1:] == [
+        "Package: docker-ce docker-ce-cli docker-ce-rootless-extras", f"Pin: version {pattern}",
+        "Pin-Priority: 1001"]
+    assert re.search(r"install .*docker-ce docker-ce-cli containerd\.io docker-buildx-plugin docker-compose-plugin", run)
+    names = {n for meta in state.op_meta.values() for n in meta.names}
+    assert f"Docker Engine | check: docker-ce is {version}" in names
+    assert "Docker Engine | move Docker Engine to the pinned version" not in names  # nothing installed yet
+
+
+def test_docker_installed_at_another_version_is_moved_to_the_pin():
+    from tritonfleet.steps.host_prep import docker_engine
+
+    os_release = ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',
+                  "VERSION_CODENAME=bookworm", "---"]
+    responses = {**BASE, "ls -pdL *-release": os_release,
+                 "dpkg -l": ["ii  docker-ce  5:27.4.0-1~debian.12~bookworm  amd64  Docker"]}
+    _, cmds, state = run_fake(docker_engine, responses, DATA)
+    assert "apt-get install -y -q --allow-downgrades docker-ce docker-ce-cli" in "\n".join(cmds)
+    responses["dpkg-query -W -f '${Version}' docker-ce"] = "5:27.3.1-1~debian.12~bookworm"
+    # at the pinned version, the pin file in place: nothing to move
+    from tritonfleet.steps.host_prep import DOCKER_PIN_FILE, docker_pin_text
+
+    pin_sha1 = hashlib.sha1(docker_pin_text("27.3.1").encode()).hexdigest()
+    responses.update({
+        "dpkg -l": ["ii  docker-ce  5:27.3.1-1~debian.12~bookworm  amd64  Docker"],
+        re.compile(rf"stat -c .* {DOCKER_PIN_FILE}"): f"user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "
+                                                       f"ctime=0 size=120 '{DOCKER_PIN_FILE}'",
+        re.compile(rf"sha1sum {DOCKER_PIN_FILE}"): f"{pin_sha1}  {DOCKER_PIN_FILE}",
+        re.compile(r"stat -c .* /etc/apt/preferences.d "): "user=root group=root mode=drwxr-xr-x atime=0 "
+                                                           "mtime=0 ctime=0 size=4096 '/etc/apt/preferences.d'",
+    })
+    _, _, state = run_fake(docker_engine, responses, DATA)
+    assert not state.failed_hosts
+    names = {n for meta in state.op_meta.values() for n in meta.names}
+    assert not any("move Docker Engine" in n for n in names)
 
 
 def test_registry_secret_only_on_stdin(monkeypatch):
@@ -137,3 +176,129 @@ def test_docker_repository_needs_a_known_distro():
 
     with pytest.raises(Exception, match="docker_source"):
         run_fake(docker_engine, BASE, DATA)
+
+
+# ---------------------------------------------------------------- architectures and distros
+
+OS_RELEASE = {
+    "ubuntu2204": ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="22.04"',
+                   "VERSION_CODENAME=jammy", "---"],
+    "ubuntu2404": ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="24.04"',
+                   "VERSION_CODENAME=noble", "---"],
+    "debian12": ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',
+                 "VERSION_CODENAME=bookworm", "---"],
+}
+
+
+@pytest.mark.parametrize("distro,codename", [("ubuntu2204", "jammy"), ("ubuntu2404", "noble"),
+                                             ("debian12", "bookworm")])
+@pytest.mark.parametrize("machine,cuda_arch,deb_arch", [("aarch64", "sbsa", "arm64"),
+                                                        ("x86_64", "x86_64", "amd64")])
+def test_repository_paths_per_architecture_and_distro(distro, codename, machine, cuda_arch, deb_arch):
+    """NVIDIA's CUDA repository names arm64 "sbsa"; apt and the other repositories say arm64."""
+    from pyinfra.api import deploy
+
+    from tritonfleet.steps.host_prep import docker_engine
+
+    @deploy("host layer")
+    def host_layer():
+        nvidia_driver()
+        docker_engine()
+        container_toolkit()
+
+    host, cmds, state = run_fake(host_layer, {"uname -m": machine, "uname -r": "6.8.0-1-generic",
+                                              "ls -pdL *-release": OS_RELEASE[distro],
+                                              "-f '${Version}' docker-ce": f"5:27.3.1-1~{distro}"})
+    assert not state.failed_hosts
+    run = "\n".join(cmds)
+    vendor = "ubuntu" if distro.startswith("ubuntu") else "debian"
+    cuda = f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{cuda_arch}"
+    assert f"{cuda}/3bf863cc.pub" in run
+    assert f"https://download.docker.com/linux/{vendor}/gpg" in run
+    up = host.connector.uploads
+    assert up["/etc/apt/sources.list.d/cuda.list"] == (
+        f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {cuda}/ /\n")
+    assert up["/etc/apt/sources.list.d/docker.list"] == (
+        f"deb [arch={deb_arch} signed-by=/etc/apt/keyrings/docker.gpg] "
+        f"https://download.docker.com/linux/{vendor} {codename} stable\n")
+    assert up["/etc/apt/sources.list.d/nvidia-container-toolkit.list"] == (
+        "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
+        f"https://nvidia.github.io/libnvidia-container/stable/deb/{deb_arch} /\n")
+
+
+def test_unsupported_os_is_named():
+    os_release = ["/etc/os-release", "ID=fedora", 'NAME="Fedora Linux"', 'VERSION_ID="40"', "---"]
+    with pytest.raises(Exception, match="unsupported OS Fedora 40.*cuda_distro"):
+        run_fake(nvidia_driver, {**BASE, "ls -pdL *-release": os_release})
+
+
+# ---------------------------------------------------------------- planning: checks and follow-ups
+
+def test_converged_host_plans_no_follow_up():
+    """Holds, reboot, nvidia-ctk and the Docker restart are planned only when what they follow
+    will change, so a dry run of a converged host lists no change. (The follow-ups of managed
+    files, apt update and initramfs, are proven by the dry run on the testbed.)"""
+    daemon = json.dumps({"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}})
+    responses = {
+        **BASE,
+        "cuda-archive-keyring.gpg": FPR,
+        "nvidia-container-toolkit-keyring.gpg": "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+        "apt-mark showhold": ["cuda-drivers-535", "nvidia-utils-535"],
+        "dpkg -l": ["ii  cuda-drivers-535  535.183.01-1  amd64  CUDA drivers",
+                    "ii  nvidia-utils-535  535.183.01-1  amd64  utils",
+                    "ii  linux-headers-6.1.0-28-amd64  6.1.76-1  amd64  headers",
+                    "ii  dkms  3.0.10-8  all  dkms",
+                    "ii  nvidia-container-toolkit  1.16.2-1  amd64  toolkit",
+                    "ii  nvidia-container-toolkit-base  1.16.2-1  amd64  toolkit",
+                    "ii  libnvidia-container-tools  1.16.2-1  amd64  toolkit",
+                    "ii  libnvidia-container1  1.16.2-1  amd64  toolkit"],
+        "cat /etc/docker/daemon.json": daemon,
+        "command -v nvidia-container-runtime-hook": "/usr/bin/nvidia-container-runtime-hook",
+        "nvidia-smi --query-gpu": ["0, Tesla T4, GPU-1, 00000000:00:1E.0, 535.183.01, 7.5, 15360", "rc=0"],
+    }
+    from pyinfra.api import deploy
+
+    @deploy("host layer")
+    def layer():
+        nvidia_driver()
+        container_toolkit()
+
+    _, _, state = run_fake(layer, responses, DATA)
+    planned = {n for meta in state.op_meta.values() for n in meta.names}
+    for follow_up in ("hold driver packages", "reboot", "register the nvidia runtime", "restart Docker"):
+        assert not any(follow_up in n for n in planned), (follow_up, planned)
+    # ... and on a bare host they are all there
+    _, _, state = run_fake(layer, BASE, DATA)
+    planned = {n for meta in state.op_meta.values() for n in meta.names}
+    for follow_up in ("apt update (CUDA", "rebuild initramfs", "hold driver packages", "reboot",
+                      "register the nvidia runtime", "restart Docker"):
+        assert any(follow_up in n for n in planned), (follow_up, planned)
+
+
+def test_a_check_runs_but_is_never_a_planned_change():
+    from pyinfra.api import Config, Inventory, State, deploy
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.operations import run_ops
+
+    from tritonfleet.ops.check import check
+
+    ran = []
+
+    def verify(what):
+        ran.append(what)
+
+    @deploy("d")
+    def d():
+        check(name="check: something", function=verify, what="ran")
+
+    inventory = Inventory(([("@fake/h", {"fake_delay": 0, "fake_delay_jitter": 0})], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    add_deploy(state, d)
+    host = inventory.get_host("@fake/h")
+    (op_hash,) = state.ops[host]
+    assert state.ops[host][op_hash].operation_meta.will_change is False
+    assert ran == []
+    run_ops(state)
+    assert ran == ["ran"]

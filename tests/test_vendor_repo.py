@@ -19,8 +19,10 @@ import pytest
 from tritonfleet.facts import gpu
 from tritonfleet.gpucheck import check_gpus
 from tritonfleet.testbed.vendor_repo import (
+    DOCKER_CE_VERSIONS,
     DRIVER_BRANCHES,
     TOOLKIT_VERSION,
+    _deb,
     build_vendor_repo,
     gpu_profile,
 )
@@ -30,8 +32,25 @@ KERNEL = "6.1.0-99-testbed"
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    return build_vendor_repo(tmp_path_factory.mktemp("vendor") / "repo", KERNEL)
+def docker_io(tmp_path_factory):
+    """A small package shaped like Debian's docker.io (the testbed repacks the real one)."""
+    out = tmp_path_factory.mktemp("docker-io")
+    unit = "[Service]\nExecStart=/usr/sbin/dockerd -H fd://\n"
+    _deb(out, "docker.io", "20.10.24+dfsg1-1+deb12u1",
+         depends="libc6 (>= 2.34), adduser, containerd (>= 1.4~), iptables, lsb-base, runc (>= 1.0.0~rc8~), tini",
+         description="Linux container runtime\nTest double.",
+         files=[("/usr/sbin/dockerd", "#!/bin/sh\necho dockerd\n", 0o755),
+                ("/usr/sbin/docker-proxy", "#!/bin/sh\n", 0o755),
+                ("/usr/bin/docker", "#!/bin/sh\necho docker-cli \"$@\"\n", 0o755),
+                ("/lib/systemd/system/docker.service", unit, 0o644),
+                ("/lib/systemd/system/docker.socket", "[Socket]\nListenStream=/run/docker.sock\n", 0o644)],
+         symlinks=[("/usr/bin/docker-init", "tini-static")])
+    return next(out.glob("docker.io_*.deb"))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, docker_io):
+    return build_vendor_repo(tmp_path_factory.mktemp("vendor") / "repo", KERNEL, docker_io_deb=docker_io)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +58,7 @@ def extracted(repo, tmp_path_factory):
     """Every package unpacked into its own directory: {filename stem: dir}."""
     out = {}
     base = tmp_path_factory.mktemp("x")
-    for d in [*repo.cuda_dirs.values(), repo.toolkit_dir]:
+    for d in [*repo.cuda_dirs.values(), repo.toolkit_dir, repo.docker_dir / "dists/bookworm/pool/stable/amd64"]:
         for deb in d.glob("*.deb"):
             target = base / deb.stem
             subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], check=True)
@@ -74,7 +93,8 @@ def test_layout_and_keys(repo):
     assert repo.cuda_key == cuda / repo.cuda_key_name
     assert repo.cuda_key_name == repo.fingerprint[-8:].lower() + ".pub"
     assert repo.toolkit_key == repo.root / "libnvidia-container/gpgkey"
-    for key in (repo.cuda_key, repo.toolkit_key):
+    assert repo.docker_key == repo.root / "docker/debian/gpg" and repo.docker_dir == repo.root / "docker/debian"
+    for key in (repo.cuda_key, repo.toolkit_key, repo.docker_key):
         assert key.read_text().startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
         shown = subprocess.run(["gpg", "--batch", "--show-keys", "--with-colons", str(key)],
                                capture_output=True, text=True, check=True).stdout
@@ -82,35 +102,45 @@ def test_layout_and_keys(repo):
     assert len(repo.fingerprint) == 40
 
 
-@pytest.mark.parametrize("which", ["cuda", "toolkit"])
+def subkeys(key: Path) -> list[str]:
+    shown = subprocess.run(["gpg", "--batch", "--show-keys", "--with-colons", str(key)],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    return [b.split(":")[9] for a, b in zip(shown, shown[1:], strict=False) if a.startswith("sub:") and b.startswith("fpr:")]
+
+
+@pytest.mark.parametrize("which", ["cuda", "toolkit", "docker"])
 def test_signatures_verify_with_gpgv(repo, tmp_path, which):
-    d = repo.cuda_dirs["debian12"] if which == "cuda" else repo.toolkit_dir
+    d = {"cuda": repo.cuda_dirs["debian12"], "toolkit": repo.toolkit_dir,
+         "docker": repo.docker_dir / "dists/bookworm"}[which]
     k = dearmored(repo, tmp_path)
+    signer = subkeys(repo.toolkit_key)  # like Docker's key: the primary certifies, a subkey signs
+    assert len(signer) == 1
     for args in (["InRelease"], ["Release.gpg", "Release"]):
         p = subprocess.run(["gpgv", "--keyring", str(k), *[str(d / a) for a in args]],
                            capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
-        assert repo.fingerprint in p.stderr
+        assert signer[0] in p.stderr and "Good signature" in p.stderr
     # a changed Release no longer verifies
     bad = tmp_path / "Release"
-    bad.write_text((d / "Release").read_text().replace("Origin: NVIDIA", "Origin: someone"))
+    origin = "Docker" if which == "docker" else "NVIDIA"
+    bad.write_text((d / "Release").read_text().replace(f"Origin: {origin}", "Origin: someone"))
     p = subprocess.run(["gpgv", "--keyring", str(k), str(d / "Release.gpg"), str(bad)], capture_output=True)
     assert p.returncode != 0
     release = (d / "Release").read_text()
     assert "Packages.gz" in release and "SHA256:" in release
 
 
-def test_rebuild_reuses_repo_and_key(repo):
+def test_rebuild_reuses_repo_and_key(repo, docker_io):
     inrelease = repo.cuda_dirs["debian12"] / "InRelease"
     before = inrelease.stat().st_mtime_ns
-    again = build_vendor_repo(repo.root, KERNEL)
+    again = build_vendor_repo(repo.root, KERNEL, docker_io_deb=docker_io)
     assert again.fingerprint == repo.fingerprint
     assert inrelease.stat().st_mtime_ns == before
-    other = build_vendor_repo(repo.root, "6.1.0-98-testbed")  # new inputs: rebuilt, same key
+    other = build_vendor_repo(repo.root, "6.1.0-98-testbed", docker_io_deb=docker_io)  # new inputs: rebuilt, same key
     assert other.fingerprint == repo.fingerprint
     assert (other.cuda_dirs["debian12"] / "linux-headers-6.1.0-98-testbed_6.1.0-98-testbed_amd64.deb").is_file()
     assert not (other.cuda_dirs["debian12"] / f"linux-headers-{KERNEL}_{KERNEL}_amd64.deb").exists()
-    back = build_vendor_repo(repo.root, KERNEL)
+    back = build_vendor_repo(repo.root, KERNEL, docker_io_deb=docker_io)
     assert back.fingerprint == repo.fingerprint
 
 
@@ -163,6 +193,51 @@ def test_package_contents(extracted):
     assert os.access(extracted["nvidia-container-toolkit_1.16.2-1_amd64"] / "usr/bin/nvidia-container-runtime-hook", os.X_OK)
     headers = extracted[f"linux-headers-{KERNEL}_{KERNEL}_amd64"]
     assert os.readlink(headers / f"lib/modules/{KERNEL}/build") == f"/usr/src/linux-headers-{KERNEL}"
+
+
+def test_docker_repository_like_dockers(repo, docker_io):
+    """Docker's layout (dists/<codename>/stable, pool below dists), names and version scheme."""
+    dist = repo.docker_dir / "dists/bookworm"
+    release = (dist / "Release").read_text()
+    for field in ("Origin: Docker", "Label: Docker CE", "Suite: bookworm", "Codename: bookworm",
+                  "Components: stable", "Architectures: amd64"):
+        assert field in release
+    assert "stable/binary-amd64/Packages" in release and ".deb" not in release
+    packages = (dist / "stable/binary-amd64/Packages").read_text()
+    stanzas = [dict(line.split(": ", 1) for line in st.splitlines() if ": " in line and not line.startswith(" "))
+               for st in packages.strip().split("\n\n")]
+    versions = sorted((st["Package"], st["Version"]) for st in stanzas)
+    assert versions == sorted([
+        ("containerd.io", "1.7.22-1"),
+        ("docker-buildx-plugin", "0.17.1-1~debian.12~bookworm"),
+        ("docker-compose-plugin", "2.29.7-1~debian.12~bookworm"),
+        *[(p, f"5:{v}-1~debian.12~bookworm") for v in DOCKER_CE_VERSIONS for p in ("docker-ce", "docker-ce-cli")],
+    ])
+    for st in stanzas:
+        assert st["Filename"].startswith("dists/bookworm/pool/stable/amd64/") and "5:" not in st["Filename"]
+    ce = next(st for st in stanzas if st["Package"] == "docker-ce")
+    assert "containerd.io (>= 1.6.24)" in ce["Depends"] and "docker-ce-cli" in ce["Depends"]
+    assert "tini" in ce["Depends"] and "containerd (" not in ce["Depends"] and "docker.io" in ce["Conflicts"]
+    assert next(st for st in stanzas if st["Package"] == "containerd.io")["Depends"].startswith("containerd (")
+
+
+def test_docker_packages_carry_the_engine_and_answer_versions(extracted):
+    v = f"{DOCKER_CE_VERSIONS[0]}-1~debian.12~bookworm"
+    ce, cli = extracted[f"docker-ce_{v}_amd64"], extracted[f"docker-ce-cli_{v}_amd64"]
+    assert (ce / "usr/sbin/dockerd").read_text() == "#!/bin/sh\necho dockerd\n"
+    assert os.access(ce / "usr/sbin/dockerd", os.X_OK)
+    assert (ce / "lib/systemd/system/docker.service").is_file() and os.readlink(ce / "usr/bin/docker-init") == "tini-static"
+    assert os.access(cli / "usr/bin/docker", os.X_OK) and not (ce / "usr/bin/docker").exists()
+    for package, command, line in (("docker-compose-plugin_2.29.7", "compose", "Docker Compose version v2.29.7"),
+                                   ("docker-buildx-plugin_0.17.1", "buildx", "github.com/docker/buildx v0.17.1 257815a")):
+        version = "v" + package.split("_")[1]
+        plugin = extracted[f"{package}-1~debian.12~bookworm_amd64"] / f"usr/libexec/docker/cli-plugins/docker-{command}"
+        meta = json.loads(subprocess.run([str(plugin), "docker-cli-plugin-metadata"], capture_output=True,
+                                         text=True, check=True).stdout)
+        assert meta["SchemaVersion"] == "0.1.0" and meta["Version"] == version
+        out = subprocess.run([str(plugin), command, "version"], capture_output=True, text=True, check=True).stdout
+        assert out.strip() == line
+        assert subprocess.run([str(plugin), command, "up"], capture_output=True).returncode != 0
 
 
 # ---------------------------------------------------------------- apt resolves them

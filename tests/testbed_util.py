@@ -26,11 +26,12 @@ def env() -> dict:
     return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
 
 
-def pyinfra(deploy: str, *extra: str, timeout: float = 1500) -> tuple[subprocess.CompletedProcess, dict]:
+def pyinfra(deploy: str, *extra: str, timeout: float = 1500, inventory: str = INVENTORY,
+            environ: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     """``pyinfra -y --json [extra] inventories/testbed.py deploy`` from the repository root."""
     res = subprocess.run(
-        [PYINFRA, "-y", "--json", *extra, INVENTORY, deploy],
-        cwd=ROOT, capture_output=True, text=True, env=env(), timeout=timeout,
+        [PYINFRA, "-y", "--json", *extra, inventory, deploy],
+        cwd=ROOT, capture_output=True, text=True, env=environ or env(), timeout=timeout,
     )
     try:
         data = json.loads(res.stdout)
@@ -136,3 +137,54 @@ def ssh_blocked(h: hosts.Host):
 
 def container_started(h: hosts.Host) -> str:
     return ssh(h, "docker inspect --format '{{.State.StartedAt}}' triton-server").strip()
+
+
+def pyinfra_raw(*args: str, environ: dict | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
+    """``pyinfra ARGS`` from the repository root, output as bytes (for greps of every byte)."""
+    return subprocess.run([PYINFRA, *args], cwd=ROOT, capture_output=True, env=environ or env(),
+                          timeout=timeout)
+
+
+def write_inventory(directory: Path, groups: dict[str, list[str]], drop=(), **data) -> str:
+    """An inventory of testbed hosts in other groups (``{group: [host name]}``), with the testbed
+    inventory's data minus the keys in ``drop`` plus ``data``; group_data next to it is the
+    project's. Returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    group_data = directory / "group_data"
+    if not group_data.exists():
+        group_data.symlink_to(ROOT / "inventories" / "group_data")
+    lines = [
+        "import json, runpy",
+        f"_ns = runpy.run_path({str(ROOT / INVENTORY)!r})",
+        f"_data = {{k: v for k, v in _ns['_test_data'].items() if k not in {sorted(drop)!r}}}",
+        f"_data.update(json.loads({json.dumps(data)!r}))",
+        "_by_name = {h.name: h for h in _ns['_state'].hosts}",
+    ]
+    for group, names in groups.items():
+        lines.append(f"{group} = [(n, {{'ssh_hostname': _by_name[n].address, **_data}}) for n in {names!r}]")
+    path = directory / "inventory.py"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+MARKER = "/run/tritonfleet-test-marker"
+
+
+def host_state(h: hosts.Host, ignore=()) -> str:
+    """What a deploy could have changed on ``h``: packages, holds, the service states, and the
+    files under /etc /usr /opt /var/lib/dpkg changed since ``mark(h)`` (except ``ignore``)."""
+    skip = "".join(f" | grep -v -x -F {p}" for p in ignore)
+    return ssh(h, (
+        "dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n' | sort | sha256sum; "
+        "apt-mark showhold | sha256sum; "
+        "for u in docker triton nvidia-persistenced; do echo $u $(systemctl show -p ActiveEnterTimestamp --value $u); done; "
+        "docker inspect -f '{{.Id}} {{.State.StartedAt}}' triton-server 2>/dev/null; "
+        "readlink /opt/triton/model_repository; "
+        f"[ -e {MARKER} ] && find /etc /usr /opt /var/lib/dpkg -xdev ! -type d -newer {MARKER} -print 2>/dev/null | sort{skip}; true"
+    ))
+
+
+def mark(h: hosts.Host) -> str:
+    """Start watching ``h`` for changes; returns its state now (compare with ``host_state``)."""
+    ssh(h, f"touch {MARKER}")
+    return host_state(h)

@@ -1,16 +1,27 @@
-"""Checks that run on the control machine before any host is touched.
+"""Checks that run before any host is touched.
 
-A problem found here stops the whole run with a message naming the host, the file and the fix:
-an invalid model repository would take Triton down on every host of a rollout.
+pyinfra runs every host's deploy code (and the facts it reads) before the first operation runs
+anywhere, so a problem found here stops the whole run with nothing changed on any host. Each
+message names the host, the file to fix and the fix:
+
+* on the control machine: the model repository (Triton's config schema and repository rules),
+  the GPU class and driver branch against the Triton image, the registry secret;
+* read-only on the host (facts): Secure Boot, the GPU an installed driver reports against the
+  inventory's class, /etc/docker/daemon.json, and every vendor signing key the deploy would
+  trust: a key not installed yet is fetched by the host into a temporary directory and its
+  fingerprint compared with the pinned one.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 
 from pyinfra import host
 
 from . import config
+
+GROUP_DATA = "inventories/group_data"
 
 
 class PreflightError(SystemExit):
@@ -23,6 +34,8 @@ class PreflightError(SystemExit):
 _validated: dict[str, list] = {}
 
 
+# --------------------------------------------------------------------------- control machine
+
 def check_model_repository() -> None:
     from .steps.triton import host_repository
     from .validate import validate_repository
@@ -30,47 +43,163 @@ def check_model_repository() -> None:
     src = Path(config.get("model_repository"))
     if not src.is_dir():
         raise PreflightError(f"{host.name}: model_repository {src} is not a directory "
-                             "(set model_repository in group data, relative to where pyinfra runs)")
-    def problems_of(repo: Path) -> list:
+                             f"(set model_repository in {GROUP_DATA}/, relative to where pyinfra runs)")
+    base = str(config.get("triton_base_dir"))
+    if not base.startswith("/") or ".." in PurePosixPath(base).parts:
+        raise PreflightError(f"{host.name}: triton_base_dir {base!r} must be an absolute path without '..' "
+                             f"(set it in {GROUP_DATA}/all.py or the inventory)")
+
+    def validated(repo: Path) -> None:
         key = str(repo.resolve())
         if key not in _validated:
             _validated[key] = validate_repository(repo)
-        return _validated[key]
+        if _validated[key]:
+            lines = "\n".join(f"  {p}" for p in _validated[key])
+            raise PreflightError(f"{host.name}: model repository {src} is invalid "
+                                 f"(fix it, then check with `tritonfleet validate {src}`):\n{lines}")
 
-    # the repository as written first (its errors name its own files), then as this host's
-    # class renders it (model_overrides)
-    problems = problems_of(src)
-    if not problems:
-        try:
-            local, _, _ = host_repository()
-        except ValueError as e:
-            raise PreflightError(f"{host.name}: {e} (model_overrides in group data)") from e
-        problems = [f"with model_overrides applied: {p}" for p in problems_of(local)] if local != src.resolve() else []
-    if problems:
-        lines = "\n".join(f"  {p}" for p in problems)
-        raise PreflightError(f"{host.name}: model repository {src} is invalid "
-                             f"(fix it, then check with `tritonfleet validate {src}`):\n{lines}")
+    validated(src)  # first as it is: nothing is read through a link out of it
+    try:
+        local, _, _ = host_repository()
+    except ValueError as e:
+        raise PreflightError(f"{host.name}: {e} (model_overrides in {GROUP_DATA}/)") from e
+    if local.resolve() != src.resolve():
+        validated(local)  # then as this host's class serves it (model_overrides applied)
 
 
 def check_gpu_class_and_driver() -> None:
     from .gpucheck import GPU_CLASSES, driver_supported
 
     gpu_class = host.data.get("gpu_class")
+    groups = ", ".join(k.lower() for k in GPU_CLASSES)
     if not gpu_class:
-        raise PreflightError(f"{host.name}: no gpu_class; put the host in a GPU-class group "
-                             f"({', '.join(k.lower() for k in GPU_CLASSES)}) in the inventory or set gpu_class")
+        raise PreflightError(f"{host.name}: no gpu_class; put the host in a GPU-class group ({groups}) "
+                             "of the inventory (e.g. inventories/prod.py: t4 = [...]), or set gpu_class "
+                             "in its host data")
     if str(gpu_class).upper() not in GPU_CLASSES:
-        raise PreflightError(f"{host.name}: unknown gpu_class {gpu_class!r}; known: {', '.join(GPU_CLASSES)}")
+        raise PreflightError(f"{host.name}: unknown gpu_class {gpu_class!r}; known: {', '.join(GPU_CLASSES)} "
+                             f"(put the host in one of the groups {groups} of the inventory, or add the class "
+                             "to tritonfleet/gpucheck.py GPU_CLASSES with a group_data file)")
     branch = config.get("nvidia_driver_branch")
     if not branch:
-        raise PreflightError(f"{host.name}: nvidia_driver_branch is not set (group_data/{str(gpu_class).lower()}.py)")
+        raise PreflightError(f"{host.name}: nvidia_driver_branch is not set "
+                             f"({GROUP_DATA}/{str(gpu_class).lower()}.py)")
     version = config.get("nvidia_driver_version") or str(branch)
     ok, reason = driver_supported(version, config.get("triton_image"))
     if not ok:
-        raise PreflightError(f"{host.name}: driver {version}: {reason} "
-                             "(set nvidia_driver_branch in group data to a supported branch)")
+        raise PreflightError(f"{host.name}: driver {version}: {reason} (set nvidia_driver_branch in "
+                             f"{GROUP_DATA}/{str(gpu_class).lower()}.py or the inventory to a supported "
+                             "branch, or pick a triton_image that supports it)")
 
+
+def check_registry_secret(images: list[str]) -> None:
+    """A pull that needs the registry login has its secret in the environment."""
+    from .steps.triton import login_registry, needs_login, pulls
+
+    env = config.get("registry_password_env")
+    for image in pulls([i for i in images if needs_login(i)]):
+        if not os.environ.get(env):
+            raise PreflightError(
+                f"{host.name}: {image} is pulled from {login_registry()} as registry_user "
+                f"{config.get('registry_user')!r}, but ${env} is empty on the control machine: export "
+                f"the registry secret in ${env} before running pyinfra (it is read only from the "
+                f"environment; registry_user and registry_password_env are set in {GROUP_DATA}/)")
+
+
+# --------------------------------------------------------------------------- host (read-only)
+
+def check_host() -> None:
+    """What the host already is must fit the inventory; the keys it would trust must be the pinned ones."""
+    try:
+        check_secure_boot()
+        check_gpu_found()
+        check_daemon_json()
+        check_vendor_keys()
+    except config.ConfigError as e:  # e.g. an OS without a CUDA or Docker repository
+        raise PreflightError(str(e)) from e
+
+
+def check_secure_boot() -> None:
+    from .facts.host import SecureBoot
+    from .steps.host_prep import SECURE_BOOT_HELP
+
+    if host.get_fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
+        raise PreflightError(SECURE_BOOT_HELP.format(host=host.name)
+                             + " (nvidia_secure_boot_ok: host data in the inventory)")
+
+
+def check_gpu_found() -> None:
+    """A host whose driver already answers must show the GPU model of its inventory class. (On a
+    bare host there is no driver to ask yet: the GPU verification after the driver step catches it.)"""
+    from .facts.gpu import STATUS_NO_GPU, STATUS_OK, NvidiaGpus
+    from .gpucheck import GPU_CLASSES
+
+    info = host.get_fact(NvidiaGpus)
+    if info is None or info.status not in (STATUS_OK, STATUS_NO_GPU):
+        return
+    cls = str(config.get("gpu_class")).upper()
+    spec = GPU_CLASSES[cls]
+    wrong = [g for g in info.gpus if g.name not in spec["names"]]
+    if info.gpus and not wrong:
+        return
+    found = ", ".join(f"GPU {g.index} {g.name!r}" for g in info.gpus) or "no GPU"
+    fits = sorted({c for g in info.gpus for c, s in GPU_CLASSES.items() if g.name in s["names"]})
+    fix = (f"move the host to the {fits[0].lower()} group of the inventory" if len(fits) == 1
+           else "put the host in the GPU-class group of the inventory that matches its GPU")
+    raise PreflightError(f"{host.name}: the inventory puts this host in GPU class {cls} "
+                         f"({' or '.join(spec['names'])}), but nvidia-smi on the host reports {found}: "
+                         f"{fix} (or set its gpu_class)")
+
+
+def check_daemon_json() -> None:
+    from .facts.host import DockerDaemonJson
+    from .steps.host_prep import DAEMON_JSON_HELP
+
+    if host.get_fact(DockerDaemonJson) is None:
+        raise PreflightError(DAEMON_JSON_HELP.format(host=host.name))
+
+
+def check_vendor_keys() -> None:
+    from .facts.host import KeyringFingerprints, RemoteKeyFingerprints
+    from .ops.apt_repo import normalize_fingerprint
+    from .steps.host_prep import vendor_keys
+
+    for what, url, pinned, tunable, keyring in vendor_keys():
+        pinned = normalize_fingerprint(str(pinned))
+        if host.get_fact(KeyringFingerprints, path=keyring) == [pinned]:
+            continue  # the pinned key is what the host trusts already
+        remote = host.get_fact(RemoteKeyFingerprints, url=url)
+        if remote["error"]:
+            raise PreflightError(f"{host.name}: could not fetch the {what} signing key {url} on the host: "
+                                 f"{remote['error']} (check the host's network or proxy, or the URL "
+                                 f"tunable next to {tunable} in {GROUP_DATA}/all.py)")
+        if remote["fingerprints"] != [pinned]:
+            found = ", ".join(remote["fingerprints"])
+            raise PreflightError(
+                f"{host.name}: the {what} signing key at {url} has fingerprint {found}, but {tunable} "
+                f"pins {pinned}: the key is not trusted and nothing was installed. If the vendor rotated "
+                f"its key, check the new fingerprint against the vendor's documentation and set "
+                f"{tunable} in {GROUP_DATA}/all.py (or your group data)")
+
+
+# --------------------------------------------------------------------------- per deploy
 
 def run_all() -> None:
+    """deploys/triton.py: everything."""
     check_gpu_class_and_driver()
     check_model_repository()
+    check_registry_secret([config.get("cuda_test_image"), config.get("triton_image")])
+    check_host()
+
+
+def host_layer() -> None:
+    """deploys/host.py: driver, Docker, toolkit, GPU verification."""
+    check_gpu_class_and_driver()
+    check_registry_secret([config.get("cuda_test_image")])
+    check_host()
+
+
+def triton_layer() -> None:
+    """deploys/models.py: image, models, unit, health gate."""
+    check_model_repository()
+    check_registry_secret([config.get("triton_image")])

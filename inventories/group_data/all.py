@@ -3,6 +3,13 @@
 # Precedence (pyinfra): --data > host data > group_data/<group>.py > inventory group data > this file.
 # README's "Tunables" table lists the same names (a test keeps them in step).
 
+# --- SSH ----------------------------------------------------------------------------------
+# Host keys: "yes" connects only to hosts whose key is already in known_hosts (~/.ssh/known_hosts,
+# or UserKnownHostsFile in ~/.ssh/config; fill it with ssh-keyscan after checking the keys) and
+# refuses unknown or changed keys. pyinfra's own default, "accept-new", trusts any host on first
+# contact. Only the testbed inventory turns this off (its hosts share one image's host keys).
+ssh_strict_host_key_checking = "yes"
+
 # --- Target OS ---------------------------------------------------------------------------
 # Distro codename used in NVIDIA's CUDA repository path (ubuntu2204, ubuntu2404, debian12).
 # None: derived from the host's /etc/os-release.
@@ -43,8 +50,10 @@ docker_source = "docker"
 docker_repo_url = "https://download.docker.com/linux"
 # Pinned fingerprint of Docker's repository key.
 docker_repo_key_fingerprint = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
-# Exact docker-ce version to pin (e.g. "5:27.3.1-1~ubuntu.22.04~jammy"); None: newest.
-docker_version = None
+# Docker Engine version (docker-ce, docker-ce-cli), pinned in apt preferences: an upstream version
+# ("27.3.1": 5:27.3.1-1~<distro> on every distro) or an exact package version
+# ("5:27.3.1-1~ubuntu.22.04~jammy"); None: newest. Checked after the install.
+docker_version = "27.3.1"
 
 # --- NVIDIA Container Toolkit ------------------------------------------------------------
 # Container Toolkit apt repository (a directory per architecture below it).
@@ -74,6 +83,9 @@ image_archives = {}
 registry_user = None
 # Environment variable on the control machine holding the registry secret.
 registry_password_env = "TRITONFLEET_REGISTRY_PASSWORD"
+# Registry the login is for (e.g. "nvcr.io"); None: the registry of triton_image. Images from
+# other registries (Docker Hub's nvidia/cuda) are pulled without it.
+registry_host = None
 
 # --- Triton model repository --------------------------------------------------------------
 # Local model repository (relative to the working directory) synced to every host.

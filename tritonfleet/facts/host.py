@@ -7,9 +7,13 @@ import shlex
 
 from pyinfra.api import FactBase
 
+# Primary-key fingerprints from `gpg --with-colons`: the fpr record right after a pub record
+# (subkeys have fpr records too: Docker's key signs with a subkey).
+PRIMARY_FPR_AWK = "awk -F: '/^pub:/{p=1; next} /^fpr:/{if (p) print $10; p=0; next} {p=0}'"
+
 
 class KeyringFingerprints(FactBase):
-    """Fingerprints of the keys in a keyring file ([] when the file is missing)."""
+    """Primary-key fingerprints of the keys in a keyring file ([] when the file is missing)."""
 
     default = list
 
@@ -17,11 +21,44 @@ class KeyringFingerprints(FactBase):
         p = shlex.quote(path)
         return (
             f"[ -f {p} ] && gpg --batch --no-default-keyring --show-keys --with-colons {p} "
-            "2>/dev/null | awk -F: '/^fpr/{print $10}' || true"
+            f"2>/dev/null | {PRIMARY_FPR_AWK} || true"
         )
 
     def process(self, output):
         return [line.strip().upper() for line in output if line.strip()]
+
+
+class RemoteKeyFingerprints(FactBase):
+    """The key at ``url`` as the host fetches it: {"fingerprints": [primary keys], "error": text
+    or None}. Nothing is installed: the file goes to a temporary directory and is removed."""
+
+    @staticmethod
+    def default():
+        return {"fingerprints": [], "error": "no answer"}
+
+    def command(self, url: str) -> str:
+        u = shlex.quote(url)
+        return (
+            "t=$(mktemp -d); "
+            f"if ! command -v curl >/dev/null || ! command -v gpg >/dev/null; then "
+            "echo 'error=curl and gpg are needed on the host (apt-get install curl gnupg)'; "
+            f"elif curl -fsSL --retry 2 --max-time 60 -o \"$t/key\" {u} 2>\"$t/err\"; then "
+            "gpg --batch --no-default-keyring --show-keys --with-colons \"$t/key\" 2>/dev/null "
+            f"| {PRIMARY_FPR_AWK} | sed 's/^/fpr=/'; "
+            "else echo \"error=$(head -c 300 \"$t/err\" | tr '\\n' ' ')\"; fi; rm -rf \"$t\"; true"
+        )
+
+    def process(self, output):
+        fprs, error = [], None
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            if key == "fpr" and value:
+                fprs.append(value.upper())
+            elif key == "error":
+                error = value.strip() or "fetch failed"
+        if not fprs and not error:
+            error = "not an OpenPGP key"
+        return {"fingerprints": fprs, "error": error}
 
 
 class HeldPackages(FactBase):

@@ -5,18 +5,21 @@ Each step checks before it changes (facts), so a re-run on a converged host is a
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
-from pyinfra.operations import apt, files, python, server, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import apt, files, server, systemd
 
 from .. import config
+from ..facts.gpu import NvidiaGpus
 from ..facts.host import DockerDaemonJson, HeldPackages, SecureBoot
 from ..ops.apt_repo import signed_key, source_file
+from ..ops.check import check, will_change
+from ..ops.reboot import reboot
 
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -133,8 +136,9 @@ SECURE_BOOT_HELP = (
 @deploy("NVIDIA driver")
 def nvidia_driver():
     if host.get_fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
-        python.call(name="Secure Boot is enabled: stop before installing an unloadable driver",
-                    function=_fail, message=SECURE_BOOT_HELP.format(host=host.name))
+        # (pre-flight refuses this before any host is touched; this guards direct use of the step)
+        check(name="check: Secure Boot is enabled: stop before installing an unloadable driver",
+              function=_fail, message=SECURE_BOOT_HELP.format(host=host.name))
         return
     repo = config.get("cuda_repo_url").rstrip("/")
     base = f"{repo}/{cuda_distro()}/{cuda_arch()}"
@@ -145,7 +149,8 @@ def nvidia_driver():
         keyring=CUDA_KEYRING,
     )
     src = source_file("cuda", f"deb [signed-by={CUDA_KEYRING}] {base}/ /")
-    apt.update(name="apt update (CUDA repository changed)", _if=any_changed(key, src))
+    if will_change(key, src):
+        apt.update(name="apt update (CUDA repository changed)")
 
     kernel = host.get_fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
@@ -153,15 +158,15 @@ def nvidia_driver():
         apt.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
 
     nouveau = files.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
-    server.shell(
-        name="rebuild initramfs (nouveau blacklist changed)",
-        commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; "
-                  "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
-        _if=nouveau.did_change,
-    )
+    if will_change(nouveau):
+        server.shell(
+            name="rebuild initramfs (nouveau blacklist changed)",
+            commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; "
+                      "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
+        )
 
     files.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
-                    src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
+              src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
     pkgs = driver_packages()
     installed = host.get_fact(DebPackages) or {}
     # Changing branch: the old branch's held packages would block apt ("held broken packages").
@@ -178,13 +183,10 @@ def nvidia_driver():
         packages=pkgs,
         extra_install_args="--allow-downgrades" if other else None,
     )
+    driver_changes = bool(other) or will_change(driver)
     if config.get("nvidia_hold_packages"):
-        unheld = _hold_missing(installed)
-        server.shell(
-            name="hold driver packages (apt-mark hold)",
-            commands=[_hold_command()],
-            _if=lambda: bool(unheld) or driver.did_change(),
-        )
+        if _hold_missing(installed) or driver_changes:
+            server.shell(name="hold driver packages (apt-mark hold)", commands=[_hold_command()])
         files.put(name="keep driver packages out of unattended-upgrades",
                   src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
 
@@ -192,11 +194,15 @@ def nvidia_driver():
         systemd.service(name="nvidia-persistenced running and enabled",
                         service="nvidia-persistenced", running=True, enabled=True)
 
-    server.reboot(
-        name="reboot if the loaded driver does not match the installed one",
-        reboot_timeout=config.get("nvidia_reboot_timeout"),
-        _if=_reboot_needed,
-    )
+    # A reboot can only be needed when the driver changes now, or the loaded module already
+    # differs from the installed driver; whether it is, is decided on the host after the install.
+    gpus = host.get_fact(NvidiaGpus)
+    if driver_changes or (gpus is not None and gpus.status == "version_mismatch"):
+        reboot(
+            name="reboot if the loaded driver does not match the installed one",
+            reboot_timeout=config.get("nvidia_reboot_timeout"),
+            _if=_reboot_needed,
+        )
 
 
 @deploy("Docker Engine")
@@ -207,30 +213,100 @@ def docker_engine():
         engine = apt.packages(name="Docker Engine (distro docker.io)",
                               packages=["docker.io", "apparmor"], update=False)
     elif source == "docker":
-        d = host.get_fact(LinuxDistribution)
-        distro = (d.get("name") or "").lower()
-        codename = (d.get("release_meta") or {}).get("VERSION_CODENAME") or ""
-        if distro not in ("ubuntu", "debian") or not codename:
-            raise config.ConfigError(
-                f"{host.name}: Docker's repository needs Ubuntu or Debian with a VERSION_CODENAME in "
-                f"/etc/os-release (found {d.get('name')!r} {codename!r}); or set docker_source = \"distro\"")
+        distro, codename = docker_distro()
         repo = config.get("docker_repo_url").rstrip("/")
         key = signed_key(name="Docker repository signing key (fingerprint checked)",
-                         url=f"{repo}/{distro}/gpg", fingerprint=config.get("docker_repo_key_fingerprint"),
+                         url=docker_key_url(), fingerprint=config.get("docker_repo_key_fingerprint"),
                          keyring=DOCKER_KEYRING)
         src = source_file("docker", f"deb [arch={deb_arch()} signed-by={DOCKER_KEYRING}] {repo}/{distro} {codename} stable")
-        apt.update(name="apt update (Docker repository changed)", _if=any_changed(key, src))
+        if will_change(key, src):
+            apt.update(name="apt update (Docker repository changed)")
         version = config.get("docker_version")
-        pin = f"={version}" if version else ""
+        if version:
+            pin = files.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
+                            dest=DOCKER_PIN_FILE, mode="644")
+        else:
+            pin = files.file(name="Docker Engine not pinned", path=DOCKER_PIN_FILE, present=False)
         engine = apt.packages(
             name="Docker Engine (docker-ce)",
-            packages=[f"docker-ce{pin}", f"docker-ce-cli{pin}", "containerd.io",
-                      "docker-buildx-plugin", "docker-compose-plugin"],
+            packages=["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin",
+                      "docker-compose-plugin"],
         )
+        # installed at another version (docker_version changed, or upgraded by hand): apt moves it
+        # to the pinned one (packages already present are not touched by apt.packages)
+        have = (host.get_fact(DebPackages) or {}).get("docker-ce")
+        if have and (will_change(pin) or (version and not any(
+                fnmatchcase(v, docker_version_pattern(version)) for v in have))):
+            server.shell(name="move Docker Engine to the pinned version",
+                         commands=["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+                                   "docker-ce docker-ce-cli"])
+        if version:
+            check(name=f"check: docker-ce is {version}", function=_check_docker_version,
+                  pattern=docker_version_pattern(version))
     else:
-        raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r}")
+        raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
+                                 "(group data, inventories/group_data/all.py)")
     systemd.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
+
+
+DOCKER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-docker"
+
+
+def docker_version_pattern(version: str) -> str:
+    """apt's version pattern for docker_version: exact, or 5:<upstream>-* for an upstream version."""
+    version = str(version)
+    return version if (":" in version or "-" in version) else f"5:{version}-*"
+
+
+def docker_pin_text(version: str) -> str:
+    return ("# Managed by tritonfleet: Docker Engine stays at docker_version.\n"
+            "Package: docker-ce docker-ce-cli docker-ce-rootless-extras\n"
+            f"Pin: version {docker_version_pattern(version)}\nPin-Priority: 1001\n")
+
+
+def _check_docker_version(pattern: str):
+    _, out = host.run_shell_command("dpkg-query -W -f '${Version}' docker-ce 2>&1")
+    found = "".join(out.stdout_lines).strip()
+    if not fnmatchcase(found, pattern):
+        raise RuntimeError(f"{host.name}: docker-ce is {found or 'not installed'}, docker_version wants "
+                           f"{pattern}: no such version in Docker's repository for this distro? "
+                           "(`apt-cache madison docker-ce` lists them; set docker_version in group data)")
+
+
+def docker_distro() -> tuple[str, str]:
+    """(ubuntu|debian, codename) for Docker's repository path."""
+    d = host.get_fact(LinuxDistribution)
+    distro = (d.get("name") or "").lower()
+    codename = (d.get("release_meta") or {}).get("VERSION_CODENAME") or ""
+    if distro not in ("ubuntu", "debian") or not codename:
+        raise config.ConfigError(
+            f"{host.name}: Docker's repository needs Ubuntu or Debian with a VERSION_CODENAME in "
+            f"/etc/os-release (found {d.get('name')!r} {codename!r}); or set docker_source = \"distro\"")
+    return distro, codename
+
+
+def docker_key_url() -> str:
+    distro, _ = docker_distro()
+    return f"{config.get('docker_repo_url').rstrip('/')}/{distro}/gpg"
+
+
+def cuda_key_url() -> str:
+    repo = config.get("cuda_repo_url").rstrip("/")
+    return f"{repo}/{cuda_distro()}/{cuda_arch()}/{config.get('cuda_repo_key_name')}"
+
+
+def vendor_keys() -> list[tuple[str, str, str, str, str]]:
+    """(what, key URL, pinned fingerprint, tunable, keyring) of every signing key the deploy trusts."""
+    keys = [("CUDA repository", cuda_key_url(), config.get("cuda_repo_key_fingerprint"),
+             "cuda_repo_key_fingerprint", CUDA_KEYRING)]
+    if config.get("docker_source") == "docker":
+        keys.append(("Docker repository", docker_key_url(), config.get("docker_repo_key_fingerprint"),
+                     "docker_repo_key_fingerprint", DOCKER_KEYRING))
+    keys.append(("Container Toolkit repository", config.get("container_toolkit_key_url"),
+                 config.get("container_toolkit_key_fingerprint"), "container_toolkit_key_fingerprint",
+                 TOOLKIT_KEYRING))
+    return keys
 
 
 @deploy("NVIDIA Container Toolkit")
@@ -241,7 +317,8 @@ def container_toolkit():
                      fingerprint=config.get("container_toolkit_key_fingerprint"),
                      keyring=TOOLKIT_KEYRING)
     src = source_file("nvidia-container-toolkit", f"deb [signed-by={TOOLKIT_KEYRING}] {url}/{deb_arch()} /")
-    apt.update(name="apt update (Container Toolkit repository changed)", _if=any_changed(key, src))
+    if will_change(key, src):
+        apt.update(name="apt update (Container Toolkit repository changed)")
     version = config.get("container_toolkit_version")
     pin_text = "".join(
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
@@ -253,20 +330,28 @@ def container_toolkit():
 
     daemon = host.get_fact(DockerDaemonJson)
     if daemon is None:
-        python.call(name="daemon.json is not valid JSON", function=_fail,
-                    message=f"{host.name}: /etc/docker/daemon.json is not valid JSON; fix it by hand "
-                            "(tritonfleet never overwrites the operator's daemon.json)")
+        # (pre-flight refuses this before any host is touched; this guards direct use of the step)
+        check(name="check: daemon.json is not valid JSON", function=_fail,
+              message=DAEMON_JSON_HELP.format(host=host.name))
         return
+    # Both decided from what the host shows now: the nvidia runtime is registered once (nvidia-ctk
+    # edits daemon.json in place, keeping the operator's keys), and Docker is restarted only then
+    # or when the toolkit's hook is new (dockerd finds it on its PATH only at start).
     configured = "nvidia" in (daemon.get("runtimes") or {})
-    ctk = server.shell(
-        name="register the nvidia runtime with Docker (nvidia-ctk, keeps other daemon.json keys)",
-        commands=["nvidia-ctk runtime configure --runtime=docker"],
-        _if=lambda: not configured,
-    )
+    if not configured:
+        server.shell(name="register the nvidia runtime with Docker (nvidia-ctk, keeps other daemon.json keys)",
+                     commands=["nvidia-ctk runtime configure --runtime=docker"])
     hook_missing = not host.get_fact(Command, command="command -v nvidia-container-runtime-hook || true")
-    systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
-                    running=True, restarted=True,
-                    _if=lambda: ctk.did_change() or hook_missing)
+    if not configured or hook_missing:
+        systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
+                        running=True, restarted=True)
+
+
+DAEMON_JSON_HELP = (
+    "{host}: /etc/docker/daemon.json is not valid JSON; fix the file on the host by hand "
+    "(`python3 -m json.tool /etc/docker/daemon.json` shows where), then run the deploy again "
+    "(tritonfleet never overwrites the operator's daemon.json)"
+)
 
 
 def _fail(message: str):

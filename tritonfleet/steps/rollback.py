@@ -18,11 +18,12 @@ import shlex
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile, Sha256File
-from pyinfra.operations import python, server, systemd
+from pyinfra.operations import server, systemd
 
 from .. import config
 from ..facts.host import DeployHistory, DockerImageId, ModelReleases, ReleaseManifest
 from ..health import gate_current_host
+from ..ops.check import check
 from .triton import _append_record, model_diff, repository_api_commands, unit_path
 
 
@@ -70,14 +71,14 @@ def rollback():
     target, why = pick_target(history["records"], (state["current"], unit_now), state["releases"],
                               history["units"], wanted)
     if target is None:
-        python.call(name="no earlier deployment to roll back to", function=_fail,
-                    message=f"{host.name}: rollback impossible: {why}")
+        check(name="check: an earlier deployment to roll back to", function=_fail,
+              message=f"{host.name}: rollback impossible: {why}")
         return
     rid, digest, image = target["release"], target["unit"], target["image"]
     if not host.get_fact(DockerImageId, image=image):
-        python.call(name=f"image {image} of the earlier deployment is gone", function=_fail,
-                    message=f"{host.name}: rollback impossible: image {image} is no longer on the host "
-                            "(tritonfleet never removes images; was it pruned by hand?)")
+        check(name=f"check: image {image} of the earlier deployment is on the host", function=_fail,
+              message=f"{host.name}: rollback impossible: image {image} is no longer on the host "
+                      "(tritonfleet never removes images; was it pruned by hand?)")
         return
     q = shlex.quote
     b = q(base)
@@ -85,29 +86,25 @@ def rollback():
     link_changes = state["current"] != rid
     if not unit_changes and not link_changes:
         host.noop(f"already on release {rid} with unit {digest}")
-    server.shell(
-        name=f"restore unit {digest} ({image})",
-        commands=[f"install -m 644 {b}/units/{digest}.service {q(unit_path())}"],
-        _if=lambda: unit_changes,
-    )
-    systemd.daemon_reload(name="systemd daemon-reload (unit restored)", _if=lambda: unit_changes)
-    server.shell(
-        name=f"switch live model repository back to release {rid}",
-        commands=[f"ln -sfn releases/{rid} {b}/model_repository.new && "
-                  f"mv -T {b}/model_repository.new {b}/model_repository && echo {rid} >> {b}/releases.log"],
-        _if=lambda: link_changes,
-    )
+    if unit_changes:
+        server.shell(name=f"restore unit {digest} ({image})",
+                     commands=[f"install -m 644 {b}/units/{digest}.service {q(unit_path())}"])
+        systemd.daemon_reload(name="systemd daemon-reload (unit restored)")
+    if link_changes:
+        server.shell(name=f"switch live model repository back to release {rid}",
+                     commands=[f"ln -sfn releases/{rid} {b}/model_repository.new && "
+                               f"mv -T {b}/model_repository.new {b}/model_repository && echo {rid} >> {b}/releases.log"])
     explicit = bool(host.get_fact(FindInFile, path=unit_path(), pattern="--model-control-mode=explicit"))
-    if explicit and not unit_changes:
+    if explicit and not unit_changes and link_changes:
         # same unit in explicit model-control mode: the earlier models are loaded through the
         # repository API while the others serve (no restart)
         load, unload = _model_diff(base, state["current"], rid)
         server.shell(name=f"load the earlier models without a restart ({', '.join(load + unload) or 'none'})",
-                     commands=[repository_api_commands(load, unload)], _if=lambda: link_changes)
-    else:
+                     commands=[repository_api_commands(load, unload)])
+    elif unit_changes or link_changes:
         systemd.service(name=f"restart {service} on the earlier deployment", service=service,
-                        restarted=True, running=True, _if=lambda: unit_changes or link_changes)
+                        restarted=True, running=True)
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
     names = sorted({p.split("/", 1)[0] for p in host.get_fact(ReleaseManifest, base=base, release=rid)})
-    python.call(name="check: health gate after rollback", function=gate_current_host, models=names)
+    check(name="check: health gate after rollback", function=gate_current_host, models=names)
     _append_record(base, rid, digest, image, "rollback")

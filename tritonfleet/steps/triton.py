@@ -11,12 +11,13 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, python, server, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import files, server, systemd
 
 from .. import TEMPLATES, __version__, config, models
 from ..facts.host import DeployHistory, DockerImageId, ModelReleases, ReleaseManifest
 from ..health import gate_current_host
+from ..ops.check import check, will_change
+from ..ops.registry import docker_login, registry_of
 
 IMAGE_CACHE = "/var/lib/tritonfleet/images"
 # Healthy deployments remembered on each host (<triton_base_dir>/history.jsonl) for rollback.
@@ -53,32 +54,29 @@ def ensure_image(image: str) -> list:
     if have:
         return []
     ops = []
-    user = config.get("registry_user")
-    if user:
-        ops.append(registry_login(image, user))
+    if needs_login(image):
+        ops.append(docker_login(name=f"docker login {login_registry()} as {config.get('registry_user')} "
+                                     f"(secret from ${config.get('registry_password_env')}, on stdin)",
+                                registry=login_registry(), user=config.get("registry_user"),
+                                secret_env=config.get("registry_password_env")))
     ops.append(server.shell(name=f"docker pull {image}", commands=[f"docker pull {shlex.quote(image)}"]))
     return ops
 
 
-def registry_login(image: str, user: str):
-    import os
+def login_registry() -> str:
+    """The registry the login (registry_user) is for: registry_host, or triton_image's registry."""
+    return config.get("registry_host") or registry_of(config.get("triton_image"))
 
-    env = config.get("registry_password_env")
-    secret = os.environ.get(env)
-    if not secret:
-        raise config.ConfigError(
-            f"{host.name}: registry_user is set but ${env} is empty; export the registry secret "
-            f"in ${env} on the control machine (it is never read from files or argv)"
-        )
-    registry = image.split("/", 1)[0]
-    tmp = "/root/.tritonfleet-registry-secret"
-    # The secret travels over SFTP into a 0600 file and reaches docker on stdin only.
-    files.put(name=f"registry secret for {registry} (not logged)", src=StringIO(secret), dest=tmp, mode="600")
-    return server.shell(
-        name=f"docker login {registry} as {user}",
-        commands=[f"docker login -u {shlex.quote(user)} --password-stdin {shlex.quote(registry)} < {tmp}; "
-                  f"rc=$?; rm -f {tmp}; exit $rc"],
-    )
+
+def needs_login(image: str) -> bool:
+    """Pulling ``image`` needs the registry login."""
+    return bool(config.get("registry_user")) and registry_of(image) == login_registry()
+
+
+def pulls(images: list[str]) -> list[str]:
+    """Those of ``images`` this host will pull (no archive configured, not present yet)."""
+    archives = config.get("image_archives") or {}
+    return [i for i in images if i not in archives and not host.get_fact(DockerImageId, image=i)]
 
 
 @cache
@@ -257,22 +255,21 @@ def triton_service(image: list | None = None, models: list | None = None):
     unit = files.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
-    systemd.daemon_reload(name="systemd daemon-reload (unit changed)", _if=unit.did_change)
+    if will_change(unit):
+        systemd.daemon_reload(name="systemd daemon-reload (unit changed)")
     image, models = list(image or []), list(models or [])
     if config.get("triton_model_control_mode") == "explicit":
         # zero downtime: new models are loaded through the repository API while the old ones
         # serve; only a unit or image change restarts the container
-        load, unload = model_changes()
-        restart = systemd.service(name=f"restart {service} (unit or image changed)", service=service,
-                                  restarted=True, _if=any_changed(unit, *image))
-        server.shell(
-            name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
-            commands=[repository_api_commands(load, unload)],
-            _if=lambda: any(op.did_change() for op in models) and not restart.did_change(),
-        )
-    else:
+        if will_change(unit, image):
+            systemd.service(name=f"restart {service} (unit or image changed)", service=service, restarted=True)
+        elif will_change(models):
+            load, unload = model_changes()
+            server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
+                         commands=[repository_api_commands(load, unload)])
+    elif will_change(unit, image, models):
         systemd.service(name=f"restart {service} (unit, image or models changed)", service=service,
-                        restarted=True, _if=any_changed(unit, *image, *models))
+                        restarted=True)
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
@@ -330,7 +327,7 @@ def _operator() -> str:
 @deploy("Health gate")
 def health_gate(record: bool = True):
     local, _, _ = host_repository()
-    python.call(name="check: health gate (live, ready, every model ready, metrics)", function=gate_current_host,
-                models=models.model_names(local))
+    check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_current_host,
+          models=models.model_names(local))
     if record:
         record_deployment()

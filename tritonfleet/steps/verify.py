@@ -10,11 +10,11 @@ import shlex
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import python
 
 from .. import config
 from ..facts import gpu as gpufacts
 from ..gpucheck import check_gpus
+from ..ops.check import check
 from .triton import ensure_image
 
 QUERY = gpufacts.QUERY_COMMAND
@@ -66,5 +66,5 @@ def verify_gpus(load_image: bool = True):
     image = config.get("cuda_test_image")
     if load_image:
         ensure_image(image)
-    python.call(name=f"check: nvidia-smi on the host and in {image} with --gpus all",
-                function=verify_current_host, image=image)
+    check(name=f"check: nvidia-smi on the host and in {image} with --gpus all",
+          function=verify_current_host, image=image)

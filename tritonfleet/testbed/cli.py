@@ -43,11 +43,12 @@ def _serve_repo(state: hosts.State, directory: Path) -> None:
 def bring_up(n_hosts: int) -> hosts.State:
     """Hosts, stand-in vendor repository and stand-in images: everything a deploy needs."""
     from .images import build_cuda_image, build_triton_image
-    from .vendor_repo import build_vendor_repo, gpu_profile
+    from .vendor_repo import build_vendor_repo, debian_package, gpu_profile
 
     t0 = time.monotonic()
     hosts.log("building (or reusing) the stand-in vendor repository and images")
-    repo = build_vendor_repo(hosts.STATE_DIR / "vendor-repo", platform.release())
+    repo = build_vendor_repo(hosts.STATE_DIR / "vendor-repo", platform.release(),
+                             docker_io_deb=debian_package("docker.io"))
     triton = build_triton_image()
     cuda = build_cuda_image()
     state = hosts.up(n_hosts, gpu_env_for=gpu_profile)

@@ -15,8 +15,22 @@ Layout below ``dest`` (the URL paths the deploy uses for NVIDIA's real repositor
   ``libnvidia-container1`` at 1.16.2-1 (stand-in nvidia-ctk, nvidia-container-runtime,
   nvidia-container-runtime-hook), key at ``libnvidia-container/gpgkey``.
 
-Both repositories are signed (InRelease, Release.gpg) by one throwaway ed25519 key kept in
-``gnupg_home`` (default ``dest/.gnupg``), so rebuilding keeps the fingerprint.
+* ``docker/debian/``: Docker's apt repository, laid out like ``download.docker.com/linux/debian``:
+  the key at ``docker/debian/gpg``, ``dists/bookworm/{InRelease,Release,Release.gpg}``, component
+  ``stable`` (``dists/bookworm/stable/binary-amd64/Packages``), pool
+  ``dists/bookworm/pool/stable/amd64/``; ``docker-ce`` and ``docker-ce-cli`` in two versions
+  (``DOCKER_CE_VERSIONS``, so a pin can be told from "newest"), ``containerd.io``,
+  ``docker-buildx-plugin``, ``docker-compose-plugin`` with Docker's package names and version
+  scheme.  The engine inside is Debian's own docker.io, repacked (its package conflicts with
+  docker-ce, so it cannot simply be a dependency): dockerd, docker-proxy and the systemd units in
+  docker-ce, the CLI in docker-ce-cli; containerd.io depends on Debian's containerd and runc;
+  the two CLI plugins are stand-ins that answer ``docker compose version`` /
+  ``docker buildx version``.  Built only when a docker.io package is given
+  (``debian_package("docker.io")`` fetches it with apt into the testbed cache).
+
+All repositories are signed (InRelease, Release.gpg) by one throwaway key kept in ``gnupg_home``
+(default ``dest/.gnupg``), so rebuilding keeps the fingerprint: an ed25519 primary key that
+certifies and a signing subkey that signs, like Docker's key (a key's fingerprint is its primary's).
 
 A host's GPU is the file ``/etc/nvidia-standin/gpu.env`` (see ``gpu_profile``): shell
 KEY=VALUE lines read by the stand-in nvidia-smi: GPU_NAME, GPU_UUID, PCI_BUS_ID, MEMORY_MIB,
@@ -53,6 +67,17 @@ DRIVER_BRANCHES = {
 TOOLKIT_VERSION = "1.16.2"
 DEB_REVISION = "1"
 CUDA_REPO_LABEL = "NVIDIA CUDA"
+# Docker's repository (Debian 12): versions as Docker numbers its packages.
+DOCKER_SUITE = "bookworm"
+DOCKER_DEB_SUFFIX = "-1~debian.12~bookworm"
+DOCKER_CE_VERSIONS = ("27.3.1", "27.4.0")  # docker-ce, docker-ce-cli (epoch 5)
+CONTAINERD_IO_VERSION = "1.7.22-1"
+DOCKER_PLUGINS = {  # package: (plugin, command, version, description, `version` output)
+    "docker-buildx-plugin": ("docker-buildx", "buildx", "0.17.1", "Docker Buildx",
+                             "github.com/docker/buildx v0.17.1 257815a"),
+    "docker-compose-plugin": ("docker-compose", "compose", "2.29.7", "Docker Compose",
+                              "Docker Compose version v2.29.7"),
+}
 
 # The "hardware" of each GPU class, values from real captures (tests/fixtures/nvidia/SOURCES.md):
 # T4: AWS g4dn (bus 00:1E.0, UUID from its nvidia-smi -q, 18 W / 70 W, 27 C, P0);
@@ -123,6 +148,8 @@ class VendorRepo:
     toolkit_dir: Path | None = None
     kernel_release: str = ""
     packages: dict[str, list[dict]] = field(default_factory=dict)
+    docker_dir: Path | None = None  # <url>/docker/debian: Docker's repository for Debian
+    docker_key: Path | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -130,6 +157,8 @@ class VendorRepo:
             if isinstance(v, Path):
                 d[k] = str(v)
         d["cuda_dirs"] = {k: str(v) for k, v in self.cuda_dirs.items()}
+        for k in ("docker_dir", "docker_key", "toolkit_dir"):
+            d[k] = str(d[k]) if d[k] else None
         return d
 
     @classmethod
@@ -141,6 +170,8 @@ class VendorRepo:
             cuda_dirs={k: Path(v) for k, v in d["cuda_dirs"].items()},
             toolkit_dir=Path(d["toolkit_dir"]) if d.get("toolkit_dir") else None,
             kernel_release=d.get("kernel_release", ""), packages=d.get("packages", {}),
+            docker_dir=Path(d["docker_dir"]) if d.get("docker_dir") else None,
+            docker_key=Path(d["docker_key"]) if d.get("docker_key") else None,
         )
 
 
@@ -161,10 +192,11 @@ def _template(name: str, **values: str) -> str:
     return text
 
 
-def _inputs_digest(kernel_release: str, distros, key_name: str | None) -> str:
+def _inputs_digest(kernel_release: str, distros, key_name: str | None, docker_io: Path | None) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([RECIPE_VERSION, kernel_release, list(distros), key_name, DRIVER_BRANCHES,
-                         TOOLKIT_VERSION, GPU_PROFILES]).encode())
+                         TOOLKIT_VERSION, GPU_PROFILES, DOCKER_CE_VERSIONS, CONTAINERD_IO_VERSION,
+                         DOCKER_PLUGINS, docker_io.name if docker_io else None]).encode())
     for p in sorted(STANDIN.iterdir()):
         if p.is_file() and not p.name.endswith(".pyc"):
             h.update(p.name.encode())
@@ -183,9 +215,13 @@ def _ensure_key(gnupg_home: Path) -> str:
     fprs = [line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")]
     if not fprs:
         _run(["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
-              "--quick-generate-key", KEY_UID, "ed25519", "sign", "never"], env=env)
+              "--quick-generate-key", KEY_UID, "ed25519", "cert", "never"], env=env)
         listing = _run(["gpg", "--batch", "--with-colons", "--list-secret-keys"], env=env).stdout
         fprs = [line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")]
+    if not any(line.startswith("ssb:") for line in listing.splitlines()):
+        # signatures come from a subkey, as with Docker's key (keys made before had none)
+        _run(["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
+              "--quick-add-key", fprs[0], "ed25519", "sign", "never"], env=env)
     return fprs[0].upper()
 
 
@@ -198,15 +234,19 @@ def _gpg(gnupg_home: Path, *args: str) -> subprocess.CompletedProcess:
 
 def _deb(out_dir: Path, name: str, version: str, *, arch: str = "amd64", depends: str = "",
          recommends: str = "", section: str = "utils", description: str, files=(),
-         symlinks=(), postinst: str | None = None, prerm: str | None = None) -> dict:
-    """Build one .deb with dpkg-deb. ``files``: (path, text, mode); ``symlinks``: (path, target)."""
+         symlinks=(), postinst: str | None = None, prerm: str | None = None,
+         extra_control: dict | None = None) -> dict:
+    """Build one .deb with dpkg-deb. ``files``: (path, text or Path, mode); ``symlinks``: (path, target)."""
     with tempfile.TemporaryDirectory(prefix=f"deb-{name}-") as tmp:
         root = Path(tmp) / "root"
         (root / "DEBIAN").mkdir(parents=True)
-        for path, text, mode in files:
+        for path, content, mode in files:  # content: text, or a file (Path) to copy
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
+            if isinstance(content, Path):
+                shutil.copyfile(content, target)
+            else:
+                target.write_text(content)
             os.chmod(target, mode)
         for path, link in symlinks:
             target = root / path.lstrip("/")
@@ -223,6 +263,8 @@ def _deb(out_dir: Path, name: str, version: str, *, arch: str = "amd64", depends
             control.append(f"Depends: {depends}")
         if recommends:
             control.append(f"Recommends: {recommends}")
+        for key, value in (extra_control or {}).items():
+            control.append(f"{key}: {value}")
         first, *rest = description.splitlines()
         control.append(f"Description: {first}")
         control += [f" {line}" if line.strip() else " ." for line in rest]
@@ -335,6 +377,115 @@ def _toolkit_packages(out_dir: Path) -> list[dict]:
     ]
 
 
+def debian_package(name: str, cache: Path | None = None) -> Path:
+    """Debian's ``name`` .deb (this machine's architecture), fetched once with ``apt-get download``
+    from this machine's own apt sources into the testbed cache."""
+    from .rootfs import CACHE
+
+    d = (cache or CACHE) / "debs"
+    d.mkdir(parents=True, exist_ok=True)
+    found = sorted(d.glob(f"{name}_*.deb"))
+    if found:
+        return found[-1]
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=d))
+    try:
+        res = subprocess.run(["apt-get", "download", "-q", name], cwd=tmp, capture_output=True, text=True)
+        if res.returncode != 0:  # no package lists on a fresh machine
+            _run(["apt-get", "update", "-q"])
+            _run(["apt-get", "download", "-q", name], cwd=tmp)
+        deb = next(tmp.glob(f"{name}_*.deb"))
+        os.chmod(deb, 0o644)
+        return deb.rename(d / deb.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _docker_packages(pool: Path, docker_io_deb: Path) -> list[dict]:
+    """Docker's package set, the engine repacked from Debian's docker.io (see the module doc)."""
+    built = []
+    with tempfile.TemporaryDirectory(prefix="docker-io-") as tmp:
+        src = Path(tmp)
+        _run(["dpkg-deb", "-x", str(docker_io_deb), str(src)])
+        io_version = _run(["dpkg-deb", "-f", str(docker_io_deb), "Version"]).stdout.strip()
+        io_depends = _run(["dpkg-deb", "-f", str(docker_io_deb), "Depends"]).stdout.strip()
+        # docker.io's own dependencies, but containerd/runc through containerd.io, no sysvinit
+        deps = [d.strip() for d in io_depends.split(",")
+                if d.strip().split()[0] not in ("containerd", "runc", "lsb-base")]
+        origin = f"Testbed stand-in: the engine is Debian's docker.io {io_version}, repacked."
+        containerd = CONTAINERD_IO_VERSION
+        built.append(_deb(pool, "containerd.io", containerd, section="devel",
+                          depends="containerd (>= 1.6~), runc (>= 1.1~)",
+                          description=f"An open and reliable container runtime\n{origin}\n"
+                                      "Depends on Debian's containerd and runc."))
+        engine = [(f, src / f.lstrip("/"), 0o755) for f in ("/usr/sbin/dockerd", "/usr/sbin/docker-proxy")]
+        engine += [(f, src / f.lstrip("/"), 0o644) for f in ("/lib/systemd/system/docker.service",
+                                                             "/lib/systemd/system/docker.socket")]
+        init = [("/usr/bin/docker-init", "tini-static")] if (src / "usr/bin/docker-init").is_symlink() else []
+        cli = [("/usr/bin/docker", src / "usr/bin/docker", 0o755)]
+        completion = src / "usr/share/bash-completion/completions/docker"
+        if completion.is_file():
+            cli.append(("/usr/share/bash-completion/completions/docker", completion, 0o644))
+        plugins = ", ".join(DOCKER_PLUGINS)
+        for upstream in DOCKER_CE_VERSIONS:
+            v = f"5:{upstream}{DOCKER_DEB_SUFFIX}"
+            built.append(_deb(pool, "docker-ce-cli", v, section="admin",
+                              depends=", ".join(d for d in deps if d.split()[0] == "libc6"),
+                              recommends=plugins,
+                              description=f"Docker CLI: the open-source application container engine\n{origin}",
+                              files=cli, extra_control={"Conflicts": "docker (<< 1.5~), docker.io"}))
+            built.append(_deb(pool, "docker-ce", v, section="admin",
+                              depends=", ".join(["containerd.io (>= 1.6.24)", "docker-ce-cli", *deps]),
+                              recommends="apparmor, ca-certificates, git, pigz, procps, xz-utils",
+                              description=f"Docker: the open-source application container engine\n{origin}",
+                              files=engine, symlinks=init,
+                              extra_control={"Conflicts": "docker (<< 1.5~), docker-engine, docker.io"},
+                              postinst=("if [ \"$1\" = configure ]; then\n"
+                                        "  getent group docker >/dev/null || addgroup --system docker\n"
+                                        "  if [ -d /run/systemd/system ]; then\n"
+                                        "    systemctl daemon-reload || true\n"
+                                        "    systemctl enable docker.service docker.socket >/dev/null 2>&1 || true\n"
+                                        "    systemctl start docker.service || true\n"
+                                        "  fi\nfi"),
+                              prerm=("if [ -d /run/systemd/system ] && [ \"$1\" = remove ]; then\n"
+                                     "  systemctl stop docker.service docker.socket 2>/dev/null || true\nfi")))
+        for package, (plugin, command, upstream, title, line) in DOCKER_PLUGINS.items():
+            script = _template("docker-cli-plugin.sh", PLUGIN=plugin, PACKAGE=package, VERSION=upstream,
+                               COMMAND=command, DESCRIPTION=title, VERSION_LINE=line)
+            built.append(_deb(pool, package, f"{upstream}{DOCKER_DEB_SUFFIX}", section="admin",
+                              description=f"{title} CLI plugin\nTestbed stand-in: answers `docker {command} "
+                                          "version` only.",
+                              files=[(f"/usr/libexec/docker/cli-plugins/{plugin}", script, 0o755)]))
+    return built
+
+
+def _index_and_sign_dists(root: Path, suite: str, component: str, gnupg_home: Path, fingerprint: str,
+                          origin: str, label: str, arch: str = "amd64") -> None:
+    """A ``dists/`` repository (``deb <root-url> <suite> <component>``) whose debs are already in
+    ``root/dists/<suite>/pool/<component>/<arch>``, as Docker lays its repositories out."""
+    pool = f"dists/{suite}/pool/{component}/{arch}"
+    packages = _run(["apt-ftparchive", "packages", pool], cwd=root).stdout
+    bin_dir = root / "dists" / suite / component / f"binary-{arch}"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "Packages").write_text(packages)
+    _run(["gzip", "-9nkf", "Packages"], cwd=bin_dir)
+    dist = root / "dists" / suite
+    for stale in ("Release", "InRelease", "Release.gpg"):
+        (dist / stale).unlink(missing_ok=True)
+    release = _run(["apt-ftparchive",
+                    "-o", f"APT::FTPArchive::Release::Origin={origin}",
+                    "-o", f"APT::FTPArchive::Release::Label={label}",
+                    "-o", f"APT::FTPArchive::Release::Suite={suite}",
+                    "-o", f"APT::FTPArchive::Release::Codename={suite}",
+                    "-o", f"APT::FTPArchive::Release::Components={component}",
+                    "-o", f"APT::FTPArchive::Release::Architectures={arch}",
+                    "release", "."], cwd=dist).stdout
+    (dist / "Release").write_text(release)
+    _gpg(gnupg_home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--clearsign",
+         "-o", str(dist / "InRelease"), str(dist / "Release"))
+    _gpg(gnupg_home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--armor",
+         "--detach-sign", "-o", str(dist / "Release.gpg"), str(dist / "Release"))
+
+
 def _index_and_sign(repo_dir: Path, gnupg_home: Path, fingerprint: str, origin: str, label: str) -> None:
     packages = _run(["apt-ftparchive", "packages", "."], cwd=repo_dir).stdout
     (repo_dir / "Packages").write_text(packages)
@@ -354,14 +505,17 @@ def _index_and_sign(repo_dir: Path, gnupg_home: Path, fingerprint: str, origin: 
 
 
 def build_vendor_repo(dest: Path, kernel_release: str, gnupg_home: Path | None = None,
-                      key_name: str | None = None, distros=("debian12",)) -> VendorRepo:
+                      key_name: str | None = None, distros=("debian12",),
+                      docker_io_deb: Path | None = None) -> VendorRepo:
     """Build (or reuse, when already built from the same inputs) the stand-in repositories in
     ``dest``.  ``key_name``: the CUDA key's file name (default: last 8 hex digits of the
-    fingerprint + ".pub", as NVIDIA names its keys)."""
+    fingerprint + ".pub", as NVIDIA names its keys).  ``docker_io_deb``: Debian's docker.io
+    package to build Docker's repository from (none: no Docker repository)."""
     dest = Path(dest)
     gnupg_home = Path(gnupg_home) if gnupg_home else dest / ".gnupg"
     distros = tuple(distros)
-    digest = _inputs_digest(kernel_release, distros, key_name)
+    docker_io_deb = Path(docker_io_deb) if docker_io_deb else None
+    digest = _inputs_digest(kernel_release, distros, key_name, docker_io_deb)
     stamp = dest / ".vendor-repo.json"
     if stamp.is_file():
         try:
@@ -370,7 +524,8 @@ def build_vendor_repo(dest: Path, kernel_release: str, gnupg_home: Path | None =
             if (saved.get("digest") == digest and Path(saved["repo"]["gnupg_home"]) == gnupg_home
                     and all((d / "InRelease").is_file() for d in repo.cuda_dirs.values())
                     and repo.toolkit_dir and (repo.toolkit_dir / "InRelease").is_file()
-                    and repo.cuda_key.is_file() and repo.toolkit_key.is_file()):
+                    and repo.cuda_key.is_file() and repo.toolkit_key.is_file()
+                    and (docker_io_deb is None or (repo.docker_dir / "dists" / DOCKER_SUITE / "InRelease").is_file())):
                 return repo
         except (ValueError, KeyError, TypeError):
             pass
@@ -381,7 +536,7 @@ def build_vendor_repo(dest: Path, kernel_release: str, gnupg_home: Path | None =
     binary_keyring = dest / "vendor-keyring.gpg"
     _gpg(gnupg_home, "--output", str(binary_keyring), "--export", fingerprint)
 
-    for sub in ("cuda", "libnvidia-container"):
+    for sub in ("cuda", "libnvidia-container", "docker"):
         shutil.rmtree(dest / sub, ignore_errors=True)
     cuda_dirs: dict[str, Path] = {}
     first = dest / "cuda" / distros[0] / "x86_64"
@@ -404,10 +559,21 @@ def build_vendor_repo(dest: Path, kernel_release: str, gnupg_home: Path | None =
     toolkit_key = dest / "libnvidia-container/gpgkey"
     toolkit_key.write_text(armored)
 
+    packages = {"cuda": cuda_built, "toolkit": toolkit_built}
+    docker_dir = docker_key = None
+    if docker_io_deb:
+        docker_dir = dest / "docker" / "debian"
+        pool = docker_dir / "dists" / DOCKER_SUITE / "pool" / "stable" / "amd64"
+        pool.mkdir(parents=True)
+        packages["docker"] = _docker_packages(pool, docker_io_deb)
+        _index_and_sign_dists(docker_dir, DOCKER_SUITE, "stable", gnupg_home, fingerprint, "Docker", "Docker CE")
+        docker_key = docker_dir / "gpg"
+        docker_key.write_text(armored)
+
     repo = VendorRepo(root=dest, fingerprint=fingerprint, cuda_key_name=key_name,
                       cuda_key=first / key_name, toolkit_key=toolkit_key, keyring=binary_keyring,
                       gnupg_home=gnupg_home, cuda_dirs=cuda_dirs, toolkit_dir=toolkit_dir,
-                      kernel_release=kernel_release,
-                      packages={"cuda": cuda_built, "toolkit": toolkit_built})
+                      kernel_release=kernel_release, packages=packages,
+                      docker_dir=docker_dir, docker_key=docker_key)
     stamp.write_text(json.dumps({"digest": digest, "repo": repo.to_json()}, indent=2))
     return repo
