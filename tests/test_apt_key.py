@@ -24,7 +24,8 @@ def key(tmp_path_factory):
     subprocess.run(["gpg", "--batch", "--armor", "--export", "-o", str(armored)], env=env, check=True)
     binary = home / "key.gpg"
     subprocess.run(["gpg", "--batch", "--export", "-o", str(binary)], env=env, check=True)
-    return fpr, armored, binary
+    yield fpr, armored, binary
+    subprocess.run(["gpgconf", "--kill", "all"], env=env, check=False)  # the agent gpg started
 
 
 def run(cmd):
@@ -76,7 +77,8 @@ def key_with_subkey(tmp_path_factory):
                    capture_output=True)
     armored = home / "key.asc"
     subprocess.run(["gpg", "--batch", "--armor", "--export", "-o", str(armored)], env=env, check=True)
-    return fpr, armored
+    yield fpr, armored
+    subprocess.run(["gpgconf", "--kill", "all"], env=env, check=False)  # the agent gpg started
 
 
 def test_facts_report_the_primary_fingerprint_only(key_with_subkey, tmp_path):

@@ -3,7 +3,7 @@ its own network namespace and address on a private bridge, NAT to reach the Debi
 
 Everything this module creates is recorded in a state file, so ``down`` removes it all again,
 also after a crash: hosts (by their cgroup), overlay mounts, network namespaces, veth pairs,
-the bridge, the nft table and the ip_forward setting it changed.
+the bridge, the nft table and the kernel settings it raised (ip_forward, inotify instances).
 """
 
 from __future__ import annotations
@@ -53,8 +53,12 @@ REPO_PORT = 8081
 # per-instance prefixes of the network namespaces and host-side veth ends
 NETNS_PREFIX = f"tf{INSTANCE if INSTANCE else ''}-tb"
 VETH_PREFIX = f"tf{INSTANCE if INSTANCE else ''}v"
-IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
-IP_FORWARD_BEFORE = Path("/var/lib/tritonfleet/ip_forward.before")
+# Kernel settings the testbed needs, at least: forwarding for the NAT, and inotify instances
+# (each host's systemd takes about 9 of them; the usual limit of 128 stops at ~13 hosts). They
+# are machine-wide: the values from before the first instance came up are kept in one shared
+# file and restored when the last instance goes down.
+SYSCTLS = {"/proc/sys/net/ipv4/ip_forward": 1, "/proc/sys/fs/inotify/max_user_instances": 1024}
+SYSCTLS_BEFORE = Path("/var/lib/tritonfleet/sysctl.before.json")
 GPU_CLASSES = ("t4", "l4")
 
 BASE_PACKAGES = [
@@ -183,12 +187,7 @@ def _net_up(state: State) -> None:
         sh("ip", "link", "add", BRIDGE, "type", "bridge")
         sh("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
     sh("ip", "link", "set", BRIDGE, "up")
-    # ip_forward is one setting for all instances: the value from before the first instance
-    # came up is kept in one shared file and restored when the last instance goes down.
-    if not IP_FORWARD_BEFORE.exists():
-        IP_FORWARD_BEFORE.parent.mkdir(parents=True, exist_ok=True)
-        IP_FORWARD_BEFORE.write_text(IP_FORWARD.read_text())
-    IP_FORWARD.write_text("1\n")
+    _sysctls_up()
     sh("nft", "delete", "table", "ip", NFT_TABLE, check=False)
     rules = (
         f"table ip {NFT_TABLE} {{\n"
@@ -205,13 +204,23 @@ def _net_down(state: State) -> None:
     sh("nft", "delete", "table", "ip", NFT_TABLE, check=False)
     if Path(f"/sys/class/net/{BRIDGE}").exists():
         sh("ip", "link", "del", BRIDGE, check=False)
-    if state.ip_forward_before is not None and not IP_FORWARD_BEFORE.exists():  # older state files
-        IP_FORWARD_BEFORE.write_text(state.ip_forward_before + "\n")
+    if state.ip_forward_before is not None and not SYSCTLS_BEFORE.exists():  # older state files
+        SYSCTLS_BEFORE.write_text(json.dumps({"/proc/sys/net/ipv4/ip_forward": state.ip_forward_before}))
     state.ip_forward_before = None
     others = [p for p in Path("/sys/class/net").glob("tfbr[0-9]") if p.name != BRIDGE]
-    if IP_FORWARD_BEFORE.exists() and not others:
-        IP_FORWARD.write_text(IP_FORWARD_BEFORE.read_text())
-        IP_FORWARD_BEFORE.unlink()
+    if SYSCTLS_BEFORE.exists() and not others:
+        for path, value in json.loads(SYSCTLS_BEFORE.read_text()).items():
+            Path(path).write_text(f"{value}\n")
+        SYSCTLS_BEFORE.unlink()
+
+
+def _sysctls_up() -> None:
+    if not SYSCTLS_BEFORE.exists():
+        SYSCTLS_BEFORE.parent.mkdir(parents=True, exist_ok=True)
+        SYSCTLS_BEFORE.write_text(json.dumps({p: Path(p).read_text().strip() for p in SYSCTLS}))
+    for path, least in SYSCTLS.items():
+        if int(Path(path).read_text().strip()) < least:
+            Path(path).write_text(f"{least}\n")
 
 
 def _host_net_up(h: Host) -> None:
@@ -338,13 +347,17 @@ def wait_ssh(h: Host, timeout: float = 60) -> float:
 
 
 def _alive(pid: int) -> bool:
+    """The process runs (a zombie, e.g. a supervisor that exited but is not reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _kill_cgroup(h: Host) -> None:

@@ -530,6 +530,15 @@ def build_vendor_repo(dest: Path, kernel_release: str, gnupg_home: Path | None =
         except (ValueError, KeyError, TypeError):
             pass
     dest.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build(dest, gnupg_home, key_name, distros, docker_io_deb, kernel_release, digest, stamp)
+    finally:
+        # gpg leaves an agent running for the key's home: stop it (it is ours)
+        subprocess.run(["gpgconf", "--homedir", str(gnupg_home), "--kill", "all"], capture_output=True, check=False)
+
+
+def _build(dest: Path, gnupg_home: Path, key_name: str | None, distros: tuple, docker_io_deb: Path | None,
+           kernel_release: str, digest: str, stamp: Path) -> VendorRepo:
     fingerprint = _ensure_key(gnupg_home)
     key_name = key_name or f"{fingerprint[-8:].lower()}.pub"
     armored = _gpg(gnupg_home, "--armor", "--export", fingerprint).stdout
