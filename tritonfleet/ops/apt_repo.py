@@ -7,9 +7,9 @@ import shlex
 from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.facts.files import File
-from pyinfra.operations import files
 
 from ..facts.host import KeyringFingerprints
+from . import fast
 
 
 def normalize_fingerprint(fpr: str) -> str:
@@ -52,7 +52,7 @@ def source_file(name: str, line: str, _sudo=None):
     from io import StringIO
 
     dest = f"/etc/apt/sources.list.d/{name}.list"
-    return files.put(
+    return fast.put(
         name=f"apt source {name}",
         src=StringIO(line.rstrip() + "\n"),
         dest=dest,

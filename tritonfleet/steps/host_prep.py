@@ -9,13 +9,14 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
-from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.operations import apt, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from .. import config
-from ..facts.host import DockerDaemonJson, HeldPackages, SecureBoot
+from ..facts import memo
+from ..facts.host import DockerDaemonJson, DpkgState, SecureBoot
+from ..ops import fast
 from ..ops.apt_repo import signed_key, source_file
 
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
@@ -47,7 +48,7 @@ def cuda_distro() -> str:
     wanted = config.get("cuda_distro")
     if wanted:
         return wanted
-    d = host.get_fact(LinuxDistribution)
+    d = memo.fact(LinuxDistribution)
     name = (d.get("name") or "").lower()
     major, minor = d.get("major"), d.get("minor")
     if name == "ubuntu":
@@ -61,12 +62,12 @@ def cuda_distro() -> str:
 
 
 def cuda_arch() -> str:
-    arch = host.get_fact(Arch)
+    arch = memo.fact(Arch)
     return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}.get(arch, arch)
 
 
 def deb_arch() -> str:
-    arch = host.get_fact(Arch)
+    arch = memo.fact(Arch)
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(arch, arch)
 
 
@@ -82,7 +83,7 @@ def driver_packages() -> list[str]:
 def _hold_missing(installed: dict) -> list[str]:
     import re
 
-    held = set(host.get_fact(HeldPackages))
+    held = set(memo.fact(DpkgState)["held"])
     return [p for p in installed
             if re.match(DRIVER_HOLD_PATTERN, p) and not re.match(TOOLKIT_PATTERN, p) and p not in held]
 
@@ -150,9 +151,9 @@ def nvidia_driver():
     kernel = host.get_fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     if kernel_pkgs:
-        apt.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
+        fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
 
-    nouveau = files.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
+    nouveau = fast.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
     server.shell(
         name="rebuild initramfs (nouveau blacklist changed)",
         commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; "
@@ -160,10 +161,10 @@ def nvidia_driver():
         _if=nouveau.did_change,
     )
 
-    files.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
+    fast.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
                     src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
     pkgs = driver_packages()
-    installed = host.get_fact(DebPackages) or {}
+    installed = memo.fact(DpkgState)["installed"]
     # Changing branch: the old branch's held packages would block apt ("held broken packages").
     other = [p for p in installed if p.startswith("cuda-drivers-") and p not in {x.split("=")[0] for x in pkgs}]
     if other:
@@ -171,9 +172,9 @@ def nvidia_driver():
         # (they are held again below, at the new branch).
         server.shell(name=f"release driver holds to switch from {', '.join(other)}",
                      commands=[_hold_command().replace("apt-mark hold", "apt-mark unhold")])
-        apt.packages(name=f"remove the other branch's metapackage {', '.join(other)}", packages=other,
+        fast.packages(name=f"remove the other branch's metapackage {', '.join(other)}", packages=other,
                      present=False)
-    driver = apt.packages(
+    driver = fast.packages(
         name=f"NVIDIA driver {', '.join(pkgs)}",
         packages=pkgs,
         extra_install_args="--allow-downgrades" if other else None,
@@ -185,11 +186,11 @@ def nvidia_driver():
             commands=[_hold_command()],
             _if=lambda: bool(unheld) or driver.did_change(),
         )
-        files.put(name="keep driver packages out of unattended-upgrades",
+        fast.put(name="keep driver packages out of unattended-upgrades",
                   src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
 
     if config.get("nvidia_persistenced"):
-        systemd.service(name="nvidia-persistenced running and enabled",
+        fast.service(name="nvidia-persistenced running and enabled",
                         service="nvidia-persistenced", running=True, enabled=True)
 
     server.reboot(
@@ -204,10 +205,10 @@ def docker_engine():
     source = config.get("docker_source")
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
-        engine = apt.packages(name="Docker Engine (distro docker.io)",
+        engine = fast.packages(name="Docker Engine (distro docker.io)",
                               packages=["docker.io", "apparmor"], update=False)
     elif source == "docker":
-        d = host.get_fact(LinuxDistribution)
+        d = memo.fact(LinuxDistribution)
         distro = (d.get("name") or "").lower()
         codename = (d.get("release_meta") or {}).get("VERSION_CODENAME") or ""
         if distro not in ("ubuntu", "debian") or not codename:
@@ -222,14 +223,14 @@ def docker_engine():
         apt.update(name="apt update (Docker repository changed)", _if=any_changed(key, src))
         version = config.get("docker_version")
         pin = f"={version}" if version else ""
-        engine = apt.packages(
+        engine = fast.packages(
             name="Docker Engine (docker-ce)",
             packages=[f"docker-ce{pin}", f"docker-ce-cli{pin}", "containerd.io",
                       "docker-buildx-plugin", "docker-compose-plugin"],
         )
     else:
         raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r}")
-    systemd.service(name="docker running and enabled", service="docker", running=True, enabled=True)
+    fast.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
 
 
@@ -246,9 +247,9 @@ def container_toolkit():
     pin_text = "".join(
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
     )
-    files.put(name=f"pin Container Toolkit packages to {version}",
+    fast.put(name=f"pin Container Toolkit packages to {version}",
               src=StringIO(pin_text), dest="/etc/apt/preferences.d/nvidia-container-toolkit", mode="644")
-    apt.packages(name=f"Container Toolkit {version}",
+    fast.packages(name=f"Container Toolkit {version}",
                  packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True)
 
     daemon = host.get_fact(DockerDaemonJson)
