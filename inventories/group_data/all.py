@@ -84,6 +84,10 @@ model_overrides = {}
 triton_base_dir = "/opt/triton"
 # How many previous model releases to keep on the host (for rollback).
 triton_keep_releases = 3
+# How model files travel: "ssh" (the OpenSSH client with the host's connection settings; about
+# rsync's speed), "connection" (pyinfra's own SSH connection; slower for large files, works with
+# password authentication), "auto" (ssh when the host uses key or agent authentication).
+model_sync_transport = "auto"
 
 # --- Triton service -----------------------------------------------------------------------
 # systemd unit name (triton.service).

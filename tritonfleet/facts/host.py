@@ -168,6 +168,26 @@ class ModelReleases(FactBase):
         return {"current": current, "releases": sorted(releases)}
 
 
+class ReleaseState(FactBase):
+    """The live model release, the complete ones, and the live release's files whose size or
+    mtime differ from the stat record taken when it completed (tritonfleet.release). Reads no
+    file: a no-op run costs one `find` of the live release."""
+
+    @staticmethod
+    def default():
+        return {"current": None, "releases": [], "verified": False, "drift": []}
+
+    def command(self, base: str) -> str:
+        from ..release import state_command
+
+        return state_command(base)
+
+    def process(self, output):
+        from ..release import parse_state
+
+        return parse_state(output)
+
+
 class ReleaseManifest(FactBase):
     """The manifest (path -> [size, sha256]) a release was built from ({} if none)."""
 

@@ -14,8 +14,12 @@ from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from .. import TEMPLATES, config, models
-from ..facts.host import DockerImageId, ModelReleases, ReleaseManifest
+from ..facts.host import DockerImageId, ReleaseState
 from ..health import gate_current_host
+from ..ops import fast
+from ..ops.release import model_release
+from ..transfer import TransferError
+from ..transfer import choose as choose_transport
 
 IMAGE_CACHE = "/var/lib/tritonfleet/images"
 
@@ -94,49 +98,28 @@ def host_repository() -> tuple[Path, dict, str]:
 
 
 def sync_models() -> list:
-    """Ship the repository as a new release and switch to it atomically. Only changed files move;
-    removed files are gone from the new release; Triton only ever sees a complete release."""
+    """Make this host's repository the live release (tritonfleet.release): one remote command
+    when it already is (no file on the host is read: sizes and mtimes are compared with the
+    release's stat record). Otherwise only files no release on the host holds travel, in one
+    stream; Triton only ever sees a complete release."""
     base = config.get("triton_base_dir")
     local, man, rid = host_repository()
-    state = host.get_fact(ModelReleases, base=base)
-    if state["current"] == rid:
-        host.noop(f"model release {rid} is live")
+    live = host.get_fact(ReleaseState, base=base)
+    if live["current"] == rid and not live["drift"]:
+        host.noop(f"model release {rid} is live" + ("" if live["verified"] else " (no stat record)"))
         return []
-    q = shlex.quote
-    rel_dir, tmp = f"{base}/releases/{rid}", f"{base}/releases/.incoming-{rid}"
-    ops = []
-    if rid not in state["releases"]:
-        old = state["current"]
-        old_man = host.get_fact(ReleaseManifest, base=base, release=old) if old else {}
-        changed = [p for p, v in man.items() if old_man.get(p) != v]
-        stale = [p for p in old_man if p not in man or p in changed]
-        prep = [f"rm -rf {q(tmp)}", f"mkdir -p {q(tmp)}"]
-        if old:
-            # hard links: unchanged files cost nothing; changed ones are unlinked before upload
-            prep.append(f"cp -al {q(base)}/releases/{q(old)}/. {q(tmp)}/")
-            prep.append(f"rm -f {q(tmp)}/{models.MARKER}")
-            prep += [f"rm -f {q(tmp + '/' + p)}" for p in stale]
-        ops.append(server.shell(name=f"prepare model release {rid} ({len(changed)} files to send)", commands=[" && ".join(prep)]))
-        for p in changed:
-            ops.append(files.put(name=f"model file {p}", src=str(local / p), dest=f"{tmp}/{p}", mode="644"))
-        marker = json.dumps({"release": rid, "files": man}, sort_keys=True)
-        ops.append(files.put(name="release manifest", src=StringIO(marker), dest=f"{tmp}/{models.MARKER}", mode="644"))
-        ops.append(server.shell(name=f"complete model release {rid}",
-                                commands=[f"find {q(tmp)} -type d -empty -delete; mkdir -p {q(tmp)}; "
-                                          f"chmod -R a+rX {q(tmp)} && mv -T {q(tmp)} {q(rel_dir)}"]))
-    keep = int(config.get("triton_keep_releases"))
-    ops.append(server.shell(
-        name=f"switch live model repository to release {rid}",
-        commands=[
-            f"ln -sfn releases/{rid} {q(base)}/model_repository.new && "
-            f"mv -T {q(base)}/model_repository.new {q(base)}/model_repository && "
-            f"echo {rid} >> {q(base)}/releases.log && "
-            # prune: keep the newest `keep` releases by switch order, never the live one
-            f"tac {q(base)}/releases.log | awk '!seen[$0]++' | tail -n +{keep + 1} | "
-            f"while read r; do [ \"$r\" != {rid} ] && rm -rf {q(base)}/releases/\"$r\"; done; true"
-        ],
-    ))
-    return ops
+    why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
+           if live["current"] == rid else f"live: {live['current'] or 'none'}")
+    transport = config.get("model_sync_transport")
+    try:  # refuse a transport that cannot work before any host is touched
+        choose_transport(host, transport)
+    except TransferError as e:
+        raise config.ConfigError(str(e)) from e
+    return [model_release(
+        name=f"model release {rid} ({why})",
+        base=base, release=rid, local=str(local), manifest=man,
+        keep=int(config.get("triton_keep_releases")), transport=transport,
+    )]
 
 
 def unit_context() -> dict:
@@ -183,14 +166,14 @@ def model_repository():
 @deploy("Triton service")
 def triton_service(changed: list | None = None):
     service = config.get("triton_service")
-    unit = files.put(name=f"systemd unit {service}.service", src=StringIO(render_unit(unit_context())),
+    unit = fast.put(name=f"systemd unit {service}.service", src=StringIO(render_unit(unit_context())),
                      dest=f"/etc/systemd/system/{service}.service", mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     systemd.daemon_reload(name="systemd daemon-reload (unit changed)", _if=unit.did_change)
     systemd.service(name=f"restart {service} (unit, image or models changed)", service=service,
                     restarted=True, _if=any_changed(unit, *(changed or [])))
-    systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
+    fast.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
 @deploy("Health gate")
