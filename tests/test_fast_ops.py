@@ -9,7 +9,7 @@ from io import StringIO
 
 from fakehost import run_fake
 from pyinfra.api import deploy
-from pyinfra.operations import server
+from pyinfra.operations import python, server
 
 from tritonfleet.facts.host import DpkgState, FileState, UnitState
 from tritonfleet.ops import fast
@@ -44,10 +44,12 @@ def test_put_changed_content_or_mode_goes_through_files_put():
 
 
 @deploy("packages")
-def two_package_ops(change_between: bool = False):
+def two_package_ops(change_between: bool = False, check_between: bool = False):
     fast.packages(name="a", packages=["dkms", "cuda-drivers-535"])
     if change_between:
         server.shell(name="something that changes the host", commands=["true"])
+    if check_between:
+        python.call(name="check: reads the host, changes nothing", function=lambda: None)
     fast.packages(name="b", packages=["nvidia-container-toolkit=1.16.2-1"])
 
 
@@ -64,6 +66,11 @@ def test_packages_read_dpkg_once_while_nothing_changes():
 def test_packages_read_dpkg_again_after_a_change():
     _, cmds, _ = run_fake(two_package_ops, yes=True, responses={DPKG: INSTALLED}, change_between=True)
     assert sum(c.startswith(DPKG) for c in cmds) == 2, cmds
+
+
+def test_checks_do_not_make_facts_read_again():
+    _, cmds, _ = run_fake(two_package_ops, yes=True, responses={DPKG: INSTALLED}, check_between=True)
+    assert sum(c.startswith(DPKG) for c in cmds) == 1, cmds
 
 
 def test_packages_missing_or_other_version_are_installed_by_apt_packages():

@@ -44,7 +44,7 @@ def put(src, dest: str, user: str | None = None, group: str | None = None, mode=
     """``files.put``: no change when the remote file has the same sha256, mode, user and group."""
     digest = _local_sha256(src)
     if digest is not None and not kwargs and mode is not True:
-        have = host.get_fact(FileState, path=dest)
+        have = memo.fact(FileState, path=dest)
         if (have and have["sha256"] == digest and (mode is None or have["mode"] == _mode(mode))
                 and (user is None or have["user"] == user) and (group is None or have["group"] == group)):
             host.noop(f"file {dest} is already uploaded")
@@ -84,7 +84,7 @@ def service(service: str, running: bool = True, enabled: bool | None = None, res
     """``systemd.service``: no change when the unit already runs (and is enabled) as asked."""
     if not restarted and not kwargs and running is not None:
         unit = service if "." in service else f"{service}.service"
-        have = host.get_fact(UnitState, unit=unit)
+        have = memo.fact(UnitState, unit=unit)
         if have["running"] == running and (enabled is None or have["enabled"] == enabled):
             host.noop(f"service {unit} is {'running' if running else 'stopped'}"
                       + ("" if enabled is None else f" and {'enabled' if enabled else 'disabled'}"))

@@ -15,9 +15,16 @@ from pyinfra.operations.util import any_changed
 
 from .. import config
 from ..facts import memo
-from ..facts.host import DockerDaemonJson, DpkgState, SecureBoot
+from ..facts.host import (
+    DockerDaemonJson,
+    DpkgState,
+    FileState,
+    KeyringFingerprints,
+    SecureBoot,
+    UnitState,
+)
 from ..ops import fast
-from ..ops.apt_repo import signed_key, source_file
+from ..ops.apt_repo import signed_key, source_file, source_path
 
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -34,6 +41,7 @@ DRIVER_HOLD_PATTERN = r"^(cuda-drivers|nvidia-|libnvidia-|xserver-xorg-video-nvi
 # ... except the Container Toolkit, which is pinned by version instead (preferences.d)
 TOOLKIT_PATTERN = r"^(nvidia-container|libnvidia-container)"
 DRIVER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-nvidia-driver"
+TOOLKIT_PIN_FILE = "/etc/apt/preferences.d/nvidia-container-toolkit"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
 UNATTENDED_TEXT = (
     "// Managed by tritonfleet: driver and toolkit packages change only through the deploy.\n"
@@ -109,12 +117,15 @@ def driver_pin_text() -> str:
     )
 
 
+DRIVER_VERSION_COMMAND = "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
+
+
 def _reboot_needed() -> bool:
-    """At execution time: the loaded driver does not match the installed one."""
+    """At execution time: the loaded driver does not match the installed one (read again when
+    an operation before changed the host)."""
     if not config.get("nvidia_reboot_if_needed"):
         return False
-    ok, out = host.run_shell_command("nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1")
-    text = out.stdout + out.stderr
+    text = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
     if "version mismatch" in text.lower():
         logger.warning(f"{host.name}: loaded NVIDIA module does not match the installed driver; rebooting")
         return True
@@ -131,9 +142,19 @@ SECURE_BOOT_HELP = (
 )
 
 
+def driver_facts() -> list[tuple]:
+    """What the driver step reads on a converged host: one remote command (memo.prefetch)."""
+    return [(SecureBoot, {}), (LinuxDistribution, {}), (Arch, {}), (KernelVersion, {}), (DpkgState, {}),
+            (KeyringFingerprints, {"path": CUDA_KEYRING}), (FileState, {"path": source_path("cuda")}),
+            (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
+            (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
+            (Command, {"command": DRIVER_VERSION_COMMAND})]
+
+
 @deploy("NVIDIA driver")
 def nvidia_driver():
-    if host.get_fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
+    memo.prefetch(*driver_facts())
+    if memo.fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
         python.call(name="Secure Boot is enabled: stop before installing an unloadable driver",
                     function=_fail, message=SECURE_BOOT_HELP.format(host=host.name))
         return
@@ -148,7 +169,7 @@ def nvidia_driver():
     src = source_file("cuda", f"deb [signed-by={CUDA_KEYRING}] {base}/ /")
     apt.update(name="apt update (CUDA repository changed)", _if=any_changed(key, src))
 
-    kernel = host.get_fact(KernelVersion)
+    kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     if kernel_pkgs:
         fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
@@ -203,6 +224,9 @@ def nvidia_driver():
 @deploy("Docker Engine")
 def docker_engine():
     source = config.get("docker_source")
+    memo.prefetch((DpkgState, {}), (UnitState, {"unit": "docker.service"}), (LinuxDistribution, {}), (Arch, {}),
+                  *([(KeyringFingerprints, {"path": DOCKER_KEYRING}), (FileState, {"path": source_path("docker")})]
+                    if source == "docker" else []))
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
         engine = fast.packages(name="Docker Engine (distro docker.io)",
@@ -234,8 +258,15 @@ def docker_engine():
     return engine
 
 
+HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
+
+
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit():
+    memo.prefetch((Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
+                  (FileState, {"path": source_path("nvidia-container-toolkit")}),
+                  (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
+                  (Command, {"command": HOOK_COMMAND}))
     url = config.get("container_toolkit_repo_url").rstrip("/")
     key = signed_key(name="Container Toolkit signing key (fingerprint checked)",
                      url=config.get("container_toolkit_key_url"),
@@ -248,11 +279,11 @@ def container_toolkit():
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
     )
     fast.put(name=f"pin Container Toolkit packages to {version}",
-              src=StringIO(pin_text), dest="/etc/apt/preferences.d/nvidia-container-toolkit", mode="644")
+              src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
     fast.packages(name=f"Container Toolkit {version}",
                  packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True)
 
-    daemon = host.get_fact(DockerDaemonJson)
+    daemon = memo.fact(DockerDaemonJson)
     if daemon is None:
         python.call(name="daemon.json is not valid JSON", function=_fail,
                     message=f"{host.name}: /etc/docker/daemon.json is not valid JSON; fix it by hand "
@@ -264,7 +295,7 @@ def container_toolkit():
         commands=["nvidia-ctk runtime configure --runtime=docker"],
         _if=lambda: not configured,
     )
-    hook_missing = not host.get_fact(Command, command="command -v nvidia-container-runtime-hook || true")
+    hook_missing = not memo.fact(Command, command=HOOK_COMMAND)
     systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
                     running=True, restarted=True,
                     _if=lambda: ctk.did_change() or hook_missing)

@@ -14,7 +14,8 @@ from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from .. import TEMPLATES, config, models
-from ..facts.host import DockerImageId, ReleaseState
+from ..facts import memo
+from ..facts.host import DockerImageId, FileState, ReleaseState, UnitState
 from ..health import gate_current_host
 from ..ops import fast
 from ..ops.release import model_release
@@ -36,7 +37,7 @@ def ensure_image(image: str) -> list:
     that changed something (for restart gating). Runs before any restart, so a failed pull or load
     leaves the running container serving."""
     archives = config.get("image_archives") or {}
-    have = host.get_fact(DockerImageId, image=image)
+    have = memo.fact(DockerImageId, image=image)
     if image in archives:
         archive = archives[image]
         if not Path(archive).is_file():
@@ -104,7 +105,7 @@ def sync_models() -> list:
     stream; Triton only ever sees a complete release."""
     base = config.get("triton_base_dir")
     local, man, rid = host_repository()
-    live = host.get_fact(ReleaseState, base=base)
+    live = memo.fact(ReleaseState, base=base)
     if live["current"] == rid and not live["drift"]:
         host.noop(f"model release {rid} is live" + ("" if live["verified"] else " (no stat record)"))
         return []
@@ -153,8 +154,17 @@ def render_unit(ctx: dict) -> str:
     return env.get_template("triton.service.j2").render(**ctx)
 
 
+def service_unit_path() -> str:
+    return f"/etc/systemd/system/{config.get('triton_service')}.service"
+
+
 @deploy("Triton image")
 def triton_image():
+    # what the Triton steps read on a converged host, in one remote command
+    memo.prefetch((DockerImageId, {"image": config.get("triton_image")}),
+                  (ReleaseState, {"base": config.get("triton_base_dir")}),
+                  (FileState, {"path": service_unit_path()}),
+                  (UnitState, {"unit": f"{config.get('triton_service')}.service"}))
     return ensure_image(config.get("triton_image"))
 
 
@@ -167,7 +177,7 @@ def model_repository():
 def triton_service(changed: list | None = None):
     service = config.get("triton_service")
     unit = fast.put(name=f"systemd unit {service}.service", src=StringIO(render_unit(unit_context())),
-                     dest=f"/etc/systemd/system/{service}.service", mode="644")
+                    dest=service_unit_path(), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     systemd.daemon_reload(name="systemd daemon-reload (unit changed)", _if=unit.did_change)
