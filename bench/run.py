@@ -142,9 +142,14 @@ def ensure_testbed(n: int) -> list:
     return testbed_state().hosts[:n]
 
 
+def limit_args(names: list[str]) -> list[str]:
+    """pyinfra's --limit takes one host or group per option."""
+    return [arg for name in names for arg in ("--limit", name)]
+
+
 def deploy(limit: list[str] | None = None, timeout: float = 3600) -> float:
-    extra = ["--limit", ",".join(limit)] if limit else []
-    dt, res = sh([PYINFRA, "-y", *extra, INVENTORY, "deploys/triton.py"], check=False, timeout=timeout)
+    dt, res = sh([PYINFRA, "-y", *limit_args(limit or []), INVENTORY, "deploys/triton.py"], check=False,
+                 timeout=timeout)
     if res.returncode != 0:
         raise SystemExit(f"[bench] deploy failed:\n{res.stderr[-4000:]}")
     return dt
@@ -187,7 +192,7 @@ def profiled_noop(limit: list[str], tag: str) -> tuple[float, int]:
     out = WORK / f"profile-{tag}.json"
     h0, c0 = hosts_cpu_seconds(), children_cpu_seconds()
     dt, res = sh([str(BIN / "python"), str(BENCH / "cmdprofile.py"), "--out", str(out), "--",
-                  "-y", "--limit", ",".join(limit), INVENTORY, "deploys/triton.py"], check=False)
+                  "-y", *limit_args(limit), INVENTORY, "deploys/triton.py"], check=False)
     if res.returncode != 0:
         raise SystemExit(f"[bench] no-op run failed:\n{res.stderr[-4000:]}")
     changed = re.findall(r"^\s+(\S.*?)\s+\d+\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", res.stderr, re.M)
@@ -198,6 +203,8 @@ def profiled_noop(limit: list[str], tag: str) -> tuple[float, int]:
     CPU.setdefault(f"{key}-hosts", []).append(hosts_cpu_seconds() - h0)
     CPU.setdefault(f"{key}-control", []).append(children_cpu_seconds() - c0)
     data = json.loads(out.read_text())
+    if sorted(data["hosts"]) != sorted(limit):
+        raise SystemExit(f"[bench] the run reached {sorted(data['hosts'])}, not {sorted(limit)}")
     counts = {len(v) for v in data["hosts"].values()}
     return dt, max(counts)
 
