@@ -174,11 +174,10 @@ def test_interrupted_transfer_leaves_the_live_release_and_resumes(base, repo, mo
 
     real = transfer._over_pipe
 
-    def cut(tar, command):  # the connection drops after 1 MB of the stream
-        head = subprocess.Popen(["head", "-c", "1000000"], stdin=tar.stdout, stdout=subprocess.PIPE)
-        tar.stdout.close()
-        tar.stdout = head.stdout
-        rc, err = real(tar, command)
+    def cut(source, command):  # the connection drops after 1 MB of the stream
+        head = subprocess.Popen(["head", "-c", "1000000"], stdin=source, stdout=subprocess.PIPE)
+        source.close()
+        rc, err = real(head.stdout, command)
         head.wait()
         return rc, err
 

@@ -129,6 +129,16 @@ def _tail(data: bytes, n: int = 1500) -> str:
     return data.decode(errors="replace").strip()[-n:]
 
 
+def _route(host, source, remote_command: str, transport: str) -> tuple[int, bytes]:
+    """Feed ``source`` (a binary file object: a pipe or a file) to ``remote_command``'s stdin on
+    the host; closes ``source``. Returns (remote exit status, remote stderr)."""
+    if transport == "ssh":
+        return _over_openssh(host, source, remote_command)
+    if transport == "local":
+        return _over_pipe(source, remote_command)
+    return _over_connection(host, source, remote_command)
+
+
 def send(host, root: Path, paths: list[str], remote_command: str, transport: str) -> Sent:
     """Stream ``paths`` (relative to ``root``) as a tar archive into ``remote_command`` on the
     host (which must read the archive on stdin). Raises TransferError naming the host."""
@@ -136,12 +146,7 @@ def send(host, root: Path, paths: list[str], remote_command: str, transport: str
     t0 = time.monotonic()
     tar, listfile = _tar_process(root, paths)
     try:
-        if transport == "ssh":
-            rc, err = _over_openssh(host, tar, remote_command)
-        elif transport == "local":
-            rc, err = _over_pipe(tar, remote_command)
-        else:
-            rc, err = _over_connection(host, tar, remote_command)
+        rc, err = _route(host, tar.stdout, remote_command, transport)
         tar_rc = tar.wait()
         tar_err = tar.stderr.read() if tar.stderr else b""
     finally:
@@ -162,31 +167,47 @@ def send(host, root: Path, paths: list[str], remote_command: str, transport: str
     return Sent(len(paths), size, time.monotonic() - t0, transport)
 
 
-def _over_openssh(host, tar: subprocess.Popen, remote_command: str) -> tuple[int, bytes]:
-    proc = subprocess.Popen(ssh_argv(host, remote_command), stdin=tar.stdout,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    tar.stdout.close()  # ssh holds the only reading end now
+def send_file(host, path: Path, remote_command: str, transport: str) -> Sent:
+    """Stream one local file into ``remote_command``'s stdin on the host (e.g. `docker load`):
+    nothing is written to the host's disk on the way."""
+    size = path.stat().st_size
+    t0 = time.monotonic()
+    rc, err = _route(host, open(path, "rb"), remote_command, transport)  # noqa: SIM115 - closed by _route
+    if rc != 0:
+        raise TransferError(f"{host.name}: streaming {path} into `{remote_command[:80]}` failed "
+                            f"(remote exit {rc}): {_tail(err)}")
+    return Sent(1, size, time.monotonic() - t0, transport)
+
+
+def _over_openssh(host, source, remote_command: str) -> tuple[int, bytes]:
+    try:
+        proc = subprocess.Popen(ssh_argv(host, remote_command), stdin=source,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    finally:
+        source.close()  # ssh holds its own copy now
     _, err = proc.communicate()
     return proc.returncode, err
 
 
-def _over_pipe(tar: subprocess.Popen, command: str) -> tuple[int, bytes]:
+def _over_pipe(source, command: str) -> tuple[int, bytes]:
     """The "remote" command on this machine (pyinfra's @local connector)."""
-    proc = subprocess.Popen(command, shell=True, stdin=tar.stdout, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    tar.stdout.close()
+    try:
+        proc = subprocess.Popen(command, shell=True, stdin=source, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+    finally:
+        source.close()
     _, err = proc.communicate()
     return proc.returncode, err
 
 
-def _over_connection(host, tar: subprocess.Popen, remote_command: str) -> tuple[int, bytes]:
+def _over_connection(host, source, remote_command: str) -> tuple[int, bytes]:
     transport = host.connector.client.get_transport()
     channel = transport.open_session(window_size=16 << 20, max_packet_size=1 << 15)
     try:
         channel.exec_command(remote_command)
         try:
             while True:
-                chunk = tar.stdout.read(CHUNK)
+                chunk = source.read(CHUNK)
                 if not chunk or channel.exit_status_ready():
                     break  # all sent, or the remote end gave up (its error follows)
                 channel.sendall(chunk)
@@ -194,7 +215,7 @@ def _over_connection(host, tar: subprocess.Popen, remote_command: str) -> tuple[
         except OSError:
             pass  # the channel closed under us: the exit status and stderr say why
         finally:
-            tar.stdout.close()
+            source.close()
         rc = channel.recv_exit_status()
         err = channel.makefile_stderr("rb").read()
         return rc, err
