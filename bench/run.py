@@ -356,9 +356,9 @@ def bench_sync(results: Results, runs: int, size_gb: float, keep: bool, paramiko
                               lambda r: r <= 1.5))
         if paramiko_run:
             fresh(SCRATCH)
-            dt, _ = models_run(h, repo, env, "--data", "model_sync_transport=connection")
+            dt, _ = models_run(h, repo, env, "--data", "bulk_transfer=connection")
             results.add(Row("same full transfer through pyinfra's own connection (paramiko)", [dt],
-                            note="model_sync_transport=connection, for comparison"))
+                            note="bulk_transfer=connection, for comparison"))
 
         noop, step, rs_noop = Row(f"model sync no-op, {size / 1e9:.1f} GB: whole pyinfra run"), \
             Row("model sync no-op: the sync step itself (local manifest + 1 remote command)", target="<= 1 s"), \

@@ -132,7 +132,7 @@ def test_sync_changes_over_openssh_and_pyinfra_connection(deployed, tmp_path):
         # the same through pyinfra's own SSH connection
         (repo / "resnet50_onnx" / "1" / "extra.bin").write_bytes(os.urandom(2_000_000))
         res, _ = run("tests/deploys/models_only.py", *base, "--data", f"model_repository={repo}",
-                     "--data", "model_sync_transport=connection")
+                     "--data", "bulk_transfer=connection")
         assert res.returncode == 0 and "over connection" in res.stderr, res.stderr[-3000:]
         assert host_manifest(h, SCRATCH) == expected_manifest(repo)
     finally:

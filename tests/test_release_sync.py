@@ -54,7 +54,7 @@ def sync(base: Path, repo: Path, transport: str = "auto") -> tuple[State, list[s
     `pyinfra -y @local ...`). Returns the state and the names of operations that changed."""
     _rendered.cache_clear()  # one pyinfra run per process in real life: the repository is read anew
     data = {**defaults("t4"), "triton_base_dir": str(base), "model_repository": str(repo),
-            "model_overrides": {}, "model_sync_transport": transport}
+            "model_overrides": {}, "bulk_transfer": transport}
     inventory = Inventory(([("@local", data)], {}), t4=(["@local"], {}))
     state = State(inventory, Config(), check_for_changes=False)
     connect_all(state)
@@ -238,7 +238,7 @@ def test_expect_listing_sorts_like_c_locale_sort(tmp_path):
 def test_transport_choice():
     from types import SimpleNamespace
 
-    with pytest.raises(transfer.TransferError, match="model_sync_transport must be one of"):
+    with pytest.raises(transfer.TransferError, match="bulk_transfer must be one of"):
         transfer.choose(SimpleNamespace(name="h", connector=None), "rsync")
     not_ssh = SimpleNamespace(name="h", connector=SimpleNamespace(data={}))
     for wanted in ("ssh", "auto", "connection"):
@@ -258,6 +258,6 @@ def test_large_plans_travel_as_a_file(base, repo, monkeypatch):
 
 
 def test_unknown_transport_is_refused_before_the_host_is_touched(base, repo):
-    with pytest.raises(Exception, match="model_sync_transport must be one of"):
+    with pytest.raises(Exception, match="bulk_transfer must be one of"):
         sync(base, repo, transport="scp")
     assert not base.exists()

@@ -1,6 +1,6 @@
 """Many files to a host in one stream: a local `tar` piped into a remote command.
 
-Two ways to the host, chosen by the ``model_sync_transport`` tunable:
+Two ways to the host, chosen by the ``bulk_transfer`` tunable:
 
 * ``ssh``: the OpenSSH client, with the host's pyinfra connection settings (address, port, user,
   key, known-hosts file, host-key policy, ssh config file). About as fast as rsync over the same
@@ -68,7 +68,7 @@ def choose(host, wanted: str) -> str:
     """The transport to use for ``host`` ('ssh', 'connection', or 'local' for pyinfra's @local
     connector, i.e. this machine); errors name the fix."""
     if wanted not in TRANSPORTS:
-        raise TransferError(f"{host.name}: model_sync_transport must be one of {', '.join(TRANSPORTS)}, "
+        raise TransferError(f"{host.name}: bulk_transfer must be one of {', '.join(TRANSPORTS)}, "
                             f"not {wanted!r} (group data)")
     if is_local_host(host):
         return "local"
@@ -84,8 +84,8 @@ def choose(host, wanted: str) -> str:
     elif not shutil.which("ssh"):
         why_not_ssh = "no `ssh` client is installed on this machine"
     if wanted == "ssh" and why_not_ssh:
-        raise TransferError(f"{host.name}: model_sync_transport is 'ssh' but {why_not_ssh}; "
-                            "set model_sync_transport = 'connection' (or 'auto') for this host")
+        raise TransferError(f"{host.name}: bulk_transfer is 'ssh' but {why_not_ssh}; "
+                            "set bulk_transfer = 'connection' (or 'auto') for this host")
     if wanted == "auto":
         return "connection" if why_not_ssh else "ssh"
     return wanted

@@ -65,6 +65,11 @@ gpu_min_compute_capability = "6.0"
 gpu_min_cuda_version = "12.0"
 
 # --- Triton images ------------------------------------------------------------------------
+# How model files and image archives travel to hosts: "ssh" (the OpenSSH client with the host's
+# connection settings; about rsync's speed), "connection" (pyinfra's own SSH connection; about 3x
+# slower for gigabytes, works with password authentication), "auto" (ssh when the host uses key
+# or agent authentication).
+bulk_transfer = "auto"
 # The Triton image every host serves (pinned tag).
 triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3"
 # Image archives to `docker load` instead of pulling (air-gapped sites): {image: local path}.
@@ -84,10 +89,6 @@ model_overrides = {}
 triton_base_dir = "/opt/triton"
 # How many previous model releases to keep on the host (for rollback).
 triton_keep_releases = 3
-# How model files travel: "ssh" (the OpenSSH client with the host's connection settings; about
-# rsync's speed), "connection" (pyinfra's own SSH connection; slower for large files, works with
-# password authentication), "auto" (ssh when the host uses key or agent authentication).
-model_sync_transport = "auto"
 
 # --- Triton service -----------------------------------------------------------------------
 # systemd unit name (triton.service).

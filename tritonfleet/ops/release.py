@@ -5,19 +5,17 @@ the same release already there (switch only), an interrupted transfer (resume), 
 
 from __future__ import annotations
 
-import inspect
 from io import StringIO
 from pathlib import Path
 
-from pyinfra import host, logger, state
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.facts import FactBase
-from pyinfra.connectors.util import make_unix_command, make_unix_command_for_host
 
 from .. import release as rel
 from .. import transfer
+from .stream import wrapped
 
 # a prepare script above this size is uploaded (SFTP) instead of sent as the command line
 INLINE_SCRIPT_MAX = 64 * 1024
@@ -47,14 +45,6 @@ def _send_files(state, host, root: str, paths: list[str], remote: str, transport
     return True
 
 
-def _wrapped(command: str) -> str:
-    """``command`` as pyinfra would run it for this operation (sudo, su, env, shell)."""
-    accepted = set(inspect.signature(make_unix_command).parameters)
-    args = {k: v for k, v in (host.current_op_global_arguments or {}).items()
-            if k in CONNECTOR_ARGUMENT_KEYS and k in accepted}
-    return make_unix_command_for_host(state, host, StringCommand(command), **args).get_raw_value()
-
-
 @operation(is_idempotent=True)
 def model_release(base: str, release: str, local: str, manifest: dict, keep: int,
                   transport: str = "auto"):
@@ -80,6 +70,6 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         yield FileUploadCommand(StringIO(script), path)
         yield StringCommand(f"sh {path}; rc=$?; rm -f {path}; exit $rc")
     if plan.send:
-        remote = _wrapped(rel.receive_command(base, release))
+        remote = wrapped(rel.receive_command(base, release))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {})
     yield StringCommand(rel.finish_script(base, release, keep))

@@ -19,10 +19,9 @@ from ..facts.host import DockerImageId, FileState, ReleaseState, UnitState
 from ..health import gate_current_host
 from ..ops import fast
 from ..ops.release import model_release
+from ..ops.stream import docker_load
 from ..transfer import TransferError
 from ..transfer import choose as choose_transport
-
-IMAGE_CACHE = "/var/lib/tritonfleet/images"
 
 
 @cache
@@ -45,13 +44,11 @@ def ensure_image(image: str) -> list:
         want = _archive_image_id(archive)
         if have == want:
             return []
-        remote = f"{IMAGE_CACHE}/{Path(archive).name}"
-        put = files.put(name=f"upload image archive {Path(archive).name}", src=archive, dest=remote, mode="600")
-        load = server.shell(
-            name=f"docker load {image}",
-            commands=[f"docker load -i {shlex.quote(remote)} && rm -f {shlex.quote(remote)}"],
-        )
-        return [put, load]
+        # streamed into `docker load` on the host (bulk_transfer): no copy on the host's disk
+        transport = config.get("bulk_transfer")
+        _check_transport(transport)
+        return [docker_load(name=f"docker load {image} from {Path(archive).name}", archive=str(archive),
+                            transport=transport)]
     if have:
         return []
     ops = []
@@ -98,6 +95,14 @@ def host_repository() -> tuple[Path, dict, str]:
     return Path(path), json.loads(man), rid
 
 
+def _check_transport(transport: str) -> None:
+    """Refuse a transport that cannot work before any host is touched."""
+    try:
+        choose_transport(host, transport)
+    except TransferError as e:
+        raise config.ConfigError(str(e)) from e
+
+
 def sync_models() -> list:
     """Make this host's repository the live release (tritonfleet.release): one remote command
     when it already is (no file on the host is read: sizes and mtimes are compared with the
@@ -111,11 +116,8 @@ def sync_models() -> list:
         return []
     why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
            if live["current"] == rid else f"live: {live['current'] or 'none'}")
-    transport = config.get("model_sync_transport")
-    try:  # refuse a transport that cannot work before any host is touched
-        choose_transport(host, transport)
-    except TransferError as e:
-        raise config.ConfigError(str(e)) from e
+    transport = config.get("bulk_transfer")
+    _check_transport(transport)
     return [model_release(
         name=f"model release {rid} ({why})",
         base=base, release=rid, local=str(local), manifest=man,
