@@ -21,12 +21,15 @@ def defaults(*groups: str) -> dict:
     return data
 
 
-def run_fake(deploy_func, responses: dict, data: dict | None = None, groups=("t4",), **kwargs):
+def run_fake(deploy_func, responses: dict, data: dict | None = None, groups=("t4",), yes: bool = False,
+             **kwargs):
+    """``yes``: no change detection before execution (`pyinfra -y`), so each fact is read as often
+    as a real run reads it."""
     host_data = {**defaults(*groups), "fake_delay": 0, "fake_delay_jitter": 0,
                  "fake_responses": responses, **(data or {})}
     inventory = Inventory(([("@fake/gpu1", host_data)], {}), **{g: (["@fake/gpu1"], {}) for g in groups})
     host = inventory.get_host("@fake/gpu1")
-    state = State(inventory, Config())
+    state = State(inventory, Config(), check_for_changes=not yes)
     connect_all(state)
     record_uploads(host)
     add_deploy(state, deploy_func, **kwargs)

@@ -49,12 +49,10 @@ def test_model_update_moves_only_changed_files(deployed, tmp_path):
     before = live_release(h)
     res, data = pyinfra("deploys/models.py", "--limit", h.name, "--data", f"model_repository={repo}")
     assert res.returncode == 0, res.stderr[-4000:]
-    sent = [o["name"] for o in data["results"]["operations"] if o["name"].startswith("Model repository | model file")]
-    assert sorted(sent) == ["Model repository | model file resnet50_onnx/labels.txt",
-                            "Model repository | model file text_classifier_onnx/config.pbtxt"], sent
+    # the two changed files travel; the three unchanged ones are hard links to the live release
+    assert "2 files to send (0.0 MB), 3 hard-linked from earlier releases" in res.stderr, res.stderr[-3000:]
     after = live_release(h)
     assert after != before
-    # the new release shares the unchanged model file with the previous one (hard link)
     inode = ssh(h, f"stat -c %i /opt/triton/{before}/resnet50_onnx/1/model.onnx "
                    f"/opt/triton/{after}/resnet50_onnx/1/model.onnx").split()
     assert inode[0] == inode[1]

@@ -56,3 +56,23 @@ def test_override_of_unknown_model_or_field_is_an_error(repo, tmp_path):
         models.render(repo, {"nosuch": {"max_batch_size": 1}}, tmp_path / "r")
     with pytest.raises(Exception, match="no_such_field"):
         models.render(repo, {"resnet50_onnx": {"no_such_field": 1}}, tmp_path / "r")
+
+
+def test_hash_cache_answers_unchanged_files_and_forgets_old_versions(repo, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(models, "CACHE_DIR", tmp_path / "cache")
+    first = models.manifest(repo)
+    cache = json.loads((tmp_path / "cache" / "sha256-cache.json").read_text())
+    assert len(cache) == len(first)
+    # an unchanged file is answered from the cache (its content is not read again)
+    calls = []
+    real = models.file_sha256
+    monkeypatch.setattr(models, "file_sha256", lambda p, c=None: calls.append(p) or real(p, c))
+    cfg = repo / "resnet50_onnx" / "config.pbtxt"
+    cfg.write_text(cfg.read_text() + "\n# changed\n")
+    second = models.manifest(repo)
+    assert calls == [cfg]
+    assert second["resnet50_onnx/config.pbtxt"] != first["resnet50_onnx/config.pbtxt"]
+    cache = json.loads((tmp_path / "cache" / "sha256-cache.json").read_text())
+    assert len(cache) == len(first), "the entry of the file's old version is dropped"

@@ -20,7 +20,12 @@ DATA = {"cuda_distro": "debian12"}
 def ops(cmds):
     """Commands that are not fact reads."""
     return [c for c in cmds if "##PYINFRA_NOCMD##" not in c and not c.startswith(("uname", "cat /etc/docker",
-            "[ -f ", "apt-mark showhold", "echo current"))]
+            "[ -f ", "dpkg-query -W -f '${db:Status-Abbrev}\\t", "systemctl show"))]
+
+
+def dpkg(*rows: str) -> list[str]:
+    """dpkg-query output lines ('status name version')."""
+    return ["\t".join(r.split()) for r in rows]
 
 
 def test_driver_bare_host():
@@ -48,21 +53,31 @@ def test_driver_converged_host_changes_nothing():
     responses = {
         **BASE,
         "cuda-archive-keyring.gpg": FPR,
-        "apt-mark showhold": ["cuda-drivers-535", "nvidia-utils-535"],
-        "dpkg -l": ["ii  cuda-drivers-535  535.183.01-1  amd64  CUDA drivers",
-                    "ii  nvidia-utils-535  535.183.01-1  amd64  utils",
-                    "ii  linux-headers-6.1.0-28-amd64  6.1.76-1  amd64  headers",
-                    "ii  dkms  3.0.10-8  all  dkms"],
-        "nvidia-persistenced.service": ["Id=nvidia-persistenced.service", "SubState=running",
-                                        "UnitFileState=enabled"],
+        "dpkg-query -W": dpkg("hi cuda-drivers-535 535.183.01-1", "hi nvidia-utils-535 535.183.01-1",
+                              "ii linux-headers-6.1.0-28-amd64 6.1.76-1", "ii dkms 3.0.10-8"),
+        "nvidia-persistenced.service": ["SubState=running", "UnitFileState=enabled"],
     }
-    # (managed files are compared by pyinfra's files.put; the real re-run is in test_e2e_testbed)
+    # (managed files: tests/test_fast_ops.py; the real re-run is in test_e2e_testbed)
     _, cmds, state = run_fake(nvidia_driver, responses, DATA)
     assert not state.failed_hosts
     run = "\n".join(ops(cmds))
     assert "curl" not in run, "a pinned key already installed must not be fetched again"
     assert "install cuda-drivers" not in run and "linux-headers" not in run
     assert "apt-mark hold" not in run and "systemctl start" not in run
+    # holds and installed packages come from dpkg itself, never from apt's cache or `dpkg -l`
+    # (read once per run while nothing changes: tests/test_fast_ops.py)
+    assert not any(c.startswith(("dpkg -l", "apt-mark showhold")) or "( dpkg -l )" in c for c in cmds)
+
+
+def test_driver_holds_packages_that_lost_their_hold():
+    responses = {
+        **BASE,
+        "cuda-archive-keyring.gpg": FPR,
+        "dpkg-query -W": dpkg("ii cuda-drivers-535 535.183.01-1", "hi nvidia-utils-535 535.183.01-1",
+                              "ii linux-headers-6.1.0-28-amd64 6.1.76-1", "ii dkms 3.0.10-8"),
+    }
+    _, cmds, _ = run_fake(nvidia_driver, responses, DATA)
+    assert "apt-mark hold" in "\n".join(ops(cmds))
 
 
 def test_toolkit_configures_runtime_only_when_missing():
@@ -126,21 +141,17 @@ def test_docker_installed_at_another_version_is_moved_to_the_pin():
     os_release = ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',
                   "VERSION_CODENAME=bookworm", "---"]
     responses = {**BASE, "ls -pdL *-release": os_release,
-                 "dpkg -l": ["ii  docker-ce  5:27.4.0-1~debian.12~bookworm  amd64  Docker"]}
+                 "dpkg-query -W -f '${db": dpkg("ii docker-ce 5:27.4.0-1~debian.12~bookworm")}
     _, cmds, state = run_fake(docker_engine, responses, DATA)
     assert "apt-get install -y -q --allow-downgrades docker-ce docker-ce-cli" in "\n".join(cmds)
     responses["dpkg-query -W -f '${Version}' docker-ce"] = "5:27.3.1-1~debian.12~bookworm"
     # at the pinned version, the pin file in place: nothing to move
     from tritonfleet.steps.host_prep import DOCKER_PIN_FILE, docker_pin_text
 
-    pin_sha1 = hashlib.sha1(docker_pin_text("27.3.1").encode()).hexdigest()
+    pin_sha256 = hashlib.sha256(docker_pin_text("27.3.1").encode()).hexdigest()
     responses.update({
-        "dpkg -l": ["ii  docker-ce  5:27.3.1-1~debian.12~bookworm  amd64  Docker"],
-        re.compile(rf"stat -c .* {DOCKER_PIN_FILE}"): f"user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "
-                                                       f"ctime=0 size=120 '{DOCKER_PIN_FILE}'",
-        re.compile(rf"sha1sum {DOCKER_PIN_FILE}"): f"{pin_sha1}  {DOCKER_PIN_FILE}",
-        re.compile(r"stat -c .* /etc/apt/preferences.d "): "user=root group=root mode=drwxr-xr-x atime=0 "
-                                                           "mtime=0 ctime=0 size=4096 '/etc/apt/preferences.d'",
+        "dpkg-query -W -f '${db": dpkg("ii docker-ce 5:27.3.1-1~debian.12~bookworm"),
+        re.compile(rf"\[ -f {DOCKER_PIN_FILE} \] && stat"): ["mode=644 user=root group=root", pin_sha256],
     })
     _, _, state = run_fake(docker_engine, responses, DATA)
     assert not state.failed_hosts

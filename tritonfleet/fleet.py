@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .connection import tune_state
+
 T = TypeVar("T")
 
 
@@ -75,6 +77,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     except SystemExit as e:  # an inventory may refuse to load (e.g. no testbed running)
         raise FleetError(f"inventory {inventory}: {e}") from e
     state.init(inv, state.config)
+    tune_state(state)  # TCP_NODELAY on every connection run() opens (tritonfleet.connection)
     own = path.stem
     out = []
     for h in inv:

@@ -43,6 +43,7 @@ def manifest(repo: Path) -> dict[str, list]:
     except (OSError, ValueError):
         cache = {}
     out: dict[str, list] = {}
+    used: dict[str, str] = {}
     for root, dirs, files in os.walk(repo):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
@@ -50,12 +51,23 @@ def manifest(repo: Path) -> dict[str, list]:
                 continue
             p = Path(root) / name
             rel = p.relative_to(repo).as_posix()
-            out[rel] = [p.stat().st_size, file_sha256(p, cache)]
-    try:
-        CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        cache_path.write_text(json.dumps(cache))
-    except OSError:
-        pass
+            st = p.stat()
+            key = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+            digest = cache.get(key) or file_sha256(p, cache)
+            used[key] = digest
+            out[rel] = [st.st_size, digest]
+    # entries of files seen now under another size or mtime are stale: drop them
+    seen = {k.rsplit("|", 2)[0] for k in used}
+    fresh = {k: v for k, v in cache.items() if k.rsplit("|", 2)[0] not in seen}
+    fresh.update(used)
+    if fresh != cache or not cache_path.exists():
+        try:
+            CACHE_DIR.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_name(f"{cache_path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(fresh))
+            tmp.replace(cache_path)
+        except OSError:
+            pass
     return out
 
 

@@ -74,6 +74,11 @@ gpu_min_compute_capability = "6.0"
 gpu_min_cuda_version = "12.0"
 
 # --- Triton images ------------------------------------------------------------------------
+# How model files and image archives travel to hosts: "ssh" (the OpenSSH client with the host's
+# connection settings; about rsync's speed), "connection" (pyinfra's own SSH connection; about 3x
+# slower for gigabytes, works with password authentication), "auto" (ssh when the host uses key
+# or agent authentication).
+bulk_transfer = "auto"
 # The Triton image every host serves (pinned tag).
 triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3"
 # Image archives to `docker load` instead of pulling (air-gapped sites): {image: local path}.

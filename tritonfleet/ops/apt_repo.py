@@ -7,9 +7,10 @@ import shlex
 from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.facts.files import File
-from pyinfra.operations import files
 
+from ..facts import memo
 from ..facts.host import KeyringFingerprints
+from . import fast
 
 
 def normalize_fingerprint(fpr: str) -> str:
@@ -40,19 +41,23 @@ def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
 @operation()
 def signed_key(url: str, fingerprint: str, keyring: str):
     """Install the key at ``url`` as ``keyring`` if it is missing or not the pinned key."""
-    fprs = host.get_fact(KeyringFingerprints, path=keyring)
+    fprs = memo.fact(KeyringFingerprints, path=keyring)
     if normalize_fingerprint(fingerprint) in fprs and len(fprs) == 1:
         host.noop(f"{keyring} holds the pinned key")
         return
     yield fetch_key_command(url, fingerprint, keyring)
 
 
+def source_path(name: str) -> str:
+    return f"/etc/apt/sources.list.d/{name}.list"
+
+
 def source_file(name: str, line: str, _sudo=None):
     """/etc/apt/sources.list.d/<name>.list holding exactly ``line``."""
     from io import StringIO
 
-    dest = f"/etc/apt/sources.list.d/{name}.list"
-    return files.put(
+    dest = source_path(name)
+    return fast.put(
         name=f"apt source {name}",
         src=StringIO(line.rstrip() + "\n"),
         dest=dest,

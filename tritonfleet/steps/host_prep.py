@@ -10,14 +10,21 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
 from .. import config
-from ..facts.gpu import NvidiaGpus
-from ..facts.host import DockerDaemonJson, HeldPackages, SecureBoot
-from ..ops.apt_repo import signed_key, source_file
+from ..facts import memo
+from ..facts.host import (
+    DockerDaemonJson,
+    DpkgState,
+    FileState,
+    KeyringFingerprints,
+    SecureBoot,
+    UnitState,
+)
+from ..ops import fast
+from ..ops.apt_repo import signed_key, source_file, source_path
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
 
@@ -36,6 +43,7 @@ DRIVER_HOLD_PATTERN = r"^(cuda-drivers|nvidia-|libnvidia-|xserver-xorg-video-nvi
 # ... except the Container Toolkit, which is pinned by version instead (preferences.d)
 TOOLKIT_PATTERN = r"^(nvidia-container|libnvidia-container)"
 DRIVER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-nvidia-driver"
+TOOLKIT_PIN_FILE = "/etc/apt/preferences.d/nvidia-container-toolkit"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
 UNATTENDED_TEXT = (
     "// Managed by tritonfleet: driver and toolkit packages change only through the deploy.\n"
@@ -50,7 +58,7 @@ def cuda_distro() -> str:
     wanted = config.get("cuda_distro")
     if wanted:
         return wanted
-    d = host.get_fact(LinuxDistribution)
+    d = memo.fact(LinuxDistribution)
     name = (d.get("name") or "").lower()
     major, minor = d.get("major"), d.get("minor")
     if name == "ubuntu":
@@ -64,12 +72,12 @@ def cuda_distro() -> str:
 
 
 def cuda_arch() -> str:
-    arch = host.get_fact(Arch)
+    arch = memo.fact(Arch)
     return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}.get(arch, arch)
 
 
 def deb_arch() -> str:
-    arch = host.get_fact(Arch)
+    arch = memo.fact(Arch)
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(arch, arch)
 
 
@@ -85,7 +93,7 @@ def driver_packages() -> list[str]:
 def _hold_missing(installed: dict) -> list[str]:
     import re
 
-    held = set(host.get_fact(HeldPackages))
+    held = set(memo.fact(DpkgState)["held"])
     return [p for p in installed
             if re.match(DRIVER_HOLD_PATTERN, p) and not re.match(TOOLKIT_PATTERN, p) and p not in held]
 
@@ -111,12 +119,15 @@ def driver_pin_text() -> str:
     )
 
 
+DRIVER_VERSION_COMMAND = "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
+
+
 def _reboot_needed() -> bool:
-    """At execution time: the loaded driver does not match the installed one."""
+    """At execution time: the loaded driver does not match the installed one (read again when
+    an operation before changed the host)."""
     if not config.get("nvidia_reboot_if_needed"):
         return False
-    ok, out = host.run_shell_command("nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1")
-    text = out.stdout + out.stderr
+    text = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
     if "version mismatch" in text.lower():
         logger.warning(f"{host.name}: loaded NVIDIA module does not match the installed driver; rebooting")
         return True
@@ -133,9 +144,19 @@ SECURE_BOOT_HELP = (
 )
 
 
+def driver_facts() -> list[tuple]:
+    """What the driver step reads on a converged host: one remote command (memo.prefetch)."""
+    return [(SecureBoot, {}), (LinuxDistribution, {}), (Arch, {}), (KernelVersion, {}), (DpkgState, {}),
+            (KeyringFingerprints, {"path": CUDA_KEYRING}), (FileState, {"path": source_path("cuda")}),
+            (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
+            (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
+            (Command, {"command": DRIVER_VERSION_COMMAND})]
+
+
 @deploy("NVIDIA driver")
 def nvidia_driver():
-    if host.get_fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
+    memo.prefetch(*driver_facts())
+    if memo.fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
         # (pre-flight refuses this before any host is touched; this guards direct use of the step)
         check(name="check: Secure Boot is enabled: stop before installing an unloadable driver",
               function=_fail, message=SECURE_BOOT_HELP.format(host=host.name))
@@ -152,12 +173,12 @@ def nvidia_driver():
     if will_change(key, src):
         apt.update(name="apt update (CUDA repository changed)")
 
-    kernel = host.get_fact(KernelVersion)
+    kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     if kernel_pkgs:
-        apt.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
+        fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
 
-    nouveau = files.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
+    nouveau = fast.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
     if will_change(nouveau):
         server.shell(
             name="rebuild initramfs (nouveau blacklist changed)",
@@ -165,10 +186,10 @@ def nvidia_driver():
                       "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
         )
 
-    files.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
+    fast.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
               src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
     pkgs = driver_packages()
-    installed = host.get_fact(DebPackages) or {}
+    installed = memo.fact(DpkgState)["installed"]
     # Changing branch: the old branch's held packages would block apt ("held broken packages").
     other = [p for p in installed if p.startswith("cuda-drivers-") and p not in {x.split("=")[0] for x in pkgs}]
     if other:
@@ -176,9 +197,9 @@ def nvidia_driver():
         # (they are held again below, at the new branch).
         server.shell(name=f"release driver holds to switch from {', '.join(other)}",
                      commands=[_hold_command().replace("apt-mark hold", "apt-mark unhold")])
-        apt.packages(name=f"remove the other branch's metapackage {', '.join(other)}", packages=other,
+        fast.packages(name=f"remove the other branch's metapackage {', '.join(other)}", packages=other,
                      present=False)
-    driver = apt.packages(
+    driver = fast.packages(
         name=f"NVIDIA driver {', '.join(pkgs)}",
         packages=pkgs,
         extra_install_args="--allow-downgrades" if other else None,
@@ -187,17 +208,17 @@ def nvidia_driver():
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
             server.shell(name="hold driver packages (apt-mark hold)", commands=[_hold_command()])
-        files.put(name="keep driver packages out of unattended-upgrades",
+        fast.put(name="keep driver packages out of unattended-upgrades",
                   src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
 
     if config.get("nvidia_persistenced"):
-        systemd.service(name="nvidia-persistenced running and enabled",
+        fast.service(name="nvidia-persistenced running and enabled",
                         service="nvidia-persistenced", running=True, enabled=True)
 
     # A reboot can only be needed when the driver changes now, or the loaded module already
     # differs from the installed driver; whether it is, is decided on the host after the install.
-    gpus = host.get_fact(NvidiaGpus)
-    if driver_changes or (gpus is not None and gpus.status == "version_mismatch"):
+    loaded = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
+    if driver_changes or "version mismatch" in loaded.lower():
         reboot(
             name="reboot if the loaded driver does not match the installed one",
             reboot_timeout=config.get("nvidia_reboot_timeout"),
@@ -208,9 +229,13 @@ def nvidia_driver():
 @deploy("Docker Engine")
 def docker_engine():
     source = config.get("docker_source")
+    memo.prefetch((DpkgState, {}), (UnitState, {"unit": "docker.service"}), (LinuxDistribution, {}), (Arch, {}),
+                  *([(KeyringFingerprints, {"path": DOCKER_KEYRING}), (FileState, {"path": source_path("docker")}),
+                      (FileState, {"path": DOCKER_PIN_FILE})]
+                    if source == "docker" else []))
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
-        engine = apt.packages(name="Docker Engine (distro docker.io)",
+        engine = fast.packages(name="Docker Engine (distro docker.io)",
                               packages=["docker.io", "apparmor"], update=False)
     elif source == "docker":
         distro, codename = docker_distro()
@@ -223,18 +248,18 @@ def docker_engine():
             apt.update(name="apt update (Docker repository changed)")
         version = config.get("docker_version")
         if version:
-            pin = files.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
+            pin = fast.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
                             dest=DOCKER_PIN_FILE, mode="644")
         else:
             pin = files.file(name="Docker Engine not pinned", path=DOCKER_PIN_FILE, present=False)
-        engine = apt.packages(
+        engine = fast.packages(
             name="Docker Engine (docker-ce)",
             packages=["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin",
                       "docker-compose-plugin"],
         )
         # installed at another version (docker_version changed, or upgraded by hand): apt moves it
         # to the pinned one (packages already present are not touched by apt.packages)
-        have = (host.get_fact(DebPackages) or {}).get("docker-ce")
+        have = memo.fact(DpkgState)["installed"].get("docker-ce")
         if have and (will_change(pin) or (version and not any(
                 fnmatchcase(v, docker_version_pattern(version)) for v in have))):
             server.shell(name="move Docker Engine to the pinned version",
@@ -246,7 +271,7 @@ def docker_engine():
     else:
         raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
                                  "(group data, inventories/group_data/all.py)")
-    systemd.service(name="docker running and enabled", service="docker", running=True, enabled=True)
+    fast.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
 
 
@@ -276,7 +301,7 @@ def _check_docker_version(pattern: str):
 
 def docker_distro() -> tuple[str, str]:
     """(ubuntu|debian, codename) for Docker's repository path."""
-    d = host.get_fact(LinuxDistribution)
+    d = memo.fact(LinuxDistribution)
     distro = (d.get("name") or "").lower()
     codename = (d.get("release_meta") or {}).get("VERSION_CODENAME") or ""
     if distro not in ("ubuntu", "debian") or not codename:
@@ -311,6 +336,10 @@ def vendor_keys() -> list[tuple[str, str, str, str, str]]:
 
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit():
+    memo.prefetch((Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
+                  (FileState, {"path": source_path("nvidia-container-toolkit")}),
+                  (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
+                  (Command, {"command": HOOK_COMMAND}))
     url = config.get("container_toolkit_repo_url").rstrip("/")
     key = signed_key(name="Container Toolkit signing key (fingerprint checked)",
                      url=config.get("container_toolkit_key_url"),
@@ -323,12 +352,12 @@ def container_toolkit():
     pin_text = "".join(
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
     )
-    files.put(name=f"pin Container Toolkit packages to {version}",
-              src=StringIO(pin_text), dest="/etc/apt/preferences.d/nvidia-container-toolkit", mode="644")
-    apt.packages(name=f"Container Toolkit {version}",
+    fast.put(name=f"pin Container Toolkit packages to {version}",
+              src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
+    fast.packages(name=f"Container Toolkit {version}",
                  packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True)
 
-    daemon = host.get_fact(DockerDaemonJson)
+    daemon = memo.fact(DockerDaemonJson)
     if daemon is None:
         # (pre-flight refuses this before any host is touched; this guards direct use of the step)
         check(name="check: daemon.json is not valid JSON", function=_fail,
@@ -341,11 +370,13 @@ def container_toolkit():
     if not configured:
         server.shell(name="register the nvidia runtime with Docker (nvidia-ctk, keeps other daemon.json keys)",
                      commands=["nvidia-ctk runtime configure --runtime=docker"])
-    hook_missing = not host.get_fact(Command, command="command -v nvidia-container-runtime-hook || true")
+    hook_missing = not memo.fact(Command, command=HOOK_COMMAND)
     if not configured or hook_missing:
         systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
                         running=True, restarted=True)
 
+
+HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
 
 DAEMON_JSON_HELP = (
     "{host}: /etc/docker/daemon.json is not valid JSON; fix the file on the host by hand "

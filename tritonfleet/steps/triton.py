@@ -11,15 +11,29 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import server, systemd
 
 from .. import TEMPLATES, __version__, config, models
-from ..facts.host import DeployHistory, DockerImageId, ModelReleases, ReleaseManifest
+from .. import release as release_lib
+from ..facts import memo
+from ..facts.host import (
+    DeployHistory,
+    DockerImageId,
+    FileState,
+    ModelReleases,
+    ReleaseManifest,
+    ReleaseState,
+    UnitState,
+)
 from ..health import gate_current_host
+from ..ops import fast
 from ..ops.check import check, will_change
 from ..ops.registry import docker_login, registry_of
+from ..ops.release import model_release
+from ..ops.stream import docker_load
+from ..transfer import TransferError
+from ..transfer import choose as choose_transport
 
-IMAGE_CACHE = "/var/lib/tritonfleet/images"
 # Healthy deployments remembered on each host (<triton_base_dir>/history.jsonl) for rollback.
 HISTORY_KEEP = 20
 
@@ -36,7 +50,7 @@ def ensure_image(image: str) -> list:
     that changed something (for restart gating). Runs before any restart, so a failed pull or load
     leaves the running container serving."""
     archives = config.get("image_archives") or {}
-    have = host.get_fact(DockerImageId, image=image)
+    have = memo.fact(DockerImageId, image=image)
     if image in archives:
         archive = archives[image]
         if not Path(archive).is_file():
@@ -44,13 +58,11 @@ def ensure_image(image: str) -> list:
         want = _archive_image_id(archive)
         if have == want:
             return []
-        remote = f"{IMAGE_CACHE}/{Path(archive).name}"
-        put = files.put(name=f"upload image archive {Path(archive).name}", src=archive, dest=remote, mode="600")
-        load = server.shell(
-            name=f"docker load {image}",
-            commands=[f"docker load -i {shlex.quote(remote)} && rm -f {shlex.quote(remote)}"],
-        )
-        return [put, load]
+        # streamed into `docker load` on the host (bulk_transfer): no copy on the host's disk
+        transport = config.get("bulk_transfer")
+        _check_transport(transport)
+        return [docker_load(name=f"docker load {image} from {Path(archive).name}", archive=str(archive),
+                            transport=transport)]
     if have:
         return []
     ops = []
@@ -96,50 +108,40 @@ def host_repository(get=None) -> tuple[Path, dict, str]:
     return Path(path), json.loads(man), rid
 
 
+def _check_transport(transport: str) -> None:
+    """Refuse a transport that cannot work before any host is touched."""
+    try:
+        choose_transport(host, transport)
+    except TransferError as e:
+        raise config.ConfigError(str(e)) from e
+
+
 def sync_models() -> list:
-    """Ship the repository as a new release and switch to it atomically. Only changed files move;
-    removed files are gone from the new release; Triton only ever sees a complete release."""
+    """Make this host's repository the live release (tritonfleet.release): one remote command
+    when it already is (no file on the host is read: sizes and mtimes are compared with the
+    release's stat record). Otherwise only files no release on the host holds travel, in one
+    stream; Triton only ever sees a complete release."""
     base = config.get("triton_base_dir")
     local, man, rid = host_repository()
-    state = host.get_fact(ModelReleases, base=base)
-    if state["current"] == rid:
-        host.noop(f"model release {rid} is live")
+    live = memo.fact(ReleaseState, base=base)
+    if live["current"] == rid and not live["drift"]:
+        host.noop(f"model release {rid} is live" + ("" if live["verified"] else " (no stat record)"))
+        stale = live.get("incoming") or []
+        if stale:
+            # a transfer of another release was cut (Ctrl-C, lost link, halted rollout) and the
+            # host went back to this one: what it left only takes disk space
+            server.shell(name=f"remove interrupted transfers of other releases ({', '.join(stale)})",
+                         commands=[release_lib.discard_incoming_script(base, stale)])
         return []
-    q = shlex.quote
-    rel_dir, tmp = f"{base}/releases/{rid}", f"{base}/releases/.incoming-{rid}"
-    ops = []
-    if rid not in state["releases"]:
-        old = state["current"]
-        old_man = host.get_fact(ReleaseManifest, base=base, release=old) if old else {}
-        changed = [p for p, v in man.items() if old_man.get(p) != v]
-        stale = [p for p in old_man if p not in man or p in changed]
-        prep = [f"rm -rf {q(tmp)}", f"mkdir -p {q(tmp)}"]
-        if old:
-            # hard links: unchanged files cost nothing; changed ones are unlinked before upload
-            prep.append(f"cp -al {q(base)}/releases/{q(old)}/. {q(tmp)}/")
-            prep.append(f"rm -f {q(tmp)}/{models.MARKER}")
-            prep += [f"rm -f {q(tmp + '/' + p)}" for p in stale]
-        ops.append(server.shell(name=f"prepare model release {rid} ({len(changed)} files to send)", commands=[" && ".join(prep)]))
-        for p in changed:
-            ops.append(files.put(name=f"model file {p}", src=str(local / p), dest=f"{tmp}/{p}", mode="644"))
-        marker = json.dumps({"release": rid, "files": man}, sort_keys=True)
-        ops.append(files.put(name="release manifest", src=StringIO(marker), dest=f"{tmp}/{models.MARKER}", mode="644"))
-        ops.append(server.shell(name=f"complete model release {rid}",
-                                commands=[f"find {q(tmp)} -type d -empty -delete; mkdir -p {q(tmp)}; "
-                                          f"chmod -R a+rX {q(tmp)} && mv -T {q(tmp)} {q(rel_dir)}"]))
-    keep = int(config.get("triton_keep_releases"))
-    ops.append(server.shell(
-        name=f"switch live model repository to release {rid}",
-        commands=[
-            f"ln -sfn releases/{rid} {q(base)}/model_repository.new && "
-            f"mv -T {q(base)}/model_repository.new {q(base)}/model_repository && "
-            f"echo {rid} >> {q(base)}/releases.log && "
-            # prune: keep the newest `keep` releases by switch order, never the live one
-            f"tac {q(base)}/releases.log | awk '!seen[$0]++' | tail -n +{keep + 1} | "
-            f"while read r; do [ \"$r\" != {rid} ] && rm -rf {q(base)}/releases/\"$r\"; done; true"
-        ],
-    ))
-    return ops
+    why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
+           if live["current"] == rid else f"live: {live['current'] or 'none'}")
+    transport = config.get("bulk_transfer")
+    _check_transport(transport)
+    return [model_release(
+        name=f"model release {rid} ({why})",
+        base=base, release=rid, local=str(local), manifest=man,
+        keep=int(config.get("triton_keep_releases")), transport=transport,
+    )]
 
 
 MODEL_CONTROL_MODES = ("none", "explicit")
@@ -184,18 +186,24 @@ def render_unit(ctx: dict) -> str:
     return env.get_template("triton.service.j2").render(**ctx)
 
 
+def unit_path() -> str:
+    return f"/etc/systemd/system/{config.get('triton_service')}.service"
+
+
 @deploy("Triton image")
 def triton_image():
+    # what the Triton steps read on a converged host, in one remote command
+    memo.prefetch((DockerImageId, {"image": config.get("triton_image")}),
+                  (ReleaseState, {"base": config.get("triton_base_dir")}),
+                  (FileState, {"path": unit_path()}),
+                  (UnitState, {"unit": f"{config.get('triton_service')}.service"}),
+                  (DeployHistory, {"base": config.get("triton_base_dir")}))
     return ensure_image(config.get("triton_image"))
 
 
 @deploy("Model repository")
 def model_repository():
     return sync_models()
-
-
-def unit_path() -> str:
-    return f"/etc/systemd/system/{config.get('triton_service')}.service"
 
 
 def unit_digest(text: str) -> str:
@@ -252,7 +260,7 @@ def repository_api_commands(load: list[str], unload: list[str]) -> str:
 def triton_service(image: list | None = None, models: list | None = None):
     service = config.get("triton_service")
     text = render_unit(unit_context())
-    unit = files.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
+    unit = fast.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     if will_change(unit):
@@ -270,7 +278,7 @@ def triton_service(image: list | None = None, models: list | None = None):
     elif will_change(unit, image, models):
         systemd.service(name=f"restart {service} (unit, image or models changed)", service=service,
                         restarted=True)
-    systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
+    fast.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
 def record_deployment(action: str = "deploy") -> None:
@@ -283,7 +291,7 @@ def record_deployment(action: str = "deploy") -> None:
 
 
 def _append_record(base: str, release: str, unit: str, image: str, action: str) -> None:
-    history = host.get_fact(DeployHistory, base=base)["records"]
+    history = memo.fact(DeployHistory, base=base)["records"]
     last = history[-1] if history else {}
     if (last.get("release"), last.get("unit"), last.get("image")) == (release, unit, image):
         host.noop(f"deployment {release} / {image} already recorded")

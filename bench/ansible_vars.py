@@ -1,0 +1,110 @@
+"""Write an Ansible inventory whose host variables are exactly what tritonfleet's deploy uses for
+the same hosts (read from the pyinfra inventory and group data, computed by tritonfleet's own
+functions), so bench/ansible/triton.yml runs the same steps with the same values.
+
+    python bench/ansible_vars.py INVENTORY OUT_DIR [--limit HOST,...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pyinfra.context import ctx_host
+
+
+def host_vars(fh) -> dict:
+    from pyinfra import host
+    from pyinfra.facts.server import KernelVersion
+
+    from tritonfleet import config, models
+    from tritonfleet.facts.host import DpkgState
+    from tritonfleet.gpucheck import GPU_CLASSES
+    from tritonfleet.images import image_id
+    from tritonfleet.ops.apt_repo import fetch_key_command
+    from tritonfleet.steps import host_prep, triton, verify
+
+    with ctx_host.use(fh.pyinfra_host):
+        base = f"{config.get('cuda_repo_url').rstrip('/')}/{host_prep.cuda_distro()}/{host_prep.cuda_arch()}"
+        kernel = host.get_fact(KernelVersion)
+        toolkit_url = config.get("container_toolkit_repo_url").rstrip("/")
+        version = config.get("container_toolkit_version")
+        local, _, rid = triton.host_repository()
+        image = config.get("triton_image")
+        archive = (config.get("image_archives") or {}).get(image)
+        gpu_class = str(config.get("gpu_class")).upper()
+        pin = "".join(f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n"
+                      for p in host_prep.TOOLKIT_PACKAGES)
+        docker = (["docker.io", "apparmor"] if config.get("docker_source") == "distro" else
+                  ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"])
+        return {
+            "ansible_host": fh.address,
+            "ansible_user": fh.get("ssh_user") or "root",
+            "ansible_ssh_private_key_file": fh.get("ssh_key"),
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "tf_validate_command": f"{Path(sys.executable).parent / 'tritonfleet'} validate {local}",
+            "tf_secure_boot_ok": bool(config.get("nvidia_secure_boot_ok")),
+            "tf_cuda_keyring": host_prep.CUDA_KEYRING,
+            "tf_cuda_fingerprint": config.get("cuda_repo_key_fingerprint").replace(" ", "").upper(),
+            "tf_cuda_key_command": fetch_key_command(f"{base}/{config.get('cuda_repo_key_name')}",
+                                                     config.get("cuda_repo_key_fingerprint"), host_prep.CUDA_KEYRING),
+            "tf_cuda_source": f"deb [signed-by={host_prep.CUDA_KEYRING}] {base}/ /\n",
+            "tf_kernel_packages": [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")],
+            "tf_nouveau_text": host_prep.NOUVEAU_TEXT,
+            "tf_driver_pin_text": host_prep.driver_pin_text(),
+            "tf_driver_packages": host_prep.driver_packages(),
+            "tf_held_packages": host.get_fact(DpkgState)["held"],
+            "tf_unattended_text": host_prep.UNATTENDED_TEXT,
+            "tf_docker_packages": docker,
+            "tf_toolkit_keyring": host_prep.TOOLKIT_KEYRING,
+            "tf_toolkit_fingerprint": config.get("container_toolkit_key_fingerprint").replace(" ", "").upper(),
+            "tf_toolkit_key_command": fetch_key_command(config.get("container_toolkit_key_url"),
+                                                        config.get("container_toolkit_key_fingerprint"),
+                                                        host_prep.TOOLKIT_KEYRING),
+            "tf_toolkit_source": f"deb [signed-by={host_prep.TOOLKIT_KEYRING}] {toolkit_url}/{host_prep.deb_arch()} /\n",
+            "tf_toolkit_pin_text": pin,
+            "tf_toolkit_packages": [f"{p}={version}" for p in host_prep.TOOLKIT_PACKAGES],
+            "tf_gpu_probe_command": verify.probe_command(config.get("cuda_test_image")),
+            "tf_gpu_name": GPU_CLASSES[gpu_class]["names"][0],
+            "tf_triton_image": image,
+            "tf_triton_archive": archive or "",
+            "tf_triton_image_id": image_id(Path(archive)) if archive else "",
+            "tf_model_repository": str(local),
+            "tf_release": rid,
+            "tf_models": models.model_names(local),
+            "tf_unit_text": triton.render_unit(triton.unit_context()),
+        }
+
+
+def main(argv: list[str]) -> int:
+    from tritonfleet import fleet
+
+    inventory, out = argv[0], Path(argv[1])
+    limit = argv[3].split(",") if len(argv) > 3 and argv[2] == "--limit" else None
+    hosts = fleet.load_inventory(inventory, limit=limit)
+    (out / "host_vars").mkdir(parents=True, exist_ok=True)
+    try:
+        for fh in hosts:
+            (out / "host_vars" / f"{fh.name}.json").write_text(json.dumps(host_vars(fh), indent=1))
+    finally:
+        for fh in hosts:
+            fleet.disconnect(fh)
+    (out / "inventory.ini").write_text("[gpu]\n" + "".join(f"{fh.name}\n" for fh in hosts))
+    (out / "ansible.cfg").write_text(
+        "[defaults]\n"
+        f"inventory = {out / 'inventory.ini'}\n"
+        "host_key_checking = False\n"
+        "forks = 16\n"
+        "interpreter_python = /usr/bin/python3\n"
+        "[ssh_connection]\n"
+        "pipelining = True\n"
+        # Ansible's default ssh_args (connection reuse between runs), plus the test hosts' key policy
+        "ssh_args = -C -o ControlMaster=auto -o ControlPersist=60s -o UserKnownHostsFile=/dev/null\n"
+    )
+    print(f"wrote {out} for {len(hosts)} hosts")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,456 @@
+"""Benchmarks on the local testbed, each measurement run several times in one session so that
+ratios compare like with like. Prints a table (median, min, max, ratios, targets) and writes it
+to bench/results/<time>.{md,json}.
+
+    bash bench/setup                                  # Ansible venv, rsync (once)
+    export TRITONFLEET_TESTBED=<n>
+    .venv/bin/python bench/run.py all                 # everything below
+    .venv/bin/python bench/run.py noop [--runs 5]     # full-deploy no-op: tritonfleet vs Ansible
+    .venv/bin/python bench/run.py parallel [--hosts 10]
+    .venv/bin/python bench/run.py sync [--size-gb 10] # model sync vs rsync
+    .venv/bin/python bench/run.py bare [--runs 3]     # bare host -> serving
+
+Brings the testbed up (and deploys it) as each measurement needs, generates its test data under
+bench/.work and removes it again (--keep keeps it). Leaves the testbed running; `tritonfleet
+testbed down` removes it. No timing is asserted anywhere: this reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+WORK = BENCH / ".work"
+BIN = Path(sys.executable).parent
+PYINFRA = str(BIN / "pyinfra")
+TRITONFLEET = str(BIN / "tritonfleet")
+ANSIBLE = BENCH / ".venv-ansible" / "bin" / "ansible-playbook"
+INVENTORY = "inventories/testbed.py"
+SCRATCH = "/opt/tritonfleet-bench"       # model sync target on the host (never served)
+RSYNC_TARGET = "/var/tmp/tritonfleet-bench-rsync"
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def sh(cmd: list[str], check: bool = True, env: dict | None = None, timeout: float = 3600,
+       cwd: Path = ROOT) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env or os.environ.copy(),
+                         timeout=timeout)
+    dt = time.perf_counter() - t0
+    if check and res.returncode != 0:
+        raise SystemExit(f"[bench] failed ({res.returncode}): {' '.join(cmd)}\n{res.stdout[-3000:]}\n"
+                         f"{res.stderr[-3000:]}")
+    return dt, res
+
+
+# --- results ----------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    name: str
+    values: list[float] = field(default_factory=list)
+    unit: str = "s"
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    def cells(self) -> list[str]:
+        if not self.values:
+            return [self.name, "-", "-", "-", "-", self.target, self._met(), self.note]
+        if self.unit != "s" and len(self.values) == 1:  # a ratio or a count: one figure
+            v = self.values[0]
+            text = f"{v:.1f}x" if self.unit == "x" else f"{v:g} {self.unit}".strip()
+            return [self.name, "", text, "", "", self.target, self._met(), self.note]
+        fmt = (lambda v: f"{v:.2f} s") if self.unit == "s" else (
+            (lambda v: f"{v:.1f}x") if self.unit == "x" else (lambda v: f"{v:g} {self.unit}".strip()))
+        return [self.name, str(len(self.values)), fmt(statistics.median(self.values)), fmt(min(self.values)),
+                fmt(max(self.values)), self.target, self._met(), self.note]
+
+    def _met(self) -> str:
+        return "" if self.met is None else ("met" if self.met else "NOT met")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+
+class Results:
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.meta: dict = {}
+
+    def add(self, row: Row) -> Row:
+        self.rows.append(row)
+        log("  " + " | ".join(row.cells()))
+        return row
+
+    def markdown(self) -> str:
+        head = ["measurement", "runs", "median", "min", "max", "target", "result", "notes"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r.cells()) + " |" for r in self.rows]
+        return "\n".join(lines) + "\n"
+
+    def save(self) -> Path:
+        out = BENCH / "results"
+        out.mkdir(exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        md = self.markdown()
+        (out / f"{stamp}.md").write_text(md)
+        (out / f"{stamp}.json").write_text(json.dumps(
+            {"meta": self.meta, "rows": [r.__dict__ for r in self.rows]}, indent=1))
+        return out / f"{stamp}.md"
+
+
+def ratio_row(name: str, num: Row, den: Row, target: str, ok) -> Row:
+    """Ratio of medians, with the spread of the per-run ratios (runs were interleaved)."""
+    pairs = [a / b for a, b in zip(num.values, den.values, strict=False) if b]
+    r = num.median / den.median
+    row = Row(name, [r], unit="x", target=target, met=ok(r),
+              note=f"per-run ratios {min(pairs):.1f}x-{max(pairs):.1f}x" if pairs else "")
+    return row
+
+
+# --- testbed ----------------------------------------------------------------------------------
+
+def testbed_state():
+    from tritonfleet.testbed.hosts import State
+
+    return State.load()
+
+
+def ensure_testbed(n: int) -> list:
+    state = testbed_state()
+    alive = [h for h in state.hosts if h.pid]
+    if len(alive) < n:
+        log(f"testbed up --hosts {n}")
+        sh([TRITONFLEET, "testbed", "up", "--hosts", str(n)], timeout=1800)
+    return testbed_state().hosts[:n]
+
+
+def limit_args(names: list[str]) -> list[str]:
+    """pyinfra's --limit takes one host or group per option."""
+    return [arg for name in names for arg in ("--limit", name)]
+
+
+def deploy(limit: list[str] | None = None, timeout: float = 3600) -> float:
+    dt, res = sh([PYINFRA, "-y", *limit_args(limit or []), INVENTORY, "deploys/triton.py"], check=False,
+                 timeout=timeout)
+    if res.returncode != 0:
+        raise SystemExit(f"[bench] deploy failed:\n{res.stderr[-4000:]}")
+    return dt
+
+
+def host_ssh(h, command: str, check: bool = True, timeout: float = 3600) -> str:
+    from tritonfleet.testbed.hosts import ssh_key
+
+    _, res = sh(["ssh", *ssh_opts(ssh_key()), f"root@{h.address}", command], check=check, timeout=timeout)
+    return res.stdout
+
+
+def ssh_opts(key) -> list[str]:
+    return ["-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
+
+
+def hosts_cpu_seconds() -> float:
+    """CPU time used so far by all testbed hosts (their cgroup; they share this machine's CPUs)."""
+    from tritonfleet.testbed.hosts import CGROUP_ROOT
+
+    for line in (CGROUP_ROOT / "cpu.stat").read_text().splitlines():
+        if line.startswith("usage_usec"):
+            return int(line.split()[1]) / 1e6
+    return 0.0
+
+
+def children_cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+CPU: dict[str, list[float]] = {}
+
+
+def profiled_noop(limit: list[str], tag: str, deploy_file: str = "deploys/triton.py") -> tuple[float, int]:
+    """Wall time of a full-deploy run (a new process, as an operator runs it) and the number
+    of remote commands per host; fails if any operation other than the checks changed. Records
+    the CPU the run cost on this machine and on the test hosts (CPU[tag prefix])."""
+    out = WORK / f"profile-{tag}.json"
+    h0, c0 = hosts_cpu_seconds(), children_cpu_seconds()
+    dt, res = sh([str(BIN / "python"), str(BENCH / "cmdprofile.py"), "--out", str(out), "--",
+                  "-y", *limit_args(limit), INVENTORY, deploy_file], check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"[bench] no-op run failed:\n{res.stderr[-4000:]}")
+    changed = re.findall(r"^\s+(\S.*?)\s+\d+\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", res.stderr, re.M)
+    for name, success, *_ in changed:
+        if success not in ("-", "0") and "check:" not in name and name != "Grand total":
+            raise SystemExit(f"[bench] not a no-op: {name} changed\n{res.stderr[-3000:]}")
+    key = tag.rsplit("-", 1)[0]
+    CPU.setdefault(f"{key}-hosts", []).append(hosts_cpu_seconds() - h0)
+    CPU.setdefault(f"{key}-control", []).append(children_cpu_seconds() - c0)
+    data = json.loads(out.read_text())
+    if sorted(data["hosts"]) != sorted(limit):
+        raise SystemExit(f"[bench] the run reached {sorted(data['hosts'])}, not {sorted(limit)}")
+    counts = {len(v) for v in data["hosts"].values()}
+    return dt, max(counts)
+
+
+# --- measurements -----------------------------------------------------------------------------
+
+def bench_noop(results: Results, runs: int) -> None:
+    log("full-deploy no-op on one converged host: tritonfleet vs the same steps in Ansible")
+    if not ANSIBLE.exists():
+        raise SystemExit("[bench] Ansible missing: run `bash bench/setup` first")
+    hosts = ensure_testbed(1)
+    h = hosts[0]
+    log(f"converging {h.name} (not timed)")
+    deploy([h.name])
+    work = WORK / "ansible"
+    sh([str(BIN / "python"), str(BENCH / "ansible_vars.py"), INVENTORY, str(work), "--limit", h.name])
+    env = dict(os.environ, ANSIBLE_CONFIG=str(work / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    playbook = [str(ANSIBLE), "-l", h.name, str(BENCH / "ansible" / "triton.yml")]
+    log("Ansible warm-up run (installs what its modules need on the host, e.g. python3-apt)")
+    sh(playbook, env=env, timeout=1800)
+    ours, theirs, commands = Row("full deploy no-op, 1 host: tritonfleet (pyinfra)", target="<= 3 s"), \
+        Row("same steps, Ansible playbook (pipelining, ControlPersist)"), None
+    for i in range(runs):
+        dt, commands = profiled_noop([h.name], f"noop-{i}")
+        ours.values.append(dt)
+        dt, res = sh(playbook, env=env, check=False, timeout=1800)
+        recap = re.search(r"changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", res.stdout)
+        if res.returncode != 0 or not recap or recap.group(1) != "0":
+            raise SystemExit(f"[bench] the Ansible run was not a clean no-op:\n{res.stdout[-4000:]}")
+        theirs.values.append(dt)
+        log(f"  run {i + 1}: tritonfleet {ours.values[-1]:.2f}s, Ansible {dt:.2f}s")
+    ours.met = ours.median <= 3.0
+    results.add(ours)
+    results.add(theirs)
+    results.add(ratio_row("ratio Ansible / tritonfleet", theirs, ours, ">= 5x", lambda r: r >= 5))
+    results.add(Row("remote commands per host in a no-op run (tritonfleet)", [commands], unit="",
+                    note="every command counted (bench/cmdprofile.py); 50 before this work"))
+    tasks = len(re.findall(r"^TASK \[", res.stdout, re.M))
+    results.meta["ansible_tasks_per_run"] = tasks
+
+
+def bench_parallel(results: Results, runs: int, n: int) -> None:
+    log(f"no-op on {n} hosts in parallel vs one host")
+    hosts = ensure_testbed(n)
+    log(f"converging {n} hosts (not timed)")
+    deploy([h.name for h in hosts])
+    one, many = Row("full deploy no-op, 1 host"), Row(f"full deploy no-op, {n} hosts in parallel", target="")
+    for i in range(runs):
+        one.values.append(profiled_noop([hosts[0].name], f"one-{i}")[0])
+        many.values.append(profiled_noop([h.name for h in hosts], f"many-{i}")[0])
+        log(f"  run {i + 1}: 1 host {one.values[-1]:.2f}s, {n} hosts {many.values[-1]:.2f}s")
+    cpus = os.cpu_count()
+
+    def cpu_note(key: str) -> str:
+        hosts_s, control_s = statistics.median(CPU[f"{key}-hosts"]), statistics.median(CPU[f"{key}-control"])
+        return (f"CPU per run: test hosts {hosts_s:.1f} s + control {control_s:.1f} s, on the same "
+                f"{cpus} CPUs (>= {(hosts_s + control_s) / cpus:.1f} s of wall time)")
+
+    one.note, many.note = cpu_note("one"), cpu_note("many")
+    results.add(one)
+    results.add(many)
+    results.add(ratio_row(f"ratio {n} hosts / 1 host", many, one, "<= 2x", lambda r: r <= 2))
+    # the same without the GPU check's container (most of a host's CPU in a no-op)
+    one_m, many_m = Row("deploys/models.py no-op (image, models, unit, health gate), 1 host"), \
+        Row(f"deploys/models.py no-op, {n} hosts in parallel")
+    for i in range(runs):
+        one_m.values.append(profiled_noop([hosts[0].name], f"mone-{i}", "deploys/models.py")[0])
+        many_m.values.append(profiled_noop([h.name for h in hosts], f"mmany-{i}", "deploys/models.py")[0])
+    one_m.note, many_m.note = cpu_note("mone"), cpu_note("mmany")
+    results.add(one_m)
+    results.add(many_m)
+    results.add(ratio_row(f"ratio {n} hosts / 1 host without the GPU check", many_m, one_m, "", lambda r: None))
+
+
+def gen_repo(path: Path, size_gb: float) -> None:
+    """A model repository of ``size_gb`` GB: three models, the big one in 1 GB weight shards."""
+    if (path / ".complete").exists():
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    log(f"generating a {size_gb:g} GB model repository in {path}")
+    rng = __import__("random").Random(6)
+    total = int(size_gb * 1e9)
+    shards = max(1, round(total / 1e9))
+    shard = total // shards
+    files = {f"llm/1/shard-{i:02d}.bin": shard for i in range(shards)}
+    files.update({"llm/config.pbtxt": 600, "llm/1/tokenizer.json": 2_000_000,
+                  "embedder/config.pbtxt": 400, "embedder/1/model.onnx": 90_000_000,
+                  "ranker/config.pbtxt": 400, "ranker/1/model.onnx": 30_000_000})
+    block = 1 << 20
+    for rel, size in files.items():
+        p = path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "wb") as f:
+            left = size
+            while left > 0:
+                n = min(block, left)
+                f.write(rng.randbytes(n))
+                left -= n
+    (path / ".complete").write_text("")
+
+
+def models_run(h, repo: Path, env: dict, *extra: str) -> tuple[float, subprocess.CompletedProcess]:
+    dt, res = sh([PYINFRA, "-y", "--limit", h.name, INVENTORY, "bench/deploys/models_only.py",
+                  "--data", f"triton_base_dir={SCRATCH}", "--data", f"model_repository={repo}",
+                  "--data", "model_overrides={}", *extra], env=env, check=False, timeout=3600)
+    if res.returncode != 0:
+        raise SystemExit(f"[bench] model sync failed:\n{res.stderr[-4000:]}")
+    return dt, res
+
+
+def bench_sync(results: Results, runs: int, size_gb: float, keep: bool, paramiko_run: bool = True) -> None:
+    log(f"model sync of a {size_gb:g} GB repository: tritonfleet vs rsync over the same SSH settings")
+    from tritonfleet.testbed.hosts import ssh_key
+
+    h = ensure_testbed(1)[0]
+    host_ssh(h, "command -v rsync >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q rsync "
+                ">/dev/null")
+    repo = WORK / f"repo-{size_gb:g}g"
+    gen_repo(repo, size_gb)
+    cache = WORK / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    env = dict(os.environ, TRITONFLEET_LOCAL_CACHE=str(cache))
+    t0 = time.perf_counter()
+    sh([str(BIN / "python"), "-c", f"from tritonfleet import models; models.manifest(__import__('pathlib').Path({str(repo)!r}))"],
+       env=env)
+    hash_cold = time.perf_counter() - t0
+    size = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file() and not p.name.startswith("."))
+    rsync_cmd = ["rsync", "-a", "--delete", "--exclude", ".complete", "-e", "ssh " + " ".join(ssh_opts(ssh_key())),
+                 f"{repo}/", f"root@{h.address}:{RSYNC_TARGET}/"]
+    full, rs_full = Row(f"model sync, full transfer of {size / 1e9:.1f} GB: tritonfleet"), \
+        Row("same files, rsync -a over the same SSH settings")
+    def fresh(target: str) -> None:
+        """An empty target, and no writes of an earlier run still being flushed to the disk
+        (the test hosts write to this machine's disk: that would slow whichever runs next)."""
+        host_ssh(h, f"rm -rf {target}")
+        sh(["sync"])
+
+    try:
+        for i in range(runs):
+            tools = [("tritonfleet", SCRATCH, lambda: models_run(h, repo, env)[0], full),
+                     ("rsync", RSYNC_TARGET, lambda: sh(rsync_cmd, timeout=3600)[0], rs_full)]
+            for name, target, run, row in (tools if i % 2 == 0 else tools[::-1]):
+                fresh(target)
+                row.values.append(run())
+                log(f"  full run {i + 1}: {name} {row.values[-1]:.1f}s")
+        results.add(full)
+        results.add(rs_full)
+        results.add(ratio_row("ratio tritonfleet / rsync (full transfer)", full, rs_full, "<= 1.5x",
+                              lambda r: r <= 1.5))
+        if paramiko_run:
+            fresh(SCRATCH)
+            dt, _ = models_run(h, repo, env, "--data", "bulk_transfer=connection")
+            results.add(Row("same full transfer through pyinfra's own connection (paramiko)", [dt],
+                            note="bulk_transfer=connection, for comparison"))
+
+        noop, step, rs_noop = Row(f"model sync no-op, {size / 1e9:.1f} GB: whole pyinfra run"), \
+            Row("model sync no-op: the sync step itself (local manifest + 1 remote command)", target="<= 1 s"), \
+            Row("same no-op, rsync -a")
+        for _ in range(max(runs, 5)):
+            dt, res = models_run(h, repo, env)
+            if "Starting operation" in res.stderr:
+                raise SystemExit(f"[bench] the no-op changed something:\n{res.stderr[-3000:]}")
+            noop.values.append(dt)
+            step.values.append(float(re.search(r"decided in ([0-9.]+)s", res.stderr).group(1)))
+            rs_noop.values.append(sh(rsync_cmd)[0])
+        step.met = step.median <= 1.0
+        results.add(noop)
+        results.add(step)
+        results.add(rs_noop)
+
+        changed = Row("one changed small file (config.pbtxt): sync", note="")
+        big = Row("one changed 1 GB shard: sync", note="")
+        for _ in range(runs):
+            cfg = repo / "llm" / "config.pbtxt"
+            with open(cfg, "a") as f:
+                f.write(f"# change {time.time()}\n")
+            dt, res = models_run(h, repo, env)
+            changed.values.append(dt)
+            changed.note = re.search(r"(\d+ files to send \([0-9.]+ MB\))", res.stderr).group(1)
+            shard = repo / "llm" / "1" / "shard-00.bin"
+            with open(shard, "r+b") as f:
+                f.write(os.urandom(4096))
+            dt, res = models_run(h, repo, env)
+            big.values.append(dt)
+            big.note = re.search(r"(\d+ files to send \([0-9.]+ MB\))", res.stderr).group(1) + \
+                " (includes re-hashing the changed shard locally)"
+        results.add(changed)
+        results.add(big)
+        results.add(Row(f"hashing {size / 1e9:.1f} GB locally once (cold cache; later runs stat only)",
+                        [hash_cold]))
+    finally:
+        host_ssh(h, f"rm -rf {SCRATCH} {RSYNC_TARGET}", check=False)
+        if not keep:
+            shutil.rmtree(repo, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def bench_bare(results: Results, runs: int) -> None:
+    log("bare host -> serving (image archives cached on this machine)")
+    hosts = ensure_testbed(1)
+    h = hosts[0]
+    row = Row("bare host to serving, 1 host (full deploy)", target="<= 90 s")
+    n = len(testbed_state().hosts)
+    for i in range(runs):
+        sh([TRITONFLEET, "testbed", "destroy", h.name])
+        sh([TRITONFLEET, "testbed", "up", "--hosts", str(n)])
+        row.values.append(deploy([h.name]))
+        log(f"  run {i + 1}: {row.values[-1]:.1f}s")
+    row.met = row.median <= 90
+    results.add(row)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "all"])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--hosts", type=int, default=10, help="hosts for the parallel measurement")
+    ap.add_argument("--size-gb", type=float, default=10.0, help="model repository size for sync")
+    ap.add_argument("--sync-runs", type=int, default=3, help="full 10 GB transfers per tool")
+    ap.add_argument("--bare-runs", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="keep the generated model repository")
+    args = ap.parse_args()
+    if "TRITONFLEET_TESTBED" not in os.environ:
+        raise SystemExit("[bench] export TRITONFLEET_TESTBED=<instance> first (see README)")
+    os.chdir(ROOT)
+    WORK.mkdir(parents=True, exist_ok=True)
+    results = Results()
+    results.meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+                    "load": os.getloadavg(), "args": vars(args)}
+    t0 = time.perf_counter()
+    if args.what in ("noop", "all"):
+        bench_noop(results, args.runs)
+    if args.what in ("parallel", "all"):
+        bench_parallel(results, args.runs, args.hosts)
+    if args.what in ("sync", "all"):
+        bench_sync(results, args.sync_runs, args.size_gb, args.keep)
+    if args.what in ("bare", "all"):
+        bench_bare(results, args.bare_runs)
+    results.meta["seconds"] = time.perf_counter() - t0
+    results.meta["load_after"] = os.getloadavg()
+    path = results.save()
+    print(results.markdown())
+    log(f"table written to {path.relative_to(ROOT)} (load average before/after: "
+        f"{results.meta['load'][0]:.1f}/{results.meta['load_after'][0]:.1f} on {os.cpu_count()} CPUs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

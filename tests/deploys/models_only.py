@@ -1,0 +1,5 @@
+# Test deploy: only the model sync step (no unit, no restart, no health gate), so the sync can be
+# exercised against a scratch triton_base_dir next to the serving release.
+from tritonfleet.steps.triton import model_repository
+
+model_repository()

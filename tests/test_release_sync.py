@@ -1,0 +1,263 @@
+"""Model repository sync: the real operation and its host-side shell, run by pyinfra's @local
+connector against a release tree in a temporary directory (this machine plays the host). Changed,
+added, removed and renamed files, a no-op, files changed on the host, an interrupted transfer.
+The same over real SSH (OpenSSH and pyinfra's own connection) is in test_model_sync_testbed.py."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from fakehost import defaults
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+
+from tritonfleet import models, release, transfer
+from tritonfleet.steps.triton import _rendered, model_repository
+
+
+def write(root: Path, rel: str, data: bytes) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    r = tmp_path / "repo"
+    write(r, "a/config.pbtxt", b"name: \"a\"\n")
+    write(r, "a/1/model.onnx", os.urandom(300_000))
+    write(r, "b/config.pbtxt", b"name: \"b\"\n")
+    write(r, "b/1/model.onnx", os.urandom(200_000))
+    write(r, "b/labels.txt", b"cat\ndog\n")
+    return r
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch, caplog) -> Path:
+    caplog.set_level(logging.INFO, logger="pyinfra")
+    monkeypatch.setenv("TRITONFLEET_LOCAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "CACHE_DIR", tmp_path / "cache")
+    return tmp_path / "opt-triton"
+
+
+def sync(base: Path, repo: Path, transport: str = "auto") -> tuple[State, list[str]]:
+    """One run of the model sync step on this machine (pyinfra's @local connector, like
+    `pyinfra -y @local ...`). Returns the state and the names of operations that changed."""
+    _rendered.cache_clear()  # one pyinfra run per process in real life: the repository is read anew
+    data = {**defaults("t4"), "triton_base_dir": str(base), "model_repository": str(repo),
+            "model_overrides": {}, "bulk_transfer": transport}
+    inventory = Inventory(([("@local", data)], {}), t4=(["@local"], {}))
+    state = State(inventory, Config(), check_for_changes=False)
+    connect_all(state)
+    add_deploy(state, model_repository)
+    try:
+        run_ops(state)
+    except PyinfraError:
+        pass
+    host = inventory.get_host("@local")
+    changed = [", ".join(state.get_op_meta(h).names) for h, d in state.ops[host].items()
+               if d.operation_meta.did_change()]
+    return state, changed
+
+
+def live(base: Path) -> Path:
+    return base / os.readlink(base / "model_repository")
+
+
+def inode(p: Path) -> int:
+    return p.stat().st_ino
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def assert_serves(base: Path, repo: Path) -> None:
+    """The live release is exactly ``repo``: same files, same bytes, with its marker."""
+    rel = live(base)
+    got = {p.relative_to(rel).as_posix(): sha(p) for p in rel.rglob("*")
+           if p.is_file() and not p.name.startswith(".tritonfleet-")}
+    want = {p.relative_to(repo).as_posix(): sha(p) for p in repo.rglob("*") if p.is_file()}
+    assert got == want
+    man = models.manifest(repo)
+    assert rel.name == models.release_id(man)
+    assert (rel / models.MARKER).is_file() and (rel / release.STAT).is_file()
+
+
+def test_first_sync_then_noop(base, repo, caplog):
+    state, changed = sync(base, repo)
+    assert not state.failed_hosts and changed
+    assert_serves(base, repo)
+    assert os.readlink(base / "model_repository") == f"releases/{live(base).name}"  # relative
+    assert (base / "releases.log").read_text().split() == [live(base).name]
+    state, changed = sync(base, repo)
+    assert not state.failed_hosts and changed == []
+
+
+def test_changed_added_removed_renamed(base, repo, caplog):
+    sync(base, repo)
+    old = live(base)
+    write(repo, "a/config.pbtxt", b"name: \"a\"\nmax_batch_size: 8\n")  # changed
+    write(repo, "c/config.pbtxt", b"name: \"c\"\n")                      # added
+    (repo / "b/labels.txt").unlink()                                    # removed
+    (repo / "b/1/model.onnx").rename(repo / "b/1/model_v2.onnx")        # renamed
+    caplog.clear()
+    state, changed = sync(base, repo)
+    assert not state.failed_hosts and changed
+    assert_serves(base, repo)
+    new = live(base)
+    assert new != old and old.is_dir(), "the previous release is kept for rollback"
+    # only the changed and the added file travelled; the rename is a hard link by content
+    assert "2 files to send" in caplog.text
+    assert inode(new / "b/1/model_v2.onnx") == inode(old / "b/1/model.onnx")
+    assert inode(new / "a/1/model.onnx") == inode(old / "a/1/model.onnx")
+    assert inode(new / "a/config.pbtxt") != inode(old / "a/config.pbtxt")
+    assert not (new / "b/labels.txt").exists()
+    # the old release is untouched (a changed file never writes through a shared inode)
+    assert (old / "a/config.pbtxt").read_bytes() == b"name: \"a\"\n"
+
+
+def test_back_to_an_earlier_release_is_a_switch(base, repo, caplog):
+    sync(base, repo)
+    first = live(base).name
+    write(repo, "a/config.pbtxt", b"changed\n")
+    sync(base, repo)
+    write(repo, "a/config.pbtxt", b"name: \"a\"\n")
+    caplog.clear()
+    sync(base, repo)
+    assert live(base).name == first
+    assert "files to send" not in caplog.text
+    assert (base / "releases.log").read_text().split()[-1] == first
+
+
+def test_keeps_only_the_newest_releases(base, repo):
+    ids = []
+    for i in range(5):
+        write(repo, "a/config.pbtxt", f"v{i}\n".encode())
+        sync(base, repo)
+        ids.append(live(base).name)
+    kept = sorted(p.name for p in (base / "releases").iterdir())
+    assert kept == sorted(ids[-3:])  # triton_keep_releases = 3
+
+
+def test_file_changed_on_the_host_is_repaired(base, repo, caplog):
+    sync(base, repo)
+    rel = live(base)
+    with open(rel / "b/labels.txt", "ab") as f:
+        f.write(b"tampered\n")
+    (rel / "b/stray.txt").write_text("not from the repository\n")
+    caplog.clear()
+    state, changed = sync(base, repo)
+    assert not state.failed_hosts and changed, "a drifted live release is not a no-op"
+    err = caplog.text
+    assert "rebuilding" in err and "1 files to send" in err
+    assert_serves(base, repo)
+    assert live(base).name == rel.name
+    state, changed = sync(base, repo)
+    assert changed == []
+
+
+def test_interrupted_transfer_leaves_the_live_release_and_resumes(base, repo, monkeypatch, caplog):
+    sync(base, repo)
+    before = live(base).name
+    write(repo, "d/1/LICENSE", b"small, complete before the cut\n")  # sent first (sorted)
+    write(repo, "d/1/model.onnx", os.urandom(3_000_000))
+
+    real = transfer._over_pipe
+
+    def cut(source, command):  # the connection drops after 1 MB of the stream
+        head = subprocess.Popen(["head", "-c", "1000000"], stdin=source, stdout=subprocess.PIPE)
+        source.close()
+        rc, err = real(head.stdout, command)
+        head.wait()
+        return rc, err
+
+    monkeypatch.setattr(transfer, "_over_pipe", cut)
+    state, _ = sync(base, repo)
+    assert state.failed_hosts
+    # nothing half-written is visible: the live link and its release are as before
+    assert live(base).name == before
+    new_id = models.release_id(models.manifest(repo))
+    assert not (base / "releases" / new_id).exists()
+    partial = base / "releases" / f".incoming-{new_id}" / "d/1/model.onnx"
+    assert partial.exists() and partial.stat().st_size < 3_000_000
+
+    monkeypatch.setattr(transfer, "_over_pipe", real)
+    caplog.clear()
+    state, changed = sync(base, repo)
+    assert not state.failed_hosts and changed
+    err = caplog.text
+    # only the partial file travels again; what arrived (and what was linked) is kept
+    assert "1 files to send (3.0 MB), 0 hard-linked from earlier releases, 6 kept" in err
+    assert_serves(base, repo)
+    assert not list((base / "releases").glob(".incoming-*"))
+
+
+def test_incomplete_release_is_never_switched_to(base, repo, monkeypatch):
+    sync(base, repo)
+    before = live(base).name
+    write(repo, "e/config.pbtxt", b"name: \"e\"\n")
+    write(repo, "e/1/model.onnx", b"onnx")
+    real = transfer._tar_process
+    # a stream that lacks a file (e.g. it vanished locally): the completeness check refuses it
+    monkeypatch.setattr(transfer, "_tar_process", lambda root, paths: real(root, paths[:-1]))
+    state, _ = sync(base, repo)
+    assert state.failed_hosts
+    assert live(base).name == before
+
+
+def test_plan_links_by_content_and_never_reuses_drifted_files():
+    man = {"x/1/m.onnx": [10, "a" * 64], "x/c.pbtxt": [3, "b" * 64], "y/new": [4, "c" * 64]}
+    index = {"releases": {"r1": {"old/path.onnx": [10, "a" * 64], "x/c.pbtxt": [3, "b" * 64]}},
+             "drift": {"r1": ["x/c.pbtxt"]}, "incoming": {"y/new": 2, "junk": 1}}
+    plan = release.make_plan("r2", man, index)
+    assert plan.link == {"x/1/m.onnx": "r1/old/path.onnx"}
+    assert plan.send == ["x/c.pbtxt", "y/new"]  # drifted content and the partial file travel
+    assert plan.keep == [] and plan.remove == ["junk", "y/new"]
+    assert plan.send_bytes == 7 and not plan.repair
+
+
+def test_expect_listing_sorts_like_c_locale_sort(tmp_path):
+    man = {"b/x": [1, ""], "B/x": [1, ""], "a b/x": [22, ""], "a/x": [3, ""]}
+    text = release.expect_listing(man)
+    f = tmp_path / "l"
+    f.write_text(text)
+    res = subprocess.run(["sort", "-c", str(f)], env={**os.environ, "LC_ALL": "C"}, capture_output=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_transport_choice():
+    from types import SimpleNamespace
+
+    with pytest.raises(transfer.TransferError, match="bulk_transfer must be one of"):
+        transfer.choose(SimpleNamespace(name="h", connector=None), "rsync")
+    not_ssh = SimpleNamespace(name="h", connector=SimpleNamespace(data={}))
+    for wanted in ("ssh", "auto", "connection"):
+        with pytest.raises(transfer.TransferError, match="h: model sync needs pyinfra's ssh connector"):
+            transfer.choose(not_ssh, wanted)
+    assert shutil.which("ssh"), "the OpenSSH client is needed for the ssh transport tests"
+
+
+def test_large_plans_travel_as_a_file(base, repo, monkeypatch):
+    from tritonfleet.ops import release as release_op
+
+    monkeypatch.setattr(release_op, "INLINE_SCRIPT_MAX", 0)
+    state, changed = sync(base, repo)
+    assert not state.failed_hosts and changed
+    assert_serves(base, repo)
+    assert not list((base / "releases").glob(".tritonfleet-plan-*"))
+
+
+def test_unknown_transport_is_refused_before_the_host_is_touched(base, repo):
+    with pytest.raises(Exception, match="bulk_transfer must be one of"):
+        sync(base, repo, transport="scp")
+    assert not base.exists()

@@ -1,0 +1,58 @@
+"""GPU verification in one remote command (host query + summary, then both inside one
+`docker run --gpus all`), on pyinfra's @fake connector with real nvidia-smi output. The real
+check runs on every testbed deploy (test_e2e_testbed.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fakehost import run_fake
+
+from tritonfleet.steps.verify import SECTION, probe_command, split_sections, verify_gpus
+
+FIX = Path(__file__).parent / "fixtures" / "nvidia"
+SUMMARY = (FIX / "smi_t4_550.54.15.txt").read_text().splitlines()
+QUERY_T4 = ["0, Tesla T4, GPU-9d6c1d2e-0000-0000-0000-000000000000, 00000000:00:04.0, 550.54.15, 7.5, 15360"]
+DOCKER_ERR = ['docker: Error response from daemon: could not select device driver "" with capabilities: '
+              "[[gpu]]."]
+
+
+def answer(host_q, host_s, cont_q, cont_s=None) -> list[str]:
+    out = [*host_q, SECTION, *host_s, SECTION, *cont_q]
+    if cont_s is not None:
+        out += [SECTION, *cont_s]
+    return out
+
+
+def test_one_command_for_host_and_container():
+    host, cmds, state = run_fake(verify_gpus, {SECTION: answer(QUERY_T4, SUMMARY, QUERY_T4, SUMMARY)},
+                                 yes=True, load_image=False)
+    assert not state.failed_hosts
+    probes = [c for c in cmds if "nvidia-smi" in c]
+    assert len(probes) == 1, probes
+    assert probes[0] == probe_command("nvidia/cuda:12.2.0-base-ubuntu22.04")
+    assert probes[0].count("docker run") == 1 and "--gpus all --network none" in probes[0]
+
+
+def test_container_failure_fails_the_host():
+    _, cmds, state = run_fake(verify_gpus, {SECTION: answer(QUERY_T4, SUMMARY, DOCKER_ERR)},
+                              yes=True, load_image=False)
+    assert state.failed_hosts
+    assert sum("nvidia-smi" in c for c in cmds) == 1
+
+
+def test_old_driver_in_container_asks_again_without_compute_cap():
+    invalid = (FIX / "query_compute_cap_invalid.txt").read_text().splitlines()
+    responses = {
+        SECTION: answer(QUERY_T4, SUMMARY, invalid, SUMMARY),
+        "--query-gpu=index,name,uuid,pci.bus_id,driver_version,memory.total":
+            ["0, Tesla T4, GPU-9d6c1d2e-0000-0000-0000-000000000000, 00000000:00:04.0, 550.54.15, 15360"],
+    }
+    _, cmds, state = run_fake(verify_gpus, responses, yes=True, load_image=False)
+    assert not state.failed_hosts, cmds
+    retry = [c for c in cmds if "driver_version,memory.total" in c]
+    assert len(retry) == 1 and retry[0].startswith("docker run --rm --gpus all --network none")
+
+
+def test_split_sections_pads_missing_ones():
+    assert split_sections(["a", SECTION, "b"], 4) == [["a"], ["b"], [], []]

@@ -1,0 +1,75 @@
+"""The operation that makes a model repository release live on a host (layout and plan:
+tritonfleet.release). Reads the host when it runs, so it always works from the host's real state:
+the same release already there (switch only), an interrupted transfer (resume), earlier releases
+(hard links by content), or nothing (send everything)."""
+
+from __future__ import annotations
+
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.facts import FactBase
+
+from .. import release as rel
+from .. import transfer
+from .stream import wrapped
+
+# a prepare script above this size is uploaded (SFTP) instead of sent as the command line
+INLINE_SCRIPT_MAX = 64 * 1024
+
+
+class ReleaseIndex(FactBase):
+    """What building a release can reuse on the host (tritonfleet.release.parse_index)."""
+
+    @staticmethod
+    def default():
+        return {"releases": {}, "drift": {}, "incoming": {}}
+
+    def command(self, base: str, release: str) -> str:
+        return rel.index_command(base, release)
+
+    def process(self, output):
+        return rel.parse_index(output)
+
+
+def _send_files(state, host, root: str, paths: list[str], remote: str, transport: str) -> bool:
+    try:
+        sent = transfer.send(host, Path(root), paths, remote, transport)
+    except (transfer.TransferError, OSError) as e:
+        logger.error(f"{host.print_prefix}{e}")
+        return False
+    logger.info(f"{host.print_prefix}model release: {sent}")
+    return True
+
+
+@operation(is_idempotent=True)
+def model_release(base: str, release: str, local: str, manifest: dict, keep: int,
+                  transport: str = "auto"):
+    """Make ``release`` (the repository at ``local``, whose manifest is ``manifest``) the live
+    model repository below ``base``; keep ``keep`` earlier releases."""
+    index = host.get_fact(ReleaseIndex, base=base, release=release)
+    if release in index["releases"] and not index["drift"].get(release):
+        # complete and untouched on the host (an earlier release, or one built by a run that
+        # stopped before the switch): switching is all there is to do
+        yield StringCommand(rel.switch_script(base, release, keep))
+        return
+    plan = rel.make_plan(release, manifest, index)
+    how = transfer.choose(host, transport) if plan.send else None
+    logger.info(f"{host.print_prefix}model release {release}"
+                f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
+                f"{f' over {how}' if how else ''}")
+    script = rel.prepare_script(base, plan, manifest)
+    if len(script) <= INLINE_SCRIPT_MAX:
+        yield StringCommand(script)
+    else:
+        path = f"{base}/releases/{rel.OWN_PREFIX}plan-{release}.sh"
+        yield StringCommand(f"mkdir -p {base}/releases")
+        yield FileUploadCommand(StringIO(script), path)
+        yield StringCommand(f"sh {path}; rc=$?; rm -f {path}; exit $rc")
+    if plan.send:
+        remote = wrapped(rel.receive_command(base, release))
+        yield FunctionCommand(_send_files, (local, plan.send, remote, how), {})
+    yield StringCommand(rel.finish_script(base, release, keep))

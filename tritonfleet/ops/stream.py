@@ -1,0 +1,40 @@
+"""Operations that stream local data into a command on the host (tritonfleet.transfer), and the
+remote command wrapping they share with pyinfra (sudo, su, env, shell)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.connectors.util import make_unix_command, make_unix_command_for_host
+
+from .. import transfer
+
+
+def wrapped(command: str) -> str:
+    """``command`` as pyinfra would run it for the current operation (sudo, su, env, shell)."""
+    accepted = set(inspect.signature(make_unix_command).parameters)
+    args = {k: v for k, v in (host.current_op_global_arguments or {}).items()
+            if k in CONNECTOR_ARGUMENT_KEYS and k in accepted}
+    return make_unix_command_for_host(state, host, StringCommand(command), **args).get_raw_value()
+
+
+def _load(state, host, archive: str, remote: str, how: str) -> bool:
+    try:
+        sent = transfer.send_file(host, Path(archive), remote, how)
+    except (transfer.TransferError, OSError) as e:
+        logger.error(f"{host.print_prefix}{e}")
+        return False
+    logger.info(f"{host.print_prefix}docker load: {sent}")
+    return True
+
+
+@operation(is_idempotent=False)
+def docker_load(archive: str, transport: str = "auto"):
+    """`docker load` of a local image archive, streamed into the host's `docker load` (no copy
+    of the archive on the host's disk)."""
+    how = transfer.choose(host, transport)
+    yield FunctionCommand(_load, (archive, wrapped("docker load"), how), {})
