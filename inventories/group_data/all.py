@@ -14,6 +14,9 @@ ssh_strict_host_key_checking = "yes"
 # Distro codename used in NVIDIA's CUDA repository path (ubuntu2204, ubuntu2404, debian12).
 # None: derived from the host's /etc/os-release.
 cuda_distro = None
+# Seconds an apt/dpkg command waits while another process (unattended-upgrades, an operator's apt)
+# holds the package manager's locks, before the host fails with what held them; 0: do not wait.
+apt_lock_timeout = 300
 
 # --- NVIDIA driver ------------------------------------------------------------------------
 # CUDA network repository (a directory per distro/arch below it).

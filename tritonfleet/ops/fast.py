@@ -19,6 +19,7 @@ from pyinfra.operations import apt, files, systemd
 
 from ..facts import memo
 from ..facts.host import DpkgState, FileState, UnitState
+from . import aptlock
 
 
 def _local_sha256(src) -> str | None:
@@ -74,8 +75,10 @@ def packages(packages=None, present: bool = True, latest: bool = False, update: 
         if not present and not any(s.partition("=")[0] in installed for s in specs):
             host.noop(f"packages {', '.join(specs)} are not installed")
             return
-    yield from apt.packages._inner(packages=specs, present=present, latest=latest, update=update,
-                                   upgrade=upgrade, **kwargs)
+    # every apt-get command waits for a held apt/dpkg lock (unattended-upgrades), with a bound
+    for command in apt.packages._inner(packages=specs, present=present, latest=latest, update=update,
+                                       upgrade=upgrade, **kwargs):
+        yield aptlock.wrap(command)
 
 
 @operation()

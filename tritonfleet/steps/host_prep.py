@@ -11,7 +11,7 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import files, server, systemd
 
 from .. import config
 from ..facts import memo
@@ -23,7 +23,7 @@ from ..facts.host import (
     SecureBoot,
     UnitState,
 )
-from ..ops import fast
+from ..ops import aptlock, fast
 from ..ops.apt_repo import signed_key, source_file, source_path
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
@@ -171,7 +171,7 @@ def nvidia_driver():
     )
     src = source_file("cuda", f"deb [signed-by={CUDA_KEYRING}] {base}/ /")
     if will_change(key, src):
-        apt.update(name="apt update (CUDA repository changed)")
+        aptlock.update(name="apt update (CUDA repository changed)")
 
     kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
@@ -196,7 +196,7 @@ def nvidia_driver():
         # Held packages are never moved as dependencies: release them for this switch only
         # (they are held again below, at the new branch).
         server.shell(name=f"release driver holds to switch from {', '.join(other)}",
-                     commands=[_hold_command().replace("apt-mark hold", "apt-mark unhold")])
+                     commands=aptlock.wrapped([_hold_command().replace("apt-mark hold", "apt-mark unhold")]))
         fast.packages(name=f"remove the other branch's metapackage {', '.join(other)}", packages=other,
                      present=False)
     driver = fast.packages(
@@ -207,7 +207,7 @@ def nvidia_driver():
     driver_changes = bool(other) or will_change(driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
-            server.shell(name="hold driver packages (apt-mark hold)", commands=[_hold_command()])
+            server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
         fast.put(name="keep driver packages out of unattended-upgrades",
                   src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
 
@@ -245,7 +245,7 @@ def docker_engine():
                          keyring=DOCKER_KEYRING)
         src = source_file("docker", f"deb [arch={deb_arch()} signed-by={DOCKER_KEYRING}] {repo}/{distro} {codename} stable")
         if will_change(key, src):
-            apt.update(name="apt update (Docker repository changed)")
+            aptlock.update(name="apt update (Docker repository changed)")
         version = config.get("docker_version")
         if version:
             pin = fast.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
@@ -263,8 +263,8 @@ def docker_engine():
         if have and (will_change(pin) or (version and not any(
                 fnmatchcase(v, docker_version_pattern(version)) for v in have))):
             server.shell(name="move Docker Engine to the pinned version",
-                         commands=["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
-                                   "docker-ce docker-ce-cli"])
+                         commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                                                   "--allow-downgrades docker-ce docker-ce-cli"]))
         if version:
             check(name=f"check: docker-ce is {version}", function=_check_docker_version,
                   pattern=docker_version_pattern(version))
@@ -347,7 +347,7 @@ def container_toolkit():
                      keyring=TOOLKIT_KEYRING)
     src = source_file("nvidia-container-toolkit", f"deb [signed-by={TOOLKIT_KEYRING}] {url}/{deb_arch()} /")
     if will_change(key, src):
-        apt.update(name="apt update (Container Toolkit repository changed)")
+        aptlock.update(name="apt update (Container Toolkit repository changed)")
     version = config.get("container_toolkit_version")
     pin_text = "".join(
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES

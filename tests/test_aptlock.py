@@ -1,0 +1,55 @@
+"""The apt/dpkg lock wrapper, run by a real shell against commands that fail the way apt-get does
+while another process holds its lock. (tests/test_faults.py holds the real locks on a testbed host.)"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from tritonfleet.ops.aptlock import wrap
+
+LOCKED = ("echo 'E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 "
+          "(unattended-upgr)' >&2; echo 'E: Unable to acquire the dpkg frontend lock "
+          "(/var/lib/dpkg/lock-frontend), is another process using it?' >&2; exit 100")
+
+
+def run(command: str, seconds: int):
+    script = wrap(command, seconds).get_raw_value()
+    start = time.monotonic()
+    res = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
+    return res, time.monotonic() - start
+
+
+def counting(tmp_path, locked_times: int) -> str:
+    n = tmp_path / "n"
+    n.write_text("0")
+    return (f"c=$(( $(cat {n}) + 1 )); echo $c > {n}; "
+            f"if [ $c -le {locked_times} ]; then {LOCKED}; fi; echo installed")
+
+
+def test_waits_while_the_lock_is_held_then_runs(tmp_path):
+    res, took = run(counting(tmp_path, 2), 60)
+    assert res.returncode == 0, res.stderr
+    assert "installed" in res.stdout and "waited 4 s for the apt/dpkg lock" in res.stdout
+    assert (tmp_path / "n").read_text().strip() == "3" and took >= 4
+
+
+def test_gives_up_after_the_bound_naming_the_holder(tmp_path):
+    res, took = run(counting(tmp_path, 1000), 3)
+    assert res.returncode == 100
+    assert "Could not get lock" in res.stderr  # apt's own words are kept
+    assert "stayed held by another process for more than 3 s (held by process 4242 (unattended-upgr))" in res.stderr
+    assert "changed nothing" in res.stderr and "apt_lock_timeout" in res.stderr
+    assert 3 <= took < 30
+
+
+def test_other_failures_are_not_retried(tmp_path):
+    n = tmp_path / "n"
+    res, _ = run(f"echo x >> {n}; echo 'E: Unable to locate package nope' >&2; exit 100", 60)
+    assert res.returncode == 100 and "Unable to locate package nope" in res.stderr
+    assert n.read_text().count("x") == 1 and "apt/dpkg lock" not in res.stderr
+
+
+def test_zero_does_not_wait(tmp_path):
+    res, took = run(counting(tmp_path, 1), 0)
+    assert res.returncode == 100 and (tmp_path / "n").read_text().strip() == "1" and took < 5

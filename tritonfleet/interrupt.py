@@ -1,0 +1,36 @@
+"""Ctrl-C during a deploy exits with status 130, not 0.
+
+pyinfra's own handler prints "Exiting upon user request!" and exits 0, so a script or a CI job
+that runs the deploy takes an interrupted run for a successful one. This handler (installed when
+the deploy steps are imported, in pyinfra's main thread) says what state the hosts are in and
+exits 130 (128 + SIGINT), as shells do.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+MESSAGE = (
+    "Interrupted (Ctrl-C): the operations in flight were cut. Nothing half-written goes live: a model "
+    "release is switched to only once complete (a cut transfer resumes on the next run), and Triton "
+    "restarts only after its image, models and unit are in place. Run the same command again to finish."
+)
+
+
+def _handler(signum, frame):
+    sys.stderr.write(f"\n{MESSAGE}\n")
+    sys.stderr.flush()
+    sys.exit(128 + signal.SIGINT)
+
+
+def install() -> bool:
+    """Use this handler for SIGINT in pyinfra's CLI; False (nothing changed) elsewhere (the API,
+    tests) or outside the main thread."""
+    import pyinfra
+
+    if not pyinfra.is_cli or threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGINT, _handler)
+    return True
