@@ -166,24 +166,144 @@ def test_interrupted_run_converges_when_run_again(deployed, tmp_path):
     proc = subprocess.Popen(
         [PYINFRA, "-y", "--limit", h.name, "--data", f"model_repository={repo}", INVENTORY, "deploys/models.py"],
         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group, as a job in a terminal
     )
     deadline = time.monotonic() + 300
     while not incoming(h) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, "the deploy ended before the transfer could be interrupted"
-    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground job
     try:
         proc.wait(60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         pytest.fail("pyinfra did not stop within 60 s of Ctrl-C")
-    assert proc.returncode != 0
+    out = proc.stdout.read()
+    assert proc.returncode == 130, out[-3000:]  # not pyinfra's own 0: a script must see it failed
+    assert "Interrupted (Ctrl-C)" in out and "Run the same command again" in out
     assert live_release(h) == release and serving(h)
     converge("--limit", h.name, "--data", f"model_repository={repo}")
     assert live_release(h) != release and not incoming(h) and serving(h)
     converge("--limit", h.name)
     assert live_release(h) == release
+
+
+HOLD_LOCKS = """\
+import fcntl, sys, time
+held = []
+for path in ("/var/lib/apt/lists/lock", "/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock"):
+    f = open(path, "a")
+    fcntl.lockf(f, fcntl.LOCK_EX)  # what apt and dpkg take (fcntl locks)
+    held.append(f)
+open("/run/tf-locks-held", "w").close()
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def hold_apt_locks(h, seconds: float) -> None:
+    """Another process (like unattended-upgrades) holds apt's and dpkg's locks on the host."""
+    ssh(h, "rm -f /run/tf-locks-held; cat > /run/tf-hold-locks.py <<'EOF'\n" + HOLD_LOCKS + "EOF\n"
+           f"systemd-run --quiet --unit tf-apt-locks --collect python3 /run/tf-hold-locks.py {seconds}; "
+           "for i in $(seq 100); do [ -e /run/tf-locks-held ] && exit 0; sleep 0.1; done; exit 1")
+
+
+def release_apt_locks(h) -> None:
+    ssh(h, "systemctl stop tf-apt-locks 2>/dev/null; rm -f /run/tf-locks-held /run/tf-hold-locks.py; true")
+
+
+def needs_apt(h) -> str:
+    """Make the host need `apt-get update` (a source file gone) and an install (a package gone)."""
+    pkg = "linux-headers-" + ssh(h, "uname -r").strip()
+    ssh(h, f"rm /etc/apt/sources.list.d/cuda.list && dpkg -r --force-depends {pkg} >/dev/null")
+    return pkg
+
+
+def test_apt_lock_held_waits_with_a_bound_then_fails_clearly(deployed):
+    testbed, _, _ = deployed
+    h = testbed.hosts[0]
+    started = container_started(h)
+    pkg = needs_apt(h)
+    try:
+        # held for 15 s when the deploy starts: apt update and the install wait, then run
+        hold_apt_locks(h, 15)
+        t0 = time.monotonic()
+        res, data = pyinfra("deploys/host.py", "--limit", h.name, "--data", "apt_lock_timeout=300")
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert time.monotonic() - t0 > 10
+        ops = changed_ops(data)
+        assert any("apt update (CUDA repository changed)" in n for n in ops), ops
+        assert any("kernel headers and DKMS" in n for n in ops), ops
+        assert ssh(h, f"dpkg-query -W -f '${{Status}}' {pkg}") == "install ok installed"
+
+        # held for longer than apt_lock_timeout: the host fails after the bound, saying why
+        needs_apt(h)
+        hold_apt_locks(h, 600)
+        t0 = time.monotonic()
+        res, data = pyinfra("deploys/host.py", "--limit", h.name, "--data", "apt_lock_timeout=5")
+        took = time.monotonic() - t0
+        assert res.returncode != 0 and took < 120
+        out = res.stderr
+        assert h.name in out and "Could not get lock /var/lib/apt/lists/lock" in out
+        assert "stayed held by another process for more than 5 s (held by process" in out and "(python3)" in out
+        assert "apt_lock_timeout" in out
+        # nothing after the failed step ran: the package is still missing, Triton untouched
+        assert not any("kernel headers" in n for n in changed_ops(data))
+        assert ssh(h, f"dpkg-query -W -f '${{Status}}' {pkg} 2>&1", check=False) != "install ok installed"
+        assert container_started(h) == started and serving(h)
+    finally:
+        release_apt_locks(h)
+    res, data = pyinfra("deploys/host.py", "--limit", h.name)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert ssh(h, f"dpkg-query -W -f '${{Status}}' {pkg}") == "install ok installed"
+    assert container_started(h) == started and serving(h)
+
+
+def test_disk_full_during_model_sync_serves_nothing_half_written(deployed, tmp_path):
+    testbed, _, _ = deployed
+    h = testbed.hosts[0]
+    release, started = live_release(h), container_started(h)
+    repo = big_repo(tmp_path, mb=300)
+    # /opt/triton moved onto a filesystem with room for what it holds plus ~100 MB
+    used = int(ssh(h, "du -sm /opt/triton | cut -f1").strip())
+    ssh(h, f"mkdir -p /mnt/tf-stage && mount -t tmpfs tf-stage /mnt/tf-stage && cp -a /opt/triton/. /mnt/tf-stage/ && "
+           f"mount -t tmpfs -o size={used + 100}m tf-small /opt/triton && cp -a /mnt/tf-stage/. /opt/triton/ && "
+           "umount /mnt/tf-stage && rmdir /mnt/tf-stage")
+    try:
+        res, data = pyinfra("deploys/models.py", "--limit", h.name, "--data", f"model_repository={repo}")
+        assert res.returncode != 0
+        out = res.stderr
+        assert "Wrote only" in out or "No space left on device" in out  # tar's own words
+        assert f"{h.name}: the disk holding /opt/triton is full (or over quota)" in out and "triton_keep_releases" in out
+        # nothing half-written is live: same release, same container, still answering
+        assert live_release(h) == release and container_started(h) == started and serving(h)
+        assert not any("restart" in n or "switch" in n for n in changed_ops(data))
+    finally:
+        ssh(h, "umount /opt/triton || umount -l /opt/triton; umount /mnt/tf-stage; rmdir /mnt/tf-stage; true")
+    # the real directory again, as it was: a re-run with the default repository changes nothing
+    assert live_release(h) == release
+    res, data = pyinfra("deploys/models.py", "--limit", h.name)
+    assert res.returncode == 0 and not changed_ops(data), changed_ops(data)
+    assert container_started(h) == started and serving(h)
+
+
+def test_a_run_cut_before_the_restart_is_finished_by_the_next(deployed):
+    """The unit rewritten, or the live release switched, after the container started (a run cut
+    between that and the restart): the next run restarts Triton, once."""
+    testbed, _, _ = deployed
+    h = testbed.hosts[2]
+    for touch, why in (("touch /etc/systemd/system/triton.service", "the unit changed after it started"),
+                       ("touch -h /opt/triton/model_repository", "the model release was switched after it started")):
+        started = container_started(h)
+        ssh(h, touch)
+        res, data = pyinfra("deploys/models.py", "--limit", h.name)
+        assert res.returncode == 0, res.stderr[-3000:]
+        restarts = [n for n in changed_ops(data) if "restart" in n]
+        assert restarts == [f"Triton service | restart triton (an earlier run stopped before the restart: {why})"], \
+            changed_ops(data)
+        assert container_started(h) != started and serving(h)
+        res, data = pyinfra("deploys/models.py", "--limit", h.name)
+        assert res.returncode == 0 and changed_ops(data) == [], changed_ops(data)
 
 
 def _wait_port_closed(h, port: int = 22, timeout: float = 300) -> bool:

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from fakehost import run_fake
+from fakehost import defaults, run_fake
 
 from tritonfleet.steps.host_prep import container_toolkit, nvidia_driver
 
@@ -313,3 +313,41 @@ def test_a_check_runs_but_is_never_a_planned_change():
     assert ran == []
     run_ops(state)
     assert ran == ["ran"]
+
+
+@pytest.mark.parametrize("container,image_id,restart", [
+    # started after the unit was written and the release switched: nothing to do
+    (["running=true", "image=sha256:" + "a" * 64, "started=1000.5",
+      "/etc/systemd/system/triton.service=900.0", "/opt/triton/model_repository=950.0"], "a", None),
+    (["running=true", "image=sha256:" + "a" * 64, "started=1000.5",
+      "/etc/systemd/system/triton.service=1001.0", "/opt/triton/model_repository=950.0"], "a",
+     "the unit changed after it started"),
+    (["running=true", "image=sha256:" + "a" * 64, "started=1000.5",
+      "/etc/systemd/system/triton.service=900.0", "/opt/triton/model_repository=1000.7"], "a",
+     "the model release was switched after it started"),
+    (["running=true", "image=sha256:" + "a" * 64, "started=1000.5",
+      "/etc/systemd/system/triton.service=900.0", "/opt/triton/model_repository=950.0"], "b",
+     "it runs image aaaaaaaaaaaa, nvcr.io/nvidia/tritonserver:24.08-py3 is bbbbbbbbbbbb"),
+    ([], "a", None),  # no container: starting it is enough
+])
+def test_triton_restarted_when_an_earlier_run_stopped_before_the_restart(container, image_id, restart):
+    """A run cut between changing the unit, image or live release and the restart leaves Triton on
+    the old one; the next run sees it (the container started before the change) and restarts."""
+    from tritonfleet.steps.triton import render_unit, triton_service, unit_context
+
+    data = defaults("t4")
+    unit_sha = hashlib.sha256(render_unit(unit_context(data.get)).encode()).hexdigest()
+    responses = {
+        "docker inspect --format '{{.State.Running}}": container,
+        "docker image inspect": "sha256:" + image_id * 64,
+        re.compile(r"\[ -f /etc/systemd/system/triton.service \] && stat"): ["mode=644 user=root group=root", unit_sha],
+        "systemctl show": ["ActiveState=active", "UnitFileState=enabled"],
+    }
+    _, cmds, state = run_fake(triton_service, responses, {})
+    names = [n for meta in state.op_meta.values() for n in meta.names]
+    restarts = [n for n in names if "restart" in n]
+    assert not any("systemd unit" in n and "daemon-reload" in n for n in names)
+    if restart is None:
+        assert restarts == [], names
+    else:
+        assert restarts == [f"Triton service | restart triton (an earlier run stopped before the restart: {restart})"]

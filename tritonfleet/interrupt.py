@@ -8,9 +8,9 @@ exits 130 (128 + SIGINT), as shells do.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-import threading
 
 MESSAGE = (
     "Interrupted (Ctrl-C): the operations in flight were cut. Nothing half-written goes live: a model "
@@ -21,8 +21,11 @@ MESSAGE = (
 
 def _handler(signum, frame):
     sys.stderr.write(f"\n{MESSAGE}\n")
+    sys.stdout.flush()
     sys.stderr.flush()
-    sys.exit(128 + signal.SIGINT)
+    # at once: unwinding pyinfra's greenlets from here ends in gevent's LoopExit, and its own
+    # disconnect would wait for operations in flight (their SSH sessions close with the process)
+    os._exit(128 + signal.SIGINT)
 
 
 def install() -> bool:
@@ -30,7 +33,10 @@ def install() -> bool:
     tests) or outside the main thread."""
     import pyinfra
 
-    if not pyinfra.is_cli or threading.current_thread() is not threading.main_thread():
+    if not pyinfra.is_cli:
         return False
-    signal.signal(signal.SIGINT, _handler)
+    try:
+        signal.signal(signal.SIGINT, _handler)
+    except ValueError:  # not the main thread (pyinfra runs deploy code in greenlets of it)
+        return False
     return True

@@ -94,7 +94,9 @@ def choose(host, wanted: str) -> str:
 def ssh_argv(host, remote_command: str) -> list[str]:
     """OpenSSH client command line reaching ``host`` the way pyinfra's connection does."""
     data = _connector_data(host)
-    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "Compression=no", "-o", "ControlPath=none"]
+    # LogLevel=ERROR: no "Permanently added ..." warning in a transfer's error output
+    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "Compression=no", "-o", "ControlPath=none",
+            "-o", "LogLevel=ERROR"]
     if data.get("ssh_config_file"):
         argv += ["-F", os.path.expanduser(str(data["ssh_config_file"]))]
     if data.get("ssh_known_hosts_file"):

@@ -179,6 +179,45 @@ class DockerImageId(FactBase):
         return None
 
 
+class TritonContainer(FactBase):
+    """What the Triton container runs now, to find a run that stopped between changing the host
+    and restarting Triton: ``{"running", "image_id", "started", "unit_mtime", "link_mtime"}``
+    (times in seconds since the epoch, fractional; the link's own mtime is when the live model
+    release was last switched). ``running`` False when there is no such container."""
+
+    @staticmethod
+    def default():
+        return {"running": False, "image_id": None, "started": 0.0, "unit_mtime": 0.0, "link_mtime": 0.0}
+
+    def command(self, container: str, unit: str, link: str) -> str:
+        q = shlex.quote
+        return (
+            f"s=$(docker inspect --format '{{{{.State.Running}}}} {{{{.Image}}}} {{{{.State.StartedAt}}}}' "
+            f"{q(container)} 2>/dev/null) && set -- $s && echo \"running=$1\" && echo \"image=$2\" && "
+            "echo \"started=$(date -d \"$3\" +%s.%N)\"; "
+            f"find {q(unit)} {q(link)} -maxdepth 0 -printf '%p=%T@\\n' 2>/dev/null; true"
+        )
+
+    def process(self, output):
+        out = self.default()
+        for line in output:
+            key, _, value = line.strip().rpartition("=")
+            try:
+                if key == "running":
+                    out["running"] = value == "true"
+                elif key == "image":
+                    out["image_id"] = value if value.startswith("sha256:") else None
+                elif key == "started":
+                    out["started"] = float(value)
+                elif key.endswith(".service"):
+                    out["unit_mtime"] = float(value)
+                elif key:
+                    out["link_mtime"] = float(value)
+            except ValueError:
+                continue
+        return out
+
+
 class ModelReleases(FactBase):
     """Model repository releases below ``base``: which is live, which are complete."""
 

@@ -5,6 +5,7 @@ the same release already there (switch only), an interrupted transfer (resume), 
 
 from __future__ import annotations
 
+import re
 from io import StringIO
 from pathlib import Path
 
@@ -35,11 +36,24 @@ class ReleaseIndex(FactBase):
         return rel.parse_index(output)
 
 
-def _send_files(state, host, root: str, paths: list[str], remote: str, transport: str) -> bool:
+DISK_FULL_HELP = (
+    "{host}: the disk holding {base} is full (or over quota). The live model release is unchanged and Triton keeps "
+    "serving it; the part already sent stays in {base}/releases/{incoming}{release} and the next run "
+    "sends only the rest. Free space on the host (`df -h {base}`; fewer earlier releases kept: "
+    "triton_keep_releases), then run the deploy again."
+)
+
+
+def _send_files(state, host, root: str, paths: list[str], remote: str, transport: str,
+                base: str = "", release: str = "") -> bool:
     try:
         sent = transfer.send(host, Path(root), paths, remote, transport)
     except (transfer.TransferError, OSError) as e:
         logger.error(f"{host.print_prefix}{e}")
+        # tar on the host: "Cannot write: No space left on device", or a short write ("Wrote
+        # only 4608 of 10240 bytes") when the disk fills in the middle of a block
+        if re.search(r"No space left on device|Disk quota exceeded|tar: .*: Wrote only \d+ of \d+ bytes", str(e)):
+            logger.error(DISK_FULL_HELP.format(host=host.name, base=base, incoming=rel.INCOMING, release=release))
         return False
     logger.info(f"{host.print_prefix}model release: {sent}")
     return True
@@ -71,5 +85,5 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         yield StringCommand(f"sh {path}; rc=$?; rm -f {path}; exit $rc")
     if plan.send:
         remote = wrapped(rel.receive_command(base, release))
-        yield FunctionCommand(_send_files, (local, plan.send, remote, how), {})
+        yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})
     yield StringCommand(rel.finish_script(base, release, keep))

@@ -23,6 +23,7 @@ from ..facts.host import (
     ModelReleases,
     ReleaseManifest,
     ReleaseState,
+    TritonContainer,
     UnitState,
 )
 from ..health import gate_current_host
@@ -197,7 +198,9 @@ def triton_image():
                   (ReleaseState, {"base": config.get("triton_base_dir")}),
                   (FileState, {"path": unit_path()}),
                   (UnitState, {"unit": f"{config.get('triton_service')}.service"}),
-                  (DeployHistory, {"base": config.get("triton_base_dir")}))
+                  (DeployHistory, {"base": config.get("triton_base_dir")}),
+                  (TritonContainer, {"container": config.get("triton_container_name"), "unit": unit_path(),
+                                     "link": f"{config.get('triton_base_dir')}/model_repository"}))
     return ensure_image(config.get("triton_image"))
 
 
@@ -266,19 +269,53 @@ def triton_service(image: list | None = None, models: list | None = None):
     if will_change(unit):
         systemd.daemon_reload(name="systemd daemon-reload (unit changed)")
     image, models = list(image or []), list(models or [])
-    if config.get("triton_model_control_mode") == "explicit":
+    explicit = config.get("triton_model_control_mode") == "explicit"
+    # what an earlier run changed but stopped before Triton took it (Ctrl-C, a lost link)
+    behind = running_behind(explicit)
+    if explicit:
         # zero downtime: new models are loaded through the repository API while the old ones
         # serve; only a unit or image change restarts the container
-        if will_change(unit, image):
-            systemd.service(name=f"restart {service} (unit or image changed)", service=service, restarted=True)
-        elif will_change(models):
-            load, unload = model_changes()
+        if will_change(unit, image) or behind["restart"]:
+            systemd.service(name=f"restart {service} ({'unit or image changed' if will_change(unit, image) else behind['restart']})",
+                            service=service, restarted=True)
+        elif will_change(models) or behind["models"]:
+            load, unload = model_changes() if will_change(models) else behind["models"]
             server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
                          commands=[repository_api_commands(load, unload)])
-    elif will_change(unit, image, models):
-        systemd.service(name=f"restart {service} (unit, image or models changed)", service=service,
-                        restarted=True)
+    elif will_change(unit, image, models) or behind["restart"]:
+        why = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
+        systemd.service(name=f"restart {service} ({why})", service=service, restarted=True)
     fast.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
+
+
+def running_behind(explicit: bool) -> dict:
+    """What the running Triton has not taken yet although it is on the host: an earlier run
+    changed the unit, the image or the live release and stopped before the restart (or load).
+    ``{"restart": why or "", "models": (load, unload) or None}``."""
+    run = memo.fact(TritonContainer, container=config.get("triton_container_name"), unit=unit_path(),
+                    link=f"{config.get('triton_base_dir')}/model_repository")
+    out: dict = {"restart": "", "models": None}
+    if not run["running"]:
+        return out  # nothing runs: "running and enabled" starts it with everything in place
+    want = memo.fact(DockerImageId, image=config.get("triton_image"))
+    reasons = []
+    if want and run["image_id"] and run["image_id"] != want:
+        reasons.append(f"it runs image {run['image_id'][7:19]}, {config.get('triton_image')} is {want[7:19]}")
+    if run["unit_mtime"] > run["started"]:
+        reasons.append("the unit changed after it started")
+    if not explicit and run["link_mtime"] > run["started"]:
+        reasons.append("the model release was switched after it started")
+    if reasons:
+        out["restart"] = "an earlier run stopped before the restart: " + "; ".join(reasons)
+    elif explicit:
+        base = config.get("triton_base_dir")
+        records = memo.fact(DeployHistory, base=base)["records"]
+        live = memo.fact(ReleaseState, base=base)["current"]
+        loaded = records[-1].get("release") if records else None
+        if loaded and live and loaded != live:
+            out["models"] = model_diff(host.get_fact(ReleaseManifest, base=base, release=loaded),
+                                       host.get_fact(ReleaseManifest, base=base, release=live))
+    return out
 
 
 def record_deployment(action: str = "deploy") -> None:
