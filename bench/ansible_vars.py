@@ -65,7 +65,9 @@ def host_vars(fh) -> dict:
             "tf_toolkit_source": f"deb [signed-by={host_prep.TOOLKIT_KEYRING}] {toolkit_url}/{host_prep.deb_arch()} /\n",
             "tf_toolkit_pin_text": pin,
             "tf_toolkit_packages": [f"{p}={version}" for p in host_prep.TOOLKIT_PACKAGES],
-            "tf_gpu_probe_command": verify.probe_command(config.get("cuda_test_image")),
+            # the same command the deploy runs (with the same gpu_verify_container mode)
+            "tf_gpu_probe_command": verify.probe_command(config.get("cuda_test_image"),
+                                                         mode=config.get("gpu_verify_container") or "changes"),
             "tf_gpu_name": GPU_CLASSES[gpu_class]["names"][0],
             "tf_triton_image": image,
             "tf_triton_archive": archive or "",

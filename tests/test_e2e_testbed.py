@@ -35,6 +35,30 @@ def test_bare_to_serving_and_idempotent(deployed):
     print(f"\nre-run on {len(testbed.hosts)} converged hosts: {time.monotonic() - t0:.1f}s")
     assert res2.returncode == 0, res2.stderr[-4000:]
     assert changed_ops(data2) == [], changed_ops(data2)
+    # the container check's recorded answer was checked again: nothing it depends on changed
+    assert res2.stderr.count("(as when it last passed") == len(testbed.hosts), res2.stderr[-3000:]
+
+
+def test_gpu_container_check_runs_again_when_what_it_depends_on_changes(deployed):
+    testbed, _, _ = deployed
+    h = testbed.hosts[0]
+    daemon = ssh(h, "cat /etc/docker/daemon.json")
+    try:
+        # an operator's key added to daemon.json (the deploy keeps it): the container runs again
+        ssh(h, "python3 - <<'EOF'\nimport json\np='/etc/docker/daemon.json'\nd=json.load(open(p))\n"
+               "d['log-opts']={'max-size':'10m'}\njson.dump(d,open(p,'w'))\nEOF")
+        res, data = pyinfra("deploys/verify.py", "--limit", h.name)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "GPU check" in res.stderr and "(as when it last passed" not in res.stderr, res.stderr[-3000:]
+        res, data = pyinfra("deploys/verify.py", "--limit", h.name)
+        assert res.returncode == 0 and "(as when it last passed" in res.stderr, res.stderr[-3000:]
+        # "always": a container every run
+        res, data = pyinfra("deploys/verify.py", "--limit", h.name, "--data", "gpu_verify_container=always")
+        assert res.returncode == 0 and "(as when it last passed" not in res.stderr, res.stderr[-3000:]
+    finally:
+        ssh(h, f"cat > /etc/docker/daemon.json <<'EOF'\n{daemon.rstrip(chr(10))}\nEOF")
+    res, data = pyinfra("deploys/triton.py", "--limit", h.name)
+    assert res.returncode == 0 and changed_ops(data) == [], changed_ops(data)
 
 
 def test_model_update_moves_only_changed_files(deployed, tmp_path):

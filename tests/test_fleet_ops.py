@@ -157,6 +157,8 @@ def test_rollout_halts_on_an_unhealthy_canary_and_rolls_it_back(deployed, tmp_pa
     rows = by_host(report)
     assert rows[canary.name]["result"] == "rolled back", rows[canary.name]
     assert "health gate" in rows[canary.name]["detail"]
+    # the model, and Triton's own error from the unit's journal
+    assert "(Triton: failed to load 'text_classifier_onnx'" in rows[canary.name]["detail"], rows[canary.name]
     # the canary serves what it served before, again
     assert live_release(canary) == before[canary.name][0]
     assert infer_resnet(canary.address).shape == (1, 1000)

@@ -124,3 +124,18 @@ def test_gate_through_an_ssh_tunnel(server):
         client.close()
     assert res.ok, res.checks
     assert ("127.0.0.1", server.http_port) in opened and ("127.0.0.1", server.metrics_port) in opened
+
+
+def test_triton_cause_names_the_model_that_failed_to_load():
+    from tritonfleet.health import triton_cause
+
+    journal = [
+        "Dec 03 09:18:40 tb1-t4 docker[123]: I1203 09:18:40.100 1 server.cc:1] started",
+        "Dec 03 09:18:40 tb1-t4 docker[123]: E1203 09:18:40.200 1 model_repository_manager.cc:1] Poll failed",
+        "Dec 03 09:18:40 tb1-t4 docker[123]: E1203 09:18:40.300 1 model_lifecycle.cc:638] \"failed to load "
+        "'text_classifier_onnx' version 1: Internal: model.onnx: external data weights.bin not found\"",
+    ]
+    assert triton_cause(journal) == ("failed to load 'text_classifier_onnx' version 1: Internal: model.onnx: "
+                                     "external data weights.bin not found")
+    assert triton_cause(journal[:2]) == "Poll failed"
+    assert triton_cause(journal[:1]) == ""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fakehost import run_fake
 
-from tritonfleet.steps.verify import SECTION, probe_command, split_sections, verify_gpus
+from tritonfleet.steps.verify import SECTION, STAMP, probe_command, split_sections, verify_gpus
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia"
 SUMMARY = (FIX / "smi_t4_550.54.15.txt").read_text().splitlines()
@@ -30,8 +30,43 @@ def test_one_command_for_host_and_container():
     assert not state.failed_hosts
     probes = [c for c in cmds if "nvidia-smi" in c]
     assert len(probes) == 1, probes
-    assert probes[0] == probe_command("nvidia/cuda:12.2.0-base-ubuntu22.04")
+    assert probes[0] == probe_command("nvidia/cuda:12.2.0-base-ubuntu22.04", mode="changes")
     assert probes[0].count("docker run") == 1 and "--gpus all --network none" in probes[0]
+
+
+def test_always_runs_the_container_every_time():
+    _, cmds, state = run_fake(verify_gpus, {SECTION: answer(QUERY_T4, SUMMARY, QUERY_T4, SUMMARY)},
+                              {"gpu_verify_container": "always"}, yes=True, load_image=False)
+    assert not state.failed_hosts
+    probes = [c for c in cmds if "nvidia-smi" in c]
+    assert probes == [probe_command("nvidia/cuda:12.2.0-base-ubuntu22.04", mode="always")]
+    assert STAMP not in probes[0] and not any(STAMP in c for c in cmds)
+
+
+def test_a_passing_container_check_is_recorded_with_what_it_depends_on():
+    fresh = answer(QUERY_T4, SUMMARY, QUERY_T4, SUMMARY) + [SECTION, "key=" + "ab" * 16]
+    _, cmds, state = run_fake(verify_gpus, {SECTION: fresh}, yes=True, load_image=False)
+    assert not state.failed_hosts
+    writes = [c for c in cmds if f"> {STAMP}.tmp" in c]
+    assert len(writes) == 1 and "key=" + "ab" * 16 in writes[0] and "Tesla T4" in writes[0]
+
+
+def test_a_recorded_answer_is_checked_like_a_fresh_one():
+    cached = answer(QUERY_T4, SUMMARY, QUERY_T4, SUMMARY) + [SECTION, "cached"]
+    _, cmds, state = run_fake(verify_gpus, {SECTION: cached}, yes=True, load_image=False)
+    assert not state.failed_hosts and not any(f"> {STAMP}" in c for c in cmds)
+    # an L4 recorded for a host of the t4 class (the inventory changed): still refused
+    l4 = [QUERY_T4[0].replace("Tesla T4", "NVIDIA L4").replace("7.5", "8.9")]
+    bad = answer(QUERY_T4, SUMMARY, l4, SUMMARY) + [SECTION, "cached"]
+    _, cmds, state = run_fake(verify_gpus, {SECTION: bad}, yes=True, load_image=False)
+    assert state.failed_hosts and any(c == f"rm -f {STAMP}" for c in cmds)
+
+
+def test_the_container_check_depends_on_boot_driver_toolkit_docker_and_image():
+    cmd = probe_command("nvidia/cuda:12.2.0-base-ubuntu22.04", mode="changes")
+    for part in ("boot_id", "echo \"$q\"", "nvidia-container-*", "docker-ce", "containerd*", "daemon.json",
+                 "docker image inspect"):
+        assert part in cmd, part
 
 
 def test_container_failure_fails_the_host():

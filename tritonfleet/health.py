@@ -152,6 +152,20 @@ def journal_excerpt(lines: list[str], keep: int = 15) -> list[str]:
     return (bad or lines)[-keep:]
 
 
+def triton_cause(lines: list[str]) -> str:
+    """Triton's own first error in the unit's journal, one line: a model that failed to load
+    first, else the first E-level line ("" when there is none)."""
+    import re
+
+    errors = []
+    for ln in lines:
+        m = re.search(r"\bE\d{4} [\d:.]+\s+\d+ \S+\] (.*)", ln)
+        if m:
+            errors.append(m.group(1).strip().strip("\""))
+    loads = [e for e in errors if "failed to load" in e]
+    return ((loads or errors or [""])[0])[:240]
+
+
 def gate(get, address: str, models: list[str], transport=None, timeout: float | None = None) -> HealthResult:
     """Wait until the host whose tunables ``get`` reads is healthy (or ``timeout`` passes).
     ``address``: its SSH address; ``transport``: its open paramiko transport (health_via ssh)."""
@@ -197,8 +211,10 @@ def gate_current_host(models: list[str]) -> HealthResult:
         service = config.get("triton_service")
         _, out = host.run_shell_command(f"journalctl -u {service} -n 300 --no-pager 2>&1 || true")
         journal = "\n    ".join(journal_excerpt(out.stdout_lines))
+        cause = triton_cause(out.stdout_lines)
         raise HealthError(
-            f"{host.name}: health gate failed after {res.seconds:.0f}s: {bad.endpoint} -> {bad.detail}\n"
+            f"{host.name}: health gate failed after {res.seconds:.0f}s"
+            + (f" (Triton: {cause})" if cause else "") + f": {bad.endpoint} -> {bad.detail}\n"
             f"  the {service} unit's journal (errors, newest last):\n    {journal}"
         )
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served)")

@@ -137,7 +137,7 @@ class PyinfraRun:
                         and not re.search(r"Error: executed \d+ commands", ln):
                     errors.append(f"{op}: {ln}" if op else ln)
         found = raised or errors or about or [x for x in self.log.splitlines() if x.strip()][-1:] or ["?"]
-        return found[-1][:300]
+        return found[-1][:500]
 
 
 def pyinfra_command() -> list[str]:

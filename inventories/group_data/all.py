@@ -75,6 +75,11 @@ cuda_test_image = "nvidia/cuda:12.2.0-base-ubuntu22.04"
 gpu_min_compute_capability = "6.0"
 # Lowest CUDA version (as nvidia-smi reports it) accepted.
 gpu_min_cuda_version = "12.0"
+# When the check inside `docker run --gpus all` runs: "changes" when anything it depends on is
+# new since it last passed (boot, driver and GPUs as nvidia-smi reports them, toolkit, Docker or
+# containerd packages, daemon.json, the test image); "always": every run. The host's own
+# nvidia-smi check runs every time either way.
+gpu_verify_container = "changes"
 
 # --- Triton images ------------------------------------------------------------------------
 # How model files and image archives travel to hosts: "ssh" (the OpenSSH client with the host's

@@ -27,13 +27,38 @@ class GpuVerificationError(RuntimeError):
 SECTION = "@@tritonfleet-section@@"
 
 
-def probe_command(image: str, query: str = QUERY) -> str:
+# the container check's last passing answer, and what it depended on (gpu_verify_container)
+STAMP = "/var/lib/tritonfleet/gpu-verified"
+VERIFY_MODES = ("changes", "always")
+
+
+def depends_command(image: str) -> str:
+    """Shell printing a digest of what the container check's answer depends on: this boot, the
+    host's GPUs and driver (the query's output in $q), the toolkit, Docker and containerd
+    packages, daemon.json and the test image."""
+    return (
+        "{ echo \"$q\"; cat /proc/sys/kernel/random/boot_id; "
+        "dpkg-query -W -f '${Package}=${Version}\\n' 'nvidia-container-*' 'libnvidia-container*' "
+        "docker-ce docker.io 'containerd*' 2>/dev/null; cat /etc/docker/daemon.json 2>/dev/null; "
+        f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)} 2>/dev/null; }} "
+        "| sha256sum | cut -c1-32"
+    )
+
+
+def probe_command(image: str, query: str = QUERY, mode: str = "always") -> str:
     """One remote command for the whole check: the query and the summary (for the CUDA version)
     from nvidia-smi on the host, then both again inside one `docker run --gpus all` (no network:
-    the container only runs nvidia-smi). Sections are separated by SECTION lines."""
+    the container only runs nvidia-smi). Sections are separated by SECTION lines; the last one is
+    ``key=<digest>`` after a container run, or ``cached`` when mode "changes" found the last
+    passing answer still valid (nothing it depends on changed) and printed that instead."""
     inner = shlex.quote(f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1")
-    return (f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1; echo {SECTION}; "
-            f"docker run --rm --gpus all --network none {shlex.quote(image)} sh -c {inner} 2>&1")
+    run = f"docker run --rm --gpus all --network none {shlex.quote(image)} sh -c {inner} 2>&1"
+    host_part = f"q=$({query} 2>&1); echo \"$q\"; echo {SECTION}; nvidia-smi 2>&1; echo {SECTION}; "
+    if mode == "always":
+        return f"{host_part}{run}"
+    return (f"{host_part}k=$({depends_command(image)}); "
+            f"if [ \"$(head -n 1 {STAMP} 2>/dev/null)\" = \"key=$k\" ]; then tail -n +2 {STAMP}; "
+            f"echo {SECTION}; echo cached; else {run}; echo {SECTION}; echo \"key=$k\"; fi")
 
 
 def split_sections(lines: list[str], count: int) -> list[list[str]]:
@@ -48,14 +73,34 @@ def split_sections(lines: list[str], count: int) -> list[list[str]]:
     return parts
 
 
-def _probe_all(image: str) -> list[tuple[str, gpufacts.GpuQuery, dict]]:
-    """[(where, query result, summary)] for the host and the container."""
-    _, out = host.run_shell_command(probe_command(image))
-    parts = split_sections(out.stdout_lines + out.stderr_lines, 4)
+def verify_mode() -> str:
+    mode = config.get("gpu_verify_container") or "changes"
+    if mode not in VERIFY_MODES:
+        raise config.ConfigError(f"{host.name}: gpu_verify_container must be one of {', '.join(VERIFY_MODES)}, "
+                                 f"not {mode!r} (group data, inventories/group_data/all.py)")
+    return mode
+
+
+def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts.GpuQuery, dict]]:
+    """[(where, query result, summary)] for the host and the container. ``meta`` gets "key" (the
+    digest to record once the check passed) or "cached" (the container answer was the recorded
+    one), and the container's raw sections."""
+    mode = verify_mode()
+    _, out = host.run_shell_command(probe_command(image, mode=mode))
+    stdout, tail = list(out.stdout_lines), None
+    if mode != "always" and stdout and (stdout[-1].startswith("key=") or stdout[-1] == "cached"):
+        tail = stdout.pop()
+        if stdout and stdout[-1].strip() == SECTION:
+            stdout.pop()
+    lines = stdout + out.stderr_lines
+    parts = split_sections(lines, 4)
     host_q, host_sum = parts[0], parts[1]
     # the container section: the query, then the summary; docker's own errors land in the first
     container = parts[2:]
     cont_q, cont_sum = container[0], (container[1] if len(container) > 1 else [])
+    if meta is not None:
+        meta.update(key=tail[4:] if tail and tail.startswith("key=") else None, cached=tail == "cached",
+                    container=(cont_q, cont_sum))
     results = []
     for where, q_lines, s_lines in (("host", host_q, host_sum), ("container", cont_q, cont_sum)):
         info = gpufacts.parse_query(q_lines)
@@ -69,8 +114,8 @@ def _probe_all(image: str) -> list[tuple[str, gpufacts.GpuQuery, dict]]:
 
 def verify_current_host(image: str) -> dict:
     gpu_class = str(config.get("gpu_class")).upper()
-    rows, errors = [], []
-    for where, info, summary in _probe_all(image):
+    rows, errors, meta = [], [], {}
+    for where, info, summary in _probe_all(image, meta):
         errs = check_gpus(f"{host.name} ({where})", gpu_class, info.gpus, summary.get("cuda_version"),
                           config.get("gpu_min_compute_capability"), config.get("gpu_min_cuda_version"))
         if info.status != "ok":
@@ -82,11 +127,19 @@ def verify_current_host(image: str) -> dict:
             f"driver {(g.driver_version if g else '-'):<10} cc {(g.compute_cap if g else '-'):<4} "
             f"CUDA {summary.get('cuda_version') or '-'}"
         )
+    if meta.get("cached"):
+        rows[-1] += "  (as when it last passed: nothing it depends on changed)"
     for r in rows:
         logger.info(f"GPU check  {r}")
     if errors:
+        host.run_shell_command(f"rm -f {STAMP}")
         raise GpuVerificationError("; ".join(dict.fromkeys(errors)))
-    return {"rows": rows}
+    if meta.get("key"):
+        cont_q, cont_sum = meta["container"]
+        text = "\n".join([f"key={meta['key']}", *cont_q, SECTION, *cont_sum]) + "\n"
+        host.run_shell_command(f"mkdir -p {shlex.quote(STAMP.rsplit('/', 1)[0])} && "
+                               f"printf '%s' {shlex.quote(text)} > {STAMP}.tmp && mv {STAMP}.tmp {STAMP}")
+    return {"rows": rows, "cached": bool(meta.get("cached"))}
 
 
 @deploy("GPU verification")
