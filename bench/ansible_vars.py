@@ -19,7 +19,7 @@ def host_vars(fh) -> dict:
     from pyinfra.facts.server import KernelVersion
 
     from tritonfleet import config, models
-    from tritonfleet.facts.host import DpkgState
+    from tritonfleet.facts.host import PRIMARY_FPR_AWK, DpkgState
     from tritonfleet.gpucheck import GPU_CLASSES
     from tritonfleet.images import image_id
     from tritonfleet.ops.apt_repo import fetch_key_command
@@ -58,6 +58,8 @@ def host_vars(fh) -> dict:
             "tf_unattended_text": host_prep.UNATTENDED_TEXT,
             "tf_docker_packages": docker,
             "tf_toolkit_keyring": host_prep.TOOLKIT_KEYRING,
+            # primary keys only, as the deploy reads a keyring (a key's subkeys have fingerprints too)
+            "tf_primary_fpr_awk": PRIMARY_FPR_AWK,
             "tf_toolkit_fingerprint": config.get("container_toolkit_key_fingerprint").replace(" ", "").upper(),
             "tf_toolkit_key_command": fetch_key_command(config.get("container_toolkit_key_url"),
                                                         config.get("container_toolkit_key_fingerprint"),
@@ -66,8 +68,9 @@ def host_vars(fh) -> dict:
             "tf_toolkit_pin_text": pin,
             "tf_toolkit_packages": [f"{p}={version}" for p in host_prep.TOOLKIT_PACKAGES],
             # the same command the deploy runs (with the same gpu_verify_container mode)
-            "tf_gpu_probe_command": verify.probe_command(config.get("cuda_test_image"),
-                                                         mode=config.get("gpu_verify_container") or "changes"),
+            # ({% raw %}: the command holds docker's {{.Id}}, which Ansible would template)
+            "tf_gpu_probe_command": "{% raw %}" + verify.probe_command(
+                config.get("cuda_test_image"), mode=config.get("gpu_verify_container") or "changes") + "{% endraw %}",
             "tf_gpu_name": GPU_CLASSES[gpu_class]["names"][0],
             "tf_triton_image": image,
             "tf_triton_archive": archive or "",

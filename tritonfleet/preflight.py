@@ -110,6 +110,14 @@ def check_registry_secret(images: list[str]) -> None:
 
 def check_host() -> None:
     """What the host already is must fit the inventory; the keys it would trust must be the pinned ones."""
+    from .facts import memo
+    from .facts.gpu import NvidiaGpus
+    from .facts.host import DockerImageId
+    from .steps.host_prep import host_layer_facts
+
+    # one remote command for all of it, and for what the host layer's steps read after it
+    memo.prefetch((NvidiaGpus, {}), *host_layer_facts(),
+                  (DockerImageId, {"image": config.get("cuda_test_image")}))
     try:
         check_secure_boot()
         check_gpu_found()
@@ -120,10 +128,11 @@ def check_host() -> None:
 
 
 def check_secure_boot() -> None:
+    from .facts import memo
     from .facts.host import SecureBoot
     from .steps.host_prep import SECURE_BOOT_HELP
 
-    if host.get_fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
+    if memo.fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
         raise PreflightError(SECURE_BOOT_HELP.format(host=host.name)
                              + " (nvidia_secure_boot_ok: host data in the inventory)")
 
@@ -131,10 +140,11 @@ def check_secure_boot() -> None:
 def check_gpu_found() -> None:
     """A host whose driver already answers must show the GPU model of its inventory class. (On a
     bare host there is no driver to ask yet: the GPU verification after the driver step catches it.)"""
+    from .facts import memo
     from .facts.gpu import STATUS_NO_GPU, STATUS_OK, NvidiaGpus
     from .gpucheck import GPU_CLASSES
 
-    info = host.get_fact(NvidiaGpus)
+    info = memo.fact(NvidiaGpus)
     if info is None or info.status not in (STATUS_OK, STATUS_NO_GPU):
         return
     cls = str(config.get("gpu_class")).upper()
@@ -152,21 +162,23 @@ def check_gpu_found() -> None:
 
 
 def check_daemon_json() -> None:
+    from .facts import memo
     from .facts.host import DockerDaemonJson
     from .steps.host_prep import DAEMON_JSON_HELP
 
-    if host.get_fact(DockerDaemonJson) is None:
+    if memo.fact(DockerDaemonJson) is None:
         raise PreflightError(DAEMON_JSON_HELP.format(host=host.name))
 
 
 def check_vendor_keys() -> None:
+    from .facts import memo
     from .facts.host import KeyringFingerprints, RemoteKeyFingerprints
     from .ops.apt_repo import normalize_fingerprint
     from .steps.host_prep import vendor_keys
 
     for what, url, pinned, tunable, keyring in vendor_keys():
         pinned = normalize_fingerprint(str(pinned))
-        if host.get_fact(KeyringFingerprints, path=keyring) == [pinned]:
+        if memo.fact(KeyringFingerprints, path=keyring) == [pinned]:
             continue  # the pinned key is what the host trusts already
         remote = host.get_fact(RemoteKeyFingerprints, url=url)
         if remote["error"]:

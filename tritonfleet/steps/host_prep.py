@@ -226,13 +226,31 @@ def nvidia_driver():
         )
 
 
+def docker_facts() -> list[tuple]:
+    """What the Docker step reads on a converged host."""
+    return [(DpkgState, {}), (UnitState, {"unit": "docker.service"}), (LinuxDistribution, {}), (Arch, {}),
+            *([(KeyringFingerprints, {"path": DOCKER_KEYRING}), (FileState, {"path": source_path("docker")}),
+               (FileState, {"path": DOCKER_PIN_FILE})] if config.get("docker_source") == "docker" else [])]
+
+
+def toolkit_facts() -> list[tuple]:
+    """What the Container Toolkit step reads on a converged host."""
+    return [(Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
+            (FileState, {"path": source_path("nvidia-container-toolkit")}),
+            (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
+            (Command, {"command": HOOK_COMMAND})]
+
+
+def host_layer_facts() -> list[tuple]:
+    """Everything the host layer reads on a converged host: pre-flight reads it in one remote
+    command (memo.prefetch), and the steps find it there."""
+    return [*driver_facts(), *docker_facts(), *toolkit_facts()]
+
+
 @deploy("Docker Engine")
 def docker_engine():
     source = config.get("docker_source")
-    memo.prefetch((DpkgState, {}), (UnitState, {"unit": "docker.service"}), (LinuxDistribution, {}), (Arch, {}),
-                  *([(KeyringFingerprints, {"path": DOCKER_KEYRING}), (FileState, {"path": source_path("docker")}),
-                      (FileState, {"path": DOCKER_PIN_FILE})]
-                    if source == "docker" else []))
+    memo.prefetch(*docker_facts())
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
         engine = fast.packages(name="Docker Engine (distro docker.io)",
@@ -336,10 +354,7 @@ def vendor_keys() -> list[tuple[str, str, str, str, str]]:
 
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit():
-    memo.prefetch((Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
-                  (FileState, {"path": source_path("nvidia-container-toolkit")}),
-                  (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
-                  (Command, {"command": HOOK_COMMAND}))
+    memo.prefetch(*toolkit_facts())
     url = config.get("container_toolkit_repo_url").rstrip("/")
     key = signed_key(name="Container Toolkit signing key (fingerprint checked)",
                      url=config.get("container_toolkit_key_url"),
