@@ -93,18 +93,6 @@ class DpkgState(FactBase):
         return {"installed": installed, "held": sorted(held)}
 
 
-class HeldPackages(FactBase):
-    """Installed packages marked hold (dpkg's hold flag, which ``apt-mark hold`` sets)."""
-
-    default = list
-
-    def command(self) -> str:
-        return DPKG_QUERY
-
-    def process(self, output):
-        return DpkgState().process(output)["held"]
-
-
 class FileState(FactBase):
     """Mode (octal string), owner, group and sha256 of a regular file; None when it is missing
     (one remote command: what pyinfra's files.put needs three for)."""
@@ -216,32 +204,6 @@ class TritonContainer(FactBase):
             except ValueError:
                 continue
         return out
-
-
-class ModelReleases(FactBase):
-    """Model repository releases below ``base``: which is live, which are complete."""
-
-    @staticmethod
-    def default():
-        return {"current": None, "releases": []}
-
-    def command(self, base: str) -> str:
-        b = shlex.quote(base)
-        return (
-            f"echo current=$(readlink {b}/model_repository 2>/dev/null); "
-            f"for d in {b}/releases/*/; do [ -f \"$d.tritonfleet-release\" ] && "
-            "echo release=$(basename \"$d\"); done 2>/dev/null; true"
-        )
-
-    def process(self, output):
-        current, releases = None, []
-        for line in output:
-            key, _, value = line.strip().partition("=")
-            if key == "current" and value:
-                current = value.rstrip("/").rsplit("/", 1)[-1]
-            elif key == "release" and value:
-                releases.append(value)
-        return {"current": current, "releases": sorted(releases)}
 
 
 class ReleaseState(FactBase):

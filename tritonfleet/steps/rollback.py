@@ -21,7 +21,7 @@ from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
 from .. import config
-from ..facts.host import DeployHistory, DockerImageId, ModelReleases, ReleaseManifest
+from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..health import gate_current_host
 from ..ops.check import check
 from .triton import _append_record, model_diff, repository_api_commands, unit_path
@@ -65,7 +65,7 @@ def rollback():
     base = config.get("triton_base_dir")
     service = config.get("triton_service")
     history = host.get_fact(DeployHistory, base=base)
-    state = host.get_fact(ModelReleases, base=base)
+    state = host.get_fact(ReleaseState, base=base)
     unit_now = (host.get_fact(Sha256File, path=unit_path()) or "")[:16] or None
     wanted = (config.get("rollback_to") or {}).get(host.name)
     target, why = pick_target(history["records"], (state["current"], unit_now), state["releases"],

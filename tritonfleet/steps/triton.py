@@ -20,7 +20,6 @@ from ..facts.host import (
     DeployHistory,
     DockerImageId,
     FileState,
-    ModelReleases,
     ReleaseManifest,
     ReleaseState,
     TritonContainer,
@@ -89,7 +88,7 @@ def needs_login(image: str) -> bool:
 def pulls(images: list[str]) -> list[str]:
     """Those of ``images`` this host will pull (no archive configured, not present yet)."""
     archives = config.get("image_archives") or {}
-    return [i for i in images if i not in archives and not host.get_fact(DockerImageId, image=i)]
+    return [i for i in images if i not in archives and not memo.fact(DockerImageId, image=i)]
 
 
 @cache
@@ -146,6 +145,9 @@ def sync_models() -> list:
 
 
 MODEL_CONTROL_MODES = ("none", "explicit")
+# unit template values that are the tunable triton_<name> as it is
+UNIT_TUNABLES = ("image", "gpus", "shm_size", "ulimit_memlock", "ulimit_stack", "http_port", "grpc_port",
+                 "metrics_port", "http_bind", "grpc_bind", "metrics_bind", "strict_model_config", "start_timeout")
 
 
 def unit_context(get=None) -> dict:
@@ -157,26 +159,14 @@ def unit_context(get=None) -> dict:
     if mode not in MODEL_CONTROL_MODES:
         raise config.ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
                                  f"not {mode!r} (group data; poll mode is not for production)")
-    return dict(
-        image=get("triton_image"),
-        container=get("triton_container_name"),
-        gpus=get("triton_gpus"),
-        shm_size=get("triton_shm_size"),
-        ulimit_memlock=get("triton_ulimit_memlock"),
-        ulimit_stack=get("triton_ulimit_stack"),
-        http_port=get("triton_http_port"),
-        grpc_port=get("triton_grpc_port"),
-        metrics_port=get("triton_metrics_port"),
-        http_bind=get("triton_http_bind"),
-        grpc_bind=get("triton_grpc_bind"),
-        metrics_bind=get("triton_metrics_bind"),
-        base_dir=base,
-        model_repository=f"{base}/model_repository",
-        strict_model_config=get("triton_strict_model_config"),
-        model_control_mode=mode,
-        extra_args=get("triton_extra_args") or [],
-        start_timeout=get("triton_start_timeout"),
-    )
+    return {
+        **{key: get(f"triton_{key}") for key in UNIT_TUNABLES},
+        "container": get("triton_container_name"),
+        "base_dir": base,
+        "model_repository": f"{base}/model_repository",
+        "model_control_mode": mode,
+        "extra_args": get("triton_extra_args") or [],
+    }
 
 
 def render_unit(ctx: dict) -> str:
@@ -191,6 +181,12 @@ def unit_path() -> str:
     return f"/etc/systemd/system/{config.get('triton_service')}.service"
 
 
+def container_fact_args() -> dict:
+    """TritonContainer's arguments (one memo key for the prefetch and the Triton service step)."""
+    return {"container": config.get("triton_container_name"), "unit": unit_path(),
+            "link": f"{config.get('triton_base_dir')}/model_repository"}
+
+
 @deploy("Triton image")
 def triton_image():
     # what the Triton steps read on a converged host, in one remote command
@@ -199,8 +195,7 @@ def triton_image():
                   (FileState, {"path": unit_path()}),
                   (UnitState, {"unit": f"{config.get('triton_service')}.service"}),
                   (DeployHistory, {"base": config.get("triton_base_dir")}),
-                  (TritonContainer, {"container": config.get("triton_container_name"), "unit": unit_path(),
-                                     "link": f"{config.get('triton_base_dir')}/model_repository"}))
+                  (TritonContainer, container_fact_args()))
     return ensure_image(config.get("triton_image"))
 
 
@@ -230,7 +225,7 @@ def model_changes() -> tuple[list[str], list[str]]:
     """(models to load, models to unload) between the live release and this host's release."""
     base = config.get("triton_base_dir")
     _, man, rid = host_repository()
-    old = host.get_fact(ModelReleases, base=base)["current"]
+    old = memo.fact(ReleaseState, base=base)["current"]
     if old == rid:
         return [], []
     return model_diff(host.get_fact(ReleaseManifest, base=base, release=old) if old else {}, man)
@@ -272,19 +267,18 @@ def triton_service(image: list | None = None, models: list | None = None):
     explicit = config.get("triton_model_control_mode") == "explicit"
     # what an earlier run changed but stopped before Triton took it (Ctrl-C, a lost link)
     behind = running_behind(explicit)
+    # explicit mode is zero downtime: new models are loaded through the repository API while the
+    # old ones serve; only a unit or image change restarts the container
     if explicit:
-        # zero downtime: new models are loaded through the repository API while the old ones
-        # serve; only a unit or image change restarts the container
-        if will_change(unit, image) or behind["restart"]:
-            systemd.service(name=f"restart {service} ({'unit or image changed' if will_change(unit, image) else behind['restart']})",
-                            service=service, restarted=True)
-        elif will_change(models) or behind["models"]:
-            load, unload = model_changes() if will_change(models) else behind["models"]
-            server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
-                         commands=[repository_api_commands(load, unload)])
-    elif will_change(unit, image, models) or behind["restart"]:
-        why = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
-        systemd.service(name=f"restart {service} ({why})", service=service, restarted=True)
+        restart = "unit or image changed" if will_change(unit, image) else behind["restart"]
+    else:
+        restart = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
+    if restart:
+        systemd.service(name=f"restart {service} ({restart})", service=service, restarted=True)
+    elif explicit and (will_change(models) or behind["models"]):
+        load, unload = model_changes() if will_change(models) else behind["models"]
+        server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
+                     commands=[repository_api_commands(load, unload)])
     fast.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
@@ -292,8 +286,7 @@ def running_behind(explicit: bool) -> dict:
     """What the running Triton has not taken yet although it is on the host: an earlier run
     changed the unit, the image or the live release and stopped before the restart (or load).
     ``{"restart": why or "", "models": (load, unload) or None}``."""
-    run = memo.fact(TritonContainer, container=config.get("triton_container_name"), unit=unit_path(),
-                    link=f"{config.get('triton_base_dir')}/model_repository")
+    run = memo.fact(TritonContainer, **container_fact_args())
     out: dict = {"restart": "", "models": None}
     if not run["running"]:
         return out  # nothing runs: "running and enabled" starts it with everything in place

@@ -32,6 +32,11 @@ STAMP = "/var/lib/tritonfleet/gpu-verified"
 VERIFY_MODES = ("changes", "always")
 
 
+def container_prefix(image: str) -> str:
+    """The check's container (no network: it only runs nvidia-smi), before the command it runs."""
+    return f"docker run --rm --gpus all --network none {shlex.quote(image)} "
+
+
 def depends_command(image: str) -> str:
     """Shell printing a digest of what the container check's answer depends on: this boot, the
     host's GPUs and driver (the query's output in $q), the toolkit, Docker and containerd
@@ -52,7 +57,7 @@ def probe_command(image: str, query: str = QUERY, mode: str = "always") -> str:
     ``key=<digest>`` after a container run, or ``cached`` when mode "changes" found the last
     passing answer still valid (nothing it depends on changed) and printed that instead."""
     inner = shlex.quote(f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1")
-    run = f"docker run --rm --gpus all --network none {shlex.quote(image)} sh -c {inner} 2>&1"
+    run = f"{container_prefix(image)}sh -c {inner} 2>&1"
     host_part = f"q=$({query} 2>&1); echo \"$q\"; echo {SECTION}; nvidia-smi 2>&1; echo {SECTION}; "
     if mode == "always":
         return f"{host_part}{run}"
@@ -105,7 +110,7 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     for where, q_lines, s_lines in (("host", host_q, host_sum), ("container", cont_q, cont_sum)):
         info = gpufacts.parse_query(q_lines)
         if info.invalid_field == "compute_cap":  # drivers before R510: look the capability up by name
-            prefix = "" if where == "host" else f"docker run --rm --gpus all --network none {shlex.quote(image)} "
+            prefix = "" if where == "host" else container_prefix(image)
             _, out2 = host.run_shell_command(f"{prefix}{gpufacts.QUERY_COMMAND_NO_CC} 2>&1")
             info = gpufacts.parse_query(out2.stdout_lines + out2.stderr_lines, gpufacts.QUERY_FIELDS_NO_CC)
         results.append((where, info, gpufacts.parse_summary(s_lines)))
