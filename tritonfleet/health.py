@@ -193,6 +193,13 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
             t.close()
 
 
+def journal_command(service: str) -> str:
+    """The unit's last journal lines (what a failed gate shows)."""
+    from .shell import q
+
+    return f"journalctl -u {q(service)} -n 300 --no-pager 2>&1 || true"
+
+
 def gate_current_host(models: list[str]) -> HealthResult:
     """pyinfra callback: health-gate the host being deployed; raise with details on failure."""
     from pyinfra import host, logger
@@ -209,7 +216,7 @@ def gate_current_host(models: list[str]) -> HealthResult:
     if not res.ok:
         bad = res.first_failure
         service = config.get("triton_service")
-        _, out = host.run_shell_command(f"journalctl -u {service} -n 300 --no-pager 2>&1 || true")
+        _, out = host.run_shell_command(journal_command(service))
         journal = "\n    ".join(journal_excerpt(out.stdout_lines))
         cause = triton_cause(out.stdout_lines)
         raise HealthError(

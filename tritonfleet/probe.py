@@ -8,18 +8,17 @@ Used by ``tritonfleet status`` and by ``tritonfleet rollout`` (versions before a
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import asdict, dataclass, field
 
 from . import fleet
 from .gpucheck import GPU_CLASSES
+from .shell import q
 
 SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "release", "models", "last")
 
 
 def command(get) -> str:
     """The probe's shell command for a host whose tunables ``get`` reads."""
-    q = shlex.quote
     base, service = get("triton_base_dir"), get("triton_service")
     container = get("triton_container_name")
     bind = get("triton_http_bind")
@@ -33,7 +32,7 @@ def command(get) -> str:
         "unit": f"sha256sum /etc/systemd/system/{q(service)}.service 2>/dev/null | cut -c1-16",
         "image": f"docker inspect --format '{{{{.Config.Image}}}}' {q(container)} 2>/dev/null",
         "release": f"readlink {q(base)}/model_repository",
-        "models": f"curl -s -m 5 -X POST {url}",
+        "models": f"curl -s -m 5 -X POST {q(url)}",
         "last": f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
     }
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"

@@ -19,10 +19,10 @@ and sha256, whatever its path: renamed files are not sent again), or the transfe
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 
 from .models import MARKER
+from .shell import q
 
 STAT = ".tritonfleet-stat"
 EXPECT = ".tritonfleet-expect"
@@ -43,7 +43,7 @@ def stat_listing_command() -> str:
 def state_command(base: str) -> str:
     """The no-op check (one command): the live release, the complete releases, and the live
     release's files whose size or mtime differ from its stat record (no file is read)."""
-    b = shlex.quote(base)
+    b = q(base)
     return (
         f"cur=$(readlink {b}/model_repository 2>/dev/null); echo \"current=$cur\"; "
         f"for d in {b}/releases/*/; do [ -f \"$d{MARKER}\" ] && echo \"release=$(basename \"$d\")\"; "
@@ -82,8 +82,8 @@ def _path_of_stat_line(line: str) -> str:
 def index_command(base: str, release: str) -> str:
     """What building ``release`` can reuse: every complete release's marker and drifted files,
     and what an interrupted transfer of ``release`` left ('size path')."""
-    b = shlex.quote(base)
-    inc = shlex.quote(f"{base}/releases/{INCOMING}{release}")
+    b = q(base)
+    inc = q(f"{base}/releases/{INCOMING}{release}")
     return (
         f"for d in {b}/releases/*/; do r=$(basename \"$d\"); [ -f \"$d{MARKER}\" ] || continue; "
         f"printf 'marker %s ' \"$r\"; tr -d '\\n' < \"$d{MARKER}\"; echo; "
@@ -181,13 +181,12 @@ def marker_text(release: str, manifest: dict[str, list]) -> str:
 
 def _heredoc(path: str, text: str, tag: str) -> str:
     assert f"\n{tag}\n" not in f"\n{text}"
-    return f"cat > {shlex.quote(path)} <<'{tag}'\n{text}{'' if text.endswith(chr(10)) else chr(10)}{tag}\n"
+    return f"cat > {q(path)} <<'{tag}'\n{text}{'' if text.endswith(chr(10)) else chr(10)}{tag}\n"
 
 
 def prepare_script(base: str, plan: Plan, manifest: dict[str, list]) -> str:
     """Shell (run with sh) that makes releases/.incoming-<id> hold everything but the files to
     send: leftovers removed, hard links made, the marker and the expected listing written."""
-    q = shlex.quote
     rel = f"{base}/releases"
     inc = f"{rel}/{INCOMING}{plan.release}"
     out = ["set -e", f"mkdir -p {q(inc)}", f"cd {q(inc)}"]
@@ -207,12 +206,12 @@ def prepare_script(base: str, plan: Plan, manifest: dict[str, list]) -> str:
 
 def discard_incoming_script(base: str, releases: list[str]) -> str:
     """Remove what interrupted transfers of ``releases`` left (never a complete release)."""
-    return "rm -rf -- " + " ".join(shlex.quote(f"{base}/releases/{INCOMING}{r}") for r in releases)
+    return "rm -rf -- " + " ".join(q(f"{base}/releases/{INCOMING}{r}") for r in releases)
 
 
 def receive_command(base: str, release: str) -> str:
     """The remote end of the transfer: unpack a tar stream into the incoming directory."""
-    inc = shlex.quote(f"{base}/releases/{INCOMING}{release}")
+    inc = q(f"{base}/releases/{INCOMING}{release}")
     return f"mkdir -p {inc} && tar -x -f - -C {inc} --no-same-owner"
 
 
@@ -220,21 +219,21 @@ def finish_script(base: str, release: str, keep: int) -> str:
     """Shell that checks the incoming release is complete (every file, at its size), records its
     stat listing, makes it a release and switches the live link to it. Triton only ever sees a
     complete release: the link moves by rename, and a drifted release is rebuilt beside itself."""
-    q = shlex.quote
     b = q(base)
     rid = release
     inc = f"releases/{INCOMING}{rid}"
     rep = f"releases/{REPAIR}{rid}"
+    done = f"releases/{rid}"
     return "\n".join([
         "set -e",
         f"cd {b}",
-        f"[ -d {q(inc)} ] || {{ echo \"{inc} is missing on $(hostname): the release was not prepared\" >&2; exit 1; }}",
+        f"[ -d {q(inc)} ] || {{ echo {q(inc + ' is missing on')} \"$(hostname)\": the release was not prepared >&2; exit 1; }}",
         f"cd {q(inc)}",
         "find . -mindepth 1 -type d -empty -delete",
         f"{LIST_FILES} '%s %P\\n' | LC_ALL=C sort > {FOUND}",
         f"if ! cmp -s {FOUND} {EXPECT}; then",
-        f"  echo \"release {rid} on $(hostname) is incomplete in {base}/{inc} (missing or wrong-size "
-        "files below; the live release is unchanged): run the deploy again\" >&2",
+        f"  echo {q(f'release {rid} on')} \"$(hostname)\" {q(f'is incomplete in {base}/{inc} (missing or wrong-size')} "
+        "'files below; the live release is unchanged): run the deploy again' >&2",
         f"  diff {EXPECT} {FOUND} | sed -n 's/^[<>] //p' | head -n 20 >&2",
         "  exit 1",
         "fi",
@@ -242,13 +241,13 @@ def finish_script(base: str, release: str, keep: int) -> str:
         "chmod -R a+rX .",
         f"{stat_listing_command()} > {STAT}",
         f"cd {b}",
-        f"if [ -e releases/{rid} ]; then",
+        f"if [ -e {q(done)} ]; then",
         # rebuild of a drifted release: the link always points at a complete release
         f"  rm -rf {q(rep)} && mv -T {q(inc)} {q(rep)}",
         f"  ln -sfn {q(rep)} model_repository.new && mv -T model_repository.new model_repository",
-        f"  rm -rf releases/{rid} && cp -al {q(rep)} releases/{rid}",
+        f"  rm -rf {q(done)} && cp -al {q(rep)} {q(done)}",
         "else",
-        f"  mv -T {q(inc)} releases/{rid}",
+        f"  mv -T {q(inc)} {q(done)}",
         "fi",
         switch_script(base, rid, keep),
         f"rm -rf {q(rep)}",
@@ -257,17 +256,17 @@ def finish_script(base: str, release: str, keep: int) -> str:
 
 def switch_script(base: str, release: str, keep: int) -> str:
     """Point the live link at releases/<release> (atomic rename), log it, prune old releases."""
-    b = shlex.quote(base)
+    b = q(base)
     rid = release
     return (
-        f"ln -sfn releases/{rid} {b}/model_repository.new && "
+        f"ln -sfn {q('releases/' + rid)} {b}/model_repository.new && "
         f"mv -T {b}/model_repository.new {b}/model_repository && "
-        f"echo {rid} >> {b}/releases.log && "
+        f"echo {q(rid)} >> {b}/releases.log && "
         # what interrupted transfers of other releases left is of no use any more
         f"rm -rf {b}/releases/{INCOMING}* {b}/releases/{OWN_PREFIX}plan-* && "
         # prune: keep the newest `keep` releases by switch order, never the live one
         f"{{ tac {b}/releases.log | awk '!seen[$0]++' | tail -n +{keep + 1} | "
         # (only names that are release ids: a damaged log line never removes anything else)
-        f"while read -r r; do case \"$r\" in ''|{rid}|*[!0-9a-f]*) ;; *) rm -rf {b}/releases/\"$r\";; esac; "
+        f"while read -r r; do case \"$r\" in ''|{q(rid)}|*[!0-9a-f]*) ;; *) rm -rf {b}/releases/\"$r\";; esac; "
         "done; }"
     )

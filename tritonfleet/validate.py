@@ -59,7 +59,8 @@ RULES = {
     "repository": "the repository is a directory holding at least one model directory",
     "unsafe-path": "no symlink out of the repository or to an absolute path; plain file names only",
     "broken-symlink": "every symlink points to something",
-    "model-name": "model directory names without '..' or white space",
+    "model-name": "model directory names of letters, digits, '_', '.' and '-' only, not starting with '-', "
+                  "without '..'",
     "config-missing": "each model directory (hidden ones too) has a config.pbtxt (strict model config)",
     "encoding": "config.pbtxt is UTF-8 text",
     "parse": "config.pbtxt parses as Triton's ModelConfig (protobuf text format)",
@@ -1077,6 +1078,11 @@ def _unsafe_paths(repo: Path, add: Callable[..., None]) -> None:
                 add(model, file, None, "broken-symlink", f"symlink {target} points to nothing")
 
 
+#: What a model directory may be called (Triton itself refuses little more than names that escape
+#: the repository; the fleet puts names in URLs and in commands run on the hosts).
+MODEL_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*")
+
+
 def _check_model_name(name: str, add) -> bool:
     if ".." in name or "/" in name or "\\" in name:
         add(name, "", None, "model-name",
@@ -1087,6 +1093,14 @@ def _check_model_name(name: str, add) -> bool:
         add(name, "", None, "model-name",
             f"model name '{name}' contains white space: Triton cannot start its instances "
             "(the python stub fails to parse the name); rename the directory")
+        return False
+    if not MODEL_NAME.fullmatch(name):
+        bad = sorted({c for c in name if not (c.isascii() and (c.isalnum() or c in "_.-"))})
+        why = (f"has {', '.join(repr(c) for c in bad)}" if bad else "starts with '-'")
+        add(name, "", None, "model-name",
+            f"model name {name!r} {why}: model names are letters, digits, '_', '.' and '-' (not first), "
+            "because the name is part of Triton's URLs (/v2/models/<name>) and of commands run on the "
+            "hosts; rename the directory")
         return False
     return True
 

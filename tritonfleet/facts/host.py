@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import shlex
 
 from pyinfra.api import FactBase
+
+from ..shell import q
 
 # Primary-key fingerprints from `gpg --with-colons`: the fpr record right after a pub record
 # (subkeys have fpr records too: Docker's key signs with a subkey).
@@ -18,7 +19,7 @@ class KeyringFingerprints(FactBase):
     default = list
 
     def command(self, path: str) -> str:
-        p = shlex.quote(path)
+        p = q(path)
         return (
             f"[ -f {p} ] && gpg --batch --no-default-keyring --show-keys --with-colons {p} "
             f"2>/dev/null | {PRIMARY_FPR_AWK} || true"
@@ -37,7 +38,7 @@ class RemoteKeyFingerprints(FactBase):
         return {"fingerprints": [], "error": "no answer"}
 
     def command(self, url: str) -> str:
-        u = shlex.quote(url)
+        u = q(url)
         return (
             "t=$(mktemp -d); "
             f"if ! command -v curl >/dev/null || ! command -v gpg >/dev/null; then "
@@ -98,7 +99,7 @@ class FileState(FactBase):
     (one remote command: what pyinfra's files.put needs three for)."""
 
     def command(self, path: str) -> str:
-        p = shlex.quote(path)
+        p = q(path)
         return (f"[ -f {p} ] && stat -L -c 'mode=%a user=%U group=%G' {p} && "
                 f"sha256sum {p} 2>/dev/null | cut -d' ' -f1 || true")
 
@@ -125,7 +126,7 @@ class UnitState(FactBase):
         return {"running": False, "enabled": False}
 
     def command(self, unit: str) -> str:
-        return (f"systemctl show --property SubState --property UnitFileState {shlex.quote(unit)} "
+        return (f"systemctl show --property SubState --property UnitFileState {q(unit)} "
                 "2>/dev/null || true")
 
     def process(self, output):
@@ -140,7 +141,7 @@ class DockerDaemonJson(FactBase):
     default = dict
 
     def command(self, path: str = "/etc/docker/daemon.json") -> str:
-        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+        return f"cat {q(path)} 2>/dev/null || true"
 
     def process(self, output):
         text = "\n".join(output).strip()
@@ -157,7 +158,7 @@ class DockerImageId(FactBase):
 
     def command(self, image: str) -> str:
         return (
-            f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)} 2>/dev/null || true"
+            f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null || true"
         )
 
     def process(self, output):
@@ -178,7 +179,6 @@ class TritonContainer(FactBase):
         return {"running": False, "image_id": None, "started": 0.0, "unit_mtime": 0.0, "link_mtime": 0.0}
 
     def command(self, container: str, unit: str, link: str) -> str:
-        q = shlex.quote
         return (
             f"s=$(docker inspect --format '{{{{.State.Running}}}} {{{{.Image}}}} {{{{.State.StartedAt}}}}' "
             f"{q(container)} 2>/dev/null) && set -- $s && echo \"running=$1\" && echo \"image=$2\" && "
@@ -232,7 +232,7 @@ class ReleaseManifest(FactBase):
     default = dict
 
     def command(self, base: str, release: str) -> str:
-        return f"cat {shlex.quote(base)}/releases/{shlex.quote(release)}/.tritonfleet-release 2>/dev/null || true"
+        return f"cat {q(base)}/releases/{q(release)}/.tritonfleet-release 2>/dev/null || true"
 
     def process(self, output):
         try:
@@ -265,7 +265,7 @@ class DeployHistory(FactBase):
         return {"records": [], "units": []}
 
     def command(self, base: str) -> str:
-        b = shlex.quote(base)
+        b = q(base)
         return (f"cat {b}/history.jsonl 2>/dev/null; "
                 f"for f in {b}/units/*.service; do [ -f \"$f\" ] && echo \"unit=$(basename \"$f\" .service)\"; "
                 "done 2>/dev/null; true")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
-
 from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.facts.files import File
 
 from ..facts import memo
 from ..facts.host import KeyringFingerprints
+from ..shell import q
 from . import fast
 
 
@@ -21,16 +20,15 @@ def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
     """Shell that downloads a key, refuses it unless its fingerprint matches, then installs it
     (dearmored) as ``keyring``. Nothing is trusted on a mismatch."""
     fpr = normalize_fingerprint(fingerprint)
-    q = shlex.quote
     return (
         "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
         f"curl -fsSL --retry 3 -o \"$t/key\" {q(url)}; "
         "found=$(gpg --batch --no-default-keyring --show-keys --with-colons \"$t/key\" "
         "| awk -F: '/^fpr/{print $10; exit}'); "
         f"if [ \"$found\" != {q(fpr)} ]; then "
-        f"echo \"signing key at {url} has fingerprint ${{found:-none}}, pinned {fpr}: not trusted. "
-        "If the vendor rotated its key, check the new fingerprint against the vendor's "
-        "documentation and set it in group data.\" >&2; exit 1; fi; "
+        f"echo {q(f'signing key at {url} has fingerprint')} \"${{found:-none}}\", pinned {q(fpr + ': not trusted.')} "
+        "'If the vendor rotated its key, check the new fingerprint against the vendor'\\''s "
+        "documentation and set it in group data.' >&2; exit 1; fi; "
         "if head -c 5 \"$t/key\" | grep -q -- '-----'; then "
         "gpg --batch --yes --dearmor -o \"$t/keyring\" \"$t/key\"; "
         "else cp \"$t/key\" \"$t/keyring\"; fi; "

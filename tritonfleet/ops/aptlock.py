@@ -11,12 +11,11 @@ running it again is safe.
 
 from __future__ import annotations
 
-import shlex
-
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from .. import config
+from ..shell import q
 
 LOCK_ERRORS = ("Could not get lock|Unable to acquire the dpkg frontend lock|Unable to lock (the )?"
                "(administration )?directory|frontend lock was locked|status database area is locked")
@@ -60,7 +59,7 @@ def wrap(command, seconds: int | None = None):
     if not isinstance(command, str):
         return command
     seconds = timeout() if seconds is None else seconds
-    return StringCommand(WRAPPER.format(timeout=seconds, command=command, pattern=shlex.quote(LOCK_ERRORS)))
+    return StringCommand(WRAPPER.format(timeout=seconds, command=command, pattern=q(LOCK_ERRORS)))
 
 
 @operation(is_idempotent=False)

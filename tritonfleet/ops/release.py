@@ -16,6 +16,7 @@ from pyinfra.api.facts import FactBase
 
 from .. import release as rel
 from .. import transfer
+from ..shell import q
 from .stream import wrapped
 
 # a prepare script above this size is uploaded (SFTP) instead of sent as the command line
@@ -80,9 +81,9 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         yield StringCommand(script)
     else:
         path = f"{base}/releases/{rel.OWN_PREFIX}plan-{release}.sh"
-        yield StringCommand(f"mkdir -p {base}/releases")
+        yield StringCommand(f"mkdir -p {q(base + '/releases')}")
         yield FileUploadCommand(StringIO(script), path)
-        yield StringCommand(f"sh {path}; rc=$?; rm -f {path}; exit $rc")
+        yield StringCommand(f"sh {q(path)}; rc=$?; rm -f {q(path)}; exit $rc")
     if plan.send:
         remote = wrapped(rel.receive_command(base, release))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})

@@ -13,8 +13,6 @@ from what the host has now.
 
 from __future__ import annotations
 
-import shlex
-
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile, Sha256File
@@ -24,6 +22,7 @@ from .. import config
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..health import gate_current_host
 from ..ops.check import check
+from ..shell import q
 from .triton import _append_record, model_diff, repository_api_commands, unit_path
 
 
@@ -56,6 +55,18 @@ def _model_diff(base: str, current: str | None, target: str) -> tuple[list[str],
     return model_diff(now, host.get_fact(ReleaseManifest, base=base, release=target))
 
 
+def restore_unit_command(base: str, digest: str, unit: str) -> str:
+    """Put the unit snapshot ``digest`` (kept under ``base``/units) back in place as ``unit``."""
+    return f"install -m 644 {q(f'{base}/units/{digest}.service')} {q(unit)}"
+
+
+def switch_back_command(base: str, release: str) -> str:
+    """Point the live link back at ``release`` (atomic rename) and log the switch."""
+    b = q(base)
+    return (f"ln -sfn {q('releases/' + release)} {b}/model_repository.new && "
+            f"mv -T {b}/model_repository.new {b}/model_repository && echo {q(release)} >> {b}/releases.log")
+
+
 def _fail(message: str):
     raise RollbackError(message)
 
@@ -80,20 +91,16 @@ def rollback():
               message=f"{host.name}: rollback impossible: image {image} is no longer on the host "
                       "(tritonfleet never removes images; was it pruned by hand?)")
         return
-    q = shlex.quote
-    b = q(base)
     unit_changes = unit_now != digest
     link_changes = state["current"] != rid
     if not unit_changes and not link_changes:
         host.noop(f"already on release {rid} with unit {digest}")
     if unit_changes:
-        server.shell(name=f"restore unit {digest} ({image})",
-                     commands=[f"install -m 644 {b}/units/{digest}.service {q(unit_path())}"])
+        server.shell(name=f"restore unit {digest} ({image})", commands=[restore_unit_command(base, digest, unit_path())])
         systemd.daemon_reload(name="systemd daemon-reload (unit restored)")
     if link_changes:
         server.shell(name=f"switch live model repository back to release {rid}",
-                     commands=[f"ln -sfn releases/{rid} {b}/model_repository.new && "
-                               f"mv -T {b}/model_repository.new {b}/model_repository && echo {rid} >> {b}/releases.log"])
+                     commands=[switch_back_command(base, rid)])
     explicit = bool(host.get_fact(FindInFile, path=unit_path(), pattern="--model-control-mode=explicit"))
     if explicit and not unit_changes and link_changes:
         # same unit in explicit model-control mode: the earlier models are loaded through the

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from functools import cache
 from io import StringIO
 from pathlib import Path
@@ -31,6 +30,7 @@ from ..ops.check import check, will_change
 from ..ops.registry import docker_login, registry_of
 from ..ops.release import model_release
 from ..ops.stream import docker_load
+from ..shell import q, url_segment
 from ..transfer import TransferError
 from ..transfer import choose as choose_transport
 
@@ -71,7 +71,7 @@ def ensure_image(image: str) -> list:
                                      f"(secret from ${config.get('registry_password_env')}, on stdin)",
                                 registry=login_registry(), user=config.get("registry_user"),
                                 secret_env=config.get("registry_password_env")))
-    ops.append(server.shell(name=f"docker pull {image}", commands=[f"docker pull {shlex.quote(image)}"]))
+    ops.append(server.shell(name=f"docker pull {image}", commands=[f"docker pull {q(image)}"]))
     return ops
 
 
@@ -241,15 +241,15 @@ def repository_api_commands(load: list[str], unload: list[str]) -> str:
     answer (a failed load leaves the model that was loaded serving)."""
     url = f"http://{api_address()}:{config.get('triton_http_port')}/v2/repository/models"
     repo = f"{config.get('triton_base_dir')}/model_repository"
-    q = shlex.quote
     calls = [(m, "unload") for m in unload] + [(m, "load") for m in load]
     return "; ".join(
         # Triton reloads a loaded model (and each version of it) only when its directories look
         # newer than at the last load; a release switched back to is older, so the model's
         # directories (never its files: files are shared with other releases) are touched first.
         (f"find {q(repo + '/' + m)} -type d -exec touch -c {{}} + && " if verb == "load" else "")
-        + f"curl -sS -m 600 --fail-with-body -X POST {url}/{q(m)}/{verb} >&2 "
-        f"|| {{ echo 'repository API: {verb} of {m} failed (the model that was loaded keeps serving)' >&2; exit 1; }}"
+        + f"curl -sS -m 600 --fail-with-body -X POST {q(url + '/' + url_segment(m) + '/' + verb)} >&2 "
+        f"|| {{ echo {q(f'repository API: {verb} of {m} failed (the model that was loaded keeps serving)')} >&2; "
+        "exit 1; }"
         for m, verb in calls
     ) or "true"
 
@@ -335,7 +335,7 @@ def _append_record(base: str, release: str, unit: str, image: str, action: str) 
 RECORD_SCRIPT = """\
 set -e
 mkdir -p {b}/units
-install -m 644 {unit_path} {b}/units/{unit}.service
+install -m 644 {unit_path} {unit_file}
 id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null || true)
 printf '%s\\n' {record} | sed "s/@TIME@/$(date -u +%Y-%m-%dT%H:%M:%SZ)/; s/@IMAGE_ID@/$id/" >> {b}/history.jsonl
 tail -n {keep} {b}/history.jsonl > {b}/history.jsonl.tmp
@@ -345,8 +345,8 @@ for f in {b}/units/*.service; do grep -qF "$(basename "$f" .service)" {b}/histor
 
 
 def record_command(base: str, unit: str, image: str, record: dict) -> str:
-    q = shlex.quote
-    return RECORD_SCRIPT.format(b=q(base), unit_path=q(unit_path()), unit=unit, image=q(image),
+    return RECORD_SCRIPT.format(b=q(base), unit_path=q(unit_path()), unit_file=q(f"{base}/units/{unit}.service"),
+                                image=q(image),
                                 record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP)
 
 

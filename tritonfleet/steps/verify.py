@@ -6,8 +6,6 @@ least the configured minimum; a mismatch fails that host naming expected and fou
 
 from __future__ import annotations
 
-import shlex
-
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
@@ -15,6 +13,7 @@ from .. import config
 from ..facts import gpu as gpufacts
 from ..gpucheck import check_gpus
 from ..ops.check import check
+from ..shell import q
 from .triton import ensure_image
 
 QUERY = gpufacts.QUERY_COMMAND
@@ -34,7 +33,7 @@ VERIFY_MODES = ("changes", "always")
 
 def container_prefix(image: str) -> str:
     """The check's container (no network: it only runs nvidia-smi), before the command it runs."""
-    return f"docker run --rm --gpus all --network none {shlex.quote(image)} "
+    return f"docker run --rm --gpus all --network none {q(image)} "
 
 
 def depends_command(image: str) -> str:
@@ -45,7 +44,7 @@ def depends_command(image: str) -> str:
         "{ echo \"$q\"; cat /proc/sys/kernel/random/boot_id; "
         "dpkg-query -W -f '${Package}=${Version}\\n' 'nvidia-container-*' 'libnvidia-container*' "
         "docker-ce docker.io 'containerd*' 2>/dev/null; cat /etc/docker/daemon.json 2>/dev/null; "
-        f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)} 2>/dev/null; }} "
+        f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null; }} "
         "| sha256sum | cut -c1-32"
     )
 
@@ -56,7 +55,7 @@ def probe_command(image: str, query: str = QUERY, mode: str = "always") -> str:
     the container only runs nvidia-smi). Sections are separated by SECTION lines; the last one is
     ``key=<digest>`` after a container run, or ``cached`` when mode "changes" found the last
     passing answer still valid (nothing it depends on changed) and printed that instead."""
-    inner = shlex.quote(f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1")
+    inner = q(f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1")
     run = f"{container_prefix(image)}sh -c {inner} 2>&1"
     host_part = f"q=$({query} 2>&1); echo \"$q\"; echo {SECTION}; nvidia-smi 2>&1; echo {SECTION}; "
     if mode == "always":
@@ -142,8 +141,8 @@ def verify_current_host(image: str) -> dict:
     if meta.get("key"):
         cont_q, cont_sum = meta["container"]
         text = "\n".join([f"key={meta['key']}", *cont_q, SECTION, *cont_sum]) + "\n"
-        host.run_shell_command(f"mkdir -p {shlex.quote(STAMP.rsplit('/', 1)[0])} && "
-                               f"printf '%s' {shlex.quote(text)} > {STAMP}.tmp && mv {STAMP}.tmp {STAMP}")
+        host.run_shell_command(f"mkdir -p {q(STAMP.rsplit('/', 1)[0])} && "
+                               f"printf '%s' {q(text)} > {STAMP}.tmp && mv {STAMP}.tmp {STAMP}")
     return {"rows": rows, "cached": bool(meta.get("cached"))}
 
 
