@@ -372,3 +372,12 @@ def test_cuda_image_runs_a_driver_style_nvidia_smi(cuda_archive, tmp_path):
     ).stdout
     assert out == "runs from PATH\n"
     assert os.access(root / "lib64/ld-linux-x86-64.so.2", os.X_OK)
+
+
+def test_triton_image_has_the_non_root_server_user(triton_archive, triton_root):
+    """Like the real image (Triton's build.py: triton-server, uid and gid 1000, named in the
+    environment), so the unit's --user triton-server runs on test hosts as on real ones."""
+    assert _env(images.image_config(triton_archive))["TRITON_SERVER_USER"] == "triton-server"
+    assert "triton-server:x:1000:1000:" in (triton_root / "etc/passwd").read_text()
+    assert "triton-server:x:1000:" in (triton_root / "etc/group").read_text()
+    assert (triton_root / "home/triton-server").stat().st_uid == 1000

@@ -236,8 +236,8 @@ def test_load_command_splits_back_to_its_words(tunables):
     name = "x';id;'"
     cmd = triton.repository_api_commands([name], [])
     assert "id;" not in [text(w) for w in lex(cmd)]
-    curl = cmd.split(" && ", 1)[1].split(" || ", 1)[0]
-    assert shlex.split(curl) == ["curl", "-sS", "-m", "600", "--fail-with-body", "-X", "POST",
+    curl = "curl " + cmd.split(" | curl ", 1)[1].split(" || ", 1)[0]
+    assert shlex.split(curl) == ["curl", "-H", "@-", "-sS", "-m", "600", "--fail-with-body", "-X", "POST",
                                  "http://127.0.0.1:8000/v2/repository/models/x%27%3Bid%3B%27/load", ">&2"]
 
 

@@ -341,6 +341,7 @@ def test_triton_restarted_when_an_earlier_run_stopped_before_the_restart(contain
         "docker inspect --format '{{.State.Running}}": container,
         "docker image inspect": "sha256:" + image_id * 64,
         re.compile(r"\[ -f /etc/systemd/system/triton.service \] && stat"): ["mode=644 user=root group=root", unit_sha],
+        re.compile(r"\[ -f /etc/tritonfleet/triton-api-key \] && stat"): ["mode=600 user=root group=root", "0" * 64],
         "systemctl show": ["ActiveState=active", "UnitFileState=enabled"],
     }
     _, cmds, state = run_fake(triton_service, responses, {})

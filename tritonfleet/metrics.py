@@ -164,12 +164,14 @@ def batch_sizes(stats: dict) -> Counter:
 
 
 def read_host(fh: FleetHost, http_url: str, metrics_url: str, *, configs: bool = True,
-              models: set[str] | None = None, timeout: float = 5) -> HostRead:
+              models: set[str] | None = None, timeout: float = 5, headers: dict | None = None) -> HostRead:
     """Read the host's metrics, and per model its statistics (batch sizes run) and, if
-    ``configs``, its live configuration. ``models`` restricts the models read."""
+    ``configs``, its live configuration. ``models`` restricts the models read; ``headers`` go
+    with every request (the host's API key for restricted statistics and configuration)."""
     res = HostRead(fh)
     with requests.Session() as s:
         s.trust_env = False  # the fleet's own addresses: never through a proxy
+        s.headers.update(headers or {})
         url = f"{metrics_url}/metrics"
         try:
             r = s.get(url, timeout=timeout)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import fleet
+from . import apikey, fleet
 from .gpucheck import GPU_CLASSES
 from .shell import q
 
@@ -32,7 +32,7 @@ def command(get) -> str:
         "unit": f"sha256sum /etc/systemd/system/{q(service)}.service 2>/dev/null | cut -c1-16",
         "image": f"docker inspect --format '{{{{.Config.Image}}}}' {q(container)} 2>/dev/null",
         "release": f"readlink {q(base)}/model_repository",
-        "models": f"curl -s -m 5 -X POST {q(url)}",
+        "models": apikey.curl(get("triton_api_key_file") or "/nonexistent", f"-s -m 5 -X POST {q(url)}"),
         "last": f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
     }
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"

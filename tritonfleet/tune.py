@@ -24,7 +24,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from . import metrics
+from . import apikey, fleet, metrics
 from .fleet import FleetHost, parallel
 from .metrics import HostRead, ModelCounters
 
@@ -166,6 +166,21 @@ def advise(row: Row, t: Thresholds) -> list[str]:
     return out
 
 
+def api_key_header(h: FleetHost) -> dict:
+    """The header with the host's API key when statistics or configuration are restricted
+    (triton_restricted_apis): read over the host's SSH connection into memory, never shown ({}
+    when there is none: Triton's 403 then names the missing header)."""
+    apis = set(h.get("triton_restricted_apis") or [])
+    if not apis & {"statistics", "model-config"}:
+        return {}
+    try:
+        ok, text = fleet.run(h, apikey.read_command(h.get("triton_api_key_file")), timeout=30)
+    except Exception:  # noqa: BLE001 - no connection: the read reports it
+        return {}
+    key = text.strip().splitlines()[0].strip() if ok and text.strip() else ""
+    return {apikey.HEADER: key} if key else {}
+
+
 def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = None
                ) -> tuple[list[tuple[HostRead, HostRead | None]], float | None]:
     """Each host read once (window 0) or twice, ``window`` seconds apart; (reads, seconds)."""
@@ -184,11 +199,13 @@ def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = 
             except Exception as e:  # noqa: BLE001 - reported per host, the others go on
                 urls[h.name] = e
 
+        keys = dict(zip([h.name for h in hosts], parallel(hosts, api_key_header), strict=True))
+
         def read(h: FleetHost, configs: bool) -> HostRead:
             u = urls[h.name]
             if isinstance(u, Exception):
                 return HostRead(h, error=f"no connection: {type(u).__name__}: {u}")
-            return metrics.read_host(h, *u, configs=configs, models=models)
+            return metrics.read_host(h, *u, configs=configs, models=models, headers=keys[h.name])
 
         first = parallel(hosts, lambda h: read(h, True))
         if window <= 0:

@@ -121,7 +121,8 @@ triton_http_port = 8000
 triton_grpc_port = 8001
 # Host port for Prometheus metrics (container 8002).
 triton_metrics_port = 8002
-# Bind address of the HTTP port ("" = all). Narrow the ports behind a firewall/LB.
+# Bind address of the HTTP port ("" = all). Narrow the ports behind a firewall/LB; docker -p
+# rules go around ufw/firewalld (Docker writes its own iptables rules): see docs/security.md.
 triton_http_bind = ""
 # Bind address of the gRPC port ("" = all).
 triton_grpc_bind = ""
@@ -141,6 +142,14 @@ triton_strict_model_config = True
 triton_model_control_mode = "none"
 # Extra arguments appended to the tritonserver command line.
 triton_extra_args = []
+# Triton API categories only callers with the host's API key may use (--http-restricted-api,
+# --grpc-restricted-protocol; Triton's own "admin" example plus logging); [] turns it off.
+triton_restricted_apis = ["model-repository", "model-config", "shared-memory", "statistics", "trace", "logging"]
+# The host's API key for the restricted APIs: created on the host (0600 root), read by systemd
+# into the container's stdin; the deploy's own repository calls send it as a header.
+triton_api_key_file = "/etc/tritonfleet/triton-api-key"
+# User the container runs as (the NGC image's non-root triton-server, uid 1000); "" = the image's.
+triton_container_user = "triton-server"
 # Seconds systemd waits for the container to start (image unpack can be slow).
 triton_start_timeout = 600
 

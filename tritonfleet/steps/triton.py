@@ -12,7 +12,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from .. import TEMPLATES, __version__, config, models
+from .. import TEMPLATES, __version__, apikey, config, models
 from .. import release as release_lib
 from ..facts import memo
 from ..facts.host import (
@@ -159,6 +159,7 @@ def unit_context(get=None) -> dict:
     if mode not in MODEL_CONTROL_MODES:
         raise config.ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
                                  f"not {mode!r} (group data; poll mode is not for production)")
+    apis = restricted_apis(get)
     return {
         **{key: get(f"triton_{key}") for key in UNIT_TUNABLES},
         "container": get("triton_container_name"),
@@ -166,7 +167,30 @@ def unit_context(get=None) -> dict:
         "model_repository": f"{base}/model_repository",
         "model_control_mode": mode,
         "extra_args": get("triton_extra_args") or [],
+        "user": get("triton_container_user", "") or "",
+        "restricted_apis": apis,
+        "api_key_file": get("triton_api_key_file") if apis else "",
+        "key_script": apikey.unit_script(apis) if apis else "",
     }
+
+
+def restricted_apis(get=None) -> list[str]:
+    """``triton_restricted_apis``, checked: Triton's categories only, a key file where the
+    container cannot see it."""
+    get = get or config.get
+    apis = list(get("triton_restricted_apis", []) or [])
+    unknown = [a for a in apis if a not in apikey.CATEGORIES]
+    if unknown:
+        raise config.ConfigError(f"triton_restricted_apis: {', '.join(map(repr, unknown))} is not a Triton API "
+                                 f"category (known: {', '.join(apikey.CATEGORIES)}); fix it in group data "
+                                 "(inventories/group_data/all.py)")
+    if apis:
+        key, base = str(get("triton_api_key_file") or ""), str(get("triton_base_dir")).rstrip("/")
+        if not key.startswith("/") or ".." in key or key.startswith(base + "/") or any(c in key for c in " %$'\\\n\""):
+            raise config.ConfigError(f"triton_api_key_file {key!r} must be a plain absolute path outside "
+                                     f"triton_base_dir ({base}: the container sees that directory); fix it in "
+                                     "group data (inventories/group_data/all.py)")
+    return apis
 
 
 def render_unit(ctx: dict) -> str:
@@ -193,6 +217,7 @@ def triton_image():
     memo.prefetch((DockerImageId, {"image": config.get("triton_image")}),
                   (ReleaseState, {"base": config.get("triton_base_dir")}),
                   (FileState, {"path": unit_path()}),
+                  *([(FileState, {"path": config.get("triton_api_key_file")})] if restricted_apis() else []),
                   (UnitState, {"unit": f"{config.get('triton_service')}.service"}),
                   (DeployHistory, {"base": config.get("triton_base_dir")}),
                   (TritonContainer, container_fact_args()))
@@ -247,16 +272,33 @@ def repository_api_commands(load: list[str], unload: list[str]) -> str:
         # newer than at the last load; a release switched back to is older, so the model's
         # directories (never its files: files are shared with other releases) are touched first.
         (f"find {q(repo + '/' + m)} -type d -exec touch -c {{}} + && " if verb == "load" else "")
-        + f"curl -sS -m 600 --fail-with-body -X POST {q(url + '/' + url_segment(m) + '/' + verb)} >&2 "
+        + apikey.curl(config.get("triton_api_key_file"),
+                      f"-sS -m 600 --fail-with-body -X POST {q(url + '/' + url_segment(m) + '/' + verb)}") + " >&2 "
         f"|| {{ echo {q(f'repository API: {verb} of {m} failed (the model that was loaded keeps serving)')} >&2; "
         "exit 1; }"
         for m, verb in calls
     ) or "true"
 
 
+def api_key() -> tuple[list, str]:
+    """The host's key for Triton's restricted APIs, made on the host when missing (and its mode
+    and owner put right). Returns (the ops, why Triton must restart to take it, or "")."""
+    if not restricted_apis():
+        return [], ""
+    path = config.get("triton_api_key_file")
+    have = memo.fact(FileState, path=path)
+    if have and have.get("mode") == "600" and have.get("user") == "root":
+        host.noop(f"Triton API key {path} is there (0600 root)")
+        return [], ""
+    op = server.shell(name=f"Triton API key {path} ({'made' if not have else 'mode 0600 root'} on the host)",
+                      commands=[apikey.key_command(path)])
+    return [op], "" if have else "API key created"
+
+
 @deploy("Triton service")
 def triton_service(image: list | None = None, models: list | None = None):
     service = config.get("triton_service")
+    _, key_new = api_key()
     text = render_unit(unit_context())
     unit = fast.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
@@ -273,6 +315,7 @@ def triton_service(image: list | None = None, models: list | None = None):
         restart = "unit or image changed" if will_change(unit, image) else behind["restart"]
     else:
         restart = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
+    restart = restart or key_new
     if restart:
         systemd.service(name=f"restart {service} ({restart})", service=service, restarted=True)
     elif explicit and (will_change(models) or behind["models"]):

@@ -75,6 +75,8 @@ TRITON_ENV = {
     "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
     "NVIDIA_TRITON_SERVER_VERSION": "24.08",
     "TRITON_SERVER_VERSION": "2.51.0",
+    # the real image's non-root user (uid and gid 1000), named in its environment as here
+    "TRITON_SERVER_USER": "triton-server",
     "DEBIAN_FRONTEND": "noninteractive",
 }
 CUDA_ENV = {
@@ -435,6 +437,22 @@ def triton_container_config() -> dict:
     }
 
 
+SERVER_USER = ("triton-server", 1000)
+
+
+def add_server_user(root: Path) -> None:
+    """The real image's ``triton-server`` user (uid and gid 1000, Triton's build.py), so the
+    unit's ``--user triton-server`` runs as on the real image."""
+    name, uid = SERVER_USER
+    with open(root / "etc/passwd", "a") as f:
+        f.write(f"{name}:x:{uid}:{uid}::/home/{name}:/bin/sh\n")
+    with open(root / "etc/group", "a") as f:
+        f.write(f"{name}:x:{uid}:\n")
+    home = root / "home" / name
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, uid, uid)
+
+
 def build_triton_image(tag: str = TRITON_TAG) -> Path:
     """The tritonserver stand-in image archive (cached); see the module docstring."""
     files = _server_files()
@@ -445,6 +463,7 @@ def build_triton_image(tag: str = TRITON_TAG) -> Path:
             "pytriton": _pytriton_version(),
             "files": {rel: _file_digest(src) for rel, src in files.items()},
             "entrypoint": ENTRYPOINT_SH,
+            "user": SERVER_USER,
             "config": triton_container_config(),
         },
         sort_keys=True,
@@ -458,6 +477,7 @@ def build_triton_image(tag: str = TRITON_TAG) -> Path:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
             dst.chmod(0o644 if rel.endswith(".py") or rel.startswith("lib/") else 0o755)
+        add_server_user(root)
         entry = root / "opt/nvidia/nvidia_entrypoint.sh"
         entry.parent.mkdir(parents=True, exist_ok=True)
         entry.write_text(ENTRYPOINT_SH)
