@@ -21,7 +21,7 @@ from fakehost import run_fake
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tritonfleet import config, probe, release
+from tritonfleet import apikey, config, probe, release
 from tritonfleet.facts import host as facts
 from tritonfleet.health import journal_command
 from tritonfleet.ops.apt_repo import fetch_key_command
@@ -88,6 +88,13 @@ def lex(cmd: str) -> list[list[tuple[str, str]]]:
                 if cmd[i] == "\\" and cmd[i + 1] in '$`"\\\n':
                     word.append((cmd[i + 1], "bs"))
                     i += 2
+                elif cmd.startswith("$(", i):  # a command inside: its own words and quotes
+                    j = _close(cmd, i + 2)
+                    word += [("$", "dq"), ("(", "dq")]
+                    for inner in lex(cmd[i + 2:j]):
+                        word += inner + [(" ", "dq")]
+                    word.append((")", "dq"))
+                    i = j + 1
                 else:
                     word.append((cmd[i], "dq"))
                     i += 1
@@ -109,6 +116,37 @@ def lex(cmd: str) -> list[list[tuple[str, str]]]:
             i += 1
     end()
     return out
+
+
+def _close(cmd: str, k: int) -> int:
+    """Index of the ')' closing the command substitution whose text starts at ``k``."""
+    depth = 1
+    while True:
+        c = cmd[k]
+        if c == "'":
+            k = cmd.index("'", k + 1) + 1
+            continue
+        if c == "\\":
+            k += 2
+            continue
+        if c == '"':
+            k += 1
+            while cmd[k] != '"':
+                if cmd[k] == "\\":
+                    k += 2
+                elif cmd.startswith("$(", k):
+                    k = _close(cmd, k + 2) + 1
+                else:
+                    k += 1
+            k += 1
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return k
+        k += 1
 
 
 def text(word) -> str:
@@ -218,6 +256,10 @@ BUILDERS = {
     "fact manifest": lambda v: facts.ReleaseManifest().command(f"/srv/{v}", v),
     "fact history": lambda v: facts.DeployHistory().command(f"/srv/{v}"),
     "words": lambda v: "docker pull " + words(v, "x"),
+    # the host's API key (apikey.py): its file
+    "api key made": lambda v: apikey.key_command(f"/etc/{v}/key"),
+    "api key header": lambda v: apikey.curl(f"/etc/{v}", "-s http://127.0.0.1:8000/v2/repository/index"),
+    "api key read": lambda v: apikey.read_command(f"/etc/{v}"),
 }
 
 
