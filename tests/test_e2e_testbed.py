@@ -12,7 +12,15 @@ import time
 
 import pytest
 import requests
-from testbed_util import changed_ops, infer_resnet, live_release, pyinfra, ssh, success_count
+from testbed_util import (
+    api_headers,
+    changed_ops,
+    infer_resnet,
+    live_release,
+    pyinfra,
+    ssh,
+    success_count,
+)
 
 from tritonfleet import ROOT
 
@@ -87,7 +95,8 @@ def test_model_update_moves_only_changed_files(deployed, tmp_path):
     latest = live_release(h)
     assert ssh(h, f"test -e /opt/triton/{latest}/resnet50_onnx/labels.txt || echo gone").strip() == "gone"
     assert ssh(h, f"test -d /opt/triton/{before} && echo kept").strip() == "kept"
-    served = requests.get(f"http://{h.address}:8000/v2/models/text_classifier_onnx/config", timeout=5).json()
+    served = requests.get(f"http://{h.address}:8000/v2/models/text_classifier_onnx/config", timeout=5,
+                          headers=api_headers(h)).json()
     assert served["dynamic_batching"]["max_queue_delay_microseconds"] == 1000
     # put the host back on the repository every other test expects
     res, _ = pyinfra("deploys/models.py", "--limit", h.name)

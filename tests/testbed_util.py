@@ -83,6 +83,14 @@ def success_count(address: str, model: str, port: int = 8002) -> float:
     return total
 
 
+def api_headers(h: hosts.Host) -> dict:
+    """The host's key for Triton's restricted APIs (configuration, statistics, repository), as a
+    request header (read over SSH: the key never leaves the host otherwise)."""
+    from tritonfleet.apikey import HEADER
+
+    return {HEADER: ssh(h, "cat /etc/tritonfleet/triton-api-key").strip()}
+
+
 def live_release(h: hosts.Host) -> str:
     return ssh(h, "readlink /opt/triton/model_repository").strip()
 
