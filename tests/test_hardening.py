@@ -111,10 +111,13 @@ def test_key_made_once_and_restart_when_new():
 
 
 @pytest.fixture(scope="module")
-def restricted_triton():
-    """The wheel's tritonserver in explicit mode with the flags the unit gives it."""
+def restricted_triton(tmp_path_factory):
+    """The wheel's tritonserver in explicit mode with the flags the unit gives it (on a copy of
+    the corpus case: the python stub writes __pycache__ next to model.py)."""
     apis = defaults()["triton_restricted_apis"]
-    with LocalTriton(REPO, model_control_mode="explicit",
+    repo = tmp_path_factory.mktemp("served") / "repo"
+    subprocess.run(["cp", "-r", str(REPO), str(repo)], check=True)
+    with LocalTriton(repo, model_control_mode="explicit",
                      extra_args=["--load-model=*", *apikey.flags(apis, KEY)]) as t:
         yield t
 
