@@ -14,6 +14,9 @@ import socket
 import subprocess
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_release_sync import trees
 from testbed_util import (
     INVENTORY,
     PYINFRA,
@@ -26,6 +29,7 @@ from testbed_util import (
 )
 
 from tritonfleet import FILES, ROOT, models
+from tritonfleet.testbed import hosts
 
 pytestmark = pytest.mark.testbed
 
@@ -182,3 +186,137 @@ def test_interrupted_transfer_keeps_triton_serving_and_resumes(deployed, tmp_pat
         res, _ = pyinfra("deploys/models.py", "--limit", h.name)
         assert res.returncode == 0, res.stderr[-3000:]
     assert live_release(h) == before
+
+
+# ---- the release is the repository, exactly: a few generated trees over real SSH --------------
+
+def host_tree(h, base: str, dest) -> dict:
+    """The host's live release as this machine sees it (streamed back as a tar archive), minus
+    the release record at its top: {path: bytes} of files, {path/: None} of directories."""
+    from test_release_sync import snapshot
+
+    dest.mkdir()
+    with subprocess.Popen(["tar", "-x", "-f", "-", "-C", str(dest)], stdin=subprocess.PIPE) as untar:
+        res = subprocess.run(
+            ["ssh", "-i", str(hosts.ssh_key()), "-o", "StrictHostKeyChecking=no", "-o",
+             "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
+             f"root@{h.address}", f"tar -c -f - -C {base}/model_repository/ ."],
+            stdout=untar.stdin, stderr=subprocess.PIPE, timeout=120)
+        untar.stdin.close()
+    assert res.returncode == 0 and untar.returncode == 0, res.stderr
+    return snapshot(dest, host=True)
+
+
+ODD = {  # every kind of entry the generated local test draws, in one tree
+    "ensemble_x/1": None,  # an empty version directory
+    "ensemble_x/config.pbtxt": b'platform: "ensemble"\n',
+    "m -odd/1/.hidden/.keep": b"",
+    "m -odd/1/it's $HOME & *?.bin": bytes(range(256)),
+    "m -odd/2/deep/er/empty": None,
+    "m -odd/labels-é日.txt": b"a\nb\n",
+    ".top-hidden/x\\y": b"backslash\n",
+}
+
+
+def _write_tree(root, entries: dict) -> None:
+    for rel, data in entries.items():
+        p = root / rel
+        if data is None:
+            p.mkdir(parents=True, exist_ok=True)
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(extra=trees(), then=st.data())
+def test_generated_trees_arrive_exactly_over_ssh(deployed, tmp_path_factory, extra, then):
+    """Next to the runbook's models: empty and nested directories, hidden files at any depth,
+    odd names, zero-byte files, a symlinked directory and file (followed), then renames,
+    deletions and additions; over OpenSSH, the host's live release is the local repository as
+    this host's class serves it (model_overrides applied), in paths, types and bytes."""
+    from test_release_sync import changed, flat, snapshot
+
+    testbed, _, _ = deployed
+    h = testbed.hosts[-1]
+    work = tmp_path_factory.mktemp("tree")
+    repo = work / "repo"
+    shutil.copytree(FILES / "model_repository", repo)
+    _write_tree(repo, ODD)
+    (repo / "m -odd/3").symlink_to("1")
+    (repo / "m -odd/1/link.bin").symlink_to("it's $HOME & *?.bin")
+    _write_tree(repo, {f"gen/{p}": v for p, v in flat(extra).items()})
+    base = ["--limit", h.name, "--data", f"triton_base_dir={SCRATCH}", "--data", f"model_repository={repo}"]
+    try:
+        for step in range(2):
+            if step:
+                shutil.rmtree(repo / "gen", ignore_errors=True)
+                _write_tree(repo, {f"gen/{p}": v for p, v in flat(then.draw(changed(extra))).items()})
+                (repo / "m -odd/labels-é日.txt").rename(repo / "m -odd/2/labels renamed")
+                shutil.rmtree(repo / "ensemble_x")
+            res, _ = run("tests/deploys/models_only.py", *base)
+            assert res.returncode == 0, res.stderr[-3000:]
+            rendered = models.render(repo, overrides())
+            assert host_tree(h, SCRATCH, work / f"host{step}") == snapshot(rendered)
+        res, data = run("tests/deploys/models_only.py", *base)
+        assert res.returncode == 0 and changed_ops(data) == [], res.stderr[-3000:]
+    finally:
+        ssh(h, f"rm -rf {SCRATCH}")
+
+
+# ---- an ensemble deploys and serves ----------------------------------------------------------
+
+ENSEMBLE = '''name: "text_pipeline"
+platform: "ensemble"
+max_batch_size: 32
+input [
+  { name: "TOKENS" data_type: TYPE_INT64 dims: [ 128 ] },
+  { name: "MASK" data_type: TYPE_INT64 dims: [ 128 ] }
+]
+output [
+  { name: "PROBS" data_type: TYPE_FP32 dims: [ 2 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "text_classifier_onnx"
+      model_version: -1
+      input_map { key: "input_ids" value: "TOKENS" }
+      input_map { key: "attention_mask" value: "MASK" }
+      output_map { key: "probabilities" value: "PROBS" }
+    }
+  ]
+}
+'''
+
+
+def test_an_ensemble_deploys_and_serves(deployed, tmp_path):
+    """An ensemble over the text classifier, its version directory 1/ empty as Triton wants it:
+    validated, synced with 1/ in place, Triton (restarted with it) passes the health gate with
+    every model ready, and an inference through the ensemble answers."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    testbed, _, _ = deployed
+    h = testbed.hosts[0]
+    repo = tmp_path / "repo"
+    shutil.copytree(FILES / "model_repository", repo)
+    (repo / "text_pipeline" / "1").mkdir(parents=True)
+    (repo / "text_pipeline" / "config.pbtxt").write_text(ENSEMBLE)
+    try:
+        res, _ = run("deploys/models.py", "--limit", h.name, "--data", f"model_repository={repo}")
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert ssh(h, "find /opt/triton/model_repository/text_pipeline/1 -type d -empty").strip()
+        client = httpclient.InferenceServerClient(url=f"{h.address}:8000")
+        assert client.is_model_ready("text_pipeline")
+        tokens = np.ones((1, 128), dtype=np.int64)
+        inputs = [httpclient.InferInput("TOKENS", tokens.shape, "INT64"),
+                  httpclient.InferInput("MASK", tokens.shape, "INT64")]
+        for i in inputs:
+            i.set_data_from_numpy(tokens)
+        out = client.infer("text_pipeline", inputs, outputs=[httpclient.InferRequestedOutput("PROBS")])
+        probs = out.as_numpy("PROBS")
+        assert probs.shape == (1, 2) and np.isfinite(probs).all()
+    finally:
+        res, _ = pyinfra("deploys/models.py", "--limit", h.name)
+        assert res.returncode == 0, res.stderr[-3000:]

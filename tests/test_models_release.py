@@ -29,14 +29,28 @@ def test_release_id_depends_on_content_only(repo, tmp_path):
     assert models.release_id(models.manifest(other)) != a
 
 
-def test_manifest_skips_hidden_and_lists_sizes(repo):
+def test_manifest_lists_hidden_files_empty_directories_and_sizes(repo):
+    """Everything Triton may read travels: hidden files at any depth, and directories that hold
+    nothing (an ensemble's version directory)."""
     (repo / ".git").mkdir()
     (repo / ".git" / "x").write_text("x")
+    (repo / "resnet50_onnx" / "1" / ".keep").write_text("")
+    (repo / "ens" / "1").mkdir(parents=True)
     man = models.manifest(repo)
     assert "resnet50_onnx/config.pbtxt" in man
-    assert not any(p.startswith(".") for p in man)
+    assert man[".git/x"][0] == 1 and man["resnet50_onnx/1/.keep"][0] == 0
+    assert man["ens/1/"] == [0, "dir"] and "ens/" not in man
     size, digest = man["resnet50_onnx/1/model.onnx"]
     assert size == (repo / "resnet50_onnx/1/model.onnx").stat().st_size and len(digest) == 64
+
+
+def test_overrides_keep_empty_directories_and_hidden_files(repo, tmp_path):
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "resnet50_onnx" / "1" / ".keep").write_text("")
+    over = {"resnet50_onnx": {"max_batch_size": 8}}
+    out = models.render(repo, over, tmp_path / "rendered")
+    assert (out / "ens" / "1").is_dir() and (out / "resnet50_onnx" / "1" / ".keep").is_file()
+    assert {p for p in models.manifest(out) if "config" not in p} == {p for p in models.manifest(repo) if "config" not in p}
 
 
 def test_overrides_replace_fields_through_the_schema(repo, tmp_path):

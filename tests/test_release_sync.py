@@ -8,12 +8,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from fakehost import defaults
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
@@ -260,4 +263,164 @@ def test_large_plans_travel_as_a_file(base, repo, monkeypatch):
 def test_unknown_transport_is_refused_before_the_host_is_touched(base, repo):
     with pytest.raises(Exception, match="bulk_transfer must be one of"):
         sync(base, repo, transport="scp")
+    assert not base.exists()
+
+
+# ---- the release is the repository, exactly (generated trees) ---------------------------------
+
+# odd but legal names: hidden, spaces, a leading dash, quotes, shell and glob characters, a
+# backslash, non-ASCII; every one travels through find, sort, the heredocs and tar unchanged
+NAME_CHARS = "abcXYZ019._- '\"$*?[]\\#&;()~%+=@,é日"
+name_st = st.text(NAME_CHARS, min_size=1, max_size=8).filter(lambda n: n not in (".", ".."))
+# a small pool of contents: the same bytes under several paths (renames, hard links by content)
+content_st = st.sampled_from([b"", b"\n", b"x" * 3, bytes(range(256)), b"config\n" * 50])
+
+
+@st.composite
+def trees(draw, depth: int = 0):
+    """{name: bytes (a file) or a dict (a directory, possibly empty)}"""
+    out = {}
+    for name in draw(st.lists(name_st, max_size=4 if depth < 3 else 0, unique=True)):
+        if depth == 0 and name.startswith(".tritonfleet-"):
+            continue
+        out[name] = draw(trees(depth + 1)) if draw(st.booleans()) else draw(content_st)
+    return out
+
+
+def flat(tree: dict, prefix: str = "") -> dict[str, bytes | None]:
+    """{path: bytes} of files and {path/: None} of every directory."""
+    out: dict[str, bytes | None] = {}
+    for name, value in tree.items():
+        if isinstance(value, dict):
+            out[f"{prefix}{name}/"] = None
+            out.update(flat(value, f"{prefix}{name}/"))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+@st.composite
+def changed(draw, tree: dict):
+    """``tree`` after renames, deletions, rewrites and additions."""
+    files = {p: v for p, v in flat(tree).items() if v is not None}
+    out = {}
+    for path, data in files.items():
+        action = draw(st.sampled_from(["keep", "keep", "delete", "rename", "rewrite"]))
+        if action == "keep":
+            out[path] = data
+        elif action == "rename":
+            out[path.rsplit("/", 1)[0] + "/" + draw(name_st) if "/" in path else draw(name_st)] = data
+        elif action == "rewrite":
+            out[path] = draw(content_st)
+    added = draw(trees())
+    result: dict = {}
+    for path, data in out.items():  # rebuild a nested tree; a clash (file vs directory) drops one
+        node, parts = result, path.split("/")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            if not (parts[0].startswith(".tritonfleet-") and len(parts) == 1):
+                node.setdefault(parts[-1], data)
+    for name, value in added.items():
+        result.setdefault(name, value)
+    return result
+
+
+def materialize(root: Path, tree: dict) -> None:
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for path, data in sorted(flat(tree).items()):
+        if data is None:
+            (root / path).mkdir(parents=True, exist_ok=True)
+        else:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(data)
+
+
+def snapshot(root: Path, *, host: bool = False) -> dict[str, bytes | None]:
+    """Every entry below ``root``: {path: bytes} of files, {path/: None} of directories; a host
+    release's own record at its top is left out. Symlinks are followed (what Triton reads)."""
+    out: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        rel = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if rel == "." else f"{rel}/"
+        for d in dirnames:
+            out[f"{prefix}{d}/"] = None
+        for f in filenames:
+            if host and not prefix and f.startswith(".tritonfleet-"):
+                continue
+            p = Path(dirpath, f)
+            assert p.is_file() and (host is False or not p.is_symlink()), p
+            out[f"{prefix}{f}"] = p.read_bytes()
+    return out
+
+
+def assert_exact(base: Path, repo: Path) -> None:
+    rel = live(base)
+    assert snapshot(rel, host=True) == snapshot(repo)
+    assert rel.name == models.release_id(models.manifest(repo))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_generated_trees_arrive_exactly(base, tmp_path_factory, data):
+    """Nested and empty directories, hidden files at any depth, odd names, zero-byte files;
+    then renames, deletions, rewrites and additions: the live release is the local tree, in
+    paths, types and bytes, after every run; one more run changes nothing."""
+    work = tmp_path_factory.mktemp("gen")
+    b, repo = work / "opt-triton", work / "repo"
+    first = data.draw(trees().filter(bool), label="tree")
+    second = data.draw(changed(first), label="changed")
+    for tree in (first, second):
+        materialize(repo, tree)
+        state, changed_ops = sync(b, repo)
+        assert not state.failed_hosts
+        assert_exact(b, repo)
+    state, changed_ops = sync(b, repo)
+    assert not state.failed_hosts and changed_ops == []
+    shutil.rmtree(work)
+
+
+def test_an_ensemble_keeps_its_empty_version_directory(base, repo):
+    (repo / "ens/1").mkdir(parents=True)
+    write(repo, "ens/config.pbtxt", b'name: "ens"\nplatform: "ensemble"\n')
+    write(repo, "a/1/.hidden/.keep", b"")
+    state, _ = sync(base, repo)
+    assert not state.failed_hosts
+    assert (live(base) / "ens/1").is_dir() and not any((live(base) / "ens/1").iterdir())
+    assert (live(base) / "a/1/.hidden/.keep").is_file()
+    assert_exact(base, repo)
+    # the empty directory removed on the host is drift: the next run puts it back
+    (live(base) / "ens/1").rmdir()
+    state, changed_ops = sync(base, repo)
+    assert not state.failed_hosts and changed_ops
+    assert_exact(base, repo)
+
+
+def test_symlinks_in_the_repository_are_followed(base, repo):
+    (repo / "a/2").symlink_to("1")  # a version directory by link
+    (repo / "b/1/same.onnx").symlink_to("model.onnx")
+    state, _ = sync(base, repo)
+    assert not state.failed_hosts
+    rel = live(base)
+    assert not (rel / "a/2").is_symlink() and (rel / "a/2/model.onnx").read_bytes() == \
+        (repo / "a/1/model.onnx").read_bytes()
+    assert not (rel / "b/1/same.onnx").is_symlink()
+    assert_exact(base, repo)
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda r: (r / "a/1/gone").symlink_to("nothing"), "a/1/gone: symlink to nothing, which does not exist"),
+    (lambda r: (r / "a/1/loop").symlink_to("../../a"), "a/1/loop: symlink to a directory that holds it"),
+    (lambda r: os.mkfifo(r / "a/1/pipe"), "a/1/pipe: not a regular file or directory"),
+    (lambda r: write(r, "a/1/two\nlines", b""), "holds a line break"),
+    (lambda r: write(r, ".tritonfleet-stat", b""), "kept for the release record"),
+])
+def test_what_a_release_cannot_reproduce_is_refused_before_the_host_is_touched(base, repo, make, why):
+    make(repo)
+    with pytest.raises(models.RepositoryError, match=f"(?s)model repository {re.escape(str(repo))}: .*{why}"):
+        sync(base, repo)
     assert not base.exists()

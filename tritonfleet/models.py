@@ -6,10 +6,12 @@ same repository gives the same release id on every host and every run.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
 CACHE_DIR = Path(os.environ.get("TRITONFLEET_LOCAL_CACHE", Path.home() / ".cache" / "tritonfleet"))
@@ -35,8 +37,77 @@ def file_sha256(path: Path, cache: dict | None = None) -> str:
     return digest
 
 
+class RepositoryError(ValueError):
+    """The local model repository holds something a release cannot reproduce on a host."""
+
+
+#: top-level names the host's release directory keeps for itself (the marker, the stat record)
+RESERVED_PREFIX = ".tritonfleet-"
+
+
+def is_dir_entry(path: str) -> bool:
+    """Whether a manifest key is an empty directory ('m/1/') rather than a file."""
+    return path.endswith("/")
+
+
+def walk(repo: Path):
+    """Every entry of ``repo`` a release reproduces, sorted: ('file', rel, path) for each file
+    and ('dir', rel + '/', path) for each directory that holds nothing (an ensemble's ``1/``).
+    Hidden names are entries like any other (Triton reads them too). Symlinks are followed: the
+    host gets the file or directory a link points to, as Triton reads it through the link.
+    Raises RepositoryError, naming the path and the fix, for what cannot be reproduced: a
+    broken link, a link cycle, a FIFO/socket/device, a name with a newline or that is not UTF-8,
+    a top-level name starting with '.tritonfleet-' (kept by the host for the release record)."""
+    repo = Path(repo)
+
+    def refuse(path: Path, why: str):
+        raise RepositoryError(f"model repository {repo}: {path.relative_to(repo).as_posix()}: {why}")
+
+    def visit(dirpath: Path, rel: str, ancestors: frozenset):
+        try:
+            names = sorted(os.listdir(dirpath), key=lambda n: n.encode("utf-8", "surrogateescape"))
+        except OSError as e:
+            raise RepositoryError(f"model repository {repo}: cannot read {dirpath}: {e.strerror}") from e
+        if not names and rel:
+            yield "dir", rel, dirpath
+            return
+        for name in names:
+            path = dirpath / name
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                refuse(path, "the name is not UTF-8: rename it")
+            if "\n" in name or "\r" in name:
+                refuse(path, "the name holds a line break: rename it")
+            if not rel and name.startswith(RESERVED_PREFIX):
+                refuse(path, f"names starting with {RESERVED_PREFIX} at the top of the repository "
+                             "are kept for the release record on the host: rename it")
+            try:
+                st = path.stat()  # follows symlinks
+            except FileNotFoundError:
+                refuse(path, f"symlink to {os.readlink(path)}, which does not exist: fix or remove it")
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    refuse(path, "symlink loop: fix or remove it")
+                raise
+            if stat.S_ISDIR(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                if key in ancestors:
+                    refuse(path, "symlink to a directory that holds it (a cycle): replace it by a copy")
+                yield from visit(path, f"{rel}{name}/", ancestors | {key})
+            elif stat.S_ISREG(st.st_mode):
+                yield "file", f"{rel}{name}", path
+            else:
+                refuse(path, "not a regular file or directory (a FIFO, socket or device): remove it")
+
+    root = repo.stat()
+    yield from visit(repo, "", frozenset({(root.st_dev, root.st_ino)}))
+
+
 def manifest(repo: Path) -> dict[str, list]:
-    """{relative path: [size, sha256]} for every file in ``repo`` (hidden top-level entries skipped)."""
+    """{relative path: [size, sha256]} for every file in ``repo``, and {'dir/': [0, 'dir']} for
+    every directory that holds nothing (see :func:`walk`: hidden files and empty directories
+    are part of the release; symlinks are followed)."""
     cache_path = _hash_cache_file()
     try:
         cache = json.loads(cache_path.read_text())
@@ -44,18 +115,15 @@ def manifest(repo: Path) -> dict[str, list]:
         cache = {}
     out: dict[str, list] = {}
     used: dict[str, str] = {}
-    for root, dirs, files in os.walk(repo):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            if name.startswith("."):
-                continue
-            p = Path(root) / name
-            rel = p.relative_to(repo).as_posix()
-            st = p.stat()
-            key = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-            digest = cache.get(key) or file_sha256(p, cache)
-            used[key] = digest
-            out[rel] = [st.st_size, digest]
+    for kind, rel, p in walk(repo):
+        if kind == "dir":
+            out[rel] = [0, "dir"]
+            continue
+        st = p.stat()
+        key = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        digest = cache.get(key) or file_sha256(p, cache)
+        used[key] = digest
+        out[rel] = [st.st_size, digest]
     # entries of files seen now under another size or mtime are stale: drop them
     seen = {k.rsplit("|", 2)[0] for k in used}
     fresh = {k: v for k, v in cache.items() if k.rsplit("|", 2)[0] not in seen}
@@ -98,26 +166,25 @@ def render(src: Path, overrides: dict | None, dest_root: Path | None = None) -> 
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for root, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        rel_root = Path(root).relative_to(src)
-        (tmp / rel_root).mkdir(parents=True, exist_ok=True)
-        for name in files:
-            if name.startswith("."):
-                continue
-            s, d = Path(root) / name, tmp / rel_root / name
-            model = rel_root.parts[0] if rel_root.parts else None
-            if name == "config.pbtxt" and len(rel_root.parts) == 1 and model in overrides:
-                try:
-                    d.write_text(apply_overrides(s.read_text(), overrides[model]))
-                except Exception as e:  # protobuf parse errors: name the file
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    raise ValueError(f"{s}: cannot apply model_overrides[{model!r}]: {e}") from e
-            else:
-                try:
-                    os.link(s, d)
-                except OSError:
-                    shutil.copy2(s, d)
+    for kind, rel, s in walk(src):
+        d = tmp / rel
+        if kind == "dir":
+            d.mkdir(parents=True, exist_ok=True)
+            continue
+        d.parent.mkdir(parents=True, exist_ok=True)
+        parts = rel.split("/")
+        model = parts[0]
+        if len(parts) == 2 and parts[1] == "config.pbtxt" and model in overrides:
+            try:
+                d.write_text(apply_overrides(s.read_text(), overrides[model]))
+            except Exception as e:  # protobuf parse errors: name the file
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise ValueError(f"{s}: cannot apply model_overrides[{model!r}]: {e}") from e
+        else:
+            try:
+                os.link(s, d)  # follows a symlink: the rendered copy holds what it points to
+            except OSError:
+                shutil.copy2(s, d)
     unknown = set(overrides) - {p.name for p in src.iterdir() if p.is_dir()}
     if unknown:
         shutil.rmtree(tmp)

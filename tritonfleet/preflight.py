@@ -37,6 +37,7 @@ _validated: dict[str, list] = {}
 # --------------------------------------------------------------------------- control machine
 
 def check_model_repository() -> None:
+    from .models import RepositoryError
     from .steps.triton import host_repository
     from .validate import validate_repository
 
@@ -61,6 +62,8 @@ def check_model_repository() -> None:
     validated(src)  # first as it is: nothing is read through a link out of it
     try:
         local, _, _ = host_repository()
+    except RepositoryError as e:  # something a release cannot reproduce on the host
+        raise PreflightError(f"{host.name}: {e}") from e
     except ValueError as e:
         raise PreflightError(f"{host.name}: {e} (model_overrides in {GROUP_DATA}/)") from e
     if local.resolve() != src.resolve():

@@ -122,7 +122,7 @@ def intent(fh: fleet.FleetHost) -> dict:
     try:
         _, man, rid = host_repository(fh.get)
         want["release"] = rid
-        want["models"] = sorted({p.split("/", 1)[0] for p in man})
+        want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
     except Exception as e:  # noqa: BLE001 - an unrenderable repository is shown, not fatal here
         want["release_error"] = str(e)
     want["unit"] = unit_digest(render_unit(unit_context(fh.get)))

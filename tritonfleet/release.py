@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .models import MARKER
+from .models import MARKER, is_dir_entry
 from .shell import q
 
 STAT = ".tritonfleet-stat"
@@ -30,14 +30,23 @@ FOUND = ".tritonfleet-found"
 PLAN = ".tritonfleet-plan.sh"
 INCOMING = ".incoming-"
 REPAIR = ".repair-"
-# every file of ours starts with this; find skips them when it lists a release's model files
+# every file of ours is at the top of a release and starts with this; find skips them when it
+# lists a release's model files (a model's own hidden files, at any depth, are listed)
 OWN_PREFIX = ".tritonfleet-"
-LIST_FILES = f"find . -type f ! -name '{OWN_PREFIX}*' -printf"
+LIST_FILES = f"find . -type f ! -path './{OWN_PREFIX}*' -printf"
+
+
+def _listing(file_format: str, dir_format: str) -> str:
+    """find over a release directory: its model files and its empty directories (an ensemble's
+    version directory holds nothing and must exist all the same)."""
+    return (f"find . -mindepth 1 \\( -type d -empty -printf '{dir_format}' \\) -o "
+            f"\\( -type f ! -path './{OWN_PREFIX}*' -printf '{file_format}' \\)")
 
 
 def stat_listing_command() -> str:
-    """Run inside a release directory: 'size mtime path' lines, sorted bytewise."""
-    return f"{LIST_FILES} '%s %T@ %P\\n' | LC_ALL=C sort"
+    """Run inside a release directory: 'size mtime path' lines ('d - dir/' for an empty
+    directory), sorted bytewise."""
+    return _listing("%s %T@ %P\\n", "d - %P/\\n") + " | LC_ALL=C sort"
 
 
 def state_command(base: str) -> str:
@@ -150,11 +159,13 @@ def make_plan(release: str, manifest: dict[str, list], index: dict) -> Plan:
         bad = set(index["drift"].get(rid, []))
         for path, value in sorted(index["releases"][rid].items()):
             key = tuple(value)
-            if path in bad or key in suspect:
+            if path in bad or key in suspect or is_dir_entry(path):
                 continue
             sources.setdefault(key, f"{rid}/{path}")
     incoming = index["incoming"]
     for path, value in sorted(manifest.items()):
+        if is_dir_entry(path):
+            continue  # made by the prepare script
         size = int(value[0])
         key = tuple(value)
         if incoming.get(path) == size and key not in suspect:
@@ -169,8 +180,9 @@ def make_plan(release: str, manifest: dict[str, list], index: dict) -> Plan:
 
 
 def expect_listing(manifest: dict[str, list]) -> str:
-    """'size path' lines of every file, sorted the way the host's `LC_ALL=C sort` sorts them."""
-    lines = sorted(f"{int(v[0])} {p}" for p, v in manifest.items())
+    """'size path' lines of every file ('d dir/' of every empty directory), sorted the way the
+    host's `LC_ALL=C sort` sorts them."""
+    lines = [f"d {p}" if is_dir_entry(p) else f"{int(v[0])} {p}" for p, v in manifest.items()]
     lines.sort(key=lambda s: s.encode())
     return "".join(f"{line}\n" for line in lines)
 
@@ -181,6 +193,8 @@ def marker_text(release: str, manifest: dict[str, list]) -> str:
 
 def _heredoc(path: str, text: str, tag: str) -> str:
     assert f"\n{tag}\n" not in f"\n{text}"
+    if not text:
+        return f": > {q(path)}\n"  # a here-document always ends with a line break
     return f"cat > {q(path)} <<'{tag}'\n{text}{'' if text.endswith(chr(10)) else chr(10)}{tag}\n"
 
 
@@ -193,7 +207,8 @@ def prepare_script(base: str, plan: Plan, manifest: dict[str, list]) -> str:
     out += [f"rm -f -- {q(p)}" for p in plan.remove]
     # the marker of an earlier release must never be mistaken for this one's before it completes
     out.append(f"rm -f {MARKER} {STAT} {EXPECT} {FOUND}")
-    dirs = sorted({p.rsplit("/", 1)[0] for p in list(plan.link) + plan.send if "/" in p})
+    dirs = sorted({p.rsplit("/", 1)[0] for p in list(plan.link) + plan.send if "/" in p}
+                  | {p.rstrip("/") for p in manifest if is_dir_entry(p)})
     if dirs:
         out.append("mkdir -p -- " + " ".join(q(d) for d in dirs))
     out += [f"ln -f -- {q(rel + '/' + src)} {q(p)}" for p, src in sorted(plan.link.items())]
@@ -215,7 +230,7 @@ def receive_command(base: str, release: str) -> str:
     return f"mkdir -p {inc} && tar -x -f - -C {inc} --no-same-owner"
 
 
-def finish_script(base: str, release: str, keep: int) -> str:
+def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] | None = None) -> str:
     """Shell that checks the incoming release is complete (every file, at its size), records its
     stat listing, makes it a release and switches the live link to it. Triton only ever sees a
     complete release: the link moves by rename, and a drifted release is rebuilt beside itself."""
@@ -224,13 +239,17 @@ def finish_script(base: str, release: str, keep: int) -> str:
     inc = f"releases/{INCOMING}{rid}"
     rep = f"releases/{REPAIR}{rid}"
     done = f"releases/{rid}"
+    empty = [p for p in (manifest or {}) if is_dir_entry(p)]
     return "\n".join([
         "set -e",
         f"cd {b}",
         f"[ -d {q(inc)} ] || {{ echo {q(inc + ' is missing on')} \"$(hostname)\": the release was not prepared >&2; exit 1; }}",
         f"cd {q(inc)}",
+        # directories left empty by files removed from an interrupted transfer go; the
+        # release's own empty directories are made again (the listing below checks both)
         "find . -mindepth 1 -type d -empty -delete",
-        f"{LIST_FILES} '%s %P\\n' | LC_ALL=C sort > {FOUND}",
+        *([f"mkdir -p -- {' '.join(q(p.rstrip('/')) for p in sorted(empty))}"] if empty else []),
+        _listing("%s %P\\n", "d %P/\\n") + f" | LC_ALL=C sort > {FOUND}",
         f"if ! cmp -s {FOUND} {EXPECT}; then",
         f"  echo {q(f'release {rid} on')} \"$(hostname)\" {q(f'is incomplete in {base}/{inc} (missing or wrong-size')} "
         "'files below; the live release is unchanged): run the deploy again' >&2",

@@ -122,7 +122,10 @@ def _tar_process(root: Path, paths: list[str]) -> tuple[subprocess.Popen, str]:
         f.write(b"\0".join(p.encode() for p in paths) + b"\0")
     # -h: a symlink in the local repository travels as the file it points to (what the
     # manifest hashed)
-    proc = subprocess.Popen(["tar", "-c", "-h", "-f", "-", "-C", str(root), "--null", "-T", listfile],
+    # --no-unquote --verbatim-files-from: every name is taken as it is (a backslash or a leading
+    # dash in a file name is not an escape or an option)
+    proc = subprocess.Popen(["tar", "-c", "-h", "-f", "-", "-C", str(root), "--null", "--no-unquote",
+                             "--verbatim-files-from", "-T", listfile],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return proc, listfile
 

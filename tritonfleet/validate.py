@@ -101,6 +101,10 @@ RULES = {
     "version-policy": "the version policy selects versions that exist",
     "version-missing": "at least one version directory (ensembles too)",
     "model-file": "each loaded version has the model file its backend reads",
+    "referenced-file": "every file the configuration names is in the model directory: output "
+                       "label_filename, warmup input_data_file (with enough bytes), "
+                       "cc_model_filenames (in each loaded version), the python backend's "
+                       "EXECUTION_ENV_PATH under $$TRITON_MODEL_DIRECTORY",
     "python-syntax": "a python backend model.py compiles",
     "onnx-model": "model.onnx is a readable ONNX model",
     "onnx-signature": "inputs and outputs match model.onnx (names, types, dims)",
@@ -143,6 +147,14 @@ INT64_MAX = 2**63 - 1
 
 _CANONICAL_VERSION = re.compile(r"0|[1-9][0-9]*")
 _STOLL_PREFIX = re.compile(r"\s*[+-]?[0-9]+")  # what std::stoll accepts at the start of a name
+
+# bytes per element (Triton's GetDataTypeByteSize); TYPE_STRING has no fixed size
+TYPE_BYTES = {
+    "TYPE_BOOL": 1, "TYPE_UINT8": 1, "TYPE_UINT16": 2, "TYPE_UINT32": 4, "TYPE_UINT64": 8,
+    "TYPE_INT8": 1, "TYPE_INT16": 2, "TYPE_INT32": 4, "TYPE_INT64": 8, "TYPE_FP16": 2,
+    "TYPE_FP32": 4, "TYPE_FP64": 8, "TYPE_BF16": 2,
+}
+MODEL_DIRECTORY_VAR = "$$TRITON_MODEL_DIRECTORY"
 
 ONNX_TYPES = {  # onnx TensorProto.DataType -> Triton data type name
     1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
@@ -764,9 +776,21 @@ class _Checker:
         inputs = {t.name: t for t in cfg.input}
         for i, w in enumerate(cfg.model_warmup):
             at = ("model_warmup", i)
-            for name in w.inputs:
+            for name, wi in sorted(w.inputs.items()):
                 if name not in inputs:
                     p("warmup", f"warmup '{w.name}' feeds '{name}', which is not an input", *at)
+                    continue
+                # the warmup request is checked like any request (type and shape) at load
+                t, dims = inputs[name], list(wi.dims)
+                if any(d < 0 for d in dims):
+                    p("warmup", f"warmup '{w.name}' input '{name}' dims {dims}: every dimension "
+                                "must be given (no -1)", *at)
+                elif t.data_type != wi.data_type:
+                    p("warmup", f"warmup '{w.name}' input '{name}' is {mc.DataType.Name(wi.data_type)}, "
+                                f"the input is {mc.DataType.Name(t.data_type)}", *at)
+                elif len(dims) != len(t.dims) or any(c not in (-1, d) for c, d in zip(t.dims, dims, strict=True)):
+                    p("warmup", f"warmup '{w.name}' input '{name}' dims {dims} do not fit the "
+                                f"input's dims {list(t.dims)}", *at)
             for name, t in inputs.items():
                 if name not in w.inputs and not t.optional:
                     p("warmup", f"warmup '{w.name}' does not feed input '{name}'", *at)
@@ -798,7 +822,12 @@ class _Checker:
             p("unsafe-path", f"default_model_filename \"{dmf}\" must be a plain file name in the "
                              "version directory", "default_model_filename")
             return
+        self._referenced_files(entry, p, [versions[v] for v in load])
         if entry.platform == ENSEMBLE:
+            return
+        if dmf and entry.backend == "python" and not dmf.endswith(".py"):
+            p("model-file", f"default_model_filename \"{dmf}\": the python backend loads only a "
+                            "file whose name ends with .py", "default_model_filename")
             return
         wanted = None
         if dmf:
@@ -837,6 +866,71 @@ class _Checker:
                 if onnx_path.is_dir():
                     onnx_path = onnx_path / "model.onnx"
                 self._onnx_signature(entry, f"{versions[v]}/{wanted[0]}", onnx_path, p)
+
+    def _referenced_files(self, entry: _Entry, p, version_dirs: list[str]) -> None:
+        """Files the configuration names by name: Triton opens each when it loads the model and
+        refuses the model when one is missing (labels: Model::Init; warmup data: the instance's
+        warmup; cc_model_filenames and EXECUTION_ENV_PATH: the backend)."""
+        cfg, model, model_dir = entry.cfg, entry.name, entry.dir
+
+        def inside(rel: str, what: str, *at) -> Path | None:
+            path = Path(os.path.normpath(model_dir / rel))
+            if os.path.isabs(rel) or (path != model_dir and model_dir not in path.parents):
+                p("unsafe-path", f"{what} \"{rel}\" must name a file inside the model directory", *at)
+                return None
+            return path
+
+        def missing(path: Path, rel: str, what: str, *at) -> bool:
+            if path.is_file() or path.is_dir():
+                return False
+            self.add(model, rel, lines_of(*at), "referenced-file",
+                     f"{what} names {rel}, which is not in the model directory: add the file or "
+                     "remove the setting")
+            return True
+
+        def lines_of(*at):
+            return entry.lines.line(*at) if at else None
+
+        for i, out in enumerate(cfg.output):
+            if out.label_filename:
+                at = ("output", i, "label_filename")
+                path = inside(out.label_filename, "label_filename", *at)
+                if path is not None:
+                    missing(path, out.label_filename, f"output '{out.name}' label_filename", *at)
+        for i, w in enumerate(cfg.model_warmup):
+            at = ("model_warmup", i)
+            for name, inp in sorted(w.inputs.items()):
+                if inp.WhichOneof("input_data_type") != "input_data_file":
+                    continue
+                rel = f"warmup/{inp.input_data_file}"
+                path = inside(rel, "input_data_file", *at)
+                if path is None or missing(path, rel, f"warmup '{w.name}' input '{name}'", *at):
+                    continue
+                type_name = mc.DataType.Name(inp.data_type)
+                if type_name in TYPE_BYTES and all(d > 0 for d in inp.dims):
+                    need = TYPE_BYTES[type_name]
+                    for d in inp.dims:
+                        need *= d
+                    have = path.stat().st_size if path.is_file() else 0
+                    if have < need:
+                        self.add(model, rel, lines_of(*at), "referenced-file",
+                                 f"warmup '{w.name}' input '{name}' needs {need} bytes "
+                                 f"({type_name}, dims {list(inp.dims)}); {rel} has {have}")
+        for cc, name in sorted(cfg.cc_model_filenames.items()):
+            for vname in version_dirs if entry.platform != ENSEMBLE else ():
+                rel = f"{vname}/{name}"
+                path = inside(rel, f"cc_model_filenames[\"{cc}\"]", "cc_model_filenames")
+                if path is not None:
+                    missing(path, rel, f"cc_model_filenames[\"{cc}\"] (the file for GPUs of compute "
+                                       f"capability {cc})", "cc_model_filenames")
+        env = cfg.parameters.get("EXECUTION_ENV_PATH")
+        if env is not None and entry.backend == "python":
+            value = env.string_value
+            if value.startswith(MODEL_DIRECTORY_VAR):
+                rel = value[len(MODEL_DIRECTORY_VAR):].lstrip("/")
+                path = inside(rel, "EXECUTION_ENV_PATH", "parameters")
+                if path is not None and rel:
+                    missing(path, rel, "parameters EXECUTION_ENV_PATH", "parameters")
 
     def _python_source(self, model: str, vname: str, path: Path) -> None:
         try:

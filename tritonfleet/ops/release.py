@@ -87,4 +87,4 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
     if plan.send:
         remote = wrapped(rel.receive_command(base, release))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})
-    yield StringCommand(rel.finish_script(base, release, keep))
+    yield StringCommand(rel.finish_script(base, release, keep, manifest))

@@ -239,7 +239,8 @@ def model_diff(old_man: dict, new_man: dict) -> tuple[list[str], list[str]]:
     def by_model(man: dict) -> dict[str, dict]:
         out: dict[str, dict] = {}
         for path, value in man.items():
-            out.setdefault(path.split("/", 1)[0], {})[path] = value
+            if "/" in path:  # a file at the top of the repository is no model
+                out.setdefault(path.split("/", 1)[0], {})[path] = value
         return out
 
     old, new = by_model(old_man), by_model(new_man)
