@@ -495,12 +495,16 @@ def plot(steps: list[Step], path: str, title: str = "") -> None:
         xs = [s.concurrency for s in ss]
         ax1.plot(xs, [s.throughput for s in ss], marker="o", label=name)
         ax2.plot(xs, [s.p95_ms if s.p95_ms is not None else float("nan") for s in ss], marker="o", label=name)
-    for ax, what in ((ax1, "throughput (inferences/s)"), (ax2, "p95 latency (ms)")):
+    ticks = sorted({s.concurrency for s in steps})
+    for ax, what in ((ax1, "throughput (inferences/s)"), (ax2, "p95 latency (ms, log scale)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(c) for c in ticks])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel(what)
         ax.grid(True, alpha=0.3)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax1.set_ylim(bottom=0)
+    ax2.set_yscale("log")
     ax1.legend(fontsize=8)
     if title:
         fig.suptitle(title)
