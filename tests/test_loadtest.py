@@ -177,3 +177,61 @@ def test_unreachable_host_and_unknown_model_are_named(server, tmp_path):
     assert res.returncode == 1
     assert "error: local-1: http://127.0.0.1:" in res.stderr, res.stderr[-800:]
     assert "/v2/models/nope/config -> HTTP 404" in res.stderr, res.stderr[-800:]
+
+
+# ---- tritonfleet tune --loadtest -----------------------------------------------------------------
+
+def _step(c: int, throughput: float, p95: float, queue: float = 100.0, compute: float = 1000.0,
+          util: float = 0.9, busy: float = 0.2, **kw) -> dict:
+    return {"host": "h1", "model": "resnet50_onnx", "concurrency": c, "requests": 1000, "errors": 0,
+            "throughput": throughput, "p50_ms": p95 / 2, "p95_ms": p95, "p99_ms": p95 * 1.2,
+            "queue_us_avg": queue, "compute_us_avg": compute, "batch_avg": 4.0, "triton_requests": 1000,
+            "utilization": util, "device": "gpu", "max_batch_size": 64, "dynamic_batching": True,
+            "max_queue_delay_us": 5000, "preferred_batch_size": [8, 16], "client_busy": busy,
+            "client_core_rate": 2000.0, "duration_s": 10.0, **kw}
+
+
+def test_tune_judges_a_loadtest_sweep_and_cites_its_figures():
+    from tritonfleet import tune
+
+    doc = {"results": [_step(1, 100.0, 5.0), _step(4, 380.0, 6.0),
+                       _step(16, 400.0, 25.0, queue=4000.0, util=0.3),
+                       _step(64, 410.0, 90.0, busy=0.95)]}
+    rows = tune.loadtest_rows(doc, "loadtest run.json", lambda h: tune.default_thresholds())
+    assert [r.name for r in rows] == ["h1 c=1", "h1 c=4", "h1 c=16", "h1 c=64"]
+    cite16 = ("[loadtest run.json: h1 resnet50_onnx at concurrency 16: 400.0 inf/s, p95 25.0 ms, queue "
+              "4000 us vs compute 1000 us per request, mean batch 4.00, utilization gpu 30%]")
+    assert rows[2].advice[0] == ("lower max_queue_delay_microseconds (now 5000): requests wait 4.0 ms in "
+                                 "the queue against 1.0 ms of compute while the GPU is 30% busy " + cite16)
+    assert rows[2].advice[1].startswith("throughput levels off: 380.0 -> 400.0 inf/s from concurrency 4 "
+                                        "to 16 while p95 rises 6.0 -> 25.0 ms")
+    assert rows[2].advice[1].endswith(cite16)
+    # busy GPU, batches of 4 under the smallest preferred size 8, the queue short: raise the delay
+    assert rows[1].advice[0].startswith("raise max_queue_delay_microseconds (now 5000): the GPU is 90% busy")
+    assert any(a.startswith("the load generator used 95% of a core here") for a in rows[3].advice)
+    assert not any("levels off" in a for a in rows[3].advice)  # told once, where it starts
+
+
+def test_tune_loadtest_file_against_a_real_server(server, tmp_path):
+    inv = _inventory(tmp_path, server, monitor_low_utilization=1.01)  # any utilization counts as low
+    res = tritonfleet("loadtest", str(inv), "--json", "--model", "resnet50_onnx", "--duration", "1.5",
+                      "--concurrency", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    path = tmp_path / "lt.json"
+    path.write_text(res.stdout)
+    [step] = json.loads(res.stdout)["results"]
+    res = tritonfleet("tune", str(inv), "--loadtest", str(path), "--json", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    [r] = json.loads(res.stdout)["rows"]
+    assert (r["name"], r["model"], r["requests"]) == ("local-1 c=1", "resnet50_onnx", step["requests"])
+    cite = f"[loadtest {path}: local-1 resnet50_onnx at concurrency 1: {step['throughput']:.1f} inf/s"
+    assert r["advice"] and all(cite in a for a in r["advice"]), r["advice"]
+    # single requests never form a preferred batch: told so, with the figures
+    assert any(a.startswith("preferred_batch_size 8, 16, 32, 64 never reached (largest batch run: 1)")
+               for a in r["advice"])
+    res = tritonfleet("tune", "--loadtest", str(path), timeout=300)  # no inventory: all.py's thresholds
+    assert res.returncode == 0 and "local-1 c=1" in res.stdout, res.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": []}')
+    res = tritonfleet("tune", "--loadtest", str(bad), timeout=300)
+    assert res.returncode == 1 and "no 'results' list" in res.stderr

@@ -156,8 +156,10 @@ class Step:
     triton_requests: float | None = None  #: Triton's nv_inference_request_success delta
     triton_failures: float | None = None
     batch_avg: float | None = None  #: Triton: inferences per execution over the step
+    batch_sizes: dict[str, float] = field(default_factory=dict)  #: batch size -> executions in the step
     utilization: float | None = None  #: the host's GPUs (or Triton's CPU figure for KIND_CPU models)
     device: str = "gpu"
+    max_batch_size: int = 0
     dynamic_batching: bool = False
     max_queue_delay_us: int = 0
     preferred_batch_size: list[int] = field(default_factory=list)
@@ -269,7 +271,7 @@ def model_config(t: Target, model: str, timeout: float = 10) -> dict:
 
 @dataclass
 class Snapshot:
-    counters: ModelCounters | None
+    counters: ModelCounters | None  #: with the batch sizes run (Triton's statistics extension)
     gpu_utilization: float | None
     cpu_utilization: float | None
 
@@ -278,9 +280,13 @@ def snapshot(t: Target, model: str, timeout: float = 10) -> Snapshot:
     with _session() as s:
         r = s.get(f"{t.metrics_url}/metrics", timeout=timeout)
         r.raise_for_status()
-    samples = metrics.parse(r.text)
-    return Snapshot(metrics.model_counters(samples).get(model),
-                    metrics.gauge_mean(samples, "nv_gpu_utilization"),
+        samples = metrics.parse(r.text)
+        counters = metrics.model_counters(samples).get(model)
+        if counters is not None:
+            st = s.get(f"{t.http_url}/v2/models/{model}/stats", timeout=timeout)
+            if st.status_code == 200:
+                counters.batches = metrics.batch_sizes(st.json())
+    return Snapshot(counters, metrics.gauge_mean(samples, "nv_gpu_utilization"),
                     metrics.gauge_mean(samples, "nv_cpu_utilization"))
 
 
@@ -352,7 +358,9 @@ def run_step(t: Target, model: str, config: dict, concurrency: int, duration: fl
         request_us_avg=_per_request(d.request_us, d.requests) if d else None,
         triton_requests=d.requests if d else None, triton_failures=d.failures if d else None,
         batch_avg=_per_request(d.inferences, d.executions) if d else None,
-        utilization=util, device=settings.device, dynamic_batching=settings.dynamic_batching,
+        batch_sizes={str(k): v for k, v in sorted(d.batches.items())} if d else {},
+        utilization=util, device=settings.device, max_batch_size=settings.max_batch_size,
+        dynamic_batching=settings.dynamic_batching,
         max_queue_delay_us=settings.max_queue_delay_us, preferred_batch_size=list(settings.preferred),
         client_cpu_ms_per_request=cpu / (n + len(errs)) * 1000 if n + len(errs) else None,
         client_core_rate=(n + len(errs)) / cpu if cpu > 0 else None,
