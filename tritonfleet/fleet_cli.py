@@ -84,9 +84,12 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
 @click.option("--gate-timeout", type=float, default=None,
               help="seconds each host has to pass the health gate after its batch (default: health_timeout)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, passed to pyinfra")
+@click.option("--perf-gate", is_flag=True,
+              help="measure a short fixed load on each canary before and after its update (perf_gate_* "
+                   "tunables); a throughput drop or p95 rise beyond them rolls the canary back and halts")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 def rollout_cmd(inventory: str, deploy: str, limit: tuple[str, ...], canary: int, batch: str, max_fail: int,
-                gate_timeout: float | None, data: tuple[str, ...], as_json: bool) -> None:
+                gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, as_json: bool) -> None:
     """Roll DEPLOY out over INVENTORY: canary first, then batches in inventory order, each gated on
     health. A failed host is rolled back to what it served before; more failures than --max-fail
     halt the rollout, leaving the hosts not reached yet untouched.
@@ -98,7 +101,8 @@ def rollout_cmd(inventory: str, deploy: str, limit: tuple[str, ...], canary: int
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
         report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
-                         max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo)
+                         max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
+                         perf_gate=perf_gate)
     except (RolloutError, fleet.FleetError) as e:
         raise click.ClickException(str(e)) from e
     if as_json:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ROOT, fleet, health, probe
+from . import ROOT, fleet, health, perfgate, probe
 
 ROLLBACK_DEPLOY = ROOT / "deploys" / "rollback.py"
 
@@ -57,6 +57,7 @@ class Report:
     halted: str = ""
     seconds: float = 0.0
     log_dir: str = ""
+    perf: dict = field(default_factory=dict)  #: --perf-gate: per canary, before, after, verdict
 
     @property
     def ok(self) -> bool:
@@ -179,12 +180,15 @@ def _log_dir() -> Path:
 
 def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, canary: int = 1,
             batch: str | int = "25%", max_fail: int = 0, data: dict | None = None,
-            gate_timeout: float | None = None, echo: Callable[[str], None] = print) -> Report:
+            gate_timeout: float | None = None, echo: Callable[[str], None] = print,
+            perf_gate: bool = False) -> Report:
     data = dict(data or {})
     if not Path(deploy).is_file():
         raise RolloutError(f"deploy {deploy} not found")
     if max_fail < 0:
         raise RolloutError("--max-fail must be >= 0")
+    if perf_gate and canary < 1:
+        raise RolloutError("--perf-gate measures the canary before and after its update: give --canary 1 or more")
     t_start = time.monotonic()
     hosts = fleet.load_inventory(inventory, data=data, limit=limit)
     by_name = {h.name: h for h in hosts}
@@ -225,6 +229,13 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
         if not todo:
             continue
         label = "canary" if i == 1 and canary else f"batch {i}/{len(batches)}"
+        perf = perfgate.Gate(echo) if perf_gate and i == 1 and canary else None
+        if perf:  # the canary's performance before its update (tritonfleet/perfgate.py)
+            try:
+                perf.measure_before([by_name[n] for n in todo])
+            except perfgate.PerfGateError as e:
+                report.halted = f"performance gate: {e}"
+                return _finish(report, t_start, echo)
         echo(f"[{label}] deploying to {', '.join(todo)}")
         t0 = time.monotonic()
         run = run_pyinfra(inventory, deploy, todo, data, log_path=logs / f"batch-{i}.log")
@@ -239,6 +250,9 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
             if not res.ok:
                 bad = res.first_failure
                 failed[fh.name] = f"health gate: {bad.endpoint} -> {bad.detail}" if bad else "health gate failed"
+        if perf:
+            failed.update(perf.measure_after([fh for fh in ok_hosts if fh.name not in failed]))
+            report.perf = perf.report()
         elapsed = time.monotonic() - t0
         for n in todo:
             r = results[n]
@@ -341,6 +355,7 @@ def table(report: Report) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
              for row in rows]
+    lines += perfgate.lines(report.perf)
     verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
     lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
                  f"version in {report.seconds:.1f}s")

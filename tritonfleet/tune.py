@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import apikey, fleet, metrics
@@ -167,11 +169,11 @@ def advise(row: Row, t: Thresholds) -> list[str]:
 
 
 def api_key_header(h: FleetHost) -> dict:
-    """The header with the host's API key when statistics or configuration are restricted
-    (triton_restricted_apis): read over the host's SSH connection into memory, never shown ({}
+    """The header with the host's API key when statistics, configuration or the repository index
+    are restricted (triton_restricted_apis): read over the host's SSH connection into memory, never shown ({}
     when there is none: Triton's 403 then names the missing header)."""
     apis = set(h.get("triton_restricted_apis") or [])
-    if not apis & {"statistics", "model-config"}:
+    if not apis & {"statistics", "model-config", "model-repository"}:
         return {}
     try:
         ok, text = fleet.run(h, apikey.read_command(h.get("triton_api_key_file")), timeout=30)
@@ -273,3 +275,83 @@ def table(rs: list[Row], per_host: bool = False) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) + "  " + line[-1]
                      for line in lines)
+
+
+# ---- a loadtest run as input ---------------------------------------------------------------------
+
+#: throughput growing less than this from one concurrency step to the next counts as levelled off
+LEVEL_OFF_GAIN = 0.10
+#: the load generator using more than this share of a core: its figures are the client's limit
+CLIENT_BUSY = 0.8
+
+
+def default_thresholds() -> Thresholds:
+    """The thresholds' defaults as inventories/group_data/all.py sets them."""
+    import ast
+
+    from .tunables import read
+
+    d = {name: ast.literal_eval(value) for name, value, _ in read()}
+    return Thresholds(float(d["monitor_queue_compute_ratio"]), float(d["monitor_low_utilization"]),
+                      float(d["monitor_busy_utilization"]))
+
+
+def _cite(r: dict, source: str) -> str:
+    """The figures of one loadtest step, as advice cites them."""
+    util = "-" if r.get("utilization") is None else f"{r.get('device', 'gpu')} {_pct(r['utilization'])}"
+    return (f"[{source}: {r['host']} {r['model']} at concurrency {r['concurrency']}: "
+            f"{r['throughput']:.1f} inf/s, p95 {_fmt(r.get('p95_ms'), '.1f')} ms, queue "
+            f"{_fmt(r.get('queue_us_avg'), '.0f')} us vs compute {_fmt(r.get('compute_us_avg'), '.0f')} us "
+            f"per request, mean batch {_fmt(r.get('batch_avg'), '.2f')}, utilization {util}]")
+
+
+def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds]) -> list[Row]:
+    """Rows from a ``tritonfleet loadtest --json`` document: one per host, model and concurrency
+    (name ``<host> c=<n>``), judged by :func:`advise` on the step's Triton figures, plus what only
+    a sweep shows (throughput levelling off, a client-bound step). Every advice item ends with
+    the figures it used (``source``: how to name the file)."""
+    results = doc.get("results")
+    if not isinstance(results, list):
+        raise ValueError("no 'results' list: not the output of tritonfleet loadtest --json")
+    out: list[Row] = []
+    by_series: dict[tuple[str, str], list[tuple[dict, Row]]] = {}
+    for r in results:
+        n = float(r.get("triton_requests") or r["requests"])
+        q, c, b = r.get("queue_us_avg"), r.get("compute_us_avg"), r.get("batch_avg")
+        counters = ModelCounters(
+            requests=n, failures=float(r.get("triton_failures") or 0),
+            queue_us=(q or 0) * n, compute_infer_us=(c or 0) * n, inferences=n,
+            executions=n / b if b else 0.0,
+            batches=Counter({int(k): v for k, v in (r.get("batch_sizes") or {}).items()}))
+        settings = Settings(max_batch_size=int(r.get("max_batch_size") or 0),
+                            dynamic_batching=bool(r.get("dynamic_batching")),
+                            max_queue_delay_us=int(r.get("max_queue_delay_us") or 0),
+                            preferred=tuple(sorted(r.get("preferred_batch_size") or [])),
+                            device=r.get("device") or "gpu")
+        row = Row(f"{r['host']} c={r['concurrency']}", r["model"], [r["host"]], counters, settings,
+                  r.get("utilization"), float(r.get("duration_s") or 0) or None)
+        cite = _cite(r, source)
+        row.advice = [f"{a} {cite}" for a in advise(row, thresholds(r["host"]))]
+        busy = r.get("client_busy")
+        if busy is not None and busy > CLIENT_BUSY:
+            row.advice.append(
+                f"the load generator used {_pct(busy)} of a core here: this step measured the "
+                f"client's limit, not the server's (one core drives about "
+                f"{_fmt(r.get('client_core_rate'), '.0f')} requests/s); spread the load over more "
+                f"cores or machines {cite}")
+        by_series.setdefault((r["host"], r["model"]), []).append((r, row))
+        out.append(row)
+    for series in by_series.values():
+        series.sort(key=lambda x: x[0]["concurrency"])
+        for (a, _), (b, row_b) in zip(series, series[1:], strict=False):
+            ta, tb = a["throughput"], b["throughput"]
+            pa, pb = a.get("p95_ms"), b.get("p95_ms")
+            if ta > 0 and tb < ta * (1 + LEVEL_OFF_GAIN) and pa and pb and pb > pa:
+                row_b.advice.append(
+                    f"throughput levels off: {ta:.1f} -> {tb:.1f} inf/s from concurrency "
+                    f"{a['concurrency']} to {b['concurrency']} while p95 rises {pa:.1f} -> {pb:.1f} ms: "
+                    "the server is saturated at about "
+                    f"{a['concurrency']} requests in flight; more only queues (add instances or hosts, "
+                    f"or cap client concurrency there) {_cite(b, source)}")
+                break
+    return out

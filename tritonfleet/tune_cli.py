@@ -12,7 +12,11 @@ from .cli import main
 
 
 @main.command("tune")
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("inventory", type=click.Path(dir_okay=False), required=False)
+@click.option("--loadtest", "loadtest_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              metavar="FILE.json",
+              help="Judge a `tritonfleet loadtest --json` run instead of live metrics (INVENTORY, if "
+                   "given, supplies the hosts' thresholds; else group_data/all.py's defaults).")
 @click.option("--model", "models", multiple=True, metavar="M", help="Only this model (repeatable).")
 @click.option("--window", default=10.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between the two reads whose difference is judged; 0: totals since "
@@ -21,8 +25,8 @@ from .cli import main
 @click.option("--limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts or groups (globs; repeatable or comma-separated).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def tune_cmd(inventory: str, models: tuple[str, ...], window: float, per_host: bool,
-             limit: tuple[str, ...], as_json: bool) -> None:
+def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str, ...], window: float,
+             per_host: bool, limit: tuple[str, ...], as_json: bool) -> None:
     """Read every host's Triton metrics and judge each model's dynamic batching.
 
     Reports per model mean queue and compute time per request, batch efficiency (inferences
@@ -30,8 +34,18 @@ def tune_cmd(inventory: str, models: tuple[str, ...], window: float, per_host: b
     advice: lower max_queue_delay_microseconds when queue time dominates at low utilization,
     raise it when batches stay small on a busy GPU, preferred batch sizes never reached.
     Exit status 1 when a host could not be read (the others are still reported).
+
+    With --loadtest FILE.json (the output of `tritonfleet loadtest --json`), the rows are the
+    load test's steps (host, model, concurrency) and every advice item cites the figures it used;
+    a sweep adds where throughput levels off and which steps were limited by the load generator.
     """
     from .fleet import FleetError, disconnect, load_inventory
+
+    if loadtest_file:
+        _from_loadtest(inventory, loadtest_file, set(models), limit, as_json)
+        return
+    if not inventory:
+        raise click.UsageError("give an INVENTORY (live metrics) or --loadtest FILE.json")
 
     try:
         hosts = load_inventory(inventory, limit=limit or None)
@@ -64,3 +78,41 @@ def tune_cmd(inventory: str, models: tuple[str, ...], window: float, per_host: b
     for m in sorted(missing):
         click.echo(f"warning: model {m} is loaded on none of the hosts read", err=True)
     sys.exit(1 if errors else 0)
+
+
+def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tuple[str, ...],
+                   as_json: bool) -> None:
+    import fnmatch
+
+    from . import tune
+    from .fleet import FleetError, load_inventory
+
+    try:
+        doc = json.loads(open(path).read())
+    except (OSError, ValueError) as e:
+        click.echo(f"tritonfleet tune: {path}: {e} (give the file `tritonfleet loadtest --json` wrote)",
+                   err=True)
+        sys.exit(1)
+    default = tune.default_thresholds()
+    by_host: dict[str, tune.Thresholds] = {}
+    if inventory:
+        try:
+            by_host = {h.name: tune.Thresholds.of(h) for h in load_inventory(inventory)}
+        except FleetError as e:
+            click.echo(f"tritonfleet tune: {e}", err=True)
+            sys.exit(1)
+    patterns = [p for item in limit for p in item.split(",") if p]
+    if isinstance(doc.get("results"), list):
+        doc["results"] = [r for r in doc["results"] if (not models or r.get("model") in models)
+                          and (not patterns or any(fnmatch.fnmatch(str(r.get("host")), p) for p in patterns))]
+    try:
+        result = tune.loadtest_rows(doc, f"loadtest {path}", lambda h: by_host.get(h, default))
+    except (ValueError, KeyError, TypeError) as e:
+        click.echo(f"tritonfleet tune: {path}: {e} (give the file `tritonfleet loadtest --json` wrote)",
+                   err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps({"source": path, "rows": [r.as_dict() for r in result], "errors": []}, indent=2))
+    else:
+        click.echo(f"{len(result)} rows from the load test in {path}")
+        click.echo(tune.table(result, per_host=True))

@@ -185,3 +185,18 @@ monitor_low_utilization = 0.4
 monitor_busy_utilization = 0.8
 # Alert when a GPU's used memory exceeds this share of its total.
 monitor_gpu_memory_ratio = 0.9
+
+# --- Performance gate (tritonfleet rollout --perf-gate) ------------------------------------
+# Model the performance gate loads on each canary before and after its update; None: the
+# first model (by name) the canary serves before the update.
+perf_gate_model = None
+# Requests the performance gate keeps in flight (batch 1 each, HTTP).
+perf_gate_concurrency = 16
+# Seconds of load for each of the two measurements (before and after the update).
+perf_gate_duration = 5
+# The canary fails the performance gate (and is rolled back) when its throughput after the
+# update is lower than before by more than this share (0.2: more than 20% lower).
+perf_gate_max_throughput_drop = 0.2
+# The canary fails the performance gate when its p95 latency after the update is higher than
+# before by more than this share (0.5: more than 50% higher).
+perf_gate_max_p95_rise = 0.5
