@@ -7,9 +7,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-# Primary-key fingerprints from `gpg --with-colons`: the fpr record right after a pub record
-# (subkeys have fpr records too: Docker's key signs with a subkey).
-PRIMARY_FPR_AWK = "awk -F: '/^pub:/{p=1; next} /^fpr:/{if (p) print $10; p=0; next} {p=0}'"
+from ..keys import PRIMARY_FPR_AWK, trusted_shell
 
 
 class KeyringFingerprints(FactBase):
@@ -29,36 +27,39 @@ class KeyringFingerprints(FactBase):
 
 
 class RemoteKeyFingerprints(FactBase):
-    """The key at ``url`` as the host fetches it: {"fingerprints": [primary keys], "error": text
+    """The key at ``url`` as the host fetches it, judged on the host by the rule the install step
+    applies (tritonfleet.keys): {"fingerprints": [primary keys], "trusted": bool, "error": text
     or None}. Nothing is installed: the file goes to a temporary directory and is removed."""
 
     @staticmethod
     def default():
-        return {"fingerprints": [], "error": "no answer"}
+        return {"fingerprints": [], "trusted": False, "error": "no answer"}
 
-    def command(self, url: str) -> str:
-        u = shlex.quote(url)
+    def command(self, url: str, fingerprint: str) -> str:
+        u, key = shlex.quote(url), '"$t/key"'
         return (
             "t=$(mktemp -d); "
             f"if ! command -v curl >/dev/null || ! command -v gpg >/dev/null; then "
             "echo 'error=curl and gpg are needed on the host (apt-get install curl gnupg)'; "
             f"elif curl -fsSL --retry 2 --max-time 60 -o \"$t/key\" {u} 2>\"$t/err\"; then "
-            "gpg --batch --no-default-keyring --show-keys --with-colons \"$t/key\" 2>/dev/null "
-            f"| {PRIMARY_FPR_AWK} | sed 's/^/fpr=/'; "
+            f"if {trusted_shell(key, fingerprint)}; then echo trusted=yes; fi; "
+            "for f in $found; do echo \"fpr=$f\"; done; "
             "else echo \"error=$(head -c 300 \"$t/err\" | tr '\\n' ' ')\"; fi; rm -rf \"$t\"; true"
         )
 
     def process(self, output):
-        fprs, error = [], None
+        fprs, error, ok = [], None, False
         for line in output:
             key, _, value = line.strip().partition("=")
             if key == "fpr" and value:
                 fprs.append(value.upper())
+            elif key == "trusted":
+                ok = value == "yes"
             elif key == "error":
                 error = value.strip() or "fetch failed"
         if not fprs and not error:
             error = "not an OpenPGP key"
-        return {"fingerprints": fprs, "error": error}
+        return {"fingerprints": fprs, "trusted": ok and not error, "error": error}
 
 
 DPKG_QUERY = "dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 2>/dev/null || true"
