@@ -128,13 +128,12 @@ def check_host() -> None:
 
 
 def check_secure_boot() -> None:
-    from .facts import memo
-    from .facts.host import SecureBoot
-    from .steps.host_prep import SECURE_BOOT_HELP
+    from .steps.host_prep import secure_boot_problem
 
-    if memo.fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
-        raise PreflightError(SECURE_BOOT_HELP.format(host=host.name)
-                             + " (nvidia_secure_boot_ok: host data in the inventory)")
+    problem = secure_boot_problem()
+    if problem:
+        raise PreflightError(problem + " (nvidia_secure_boot_ok, nvidia_secure_boot_unknown_ok: host data "
+                             f"in the inventory, or {GROUP_DATA}/)")
 
 
 def check_gpu_found() -> None:

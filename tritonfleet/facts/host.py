@@ -242,18 +242,40 @@ class ReleaseManifest(FactBase):
             return {}
 
 
+SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+
 class SecureBoot(FactBase):
-    """True when UEFI Secure Boot is enforcing (mokutil), False when off, None when unknown."""
+    """True when UEFI Secure Boot is enforcing, False when it is off, None when it cannot be told.
+
+    ``mokutil --sb-state`` answers first. Without an answer from it (not installed, or failing),
+    the firmware is asked directly: no /sys/firmware/efi means the host did not boot with UEFI (no
+    Secure Boot); otherwise the SecureBoot variable of the EFI global vendor GUID, whose data byte
+    follows 4 bytes of attributes in efivarfs (Linux Documentation/filesystems/efivarfs.rst), is
+    1 when enforcing. Neither answering (UEFI host, no mokutil, efivarfs not readable) is None:
+    pre-flight reports it and goes on only with nvidia_secure_boot_unknown_ok."""
 
     def command(self) -> str:
-        return "mokutil --sb-state 2>&1 || true"
+        return (
+            "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
+            "else echo 'mokutil: not installed'; fi; "
+            "if [ ! -d /sys/firmware/efi ]; then echo 'efi=absent'; "
+            f"elif [ -r {SECURE_BOOT_EFIVAR} ]; then "
+            f"echo \"efivar=$(od -An -tu1 -j4 -N1 {SECURE_BOOT_EFIVAR} | tr -d ' ')\"; fi; true"
+        )
 
     def process(self, output):
         text = " ".join(output).lower()
         if "secureboot enabled" in text:
             return True
-        if "secureboot disabled" in text or "not supported" in text:
+        if "secureboot disabled" in text or "not supported" in text or "doesn't support secure boot" in text:
             return False
+        for line in output:
+            line = line.strip()
+            if line == "efi=absent" or line == "efivar=0":
+                return False
+            if line == "efivar=1":
+                return True
         return None
 
 
