@@ -63,24 +63,38 @@ class RemoteKeyFingerprints(FactBase):
 
 
 DPKG_QUERY = "dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 2>/dev/null || true"
+# dpkg's journal of status changes not yet folded into its status file: files here mean a dpkg
+# run was cut (apt then refuses with "dpkg was interrupted, you must manually run 'dpkg
+# --configure -a' to correct the problem")
+DPKG_UPDATES = "/var/lib/dpkg/updates"
+DPKG_JOURNAL = (f"for f in {DPKG_UPDATES}/*; do case \"${{f##*/}}\" in *[!0-9]*) ;; *) "
+                "echo \"dpkg-journal=${f##*/}\";; esac; done 2>/dev/null; true")
+# package states a cut dpkg run leaves (dpkg-query's status letter): half-installed, unpacked,
+# half-configured, triggers awaited, triggers pending
+UNSETTLED = "HUFWt"
 
 
 class DpkgState(FactBase):
-    """Installed packages and their versions, and which are held, from one ``dpkg-query``:
-    ``{"installed": {name: [version]}, "held": [name]}``. (``apt-mark showhold`` gives the same
-    holds but loads apt's whole cache: ~0.4 s of CPU on the host, every run.)"""
+    """Installed packages and their versions, which are held, and what a cut dpkg run left, from
+    one ``dpkg-query``: ``{"installed": {name: [version]}, "held": [name], "interrupted": [what]}``
+    (``interrupted``: packages in a state dpkg leaves only mid-run, and dpkg's pending journal
+    files). (``apt-mark showhold`` gives the same holds but loads apt's whole cache: ~0.4 s of CPU
+    on the host, every run.)"""
 
     @staticmethod
     def default():
-        return {"installed": {}, "held": []}
+        return {"installed": {}, "held": [], "interrupted": []}
 
     def command(self) -> str:
-        return DPKG_QUERY
+        return f"{DPKG_QUERY}; {DPKG_JOURNAL}"
 
     def process(self, output):
         installed: dict[str, list[str]] = {}
-        held = []
+        held, interrupted = [], []
         for line in output:
+            if line.startswith("dpkg-journal="):
+                interrupted.append(f"{DPKG_UPDATES}/{line.strip().partition('=')[2]}")
+                continue
             parts = line.rstrip("\n").split("\t")
             if len(parts) != 3:
                 continue
@@ -91,7 +105,9 @@ class DpkgState(FactBase):
                 installed.setdefault(name, []).append(version)
                 if status[0] == "h":
                     held.append(name)
-        return {"installed": installed, "held": sorted(held)}
+            elif len(status) >= 2 and status[1] in UNSETTLED:
+                interrupted.append(name)
+        return {"installed": installed, "held": sorted(held), "interrupted": interrupted}
 
 
 class FileState(FactBase):

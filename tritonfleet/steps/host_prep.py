@@ -182,6 +182,7 @@ def nvidia_driver():
         check(name="check: Secure Boot is enabled or unknown: stop before installing an unloadable driver",
               function=_fail, message=problem)
         return
+    aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     repo = config.get("cuda_repo_url").rstrip("/")
     base = f"{repo}/{cuda_distro()}/{cuda_arch()}"
     key = signed_key(
@@ -272,6 +273,7 @@ def host_layer_facts() -> list[tuple]:
 def docker_engine():
     source = config.get("docker_source")
     memo.prefetch(*docker_facts())
+    aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
         engine = fast.packages(name="Docker Engine (distro docker.io)",
@@ -376,6 +378,7 @@ def vendor_keys() -> list[tuple[str, str, str, str, str]]:
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit():
     memo.prefetch(*toolkit_facts())
+    aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     url = config.get("container_toolkit_repo_url").rstrip("/")
     key = signed_key(name="Container Toolkit signing key (fingerprint checked)",
                      url=config.get("container_toolkit_key_url"),
