@@ -90,7 +90,9 @@ gpu_verify_container = "changes"
 # slower for gigabytes, works with password authentication), "auto" (ssh when the host uses key
 # or agent authentication).
 bulk_transfer = "auto"
-# The Triton image every host serves (pinned tag).
+# The Triton image every host serves: a pinned tag, or a tag pinned to its digest
+# ("nvcr.io/nvidia/tritonserver:24.08-py3@sha256:<digest>": a tag moved in the registry changes
+# nothing; the tag names the Triton release the driver check needs).
 triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3"
 # Image archives to `docker load` instead of pulling (air-gapped sites): {image: local path}.
 image_archives = {}
