@@ -21,10 +21,15 @@ def defaults(*groups: str) -> dict:
     return data
 
 
+# what a fake host answers unless a test says otherwise: Secure Boot off (mokutil answers)
+DEFAULT_RESPONSES = {"mokutil --sb-state": "SecureBoot disabled"}
+
+
 def run_fake(deploy_func, responses: dict, data: dict | None = None, groups=("t4",), yes: bool = False,
              **kwargs):
     """``yes``: no change detection before execution (`pyinfra -y`), so each fact is read as often
     as a real run reads it."""
+    responses = {**responses, **{k: v for k, v in DEFAULT_RESPONSES.items() if k not in responses}}
     host_data = {**defaults(*groups), "fake_delay": 0, "fake_delay_jitter": 0,
                  "fake_responses": responses, **(data or {})}
     inventory = Inventory(([("@fake/gpu1", host_data)], {}), **{g: (["@fake/gpu1"], {}) for g in groups})

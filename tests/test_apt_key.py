@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tritonfleet.ops.apt_repo import fetch_key_command
 
@@ -96,10 +100,76 @@ def test_facts_report_the_primary_fingerprint_only(key_with_subkey, tmp_path):
     assert fact.process(run(fact.command(str(keyring))).stdout.splitlines()) == [fpr]
     assert fact.process(run(fact.command(str(tmp_path / "missing.gpg"))).stdout.splitlines()) == []
     remote = RemoteKeyFingerprints()
-    assert remote.process(run(remote.command(f"file://{armored}")).stdout.splitlines()) == {
-        "fingerprints": [fpr], "error": None}
-    missing = remote.process(run(remote.command(f"file://{tmp_path}/nope.asc")).stdout.splitlines())
-    assert missing["fingerprints"] == [] and "nope.asc" in missing["error"]
+
+    def fetched(url):
+        return remote.process(run(remote.command(url, fpr)).stdout.splitlines())
+
+    assert fetched(f"file://{armored}") == {"fingerprints": [fpr], "trusted": True, "error": None}
+    missing = fetched(f"file://{tmp_path}/nope.asc")
+    assert missing["fingerprints"] == [] and "nope.asc" in missing["error"] and not missing["trusted"]
     (tmp_path / "junk").write_text("not a key\n")
-    junk = remote.process(run(remote.command(f"file://{tmp_path}/junk")).stdout.splitlines())
-    assert junk == {"fingerprints": [], "error": "not an OpenPGP key"}
+    assert fetched(f"file://{tmp_path}/junk") == {"fingerprints": [], "trusted": False,
+                                                  "error": "not an OpenPGP key"}
+
+
+# ---------------------------------------------------------------- one rule: exactly the pinned key
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory, key, key_with_subkey):
+    """Three real keys (one with a signing subkey), each exported armored and binary."""
+    home = tmp_path_factory.mktemp("gnupg3")
+    os.chmod(home, 0o700)
+    env = dict(os.environ, GNUPGHOME=str(home))
+    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Other <o@example.invalid>",
+                    "ed25519", "sign", "never"], env=env, check=True, capture_output=True)
+    out = subprocess.run(["gpg", "--batch", "--with-colons", "--list-keys"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    other = next(line.split(":")[9] for line in out.splitlines() if line.startswith("fpr"))
+    armored = home / "other.asc"
+    subprocess.run(["gpg", "--batch", "--armor", "--export", "-o", str(armored)], env=env, check=True)
+    subprocess.run(["gpgconf", "--kill", "all"], env=env, check=False)
+    keys = {key[0]: key[1], key_with_subkey[0]: key_with_subkey[1], other: armored}
+    return {fpr: {"armored": path.read_bytes(), "binary": subprocess.run(
+        ["gpg", "--batch", "--dearmor"], input=path.read_bytes(), capture_output=True, check=True).stdout}
+        for fpr, path in keys.items()}
+
+
+def test_the_pinned_key_with_another_key_is_refused(pool, tmp_path):
+    """The pinned key first, another after it (what the first-key check let through)."""
+    pinned, other, _ = pool
+    both = tmp_path / "both.asc"
+    both.write_bytes(pool[pinned]["armored"] + pool[other]["armored"])
+    keyring = tmp_path / "vendor.gpg"
+    res = run(fetch_key_command(f"file://{both}", pinned, str(keyring)))
+    assert res.returncode != 0 and not keyring.exists()
+    assert f"has primary key(s) {pinned} {other}, pinned {pinned}: not trusted" in res.stderr
+    assert "exactly one primary key, the pinned one" in res.stderr
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_install_and_preflight_trust_exactly_the_pinned_key(pool, tmp_path, data):
+    """Any file made of real keys (armored or binary, concatenated, repeated): the install step
+    writes a keyring only when pre-flight's fact trusts the file, and both only when the file holds
+    one primary key, the pinned one; the keyring then holds exactly that key."""
+    from tritonfleet.facts.host import KeyringFingerprints, RemoteKeyFingerprints
+    from tritonfleet.keys import trusted
+
+    fprs = list(pool)
+    chosen = data.draw(st.lists(st.sampled_from(fprs), min_size=0, max_size=3), label="keys in the file")
+    form = data.draw(st.sampled_from(["armored", "binary"]), label="form")
+    pinned = data.draw(st.sampled_from(fprs), label="pinned")
+    case = Path(tempfile.mkdtemp(dir=tmp_path))
+    src = case / "key"
+    src.write_bytes(b"".join(pool[f][form] for f in chosen) or b"")
+    keyring = case / "k" / "vendor.gpg"
+
+    installed = run(fetch_key_command(f"file://{src}", pinned.lower(), str(keyring))).returncode == 0
+    remote = RemoteKeyFingerprints()
+    seen = remote.process(run(remote.command(f"file://{src}", pinned)).stdout.splitlines())
+    expected = chosen == [pinned]
+    assert installed == expected == seen["trusted"] == trusted(seen["fingerprints"], pinned)
+    assert keyring.exists() == expected
+    if expected:
+        fact = KeyringFingerprints()
+        assert fact.process(run(fact.command(str(keyring))).stdout.splitlines()) == [pinned]

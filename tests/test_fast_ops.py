@@ -102,7 +102,7 @@ def test_fact_parsers():
     state = DpkgState().process(dpkg("ii dkms 3.0.10-8", "hi nvidia-smi 535.183.01-1", "rc old-pkg 1.0",
                                      "hi nvidia-smi 535.183.01-2") + ["garbage"])
     assert state == {"installed": {"dkms": ["3.0.10-8"], "nvidia-smi": ["535.183.01-1", "535.183.01-2"]},
-                     "held": ["nvidia-smi", "nvidia-smi"]}
+                     "held": ["nvidia-smi", "nvidia-smi"], "interrupted": []}
     assert FileState().process(["mode=644 user=root group=adm", SHA]) == {
         "mode": "644", "user": "root", "group": "adm", "sha256": SHA}
     assert FileState().process([]) is None

@@ -259,6 +259,65 @@ def test_apt_lock_held_waits_with_a_bound_then_fails_clearly(deployed):
     assert container_started(h) == started and serving(h)
 
 
+def slow_postinst_deb(tmp_path) -> bytes:
+    """A package whose postinst runs until /run/tf-postinst-hold is removed (it says when it starts)."""
+    root = tmp_path / "tf-slow-postinst"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        "Package: tf-slow-postinst\nVersion: 1.0\nArchitecture: all\nMaintainer: tritonfleet tests "
+        "<tests@example.invalid>\nDescription: postinst that waits (tests/test_faults.py)\n")
+    post = root / "DEBIAN" / "postinst"
+    post.write_text("#!/bin/sh\ntouch /run/tf-postinst-started\n"
+                    "while [ -e /run/tf-postinst-hold ]; do sleep 0.2; done\nexit 0\n")
+    post.chmod(0o755)
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-b", str(root), str(tmp_path / "slow.deb")],
+                   check=True, capture_output=True)
+    return (tmp_path / "slow.deb").read_bytes()
+
+
+def test_dpkg_killed_mid_install_is_finished_by_the_next_deploy(deployed, tmp_path):
+    """dpkg killed (SIGKILL) while a package's postinst runs: apt refuses every install ("dpkg was
+    interrupted") until `dpkg --configure -a`; the deploy runs it first, says so, then goes on."""
+    import base64
+
+    testbed, _, _ = deployed
+    h = testbed.hosts[0]
+    started = container_started(h)
+    deb = base64.b64encode(slow_postinst_deb(tmp_path)).decode()
+    # the deploy needs apt for its own work (first: any later dpkg run would fold dpkg's journal in)
+    pkg = needs_apt(h)
+    ssh(h, f"echo {deb} | base64 -d > /tmp/tf-slow.deb && rm -f /run/tf-postinst-started && "
+           "touch /run/tf-postinst-hold && "
+           "{ nohup dpkg -i /tmp/tf-slow.deb >/tmp/tf-dpkg.log 2>&1 & echo $! > /tmp/tf-dpkg.pid; }")
+    try:
+        deadline = time.monotonic() + 120
+        while ssh(h, "[ -e /run/tf-postinst-started ] && echo yes || true").strip() != "yes":
+            assert time.monotonic() < deadline, ssh(h, "cat /tmp/tf-dpkg.log", check=False)
+            time.sleep(0.5)
+        ssh(h, "kill -KILL $(cat /tmp/tf-dpkg.pid)")  # the dpkg this test started, by its PID
+    finally:
+        ssh(h, "rm -f /run/tf-postinst-hold", check=False)  # its postinst then ends by itself
+    assert ssh(h, "dpkg-query -W -f '${db:Status-Abbrev}' tf-slow-postinst").strip() == "iF"
+    refused = ssh(h, "apt-get check 2>&1 || true")
+    assert "dpkg was interrupted, you must manually run 'dpkg --configure -a'" in refused
+
+    res, data = pyinfra("deploys/host.py", "--limit", h.name)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout + res.stderr
+    assert f"{h.name}: dpkg was interrupted earlier (tf-slow-postinst" in out
+    repairs = [n for n in changed_ops(data) if "finish an interrupted dpkg run" in n]
+    assert len(repairs) == 1, changed_ops(data)  # the later steps find dpkg settled
+    assert ssh(h, "dpkg-query -W -f '${db:Status-Abbrev}' tf-slow-postinst").strip() == "ii"
+    assert ssh(h, f"dpkg-query -W -f '${{Status}}' {pkg}") == "install ok installed"
+    assert ssh(h, "ls /var/lib/dpkg/updates/ | grep -c '^[0-9]*$' || true").strip() == "0"
+    assert container_started(h) == started and serving(h)
+
+    ssh(h, "dpkg --purge tf-slow-postinst >/dev/null && rm -f /tmp/tf-slow.deb /tmp/tf-dpkg.log /tmp/tf-dpkg.pid "
+           "/run/tf-postinst-started")
+    res, data = pyinfra("deploys/host.py", "--limit", h.name)
+    assert res.returncode == 0 and not changed_ops(data), changed_ops(data)
+
+
 def test_disk_full_during_model_sync_serves_nothing_half_written(deployed, tmp_path):
     testbed, _, _ = deployed
     h = testbed.hosts[0]

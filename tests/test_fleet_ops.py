@@ -113,6 +113,28 @@ def test_status_one_row_a_host_and_drift(deployed):
     assert [ln.split()[0] for ln in res.stdout.splitlines()[1:]] == [h.name for h in testbed.hosts if h.gpu_class == "t4"]
 
 
+def test_status_reports_a_moved_tag(deployed):
+    """The Triton tag pulled again after it moved in the registry (here: pointed at another image
+    on the host, as `docker pull` of a moved tag does): the container still runs the old image."""
+    testbed, _, _ = deployed
+    h = testbed.hosts[0]
+    tag = "nvcr.io/nvidia/tritonserver:24.08-py3"
+    running = ssh(h, f"docker image inspect --format '{{{{.Id}}}}' {tag}").strip()
+    other = ssh(h, f"docker images -q --no-trunc | grep -v -x {running} | head -n 1").strip()
+    assert other.startswith("sha256:") and other != running
+    ssh(h, f"docker tag {other} {tag}")
+    try:
+        rc, rows = status()
+    finally:
+        ssh(h, f"docker tag {running} {tag}")
+    assert rc == 1
+    (d,) = rows[h.name]["drift"]
+    assert f"image {tag} moved: it names {other[7:19]} on the host, the container runs {running[7:19]}" in d
+    assert rows[h.name]["image_id"] == running and rows[h.name]["wanted_image_id"] == other
+    rc, rows = status()
+    assert rc == 0 and rows[h.name]["drift"] == [], rows[h.name]
+
+
 def test_rollout_canary_then_batches_in_inventory_order(deployed, changed_repo):
     testbed, _, _ = deployed
     before = {h.name: live_release(h) for h in testbed.hosts}

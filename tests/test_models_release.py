@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tritonfleet import FILES, models
 
@@ -90,3 +94,39 @@ def test_hash_cache_answers_unchanged_files_and_forgets_old_versions(repo, tmp_p
     assert second["resnet50_onnx/config.pbtxt"] != first["resnet50_onnx/config.pbtxt"]
     cache = json.loads((tmp_path / "cache" / "sha256-cache.json").read_text())
     assert len(cache) == len(first), "the entry of the file's old version is dropped"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(old=st.binary(min_size=1, max_size=64), data=st.data(),
+       how=st.sampled_from(["rename over it", "copy with preserved times", "rewrite in place, mtime set back"]))
+def test_a_replaced_file_with_the_same_size_and_mtime_is_hashed_again(tmp_path, old, data, how):
+    """The cache never answers for a file that was replaced by another of the same size and mtime."""
+    import hashlib
+    import time
+
+    new = data.draw(st.binary(min_size=len(old), max_size=len(old)).filter(lambda b: b != old), label="new")
+    case = Path(tempfile.mkdtemp(dir=tmp_path))
+    repo = case / "repo" / "m" / "1"
+    repo.mkdir(parents=True)
+    f = repo / "model.onnx"
+    f.write_bytes(old)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "CACHE_DIR", case / "cache")
+        assert models.manifest(case / "repo")["m/1/model.onnx"][1] == hashlib.sha256(old).hexdigest()
+        before = f.stat()
+        time.sleep(0.02)  # past the clock tick of the hash above (docs/hardening.md)
+        other = case / "other"
+        other.write_bytes(new)
+        os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+        if how == "rename over it":
+            other.replace(f)
+        elif how == "copy with preserved times":
+            shutil.copy2(other, f)
+        else:
+            f.write_bytes(new)
+            os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = f.stat()
+        assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+        assert models.manifest(case / "repo")["m/1/model.onnx"] == [len(new), hashlib.sha256(new).hexdigest()]
+        # and unchanged from now on, it is answered from the cache again
+        assert models.manifest(case / "repo")["m/1/model.onnx"][1] == hashlib.sha256(new).hexdigest()

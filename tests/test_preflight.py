@@ -139,8 +139,12 @@ def test_vendor_key_with_another_fingerprint_is_refused(keyring, tunable):
     msg, _ = preflight_fake({**responses, "curl -fsSL": f"fpr={other}"})
     assert msg and "no host was changed" in msg and f"has fingerprint {other}" in msg
     assert f"{tunable} pins {KEYS[keyring]}" in msg and "inventories/group_data/all.py" in msg
-    msg, _ = preflight_fake({**responses, "curl -fsSL": f"fpr={KEYS[keyring]}"})
+    msg, _ = preflight_fake({**responses, "curl -fsSL": [f"fpr={KEYS[keyring]}", "trusted=yes"]})
     assert msg is None
+    # the pinned key and another one in the same file: the file is refused as a whole
+    msg, _ = preflight_fake({**responses, "curl -fsSL": [f"fpr={KEYS[keyring]}", f"fpr={other}"]})
+    assert msg and "holds 2 primary keys" in msg and other in msg and KEYS[keyring] in msg
+    assert "exactly one primary key, the pinned one" in msg and "nothing was installed" in msg
     msg, _ = preflight_fake({**responses, "curl -fsSL": "error=curl: (6) Could not resolve host"})
     assert msg and "could not fetch" in msg and "Could not resolve host" in msg
 

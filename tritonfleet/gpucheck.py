@@ -87,7 +87,7 @@ def check_gpus(host_name: str, gpu_class: str, gpus, cuda_version, min_cc="6.0",
 
 def triton_release(image_or_tag: str) -> str | None:
     """'nvcr.io/nvidia/tritonserver:24.08-py3' (or '24.08-py3', '24.08') -> '24.08'."""
-    text = str(image_or_tag or "").strip()
+    text = str(image_or_tag or "").strip().partition("@")[0]  # name:tag@sha256:...: the tag
     tag = text.rsplit("/", 1)[-1]
     tag = tag.split(":", 1)[1] if ":" in tag else tag
     m = re.match(r"^(\d{2}\.\d{2})(?:\b|-|$)", tag)
@@ -108,7 +108,9 @@ def driver_supported(branch_or_version, triton_image, datacenter: bool = True) -
         known = ", ".join(sorted(TRITON_DRIVER_REQUIREMENTS))
         return False, (f"no driver requirements known for Triton release {tag or triton_image!r} "
                        f"(known: {known}); add them from NVIDIA's release notes to "
-                       "tritonfleet/gpucheck.py TRITON_DRIVER_REQUIREMENTS")
+                       "tritonfleet/gpucheck.py TRITON_DRIVER_REQUIREMENTS"
+                       + ("; an image pinned by digest keeps its tag: name:<tag>@sha256:<digest>"
+                          if "@" in str(triton_image) and tag is None else ""))
     req = TRITON_DRIVER_REQUIREMENTS[tag]
     version = _upstream(branch_or_version)
     if not re.fullmatch(r"\d+(\.\d+){0,2}", version):

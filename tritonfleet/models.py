@@ -22,9 +22,22 @@ def _hash_cache_file() -> Path:
     return CACHE_DIR / "sha256-cache.json"
 
 
+def cache_key(path: Path, st: os.stat_result) -> str:
+    """What the local sha256 cache knows a file by: its path, and the identity and times stat
+    gives (device and inode, size, mtime and ctime in ns). A file replaced by another one of the
+    same size and mtime (a copy with preserved times, a rename over it, an in-place rewrite whose
+    mtime was set back) has another inode or a new ctime, which no user can set back: it is hashed
+    again. (Like git's index, a rewrite within the same clock tick as the previous hash can keep
+    the ctime: docs/hardening.md.)"""
+    return f"{path.resolve()}|{st.st_dev}:{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+
+
+def _cached_path(key: str) -> str:
+    return key.rsplit("|", 4)[0]
+
+
 def file_sha256(path: Path, cache: dict | None = None) -> str:
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = cache_key(path, path.stat())
     if cache is not None and key in cache:
         return cache[key]
     h = hashlib.sha256()
@@ -120,13 +133,13 @@ def manifest(repo: Path) -> dict[str, list]:
             out[rel] = [0, "dir"]
             continue
         st = p.stat()
-        key = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        key = cache_key(p, st)
         digest = cache.get(key) or file_sha256(p, cache)
         used[key] = digest
         out[rel] = [st.st_size, digest]
-    # entries of files seen now under another size or mtime are stale: drop them
-    seen = {k.rsplit("|", 2)[0] for k in used}
-    fresh = {k: v for k, v in cache.items() if k.rsplit("|", 2)[0] not in seen}
+    # entries of files seen now under another identity, size or time are stale: drop them
+    seen = {_cached_path(k) for k in used}
+    fresh = {k: v for k, v in cache.items() if _cached_path(k) not in seen}
     fresh.update(used)
     if fresh != cache or not cache_path.exists():
         try:

@@ -131,13 +131,12 @@ def check_host() -> None:
 
 
 def check_secure_boot() -> None:
-    from .facts import memo
-    from .facts.host import SecureBoot
-    from .steps.host_prep import SECURE_BOOT_HELP
+    from .steps.host_prep import secure_boot_problem
 
-    if memo.fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
-        raise PreflightError(SECURE_BOOT_HELP.format(host=host.name)
-                             + " (nvidia_secure_boot_ok: host data in the inventory)")
+    problem = secure_boot_problem()
+    if problem:
+        raise PreflightError(problem + " (nvidia_secure_boot_ok, nvidia_secure_boot_unknown_ok: host data "
+                             f"in the inventory, or {GROUP_DATA}/)")
 
 
 def check_gpu_found() -> None:
@@ -174,24 +173,30 @@ def check_daemon_json() -> None:
 
 
 def check_vendor_keys() -> None:
+    from . import keys
     from .facts import memo
     from .facts.host import KeyringFingerprints, RemoteKeyFingerprints
-    from .ops.apt_repo import normalize_fingerprint
     from .steps.host_prep import vendor_keys
 
     for what, url, pinned, tunable, keyring in vendor_keys():
-        pinned = normalize_fingerprint(str(pinned))
-        if memo.fact(KeyringFingerprints, path=keyring) == [pinned]:
+        pinned = keys.normalize_fingerprint(str(pinned))
+        if keys.trusted(memo.fact(KeyringFingerprints, path=keyring), pinned):
             continue  # the pinned key is what the host trusts already
-        remote = host.get_fact(RemoteKeyFingerprints, url=url)
+        remote = host.get_fact(RemoteKeyFingerprints, url=url, fingerprint=pinned)
         if remote["error"]:
             raise PreflightError(f"{host.name}: could not fetch the {what} signing key {url} on the host: "
                                  f"{remote['error']} (check the host's network or proxy, or the URL "
                                  f"tunable next to {tunable} in {GROUP_DATA}/all.py)")
-        if remote["fingerprints"] != [pinned]:
-            found = ", ".join(remote["fingerprints"])
+        if not remote["trusted"]:
+            found = remote["fingerprints"]
+            if len(found) > 1:
+                raise PreflightError(
+                    f"{host.name}: the {what} signing key file at {url} holds {len(found)} primary keys "
+                    f"({', '.join(found)}); {tunable} pins {pinned}: {keys.RULE}, so the file is not "
+                    "trusted and nothing was installed. Ask the vendor, or serve a file with only the "
+                    f"pinned key (and point the URL tunable next to {tunable} in {GROUP_DATA}/all.py at it)")
             raise PreflightError(
-                f"{host.name}: the {what} signing key at {url} has fingerprint {found}, but {tunable} "
+                f"{host.name}: the {what} signing key at {url} has fingerprint {', '.join(found)}, but {tunable} "
                 f"pins {pinned}: the key is not trusted and nothing was installed. If the vendor rotated "
                 f"its key, check the new fingerprint against the vendor's documentation and set "
                 f"{tunable} in {GROUP_DATA}/all.py (or your group data)")

@@ -14,7 +14,7 @@ from . import apikey, fleet
 from .gpucheck import GPU_CLASSES
 from .shell import q
 
-SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "release", "models", "last")
+SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last")
 
 
 def command(get) -> str:
@@ -30,7 +30,12 @@ def command(get) -> str:
         "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null",
         "active": f"systemctl is-active {q(service)} 2>/dev/null",
         "unit": f"sha256sum /etc/systemd/system/{q(service)}.service 2>/dev/null | cut -c1-16",
-        "image": f"docker inspect --format '{{{{.Config.Image}}}}' {q(container)} 2>/dev/null",
+        # the reference the container was started with, the image it runs (ID), that image's
+        # repository digests; then the image the wanted reference names on the host now
+        "image": (f"c=$(docker inspect --format '{{{{.Config.Image}}}}|{{{{.Image}}}}' {q(container)} 2>/dev/null) "
+                  "&& echo \"$c\" && echo \"digests=$(docker image inspect --format "
+                  "'{{join .RepoDigests \" \"}}' \"${c#*|}\" 2>/dev/null)\""),
+        "wanted_image": f"docker image inspect --format '{{{{.Id}}}}' {q(str(get('triton_image')))} 2>/dev/null",
         "release": f"readlink {q(base)}/model_repository",
         "models": apikey.curl(get("triton_api_key_file") or "/nonexistent", f"-s -m 5 -X POST {q(url)}"),
         "last": f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
@@ -63,6 +68,9 @@ class HostStatus:
     unit_state: str | None = None
     unit: str | None = None
     image: str | None = None
+    image_id: str | None = None
+    image_digests: list[str] = field(default_factory=list)
+    wanted_image_id: str | None = None
     release: str | None = None
     models_ready: list[str] = field(default_factory=list)
     models_not_ready: list[str] = field(default_factory=list)
@@ -75,7 +83,8 @@ class HostStatus:
         if not self.release and not self.image:
             return "-"
         tag = (self.image or "-").rsplit("/", 1)[-1]
-        return f"{self.release or '-'} {tag}"
+        name, _, digest = tag.partition("@")
+        return f"{self.release or '-'} {name}" + (f"@{digest[:19]}" if digest else "")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -97,7 +106,14 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     st.docker = (sections["docker"] or [None])[0]
     st.unit_state = (sections["active"] or ["unknown"])[0]
     st.unit = (sections["unit"] or [None])[0]
-    st.image = (sections["image"] or [None])[0]
+    for line in sections["image"]:
+        if line.startswith("digests="):
+            st.image_digests = line[len("digests="):].split()
+        elif "|" in line:
+            st.image, _, image_id = line.partition("|")
+            st.image_id = image_id if image_id.startswith("sha256:") else None
+    wanted = (sections["wanted_image"] or [None])[0]
+    st.wanted_image_id = wanted if wanted and wanted.startswith("sha256:") else None
     rel = (sections["release"] or [None])[0]
     st.release = rel.rstrip("/").rsplit("/", 1)[-1] if rel else None
     try:
@@ -137,6 +153,8 @@ def drift(st: HostStatus, want: dict) -> list[str]:
         out.append(f"triton {st.unit_state}")
     if want.get("image") and st.image != want["image"]:
         out.append(f"image {st.image or 'none'} (want {want['image']})")
+    elif want.get("image") and st.image_id:
+        out += image_drift(st, want["image"])
     if want.get("release_error"):
         out.append(f"cannot tell the wanted models: {want['release_error'][:120]}")
     if want.get("release") and st.release != want["release"]:
@@ -159,6 +177,28 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     if names and wrong:
         out.append(f"GPU {wrong[0]} (want {' or '.join(names)})")
     return out
+
+
+def image_drift(st: HostStatus, image: str) -> list[str]:
+    """The container was started from the wanted reference; is it still the image that reference
+    names? Pinned by digest: the running image must carry that digest (images loaded from an
+    archive carry none: their ID is compared). By tag: a tag pulled again since (a moved tag)
+    names another image ID than the one the container runs."""
+    from .ops.registry import split_image
+
+    name, _, digest = split_image(image)
+    short = st.image_id[7:19]
+    if digest and st.image_digests:
+        if not any(d.partition("@")[2] == digest for d in st.image_digests):
+            return [f"image {short} is not {name}@{digest[:19]} (its digests: "
+                    f"{', '.join(d.partition('@')[2][:19] for d in st.image_digests)})"]
+        return []
+    if st.wanted_image_id and st.wanted_image_id != st.image_id:
+        return [f"image {image} moved: it names {st.wanted_image_id[7:19]} on the host, the container "
+                f"runs {short} (the deploy restarts Triton on it; pin triton_image by digest to stop tags moving)"]
+    if not st.wanted_image_id:
+        return [f"image {image} is not on the host (the container runs {short})"]
+    return []
 
 
 def probe(fh: fleet.FleetHost, with_intent: bool = True, timeout: float = 30) -> HostStatus:

@@ -41,6 +41,9 @@ nvidia_persistenced = True
 # Secure Boot hosts stop before the driver step unless this says the module will load there
 # (MOK enrolled for DKMS signing, or signed precompiled modules in nvidia_driver_packages).
 nvidia_secure_boot_ok = False
+# When Secure Boot's state cannot be told (a UEFI host without mokutil, or mokutil failing, and
+# efivarfs unreadable), hosts stop before the driver step unless this says it is off or handled.
+nvidia_secure_boot_unknown_ok = False
 # Reboot when the loaded driver does not match the installed one (after a driver change).
 nvidia_reboot_if_needed = True
 # Seconds to wait for a rebooted host to answer SSH again.
@@ -87,7 +90,9 @@ gpu_verify_container = "changes"
 # slower for gigabytes, works with password authentication), "auto" (ssh when the host uses key
 # or agent authentication).
 bulk_transfer = "auto"
-# The Triton image every host serves (pinned tag).
+# The Triton image every host serves: a pinned tag, or a tag pinned to its digest
+# ("nvcr.io/nvidia/tritonserver:24.08-py3@sha256:<digest>": a tag moved in the registry changes
+# nothing; the tag names the Triton release the driver check needs).
 triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3"
 # Image archives to `docker load` instead of pulling (air-gapped sites): {image: local path}.
 image_archives = {}

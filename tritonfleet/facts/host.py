@@ -6,11 +6,8 @@ import json
 
 from pyinfra.api import FactBase
 
+from ..keys import PRIMARY_FPR_AWK, trusted_shell
 from ..shell import q
-
-# Primary-key fingerprints from `gpg --with-colons`: the fpr record right after a pub record
-# (subkeys have fpr records too: Docker's key signs with a subkey).
-PRIMARY_FPR_AWK = "awk -F: '/^pub:/{p=1; next} /^fpr:/{if (p) print $10; p=0; next} {p=0}'"
 
 
 class KeyringFingerprints(FactBase):
@@ -30,57 +27,74 @@ class KeyringFingerprints(FactBase):
 
 
 class RemoteKeyFingerprints(FactBase):
-    """The key at ``url`` as the host fetches it: {"fingerprints": [primary keys], "error": text
+    """The key at ``url`` as the host fetches it, judged on the host by the rule the install step
+    applies (tritonfleet.keys): {"fingerprints": [primary keys], "trusted": bool, "error": text
     or None}. Nothing is installed: the file goes to a temporary directory and is removed."""
 
     @staticmethod
     def default():
-        return {"fingerprints": [], "error": "no answer"}
+        return {"fingerprints": [], "trusted": False, "error": "no answer"}
 
-    def command(self, url: str) -> str:
-        u = q(url)
+    def command(self, url: str, fingerprint: str) -> str:
+        u, key = q(url), '"$t/key"'
         return (
             "t=$(mktemp -d); "
             f"if ! command -v curl >/dev/null || ! command -v gpg >/dev/null; then "
             "echo 'error=curl and gpg are needed on the host (apt-get install curl gnupg)'; "
             f"elif curl -fsSL --retry 2 --max-time 60 -o \"$t/key\" {u} 2>\"$t/err\"; then "
-            "gpg --batch --no-default-keyring --show-keys --with-colons \"$t/key\" 2>/dev/null "
-            f"| {PRIMARY_FPR_AWK} | sed 's/^/fpr=/'; "
+            f"if {trusted_shell(key, fingerprint)}; then echo trusted=yes; fi; "
+            "for f in $found; do echo \"fpr=$f\"; done; "
             "else echo \"error=$(head -c 300 \"$t/err\" | tr '\\n' ' ')\"; fi; rm -rf \"$t\"; true"
         )
 
     def process(self, output):
-        fprs, error = [], None
+        fprs, error, ok = [], None, False
         for line in output:
             key, _, value = line.strip().partition("=")
             if key == "fpr" and value:
                 fprs.append(value.upper())
+            elif key == "trusted":
+                ok = value == "yes"
             elif key == "error":
                 error = value.strip() or "fetch failed"
         if not fprs and not error:
             error = "not an OpenPGP key"
-        return {"fingerprints": fprs, "error": error}
+        return {"fingerprints": fprs, "trusted": ok and not error, "error": error}
 
 
 DPKG_QUERY = "dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 2>/dev/null || true"
+# dpkg's journal of status changes not yet folded into its status file: files here mean a dpkg
+# run was cut (apt then refuses with "dpkg was interrupted, you must manually run 'dpkg
+# --configure -a' to correct the problem")
+DPKG_UPDATES = "/var/lib/dpkg/updates"
+DPKG_JOURNAL = (f"for f in {DPKG_UPDATES}/*; do case \"${{f##*/}}\" in *[!0-9]*) ;; *) "
+                "echo \"dpkg-journal=${f##*/}\";; esac; done 2>/dev/null; true")
+# package states a cut dpkg run leaves (dpkg-query's status letter): half-installed, unpacked,
+# half-configured, triggers awaited, triggers pending
+UNSETTLED = "HUFWt"
 
 
 class DpkgState(FactBase):
-    """Installed packages and their versions, and which are held, from one ``dpkg-query``:
-    ``{"installed": {name: [version]}, "held": [name]}``. (``apt-mark showhold`` gives the same
-    holds but loads apt's whole cache: ~0.4 s of CPU on the host, every run.)"""
+    """Installed packages and their versions, which are held, and what a cut dpkg run left, from
+    one ``dpkg-query``: ``{"installed": {name: [version]}, "held": [name], "interrupted": [what]}``
+    (``interrupted``: packages in a state dpkg leaves only mid-run, and dpkg's pending journal
+    files). (``apt-mark showhold`` gives the same holds but loads apt's whole cache: ~0.4 s of CPU
+    on the host, every run.)"""
 
     @staticmethod
     def default():
-        return {"installed": {}, "held": []}
+        return {"installed": {}, "held": [], "interrupted": []}
 
     def command(self) -> str:
-        return DPKG_QUERY
+        return f"{DPKG_QUERY}; {DPKG_JOURNAL}"
 
     def process(self, output):
         installed: dict[str, list[str]] = {}
-        held = []
+        held, interrupted = [], []
         for line in output:
+            if line.startswith("dpkg-journal="):
+                interrupted.append(f"{DPKG_UPDATES}/{line.strip().partition('=')[2]}")
+                continue
             parts = line.rstrip("\n").split("\t")
             if len(parts) != 3:
                 continue
@@ -91,7 +105,9 @@ class DpkgState(FactBase):
                 installed.setdefault(name, []).append(version)
                 if status[0] == "h":
                     held.append(name)
-        return {"installed": installed, "held": sorted(held)}
+            elif len(status) >= 2 and status[1] in UNSETTLED:
+                interrupted.append(name)
+        return {"installed": installed, "held": sorted(held), "interrupted": interrupted}
 
 
 class FileState(FactBase):
@@ -241,18 +257,40 @@ class ReleaseManifest(FactBase):
             return {}
 
 
+SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+
 class SecureBoot(FactBase):
-    """True when UEFI Secure Boot is enforcing (mokutil), False when off, None when unknown."""
+    """True when UEFI Secure Boot is enforcing, False when it is off, None when it cannot be told.
+
+    ``mokutil --sb-state`` answers first. Without an answer from it (not installed, or failing),
+    the firmware is asked directly: no /sys/firmware/efi means the host did not boot with UEFI (no
+    Secure Boot); otherwise the SecureBoot variable of the EFI global vendor GUID, whose data byte
+    follows 4 bytes of attributes in efivarfs (Linux Documentation/filesystems/efivarfs.rst), is
+    1 when enforcing. Neither answering (UEFI host, no mokutil, efivarfs not readable) is None:
+    pre-flight reports it and goes on only with nvidia_secure_boot_unknown_ok."""
 
     def command(self) -> str:
-        return "mokutil --sb-state 2>&1 || true"
+        return (
+            "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
+            "else echo 'mokutil: not installed'; fi; "
+            "if [ ! -d /sys/firmware/efi ]; then echo 'efi=absent'; "
+            f"elif [ -r {SECURE_BOOT_EFIVAR} ]; then "
+            f"echo \"efivar=$(od -An -tu1 -j4 -N1 {SECURE_BOOT_EFIVAR} | tr -d ' ')\"; fi; true"
+        )
 
     def process(self, output):
         text = " ".join(output).lower()
         if "secureboot enabled" in text:
             return True
-        if "secureboot disabled" in text or "not supported" in text:
+        if "secureboot disabled" in text or "not supported" in text or "doesn't support secure boot" in text:
             return False
+        for line in output:
+            line = line.strip()
+            if line == "efi=absent" or line == "efivar=0":
+                return False
+            if line == "efivar=1":
+                return True
         return None
 
 

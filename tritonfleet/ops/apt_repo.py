@@ -6,32 +6,34 @@ from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.facts.files import File
 
+from .. import keys
 from ..facts import memo
 from ..facts.host import KeyringFingerprints
+from ..keys import normalize_fingerprint  # noqa: F401 - imported from here elsewhere
 from ..shell import q
 from . import fast
 
 
-def normalize_fingerprint(fpr: str) -> str:
-    return fpr.replace(" ", "").upper()
-
-
 def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
-    """Shell that downloads a key, refuses it unless its fingerprint matches, then installs it
-    (dearmored) as ``keyring``. Nothing is trusted on a mismatch."""
+    """Shell that downloads a key, refuses it unless it holds exactly one primary key, the pinned
+    one (tritonfleet.keys), then installs it (dearmored) as ``keyring`` after checking the keyring
+    it made the same way. Nothing is trusted on a mismatch."""
     fpr = normalize_fingerprint(fingerprint)
+    key, made = '"$t/key"', '"$t/keyring"'
+    refuse = (f"not trusted ({keys.RULE}). If the vendor rotated its key, check the new fingerprint "
+              "against the vendor's documentation and set it in group data.")
     return (
         "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
         f"curl -fsSL --retry 3 -o \"$t/key\" {q(url)}; "
-        "found=$(gpg --batch --no-default-keyring --show-keys --with-colons \"$t/key\" "
-        "| awk -F: '/^fpr/{print $10; exit}'); "
-        f"if [ \"$found\" != {q(fpr)} ]; then "
-        f"echo {q(f'signing key at {url} has fingerprint')} \"${{found:-none}}\", pinned {q(fpr + ': not trusted.')} "
-        "'If the vendor rotated its key, check the new fingerprint against the vendor'\\''s "
-        "documentation and set it in group data.' >&2; exit 1; fi; "
+        f"if ! {{ {keys.trusted_shell(key, fpr)}; }}; then "
+        f"echo {q(f'signing key at {url} has primary key(s) ')}\"${{found:-none}}\"{q(f', pinned {fpr}: ' + refuse)} >&2; "
+        "exit 1; fi; "
         "if head -c 5 \"$t/key\" | grep -q -- '-----'; then "
         "gpg --batch --yes --dearmor -o \"$t/keyring\" \"$t/key\"; "
         "else cp \"$t/key\" \"$t/keyring\"; fi; "
+        f"if ! {{ {keys.trusted_shell(made, fpr)}; }}; then "
+        f"echo {q(f'the keyring made from the signing key at {url} holds primary key(s) ')}\"${{found:-none}}\"{q(f', pinned {fpr}: ' + refuse)} >&2; "
+        "exit 1; fi; "
         f"install -D -m 0644 \"$t/keyring\" {q(keyring)}"
     )
 
@@ -39,8 +41,7 @@ def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
 @operation()
 def signed_key(url: str, fingerprint: str, keyring: str):
     """Install the key at ``url`` as ``keyring`` if it is missing or not the pinned key."""
-    fprs = memo.fact(KeyringFingerprints, path=keyring)
-    if normalize_fingerprint(fingerprint) in fprs and len(fprs) == 1:
+    if keys.trusted(memo.fact(KeyringFingerprints, path=keyring), fingerprint):
         host.noop(f"{keyring} holds the pinned key")
         return
     yield fetch_key_command(url, fingerprint, keyring)

@@ -71,3 +71,36 @@ def update():
 def wrapped(commands: list) -> list:
     """Every shell string of ``commands`` waiting for the apt/dpkg locks (for server.shell)."""
     return [wrap(c) for c in commands]
+
+
+REPAIR = """\
+echo "tritonfleet: dpkg on $(hostname) was interrupted earlier ({what}); running dpkg --configure -a to \
+finish it before anything else"
+if ! DEBIAN_FRONTEND=noninteractive dpkg --configure -a; then
+  echo "tritonfleet: dpkg --configure -a failed on $(hostname): a package's maintainer script fails (its \
+output is above; dpkg --audit lists what is left half-installed). Fix or remove that package by hand \
+(dpkg --remove <package>), then run the deploy again; nothing else was changed" >&2
+  exit 1
+fi"""
+
+
+@operation(is_idempotent=False)
+def repair_interrupted():
+    """``dpkg --configure -a`` when an earlier dpkg run was cut (a package left half-installed,
+    unpacked or half-configured, or dpkg's journal not folded in): apt refuses every install until
+    then ("dpkg was interrupted, you must manually run 'dpkg --configure -a'"). Each host-layer step
+    starts with it; once it ran, the facts are read again (facts.memo) and the later ones find
+    nothing to do. Waits for the locks like every apt command."""
+    from pyinfra import logger
+
+    from ..facts import memo
+    from ..facts.host import DpkgState
+
+    what = memo.fact(DpkgState).get("interrupted") or []
+    if not what:
+        host.noop("dpkg was not interrupted")
+        return
+    shown = ", ".join(what[:5]) + (f" and {len(what) - 5} more" if len(what) > 5 else "")
+    logger.warning(f"{host.name}: dpkg was interrupted earlier ({shown}): the deploy runs dpkg --configure -a "
+                   "first")
+    yield wrap(REPAIR.format(what=shown.replace('"', "")))

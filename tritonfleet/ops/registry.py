@@ -51,3 +51,22 @@ def docker_login(registry: str, user: str, secret_env: str):
     control machine and reaches docker on stdin."""
     yield SecretStdinCommand("docker", "login", "--username", QuoteString(user), "--password-stdin",
                              QuoteString(registry), secret_env=secret_env)
+
+
+DIGEST_RE = r"sha256:[0-9a-f]{64}"
+
+
+def split_image(image: str) -> tuple[str, str | None, str | None]:
+    """Docker's image reference grammar, the parts tritonfleet needs: ``name[:tag][@digest]`` ->
+    (name, tag or None, digest or None). A ':' before the last '/' belongs to a registry port."""
+    import re
+
+    ref, _, digest = str(image).partition("@")
+    name, tag = ref, None
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    if colon > slash:
+        name, tag = ref[:colon], ref[colon + 1:]
+    if digest and not re.fullmatch(DIGEST_RE, digest):
+        raise ValueError(f"image {image!r}: the digest must be sha256:<64 hex digits>")
+    return name, tag, digest or None

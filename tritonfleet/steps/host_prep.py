@@ -144,6 +144,26 @@ SECURE_BOOT_HELP = (
 )
 
 
+SECURE_BOOT_UNKNOWN_HELP = (
+    "{host}: cannot tell whether UEFI Secure Boot is enabled: the host booted with UEFI, mokutil "
+    "gave no answer (`mokutil --sb-state`: not installed or failing) and the SecureBoot EFI variable "
+    "is not readable. With Secure Boot on, the DKMS-built nvidia module would not load. Install "
+    "mokutil on the host (apt-get install mokutil) and run the deploy again; or, once you know Secure "
+    "Boot is off or handled (MOK enrolled, signed modules), set nvidia_secure_boot_unknown_ok = True "
+    "for this host."
+)
+
+
+def secure_boot_problem() -> str | None:
+    """The message that stops the driver step, from the SecureBoot fact and the two opt-ins."""
+    state = memo.fact(SecureBoot)
+    if state is True and not config.get("nvidia_secure_boot_ok"):
+        return SECURE_BOOT_HELP.format(host=host.name)
+    if state is None and not (config.get("nvidia_secure_boot_unknown_ok") or config.get("nvidia_secure_boot_ok")):
+        return SECURE_BOOT_UNKNOWN_HELP.format(host=host.name)
+    return None
+
+
 def driver_facts() -> list[tuple]:
     """What the driver step reads on a converged host: one remote command (memo.prefetch)."""
     return [(SecureBoot, {}), (LinuxDistribution, {}), (Arch, {}), (KernelVersion, {}), (DpkgState, {}),
@@ -156,11 +176,13 @@ def driver_facts() -> list[tuple]:
 @deploy("NVIDIA driver")
 def nvidia_driver():
     memo.prefetch(*driver_facts())
-    if memo.fact(SecureBoot) and not config.get("nvidia_secure_boot_ok"):
+    problem = secure_boot_problem()
+    if problem:
         # (pre-flight refuses this before any host is touched; this guards direct use of the step)
-        check(name="check: Secure Boot is enabled: stop before installing an unloadable driver",
-              function=_fail, message=SECURE_BOOT_HELP.format(host=host.name))
+        check(name="check: Secure Boot is enabled or unknown: stop before installing an unloadable driver",
+              function=_fail, message=problem)
         return
+    aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     repo = config.get("cuda_repo_url").rstrip("/")
     base = f"{repo}/{cuda_distro()}/{cuda_arch()}"
     key = signed_key(
@@ -251,6 +273,7 @@ def host_layer_facts() -> list[tuple]:
 def docker_engine():
     source = config.get("docker_source")
     memo.prefetch(*docker_facts())
+    aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
         engine = fast.packages(name="Docker Engine (distro docker.io)",
@@ -355,6 +378,7 @@ def vendor_keys() -> list[tuple[str, str, str, str, str]]:
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit():
     memo.prefetch(*toolkit_facts())
+    aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     url = config.get("container_toolkit_repo_url").rstrip("/")
     key = signed_key(name="Container Toolkit signing key (fingerprint checked)",
                      url=config.get("container_toolkit_key_url"),
