@@ -11,7 +11,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.connectors.util import make_unix_command, make_unix_command_for_host
 
-from .. import transfer
+from .. import failure, transfer
 
 
 def wrapped(command: str) -> str:
@@ -26,7 +26,13 @@ def _load(state, host, archive: str, remote: str, how: str) -> bool:
     try:
         sent = transfer.send_file(host, Path(archive), remote, how)
     except (transfer.TransferError, OSError) as e:
-        logger.error(f"{host.print_prefix}{e}")
+        text = failure.without_host(str(e), host.name).splitlines() or [type(e).__name__]
+        failure.emit(host, failure.Failure(
+            host.name, "Triton image (docker load)", f"image archive {Path(archive).name} loaded into Docker",
+            text[0], failure.trim(text[1:]), "the transfer's and docker load's own words",
+            "the image is loaded before any restart: the running Triton container and its unit are unchanged",
+            "check the archive and the link to the host (and `docker load` on the host by hand: "
+            f"ssh {host.name} docker load < {archive}), then run the deploy again", cause=text[0]))
         return False
     logger.info(f"{host.print_prefix}docker load: {sent}")
     return True

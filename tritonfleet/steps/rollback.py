@@ -22,6 +22,7 @@ from pyinfra.operations import server, systemd
 
 from .. import config
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
+from ..failure import fail
 from ..health import gate_current_host
 from ..ops.check import check
 from .triton import _append_record, model_diff, repository_api_commands, unit_path
@@ -56,8 +57,9 @@ def _model_diff(base: str, current: str | None, target: str) -> tuple[list[str],
     return model_diff(now, host.get_fact(ReleaseManifest, base=base, release=target))
 
 
-def _fail(message: str):
-    raise RollbackError(message)
+def _fail(message: str, expected: str = "an earlier healthy deployment to roll back to"):
+    fail(expected, message, fix="nothing was changed by the rollback; bring the host to a known state with the full "
+                                "deploy (pyinfra ... deploys/triton.py --limit <host>)")
 
 
 @deploy("Rollback")
@@ -78,7 +80,8 @@ def rollback():
     if not host.get_fact(DockerImageId, image=image):
         check(name=f"check: image {image} of the earlier deployment is on the host", function=_fail,
               message=f"{host.name}: rollback impossible: image {image} is no longer on the host "
-                      "(tritonfleet never removes images; was it pruned by hand?)")
+                      "(tritonfleet never removes images; was it pruned by hand?)",
+              expected=f"image {image} of the earlier deployment on the host")
         return
     q = shlex.quote
     b = q(base)
