@@ -176,16 +176,26 @@ def journal_excerpt(lines: list[str], keep: int = 15) -> list[str]:
     return (bad or lines)[-keep:]
 
 
-def triton_cause(lines: list[str]) -> str:
-    """Triton's own first error in the unit's journal, one line: a model that failed to load
-    first, else the first E-level line ("" when there is none)."""
-    import re
+def unquote(message: str) -> str:
+    """A Triton log message as it was meant: Triton (2.51) writes each message as one quoted line
+    with its newlines escaped (``"failed to load ...\\n\\nAt:\\n  .../model.py(3): initialize\\n"``)."""
+    text = message.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text[1:-1].replace("\\n", "\n").replace('\\"', '"')
+    return text
 
+
+def triton_cause(lines: list[str]) -> str:
+    """Triton's own first error in the unit's journal, one line (its first): a model that failed
+    to load first, else the first E-level line ("" when there is none)."""
     errors = []
     for ln in lines:
-        m = re.search(r"\bE\d{4} [\d:.]+\s+\d+ \S+\] (.*)", ln)
+        m = ERROR_LINE.search(ln)
         if m:
-            errors.append(m.group(1).strip().strip("\""))
+            errors.append(unquote(m.group(1)).strip().split("\n", 1)[0].strip())
     loads = [e for e in errors if "failed to load" in e]
     return ((loads or errors or [""])[0])[:240]
 
@@ -230,7 +240,13 @@ class Start:
 
     @property
     def cause(self) -> str:
-        return triton_cause(self.lines) or docker_cause(self.lines)[0]
+        """Why this start ended, in Triton's words: a model that failed to load, else the line
+        tritonserver exits with ("error: creating server: ..."); "" when it said neither (other
+        E-level lines, such as a CPU host's CUDA warnings, appear in healthy starts too)."""
+        first = triton_cause(self.lines)
+        if "failed to load" in first:
+            return first
+        return next((ln.strip()[:240] for ln in self.lines if ln.startswith("error: creating server")), "")
 
 
 @dataclass
@@ -316,8 +332,10 @@ def error_words(lines: list[str], keep: int = 12) -> list[str]:
         first = next((i for i, ln in enumerate(lines) if ERROR_LINE.search(ln)), None)
     if first is None:
         return trim(journal_excerpt(lines, keep), keep)
-    out = [lines[first]]
-    for ln in lines[first + 1:]:
+    m = ERROR_LINE.search(lines[first])
+    said = unquote(m.group(1)).splitlines() or [""]
+    out = [f"{lines[first][: m.start(1)].strip()} {said[0]}", *said[1:]]
+    for ln in lines[first + 1:]:  # a message written over several journal lines
         if TRITON_LINE.search(ln) or len(out) >= keep:
             break
         out.append(ln)
