@@ -71,10 +71,12 @@ def test_trim_says_how_many_lines_it_left_out():
 
 def journal(starts: list[tuple[str, list[str]]]) -> str:
     """journalctl -o json of the unit: each start's output lines (with _SYSTEMD_INVOCATION_ID), and
-    systemd's own messages (with INVOCATION_ID), one of them non-UTF-8 (a list of bytes)."""
+    systemd's own messages (with INVOCATION_ID), one of them non-UTF-8 (a list of bytes). Start i
+    begins at second 100 + 10 i."""
     out = []
-    for inv, lines in starts:
-        out.append({"MESSAGE": "Started triton.service - Triton Inference Server.", "INVOCATION_ID": inv})
+    for i, (inv, lines) in enumerate(starts):
+        out.append({"MESSAGE": "Started triton.service - Triton Inference Server.", "INVOCATION_ID": inv,
+                    "__REALTIME_TIMESTAMP": str((100 + 10 * i) * 1_000_000)})
         out += [{"MESSAGE": ln, "_SYSTEMD_INVOCATION_ID": inv} for ln in lines]
         out.append({"MESSAGE": list(b"triton.service: Main process exited, code=exited, status=1/FAILURE"),
                     "INVOCATION_ID": inv})
@@ -119,7 +121,8 @@ def test_the_gate_stops_only_on_a_definitive_cause(history):
     assert [s.invocation for s in snap.starts] == [f"inv{i}" for i in range(len(causes))]
     verdict = health.assess(snap)
     window = causes[-(restarts + 1):]  # the starts since the last start by hand
-    ended = window if state != "running" else window[:-1]
+    # a running start is over once a model failed to load in it (it cannot end well any more)
+    ended = window if state != "running" or window[-1] else window[:-1]
     same_twice = len(ended) >= 2 and ended[-1] and ended[-1] == ended[-2]
     assert (verdict is not None) == (state == "failed" or bool(same_twice)), (history, verdict)
     if same_twice and state != "failed":
@@ -137,6 +140,27 @@ def test_a_slow_start_is_never_definitive():
     assert health.assess(snap) is None
     # two different errors in a row: no verdict either
     assert health.assess(snapshot_of(["boom", "weights missing"], 1, "auto-restart", [])) is None
+
+
+def test_a_start_whose_tritonserver_is_exiting_counts_as_ended():
+    exiting = [load_error("m", "boom"), "error: creating server: Internal - failed to load all models"]
+    show = {"ActiveState": "active", "SubState": "running", "NRestarts": 1, "InvocationID": "b"}
+    verdict = health.assess(health.parse_watch(watch_text(show, [("a", exiting), ("b", exiting)])))
+    assert verdict is not None and "failed to load 'm'" in verdict.cause
+    # a model that failed to load ends the start too (tritonserver only finishes the other loads)
+    assert health.assess(health.parse_watch(watch_text(show, [("a", exiting), ("b", exiting[:1])]))) is not None
+    # other E-level lines do not
+    assert health.assess(health.parse_watch(watch_text(show, [("a", exiting), ("b", NOISE)]))) is None
+
+
+def test_starts_before_the_gate_do_not_count():
+    # an earlier run left a crash loop with this error; a restart by hand during systemd's wait
+    # does not reset the restart counter (measured on systemd 252), so the window is also by time
+    snap = snapshot_of(["boom", "boom", "boom", ""], 3, "running", [])
+    assert health.assess(snap) is not None  # by the counter alone: the old starts count
+    assert health.assess(snap, since=125 * 1_000_000) is None  # only the start at 130 s counts
+    assert health.assess(snapshot_of(["boom", "boom", "boom", "boom"], 3, "auto-restart", []),
+                         since=115 * 1_000_000) is not None  # 120 s and 130 s: the same error twice
 
 
 def test_docker_causes_are_definitive_at_once():

@@ -140,7 +140,8 @@ def emit(host, failure: Failure) -> None:
     from pyinfra import logger
 
     failure.time = failure.time or now_utc()
-    logger.error(failure.text())
+    # pyinfra indents the first line of what is logged while operations run: the others alike
+    logger.error(failure.text().replace("\n", "\n    "))
     write_channel(failure)
     record_on_host(host, failure)
 

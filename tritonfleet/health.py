@@ -39,6 +39,7 @@ class Verdict:
 
     cause: str
     words: list[str] = field(default_factory=list)  # Triton's (or Docker's) own lines
+    short: str = ""  # the cause first, for a table cell
 
 
 @dataclass
@@ -221,7 +222,7 @@ def watch_command(service: str, container: str, base: str, lines: int = 300) -> 
     unit = q(f"{service}.service")
     props = " ".join(f"-p {p}" for p in SHOW_PROPS)
     return "; ".join([
-        f"systemctl show {props} {unit} 2>/dev/null", f"echo {SECTION}",
+        f"systemctl show {props} {unit} 2>/dev/null", "echo Now=$(date +%s%6N)", f"echo {SECTION}",
         f"journalctl -u {unit} -n {lines} --no-pager -o json "
         "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID 2>/dev/null", f"echo {SECTION}",
         f"docker inspect --format '{{{{.Config.Image}}}} {{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {q(container)} "
@@ -237,6 +238,11 @@ class Start:
 
     invocation: str
     lines: list[str] = field(default_factory=list)
+    began: int = 0  # its first journal entry (microseconds since the epoch)
+
+    @property
+    def exiting(self) -> bool:
+        return any(ln.startswith("error: creating server") for ln in self.lines)
 
     @property
     def cause(self) -> str:
@@ -265,16 +271,31 @@ class UnitSnapshot:
             return 0
 
     def ended(self, start: Start) -> bool:
-        """The start is over: a later one exists, or the unit is not running it any more."""
-        if start.invocation != self.show.get("InvocationID"):
+        """The start is over: a later one exists, the unit is not running it any more, or it
+        cannot end well any more: a model failed to load (tritonserver then finishes loading the
+        others and exits; with --exit-on-error=false it serves without that model) or tritonserver
+        wrote the line it exits with (it then only shuts down, for seconds)."""
+        if start.invocation != self.show.get("InvocationID") or start.exiting:
+            return True
+        if "failed to load" in start.cause:
             return True
         return self.show.get("SubState") in ("auto-restart", "failed", "dead", "exited") or \
             self.show.get("ActiveState") in ("failed", "inactive")
 
-    def window(self) -> list[Start]:
+    @property
+    def now(self) -> int:
+        try:
+            return int(self.show.get("Now") or 0)
+        except ValueError:
+            return 0
+
+    def window(self, since: int = 0) -> list[Start]:
         """The starts since the unit was last started by hand (a deploy's restart): systemd's
-        restart counter (NRestarts) counts the automatic ones after it."""
-        return self.starts[-(self.restarts + 1):] if self.starts else []
+        restart counter (NRestarts) counts the automatic ones after it, but a restart by hand
+        during systemd's wait between two automatic ones does not reset it; so only starts that
+        began at ``since`` or later count as well."""
+        starts = self.starts[-(self.restarts + 1):] if self.starts else []
+        return [s for s in starts if s.began >= since]
 
 
 def _message(value) -> str:
@@ -302,7 +323,7 @@ def parse_watch(text: str) -> UnitSnapshot:
             # systemd writes a start's last lines (its exit) with that start's id: a later
             # entry of an earlier id continues it
             known = [s for s in snap.starts if s.invocation == inv]
-            current = known[-1] if known else Start(inv)
+            current = known[-1] if known else Start(inv, began=int(entry.get("__REALTIME_TIMESTAMP") or 0))
             if not known:
                 snap.starts.append(current)
         if current is not None:
@@ -342,25 +363,28 @@ def error_words(lines: list[str], keep: int = 12) -> list[str]:
     return trim(out, keep)
 
 
-def assess(snap: UnitSnapshot, service: str = "triton") -> Verdict | None:
+def assess(snap: UnitSnapshot, service: str = "triton", since: int = 0) -> Verdict | None:
     """A definitive cause in what the unit shows, or None (keep waiting): systemd gave up on the
     unit; Docker says the image is missing or a port is bound; or Triton stopped twice in a row
-    with the same error. A start that is still running is never one."""
-    window = snap.window()
+    with the same error. A start that is still running is never one; starts that began before
+    ``since`` (microseconds since the epoch, the host's clock) do not count."""
+    window = snap.window(since)
     ended = [s for s in window if snap.ended(s)]
     if snap.show.get("ActiveState") == "failed":
         last = window[-1] if window else Start("")
         why = f"systemd gave up on {service}.service (result: {snap.show.get('Result') or '?'})"
-        return Verdict(why + (f"; {last.cause}" if last.cause else ""), error_words(last.lines))
+        return Verdict(why + (f"; {last.cause}" if last.cause else ""), error_words(last.lines),
+                       f"{last.cause} ({why})" if last.cause else why)
     for s in ended:
         line, meaning = docker_cause(s.lines)
         if line:
-            return Verdict(f"{meaning}: {line}", trim([line]))
+            return Verdict(f"{meaning}: {line}", trim([line]), f"{meaning}: {line}")
     if len(ended) >= 2:
         a, b = ended[-2], ended[-1]
         if a.cause and a.cause == b.cause:
             return Verdict(f"{service}.service stopped with the same error on two consecutive starts "
-                           f"(restart counter {snap.restarts}): {b.cause}", error_words(b.lines))
+                           f"(restart counter {snap.restarts}): {b.cause}", error_words(b.lines),
+                           f"{b.cause} (the same error on two starts)")
     return None
 
 
@@ -369,10 +393,16 @@ class UnitWatch:
     returns its output) and returns a Verdict once one is definitive. ``last`` keeps the latest
     snapshot for the report."""
 
+    # the starts that count began at most this long before the gate first read the unit: the
+    # deploy's restart comes just before the gate, and systemd waits RestartSec (5 s in the
+    # unit) between two automatic starts, so at most one start of an earlier run can count
+    SLACK_US = 4_000_000
+
     def __init__(self, run, service: str, container: str, base: str):
         self.run, self.service = run, service
         self.command = watch_command(service, container, base)
         self.last: UnitSnapshot | None = None
+        self.since: int | None = None
 
     def read(self) -> UnitSnapshot | None:
         try:
@@ -383,7 +413,11 @@ class UnitWatch:
 
     def __call__(self) -> Verdict | None:
         snap = self.read()
-        return assess(snap, self.service) if snap else None
+        if snap is None:
+            return None
+        if self.since is None:
+            self.since = max(0, snap.now - self.SLACK_US) if snap.now else 0
+        return assess(snap, self.service, self.since)
 
 
 def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout: bool = False) -> tuple[str, str]:
@@ -392,9 +426,12 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
         return "unknown (the host could not be read)", ""
     st = f"{snap.show.get('ActiveState', '?')} ({snap.show.get('SubState', '?')})"
     running = snap.show.get("ActiveState") == "active" and snap.show.get("SubState") == "running"
+    exiting = bool(snap.starts) and snap.starts[-1].exiting
     what = (f"{service}.service is {st}"
-            + (f", restarted {snap.restarts} times by systemd since it was last started" if snap.restarts else "")
-            + ("; Triton runs but does not pass the gate" if running else "; nothing is served"))
+            + (f", restarted {snap.restarts} times by systemd" if snap.restarts else "")
+            + ("; Triton runs but does not pass the gate" if running and not exiting
+               else "; tritonserver is exiting after its failed start: nothing is served" if running
+               else "; nothing is served"))
     what += f"; live model release {snap.release or 'none'}"
     last = snap.last or {}
     if last.get("release"):
@@ -456,9 +493,9 @@ def failure_of(res: HealthResult, host_name: str, models: list[str], watch: Unit
     answer = f"{bad.endpoint} -> {bad.detail}" if bad else "no answer"
     if res.verdict:
         found = f"after {res.seconds:.0f}s, without waiting out health_timeout ({timeout:.0f}s): {res.verdict.cause}"
-        cause, words = res.verdict.cause, res.verdict.words
+        cause, words = res.verdict.short or res.verdict.cause, res.verdict.words
     else:
-        window = snap.window() if snap else []
+        window = (snap.window(watch.since or 0) or snap.starts[-1:]) if snap else []
         start = window[-1] if window else None
         triton = start.cause if start else ""
         found = f"not healthy after {res.seconds:.0f}s (health_timeout): {answer}" + (
@@ -475,7 +512,7 @@ def failure_of(res: HealthResult, host_name: str, models: list[str], watch: Unit
                    f"Triton live and ready, models {', '.join(models) or '(none)'} ready, metrics served, "
                    f"within health_timeout ({timeout:.0f}s)",
                    found, words, f"Triton's own words (journal of {service}.service, its last start)", now, fix,
-                   cause=f"{res.seconds:.0f}s: {cause}")
+                   cause=f"{cause}, after {res.seconds:.0f}s")
 
 
 def gate_current_host(models: list[str]) -> HealthResult:

@@ -238,7 +238,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
                           failure_dir=logs / f"failures-{i}")
         # why each host failed: the report its step left (structured), else pyinfra's own words
         reports: dict[str, Failure] = {n: f for n, f in read_channel(logs / f"failures-{i}").items() if n in todo}
-        failed: dict[str, str] = {n: (reports[n].short() if n in reports else run.reason(n))
+        failed: dict[str, str] = {n: (reports[n].short(240) if n in reports else run.reason(n))
                                   for n in run.failed() if n in todo}
         if run.rc != 0 and not failed and not run.data:
             failed = {n: run.reason(n) for n in todo}
@@ -249,7 +249,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
         for fh, (res, report_) in zip(ok_hosts, gates, strict=True):
             if not res.ok:
                 reports[fh.name] = report_
-                failed[fh.name] = report_.short()
+                failed[fh.name] = report_.short(240)
         elapsed = time.monotonic() - t0
         for n in todo:
             r = results[n]

@@ -44,3 +44,33 @@ def docker_load(archive: str, transport: str = "auto"):
     of the archive on the host's disk)."""
     how = transfer.choose(host, transport)
     yield FunctionCommand(_load, (archive, wrapped("docker load"), how), {})
+
+
+def connector_arguments() -> dict:
+    """The current operation's connector arguments (sudo, su, env, ...), for a command a Python
+    callback runs itself."""
+    return {k: v for k, v in (host.current_op_global_arguments or {}).items() if k in CONNECTOR_ARGUMENT_KEYS}
+
+
+def _pull(state, host, image: str, arguments: dict) -> bool:
+    import shlex
+
+    ok, out = host.run_shell_command(f"docker pull {shlex.quote(image)}", print_output=False, **arguments)
+    if ok:
+        return True
+    said = [ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()]
+    first = next((ln for ln in said if "rror" in ln), said[-1] if said else "docker pull failed")
+    failure.emit(host, failure.Failure(
+        host.name, f"docker pull {image}", f"image {image} on the host before Triton is restarted",
+        first.strip(), failure.trim(said), "Docker's own words",
+        "the image is pulled before any restart: the running Triton container, its unit and the live model "
+        "release are unchanged (no later step ran)",
+        f"check the image name and the registry (reachable from the host? logged in? `docker pull {image}` on the "
+        "host shows it), then run the deploy again", cause=first.strip()))
+    return False
+
+
+@operation(is_idempotent=False)
+def docker_pull(image: str):
+    """`docker pull`; a failure fails the host with Docker's words and what still serves."""
+    yield FunctionCommand(_pull, (image, connector_arguments()), {})

@@ -25,12 +25,13 @@ from ..facts.host import (
     TritonContainer,
     UnitState,
 )
+from ..failure import HOST_RECORD as FAILURE_RECORD
 from ..health import gate_current_host
 from ..ops import fast
 from ..ops.check import check, will_change
 from ..ops.registry import docker_login, registry_of
 from ..ops.release import model_release
-from ..ops.stream import docker_load
+from ..ops.stream import docker_load, docker_pull
 from ..transfer import TransferError
 from ..transfer import choose as choose_transport
 
@@ -71,7 +72,7 @@ def ensure_image(image: str) -> list:
                                      f"(secret from ${config.get('registry_password_env')}, on stdin)",
                                 registry=login_registry(), user=config.get("registry_user"),
                                 secret_env=config.get("registry_password_env")))
-    ops.append(server.shell(name=f"docker pull {image}", commands=[f"docker pull {shlex.quote(image)}"]))
+    ops.append(docker_pull(name=f"docker pull {image}", image=image))
     return ops
 
 
@@ -321,10 +322,17 @@ def record_deployment(action: str = "deploy") -> None:
 
 
 def _append_record(base: str, release: str, unit: str, image: str, action: str) -> None:
-    history = memo.fact(DeployHistory, base=base)["records"]
+    facts = memo.fact(DeployHistory, base=base)
+    history = facts["records"]
     last = history[-1] if history else {}
     if (last.get("release"), last.get("unit"), last.get("image")) == (release, unit, image):
-        host.noop(f"deployment {release} / {image} already recorded")
+        if facts.get("failure"):
+            # healthy again on the recorded deployment: `tritonfleet status` stops showing the
+            # report of the run that failed
+            server.shell(name="clear the report of the last failed run (healthy again)",
+                         commands=[f"rm -f {FAILURE_RECORD}"])
+        else:
+            host.noop(f"deployment {release} / {image} already recorded")
         return
     record = {"time": "@TIME@", "action": action, "release": release, "image": image, "image_id": "@IMAGE_ID@",
               "unit": unit, "by": _operator(), "tritonfleet": __version__}
@@ -341,13 +349,15 @@ printf '%s\\n' {record} | sed "s/@TIME@/$(date -u +%Y-%m-%dT%H:%M:%SZ)/; s/@IMAG
 tail -n {keep} {b}/history.jsonl > {b}/history.jsonl.tmp
 mv {b}/history.jsonl.tmp {b}/history.jsonl
 for f in {b}/units/*.service; do grep -qF "$(basename "$f" .service)" {b}/history.jsonl || rm -f "$f"; done
+rm -f {failure}
 """
 
 
 def record_command(base: str, unit: str, image: str, record: dict) -> str:
     q = shlex.quote
     return RECORD_SCRIPT.format(b=q(base), unit_path=q(unit_path()), unit=unit, image=q(image),
-                                record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP)
+                                record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP,
+                                failure=FAILURE_RECORD)
 
 
 def _operator() -> str:
