@@ -238,10 +238,10 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
                           failure_dir=logs / f"failures-{i}")
         # why each host failed: the report its step left (structured), else pyinfra's own words
         reports: dict[str, Failure] = {n: f for n, f in read_channel(logs / f"failures-{i}").items() if n in todo}
-        failed: dict[str, str] = {n: (reports[n].short(240) if n in reports else run.reason(n))
-                                  for n in run.failed() if n in todo}
-        if run.rc != 0 and not failed and not run.data:
-            failed = {n: run.reason(n) for n in todo}
+        why = {n: (reports[n].short(240) if n in reports else run.reason(n)) for n in todo}
+        failed: dict[str, str] = {n: why[n] for n in run.failed() if n in todo}
+        if run.rc != 0 and not failed and not run.data:  # no JSON (every host failed): all of them
+            failed = dict(why)
         changed = run.changed()
         # the gate, on every host of the batch that the deploy did not already fail
         ok_hosts = [by_name[n] for n in todo if n not in failed]
