@@ -301,3 +301,30 @@ class _Key:
 
     def get_base64(self):
         return "a2V5"
+
+
+def test_a_failed_pull_reports_dockers_words_and_what_still_serves(caplog):
+    from tritonfleet.steps.triton import triton_image
+
+    caplog.set_level(logging.INFO, logger="pyinfra")
+    said = 'Error response from daemon: Get "https://registry.invalid:5999/v2/": connect: connection refused'
+    _, cmds, state = run_fake(triton_image, {"docker pull": {"success": False, "stderr": said}}, yes=True)
+    assert state.failed_hosts
+    log = caplog.text
+    assert "failed at docker pull nvcr.io/nvidia/tritonserver:24.08-py3" in log and f"found:    {said}" in log
+    assert "the running Triton container, its unit and the live model release are unchanged" in log
+    assert "Traceback" not in log and any(failure.HOST_RECORD in c for c in cmds)
+
+
+def test_a_failed_gpu_check_reports_expected_and_found(caplog):
+    from test_verify_probe import DOCKER_ERR, QUERY_T4, SECTION, SUMMARY, answer
+
+    from tritonfleet.steps.verify import verify_gpus
+
+    caplog.set_level(logging.INFO, logger="pyinfra")
+    _, _, state = run_fake(verify_gpus, {SECTION: answer(QUERY_T4, SUMMARY, DOCKER_ERR)}, yes=True, load_image=False)
+    assert state.failed_hosts
+    log = caplog.text
+    assert "failed at GPU verification" in log and "expected: GPU class T4 (Tesla T4 or NVIDIA T4)" in log
+    assert "(container): nvidia-smi failed" in log and "could not select device driver" in log
+    assert "Triton was not changed by this run" in log and "Traceback" not in log
