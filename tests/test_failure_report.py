@@ -180,7 +180,7 @@ def test_what_the_host_runs_now_and_the_rollback_command(monkeypatch):
     last = {"time": "2026-12-03T06:16:40Z", "action": "deploy", "release": "old", "image": "tritonserver:24.08-py3"}
     snap = health.parse_watch(watch_text(show, [("a", [])], release="releases/new", last=last))
     now, fix = health.serving_now(snap, "triton", "tb1-t4")
-    assert "triton.service is activating (auto-restart), restarted 3 times" in now and "nothing is served" in now
+    assert "triton.service is activating (auto-restart), systemd restarted it 3 times" in now and "nothing is served" in now
     assert "live model release new" in now and "last healthy deployment: release old" in now
     assert fix.endswith("pyinfra -y inventories/prod.py deploys/rollback.py --limit tb1-t4")
     assert "served before this deploy" in fix

@@ -62,7 +62,7 @@ def test_a_model_failing_at_initialize_fails_the_host_fast_with_a_clean_report(d
     lines = report.splitlines()
     assert any(ln.strip() == "At:" for ln in lines), report
     assert any(ln.strip().endswith("/broken_init/1/model.py(3): initialize") for ln in lines), report
-    assert re.search(r"the host now: triton.service is \w+ \([\w-]+\), restarted \d+ times", report), report
+    assert re.search(r"the host now: triton.service is \w+ \([\w-]+\), systemd restarted it \d+ times?", report), report
     assert "nothing is served" in report, report
     rollback = f"pyinfra -y {INV} deploys/rollback.py --limit {h.name}"
     assert f"the host served before this deploy; put that deployment back with: {rollback}" in report
@@ -79,5 +79,30 @@ def test_a_model_failing_at_initialize_fails_the_host_fast_with_a_clean_report(d
     back = subprocess.run(shlex.split(rollback), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
     assert back.returncode == 0, back.stderr[-3000:]
     assert live_release(h) == before and infer_resnet(h.address).shape == (1, 1000)
+    rc, row = status_of(h.name)
+    assert rc == 0 and row["last_failure"] is None, row
+
+
+def test_auto_rollback_puts_the_previous_deployment_back_on_the_spot(deployed, tmp_path):
+    testbed, _, _ = deployed
+    h = testbed.hosts[-1]
+    before = live_release(h)
+    bad = add_model_failing_at_initialize(repository_copy(tmp_path / "bad"))
+    res, _ = pyinfra("deploys/models.py", "--limit", h.name, "--data", f"model_repository={bad}",
+                     "--data", "auto_rollback=true")
+    err = res.stderr
+    # the host still fails (the deploy did), but serves what it served before, and says so
+    assert res.returncode != 0 and f"auto_rollback: back to release {before.rsplit('/', 1)[-1]}" in err, err[-3000:]
+    assert "Starting nested operation: Rollback | restart triton on the earlier deployment" in err
+    report = err[err.index(f"tritonfleet: {h.name} failed at health gate"):]
+    assert "the host now: rolled back on the spot (auto_rollback): serves release" in report, report
+    assert "failed to load 'broken_init'" in report and "Traceback" not in err
+    assert live_release(h) == before and infer_resnet(h.address).shape == (1, 1000)
+    rc, row = status_of(h.name)
+    assert "rolled back on the spot" in row["last_failure"]["text"], row
+    # the next healthy run clears the report (and changes nothing else)
+    res2, _ = pyinfra("deploys/models.py", "--limit", h.name)
+    assert res2.returncode == 0, res2.stderr[-3000:]
+    assert "clear the report of the last failed run" in res2.stderr
     rc, row = status_of(h.name)
     assert rc == 0 and row["last_failure"] is None, row

@@ -202,10 +202,12 @@ def reported(state, host, function, args, kwargs) -> bool:
     returns; on HostFailure (or a configuration error) the report is printed and False fails the
     host without a traceback; anything else prints the traceback and says it is a bug."""
     from pyinfra import logger
-    from pyinfra.context import ctx_config, ctx_host
+    from pyinfra.context import ContextObject, ctx_config, ctx_host
 
     from .config import ConfigError
 
+    while isinstance(host, ContextObject):  # a nested operation is handed pyinfra's host proxy
+        host = host._get_module()
     step = step_name(state, host)
     with ctx_config.use(state.config.copy()), ctx_host.use(host):
         try:

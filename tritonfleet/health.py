@@ -428,7 +428,8 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
     running = snap.show.get("ActiveState") == "active" and snap.show.get("SubState") == "running"
     exiting = bool(snap.starts) and snap.starts[-1].exiting
     what = (f"{service}.service is {st}"
-            + (f", restarted {snap.restarts} times by systemd" if snap.restarts else "")
+            + (f", systemd restarted it {snap.restarts} time{'s' if snap.restarts != 1 else ''}"
+               if snap.restarts else "")
             + ("; Triton runs but does not pass the gate" if running and not exiting
                else "; tritonserver is exiting after its failed start: nothing is served" if running
                else "; nothing is served"))

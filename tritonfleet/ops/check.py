@@ -31,6 +31,16 @@ def check(function, *args, **kwargs):
     yield FunctionCommand(reported, (function, args, kwargs), {})
 
 
+@operation(is_idempotent=False, _set_in_op=False)
+def check_with_steps(function, *args, **kwargs):
+    """``check`` whose function may run operations itself (executed at once, nested, as pyinfra's
+    python.call allows): the health gate's auto_rollback."""
+    if not state.is_executing:
+        host.noop("verification: runs with the operations, never a planned change")
+        return
+    yield FunctionCommand(reported, (function, args, kwargs), {})
+
+
 def will_change(*ops) -> bool:
     """True when any of ``ops`` (operation results, or lists of them) plans a change."""
     for op in ops:

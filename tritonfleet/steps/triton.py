@@ -26,9 +26,10 @@ from ..facts.host import (
     UnitState,
 )
 from ..failure import HOST_RECORD as FAILURE_RECORD
-from ..health import gate_current_host
+from ..failure import HostFailure, in_rollout
+from ..health import HealthError, gate_current_host
 from ..ops import fast
-from ..ops.check import check, will_change
+from ..ops.check import check, check_with_steps, will_change
 from ..ops.registry import docker_login, registry_of
 from ..ops.release import model_release
 from ..ops.stream import docker_load, docker_pull
@@ -372,10 +373,42 @@ def _operator() -> str:
     return re.sub(r"[^A-Za-z0-9@._-]", "_", who)
 
 
+def gate_or_roll_back(models: list[str]):
+    """The deploy's health gate. With auto_rollback (plain runs; a rollout rolls back itself), a
+    host that fails it and served before is put back on its last healthy deployment at once (the
+    rollback steps, run as nested operations); the host still fails, and its report says so."""
+    try:
+        return gate_current_host(models)
+    except HealthError as e:
+        if not config.get("auto_rollback") or in_rollout():
+            raise
+        report = e.failure
+        history = host.get_fact(DeployHistory, base=config.get("triton_base_dir"))["records"]
+        if not history:
+            raise
+        from pyinfra import logger
+        from pyinfra.api.exceptions import PyinfraError
+
+        from .rollback import rollback
+
+        logger.warning(f"{host.name}: {report.short(200)}; auto_rollback: back to release "
+                       f"{history[-1].get('release')}, {history[-1].get('image')}")
+        try:
+            rollback()
+        except (PyinfraError, HostFailure) as rb:
+            report.now += f"; auto_rollback failed ({str(rb).splitlines()[0] if str(rb) else type(rb).__name__})"
+            raise HealthError(report) from e
+        report.now = (f"rolled back on the spot (auto_rollback): serves release {history[-1].get('release')}, "
+                      f"{history[-1].get('image')} again, healthy (before the rollback: {report.now})")
+        report.fix = "fix the cause above, then run the deploy again"
+        raise HealthError(report) from e
+
+
 @deploy("Health gate")
 def health_gate(record: bool = True):
     local, _, _ = host_repository()
-    check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_current_host,
-          models=models.model_names(local))
+    gate_check = check_with_steps if config.get("auto_rollback") else check
+    gate_check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_or_roll_back,
+               models=models.model_names(local))
     if record:
         record_deployment()
