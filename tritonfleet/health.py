@@ -426,12 +426,13 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
         return "unknown (the host could not be read)", ""
     st = f"{snap.show.get('ActiveState', '?')} ({snap.show.get('SubState', '?')})"
     running = snap.show.get("ActiveState") == "active" and snap.show.get("SubState") == "running"
-    exiting = bool(snap.starts) and snap.starts[-1].exiting
+    last_start = snap.starts[-1] if snap.starts else None
+    failing = bool(last_start) and (last_start.exiting or "failed to load" in last_start.cause)
     what = (f"{service}.service is {st}"
             + (f", systemd restarted it {snap.restarts} time{'s' if snap.restarts != 1 else ''}"
                if snap.restarts else "")
-            + ("; Triton runs but does not pass the gate" if running and not exiting
-               else "; tritonserver is exiting after its failed start: nothing is served" if running
+            + ("; Triton runs but does not pass the gate" if running and not failing
+               else "; tritonserver failed this start too and exits: nothing is served" if running
                else "; nothing is served"))
     what += f"; live model release {snap.release or 'none'}"
     last = snap.last or {}
@@ -516,8 +517,10 @@ def failure_of(res: HealthResult, host_name: str, models: list[str], watch: Unit
                    cause=f"{cause}, after {res.seconds:.0f}s")
 
 
-def gate_current_host(models: list[str]) -> HealthResult:
-    """pyinfra callback: health-gate the host being deployed; fail it with the report."""
+def gate_current_host(models: list[str], clear_failure: bool = False) -> HealthResult:
+    """pyinfra callback: health-gate the host being deployed; fail it with the report. Once
+    healthy, ``clear_failure`` removes the report an earlier failed run left on the host (for
+    `tritonfleet status`): part of the check, so a healthy re-run still changes nothing."""
     from pyinfra import host, logger
 
     from . import config
@@ -540,4 +543,8 @@ def gate_current_host(models: list[str]) -> HealthResult:
     if not res.ok:
         raise HealthError(failure_of(res, host.name, models, watch, timeout, rollout=in_rollout()))
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served)")
+    if clear_failure:
+        from .failure import HOST_RECORD
+
+        run(f"rm -f {HOST_RECORD}")
     return res

@@ -109,5 +109,6 @@ def rollback():
                         restarted=True, running=True)
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
     names = sorted({p.split("/", 1)[0] for p in host.get_fact(ReleaseManifest, base=base, release=rid)})
-    check(name="check: health gate after rollback", function=gate_current_host, models=names)
+    check(name="check: health gate after rollback", function=gate_current_host, models=names,
+          clear_failure=bool(history.get("failure")))
     _append_record(base, rid, digest, image, "rollback")

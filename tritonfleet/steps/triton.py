@@ -327,13 +327,7 @@ def _append_record(base: str, release: str, unit: str, image: str, action: str) 
     history = facts["records"]
     last = history[-1] if history else {}
     if (last.get("release"), last.get("unit"), last.get("image")) == (release, unit, image):
-        if facts.get("failure"):
-            # healthy again on the recorded deployment: `tritonfleet status` stops showing the
-            # report of the run that failed
-            server.shell(name="clear the report of the last failed run (healthy again)",
-                         commands=[f"rm -f {FAILURE_RECORD}"])
-        else:
-            host.noop(f"deployment {release} / {image} already recorded")
+        host.noop(f"deployment {release} / {image} already recorded")
         return
     record = {"time": "@TIME@", "action": action, "release": release, "image": image, "image_id": "@IMAGE_ID@",
               "unit": unit, "by": _operator(), "tritonfleet": __version__}
@@ -373,12 +367,17 @@ def _operator() -> str:
     return re.sub(r"[^A-Za-z0-9@._-]", "_", who)
 
 
-def gate_or_roll_back(models: list[str]):
+def failure_recorded() -> bool:
+    """The report of a failed run is left on the host (the gate removes it once healthy)."""
+    return bool(memo.fact(DeployHistory, base=config.get("triton_base_dir")).get("failure"))
+
+
+def gate_or_roll_back(models: list[str], clear_failure: bool = False):
     """The deploy's health gate. With auto_rollback (plain runs; a rollout rolls back itself), a
     host that fails it and served before is put back on its last healthy deployment at once (the
     rollback steps, run as nested operations); the host still fails, and its report says so."""
     try:
-        return gate_current_host(models)
+        return gate_current_host(models, clear_failure)
     except HealthError as e:
         if not config.get("auto_rollback") or in_rollout():
             raise
@@ -409,6 +408,6 @@ def health_gate(record: bool = True):
     local, _, _ = host_repository()
     gate_check = check_with_steps if config.get("auto_rollback") else check
     gate_check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_or_roll_back,
-               models=models.model_names(local))
+               models=models.model_names(local), clear_failure=failure_recorded())
     if record:
         record_deployment()
