@@ -328,3 +328,16 @@ def test_a_failed_gpu_check_reports_expected_and_found(caplog):
     assert "failed at GPU verification" in log and "expected: GPU class T4 (Tesla T4 or NVIDIA T4)" in log
     assert "(container): nvidia-smi failed" in log and "could not select device driver" in log
     assert "Triton was not changed by this run" in log and "Traceback" not in log
+
+
+def fail_with_helper():
+    failure.fail("docker-ce at docker_version (5:27.3.1-*)", "@fake/gpu1: docker-ce is 5:27.4.0-1", fix="set it")
+
+
+def test_fail_names_the_running_step_and_drops_the_host_prefix(caplog):
+    caplog.set_level(logging.INFO, logger="pyinfra")
+    _, _, state = run_fake(failing, {}, yes=True, function=fail_with_helper)
+    assert state.failed_hosts
+    log = caplog.text
+    assert "tritonfleet: @fake/gpu1 failed at Test step | check: something" in log
+    assert "found:    docker-ce is 5:27.4.0-1" in log and "Traceback" not in log
