@@ -174,15 +174,23 @@ def test_rollout_halts_on_an_unhealthy_canary_and_rolls_it_back(deployed, tmp_pa
     bad = break_model_at_load(repository_copy(tmp_path / "bad"))
     canary, rest = testbed.hosts[0], testbed.hosts[1:]
     before = {h.name: (live_release(h), container_started(h), len(history(h))) for h in testbed.hosts}
+    # health_timeout stays at its default (180 s): the gate stops as soon as Triton failed twice
     res, report = rollout("deploys/models.py", "--canary", "1", "--batch", "50%",
-                          "--data", f"model_repository={bad}", "--data", "health_timeout=20")
+                          "--data", f"model_repository={bad}")
     assert res.returncode == 1, res.stdout + res.stderr[-3000:]
     assert "canary" in report["halted"] or "halted after" in report["halted"], report["halted"]
     rows = by_host(report)
     assert rows[canary.name]["result"] == "rolled back", rows[canary.name]
-    assert "health gate" in rows[canary.name]["detail"]
-    # the model, and Triton's own error from the unit's journal
-    assert "(Triton: failed to load 'text_classifier_onnx'" in rows[canary.name]["detail"], rows[canary.name]
+    # the table cell: the step and Triton's own error, once (no repeated host name)
+    detail = rows[canary.name]["detail"]
+    assert detail.startswith("health gate: failed to load 'text_classifier_onnx'"), detail
+    assert f"{canary.name}:" not in detail
+    # the full report: in --json, and in the progress output
+    full = rows[canary.name]["failure"]["text"]
+    assert full.startswith(f"tritonfleet: {canary.name} failed at health gate") and full in res.stderr
+    assert "stopped with the same error on two consecutive starts" in full
+    assert "the rollout rolls this host back" in full and "Traceback" not in res.stderr
+    print(f"\nfailed canary: deploy and gate {rows[canary.name]['seconds']:.0f}s, rollout to halted (rolled back) {report['seconds']:.0f}s")
     # the canary serves what it served before, again
     assert live_release(canary) == before[canary.name][0]
     assert infer_resnet(canary.address).shape == (1, 1000)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from tritonfleet import apikey, config, probe, release
 from tritonfleet.facts import host as facts
-from tritonfleet.health import journal_command
+from tritonfleet.health import watch_command
 from tritonfleet.ops.apt_repo import fetch_key_command
 from tritonfleet.shell import q, url_segment, words
 from tritonfleet.steps import rollback, triton, verify
@@ -240,14 +240,14 @@ BUILDERS = {
     "probe": lambda v: probe.command(_tunable_get(triton_base_dir=f"/srv/{v}", triton_service=v,
                                                   triton_container_name=v)),
     "probe bind": lambda v: probe.command(_tunable_get(triton_http_bind=v)),
-    # health gate's journal (health.py), GPU check (steps/verify.py), vendor keys (ops/apt_repo.py)
-    "journal": journal_command,
+    # health gate's unit watch (health.py), GPU check (steps/verify.py), vendor keys (ops/apt_repo.py)
+    "unit watch": lambda v: watch_command(v, v, f"/srv/{v}"),
     "gpu container": lambda v: verify.container_prefix(v) + "nvidia-smi",
     "gpu depends": lambda v: verify.depends_command(v),
     "vendor key": lambda v: fetch_key_command(f"https://example.invalid/{v}", "ABCD", f"/usr/share/keyrings/{v}"),
     # facts (facts/host.py)
     "fact keyring": lambda v: facts.KeyringFingerprints().command(v),
-    "fact remote key": lambda v: facts.RemoteKeyFingerprints().command(v),
+    "fact remote key": lambda v: facts.RemoteKeyFingerprints().command(v, "ABCD"),
     "fact file": lambda v: facts.FileState().command(v),
     "fact unit": lambda v: facts.UnitState().command(v),
     "fact daemon.json": lambda v: facts.DockerDaemonJson().command(v),

@@ -196,3 +196,27 @@ def mark(h: hosts.Host) -> str:
     """Start watching ``h`` for changes; returns its state now (compare with ``host_state``)."""
     ssh(h, f"touch {MARKER}")
     return host_state(h)
+
+
+BROKEN_INIT_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+BROKEN_INIT_ERROR = "weights file weights.bin is missing next to model.py"
+
+
+def add_model_failing_at_initialize(repo: Path, name: str = "broken_init") -> Path:
+    """Add a python-backend model that validates but whose ``initialize`` raises (as a model whose
+    weights are missing does): Triton fails to load it on every start."""
+    d = repo / name
+    (d / "1").mkdir(parents=True)
+    (d / "config.pbtxt").write_text(BROKEN_INIT_CONFIG.format(name=name))
+    (d / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        f"        raise RuntimeError({BROKEN_INIT_ERROR!r})\n"
+    )
+    return repo

@@ -70,6 +70,9 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
     else:
         click.echo(status_table(rows))
+        for r in rows:  # the full report of a run that failed on the host (and nothing healthy since)
+            if r.last_failure:
+                click.echo(f"\n{r.last_failure['text']}")
     sys.exit(0 if all(r.reachable and not r.drift for r in rows) else 1)
 
 

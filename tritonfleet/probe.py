@@ -11,10 +11,12 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from . import apikey, fleet
+from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .shell import q
 
-SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last")
+SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last",
+            "failure")
 
 
 def command(get) -> str:
@@ -39,6 +41,7 @@ def command(get) -> str:
         "release": f"readlink {q(base)}/model_repository",
         "models": apikey.curl(get("triton_api_key_file") or "/nonexistent", f"-s -m 5 -X POST {q(url)}"),
         "last": f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
+        "failure": f"cat {HOST_RECORD} 2>/dev/null",
     }
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"
 
@@ -75,6 +78,7 @@ class HostStatus:
     models_ready: list[str] = field(default_factory=list)
     models_not_ready: list[str] = field(default_factory=list)
     last_deploy: dict | None = None
+    last_failure: dict | None = None  # the report of a failure newer than the last healthy deployment
     drift: list[str] = field(default_factory=list)
 
     @property
@@ -126,7 +130,22 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
         st.last_deploy = json.loads(sections["last"][0]) if sections["last"] else None
     except ValueError:
         st.last_deploy = None
+    st.last_failure = current_failure(sections["failure"], st.last_deploy)
     return st
+
+
+def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
+    """The failure report left on the host, when no healthy deployment was recorded after it."""
+    try:
+        report = json.loads(" ".join(lines)) if lines else None
+    except ValueError:
+        return None
+    if not isinstance(report, dict):
+        return None
+    if last_deploy and str(last_deploy.get("time", "")) >= str(report.get("time", "")):
+        return None
+    failure = Failure.from_json(report)
+    return {**failure.to_json(), "time": report.get("time", "")}
 
 
 def intent(fh: fleet.FleetHost) -> dict:
@@ -149,6 +168,8 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     out = []
     if not st.reachable:
         return ["unreachable"]
+    if st.last_failure:
+        out.append(f"last run failed ({st.last_failure.get('time', '?')}): {st.last_failure.get('short', '')}")
     if st.unit_state != "active":
         out.append(f"triton {st.unit_state}")
     if want.get("image") and st.image != want["image"]:

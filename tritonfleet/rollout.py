@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import ROOT, fleet, health, perfgate, probe
+from .failure import CHANNEL_ENV, Failure, read_channel, without_host
 
 ROLLBACK_DEPLOY = ROOT / "deploys" / "rollback.py"
 
@@ -42,6 +43,7 @@ class HostResult:
     before: str = "-"
     after: str = "-"
     detail: str = ""
+    failure: dict | None = None  # the full failure report (tritonfleet.failure.Failure.to_json)
 
     @property
     def ok(self) -> bool:
@@ -138,7 +140,7 @@ class PyinfraRun:
                         and not re.search(r"Error: executed \d+ commands", ln):
                     errors.append(f"{op}: {ln}" if op else ln)
         found = raised or errors or about or [x for x in self.log.splitlines() if x.strip()][-1:] or ["?"]
-        return found[-1][:500]
+        return without_host(found[-1], host)[:500]
 
 
 def pyinfra_command() -> list[str]:
@@ -147,7 +149,9 @@ def pyinfra_command() -> list[str]:
 
 
 def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: bool = False,
-                log_path: Path | None = None, timeout: float = 7200) -> PyinfraRun:
+                log_path: Path | None = None, timeout: float = 7200,
+                failure_dir: Path | None = None) -> PyinfraRun:
+    """``failure_dir``: where the run's steps leave each failed host's report (CHANNEL_ENV)."""
     cmd = pyinfra_command() + ["-y", "--json"]
     for h in hosts:  # one --limit per host: pyinfra takes no comma-separated list
         cmd += ["--limit", h]
@@ -157,6 +161,9 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: 
         cmd += ["--data", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
     cmd += [inventory, deploy]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    env.pop(CHANNEL_ENV, None)
+    if failure_dir is not None:
+        env[CHANNEL_ENV] = str(failure_dir)
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
         rc, out, err = res.returncode, res.stdout, res.stderr
@@ -238,18 +245,22 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
                 return _finish(report, t_start, echo)
         echo(f"[{label}] deploying to {', '.join(todo)}")
         t0 = time.monotonic()
-        run = run_pyinfra(inventory, deploy, todo, data, log_path=logs / f"batch-{i}.log")
-        failed: dict[str, str] = {n: run.reason(n) for n in run.failed() if n in todo}
-        if run.rc != 0 and not failed and not run.data:
-            failed = {n: run.reason(n) for n in todo}
+        run = run_pyinfra(inventory, deploy, todo, data, log_path=logs / f"batch-{i}.log",
+                          failure_dir=logs / f"failures-{i}")
+        # why each host failed: the report its step left (structured), else pyinfra's own words
+        reports: dict[str, Failure] = {n: f for n, f in read_channel(logs / f"failures-{i}").items() if n in todo}
+        why = {n: (reports[n].short(240) if n in reports else run.reason(n)) for n in todo}
+        failed: dict[str, str] = {n: why[n] for n in run.failed() if n in todo}
+        if run.rc != 0 and not failed and not run.data:  # no JSON (every host failed): all of them
+            failed = dict(why)
         changed = run.changed()
         # the gate, on every host of the batch that the deploy did not already fail
         ok_hosts = [by_name[n] for n in todo if n not in failed]
         gates = fleet.parallel(ok_hosts, lambda fh: _gate(fh, gate_timeout))
-        for fh, res in zip(ok_hosts, gates, strict=True):
+        for fh, (res, report_) in zip(ok_hosts, gates, strict=True):
             if not res.ok:
-                bad = res.first_failure
-                failed[fh.name] = f"health gate: {bad.endpoint} -> {bad.detail}" if bad else "health gate failed"
+                reports[fh.name] = report_
+                failed[fh.name] = report_.short(240)
         if perf:
             failed.update(perf.measure_after([fh for fh in ok_hosts if fh.name not in failed]))
             report.perf = perf.report()
@@ -259,10 +270,14 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
             r.batch, r.seconds = i, elapsed
             if n in failed:
                 r.result, r.detail = "failed", failed[n]
+                r.failure = reports[n].to_json() if n in reports else None
             else:
                 r.result = "updated" if n in changed else "unchanged"
         if failed:
             echo(f"[{label}] failed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
+            for n in failed:
+                if n in reports:
+                    echo(reports[n].text())
             _roll_back(inventory, [by_name[n] for n in failed], before, results, data, logs / f"rollback-{i}.log",
                        run, echo)
         _versions([by_name[n] for n in todo], results)
@@ -288,16 +303,24 @@ def _plan_error(log: str) -> list[str]:
     return out[:20]
 
 
-def _gate(fh: fleet.FleetHost, timeout: float | None) -> health.HealthResult:
+def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResult, Failure | None]:
+    """The health gate after a batch (watching the unit, as the deploy's own gate does), with the
+    failure report when it fails."""
     want = probe.intent(fh)
+    models = want.get("models", [])
     transport = None
+    watch = health.unit_watch(fh.get, lambda cmd: fleet.run(fh, cmd)[1])
+    limit = float(fh.get("health_timeout") if timeout is None else timeout)
     try:
         if fh.get("health_via") == "ssh":
             fleet.run(fh, "true")
             transport = fh.pyinfra_host.connector.client.get_transport()
-        return health.gate(fh.get, fh.address, want.get("models", []), transport, timeout)
+        res = health.gate(fh.get, fh.address, models, transport, limit, watch)
     except Exception as e:  # noqa: BLE001 - a gate that cannot run is a failed gate
-        return health.HealthResult(False, [health.Check(fh.address, False, str(e)[:200])])
+        res = health.HealthResult(False, [health.Check(fh.address, False, str(e)[:200])])
+    if res.ok:
+        return res, None
+    return res, health.failure_of(res, fh.name, models, watch, limit, rollout=True)
 
 
 def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, results: dict, data: dict,
@@ -321,13 +344,19 @@ def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, resu
     if not targets:
         return
     echo(f"rolling back {', '.join(targets)} to what they served before")
-    rb = run_pyinfra(inventory, str(ROLLBACK_DEPLOY), targets, {**data, "rollback_to": wanted}, log_path=log_path)
+    rb_dir = log_path.with_suffix(".failures")
+    rb = run_pyinfra(inventory, str(ROLLBACK_DEPLOY), targets, {**data, "rollback_to": wanted}, log_path=log_path,
+                     failure_dir=rb_dir)
     bad = rb.failed() if rb.data else set(targets)
+    rb_reports = read_channel(rb_dir)
     for n in targets:
         r = results[n]
         if n in bad:
             r.result = "rollback failed"
-            r.detail += f"; rollback: {rb.reason(n)}"
+            r.detail += f"; rollback: {rb_reports[n].short() if n in rb_reports else rb.reason(n)}"
+            if n in rb_reports:
+                echo(rb_reports[n].text())
+                r.failure = {**(r.failure or {}), "rollback": rb_reports[n].to_json()}
         else:
             r.result = "rolled back"
 

@@ -173,6 +173,10 @@ health_host = None
 health_timeout = 180
 # Seconds for each health request.
 health_request_timeout = 5
+# A plain deploy whose health gate fails a host that served before puts that host back on its
+# last healthy deployment at once (the steps of deploys/rollback.py) and says so in the report; off:
+# the report prints the rollback command. tritonfleet rollout always rolls a failed host back itself.
+auto_rollback = False
 
 # --- Monitoring (tritonfleet prometheus, tritonfleet tune) -----------------------------------
 # Alert when a model's mean request time (queue + compute, from Triton's _us counters) stays

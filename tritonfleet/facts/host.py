@@ -6,6 +6,7 @@ import json
 
 from pyinfra.api import FactBase
 
+from ..failure import HOST_RECORD as FAILURE_RECORD
 from ..keys import PRIMARY_FPR_AWK, trusted_shell
 from ..shell import q
 
@@ -295,23 +296,27 @@ class SecureBoot(FactBase):
 
 
 class DeployHistory(FactBase):
-    """The host's record of healthy deployments (oldest first) and the unit snapshots it keeps:
-    ``{"records": [{release, image, unit, time, action, ...}], "units": [digest, ...]}``."""
+    """The host's record of healthy deployments (oldest first), the unit snapshots it keeps, and
+    whether the report of a failed run is left on it (tritonfleet.failure.HOST_RECORD):
+    ``{"records": [{release, image, unit, time, action, ...}], "units": [digest, ...], "failure": bool}``."""
 
     @staticmethod
     def default():
-        return {"records": [], "units": []}
+        return {"records": [], "units": [], "failure": False}
 
     def command(self, base: str) -> str:
         b = q(base)
         return (f"cat {b}/history.jsonl 2>/dev/null; "
                 f"for f in {b}/units/*.service; do [ -f \"$f\" ] && echo \"unit=$(basename \"$f\" .service)\"; "
-                "done 2>/dev/null; true")
+                f"done 2>/dev/null; [ -e {FAILURE_RECORD} ] && echo failure-recorded; true")
 
     def process(self, output):
-        records, units = [], []
+        records, units, failure = [], [], False
         for line in output:
             line = line.strip()
+            if line == "failure-recorded":
+                failure = True
+                continue
             if line.startswith("unit="):
                 units.append(line[5:])
                 continue
@@ -321,4 +326,4 @@ class DeployHistory(FactBase):
                 continue  # a torn line from an interrupted write is not a record
             if isinstance(rec, dict) and rec.get("release"):
                 records.append(rec)
-        return {"records": records, "units": sorted(units)}
+        return {"records": records, "units": sorted(units), "failure": failure}

@@ -17,14 +17,28 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import state
 
+from ..failure import reported
+
 
 @operation(is_idempotent=False)
 def check(function, *args, **kwargs):
-    """Run ``function(*args, **kwargs)`` when the operations execute; it raises to fail the host."""
+    """Run ``function(*args, **kwargs)`` when the operations execute. It fails the host by raising
+    ``tritonfleet.failure.HostFailure`` (the report is printed, no traceback); anything else it
+    raises is reported as a bug (tritonfleet.failure.reported)."""
     if not state.is_executing:
         host.noop("verification: runs with the operations, never a planned change")
         return
-    yield FunctionCommand(function, args, kwargs)
+    yield FunctionCommand(reported, (function, args, kwargs), {})
+
+
+@operation(is_idempotent=False, _set_in_op=False)
+def check_with_steps(function, *args, **kwargs):
+    """``check`` whose function may run operations itself (executed at once, nested, as pyinfra's
+    python.call allows): the health gate's auto_rollback."""
+    if not state.is_executing:
+        host.noop("verification: runs with the operations, never a planned change")
+        return
+    yield FunctionCommand(reported, (function, args, kwargs), {})
 
 
 def will_change(*ops) -> bool:

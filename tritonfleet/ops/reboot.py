@@ -15,6 +15,8 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
 
+from .. import failure
+
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
 
@@ -49,8 +51,16 @@ def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600):
                     return
                 host.disconnect()  # still the old boot: shutting down
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{host.name}: did not come back from the reboot within "
-                                   f"{reboot_timeout}s (nvidia_reboot_timeout in group data)")
+                failure.emit(host, failure.Failure(
+                    host.name, "NVIDIA driver (reboot)",
+                    f"the host answers SSH with a new boot id within {reboot_timeout:.0f}s (nvidia_reboot_timeout)",
+                    f"no answer with a new boot id after {reboot_timeout:.0f}s (boot id before: {before[0]})",
+                    now="unknown: the host was rebooted to load the new driver and has not answered since; no later "
+                        "step ran on it (Triton was not touched by this run)",
+                    fix="look at the host's console (a kernel without the NVIDIA module? a stuck boot?); once it "
+                        "answers, run the deploy again (a longer boot: nvidia_reboot_timeout in group data)",
+                    cause=f"did not come back from the reboot within {reboot_timeout:.0f}s"))
+                return False
             time.sleep(interval)
 
     yield FunctionCommand(wait_and_reconnect, (), {})

@@ -14,8 +14,8 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.facts import FactBase
 
+from .. import failure, transfer
 from .. import release as rel
-from .. import transfer
 from ..shell import q
 from .stream import wrapped
 
@@ -50,11 +50,17 @@ def _send_files(state, host, root: str, paths: list[str], remote: str, transport
     try:
         sent = transfer.send(host, Path(root), paths, remote, transport)
     except (transfer.TransferError, OSError) as e:
-        logger.error(f"{host.print_prefix}{e}")
+        text = failure.without_host(str(e), host.name).splitlines() or [type(e).__name__]
+        now = (f"the live model release is unchanged and Triton keeps serving it; what was sent stays in "
+               f"{base}/releases/{rel.INCOMING}{release} and the next run sends only the rest")
+        fix = "restore the link to the host, then run the deploy again"
         # tar on the host: "Cannot write: No space left on device", or a short write ("Wrote
         # only 4608 of 10240 bytes") when the disk fills in the middle of a block
         if re.search(r"No space left on device|Disk quota exceeded|tar: .*: Wrote only \d+ of \d+ bytes", str(e)):
-            logger.error(DISK_FULL_HELP.format(host=host.name, base=base, incoming=rel.INCOMING, release=release))
+            fix = DISK_FULL_HELP.format(host=host.name, base=base, incoming=rel.INCOMING, release=release)
+        failure.emit(host, failure.Failure(
+            host.name, "Model repository (transfer)", f"release {release} sent to {base}/releases",
+            text[0], failure.trim(text[1:]), "the transfer's own words (ssh, tar)", now, fix, cause=text[0]))
         return False
     logger.info(f"{host.print_prefix}model release: {sent}")
     return True

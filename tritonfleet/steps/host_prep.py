@@ -23,6 +23,7 @@ from ..facts.host import (
     SecureBoot,
     UnitState,
 )
+from ..failure import fail
 from ..ops import aptlock, fast
 from ..ops.apt_repo import signed_key, source_file, source_path
 from ..ops.check import check, will_change
@@ -180,7 +181,8 @@ def nvidia_driver():
     if problem:
         # (pre-flight refuses this before any host is touched; this guards direct use of the step)
         check(name="check: Secure Boot is enabled or unknown: stop before installing an unloadable driver",
-              function=_fail, message=problem)
+              function=_fail, message=problem,
+              expected="Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load")
         return
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     repo = config.get("cuda_repo_url").rstrip("/")
@@ -335,9 +337,10 @@ def _check_docker_version(pattern: str):
     _, out = host.run_shell_command("dpkg-query -W -f '${Version}' docker-ce 2>&1")
     found = "".join(out.stdout_lines).strip()
     if not fnmatchcase(found, pattern):
-        raise RuntimeError(f"{host.name}: docker-ce is {found or 'not installed'}, docker_version wants "
-                           f"{pattern}: no such version in Docker's repository for this distro? "
-                           "(`apt-cache madison docker-ce` lists them; set docker_version in group data)")
+        fail(f"docker-ce at docker_version ({pattern})", f"docker-ce is {found or 'not installed'}: no such "
+             "version in Docker's repository for this distro?",
+             fix="`apt-cache madison docker-ce` lists the versions; set docker_version in group data, then run "
+                 "the deploy again")
 
 
 def docker_distro() -> tuple[str, str]:
@@ -400,7 +403,7 @@ def container_toolkit():
     if daemon is None:
         # (pre-flight refuses this before any host is touched; this guards direct use of the step)
         check(name="check: daemon.json is not valid JSON", function=_fail,
-              message=DAEMON_JSON_HELP.format(host=host.name))
+              message=DAEMON_JSON_HELP.format(host=host.name), expected="/etc/docker/daemon.json is JSON")
         return
     # Both decided from what the host shows now: the nvidia runtime is registered once (nvidia-ctk
     # edits daemon.json in place, keeping the operator's keys), and Docker is restarted only then
@@ -424,5 +427,5 @@ DAEMON_JSON_HELP = (
 )
 
 
-def _fail(message: str):
-    raise RuntimeError(message)
+def _fail(message: str, expected: str = "a host this step can change safely"):
+    fail(expected, message)

@@ -20,6 +20,7 @@ from pyinfra.operations import server, systemd
 
 from .. import config
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
+from ..failure import fail
 from ..health import gate_current_host
 from ..ops.check import check
 from ..shell import q
@@ -67,8 +68,9 @@ def switch_back_command(base: str, release: str) -> str:
             f"mv -T {b}/model_repository.new {b}/model_repository && echo {q(release)} >> {b}/releases.log")
 
 
-def _fail(message: str):
-    raise RollbackError(message)
+def _fail(message: str, expected: str = "an earlier healthy deployment to roll back to"):
+    fail(expected, message, fix="nothing was changed by the rollback; bring the host to a known state with the full "
+                                "deploy (pyinfra ... deploys/triton.py --limit <host>)")
 
 
 @deploy("Rollback")
@@ -89,7 +91,8 @@ def rollback():
     if not host.get_fact(DockerImageId, image=image):
         check(name=f"check: image {image} of the earlier deployment is on the host", function=_fail,
               message=f"{host.name}: rollback impossible: image {image} is no longer on the host "
-                      "(tritonfleet never removes images; was it pruned by hand?)")
+                      "(tritonfleet never removes images; was it pruned by hand?)",
+              expected=f"image {image} of the earlier deployment on the host")
         return
     unit_changes = unit_now != digest
     link_changes = state["current"] != rid
@@ -113,5 +116,6 @@ def rollback():
                         restarted=True, running=True)
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
     names = sorted({p.split("/", 1)[0] for p in host.get_fact(ReleaseManifest, base=base, release=rid)})
-    check(name="check: health gate after rollback", function=gate_current_host, models=names)
+    check(name="check: health gate after rollback", function=gate_current_host, models=names,
+          clear_failure=bool(history.get("failure")))
     _append_record(base, rid, digest, image, "rollback")

@@ -24,12 +24,14 @@ from ..facts.host import (
     TritonContainer,
     UnitState,
 )
-from ..health import gate_current_host
+from ..failure import HOST_RECORD as FAILURE_RECORD
+from ..failure import HostFailure, in_rollout
+from ..health import HealthError, gate_current_host
 from ..ops import fast
-from ..ops.check import check, will_change
+from ..ops.check import check, check_with_steps, will_change
 from ..ops.registry import docker_login, registry_of
 from ..ops.release import model_release
-from ..ops.stream import docker_load
+from ..ops.stream import docker_load, docker_pull
 from ..shell import q, url_segment
 from ..transfer import TransferError
 from ..transfer import choose as choose_transport
@@ -71,7 +73,7 @@ def ensure_image(image: str) -> list:
                                      f"(secret from ${config.get('registry_password_env')}, on stdin)",
                                 registry=login_registry(), user=config.get("registry_user"),
                                 secret_env=config.get("registry_password_env")))
-    ops.append(server.shell(name=f"docker pull {image}", commands=[f"docker pull {q(image)}"]))
+    ops.append(docker_pull(name=f"docker pull {image}", image=image))
     return ops
 
 
@@ -365,7 +367,8 @@ def record_deployment(action: str = "deploy") -> None:
 
 
 def _append_record(base: str, release: str, unit: str, image: str, action: str) -> None:
-    history = memo.fact(DeployHistory, base=base)["records"]
+    facts = memo.fact(DeployHistory, base=base)
+    history = facts["records"]
     last = history[-1] if history else {}
     if (last.get("release"), last.get("unit"), last.get("image")) == (release, unit, image):
         host.noop(f"deployment {release} / {image} already recorded")
@@ -385,13 +388,15 @@ printf '%s\\n' {record} | sed "s/@TIME@/$(date -u +%Y-%m-%dT%H:%M:%SZ)/; s/@IMAG
 tail -n {keep} {b}/history.jsonl > {b}/history.jsonl.tmp
 mv {b}/history.jsonl.tmp {b}/history.jsonl
 for f in {b}/units/*.service; do grep -qF "$(basename "$f" .service)" {b}/history.jsonl || rm -f "$f"; done
+rm -f {failure}
 """
 
 
 def record_command(base: str, unit: str, image: str, record: dict) -> str:
     return RECORD_SCRIPT.format(b=q(base), unit_path=q(unit_path()), unit_file=q(f"{base}/units/{unit}.service"),
                                 image=q(image),
-                                record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP)
+                                record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP,
+                                failure=FAILURE_RECORD)
 
 
 def _operator() -> str:
@@ -406,10 +411,47 @@ def _operator() -> str:
     return re.sub(r"[^A-Za-z0-9@._-]", "_", who)
 
 
+def failure_recorded() -> bool:
+    """The report of a failed run is left on the host (the gate removes it once healthy)."""
+    return bool(memo.fact(DeployHistory, base=config.get("triton_base_dir")).get("failure"))
+
+
+def gate_or_roll_back(models: list[str], clear_failure: bool = False):
+    """The deploy's health gate. With auto_rollback (plain runs; a rollout rolls back itself), a
+    host that fails it and served before is put back on its last healthy deployment at once (the
+    rollback steps, run as nested operations); the host still fails, and its report says so."""
+    try:
+        return gate_current_host(models, clear_failure)
+    except HealthError as e:
+        if not config.get("auto_rollback") or in_rollout():
+            raise
+        report = e.failure
+        history = host.get_fact(DeployHistory, base=config.get("triton_base_dir"))["records"]
+        if not history:
+            raise
+        from pyinfra import logger
+        from pyinfra.api.exceptions import PyinfraError
+
+        from .rollback import rollback
+
+        logger.warning(f"{host.name}: {report.short(200)}; auto_rollback: back to release "
+                       f"{history[-1].get('release')}, {history[-1].get('image')}")
+        try:
+            rollback()
+        except (PyinfraError, HostFailure) as rb:
+            report.now += f"; auto_rollback failed ({str(rb).splitlines()[0] if str(rb) else type(rb).__name__})"
+            raise HealthError(report) from e
+        report.now = (f"rolled back on the spot (auto_rollback): serves release {history[-1].get('release')}, "
+                      f"{history[-1].get('image')} again, healthy (before the rollback: {report.now})")
+        report.fix = "fix the cause above, then run the deploy again"
+        raise HealthError(report) from e
+
+
 @deploy("Health gate")
 def health_gate(record: bool = True):
     local, _, _ = host_repository()
-    check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_current_host,
-          models=models.model_names(local))
+    gate_check = check_with_steps if config.get("auto_rollback") else check
+    gate_check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_or_roll_back,
+               models=models.model_names(local), clear_failure=failure_recorded())
     if record:
         record_deployment()

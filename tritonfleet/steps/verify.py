@@ -11,7 +11,8 @@ from pyinfra.api import deploy
 
 from .. import config
 from ..facts import gpu as gpufacts
-from ..gpucheck import check_gpus
+from ..failure import Failure, HostFailure, trim
+from ..gpucheck import GPU_CLASSES, check_gpus
 from ..ops.check import check
 from ..shell import q
 from .triton import ensure_image
@@ -19,7 +20,7 @@ from .triton import ensure_image
 QUERY = gpufacts.QUERY_COMMAND
 
 
-class GpuVerificationError(RuntimeError):
+class GpuVerificationError(HostFailure):
     pass
 
 
@@ -137,7 +138,20 @@ def verify_current_host(image: str) -> dict:
         logger.info(f"GPU check  {r}")
     if errors:
         host.run_shell_command(f"rm -f {STAMP}")
-        raise GpuVerificationError("; ".join(dict.fromkeys(errors)))
+        found = [e.replace(f"{host.name} (", "(", 1) for e in dict.fromkeys(errors)]
+        cont_q, cont_sum = meta.get("container") or ([], [])
+        raise GpuVerificationError(Failure(
+            host.name, "GPU verification",
+            f"GPU class {gpu_class} ({' or '.join(GPU_CLASSES.get(gpu_class, {}).get('names', [])) or '?'}), "
+            f"compute capability >= {config.get('gpu_min_compute_capability')}, CUDA >= "
+            f"{config.get('gpu_min_cuda_version')}, on the host and in `{container_prefix(image).strip()}`",
+            "; ".join(found), trim(rows + [ln for ln in cont_q if ln.strip() and "," not in ln][:6]),
+            "nvidia-smi (host and container, as the check read it)",
+            "the GPU check runs before the Triton image, models and service are touched: Triton was not "
+            "changed by this run",
+            "fix the driver / Container Toolkit / inventory as the line above says (nvidia-smi on the host; "
+            f"{container_prefix(image)}nvidia-smi), then run the deploy again",
+            cause="; ".join(found)))
     if meta.get("key"):
         cont_q, cont_sum = meta["container"]
         text = "\n".join([f"key={meta['key']}", *cont_q, SECTION, *cont_sum]) + "\n"
