@@ -72,9 +72,13 @@ def test_the_driver_step_stops_on_unknown_secure_boot():
 
     from tritonfleet.steps.host_prep import nvidia_driver
 
+    from tritonfleet.failure import HOST_RECORD
+
     _, cmds, state = run_fake(nvidia_driver, {**BASE, "mokutil --sb-state": "mokutil: not installed"}, DATA)
     assert state.failed_hosts
-    assert not any("apt-get" in c or "curl" in c for c in cmds)
+    # (the failure report kept on the host for `tritonfleet status` quotes the fix, apt-get included)
+    assert any(HOST_RECORD in c for c in cmds)
+    assert not any(("apt-get" in c or "curl" in c) and HOST_RECORD not in c for c in cmds)
     _, cmds, state = run_fake(nvidia_driver, {**BASE, "mokutil --sb-state": "mokutil: not installed"},
                               {**DATA, "nvidia_secure_boot_unknown_ok": True})
     assert not state.failed_hosts and any("cuda-drivers-535" in c for c in cmds)
