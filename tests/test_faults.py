@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from testbed_util import (
     block_ssh,
     changed_ops,
     container_started,
+    drop_packets,
     env,
     infer_resnet,
     live_release,
@@ -30,6 +32,7 @@ from testbed_util import (
     ssh,
     tritonfleet,
     unblock_ssh,
+    undrop_packets,
 )
 
 from tritonfleet import ROOT
@@ -348,3 +351,93 @@ def test_driver_change_reboots_and_continues_and_a_host_that_does_not_come_back_
     res, data = pyinfra("deploys/triton.py", *limit)
     assert res.returncode == 0 and changed_ops(data) == [], changed_ops(data)
     assert serving(stays) and serving(lost)
+
+
+# --------------------------------------------------------------------------- dead links
+
+KEEPALIVE = ("--data", "ssh_keepalive_interval=2", "--data", "ssh_keepalive_count=3")
+BOUND = 6  # seconds: 2 x 3
+
+
+def run_stamped(argv: list[str], timeout: float = 900) -> tuple[int, str, list[tuple[float, str]]]:
+    """Run ``argv`` from the repository root; its stderr lines with the time each arrived."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read():
+        for ln in proc.stderr:
+            lines.append((time.monotonic(), ln.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"{argv[-1]} still running after {timeout}s: a dropped link hung the run")
+    reader.join(10)
+    return proc.returncode, out, lines
+
+
+def failure_line(lines, since: float, host: str) -> tuple[float, str]:
+    """The first line after ``since`` that says ``host`` failed."""
+    for t, ln in lines:
+        if t >= since and host in ln and re.search(r"rror|failed|No answer|no answer", ln):
+            return t, ln
+    pytest.fail(f"no failure of {host} after the drop:\n" + "\n".join(ln for _, ln in lines[-40:]))
+
+
+def receiving(h) -> bool:
+    """The host has received part of big_repo's large file (the transfer is under way)."""
+    return any(f.stat().st_size > 0 for d in incoming(h) for f in d.rglob("extra-weights.bin"))
+
+
+@pytest.mark.parametrize("where", ["transfer over OpenSSH", "transfer over the connection", "remote command"])
+def test_a_host_whose_packets_vanish_fails_within_the_keepalive_bound(deployed, tmp_path, where):
+    testbed, _, _ = deployed
+    victim, others = testbed.hosts[0], testbed.hosts[1:]
+    before = {x.name: live_release(x) for x in testbed.hosts}
+    started = container_started(victim)
+    dropped_at: list[float] = []
+
+    def drop():
+        drop_packets(victim)
+        dropped_at.append(time.monotonic())
+
+    if where == "remote command":
+        marker = victim.merged / "var/tmp/tf-slow-started"
+        marker.unlink(missing_ok=True)
+        deploy, extra = "tests/deploys/slow_command.py", ["--data", "slow_seconds=20"]
+        watcher = when(marker.exists, drop)
+    else:
+        repo = big_repo(tmp_path, mb=200)
+        how = "ssh" if "OpenSSH" in where else "connection"
+        deploy, extra = "deploys/models.py", ["--data", f"model_repository={repo}", "--data", f"bulk_transfer={how}"]
+        watcher = when(lambda: receiving(victim), drop)
+    try:
+        rc, out, lines = run_stamped([PYINFRA, "-y", "--json", *KEEPALIVE, "--data", "ssh_connect_retries=0",
+                                      *extra, INVENTORY, deploy])
+        watcher.join(1)
+        assert dropped_at, f"the {where} ended before the packets could be dropped"
+        data = json.loads(out) if out.strip() else {}
+        # that host, and only that host, failed; the others finished the whole deploy
+        assert rc != 0 and data["results"]["failed_hosts"] == [victim.name], lines[-30:]
+        ops = data["results"]["operations"]
+        assert all(x.name in op["success"] + op.get("no_change", []) for op in ops for x in others), ops
+        # ... within the bound after the drop (and a few seconds for pyinfra to say so)
+        t, line = failure_line(lines, dropped_at[0], victim.name)
+        took = t - dropped_at[0]
+        print(f"\n{where}: {victim.name} failed {took:.1f}s after its packets were dropped "
+              f"(bound {BOUND}s): {line.strip()}")
+        assert took < BOUND + 10, line
+    finally:
+        undrop_packets(victim)
+    # the live release is untouched, the same container serves it
+    assert live_release(victim) == before[victim.name] and container_started(victim) == started
+    assert serving(victim)
+    if where != "remote command":
+        for x in others:
+            assert live_release(x) != before[x.name] and serving(x)
+        converge()  # back to the default repository everywhere (the victim's lock has gone too)
+        assert {x.name: live_release(x) for x in testbed.hosts} == before and not incoming(victim)
