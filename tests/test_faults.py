@@ -441,3 +441,49 @@ def test_a_host_whose_packets_vanish_fails_within_the_keepalive_bound(deployed, 
             assert live_release(x) != before[x.name] and serving(x)
         converge()  # back to the default repository everywhere (the victim's lock has gone too)
         assert {x.name: live_release(x) for x in testbed.hosts} == before and not incoming(victim)
+
+
+# --------------------------------------------------------------------------- concurrent runs
+
+def lock_holder(h) -> str:
+    return ssh(h, "cat /run/lock/tritonfleet.lock 2>/dev/null; true").strip()
+
+
+def test_two_deploys_at_once_on_one_host(deployed):
+    testbed, _, _ = deployed
+    h = testbed.hosts[1]
+    release, started = live_release(h), container_started(h)
+    first = subprocess.Popen([PYINFRA, "-y", "--limit", h.name, "--data", "slow_seconds=25", INVENTORY,
+                              "tests/deploys/slow_command.py"], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while f"pid {first.pid}," not in lock_holder(h):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run never took the lock"
+            time.sleep(0.2)
+        holder = lock_holder(h)
+        assert holder.startswith(f"root@{socket.gethostname()} pid {first.pid}, started ")
+        assert "slow_command.py" in holder
+
+        # a second run that may wait 3 s: it stops after them, naming the holder, having changed nothing
+        t0 = time.monotonic()
+        res, data = pyinfra("deploys/models.py", "--limit", h.name, "--data", "deploy_lock_timeout=3")
+        assert res.returncode != 0 and time.monotonic() - t0 >= 3
+        err = res.stderr
+        assert f"{h.name}: another run holds the deploy lock (/run/lock/tritonfleet.lock on the host): " in err
+        assert holder in err and "deploy_lock_timeout" in err and "no host was changed" in err
+        assert "Beginning operation run" not in err
+
+        # a second run with the default wait: it waits for the first, then runs
+        res, data = pyinfra("deploys/models.py", "--limit", h.name)
+        ended = time.monotonic()
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"{h.name}: waiting up to 600s for the deploy lock, held by {holder}" in res.stderr
+        assert first.poll() is not None, "the second run went on while the first still held the lock"
+        assert first.returncode == 0, first.stdout.read()[-3000:]
+        assert ended > 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert live_release(h) == release and container_started(h) == started and serving(h)

@@ -15,7 +15,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.facts import FactBase
 
 from .. import release as rel
-from .. import transfer
+from .. import runid, transfer
 from .stream import wrapped
 
 # a prepare script above this size is uploaded (SFTP) instead of sent as the command line
@@ -38,7 +38,7 @@ class ReleaseIndex(FactBase):
 
 DISK_FULL_HELP = (
     "{host}: the disk holding {base} is full (or over quota). The live model release is unchanged and Triton keeps "
-    "serving it; the part already sent stays in {base}/releases/{incoming}{release} and the next run "
+    "serving it; the part already sent stays in {base}/releases/{incoming} and the next run "
     "sends only the rest. Free space on the host (`df -h {base}`; fewer earlier releases kept: "
     "triton_keep_releases), then run the deploy again."
 )
@@ -53,7 +53,7 @@ def _send_files(state, host, root: str, paths: list[str], remote: str, transport
         # tar on the host: "Cannot write: No space left on device", or a short write ("Wrote
         # only 4608 of 10240 bytes") when the disk fills in the middle of a block
         if re.search(r"No space left on device|Disk quota exceeded|tar: .*: Wrote only \d+ of \d+ bytes", str(e)):
-            logger.error(DISK_FULL_HELP.format(host=host.name, base=base, incoming=rel.INCOMING, release=release))
+            logger.error(DISK_FULL_HELP.format(host=host.name, base=base, incoming=rel.incoming_dir(release, runid.RUN_ID)))
         return False
     logger.info(f"{host.print_prefix}model release: {sent}")
     return True
@@ -68,22 +68,22 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
     if release in index["releases"] and not index["drift"].get(release):
         # complete and untouched on the host (an earlier release, or one built by a run that
         # stopped before the switch): switching is all there is to do
-        yield StringCommand(rel.switch_script(base, release, keep))
+        yield StringCommand(rel.switch_script(base, release, keep, runid.RUN_ID))
         return
     plan = rel.make_plan(release, manifest, index)
     how = transfer.choose(host, transport) if plan.send else None
     logger.info(f"{host.print_prefix}model release {release}"
                 f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
                 f"{f' over {how}' if how else ''}")
-    script = rel.prepare_script(base, plan, manifest)
+    script = rel.prepare_script(base, plan, manifest, runid.RUN_ID)
     if len(script) <= INLINE_SCRIPT_MAX:
         yield StringCommand(script)
     else:
-        path = f"{base}/releases/{rel.OWN_PREFIX}plan-{release}.sh"
+        path = f"{base}/releases/{rel.OWN_PREFIX}plan-{release}.{runid.RUN_ID}.sh"
         yield StringCommand(f"mkdir -p {base}/releases")
         yield FileUploadCommand(StringIO(script), path)
         yield StringCommand(f"sh {path}; rc=$?; rm -f {path}; exit $rc")
     if plan.send:
-        remote = wrapped(rel.receive_command(base, release))
+        remote = wrapped(rel.receive_command(base, release, runid.RUN_ID))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})
-    yield StringCommand(rel.finish_script(base, release, keep))
+    yield StringCommand(rel.finish_script(base, release, keep, runid.RUN_ID))

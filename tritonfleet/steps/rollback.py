@@ -21,6 +21,7 @@ from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
 from .. import config
+from .. import release as release_lib
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..health import gate_current_host
 from ..ops.check import check
@@ -92,8 +93,7 @@ def rollback():
         systemd.daemon_reload(name="systemd daemon-reload (unit restored)")
     if link_changes:
         server.shell(name=f"switch live model repository back to release {rid}",
-                     commands=[f"ln -sfn releases/{rid} {b}/model_repository.new && "
-                               f"mv -T {b}/model_repository.new {b}/model_repository && echo {rid} >> {b}/releases.log"])
+                     commands=[f"{release_lib.link_script(base, f'releases/{rid}')} && echo {rid} >> {b}/releases.log"])
     explicit = bool(host.get_fact(FindInFile, path=unit_path(), pattern="--model-control-mode=explicit"))
     if explicit and not unit_changes and link_changes:
         # same unit in explicit model-control mode: the earlier models are loaded through the
