@@ -20,6 +20,7 @@ import pytest
 from testbed_util import (
     INVENTORY,
     PYINFRA,
+    TRITONFLEET,
     block_ssh,
     changed_ops,
     container_started,
@@ -487,3 +488,79 @@ def test_two_deploys_at_once_on_one_host(deployed):
             first.kill()
             first.wait()
     assert live_release(h) == release and container_started(h) == started and serving(h)
+
+
+def journal_events(logs: Path) -> list[dict]:
+    out = []
+    for j in logs.glob("*/journal.jsonl"):
+        for line in j.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def test_a_rollout_killed_mid_batch_takes_its_pyinfra_along_and_resumes(deployed, tmp_path):
+    testbed, _, _ = deployed
+    order = sorted(testbed.hosts, key=lambda x: (x.gpu_class != "t4", x.index))  # the rollout's order
+    before = {x.name: live_release(x) for x in testbed.hosts}
+    repo = big_repo(tmp_path, mb=200)
+    logs = tmp_path / "rollouts"
+    environ = dict(env(), TRITONFLEET_LOG_DIR=str(logs))
+    argv = [TRITONFLEET, "rollout", INVENTORY, "deploys/models.py", "--canary", "1", "--batch", "1",
+            "--data", f"model_repository={repo}", "--json"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 600
+        batch2 = None
+        while batch2 is None:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the rollout never reached its second batch"
+            batch2 = next((e for e in journal_events(logs) if e["event"] == "batch" and e["index"] == 2), None)
+            time.sleep(0.1)
+        victim = order[1]
+        assert batch2["hosts"] == [victim.name] and not gone(batch2["pid"])
+        while not receiving(victim) and time.monotonic() < deadline:  # in the middle of its transfer
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # its pyinfra (and that one's transfer) die with it: nothing deploys on, ungated
+        t0 = time.monotonic()
+        while not gone(batch2["pid"]):
+            assert time.monotonic() - t0 < 10, "the rollout's pyinfra outlived it"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events = [e["event"] for e in journal_events(logs)]
+    assert events[:3] == ["start", "before", "planned"] and "end" not in events
+    assert events.count("batch-done") == 1  # the canary's
+    assert live_release(order[0]) != before[order[0].name]
+    assert live_release(victim) == before[victim.name]  # the cut transfer never went live
+    assert live_release(order[2]) == before[order[2].name]
+
+    # --resume: the cut batch again, then the rest, from the journal alone
+    res = subprocess.run([TRITONFLEET, "rollout", "--resume", "--json"], cwd=ROOT, env=environ,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert report["ok"] and [r["result"] for r in report["hosts"]] == ["updated"] * 3, report["hosts"]
+    assert "resuming the rollout" in res.stderr and "batch 2/3 was cut" in res.stderr
+    new = live_release(order[0])
+    assert all(live_release(x) == new and serving(x) for x in testbed.hosts)
+    again = subprocess.run([TRITONFLEET, "rollout", "--resume"], cwd=ROOT, env=environ, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode != 0 and "nothing to resume" in again.stderr
+    converge()
+    assert {x.name: live_release(x) for x in testbed.hosts} == before
