@@ -509,8 +509,10 @@ def gone(pid: int) -> bool:
     return state == "Z"
 
 
-def test_a_rollout_killed_mid_batch_takes_its_pyinfra_along_and_resumes(deployed, tmp_path):
-    testbed, _, _ = deployed
+def kill_rollout_in_its_second_batch(testbed, tmp_path) -> tuple[dict, list, dict]:
+    """A rollout (canary, then batches of one) of a new repository, SIGKILLed in the middle of its
+    second batch's model transfer; checks that its pyinfra died with it. Returns (environment
+    with the rollout's log directory, hosts in rollout order, live release of each before)."""
     order = sorted(testbed.hosts, key=lambda x: (x.gpu_class != "t4", x.index))  # the rollout's order
     before = {x.name: live_release(x) for x in testbed.hosts}
     repo = big_repo(tmp_path, mb=200)
@@ -520,6 +522,7 @@ def test_a_rollout_killed_mid_batch_takes_its_pyinfra_along_and_resumes(deployed
             "--data", f"model_repository={repo}", "--json"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+    victim = order[1]
     try:
         deadline = time.monotonic() + 600
         batch2 = None
@@ -528,7 +531,6 @@ def test_a_rollout_killed_mid_batch_takes_its_pyinfra_along_and_resumes(deployed
             assert time.monotonic() < deadline, "the rollout never reached its second batch"
             batch2 = next((e for e in journal_events(logs) if e["event"] == "batch" and e["index"] == 2), None)
             time.sleep(0.1)
-        victim = order[1]
         assert batch2["hosts"] == [victim.name] and not gone(batch2["pid"])
         while not receiving(victim) and time.monotonic() < deadline:  # in the middle of its transfer
             time.sleep(0.05)
@@ -549,7 +551,12 @@ def test_a_rollout_killed_mid_batch_takes_its_pyinfra_along_and_resumes(deployed
     assert live_release(order[0]) != before[order[0].name]
     assert live_release(victim) == before[victim.name]  # the cut transfer never went live
     assert live_release(order[2]) == before[order[2].name]
+    return environ, order, before
 
+
+def test_a_rollout_killed_mid_batch_takes_its_pyinfra_along_and_resumes(deployed, tmp_path):
+    testbed, _, _ = deployed
+    environ, order, before = kill_rollout_in_its_second_batch(testbed, tmp_path)
     # --resume: the cut batch again, then the rest, from the journal alone
     res = subprocess.run([TRITONFLEET, "rollout", "--resume", "--json"], cwd=ROOT, env=environ,
                          capture_output=True, text=True, timeout=900)
@@ -564,3 +571,19 @@ def test_a_rollout_killed_mid_batch_takes_its_pyinfra_along_and_resumes(deployed
     assert again.returncode != 0 and "nothing to resume" in again.stderr
     converge()
     assert {x.name: live_release(x) for x in testbed.hosts} == before
+
+
+def test_a_killed_rollout_rolled_back_from_its_journal(deployed, tmp_path):
+    testbed, _, _ = deployed
+    environ, order, before = kill_rollout_in_its_second_batch(testbed, tmp_path)
+    res = subprocess.run([TRITONFLEET, "rollout", "--resume", "--roll-back", "--json"], cwd=ROOT, env=environ,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 1, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    rows = {r["host"]: r for r in report["hosts"]}
+    assert "rolled back on request" in report["halted"]
+    assert rows[order[0].name]["result"] == "rolled back" and rows[order[1].name]["result"] == "rolled back"
+    assert rows[order[2].name]["result"] == "not touched"
+    # every host serves what it served before the rollout, from the journal alone
+    assert {x.name: live_release(x) for x in testbed.hosts} == before
+    assert all(serving(x) for x in testbed.hosts)
