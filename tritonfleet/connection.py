@@ -43,7 +43,7 @@ def keepalive(data: Any) -> tuple[int, int]:
         value = default if value is None else value
         try:
             n = int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # None, text, NaN, infinity
             n = 0
         if n < 1 or str(value).strip() != str(n):
             raise ValueError(f"{key} must be a whole number >= 1, not {value!r} (group data)")
