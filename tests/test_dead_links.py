@@ -11,7 +11,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tritonfleet import connection, health, transfer
@@ -52,6 +52,8 @@ def test_pyinfra_connections_get_the_hosts_keepalive(tcp_pair):
 
 @given(st.one_of(st.integers(-5, 10_000), st.text(max_size=6), st.floats(allow_nan=True), st.none()),
        st.one_of(st.integers(-5, 50), st.text(max_size=4), st.none()))
+@example(float("inf"), None)  # once raised OverflowError instead of naming the tunable
+@example(True, 3)
 def test_keepalive_values_are_whole_numbers_of_at_least_one(interval, count):
     data = {"ssh_keepalive_interval": interval, "ssh_keepalive_count": count}
     try:
