@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,9 +20,11 @@ import pytest
 from testbed_util import (
     INVENTORY,
     PYINFRA,
+    TRITONFLEET,
     block_ssh,
     changed_ops,
     container_started,
+    drop_packets,
     env,
     infer_resnet,
     live_release,
@@ -30,6 +33,7 @@ from testbed_util import (
     ssh,
     tritonfleet,
     unblock_ssh,
+    undrop_packets,
 )
 
 from tritonfleet import ROOT
@@ -407,3 +411,238 @@ def test_driver_change_reboots_and_continues_and_a_host_that_does_not_come_back_
     res, data = pyinfra("deploys/triton.py", *limit)
     assert res.returncode == 0 and changed_ops(data) == [], changed_ops(data)
     assert serving(stays) and serving(lost)
+
+
+# --------------------------------------------------------------------------- dead links
+
+KEEPALIVE = ("--data", "ssh_keepalive_interval=2", "--data", "ssh_keepalive_count=3")
+BOUND = 6  # seconds: 2 x 3
+
+
+def run_stamped(argv: list[str], timeout: float = 900) -> tuple[int, str, list[tuple[float, str]]]:
+    """Run ``argv`` from the repository root; its stderr lines with the time each arrived."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read():
+        for ln in proc.stderr:
+            lines.append((time.monotonic(), ln.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"{argv[-1]} still running after {timeout}s: a dropped link hung the run")
+    reader.join(10)
+    return proc.returncode, out, lines
+
+
+def failure_line(lines, since: float, host: str) -> tuple[float, str]:
+    """The first line after ``since`` that says ``host`` failed."""
+    for t, ln in lines:
+        if t >= since and host in ln and re.search(r"rror|failed|No answer|no answer", ln):
+            return t, ln
+    pytest.fail(f"no failure of {host} after the drop:\n" + "\n".join(ln for _, ln in lines[-40:]))
+
+
+def receiving(h) -> bool:
+    """The host has received part of big_repo's large file (the transfer is under way)."""
+    return any(f.stat().st_size > 0 for d in incoming(h) for f in d.rglob("extra-weights.bin"))
+
+
+@pytest.mark.parametrize("where", ["transfer over OpenSSH", "transfer over the connection", "remote command"])
+def test_a_host_whose_packets_vanish_fails_within_the_keepalive_bound(deployed, tmp_path, where):
+    testbed, _, _ = deployed
+    victim, others = testbed.hosts[0], testbed.hosts[1:]
+    before = {x.name: live_release(x) for x in testbed.hosts}
+    started = container_started(victim)
+    dropped_at: list[float] = []
+
+    def drop():
+        drop_packets(victim)
+        dropped_at.append(time.monotonic())
+
+    if where == "remote command":
+        marker = victim.merged / "var/tmp/tf-slow-started"
+        marker.unlink(missing_ok=True)
+        deploy, extra = "tests/deploys/slow_command.py", ["--data", "slow_seconds=20"]
+        watcher = when(marker.exists, drop)
+    else:
+        repo = big_repo(tmp_path, mb=200)
+        how = "ssh" if "OpenSSH" in where else "connection"
+        deploy, extra = "deploys/models.py", ["--data", f"model_repository={repo}", "--data", f"bulk_transfer={how}"]
+        watcher = when(lambda: receiving(victim), drop)
+    try:
+        rc, out, lines = run_stamped([PYINFRA, "-y", "--json", *KEEPALIVE, "--data", "ssh_connect_retries=0",
+                                      *extra, INVENTORY, deploy])
+        watcher.join(1)
+        assert dropped_at, f"the {where} ended before the packets could be dropped"
+        data = json.loads(out) if out.strip() else {}
+        # that host, and only that host, failed; the others finished the whole deploy
+        assert rc != 0 and data["results"]["failed_hosts"] == [victim.name], lines[-30:]
+        ops = data["results"]["operations"]
+        assert all(x.name in op["success"] + op.get("no_change", []) for op in ops for x in others), ops
+        # ... within the bound after the drop (and a few seconds for pyinfra to say so)
+        t, line = failure_line(lines, dropped_at[0], victim.name)
+        took = t - dropped_at[0]
+        print(f"\n{where}: {victim.name} failed {took:.1f}s after its packets were dropped "
+              f"(bound {BOUND}s): {line.strip()}")
+        assert took < BOUND + 10, line
+    finally:
+        undrop_packets(victim)
+    # the live release is untouched, the same container serves it
+    assert live_release(victim) == before[victim.name] and container_started(victim) == started
+    assert serving(victim)
+    if where != "remote command":
+        for x in others:
+            assert live_release(x) != before[x.name] and serving(x)
+        converge()  # back to the default repository everywhere (the victim's lock has gone too)
+        assert {x.name: live_release(x) for x in testbed.hosts} == before and not incoming(victim)
+
+
+# --------------------------------------------------------------------------- concurrent runs
+
+def lock_holder(h) -> str:
+    return ssh(h, "cat /run/lock/tritonfleet.lock 2>/dev/null; true").strip()
+
+
+def test_two_deploys_at_once_on_one_host(deployed):
+    testbed, _, _ = deployed
+    h = testbed.hosts[1]
+    release, started = live_release(h), container_started(h)
+    first = subprocess.Popen([PYINFRA, "-y", "--limit", h.name, "--data", "slow_seconds=25", INVENTORY,
+                              "tests/deploys/slow_command.py"], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while f"pid {first.pid}," not in lock_holder(h):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run never took the lock"
+            time.sleep(0.2)
+        holder = lock_holder(h)
+        assert holder.startswith(f"root@{socket.gethostname()} pid {first.pid}, started ")
+        assert "slow_command.py" in holder
+
+        # a second run that may wait 3 s: it stops after them, naming the holder, having changed nothing
+        t0 = time.monotonic()
+        res, data = pyinfra("deploys/models.py", "--limit", h.name, "--data", "deploy_lock_timeout=3")
+        assert res.returncode != 0 and time.monotonic() - t0 >= 3
+        err = res.stderr
+        assert f"{h.name}: another run holds the deploy lock (/run/lock/tritonfleet.lock on the host): " in err
+        assert holder in err and "deploy_lock_timeout" in err and "no host was changed" in err
+        assert "Beginning operation run" not in err
+
+        # a second run with the default wait: it waits for the first, then runs
+        res, data = pyinfra("deploys/models.py", "--limit", h.name)
+        ended = time.monotonic()
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"{h.name}: waiting up to 600s for the deploy lock, held by {holder}" in res.stderr
+        assert first.poll() is not None, "the second run went on while the first still held the lock"
+        assert first.returncode == 0, first.stdout.read()[-3000:]
+        assert ended > 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert live_release(h) == release and container_started(h) == started and serving(h)
+
+
+def journal_events(logs: Path) -> list[dict]:
+    out = []
+    for j in logs.glob("*/journal.jsonl"):
+        for line in j.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def kill_rollout_in_its_second_batch(testbed, tmp_path) -> tuple[dict, list, dict]:
+    """A rollout (canary, then batches of one) of a new repository, SIGKILLed in the middle of its
+    second batch's model transfer; checks that its pyinfra died with it. Returns (environment
+    with the rollout's log directory, hosts in rollout order, live release of each before)."""
+    order = sorted(testbed.hosts, key=lambda x: (x.gpu_class != "t4", x.index))  # the rollout's order
+    before = {x.name: live_release(x) for x in testbed.hosts}
+    repo = big_repo(tmp_path, mb=200)
+    logs = tmp_path / "rollouts"
+    environ = dict(env(), TRITONFLEET_LOG_DIR=str(logs))
+    argv = [TRITONFLEET, "rollout", INVENTORY, "deploys/models.py", "--canary", "1", "--batch", "1",
+            "--data", f"model_repository={repo}", "--json"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    victim = order[1]
+    try:
+        deadline = time.monotonic() + 600
+        batch2 = None
+        while batch2 is None:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the rollout never reached its second batch"
+            batch2 = next((e for e in journal_events(logs) if e["event"] == "batch" and e["index"] == 2), None)
+            time.sleep(0.1)
+        assert batch2["hosts"] == [victim.name] and not gone(batch2["pid"])
+        while not receiving(victim) and time.monotonic() < deadline:  # in the middle of its transfer
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # its pyinfra (and that one's transfer) die with it: nothing deploys on, ungated
+        t0 = time.monotonic()
+        while not gone(batch2["pid"]):
+            assert time.monotonic() - t0 < 10, "the rollout's pyinfra outlived it"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events = [e["event"] for e in journal_events(logs)]
+    assert events[:3] == ["start", "before", "planned"] and "end" not in events
+    assert events.count("batch-done") == 1  # the canary's
+    assert live_release(order[0]) != before[order[0].name]
+    assert live_release(victim) == before[victim.name]  # the cut transfer never went live
+    assert live_release(order[2]) == before[order[2].name]
+    return environ, order, before
+
+
+def test_a_rollout_killed_mid_batch_takes_its_pyinfra_along_and_resumes(deployed, tmp_path):
+    testbed, _, _ = deployed
+    environ, order, before = kill_rollout_in_its_second_batch(testbed, tmp_path)
+    # --resume: the cut batch again, then the rest, from the journal alone
+    res = subprocess.run([TRITONFLEET, "rollout", "--resume", "--json"], cwd=ROOT, env=environ,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert report["ok"] and [r["result"] for r in report["hosts"]] == ["updated"] * 3, report["hosts"]
+    assert "resuming the rollout" in res.stderr and "batch 2/3 was cut" in res.stderr
+    new = live_release(order[0])
+    assert all(live_release(x) == new and serving(x) for x in testbed.hosts)
+    again = subprocess.run([TRITONFLEET, "rollout", "--resume"], cwd=ROOT, env=environ, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode != 0 and "nothing to resume" in again.stderr
+    converge()
+    assert {x.name: live_release(x) for x in testbed.hosts} == before
+
+
+def test_a_killed_rollout_rolled_back_from_its_journal(deployed, tmp_path):
+    testbed, _, _ = deployed
+    environ, order, before = kill_rollout_in_its_second_batch(testbed, tmp_path)
+    res = subprocess.run([TRITONFLEET, "rollout", "--resume", "--roll-back", "--json"], cwd=ROOT, env=environ,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 1, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    rows = {r["host"]: r for r in report["hosts"]}
+    assert "rolled back on request" in report["halted"]
+    assert rows[order[0].name]["result"] == "rolled back" and rows[order[1].name]["result"] == "rolled back"
+    assert rows[order[2].name]["result"] == "not touched"
+    # every host serves what it served before the rollout, from the journal alone
+    assert {x.name: live_release(x) for x in testbed.hosts} == before
+    assert all(serving(x) for x in testbed.hosts)

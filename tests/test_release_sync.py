@@ -23,7 +23,7 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 
-from tritonfleet import models, release, transfer
+from tritonfleet import models, release, runid, transfer
 from tritonfleet.steps.triton import _rendered, model_repository
 
 
@@ -191,10 +191,13 @@ def test_interrupted_transfer_leaves_the_live_release_and_resumes(base, repo, mo
     assert live(base).name == before
     new_id = models.release_id(models.manifest(repo))
     assert not (base / "releases" / new_id).exists()
-    partial = base / "releases" / f".incoming-{new_id}" / "d/1/model.onnx"
+    # the cut run's own directory (named after the release and the run)
+    assert [d.name for d in (base / "releases").glob(".incoming-*")] == [f".incoming-{new_id}.{runid.RUN_ID}"]
+    partial = base / "releases" / f".incoming-{new_id}.{runid.RUN_ID}" / "d/1/model.onnx"
     assert partial.exists() and partial.stat().st_size < 3_000_000
 
     monkeypatch.setattr(transfer, "_over_pipe", real)
+    monkeypatch.setattr(runid, "RUN_ID", "20990101T000000-1-abcdef")  # the next run: another id
     caplog.clear()
     state, changed = sync(base, repo)
     assert not state.failed_hosts and changed

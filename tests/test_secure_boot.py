@@ -70,9 +70,8 @@ def test_the_driver_step_stops_on_unknown_secure_boot():
     from fakehost import run_fake
     from test_steps_fake import BASE, DATA
 
-    from tritonfleet.steps.host_prep import nvidia_driver
-
     from tritonfleet.failure import HOST_RECORD
+    from tritonfleet.steps.host_prep import nvidia_driver
 
     _, cmds, state = run_fake(nvidia_driver, {**BASE, "mokutil --sb-state": "mokutil: not installed"}, DATA)
     assert state.failed_hosts

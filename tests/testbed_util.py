@@ -143,6 +143,23 @@ def ssh_blocked(h: hosts.Host):
         unblock_ssh(h)
 
 
+DROP_TABLE = "tritonfleet_drop"
+
+
+def drop_packets(h: hosts.Host) -> None:
+    """Every packet reaching the host from outside is dropped, silently, in its own network
+    namespace: no reset, no ICMP (as when a link or a switch dies). Open connections see nothing
+    more from it; only their keepalives can tell."""
+    rules = (f"table inet {DROP_TABLE} {{\n chain input {{\n  type filter hook input priority -10; policy accept;\n"
+             '  iifname != "lo" drop\n }\n}\n')
+    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
+
+
+def undrop_packets(h: hosts.Host) -> None:
+    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "delete", "table", "inet", DROP_TABLE],
+                   check=False, capture_output=True)
+
+
 def container_started(h: hosts.Host) -> str:
     return ssh(h, "docker inspect --format '{{.State.StartedAt}}' triton-server").strip()
 

@@ -4,9 +4,17 @@ paramiko never sets TCP_NODELAY, so every remote command waits out Nagle's algor
 peer's delayed ACK: about 45 ms a command, measured on loopback (5 ms with it). A deploy runs
 dozens of commands per host, so this is most of a no-op run.
 
-``tune_state()`` sets TCP_NODELAY (and keepalive, so a dead host is noticed during long model
-transfers) on every connected SSH host of a pyinfra state and registers a callback that does the
-same for every later connection (reconnects after a reboot, hosts connected on demand).
+``tune_state()`` sets TCP_NODELAY on every connected SSH host of a pyinfra state and registers a
+callback that does the same for every later connection (reconnects after a reboot, hosts connected
+on demand).
+
+A host that stops answering (a dropped link: packets vanish, no reset) would otherwise hang the
+run for hours: the kernel's keepalive starts after 7200 s and paramiko sends nothing on an idle
+connection. So every connection also gets, from the host's ``ssh_keepalive_interval`` and
+``ssh_keepalive_count``: paramiko's transport keepalive (an SSH message every interval), TCP
+keepalive probes at the same pace, and TCP_USER_TIMEOUT = interval x count, so data (a keepalive,
+a transfer) unacknowledged that long closes the socket. paramiko then closes every channel of
+the connection: the command or transfer running on it fails, naming the host, within that bound.
 The deploy steps call it when they are imported (pyinfra connects to all hosts before it loads
 the deploy file); ``tritonfleet.fleet`` calls it for its own connections.
 """
@@ -19,16 +27,49 @@ from typing import Any
 from pyinfra.api.state import BaseStateCallback
 
 _MARK = "_tritonfleet_tuned"
+# the defaults of inventories/group_data/all.py, for hosts without group data (the API)
+KEEPALIVE_INTERVAL = 10
+KEEPALIVE_COUNT = 3
 
 
-def tune_socket(sock: Any) -> bool:
-    """TCP_NODELAY and keepalive on a TCP socket. False for anything else (a ProxyCommand pipe,
-    a closed socket): those are left alone."""
+def keepalive(data: Any) -> tuple[int, int]:
+    """(interval, count) from a host's data (a mapping or pyinfra's HostData); the bound after
+    which a silent host counts as gone is their product. Bad values raise ValueError naming the
+    tunable."""
+    get = data.get if hasattr(data, "get") else (lambda k, d=None: d)
+    out = []
+    for key, default in (("ssh_keepalive_interval", KEEPALIVE_INTERVAL), ("ssh_keepalive_count", KEEPALIVE_COUNT)):
+        value = get(key)
+        value = default if value is None else value
+        try:
+            n = int(value)
+        except (TypeError, ValueError, OverflowError):  # None, text, NaN, infinity
+            n = 0
+        if n < 1 or str(value).strip() != str(n):
+            raise ValueError(f"{key} must be a whole number >= 1, not {value!r} (group data)")
+        out.append(n)
+    return out[0], out[1]
+
+
+def dead_after(data: Any) -> int:
+    """Seconds after which a host that stopped answering counts as gone."""
+    interval, count = keepalive(data)
+    return interval * count
+
+
+def tune_socket(sock: Any, interval: int = KEEPALIVE_INTERVAL, count: int = KEEPALIVE_COUNT) -> bool:
+    """TCP_NODELAY, keepalive probes every ``interval`` s and TCP_USER_TIMEOUT ``interval x count``
+    on a TCP socket. False for anything else (a ProxyCommand pipe, a closed socket): those are
+    left alone."""
     if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return False
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", interval), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                            ("TCP_USER_TIMEOUT", interval * count * 1000)):
+            if hasattr(socket, name):  # Linux; other systems keep their defaults
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
     except OSError:
         return False
     return True
@@ -46,7 +87,13 @@ def tune_host(host: Any) -> bool:
     transport = transport_of(host)
     if transport is None:
         return False
-    return tune_socket(getattr(transport, "sock", None))
+    try:
+        interval, count = keepalive(getattr(host, "data", None))
+    except ValueError:  # refused, naming the host, before anything runs (tritonfleet.hostlock)
+        interval, count = KEEPALIVE_INTERVAL, KEEPALIVE_COUNT
+    if hasattr(transport, "set_keepalive"):
+        transport.set_keepalive(interval)
+    return tune_socket(getattr(transport, "sock", None), interval, count)
 
 
 class _TuneOnConnect(BaseStateCallback):

@@ -77,8 +77,8 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
 
 
 @main.command("rollout")
-@click.argument("inventory")
-@click.argument("deploy")
+@click.argument("inventory", required=False)
+@click.argument("deploy", required=False)
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--canary", default=1, show_default=True, help="hosts deployed first, as a batch of their own")
 @click.option("--batch", default="25%", show_default=True, help="batch size after the canary: N hosts or P%")
@@ -91,21 +91,45 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
               help="measure a short fixed load on each canary before and after its update (perf_gate_* "
                    "tunables); a throughput drop or p95 rise beyond them rolls the canary back and halts")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def rollout_cmd(inventory: str, deploy: str, limit: tuple[str, ...], canary: int, batch: str, max_fail: int,
-                gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, as_json: bool) -> None:
+@click.option("--resume", is_flag=True,
+              help="go on with a rollout whose control process died, from its journal (the newest "
+                   "unfinished one under .tritonfleet/rollouts/, or --journal)")
+@click.option("--journal", "journal", default=None, metavar="PATH",
+              help="with --resume: the rollout's journal (or its log directory)")
+@click.option("--roll-back", "roll_back", is_flag=True,
+              help="with --resume: roll every host the rollout reached back to what it served before")
+def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...], canary: int, batch: str,
+                max_fail: int, gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, as_json: bool,
+                resume: bool,
+                journal: str | None, roll_back: bool) -> None:
     """Roll DEPLOY out over INVENTORY: canary first, then batches in inventory order, each gated on
     health. A failed host is rolled back to what it served before; more failures than --max-fail
     halt the rollout, leaving the hosts not reached yet untouched.
 
+    The rollout writes a journal as it goes (.tritonfleet/rollouts/<time>/journal.jsonl); its
+    pyinfra runs die with it. After a crash, `tritonfleet rollout --resume` runs the cut batch
+    again and goes on, or with --roll-back returns every host it reached to what it served before.
+
     Exit status: 0 when every host ends on the new version; 1 on any failure, rollback or halt.
     """
     from .rollout import RolloutError, rollout, table
+    from .rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:
-        report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
-                         max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
-                         perf_gate=perf_gate)
+        if resume:
+            if inventory or deploy or limit or data:
+                raise RolloutError("--resume takes everything from the journal: no INVENTORY, DEPLOY, "
+                                   "--limit or --data")
+            report = resume_rollout(journal, roll_back=roll_back, echo=echo)
+        else:
+            if roll_back or journal:
+                raise RolloutError("--roll-back and --journal go with --resume")
+            if not inventory or not deploy:
+                raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
+            report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
+                             max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
+                             perf_gate=perf_gate)
     except (RolloutError, fleet.FleetError) as e:
         raise click.ClickException(str(e)) from e
     if as_json:

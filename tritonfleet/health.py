@@ -113,10 +113,14 @@ def wait_healthy(http_url: str, metrics_url: str, models: list[str], timeout: fl
 
 
 class SSHTunnel:
-    """Forward 127.0.0.1:<random> to ``remote_port`` on the host over an open paramiko transport."""
+    """Forward 127.0.0.1:<random> to ``remote_port`` on the host over an open paramiko transport.
+    ``channel_timeout``: seconds opening a channel, or sending into one, may wait for the host
+    (its dead-link bound); a request through a dead tunnel then fails instead of hanging."""
 
-    def __init__(self, transport, remote_port: int, remote_host: str = "127.0.0.1"):
+    def __init__(self, transport, remote_port: int, remote_host: str = "127.0.0.1",
+                 channel_timeout: float = 30):
         self.transport, self.remote = transport, (remote_host, remote_port)
+        self.channel_timeout = channel_timeout
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
@@ -134,7 +138,9 @@ class SSHTunnel:
             except OSError:
                 continue
             try:
-                chan = self.transport.open_channel("direct-tcpip", self.remote, addr)
+                chan = self.transport.open_channel("direct-tcpip", self.remote, addr,
+                                                   timeout=self.channel_timeout)
+                chan.settimeout(self.channel_timeout)
             except Exception:
                 client.close()
                 continue
@@ -458,6 +464,7 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
     ``watch`` finds a definitive cause). ``address``: its SSH address; ``transport``: its open
     paramiko transport (health_via ssh)."""
     from . import config
+    from .connection import dead_after
 
     via = get("health_via")
     tunnels: list[SSHTunnel] = []
@@ -465,7 +472,12 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
     if via == "ssh":
         if transport is None:
             raise config.ConfigError("health_via = 'ssh' needs the host's SSH connection")
-        tunnels = [SSHTunnel(transport, http_port), SSHTunnel(transport, metrics_port)]
+        try:
+            bound = dead_after({k: get(k) for k in ("ssh_keepalive_interval", "ssh_keepalive_count")})
+        except ValueError as e:
+            raise config.ConfigError(str(e)) from e
+        tunnels = [SSHTunnel(transport, http_port, channel_timeout=bound),
+                   SSHTunnel(transport, metrics_port, channel_timeout=bound)]
         http_url = f"http://127.0.0.1:{tunnels[0].port}"
         metrics_url = f"http://127.0.0.1:{tunnels[1].port}"
     elif via == "direct":

@@ -219,7 +219,14 @@ def endpoints(fh: FleetHost):
     if not h.connected:
         h.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
     transport = h.connector.client.get_transport()
-    tunnels = [SSHTunnel(transport, http_port), SSHTunnel(transport, metrics_port)]
+    from .connection import dead_after
+
+    try:
+        bound = dead_after(fh.data)
+    except ValueError as e:
+        raise FleetError(f"{fh.name}: {e}") from e
+    tunnels = [SSHTunnel(transport, http_port, channel_timeout=bound),
+               SSHTunnel(transport, metrics_port, channel_timeout=bound)]
     try:
         yield f"http://127.0.0.1:{tunnels[0].port}", f"http://127.0.0.1:{tunnels[1].port}"
     finally:

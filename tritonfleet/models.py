@@ -6,13 +6,18 @@ same repository gives the same release id on every host and every run.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
+import tempfile
 from pathlib import Path
+
+from . import runid
 
 CACHE_DIR = Path(os.environ.get("TRITONFLEET_LOCAL_CACHE", Path.home() / ".cache" / "tritonfleet"))
 MARKER = ".tritonfleet-release"
@@ -22,14 +27,35 @@ def _hash_cache_file() -> Path:
     return CACHE_DIR / "sha256-cache.json"
 
 
+_RENDERED_RUN = re.compile(r"^([0-9a-f]{12})\.[A-Za-z0-9-]+$")
+
+
+def _cache_path(path: Path) -> tuple[str, bool]:
+    """The path a file's hash is cached under, and whether it is a per-run rendered copy: its own
+    path, except that a rendered copy (rendered/<key>.<run>/...) counts as rendered/<key>/... so
+    the next run's copy of the same file (a hard link to the same file) is not read again."""
+    resolved = path.resolve()
+    parts = resolved.parts
+    for i, part in enumerate(parts[:-1]):
+        if part == "rendered" and i + 1 < len(parts):
+            m = _RENDERED_RUN.match(parts[i + 1])
+            if m:
+                return str(Path(*parts[:i + 1], m.group(1), *parts[i + 2:])), True
+    return str(resolved), False
+
+
 def cache_key(path: Path, st: os.stat_result) -> str:
     """What the local sha256 cache knows a file by: its path, and the identity and times stat
     gives (device and inode, size, mtime and ctime in ns). A file replaced by another one of the
     same size and mtime (a copy with preserved times, a rename over it, an in-place rewrite whose
     mtime was set back) has another inode or a new ctime, which no user can set back: it is hashed
     again. (Like git's index, a rewrite within the same clock tick as the previous hash can keep
-    the ctime: docs/hardening.md.)"""
-    return f"{path.resolve()}|{st.st_dev}:{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    the ctime: docs/hardening.md.) A per-run rendered copy is a hard link that each run makes
+    anew, which changes the file's ctime every run: there the key leaves the ctime out (an
+    in-place rewrite of a source file with its mtime set back is then not seen: docs/hardening.md)."""
+    where, rendered = _cache_path(path)
+    ctime = "-" if rendered else st.st_ctime_ns
+    return f"{where}|{st.st_dev}:{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{ctime}"
 
 
 def _cached_path(key: str) -> str:
@@ -169,16 +195,47 @@ def apply_overrides(config_text: str, override: dict) -> str:
     return text_format.MessageToString(cfg)
 
 
+def _run_alive(name: str) -> bool:
+    """Whether the run that rendered ``name`` (<key>.<run id>, or a .tmp- directory of it) may
+    still be using it."""
+    m = re.search(r"\.\d{8}T\d{6}-(\d+)-[0-9a-f]+(\.|$)", name)
+    if not m:
+        return True  # not ours to judge
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _prune_rendered(root: Path) -> None:
+    """Remove what runs that are gone rendered (and left behind: killed, or crashed)."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return
+    for d in entries:
+        if not _run_alive(d.name):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def render(src: Path, overrides: dict | None, dest_root: Path | None = None) -> Path:
     """The repository as a host of this class serves it: ``src`` with ``overrides``
-    ({model: {field: value}}) applied. Without overrides, ``src`` itself."""
+    ({model: {field: value}}) applied. Without overrides, ``src`` itself.
+
+    Each run renders into a directory of its own (rendered/<key>.<run id>, removed when the
+    run ends; what killed runs left is removed by the next): a second operator's run never
+    replaces the files a first one is sending."""
     if not overrides:
         return src
     key = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode() + str(src.resolve()).encode()).hexdigest()[:12]
-    dest = (dest_root or CACHE_DIR / "rendered") / key
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    root = dest_root or CACHE_DIR / "rendered"
+    root.mkdir(parents=True, exist_ok=True)
+    _prune_rendered(root)
+    dest = root / f"{key}.{runid.RUN_ID}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}.{runid.RUN_ID}.", dir=root))
     for kind, rel, s in walk(src):
         d = tmp / rel
         if kind == "dir":
@@ -204,7 +261,17 @@ def render(src: Path, overrides: dict | None, dest_root: Path | None = None) -> 
         raise ValueError(f"model_overrides names models not in {src}: {', '.join(sorted(unknown))}")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
+    _ours.add(dest)
     return dest
+
+
+_ours: set[Path] = set()
+
+
+@atexit.register
+def _remove_ours() -> None:
+    for d in _ours:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def model_names(repo: Path) -> list[str]:

@@ -6,8 +6,9 @@ On the host (``base`` = triton_base_dir)::
     releases/<id>/                  a complete release (never changed once complete)
     releases/<id>/.tritonfleet-release   marker: {"release": id, "files": {path: [size, sha256]}}
     releases/<id>/.tritonfleet-stat      "size mtime path" of every file, taken when it completed
-    releases/.incoming-<id>/        a release being built (kept across an interrupted transfer)
-    model_repository -> releases/<id>    switched atomically (rename of a new symlink)
+    releases/.incoming-<id>.<run>/  a release being built by one run (tritonfleet.runid); a later
+                                    run takes over what an interrupted one left (renamed to its own)
+    model_repository -> releases/<id>    switched atomically (rename of model_repository.new-<run>)
     releases.log                    release ids in switch order (pruning keeps the newest)
 
 A no-op run compares the live release's ``find -printf '%s %T@ %P'`` with its stat record: no
@@ -22,6 +23,7 @@ import json
 from dataclasses import dataclass, field
 
 from .models import MARKER, is_dir_entry
+from .runid import RUN_ID
 from .shell import q
 
 STAT = ".tritonfleet-stat"
@@ -41,6 +43,18 @@ def _listing(file_format: str, dir_format: str) -> str:
     version directory holds nothing and must exist all the same)."""
     return (f"find . -mindepth 1 \\( -type d -empty -printf '{dir_format}' \\) -o "
             f"\\( -type f ! -path './{OWN_PREFIX}*' -printf '{file_format}' \\)")
+
+
+def incoming_dir(release: str, run: str) -> str:
+    """The directory (below releases/) in which ``run`` builds ``release``."""
+    return f"{INCOMING}{release}.{run}"
+
+
+def _leftovers(rel_dir: str, release: str) -> str:
+    """Shell words: directories interrupted runs left for ``release`` (in glob order: the index
+    and the take-over pick the same one)."""
+    d = q(f"{rel_dir}/{INCOMING}{release}")
+    return f"{d} {d}.*"
 
 
 def stat_listing_command() -> str:
@@ -74,13 +88,13 @@ def parse_state(lines) -> dict:
         elif key == "release" and value:
             releases.append(value)
         elif key == "incoming" and value.startswith(INCOMING):
-            incoming.append(value[len(INCOMING):])
+            incoming.append(value[len(INCOMING):].split(".", 1)[0])
         elif key == "verified":
             verified = True
         elif key == "drift" and value:
             drift.append(_path_of_stat_line(value))
     return {"current": current, "releases": sorted(releases), "verified": verified,
-            "drift": sorted(set(drift)), "incoming": sorted(incoming)}
+            "drift": sorted(set(drift)), "incoming": sorted(set(incoming))}
 
 
 def _path_of_stat_line(line: str) -> str:
@@ -92,13 +106,13 @@ def index_command(base: str, release: str) -> str:
     """What building ``release`` can reuse: every complete release's marker and drifted files,
     and what an interrupted transfer of ``release`` left ('size path')."""
     b = q(base)
-    inc = q(f"{base}/releases/{INCOMING}{release}")
     return (
         f"for d in {b}/releases/*/; do r=$(basename \"$d\"); [ -f \"$d{MARKER}\" ] || continue; "
         f"printf 'marker %s ' \"$r\"; tr -d '\\n' < \"$d{MARKER}\"; echo; "
         f"if [ -f \"$d{STAT}\" ]; then (cd \"$d\" && {stat_listing_command()} | LC_ALL=C comm -3 - {STAT} "
         "| sed \"s/^\\t*/drift $r /\"); fi; done 2>/dev/null; "
-        f"if [ -d {inc} ]; then (cd {inc} && {LIST_FILES} 'incoming %s %P\\n'); fi; true"
+        f"for d in {_leftovers(base + '/releases', release)}; do [ -d \"$d\" ] || continue; "
+        f"(cd \"$d\" && {LIST_FILES} 'incoming %s %P\\n'); break; done; true"
     )
 
 
@@ -198,12 +212,17 @@ def _heredoc(path: str, text: str, tag: str) -> str:
     return f"cat > {q(path)} <<'{tag}'\n{text}{'' if text.endswith(chr(10)) else chr(10)}{tag}\n"
 
 
-def prepare_script(base: str, plan: Plan, manifest: dict[str, list]) -> str:
-    """Shell (run with sh) that makes releases/.incoming-<id> hold everything but the files to
-    send: leftovers removed, hard links made, the marker and the expected listing written."""
+def prepare_script(base: str, plan: Plan, manifest: dict[str, list], run: str = RUN_ID) -> str:
+    """Shell (run with sh) that makes releases/.incoming-<id>.<run> hold everything but the files
+    to send: what an interrupted run left taken over, leftovers removed, hard links made, the
+    marker and the expected listing written."""
     rel = f"{base}/releases"
-    inc = f"{rel}/{INCOMING}{plan.release}"
-    out = ["set -e", f"mkdir -p {q(inc)}", f"cd {q(inc)}"]
+    inc = f"{rel}/{incoming_dir(plan.release, run)}"
+    out = ["set -e", f"mkdir -p {q(rel)}",
+           # the interrupted transfer the plan counted on (the one index_command listed)
+           f"if [ ! -d {q(inc)} ]; then for d in {_leftovers(rel, plan.release)}; do "
+           f"[ -d \"$d\" ] && [ \"$d\" != {q(inc)} ] || continue; mv -T \"$d\" {q(inc)}; break; done; fi",
+           f"mkdir -p {q(inc)}", f"cd {q(inc)}"]
     out += [f"rm -f -- {q(p)}" for p in plan.remove]
     # the marker of an earlier release must never be mistaken for this one's before it completes
     out.append(f"rm -f {MARKER} {STAT} {EXPECT} {FOUND}")
@@ -221,24 +240,26 @@ def prepare_script(base: str, plan: Plan, manifest: dict[str, list]) -> str:
 
 def discard_incoming_script(base: str, releases: list[str]) -> str:
     """Remove what interrupted transfers of ``releases`` left (never a complete release)."""
-    return "rm -rf -- " + " ".join(q(f"{base}/releases/{INCOMING}{r}") for r in releases)
+    return "rm -rf -- " + " ".join(_leftovers(f"{base}/releases", r) for r in releases)
 
 
-def receive_command(base: str, release: str) -> str:
-    """The remote end of the transfer: unpack a tar stream into the incoming directory."""
-    inc = q(f"{base}/releases/{INCOMING}{release}")
+def receive_command(base: str, release: str, run: str = RUN_ID) -> str:
+    """The remote end of the transfer: unpack a tar stream into this run's incoming directory."""
+    inc = q(f"{base}/releases/{incoming_dir(release, run)}")
     return f"mkdir -p {inc} && tar -x -f - -C {inc} --no-same-owner"
 
 
-def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] | None = None) -> str:
+def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] | None = None,
+                  run: str = RUN_ID) -> str:
     """Shell that checks the incoming release is complete (every file, at its size), records its
     stat listing, makes it a release and switches the live link to it. Triton only ever sees a
     complete release: the link moves by rename, and a drifted release is rebuilt beside itself."""
     b = q(base)
     rid = release
-    inc = f"releases/{INCOMING}{rid}"
-    rep = f"releases/{REPAIR}{rid}"
+    inc = f"releases/{incoming_dir(rid, run)}"
+    rep = f"releases/{REPAIR}{rid}.{run}"
     done = f"releases/{rid}"
+    new = f"model_repository.new-{run}"
     empty = [p for p in (manifest or {}) if is_dir_entry(p)]
     return "\n".join([
         "set -e",
@@ -263,23 +284,22 @@ def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] 
         f"if [ -e {q(done)} ]; then",
         # rebuild of a drifted release: the link always points at a complete release
         f"  rm -rf {q(rep)} && mv -T {q(inc)} {q(rep)}",
-        f"  ln -sfn {q(rep)} model_repository.new && mv -T model_repository.new model_repository",
+        f"  ln -sfn {q(rep)} {new} && mv -T {new} model_repository",
         f"  rm -rf {q(done)} && cp -al {q(rep)} {q(done)}",
         "else",
         f"  mv -T {q(inc)} {q(done)}",
         "fi",
-        switch_script(base, rid, keep),
+        switch_script(base, rid, keep, run),
         f"rm -rf {q(rep)}",
     ]) + "\n"
 
 
-def switch_script(base: str, release: str, keep: int) -> str:
+def switch_script(base: str, release: str, keep: int, run: str = RUN_ID) -> str:
     """Point the live link at releases/<release> (atomic rename), log it, prune old releases."""
     b = q(base)
     rid = release
     return (
-        f"ln -sfn {q('releases/' + rid)} {b}/model_repository.new && "
-        f"mv -T {b}/model_repository.new {b}/model_repository && "
+        f"{link_script(base, f'releases/{rid}', run)} && "
         f"echo {q(rid)} >> {b}/releases.log && "
         # what interrupted transfers of other releases left is of no use any more
         f"rm -rf {b}/releases/{INCOMING}* {b}/releases/{OWN_PREFIX}plan-* && "
@@ -289,3 +309,11 @@ def switch_script(base: str, release: str, keep: int) -> str:
         f"while read -r r; do case \"$r\" in ''|{q(rid)}|*[!0-9a-f]*) ;; *) rm -rf {b}/releases/\"$r\";; esac; "
         "done; }"
     )
+
+
+def link_script(base: str, target: str, run: str = RUN_ID) -> str:
+    """Point ``base``/model_repository at ``target`` by renaming a new link over it (the new
+    link's name is this run's own)."""
+    b = q(base)
+    new = f"{b}/model_repository.new-{run}"
+    return f"ln -sfn {q(target)} {new} && mv -T {new} {b}/model_repository"

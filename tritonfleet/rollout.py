@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ROOT, fleet, health, perfgate, probe
+from . import ROOT, fleet, health, perfgate, probe, runid
 from .failure import CHANNEL_ENV, Failure, read_channel, without_host
+from .procs import die_with_parent
 
 ROLLBACK_DEPLOY = ROOT / "deploys" / "rollback.py"
 
@@ -150,8 +151,11 @@ def pyinfra_command() -> list[str]:
 
 def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: bool = False,
                 log_path: Path | None = None, timeout: float = 7200,
-                failure_dir: Path | None = None) -> PyinfraRun:
-    """``failure_dir``: where the run's steps leave each failed host's report (CHANNEL_ENV)."""
+                failure_dir: Path | None = None, on_start: Callable[[int], None] | None = None) -> PyinfraRun:
+    """One pyinfra run. The child dies with this process (SIGKILL from the kernel when the rollout
+    dies: tritonfleet.procs), so a dead rollout never leaves a deploy running ungated.
+    ``failure_dir``: where the run's steps leave each failed host's report (CHANNEL_ENV).
+    ``on_start(pid)`` is called once the child runs."""
     cmd = pyinfra_command() + ["-y", "--json"]
     for h in hosts:  # one --limit per host: pyinfra takes no comma-separated list
         cmd += ["--limit", h]
@@ -164,11 +168,17 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: 
     env.pop(CHANNEL_ENV, None)
     if failure_dir is not None:
         env[CHANNEL_ENV] = str(failure_dir)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, preexec_fn=die_with_parent())
+    if on_start:
+        on_start(proc.pid)
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-        rc, out, err = res.returncode, res.stdout, res.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out, err = 124, "", f"{e.stderr or ''}\npyinfra did not finish within {timeout:.0f}s"
+        out, err = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        rc, out, err = 124, "", f"{err or ''}\npyinfra did not finish within {timeout:.0f}s"
     if log_path:
         log_path.write_text(f"$ {' '.join(cmd)}\n{err}\n{out}")
     try:
@@ -181,8 +191,83 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: 
 def _log_dir() -> Path:
     base = Path(os.environ.get("TRITONFLEET_LOG_DIR", ".tritonfleet/rollouts"))
     d = base / time.strftime("%Y%m%d-%H%M%S")
+    if d.exists():  # two rollouts started in the same second: each keeps its own directory
+        d = base / f"{d.name}-{os.getpid()}"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+JOURNAL = "journal.jsonl"
+
+
+class Journal:
+    """What a rollout did, as it goes: one JSON object a line, each written and flushed to disk
+    before the rollout acts on it (``start``: the plan and its parameters; ``before``: what every
+    host served; ``batch``: a batch started, with its pyinfra's pid; ``batch-done``: its results
+    and rollbacks; ``end``). ``tritonfleet rollout --resume`` reads it after a crash."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, event: str, **fields) -> None:
+        line = json.dumps({"event": event, "time": time.time(), **fields}, sort_keys=True)
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                break  # a line torn by the crash: what came before it is the record
+        return out
+
+
+def latest_journal(base: Path | None = None) -> Path:
+    """The newest rollout journal that has no end (a rollout that died)."""
+    base = base or Path(os.environ.get("TRITONFLEET_LOG_DIR", ".tritonfleet/rollouts"))
+    journals = sorted(base.glob(f"*/{JOURNAL}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for j in journals:
+        if not any(e["event"] == "end" for e in Journal(j).events()):
+            return j
+    raise RolloutError(f"no unfinished rollout under {base}/ (every journal there has an end): nothing to resume")
+
+
+@dataclass
+class _Run:
+    """One rollout's working state (a fresh start or one read back from its journal)."""
+
+    inventory: str
+    deploy: str
+    data: dict
+    batches: list[list[str]]
+    canary: int
+    max_fail: int
+    gate_timeout: float | None
+    report: Report
+    logs: Path
+    journal: Journal
+    echo: Callable[[str], None]
+    by_name: dict = field(default_factory=dict)
+    before: dict = field(default_factory=dict)  # host -> {"release", "unit", "version", "reachable"}
+    unreachable: list[str] = field(default_factory=list)
+    failures: int = 0
+    perf_gate: bool = False  # --perf-gate: the canary measured before and after its update
+
+    @property
+    def results(self) -> dict[str, HostResult]:
+        return {r.host: r for r in self.report.hosts}
+
+    def label(self, i: int) -> str:
+        return "canary" if i == 1 and self.canary else f"batch {i}/{len(self.batches)}"
+
+
+def _before_record(st: probe.HostStatus) -> dict:
+    return {"release": st.release, "unit": st.unit, "version": st.version, "reachable": st.reachable,
+            "error": st.error}
 
 
 def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, canary: int = 1,
@@ -198,72 +283,91 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
         raise RolloutError("--perf-gate measures the canary before and after its update: give --canary 1 or more")
     t_start = time.monotonic()
     hosts = fleet.load_inventory(inventory, data=data, limit=limit)
-    by_name = {h.name: h for h in hosts}
     names = [h.name for h in hosts]
     batches = plan_batches(names, canary, batch)
     report = Report(inventory, deploy, batches, [HostResult(n) for n in names])
-    results = {r.host: r for r in report.hosts}
     logs = _log_dir()
     report.log_dir = str(logs)
+    journal = Journal(logs / JOURNAL)
+    journal.write("start", inventory=inventory, deploy=deploy, limit=list(limit or []), canary=canary,
+                  batch=str(batch), max_fail=max_fail, data=data, gate_timeout=gate_timeout, batches=batches,
+                  hosts=names, cwd=os.getcwd(), pid=os.getpid(), holder=runid.holder())
+    run = _Run(inventory, deploy, data, batches, canary, max_fail, gate_timeout, report, logs, journal, echo,
+               by_name={h.name: h for h in hosts}, perf_gate=perf_gate)
     echo(f"rollout of {deploy} to {len(names)} host(s) of {inventory}: "
          f"{len(batches)} batch(es) {[len(b) for b in batches]}, canary {min(canary, len(names))}, "
-         f"max {max_fail} failure(s); logs in {logs}")
+         f"max {max_fail} failure(s); logs and journal in {logs}")
 
     # 1. what every target serves now, and whether it answers
     before = dict(zip(names, fleet.parallel(hosts, probe.probe), strict=True))
+    run.before = {n: _before_record(st) for n, st in before.items()}
+    journal.write("before", hosts=run.before)
+    results = run.results
     for n, st in before.items():
         results[n].before = st.version
-    unreachable = [n for n, st in before.items() if not st.reachable]
-    for n in unreachable:
+    run.unreachable = [n for n, st in before.items() if not st.reachable]
+    for n in run.unreachable:
         results[n].result, results[n].detail = "unreachable", before[n].error
-    failures = len(unreachable)
-    if unreachable:
-        echo(f"unreachable before the start (not touched): {', '.join(unreachable)}")
-    if failures > max_fail:
-        report.halted = f"{failures} host(s) unreachable before the start (max {max_fail} failure(s))"
-        return _finish(report, t_start, echo)
+    run.failures = len(run.unreachable)
+    if run.unreachable:
+        echo(f"unreachable before the start (not touched): {', '.join(run.unreachable)}")
+    if run.failures > max_fail:
+        report.halted = f"{run.failures} host(s) unreachable before the start (max {max_fail} failure(s))"
+        return _finish(run, t_start)
 
     # 2. plan on every reachable target: a pre-flight error stops here, with no host touched
-    targets = [n for n in names if n not in unreachable]
+    targets = [n for n in names if n not in run.unreachable]
     dry = run_pyinfra(inventory, deploy, targets, data, dry=True, log_path=logs / "plan.log")
     if dry.rc != 0:
         report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(_plan_error(dry.log))
-        return _finish(report, t_start, echo)
+        return _finish(run, t_start)
+    journal.write("planned")
 
     # 3. batches
-    for i, b in enumerate(batches, 1):
-        todo = [n for n in b if n not in unreachable]
+    _batches(run, 1)
+    return _finish(run, t_start)
+
+
+def _batches(run: _Run, first: int) -> None:
+    """Batches ``first``.. of the plan, each one: deploy, gate, roll back its failures; halt once
+    more than max_fail hosts failed."""
+    results = run.results
+    for i, b in enumerate(run.batches, 1):
+        if i < first:
+            continue
+        todo = [n for n in b if n not in run.unreachable]
         if not todo:
             continue
-        label = "canary" if i == 1 and canary else f"batch {i}/{len(batches)}"
-        perf = perfgate.Gate(echo) if perf_gate and i == 1 and canary else None
+        label = run.label(i)
+        perf = perfgate.Gate(run.echo) if run.perf_gate and i == 1 and run.canary else None
         if perf:  # the canary's performance before its update (tritonfleet/perfgate.py)
             try:
-                perf.measure_before([by_name[n] for n in todo])
+                perf.measure_before([run.by_name[n] for n in todo])
             except perfgate.PerfGateError as e:
-                report.halted = f"performance gate: {e}"
-                return _finish(report, t_start, echo)
-        echo(f"[{label}] deploying to {', '.join(todo)}")
+                run.report.halted = f"performance gate: {e}"
+                return
+        run.echo(f"[{label}] deploying to {', '.join(todo)}")
         t0 = time.monotonic()
-        run = run_pyinfra(inventory, deploy, todo, data, log_path=logs / f"batch-{i}.log",
-                          failure_dir=logs / f"failures-{i}")
+        pyi = run_pyinfra(run.inventory, run.deploy, todo, run.data, log_path=run.logs / f"batch-{i}.log",
+                          failure_dir=run.logs / f"failures-{i}",
+                          on_start=lambda pid, i=i, todo=todo: run.journal.write("batch", index=i, hosts=todo,
+                                                                                 pid=pid))
         # why each host failed: the report its step left (structured), else pyinfra's own words
-        reports: dict[str, Failure] = {n: f for n, f in read_channel(logs / f"failures-{i}").items() if n in todo}
-        why = {n: (reports[n].short(240) if n in reports else run.reason(n)) for n in todo}
-        failed: dict[str, str] = {n: why[n] for n in run.failed() if n in todo}
-        if run.rc != 0 and not failed and not run.data:  # no JSON (every host failed): all of them
+        reports: dict[str, Failure] = {n: f for n, f in read_channel(run.logs / f"failures-{i}").items()
+                                       if n in todo}
+        why = {n: (reports[n].short(240) if n in reports else pyi.reason(n)) for n in todo}
+        failed: dict[str, str] = {n: why[n] for n in pyi.failed() if n in todo}
+        if pyi.rc != 0 and not failed and not pyi.data:  # no JSON (every host failed): all of them
             failed = dict(why)
-        changed = run.changed()
+        changed = pyi.changed()
         # the gate, on every host of the batch that the deploy did not already fail
-        ok_hosts = [by_name[n] for n in todo if n not in failed]
-        gates = fleet.parallel(ok_hosts, lambda fh: _gate(fh, gate_timeout))
-        for fh, (res, report_) in zip(ok_hosts, gates, strict=True):
-            if not res.ok:
-                reports[fh.name] = report_
-                failed[fh.name] = report_.short(240)
+        ok_names = [n for n in todo if n not in failed]
+        for n, report_ in _gate_all(run, ok_names).items():
+            reports[n] = report_
+            failed[n] = report_.short(240)
         if perf:
-            failed.update(perf.measure_after([fh for fh in ok_hosts if fh.name not in failed]))
-            report.perf = perf.report()
+            failed.update(perf.measure_after([run.by_name[n] for n in ok_names if n not in failed]))
+            run.report.perf = perf.report()
         elapsed = time.monotonic() - t0
         for n in todo:
             r = results[n]
@@ -274,21 +378,134 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
             else:
                 r.result = "updated" if n in changed else "unchanged"
         if failed:
-            echo(f"[{label}] failed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
+            run.echo(f"[{label}] failed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
             for n in failed:
                 if n in reports:
-                    echo(reports[n].text())
-            _roll_back(inventory, [by_name[n] for n in failed], before, results, data, logs / f"rollback-{i}.log",
-                       run, echo)
-        _versions([by_name[n] for n in todo], results)
-        failures += len(failed)
-        echo(f"[{label}] done in {elapsed:.1f}s: " + ", ".join(f"{n} {results[n].result}" for n in todo))
-        if failures > max_fail:
-            left = [n for bb in batches[i:] for n in bb if n not in unreachable]
-            report.halted = (f"{failures} failure(s), more than --max-fail {max_fail}: halted after "
-                             f"{label}; {len(left)} host(s) not touched")
-            break
-    return _finish(report, t_start, echo)
+                    run.echo(reports[n].text())
+            _roll_back(run.inventory, [run.by_name[n] for n in failed], run.before, results, run.data,
+                       run.logs / f"rollback-{i}.log", pyi, run.echo)
+        _versions([run.by_name[n] for n in todo], results)
+        run.failures += len(failed)
+        run.journal.write("batch-done", index=i, results={n: asdict(results[n]) for n in todo},
+                          failures=run.failures)
+        run.echo(f"[{label}] done in {elapsed:.1f}s: " + ", ".join(f"{n} {results[n].result}" for n in todo))
+        if run.failures > run.max_fail:
+            left = [n for bb in run.batches[i:] for n in bb if n not in run.unreachable]
+            run.report.halted = (f"{run.failures} failure(s), more than --max-fail {run.max_fail}: halted after "
+                                 f"{label}; {len(left)} host(s) not touched")
+            return
+
+
+def _gate_all(run: _Run, names: list[str]) -> dict[str, Failure]:
+    """The health gate on ``names``; {host: failure report} for those that failed it."""
+    hosts = [run.by_name[n] for n in names]
+    failed = {}
+    for fh, (res, report_) in zip(hosts, fleet.parallel(hosts, lambda fh: _gate(fh, run.gate_timeout)),
+                                  strict=True):
+        if not res.ok:
+            failed[fh.name] = report_
+    return failed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
+           echo: Callable[[str], None] = print) -> Report:
+    """Go on with a rollout whose control process died, from its journal: the batch it was in is
+    run again (the deploy converges: what the cut run finished is not redone) and gated, then the
+    batches it had not reached. With ``roll_back``: every host the rollout reached goes back to
+    what it served before the rollout (journaled), and no further batch runs."""
+    path = Path(journal_path) if journal_path else latest_journal()
+    if path.is_dir():
+        path = path / JOURNAL
+    if not path.is_file():
+        raise RolloutError(f"no rollout journal at {path}")
+    journal = Journal(path)
+    events = journal.events()
+    start = next((e for e in events if e["event"] == "start"), None)
+    if start is None:
+        raise RolloutError(f"{path}: the journal has no start record: nothing to resume")
+    if any(e["event"] == "end" for e in events):
+        raise RolloutError(f"{path}: that rollout ended; start a new one instead")
+    import socket as _socket
+
+    if start.get("holder", "").split(" ", 1)[0].endswith("@" + _socket.gethostname()) and \
+            start.get("pid") != os.getpid() and _alive(int(start.get("pid", 0))) and \
+            b"tritonfleet" in Path(f"/proc/{start['pid']}/cmdline").read_bytes():
+        raise RolloutError(f"{path}: the rollout that wrote it is still running (pid {start['pid']}): "
+                           "let it finish, or stop it first")
+    if start.get("cwd") and Path(start["cwd"]).resolve() != Path.cwd().resolve():
+        raise RolloutError(f"{path}: resume from the directory that rollout ran in: {start['cwd']} "
+                           "(the inventory, deploy and model repository are relative to it)")
+    t_start = time.monotonic()
+    inventory, deploy, data = start["inventory"], start["deploy"], start.get("data") or {}
+    batches = start["batches"]
+    hosts = fleet.load_inventory(inventory, data=data, limit=start.get("limit") or None)
+    by_name = {h.name: h for h in hosts}
+    missing = [n for b in batches for n in b if n not in by_name]
+    if missing:
+        raise RolloutError(f"{path}: hosts of the journal are no longer in {inventory}: {', '.join(missing)}")
+    report = Report(inventory, deploy, batches, [HostResult(n) for n in start["hosts"]])
+    report.log_dir = str(path.parent)
+    run = _Run(inventory, deploy, data, batches, int(start["canary"]), int(start["max_fail"]),
+               start.get("gate_timeout"), report, path.parent, journal, echo, by_name=by_name)
+    results = run.results
+    before_ev = next((e for e in events if e["event"] == "before"), None)
+    if before_ev is None:
+        raise RolloutError(f"{path}: the rollout died before it had probed the hosts, so it changed "
+                           "nothing: start it again")
+    run.before = before_ev["hosts"]
+    for n, b in run.before.items():
+        results[n].before = b.get("version", "-")
+        if not b.get("reachable"):
+            run.unreachable.append(n)
+            results[n].result, results[n].detail = "unreachable", b.get("error", "")
+    run.failures = len(run.unreachable)
+    done, started = {}, {}
+    for e in events:
+        if e["event"] == "batch":
+            started[e["index"]] = e
+        elif e["event"] == "batch-done":
+            done[e["index"]] = e
+            run.failures = e["failures"]
+            for n, r in e["results"].items():
+                for k, v in r.items():
+                    setattr(results[n], k, v)
+    if not any(e["event"] == "planned" for e in events):
+        raise RolloutError(f"{path}: the rollout died while planning, before it changed any host: start it again")
+    cut = [i for i in started if i not in done]
+    first = min(cut) if cut else (max(done) + 1 if done else 1)
+    journal.write("resume", pid=os.getpid(), holder=runid.holder(), roll_back=roll_back, batch=first)
+    if cut:
+        echo(f"resuming the rollout of {path.parent}: {run.label(first)} was cut "
+             f"({', '.join(started[first]['hosts'])}; its pyinfra, pid {started[first]['pid']}, died with it)")
+    if roll_back:
+        reached = [n for e in events if e["event"] in ("batch", "batch-done")
+                   for n in (e.get("hosts") or list(e.get("results", {})))]
+        targets = [run.by_name[n] for n in dict.fromkeys(reached)
+                   if results[n].result not in ("rolled back", "unreachable")]
+        echo(f"rolling back every host the rollout reached: {', '.join(fh.name for fh in targets) or 'none'}")
+        if targets:
+            _roll_back(inventory, targets, run.before, results, data, path.parent / "rollback-resume.log",
+                       PyinfraRun(0, {}, ""), echo)
+            _versions(targets, results)
+        run.report.halted = "rolled back on request (--resume --roll-back)"
+        run.journal.write("batch-done", index=0, results={fh.name: asdict(results[fh.name]) for fh in targets},
+                          failures=run.failures)
+        return _finish(run, t_start)
+    if run.failures > run.max_fail:
+        run.report.halted = f"{run.failures} failure(s) before the crash, more than --max-fail {run.max_fail}"
+        return _finish(run, t_start)
+    _batches(run, first)
+    return _finish(run, t_start)
 
 
 def _plan_error(log: str) -> list[str]:
@@ -336,11 +553,11 @@ def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, resu
             r.detail += (" (the deploy never reached it: not changed)" if never
                          else " (no SSH now: cannot roll back; run deploys/rollback.py once it answers)")
             continue
-        if not st.release or not st.unit:
+        if not st.get("release") or not st.get("unit"):
             r.detail += " (no earlier deployment on this host: nothing to roll back to)"
             continue
         targets.append(fh.name)
-        wanted[fh.name] = {"release": st.release, "unit": st.unit}
+        wanted[fh.name] = {"release": st["release"], "unit": st["unit"]}
     if not targets:
         return
     echo(f"rolling back {', '.join(targets)} to what they served before")
@@ -366,13 +583,15 @@ def _versions(hosts: list[fleet.FleetHost], results: dict) -> None:
         results[fh.name].after = st.version if st.reachable else "unreachable"
 
 
-def _finish(report: Report, t_start: float, echo) -> Report:
+def _finish(run: _Run, t_start: float) -> Report:
+    report, echo = run.report, run.echo
     report.seconds = time.monotonic() - t_start
     for r in report.hosts:
         if r.result == "not touched" and r.after == "-":
             r.after = r.before
     if report.halted:
         echo(f"HALTED: {report.halted}")
+    run.journal.write("end", ok=report.ok, halted=report.halted)
     return report
 
 

@@ -14,6 +14,11 @@ With pyinfra's ``@local`` connector (this machine is the host) the archive goes 
 
 Nothing is written outside the remote command's own directory; the caller makes what arrived
 visible only once it is complete.
+
+A host that stops answering in the middle (a dropped link) fails the transfer within the host's
+``ssh_keepalive_interval`` x ``ssh_keepalive_count`` seconds: OpenSSH gets ServerAliveInterval /
+ServerAliveCountMax (and a ConnectTimeout), the paramiko channel waits that long at most for the
+host to take more data or answer. ``tar`` and ``ssh`` die with the process that started them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .connection import keepalive
+from .procs import die_with_parent
 
 TRANSPORTS = ("auto", "ssh", "connection")
 CHUNK = 1 << 20
@@ -91,12 +99,22 @@ def choose(host, wanted: str) -> str:
     return wanted
 
 
+def _keepalive(host) -> tuple[int, int]:
+    try:
+        return keepalive(getattr(host, "data", None))
+    except ValueError as e:
+        raise TransferError(f"{host.name}: {e}") from e
+
+
 def ssh_argv(host, remote_command: str) -> list[str]:
     """OpenSSH client command line reaching ``host`` the way pyinfra's connection does."""
     data = _connector_data(host)
+    interval, count = _keepalive(host)
     # LogLevel=ERROR: no "Permanently added ..." warning in a transfer's error output
+    # ServerAlive*: a host that stops answering ends the transfer after interval x count seconds
     argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "Compression=no", "-o", "ControlPath=none",
-            "-o", "LogLevel=ERROR"]
+            "-o", "LogLevel=ERROR", "-o", f"ServerAliveInterval={interval}",
+            "-o", f"ServerAliveCountMax={count}", "-o", f"ConnectTimeout={interval * count}"]
     if data.get("ssh_config_file"):
         argv += ["-F", os.path.expanduser(str(data["ssh_config_file"]))]
     if data.get("ssh_known_hosts_file"):
@@ -126,7 +144,7 @@ def _tar_process(root: Path, paths: list[str]) -> tuple[subprocess.Popen, str]:
     # dash in a file name is not an escape or an option)
     proc = subprocess.Popen(["tar", "-c", "-h", "-f", "-", "-C", str(root), "--null", "--no-unquote",
                              "--verbatim-files-from", "-T", listfile],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent())
     return proc, listfile
 
 
@@ -187,7 +205,8 @@ def send_file(host, path: Path, remote_command: str, transport: str) -> Sent:
 def _over_openssh(host, source, remote_command: str) -> tuple[int, bytes]:
     try:
         proc = subprocess.Popen(ssh_argv(host, remote_command), stdin=source,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=die_with_parent())
     finally:
         source.close()  # ssh holds its own copy now
     _, err = proc.communicate()
@@ -205,22 +224,63 @@ def _over_pipe(source, command: str) -> tuple[int, bytes]:
     return proc.returncode, err
 
 
+class _Silent(OSError):
+    """The host took no data and sent nothing for the dead-link bound."""
+
+
+def _send_all(channel, data: bytes, bound: float) -> None:
+    """``channel.sendall`` that gives up once the host has taken nothing for ``bound`` seconds
+    (paramiko's own sendall waits for the host's window forever)."""
+    view = memoryview(data)
+    quiet_since = time.monotonic()
+    while view:
+        try:
+            n = channel.send(view[:CHUNK])
+        except TimeoutError:
+            n = 0
+        if n:
+            view, quiet_since = view[n:], time.monotonic()
+        elif channel.closed or time.monotonic() - quiet_since >= bound:
+            raise _Silent(f"the host took no data for {bound:.0f}s")
+
+
 def _over_connection(host, source, remote_command: str) -> tuple[int, bytes]:
+    from paramiko.ssh_exception import SSHException
+
+    interval, count = _keepalive(host)
+    bound = interval * count
     transport = host.connector.client.get_transport()
-    channel = transport.open_session(window_size=16 << 20, max_packet_size=1 << 15)
+    dead = (f"; a host counts as gone after ssh_keepalive_interval x ssh_keepalive_count = {bound}s").encode()
     try:
+        channel = transport.open_session(window_size=16 << 20, max_packet_size=1 << 15, timeout=bound)
+        channel.settimeout(interval)
         channel.exec_command(remote_command)
+    except (SSHException, EOFError, OSError) as e:
+        source.close()
+        return -1, (f"no answer from the host (could not start `{remote_command[:60]}`: "
+                    f"{e or type(e).__name__}").encode() + dead + b")"
+    silent = ""
+    try:
         try:
             while True:
                 chunk = source.read(CHUNK)
                 if not chunk or channel.exit_status_ready():
                     break  # all sent, or the remote end gave up (its error follows)
-                channel.sendall(chunk)
+                _send_all(channel, chunk, bound)
             channel.shutdown_write()
-        except OSError:
+        except _Silent as e:
+            silent = str(e)
+        except (OSError, EOFError):
             pass  # the channel closed under us: the exit status and stderr say why
         finally:
             source.close()
+        # the exit status, while the connection lives (its keepalive closes it once the host
+        # stops answering: tritonfleet.connection)
+        while not silent and not channel.status_event.wait(interval):
+            if not transport.is_active():
+                break
+        if silent or not transport.is_active():
+            return -1, f"no answer from the host ({silent or 'the SSH connection closed'}".encode() + dead + b")"
         rc = channel.recv_exit_status()
         err = channel.makefile_stderr("rb").read()
         return rc, err

@@ -9,6 +9,16 @@
 # refuses unknown or changed keys. pyinfra's own default, "accept-new", trusts any host on first
 # contact. Only the testbed inventory turns this off (its hosts share one image's host keys).
 ssh_strict_host_key_checking = "yes"
+# Seconds between keepalive probes on every SSH connection (pyinfra's own, the OpenSSH transfers,
+# health tunnels, the deploy lock): OpenSSH's ServerAliveInterval, paramiko's transport keepalive,
+# TCP keepalive.
+ssh_keepalive_interval = 10
+# Unanswered probes after which a host counts as gone (ServerAliveCountMax, TCP_KEEPCNT): a host
+# that stops answering fails after ssh_keepalive_interval x ssh_keepalive_count seconds.
+ssh_keepalive_count = 3
+# Seconds a deploy waits while another run holds a host's deploy lock (one run at a time per
+# host), before it stops with nothing changed, naming the holder; 0: do not wait.
+deploy_lock_timeout = 600
 
 # --- Target OS ---------------------------------------------------------------------------
 # Distro codename used in NVIDIA's CUDA repository path (ubuntu2204, ubuntu2404, debian12).

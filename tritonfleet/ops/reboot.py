@@ -15,7 +15,7 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
 
-from .. import failure
+from .. import failure, hostlock
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
@@ -48,6 +48,8 @@ def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600):
                 now = _boot_id(host)
                 if now and now != before[0]:
                     logger.info(f"{host.print_prefix}rebooted (boot id {now})")
+                    # the reboot ended the deploy lock's holder: take it again (tritonfleet.hostlock)
+                    hostlock.reacquire(host, say=logger.warning)
                     return
                 host.disconnect()  # still the old boot: shutting down
             if time.monotonic() > deadline:

@@ -14,7 +14,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.facts import FactBase
 
-from .. import failure, transfer
+from .. import failure, runid, transfer
 from .. import release as rel
 from ..shell import q
 from .stream import wrapped
@@ -39,7 +39,7 @@ class ReleaseIndex(FactBase):
 
 DISK_FULL_HELP = (
     "{host}: the disk holding {base} is full (or over quota). The live model release is unchanged and Triton keeps "
-    "serving it; the part already sent stays in {base}/releases/{incoming}{release} and the next run "
+    "serving it; the part already sent stays in {base}/releases/{incoming} and the next run "
     "sends only the rest. Free space on the host (`df -h {base}`; fewer earlier releases kept: "
     "triton_keep_releases), then run the deploy again."
 )
@@ -57,7 +57,7 @@ def _send_files(state, host, root: str, paths: list[str], remote: str, transport
         # tar on the host: "Cannot write: No space left on device", or a short write ("Wrote
         # only 4608 of 10240 bytes") when the disk fills in the middle of a block
         if re.search(r"No space left on device|Disk quota exceeded|tar: .*: Wrote only \d+ of \d+ bytes", str(e)):
-            fix = DISK_FULL_HELP.format(host=host.name, base=base, incoming=rel.INCOMING, release=release)
+            fix = DISK_FULL_HELP.format(host=host.name, base=base, incoming=rel.incoming_dir(release, runid.RUN_ID))
         failure.emit(host, failure.Failure(
             host.name, "Model repository (transfer)", f"release {release} sent to {base}/releases",
             text[0], failure.trim(text[1:]), "the transfer's own words (ssh, tar)", now, fix, cause=text[0]))
@@ -75,22 +75,22 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
     if release in index["releases"] and not index["drift"].get(release):
         # complete and untouched on the host (an earlier release, or one built by a run that
         # stopped before the switch): switching is all there is to do
-        yield StringCommand(rel.switch_script(base, release, keep))
+        yield StringCommand(rel.switch_script(base, release, keep, runid.RUN_ID))
         return
     plan = rel.make_plan(release, manifest, index)
     how = transfer.choose(host, transport) if plan.send else None
     logger.info(f"{host.print_prefix}model release {release}"
                 f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
                 f"{f' over {how}' if how else ''}")
-    script = rel.prepare_script(base, plan, manifest)
+    script = rel.prepare_script(base, plan, manifest, runid.RUN_ID)
     if len(script) <= INLINE_SCRIPT_MAX:
         yield StringCommand(script)
     else:
-        path = f"{base}/releases/{rel.OWN_PREFIX}plan-{release}.sh"
+        path = f"{base}/releases/{rel.OWN_PREFIX}plan-{release}.{runid.RUN_ID}.sh"
         yield StringCommand(f"mkdir -p {q(base + '/releases')}")
         yield FileUploadCommand(StringIO(script), path)
         yield StringCommand(f"sh {q(path)}; rc=$?; rm -f {q(path)}; exit $rc")
     if plan.send:
-        remote = wrapped(rel.receive_command(base, release))
+        remote = wrapped(rel.receive_command(base, release, runid.RUN_ID))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})
-    yield StringCommand(rel.finish_script(base, release, keep, manifest))
+    yield StringCommand(rel.finish_script(base, release, keep, manifest, runid.RUN_ID))

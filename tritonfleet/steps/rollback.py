@@ -19,6 +19,7 @@ from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
 from .. import config
+from .. import release as release_lib
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..failure import fail
 from ..health import gate_current_host
@@ -63,9 +64,7 @@ def restore_unit_command(base: str, digest: str, unit: str) -> str:
 
 def switch_back_command(base: str, release: str) -> str:
     """Point the live link back at ``release`` (atomic rename) and log the switch."""
-    b = q(base)
-    return (f"ln -sfn {q('releases/' + release)} {b}/model_repository.new && "
-            f"mv -T {b}/model_repository.new {b}/model_repository && echo {q(release)} >> {b}/releases.log")
+    return f"{release_lib.link_script(base, f'releases/{release}')} && echo {q(release)} >> {q(base)}/releases.log"
 
 
 def _fail(message: str, expected: str = "an earlier healthy deployment to roll back to"):

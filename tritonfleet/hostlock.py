@@ -1,0 +1,271 @@
+"""One run at a time per host: a deploy lock on the host, held for the whole run.
+
+Two operators' runs interleaving on one host (one switching the model release while the other
+builds it, one restarting Triton in the middle of the other's health gate) is prevented by an
+exclusive ``flock`` on ``/run/lock/tritonfleet.lock`` on the host. The lock is held by a small
+remote process, started when the deploy steps are imported (pyinfra has connected to every host
+by then, and has read no fact yet):
+
+    bash: exec 9>>LOCK; flock 9 (waiting up to deploy_lock_timeout); write who holds it;
+          then read heartbeats from the control machine, one every ssh_keepalive_interval
+
+The holder ends, and the kernel releases the lock, when the run ends or can no longer hold it:
+
+* the run ends (normally, Ctrl-C, SIGKILL): its heartbeat process stops within one interval
+  (it watches the run's pid), the SSH session sees end of input;
+* the link or the control machine dies: no heartbeat arrives for ssh_keepalive_interval x
+  ssh_keepalive_count seconds (``read -t``), whatever the TCP connection still believes;
+* the host reboots (/run is a tmpfs): the deploy takes the lock again after the reboot
+  (tritonfleet.ops.reboot).
+
+A second run waits up to ``deploy_lock_timeout`` seconds, saying whom it waits for; then it stops
+before anything changed on any host, naming the holder (user, control machine, pid, start time,
+run id, command). The heartbeats come from a separate process (``sh``), not from the deploy's
+Python, so a long CPU-bound phase of pyinfra (hashing a large model repository) never starves
+them. The holder runs over the OpenSSH client when the host allows it (tritonfleet.transfer's
+``auto`` rule), else on pyinfra's own connection (heartbeats then come from the deploy process).
+
+``--dry`` runs and the Python API take no lock: they change nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import runid, transfer
+from .connection import keepalive
+from .procs import die_with_parent
+
+LOCK_FILE = "/run/lock/tritonfleet.lock"
+BUSY, NO_FLOCK, NO_FILE = 75, 72, 71
+GROUP_DATA = "inventories/group_data/all.py"
+
+
+class LockError(SystemExit):
+    """Stops the run before any operation ran (raised while pyinfra prepares operations)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"tritonfleet: no host was changed:\n{message}")
+
+
+def lock_script(holder: str, wait: int, dead: int) -> str:
+    """bash: take the lock (waiting up to ``wait`` s), record ``holder`` in it, then hold it while
+    a heartbeat line arrives on stdin at least every ``dead`` seconds."""
+    q = shlex.quote
+    take = (f"flock -w {int(wait)} 9 || {{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}" if wait > 0
+            else f"{{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}")
+    return (
+        f"command -v flock >/dev/null || {{ echo 'noflock'; exit {NO_FLOCK}; }}; "
+        f"exec 9>>{LOCK_FILE} || exit {NO_FILE}; "
+        f"if ! flock -n 9; then echo \"waiting $(head -n 1 {LOCK_FILE})\"; {take}; fi; "
+        f"printf '%s\\n' {q(holder)} > {LOCK_FILE}; echo locked; "
+        f"while read -r -t {int(dead)} _; do :; done"
+    )
+
+
+def remote_command(host, script: str) -> str:
+    """``script`` under bash on the host, with sudo when the inventory asks for it."""
+    command = f"bash -c {shlex.quote(script)}"
+    data = getattr(host, "data", None)
+    if data is not None and data.get("_sudo"):
+        command = f"sudo -n -H -- {command}"
+    return command
+
+
+class Holder:
+    """The process holding one host's lock (see the module docstring)."""
+
+    def __init__(self, host, wait: int, interval: int, count: int, holder: str | None = None):
+        self.host, self.wait, self.interval, self.count = host, wait, interval, count
+        self.holder = holder or runid.holder()
+        self.procs: list[subprocess.Popen] = []
+        self.channel = None
+        self.waited_for = ""
+
+    def _script(self) -> str:
+        return lock_script(self.holder, self.wait, self.interval * self.count)
+
+    def start(self) -> None:
+        how = transfer.choose(self.host, "auto")
+        if how == "connection":
+            self._start_channel()
+            return
+        # heartbeats from a process of their own, for as long as this run's process lives
+        beat = subprocess.Popen(
+            ["sh", "-c", f"while kill -0 {_pid()} 2>/dev/null; do echo; sleep {self.interval}; done"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, preexec_fn=die_with_parent())
+        remote = remote_command(self.host, self._script())
+        argv = transfer.ssh_argv(self.host, remote) if how == "ssh" else ["sh", "-c", remote]
+        proc = subprocess.Popen(argv, stdin=beat.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=die_with_parent())
+        beat.stdout.close()
+        self.procs = [beat, proc]
+
+    def _start_channel(self) -> None:
+        transport = self.host.connector.client.get_transport()
+        chan = transport.open_session(timeout=self.interval * self.count)
+        chan.exec_command(remote_command(self.host, self._script()))
+        self.channel = chan
+
+        def beat():
+            while not chan.closed:
+                try:
+                    chan.sendall(b"\n")
+                except OSError:
+                    return
+                time.sleep(self.interval)
+
+        threading.Thread(target=beat, daemon=True).start()
+
+    def _lines(self):
+        if self.channel is not None:
+            f = self.channel.makefile("rb")
+            yield from (ln.decode(errors="replace") for ln in f)
+            return
+        for ln in self.procs[1].stdout:
+            yield ln.decode(errors="replace")
+
+    def _stderr(self) -> str:
+        if self.channel is not None:
+            return self.channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+        proc = self.procs[1]
+        try:
+            proc.wait(self.interval * self.count)
+        except subprocess.TimeoutExpired:
+            return ""
+        return proc.stderr.read().decode(errors="replace").strip()
+
+    def acquire(self, say=None) -> str:
+        """Wait for the lock. Returns "" once held, else why not (one line, naming the fix)."""
+        self.start()
+        for line in self._lines():
+            line = line.rstrip("\n")
+            if line == "locked":
+                return ""
+            if line.startswith("waiting "):
+                self.waited_for = line[len("waiting "):]
+                if say:
+                    say(f"{self.host.name}: waiting up to {self.wait}s for the deploy lock, held by "
+                        f"{self.waited_for or 'an earlier run'}")
+            elif line.startswith("busy "):
+                who = line[len("busy "):] or self.waited_for or "another run"
+                self.release()
+                return (f"{self.host.name}: another run holds the deploy lock ({LOCK_FILE} on the host): "
+                        f"{who}. Waited {self.wait}s for it (deploy_lock_timeout in {GROUP_DATA} or the "
+                        "inventory). Let that run finish (or stop it), then run again")
+            elif line == "noflock":
+                self.release()
+                return (f"{self.host.name}: the host has no `flock` command (util-linux), which the deploy "
+                        "lock needs: install util-linux on the host")
+        err = self._stderr()
+        self.release()
+        return (f"{self.host.name}: could not take the deploy lock ({LOCK_FILE} on the host): "
+                f"{err or 'the holder process ended'}")
+
+    def release(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.procs = []
+
+
+_held: dict[str, Holder] = {}
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def enabled() -> bool:
+    """Locks are taken by pyinfra's CLI runs that change hosts (not --dry, not the API)."""
+    import pyinfra
+
+    return bool(pyinfra.is_cli) and "--dry" not in sys.argv[1:]
+
+
+def _settings(host) -> tuple[int, int, int]:
+    data = host.data
+    interval, count = keepalive(data)  # ValueError names the tunable
+    wait = data.get("deploy_lock_timeout")
+    try:
+        wait = int(600 if wait is None else wait)
+        if wait < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"deploy_lock_timeout must be a whole number of seconds >= 0, not {wait!r}") from None
+    return wait, interval, count
+
+
+def lockable(host) -> bool:
+    return transfer.is_ssh_host(host) or transfer.is_local_host(host)
+
+
+def acquire_all(state=None, say=None) -> int:
+    """Take the deploy lock on every connected host of the run, all at once; stop the run
+    (LockError, nothing changed) naming every host whose lock another run kept. Returns how
+    many locks are held."""
+    if state is None:
+        from pyinfra.context import ctx_state
+
+        if not ctx_state.isset():
+            return 0
+        state = ctx_state.get()
+    if say is None:
+        from pyinfra import logger
+
+        say = logger.warning
+    todo, errors = [], []
+    for h in getattr(state, "inventory", []) or []:
+        if not getattr(h, "connected", False) or h.name in _held or not lockable(h):
+            continue
+        try:
+            todo.append(Holder(h, *_settings(h)))
+        except (ValueError, transfer.TransferError) as e:
+            errors.append(f"{h.name}: {e}" if not str(e).startswith(f"{h.name}:") else str(e))
+    if errors:
+        raise LockError("\n".join(errors) + f" (set it in {GROUP_DATA} or the inventory)")
+    if not todo:
+        return len(_held)
+    with ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
+        results = list(pool.map(lambda lk: lk.acquire(say), todo))
+    failed = [why for why in results if why]
+    for lk, why in zip(todo, results, strict=True):
+        if not why:
+            _held[lk.host.name] = lk
+    if failed:
+        release_all()
+        raise LockError("\n".join(failed))
+    return len(_held)
+
+
+def reacquire(host, say=None) -> None:
+    """Take the host's lock again on its new connection (after a reboot ended the holder).
+    Raises RuntimeError naming the holder when another run took it in the meantime."""
+    old = _held.pop(host.name, None)
+    if old is None:
+        return
+    old.release()
+    lk = Holder(host, old.wait, old.interval, old.count, old.holder)
+    why = lk.acquire(say)
+    if why:
+        raise RuntimeError(why)
+    _held[host.name] = lk
+
+
+def release_all() -> None:
+    for name in list(_held):
+        _held.pop(name).release()
+
+
+atexit.register(release_all)  # at once on a normal exit (else within one heartbeat interval)
