@@ -222,3 +222,15 @@ def test_version_in_another_distros_shape_is_refused():
     msg, _ = preflight_fake(KEYS, {"nvidia_driver_branch": "535", "nvidia_driver_version": "560.28.03"})
     assert msg and "is not a release of branch 535" in msg
     assert preflight_fake(KEYS, {"nvidia_driver_branch": "535", "nvidia_driver_version": "535.183.01"})[0] is None
+
+
+def test_preflight_names_the_cuda_image_it_will_pull(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="pyinfra"):
+        assert preflight_fake(KEYS)[0] is None
+    assert "the GPU verification will pull nvidia/cuda:12.8.1-base-ubuntu22.04" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pyinfra"):  # already on the host: nothing to pull
+        assert preflight_fake({**KEYS, "docker image inspect": "sha256:" + "b" * 64})[0] is None
+    assert "will pull" not in caplog.text
