@@ -434,6 +434,8 @@ def test_branch_switch_from_pinning_package_to_own_pin():
     unhold = next(i for i, c in enumerate(run) if "apt-mark unhold" in c)
     remove = next(i for i, c in enumerate(run) if re.search(r"remove [^\n]*cuda-drivers-580 nvidia-driver-pinning-580", c))
     install = next(i for i, c in enumerate(run) if re.search(r"install --allow-downgrades cuda-drivers-570", c))
+    # lower bounds only: the installed packages of the set are named, so apt moves them to 570
+    assert re.search(r"install --allow-downgrades cuda-drivers-570 nvidia-driver nvidia-smi\b", run[install])
     assert unhold < remove < install
     assert "Pin: version 570.*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
 

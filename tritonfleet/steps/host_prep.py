@@ -343,8 +343,15 @@ def nvidia_driver():
     if pinning:
         # installed alone, before the driver: apt reads its preferences from the next command on
         fast.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning])
+    named = ", ".join(pkgs)
+    if switching:
+        # lower bounds only: the metapackage is satisfied by the other branch's driver, so apt moves
+        # nothing by itself; naming the installed packages of the set moves each to the pinned branch
+        wanted = set(vendorfacts.driver_packages(distro, branch)[1:])
+        pkgs = pkgs + [p for p in driver_package_set() if p in installed and p in wanted]
     driver = fast.packages(
-        name=f"NVIDIA driver {', '.join(pkgs)}",
+        name=f"NVIDIA driver {named}" + (f" (and the {len(pkgs) - len(named.split(', '))} installed "
+                                         "packages of its set)" if switching else ""),
         packages=pkgs,
         extra_install_args="--allow-downgrades" if switching else None,
     )
