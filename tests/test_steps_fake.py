@@ -474,3 +474,14 @@ def test_persistence_mode_is_turned_on_and_checked():
     off = {**BASE, "nvidia-smi -q": "    Persistence Mode                      : Disabled"}
     _, _, state = run_fake(nvidia_driver, off, DATA)
     assert state.failed_hosts  # the service runs, persistence mode is off: named, not passed
+
+
+def test_pinned_release_change_moves_the_whole_set():
+    installed = dpkg("hi cuda-drivers-570 570.133.07-1", "hi nvidia-driver 570.133.07-1", "hi libcuda1 570.133.07-1")
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "dpkg-query -W": installed},
+                                 {**DATA, "nvidia_driver_branch": "570", "nvidia_driver_version": "570.124.06"})
+    assert not state.failed_hosts
+    run = "\n".join(ops(cmds))
+    assert "apt-mark unhold" in run
+    assert re.search(r"install --allow-downgrades cuda-drivers-570=570\.124\.06-1 nvidia-driver libcuda1\b", run)
+    assert "Pin: version 570.124.06-*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]

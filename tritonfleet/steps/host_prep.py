@@ -330,11 +330,17 @@ def nvidia_driver():
     # Changing branch: the old branch's held packages would block apt ("held broken packages"),
     # and another branch's pinning package would pin the old branch.
     other = sorted(installed_branches(installed) - {branch})
-    switching = bool(other or other_pins)
+    # the pinned release (nvidia_driver_version) differs from what is installed: moved the same way
+    upstream = driver_upstream_version()
+    moving = bool(upstream) and not other and any(
+        not v.split(":", 1)[-1].startswith(f"{upstream}-")
+        for p in vendorfacts.driver_packages(distro, branch)[1:] for v in installed.get(p, []))
+    switching = bool(other or other_pins or moving)
     if switching:
         # Held packages are never moved as dependencies: release them for this switch only
         # (they are held again below, at the new branch).
-        server.shell(name=f"release driver holds to switch from branch {', '.join(other) or '?'}",
+        what = f"switch from branch {', '.join(other)}" if other else f"move to {upstream or branch}"
+        server.shell(name=f"release driver holds to {what}",
                      commands=aptlock.wrapped([_hold_command("unhold")]))
         old_meta = [p for p in installed if p.startswith("cuda-drivers-") and p != pkgs[0].split("=")[0]]
         if old_meta or other_pins:
