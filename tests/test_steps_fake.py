@@ -433,9 +433,10 @@ def test_branch_switch_from_pinning_package_to_own_pin():
     run = [c for c in ops(cmds)]
     unhold = next(i for i, c in enumerate(run) if "apt-mark unhold" in c)
     remove = next(i for i, c in enumerate(run) if re.search(r"remove [^\n]*cuda-drivers-580 nvidia-driver-pinning-580", c))
-    install = next(i for i, c in enumerate(run) if re.search(r"install --allow-downgrades cuda-drivers-570", c))
+    install = next(i for i, c in enumerate(run) if re.search(r"--allow-downgrades cuda-drivers-570", c))
     # lower bounds only: the installed packages of the set are named, so apt moves them to 570
-    assert re.search(r"install --allow-downgrades cuda-drivers-570 nvidia-driver nvidia-smi\b", run[install])
+    assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570 nvidia-driver nvidia-smi\b",
+                     run[install])
     assert unhold < remove < install
     assert "Pin: version 570.*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
 
@@ -483,5 +484,6 @@ def test_pinned_release_change_moves_the_whole_set():
     assert not state.failed_hosts
     run = "\n".join(ops(cmds))
     assert "apt-mark unhold" in run
-    assert re.search(r"install --allow-downgrades cuda-drivers-570=570\.124\.06-1 nvidia-driver libcuda1\b", run)
+    assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570=570\.124\.06-1 nvidia-driver "
+                     r"libcuda1\b", run)
     assert "Pin: version 570.124.06-*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]

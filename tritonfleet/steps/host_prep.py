@@ -349,18 +349,18 @@ def nvidia_driver():
     if pinning:
         # installed alone, before the driver: apt reads its preferences from the next command on
         fast.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning])
-    named = ", ".join(pkgs)
     if switching:
-        # lower bounds only: the metapackage is satisfied by the other branch's driver, so apt moves
-        # nothing by itself; naming the installed packages of the set moves each to the pinned branch
+        # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
+        # leaves installed packages alone: name the installed packages of the set, so apt moves
+        # each to its pinned candidate (apt itself, not a check that skips installed packages).
         wanted = set(vendorfacts.driver_packages(distro, branch)[1:])
-        pkgs = pkgs + [p for p in driver_package_set() if p in installed and p in wanted]
-    driver = fast.packages(
-        name=f"NVIDIA driver {named}" + (f" (and the {len(pkgs) - len(named.split(', '))} installed "
-                                         "packages of its set)" if switching else ""),
-        packages=pkgs,
-        extra_install_args="--allow-downgrades" if switching else None,
-    )
+        move = [p for p in driver_package_set() if p in installed and p in wanted]
+        driver = server.shell(
+            name=f"NVIDIA driver {', '.join(pkgs)} (and the {len(move)} installed packages of its set)",
+            commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+                                      + " ".join(pkgs + move)]))
+    else:
+        driver = fast.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs)
     driver_changes = switching or will_change(driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
