@@ -368,24 +368,21 @@ def nvidia_driver():
         fast.put(name="keep driver packages out of unattended-upgrades",
                  src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
 
+    persistence_changed = False
     if config.get("nvidia_persistenced"):
         # the packaged unit runs --no-persistence-mode: the drop-in turns persistence mode on
         dropin = fast.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
                           src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
-        changed = will_change(dropin)
-        if changed:
+        persistence_changed = will_change(dropin)
+        if persistence_changed:
             server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
                          commands=["systemctl daemon-reload"])
-        if changed and memo.fact(UnitState, unit="nvidia-persistenced.service")["running"]:
-            server.shell(name="restart nvidia-persistenced (persistence mode)",
-                         commands=["systemctl restart nvidia-persistenced.service"])
-        fast.service(name="nvidia-persistenced running and enabled",
-                     service="nvidia-persistenced", running=True, enabled=True)
 
     # A reboot can only be needed when the driver changes now, or the loaded module already
     # differs from the installed driver; whether it is, is decided on the host after the install
     # (also: installed but not loaded, e.g. nouveau bound to the GPU). Once: a later run reboots
-    # again only for a version mismatch.
+    # again only for a version mismatch. Before the daemon starts: it cannot reach the driver
+    # until then.
     loaded = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
     if driver_changes or "version mismatch" in loaded.lower():
         reboot(
@@ -394,6 +391,11 @@ def nvidia_driver():
             _if=_reboot_needed,
         )
     if config.get("nvidia_persistenced"):
+        if persistence_changed and memo.fact(UnitState, unit="nvidia-persistenced.service")["running"]:
+            server.shell(name="restart nvidia-persistenced (persistence mode)",
+                         commands=["systemctl restart nvidia-persistenced.service"])
+        fast.service(name="nvidia-persistenced running and enabled",
+                     service="nvidia-persistenced", running=True, enabled=True)
         check(name="check: persistence mode is on (nvidia-smi -q)", function=_check_persistence)
 
 
