@@ -27,7 +27,7 @@ _test_data = {
     "triton_ulimit_memlock": None,
     "image_archives": {
         "nvcr.io/nvidia/tritonserver:24.08-py3": _state.images["triton"],
-        "nvidia/cuda:12.2.0-base-ubuntu22.04": _state.images["cuda"],
+        "nvidia/cuda:12.8.1-base-ubuntu22.04": _state.images["cuda"],
     },
     "model_overrides": {
         "resnet50_onnx": {"instance_group": [{"count": 2, "kind": "KIND_CPU"}]},

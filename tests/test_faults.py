@@ -1,7 +1,7 @@
 """Faults injected into testbed hosts while the deploy or a rollout runs. Each test checks that
 the tool stops cleanly, leaves nothing half-applied, keeps the old version serving, says what
 went wrong, and that a re-run converges. Every test leaves the fleet as the `deployed` fixture
-made it (default repository, driver branch 535, mode none).
+made it (default repository, driver branch 580, mode none).
 """
 
 from __future__ import annotations
@@ -388,7 +388,7 @@ def test_driver_change_reboots_and_continues_and_a_host_that_does_not_come_back_
     # `lost` reboots but never answers SSH again (blocked from the moment it goes down)
     watcher = when(lambda: _wait_port_closed(lost, timeout=600), lambda: block_ssh(lost), timeout=5)
     try:
-        res, data = pyinfra("deploys/host.py", *limit, "--data", "nvidia_driver_branch=560",
+        res, data = pyinfra("deploys/host.py", *limit, "--data", "nvidia_driver_branch=570",
                             "--data", "nvidia_reboot_timeout=40", timeout=1500)
         watcher.join(1)
         failed = data.get("results", {}).get("failed_hosts")
@@ -398,16 +398,16 @@ def test_driver_change_reboots_and_continues_and_a_host_that_does_not_come_back_
         # the other host rebooted, came back and went on to the verification with the new driver
         assert any("reboot" in n for n in names), names
         assert any("check: nvidia-smi" in n for n in names), names
-        assert "560.35.03" in ssh(stays, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+        assert "570.133.07" in ssh(stays, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
         assert serving(stays)
     finally:
         unblock_ssh(lost)
     hosts.wait_ssh(lost, timeout=120)
-    # back to branch 535 on both (each reboots once more); a re-run after that changes nothing
+    # back to branch 580 (the default) on both (each reboots once more); a re-run after that changes nothing
     res, _ = pyinfra("deploys/host.py", *limit, timeout=1500)
     assert res.returncode == 0, res.stderr[-3000:]
     for x in (stays, lost):
-        assert "535.183.01" in ssh(x, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+        assert "580.159.04" in ssh(x, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
     res, data = pyinfra("deploys/triton.py", *limit)
     assert res.returncode == 0 and changed_ops(data) == [], changed_ops(data)
     assert serving(stays) and serving(lost)

@@ -87,7 +87,7 @@ def test_status_one_row_a_host_and_drift(deployed):
         r = rows[h.name]
         assert r["reachable"] and r["drift"] == [], r
         assert r["gpus"] == (["Tesla T4"] if h.gpu_class == "t4" else ["NVIDIA L4"])
-        assert r["driver"].startswith("535.") and r["toolkit"] == "1.16.2-1" and r["docker"]
+        assert r["driver"].startswith("580.") and r["toolkit"] == "1.17.8-1" and r["docker"]
         assert r["image"] == "nvcr.io/nvidia/tritonserver:24.08-py3" and r["unit_state"] == "active"
         assert sorted(r["models_ready"]) == ["resnet50_onnx", "text_classifier_onnx"]
         assert r["release"] == live_release(h).rsplit("/", 1)[-1]

@@ -37,7 +37,7 @@ from testbed_util import (
     write_inventory,
 )
 
-from tritonfleet import ROOT
+from tritonfleet import ROOT, vendorfacts
 from tritonfleet.testbed import hosts
 from tritonfleet.testbed.vendor_repo import DOCKER_CE_VERSIONS, gpu_profile
 
@@ -265,17 +265,19 @@ def test_host_layer_from_dockers_repository(extra_host):
     assert res.returncode == 0 and data["results"]["failed_hosts"] == [], res.stderr[-5000:]
     done = {o["name"] for o in data["results"]["operations"] if o["success"]}
     for step in ("NVIDIA driver | CUDA repository signing key (fingerprint checked)",
-                 "NVIDIA driver | NVIDIA driver cuda-drivers-535",
+                 "NVIDIA driver | apt source contrib non-free non-free-firmware (NVIDIA's driver needs them)",
+                 "NVIDIA driver | NVIDIA's pinning package nvidia-driver-pinning-580",
+                 "NVIDIA driver | NVIDIA driver cuda-drivers-580",
                  "Docker Engine | Docker repository signing key (fingerprint checked)",
                  "Docker Engine | apt source docker", f"Docker Engine | pin Docker Engine to {DOCKER_DEFAULT}",
                  "Docker Engine | Docker Engine (docker-ce)",
-                 "NVIDIA Container Toolkit | Container Toolkit 1.16.2-1",
+                 "NVIDIA Container Toolkit | Container Toolkit 1.17.8-1",
                  "NVIDIA Container Toolkit | register the nvidia runtime with Docker (nvidia-ctk, keeps other daemon.json keys)",
                  "NVIDIA Container Toolkit | restart Docker (runtime registered or toolkit installed)"):
         assert step in done, (step, sorted(done))
     # the verification table: nvidia-smi on the host and in `docker run --gpus all`
     for where in ("host", "container"):
-        assert re.search(rf"GPU check  {h.name} +{where} +1x NVIDIA L4 +driver 535\.183\.01 +cc 8\.9 +CUDA 12\.2",
+        assert re.search(rf"GPU check  {h.name} +{where} +1x NVIDIA L4 +driver 580\.159\.04 +cc 8\.9 +CUDA 13\.0",
                          res.stderr), res.stderr[-3000:]
 
     # Docker's repository: pinned key, source line, pinned version (the repository has a newer one)
@@ -295,18 +297,30 @@ def test_host_layer_from_dockers_repository(extra_host):
     assert daemon["log-level"] == "warn" and daemon["insecure-registries"] == [REGISTRY]
     assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
     assert "nvidia" in ssh(h, "docker info --format '{{json .Runtimes}}'")
-    assert ssh(h, "docker run --rm --gpus all nvidia/cuda:12.2.0-base-ubuntu22.04 nvidia-smi -L").startswith(
+    assert ssh(h, "docker run --rm --gpus all nvidia/cuda:12.8.1-base-ubuntu22.04 nvidia-smi -L").startswith(
         "GPU 0: NVIDIA L4")
     assert "v2.29.7" in ssh(h, "docker compose version")
     # the rest of the host layer: holds, unattended-upgrades, nouveau, persistenced, toolkit pin
     held = ssh(h, "apt-mark showhold").split()
-    assert {"cuda-drivers-535", "nvidia-driver", "nvidia-smi", "nvidia-kernel-dkms"} <= set(held)
-    assert not [p for p in held if "container" in p]  # the toolkit is pinned by version, not held
+    # exactly the driver's packages (tritonfleet/data/nvidia_repos/debian12.toml) are held
+    installed = ssh(h, "dpkg-query -W -f '${Package}\\n'").split()
+    assert sorted(held) == sorted(p for p in installed if p in vendorfacts.all_driver_packages("debian12"))
+    assert {"cuda-drivers-580", "nvidia-driver", "nvidia-smi", "libcuda1", "firmware-nvidia-gsp"} <= set(held)
+    # not the toolkit (pinned by version), egl-wayland (its own versions), the pinning package, DKMS
+    assert "libnvidia-egl-wayland1" in installed and "nvidia-driver-pinning-580" in installed
+    assert not [p for p in held if "container" in p or p in ("libnvidia-egl-wayland1", "dkms")
+                or p.startswith("nvidia-driver-pinning")]
     assert '"nvidia-";' in ssh(h, "cat /etc/apt/apt.conf.d/51tritonfleet-nvidia")
     assert "blacklist nouveau" in ssh(h, "cat /etc/modprobe.d/blacklist-nouveau.conf")
     assert ssh(h, "systemctl is-active nvidia-persistenced; systemctl is-enabled nvidia-persistenced").split() == [
         "active", "enabled"]
-    assert "Pin: version 535.*" in ssh(h, "cat /etc/apt/preferences.d/tritonfleet-nvidia-driver")
+    # NVIDIA's pinning package pins the branch (no preferences of our own), contrib/non-free added
+    assert ssh(h, "ls /etc/apt/preferences.d/").split() == ["nvidia-container-toolkit", "nvidia-driver-pinning-580",
+                                                             "tritonfleet-docker"]
+    assert "Components: contrib non-free non-free-firmware" in ssh(
+        h, "cat /etc/apt/sources.list.d/tritonfleet-debian-nonfree.sources")
+    # persistence mode on (the packaged unit says --no-persistence-mode; the drop-in turns it on)
+    assert re.search(r"Persistence Mode +: Enabled", ssh(h, "nvidia-smi -q"))
 
     # idempotent: a re-run changes nothing, a dry run plans nothing
     t0 = time.monotonic()
@@ -326,7 +340,7 @@ def test_registry_secret_is_never_shown(extra_host, tmp_path):
     forms = [secret, base64.b64encode(secret.encode()).decode()]
     state = hosts.State.load()
     with LocalRegistry(tmp_path / "registry", "tfuser", secret) as reg:
-        image = reg.push(state.images["cuda"], "nvidia/cuda:12.2.0-base-ubuntu22.04")
+        image = reg.push(state.images["cuda"], "nvidia/cuda:12.8.1-base-ubuntu22.04")
         args = host4(h, "--data", "registry_user=tfuser", "--data", f"registry_host={REGISTRY}",
                      "--data", f"cuda_test_image={image}")
         without = {k: v for k, v in env().items() if k != "TRITONFLEET_REGISTRY_PASSWORD"}
@@ -367,21 +381,57 @@ def test_registry_secret_is_never_shown(extra_host, tmp_path):
 
 
 def test_driver_branch_switch_reboots_once_and_goes_on(extra_host):
+    """580 (NVIDIA's pinning package) -> 570 (no pinning package: our preferences over the whole
+    set, a downgrade of every package of the same names)."""
     h = extra_host
     boot = ssh(h, "cat /proc/sys/kernel/random/boot_id")
-    res, data = pyinfra("deploys/host.py", *host4(h, "--data", "nvidia_driver_branch=560"))
+    res, data = pyinfra("deploys/host.py", *host4(h, "--data", "nvidia_driver_branch=570"))
     assert res.returncode == 0 and data["results"]["failed_hosts"] == [], res.stderr[-5000:]
     done = {o["name"] for o in data["results"]["operations"] if o["success"]}
-    for step in ("NVIDIA driver | release driver holds to switch from cuda-drivers-535",
-                 "NVIDIA driver | NVIDIA driver cuda-drivers-560",
-                 "NVIDIA driver | reboot if the loaded driver does not match the installed one"):
+    for step in ("NVIDIA driver | release driver holds to switch from branch 580",
+                 "NVIDIA driver | remove the other branch's cuda-drivers-580, nvidia-driver-pinning-580",
+                 "NVIDIA driver | pin driver packages to branch 570",
+                 "NVIDIA driver | NVIDIA driver cuda-drivers-570 (and the 26 installed packages of its set)",
+                 "NVIDIA driver | reboot if the loaded driver does not match the installed one (or is not loaded)"):
         assert step in done, (step, sorted(done))
     assert ssh(h, "cat /proc/sys/kernel/random/boot_id") != boot  # rebooted ...
     for where in ("host", "container"):  # ... and went on to the verification
-        assert re.search(rf"GPU check  {h.name} +{where} +1x NVIDIA L4 +driver 560\.35\.03 +cc 8\.9 +CUDA 12\.6",
+        assert re.search(rf"GPU check  {h.name} +{where} +1x NVIDIA L4 +driver 570\.133\.07 +cc 8\.9 +CUDA 12\.8",
                          res.stderr), res.stderr[-3000:]
-    assert "cuda-drivers-560" in ssh(h, "apt-mark showhold").split()
+    held = ssh(h, "apt-mark showhold").split()
+    assert "cuda-drivers-570" in held and "cuda-drivers-580" not in held
+    versions = dict(line.split() for line in ssh(h, "dpkg-query -W nvidia-driver libcuda1 firmware-nvidia-gsp").splitlines())
+    assert set(versions.values()) == {"570.133.07-1"}  # every package of the set moved, none left at 580
+    assert "Pin: version 570.*" in ssh(h, "cat /etc/apt/preferences.d/tritonfleet-nvidia-driver")
     boot = ssh(h, "cat /proc/sys/kernel/random/boot_id")
-    res, data = pyinfra("deploys/host.py", *host4(h, "--data", "nvidia_driver_branch=560"))
+    res, data = pyinfra("deploys/host.py", *host4(h, "--data", "nvidia_driver_branch=570"))
     assert res.returncode == 0 and changed_ops(data) == [], changed_ops(data)
     assert ssh(h, "cat /proc/sys/kernel/random/boot_id") == boot  # no reboot when none is needed
+
+
+def test_first_install_with_nouveau_bound_reboots_once(deployed):
+    """A bare host whose GPU nouveau drives: after the install nvidia-smi cannot communicate with
+    the driver (no version mismatch); the deploy reboots once and the verification passes."""
+    before = {x.name for x in hosts.State.load().hosts}
+    state = hosts.up(TESTBED_HOSTS + 2, gpu_env_for=gpu_profile)
+    h = next(h for h in state.hosts if h.index == TESTBED_HOSTS + 2)
+    try:
+        ssh(h, "echo 'NOUVEAU=\"1\"' >> /etc/nvidia-standin/gpu.env")
+        boot = ssh(h, "cat /proc/sys/kernel/random/boot_id")
+        res, data = pyinfra("deploys/host.py", "--limit", h.name)
+        assert res.returncode == 0 and data["results"]["failed_hosts"] == [], res.stderr[-5000:]
+        done = {o["name"] for o in data["results"]["operations"] if o["success"]}
+        assert "NVIDIA driver | reboot if the loaded driver does not match the installed one (or is not loaded)" in done
+        assert "not loaded (nouveau bound to the GPU" in res.stderr
+        assert ssh(h, "cat /proc/sys/kernel/random/boot_id") != boot
+        for where in ("host", "container"):
+            assert re.search(rf"GPU check  {h.name} +{where} +1x (Tesla T4|NVIDIA L4) +driver 580\.159\.04", res.stderr)
+        assert re.search(r"Persistence Mode +: Enabled", ssh(h, "nvidia-smi -q"))
+        boot = ssh(h, "cat /proc/sys/kernel/random/boot_id")
+        res, data = pyinfra("deploys/host.py", "--limit", h.name)
+        assert res.returncode == 0 and changed_ops(data) == [], changed_ops(data)
+        assert ssh(h, "cat /proc/sys/kernel/random/boot_id") == boot  # once
+    finally:
+        for x in hosts.State.load().hosts:  # the host, and any other `up` had to make
+            if x.name not in before:
+                hosts.destroy_host(x.name)

@@ -339,7 +339,7 @@ def test_cuda_image_config(cuda_archive):
     env = _env(config)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
-    assert env["CUDA_VERSION"] == "12.2.0"
+    assert env["CUDA_VERSION"] == "12.8.1"
     assert "/usr/bin" in env["PATH"].split(":")
     members = _layer_members(cuda_archive)
     assert members["usr/bin"].isdir()

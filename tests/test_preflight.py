@@ -192,3 +192,49 @@ def test_model_paths_escaping_the_repository_are_refused(project, name):
     expected = {"dotdot-name": "[model-name]", "broken-symlink": "[broken-symlink]"}.get(name, "[unsafe-path]")
     assert expected in out and "tritonfleet validate" in out
     assert "Starting operation" not in out
+
+
+DEBIAN12 = {"ls -pdL *-release": ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',
+                                  "VERSION_CODENAME=bookworm", "---"]}
+
+
+def test_branch_missing_from_the_distros_repository_is_refused_naming_the_alternatives():
+    # R535 is supported by Triton 24.08 on T4, but NVIDIA's debian12 repository has no R535
+    msg, _ = preflight_fake({**KEYS, **DEBIAN12}, {"nvidia_driver_branch": "535"})
+    assert msg and "no host was changed" in msg and "@fake/gpu1" in msg
+    assert "driver branch 535 is not in NVIDIA's debian12 repository" in msg
+    # what would work: in the repository and supported by the image (550/555 are not, for 24.08)
+    assert "supports: 545, 560, 565, 570, 575, 580" in msg and "nvidia_driver_branch" in msg
+    # the same branch on Ubuntu 22.04 exists there
+    msg, _ = preflight_fake(KEYS, {"nvidia_driver_branch": "535"})
+    assert msg is None
+
+
+def test_default_branch_per_distro_must_exist_there():
+    msg, _ = preflight_fake({**KEYS, **DEBIAN12}, {"nvidia_driver_branch_default": {"debian12": "535"}})
+    assert msg and "driver branch 535 is not in NVIDIA's debian12 repository" in msg
+    assert "nvidia_driver_branch_default['debian12'] (inventories/group_data/all.py)" in msg
+    for distro_responses in (KEYS, {**KEYS, **DEBIAN12}):
+        assert preflight_fake(distro_responses)[0] is None  # the shipped defaults pass
+
+
+def test_version_in_another_distros_shape_is_refused():
+    data = {"nvidia_driver_branch": "535", "nvidia_driver_version": "535.183.01-1~deb12u1"}
+    msg, _ = preflight_fake(KEYS, data)
+    assert msg and "does not have the shape of ubuntu2204's package versions" in msg
+    assert "535.104.12-0ubuntu1" in msg and "give the upstream release 535.183.01" in msg
+    msg, _ = preflight_fake(KEYS, {"nvidia_driver_branch": "535", "nvidia_driver_version": "560.28.03"})
+    assert msg and "is not a release of branch 535" in msg
+    assert preflight_fake(KEYS, {"nvidia_driver_branch": "535", "nvidia_driver_version": "535.183.01"})[0] is None
+
+
+def test_preflight_names_the_cuda_image_it_will_pull(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="pyinfra"):
+        assert preflight_fake(KEYS)[0] is None
+    assert "the GPU verification will pull nvidia/cuda:12.8.1-base-ubuntu22.04" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pyinfra"):  # already on the host: nothing to pull
+        assert preflight_fake({**KEYS, "docker image inspect": "sha256:" + "b" * 64})[0] is None
+    assert "will pull" not in caplog.text

@@ -80,4 +80,4 @@ def test_the_driver_step_stops_on_unknown_secure_boot():
     assert not any(("apt-get" in c or "curl" in c) and HOST_RECORD not in c for c in cmds)
     _, cmds, state = run_fake(nvidia_driver, {**BASE, "mokutil --sb-state": "mokutil: not installed"},
                               {**DATA, "nvidia_secure_boot_unknown_ok": True})
-    assert not state.failed_hosts and any("cuda-drivers-535" in c for c in cmds)
+    assert not state.failed_hosts and any("install cuda-drivers-" in c for c in cmds)

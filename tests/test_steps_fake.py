@@ -10,10 +10,16 @@ import re
 import pytest
 from fakehost import defaults, run_fake
 
-from tritonfleet.steps.host_prep import container_toolkit, nvidia_driver
+from tritonfleet.steps.host_prep import (
+    PERSISTENCE_DROPIN,
+    PERSISTENCE_DROPIN_TEXT,
+    container_toolkit,
+    nvidia_driver,
+)
 
 FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
-BASE = {"uname -m": "x86_64", "uname -r": "6.1.0-28-amd64"}
+BASE = {"uname -m": "x86_64", "uname -r": "6.1.0-28-amd64",
+        "nvidia-smi -q": "    Persistence Mode                      : Enabled"}
 DATA = {"cuda_distro": "debian12"}
 
 
@@ -37,25 +43,37 @@ def test_driver_bare_host():
     assert FPR in run and "/usr/share/keyrings/cuda-archive-keyring.gpg" in run
     assert "apt-get -y update" in run or "apt-get update" in run
     assert re.search(r"install .*linux-headers-6\.1\.0-28-amd64.*dkms", run)
-    assert re.search(r"install .*cuda-drivers-535", run)
+    # debian12's default branch is 580 (the repository has no R535): NVIDIA's pinning package
+    # first, alone, then the metapackage
+    pin = next(i for i, c in enumerate(cmds) if re.search(r"install .*nvidia-driver-pinning-580", c))
+    driver = next(i for i, c in enumerate(cmds) if re.search(r"install .*cuda-drivers-580", c))
+    assert pin < driver and "cuda-drivers" not in cmds[pin]
+    assert "/etc/apt/preferences.d/tritonfleet-nvidia-driver" not in host.connector.uploads
     assert "update-initramfs -u" in run
     assert "apt-mark hold" in run
     assert "systemctl start nvidia-persistenced.service" in run
 
 
 def test_driver_pinned_version_and_branch_from_data():
-    _, cmds, _ = run_fake(nvidia_driver, BASE, {**DATA, "nvidia_driver_branch": "560",
-                                                 "nvidia_driver_version": "560.35.03-1"})
-    assert any("cuda-drivers-560=560.35.03-1" in c for c in cmds)
+    host, cmds, _ = run_fake(nvidia_driver, BASE, {**DATA, "nvidia_driver_branch": "560",
+                                                    "nvidia_driver_version": "560.28.03"})
+    assert any("cuda-drivers-560=560.28.03-1" in c for c in cmds)
+    # no pinning package for 560: our preferences cover every package of the driver's set
+    pin = host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
+    assert "Pin: version 560.28.03-*" in pin
+    assert not any("nvidia-driver-pinning" in c for c in cmds)
 
 
 def test_driver_converged_host_changes_nothing():
     responses = {
         **BASE,
         "cuda-archive-keyring.gpg": FPR,
-        "dpkg-query -W": dpkg("hi cuda-drivers-535 535.183.01-1", "hi nvidia-utils-535 535.183.01-1",
-                              "ii linux-headers-6.1.0-28-amd64 6.1.76-1", "ii dkms 3.0.10-8"),
-        "nvidia-persistenced.service": ["SubState=running", "UnitFileState=enabled"],
+        "dpkg-query -W": dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
+                              "hi nvidia-driver 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
+                              "ii dkms 3.0.10-8", "ii firmware-misc-nonfree 20230210-5"),
+        "UnitFileState nvidia-persistenced.service": ["SubState=running", "UnitFileState=enabled"],
+        PERSISTENCE_DROPIN: ["mode=644 user=root group=root",
+                             hashlib.sha256(PERSISTENCE_DROPIN_TEXT.encode()).hexdigest()],
     }
     # (managed files: tests/test_fast_ops.py; the real re-run is in test_e2e_testbed)
     _, cmds, state = run_fake(nvidia_driver, responses, DATA)
@@ -73,8 +91,9 @@ def test_driver_holds_packages_that_lost_their_hold():
     responses = {
         **BASE,
         "cuda-archive-keyring.gpg": FPR,
-        "dpkg-query -W": dpkg("ii cuda-drivers-535 535.183.01-1", "hi nvidia-utils-535 535.183.01-1",
-                              "ii linux-headers-6.1.0-28-amd64 6.1.76-1", "ii dkms 3.0.10-8"),
+        "dpkg-query -W": dpkg("ii nvidia-driver-pinning-580 580-1", "ii cuda-drivers-580 580.159.04-1",
+                              "hi nvidia-driver 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
+                              "ii dkms 3.0.10-8", "ii firmware-misc-nonfree 20230210-5"),
     }
     _, cmds, _ = run_fake(nvidia_driver, responses, DATA)
     assert "apt-mark hold" in "\n".join(ops(cmds))
@@ -84,7 +103,7 @@ def test_toolkit_configures_runtime_only_when_missing():
     _, cmds, _ = run_fake(container_toolkit, {**BASE, "cat /etc/docker/daemon.json": json.dumps({"log-driver": "json-file"})}, DATA)
     run = "\n".join(cmds)
     assert "nvidia-ctk runtime configure --runtime=docker" in run
-    assert re.search(r"install .*nvidia-container-toolkit=1\.16\.2-1.*libnvidia-container1=1\.16\.2-1", run)
+    assert re.search(r"install .*nvidia-container-toolkit=1\.17\.8-1.*libnvidia-container1=1\.17\.8-1", run)
     assert re.search(r"systemctl (re)?start docker.service", run)
 
     daemon = json.dumps({"log-driver": "json-file", "runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}})
@@ -107,7 +126,7 @@ def test_secure_boot_stops_before_the_driver():
     assert not any("apt-get" in c or "curl" in c for c in cmds)
     _, cmds, state = run_fake(nvidia_driver, {**BASE, "mokutil --sb-state": "SecureBoot enabled"},
                               {**DATA, "nvidia_secure_boot_ok": True})
-    assert not state.failed_hosts and any("cuda-drivers-535" in c for c in cmds)
+    assert not state.failed_hosts and any("cuda-drivers-580" in c for c in cmds)
 
 
 @pytest.mark.parametrize("version,pattern", [("27.3.1", "5:27.3.1-*"),  # the default, any distro
@@ -218,6 +237,7 @@ def test_repository_paths_per_architecture_and_distro(distro, codename, machine,
         container_toolkit()
 
     host, cmds, state = run_fake(host_layer, {"uname -m": machine, "uname -r": "6.8.0-1-generic",
+                                              "nvidia-smi -q": BASE["nvidia-smi -q"],
                                               "ls -pdL *-release": OS_RELEASE[distro],
                                               "-f '${Version}' docker-ce": f"5:27.3.1-1~{distro}"})
     assert not state.failed_hosts
@@ -254,18 +274,17 @@ def test_converged_host_plans_no_follow_up():
         **BASE,
         "cuda-archive-keyring.gpg": FPR,
         "nvidia-container-toolkit-keyring.gpg": "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
-        "apt-mark showhold": ["cuda-drivers-535", "nvidia-utils-535"],
-        "dpkg -l": ["ii  cuda-drivers-535  535.183.01-1  amd64  CUDA drivers",
-                    "ii  nvidia-utils-535  535.183.01-1  amd64  utils",
-                    "ii  linux-headers-6.1.0-28-amd64  6.1.76-1  amd64  headers",
-                    "ii  dkms  3.0.10-8  all  dkms",
-                    "ii  nvidia-container-toolkit  1.16.2-1  amd64  toolkit",
-                    "ii  nvidia-container-toolkit-base  1.16.2-1  amd64  toolkit",
-                    "ii  libnvidia-container-tools  1.16.2-1  amd64  toolkit",
-                    "ii  libnvidia-container1  1.16.2-1  amd64  toolkit"],
+        "dpkg-query -W": dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
+                              "hi nvidia-driver 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
+                              "ii dkms 3.0.10-8", "ii firmware-misc-nonfree 20230210-5",
+                              "ii nvidia-container-toolkit 1.17.8-1", "ii nvidia-container-toolkit-base 1.17.8-1",
+                              "ii libnvidia-container-tools 1.17.8-1", "ii libnvidia-container1 1.17.8-1"),
+        "UnitFileState nvidia-persistenced.service": ["SubState=running", "UnitFileState=enabled"],
+        PERSISTENCE_DROPIN: ["mode=644 user=root group=root",
+                             hashlib.sha256(PERSISTENCE_DROPIN_TEXT.encode()).hexdigest()],
         "cat /etc/docker/daemon.json": daemon,
         "command -v nvidia-container-runtime-hook": "/usr/bin/nvidia-container-runtime-hook",
-        "nvidia-smi --query-gpu": ["0, Tesla T4, GPU-1, 00000000:00:1E.0, 535.183.01, 7.5, 15360", "rc=0"],
+        "nvidia-smi --query-gpu": ["0, Tesla T4, GPU-1, 00000000:00:1E.0, 580.159.04, 7.5, 15360", "rc=0"],
     }
     from pyinfra.api import deploy
 
@@ -352,3 +371,120 @@ def test_triton_restarted_when_an_earlier_run_stopped_before_the_restart(contain
         assert restarts == [], names
     else:
         assert restarts == [f"Triton service | restart triton (an earlier run stopped before the restart: {restart})"]
+
+
+# ---------------------------------------------------------------- NVIDIA's package scheme per distro
+
+SOURCES_822 = ["##FILE /etc/apt/sources.list.d/debian.sources", "Types: deb",
+               "URIs: http://deb.debian.org/debian", "Suites: bookworm bookworm-updates", "Components: main",
+               "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg", "",
+               "Types: deb", "URIs: http://deb.debian.org/debian-security", "Suites: bookworm-security",
+               "Components: main contrib non-free non-free-firmware", ""]
+
+
+@pytest.mark.parametrize("distro", ["ubuntu2204", "ubuntu2404", "debian12"])
+def test_default_branch_installs_with_nvidias_pinning_package(distro):
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "ls -pdL *-release": OS_RELEASE[distro],
+                                                 "for f in /etc/apt/sources.list": SOURCES_822}, {})
+    assert not state.failed_hosts
+    installs = [c for c in cmds if "apt-get" in c and " install " in c]
+    assert re.search(r"install nvidia-driver-pinning-580\b", installs[1]), installs
+    assert re.search(r"install cuda-drivers-580\b", installs[2]), installs
+    assert "/etc/apt/preferences.d/tritonfleet-nvidia-driver" not in host.connector.uploads
+    hold = next(c for c in cmds if "xargs -r apt-mark hold" in c)
+    names = set(re.findall(r"-e '?([a-z0-9.+-]+)'?", hold))
+    # exactly the driver's packages: not the Container Toolkit, egl-wayland or DKMS
+    assert not names & {"libnvidia-container1", "libnvidia-container-tools", "libnvidia-egl-wayland1", "dkms"}
+    nonfree = host.connector.uploads.get("/etc/apt/sources.list.d/tritonfleet-debian-nonfree.sources")
+    if distro == "debian12":
+        assert {"nvidia-driver", "firmware-nvidia-gsp", "libnvoptix1", "cuda-drivers-580"} <= names
+        assert re.search(r"install .*firmware-misc-nonfree", installs[0])
+        # contrib/non-free added where the archive lacks them (not for the security source that has them)
+        assert nonfree.splitlines()[1:] == ["Types: deb", "URIs: http://deb.debian.org/debian",
+                                            "Suites: bookworm bookworm-updates",
+                                            "Components: contrib non-free non-free-firmware",
+                                            "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"]
+    else:
+        assert {"nvidia-driver-580", "libnvidia-compute-580", "nvidia-dkms-580"} <= names
+        assert nonfree is None and "firmware-misc-nonfree" not in installs[0]
+
+
+def test_ubuntu_branch_without_pinning_package_gets_our_pin_over_the_whole_set():
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "ls -pdL *-release": OS_RELEASE["ubuntu2204"]},
+                                 {"nvidia_driver_branch": "535", "nvidia_driver_version": "535.104.12"})
+    assert not state.failed_hosts
+    assert any(re.search(r"install cuda-drivers-535=535\.104\.12-1\b", c) for c in cmds)
+    assert not any("nvidia-driver-pinning" in c for c in cmds)
+    pin = host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"].splitlines()
+    packages = pin[1].split()[1:]
+    assert {"nvidia-driver-535", "libnvidia-compute-535", "nvidia-utils-535", "cuda-drivers-535"} <= set(packages)
+    # one pattern for both shapes: cuda-drivers-535 is 535.104.12-1, the driver 535.104.12-0ubuntu1
+    assert pin[2:] == ["Pin: version 535.104.12-*", "Pin-Priority: 1001"]
+
+
+def test_branch_switch_from_pinning_package_to_own_pin():
+    installed = dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
+                     "hi nvidia-driver 580.159.04-1", "hi nvidia-smi 580.159.04-1",
+                     "ii libnvidia-egl-wayland1 1:1.1.13-1", "ii dkms 3.0.10-8")
+    # (pyinfra's own remove reads `dpkg -l`)
+    dpkg_l = ["ii  cuda-drivers-580  580.159.04-1  amd64  d", "ii  nvidia-driver-pinning-580  580-1  all  p"]
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "dpkg-query -W": installed, "dpkg -l": dpkg_l},
+                                 {**DATA, "nvidia_driver_branch": "570"})
+    assert not state.failed_hosts
+    run = [c for c in ops(cmds)]
+    unhold = next(i for i, c in enumerate(run) if "apt-mark unhold" in c)
+    remove = next(i for i, c in enumerate(run) if re.search(r"remove [^\n]*cuda-drivers-580 nvidia-driver-pinning-580", c))
+    install = next(i for i, c in enumerate(run) if re.search(r"--allow-downgrades cuda-drivers-570", c))
+    # lower bounds only: the installed packages of the set are named, so apt moves them to 570
+    assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570 nvidia-driver nvidia-smi\b",
+                     run[install])
+    assert unhold < remove < install
+    assert "Pin: version 570.*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
+
+
+NO_COMMUNICATION = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+                    "that the latest NVIDIA driver is installed and running.")
+
+
+def test_installed_but_not_loaded_reboots_once():
+    """nouveau bound to the GPU at the first install: nvidia-smi cannot talk to the driver (no
+    version mismatch); the host reboots, once: a later run does not reboot for it again."""
+    reboot_cmd = "( sleep 1 && reboot )"
+    smi = {"nvidia-smi --query-gpu=driver_version": NO_COMMUNICATION}
+    _, cmds, _ = run_fake(nvidia_driver, {**BASE, **smi}, {**DATA, "nvidia_reboot_timeout": 1})
+    assert any(reboot_cmd in c for c in cmds)
+    # loaded fine after the install: no reboot
+    _, cmds, _ = run_fake(nvidia_driver, {**BASE, "nvidia-smi --query-gpu=driver_version": "580.159.04"},
+                          {**DATA, "nvidia_reboot_timeout": 1})
+    assert not any(reboot_cmd in c for c in cmds)
+    # the driver already installed (nothing changes in this run), still not talking: not again
+    installed = dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
+                     "hi nvidia-driver 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
+                     "ii dkms 3.0.10-8", "ii firmware-misc-nonfree 20230210-5")
+    _, cmds, state = run_fake(nvidia_driver, {**BASE, **smi, "dpkg-query -W": installed},
+                              {**DATA, "nvidia_reboot_timeout": 1})
+    assert not any(reboot_cmd in c for c in cmds)
+    planned = {n for meta in state.op_meta.values() for n in meta.names}
+    assert not any("reboot" in n for n in planned)
+
+
+def test_persistence_mode_is_turned_on_and_checked():
+    host, cmds, state = run_fake(nvidia_driver, BASE, DATA)
+    assert "--persistence-mode" in host.connector.uploads[PERSISTENCE_DROPIN]
+    assert "ExecStart=\n" in host.connector.uploads[PERSISTENCE_DROPIN]
+    assert not state.failed_hosts
+    off = {**BASE, "nvidia-smi -q": "    Persistence Mode                      : Disabled"}
+    _, _, state = run_fake(nvidia_driver, off, DATA)
+    assert state.failed_hosts  # the service runs, persistence mode is off: named, not passed
+
+
+def test_pinned_release_change_moves_the_whole_set():
+    installed = dpkg("hi cuda-drivers-570 570.133.07-1", "hi nvidia-driver 570.133.07-1", "hi libcuda1 570.133.07-1")
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "dpkg-query -W": installed},
+                                 {**DATA, "nvidia_driver_branch": "570", "nvidia_driver_version": "570.124.06"})
+    assert not state.failed_hosts
+    run = "\n".join(ops(cmds))
+    assert "apt-mark unhold" in run
+    assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570=570\.124\.06-1 nvidia-driver "
+                     r"libcuda1\b", run)
+    assert "Pin: version 570.124.06-*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]

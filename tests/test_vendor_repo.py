@@ -16,19 +16,26 @@ from pathlib import Path
 
 import pytest
 
+from tritonfleet import vendorfacts
 from tritonfleet.facts import gpu
 from tritonfleet.gpucheck import check_gpus
 from tritonfleet.testbed.vendor_repo import (
     DOCKER_CE_VERSIONS,
-    DRIVER_BRANCHES,
     TOOLKIT_VERSION,
     _deb,
+    _standin_branches,
     build_vendor_repo,
     gpu_profile,
 )
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia"
 KERNEL = "6.1.0-99-testbed"
+# branch -> (driver, CUDA, the package holding nvidia-smi): Debian 12's branches, and R535 from
+# the Ubuntu 22.04 stand-in (Debian 12's repository has none)
+DRIVER_BRANCHES = {b: (v, c) for b, (v, c) in _standin_branches("debian12").items()}
+SMI_PACKAGE = {b: f"nvidia-smi_{v}-1_amd64" for b, (v, _) in DRIVER_BRANCHES.items()}
+DRIVER_BRANCHES["535"] = _standin_branches("ubuntu2204")["535"]
+SMI_PACKAGE["535"] = f"nvidia-utils-535_{DRIVER_BRANCHES['535'][0]}-0ubuntu1_amd64"
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +95,7 @@ def dearmored(repo, tmp_path) -> Path:
 
 def test_layout_and_keys(repo):
     cuda = repo.root / "cuda/debian12/x86_64"
-    assert repo.cuda_dirs == {"debian12": cuda}
+    assert repo.cuda_dirs == {d: repo.root / f"cuda/{d}/x86_64" for d in ("debian12", "ubuntu2204", "ubuntu2404")}
     assert repo.toolkit_dir == repo.root / "libnvidia-container/stable/deb/amd64"
     assert repo.cuda_key == cuda / repo.cuda_key_name
     assert repo.cuda_key_name == repo.fingerprint[-8:].lower() + ".pub"
@@ -146,21 +153,30 @@ def test_rebuild_reuses_repo_and_key(repo, docker_io):
 
 # ---------------------------------------------------------------- package metadata
 
-def test_cuda_packages_control_fields(repo):
-    d = repo.cuda_dirs["debian12"]
-    for branch, (version, _) in DRIVER_BRANCHES.items():
-        v = f"{version}-1"
-        meta = control(d / f"cuda-drivers-{branch}_{v}_amd64.deb")
-        assert (meta["Package"], meta["Version"], meta["Architecture"]) == (f"cuda-drivers-{branch}", v, "amd64")
-        nxt = int(branch) + 1
-        for dep in ("nvidia-driver", "nvidia-smi", "nvidia-persistenced", "nvidia-kernel-dkms"):
-            assert f"{dep} (>= {version})" in meta["Depends"] and f"{dep} (<< {nxt})" in meta["Depends"]
-        driver = control(d / f"nvidia-driver_{v}_amd64.deb")
-        assert f"nvidia-smi (= {v})" in driver["Depends"]
-        assert control(d / f"nvidia-smi_{v}_amd64.deb")["Depends"] == f"libnvidia-ml1 (= {v})"
+@pytest.mark.parametrize("distro", ["debian12", "ubuntu2204", "ubuntu2404"])
+def test_cuda_packages_follow_the_facts(repo, distro):
+    """Generated from tritonfleet/data/nvidia_repos/<distro>.toml: the real package set and names,
+    the distro's version shapes, lower bounds only, the pinning package where there is one."""
+    d = repo.cuda_dirs[distro]
+    for branch, (version, _) in _standin_branches(distro).items():
+        names = vendorfacts.driver_packages(distro, branch)
+        v = f"{version}-1" if distro == "debian12" else f"{version}-0ubuntu1"
+        for name in names[1:]:
+            c = control(d / f"{name}_{v}_amd64.deb")
+            assert vendorfacts.version_matches(distro, c["Version"], "driver")
+        meta = control(d / f"{names[0]}_{version}-1_amd64.deb")
+        assert vendorfacts.version_matches(distro, meta["Version"], "metapackage")
+        driver = "nvidia-driver" if distro == "debian12" else f"nvidia-driver-{branch}"
+        assert meta["Depends"] == f"{driver} (>= {version})"  # a lower bound only, as NVIDIA's
+        assert "<<" not in control(d / f"{driver}_{v}_amd64.deb")["Depends"]
+        pin = vendorfacts.pinning_package(distro, branch)
+        assert bool(pin) == (branch == "580")
+        if pin:
+            deb = next(d.glob(f"{pin}_*_all.deb"))
+            assert control(deb)["Version"].startswith(f"{branch}-")  # 580-1 / 580-2ubuntu1: no release
     headers = control(d / f"linux-headers-{KERNEL}_{KERNEL}_amd64.deb")
     assert headers["Package"] == f"linux-headers-{KERNEL}"
-    assert control(d / "cuda-drivers_560.35.03-1_amd64.deb")["Depends"] == "cuda-drivers-560 (= 560.35.03-1)"
+    assert control(d / "libnvidia-egl-wayland1_1.1.13-1_amd64.deb")["Version"] == "1:1.1.13-1"
 
 
 def test_toolkit_packages_control_fields(repo):
@@ -177,20 +193,20 @@ def test_toolkit_packages_control_fields(repo):
     assert control(d / f"libnvidia-container-tools_{v}_amd64.deb")["Depends"] == f"libnvidia-container1 (= {v})"
     assert "python3" in control(d / f"nvidia-container-toolkit-base_{v}_amd64.deb")["Depends"]
     packages = (d / "Packages").read_text()
-    assert "Filename: ./nvidia-container-toolkit_1.16.2-1_amd64.deb" in packages
+    assert "Filename: ./nvidia-container-toolkit_1.17.8-1_amd64.deb" in packages
 
 
 def test_package_contents(extracted):
-    smi = extracted["nvidia-smi_535.183.01-1_amd64"] / "usr/bin/nvidia-smi"
+    smi = extracted[SMI_PACKAGE["535"]] / "usr/bin/nvidia-smi"
     assert os.access(smi, os.X_OK) and smi.read_text().startswith("#!/bin/sh")
-    p = extracted["nvidia-persistenced_535.183.01-1_amd64"]
+    p = extracted["nvidia-persistenced_570.133.07-1_amd64"]
     unit = (p / "lib/systemd/system/nvidia-persistenced.service").read_text()
     assert "Type=forking" in unit and "ExecStart=/usr/bin/nvidia-persistenced" in unit
     assert "WantedBy=multi-user.target" in unit
     assert os.access(p / "usr/bin/nvidia-persistenced", os.X_OK)
-    base = extracted["nvidia-container-toolkit-base_1.16.2-1_amd64"]
+    base = extracted["nvidia-container-toolkit-base_1.17.8-1_amd64"]
     assert os.access(base / "usr/bin/nvidia-ctk", os.X_OK) and os.access(base / "usr/bin/nvidia-container-runtime", os.X_OK)
-    assert os.access(extracted["nvidia-container-toolkit_1.16.2-1_amd64"] / "usr/bin/nvidia-container-runtime-hook", os.X_OK)
+    assert os.access(extracted["nvidia-container-toolkit_1.17.8-1_amd64"] / "usr/bin/nvidia-container-runtime-hook", os.X_OK)
     headers = extracted[f"linux-headers-{KERNEL}_{KERNEL}_amd64"]
     assert os.readlink(headers / f"lib/modules/{KERNEL}/build") == f"/usr/src/linux-headers-{KERNEL}"
 
@@ -281,23 +297,41 @@ def test_apt_installs_toolkit_pinned_and_headers(repo, tmp_path):
     assert got[f"linux-headers-{KERNEL}"] == KERNEL
 
 
-def test_apt_newest_branch_installs(repo, tmp_path):
-    p = apt(tmp_path, repo, "install", "cuda-drivers-560")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert installs(p)["nvidia-smi"] == "560.35.03-1"
-
-
-def test_apt_older_branch_needs_a_version_pin_as_on_debian12(repo, tmp_path):
-    # Like NVIDIA's debian12 repository, both branches ship the same package names: apt's
-    # candidate for nvidia-driver is the newest (560), which cuda-drivers-535 refuses.
-    p = apt(tmp_path, repo, "install", "cuda-drivers-535")
-    assert p.returncode != 0
-    assert "nvidia-driver (< 536) but 560.35.03-1 is to be installed" in p.stdout + p.stderr
-    pin = "Package: nvidia-* libnvidia-ml1 cuda-drivers\nPin: version 535.*\nPin-Priority: 1000\n"
-    p = apt(tmp_path, repo, "install", "cuda-drivers-535", prefs=pin)
+def test_apt_unpinned_older_branch_silently_installs_the_newest(repo, tmp_path):
+    # lower bounds only, one set of names for every branch (NVIDIA's debian12 repository): asking
+    # for R570 without a pin installs R580's driver, without an error
+    p = apt(tmp_path, repo, "install", "cuda-drivers-570")
     assert p.returncode == 0, p.stdout + p.stderr
     got = installs(p)
-    assert got["nvidia-driver"] == got["nvidia-smi"] == got["nvidia-persistenced"] == "535.183.01-1"
+    assert got["cuda-drivers-570"] == "570.133.07-1" and got["nvidia-driver"] == "580.159.04-1"
+    assert got["firmware-nvidia-gsp"] == got["libnvoptix1"] == "580.159.04-1"
+    assert got["libnvidia-egl-wayland1"] == "1:1.1.13-1"
+
+
+def test_apt_pin_over_the_whole_set_installs_the_branch(repo, tmp_path):
+    names = " ".join(vendorfacts.all_driver_packages("debian12"))
+    p = apt(tmp_path, repo, "install", "cuda-drivers-570",
+            prefs=f"Package: {names}\nPin: version 570.*\nPin-Priority: 1001\n")
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = installs(p)
+    assert {got[n] for n in vendorfacts.driver_packages("debian12", "570")[1:]} == {"570.133.07-1"}
+    # a pin that misses packages of the set: their candidates stay at the newest branch, which
+    # the pinned nvidia-driver (its set at its own version) cannot take
+    (tmp_path / "partial").mkdir()
+    p = apt(tmp_path / "partial", repo, "install", "cuda-drivers-570",
+            prefs="Package: nvidia-driver nvidia-smi\nPin: version 570.*\nPin-Priority: 1001\n")
+    assert p.returncode != 0 and "libcuda1 (= 570.133.07-1) but 580.159.04-1 is to be installed" in p.stdout + p.stderr
+
+
+def test_apt_pinning_package_carries_preferences_for_the_set(repo, tmp_path):
+    deb = next(repo.cuda_dirs["debian12"].glob("nvidia-driver-pinning-580_*_all.deb"))
+    out = tmp_path / "x"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(out)], check=True)
+    prefs = (out / "etc/apt/preferences.d/nvidia-driver-pinning-580").read_text()
+    assert "Pin: version 580.*" in prefs
+    assert set(vendorfacts.all_driver_packages("debian12")) <= set(prefs.splitlines()[1].split()[1:])
+    p = apt(tmp_path, repo, "install", "cuda-drivers-580", prefs=prefs)
+    assert p.returncode == 0 and installs(p)["nvidia-driver"] == "580.159.04-1"
 
 
 # ---------------------------------------------------------------- stand-in nvidia-smi
@@ -314,12 +348,11 @@ def host_root(tmp_path: Path, gpu_class: str) -> Path:
 SHELLS = [s for s in ("dash", "busybox") if shutil.which(s)]
 
 
-def smi(extracted, branch: str, root: Path, *args: str, shell: str = "dash") -> subprocess.CompletedProcess:
-    version = DRIVER_BRANCHES[branch][0]
-    script = extracted[f"nvidia-smi_{version}-1_amd64"] / "usr/bin/nvidia-smi"
+def smi(extracted, branch: str, root: Path, *args: str, shell: str = "dash", **env) -> subprocess.CompletedProcess:
+    script = extracted[SMI_PACKAGE[branch]] / "usr/bin/nvidia-smi"
     cmd = ["busybox", "sh", str(script)] if shell == "busybox" else [shell, str(script)]
     return subprocess.run([*cmd, *args], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(root)})
+                          env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(root), **env})
 
 
 def test_shells_available():
@@ -357,16 +390,16 @@ def test_nvidia_smi_table_matches_real_capture(extracted, tmp_path, shell, monke
     """With the capture's GPU values the stand-in renders the real tables byte for byte."""
     import tritonfleet.testbed.vendor_repo as vr
 
-    # 535 table: docker/docs L4 capture (535.288.01; the stand-in's 535 is 535.183.01)
+    # 535 table: docker/docs L4 capture (535.288.01; the stand-in's 535 is 535.104.12)
     root = host_root(tmp_path, "L4")
-    out = smi(extracted, "535", root, shell=shell).stdout.replace("535.183.01", "535.288.01")
+    out = smi(extracted, "535", root, shell=shell).stdout.replace("535.104.12", "535.288.01")
     assert without_time(out) == (FIX / "smi_l4_535.288.01.txt").read_text().splitlines()
     # wide table (550 and later): the T4 550.54.15 capture
     t4 = dict(vr.GPU_PROFILES["T4"], PCI_BUS_ID="00000000:00:04.0", TEMPERATURE_C="65", PERF_STATE="P8",
               POWER_DRAW_W="12")
     monkeypatch.setitem(vr.GPU_PROFILES, "T4", t4)
     root = host_root(tmp_path / "t4", "T4")
-    out = smi(extracted, "560", root, shell=shell).stdout.replace("560.35.03", "550.54.15").replace(
+    out = smi(extracted, "560", root, shell=shell).stdout.replace("560.28.03", "550.54.15").replace(
         "CUDA Version: 12.6", "CUDA Version: 12.4")
     expected = (FIX / "smi_t4_550.54.15.txt").read_text().splitlines()
     assert without_time(out) == expected[1:]
@@ -403,14 +436,34 @@ def test_nvidia_smi_query_fields_and_errors(extracted, tmp_path):
 def test_driver_change_without_reboot_is_a_version_mismatch(extracted, tmp_path):
     root = host_root(tmp_path, "T4")
     assert smi(extracted, "535", root).returncode == 0  # loads the 535 module
-    assert (root / "run/nvidia-standin/module-version").read_text().strip() == "535.183.01"
+    assert (root / "run/nvidia-standin/module-version").read_text().strip() == "535.104.12"
     p = smi(extracted, "560", root)  # 560 installed, 535 still loaded
     assert p.returncode != 0
     assert gpu.parse_summary(p.stdout.splitlines())["status"] == "version_mismatch"
     assert p.stdout.splitlines() == ["Failed to initialize NVML: Driver/library version mismatch",
-                                     "NVML library version: 560.35"]
+                                     "NVML library version: 560.28"]
     (root / "run/nvidia-standin/module-version").unlink()  # reboot: /run is empty again
     assert smi(extracted, "560", root).returncode == 0
+
+
+@pytest.mark.parametrize("shell", ["dash", "busybox"])
+def test_nvidia_smi_while_nouveau_holds_the_gpu(extracted, tmp_path, shell):
+    """As on a real first install: nouveau bound the GPU at boot, so the installed driver cannot
+    load: no version mismatch, nvidia-smi cannot communicate with the driver until a reboot after
+    nouveau was blacklisted."""
+    root = host_root(tmp_path, "L4")
+    with open(root / "etc/nvidia-standin/gpu.env", "a") as f:
+        f.write('NOUVEAU="1"\n')
+    p = smi(extracted, "580", root, shell=shell)
+    assert p.returncode == 9 and gpu.parse_summary(p.stdout.splitlines())["status"] == "no_communication"
+    (root / "etc/modprobe.d").mkdir()
+    (root / "etc/modprobe.d/blacklist-nouveau.conf").write_text("blacklist nouveau\noptions nouveau modeset=0\n")
+    assert smi(extracted, "580", root, shell=shell).returncode == 9  # blacklisted during this boot
+    assert not (root / "run/nvidia-standin/module-version").exists()
+    later = str(int(time.time()) + 60)  # the next boot: nouveau blacklisted, the NVIDIA module loads
+    assert smi(extracted, "580", root, shell=shell, NVIDIA_STANDIN_BOOT_TIME=later).returncode == 0
+    assert (root / "run/nvidia-standin/module-version").read_text().strip() == "580.159.04"
+    assert smi(extracted, "580", root, shell=shell).returncode == 0  # loaded: stays loaded
 
 
 def test_gpu_profile():
@@ -424,7 +477,7 @@ def test_gpu_profile():
 # ---------------------------------------------------------------- nvidia-persistenced
 
 def test_nvidia_persistenced(extracted, tmp_path):
-    script = extracted["nvidia-persistenced_535.183.01-1_amd64"] / "usr/bin/nvidia-persistenced"
+    script = extracted["nvidia-persistenced_570.133.07-1_amd64"] / "usr/bin/nvidia-persistenced"
     root = host_root(tmp_path, "L4")
     env = {"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(root)}
     p = subprocess.run(["dash", str(script), "--verbose"], capture_output=True, text=True, env=env, timeout=20)
@@ -440,6 +493,19 @@ def test_nvidia_persistenced(extracted, tmp_path):
             break
         time.sleep(0.1)
     assert not pidfile.exists()
+    # the packaged unit's --no-persistence-mode: the daemon runs, persistence mode stays off
+    for flag, mode in (("--no-persistence-mode", "Disabled"), ("--persistence-mode", "Enabled")):
+        p = subprocess.run(["dash", str(script), flag], capture_output=True, text=True, env=env, timeout=20)
+        assert p.returncode == 0, p.stderr
+        q = smi(extracted, "570", root, "-q")
+        assert [ln.split(":")[1].strip() for ln in q.stdout.splitlines() if "Persistence Mode" in ln] == [mode]
+        os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        for _ in range(50):
+            if not pidfile.exists():
+                break
+            time.sleep(0.1)
+    unit = (extracted["nvidia-persistenced_570.133.07-1_amd64"] / "lib/systemd/system/nvidia-persistenced.service")
+    assert "--no-persistence-mode" in unit.read_text()
     none = host_root(tmp_path, "none")
     p = subprocess.run(["dash", str(script)], capture_output=True, text=True,
                        env=dict(env, NVIDIA_STANDIN_ROOT=str(none)), timeout=20)
@@ -449,7 +515,7 @@ def test_nvidia_persistenced(extracted, tmp_path):
 # ---------------------------------------------------------------- nvidia-ctk
 
 def ctk(extracted, *args, cwd=None) -> subprocess.CompletedProcess:
-    script = extracted["nvidia-container-toolkit-base_1.16.2-1_amd64"] / "usr/bin/nvidia-ctk"
+    script = extracted["nvidia-container-toolkit-base_1.17.8-1_amd64"] / "usr/bin/nvidia-ctk"
     return subprocess.run(["python3", str(script), *args], capture_output=True, text=True, cwd=cwd)
 
 
@@ -489,7 +555,7 @@ def test_nvidia_ctk_new_file_matches_real_output(extracted, tmp_path):
 
 
 def test_nvidia_ctk_terminal_log_format_matches_capture(extracted, tmp_path, monkeypatch):
-    script = extracted["nvidia-container-toolkit-base_1.16.2-1_amd64"] / "usr/bin/nvidia-ctk"
+    script = extracted["nvidia-container-toolkit-base_1.17.8-1_amd64"] / "usr/bin/nvidia-ctk"
     loader = importlib.machinery.SourceFileLoader("standin_nvidia_ctk", str(script))
     spec = importlib.util.spec_from_loader("standin_nvidia_ctk", loader)
     mod = importlib.util.module_from_spec(spec)
@@ -522,7 +588,7 @@ def test_nvidia_ctk_terminal_log_format_matches_capture(extracted, tmp_path, mon
     monkeypatch.setattr(mod.sys, "stdout", out)
     assert mod.main(["--version"]) == 0
     first = out.getvalue().splitlines()
-    assert first[0] == "NVIDIA Container Toolkit CLI version 1.16.2" and first[1].startswith("commit: ")
+    assert first[0] == "NVIDIA Container Toolkit CLI version 1.17.8" and first[1].startswith("commit: ")
     assert len(first[1].split()[1]) == 40
 
 
@@ -542,7 +608,7 @@ def bundle(tmp_path: Path, env: list[str]) -> tuple[Path, Path]:
 
 
 def hook(extracted, host: Path, b: Path, *args: str) -> subprocess.CompletedProcess:
-    script = extracted["nvidia-container-toolkit_1.16.2-1_amd64"] / "usr/bin/nvidia-container-runtime-hook"
+    script = extracted["nvidia-container-toolkit_1.17.8-1_amd64"] / "usr/bin/nvidia-container-runtime-hook"
     state = json.dumps({"ociVersion": "1.0.2-dev", "id": "abc", "status": "creating", "pid": 4242,
                         "bundle": str(b)})
     return subprocess.run(["python3", str(script), *args], input=state, capture_output=True, text=True,
@@ -552,14 +618,14 @@ def hook(extracted, host: Path, b: Path, *args: str) -> subprocess.CompletedProc
 def test_hook_makes_nvidia_smi_visible_in_the_container(extracted, tmp_path):
     host = host_root(tmp_path, "L4")
     (host / "usr/bin").mkdir(parents=True)
-    shutil.copy(extracted["nvidia-smi_535.183.01-1_amd64"] / "usr/bin/nvidia-smi", host / "usr/bin/nvidia-smi")
+    shutil.copy(extracted[SMI_PACKAGE["535"]] / "usr/bin/nvidia-smi", host / "usr/bin/nvidia-smi")
     assert smi(extracted, "535", host).returncode == 0  # the host loaded the module
     b, rootfs = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
     p = hook(extracted, host, b, "prestart")
     assert p.returncode == 0, p.stderr
     assert os.access(rootfs / "usr/bin/nvidia-smi", os.X_OK)
     assert (rootfs / "etc/nvidia-standin/gpu.env").read_text() == gpu_profile("L4")
-    assert (rootfs / "run/nvidia-standin/module-version").read_text().strip() == "535.183.01"
+    assert (rootfs / "run/nvidia-standin/module-version").read_text().strip() == "535.104.12"
     # inside the container (busybox sh, paths relative to its root)
     p = subprocess.run(["busybox", "sh", str(rootfs / "bin/nvidia-smi")], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(rootfs)})
@@ -571,7 +637,7 @@ def test_hook_makes_nvidia_smi_visible_in_the_container(extracted, tmp_path):
 def test_hook_without_gpu_request_or_without_gpu(extracted, tmp_path):
     host = host_root(tmp_path, "T4")
     (host / "usr/bin").mkdir(parents=True)
-    shutil.copy(extracted["nvidia-smi_560.35.03-1_amd64"] / "usr/bin/nvidia-smi", host / "usr/bin/nvidia-smi")
+    shutil.copy(extracted[SMI_PACKAGE["560"]] / "usr/bin/nvidia-smi", host / "usr/bin/nvidia-smi")
     b, rootfs = bundle(tmp_path / "a", ["NVIDIA_VISIBLE_DEVICES=void"])
     assert hook(extracted, host, b, "prestart").returncode == 0
     assert not (rootfs / "usr/bin/nvidia-smi").exists()

@@ -31,7 +31,7 @@ def test_one_command_for_host_and_container():
     assert not state.failed_hosts
     probes = [c for c in cmds if "nvidia-smi" in c]
     assert len(probes) == 1, probes
-    assert probes[0] == probe_command("nvidia/cuda:12.2.0-base-ubuntu22.04", mode="changes")
+    assert probes[0] == probe_command("nvidia/cuda:12.8.1-base-ubuntu22.04", mode="changes")
     assert probes[0].count("docker run") == 1 and "--gpus all --network none" in probes[0]
 
 
@@ -40,7 +40,7 @@ def test_always_runs_the_container_every_time():
                               {"gpu_verify_container": "always"}, yes=True, load_image=False)
     assert not state.failed_hosts
     probes = [c for c in cmds if "nvidia-smi" in c]
-    assert probes == [probe_command("nvidia/cuda:12.2.0-base-ubuntu22.04", mode="always")]
+    assert probes == [probe_command("nvidia/cuda:12.8.1-base-ubuntu22.04", mode="always")]
     assert STAMP not in probes[0] and not any(STAMP in c for c in cmds)
 
 
@@ -64,7 +64,7 @@ def test_a_recorded_answer_is_checked_like_a_fresh_one():
 
 
 def test_the_container_check_depends_on_boot_driver_toolkit_docker_and_image():
-    cmd = probe_command("nvidia/cuda:12.2.0-base-ubuntu22.04", mode="changes")
+    cmd = probe_command("nvidia/cuda:12.8.1-base-ubuntu22.04", mode="changes")
     for part in ("boot_id", "echo \"$q\"", "nvidia-container-*", "docker-ce", "containerd*", "daemon.json",
                  "docker image inspect"):
         assert part in cmd, part

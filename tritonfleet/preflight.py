@@ -85,14 +85,60 @@ def check_gpu_class_and_driver() -> None:
                              "to tritonfleet/gpucheck.py GPU_CLASSES with a group_data file)")
     branch = config.get("nvidia_driver_branch")
     if not branch:
-        raise PreflightError(f"{host.name}: nvidia_driver_branch is not set "
-                             f"({GROUP_DATA}/{str(gpu_class).lower()}.py)")
+        return  # the distro's default: checked with the host's distro (check_driver_branch)
     version = config.get("nvidia_driver_version") or str(branch)
     ok, reason = driver_supported(version, config.get("triton_image"))
     if not ok:
         raise PreflightError(f"{host.name}: driver {version}: {reason} (set nvidia_driver_branch in "
                              f"{GROUP_DATA}/{str(gpu_class).lower()}.py or the inventory to a supported "
                              "branch, or pick a triton_image that supports it)")
+
+
+def check_driver_branch() -> None:
+    """The branch (set, or the distro's default) exists in NVIDIA's repository for the host's
+    distro and the Triton image can use it; nvidia_driver_version has that repository's shape.
+    Refused naming the branches that would work."""
+    from . import vendorfacts
+    from .gpucheck import driver_supported
+    from .steps.host_prep import cuda_distro, driver_branch, driver_version_problem
+
+    distro = cuda_distro()
+    branch = driver_branch()
+    where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if config.get("nvidia_driver_branch")
+             else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
+    try:
+        available = vendorfacts.branches(distro)
+    except vendorfacts.UnknownDistro as e:
+        raise PreflightError(f"{host.name}: {e}") from e
+    image = config.get("triton_image")
+    working = [b for b in available if driver_supported(b, image)[0]]
+    alternatives = (f"branches there that {image} supports: {', '.join(working)}" if working
+                    else f"none of its branches ({', '.join(available)}) supports {image}")
+    if branch not in available:
+        raise PreflightError(
+            f"{host.name}: driver branch {branch} is not in NVIDIA's {distro} repository (it has "
+            f"{', '.join(available)}); {alternatives}. Set {where} to one of them "
+            "(docs/nvidia-repositories.md lists the sources)")
+    ok, reason = driver_supported(config.get("nvidia_driver_version") or branch, image)
+    if not ok:
+        raise PreflightError(f"{host.name}: driver {branch}: {reason}; {alternatives}. Set {where}")
+    problem = driver_version_problem(distro, branch)
+    if problem:
+        raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")
+
+
+def check_test_image() -> None:
+    """Say which CUDA test image the GPU verification will pull (when the host does not have it)."""
+    from pyinfra import logger
+
+    from .facts import memo
+    from .facts.host import DockerImageId
+
+    image = config.get("cuda_test_image")
+    if not memo.fact(DockerImageId, image=image) and not (config.get("image_archives") or {}).get(image):
+        logger.info(f"{host.name}: the GPU verification will pull {image} (cuda_test_image, "
+                    f"{GROUP_DATA}/all.py); NVIDIA deletes end-of-life CUDA tags: if the pull fails, "
+                    "pick a current tag whose CUDA the driver supports")
 
 
 def check_registry_secret(images: list[str]) -> None:
@@ -122,10 +168,12 @@ def check_host() -> None:
     memo.prefetch((NvidiaGpus, {}), *host_layer_facts(),
                   (DockerImageId, {"image": config.get("cuda_test_image")}))
     try:
+        check_driver_branch()
         check_secure_boot()
         check_gpu_found()
         check_daemon_json()
         check_vendor_keys()
+        check_test_image()
     except config.ConfigError as e:  # e.g. an OS without a CUDA or Docker repository
         raise PreflightError(str(e)) from e
 

@@ -36,12 +36,22 @@ cuda_repo_url = "https://developer.download.nvidia.com/compute/cuda/repos"
 cuda_repo_key_name = "3bf863cc.pub"
 # Pinned fingerprint of the CUDA repository key (NVIDIA's 3bf863cc key).
 cuda_repo_key_fingerprint = "EB693B3035CD5710E231E123A4B469963BF863CC"
-# Driver branch (e.g. "535"). Set per GPU class in t4.py / l4.py; a host may override it.
+# Driver branch (e.g. "580"); None: the distro's entry in nvidia_driver_branch_default. Pre-flight
+# refuses a branch NVIDIA's repository for the host's distro does not have, or the Triton image
+# cannot use, naming the branches that would work (docs/nvidia-repositories.md).
 nvidia_driver_branch = None
-# Exact driver package version to pin (e.g. "535.183.01-1"); None: newest of the branch.
+# Driver branch per CUDA repository distro when nvidia_driver_branch is None. Each exists in that
+# repository and Triton 24.08 supports it on T4/L4 (>= 560); R580 is NVIDIA's long-term support
+# branch and has NVIDIA's pinning package (nvidia-driver-pinning-580). Debian 12's repository has no R535.
+nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "debian12": "580"}
+# Exact driver release to pin: the upstream version (e.g. "580.159.04"; every package of the
+# driver at that release, in the distro's own version shape: 580.159.04-1 on Debian, -0ubuntu1 on
+# Ubuntu) or a full package version of the metapackage; None: newest of the branch.
 nvidia_driver_version = None
-# Driver packages; "{branch}" is replaced by nvidia_driver_branch.
-nvidia_driver_packages = ["cuda-drivers-{branch}"]
+# Driver packages to install instead of the branch's metapackage from NVIDIA's repository
+# (cuda-drivers-<branch>, or cuda-drivers from 590); "{branch}" is replaced by the branch.
+# None: the metapackage (tritonfleet/data/nvidia_repos/<distro>.toml).
+nvidia_driver_packages = None
 # Kernel headers and DKMS so the module is rebuilt on kernel upgrades; "{kernel}" = uname -r.
 nvidia_kernel_packages = ["linux-headers-{kernel}", "dkms"]
 # Hold the driver packages (apt-mark hold + unattended-upgrades blacklist).
@@ -78,12 +88,17 @@ container_toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stabl
 container_toolkit_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
 # Pinned fingerprint of the Container Toolkit key.
 container_toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
-# The four toolkit packages are pinned together to this version.
-container_toolkit_version = "1.16.2-1"
+# The four toolkit packages are pinned together to this version. 1.17.8 fixes the container escapes
+# CVE-2025-23359, CVE-2025-23266 and CVE-2025-23267 (1.16.2 has all three) and injects the CUDA
+# forward-compatibility libraries through a hook (1.17.4 alone dropped them: Triton 24.08 then fails
+# on R535/R545 drivers). See docs/nvidia-repositories.md.
+container_toolkit_version = "1.17.8-1"
 
 # --- GPU verification --------------------------------------------------------------------
-# Image the article uses to prove `docker run --gpus all` reaches the GPU.
-cuda_test_image = "nvidia/cuda:12.2.0-base-ubuntu22.04"
+# Image that proves `docker run --gpus all` reaches the GPU. Its CUDA (12.8) runs on every default
+# branch (R570 and newer) without forward compatibility; 12.2.0 is end of life and NVIDIA deletes
+# such tags. Pre-flight names the image each host will pull.
+cuda_test_image = "nvidia/cuda:12.8.1-base-ubuntu22.04"
 # Lowest compute capability accepted (the runbook: 6.0).
 gpu_min_compute_capability = "6.0"
 # Lowest CUDA version (as nvidia-smi reports it) accepted.

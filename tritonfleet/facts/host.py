@@ -327,3 +327,53 @@ class DeployHistory(FactBase):
             if isinstance(rec, dict) and rec.get("release"):
                 records.append(rec)
         return {"records": records, "units": sorted(units), "failure": failure}
+
+
+
+class AptSources(FactBase):
+    """apt's sources as written in /etc/apt/sources.list(.d) (one-line and deb822): a list of
+    {"file", "uris", "suites", "components", "signed_by"} for each enabled `deb` entry."""
+
+    default = list
+
+    def command(self) -> str:
+        return ("for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; "
+                "do [ -f \"$f\" ] && echo \"##FILE $f\" && cat \"$f\" && echo; done; true")
+
+    def process(self, output):
+        out, current, stanza = [], "", {}
+
+        def flush():
+            if stanza and "deb" in stanza.get("types", "").split() and stanza.get("enabled", "yes") != "no":
+                out.append({"file": current, "uris": stanza.get("uris", "").split(),
+                            "suites": stanza.get("suites", "").split(),
+                            "components": stanza.get("components", "").split(),
+                            "signed_by": stanza.get("signed-by", "").strip() or None})
+            stanza.clear()
+
+        for raw in list(output) + [""]:
+            line = raw.rstrip("\n")
+            if line.startswith("##FILE "):
+                flush()
+                current = line[7:].strip()
+                continue
+            if current.endswith(".sources"):
+                if not line.strip():
+                    flush()
+                elif not line.lstrip().startswith("#") and ":" in line and not line.startswith((" ", "\t")):
+                    k, _, v = line.partition(":")
+                    stanza[k.strip().lower()] = v.strip()
+                continue
+            words = line.split("#", 1)[0].split()
+            if not words or words[0] != "deb":
+                continue
+            opts, rest = {}, words[1:]
+            if rest and rest[0].startswith("["):
+                text = " ".join(rest)
+                inner, _, after = text[1:].partition("]")
+                opts = dict(o.split("=", 1) for o in inner.split() if "=" in o)
+                rest = after.split()
+            if len(rest) >= 2:
+                out.append({"file": current, "uris": [rest[0]], "suites": [rest[1]], "components": rest[2:],
+                            "signed_by": opts.get("signed-by")})
+        return out

@@ -5,6 +5,8 @@ Each step checks before it changes (facts), so a re-run on a converged host is a
 
 from __future__ import annotations
 
+import re
+import shlex
 from fnmatch import fnmatchcase
 from io import StringIO
 
@@ -13,9 +15,10 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
-from .. import config
+from .. import config, vendorfacts
 from ..facts import memo
 from ..facts.host import (
+    AptSources,
     DockerDaemonJson,
     DpkgState,
     FileState,
@@ -38,11 +41,10 @@ TOOLKIT_PACKAGES = [
     "libnvidia-container-tools",
     "libnvidia-container1",
 ]
-# Packages that must move together with the kernel module: held, and kept out of
-# unattended-upgrades, so a silent upgrade cannot cause "Driver/library version mismatch".
-DRIVER_HOLD_PATTERN = r"^(cuda-drivers|nvidia-|libnvidia-|xserver-xorg-video-nvidia)"
-# ... except the Container Toolkit, which is pinned by version instead (preferences.d)
-TOOLKIT_PATTERN = r"^(nvidia-container|libnvidia-container)"
+# The packages that move together with the kernel module (held, kept out of unattended-upgrades,
+# so a silent upgrade cannot cause "Driver/library version mismatch") are the driver's set in
+# tritonfleet/data/nvidia_repos/<distro>.toml: exactly those, not the Container Toolkit (pinned
+# by version instead), egl-wayland or DKMS.
 DRIVER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-nvidia-driver"
 TOOLKIT_PIN_FILE = "/etc/apt/preferences.d/nvidia-container-toolkit"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
@@ -82,55 +84,141 @@ def deb_arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(arch, arch)
 
 
-def driver_packages() -> list[str]:
-    branch = str(config.get("nvidia_driver_branch"))
+def driver_branch() -> str:
+    """The driver branch for this host: nvidia_driver_branch, else the distro's default."""
+    branch = config.get("nvidia_driver_branch")
+    if branch:
+        return str(branch)
+    distro = cuda_distro()
+    defaults = config.get("nvidia_driver_branch_default") or {}
+    if distro not in defaults:
+        raise config.ConfigError(
+            f"{host.name}: no driver branch for {distro}: set nvidia_driver_branch (inventory or "
+            f"inventories/group_data/<class>.py), or add {distro} to nvidia_driver_branch_default "
+            "(inventories/group_data/all.py)")
+    return str(defaults[distro])
+
+
+def driver_upstream_version() -> str | None:
+    """nvidia_driver_version as the upstream release ('580.159.04'), or None (newest of the branch)."""
     version = config.get("nvidia_driver_version")
-    pkgs = [p.format(branch=branch) for p in config.get("nvidia_driver_packages")]
-    if version:
-        pkgs = [f"{p}={version}" for p in pkgs]
-    return pkgs
+    if not version:
+        return None
+    return str(version).split(":", 1)[-1].split("-", 1)[0]
 
 
-def _hold_missing(installed: dict) -> list[str]:
-    import re
+def driver_version_problem(distro: str, branch: str) -> str | None:
+    """Why nvidia_driver_version cannot pin anything in ``distro``'s repository (None: it can)."""
+    version = config.get("nvidia_driver_version")
+    if not version:
+        return None
+    version = str(version)
+    upstream = driver_upstream_version()
+    shape = vendorfacts.version_shape(distro)
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", upstream or ""):
+        return f"nvidia_driver_version {version!r} is not a driver version (e.g. {shape['example'].split('-')[0]})"
+    if upstream.split(".")[0] != branch:
+        return (f"nvidia_driver_version {version} is not a release of branch {branch} "
+                f"(set nvidia_driver_branch = \"{upstream.split('.')[0]}\", or a {branch}.x version)")
+    if "-" in version and not (vendorfacts.version_matches(distro, version, "metapackage")
+                               or vendorfacts.version_matches(distro, version, "driver")):
+        return (f"nvidia_driver_version {version} does not have the shape of {distro}'s package versions "
+                f"(driver packages like {shape['example']}): it would pin nothing there; give the upstream "
+                f"release {upstream} and the deploy pins every package of that release")
+    return None
 
-    held = set(memo.fact(DpkgState)["held"])
-    return [p for p in installed
-            if re.match(DRIVER_HOLD_PATTERN, p) and not re.match(TOOLKIT_PATTERN, p) and p not in held]
+
+def driver_pinning_package() -> str | None:
+    """NVIDIA's pinning package for the branch, where the repository has one."""
+    return vendorfacts.pinning_package(cuda_distro(), driver_branch())
 
 
-def _hold_command() -> str:
-    return (
-        "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\" || $1==\"hi\" {print $2}' "
-        f"| grep -E '{DRIVER_HOLD_PATTERN}' | grep -v -E '{TOOLKIT_PATTERN}' | xargs -r apt-mark hold"
-    )
+def driver_packages() -> list[str]:
+    """What the driver install names: the branch's metapackage (at the pinned version, if any)."""
+    distro, branch = cuda_distro(), driver_branch()
+    upstream = driver_upstream_version()
+    own = config.get("nvidia_driver_packages")
+    if own:  # the operator's own list (e.g. signed precompiled modules)
+        own = [p.format(branch=branch) for p in own]
+        version = config.get("nvidia_driver_version")
+        return [f"{p}={version}" for p in own] if version else own
+    meta = vendorfacts.metapackage(distro, branch)
+    if not upstream:
+        return [meta]
+    version = str(config.get("nvidia_driver_version"))
+    # metapackages are <upstream>-1 in every CUDA repository (vendorfacts: version_shape)
+    meta_version = version if vendorfacts.version_matches(distro, version, "metapackage") else f"{upstream}-1"
+    return [f"{meta}={meta_version}"]
+
+
+def uses_own_pin() -> bool:
+    """Our apt preferences are written where NVIDIA has no pinning package for the branch, and for
+    an exact version (NVIDIA's package pins the branch, not a release)."""
+    return driver_pinning_package() is None or bool(config.get("nvidia_driver_version"))
 
 
 def driver_pin_text() -> str:
-    """apt preferences that keep every driver package on the configured branch. NVIDIA's Debian
-    repositories ship all branches under one set of names (nvidia-driver, nvidia-smi, ...): without
-    a pin apt picks the newest branch and `cuda-drivers-<branch>` ends in "held broken packages"."""
-    branch = str(config.get("nvidia_driver_branch"))
-    version = config.get("nvidia_driver_version")
-    pin = version if version else f"{branch}.*"
+    """apt preferences that keep every package of the driver on the configured branch (or release).
+    NVIDIA's repositories depend with lower bounds only and Debian's ships every branch under one
+    set of names: without a pin apt takes the newest branch, silently. The pin names every package
+    of the driver's set (tritonfleet/data/nvidia_repos/), of every branch, at priority 1001 (so a
+    switch back to an older branch downgrades)."""
+    distro, branch = cuda_distro(), driver_branch()
+    upstream = driver_upstream_version()
+    pin = f"{upstream}-*" if upstream else f"{branch}.*"
+    names = " ".join(vendorfacts.all_driver_packages(distro))
     return (
         "# Managed by tritonfleet: driver packages stay on the configured branch.\n"
-        "Package: cuda-drivers* nvidia-* libnvidia-* libcuda1 libnvcuvid1 libnvidia-ml1 xserver-xorg-video-nvidia\n"
-        f"Pin: version {pin}\nPin-Priority: 1001\n"
+        f"Package: {names}\nPin: version {pin}\nPin-Priority: 1001\n"
     )
 
 
+def driver_package_set() -> list[str]:
+    """Every package name that belongs to the driver in this host's repository (any branch)."""
+    return vendorfacts.all_driver_packages(cuda_distro())
+
+
+def _hold_missing(installed: dict) -> list[str]:
+    held = set(memo.fact(DpkgState)["held"])
+    return [p for p in driver_package_set() if p in installed and p not in held]
+
+
+def _hold_command(action: str = "hold") -> str:
+    """apt-mark hold|unhold on the installed packages of the driver's set, and nothing else (run
+    after the install: it decides on the host which of them are installed then)."""
+    names = " ".join(f"-e {shlex.quote(p)}" for p in driver_package_set())
+    return ("dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\" || $1==\"hi\" {print $2}' "
+            f"| grep -x -F {names} | xargs -r apt-mark {action}")
+
+
+def installed_branches(installed: dict) -> set[str]:
+    """Branches of the driver packages installed now (from their versions)."""
+    found = set()
+    for p in driver_package_set():
+        for v in installed.get(p, []):
+            major = v.split(":", 1)[-1].split(".", 1)[0]
+            if major.isdigit():
+                found.add(major)
+    return found
+
+
 DRIVER_VERSION_COMMAND = "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
+NO_DRIVER = "couldn't communicate with the nvidia driver"
 
 
 def _reboot_needed() -> bool:
-    """At execution time: the loaded driver does not match the installed one (read again when
-    an operation before changed the host)."""
+    """At execution time: the loaded driver does not match the installed one, or the driver is
+    installed but not loaded (nouveau held the GPU, or no module yet): read again when an
+    operation before changed the host."""
     if not config.get("nvidia_reboot_if_needed"):
         return False
-    text = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
-    if "version mismatch" in text.lower():
+    text = (memo.fact(Command, command=DRIVER_VERSION_COMMAND) or "").lower()
+    if "version mismatch" in text:
         logger.warning(f"{host.name}: loaded NVIDIA module does not match the installed driver; rebooting")
+        return True
+    if NO_DRIVER in text:
+        logger.warning(f"{host.name}: the NVIDIA driver is installed but not loaded (nouveau bound to the "
+                       "GPU, or no module yet); rebooting once")
         return True
     return False
 
@@ -143,6 +231,15 @@ SECURE_BOOT_HELP = (
     "<flavour>, set nvidia_driver_packages), or disable Secure Boot in the firmware. Then set "
     "nvidia_secure_boot_ok = True for this host and run the deploy again."
 )
+
+NONFREE_FILE = "/etc/apt/sources.list.d/tritonfleet-debian-nonfree.sources"
+PERSISTENCE_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/tritonfleet-persistence-mode.conf"
+PERSISTENCE_DROPIN_TEXT = (
+    "# Managed by tritonfleet: the packaged unit runs --no-persistence-mode; turn persistence on.\n"
+    "[Service]\nExecStart=\n"
+    "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose\n"
+)
+PERSISTENCE_COMMAND = "nvidia-smi -q 2>&1 | grep -i 'Persistence Mode' || true"
 
 
 SECURE_BOOT_UNKNOWN_HELP = (
@@ -171,7 +268,33 @@ def driver_facts() -> list[tuple]:
             (KeyringFingerprints, {"path": CUDA_KEYRING}), (FileState, {"path": source_path("cuda")}),
             (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
             (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
-            (Command, {"command": DRIVER_VERSION_COMMAND})]
+            (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}),
+            (Command, {"command": DRIVER_VERSION_COMMAND}), (Command, {"command": PERSISTENCE_COMMAND})]
+
+
+def debian_nonfree_text() -> str | None:
+    """deb822 source adding the components NVIDIA's driver needs from the distro's own archive
+    (Debian: contrib non-free non-free-firmware), for each archive source that lacks them; None
+    when nothing is missing (or the distro needs none)."""
+    needed = vendorfacts.apt_components(cuda_distro())["needed"]
+    if not needed:
+        return None
+    codename = ((memo.fact(LinuxDistribution).get("release_meta") or {}).get("VERSION_CODENAME") or "")
+    archive = [s for s in memo.fact(AptSources)
+               if s["suites"] and s["suites"][0].split("-")[0] == codename and "main" in s["components"]]
+    stanzas = []
+    for s in archive:
+        missing = [c for c in needed if c not in s["components"]]
+        if missing and s["file"] != NONFREE_FILE:
+            lines = ["Types: deb", f"URIs: {' '.join(s['uris'])}", f"Suites: {' '.join(s['suites'])}",
+                     f"Components: {' '.join(missing)}"]
+            if s.get("signed_by"):
+                lines.append(f"Signed-By: {s['signed_by']}")
+            stanzas.append("\n".join(lines))
+    if not stanzas:
+        return None
+    return "# Managed by tritonfleet: components NVIDIA's driver needs (contrib, non-free, firmware)\n" \
+        + "\n\n".join(stanzas) + "\n"
 
 
 @deploy("NVIDIA driver")
@@ -185,8 +308,9 @@ def nvidia_driver():
               expected="Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load")
         return
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
+    distro, branch = cuda_distro(), driver_branch()
     repo = config.get("cuda_repo_url").rstrip("/")
-    base = f"{repo}/{cuda_distro()}/{cuda_arch()}"
+    base = f"{repo}/{distro}/{cuda_arch()}"
     key = signed_key(
         name="CUDA repository signing key (fingerprint checked)",
         url=f"{base}/{config.get('cuda_repo_key_name')}",
@@ -194,11 +318,18 @@ def nvidia_driver():
         keyring=CUDA_KEYRING,
     )
     src = source_file("cuda", f"deb [signed-by={CUDA_KEYRING}] {base}/ /")
-    if will_change(key, src):
+    components = vendorfacts.apt_components(distro)
+    nonfree = debian_nonfree_text()
+    extra = None
+    if nonfree:
+        extra = fast.put(name=f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)",
+                         src=StringIO(nonfree), dest=NONFREE_FILE, mode="644")
+    if will_change(key, src, *([extra] if extra else [])):
         aptlock.update(name="apt update (CUDA repository changed)")
 
     kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
+    kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
     if kernel_pkgs:
         fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
 
@@ -210,44 +341,95 @@ def nvidia_driver():
                       "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
         )
 
-    fast.put(name=f"pin driver packages to branch {config.get('nvidia_driver_branch')}",
-              src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
-    pkgs = driver_packages()
     installed = memo.fact(DpkgState)["installed"]
-    # Changing branch: the old branch's held packages would block apt ("held broken packages").
-    other = [p for p in installed if p.startswith("cuda-drivers-") and p not in {x.split("=")[0] for x in pkgs}]
-    if other:
+    pinning = driver_pinning_package()
+    other_pins = [p for p in vendorfacts.pinning_packages(distro) if p in installed and p != pinning]
+    if uses_own_pin():
+        fast.put(name=f"pin driver packages to branch {branch}",
+                 src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
+    elif memo.fact(FileState, path=DRIVER_PIN_FILE) is not None:
+        files.file(name=f"remove own driver pin (NVIDIA's {pinning} pins branch {branch})",
+                   path=DRIVER_PIN_FILE, present=False)
+    pkgs = driver_packages()
+    # Changing branch: the old branch's held packages would block apt ("held broken packages"),
+    # and another branch's pinning package would pin the old branch.
+    other = sorted(installed_branches(installed) - {branch})
+    # the pinned release (nvidia_driver_version) differs from what is installed: moved the same way
+    upstream = driver_upstream_version()
+    moving = bool(upstream) and not other and any(
+        not v.split(":", 1)[-1].startswith(f"{upstream}-")
+        for p in vendorfacts.driver_packages(distro, branch)[1:] for v in installed.get(p, []))
+    switching = bool(other or other_pins or moving)
+    if switching:
         # Held packages are never moved as dependencies: release them for this switch only
         # (they are held again below, at the new branch).
-        server.shell(name=f"release driver holds to switch from {', '.join(other)}",
-                     commands=aptlock.wrapped([_hold_command().replace("apt-mark hold", "apt-mark unhold")]))
-        fast.packages(name=f"remove the other branch's metapackage {', '.join(other)}", packages=other,
-                     present=False)
-    driver = fast.packages(
-        name=f"NVIDIA driver {', '.join(pkgs)}",
-        packages=pkgs,
-        extra_install_args="--allow-downgrades" if other else None,
-    )
-    driver_changes = bool(other) or will_change(driver)
+        what = f"switch from branch {', '.join(other)}" if other else f"move to {upstream or branch}"
+        server.shell(name=f"release driver holds to {what}",
+                     commands=aptlock.wrapped([_hold_command("unhold")]))
+        old_meta = [p for p in installed if p.startswith("cuda-drivers-") and p != pkgs[0].split("=")[0]]
+        if old_meta or other_pins:
+            fast.packages(name=f"remove the other branch's {', '.join(old_meta + other_pins)}",
+                          packages=old_meta + other_pins, present=False)
+    if pinning:
+        # installed alone, before the driver: apt reads its preferences from the next command on
+        fast.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning])
+    if switching:
+        # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
+        # leaves installed packages alone: name the installed packages of the set, so apt moves
+        # each to its pinned candidate (apt itself, not a check that skips installed packages).
+        wanted = set(vendorfacts.driver_packages(distro, branch)[1:])
+        move = [p for p in driver_package_set() if p in installed and p in wanted]
+        driver = server.shell(
+            name=f"NVIDIA driver {', '.join(pkgs)} (and the {len(move)} installed packages of its set)",
+            commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+                                      + " ".join(pkgs + move)]))
+    else:
+        driver = fast.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs)
+    driver_changes = switching or will_change(driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
             server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
         fast.put(name="keep driver packages out of unattended-upgrades",
-                  src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
+                 src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
 
+    persistence_changed = False
     if config.get("nvidia_persistenced"):
-        fast.service(name="nvidia-persistenced running and enabled",
-                        service="nvidia-persistenced", running=True, enabled=True)
+        # the packaged unit runs --no-persistence-mode: the drop-in turns persistence mode on
+        dropin = fast.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
+                          src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
+        persistence_changed = will_change(dropin)
+        if persistence_changed:
+            server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
+                         commands=["systemctl daemon-reload"])
 
     # A reboot can only be needed when the driver changes now, or the loaded module already
-    # differs from the installed driver; whether it is, is decided on the host after the install.
+    # differs from the installed driver; whether it is, is decided on the host after the install
+    # (also: installed but not loaded, e.g. nouveau bound to the GPU). Once: a later run reboots
+    # again only for a version mismatch. Before the daemon starts: it cannot reach the driver
+    # until then.
     loaded = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
     if driver_changes or "version mismatch" in loaded.lower():
         reboot(
-            name="reboot if the loaded driver does not match the installed one",
+            name="reboot if the loaded driver does not match the installed one (or is not loaded)",
             reboot_timeout=config.get("nvidia_reboot_timeout"),
             _if=_reboot_needed,
         )
+    if config.get("nvidia_persistenced"):
+        if persistence_changed and memo.fact(UnitState, unit="nvidia-persistenced.service")["running"]:
+            server.shell(name="restart nvidia-persistenced (persistence mode)",
+                         commands=["systemctl restart nvidia-persistenced.service"])
+        fast.service(name="nvidia-persistenced running and enabled",
+                     service="nvidia-persistenced", running=True, enabled=True)
+        check(name="check: persistence mode is on (nvidia-smi -q)", function=_check_persistence)
+
+
+def _check_persistence():
+    text = " ".join((memo.fact(Command, command=PERSISTENCE_COMMAND) or "").split())
+    if "enabled" not in text.lower():
+        raise RuntimeError(
+            f"{host.name}: nvidia-smi -q shows {text or 'no Persistence Mode line'}, expected Persistence Mode "
+            f"Enabled: check `systemctl status nvidia-persistenced` and {PERSISTENCE_DROPIN} on the host "
+            "(nvidia_persistenced in inventories/group_data/all.py turns this step off)")
 
 
 def docker_facts() -> list[tuple]:

@@ -19,7 +19,7 @@ Test hosts have no GPU and no registry access; the deploy ``docker load``s these
     image, on CPU: model configs must use ``instance_group { kind: KIND_CPU }`` there (this
     tritonserver refuses KIND_GPU when it sees no GPU).
 
-``build_cuda_image()``  ->  nvidia/cuda:12.2.0-base-ubuntu22.04 stand-in
+``build_cuda_image()``  ->  nvidia/cuda:12.8.1-base-ubuntu22.04 stand-in
     busybox (static) in /bin, the glibc runtime in /lib (so a driver-provided nvidia-smi,
     dynamically linked, runs), an empty /usr/bin and /usr/lib/x86_64-linux-gnu for the GPU
     runtime hook to fill, and the real image's NVIDIA_* environment.
@@ -52,7 +52,7 @@ from pathlib import Path
 from tritonfleet.testbed import rootfs
 
 TRITON_TAG = "nvcr.io/nvidia/tritonserver:24.08-py3"
-CUDA_TAG = "nvidia/cuda:12.2.0-base-ubuntu22.04"
+CUDA_TAG = "nvidia/cuda:12.8.1-base-ubuntu22.04"
 
 # Bump when the layout below changes: it is part of every cache key.
 RECIPE_VERSION = "1"
@@ -82,9 +82,9 @@ TRITON_ENV = {
 CUDA_ENV = {
     "PATH": "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "NVARCH": "x86_64",
-    "NVIDIA_REQUIRE_CUDA": "cuda>=12.2",
-    "NV_CUDA_CUDART_VERSION": "12.2.53-1",
-    "CUDA_VERSION": "12.2.0",
+    "NVIDIA_REQUIRE_CUDA": "cuda>=12.8",
+    "NV_CUDA_CUDART_VERSION": "12.8.90-1",
+    "CUDA_VERSION": "12.8.1",
     "LD_LIBRARY_PATH": "/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
     "NVIDIA_VISIBLE_DEVICES": "all",
     "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
@@ -546,7 +546,7 @@ def _build_cuda_root(root: Path) -> None:
     )
     (etc / "os-release").write_text(
         'NAME="BusyBox"\nID=busybox\n'
-        'PRETTY_NAME="testbed stand-in for nvidia/cuda:12.2.0-base-ubuntu22.04 (busybox, glibc)"\n'
+        'PRETTY_NAME="testbed stand-in for nvidia/cuda:12.8.1-base-ubuntu22.04 (busybox, glibc)"\n'
     )
 
 

@@ -3,16 +3,23 @@
 Layout below ``dest`` (the URL paths the deploy uses for NVIDIA's real repositories):
 
 * ``cuda/<distro>/x86_64/``: CUDA driver repository (flat, ``deb [...] <url>/ /``), signed, with
-  its key as ``<key_name>`` (ASCII-armored, like NVIDIA's ``3bf863cc.pub``).  Per driver branch
-  (535: 535.183.01-1, 560: 560.35.03-1) the packages use the names of NVIDIA's debian12
-  repository: ``cuda-drivers-<branch>`` (metapackage) -> ``nvidia-driver`` -> ``nvidia-smi``
-  (stand-in nvidia-smi, driver/CUDA version baked in), ``libnvidia-ml1``, ``nvidia-kernel-dkms``,
-  and ``nvidia-persistenced`` (stand-in daemon + ``nvidia-persistenced.service``);
-  ``cuda-drivers`` (newest branch), and ``linux-headers-<kernel_release>`` (the test hosts run
-  this machine's kernel, which Debian has no headers for).
+  its key as ``<key_name>`` (ASCII-armored, like NVIDIA's ``3bf863cc.pub``), one per distro
+  (debian12, ubuntu2204, ubuntu2404), each generated from that distro's facts
+  (tritonfleet/data/nvidia_repos/<distro>.toml): the branches and real releases the facts name,
+  the real package set and names (Debian: ``nvidia-driver``, ``nvidia-smi``, ``libcuda1``,
+  ``firmware-nvidia-gsp``, ... for every branch; Ubuntu: ``nvidia-driver-<branch>``,
+  ``nvidia-utils-<branch>``, ...), the distro's version shapes (Debian ``<v>-1``, Ubuntu
+  ``<v>-0ubuntu1``; metapackages ``<v>-1``), ``cuda-drivers-<branch>`` with a lower bound only
+  (``nvidia-driver (>= <v>)``: unpinned, apt takes the newest branch), NVIDIA's pinning package
+  ``nvidia-driver-pinning-<branch>`` where the facts say the branch has one (apt preferences for
+  the set), ``libnvidia-egl-wayland1`` (epoch, not the driver's), and
+  ``linux-headers-<kernel_release>`` (the test hosts run this machine's kernel, which Debian has
+  no headers for).  The stand-in nvidia-smi (driver/CUDA version baked in) is in ``nvidia-smi`` /
+  ``nvidia-utils-<branch>``, the daemon and its packaged unit (``--no-persistence-mode``) in
+  ``nvidia-persistenced`` / ``nvidia-compute-utils-<branch>``.
 * ``libnvidia-container/stable/deb/amd64/``: NVIDIA Container Toolkit repository (flat),
   ``nvidia-container-toolkit``, ``nvidia-container-toolkit-base``, ``libnvidia-container-tools``,
-  ``libnvidia-container1`` at 1.16.2-1 (stand-in nvidia-ctk, nvidia-container-runtime,
+  ``libnvidia-container1`` at 1.17.8-1 (stand-in nvidia-ctk, nvidia-container-runtime,
   nvidia-container-runtime-hook), key at ``libnvidia-container/gpgkey``.
 
 * ``docker/debian/``: Docker's apt repository, laid out like ``download.docker.com/linux/debian``:
@@ -54,17 +61,20 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import vendorfacts
+
 STANDIN = Path(__file__).with_name("standin")
 RECIPE_VERSION = "1"
 MAINTAINER = "tritonfleet testbed <testbed@tritonfleet.invalid>"
 KEY_UID = "tritonfleet testbed vendor repository <testbed@tritonfleet.invalid>"
 
-# branch -> (driver version, CUDA version its nvidia-smi reports)
-DRIVER_BRANCHES = {
-    "535": ("535.183.01", "12.2"),
-    "560": ("560.35.03", "12.6"),
-}
-TOOLKIT_VERSION = "1.16.2"
+# The CUDA version each branch's nvidia-smi reports (NVIDIA's CUDA toolkit release notes, table
+# "CUDA Toolkit and Corresponding Driver Versions"; 535/570/580 also in tests/fixtures/nvidia).
+CUDA_OF_BRANCH = {"515": "11.7", "520": "11.8", "525": "12.0", "530": "12.1", "535": "12.2", "545": "12.3",
+                  "550": "12.4", "555": "12.5", "560": "12.6", "565": "12.7", "570": "12.8", "575": "12.9",
+                  "580": "13.0"}
+STANDIN_DISTROS = ("debian12", "ubuntu2204", "ubuntu2404")
+TOOLKIT_VERSION = "1.17.8"
 DEB_REVISION = "1"
 CUDA_REPO_LABEL = "NVIDIA CUDA"
 # Docker's repository (Debian 12): versions as Docker numbers its packages.
@@ -194,7 +204,7 @@ def _template(name: str, **values: str) -> str:
 
 def _inputs_digest(kernel_release: str, distros, key_name: str | None, docker_io: Path | None) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([RECIPE_VERSION, kernel_release, list(distros), key_name, DRIVER_BRANCHES,
+    h.update(json.dumps([RECIPE_VERSION, kernel_release, list(distros), key_name, CUDA_OF_BRANCH,
                          TOOLKIT_VERSION, GPU_PROFILES, DOCKER_CE_VERSIONS, CONTAINERD_IO_VERSION,
                          DOCKER_PLUGINS, docker_io.name if docker_io else None]).encode())
     for p in sorted(STANDIN.iterdir()):
@@ -202,6 +212,8 @@ def _inputs_digest(kernel_release: str, distros, key_name: str | None, docker_io
             h.update(p.name.encode())
             h.update(p.read_bytes())
     h.update(Path(__file__).read_bytes())
+    for p in sorted(vendorfacts.DATA.glob("*.toml")):
+        h.update(p.read_bytes())
     return h.hexdigest()
 
 
@@ -284,58 +296,99 @@ def _deb(out_dir: Path, name: str, version: str, *, arch: str = "amd64", depends
             "depends": depends}
 
 
-def _cuda_packages(out_dir: Path, kernel_release: str) -> list[dict]:
+def _standin_branches(distro: str) -> dict[str, tuple[str, str]]:
+    """branch -> (driver version, CUDA version) the stand-in builds for ``distro``: the real
+    releases its facts name (tritonfleet/data/nvidia_repos/<distro>.toml, key releases)."""
+    out = {}
+    for branch in vendorfacts.branches(distro):
+        version = vendorfacts.release(distro, branch)
+        if version:
+            out[branch] = (version, CUDA_OF_BRANCH[branch])
+    return out
+
+
+def _file_roles(distro: str, branch: str) -> dict[str, str]:
+    """Which package of the set carries the stand-in's nvidia-smi, daemon, module and NVML."""
+    if vendorfacts.family(distro) == "ubuntu":
+        suffix = "" if int(branch) >= 590 else f"-{branch}"
+        return {"smi": f"nvidia-utils{suffix}", "persistenced": f"nvidia-compute-utils{suffix}",
+                "dkms": f"nvidia-dkms{suffix}", "nvml": f"libnvidia-compute{suffix}",
+                "driver": f"nvidia-driver{suffix}"}
+    return {"smi": "nvidia-smi", "persistenced": "nvidia-persistenced", "dkms": "nvidia-kernel-dkms",
+            "nvml": "libnvidia-ml1", "driver": "nvidia-driver"}
+
+
+def _package_version(distro: str, upstream: str) -> str:
+    """The driver packages' version in ``distro``'s shape (Debian <v>-1, Ubuntu <v>-0ubuntu1)."""
+    v = f"{upstream}-1" if vendorfacts.family(distro) == "debian" else f"{upstream}-0ubuntu1"
+    if not vendorfacts.version_matches(distro, v, "driver"):
+        raise ValueError(f"{distro}: {v} does not have the repository's version shape")
+    return v
+
+
+def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12") -> list[dict]:
+    """NVIDIA's driver package graph for ``distro``, from its facts: the real package names and
+    set, the distro's version shapes, metapackages with lower bounds only (apt takes the newest
+    branch unless something pins it), NVIDIA's pinning package where the repository has one."""
     built = []
-    rev = DEB_REVISION
-    for branch, (version, cuda) in DRIVER_BRANCHES.items():
-        v = f"{version}-{rev}"
-        nxt = int(branch) + 1
-        smi = _template("nvidia-smi.sh", DRIVER_VERSION=version, CUDA_VERSION=cuda)
-        persistenced = _template("nvidia-persistenced.sh", DRIVER_VERSION=version)
-        unit = (STANDIN / "nvidia-persistenced.service").read_text()
-        built.append(_deb(out_dir, "libnvidia-ml1", v, section="non-free/libs",
-                          description=f"NVIDIA Management Library (NVML) {version}\n"
-                                      "Testbed stand-in: the library the stand-in nvidia-smi reports."))
-        built.append(_deb(out_dir, "nvidia-smi", v, depends=f"libnvidia-ml1 (= {v})", section="non-free/utils",
-                          description=f"NVIDIA System Management Interface {version}\n"
-                                      f"Testbed stand-in nvidia-smi (driver {version}, CUDA {cuda}); the GPU it\n"
-                                      "reports is /etc/nvidia-standin/gpu.env.",
-                          files=[("/usr/bin/nvidia-smi", smi, 0o755)]))
-        built.append(_deb(out_dir, "nvidia-kernel-dkms", v, section="non-free/kernel",
-                          description=f"NVIDIA binary kernel module {version}\n"
-                                      "Testbed stand-in: the hosts have no GPU; the module is emulated by the\n"
-                                      "stand-in nvidia-smi.",
-                          files=[(f"/usr/src/nvidia-{version}/dkms.conf.testbed",
-                                  f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\n', 0o644)]))
-        built.append(_deb(out_dir, "nvidia-persistenced", v, section="contrib/utils",
-                          description=f"daemon to maintain persistent software state in the NVIDIA driver {version}\n"
-                                      "Testbed stand-in daemon and its systemd unit nvidia-persistenced.service\n"
-                                      "(not enabled by the package).",
-                          files=[("/usr/bin/nvidia-persistenced", persistenced, 0o755),
-                                 ("/lib/systemd/system/nvidia-persistenced.service", unit, 0o644)],
+    persistenced_unit = (STANDIN / "nvidia-persistenced.service").read_text()
+    if vendorfacts.value(distro, "persistenced_unit") == "no-persistence-mode":
+        persistenced_unit = persistenced_unit.replace("--verbose", "--no-persistence-mode --verbose")
+    wayland = False
+    for branch, (upstream, cuda) in _standin_branches(distro).items():
+        v = _package_version(distro, upstream)
+        meta_v = f"{upstream}-1"
+        roles = _file_roles(distro, branch)
+        names = vendorfacts.driver_packages(distro, branch)
+        meta, members = names[0], names[1:]
+        smi = _template("nvidia-smi.sh", DRIVER_VERSION=upstream, CUDA_VERSION=cuda)
+        persistenced = _template("nvidia-persistenced.sh", DRIVER_VERSION=upstream)
+        for name in members:
+            kw: dict = {"description": f"NVIDIA driver {upstream}: {name}\nTestbed stand-in (package set of "
+                                       f"NVIDIA's {distro} repository)."}
+            if name == roles["smi"]:
+                kw.update(depends=f"{roles['nvml']} (= {v})", files=[("/usr/bin/nvidia-smi", smi, 0o755)],
+                          description=f"NVIDIA System Management Interface {upstream}\nTestbed stand-in nvidia-smi "
+                                      f"(driver {upstream}, CUDA {cuda}); the GPU it\nreports is "
+                                      "/etc/nvidia-standin/gpu.env.")
+            elif name == roles["dkms"]:
+                kw["files"] = [(f"/usr/src/nvidia-{upstream}/dkms.conf.testbed",
+                                f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{upstream}"\n', 0o644)]
+            elif name == roles["persistenced"]:
+                kw.update(files=[("/usr/bin/nvidia-persistenced", persistenced, 0o755),
+                                 ("/lib/systemd/system/nvidia-persistenced.service", persistenced_unit, 0o644)],
                           postinst=("if ! getent passwd nvidia-persistenced >/dev/null; then\n"
                                     "  useradd --system --no-create-home --home-dir /var/run/nvidia-persistenced "
                                     "--shell /usr/sbin/nologin nvidia-persistenced\nfi\n"
                                     "if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi"),
                           prerm=("if [ -d /run/systemd/system ] && [ \"$1\" = remove ]; then\n"
-                                 "  systemctl stop nvidia-persistenced.service 2>/dev/null || true\nfi")))
-        built.append(_deb(out_dir, "nvidia-driver", v, section="non-free/x11",
-                          depends=(f"nvidia-smi (= {v}), libnvidia-ml1 (= {v}), nvidia-kernel-dkms (= {v})"),
-                          recommends=f"nvidia-persistenced (>= {version})",
-                          description=f"NVIDIA metapackage (driver {version})\n"
-                                      "Testbed stand-in driver."))
-        built.append(_deb(out_dir, f"cuda-drivers-{branch}", v, section="multiverse/metapackages",
-                          depends=(f"nvidia-driver (>= {version}), nvidia-driver (<< {nxt}), "
-                                   f"nvidia-kernel-dkms (>= {version}), nvidia-kernel-dkms (<< {nxt}), "
-                                   f"nvidia-smi (>= {version}), nvidia-smi (<< {nxt}), "
-                                   f"nvidia-persistenced (>= {version}), nvidia-persistenced (<< {nxt})"),
+                                 "  systemctl stop nvidia-persistenced.service 2>/dev/null || true\nfi"))
+            elif name == roles["driver"]:
+                # the driver's own packages move together (same version), the egl-wayland library
+                # (not the driver's: an epoch, its own versions) comes along as on real hosts
+                deps = [f"{m} (= {v})" for m in members if m != name]
+                kw["depends"] = ", ".join([*deps, "libnvidia-egl-wayland1"])
+                wayland = True
+            built.append(_deb(out_dir, name, v, section="non-free/libs", **kw))
+        # metapackage: lower bound only, as NVIDIA's
+        built.append(_deb(out_dir, meta, meta_v, section="multiverse/metapackages",
+                          depends=f"{roles['driver']} (>= {upstream})",
                           description=f"CUDA Driver meta-package, branch-specific (R{branch})\n"
-                                      f"Installs the R{branch} driver ({version})."))
-    newest_branch = max(DRIVER_BRANCHES, key=int)
-    newest = f"{DRIVER_BRANCHES[newest_branch][0]}-{rev}"
-    built.append(_deb(out_dir, "cuda-drivers", newest, section="multiverse/metapackages",
-                      depends=f"cuda-drivers-{newest_branch} (= {newest})",
-                      description="CUDA Driver meta-package, newest branch\nInstalls the newest driver branch."))
+                                      f"Installs the R{branch} driver ({upstream}) or newer."))
+        pin = vendorfacts.pinning_package(distro, branch)
+        if pin:
+            prefs = (f"# {pin}: keeps the driver on branch {branch}\n"
+                     f"Package: {' '.join(vendorfacts.all_driver_packages(distro))}\n"
+                     f"Pin: version {branch}.*\nPin-Priority: 1000\n")
+            pin_v = f"{branch}-1" if vendorfacts.family(distro) == "debian" else f"{branch}-2ubuntu1"
+            built.append(_deb(out_dir, pin, pin_v, arch="all", section="multiverse/metapackages",
+                              description=f"NVIDIA driver pinning package for branch {branch}\n"
+                                          "Testbed stand-in: apt preferences for the driver's packages.",
+                              files=[(f"/etc/apt/preferences.d/{pin}", prefs, 0o644)]))
+    if wayland:
+        built.append(_deb(out_dir, "libnvidia-egl-wayland1", "1:1.1.13-1", section="libs",
+                          description="NVIDIA EGL Wayland library\nTestbed stand-in (not part of the driver's "
+                                      "set: its own version, with an epoch)."))
     kver = kernel_release if re.match(r"^[0-9][A-Za-z0-9.+~-]*$", kernel_release) else "1"
     built.append(_deb(out_dir, f"linux-headers-{kernel_release}", kver, section="kernel",
                       description=f"Header files for Linux {kernel_release}\n"
@@ -505,7 +558,7 @@ def _index_and_sign(repo_dir: Path, gnupg_home: Path, fingerprint: str, origin: 
 
 
 def build_vendor_repo(dest: Path, kernel_release: str, gnupg_home: Path | None = None,
-                      key_name: str | None = None, distros=("debian12",),
+                      key_name: str | None = None, distros=STANDIN_DISTROS,
                       docker_io_deb: Path | None = None) -> VendorRepo:
     """Build (or reuse, when already built from the same inputs) the stand-in repositories in
     ``dest``.  ``key_name``: the CUDA key's file name (default: last 8 hex digits of the
@@ -548,18 +601,15 @@ def _build(dest: Path, gnupg_home: Path, key_name: str | None, distros: tuple, d
     for sub in ("cuda", "libnvidia-container", "docker"):
         shutil.rmtree(dest / sub, ignore_errors=True)
     cuda_dirs: dict[str, Path] = {}
-    first = dest / "cuda" / distros[0] / "x86_64"
-    first.mkdir(parents=True)
-    cuda_built = _cuda_packages(first, kernel_release)
-    _index_and_sign(first, gnupg_home, fingerprint, "NVIDIA", CUDA_REPO_LABEL)
-    (first / key_name).write_text(armored)
-    cuda_dirs[distros[0]] = first
-    for distro in distros[1:]:
+    cuda_built: list[dict] = []
+    for distro in distros:
         d = dest / "cuda" / distro / "x86_64"
         d.mkdir(parents=True)
-        for f in first.iterdir():
-            os.link(f, d / f.name)
+        cuda_built += [dict(b, distro=distro) for b in _cuda_packages(d, kernel_release, distro)]
+        _index_and_sign(d, gnupg_home, fingerprint, "NVIDIA", CUDA_REPO_LABEL)
+        (d / key_name).write_text(armored)
         cuda_dirs[distro] = d
+    first = cuda_dirs[distros[0]]
 
     toolkit_dir = dest / "libnvidia-container/stable/deb/amd64"
     toolkit_dir.mkdir(parents=True)

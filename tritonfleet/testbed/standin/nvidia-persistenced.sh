@@ -7,11 +7,13 @@ ROOT="${NVIDIA_STANDIN_ROOT:-}"
 GPU_ENV="$ROOT/etc/nvidia-standin/gpu.env"
 MODULE_FILE="$ROOT/run/nvidia-standin/module-version"
 RUN_DIR="$ROOT/var/run/nvidia-persistenced"
-user=''
+user='' persistence=Enabled
 while [ $# -gt 0 ]; do
     case "$1" in
         -u|--user) user=$2; shift ;;
         --user=*) user=${1#--user=} ;;
+        --persistence-mode) persistence=Enabled ;;
+        --no-persistence-mode) persistence=Disabled ;;
         -v|--version) echo "nvidia-persistenced:  version $DRIVER_VERSION"; exit 0 ;;
     esac
     shift
@@ -22,7 +24,14 @@ fail() {
     exit 1
 }
 [ -r "$GPU_ENV" ] || fail "Failed to query NVIDIA devices. Please ensure that the NVIDIA device files exist and have proper permissions."
+NOUVEAU=0
+# shellcheck disable=SC1090
+. "$GPU_ENV"
 loaded=''
+[ -r "$MODULE_FILE" ] && read -r loaded < "$MODULE_FILE"
+if [ -z "$loaded" ] && [ "$NOUVEAU" = 1 ] && ! "${NVIDIA_SMI:-nvidia-smi}" -L >/dev/null 2>&1; then
+    fail "Failed to query NVIDIA devices. Please ensure that the NVIDIA device files exist and have proper permissions."
+fi
 [ -r "$MODULE_FILE" ] && read -r loaded < "$MODULE_FILE"
 if [ -z "$loaded" ]; then
     { mkdir -p "${MODULE_FILE%/*}" && echo "$DRIVER_VERSION" > "$MODULE_FILE"; } 2>/dev/null
@@ -30,9 +39,11 @@ elif [ "$loaded" != "$DRIVER_VERSION" ]; then
     fail "Failed to initialize NVML: Driver/library version mismatch"
 fi
 mkdir -p "$RUN_DIR" || fail "Failed to create $RUN_DIR"
+PERSISTENCE_FILE="$ROOT/run/nvidia-standin/persistence-mode"
+mkdir -p "${PERSISTENCE_FILE%/*}" && echo "$persistence" > "$PERSISTENCE_FILE"
 [ -n "$user" ] && chown "$user" "$RUN_DIR" 2>/dev/null
 (
-    trap 'rm -f "$RUN_DIR/nvidia-persistenced.pid"; exit 0' TERM INT
+    trap 'rm -f "$RUN_DIR/nvidia-persistenced.pid" "$PERSISTENCE_FILE"; exit 0' TERM INT
     while :; do sleep 3600 & wait $!; done
 ) </dev/null >/dev/null 2>&1 &
 echo $! > "$RUN_DIR/nvidia-persistenced.pid"

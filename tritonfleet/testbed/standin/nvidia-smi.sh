@@ -22,11 +22,31 @@ PERSISTENCE_MODE=Off DISPLAY_ACTIVE=Off ECC_ERRORS=0 FAN=N/A TEMPERATURE_C=40 PE
 POWER_DRAW_W=27 POWER_LIMIT_W=72 MEMORY_USED_MIB=0 UTILIZATION_GPU=0 COMPUTE_MODE=Default MIG_MODE=N/A
 # shellcheck disable=SC1090
 . "$GPU_ENV"
+# persistence mode: what the running nvidia-persistenced set (it writes the file)
+PERSISTENCE_FILE="$ROOT/run/nvidia-standin/persistence-mode"
+if [ -r "$PERSISTENCE_FILE" ]; then
+    read -r pm < "$PERSISTENCE_FILE"
+    if [ "$pm" = Enabled ]; then PERSISTENCE_MODE=On; else PERSISTENCE_MODE=Off; fi
+fi
+
+# nouveau claims the GPU at boot (NOUVEAU=1 in gpu.env: a host whose GPU it drives) unless it
+# was blacklisted before this boot: then the NVIDIA module cannot load until a reboot, and
+# nvidia-smi says it cannot communicate with the driver (not a version mismatch).
+nouveau_bound() {
+    [ "${NOUVEAU:-0}" = 1 ] || return 1
+    f=$(grep -ls '^blacklist nouveau' "$ROOT"/etc/modprobe.d/*.conf 2>/dev/null | head -n 1)
+    [ -n "$f" ] || return 0
+    boot=${NVIDIA_STANDIN_BOOT_TIME:-$(awk -v t="$(awk '{print $22}' /proc/1/stat)" '/^btime/ {print int($2 + t / 100)}' /proc/stat)}
+    [ "$(stat -c %Y "$f")" -ge "$boot" ]
+}
 
 # The kernel module: the first user loads the installed version; it stays loaded (a driver
 # upgrade without reboot leaves the old one, as on a real host).
 loaded=''
 [ -r "$MODULE_FILE" ] && read -r loaded < "$MODULE_FILE"
+if [ -z "$loaded" ] && nouveau_bound; then
+    no_driver
+fi
 if [ -z "$loaded" ]; then
     { mkdir -p "${MODULE_FILE%/*}" && echo "$DRIVER_VERSION" > "$MODULE_FILE"; } 2>/dev/null
     loaded=$DRIVER_VERSION
@@ -155,6 +175,7 @@ for arg in "$@"; do
         --format=*) format=${arg#--format=} ;;
         -L|--list-gpus) mode=list ;;
         --version) mode=version ;;
+        -q|--query) mode=q ;;
         -i|--id=*|[0-9]*) ;;
         *) echo "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."; echo; exit 2 ;;
     esac
@@ -163,6 +184,16 @@ done
 case "$mode" in
     table) table ;;
     list) echo "GPU 0: $GPU_NAME (UUID: $GPU_UUID)" ;;
+    q)  # the head of `nvidia-smi -q` (layout: tests/fixtures/nvidia/smi_q_t4_525.89.02_excerpt.txt)
+        if [ "$PERSISTENCE_MODE" = On ]; then pm=Enabled; else pm=Disabled; fi
+        printf '\n==============NVSMI LOG==============\n\n'
+        printf '%-42s: %s\n' "Timestamp" "$(date '+%a %b %e %H:%M:%S %Y')" "Driver Version" "$DRIVER_VERSION" \
+            "CUDA Version" "$CUDA_VERSION"
+        printf '\n%-42s: %s\n' "Attached GPUs" 1
+        echo "GPU $PCI_BUS_ID"
+        printf '    %-38s: %s\n' "Product Name" "$GPU_NAME" "Product Brand" NVIDIA "Display Mode" Enabled \
+            "Display Active" Disabled "Persistence Mode" "$pm"
+        printf '    %-38s: %s\n' "GPU UUID" "$GPU_UUID" ;;
     query) query "$fields" "$format" ;;
     version)
         echo "NVIDIA-SMI version  : $DRIVER_VERSION"
