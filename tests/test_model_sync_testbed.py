@@ -167,7 +167,7 @@ def test_interrupted_transfer_keeps_triton_serving_and_resumes(deployed, tmp_pat
         assert infer_resnet(h.address).shape == (1, 1000)
         incoming = ssh(h, "ls -d /opt/triton/releases/.incoming-*").split()
         assert len(incoming) == 1
-        rid = incoming[0].rsplit(".incoming-", 1)[1]
+        rid = incoming[0].rsplit(".incoming-", 1)[1].split(".", 1)[0]  # .incoming-<release>.<run>
         assert ssh(h, f"test -e /opt/triton/releases/{rid} || echo absent").strip() == "absent"
         partial = int(ssh(h, f"stat -c %s {incoming[0]}/resnet50_onnx/1/weights.bin").strip())
         assert 0 < partial < len(big)

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 import requests
-from testbed_util import live_release, pyinfra, repository_copy, tritonfleet
+from testbed_util import api_headers, live_release, pyinfra, repository_copy, tritonfleet
 
 pytestmark = pytest.mark.testbed
 INV = "inventories/testbed.py"
@@ -34,7 +34,9 @@ def rollout(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
 
 
 def served_delay(h) -> int:
-    cfg = requests.get(f"http://{h.address}:8000/v2/models/text_classifier_onnx/config", timeout=5).json()
+    # (the configuration API is restricted: triton_restricted_apis)
+    cfg = requests.get(f"http://{h.address}:8000/v2/models/text_classifier_onnx/config", timeout=5,
+                       headers=api_headers(h)).json()
     return cfg["dynamic_batching"]["max_queue_delay_microseconds"]
 
 
