@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from .shell import q
 
 CHANNEL_ENV = "TRITONFLEET_FAILURE_DIR"
 # on the host: the last failure, shown by `tritonfleet status` until a newer healthy deployment
@@ -168,8 +169,8 @@ def read_channel(directory: str | os.PathLike) -> dict[str, Failure]:
 
 
 def record_command(failure: Failure) -> str:
-    d = shlex.quote(HOST_RECORD.rsplit("/", 1)[0])
-    body = shlex.quote(json.dumps({k: v for k, v in failure.to_json().items() if k != "text"}))
+    d = q(HOST_RECORD.rsplit("/", 1)[0])
+    body = q(json.dumps({k: v for k, v in failure.to_json().items() if k != "text"}))
     return f"mkdir -p {d} && printf '%s\\n' {body} > {HOST_RECORD}.tmp && mv {HOST_RECORD}.tmp {HOST_RECORD}"
 
 

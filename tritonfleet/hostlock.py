@@ -31,7 +31,6 @@ them. The holder runs over the OpenSSH client when the host allows it (tritonfle
 from __future__ import annotations
 
 import atexit
-import shlex
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from . import runid, transfer
 from .connection import keepalive
 from .procs import die_with_parent
+from .shell import q
 
 LOCK_FILE = "/run/lock/tritonfleet.lock"
 BUSY, NO_FLOCK, NO_FILE = 75, 72, 71
@@ -57,7 +57,6 @@ class LockError(SystemExit):
 def lock_script(holder: str, wait: int, dead: int) -> str:
     """bash: take the lock (waiting up to ``wait`` s), record ``holder`` in it, then hold it while
     a heartbeat line arrives on stdin at least every ``dead`` seconds."""
-    q = shlex.quote
     take = (f"flock -w {int(wait)} 9 || {{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}" if wait > 0
             else f"{{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}")
     return (
@@ -71,7 +70,7 @@ def lock_script(holder: str, wait: int, dead: int) -> str:
 
 def remote_command(host, script: str) -> str:
     """``script`` under bash on the host, with sudo when the inventory asks for it."""
-    command = f"bash -c {shlex.quote(script)}"
+    command = f"bash -c {q(script)}"
     data = getattr(host, "data", None)
     if data is not None and data.get("_sudo"):
         command = f"sudo -n -H -- {command}"

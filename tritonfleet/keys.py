@@ -14,7 +14,7 @@ check that both answer alike.
 
 from __future__ import annotations
 
-import shlex
+from .shell import q
 
 # Primary-key fingerprints from `gpg --with-colons`: the fpr record right after a pub record
 # (subkeys have fpr records too, after their sub record).
@@ -37,7 +37,7 @@ def trusted_shell(path: str, fingerprint: str) -> str:
     """Shell that sets ``found`` to the primary-key fingerprints of ``path`` (space-separated)
     and exits 0 only when ``path`` holds exactly one primary key, the pinned one."""
     return (f"found=$(echo $({primary_fingerprints_shell(path)})); "
-            f"[ \"$found\" = {shlex.quote(normalize_fingerprint(fingerprint))} ]")
+            f"[ \"$found\" = {q(normalize_fingerprint(fingerprint))} ]")
 
 
 def trusted(found: list[str], fingerprint: str) -> bool:

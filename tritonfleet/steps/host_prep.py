@@ -6,7 +6,6 @@ Each step checks before it changes (facts), so a re-run on a converged host is a
 from __future__ import annotations
 
 import re
-import shlex
 from fnmatch import fnmatchcase
 from io import StringIO
 
@@ -31,6 +30,7 @@ from ..ops import aptlock, fast
 from ..ops.apt_repo import signed_key, source_file, source_path
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
+from ..shell import q
 
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -186,7 +186,7 @@ def _hold_missing(installed: dict) -> list[str]:
 def _hold_command(action: str = "hold") -> str:
     """apt-mark hold|unhold on the installed packages of the driver's set, and nothing else (run
     after the install: it decides on the host which of them are installed then)."""
-    names = " ".join(f"-e {shlex.quote(p)}" for p in driver_package_set())
+    names = " ".join(f"-e {q(p)}" for p in driver_package_set())
     return ("dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\" || $1==\"hi\" {print $2}' "
             f"| grep -x -F {names} | xargs -r apt-mark {action}")
 
