@@ -428,16 +428,21 @@ def run_stamped(argv: list[str], timeout: float = 900) -> tuple[int, str, list[t
         for ln in proc.stderr:
             lines.append((time.monotonic(), ln.rstrip("\n")))
 
+    out: list[str] = []
+    # stderr is read by this thread alone (communicate() would read it too and take lines away)
     reader = threading.Thread(target=read, daemon=True)
+    stdout = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
     reader.start()
+    stdout.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         pytest.fail(f"{argv[-1]} still running after {timeout}s: a dropped link hung the run")
     reader.join(10)
-    return proc.returncode, out, lines
+    stdout.join(10)
+    return proc.returncode, "".join(out), lines
 
 
 def failure_line(lines, since: float, host: str) -> tuple[float, str]:
