@@ -142,6 +142,23 @@ def test_back_to_an_earlier_release_is_a_switch(base, repo, caplog):
     assert (base / "releases.log").read_text().split()[-1] == first
 
 
+def test_the_rollback_switch_points_back_and_prunes_nothing(base, repo):
+    """release.switch_back_script (the rollback's switch), run by a real shell on this machine."""
+    sync(base, repo)
+    first = live(base).name
+    write(repo, "a/config.pbtxt", b"changed\n")
+    sync(base, repo)
+    second = live(base).name
+    # (switch_script would prune the release it does not switch to, with a small keep: this never does)
+    (base / "releases.log").write_text(f"{first}\n{second}\nnot-a-release\n")
+    res = subprocess.run(["sh", "-c", release.switch_back_script(str(base), first, "run1")], capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    assert os.readlink(base / "model_repository") == f"releases/{first}"
+    assert (base / "releases.log").read_text().split() == [first, second, "not-a-release", first]
+    assert (base / "releases" / second).is_dir() and not list(base.glob("model_repository.new-*"))
+
+
 def test_keeps_only_the_newest_releases(base, repo):
     ids = []
     for i in range(5):

@@ -235,7 +235,7 @@ BUILDERS = {
         {f"m/{v}": [1, "c" * 64]}),
     # rollback (steps/rollback.py): what the host's history says
     "rollback unit": lambda v: rollback.restore_unit_command("/opt/triton", v, f"/etc/systemd/system/{v}.service"),
-    "rollback switch": lambda v: rollback.switch_back_command(f"/srv/{v}", v),
+    "rollback switch": lambda v: release.switch_back_script(f"/srv/{v}", v),
     # status probe (probe.py): tunables
     "probe": lambda v: probe.command(_tunable_get(triton_base_dir=f"/srv/{v}", triton_service=v,
                                                   triton_container_name=v)),

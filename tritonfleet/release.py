@@ -311,6 +311,13 @@ def switch_script(base: str, release: str, keep: int, run: str = RUN_ID) -> str:
     )
 
 
+def switch_back_script(base: str, release: str, run: str = RUN_ID) -> str:
+    """The rollback's switch: point the live link back at releases/<release> (atomic rename) and
+    log it. Unlike ``switch_script`` it prunes nothing: what a rollback leaves is the history that
+    a later rollback may need."""
+    return f"{link_script(base, f'releases/{release}', run)} && echo {q(release)} >> {q(base)}/releases.log"
+
+
 def link_script(base: str, target: str, run: str = RUN_ID) -> str:
     """Point ``base``/model_repository at ``target`` by renaming a new link over it (the new
     link's name is this run's own)."""

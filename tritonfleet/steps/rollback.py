@@ -19,11 +19,11 @@ from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
 from .. import config
-from .. import release as release_lib
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..failure import fail
 from ..health import gate_current_host
 from ..ops.check import check
+from ..release import switch_back_script
 from ..shell import q
 from .triton import _append_record, model_diff, repository_api_commands, unit_path
 
@@ -62,11 +62,6 @@ def restore_unit_command(base: str, digest: str, unit: str) -> str:
     return f"install -m 644 {q(f'{base}/units/{digest}.service')} {q(unit)}"
 
 
-def switch_back_command(base: str, release: str) -> str:
-    """Point the live link back at ``release`` (atomic rename) and log the switch."""
-    return f"{release_lib.link_script(base, f'releases/{release}')} && echo {q(release)} >> {q(base)}/releases.log"
-
-
 def _fail(message: str, expected: str = "an earlier healthy deployment to roll back to"):
     fail(expected, message, fix="nothing was changed by the rollback; bring the host to a known state with the full "
                                 "deploy (pyinfra ... deploys/triton.py --limit <host>)")
@@ -102,7 +97,7 @@ def rollback():
         systemd.daemon_reload(name="systemd daemon-reload (unit restored)")
     if link_changes:
         server.shell(name=f"switch live model repository back to release {rid}",
-                     commands=[switch_back_command(base, rid)])
+                     commands=[switch_back_script(base, rid)])
     explicit = bool(host.get_fact(FindInFile, path=unit_path(), pattern="--model-control-mode=explicit"))
     if explicit and not unit_changes and link_changes:
         # same unit in explicit model-control mode: the earlier models are loaded through the
