@@ -44,14 +44,20 @@ class Failure:
     fix: str = ""     # the command that fixes or rolls back
     cause: str = ""   # one line for table cells (default: found)
     time: str = ""
+    command: str = ""  # the command that failed, where one did (an apt-get install)
+    meaning: str = ""  # what the failure means, where the words alone do not say
 
     def text(self) -> str:
         out = [f"tritonfleet: {self.host} failed at {self.step}",
                f"  expected: {self.expected}",
                f"  found:    {self.found}"]
+        if self.command:
+            out.append(f"  command:  {self.command}")
         if self.words:
             out.append(f"  {self.source or 'its own words'}:")
             out += [f"    {w}" for w in self.words]
+        if self.meaning:
+            out.append(f"  meaning:  {self.meaning}")
         if self.now:
             out.append(f"  the host now: {self.now}")
         if self.fix:

@@ -63,9 +63,11 @@ def _present(spec: str, installed: dict) -> bool:
 
 @operation()
 def packages(packages=None, present: bool = True, latest: bool = False, update: bool = False,
-             upgrade: bool = False, **kwargs):
+             upgrade: bool = False, setting: str = "", **kwargs):
     """``apt.packages``: no change (and no command) when dpkg, read once per run, already has
-    every package (at the pinned version, where one is given) or, with present=False, none."""
+    every package (at the pinned version, where one is given) or, with present=False, none.
+    ``setting``: the group-data setting(s) that chose the packages or versions; a failed apt-get
+    names it in its report (tritonfleet.ops.aptlock)."""
     specs = [packages] if isinstance(packages, str) else list(packages or [])
     if not (latest or update or upgrade):
         installed = memo.fact(DpkgState)["installed"]
@@ -75,10 +77,11 @@ def packages(packages=None, present: bool = True, latest: bool = False, update: 
         if not present and not any(s.partition("=")[0] in installed for s in specs):
             host.noop(f"packages {', '.join(specs)} are not installed")
             return
-    # every apt-get command waits for a held apt/dpkg lock (unattended-upgrades), with a bound
+    # every apt-get command waits for a held apt/dpkg lock (unattended-upgrades), with a bound,
+    # and a failure is reported with its cause
     for command in apt.packages._inner(packages=specs, present=present, latest=latest, update=update,
                                        upgrade=upgrade, **kwargs):
-        yield aptlock.wrap(command)
+        yield aptlock.wrap(command, setting=setting)
 
 
 @operation()

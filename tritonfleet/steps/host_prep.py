@@ -46,6 +46,8 @@ TOOLKIT_PACKAGES = [
 # tritonfleet/data/nvidia_repos/<distro>.toml: exactly those, not the Container Toolkit (pinned
 # by version instead), egl-wayland or DKMS.
 DRIVER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-nvidia-driver"
+# what chooses the driver's packages and versions (named when apt cannot install them)
+DRIVER_SETTINGS = "nvidia_driver_branch / nvidia_driver_version"
 TOOLKIT_PIN_FILE = "/etc/apt/preferences.d/nvidia-container-toolkit"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
 UNATTENDED_TEXT = (
@@ -325,13 +327,14 @@ def nvidia_driver():
         extra = fast.put(name=f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)",
                          src=StringIO(nonfree), dest=NONFREE_FILE, mode="644")
     if will_change(key, src, *([extra] if extra else [])):
-        aptlock.update(name="apt update (CUDA repository changed)")
+        aptlock.update(name="apt update (CUDA repository changed)", source=base)
 
     kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
     if kernel_pkgs:
-        fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
+        fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs,
+                      setting="nvidia_kernel_packages")
 
     nouveau = fast.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
     if will_change(nouveau):
@@ -372,7 +375,8 @@ def nvidia_driver():
                           packages=old_meta + other_pins, present=False)
     if pinning:
         # installed alone, before the driver: apt reads its preferences from the next command on
-        fast.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning])
+        fast.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning],
+                      setting="nvidia_driver_branch")
     if switching:
         # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
         # leaves installed packages alone: name the installed packages of the set, so apt moves
@@ -382,9 +386,9 @@ def nvidia_driver():
         driver = server.shell(
             name=f"NVIDIA driver {', '.join(pkgs)} (and the {len(move)} installed packages of its set)",
             commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
-                                      + " ".join(pkgs + move)]))
+                                      + " ".join(pkgs + move)], setting=DRIVER_SETTINGS))
     else:
-        driver = fast.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs)
+        driver = fast.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
     driver_changes = switching or will_change(driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
@@ -470,7 +474,7 @@ def docker_engine():
                          keyring=DOCKER_KEYRING)
         src = source_file("docker", f"deb [arch={deb_arch()} signed-by={DOCKER_KEYRING}] {repo}/{distro} {codename} stable")
         if will_change(key, src):
-            aptlock.update(name="apt update (Docker repository changed)")
+            aptlock.update(name="apt update (Docker repository changed)", source=f"{repo}/{distro}")
         version = config.get("docker_version")
         if version:
             pin = fast.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
@@ -489,7 +493,7 @@ def docker_engine():
                 fnmatchcase(v, docker_version_pattern(version)) for v in have))):
             server.shell(name="move Docker Engine to the pinned version",
                          commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
-                                                   "--allow-downgrades docker-ce docker-ce-cli"]))
+                                                   "--allow-downgrades docker-ce docker-ce-cli"], setting="docker_version"))
         if version:
             check(name=f"check: docker-ce is {version}", function=_check_docker_version,
                   pattern=docker_version_pattern(version))
@@ -571,7 +575,7 @@ def container_toolkit():
                      keyring=TOOLKIT_KEYRING)
     src = source_file("nvidia-container-toolkit", f"deb [signed-by={TOOLKIT_KEYRING}] {url}/{deb_arch()} /")
     if will_change(key, src):
-        aptlock.update(name="apt update (Container Toolkit repository changed)")
+        aptlock.update(name="apt update (Container Toolkit repository changed)", source=f"{url}/{deb_arch()}")
     version = config.get("container_toolkit_version")
     pin_text = "".join(
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
@@ -579,7 +583,8 @@ def container_toolkit():
     fast.put(name=f"pin Container Toolkit packages to {version}",
               src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
     fast.packages(name=f"Container Toolkit {version}",
-                 packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True)
+                 packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True,
+                 setting="container_toolkit_version")
 
     daemon = memo.fact(DockerDaemonJson)
     if daemon is None:
