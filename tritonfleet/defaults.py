@@ -1,13 +1,19 @@
 # Every tunable of tritonfleet lives here, once, with its default and what it does.
-# Per-GPU-class values are in t4.py / l4.py; per-host values in the inventory.
-# Precedence (pyinfra): --data > host data > group_data/<group>.py > inventory group data > this file.
-# README's "Tunables" table lists the same names (a test keeps them in step).
+# An operator's group data (inventories/group_data/all.py, <group>.py) and inventory hold only
+# what differs; every value not set there is taken from here (tritonfleet.config.get, and the
+# fleet commands' inventory).
+# Precedence (pyinfra): --data > host data > group_data/<group>.py > inventory group data >
+# group_data/all.py > these defaults.
+# docs/tunables.md lists the same names (`python -m tritonfleet.tunables` writes that table; a
+# test keeps them in step).
 
 # --- SSH ----------------------------------------------------------------------------------
 # Host keys: "yes" connects only to hosts whose key is already in known_hosts (~/.ssh/known_hosts,
 # or UserKnownHostsFile in ~/.ssh/config; fill it with ssh-keyscan after checking the keys) and
 # refuses unknown or changed keys. pyinfra's own default, "accept-new", trusts any host on first
 # contact. Only the testbed inventory turns this off (its hosts share one image's host keys).
+# pyinfra reads this one itself when it connects, before the deploy file runs, so group_data/all.py
+# has to name it (`tritonfleet init` writes it there); pre-flight refuses an SSH host without it.
 ssh_strict_host_key_checking = "yes"
 # Seconds between keepalive probes on every SSH connection (pyinfra's own, the OpenSSH transfers,
 # health tunnels, the deploy lock): OpenSSH's ServerAliveInterval, paramiko's transport keepalive,
@@ -234,3 +240,7 @@ perf_gate_max_throughput_drop = 0.2
 # The canary fails the performance gate when its p95 latency after the update is higher than
 # before by more than this share (0.5: more than 50% higher).
 perf_gate_max_p95_rise = 0.5
+
+# ------------------------------------------------------------------------------------------
+# (not a tunable) every tunable above by name; read through tritonfleet.config
+DEFAULTS = {_name: _value for _name, _value in dict(globals()).items() if _name[0].islower()}
