@@ -220,3 +220,15 @@ def test_scaffolded_repository_loads_and_validates(tmp_path):
     assert [(h.name, h.gpu_class) for h in hosts] == [("triton-t4-01", "T4"), ("triton-t4-02", "T4"),
                                                      ("triton-l4-01", "L4")]
     assert all(h.get("ssh_strict_host_key_checking") == "yes" for h in hosts)
+
+
+def test_the_printed_rollback_command_names_an_entry_point_that_exists(tmp_path, monkeypatch):
+    from tritonfleet.failure import rollback_command
+
+    monkeypatch.chdir(tmp_path)  # no deploys/ here: the package's own rollback entry point
+    cmd = rollback_command("tb1-t4", ["pyinfra", "inventories/prod.py", "deploys/models.py"])
+    assert cmd == f"pyinfra -y inventories/prod.py {ROLLBACK_DEPLOY} --limit tb1-t4"
+    (tmp_path / "deploys").mkdir()
+    (tmp_path / "deploys" / "rollback.py").write_text("")  # the repository's own (tritonfleet init)
+    cmd = rollback_command("tb1-t4", ["pyinfra", "inventories/prod.py", "deploys/models.py"])
+    assert cmd == "pyinfra -y inventories/prod.py deploys/rollback.py --limit tb1-t4"
