@@ -428,7 +428,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the generated model repository")
     args = ap.parse_args()
     if "TRITONFLEET_TESTBED" not in os.environ:
-        raise SystemExit("[bench] export TRITONFLEET_TESTBED=<instance> first (see README)")
+        raise SystemExit("[bench] export TRITONFLEET_TESTBED=<instance> first (see docs/performance.md)")
     os.chdir(ROOT)
     WORK.mkdir(parents=True, exist_ok=True)
     results = Results()

@@ -11,10 +11,12 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 
 from tritonfleet import ROOT
+from tritonfleet.defaults import DEFAULTS
 
 
 def defaults(*groups: str) -> dict:
-    data = {}
+    """The package's defaults under the repository's group data (all, then ``groups``)."""
+    data = dict(DEFAULTS)
     for g in ("all", *groups):
         ns = runpy.run_path(str(ROOT / "inventories" / "group_data" / f"{g}.py"))
         data.update({k: v for k, v in ns.items() if not k.startswith("_")})

@@ -28,7 +28,7 @@ from testbed_util import (
     ssh,
 )
 
-from tritonfleet import FILES, ROOT, models
+from tritonfleet import ROOT, models
 from tritonfleet.testbed import hosts
 
 pytestmark = pytest.mark.testbed
@@ -95,7 +95,7 @@ def test_sync_changes_over_openssh_and_pyinfra_connection(deployed, tmp_path):
     testbed, _, _ = deployed
     h = testbed.hosts[-1]
     repo = tmp_path / "repo"
-    shutil.copytree(FILES / "model_repository", repo)
+    shutil.copytree(ROOT / "files" / "model_repository", repo)
     base = ["--limit", h.name, "--data", f"triton_base_dir={SCRATCH}"]
     try:
         res, _ = run("tests/deploys/models_only.py", *base, "--data", f"model_repository={repo}")
@@ -148,7 +148,7 @@ def test_interrupted_transfer_keeps_triton_serving_and_resumes(deployed, tmp_pat
     h = testbed.hosts[1]
     before = live_release(h)
     repo = tmp_path / "repo"
-    shutil.copytree(FILES / "model_repository", repo)
+    shutil.copytree(ROOT / "files" / "model_repository", repo)
     (repo / "resnet50_onnx" / "1" / "LICENSE").write_text("sent (and complete) before the cut\n")
     big = os.urandom(8_000_000)
     (repo / "resnet50_onnx" / "1" / "weights.bin").write_bytes(big)
@@ -241,7 +241,7 @@ def test_generated_trees_arrive_exactly_over_ssh(deployed, tmp_path_factory, ext
     h = testbed.hosts[-1]
     work = tmp_path_factory.mktemp("tree")
     repo = work / "repo"
-    shutil.copytree(FILES / "model_repository", repo)
+    shutil.copytree(ROOT / "files" / "model_repository", repo)
     _write_tree(repo, ODD)
     (repo / "m -odd/3").symlink_to("1")
     (repo / "m -odd/1/link.bin").symlink_to("it's $HOME & *?.bin")
@@ -300,7 +300,7 @@ def test_an_ensemble_deploys_and_serves(deployed, tmp_path):
     testbed, _, _ = deployed
     h = testbed.hosts[0]
     repo = tmp_path / "repo"
-    shutil.copytree(FILES / "model_repository", repo)
+    shutil.copytree(ROOT / "files" / "model_repository", repo)
     (repo / "text_pipeline" / "1").mkdir(parents=True)
     (repo / "text_pipeline" / "config.pbtxt").write_text(ENSEMBLE)
     try:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tritonfleet import FILES, models
+from tritonfleet import ROOT, models
 
-REPO = FILES / "model_repository"
+REPO = ROOT / "files" / "model_repository"
 
 
 @pytest.fixture

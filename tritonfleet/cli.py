@@ -17,7 +17,10 @@ def _register() -> None:
     # Sub-command modules register themselves on ``main``; import them here so a broken
     # optional piece names itself instead of breaking the whole CLI.
     from . import fleet_cli, loadtest_cli, prometheus_cli, tune_cli, validate_cli  # noqa: F401
+    from .scaffold import init
     from .testbed import cli as testbed_cli  # noqa: F401
+
+    main.add_command(init)
 
 
 _register()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 from pyinfra import host
+
+from .defaults import DEFAULTS
 
 _MISSING = object()
 
@@ -11,15 +15,24 @@ class ConfigError(ValueError):
     pass
 
 
-def get(key: str, default=_MISSING):
-    """The tunable ``key`` for the current host (inventory, group_data, --data)."""
+def default(key: str, fallback=_MISSING):
+    """The package's default of tunable ``key`` (tritonfleet/defaults.py), a copy of it; else
+    ``fallback``; else ConfigError (a name that is no tunable)."""
+    if key in DEFAULTS:
+        return copy.deepcopy(DEFAULTS[key])
+    if fallback is not _MISSING:
+        return fallback
+    raise ConfigError(f"'{key}' is not set and is no tunable of tritonfleet (tritonfleet/defaults.py "
+                      "lists every one; `python -m tritonfleet.tunables` prints them)")
+
+
+def get(key: str, default_value=_MISSING):
+    """The tunable ``key`` for the current host: --data, host data, group data, else the
+    package's default (``default_value`` only for names that are no tunable)."""
     value = host.data.get(key, _MISSING)
-    if value is _MISSING:
-        if default is not _MISSING:
-            return default
-        raise ConfigError(
-            f"{host.name}: tunable '{key}' is not set; every tunable has its default in "
-            "inventories/group_data/all.py (run pyinfra next to that group_data directory, "
-            "or copy the file next to your inventory)"
-        )
-    return value
+    if value is not _MISSING:
+        return value
+    try:
+        return default(key, default_value)
+    except ConfigError as e:
+        raise ConfigError(f"{host.name}: {e}") from None

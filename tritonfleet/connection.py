@@ -26,10 +26,12 @@ from typing import Any
 
 from pyinfra.api.state import BaseStateCallback
 
+from .defaults import DEFAULTS
+
 _MARK = "_tritonfleet_tuned"
-# the defaults of inventories/group_data/all.py, for hosts without group data (the API)
-KEEPALIVE_INTERVAL = 10
-KEEPALIVE_COUNT = 3
+# the package's defaults, for hosts whose data does not set them
+KEEPALIVE_INTERVAL = DEFAULTS["ssh_keepalive_interval"]
+KEEPALIVE_COUNT = DEFAULTS["ssh_keepalive_count"]
 
 
 def keepalive(data: Any) -> tuple[int, int]:

@@ -129,11 +129,15 @@ def inventory_arg(argv: list[str] | None = None) -> str:
 
 
 def rollback_command(host_name: str, argv: list[str] | None = None) -> str:
-    from . import ROOT
+    """The command that rolls ``host_name`` back: the repository's own deploys/rollback.py where
+    pyinfra runs (what `tritonfleet init` writes), else the package's."""
+    from . import ROLLBACK_DEPLOY
 
-    deploy = ROOT / "deploys" / "rollback.py"
-    with contextlib.suppress(ValueError):
-        deploy = deploy.relative_to(Path.cwd())
+    deploy = Path("deploys/rollback.py")
+    if not deploy.is_file():
+        deploy = ROLLBACK_DEPLOY
+        with contextlib.suppress(ValueError):
+            deploy = deploy.relative_to(Path.cwd())
     return f"pyinfra -y {inventory_arg(argv)} {deploy} --limit {host_name}"
 
 

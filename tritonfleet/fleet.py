@@ -7,6 +7,7 @@ through pyinfra.
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import os
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .connection import tune_state
+from .defaults import DEFAULTS
 
 T = TypeVar("T")
 
@@ -65,7 +67,10 @@ def _state():
 def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
                    limit: Iterable[str] | None = None) -> list[FleetHost]:
     """Hosts of ``inventory`` in inventory order, with the data pyinfra would give them
-    (``data`` plays the part of ``--data``). ``limit``: host or group names (globs allowed)."""
+    (``data`` plays the part of ``--data``) over the package's defaults (tritonfleet/defaults.py,
+    the lowest layer, as tritonfleet.config reads them in a deploy; pyinfra's own connection
+    settings among them, such as the host-key policy, apply to this module's connections too).
+    ``limit``: host or group names (globs allowed)."""
     from pyinfra_cli.inventory import make_inventory
 
     path = Path(inventory)
@@ -76,6 +81,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
         inv = make_inventory(str(path), override_data=data or None, cwd=os.getcwd())
     except SystemExit as e:  # an inventory may refuse to load (e.g. no testbed running)
         raise FleetError(f"inventory {inventory}: {e}") from e
+    inv.data = {**copy.deepcopy(DEFAULTS), **(inv.data or {})}
     state.init(inv, state.config)
     tune_state(state)  # TCP_NODELAY on every connection run() opens (tritonfleet.connection)
     own = path.stem

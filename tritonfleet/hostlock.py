@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import runid, transfer
 from .connection import keepalive
+from .defaults import DEFAULTS
 from .procs import die_with_parent
 from .shell import q
 
@@ -198,7 +199,7 @@ def _settings(host) -> tuple[int, int, int]:
     interval, count = keepalive(data)  # ValueError names the tunable
     wait = data.get("deploy_lock_timeout")
     try:
-        wait = int(600 if wait is None else wait)
+        wait = int(DEFAULTS["deploy_lock_timeout"] if wait is None else wait)
         if wait < 0:
             raise ValueError
     except (TypeError, ValueError):

@@ -41,14 +41,12 @@ COUNTERS = {
 
 
 def tunable(fh: FleetHost, key: str) -> Any:
-    """The tunable ``key`` of an inventory host; every tunable has its default in group_data/all.py."""
+    """The tunable ``key`` of an inventory host (its data holds the package's defaults:
+    fleet.load_inventory)."""
     value = fh.data.get(key, _MISSING)
     if value is _MISSING:
-        raise FleetError(
-            f"{fh.name}: tunable '{key}' is not set; every tunable has its default in "
-            "inventories/group_data/all.py (run tritonfleet next to that group_data directory, "
-            "or copy the file next to your inventory)"
-        )
+        raise FleetError(f"{fh.name}: '{key}' is not set and is no tunable of tritonfleet "
+                         "(tritonfleet/defaults.py lists every one)")
     return value
 
 

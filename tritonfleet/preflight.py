@@ -36,6 +36,22 @@ _validated: dict[str, list] = {}
 
 # --------------------------------------------------------------------------- control machine
 
+def check_host_key_policy() -> None:
+    """pyinfra connects before any tritonfleet code runs and takes the host-key policy from the
+    host's data alone: without ssh_strict_host_key_checking there, it used its own accept-new
+    (an unknown key trusted on first contact) instead of tritonfleet's default."""
+    from .transfer import is_ssh_host
+
+    if is_ssh_host(host) and host.data.get("ssh_strict_host_key_checking") is None:
+        raise PreflightError(
+            f"{host.name}: ssh_strict_host_key_checking is not set for this host, so pyinfra connected "
+            "with its own policy, accept-new (an unknown host key is trusted on first contact). Set "
+            f"it in {GROUP_DATA}/all.py (`ssh_strict_host_key_checking = \"yes\"`, tritonfleet's "
+            "default; `tritonfleet init` writes that file), check the host's key in known_hosts "
+            f"(ssh-keygen -F {host.data.get('ssh_hostname') or host.name}), then run again")
+
+
+
 def check_model_repository() -> None:
     from .models import RepositoryError
     from .steps.triton import host_repository
@@ -254,6 +270,7 @@ def check_vendor_keys() -> None:
 
 def run_all() -> None:
     """deploys/triton.py: everything."""
+    check_host_key_policy()
     check_gpu_class_and_driver()
     check_model_repository()
     check_registry_secret([config.get("cuda_test_image"), config.get("triton_image")])
@@ -262,6 +279,7 @@ def run_all() -> None:
 
 def host_layer() -> None:
     """deploys/host.py: driver, Docker, toolkit, GPU verification."""
+    check_host_key_policy()
     check_gpu_class_and_driver()
     check_registry_secret([config.get("cuda_test_image")])
     check_host()
@@ -269,5 +287,6 @@ def host_layer() -> None:
 
 def triton_layer() -> None:
     """deploys/models.py: image, models, unit, health gate."""
+    check_host_key_policy()
     check_model_repository()
     check_registry_secret([config.get("triton_image")])

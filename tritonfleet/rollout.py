@@ -24,11 +24,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ROOT, fleet, health, perfgate, probe, runid
+from . import ROLLBACK_DEPLOY, fleet, health, perfgate, probe, runid
 from .failure import CHANNEL_ENV, Failure, read_channel, without_host
 from .procs import die_with_parent
-
-ROLLBACK_DEPLOY = ROOT / "deploys" / "rollback.py"
 
 
 class RolloutError(RuntimeError):

@@ -1,7 +1,7 @@
-"""The tunables in inventories/group_data/all.py, with their defaults and comments.
+"""The tunables in tritonfleet/defaults.py, with their defaults and comments.
 
-Used for README's table (`python -m tritonfleet.tunables`) and by the test that keeps README,
-the group data and the code in step.
+Used for the table in docs/tunables.md (`python -m tritonfleet.tunables`) and by the test that
+keeps that table, the defaults and the code in step.
 """
 
 from __future__ import annotations
@@ -9,18 +9,19 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from . import ROOT
+from . import resource
 
-ALL = ROOT / "inventories" / "group_data" / "all.py"
+DEFAULTS_FILE = resource("defaults.py")
 
 
-def read(path: Path = ALL) -> list[tuple[str, str, str]]:
+def read(path: Path = DEFAULTS_FILE) -> list[tuple[str, str, str]]:
     """[(name, default as written, comment)] in file order."""
     text = path.read_text()
     lines = text.splitlines()
     out = []
     for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id[0].islower()):
             comment, i = [], node.lineno - 2
             while i >= 0 and lines[i].startswith("# ") and not lines[i].startswith("# ---"):
                 comment.insert(0, lines[i][2:].strip())

@@ -286,12 +286,9 @@ CLIENT_BUSY = 0.8
 
 
 def default_thresholds() -> Thresholds:
-    """The thresholds' defaults as inventories/group_data/all.py sets them."""
-    import ast
+    """The thresholds' defaults (tritonfleet/defaults.py)."""
+    from .defaults import DEFAULTS as d
 
-    from .tunables import read
-
-    d = {name: ast.literal_eval(value) for name, value, _ in read()}
     return Thresholds(float(d["monitor_queue_compute_ratio"]), float(d["monitor_low_utilization"]),
                       float(d["monitor_busy_utilization"]))
 

@@ -16,7 +16,7 @@ from .cli import main
 @click.option("--loadtest", "loadtest_file", type=click.Path(exists=True, dir_okay=False), default=None,
               metavar="FILE.json",
               help="Judge a `tritonfleet loadtest --json` run instead of live metrics (INVENTORY, if "
-                   "given, supplies the hosts' thresholds; else group_data/all.py's defaults).")
+                   "given, supplies the hosts' thresholds; else tritonfleet's defaults).")
 @click.option("--model", "models", multiple=True, metavar="M", help="Only this model (repeatable).")
 @click.option("--window", default=10.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between the two reads whose difference is judged; 0: totals since "

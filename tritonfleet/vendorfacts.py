@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from pathlib import Path
+
+from . import resource
 
 try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-DATA = Path(__file__).parent / "data" / "nvidia_repos"
+DATA = resource("data", "nvidia_repos")
 DISTROS = ("ubuntu2204", "ubuntu2404", "debian12")
 
 
