@@ -140,18 +140,26 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize("case,deploy,extra,expected", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
-def test_bad_input_is_refused_before_any_host_changes(fleet_unchanged, tmp_path, case, deploy, extra,
-                                                      expected):
-    args = extra(tmp_path) if callable(extra) else list(extra)
-    inventory = "inventories/testbed.py"
-    if args[:1] == ["--inventory"]:
-        inventory, args = args[1], args[2:]
+def test_bad_input_is_refused_before_any_host_changes(fleet_unchanged, tmp_path):
+    """Every case of BAD_INPUT in turn, the fleet compared once before and once after them all;
+    each case that is not refused as it should be is named."""
     environ = {k: v for k, v in env().items() if k != "TRITONFLEET_REGISTRY_PASSWORD"}
-    res = pyinfra_raw("-y", *args, inventory, deploy, environ=environ)
-    if case == "repository key with another fingerprint":
-        expected = [*expected, f"has fingerprint {hosts.State.load().repo['fingerprint']}"]
-    assert_refused(res, *expected)
+    wrong = {}
+    for i, (case, deploy, extra, expected) in enumerate(BAD_INPUT):
+        work = tmp_path / f"case{i}"
+        work.mkdir()
+        args = extra(work) if callable(extra) else list(extra)
+        inventory = "inventories/testbed.py"
+        if args[:1] == ["--inventory"]:
+            inventory, args = args[1], args[2:]
+        res = pyinfra_raw("-y", *args, inventory, deploy, environ=environ)
+        if case == "repository key with another fingerprint":
+            expected = [*expected, f"has fingerprint {hosts.State.load().repo['fingerprint']}"]
+        try:
+            assert_refused(res, *expected)
+        except AssertionError as e:
+            wrong[case] = str(e)[-3000:]
+    assert list(wrong) == [], wrong
 
 
 def test_strict_host_key_checking_is_the_default(deployed, tmp_path):
