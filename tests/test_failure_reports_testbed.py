@@ -1,6 +1,8 @@
 """Failure reports on the testbed: a plain deploy of a model whose ``initialize`` raises fails the
 host as soon as Triton failed the same way twice (not after health_timeout), with one clean
-report; `tritonfleet status` shows the same report; the rollback command it prints works.
+report; `tritonfleet status` shows the same report; the rollback command it prints works. At the
+same time, on another host, the same deploy with auto_rollback serves the previous deployment
+again on the spot.
 
 Leaves the fleet serving the default model repository, as the shared `deployed` fixture made it.
 """
@@ -12,6 +14,7 @@ import re
 import shlex
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from testbed_util import (
@@ -42,14 +45,30 @@ def lines_of(text: str) -> str:
     return "\n".join(ln.strip() for ln in text.splitlines())
 
 
-def test_a_model_failing_at_initialize_fails_the_host_fast_with_a_clean_report(deployed, tmp_path):
+def test_a_model_failing_at_initialize_plain_and_with_auto_rollback(deployed, tmp_path):
+    """The same broken release to two hosts at once (independent runs): a plain deploy on the
+    first, one with auto_rollback on the last."""
     testbed, _, _ = deployed
-    h = testbed.hosts[0]
-    before = live_release(h)
+    plain, auto = testbed.hosts[0], testbed.hosts[-1]
+    before = {plain.name: live_release(plain), auto.name: live_release(auto)}
     bad = add_model_failing_at_initialize(repository_copy(tmp_path / "bad"))
-    t0 = time.monotonic()
-    res, _ = pyinfra("deploys/models.py", "--limit", h.name, "--data", f"model_repository={bad}")
-    took = time.monotonic() - t0
+
+    def timed(*args):
+        t0 = time.monotonic()
+        res, _ = pyinfra("deploys/models.py", *args)
+        return res, time.monotonic() - t0
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(timed, "--limit", plain.name, "--data", f"model_repository={bad}")
+        second = pool.submit(timed, "--limit", auto.name, "--data", f"model_repository={bad}",
+                             "--data", "auto_rollback=true")
+        res_plain, took = first.result()
+        res_auto, _ = second.result()
+    fails_fast_with_a_clean_report(plain, before[plain.name], res_plain, took)
+    auto_rollback_puts_the_previous_deployment_back(auto, before[auto.name], res_auto)
+
+
+def fails_fast_with_a_clean_report(h, before: str, res, took: float) -> None:
     err = res.stderr
     assert res.returncode != 0 and f"[{h.name}] Error" in err, err[-3000:]
     report = err[err.index(f"tritonfleet: {h.name} failed at health gate"):]
@@ -84,13 +103,8 @@ def test_a_model_failing_at_initialize_fails_the_host_fast_with_a_clean_report(d
     assert rc == 0 and row["last_failure"] is None, row
 
 
-def test_auto_rollback_puts_the_previous_deployment_back_on_the_spot(deployed, tmp_path):
-    testbed, _, _ = deployed
-    h = testbed.hosts[-1]
-    before = live_release(h)
-    bad = add_model_failing_at_initialize(repository_copy(tmp_path / "bad"))
-    res, _ = pyinfra("deploys/models.py", "--limit", h.name, "--data", f"model_repository={bad}",
-                     "--data", "auto_rollback=true")
+def auto_rollback_puts_the_previous_deployment_back(h, before: str, res) -> None:
+    """auto_rollback: the host fails but serves its previous deployment again, on the spot."""
     err = res.stderr
     # the host still fails (the deploy did), but serves what it served before, and says so
     assert res.returncode != 0 and f"auto_rollback: back to release {before.rsplit('/', 1)[-1]}" in err, err[-3000:]

@@ -233,11 +233,26 @@ def test_rollout_stops_at_planning_when_the_repository_is_invalid(deployed, tmp_
 
 
 def test_explicit_mode_updates_models_with_zero_failed_requests(deployed, changed_repo, tmp_path):
+    """Explicit model-control mode: updates load without a restart and no request fails. And
+    Triton's secure-deployment defaults there: an unauthenticated (or wrong-key) load or unload
+    from the control machine is refused and the model stays ready; the deploy's own updates load
+    through the same API with the host's key; the key is 0600 root on the host and in no unit,
+    docker inspect, pyinfra output or journal; the server runs as the image's triton-server user."""
     testbed, _, _ = deployed
     h = testbed.hosts[-1]
     explicit = ("--data", "triton_model_control_mode=explicit", "--limit", h.name)
     res, data = pyinfra("deploys/models.py", *explicit)  # unit changes: one restart, now
     assert res.returncode == 0, res.stderr[-3000:]
+    key = api_headers(h)["tritonfleet-api-key"]
+    assert len(key) == 64 and ssh(h, "stat -c '%a %U' /etc/tritonfleet/triton-api-key").strip() == "600 root"
+    url = f"http://{h.address}:8000/v2/repository/models/text_classifier_onnx"
+    for verb in ("unload", "load"):
+        for headers in ({}, {"tritonfleet-api-key": "0" * 64}):
+            r = requests.post(f"{url}/{verb}", headers=headers, timeout=10)
+            assert r.status_code == 403 and "restricted" in r.text, (verb, r.status_code, r.text)
+    ready = requests.get(f"http://{h.address}:8000/v2/models/text_classifier_onnx/ready", timeout=10)
+    assert ready.status_code == 200
+    assert requests.post(f"http://{h.address}:8000/v2/repository/index", timeout=10).status_code == 403
     body = {"inputs": [{"name": n, "shape": [1, 128], "datatype": "INT64", "data": [1] * 128}
                        for n in ("input_ids", "attention_mask")]}
     stop, sent, failures = threading.Event(), [0], []
@@ -281,50 +296,19 @@ def test_explicit_mode_updates_models_with_zero_failed_requests(deployed, change
     res4, data4 = pyinfra("deploys/rollback.py", *explicit)
     assert res4.returncode == 0, res4.stderr[-3000:]
     assert any("without a restart" in n for n in changed_ops(data4)) and container_started(h) == started
-    # back to mode none (one restart) for the other tests
-    res5, _ = pyinfra("deploys/models.py", "--limit", h.name)
-    assert res5.returncode == 0, res5.stderr[-3000:]
-    assert served_delay(h) == 2000
-
-
-def test_admin_apis_need_the_hosts_key_and_triton_runs_as_non_root(deployed, changed_repo):
-    """Triton's secure-deployment defaults on a real host in explicit mode: an unauthenticated
-    (or wrong-key) load or unload from the control machine is refused and the model stays
-    ready; the deploy's own update loads through the same API with the host's key; the key is
-    0600 root on the host and in no unit, docker inspect, pyinfra output or journal; the server
-    runs as the image's triton-server user."""
-    testbed, _, _ = deployed
-    h = testbed.hosts[0]
-    explicit = ("--data", "triton_model_control_mode=explicit", "--limit", h.name)
-    res, _ = pyinfra("deploys/models.py", *explicit)
-    assert res.returncode == 0, res.stderr[-3000:]
-    key = api_headers(h)["tritonfleet-api-key"]
-    assert len(key) == 64 and ssh(h, "stat -c '%a %U' /etc/tritonfleet/triton-api-key").strip() == "600 root"
-    url = f"http://{h.address}:8000/v2/repository/models/text_classifier_onnx"
-    for verb in ("unload", "load"):
-        for headers in ({}, {"tritonfleet-api-key": "0" * 64}):
-            r = requests.post(f"{url}/{verb}", headers=headers, timeout=10)
-            assert r.status_code == 403 and "restricted" in r.text, (verb, r.status_code, r.text)
-    ready = requests.get(f"http://{h.address}:8000/v2/models/text_classifier_onnx/ready", timeout=10)
-    assert ready.status_code == 200
-    assert requests.post(f"http://{h.address}:8000/v2/repository/index", timeout=10).status_code == 403
-    # the deploy's own explicit-mode update goes through (with the key, on the host)
-    res1, data1 = pyinfra("deploys/models.py", *explicit, "--data", f"model_repository={changed_repo}")
-    assert res1.returncode == 0, res1.stderr[-3000:]
-    assert any("load changed models without a restart (text_classifier_onnx)" in n for n in changed_ops(data1))
-    assert served_delay(h) == 1000
     # the key is nowhere but in its file (and tritonserver's own argv inside the container)
     inspect = ssh(h, "docker inspect triton-server")
     journal = ssh(h, "journalctl -u triton --no-pager -n 2000")
     unit = ssh(h, "cat /etc/systemd/system/triton.service")
+    outputs = "".join(r.stdout + r.stderr for r in (res, res1, res2, res3, res4))
     for where, text in (("docker inspect", inspect), ("journal", journal), ("unit", unit),
-                        ("pyinfra output", res.stdout + res.stderr + res1.stdout + res1.stderr)):
+                        ("pyinfra output", outputs)):
         assert key not in text, where
     assert ssh(h, "docker exec triton-server id -un").strip() == "triton-server"
     assert ssh(h, "ps -o user= -C tritonserver").split() == ["1000"]
-    # back to the default repository in mode none for the other tests
-    res2, _ = pyinfra("deploys/models.py", "--limit", h.name)
-    assert res2.returncode == 0, res2.stderr[-3000:]
+    # back to mode none (one restart) for the other tests
+    res5, _ = pyinfra("deploys/models.py", "--limit", h.name)
+    assert res5.returncode == 0, res5.stderr[-3000:]
     assert served_delay(h) == 2000
 
 

@@ -6,7 +6,8 @@ and directories dropped, settings added that name files (label_filename, warmup
 input_data_file, default_model_filename, cc_model_filenames, EXECUTION_ENV_PATH) with the file
 there, missing, or too short. Each variant goes through the validator; each one the validator
 accepts is then loaded by the tritonserver 2.51 of the nvidia-pytriton wheel (strict model
-config, exit on error, no GPU), four servers at once. The test fails on any repository Triton
+config, exit on error, no GPU), all of an example's at once; they stop in the background while
+the next example runs. The test fails on any repository Triton
 refuses that the validator accepts: a repository the validator refuses cannot be one, so it
 needs no server. (Where the validator is stricter on purpose: tests/test_validate.py.)
 Disagreements found this way are kept as corpus cases (tests/corpus/manifest.json:
@@ -21,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 from google.protobuf import text_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,7 +35,7 @@ from tritonfleet.validate import list_models, validate_repository
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 BASES = ["good/ensemble", "good/referenced-files", "good/default-filename", "good/versions", "good/python"]
-BATCH = 6  # variants per generated example, loaded by as many servers at once (4 at a time)
+BATCH = 6  # variants per generated example, loaded by as many servers at once
 
 idx = st.integers(0, 7)
 mutation = st.one_of(
@@ -158,11 +160,42 @@ def apply(repo: Path, m: tuple) -> None:
         _edit(model, change)
 
 
-def triton_accepts(repo: Path) -> tuple[bool, str]:
-    with LocalTriton(repo, strict_model_config=True, exit_on_error=True,
-                     python_based_backends={"onnxruntime": backend_model_py()},
-                     ready_timeout=60, require_ready=False) as triton:
+class Stopper:
+    """Servers stop in the background (a stop is ~3 s of waiting for Triton to exit) while the
+    next example runs; their repositories are removed once every server has stopped."""
+
+    def __init__(self, pool: ThreadPoolExecutor):
+        self.pool, self.stops, self.dirs = pool, [], []
+
+    def stop(self, triton: LocalTriton) -> None:
+        self.stops.append(self.pool.submit(triton.stop))
+
+    def remove_later(self, path: Path) -> None:
+        self.dirs.append(path)
+
+
+@pytest.fixture(scope="module")
+def stopper():
+    with ThreadPoolExecutor(BATCH) as pool:
+        s = Stopper(pool)
+        try:
+            yield s
+        finally:
+            for f in s.stops:
+                f.result()
+            for d in s.dirs:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def triton_accepts(repo: Path, stopper: Stopper) -> tuple[bool, str]:
+    triton = LocalTriton(repo, strict_model_config=True, exit_on_error=True,
+                         python_based_backends={"onnxruntime": backend_model_py()},
+                         ready_timeout=60, require_ready=False)
+    try:
+        triton.start()
         return triton.ready and all(triton.model_ready(m) for m in list_models(repo)), triton.log
+    finally:
+        stopper.stop(triton)
 
 
 def build(work: Path, i: int, v) -> Path:
@@ -176,15 +209,16 @@ def build(work: Path, i: int, v) -> Path:
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(variant, min_size=BATCH, max_size=BATCH))
-def test_no_generated_repository_triton_refuses_passes_the_validator(variants):
-    with tempfile.TemporaryDirectory(prefix="tritonfleet-diff-") as tmp:
-        repos = [build(Path(tmp), i, v) for i, v in enumerate(variants)]
-        accepted = [r for r in repos if not validate_repository(r, gpus=0)]
-        # a repository the validator refuses cannot be a false accept: only the others need a server
-        with ThreadPoolExecutor(4) as pool:
-            verdicts = dict(zip(accepted, pool.map(triton_accepts, accepted), strict=True))
-        false_accepts = {
-            f"{variants[repos.index(r)]}": "\n".join(line for line in log.splitlines() if "E1" in line)[-1500:]
-            for r, (ok, log) in verdicts.items() if not ok
-        }
-        assert not false_accepts, false_accepts
+def test_no_generated_repository_triton_refuses_passes_the_validator(stopper, variants):
+    tmp = Path(tempfile.mkdtemp(prefix="tritonfleet-diff-"))
+    stopper.remove_later(tmp)  # after its servers have stopped
+    repos = [build(tmp, i, v) for i, v in enumerate(variants)]
+    accepted = [r for r in repos if not validate_repository(r, gpus=0)]
+    # a repository the validator refuses cannot be a false accept: only the others need a server
+    with ThreadPoolExecutor(BATCH) as pool:  # all at once
+        verdicts = dict(zip(accepted, pool.map(lambda r: triton_accepts(r, stopper), accepted), strict=True))
+    false_accepts = {
+        f"{variants[repos.index(r)]}": "\n".join(line for line in log.splitlines() if "E1" in line)[-1500:]
+        for r, (ok, log) in verdicts.items() if not ok
+    }
+    assert not false_accepts, false_accepts

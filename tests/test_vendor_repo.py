@@ -137,18 +137,21 @@ def test_signatures_verify_with_gpgv(repo, tmp_path, which):
     assert "Packages.gz" in release and "SHA256:" in release
 
 
-def test_rebuild_reuses_repo_and_key(repo, docker_io):
+def test_rebuild_reuses_repo_and_key(repo, docker_io, tmp_path):
     inrelease = repo.cuda_dirs["debian12"] / "InRelease"
     before = inrelease.stat().st_mtime_ns
     again = build_vendor_repo(repo.root, KERNEL, docker_io_deb=docker_io)
     assert again.fingerprint == repo.fingerprint
     assert inrelease.stat().st_mtime_ns == before
-    other = build_vendor_repo(repo.root, "6.1.0-98-testbed", docker_io_deb=docker_io)  # new inputs: rebuilt, same key
+    # new inputs: rebuilt in place, same key (in a copy: the module's repository stays as built)
+    copy = tmp_path / "repo"
+    shutil.copytree(repo.root, copy, ignore=shutil.ignore_patterns("S.*"))  # not gpg's sockets
+    other = build_vendor_repo(copy, "6.1.0-98-testbed", distros=("debian12",), docker_io_deb=docker_io)
     assert other.fingerprint == repo.fingerprint
     assert (other.cuda_dirs["debian12"] / "linux-headers-6.1.0-98-testbed_6.1.0-98-testbed_amd64.deb").is_file()
     assert not (other.cuda_dirs["debian12"] / f"linux-headers-{KERNEL}_{KERNEL}_amd64.deb").exists()
-    back = build_vendor_repo(repo.root, KERNEL, docker_io_deb=docker_io)
-    assert back.fingerprint == repo.fingerprint
+    assert not (copy / "cuda/ubuntu2204").exists()  # what the old build had and the new one has not
+    assert inrelease.stat().st_mtime_ns == before
 
 
 # ---------------------------------------------------------------- package metadata
