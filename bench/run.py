@@ -128,7 +128,7 @@ def ratio_row(name: str, num: Row, den: Row, target: str, ok) -> Row:
 # --- testbed ----------------------------------------------------------------------------------
 
 def testbed_state():
-    from tritonfleet.testbed.hosts import State
+    from tritonfleet_testbed.hosts import State
 
     return State.load()
 
@@ -156,7 +156,7 @@ def deploy(limit: list[str] | None = None, timeout: float = 3600) -> float:
 
 
 def host_ssh(h, command: str, check: bool = True, timeout: float = 3600) -> str:
-    from tritonfleet.testbed.hosts import ssh_key
+    from tritonfleet_testbed.hosts import ssh_key
 
     _, res = sh(["ssh", *ssh_opts(ssh_key()), f"root@{h.address}", command], check=check, timeout=timeout)
     return res.stdout
@@ -169,7 +169,7 @@ def ssh_opts(key) -> list[str]:
 
 def hosts_cpu_seconds() -> float:
     """CPU time used so far by all testbed hosts (their cgroup; they share this machine's CPUs)."""
-    from tritonfleet.testbed.hosts import CGROUP_ROOT
+    from tritonfleet_testbed.hosts import CGROUP_ROOT
 
     for line in (CGROUP_ROOT / "cpu.stat").read_text().splitlines():
         if line.startswith("usage_usec"):
@@ -317,7 +317,7 @@ def models_run(h, repo: Path, env: dict, *extra: str) -> tuple[float, subprocess
 
 def bench_sync(results: Results, runs: int, size_gb: float, keep: bool, paramiko_run: bool = True) -> None:
     log(f"model sync of a {size_gb:g} GB repository: tritonfleet vs rsync over the same SSH settings")
-    from tritonfleet.testbed.hosts import ssh_key
+    from tritonfleet_testbed.hosts import ssh_key
 
     h = ensure_testbed(1)[0]
     host_ssh(h, "command -v rsync >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q rsync "

@@ -16,8 +16,8 @@ import requests
 from fakehost import defaults, run_fake
 
 from tritonfleet import apikey, config, probe
-from tritonfleet.localtriton import LocalTriton
 from tritonfleet.steps import triton
+from tritonfleet_testbed.localtriton import LocalTriton
 
 REPO = Path(__file__).resolve().parent / "corpus" / "good" / "python"
 KEY = "0123456789abcdef" * 4

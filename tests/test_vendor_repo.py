@@ -19,7 +19,7 @@ import pytest
 from tritonfleet import vendorfacts
 from tritonfleet.facts import gpu
 from tritonfleet.gpucheck import check_gpus
-from tritonfleet.testbed.vendor_repo import (
+from tritonfleet_testbed.standin_repo import (
     DOCKER_CE_VERSIONS,
     TOOLKIT_VERSION,
     _deb,
@@ -388,7 +388,7 @@ def without_time(text: str) -> list[str]:
 @pytest.mark.parametrize("shell", ["dash", "busybox"])
 def test_nvidia_smi_table_matches_real_capture(extracted, tmp_path, shell, monkeypatch):
     """With the capture's GPU values the stand-in renders the real tables byte for byte."""
-    import tritonfleet.testbed.vendor_repo as vr
+    import tritonfleet_testbed.standin_repo as vr
 
     # 535 table: docker/docs L4 capture (535.288.01; the stand-in's 535 is 535.104.12)
     root = host_root(tmp_path, "L4")

@@ -14,7 +14,7 @@ import numpy as np
 import requests
 
 from tritonfleet import ROOT
-from tritonfleet.testbed import hosts
+from tritonfleet_testbed import hosts
 
 BIN = Path(sys.executable).parent
 PYINFRA = str(BIN / "pyinfra")

@@ -1,4 +1,8 @@
-"""``tritonfleet testbed up|down|list|destroy``: local disposable GPU-like hosts."""
+"""``tritonfleet testbed up|down|list|destroy``: local disposable GPU-like hosts.
+
+The ``testbed`` group is added to the ``tritonfleet`` command through the entry point group
+``tritonfleet.commands`` (pyproject.toml) where this package is installed; ``python -m
+tritonfleet_testbed`` runs the same group on its own."""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from pathlib import Path
 
 import click
 
-from ..cli import main
 from . import hosts
 
 
@@ -42,8 +45,8 @@ def _serve_repo(state: hosts.State, directory: Path) -> None:
 
 def bring_up(n_hosts: int) -> hosts.State:
     """Hosts, stand-in vendor repository and stand-in images: everything a deploy needs."""
-    from .images import build_cuda_image, build_triton_image
-    from .vendor_repo import build_vendor_repo, debian_package, gpu_profile
+    from .standin_images import build_cuda_image, build_triton_image
+    from .standin_repo import build_vendor_repo, debian_package, gpu_profile
 
     t0 = time.monotonic()
     hosts.log("building (or reusing) the stand-in vendor repository and images")
@@ -64,7 +67,7 @@ def bring_up(n_hosts: int) -> hosts.State:
     return state
 
 
-@main.group()
+@click.group()
 def testbed() -> None:
     """Local test hosts (systemd-nspawn, root, Debian 12)."""
 

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tritonfleet.testbed import rootfs
+from tritonfleet_testbed import rootfs
 
 TRITON_TAG = "nvcr.io/nvidia/tritonserver:24.08-py3"
 CUDA_TAG = "nvidia/cuda:12.8.1-base-ubuntu22.04"
@@ -89,7 +89,7 @@ CUDA_ENV = {
     "NVIDIA_VISIBLE_DEVICES": "all",
     "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
 }
-LABEL = {"org.tritonfleet.testbed": "stand-in image built by tritonfleet.testbed.images"}
+LABEL = {"org.tritonfleet.testbed": "stand-in image built by tritonfleet_testbed.standin_images"}
 
 # glibc runtime of the cuda stand-in (what a driver's nvidia-smi links against)
 GLIBC_LIBS = [
@@ -203,7 +203,7 @@ def write_image_archive(
             "author": "tritonfleet testbed",
             "config": config,
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-            "history": [{"created": created, "created_by": "tritonfleet.testbed.images"}],
+            "history": [{"created": created, "created_by": "tritonfleet_testbed.standin_images"}],
         }
         config_bytes = json.dumps(image, sort_keys=True, separators=(",", ":")).encode()
         config_hex = hashlib.sha256(config_bytes).hexdigest()

@@ -61,7 +61,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import vendorfacts
+from tritonfleet import vendorfacts
 
 STANDIN = Path(__file__).with_name("standin")
 RECIPE_VERSION = "1"
