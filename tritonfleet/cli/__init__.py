@@ -1,10 +1,17 @@
-"""The ``tritonfleet`` command line. Each sub-command lives in its own module."""
+"""The ``tritonfleet`` command line: one module a command group (``fleet``: status and rollout;
+``validate``, ``loadtest``, ``prometheus``, ``tune``). The modules define their commands and
+import nothing from here; ``main`` adds them. Other installed packages add theirs through the
+``tritonfleet.commands`` entry point group (the test tooling's ``testbed``)."""
 
 from __future__ import annotations
 
 import click
 
-from . import __version__
+from .. import __version__
+from . import fleet, loadtest, prometheus, tune, validate
+
+#: entry point group through which other installed packages add command groups
+COMMANDS_GROUP = "tritonfleet.commands"
 
 
 @click.group()
@@ -13,17 +20,9 @@ def main() -> None:
     """Take bare NVIDIA GPU hosts to serving Triton, and keep the fleet right."""
 
 
-def _register() -> None:
-    # Sub-command modules register themselves on ``main``; import them here so a broken
-    # optional piece names itself instead of breaking the whole CLI.
-    from . import fleet_cli, loadtest_cli, prometheus_cli, tune_cli, validate_cli  # noqa: F401
-
-    _add_installed_commands()
-
-
-#: entry point group through which other installed packages add command groups (the test
-#: tooling's ``testbed``)
-COMMANDS_GROUP = "tritonfleet.commands"
+for _command in (loadtest.loadtest_cmd, prometheus.prometheus_cmd, fleet.rollout_cmd, fleet.status_cmd,
+                 tune.tune_cmd, validate.validate_cmd):
+    main.add_command(_command)
 
 
 def _add_installed_commands() -> None:
@@ -42,7 +41,7 @@ def _add_installed_commands() -> None:
         main.add_command(command, ep.name)
 
 
-_register()
+_add_installed_commands()
 
 if __name__ == "__main__":
     main()
