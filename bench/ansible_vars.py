@@ -21,7 +21,7 @@ def host_vars(fh) -> dict:
     from tritonfleet import config, models
     from tritonfleet.facts.host import PRIMARY_FPR_AWK, DpkgState
     from tritonfleet.gpucheck import GPU_CLASSES
-    from tritonfleet.images import image_id
+    from tritonfleet.image_archive import image_id
     from tritonfleet.ops.apt_repo import fetch_key_command
     from tritonfleet.steps import host_prep, triton, verify
 

@@ -2,7 +2,7 @@
 
 tritonfleet replaces pyinfra's operation-order function (tritonfleet/oporder.py), its Ctrl-C
 handler (interrupt.py), hands work to the inner generators of three pyinfra operations
-(ops/fast.py), watches operation results through state callbacks (facts/memo.py,
+(ops/converged.py), watches operation results through state callbacks (facts/memo.py,
 connection.py) and reaches paramiko through pyinfra's SSH connector. None of that is pyinfra's
 public API, so pyproject.toml pins pyinfra to the minor version it was checked against, and this
 test compares the source of every such piece with the hash recorded when it was checked
@@ -39,12 +39,12 @@ INTERNALS = {
         "tritonfleet/interrupt.py: pyinfra installs its SIGINT handler (exits 0) before it loads the "
         "deploy code, so the handler installed then (exit 130) is the one in force",
     "pyinfra.operations.files:put._inner":
-        "tritonfleet/ops/fast.py put() hands src, dest, user, group, mode and the rest to it",
+        "tritonfleet/ops/converged.py put() hands src, dest, user, group, mode and the rest to it",
     "pyinfra.operations.apt:packages._inner":
-        "tritonfleet/ops/fast.py packages() hands packages, present, latest, update, upgrade to it and "
+        "tritonfleet/ops/converged.py packages() hands packages, present, latest, update, upgrade to it and "
         "wraps each command it yields (strings) for the apt lock",
     "pyinfra.operations.systemd:service._inner":
-        "tritonfleet/ops/fast.py service() hands service, running, enabled, restarted to it",
+        "tritonfleet/ops/converged.py service() hands service, running, enabled, restarted to it",
     "pyinfra.api.state:BaseStateCallback":
         "facts/memo.py and connection.py: host_connect, operation_host_start(state, host, op_hash) and "
         "operation_host_error are called with these arguments",
@@ -114,7 +114,7 @@ def test_inner_operations_take_the_arguments_passed_to_them():
                 systemd.service: {"service", "running", "enabled", "restarted"}}
     for op, params in expected.items():
         have = set(inspect.signature(op._inner).parameters)
-        assert params <= have, f"{op.__module__}.{op.__name__}._inner lost {params - have} (ops/fast.py)"
+        assert params <= have, f"{op.__module__}.{op.__name__}._inner lost {params - have} (ops/converged.py)"
 
 
 def test_operation_order_is_read_from_pyinfra_operation_module():

@@ -23,7 +23,7 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 
-from tritonfleet import models, release, runid, transfer
+from tritonfleet import models, release_plan, runid, transfer
 from tritonfleet.steps.triton import _rendered, model_repository
 
 
@@ -93,7 +93,7 @@ def assert_serves(base: Path, repo: Path) -> None:
     assert got == want
     man = models.manifest(repo)
     assert rel.name == models.release_id(man)
-    assert (rel / models.MARKER).is_file() and (rel / release.STAT).is_file()
+    assert (rel / models.MARKER).is_file() and (rel / release_plan.STAT).is_file()
 
 
 def test_first_sync_then_noop(base, repo, caplog):
@@ -225,7 +225,7 @@ def test_plan_links_by_content_and_never_reuses_drifted_files():
     man = {"x/1/m.onnx": [10, "a" * 64], "x/c.pbtxt": [3, "b" * 64], "y/new": [4, "c" * 64]}
     index = {"releases": {"r1": {"old/path.onnx": [10, "a" * 64], "x/c.pbtxt": [3, "b" * 64]}},
              "drift": {"r1": ["x/c.pbtxt"]}, "incoming": {"y/new": 2, "junk": 1}}
-    plan = release.make_plan("r2", man, index)
+    plan = release_plan.make_plan("r2", man, index)
     assert plan.link == {"x/1/m.onnx": "r1/old/path.onnx"}
     assert plan.send == ["x/c.pbtxt", "y/new"]  # drifted content and the partial file travel
     assert plan.keep == [] and plan.remove == ["junk", "y/new"]
@@ -234,7 +234,7 @@ def test_plan_links_by_content_and_never_reuses_drifted_files():
 
 def test_expect_listing_sorts_like_c_locale_sort(tmp_path):
     man = {"b/x": [1, ""], "B/x": [1, ""], "a b/x": [22, ""], "a/x": [3, ""]}
-    text = release.expect_listing(man)
+    text = release_plan.expect_listing(man)
     f = tmp_path / "l"
     f.write_text(text)
     res = subprocess.run(["sort", "-c", str(f)], env={**os.environ, "LC_ALL": "C"}, capture_output=True)
@@ -254,7 +254,7 @@ def test_transport_choice():
 
 
 def test_large_plans_travel_as_a_file(base, repo, monkeypatch):
-    from tritonfleet.ops import release as release_op
+    from tritonfleet.ops import model_release as release_op
 
     monkeypatch.setattr(release_op, "INLINE_SCRIPT_MAX", 0)
     state, changed = sync(base, repo)

@@ -143,7 +143,7 @@ exec "$@"
 # reading archives
 
 
-from tritonfleet.images import archive_tags, image_config, image_id, read_manifest  # noqa: E402,F401
+from tritonfleet.image_archive import archive_tags, image_config, image_id, read_manifest  # noqa: E402,F401
 
 # --------------------------------------------------------------------------------------
 # writing archives

@@ -11,7 +11,7 @@ from ..facts import memo
 from ..facts.host import KeyringFingerprints
 from ..keys import normalize_fingerprint  # noqa: F401 - imported from here elsewhere
 from ..shell import q
-from . import fast
+from . import converged
 
 
 def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
@@ -56,7 +56,7 @@ def source_file(name: str, line: str, _sudo=None):
     from io import StringIO
 
     dest = source_path(name)
-    return fast.put(
+    return converged.put(
         name=f"apt source {name}",
         src=StringIO(line.rstrip() + "\n"),
         dest=dest,

@@ -26,7 +26,7 @@ from ..facts.host import (
     UnitState,
 )
 from ..failure import fail
-from ..ops import aptlock, fast
+from ..ops import aptlock, converged
 from ..ops.apt_repo import signed_key, source_file, source_path
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
@@ -322,7 +322,7 @@ def nvidia_driver():
     nonfree = debian_nonfree_text()
     extra = None
     if nonfree:
-        extra = fast.put(name=f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)",
+        extra = converged.put(name=f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)",
                          src=StringIO(nonfree), dest=NONFREE_FILE, mode="644")
     if will_change(key, src, *([extra] if extra else [])):
         aptlock.update(name="apt update (CUDA repository changed)")
@@ -331,9 +331,9 @@ def nvidia_driver():
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
     if kernel_pkgs:
-        fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
+        converged.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
 
-    nouveau = fast.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
+    nouveau = converged.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
     if will_change(nouveau):
         server.shell(
             name="rebuild initramfs (nouveau blacklist changed)",
@@ -345,7 +345,7 @@ def nvidia_driver():
     pinning = driver_pinning_package()
     other_pins = [p for p in vendorfacts.pinning_packages(distro) if p in installed and p != pinning]
     if uses_own_pin():
-        fast.put(name=f"pin driver packages to branch {branch}",
+        converged.put(name=f"pin driver packages to branch {branch}",
                  src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
     elif memo.fact(FileState, path=DRIVER_PIN_FILE) is not None:
         files.file(name=f"remove own driver pin (NVIDIA's {pinning} pins branch {branch})",
@@ -368,11 +368,11 @@ def nvidia_driver():
                      commands=aptlock.wrapped([_hold_command("unhold")]))
         old_meta = [p for p in installed if p.startswith("cuda-drivers-") and p != pkgs[0].split("=")[0]]
         if old_meta or other_pins:
-            fast.packages(name=f"remove the other branch's {', '.join(old_meta + other_pins)}",
+            converged.packages(name=f"remove the other branch's {', '.join(old_meta + other_pins)}",
                           packages=old_meta + other_pins, present=False)
     if pinning:
         # installed alone, before the driver: apt reads its preferences from the next command on
-        fast.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning])
+        converged.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning])
     if switching:
         # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
         # leaves installed packages alone: name the installed packages of the set, so apt moves
@@ -384,18 +384,18 @@ def nvidia_driver():
             commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
                                       + " ".join(pkgs + move)]))
     else:
-        driver = fast.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs)
+        driver = converged.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs)
     driver_changes = switching or will_change(driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
             server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
-        fast.put(name="keep driver packages out of unattended-upgrades",
+        converged.put(name="keep driver packages out of unattended-upgrades",
                  src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
 
     persistence_changed = False
     if config.get("nvidia_persistenced"):
         # the packaged unit runs --no-persistence-mode: the drop-in turns persistence mode on
-        dropin = fast.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
+        dropin = converged.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
                           src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
         persistence_changed = will_change(dropin)
         if persistence_changed:
@@ -418,7 +418,7 @@ def nvidia_driver():
         if persistence_changed and memo.fact(UnitState, unit="nvidia-persistenced.service")["running"]:
             server.shell(name="restart nvidia-persistenced (persistence mode)",
                          commands=["systemctl restart nvidia-persistenced.service"])
-        fast.service(name="nvidia-persistenced running and enabled",
+        converged.service(name="nvidia-persistenced running and enabled",
                      service="nvidia-persistenced", running=True, enabled=True)
         check(name="check: persistence mode is on (nvidia-smi -q)", function=_check_persistence)
 
@@ -460,7 +460,7 @@ def docker_engine():
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
-        engine = fast.packages(name="Docker Engine (distro docker.io)",
+        engine = converged.packages(name="Docker Engine (distro docker.io)",
                               packages=["docker.io", "apparmor"], update=False)
     elif source == "docker":
         distro, codename = docker_distro()
@@ -473,11 +473,11 @@ def docker_engine():
             aptlock.update(name="apt update (Docker repository changed)")
         version = config.get("docker_version")
         if version:
-            pin = fast.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
+            pin = converged.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
                             dest=DOCKER_PIN_FILE, mode="644")
         else:
             pin = files.file(name="Docker Engine not pinned", path=DOCKER_PIN_FILE, present=False)
-        engine = fast.packages(
+        engine = converged.packages(
             name="Docker Engine (docker-ce)",
             packages=["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin",
                       "docker-compose-plugin"],
@@ -496,7 +496,7 @@ def docker_engine():
     else:
         raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
                                  "(group data, inventories/group_data/all.py)")
-    fast.service(name="docker running and enabled", service="docker", running=True, enabled=True)
+    converged.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
 
 
@@ -576,9 +576,9 @@ def container_toolkit():
     pin_text = "".join(
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
     )
-    fast.put(name=f"pin Container Toolkit packages to {version}",
+    converged.put(name=f"pin Container Toolkit packages to {version}",
               src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
-    fast.packages(name=f"Container Toolkit {version}",
+    converged.packages(name=f"Container Toolkit {version}",
                  packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True)
 
     daemon = memo.fact(DockerDaemonJson)

@@ -18,8 +18,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
-from .. import config
-from .. import release as release_lib
+from .. import config, release_plan
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..failure import fail
 from ..health import gate_current_host
@@ -64,7 +63,7 @@ def restore_unit_command(base: str, digest: str, unit: str) -> str:
 
 def switch_back_command(base: str, release: str) -> str:
     """Point the live link back at ``release`` (atomic rename) and log the switch."""
-    return f"{release_lib.link_script(base, f'releases/{release}')} && echo {q(release)} >> {q(base)}/releases.log"
+    return f"{release_plan.link_script(base, f'releases/{release}')} && echo {q(release)} >> {q(base)}/releases.log"
 
 
 def _fail(message: str, expected: str = "an earlier healthy deployment to roll back to"):

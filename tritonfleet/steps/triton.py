@@ -12,8 +12,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from .. import TEMPLATES, __version__, apikey, config, models
-from .. import release as release_lib
+from .. import TEMPLATES, __version__, apikey, config, models, release_plan
 from ..facts import memo
 from ..facts.host import (
     DeployHistory,
@@ -27,10 +26,10 @@ from ..facts.host import (
 from ..failure import HOST_RECORD as FAILURE_RECORD
 from ..failure import HostFailure, in_rollout
 from ..health import HealthError, gate_current_host
-from ..ops import fast
+from ..ops import converged
 from ..ops.check import check, check_with_steps, will_change
+from ..ops.model_release import model_release
 from ..ops.registry import docker_login, registry_of
-from ..ops.release import model_release
 from ..ops.stream import docker_load, docker_pull
 from ..shell import q, url_segment
 from ..transfer import TransferError
@@ -42,7 +41,7 @@ HISTORY_KEEP = 20
 
 @cache
 def _archive_image_id(path: str) -> str:
-    from ..images import image_id
+    from ..image_archive import image_id
 
     return image_id(Path(path))
 
@@ -119,7 +118,7 @@ def _check_transport(transport: str) -> None:
 
 
 def sync_models() -> list:
-    """Make this host's repository the live release (tritonfleet.release): one remote command
+    """Make this host's repository the live release (tritonfleet.release_plan): one remote command
     when it already is (no file on the host is read: sizes and mtimes are compared with the
     release's stat record). Otherwise only files no release on the host holds travel, in one
     stream; Triton only ever sees a complete release."""
@@ -133,7 +132,7 @@ def sync_models() -> list:
             # a transfer of another release was cut (Ctrl-C, lost link, halted rollout) and the
             # host went back to this one: what it left only takes disk space
             server.shell(name=f"remove interrupted transfers of other releases ({', '.join(stale)})",
-                         commands=[release_lib.discard_incoming_script(base, stale)])
+                         commands=[release_plan.discard_incoming_script(base, stale)])
         return []
     why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
            if live["current"] == rid else f"live: {live['current'] or 'none'}")
@@ -303,7 +302,7 @@ def triton_service(image: list | None = None, models: list | None = None):
     service = config.get("triton_service")
     _, key_new = api_key()
     text = render_unit(unit_context())
-    unit = fast.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
+    unit = converged.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     if will_change(unit):
@@ -325,7 +324,7 @@ def triton_service(image: list | None = None, models: list | None = None):
         load, unload = model_changes() if will_change(models) else behind["models"]
         server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
                      commands=[repository_api_commands(load, unload)])
-    fast.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
+    converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
 def running_behind(explicit: bool) -> dict:
