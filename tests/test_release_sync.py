@@ -24,7 +24,8 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 
 from tritonfleet import models, release_plan, runid, transfer
-from tritonfleet.steps.triton import _rendered, model_repository
+from tritonfleet.models import _rendered
+from tritonfleet.steps.triton import model_repository
 
 
 def write(root: Path, rel: str, data: bytes) -> None:

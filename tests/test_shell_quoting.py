@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from tritonfleet import apikey, config, probe, release_plan
 from tritonfleet.facts import host as facts
 from tritonfleet.health import watch_command
+from tritonfleet.ops import history
 from tritonfleet.ops.apt_repo import fetch_key_command
 from tritonfleet.shell import q, url_segment, words
 from tritonfleet.steps import rollback, triton, verify
@@ -218,9 +219,9 @@ BUILDERS = {
     # explicit-mode loads and unloads (steps/triton.py, rollback), the model name and the base dir
     "load": lambda v: triton.repository_api_commands([v], []),
     "unload": lambda v: triton.repository_api_commands([], [v]),
-    "record image": lambda v: triton.record_command("/opt/triton", "0123abcd", v, {"image": v}),
-    "record unit": lambda v: triton.record_command("/opt/triton", v, "img", {"unit": v}),
-    "record base": lambda v: triton.record_command(f"/srv/{v}", "0123abcd", "img", {}),
+    "record image": lambda v: history.record_command("/opt/triton", "0123abcd", v, {"image": v}),
+    "record unit": lambda v: history.record_command("/opt/triton", v, "img", {"unit": v}),
+    "record base": lambda v: history.record_command(f"/srv/{v}", "0123abcd", "img", {}),
     # model releases (release_plan.py), base dir, release id and file paths
     "state": lambda v: release_plan.state_command(f"/srv/{v}"),
     "index base": lambda v: release_plan.index_command(f"/srv/{v}", "r1"),
