@@ -1,7 +1,8 @@
 """pyinfra's internals that tritonfleet patches or relies on are the ones it was checked against.
 
-tritonfleet replaces pyinfra's operation-order function (tritonfleet/oporder.py), its Ctrl-C
-handler (interrupt.py), hands work to the inner generators of three pyinfra operations
+tritonfleet replaces pyinfra's operation-order function (tritonfleet/oporder.py) and its Ctrl-C
+handler (interrupt.py) when a deploy file calls pyinfra_patches.install() (tests/test_structure.py
+checks that importing the steps alone changes nothing), hands work to the inner generators of three pyinfra operations
 (ops/converged.py), watches operation results through state callbacks (facts/memo.py,
 connection.py) and reaches paramiko through pyinfra's SSH connector. None of that is pyinfra's
 public API, so pyproject.toml pins pyinfra to the minor version it was checked against, and this
