@@ -47,13 +47,17 @@ INTERNALS = {
     "pyinfra.operations.systemd:service._inner":
         "tritonfleet/ops/converged.py service() hands service, running, enabled, restarted to it",
     "pyinfra.api.state:BaseStateCallback":
-        "facts/memo.py and connection.py: host_connect, operation_host_start(state, host, op_hash) and "
-        "operation_host_error are called with these arguments",
-    "pyinfra.api.state:State.add_callback_handler": "facts/memo.py, connection.py register callbacks",
-    "pyinfra.api.state:State.get_op_meta": "facts/memo.py reads .names of an operation",
-    "pyinfra.api.state:State.get_op_data_for_host": "facts/memo.py reads .operation_meta",
+        "facts/memo.py, connection.py and failure.py: host_connect, operation_host_start(state, host, "
+        "op_hash) and operation_host_error(state, host, op_hash, ...) are called with these arguments",
+    "pyinfra.api.state:State.add_callback_handler": "facts/memo.py, connection.py, failure.py register callbacks",
+    "pyinfra.api.state:State.get_op_meta": "facts/memo.py and failure.py read .names of an operation",
+    "pyinfra.api.state:State.get_op_data_for_host": "facts/memo.py and failure.py read .operation_meta",
     "pyinfra.api.operation:OperationMeta":
-        "facts/memo.py (is_complete, did_succeed, did_change) and ops/check.py (will_change)",
+        "facts/memo.py (is_complete, did_succeed, did_change), ops/check.py (will_change), failure.py "
+        "(stderr_lines, stdout_lines of a failed operation, complete once the run ends)",
+    "pyinfra_cli.prints:build_results_json":
+        "rollout.py reads `-y --json`: results.operations[] (name, success, error, no_change) and "
+        "results.failed_hosts",
     "pyinfra.api.facts:FactBase.requires_command":
         "facts/memo.py prefetch leaves facts with a required command to pyinfra",
     "pyinfra.connectors.ssh:SSHConnector.connect":

@@ -10,14 +10,16 @@ and read no fact yet):
 * the operation order read from frames instead of ``inspect.stack()`` (tritonfleet.oporder);
 * Ctrl-C exits with status 130, not 0 (tritonfleet.interrupt; pyinfra's CLI only);
 * the deploy lock on every host, one run at a time per host (tritonfleet.hostlock; pyinfra's CLI
-  runs that change hosts only), taken before the deploy reads any fact.
+  runs that change hosts only), taken before the deploy reads any fact;
+* in a run a rollout waits for: a failure report for every host failed in an operation that has
+  none of its own (tritonfleet.failure.report_operation_errors).
 
 Each is idempotent; tests/test_pyinfra_internals.py checks the pyinfra internals they rely on.
 """
 
 from __future__ import annotations
 
-from . import hostlock, interrupt, oporder
+from . import failure, hostlock, interrupt, oporder
 from .connection import tune_state
 
 
@@ -28,3 +30,4 @@ def install() -> None:
         hostlock.acquire_all()
     oporder.install()
     interrupt.install()
+    failure.report_operation_errors()
