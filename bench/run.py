@@ -195,9 +195,11 @@ def profiled_noop(limit: list[str], tag: str, deploy_file: str = "deploys/triton
                   "-y", *limit_args(limit), INVENTORY, deploy_file], check=False)
     if res.returncode != 0:
         raise SystemExit(f"[bench] no-op run failed:\n{res.stderr[-4000:]}")
+    from tritonfleet.ops.check import is_check
+
     changed = re.findall(r"^\s+(\S.*?)\s+\d+\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", res.stderr, re.M)
     for name, success, *_ in changed:
-        if success not in ("-", "0") and "check:" not in name and name != "Grand total":
+        if success not in ("-", "0") and not is_check(name) and name != "Grand total":
             raise SystemExit(f"[bench] not a no-op: {name} changed\n{res.stderr[-3000:]}")
     key = tag.rsplit("-", 1)[0]
     CPU.setdefault(f"{key}-hosts", []).append(hosts_cpu_seconds() - h0)
