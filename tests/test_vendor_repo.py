@@ -26,6 +26,7 @@ from tritonfleet_testbed.standin_repo import (
     _standin_branches,
     build_vendor_repo,
     gpu_profile,
+    parse_smi_list,
 )
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia"
@@ -377,7 +378,7 @@ def test_nvidia_smi_parsed_by_the_deploys_parsers(extracted, tmp_path, shell, br
     assert (s["status"], s["driver_version"], s["cuda_version"]) == ("ok", version, cuda)
     assert [(x["name"], x["memory_total_mib"]) for x in s["gpus"]] == [(name, mem)]
     assert check_gpus("h", gpu_class, q.gpus, s["cuda_version"]) == []
-    listed = gpu.parse_list(smi(extracted, branch, root, "-L", shell=shell).stdout.splitlines())
+    listed = parse_smi_list(smi(extracted, branch, root, "-L", shell=shell).stdout.splitlines())
     assert listed == [{"index": 0, "name": name, "uuid": g.uuid}]
 
 

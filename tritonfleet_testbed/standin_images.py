@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tritonfleet.image_archive import image_id, read_metadata  # noqa: F401 - image_id: read from here too
 from tritonfleet_testbed import rootfs
 
 TRITON_TAG = "nvcr.io/nvidia/tritonserver:24.08-py3"
@@ -143,7 +144,21 @@ exec "$@"
 # reading archives
 
 
-from tritonfleet.image_archive import archive_tags, image_config, image_id, read_manifest  # noqa: E402,F401
+def read_manifest(archive: Path) -> list[dict]:
+    """manifest.json of ``archive``: [{"Config": ..., "RepoTags": [...], "Layers": [...]}]."""
+    return json.loads(read_metadata(Path(archive))["manifest.json"])
+
+
+def image_config(archive: Path) -> dict:
+    """The image config JSON of ``archive`` (its first image)."""
+    files = read_metadata(Path(archive))
+    return json.loads(files[json.loads(files["manifest.json"])[0]["Config"]])
+
+
+def archive_tags(archive: Path) -> list[str]:
+    """The RepoTags ``docker load`` gives the image(s) of ``archive``."""
+    return [tag for m in read_manifest(Path(archive)) for tag in m.get("RepoTags") or []]
+
 
 # --------------------------------------------------------------------------------------
 # writing archives

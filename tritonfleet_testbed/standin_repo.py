@@ -134,6 +134,20 @@ GPU_PROFILES = {
 }
 
 
+
+_SMI_LIST_ROW = re.compile(r"^GPU\s+(?P<index>\d+):\s+(?P<name>.+?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)")
+
+
+def parse_smi_list(lines) -> list[dict]:
+    """``nvidia-smi -L``: [{"index", "name", "uuid"}] (how the stand-in's answer is checked
+    against the real one)."""
+    out = []
+    for line in lines or []:
+        m = _SMI_LIST_ROW.match(line.strip())
+        if m:
+            out.append({"index": int(m.group("index")), "name": m.group("name"), "uuid": m.group("uuid")})
+    return out
+
 def gpu_profile(gpu_class: str | None) -> str:
     """The gpu.env text for a host of ``gpu_class`` ("T4", "L4"; "none"/"" -> "", no GPU)."""
     key = str(gpu_class or "").strip().upper()
