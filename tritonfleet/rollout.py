@@ -27,7 +27,7 @@ from pathlib import Path
 from . import ROOT, fleet, health, perfgate, probe, runid
 from .failure import CHANNEL_ENV, Failure, read_channel
 from .ops.check import is_check
-from .procs import die_with_parent
+from .procs import alive, die_with_parent
 
 ROLLBACK_DEPLOY = ROOT / "deploys" / "rollback.py"
 
@@ -416,16 +416,6 @@ def _gate_all(run: _Run, names: list[str]) -> dict[str, Failure]:
     return failed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
            echo: Callable[[str], None] = print) -> Report:
     """Go on with a rollout whose control process died, from its journal: the batch it was in is
@@ -447,7 +437,7 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     import socket as _socket
 
     if start.get("holder", "").split(" ", 1)[0].endswith("@" + _socket.gethostname()) and \
-            start.get("pid") != os.getpid() and _alive(int(start.get("pid", 0))) and \
+            start.get("pid") != os.getpid() and alive(int(start.get("pid", 0))) and \
             b"tritonfleet" in Path(f"/proc/{start['pid']}/cmdline").read_bytes():
         raise RolloutError(f"{path}: the rollout that wrote it is still running (pid {start['pid']}): "
                            "let it finish, or stop it first")

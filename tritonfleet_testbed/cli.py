@@ -17,12 +17,14 @@ from pathlib import Path
 
 import click
 
+from tritonfleet.procs import alive
+
 from . import hosts
 
 
 def _serve_repo(state: hosts.State, directory: Path) -> None:
     """Serve the stand-in vendor repository on the bridge address only."""
-    if state.repo_server_pid and hosts._alive(state.repo_server_pid):
+    if state.repo_server_pid and alive(state.repo_server_pid):
         os.kill(state.repo_server_pid, signal.SIGTERM)
     logf = open(hosts.STATE_DIR / "repo-server.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -106,7 +108,7 @@ def list_cmd(as_json: bool) -> None:
     state = hosts.State.load()
     rows = [
         {"name": h.name, "address": h.address, "gpu_class": h.gpu_class,
-         "running": bool(h.pid and hosts._alive(h.pid))}
+         "running": bool(h.pid and alive(h.pid))}
         for h in state.hosts
     ]
     if as_json:
