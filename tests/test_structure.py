@@ -147,3 +147,23 @@ def test_importing_the_steps_patches_nothing_and_install_does():
     assert installed["order"] == "tritonfleet.oporder", installed
     assert installed["sigint"] == "tritonfleet.interrupt", installed
     assert "tritonfleet.connection" in installed["callbacks"], installed
+
+
+def test_the_testbed_commands_join_the_cli_through_their_entry_point(monkeypatch):
+    """`tritonfleet testbed ...` comes from the test tooling's entry point (the repository's
+    install has it); a declared command whose package is not installed is left out."""
+    import importlib.metadata
+
+    import click
+
+    from tritonfleet import cli
+    from tritonfleet_testbed.cli import testbed
+
+    assert cli.main.commands["testbed"] is testbed
+    declared = [importlib.metadata.EntryPoint("absent", "tritonfleet_absent_tooling.cli:group", cli.COMMANDS_GROUP),
+                importlib.metadata.EntryPoint("testbed", "tritonfleet_testbed.cli:testbed", cli.COMMANDS_GROUP)]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: declared if group == cli.COMMANDS_GROUP else [])
+    group = click.Group("tritonfleet")
+    monkeypatch.setattr(cli, "main", group)
+    cli._add_installed_commands()
+    assert sorted(group.commands) == ["testbed"]
