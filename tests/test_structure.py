@@ -167,3 +167,37 @@ def test_the_testbed_commands_join_the_cli_through_their_entry_point(monkeypatch
     monkeypatch.setattr(cli, "main", group)
     cli._add_installed_commands()
     assert sorted(group.commands) == ["testbed"]
+
+
+def test_install_runs_once_a_run_while_the_other_hosts_wait_for_it(monkeypatch):
+    """pyinfra runs the deploy file once per host, side by side (greenlets): the deploy lock is
+    taken once, and no host's deploy code goes on before it is held."""
+    import gevent
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_state
+
+    from tritonfleet import hostlock, oporder, pyinfra_patches
+
+    events = []
+
+    def acquire_all():
+        events.append("taking the locks")
+        gevent.sleep(0.05)  # the holders answer over SSH meanwhile
+        events.append("locks held")
+
+    monkeypatch.setattr(hostlock, "enabled", lambda: True)
+    monkeypatch.setattr(hostlock, "acquire_all", acquire_all)
+    state = State()
+    state.callback_handlers = []
+
+    def deploy_file(i: int) -> None:
+        with ctx_state.use(state):
+            pyinfra_patches.install()
+            events.append(f"host {i} goes on")
+
+    try:
+        gevent.joinall([gevent.spawn(deploy_file, i) for i in range(3)], raise_error=True)
+    finally:
+        oporder.uninstall()
+    assert events[:2] == ["taking the locks", "locks held"], events
+    assert sorted(events[2:]) == ["host 0 goes on", "host 1 goes on", "host 2 goes on"], events
