@@ -18,19 +18,19 @@ def host_vars(fh) -> dict:
     from pyinfra import host
     from pyinfra.facts.server import KernelVersion
 
-    from tritonfleet import config, models
+    from tritonfleet import config, host_layer, models, vendor_repos
     from tritonfleet.facts.host import PRIMARY_FPR_AWK, DpkgState
     from tritonfleet.gpucheck import GPU_CLASSES
-    from tritonfleet.images import image_id
+    from tritonfleet.image_archive import image_id
     from tritonfleet.ops.apt_repo import fetch_key_command
-    from tritonfleet.steps import host_prep, triton, verify
+    from tritonfleet.steps import host_prep, verify
+    from tritonfleet.unit import render_unit, unit_context
 
     with ctx_host.use(fh.pyinfra_host):
-        base = f"{config.get('cuda_repo_url').rstrip('/')}/{host_prep.cuda_distro()}/{host_prep.cuda_arch()}"
+        cuda, toolkit = vendor_repos.cuda(), vendor_repos.container_toolkit()
         kernel = host.get_fact(KernelVersion)
-        toolkit_url = config.get("container_toolkit_repo_url").rstrip("/")
         version = config.get("container_toolkit_version")
-        local, _, rid = triton.host_repository()
+        local, _, rid = models.host_repository()
         image = config.get("triton_image")
         archive = (config.get("image_archives") or {}).get(image)
         gpu_class = str(config.get("gpu_class")).upper()
@@ -45,26 +45,23 @@ def host_vars(fh) -> dict:
             "ansible_python_interpreter": "/usr/bin/python3",
             "tf_validate_command": f"{Path(sys.executable).parent / 'tritonfleet'} validate {local}",
             "tf_secure_boot_ok": bool(config.get("nvidia_secure_boot_ok")),
-            "tf_cuda_keyring": host_prep.CUDA_KEYRING,
-            "tf_cuda_fingerprint": config.get("cuda_repo_key_fingerprint").replace(" ", "").upper(),
-            "tf_cuda_key_command": fetch_key_command(f"{base}/{config.get('cuda_repo_key_name')}",
-                                                     config.get("cuda_repo_key_fingerprint"), host_prep.CUDA_KEYRING),
-            "tf_cuda_source": f"deb [signed-by={host_prep.CUDA_KEYRING}] {base}/ /\n",
+            "tf_cuda_keyring": cuda.keyring,
+            "tf_cuda_fingerprint": cuda.fingerprint.replace(" ", "").upper(),
+            "tf_cuda_key_command": fetch_key_command(cuda.key_url, cuda.fingerprint, cuda.keyring),
+            "tf_cuda_source": cuda.line + "\n",
             "tf_kernel_packages": [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")],
-            "tf_nouveau_text": host_prep.NOUVEAU_TEXT,
+            "tf_nouveau_text": host_layer.NOUVEAU_TEXT,
             "tf_driver_pin_text": host_prep.driver_pin_text(),
             "tf_driver_packages": host_prep.driver_packages(),
             "tf_held_packages": host.get_fact(DpkgState)["held"],
-            "tf_unattended_text": host_prep.UNATTENDED_TEXT,
+            "tf_unattended_text": host_layer.UNATTENDED_TEXT,
             "tf_docker_packages": docker,
-            "tf_toolkit_keyring": host_prep.TOOLKIT_KEYRING,
+            "tf_toolkit_keyring": toolkit.keyring,
             # primary keys only, as the deploy reads a keyring (a key's subkeys have fingerprints too)
             "tf_primary_fpr_awk": PRIMARY_FPR_AWK,
-            "tf_toolkit_fingerprint": config.get("container_toolkit_key_fingerprint").replace(" ", "").upper(),
-            "tf_toolkit_key_command": fetch_key_command(config.get("container_toolkit_key_url"),
-                                                        config.get("container_toolkit_key_fingerprint"),
-                                                        host_prep.TOOLKIT_KEYRING),
-            "tf_toolkit_source": f"deb [signed-by={host_prep.TOOLKIT_KEYRING}] {toolkit_url}/{host_prep.deb_arch()} /\n",
+            "tf_toolkit_fingerprint": toolkit.fingerprint.replace(" ", "").upper(),
+            "tf_toolkit_key_command": fetch_key_command(toolkit.key_url, toolkit.fingerprint, toolkit.keyring),
+            "tf_toolkit_source": toolkit.line + "\n",
             "tf_toolkit_pin_text": pin,
             "tf_toolkit_packages": [f"{p}={version}" for p in host_prep.TOOLKIT_PACKAGES],
             # the same command the deploy runs (with the same gpu_verify_container mode)
@@ -78,7 +75,7 @@ def host_vars(fh) -> dict:
             "tf_model_repository": str(local),
             "tf_release": rid,
             "tf_models": models.model_names(local),
-            "tf_unit_text": triton.render_unit(triton.unit_context()),
+            "tf_unit_text": render_unit(unit_context()),
         }
 
 

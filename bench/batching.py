@@ -34,8 +34,8 @@ from google.protobuf import text_format  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
 from tritonfleet import loadtest  # noqa: E402
-from tritonfleet.localtriton import LocalTriton  # noqa: E402
-from tritonfleet.testbed import images  # noqa: E402
+from tritonfleet_testbed import standin_images as images  # noqa: E402
+from tritonfleet_testbed.localtriton import LocalTriton  # noqa: E402
 
 MODELS = ("resnet50_onnx", "text_classifier_onnx")
 #: the article's L4 figures (Uvicorn/FastAPI -> Triton with dynamic batching)

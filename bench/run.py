@@ -128,7 +128,7 @@ def ratio_row(name: str, num: Row, den: Row, target: str, ok) -> Row:
 # --- testbed ----------------------------------------------------------------------------------
 
 def testbed_state():
-    from tritonfleet.testbed.hosts import State
+    from tritonfleet_testbed.hosts import State
 
     return State.load()
 
@@ -156,7 +156,7 @@ def deploy(limit: list[str] | None = None, timeout: float = 3600) -> float:
 
 
 def host_ssh(h, command: str, check: bool = True, timeout: float = 3600) -> str:
-    from tritonfleet.testbed.hosts import ssh_key
+    from tritonfleet_testbed.hosts import ssh_key
 
     _, res = sh(["ssh", *ssh_opts(ssh_key()), f"root@{h.address}", command], check=check, timeout=timeout)
     return res.stdout
@@ -169,7 +169,7 @@ def ssh_opts(key) -> list[str]:
 
 def hosts_cpu_seconds() -> float:
     """CPU time used so far by all testbed hosts (their cgroup; they share this machine's CPUs)."""
-    from tritonfleet.testbed.hosts import CGROUP_ROOT
+    from tritonfleet_testbed.hosts import CGROUP_ROOT
 
     for line in (CGROUP_ROOT / "cpu.stat").read_text().splitlines():
         if line.startswith("usage_usec"):
@@ -195,9 +195,11 @@ def profiled_noop(limit: list[str], tag: str, deploy_file: str = "deploys/triton
                   "-y", *limit_args(limit), INVENTORY, deploy_file], check=False)
     if res.returncode != 0:
         raise SystemExit(f"[bench] no-op run failed:\n{res.stderr[-4000:]}")
+    from tritonfleet.ops.check import is_check
+
     changed = re.findall(r"^\s+(\S.*?)\s+\d+\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", res.stderr, re.M)
     for name, success, *_ in changed:
-        if success not in ("-", "0") and "check:" not in name and name != "Grand total":
+        if success not in ("-", "0") and not is_check(name) and name != "Grand total":
             raise SystemExit(f"[bench] not a no-op: {name} changed\n{res.stderr[-3000:]}")
     key = tag.rsplit("-", 1)[0]
     CPU.setdefault(f"{key}-hosts", []).append(hosts_cpu_seconds() - h0)
@@ -317,7 +319,7 @@ def models_run(h, repo: Path, env: dict, *extra: str) -> tuple[float, subprocess
 
 def bench_sync(results: Results, runs: int, size_gb: float, keep: bool, paramiko_run: bool = True) -> None:
     log(f"model sync of a {size_gb:g} GB repository: tritonfleet vs rsync over the same SSH settings")
-    from tritonfleet.testbed.hosts import ssh_key
+    from tritonfleet_testbed.hosts import ssh_key
 
     h = ensure_testbed(1)[0]
     host_ssh(h, "command -v rsync >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q rsync "

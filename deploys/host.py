@@ -1,8 +1,10 @@
 # Only the host layer: driver, Docker, Container Toolkit, GPU verification.
+from tritonfleet import pyinfra_patches
 from tritonfleet.preflight import host_layer as preflight
 from tritonfleet.steps.host_prep import container_toolkit, docker_engine, nvidia_driver
 from tritonfleet.steps.verify import verify_gpus
 
+pyinfra_patches.install()  # connections, operation order, Ctrl-C, per-host deploy lock
 preflight()            # GPU class and driver branch, Secure Boot, GPU found, daemon.json, vendor keys
 nvidia_driver()        # driver from the CUDA repo, held; reboot if needed
 docker_engine()        # Docker Engine

@@ -3,7 +3,7 @@
 # Debian's docker.io (Docker's stand-in repository is there too), no memlock ulimit (these hosts cannot raise it), models on CPU
 # instances (no real GPU behind the stand-in driver), image archives instead of a registry,
 # and relaxed host-key checking (every host is made from one image).
-from tritonfleet.testbed.hosts import State, ssh_key
+from tritonfleet_testbed.hosts import State, ssh_key
 
 _state = State.load()
 if not _state.hosts:

@@ -23,8 +23,8 @@ TIMINGS: dict[str, float] = {}
 
 @pytest.fixture(scope="session")
 def testbed():
-    from tritonfleet.testbed import hosts
-    from tritonfleet.testbed.cli import bring_up
+    from tritonfleet_testbed import hosts
+    from tritonfleet_testbed.cli import bring_up
 
     reuse = os.environ.get("TRITONFLEET_TEST_REUSE_TESTBED") == "1"  # developers' fast loop only
     if not reuse:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import bcrypt
 
-from tritonfleet.testbed import hosts
-from tritonfleet.testbed.vendor_repo import debian_package
+from tritonfleet_testbed import hosts
+from tritonfleet_testbed.standin_repo import debian_package
 
 PORT = 5000
 

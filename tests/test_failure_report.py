@@ -257,10 +257,56 @@ def test_the_channel_carries_the_report_to_the_rollout(tmp_path, monkeypatch):
     assert got["tb1-t4"].text() == example_failure().text()
 
 
-def test_pyinfra_reason_does_not_repeat_the_host_name():
-    run = PyinfraRun(1, {}, "--> Starting operation: x | y\n    [tb1-t4] docker pull failed: no such host\n"
-                            "RuntimeError: tb1-t4: something broke\n")
-    assert run.reason("tb1-t4") == "something broke"
+def test_why_pyinfra_failed_a_host_comes_from_its_json_result():
+    data = {"results": {"failed_hosts": ["tb1-t4", "tb3-t4"], "operations": [
+        {"name": "Model repository | model release r1 (live: none)", "success": ["tb2-l4"], "error": ["tb1-t4"],
+         "no_change": []}]}}
+    log = "--> Starting operation: x | y\n    [tb1-t4] docker pull failed: no such host\nRuntimeError: tb1-t4: broke\n"
+    run = PyinfraRun(1, data, log, "logs/batch-1.log")
+    assert run.reason("tb1-t4") == ("Model repository | model release r1 (live: none): failed "
+                                    "(pyinfra's output: logs/batch-1.log)")
+    assert run.reached("tb2-l4") and not run.reached("tb3-t4")
+    assert run.reason("tb3-t4").startswith("no operation ran on it")
+    assert PyinfraRun(1, {}, log).reason("tb1-t4") == "pyinfra gave no result (exit status 1)"
+
+
+@deploy("Test step")
+def apt_step():
+    from pyinfra.operations import server
+
+    failure.report_operation_errors()
+    server.shell(name="install nosuch", commands=["apt-get install -y nosuch"])
+
+
+def test_a_failed_command_reaches_the_rollout_with_its_own_output(tmp_path, monkeypatch):
+    monkeypatch.setenv(failure.CHANNEL_ENV, str(tmp_path))
+    said = ["Reading package lists...", "E: Unable to locate package nosuch"]
+    _, _, state = run_fake(apt_step, {"apt-get install -y nosuch": {"success": False, "stderr": said}}, yes=True)
+    assert state.failed_hosts
+    failure.write_unreported()  # at the end of a run (atexit)
+    got = Failure.from_json(json.loads((tmp_path / "@fake" / "gpu1.json").read_text()))  # (the fake host's name)
+    assert got.step == "Test step | install nosuch" and got.found == said[-1] and got.words == said
+    assert got.short() == "Test step | install nosuch: E: Unable to locate package nosuch"
+
+
+def test_a_step_s_own_report_is_not_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv(failure.CHANNEL_ENV, str(tmp_path))
+
+    own = Failure("@fake/gpu1", "health gate", "Triton ready", "not ready", cause="not ready")
+
+    def fails():
+        raise HostFailure(own)
+
+    @deploy("Test step")
+    def reported_step():
+        failure.report_operation_errors()
+        check(name="check: something", function=fails)
+
+    _, _, state = run_fake(reported_step, {}, yes=True)
+    assert state.failed_hosts
+    failure.write_unreported()
+    got = Failure.from_json(json.loads((tmp_path / "@fake" / "gpu1.json").read_text()))
+    assert got.text() == own.text()
 
 
 def test_status_shows_a_failure_newer_than_the_last_healthy_deployment():

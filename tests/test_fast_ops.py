@@ -1,4 +1,4 @@
-"""The drop-in operations (tritonfleet.ops.fast) and the per-run fact memo, on pyinfra's @fake
+"""The drop-in operations (tritonfleet.ops.converged) and the per-run fact memo, on pyinfra's @fake
 connector: one command on a converged host, pyinfra's own operation for any change. The real
 no-op run over SSH is in test_e2e_testbed.py."""
 
@@ -12,7 +12,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
 from tritonfleet.facts.host import DpkgState, FileState, UnitState
-from tritonfleet.ops import fast
+from tritonfleet.ops import converged
 
 TEXT = "pinned\n"
 SHA = hashlib.sha256(TEXT.encode()).hexdigest()
@@ -25,7 +25,7 @@ def dpkg(*rows: str) -> list[str]:
 
 @deploy("put")
 def put_file():
-    fast.put(name="pin", src=StringIO(TEXT), dest="/etc/x.pref", mode="644")
+    converged.put(name="pin", src=StringIO(TEXT), dest="/etc/x.pref", mode="644")
 
 
 def test_put_converged_file_is_one_command():
@@ -45,12 +45,12 @@ def test_put_changed_content_or_mode_goes_through_files_put():
 
 @deploy("packages")
 def two_package_ops(change_between: bool = False, check_between: bool = False):
-    fast.packages(name="a", packages=["dkms", "cuda-drivers-535"])
+    converged.packages(name="a", packages=["dkms", "cuda-drivers-535"])
     if change_between:
         server.shell(name="something that changes the host", commands=["true"])
     if check_between:
         python.call(name="check: reads the host, changes nothing", function=lambda: None)
-    fast.packages(name="b", packages=["nvidia-container-toolkit=1.16.2-1"])
+    converged.packages(name="b", packages=["nvidia-container-toolkit=1.16.2-1"])
 
 
 INSTALLED = dpkg("ii dkms 3.0.10-8", "hi cuda-drivers-535 535.183.01-1",
@@ -83,7 +83,7 @@ def test_packages_missing_or_other_version_are_installed_by_apt_packages():
 
 @deploy("service")
 def docker_service():
-    fast.service(name="docker", service="docker", running=True, enabled=True)
+    converged.service(name="docker", service="docker", running=True, enabled=True)
 
 
 def test_service_running_and_enabled_is_one_command():

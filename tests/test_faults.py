@@ -37,7 +37,7 @@ from testbed_util import (
 )
 
 from tritonfleet import ROOT
-from tritonfleet.testbed import hosts
+from tritonfleet_testbed import hosts
 
 pytestmark = pytest.mark.testbed
 

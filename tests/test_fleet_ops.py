@@ -28,7 +28,7 @@ from testbed_util import (
     tritonfleet,
 )
 
-from tritonfleet.testbed import hosts
+from tritonfleet_testbed import hosts
 
 pytestmark = pytest.mark.testbed
 INV = "inventories/testbed.py"
@@ -316,7 +316,7 @@ def test_rebuild_a_destroyed_host_from_bare_with_one_command(deployed):
     testbed, _, _ = deployed
     h = testbed.hosts[-1]
     hosts.destroy_host(h.name)
-    from tritonfleet.testbed.vendor_repo import gpu_profile
+    from tritonfleet_testbed.standin_repo import gpu_profile
 
     hosts.up(len(testbed.hosts), gpu_env_for=gpu_profile)  # the same host, bare (a new disk)
     assert ssh(h, "test -e /opt/triton || echo bare").strip() == "bare"

@@ -16,8 +16,9 @@ import requests
 from fakehost import defaults, run_fake
 
 from tritonfleet import apikey, config, probe
-from tritonfleet.localtriton import LocalTriton
 from tritonfleet.steps import triton
+from tritonfleet.unit import render_unit, unit_context
+from tritonfleet_testbed.localtriton import LocalTriton
 
 REPO = Path(__file__).resolve().parent / "corpus" / "good" / "python"
 KEY = "0123456789abcdef" * 4
@@ -25,7 +26,7 @@ KEY = "0123456789abcdef" * 4
 
 def unit(**over) -> str:
     data = {**defaults("t4"), **over}
-    return triton.render_unit(triton.unit_context(lambda k, default=None: data.get(k, default)))
+    return render_unit(unit_context(lambda k, default=None: data.get(k, default)))
 
 
 def exec_start_argv(text: str) -> list[str]:

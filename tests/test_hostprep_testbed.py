@@ -39,8 +39,8 @@ from testbed_util import (
 )
 
 from tritonfleet import ROOT, vendorfacts
-from tritonfleet.testbed import hosts
-from tritonfleet.testbed.vendor_repo import DOCKER_CE_VERSIONS, gpu_profile
+from tritonfleet_testbed import hosts
+from tritonfleet_testbed.standin_repo import DOCKER_CE_VERSIONS, gpu_profile
 
 pytestmark = pytest.mark.testbed
 

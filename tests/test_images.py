@@ -1,4 +1,4 @@
-"""tritonfleet.testbed.images: the docker-save archives of the stand-in images, checked the
+"""tritonfleet_testbed.standin_images: the docker-save archives of the stand-in images, checked the
 way ``docker load`` checks them, and the tritonserver image's filesystem run for real (chroot)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 import tritonproc as tp
 
-from tritonfleet.testbed import images
+from tritonfleet_testbed import standin_images as images
 
 MODELS = ["resnet50_onnx", "text_classifier_onnx"]
 CHROOT = tp.CHROOT

@@ -17,8 +17,8 @@ from testbed_util import tritonfleet
 from tritonproc import copy_repository, free_port
 
 from tritonfleet import ROOT, loadtest
-from tritonfleet.localtriton import LocalTriton
-from tritonfleet.testbed import images
+from tritonfleet_testbed import standin_images as images
+from tritonfleet_testbed.localtriton import LocalTriton
 
 # ---- inputs from a model configuration -----------------------------------------------------------
 

@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tritonfleet import localtriton
-from tritonfleet.localtriton import LocalTriton, TritonNotFound, TritonStartError, find_tritonserver
+from tritonfleet_testbed import localtriton
+from tritonfleet_testbed.localtriton import (
+    LocalTriton,
+    TritonNotFound,
+    TritonStartError,
+    find_tritonserver,
+)
 
 SOURCE = Path(__file__).resolve().parent / "corpus"
 NO_LOOPBACK_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -181,7 +186,7 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_bound(corpus, monkeypatch
 
 
 def test_python_based_backend_is_installed(corpus):
-    from tritonfleet.testbed.images import backend_model_py
+    from tritonfleet_testbed.standin_images import backend_model_py
 
     with LocalTriton(corpus / "good/onnx", python_based_backends={"onnxruntime": backend_model_py()}) as t:
         assert t.model_ready("identity")

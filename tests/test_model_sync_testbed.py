@@ -29,7 +29,7 @@ from testbed_util import (
 )
 
 from tritonfleet import ROOT, models
-from tritonfleet.testbed import hosts
+from tritonfleet_testbed import hosts
 
 pytestmark = pytest.mark.testbed
 

@@ -1,8 +1,9 @@
 """pyinfra's internals that tritonfleet patches or relies on are the ones it was checked against.
 
-tritonfleet replaces pyinfra's operation-order function (tritonfleet/oporder.py), its Ctrl-C
-handler (interrupt.py), hands work to the inner generators of three pyinfra operations
-(ops/fast.py), watches operation results through state callbacks (facts/memo.py,
+tritonfleet replaces pyinfra's operation-order function (tritonfleet/oporder.py) and its Ctrl-C
+handler (interrupt.py) when a deploy file calls pyinfra_patches.install() (tests/test_structure.py
+checks that importing the steps alone changes nothing), hands work to the inner generators of three pyinfra operations
+(ops/converged.py), watches operation results through state callbacks (facts/memo.py,
 connection.py) and reaches paramiko through pyinfra's SSH connector. None of that is pyinfra's
 public API, so pyproject.toml pins pyinfra to the minor version it was checked against, and this
 test compares the source of every such piece with the hash recorded when it was checked
@@ -39,20 +40,24 @@ INTERNALS = {
         "tritonfleet/interrupt.py: pyinfra installs its SIGINT handler (exits 0) before it loads the "
         "deploy code, so the handler installed then (exit 130) is the one in force",
     "pyinfra.operations.files:put._inner":
-        "tritonfleet/ops/fast.py put() hands src, dest, user, group, mode and the rest to it",
+        "tritonfleet/ops/converged.py put() hands src, dest, user, group, mode and the rest to it",
     "pyinfra.operations.apt:packages._inner":
-        "tritonfleet/ops/fast.py packages() hands packages, present, latest, update, upgrade to it and "
+        "tritonfleet/ops/converged.py packages() hands packages, present, latest, update, upgrade to it and "
         "wraps each command it yields (strings) for the apt lock",
     "pyinfra.operations.systemd:service._inner":
-        "tritonfleet/ops/fast.py service() hands service, running, enabled, restarted to it",
+        "tritonfleet/ops/converged.py service() hands service, running, enabled, restarted to it",
     "pyinfra.api.state:BaseStateCallback":
-        "facts/memo.py and connection.py: host_connect, operation_host_start(state, host, op_hash) and "
-        "operation_host_error are called with these arguments",
-    "pyinfra.api.state:State.add_callback_handler": "facts/memo.py, connection.py register callbacks",
-    "pyinfra.api.state:State.get_op_meta": "facts/memo.py reads .names of an operation",
-    "pyinfra.api.state:State.get_op_data_for_host": "facts/memo.py reads .operation_meta",
+        "facts/memo.py, connection.py and failure.py: host_connect, operation_host_start(state, host, "
+        "op_hash) and operation_host_error(state, host, op_hash, ...) are called with these arguments",
+    "pyinfra.api.state:State.add_callback_handler": "facts/memo.py, connection.py, failure.py register callbacks",
+    "pyinfra.api.state:State.get_op_meta": "facts/memo.py and failure.py read .names of an operation",
+    "pyinfra.api.state:State.get_op_data_for_host": "facts/memo.py and failure.py read .operation_meta",
     "pyinfra.api.operation:OperationMeta":
-        "facts/memo.py (is_complete, did_succeed, did_change) and ops/check.py (will_change)",
+        "facts/memo.py (is_complete, did_succeed, did_change), ops/check.py (will_change), failure.py "
+        "(stderr_lines, stdout_lines of a failed operation, complete once the run ends)",
+    "pyinfra_cli.prints:build_results_json":
+        "rollout.py reads `-y --json`: results.operations[] (name, success, error, no_change) and "
+        "results.failed_hosts",
     "pyinfra.api.facts:FactBase.requires_command":
         "facts/memo.py prefetch leaves facts with a required command to pyinfra",
     "pyinfra.connectors.ssh:SSHConnector.connect":
@@ -114,7 +119,7 @@ def test_inner_operations_take_the_arguments_passed_to_them():
                 systemd.service: {"service", "running", "enabled", "restarted"}}
     for op, params in expected.items():
         have = set(inspect.signature(op._inner).parameters)
-        assert params <= have, f"{op.__module__}.{op.__name__}._inner lost {params - have} (ops/fast.py)"
+        assert params <= have, f"{op.__module__}.{op.__name__}._inner lost {params - have} (ops/converged.py)"
 
 
 def test_operation_order_is_read_from_pyinfra_operation_module():

@@ -23,8 +23,9 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 
-from tritonfleet import models, release, runid, transfer
-from tritonfleet.steps.triton import _rendered, model_repository
+from tritonfleet import models, release_plan, runid, transfer
+from tritonfleet.models import _rendered
+from tritonfleet.steps.triton import model_repository
 
 
 def write(root: Path, rel: str, data: bytes) -> None:
@@ -93,7 +94,7 @@ def assert_serves(base: Path, repo: Path) -> None:
     assert got == want
     man = models.manifest(repo)
     assert rel.name == models.release_id(man)
-    assert (rel / models.MARKER).is_file() and (rel / release.STAT).is_file()
+    assert (rel / models.MARKER).is_file() and (rel / release_plan.STAT).is_file()
 
 
 def test_first_sync_then_noop(base, repo, caplog):
@@ -143,7 +144,7 @@ def test_back_to_an_earlier_release_is_a_switch(base, repo, caplog):
 
 
 def test_the_rollback_switch_points_back_and_prunes_nothing(base, repo):
-    """release.switch_back_script (the rollback's switch), run by a real shell on this machine."""
+    """release_plan.switch_back_script (the rollback's switch), run by a real shell on this machine."""
     sync(base, repo)
     first = live(base).name
     write(repo, "a/config.pbtxt", b"changed\n")
@@ -151,7 +152,7 @@ def test_the_rollback_switch_points_back_and_prunes_nothing(base, repo):
     second = live(base).name
     # (switch_script would prune the release it does not switch to, with a small keep: this never does)
     (base / "releases.log").write_text(f"{first}\n{second}\nnot-a-release\n")
-    res = subprocess.run(["sh", "-c", release.switch_back_script(str(base), first, "run1")], capture_output=True,
+    res = subprocess.run(["sh", "-c", release_plan.switch_back_script(str(base), first, "run1")], capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stderr
     assert os.readlink(base / "model_repository") == f"releases/{first}"
@@ -242,7 +243,7 @@ def test_plan_links_by_content_and_never_reuses_drifted_files():
     man = {"x/1/m.onnx": [10, "a" * 64], "x/c.pbtxt": [3, "b" * 64], "y/new": [4, "c" * 64]}
     index = {"releases": {"r1": {"old/path.onnx": [10, "a" * 64], "x/c.pbtxt": [3, "b" * 64]}},
              "drift": {"r1": ["x/c.pbtxt"]}, "incoming": {"y/new": 2, "junk": 1}}
-    plan = release.make_plan("r2", man, index)
+    plan = release_plan.make_plan("r2", man, index)
     assert plan.link == {"x/1/m.onnx": "r1/old/path.onnx"}
     assert plan.send == ["x/c.pbtxt", "y/new"]  # drifted content and the partial file travel
     assert plan.keep == [] and plan.remove == ["junk", "y/new"]
@@ -251,7 +252,7 @@ def test_plan_links_by_content_and_never_reuses_drifted_files():
 
 def test_expect_listing_sorts_like_c_locale_sort(tmp_path):
     man = {"b/x": [1, ""], "B/x": [1, ""], "a b/x": [22, ""], "a/x": [3, ""]}
-    text = release.expect_listing(man)
+    text = release_plan.expect_listing(man)
     f = tmp_path / "l"
     f.write_text(text)
     res = subprocess.run(["sort", "-c", str(f)], env={**os.environ, "LC_ALL": "C"}, capture_output=True)
@@ -271,7 +272,7 @@ def test_transport_choice():
 
 
 def test_large_plans_travel_as_a_file(base, repo, monkeypatch):
-    from tritonfleet.ops import release as release_op
+    from tritonfleet.ops import model_release as release_op
 
     monkeypatch.setattr(release_op, "INLINE_SCRIPT_MAX", 0)
     state, changed = sync(base, repo)

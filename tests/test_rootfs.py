@@ -1,4 +1,4 @@
-from tritonfleet.testbed.rootfs import Mirror, parse_apt_sources
+from tritonfleet_testbed.rootfs import Mirror, parse_apt_sources
 
 
 def test_deb822_and_one_line_sources():

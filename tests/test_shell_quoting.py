@@ -21,9 +21,10 @@ from fakehost import run_fake
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tritonfleet import apikey, config, probe, release
+from tritonfleet import apikey, config, probe, release_plan
 from tritonfleet.facts import host as facts
 from tritonfleet.health import watch_command
+from tritonfleet.ops import history
 from tritonfleet.ops.apt_repo import fetch_key_command
 from tritonfleet.shell import q, url_segment, words
 from tritonfleet.steps import rollback, triton, verify
@@ -218,24 +219,24 @@ BUILDERS = {
     # explicit-mode loads and unloads (steps/triton.py, rollback), the model name and the base dir
     "load": lambda v: triton.repository_api_commands([v], []),
     "unload": lambda v: triton.repository_api_commands([], [v]),
-    "record image": lambda v: triton.record_command("/opt/triton", "0123abcd", v, {"image": v}),
-    "record unit": lambda v: triton.record_command("/opt/triton", v, "img", {"unit": v}),
-    "record base": lambda v: triton.record_command(f"/srv/{v}", "0123abcd", "img", {}),
-    # model releases (release.py), base dir, release id and file paths
-    "state": lambda v: release.state_command(f"/srv/{v}"),
-    "index base": lambda v: release.index_command(f"/srv/{v}", "r1"),
-    "index release": lambda v: release.index_command("/opt/triton", v),
-    "receive": lambda v: release.receive_command(f"/srv/{v}", v),
-    "finish base": lambda v: release.finish_script(f"/srv/{v}", "r1", 3),
-    "finish release": lambda v: release.finish_script("/opt/triton", v, 3),
-    "switch": lambda v: release.switch_script(f"/srv/{v}", v, 3),
-    "discard": lambda v: release.discard_incoming_script(f"/srv/{v}", [v, "r2"]),
-    "prepare": lambda v: release.prepare_script(
-        f"/srv/{v}", release.Plan(v, link={f"m/{v}": f"r0/m/{v}"}, send=[f"m/s{v}"], remove=[v]),
+    "record image": lambda v: history.record_command("/opt/triton", "0123abcd", v, {"image": v}),
+    "record unit": lambda v: history.record_command("/opt/triton", v, "img", {"unit": v}),
+    "record base": lambda v: history.record_command(f"/srv/{v}", "0123abcd", "img", {}),
+    # model releases (release_plan.py), base dir, release id and file paths
+    "state": lambda v: release_plan.state_command(f"/srv/{v}"),
+    "index base": lambda v: release_plan.index_command(f"/srv/{v}", "r1"),
+    "index release": lambda v: release_plan.index_command("/opt/triton", v),
+    "receive": lambda v: release_plan.receive_command(f"/srv/{v}", v),
+    "finish base": lambda v: release_plan.finish_script(f"/srv/{v}", "r1", 3),
+    "finish release": lambda v: release_plan.finish_script("/opt/triton", v, 3),
+    "switch": lambda v: release_plan.switch_script(f"/srv/{v}", v, 3),
+    "discard": lambda v: release_plan.discard_incoming_script(f"/srv/{v}", [v, "r2"]),
+    "prepare": lambda v: release_plan.prepare_script(
+        f"/srv/{v}", release_plan.Plan(v, link={f"m/{v}": f"r0/m/{v}"}, send=[f"m/s{v}"], remove=[v]),
         {f"m/{v}": [1, "c" * 64]}),
     # rollback (steps/rollback.py): what the host's history says
     "rollback unit": lambda v: rollback.restore_unit_command("/opt/triton", v, f"/etc/systemd/system/{v}.service"),
-    "rollback switch": lambda v: release.switch_back_script(f"/srv/{v}", v),
+    "rollback switch": lambda v: release_plan.switch_back_script(f"/srv/{v}", v),
     # status probe (probe.py): tunables
     "probe": lambda v: probe.command(_tunable_get(triton_base_dir=f"/srv/{v}", triton_service=v,
                                                   triton_container_name=v)),

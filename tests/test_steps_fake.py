@@ -352,7 +352,8 @@ def test_a_check_runs_but_is_never_a_planned_change():
 def test_triton_restarted_when_an_earlier_run_stopped_before_the_restart(container, image_id, restart):
     """A run cut between changing the unit, image or live release and the restart leaves Triton on
     the old one; the next run sees it (the container started before the change) and restarts."""
-    from tritonfleet.steps.triton import render_unit, triton_service, unit_context
+    from tritonfleet.steps.triton import triton_service
+    from tritonfleet.unit import render_unit, unit_context
 
     data = defaults("t4")
     unit_sha = hashlib.sha256(render_unit(unit_context(data.get)).encode()).hexdigest()

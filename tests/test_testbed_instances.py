@@ -15,7 +15,7 @@ def _constants(instance: str | None) -> dict:
     env = {"PATH": "/usr/bin:/bin"}
     if instance is not None:
         env["TRITONFLEET_TESTBED"] = instance
-    code = ("import json; from tritonfleet.testbed import hosts as h; "
+    code = ("import json; from tritonfleet_testbed import hosts as h; "
             f"print(json.dumps({{n: str(getattr(h, n)) for n in {NAMES!r}}}))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)

@@ -19,11 +19,11 @@ from tritonproc import copy_repository
 
 from tritonfleet import ROOT, metrics, tune
 from tritonfleet.fleet import FleetHost
-from tritonfleet.localtriton import LocalTriton
 from tritonfleet.metrics import ModelCounters
-from tritonfleet.testbed import images
 from tritonfleet.tunables import read
 from tritonfleet.tune import Row, Settings, Thresholds
+from tritonfleet_testbed import standin_images as images
+from tritonfleet_testbed.localtriton import LocalTriton
 
 T = Thresholds(queue_compute_ratio=1.0, low_utilization=0.4, busy_utilization=0.8)
 BATCHER = Settings(max_batch_size=64, dynamic_batching=True, max_queue_delay_us=5000,

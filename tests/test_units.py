@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tritonfleet.steps.triton import render_unit
+from tritonfleet.unit import render_unit
 
 BASE = dict(
     image="nvcr.io/nvidia/tritonserver:24.08-py3", container="triton-server", gpus="all",

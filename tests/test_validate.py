@@ -25,8 +25,6 @@ from tritonclient.grpc import model_config_pb2
 
 from tritonfleet import ROOT
 from tritonfleet.cli import main
-from tritonfleet.localtriton import LocalTriton, find_tritonserver
-from tritonfleet.testbed.images import backend_model_py
 from tritonfleet.validate import (
     NEWER_FIELDS,
     RULES,
@@ -35,6 +33,8 @@ from tritonfleet.validate import (
     validate_config_text,
     validate_repository,
 )
+from tritonfleet_testbed.localtriton import LocalTriton, find_tritonserver
+from tritonfleet_testbed.standin_images import backend_model_py
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text())

@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import triton_to_np_dtype
 
-from tritonfleet.localtriton import LocalTriton
-from tritonfleet.testbed.images import backend_model_py
 from tritonfleet.validate import list_models, validate_repository
+from tritonfleet_testbed.localtriton import LocalTriton
+from tritonfleet_testbed.standin_images import backend_model_py
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 BASES = ["good/ensemble", "good/referenced-files", "good/default-filename", "good/versions", "good/python"]

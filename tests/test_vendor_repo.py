@@ -19,13 +19,14 @@ import pytest
 from tritonfleet import vendorfacts
 from tritonfleet.facts import gpu
 from tritonfleet.gpucheck import check_gpus
-from tritonfleet.testbed.vendor_repo import (
+from tritonfleet_testbed.standin_repo import (
     DOCKER_CE_VERSIONS,
     TOOLKIT_VERSION,
     _deb,
     _standin_branches,
     build_vendor_repo,
     gpu_profile,
+    parse_smi_list,
 )
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia"
@@ -380,7 +381,7 @@ def test_nvidia_smi_parsed_by_the_deploys_parsers(extracted, tmp_path, shell, br
     assert (s["status"], s["driver_version"], s["cuda_version"]) == ("ok", version, cuda)
     assert [(x["name"], x["memory_total_mib"]) for x in s["gpus"]] == [(name, mem)]
     assert check_gpus("h", gpu_class, q.gpus, s["cuda_version"]) == []
-    listed = gpu.parse_list(smi(extracted, branch, root, "-L", shell=shell).stdout.splitlines())
+    listed = parse_smi_list(smi(extracted, branch, root, "-L", shell=shell).stdout.splitlines())
     assert listed == [{"index": 0, "name": name, "uuid": g.uuid}]
 
 
@@ -391,7 +392,7 @@ def without_time(text: str) -> list[str]:
 @pytest.mark.parametrize("shell", ["dash", "busybox"])
 def test_nvidia_smi_table_matches_real_capture(extracted, tmp_path, shell, monkeypatch):
     """With the capture's GPU values the stand-in renders the real tables byte for byte."""
-    import tritonfleet.testbed.vendor_repo as vr
+    import tritonfleet_testbed.standin_repo as vr
 
     # 535 table: docker/docs L4 capture (535.288.01; the stand-in's 535 is 535.104.12)
     root = host_root(tmp_path, "L4")

@@ -93,3 +93,24 @@ def test_old_driver_in_container_asks_again_without_compute_cap():
 
 def test_split_sections_pads_missing_ones():
     assert split_sections(["a", SECTION, "b"], 4) == [["a"], ["b"], [], []]
+
+
+def _op_results(host, state) -> dict[str, bool]:
+    """{operation name: changed} of a run."""
+    return {name: state.get_op_data_for_host(host, op_hash).operation_meta.did_change()
+            for op_hash, meta in state.op_meta.items() for name in meta.names}
+
+
+def test_the_answer_is_recorded_by_its_own_operation_a_change_only_when_new():
+    fresh = answer(QUERY_T4, SUMMARY, QUERY_T4, SUMMARY) + [SECTION, "key=" + "cd" * 16]
+    host, _, state = run_fake(verify_gpus, {SECTION: fresh}, yes=True, load_image=False)
+    changed = _op_results(host, state)
+    record = [n for n in changed if "record the GPU check's answer" in n]
+    assert record and changed[record[0]] and not record[0].split(" | ")[-1].startswith("check:")
+    # an answer that was recorded already: the same operation changes nothing
+    cached = answer(QUERY_T4, SUMMARY, QUERY_T4, SUMMARY) + [SECTION, "cached"]
+    host, _, state = run_fake(verify_gpus, {SECTION: cached}, yes=True, load_image=False)
+    assert not _op_results(host, state)[record[0]]
+    # planned (--dry): no change, not even a conditional one
+    host, _, state = run_fake(verify_gpus, {SECTION: fresh}, load_image=False)
+    assert not any(state.get_op_data_for_host(host, h).operation_meta.will_change for h in state.op_meta)

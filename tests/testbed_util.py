@@ -14,7 +14,8 @@ import numpy as np
 import requests
 
 from tritonfleet import ROOT
-from tritonfleet.testbed import hosts
+from tritonfleet.ops.check import is_check
+from tritonfleet_testbed import hosts
 
 BIN = Path(sys.executable).parent
 PYINFRA = str(BIN / "pyinfra")
@@ -48,7 +49,7 @@ def tritonfleet(*args: str, timeout: float = 1500) -> subprocess.CompletedProces
 def changed_ops(data: dict) -> list[str]:
     """Operations that changed something (the `check:` verifications excluded)."""
     ops = data.get("results", {}).get("operations", [])
-    return [o["name"] for o in ops if o.get("success") and "check:" not in o["name"].split("|")[-1][:8]]
+    return [o["name"] for o in ops if o.get("success") and not is_check(o["name"])]
 
 
 def ssh(h: hosts.Host, command: str, check: bool = True, timeout: float = 120) -> str:

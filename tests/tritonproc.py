@@ -1,6 +1,6 @@
 """Run the real tritonserver of the nvidia-pytriton wheel for tests (loopback only).
 
-Two ways, both with the Python-based onnxruntime backend of tritonfleet.testbed:
+Two ways, both with the Python-based onnxruntime backend of tritonfleet_testbed:
 
 * ``local_server(repo)``: the wheel's binary on this machine, with this interpreter's
   Python (the stub's embedded interpreter finds its site-packages through the ``python3``
@@ -34,7 +34,7 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonfleet.testbed import images
+from tritonfleet_testbed import standin_images as images
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "files" / "model_repository"

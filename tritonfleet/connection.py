@@ -15,8 +15,8 @@ connection. So every connection also gets, from the host's ``ssh_keepalive_inter
 keepalive probes at the same pace, and TCP_USER_TIMEOUT = interval x count, so data (a keepalive,
 a transfer) unacknowledged that long closes the socket. paramiko then closes every channel of
 the connection: the command or transfer running on it fails, naming the host, within that bound.
-The deploy steps call it when they are imported (pyinfra connects to all hosts before it loads
-the deploy file); ``tritonfleet.fleet`` calls it for its own connections.
+Every deploy file calls it through ``pyinfra_patches.install()`` (pyinfra connects to all
+hosts before it loads the deploy file); ``tritonfleet.fleet`` calls it for its own connections.
 """
 
 from __future__ import annotations

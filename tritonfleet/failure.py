@@ -9,11 +9,15 @@ line saying so.
 
 The same report reaches ``tritonfleet rollout`` through a structured channel (a JSON file per
 host in the directory ``$TRITONFLEET_FAILURE_DIR`` names) and ``tritonfleet status`` through the
-host itself (``/var/lib/tritonfleet/last-failure.json``, read by the probe).
+host itself (``/var/lib/tritonfleet/last-failure.json``, read by the probe). A host that pyinfra
+fails in an operation whose step has no report of its own (a command that exited non-zero, a
+connection lost mid-run) reaches the rollout the same way (``report_operation_errors``): the
+operation and the end of its own output.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -236,3 +240,64 @@ def reported(state, host, function, args, kwargs) -> bool:
             logger.error(bug_text(e, host.name, step))
             write_channel(Failure(host.name, step, "the step to run", f"a bug in tritonfleet: {type(e).__name__}: {e}"))
     return False
+
+
+# --------------------------------------------------------------------------- operations without a report
+
+_unreported: list[tuple] = []
+_HANDLER = "_tritonfleet_operation_errors"
+
+
+def report_operation_errors(state=None) -> bool:
+    """In a run a rollout waits for (CHANNEL_ENV): every host that pyinfra fails in an operation
+    whose step left no report (a command that exited non-zero, a connection lost mid-run) gets one
+    in the channel too, naming the operation and quoting the end of its output. They are written
+    when the run ends (pyinfra completes an operation's output only after its callbacks ran).
+    True when registered."""
+    from pyinfra.api.state import BaseStateCallback
+    from pyinfra.context import ctx_state
+
+    if not in_rollout():
+        return False
+    if state is None:
+        if not ctx_state.isset():
+            return False
+        state = ctx_state.get()
+    if getattr(state, _HANDLER, False):
+        return True
+
+    class OperationErrors(BaseStateCallback):
+        @staticmethod
+        def operation_host_error(state, host, op_hash, *args, **kwargs):
+            _unreported.append((state, host, op_hash))
+
+    state.add_callback_handler(OperationErrors())
+    setattr(state, _HANDLER, True)
+    atexit.register(write_unreported)
+    return True
+
+
+def operation_failure(state, host, op_hash) -> Failure:
+    """The report of ``host`` failing in the operation ``op_hash``, from what pyinfra kept of it."""
+    names, lines = [], []
+    with contextlib.suppress(Exception):
+        names = sorted(state.get_op_meta(op_hash).names)
+    with contextlib.suppress(Exception):  # not complete: no output kept
+        meta = state.get_op_data_for_host(host, op_hash).operation_meta
+        lines = [ln for ln in meta.stderr_lines or meta.stdout_lines if ln.strip()]
+    said = lines[-1].strip() if lines else "it failed without output"
+    return Failure(host.name, ", ".join(names) or "an operation", "the operation to succeed", said,
+                   trim(lines[-WORDS_KEEP:]), "the operation's own output",
+                   fix="fix what the output above says (on the host, or in the settings), then run again",
+                   cause=said)
+
+
+def write_unreported() -> None:
+    """Hand the rollout a report for each failed host that has none in the channel yet."""
+    directory = os.environ.get(CHANNEL_ENV)
+    if not directory:
+        return
+    for state, host, op_hash in _unreported:
+        if not (Path(directory) / f"{host.name}.json").exists():
+            write_channel(operation_failure(state, host, op_hash))
+    _unreported.clear()

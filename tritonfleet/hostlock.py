@@ -3,8 +3,8 @@
 Two operators' runs interleaving on one host (one switching the model release while the other
 builds it, one restarting Triton in the middle of the other's health gate) is prevented by an
 exclusive ``flock`` on ``/run/lock/tritonfleet.lock`` on the host. The lock is held by a small
-remote process, started when the deploy steps are imported (pyinfra has connected to every host
-by then, and has read no fact yet):
+remote process, started by the deploy file's ``pyinfra_patches.install()`` (pyinfra has
+connected to every host by then, and has read no fact yet):
 
     bash: exec 9>>LOCK; flock 9 (waiting up to deploy_lock_timeout); write who holds it;
           then read heartbeats from the control machine, one every ssh_keepalive_interval

@@ -1,8 +1,8 @@
 """Ctrl-C during a deploy exits with status 130, not 0.
 
 pyinfra's own handler prints "Exiting upon user request!" and exits 0, so a script or a CI job
-that runs the deploy takes an interrupted run for a successful one. This handler (installed when
-the deploy steps are imported, in pyinfra's main thread) says what state the hosts are in and
+that runs the deploy takes an interrupted run for a successful one. This handler (installed by
+the deploy file's ``pyinfra_patches.install()``, in pyinfra's main thread) says what state the hosts are in and
 exits 130 (128 + SIGINT), as shells do.
 """
 

@@ -43,14 +43,3 @@ def trusted_shell(path: str, fingerprint: str) -> str:
 def trusted(found: list[str], fingerprint: str) -> bool:
     """The same rule for primary-key fingerprints already read."""
     return [normalize_fingerprint(f) for f in found] == [normalize_fingerprint(fingerprint)]
-
-
-def refusal(found: list[str], fingerprint: str) -> str:
-    """Why ``found`` is not trusted, in words (for messages)."""
-    pinned = normalize_fingerprint(fingerprint)
-    if not found:
-        return f"holds no OpenPGP primary key, pinned {pinned}"
-    if len(found) == 1:
-        return f"has fingerprint {found[0]}, pinned {pinned}"
-    return (f"holds {len(found)} primary keys ({', '.join(found)}), pinned {pinned}: {RULE}; "
-            "no key of it was installed")

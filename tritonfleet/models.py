@@ -15,6 +15,7 @@ import re
 import shutil
 import stat
 import tempfile
+from functools import cache
 from pathlib import Path
 
 from . import runid
@@ -276,3 +277,24 @@ def _remove_ours() -> None:
 
 def model_names(repo: Path) -> list[str]:
     return sorted(p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+@cache
+def _rendered(src: str, overrides_json: str) -> tuple[str, str, str]:
+    rendered = render(Path(src), json.loads(overrides_json))
+    man = manifest(rendered)
+    return str(rendered), json.dumps(man, sort_keys=True), release_id(man)
+
+
+def host_repository(get=None) -> tuple[Path, dict, str]:
+    """(rendered local repository, manifest, release id) for the current host (or for the host
+    whose tunables ``get`` reads): ``model_repository`` with the host's ``model_overrides``,
+    rendered and hashed once per run."""
+    if get is None:
+        from . import config
+
+        get = config.get
+    src = Path(get("model_repository")).resolve()
+    overrides = get("model_overrides") or {}
+    path, man, rid = _rendered(str(src), json.dumps(overrides, sort_keys=True))
+    return Path(path), json.loads(man), rid

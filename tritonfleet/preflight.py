@@ -17,9 +17,23 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from pyinfra import host
+from pyinfra import host, logger
 
-from . import config
+from . import config, keys, vendor_repos, vendorfacts
+from .facts import memo
+from .facts.gpu import STATUS_NO_GPU, STATUS_OK, NvidiaGpus
+from .facts.host import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
+from .gpucheck import GPU_CLASSES, driver_supported
+from .host_layer import (
+    DAEMON_JSON_HELP,
+    driver_branch,
+    driver_version_problem,
+    host_layer_facts,
+    secure_boot_problem,
+)
+from .models import RepositoryError, host_repository
+from .ops.registry import login_registry, needs_login, pulls
+from .vendor_repos import cuda_distro
 
 GROUP_DATA = "inventories/group_data"
 
@@ -53,8 +67,7 @@ def check_host_key_policy() -> None:
 
 
 def check_model_repository() -> None:
-    from .models import RepositoryError
-    from .steps.triton import host_repository
+    # Triton's config schema (protobuf): loaded only by the deploys that have models
     from .validate import validate_repository
 
     src = Path(config.get("model_repository"))
@@ -87,8 +100,6 @@ def check_model_repository() -> None:
 
 
 def check_gpu_class_and_driver() -> None:
-    from .gpucheck import GPU_CLASSES, driver_supported
-
     gpu_class = host.data.get("gpu_class")
     groups = ", ".join(k.lower() for k in GPU_CLASSES)
     if not gpu_class:
@@ -114,10 +125,6 @@ def check_driver_branch() -> None:
     """The branch (set, or the distro's default) exists in NVIDIA's repository for the host's
     distro and the Triton image can use it; nvidia_driver_version has that repository's shape.
     Refused naming the branches that would work."""
-    from . import vendorfacts
-    from .gpucheck import driver_supported
-    from .steps.host_prep import cuda_distro, driver_branch, driver_version_problem
-
     distro = cuda_distro()
     branch = driver_branch()
     where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if config.get("nvidia_driver_branch")
@@ -145,11 +152,6 @@ def check_driver_branch() -> None:
 
 def check_test_image() -> None:
     """Say which CUDA test image the GPU verification will pull (when the host does not have it)."""
-    from pyinfra import logger
-
-    from .facts import memo
-    from .facts.host import DockerImageId
-
     image = config.get("cuda_test_image")
     if not memo.fact(DockerImageId, image=image) and not (config.get("image_archives") or {}).get(image):
         logger.info(f"{host.name}: the GPU verification will pull {image} (cuda_test_image, "
@@ -159,8 +161,6 @@ def check_test_image() -> None:
 
 def check_registry_secret(images: list[str]) -> None:
     """A pull that needs the registry login has its secret in the environment."""
-    from .steps.triton import login_registry, needs_login, pulls
-
     env = config.get("registry_password_env")
     for image in pulls([i for i in images if needs_login(i)]):
         if not os.environ.get(env):
@@ -175,11 +175,6 @@ def check_registry_secret(images: list[str]) -> None:
 
 def check_host() -> None:
     """What the host already is must fit the inventory; the keys it would trust must be the pinned ones."""
-    from .facts import memo
-    from .facts.gpu import NvidiaGpus
-    from .facts.host import DockerImageId
-    from .steps.host_prep import host_layer_facts
-
     # one remote command for all of it, and for what the host layer's steps read after it
     memo.prefetch((NvidiaGpus, {}), *host_layer_facts(),
                   (DockerImageId, {"image": config.get("cuda_test_image")}))
@@ -195,8 +190,6 @@ def check_host() -> None:
 
 
 def check_secure_boot() -> None:
-    from .steps.host_prep import secure_boot_problem
-
     problem = secure_boot_problem()
     if problem:
         raise PreflightError(problem + " (nvidia_secure_boot_ok, nvidia_secure_boot_unknown_ok: host data "
@@ -206,10 +199,6 @@ def check_secure_boot() -> None:
 def check_gpu_found() -> None:
     """A host whose driver already answers must show the GPU model of its inventory class. (On a
     bare host there is no driver to ask yet: the GPU verification after the driver step catches it.)"""
-    from .facts import memo
-    from .facts.gpu import STATUS_NO_GPU, STATUS_OK, NvidiaGpus
-    from .gpucheck import GPU_CLASSES
-
     info = memo.fact(NvidiaGpus)
     if info is None or info.status not in (STATUS_OK, STATUS_NO_GPU):
         return
@@ -228,23 +217,15 @@ def check_gpu_found() -> None:
 
 
 def check_daemon_json() -> None:
-    from .facts import memo
-    from .facts.host import DockerDaemonJson
-    from .steps.host_prep import DAEMON_JSON_HELP
-
     if memo.fact(DockerDaemonJson) is None:
         raise PreflightError(DAEMON_JSON_HELP.format(host=host.name))
 
 
 def check_vendor_keys() -> None:
-    from . import keys
-    from .facts import memo
-    from .facts.host import KeyringFingerprints, RemoteKeyFingerprints
-    from .steps.host_prep import vendor_keys
-
-    for what, url, pinned, tunable, keyring in vendor_keys():
-        pinned = keys.normalize_fingerprint(str(pinned))
-        if keys.trusted(memo.fact(KeyringFingerprints, path=keyring), pinned):
+    for repo in vendor_repos.repos():
+        what, url, tunable = repo.what, repo.key_url, repo.fingerprint_tunable
+        pinned = keys.normalize_fingerprint(str(repo.fingerprint))
+        if keys.trusted(memo.fact(KeyringFingerprints, path=repo.keyring), pinned):
             continue  # the pinned key is what the host trusts already
         remote = host.get_fact(RemoteKeyFingerprints, url=url, fingerprint=pinned)
         if remote["error"]:

@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, field
 from . import apikey, fleet
 from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
+from .models import host_repository
 from .shell import q
+from .unit import render_unit, unit_context, unit_digest
 
 SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last",
             "failure")
@@ -150,8 +152,6 @@ def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
 
 def intent(fh: fleet.FleetHost) -> dict:
     """What the inventory asks of this host: image, model release, unit, driver branch, toolkit."""
-    from .steps.triton import host_repository, render_unit, unit_context, unit_digest
-
     want = {"image": fh.get("triton_image"), "driver_branch": fh.get("nvidia_driver_branch"),
             "toolkit": fh.get("container_toolkit_version")}
     try:

@@ -4,7 +4,8 @@ A control machine that dies (SIGKILL, OOM, a closed laptop lid that ends the ses
 leave its children working on the fleet without it: a pyinfra run deploying ungated after its
 rollout died, an OpenSSH transfer still writing. ``die_with_parent`` (a ``preexec_fn``) asks
 the kernel to SIGKILL the child when the thread that started it ends (Linux
-``PR_SET_PDEATHSIG``); on other systems it does nothing.
+``PR_SET_PDEATHSIG``); on other systems it does nothing. ``alive`` tells whether a process
+(a rollout's, by the pid its journal recorded) still runs.
 """
 
 from __future__ import annotations
@@ -44,3 +45,18 @@ def die_with_parent(parent: int | None = None):
             os._exit(1)
 
     return preexec
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, e.g. one that exited but is not reaped yet, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

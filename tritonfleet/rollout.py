@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import ROLLBACK_DEPLOY, fleet, health, perfgate, probe, runid
-from .failure import CHANNEL_ENV, Failure, read_channel, without_host
-from .procs import die_with_parent
+from .failure import CHANNEL_ENV, Failure, read_channel
+from .ops.check import is_check
+from .procs import alive, die_with_parent
 
 
 class RolloutError(RuntimeError):
@@ -102,9 +103,12 @@ def plan_batches(names: list[str], canary: int, batch: str | int) -> list[list[s
 
 @dataclass
 class PyinfraRun:
+    """One pyinfra run: its exit status, its ``-y --json`` result and its log (stderr)."""
+
     rc: int
     data: dict
     log: str
+    log_path: str = ""  # where the run's command and output were written
 
     def failed(self) -> set[str]:
         return set((self.data.get("results") or {}).get("failed_hosts") or [])
@@ -112,7 +116,7 @@ class PyinfraRun:
     def changed(self) -> set[str]:
         out: set[str] = set()
         for op in (self.data.get("results") or {}).get("operations", []):
-            if "check:" not in op["name"].split("|")[-1][:8]:
+            if not is_check(op["name"]):
                 out.update(op.get("success", []))
         return out
 
@@ -122,24 +126,29 @@ class PyinfraRun:
             out.update(op.get("success", []) + op.get("error", []) + op.get("no_change", []))
         return out
 
-    def reason(self, host: str) -> str:
-        """Why pyinfra failed ``host``: the exception it raised, else its error line, with the
-        operation it failed in."""
-        import re
+    def reached(self, host: str) -> bool:
+        """pyinfra ran at least one operation on ``host`` (False also when the run gave no result)."""
+        return host in self.ran()
 
-        op, raised, errors, about = "", [], [], []
-        for ln in (x.strip() for x in self.log.splitlines()):
-            if ln.startswith("--> Starting operation:"):
-                op = ln.split(":", 1)[1].split("|")[-1].strip()
-            elif re.match(r"^[\w.]+(Error|Exception): ", ln) and host in ln:
-                raised.append(re.sub(r"^[\w.]+(Error|Exception): ", "", ln))
-            elif f"[{host}]" in ln or f"{host}:" in ln:
-                about.append(ln)
-                if re.search(r"error|fail|could not|refused|denied", ln, re.I) and "executed 0 commands" not in ln \
-                        and not re.search(r"Error: executed \d+ commands", ln):
-                    errors.append(f"{op}: {ln}" if op else ln)
-        found = raised or errors or about or [x for x in self.log.splitlines() if x.strip()][-1:] or ["?"]
-        return without_host(found[-1], host)[:500]
+    def failed_in(self, host: str) -> str | None:
+        """The operation pyinfra failed ``host`` in, as the result names it."""
+        for op in reversed((self.data.get("results") or {}).get("operations", [])):
+            if host in op.get("error", []):
+                return op["name"]
+        return None
+
+    def reason(self, host: str) -> str:
+        """Why pyinfra failed ``host``, from the run's result (``-y --json``): the operation it
+        failed in, or that no operation ran on it. pyinfra's own words are in the run's log."""
+        where = f" (pyinfra's output: {self.log_path})" if self.log_path else ""
+        op = self.failed_in(host)
+        if op:
+            return f"{op}: failed{where}"
+        if not self.data:
+            return f"pyinfra gave no result (exit status {self.rc}){where}"
+        if not self.reached(host):
+            return f"no operation ran on it (pyinfra could not connect, or the deploy code failed){where}"
+        return f"pyinfra failed it (exit status {self.rc}){where}"
 
 
 def pyinfra_command() -> list[str]:
@@ -183,7 +192,7 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: 
         data_out = json.loads(out) if out.strip() else {}
     except ValueError:
         data_out = {}
-    return PyinfraRun(rc, data_out, err)
+    return PyinfraRun(rc, data_out, err, str(log_path) if log_path else "")
 
 
 def _log_dir() -> Path:
@@ -405,16 +414,6 @@ def _gate_all(run: _Run, names: list[str]) -> dict[str, Failure]:
     return failed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
            echo: Callable[[str], None] = print) -> Report:
     """Go on with a rollout whose control process died, from its journal: the batch it was in is
@@ -436,7 +435,7 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     import socket as _socket
 
     if start.get("holder", "").split(" ", 1)[0].endswith("@" + _socket.gethostname()) and \
-            start.get("pid") != os.getpid() and _alive(int(start.get("pid", 0))) and \
+            start.get("pid") != os.getpid() and alive(int(start.get("pid", 0))) and \
             b"tritonfleet" in Path(f"/proc/{start['pid']}/cmdline").read_bytes():
         raise RolloutError(f"{path}: the rollout that wrote it is still running (pid {start['pid']}): "
                            "let it finish, or stop it first")
@@ -547,7 +546,7 @@ def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, resu
         r, st = results[fh.name], before[fh.name]
         if not now[fh.name].reachable:
             r.result = "unreachable"
-            never = f"[{fh.name}] Could not connect" in run.log
+            never = bool(run.data) and not run.reached(fh.name)
             r.detail += (" (the deploy never reached it: not changed)" if never
                          else " (no SSH now: cannot roll back; run deploys/rollback.py once it answers)")
             continue

@@ -3,8 +3,8 @@
 Parse only: the files hold facts with their sources; this module reads them and answers
 questions about one repository (which branches it has, what a branch's packages are called, the
 shape of their versions, whether the branch has NVIDIA's pinning package). The deploy decides
-with the answers (steps/host_prep.py, preflight.py); the testbed builds its stand-in repository
-from the same facts (testbed/vendor_repo.py).
+with the answers (host_layer.py, steps/host_prep.py, preflight.py); the testbed builds its stand-in repository
+from the same facts (tritonfleet_testbed/standin_repo.py).
 
 ``python -m tritonfleet.vendorfacts`` prints the per-distro table and what is not confirmed.
 """

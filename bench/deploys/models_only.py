@@ -5,8 +5,10 @@ import time
 
 from pyinfra import host, logger
 
+from tritonfleet import pyinfra_patches
 from tritonfleet.steps.triton import model_repository
 
+pyinfra_patches.install()
 _t0 = time.perf_counter()
 model_repository()
 logger.warning(f"{host.print_prefix}bench: model sync step decided in {time.perf_counter() - _t0:.3f}s")

@@ -1,12 +1,14 @@
-# Test deploy: fails a host whose SSH connection has no TCP_NODELAY once tritonfleet's steps are
-# imported (pyinfra connected to every host before it loaded this file).
+# Test deploy: fails a host whose SSH connection has no TCP_NODELAY once tritonfleet's patches are
+# installed (pyinfra connected to every host before it loaded this file).
 import socket
 
 from pyinfra import host
 from pyinfra.operations import python
 
-import tritonfleet.steps  # noqa: F401  (importing the steps tunes the connections)
+from tritonfleet import pyinfra_patches
 from tritonfleet.connection import transport_of
+
+pyinfra_patches.install()  # tunes the connections
 
 
 def check_nodelay():

@@ -1,9 +1,11 @@
-# Test deploy: one long remote command (the deploy lock is taken when the steps are imported, as
+# Test deploy: one long remote command (the deploy lock is taken by pyinfra_patches.install(), as
 # in every real deploy). Marks /var/tmp/tf-slow-started on the host when the command starts.
 from pyinfra import host
 from pyinfra.operations import server
 
-import tritonfleet.steps  # noqa: F401  (connection keepalives and the deploy lock)
+from tritonfleet import pyinfra_patches
+
+pyinfra_patches.install()  # connection keepalives and the deploy lock
 
 seconds = int(host.data.get("slow_seconds") or 20)
 server.shell(name=f"a command that runs {seconds}s",

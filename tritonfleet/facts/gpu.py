@@ -1,12 +1,11 @@
-"""What a host's NVIDIA driver reports: GPUs, driver and CUDA versions, driver packages, module.
+"""What a host's NVIDIA driver reports: GPUs, driver and CUDA versions.
 
 Two layers:
 
-* pure parse functions (``parse_query``, ``parse_summary``, ``parse_list``, ...) that take the
-  lines ``nvidia-smi`` printed (stdout and stderr together) and never raise; they are used by
-  the facts below and by steps that run ``nvidia-smi`` themselves (e.g. inside
-  ``docker run --gpus all``);
-* pyinfra facts whose commands never fail: a missing or broken driver is data (``status``),
+* pure parse functions (``parse_query``, ``parse_summary``) that take the lines ``nvidia-smi``
+  printed (stdout and stderr together) and never raise; they are used by the fact below and by
+  the GPU verification, which runs ``nvidia-smi`` itself (also inside ``docker run --gpus all``);
+* a pyinfra fact whose command never fails: a missing or broken driver is data (``status``),
   not an error that stops the deploy.
 
 ``status`` is one of ``ok``, ``no_driver`` (no nvidia-smi), ``no_communication`` (nvidia-smi
@@ -293,68 +292,6 @@ def parse_summary(lines) -> dict:
     return out
 
 
-_LIST_ROW = re.compile(r"^GPU\s+(?P<index>\d+):\s+(?P<name>.+?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)")
-
-
-def parse_list(lines) -> list[dict]:
-    """``nvidia-smi -L``: [{"index", "name", "uuid"}]."""
-    out = []
-    for line in lines or []:
-        m = _LIST_ROW.match(line.strip())
-        if m:
-            out.append({"index": int(m.group("index")), "name": m.group("name"), "uuid": m.group("uuid")})
-    return out
-
-
-_MODULE_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
-
-
-def parse_module_version(lines) -> str | None:
-    """Version of the loaded nvidia kernel module from /sys/module/nvidia/version or
-    /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01 ...")."""
-    for line in lines or []:
-        s = line.strip()
-        if re.fullmatch(r"\d+\.\d+(?:\.\d+)?", s):
-            return s
-        m = _MODULE_VERSION.search(s)
-        if m:
-            return m.group(1)
-    return None
-
-
-def debian_upstream_version(version: str | None) -> str | None:
-    """'535.183.01-1' -> '535.183.01' (epoch and Debian revision dropped)."""
-    if not version:
-        return None
-    v = version.split(":", 1)[-1]
-    return v.rsplit("-", 1)[0] if "-" in v else v
-
-
-DRIVER_PACKAGE_PATTERNS = ("cuda-drivers*", "nvidia-driver*", "nvidia-smi", "nvidia-kernel-*dkms",
-                           "nvidia-utils-*", "nvidia-persistenced", "libnvidia-ml1")
-
-
-def parse_driver_packages(lines) -> dict:
-    """``dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'`` lines ->
-    {"packages": {name: version} (installed only), "branches": ["535", ...] (from cuda-drivers-NNN),
-    "driver_version": upstream version of the installed driver (nvidia-driver* / nvidia-smi)}."""
-    packages = {}
-    for line in lines or []:
-        parts = line.rstrip("\n").split("\t")
-        if len(parts) != 3:
-            continue
-        status, name, version = (p.strip() for p in parts)
-        if len(status) >= 2 and status[1] == "i" and version:
-            packages[name] = version
-    branches = sorted({m.group(1) for n in packages if (m := re.fullmatch(r"cuda-drivers-(\d+)", n))})
-    driver_version = None
-    for name in sorted(packages):
-        if re.fullmatch(r"nvidia-driver(-\d+)?|nvidia-smi|nvidia-utils-\d+", name):
-            driver_version = debian_upstream_version(packages[name])
-            break
-    return {"packages": packages, "branches": branches, "driver_version": driver_version}
-
-
 # --------------------------------------------------------------------------- pyinfra facts
 
 _NO_SMI = "command -v nvidia-smi >/dev/null 2>&1 || { echo 'tritonfleet: nvidia-smi missing'; echo rc=127; exit 0; }"
@@ -376,37 +313,3 @@ class NvidiaGpus(FactBase):
 
     def process(self, output):
         return parse_query(list(output))
-
-
-class NvidiaSmiSummary(FactBase):
-    """Driver and CUDA version from the plain ``nvidia-smi`` table (see ``parse_summary``)."""
-
-    def command(self) -> str:
-        return f'{_NO_SMI}; nvidia-smi 2>&1; echo "rc=$?"'
-
-    def process(self, output):
-        return parse_summary(list(output))
-
-
-class NvidiaDriverPackages(FactBase):
-    """Installed driver packages (see ``parse_driver_packages``)."""
-
-    def command(self) -> str:
-        patterns = " ".join(f"'{p}'" for p in DRIVER_PACKAGE_PATTERNS)
-        return (
-            "dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' "
-            f"{patterns} 2>/dev/null || true"
-        )
-
-    def process(self, output):
-        return parse_driver_packages(list(output))
-
-
-class NvidiaModuleVersion(FactBase):
-    """Version of the loaded nvidia kernel module (None when no module is loaded)."""
-
-    def command(self) -> str:
-        return "cat /sys/module/nvidia/version 2>/dev/null; cat /proc/driver/nvidia/version 2>/dev/null; true"
-
-    def process(self, output):
-        return parse_module_version(list(output))

@@ -225,7 +225,7 @@ class TritonContainer(FactBase):
 
 class ReleaseState(FactBase):
     """The live model release, the complete ones, and the live release's files whose size or
-    mtime differ from the stat record taken when it completed (tritonfleet.release). Reads no
+    mtime differ from the stat record taken when it completed (tritonfleet.release_plan). Reads no
     file: a no-op run costs one `find` of the live release."""
 
     @staticmethod
@@ -233,12 +233,12 @@ class ReleaseState(FactBase):
         return {"current": None, "releases": [], "verified": False, "drift": [], "incoming": []}
 
     def command(self, base: str) -> str:
-        from ..release import state_command
+        from ..release_plan import state_command
 
         return state_command(base)
 
     def process(self, output):
-        from ..release import parse_state
+        from ..release_plan import parse_state
 
         return parse_state(output)
 

@@ -5,7 +5,7 @@ pyinfra 3 runs a fact's command every time it is asked for, so four package oper
 ``dpkg`` four times on a host where nothing changes. ``fact()`` keeps the answer on the host
 object and forgets all of them as soon as an operation on that host changed something (or
 failed): the next read runs the command again. Operations named ``check: ...`` change nothing by
-this project's convention and forget nothing. Facts read while pyinfra prepares the deploy
+this project's convention (tritonfleet.ops.check.is_check) and forget nothing. Facts read while pyinfra prepares the deploy
 (before any operation runs) are exact for the start of the execution as well.
 
 ``prefetch()`` reads the facts a deploy step will need in one remote command (one round trip
@@ -21,6 +21,8 @@ from typing import Any
 from pyinfra.api import FactBase
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host, ctx_state
+
+from ..ops.check import is_check
 
 _ATTR = "_tritonfleet_fact_memo"
 _HANDLER = "_tritonfleet_fact_memo_handler"
@@ -39,7 +41,7 @@ def _is_check(state, op_hash) -> bool:
         names = state.get_op_meta(op_hash).names
     except (KeyError, AttributeError):
         return False
-    return bool(names) and all(n.rsplit("| ", 1)[-1].startswith("check:") for n in names)
+    return bool(names) and all(is_check(n) for n in names)
 
 
 def _op_changed_or_failed(state, host, op_hash) -> bool:

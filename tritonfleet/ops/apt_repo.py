@@ -1,17 +1,22 @@
-"""An apt source whose signing key is trusted only after its fingerprint is checked on the host."""
+"""An apt source whose signing key is trusted only after its fingerprint is checked on the host:
+``vendor_source`` installs a vendor repository of tritonfleet.vendor_repos (key, source, apt
+update when either changes)."""
 
 from __future__ import annotations
 
+from io import StringIO
+
 from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.facts.files import File
 
 from .. import keys
 from ..facts import memo
 from ..facts.host import KeyringFingerprints
-from ..keys import normalize_fingerprint  # noqa: F401 - imported from here elsewhere
+from ..keys import normalize_fingerprint
 from ..shell import q
-from . import fast
+from ..vendor_repos import VendorRepo, source_path
+from . import aptlock, converged
+from .check import will_change
 
 
 def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
@@ -47,22 +52,22 @@ def signed_key(url: str, fingerprint: str, keyring: str):
     yield fetch_key_command(url, fingerprint, keyring)
 
 
-def source_path(name: str) -> str:
-    return f"/etc/apt/sources.list.d/{name}.list"
-
-
-def source_file(name: str, line: str, _sudo=None):
+def source_file(name: str, line: str):
     """/etc/apt/sources.list.d/<name>.list holding exactly ``line``."""
-    from io import StringIO
-
-    dest = source_path(name)
-    return fast.put(
+    return converged.put(
         name=f"apt source {name}",
         src=StringIO(line.rstrip() + "\n"),
-        dest=dest,
+        dest=source_path(name),
         mode="644",
     )
 
 
-def exists(path: str) -> bool:
-    return bool(host.get_fact(File, path=path))
+def vendor_source(repo: VendorRepo, also: list[tuple[str, str, str]] = ()) -> None:
+    """``repo``'s signing key (fetched on the host, installed only with the pinned fingerprint)
+    and its apt source; ``also``: more apt source files that come with it, as (operation name,
+    path, text). apt's package lists are updated when any of them will change, and only then."""
+    key = signed_key(name=repo.key_name, url=repo.key_url, fingerprint=repo.fingerprint, keyring=repo.keyring)
+    src = source_file(repo.source, repo.line)
+    extra = [converged.put(name=name, src=StringIO(text), dest=path, mode="644") for name, path, text in also]
+    if will_change(key, src, *extra):
+        aptlock.update(name=f"apt update ({repo.what} changed)", source=repo.url)

@@ -12,6 +12,10 @@ import os
 
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from .. import config
+from ..facts import memo
+from ..facts.host import DockerImageId
+
 
 class MissingSecret(RuntimeError):
     pass
@@ -24,6 +28,22 @@ def registry_of(image: str) -> str:
     if sep and ("." in first or ":" in first or first == "localhost"):
         return first
     return "docker.io"
+
+
+def login_registry() -> str:
+    """The registry the login (registry_user) is for: registry_host, or triton_image's registry."""
+    return config.get("registry_host") or registry_of(config.get("triton_image"))
+
+
+def needs_login(image: str) -> bool:
+    """Pulling ``image`` needs the registry login."""
+    return bool(config.get("registry_user")) and registry_of(image) == login_registry()
+
+
+def pulls(images: list[str]) -> list[str]:
+    """Those of ``images`` this host will pull (no archive configured, not present yet)."""
+    archives = config.get("image_archives") or {}
+    return [i for i in images if i not in archives and not memo.fact(DockerImageId, image=i)]
 
 
 class SecretStdinCommand(StringCommand):

@@ -5,131 +5,55 @@ Each step checks before it changes (facts), so a re-run on a converged host is a
 
 from __future__ import annotations
 
-import re
 from fnmatch import fnmatchcase
 from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
+from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
-from .. import config, vendorfacts
+from .. import config, vendor_repos, vendorfacts
 from ..facts import memo
-from ..facts.host import (
-    AptSources,
-    DockerDaemonJson,
-    DpkgState,
-    FileState,
-    KeyringFingerprints,
-    SecureBoot,
-    UnitState,
-)
+from ..facts.host import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
 from ..failure import fail
-from ..ops import aptlock, fast
-from ..ops.apt_repo import signed_key, source_file, source_path
+from ..host_layer import (
+    DAEMON_JSON_HELP,
+    DOCKER_PIN_FILE,
+    DRIVER_PIN_FILE,
+    DRIVER_SETTINGS,
+    DRIVER_VERSION_COMMAND,
+    HOOK_COMMAND,
+    NO_DRIVER,
+    NONFREE_FILE,
+    NOUVEAU_FILE,
+    NOUVEAU_TEXT,
+    PERSISTENCE_COMMAND,
+    PERSISTENCE_DROPIN,
+    PERSISTENCE_DROPIN_TEXT,
+    TOOLKIT_PIN_FILE,
+    UNATTENDED_FILE,
+    UNATTENDED_TEXT,
+    docker_facts,
+    driver_branch,
+    driver_facts,
+    driver_upstream_version,
+    secure_boot_problem,
+    toolkit_facts,
+)
+from ..ops import aptlock, converged
+from ..ops.apt_repo import vendor_source
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
 from ..shell import q
+from ..vendor_repos import cuda_distro
 
-CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
-TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
-DOCKER_KEYRING = "/etc/apt/keyrings/docker.gpg"
 TOOLKIT_PACKAGES = [
     "nvidia-container-toolkit",
     "nvidia-container-toolkit-base",
     "libnvidia-container-tools",
     "libnvidia-container1",
 ]
-# The packages that move together with the kernel module (held, kept out of unattended-upgrades,
-# so a silent upgrade cannot cause "Driver/library version mismatch") are the driver's set in
-# tritonfleet/data/nvidia_repos/<distro>.toml: exactly those, not the Container Toolkit (pinned
-# by version instead), egl-wayland or DKMS.
-DRIVER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-nvidia-driver"
-# what chooses the driver's packages and versions (named when apt cannot install them)
-DRIVER_SETTINGS = "nvidia_driver_branch / nvidia_driver_version"
-TOOLKIT_PIN_FILE = "/etc/apt/preferences.d/nvidia-container-toolkit"
-UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
-UNATTENDED_TEXT = (
-    "// Managed by tritonfleet: driver and toolkit packages change only through the deploy.\n"
-    'Unattended-Upgrade::Package-Blacklist {\n    "cuda-drivers";\n    "nvidia-";\n'
-    '    "libnvidia-";\n};\n'
-)
-NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
-NOUVEAU_TEXT = "# Managed by tritonfleet\nblacklist nouveau\noptions nouveau modeset=0\n"
-
-
-def cuda_distro() -> str:
-    wanted = config.get("cuda_distro")
-    if wanted:
-        return wanted
-    d = memo.fact(LinuxDistribution)
-    name = (d.get("name") or "").lower()
-    major, minor = d.get("major"), d.get("minor")
-    if name == "ubuntu":
-        return f"ubuntu{major}{minor or 0:02d}" if isinstance(minor, int) else f"ubuntu{major}04"
-    if name == "debian":
-        return f"debian{major}"
-    raise config.ConfigError(
-        f"{host.name}: unsupported OS {d.get('name')} {d.get('major')}; "
-        "supported: Ubuntu 22.04/24.04, Debian 12 (or set cuda_distro)"
-    )
-
-
-def cuda_arch() -> str:
-    arch = memo.fact(Arch)
-    return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}.get(arch, arch)
-
-
-def deb_arch() -> str:
-    arch = memo.fact(Arch)
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(arch, arch)
-
-
-def driver_branch() -> str:
-    """The driver branch for this host: nvidia_driver_branch, else the distro's default."""
-    branch = config.get("nvidia_driver_branch")
-    if branch:
-        return str(branch)
-    distro = cuda_distro()
-    defaults = config.get("nvidia_driver_branch_default") or {}
-    if distro not in defaults:
-        raise config.ConfigError(
-            f"{host.name}: no driver branch for {distro}: set nvidia_driver_branch (inventory or "
-            f"inventories/group_data/<class>.py), or add {distro} to nvidia_driver_branch_default "
-            "(inventories/group_data/all.py)")
-    return str(defaults[distro])
-
-
-def driver_upstream_version() -> str | None:
-    """nvidia_driver_version as the upstream release ('580.159.04'), or None (newest of the branch)."""
-    version = config.get("nvidia_driver_version")
-    if not version:
-        return None
-    return str(version).split(":", 1)[-1].split("-", 1)[0]
-
-
-def driver_version_problem(distro: str, branch: str) -> str | None:
-    """Why nvidia_driver_version cannot pin anything in ``distro``'s repository (None: it can)."""
-    version = config.get("nvidia_driver_version")
-    if not version:
-        return None
-    version = str(version)
-    upstream = driver_upstream_version()
-    shape = vendorfacts.version_shape(distro)
-    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", upstream or ""):
-        return f"nvidia_driver_version {version!r} is not a driver version (e.g. {shape['example'].split('-')[0]})"
-    if upstream.split(".")[0] != branch:
-        return (f"nvidia_driver_version {version} is not a release of branch {branch} "
-                f"(set nvidia_driver_branch = \"{upstream.split('.')[0]}\", or a {branch}.x version)")
-    if "-" in version and not (vendorfacts.version_matches(distro, version, "metapackage")
-                               or vendorfacts.version_matches(distro, version, "driver")):
-        return (f"nvidia_driver_version {version} does not have the shape of {distro}'s package versions "
-                f"(driver packages like {shape['example']}): it would pin nothing there; give the upstream "
-                f"release {upstream} and the deploy pins every package of that release")
-    return None
-
-
 def driver_pinning_package() -> str | None:
     """NVIDIA's pinning package for the branch, where the repository has one."""
     return vendorfacts.pinning_package(cuda_distro(), driver_branch())
@@ -204,10 +128,6 @@ def installed_branches(installed: dict) -> set[str]:
     return found
 
 
-DRIVER_VERSION_COMMAND = "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
-NO_DRIVER = "couldn't communicate with the nvidia driver"
-
-
 def _reboot_needed() -> bool:
     """At execution time: the loaded driver does not match the installed one, or the driver is
     installed but not loaded (nouveau held the GPU, or no module yet): read again when an
@@ -223,55 +143,6 @@ def _reboot_needed() -> bool:
                        "GPU, or no module yet); rebooting once")
         return True
     return False
-
-
-SECURE_BOOT_HELP = (
-    "{host}: UEFI Secure Boot is enabled: the DKMS-built nvidia module is unsigned and will not "
-    "load, leaving a half-installed driver. Do one of: enroll a Machine Owner Key and let DKMS "
-    "sign the module (`mokutil --import /var/lib/dkms/mok.pub`, confirm at the next boot), use "
-    "the distribution's signed precompiled modules (Ubuntu: linux-modules-nvidia-<branch>-server-"
-    "<flavour>, set nvidia_driver_packages), or disable Secure Boot in the firmware. Then set "
-    "nvidia_secure_boot_ok = True for this host and run the deploy again."
-)
-
-NONFREE_FILE = "/etc/apt/sources.list.d/tritonfleet-debian-nonfree.sources"
-PERSISTENCE_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/tritonfleet-persistence-mode.conf"
-PERSISTENCE_DROPIN_TEXT = (
-    "# Managed by tritonfleet: the packaged unit runs --no-persistence-mode; turn persistence on.\n"
-    "[Service]\nExecStart=\n"
-    "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose\n"
-)
-PERSISTENCE_COMMAND = "nvidia-smi -q 2>&1 | grep -i 'Persistence Mode' || true"
-
-
-SECURE_BOOT_UNKNOWN_HELP = (
-    "{host}: cannot tell whether UEFI Secure Boot is enabled: the host booted with UEFI, mokutil "
-    "gave no answer (`mokutil --sb-state`: not installed or failing) and the SecureBoot EFI variable "
-    "is not readable. With Secure Boot on, the DKMS-built nvidia module would not load. Install "
-    "mokutil on the host (apt-get install mokutil) and run the deploy again; or, once you know Secure "
-    "Boot is off or handled (MOK enrolled, signed modules), set nvidia_secure_boot_unknown_ok = True "
-    "for this host."
-)
-
-
-def secure_boot_problem() -> str | None:
-    """The message that stops the driver step, from the SecureBoot fact and the two opt-ins."""
-    state = memo.fact(SecureBoot)
-    if state is True and not config.get("nvidia_secure_boot_ok"):
-        return SECURE_BOOT_HELP.format(host=host.name)
-    if state is None and not (config.get("nvidia_secure_boot_unknown_ok") or config.get("nvidia_secure_boot_ok")):
-        return SECURE_BOOT_UNKNOWN_HELP.format(host=host.name)
-    return None
-
-
-def driver_facts() -> list[tuple]:
-    """What the driver step reads on a converged host: one remote command (memo.prefetch)."""
-    return [(SecureBoot, {}), (LinuxDistribution, {}), (Arch, {}), (KernelVersion, {}), (DpkgState, {}),
-            (KeyringFingerprints, {"path": CUDA_KEYRING}), (FileState, {"path": source_path("cuda")}),
-            (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
-            (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
-            (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}),
-            (Command, {"command": DRIVER_VERSION_COMMAND}), (Command, {"command": PERSISTENCE_COMMAND})]
 
 
 def debian_nonfree_text() -> str | None:
@@ -311,32 +182,20 @@ def nvidia_driver():
         return
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     distro, branch = cuda_distro(), driver_branch()
-    repo = config.get("cuda_repo_url").rstrip("/")
-    base = f"{repo}/{distro}/{cuda_arch()}"
-    key = signed_key(
-        name="CUDA repository signing key (fingerprint checked)",
-        url=f"{base}/{config.get('cuda_repo_key_name')}",
-        fingerprint=config.get("cuda_repo_key_fingerprint"),
-        keyring=CUDA_KEYRING,
-    )
-    src = source_file("cuda", f"deb [signed-by={CUDA_KEYRING}] {base}/ /")
     components = vendorfacts.apt_components(distro)
     nonfree = debian_nonfree_text()
-    extra = None
-    if nonfree:
-        extra = fast.put(name=f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)",
-                         src=StringIO(nonfree), dest=NONFREE_FILE, mode="644")
-    if will_change(key, src, *([extra] if extra else [])):
-        aptlock.update(name="apt update (CUDA repository changed)", source=base)
+    vendor_source(vendor_repos.cuda(), also=[
+        (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
+    ] if nonfree else [])
 
     kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
     if kernel_pkgs:
-        fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs,
-                      setting="nvidia_kernel_packages")
+        converged.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs,
+                           setting="nvidia_kernel_packages")
 
-    nouveau = fast.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
+    nouveau = converged.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
     if will_change(nouveau):
         server.shell(
             name="rebuild initramfs (nouveau blacklist changed)",
@@ -348,8 +207,8 @@ def nvidia_driver():
     pinning = driver_pinning_package()
     other_pins = [p for p in vendorfacts.pinning_packages(distro) if p in installed and p != pinning]
     if uses_own_pin():
-        fast.put(name=f"pin driver packages to branch {branch}",
-                 src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
+        converged.put(name=f"pin driver packages to branch {branch}",
+                      src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
     elif memo.fact(FileState, path=DRIVER_PIN_FILE) is not None:
         files.file(name=f"remove own driver pin (NVIDIA's {pinning} pins branch {branch})",
                    path=DRIVER_PIN_FILE, present=False)
@@ -371,12 +230,12 @@ def nvidia_driver():
                      commands=aptlock.wrapped([_hold_command("unhold")]))
         old_meta = [p for p in installed if p.startswith("cuda-drivers-") and p != pkgs[0].split("=")[0]]
         if old_meta or other_pins:
-            fast.packages(name=f"remove the other branch's {', '.join(old_meta + other_pins)}",
-                          packages=old_meta + other_pins, present=False)
+            converged.packages(name=f"remove the other branch's {', '.join(old_meta + other_pins)}",
+                               packages=old_meta + other_pins, present=False)
     if pinning:
         # installed alone, before the driver: apt reads its preferences from the next command on
-        fast.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning],
-                      setting="nvidia_driver_branch")
+        converged.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning],
+                           setting="nvidia_driver_branch")
     if switching:
         # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
         # leaves installed packages alone: name the installed packages of the set, so apt moves
@@ -388,19 +247,19 @@ def nvidia_driver():
             commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
                                       + " ".join(pkgs + move)], setting=DRIVER_SETTINGS))
     else:
-        driver = fast.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
+        driver = converged.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
     driver_changes = switching or will_change(driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
             server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
-        fast.put(name="keep driver packages out of unattended-upgrades",
-                 src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
+        converged.put(name="keep driver packages out of unattended-upgrades",
+                      src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
 
     persistence_changed = False
     if config.get("nvidia_persistenced"):
         # the packaged unit runs --no-persistence-mode: the drop-in turns persistence mode on
-        dropin = fast.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
-                          src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
+        dropin = converged.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
+                               src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
         persistence_changed = will_change(dropin)
         if persistence_changed:
             server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
@@ -422,8 +281,8 @@ def nvidia_driver():
         if persistence_changed and memo.fact(UnitState, unit="nvidia-persistenced.service")["running"]:
             server.shell(name="restart nvidia-persistenced (persistence mode)",
                          commands=["systemctl restart nvidia-persistenced.service"])
-        fast.service(name="nvidia-persistenced running and enabled",
-                     service="nvidia-persistenced", running=True, enabled=True)
+        converged.service(name="nvidia-persistenced running and enabled",
+                          service="nvidia-persistenced", running=True, enabled=True)
         check(name="check: persistence mode is on (nvidia-smi -q)", function=_check_persistence)
 
 
@@ -436,27 +295,6 @@ def _check_persistence():
             "(nvidia_persistenced in inventories/group_data/all.py turns this step off)")
 
 
-def docker_facts() -> list[tuple]:
-    """What the Docker step reads on a converged host."""
-    return [(DpkgState, {}), (UnitState, {"unit": "docker.service"}), (LinuxDistribution, {}), (Arch, {}),
-            *([(KeyringFingerprints, {"path": DOCKER_KEYRING}), (FileState, {"path": source_path("docker")}),
-               (FileState, {"path": DOCKER_PIN_FILE})] if config.get("docker_source") == "docker" else [])]
-
-
-def toolkit_facts() -> list[tuple]:
-    """What the Container Toolkit step reads on a converged host."""
-    return [(Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
-            (FileState, {"path": source_path("nvidia-container-toolkit")}),
-            (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
-            (Command, {"command": HOOK_COMMAND})]
-
-
-def host_layer_facts() -> list[tuple]:
-    """Everything the host layer reads on a converged host: pre-flight reads it in one remote
-    command (memo.prefetch), and the steps find it there."""
-    return [*driver_facts(), *docker_facts(), *toolkit_facts()]
-
-
 @deploy("Docker Engine")
 def docker_engine():
     source = config.get("docker_source")
@@ -464,25 +302,18 @@ def docker_engine():
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
-        engine = fast.packages(name="Docker Engine (distro docker.io)",
-                              packages=["docker.io", "apparmor"], update=False)
+        engine = converged.packages(name="Docker Engine (distro docker.io)",
+                                    packages=["docker.io", "apparmor"], update=False)
     elif source == "docker":
-        distro, codename = docker_distro()
-        repo = config.get("docker_repo_url").rstrip("/")
-        key = signed_key(name="Docker repository signing key (fingerprint checked)",
-                         url=docker_key_url(), fingerprint=config.get("docker_repo_key_fingerprint"),
-                         keyring=DOCKER_KEYRING)
-        src = source_file("docker", f"deb [arch={deb_arch()} signed-by={DOCKER_KEYRING}] {repo}/{distro} {codename} stable")
-        if will_change(key, src):
-            aptlock.update(name="apt update (Docker repository changed)", source=f"{repo}/{distro}")
+        vendor_source(vendor_repos.docker())
         version = config.get("docker_version")
         if version:
-            pin = fast.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
-                            dest=DOCKER_PIN_FILE, mode="644")
+            pin = converged.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
+                                dest=DOCKER_PIN_FILE, mode="644")
         else:
             pin = files.file(name="Docker Engine not pinned", path=DOCKER_PIN_FILE, present=False)
-        engine = fast.packages(
-            name="Docker Engine (docker-ce)",
+        engine = converged.packages(
+                                    name="Docker Engine (docker-ce)",
             packages=["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin",
                       "docker-compose-plugin"],
         )
@@ -500,11 +331,8 @@ def docker_engine():
     else:
         raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
                                  "(group data, inventories/group_data/all.py)")
-    fast.service(name="docker running and enabled", service="docker", running=True, enabled=True)
+    converged.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
-
-
-DOCKER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-docker"
 
 
 def docker_version_pattern(version: str) -> str:
@@ -529,62 +357,20 @@ def _check_docker_version(pattern: str):
                  "the deploy again")
 
 
-def docker_distro() -> tuple[str, str]:
-    """(ubuntu|debian, codename) for Docker's repository path."""
-    d = memo.fact(LinuxDistribution)
-    distro = (d.get("name") or "").lower()
-    codename = (d.get("release_meta") or {}).get("VERSION_CODENAME") or ""
-    if distro not in ("ubuntu", "debian") or not codename:
-        raise config.ConfigError(
-            f"{host.name}: Docker's repository needs Ubuntu or Debian with a VERSION_CODENAME in "
-            f"/etc/os-release (found {d.get('name')!r} {codename!r}); or set docker_source = \"distro\"")
-    return distro, codename
-
-
-def docker_key_url() -> str:
-    distro, _ = docker_distro()
-    return f"{config.get('docker_repo_url').rstrip('/')}/{distro}/gpg"
-
-
-def cuda_key_url() -> str:
-    repo = config.get("cuda_repo_url").rstrip("/")
-    return f"{repo}/{cuda_distro()}/{cuda_arch()}/{config.get('cuda_repo_key_name')}"
-
-
-def vendor_keys() -> list[tuple[str, str, str, str, str]]:
-    """(what, key URL, pinned fingerprint, tunable, keyring) of every signing key the deploy trusts."""
-    keys = [("CUDA repository", cuda_key_url(), config.get("cuda_repo_key_fingerprint"),
-             "cuda_repo_key_fingerprint", CUDA_KEYRING)]
-    if config.get("docker_source") == "docker":
-        keys.append(("Docker repository", docker_key_url(), config.get("docker_repo_key_fingerprint"),
-                     "docker_repo_key_fingerprint", DOCKER_KEYRING))
-    keys.append(("Container Toolkit repository", config.get("container_toolkit_key_url"),
-                 config.get("container_toolkit_key_fingerprint"), "container_toolkit_key_fingerprint",
-                 TOOLKIT_KEYRING))
-    return keys
-
-
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit():
     memo.prefetch(*toolkit_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
-    url = config.get("container_toolkit_repo_url").rstrip("/")
-    key = signed_key(name="Container Toolkit signing key (fingerprint checked)",
-                     url=config.get("container_toolkit_key_url"),
-                     fingerprint=config.get("container_toolkit_key_fingerprint"),
-                     keyring=TOOLKIT_KEYRING)
-    src = source_file("nvidia-container-toolkit", f"deb [signed-by={TOOLKIT_KEYRING}] {url}/{deb_arch()} /")
-    if will_change(key, src):
-        aptlock.update(name="apt update (Container Toolkit repository changed)", source=f"{url}/{deb_arch()}")
+    vendor_source(vendor_repos.container_toolkit())
     version = config.get("container_toolkit_version")
     pin_text = "".join(
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
     )
-    fast.put(name=f"pin Container Toolkit packages to {version}",
-              src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
-    fast.packages(name=f"Container Toolkit {version}",
-                 packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True,
-                 setting="container_toolkit_version")
+    converged.put(name=f"pin Container Toolkit packages to {version}",
+                  src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
+    converged.packages(name=f"Container Toolkit {version}",
+                       packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True,
+                       setting="container_toolkit_version")
 
     daemon = memo.fact(DockerDaemonJson)
     if daemon is None:
@@ -603,15 +389,6 @@ def container_toolkit():
     if not configured or hook_missing:
         systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
                         running=True, restarted=True)
-
-
-HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
-
-DAEMON_JSON_HELP = (
-    "{host}: /etc/docker/daemon.json is not valid JSON; fix the file on the host by hand "
-    "(`python3 -m json.tool /etc/docker/daemon.json` shows where), then run the deploy again "
-    "(tritonfleet never overwrites the operator's daemon.json)"
-)
 
 
 def _fail(message: str, expected: str = "a host this step can change safely"):

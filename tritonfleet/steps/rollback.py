@@ -23,13 +23,11 @@ from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseS
 from ..failure import fail
 from ..health import gate_current_host
 from ..ops.check import check
-from ..release import switch_back_script
+from ..ops.history import append_record
+from ..release_plan import switch_back_script
 from ..shell import q
-from .triton import _append_record, model_diff, repository_api_commands, unit_path
-
-
-class RollbackError(RuntimeError):
-    pass
+from ..unit import unit_path
+from .triton import model_diff, repository_api_commands
 
 
 def pick_target(records: list[dict], current: tuple[str | None, str | None], releases: list[str],
@@ -112,4 +110,4 @@ def rollback():
     names = sorted({p.split("/", 1)[0] for p in host.get_fact(ReleaseManifest, base=base, release=rid)})
     check(name="check: health gate after rollback", function=gate_current_host, models=names,
           clear_failure=bool(history.get("failure")))
-    _append_record(base, rid, digest, image, "rollback")
+    append_record(base, rid, digest, image, "rollback")

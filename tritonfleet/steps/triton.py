@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from functools import cache
 from io import StringIO
 from pathlib import Path
@@ -12,8 +10,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from .. import TEMPLATES, __version__, apikey, config, models
-from .. import release as release_lib
+from .. import apikey, config, models, release_plan
 from ..facts import memo
 from ..facts.host import (
     DeployHistory,
@@ -24,25 +21,24 @@ from ..facts.host import (
     TritonContainer,
     UnitState,
 )
-from ..failure import HOST_RECORD as FAILURE_RECORD
 from ..failure import HostFailure, in_rollout
 from ..health import HealthError, gate_current_host
-from ..ops import fast
+from ..models import host_repository
+from ..ops import converged
 from ..ops.check import check, check_with_steps, will_change
-from ..ops.registry import docker_login, registry_of
-from ..ops.release import model_release
+from ..ops.history import append_record
+from ..ops.model_release import model_release
+from ..ops.registry import docker_login, login_registry, needs_login
 from ..ops.stream import docker_load, docker_pull
 from ..shell import q, url_segment
 from ..transfer import TransferError
 from ..transfer import choose as choose_transport
-
-# Healthy deployments remembered on each host (<triton_base_dir>/history.jsonl) for rollback.
-HISTORY_KEEP = 20
+from ..unit import render_unit, restricted_apis, unit_context, unit_digest, unit_path
 
 
 @cache
 def _archive_image_id(path: str) -> str:
-    from ..images import image_id
+    from ..image_archive import image_id
 
     return image_id(Path(path))
 
@@ -77,39 +73,6 @@ def ensure_image(image: str) -> list:
     return ops
 
 
-def login_registry() -> str:
-    """The registry the login (registry_user) is for: registry_host, or triton_image's registry."""
-    return config.get("registry_host") or registry_of(config.get("triton_image"))
-
-
-def needs_login(image: str) -> bool:
-    """Pulling ``image`` needs the registry login."""
-    return bool(config.get("registry_user")) and registry_of(image) == login_registry()
-
-
-def pulls(images: list[str]) -> list[str]:
-    """Those of ``images`` this host will pull (no archive configured, not present yet)."""
-    archives = config.get("image_archives") or {}
-    return [i for i in images if i not in archives and not memo.fact(DockerImageId, image=i)]
-
-
-@cache
-def _rendered(src: str, overrides_json: str) -> tuple[str, str, str]:
-    rendered = models.render(Path(src), json.loads(overrides_json))
-    man = models.manifest(rendered)
-    return str(rendered), json.dumps(man, sort_keys=True), models.release_id(man)
-
-
-def host_repository(get=None) -> tuple[Path, dict, str]:
-    """(rendered local repository, manifest, release id) for the current host (or for the host
-    whose tunables ``get`` reads)."""
-    get = get or config.get
-    src = Path(get("model_repository")).resolve()
-    overrides = get("model_overrides") or {}
-    path, man, rid = _rendered(str(src), json.dumps(overrides, sort_keys=True))
-    return Path(path), json.loads(man), rid
-
-
 def _check_transport(transport: str) -> None:
     """Refuse a transport that cannot work before any host is touched."""
     try:
@@ -119,7 +82,7 @@ def _check_transport(transport: str) -> None:
 
 
 def sync_models() -> list:
-    """Make this host's repository the live release (tritonfleet.release): one remote command
+    """Make this host's repository the live release (tritonfleet.release_plan): one remote command
     when it already is (no file on the host is read: sizes and mtimes are compared with the
     release's stat record). Otherwise only files no release on the host holds travel, in one
     stream; Triton only ever sees a complete release."""
@@ -133,7 +96,7 @@ def sync_models() -> list:
             # a transfer of another release was cut (Ctrl-C, lost link, halted rollout) and the
             # host went back to this one: what it left only takes disk space
             server.shell(name=f"remove interrupted transfers of other releases ({', '.join(stale)})",
-                         commands=[release_lib.discard_incoming_script(base, stale)])
+                         commands=[release_plan.discard_incoming_script(base, stale)])
         return []
     why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
            if live["current"] == rid else f"live: {live['current'] or 'none'}")
@@ -144,67 +107,6 @@ def sync_models() -> list:
         base=base, release=rid, local=str(local), manifest=man,
         keep=int(config.get("triton_keep_releases")), transport=transport,
     )]
-
-
-MODEL_CONTROL_MODES = ("none", "explicit")
-# unit template values that are the tunable triton_<name> as it is
-UNIT_TUNABLES = ("image", "gpus", "shm_size", "ulimit_memlock", "ulimit_stack", "http_port", "grpc_port",
-                 "metrics_port", "http_bind", "grpc_bind", "metrics_bind", "strict_model_config", "start_timeout")
-
-
-def unit_context(get=None) -> dict:
-    """Values the unit template is rendered with, from ``get`` (default: the current host's
-    tunables; the fleet commands pass an inventory host's ``get``)."""
-    get = get or config.get
-    base = get("triton_base_dir")
-    mode = get("triton_model_control_mode") or "none"
-    if mode not in MODEL_CONTROL_MODES:
-        raise config.ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
-                                 f"not {mode!r} (group data; poll mode is not for production)")
-    apis = restricted_apis(get)
-    return {
-        **{key: get(f"triton_{key}") for key in UNIT_TUNABLES},
-        "container": get("triton_container_name"),
-        "base_dir": base,
-        "model_repository": f"{base}/model_repository",
-        "model_control_mode": mode,
-        "extra_args": get("triton_extra_args") or [],
-        "user": get("triton_container_user", "") or "",
-        "restricted_apis": apis,
-        "api_key_file": get("triton_api_key_file") if apis else "",
-        "key_script": apikey.unit_script(apis) if apis else "",
-    }
-
-
-def restricted_apis(get=None) -> list[str]:
-    """``triton_restricted_apis``, checked: Triton's categories only, a key file where the
-    container cannot see it."""
-    get = get or config.get
-    apis = list(get("triton_restricted_apis", []) or [])
-    unknown = [a for a in apis if a not in apikey.CATEGORIES]
-    if unknown:
-        raise config.ConfigError(f"triton_restricted_apis: {', '.join(map(repr, unknown))} is not a Triton API "
-                                 f"category (known: {', '.join(apikey.CATEGORIES)}); fix it in group data "
-                                 "(inventories/group_data/all.py)")
-    if apis:
-        key, base = str(get("triton_api_key_file") or ""), str(get("triton_base_dir")).rstrip("/")
-        if not key.startswith("/") or ".." in key or key.startswith(base + "/") or any(c in key for c in " %$'\\\n\""):
-            raise config.ConfigError(f"triton_api_key_file {key!r} must be a plain absolute path outside "
-                                     f"triton_base_dir ({base}: the container sees that directory); fix it in "
-                                     "group data (inventories/group_data/all.py)")
-    return apis
-
-
-def render_unit(ctx: dict) -> str:
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
-    return env.get_template("triton.service.j2").render(**ctx)
-
-
-def unit_path() -> str:
-    return f"/etc/systemd/system/{config.get('triton_service')}.service"
 
 
 def container_fact_args() -> dict:
@@ -229,11 +131,6 @@ def triton_image():
 @deploy("Model repository")
 def model_repository():
     return sync_models()
-
-
-def unit_digest(text: str) -> str:
-    """Short sha256 of a unit file's text: names its snapshot on the host."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def model_diff(old_man: dict, new_man: dict) -> tuple[list[str], list[str]]:
@@ -303,7 +200,7 @@ def triton_service(image: list | None = None, models: list | None = None):
     service = config.get("triton_service")
     _, key_new = api_key()
     text = render_unit(unit_context())
-    unit = fast.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
+    unit = converged.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     if will_change(unit):
@@ -325,7 +222,7 @@ def triton_service(image: list | None = None, models: list | None = None):
         load, unload = model_changes() if will_change(models) else behind["models"]
         server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
                      commands=[repository_api_commands(load, unload)])
-    fast.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
+    converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
 def running_behind(explicit: bool) -> dict:
@@ -363,52 +260,7 @@ def record_deployment(action: str = "deploy") -> None:
     base = config.get("triton_base_dir")
     _, _, rid = host_repository()
     text = render_unit(unit_context())
-    _append_record(base, rid, unit_digest(text), config.get("triton_image"), action)
-
-
-def _append_record(base: str, release: str, unit: str, image: str, action: str) -> None:
-    facts = memo.fact(DeployHistory, base=base)
-    history = facts["records"]
-    last = history[-1] if history else {}
-    if (last.get("release"), last.get("unit"), last.get("image")) == (release, unit, image):
-        host.noop(f"deployment {release} / {image} already recorded")
-        return
-    record = {"time": "@TIME@", "action": action, "release": release, "image": image, "image_id": "@IMAGE_ID@",
-              "unit": unit, "by": _operator(), "tritonfleet": __version__}
-    server.shell(name=f"record healthy deployment (release {release}, {image})",
-                 commands=[record_command(base, unit, image, record)])
-
-
-RECORD_SCRIPT = """\
-set -e
-mkdir -p {b}/units
-install -m 644 {unit_path} {unit_file}
-id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null || true)
-printf '%s\\n' {record} | sed "s/@TIME@/$(date -u +%Y-%m-%dT%H:%M:%SZ)/; s/@IMAGE_ID@/$id/" >> {b}/history.jsonl
-tail -n {keep} {b}/history.jsonl > {b}/history.jsonl.tmp
-mv {b}/history.jsonl.tmp {b}/history.jsonl
-for f in {b}/units/*.service; do grep -qF "$(basename "$f" .service)" {b}/history.jsonl || rm -f "$f"; done
-rm -f {failure}
-"""
-
-
-def record_command(base: str, unit: str, image: str, record: dict) -> str:
-    return RECORD_SCRIPT.format(b=q(base), unit_path=q(unit_path()), unit_file=q(f"{base}/units/{unit}.service"),
-                                image=q(image),
-                                record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP,
-                                failure=FAILURE_RECORD)
-
-
-def _operator() -> str:
-    import getpass
-    import re
-    import socket
-
-    try:
-        who = f"{getpass.getuser()}@{socket.gethostname()}"
-    except Exception:  # noqa: BLE001 - no user name is no reason to fail a deploy
-        who = "unknown"
-    return re.sub(r"[^A-Za-z0-9@._-]", "_", who)
+    append_record(base, rid, unit_digest(text), config.get("triton_image"), action)
 
 
 def failure_recorded() -> bool:

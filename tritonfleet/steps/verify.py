@@ -6,8 +6,8 @@ least the configured minimum; a mismatch fails that host naming expected and fou
 
 from __future__ import annotations
 
-from pyinfra import host, logger
-from pyinfra.api import deploy
+from pyinfra import host, logger, state
+from pyinfra.api import deploy, operation
 
 from .. import config
 from ..facts import gpu as gpufacts
@@ -30,6 +30,9 @@ SECTION = "@@tritonfleet-section@@"
 # the container check's last passing answer, and what it depended on (gpu_verify_container)
 STAMP = "/var/lib/tritonfleet/gpu-verified"
 VERIFY_MODES = ("changes", "always")
+# host name -> the stamp's new text, left by a check that passed on a fresh container answer for
+# its own operation (record_answer) to write
+_new_answers: dict[str, str] = {}
 
 
 def container_prefix(image: str) -> str:
@@ -118,6 +121,9 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
 
 
 def verify_current_host(image: str) -> dict:
+    """The check: changes nothing on the host but forgetting a recorded answer that failed; a
+    fresh answer that passed is left for ``record_answer`` to write."""
+    _new_answers.pop(host.name, None)
     gpu_class = str(config.get("gpu_class")).upper()
     rows, errors, meta = [], [], {}
     for where, info, summary in _probe_all(image, meta):
@@ -154,10 +160,24 @@ def verify_current_host(image: str) -> dict:
             cause="; ".join(found)))
     if meta.get("key"):
         cont_q, cont_sum = meta["container"]
-        text = "\n".join([f"key={meta['key']}", *cont_q, SECTION, *cont_sum]) + "\n"
-        host.run_shell_command(f"mkdir -p {q(STAMP.rsplit('/', 1)[0])} && "
-                               f"printf '%s' {q(text)} > {STAMP}.tmp && mv {STAMP}.tmp {STAMP}")
+        _new_answers[host.name] = "\n".join([f"key={meta['key']}", *cont_q, SECTION, *cont_sum]) + "\n"
     return {"rows": rows, "cached": bool(meta.get("cached"))}
+
+
+def stamp_command(text: str) -> str:
+    return f"mkdir -p {q(STAMP.rsplit('/', 1)[0])} && printf '%s' {q(text)} > {STAMP}.tmp && mv {STAMP}.tmp {STAMP}"
+
+
+@operation(is_idempotent=False)
+def record_answer():
+    """Record the container check's answer on the host when the check just passed on a fresh one
+    (what it depends on changed, or there was none): a change only then. Never planned as a
+    change (the answer exists only once the check ran)."""
+    text = _new_answers.pop(host.name, None) if state.is_executing else None
+    if not text:
+        host.noop("the GPU check's recorded answer stays as it is")
+        return
+    yield stamp_command(text)
 
 
 @deploy("GPU verification")
@@ -167,3 +187,4 @@ def verify_gpus(load_image: bool = True):
         ensure_image(image)
     check(name=f"check: nvidia-smi on the host and in {image} with --gpus all",
           function=verify_current_host, image=image)
+    record_answer(name="record the GPU check's answer and what it depends on (gpu_verify_container)")

@@ -1,4 +1,8 @@
-"""``tritonfleet testbed up|down|list|destroy``: local disposable GPU-like hosts."""
+"""``tritonfleet testbed up|down|list|destroy``: local disposable GPU-like hosts.
+
+The ``testbed`` group is added to the ``tritonfleet`` command through the entry point group
+``tritonfleet.commands`` (pyproject.toml) where this package is installed; ``python -m
+tritonfleet_testbed`` runs the same group on its own."""
 
 from __future__ import annotations
 
@@ -13,13 +17,14 @@ from pathlib import Path
 
 import click
 
-from ..cli import main
+from tritonfleet.procs import alive
+
 from . import hosts
 
 
 def _serve_repo(state: hosts.State, directory: Path) -> None:
     """Serve the stand-in vendor repository on the bridge address only."""
-    if state.repo_server_pid and hosts._alive(state.repo_server_pid):
+    if state.repo_server_pid and alive(state.repo_server_pid):
         os.kill(state.repo_server_pid, signal.SIGTERM)
     logf = open(hosts.STATE_DIR / "repo-server.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -42,8 +47,8 @@ def _serve_repo(state: hosts.State, directory: Path) -> None:
 
 def bring_up(n_hosts: int) -> hosts.State:
     """Hosts, stand-in vendor repository and stand-in images: everything a deploy needs."""
-    from .images import build_cuda_image, build_triton_image
-    from .vendor_repo import build_vendor_repo, debian_package, gpu_profile
+    from .standin_images import build_cuda_image, build_triton_image
+    from .standin_repo import build_vendor_repo, debian_package, gpu_profile
 
     t0 = time.monotonic()
     hosts.log("building (or reusing) the stand-in vendor repository and images")
@@ -64,7 +69,7 @@ def bring_up(n_hosts: int) -> hosts.State:
     return state
 
 
-@main.group()
+@click.group()
 def testbed() -> None:
     """Local test hosts (systemd-nspawn, root, Debian 12)."""
 
@@ -103,7 +108,7 @@ def list_cmd(as_json: bool) -> None:
     state = hosts.State.load()
     rows = [
         {"name": h.name, "address": h.address, "gpu_class": h.gpu_class,
-         "running": bool(h.pid and hosts._alive(h.pid))}
+         "running": bool(h.pid and alive(h.pid))}
         for h in state.hosts
     ]
     if as_json:

@@ -61,7 +61,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import vendorfacts
+from tritonfleet import vendorfacts
 
 STANDIN = Path(__file__).with_name("standin")
 RECIPE_VERSION = "1"
@@ -133,6 +133,20 @@ GPU_PROFILES = {
     },
 }
 
+
+
+_SMI_LIST_ROW = re.compile(r"^GPU\s+(?P<index>\d+):\s+(?P<name>.+?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)")
+
+
+def parse_smi_list(lines) -> list[dict]:
+    """``nvidia-smi -L``: [{"index", "name", "uuid"}] (how the stand-in's answer is checked
+    against the real one)."""
+    out = []
+    for line in lines or []:
+        m = _SMI_LIST_ROW.match(line.strip())
+        if m:
+            out.append({"index": int(m.group("index")), "name": m.group("name"), "uuid": m.group("uuid")})
+    return out
 
 def gpu_profile(gpu_class: str | None) -> str:
     """The gpu.env text for a host of ``gpu_class`` ("T4", "L4"; "none"/"" -> "", no GPU)."""

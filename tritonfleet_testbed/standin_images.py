@@ -49,7 +49,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tritonfleet.testbed import rootfs
+from tritonfleet.image_archive import image_id, read_metadata  # noqa: F401 - image_id: read from here too
+from tritonfleet_testbed import rootfs
 
 TRITON_TAG = "nvcr.io/nvidia/tritonserver:24.08-py3"
 CUDA_TAG = "nvidia/cuda:12.8.1-base-ubuntu22.04"
@@ -89,7 +90,7 @@ CUDA_ENV = {
     "NVIDIA_VISIBLE_DEVICES": "all",
     "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
 }
-LABEL = {"org.tritonfleet.testbed": "stand-in image built by tritonfleet.testbed.images"}
+LABEL = {"org.tritonfleet.testbed": "stand-in image built by tritonfleet_testbed.standin_images"}
 
 # glibc runtime of the cuda stand-in (what a driver's nvidia-smi links against)
 GLIBC_LIBS = [
@@ -143,7 +144,21 @@ exec "$@"
 # reading archives
 
 
-from tritonfleet.images import archive_tags, image_config, image_id, read_manifest  # noqa: E402,F401
+def read_manifest(archive: Path) -> list[dict]:
+    """manifest.json of ``archive``: [{"Config": ..., "RepoTags": [...], "Layers": [...]}]."""
+    return json.loads(read_metadata(Path(archive))["manifest.json"])
+
+
+def image_config(archive: Path) -> dict:
+    """The image config JSON of ``archive`` (its first image)."""
+    files = read_metadata(Path(archive))
+    return json.loads(files[json.loads(files["manifest.json"])[0]["Config"]])
+
+
+def archive_tags(archive: Path) -> list[str]:
+    """The RepoTags ``docker load`` gives the image(s) of ``archive``."""
+    return [tag for m in read_manifest(Path(archive)) for tag in m.get("RepoTags") or []]
+
 
 # --------------------------------------------------------------------------------------
 # writing archives
@@ -203,7 +218,7 @@ def write_image_archive(
             "author": "tritonfleet testbed",
             "config": config,
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-            "history": [{"created": created, "created_by": "tritonfleet.testbed.images"}],
+            "history": [{"created": created, "created_by": "tritonfleet_testbed.standin_images"}],
         }
         config_bytes = json.dumps(image, sort_keys=True, separators=(",", ":")).encode()
         config_hex = hashlib.sha256(config_bytes).hexdigest()

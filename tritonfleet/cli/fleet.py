@@ -7,8 +7,7 @@ import sys
 
 import click
 
-from . import fleet, probe
-from .cli import main
+from .. import fleet, probe
 
 
 def _data(pairs: tuple[str, ...]) -> dict:
@@ -48,7 +47,7 @@ def status_table(rows: list[probe.HostStatus]) -> str:
                      for r in table)
 
 
-@main.command("status")
+@click.command("status")
 @click.argument("inventory")
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
@@ -76,7 +75,7 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     sys.exit(0 if all(r.reachable and not r.drift for r in rows) else 1)
 
 
-@main.command("rollout")
+@click.command("rollout")
 @click.argument("inventory", required=False)
 @click.argument("deploy", required=False)
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
@@ -112,8 +111,8 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
 
     Exit status: 0 when every host ends on the new version; 1 on any failure, rollback or halt.
     """
-    from .rollout import RolloutError, rollout, table
-    from .rollout import resume as resume_rollout
+    from ..rollout import RolloutError, rollout, table
+    from ..rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:

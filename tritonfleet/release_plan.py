@@ -1,5 +1,5 @@
 """Model repository releases on a host: what to send, what to hard link, and the shell that
-builds a release and switches to it. Pure functions; the operation is tritonfleet.ops.release.
+builds a release and switches to it. Pure functions; the operation is tritonfleet.ops.model_release.
 
 On the host (``base`` = triton_base_dir)::
 

@@ -7,10 +7,8 @@ import sys
 
 import click
 
-from .cli import main
 
-
-@main.command("loadtest")
+@click.command("loadtest")
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts or groups (globs; repeatable or comma-separated).")
@@ -36,8 +34,8 @@ def loadtest_cmd(inventory: str, limit: tuple[str, ...], models: tuple[str, ...]
     progress line per second goes to stderr. Exit status 1 when a host could not be measured
     or a request failed.
     """
-    from . import loadtest
-    from .fleet import FleetError, disconnect, load_inventory
+    from .. import loadtest
+    from ..fleet import FleetError, disconnect, load_inventory
 
     try:
         conc = loadtest.parse_concurrency(concurrency)

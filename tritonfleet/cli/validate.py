@@ -12,12 +12,10 @@ from pathlib import Path
 
 import click
 
-from .cli import main
-
 DEFAULT_REPOSITORY = "files/model_repository"
 
 
-@main.command("validate")
+@click.command("validate")
 @click.argument("repo", required=False, default=DEFAULT_REPOSITORY)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--gpus", type=click.IntRange(min=0), default=None,
@@ -29,7 +27,7 @@ def validate_cmd(repo: str, as_json: bool, gpus: int | None, backends: tuple[str
 
     REPO defaults to files/model_repository. Exit status: 0 valid, 1 invalid, 2 usage error.
     """
-    from .validate import list_models, validate_repository
+    from ..validate import list_models, validate_repository
 
     path = Path(repo)
     if not path.exists():

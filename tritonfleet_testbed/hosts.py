@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tritonfleet.procs import alive
+
 from . import rootfs
 
 # Several testbeds can run side by side on one machine: TRITONFLEET_TESTBED=N (0-9, default 0)
@@ -338,26 +340,12 @@ def wait_ssh(h: Host, timeout: float = 60) -> float:
                     return time.monotonic() - t0
         except OSError:
             pass
-        if h.pid is not None and not _alive(h.pid):
+        if h.pid is not None and not alive(h.pid):
             tail = (h.dir / "console.log").read_text(errors="replace")[-2000:]
             raise TestbedError(f"host {h.name} exited while booting:\n{tail}")
         if time.monotonic() - t0 > timeout:
             raise TestbedError(f"host {h.name} ({h.address}) did not answer SSH within {timeout}s")
         time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    """The process runs (a zombie, e.g. a supervisor that exited but is not reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _kill_cgroup(h: Host) -> None:
@@ -375,7 +363,7 @@ def _kill_cgroup(h: Host) -> None:
                 break
             time.sleep(0.05)
         _rmdir_tree(cg)
-    if h.pid and _alive(h.pid):
+    if h.pid and alive(h.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(h.pid, signal.SIGKILL)
 
@@ -447,7 +435,7 @@ def up(n_hosts: int = 2, gpu_env_for=None) -> State:
     started: list[Host] = []
     for h in wanted:
         cur = known.get(h.name)
-        if cur and cur.pid and _alive(cur.pid):
+        if cur and cur.pid and alive(cur.pid):
             continue
         if cur:
             _host_down(cur)
@@ -496,7 +484,7 @@ def down() -> None:
             if cg.is_dir():
                 _kill_cgroup(Host(cg.name, 0, "", "", "", ""))
         _rmdir_tree(CGROUP_ROOT)
-    if state.repo_server_pid and _alive(state.repo_server_pid):
+    if state.repo_server_pid and alive(state.repo_server_pid):
         os.kill(state.repo_server_pid, signal.SIGTERM)
     state.repo_server_pid = None
     _net_down(state)

@@ -1,5 +1,6 @@
-"""Docker image archives (`docker save` format) as the control machine sees them: read
-without unpacking the layers, so a multi-GB archive answers in milliseconds."""
+"""Docker image archives (`docker save` format) as the control machine sees them: the ID of the
+image an archive holds (what ``docker load`` gives the host), read without unpacking the layers,
+so a multi-GB archive answers in milliseconds."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tarfile
 from pathlib import Path
 
 
-def _read_metadata(archive: Path) -> dict[str, bytes]:
+def read_metadata(archive: Path) -> dict[str, bytes]:
     """The small files of a ``docker save`` archive (everything but layer tars), by name."""
     files: dict[str, bytes] = {}
     with tarfile.open(archive, "r|*") as tf:
@@ -25,24 +26,8 @@ def _read_metadata(archive: Path) -> dict[str, bytes]:
     return files
 
 
-def read_manifest(archive: Path) -> list[dict]:
-    """manifest.json of ``archive``: [{"Config": ..., "RepoTags": [...], "Layers": [...]}]."""
-    return json.loads(_read_metadata(Path(archive))["manifest.json"])
-
-
-def image_config(archive: Path) -> dict:
-    """The image config JSON of ``archive`` (its first image)."""
-    files = _read_metadata(Path(archive))
-    return json.loads(files[json.loads(files["manifest.json"])[0]["Config"]])
-
-
 def image_id(archive: Path) -> str:
     """``sha256:<hex>`` of the image config: the ID ``docker images --no-trunc`` shows."""
-    files = _read_metadata(Path(archive))
+    files = read_metadata(Path(archive))
     config = files[json.loads(files["manifest.json"])[0]["Config"]]
     return "sha256:" + hashlib.sha256(config).hexdigest()
-
-
-def archive_tags(archive: Path) -> list[str]:
-    """The RepoTags ``docker load`` gives the image(s) of ``archive``."""
-    return [tag for m in read_manifest(Path(archive)) for tag in m.get("RepoTags") or []]

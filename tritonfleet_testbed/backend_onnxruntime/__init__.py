@@ -2,5 +2,5 @@
 
 ``model.py`` runs inside tritonserver's Python backend stub (it imports
 ``triton_python_backend_utils``); it is not imported from here. This package exists so the file
-ships with tritonfleet: ``tritonfleet.testbed.images.backend_model_py()`` gives its path.
+ships with the test tooling: ``tritonfleet_testbed.standin_images.backend_model_py()`` gives its path.
 """

@@ -1,0 +1,48 @@
+"""The ``tritonfleet`` command line: one module a command group (``fleet``: status and rollout;
+``validate``, ``loadtest``, ``prometheus``, ``tune``; ``init`` from tritonfleet.scaffold). The modules define their commands and
+import nothing from here; ``main`` adds them. Other installed packages add theirs through the
+``tritonfleet.commands`` entry point group (the test tooling's ``testbed``)."""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from ..scaffold import init
+from . import fleet, loadtest, prometheus, tune, validate
+
+#: entry point group through which other installed packages add command groups
+COMMANDS_GROUP = "tritonfleet.commands"
+
+
+@click.group()
+@click.version_option(__version__)
+def main() -> None:
+    """Take bare NVIDIA GPU hosts to serving Triton, and keep the fleet right."""
+
+
+for _command in (loadtest.loadtest_cmd, prometheus.prometheus_cmd, fleet.rollout_cmd, fleet.status_cmd,
+                 tune.tune_cmd, validate.validate_cmd, init):
+    main.add_command(_command)
+
+
+def _add_installed_commands() -> None:
+    """The commands other installed packages declare in the ``tritonfleet.commands`` entry point
+    group. One whose package is not installed (a declaration left without its package) is left
+    out; any other error while loading it is raised, naming it."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            command = ep.load()
+        except ModuleNotFoundError as e:
+            if e.name and ep.module.split(".")[0] == e.name.split(".")[0]:
+                continue
+            raise
+        main.add_command(command, ep.name)
+
+
+_add_installed_commands()
+
+if __name__ == "__main__":
+    main()
