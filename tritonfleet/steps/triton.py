@@ -27,7 +27,7 @@ from ..facts.host import (
 from ..failure import HOST_RECORD as FAILURE_RECORD
 from ..failure import HostFailure, in_rollout
 from ..health import HealthError, gate_current_host
-from ..ops import fast
+from ..ops import fast, lb
 from ..ops.check import check, check_with_steps, will_change
 from ..ops.registry import docker_login, registry_of
 from ..ops.release import model_release
@@ -152,6 +152,17 @@ UNIT_TUNABLES = ("image", "gpus", "shm_size", "ulimit_memlock", "ulimit_stack", 
                  "metrics_port", "http_bind", "grpc_bind", "metrics_bind", "strict_model_config", "start_timeout")
 
 
+def stop_context(get) -> dict:
+    """Triton's --exit-timeout-secs, docker stop -t and TimeoutStopSec, from triton_stop_timeout."""
+    from ..drain import stop_timeouts
+
+    try:
+        return stop_timeouts(get("triton_stop_timeout"))
+    except (TypeError, ValueError) as e:
+        raise config.ConfigError(f"triton_stop_timeout must be a whole number of seconds >= 0, not "
+                                 f"{get('triton_stop_timeout')!r} (group data)") from e
+
+
 def unit_context(get=None) -> dict:
     """Values the unit template is rendered with, from ``get`` (default: the current host's
     tunables; the fleet commands pass an inventory host's ``get``)."""
@@ -173,6 +184,7 @@ def unit_context(get=None) -> dict:
         "restricted_apis": apis,
         "api_key_file": get("triton_api_key_file") if apis else "",
         "key_script": apikey.unit_script(apis) if apis else "",
+        **stop_context(get),
     }
 
 
@@ -320,6 +332,8 @@ def triton_service(image: list | None = None, models: list | None = None):
         restart = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
     restart = restart or key_new
     if restart:
+        if lb.enabled():  # out of the load balancer, nothing in flight, before Triton stops
+            lb.drain_host(name=f"drain {host.name} in the load balancer before the restart", why=restart)
         systemd.service(name=f"restart {service} ({restart})", service=service, restarted=True)
     elif explicit and (will_change(models) or behind["models"]):
         load, unload = model_changes() if will_change(models) else behind["models"]
@@ -454,4 +468,6 @@ def health_gate(record: bool = True):
     gate_check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_or_roll_back,
                models=models.model_names(local), clear_failure=failure_recorded())
     if record:
+        if lb.enabled():  # healthy: back in the load balancer (a drain of this or a cut run)
+            check(name="check: back in the load balancer once healthy", function=lb.ready_now)
         record_deployment()
