@@ -14,7 +14,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
-from .. import config, vendorfacts
+from .. import config, gpuguard, vendorfacts
 from ..facts import memo
 from ..facts.host import (
     AptSources,
@@ -27,6 +27,7 @@ from ..facts.host import (
 )
 from ..failure import fail
 from ..ops import aptlock, fast
+from ..ops import gpuguard as guard_ops
 from ..ops.apt_repo import signed_key, source_file, source_path
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
@@ -331,7 +332,8 @@ def nvidia_driver():
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
     if kernel_pkgs:
-        fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs)
+        guard_ops.note("kernel headers and DKMS installed",
+                       fast.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs))
 
     nouveau = fast.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
     if will_change(nouveau):
@@ -386,6 +388,7 @@ def nvidia_driver():
     else:
         driver = fast.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs)
     driver_changes = switching or will_change(driver)
+    guard_ops.note("driver packages installed", driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
             server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
@@ -399,8 +402,8 @@ def nvidia_driver():
                           src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
         persistence_changed = will_change(dropin)
         if persistence_changed:
-            server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
-                         commands=["systemctl daemon-reload"])
+            guard_ops.note("persistenced drop-in", server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
+                                                                commands=["systemctl daemon-reload"]))
 
     # A reboot can only be needed when the driver changes now, or the loaded module already
     # differs from the installed driver; whether it is, is decided on the host after the install
@@ -444,7 +447,8 @@ def toolkit_facts() -> list[tuple]:
     return [(Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
             (FileState, {"path": source_path("nvidia-container-toolkit")}),
             (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
-            (Command, {"command": HOOK_COMMAND})]
+            (Command, {"command": HOOK_COMMAND}), (FileState, {"path": gpuguard.UDEV_RULE_PATH}),
+            (Command, {"command": gpuguard.DEVCHAR_COMMAND})]
 
 
 def host_layer_facts() -> list[tuple]:
@@ -496,6 +500,7 @@ def docker_engine():
     else:
         raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
                                  "(group data, inventories/group_data/all.py)")
+    guard_ops.note("Docker Engine installed", engine)
     fast.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
 
@@ -578,8 +583,9 @@ def container_toolkit():
     )
     fast.put(name=f"pin Container Toolkit packages to {version}",
               src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
-    fast.packages(name=f"Container Toolkit {version}",
-                 packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True)
+    toolkit = fast.packages(name=f"Container Toolkit {version}",
+                            packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True)
+    guard_ops.note("Container Toolkit installed", toolkit)
 
     daemon = memo.fact(DockerDaemonJson)
     if daemon is None:
@@ -598,6 +604,13 @@ def container_toolkit():
     if not configured or hook_missing:
         systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
                         running=True, restarted=True)
+    # /dev/char symlinks for the NVIDIA device nodes, now and at every boot (udev): a daemon-reload
+    # then no longer costs running containers their GPUs (tritonfleet.gpuguard)
+    rule = fast.put(name="udev rule: /dev/char symlinks for NVIDIA devices (nvidia-ctk)",
+                    src=StringIO(gpuguard.UDEV_RULE), dest=gpuguard.UDEV_RULE_PATH, mode="644")
+    if will_change(rule) or not memo.fact(Command, command=gpuguard.DEVCHAR_COMMAND):
+        server.shell(name="create the /dev/char symlinks now (nvidia-ctk system create-dev-char-symlinks --create-all)",
+                     commands=[gpuguard.CREATE_COMMAND])
 
 
 HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"

@@ -28,6 +28,7 @@ from ..failure import HOST_RECORD as FAILURE_RECORD
 from ..failure import HostFailure, in_rollout
 from ..health import HealthError, gate_current_host
 from ..ops import fast, lb
+from ..ops import gpuguard as guard_ops
 from ..ops.check import check, check_with_steps, will_change
 from ..ops.registry import docker_login, registry_of
 from ..ops.release import model_release
@@ -335,7 +336,10 @@ def triton_service(image: list | None = None, models: list | None = None):
         if lb.enabled():  # out of the load balancer, nothing in flight, before Triton stops
             lb.drain_host(name=f"drain {host.name} in the load balancer before the restart", why=restart)
         systemd.service(name=f"restart {service} ({restart})", service=service, restarted=True)
-    elif explicit and (will_change(models) or behind["models"]):
+    elif guard_ops.pending():  # the host layer reloaded systemd while Triton keeps running
+        guard_ops.guard(name="GPU-loss guard: Triton's container still sees the host's GPUs after daemon-reload",
+                        reasons=guard_ops.pending())
+    if not restart and explicit and (will_change(models) or behind["models"]):
         load, unload = model_changes() if will_change(models) else behind["models"]
         server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
                      commands=[repository_api_commands(load, unload)])

@@ -347,7 +347,14 @@ def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12")
             kw: dict = {"description": f"NVIDIA driver {upstream}: {name}\nTestbed stand-in (package set of "
                                        f"NVIDIA's {distro} repository)."}
             if name == roles["smi"]:
-                kw.update(depends=f"{roles['nvml']} (= {v})", files=[("/usr/bin/nvidia-smi", smi, 0o755)],
+                # with the driver's boot-time binding: udev's rules for it run at every boot
+                kw.update(depends=f"{roles['nvml']} (= {v})", files=[
+                    ("/usr/bin/nvidia-smi", smi, 0o755),
+                    ("/usr/lib/nvidia-standin/bind", (STANDIN / "nvidia-standin-bind.sh").read_text(), 0o755),
+                    ("/lib/systemd/system/nvidia-standin-bind.service",
+                     (STANDIN / "nvidia-standin-bind.service").read_text(), 0o644)],
+                          symlinks=[("/etc/systemd/system/multi-user.target.wants/nvidia-standin-bind.service",
+                                     "/lib/systemd/system/nvidia-standin-bind.service")],
                           description=f"NVIDIA System Management Interface {upstream}\nTestbed stand-in nvidia-smi "
                                       f"(driver {upstream}, CUDA {cuda}); the GPU it\nreports is "
                                       "/etc/nvidia-standin/gpu.env.")
@@ -426,7 +433,10 @@ def _toolkit_packages(out_dir: Path) -> list[dict]:
              depends=(f"nvidia-container-toolkit-base (= {v}), libnvidia-container-tools (>= {v}), "
                       "libnvidia-container-tools (<< 2.0.0), python3"),
              description="NVIDIA Container toolkit\nTestbed stand-in nvidia-container-runtime-hook (OCI prestart hook).",
-             files=[("/usr/bin/nvidia-container-runtime-hook", hook, 0o755)]),
+             files=[("/usr/bin/nvidia-container-runtime-hook", hook, 0o755),
+                    # stand-in of systemd re-applying device rules at daemon-reload (GPU loss)
+                    ("/usr/lib/systemd/system-generators/nvidia-standin-device-rules",
+                     (STANDIN / "nvidia-standin-device-rules.sh").read_text(), 0o755)]),
     ]
 
 
