@@ -748,3 +748,56 @@ def test_driver_binding_at_boot_runs_the_udev_rule_for_the_nvidia_driver(extract
     (nogpu / "lib").mkdir()
     shutil.copytree(rules, nogpu / "lib/udev/rules.d")
     assert run(nogpu).returncode == 0 and out.read_text() == "bound\n"
+
+
+# ---------------------------------------------------------------- kernel upgrades and DKMS
+
+def test_newer_kernels_sort_after_the_running_one():
+    from tritonfleet.testbed.vendor_repo import newer_kernels
+
+    for running in (KERNEL, "6.1.0-28-amd64", "6.18.44-fc-v1147", "5.15.0-25-generic", "odd"):
+        a, b = newer_kernels(running)
+        order = subprocess.run(["sort", "-V"], input=f"{b}\n{running}\n{a}\n", capture_output=True,
+                               text=True).stdout.split()
+        assert order == [running, a, b]
+
+
+def test_kernel_upgrade_packages(repo, extracted):
+    from tritonfleet.testbed.vendor_repo import newer_kernels
+
+    with_headers, without = newer_kernels(KERNEL)
+    d = repo.cuda_dirs["debian12"]
+    for k in (with_headers, without):
+        deb = next(d.glob(f"linux-image-{k}_*_amd64.deb"))
+        x = extracted[deb.stem]
+        assert (x / f"boot/vmlinuz-{k}").is_file() and (x / f"lib/modules/{k}").is_dir()
+        post = subprocess.run(["dpkg-deb", "-I", str(deb), "postinst"], capture_output=True, text=True).stdout
+        assert "/var/run/reboot-required" in post and f"--arg={k}" in post and "/etc/kernel/postinst.d" in post
+    assert list(d.glob(f"linux-headers-{with_headers}_*.deb")) and not list(d.glob(f"linux-headers-{without}_*.deb"))
+    deb = next(d.glob(f"linux-headers-{with_headers}_*.deb"))
+    post = subprocess.run(["dpkg-deb", "-I", str(deb), "postinst"], capture_output=True, text=True).stdout
+    assert "/etc/kernel/header_postinst.d" in post
+
+
+def test_standin_dkms_builds_for_kernels_with_headers(extracted, tmp_path):
+    pkg = extracted[next(k for k in extracted if k.startswith("nvidia-kernel-dkms_580."))]
+    for hook in ("etc/kernel/header_postinst.d/nvidia-standin-dkms", "etc/kernel/postinst.d/nvidia-standin-dkms"):
+        assert os.access(pkg / hook, os.X_OK)
+    root = tmp_path / "root"
+    (root / "lib/modules/6.1.0-28-amd64/build").mkdir(parents=True)
+    (root / "lib/modules/6.1.0-29-amd64").mkdir(parents=True)
+
+    def dkms(*args):
+        return subprocess.run(["busybox", "sh", str(pkg / "usr/lib/nvidia-standin/dkms"), *args], capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(root)})
+
+    p = dkms()  # the package's postinst: every kernel with headers
+    assert p.returncode == 0 and "built and installed for kernel 6.1.0-28-amd64" in p.stdout
+    module = root / "lib/modules/6.1.0-28-amd64/updates/dkms/nvidia.ko"
+    assert module.read_text().startswith("stand-in nvidia kernel module 580.")
+    assert not list((root / "lib/modules/6.1.0-29-amd64").rglob("nvidia.ko*"))
+    p = dkms("6.1.0-29-amd64")  # a kernel without headers: nothing built, said so, not an error
+    assert p.returncode == 0 and "no headers for kernel 6.1.0-29-amd64" in p.stderr
+    (root / "lib/modules/6.1.0-29-amd64/build").mkdir()
+    assert dkms("6.1.0-29-amd64").returncode == 0  # its headers arrive: the hook builds it
+    assert (root / "lib/modules/6.1.0-29-amd64/updates/dkms/nvidia.ko").is_file()

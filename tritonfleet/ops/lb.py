@@ -11,14 +11,32 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
+from pyinfra.context import state
 
 from .. import config, drain
 from ..failure import fail, reported
 from ..shell import q
 
+_DRAINS: set[tuple[int, str]] = set()  # (pyinfra state, host) planned to be drained in this run
+
 
 def enabled() -> bool:
     return bool(config.get("lb"))
+
+
+def note_drain() -> None:
+    _DRAINS.add((id(state._get_module()), host.name))
+
+
+def drains() -> bool:
+    """A drain is planned for the current host in this run."""
+    return (id(state._get_module()), host.name) in _DRAINS
+
+
+def drain_command(why: str) -> FunctionCommand:
+    """The drain as a command of another operation (the reboot)."""
+    note_drain()
+    return FunctionCommand(reported, (drain_now, (why,), {}), {})
 
 
 def _metrics() -> str:
@@ -63,6 +81,15 @@ def drain_now(why: str) -> None:
              step="load balancer drain")
 
 
+def gate_and_ready() -> None:
+    """Where no health gate step follows a restart (deploys/host.py): Triton live and ready, then
+    back in the load balancer."""
+    from ..health import gate_current_host
+
+    gate_current_host([])
+    ready_now()
+
+
 def ready_now() -> None:
     lb = balancer()
     if lb is None:
@@ -88,4 +115,4 @@ def drain_host(why: str):
     """Take the host out of its load balancer and wait until no request is in flight (runs on the
     control machine when the operations execute; planned as a change: it is only added before a
     restart that will happen)."""
-    yield FunctionCommand(reported, (drain_now, (why,), {}), {})
+    yield drain_command(why)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from ..ops import gpuguard as guard_ops
+from ..ops import lb
+from ..ops.check import check
 
 
 @deploy("GPU-loss guard")
@@ -15,3 +17,5 @@ def gpu_guard():
     reasons = guard_ops.pending()
     if reasons:
         guard_ops.guard(name="Triton's container still sees the host's GPUs after daemon-reload", reasons=reasons)
+    if lb.enabled() and lb.drains():  # drained for a reboot: no health gate step follows here
+        check(name="check: Triton live and ready again, back in the load balancer", function=lb.gate_and_ready)

@@ -415,6 +415,10 @@ def nvidia_driver():
         reboot(
             name="reboot if the loaded driver does not match the installed one (or is not loaded)",
             reboot_timeout=config.get("nvidia_reboot_timeout"),
+            # the kernel that will boot must have the NVIDIA module (built now if it can be)
+            header_packages=[p for p in config.get("nvidia_kernel_packages") if "{kernel}" in p],
+            install_template=aptlock.wrap("DEBIAN_FRONTEND=noninteractive apt-get install -y -q @WORDS@")
+            .get_raw_value(),
             _if=_reboot_needed,
         )
     if config.get("nvidia_persistenced"):
