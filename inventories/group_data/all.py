@@ -226,6 +226,10 @@ health_host = None
 health_timeout = 180
 # Seconds for each health request.
 health_request_timeout = 5
+# After the health gate's endpoints pass, each model answers one real inference (batch 1, inputs
+# built from its config.pbtxt, output shapes checked): a model that is ready but fails it fails the
+# host with Triton's answer (docs/operations.md). False: endpoints only.
+health_warm_inference = True
 # A plain deploy whose health gate fails a host that served before puts that host back on its
 # last healthy deployment at once (the steps of deploys/rollback.py) and says so in the report; off:
 # the report prints the rollback command. tritonfleet rollout always rolls a failed host back itself.

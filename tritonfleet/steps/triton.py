@@ -434,12 +434,12 @@ def failure_recorded() -> bool:
     return bool(memo.fact(DeployHistory, base=config.get("triton_base_dir")).get("failure"))
 
 
-def gate_or_roll_back(models: list[str], clear_failure: bool = False):
+def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str | None = None):
     """The deploy's health gate. With auto_rollback (plain runs; a rollout rolls back itself), a
     host that fails it and served before is put back on its last healthy deployment at once (the
     rollback steps, run as nested operations); the host still fails, and its report says so."""
     try:
-        return gate_current_host(models, clear_failure)
+        return gate_current_host(models, clear_failure, repo)
     except HealthError as e:
         if not config.get("auto_rollback") or in_rollout():
             raise
@@ -469,8 +469,9 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False):
 def health_gate(record: bool = True):
     local, _, _ = host_repository()
     gate_check = check_with_steps if config.get("auto_rollback") else check
-    gate_check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_or_roll_back,
-               models=models.model_names(local), clear_failure=failure_recorded())
+    gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",
+               function=gate_or_roll_back, models=models.model_names(local), clear_failure=failure_recorded(),
+               repo=str(local))
     if record:
         if lb.enabled():  # healthy: back in the load balancer (a drain of this or a cut run)
             check(name="check: back in the load balancer once healthy", function=lb.ready_now)
