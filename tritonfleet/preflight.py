@@ -71,7 +71,7 @@ def check_model_repository() -> None:
 
 
 def check_gpu_class_and_driver() -> None:
-    from .gpucheck import GPU_CLASSES, driver_supported
+    from .gpucheck import GPU_CLASSES, compute_capability_problem, driver_supported
 
     gpu_class = host.data.get("gpu_class")
     groups = ", ".join(k.lower() for k in GPU_CLASSES)
@@ -83,6 +83,10 @@ def check_gpu_class_and_driver() -> None:
         raise PreflightError(f"{host.name}: unknown gpu_class {gpu_class!r}; known: {', '.join(GPU_CLASSES)} "
                              f"(put the host in one of the groups {groups} of the inventory, or add the class "
                              "to tritonfleet/gpucheck.py GPU_CLASSES with a group_data file)")
+    problem = compute_capability_problem(gpu_class, config.get("triton_image"))
+    if problem:
+        raise PreflightError(f"{host.name}: {problem}: pick a triton_image of an earlier release for this class "
+                             f"({GROUP_DATA}/{str(gpu_class).lower()}.py) or move these hosts to other GPUs")
     branch = config.get("nvidia_driver_branch")
     if not branch:
         return  # the distro's default: checked with the host's distro (check_driver_branch)
