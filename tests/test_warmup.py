@@ -123,3 +123,26 @@ def test_the_health_gate_fails_a_ready_model_that_cannot_serve_with_tritons_answ
     assert "illegal memory access" in report.text()
     # without the warm gate the same server passes: what this gate adds
     assert health.gate(data.get, "127.0.0.1", MODELS + ["fails_at_inference"]).ok
+
+
+def test_the_first_inference_times_go_into_the_hosts_history():
+    """The healthy deployment's record carries what the gate measured (pyinfra's @fake host)."""
+    from fakehost import run_fake
+    from pyinfra.api import deploy
+
+    from tritonfleet import health
+    from tritonfleet.steps.triton import _append_record
+
+    @deploy("record")
+    def record():
+        _append_record("/opt/triton", "0123456789abcdef", "u" * 16, "nvcr.io/nvidia/tritonserver:24.08-py3", "deploy")
+
+    health.WARM_LATENCY["@fake/gpu1"] = {"resnet50_onnx": 41.5}
+    try:
+        _, cmds, state = run_fake(record, {}, {})
+    finally:
+        health.WARM_LATENCY.pop("@fake/gpu1", None)
+    line = next(c for c in cmds if "history.jsonl" in c and "printf" in c)
+    assert '"first_inference_ms": {"resnet50_onnx": 41.5}' in line and not state.failed_hosts
+    _, cmds, _ = run_fake(record, {}, {})  # no gate measured: no field
+    assert "first_inference_ms" not in next(c for c in cmds if "history.jsonl" in c and "printf" in c)

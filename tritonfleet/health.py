@@ -535,9 +535,14 @@ def failure_of(res: HealthResult, host_name: str, models: list[str], watch: Unit
                    cause=f"{cause}, after {res.seconds:.0f}s")
 
 
-def warm_check(repo: str, models: list[str], timeout: float, say):
+# host name -> {model: milliseconds} of the first inferences its gate sent in this run (the deploy
+# records them with the healthy deployment in the host's history)
+WARM_LATENCY: dict[str, dict[str, float]] = {}
+
+
+def warm_check(repo: str, models: list[str], timeout: float, say, keep=None):
     """The warm inference gate as gate()'s ``warm``: one inference per model (tritonfleet.warmup);
-    a Verdict with Triton's answer when one fails."""
+    a Verdict with Triton's answer when one fails. ``keep(latencies)`` when all passed."""
     from pathlib import Path
 
     from .warmup import warm
@@ -548,6 +553,8 @@ def warm_check(repo: str, models: list[str], timeout: float, say):
             done = ", ".join(f"{m} {ms:.0f} ms" for m, ms in res.latency_ms.items())
             skipped = "; ".join(f"{m} not warmed: {why}" for m, why in res.skipped.items())
             say(f"first inference: {done or 'none'}" + (f" ({skipped})" if skipped else ""))
+            if keep is not None:
+                keep(dict(res.latency_ms))
             return None
         cause = f"model {res.model} is ready but {res.cause}"
         return Verdict(cause, [res.answer], short=f"{cause}: {res.answer[:160]}")
@@ -579,7 +586,8 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
     warm = None
     if repo and config.get("health_warm_inference"):
         warm = warm_check(repo, models, max(float(config.get("health_request_timeout")), 30.0),
-                          lambda text: logger.info(f"{host.name}: {text}"))
+                          lambda text: logger.info(f"{host.name}: {text}"),
+                          lambda ms: WARM_LATENCY.__setitem__(host.name, ms))
     try:
         res = gate(config.get, host.data.get("ssh_hostname") or host.name, models, transport, timeout, watch, warm)
     except config.ConfigError as e:

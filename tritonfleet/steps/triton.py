@@ -9,7 +9,8 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
+from pyinfra.context import state
 from pyinfra.operations import server, systemd
 
 from .. import TEMPLATES, __version__, apikey, config, models
@@ -393,8 +394,18 @@ def _append_record(base: str, release: str, unit: str, image: str, action: str) 
         return
     record = {"time": "@TIME@", "action": action, "release": release, "image": image, "image_id": "@IMAGE_ID@",
               "unit": unit, "by": _operator(), "tritonfleet": __version__}
-    server.shell(name=f"record healthy deployment (release {release}, {image})",
-                 commands=[record_command(base, unit, image, record)])
+    record_healthy(name=f"record healthy deployment (release {release}, {image})", base=base, unit=unit,
+                   image=image, record=record)
+
+
+@operation(is_idempotent=False)
+def record_healthy(base: str, unit: str, image: str, record: dict):
+    """Append ``record`` to the host's history; when it runs, with the times of the first
+    inferences the health gate just sent (``first_inference_ms``, tritonfleet.warmup)."""
+    from ..health import WARM_LATENCY
+
+    warm = WARM_LATENCY.get(host.name) if state.is_executing else None
+    yield record_command(base, unit, image, {**record, **({"first_inference_ms": warm} if warm else {})})
 
 
 RECORD_SCRIPT = """\
