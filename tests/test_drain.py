@@ -252,3 +252,19 @@ def test_a_drain_that_fails_stops_the_host_before_triton_is_touched(tmp_path):
     assert state.failed_hosts
     assert not any("systemctl restart triton" in str(c) for c in cmds)
 
+
+
+def test_a_drain_that_does_not_go_idle_puts_the_host_back_untouched(tmp_path, monkeypatch):
+    """Hooks: the drain ran, the host never went idle within lb_drain_timeout: the ready command
+    runs (Triton is not restarted, the host goes back in), and the host fails."""
+    from tritonfleet.steps.triton import triton_service
+
+    log = tmp_path / "hooks.log"
+    monkeypatch.setattr(drain.Hooks, "in_flight", lambda self, clock=None: 3)
+    _, cmds, state = run_fake(triton_service, _service_responses(True),
+                              {"lb": "hooks", "lb_drain_command": f"echo drain >> {log}",
+                               "lb_ready_command": f"echo ready >> {log}", "lb_drain_timeout": 0.5,
+                               "triton_stop_timeout": 40})
+    assert state.failed_hosts
+    assert log.read_text().splitlines() == ["drain", "ready"]
+    assert not any("systemctl restart triton" in str(c) for c in cmds)

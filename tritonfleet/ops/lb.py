@@ -62,15 +62,17 @@ def drain_now(why: str) -> None:
     if lb is None:
         return
     timeout = float(config.get("lb_drain_timeout"))
+    drained = False
     try:
         did = lb.drain()
+        drained = True
         logger.info(f"{host.print_prefix}{did} ({why})")
         waited = lb.wait_idle(timeout)
         logger.info(f"{host.print_prefix}no request in flight ({lb.describe()}) after {waited:.1f}s")
     except drain.DrainError as e:
         back = ""
-        try:
-            back = lb.ready() if lb.kind == "haproxy" else ""
+        try:  # Triton is not touched: the host goes back in (HAProxy: only what this drain set)
+            back = lb.ready() if (lb.kind == "haproxy" or drained) else ""
         except drain.DrainError as e2:
             back = f"putting it back failed too: {e2}"
         fail(f"{host.name} out of the load balancer ({lb.describe()}) and idle within lb_drain_timeout "
