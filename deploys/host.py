@@ -1,6 +1,7 @@
 # Only the host layer: driver, Docker, Container Toolkit, GPU verification.
 from tritonfleet import pyinfra_patches
 from tritonfleet.preflight import host_layer as preflight
+from tritonfleet.steps.guard import gpu_guard
 from tritonfleet.steps.host_prep import container_toolkit, docker_engine, nvidia_driver
 from tritonfleet.steps.verify import verify_gpus
 
@@ -10,3 +11,4 @@ nvidia_driver()        # driver from the CUDA repo, held; reboot if needed
 docker_engine()        # Docker Engine
 container_toolkit()    # NVIDIA Container Toolkit, nvidia runtime registered
 verify_gpus()          # nvidia-smi on the host and in `docker run --gpus all`
+gpu_guard()            # a running Triton container still sees the GPUs after a daemon-reload

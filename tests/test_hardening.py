@@ -66,7 +66,7 @@ def test_container_command_reads_the_key_from_stdin(tmp_path):
     out = subprocess.run(cmd, input=KEY + "\n", capture_output=True, text=True, check=True).stdout.splitlines()
     apis = ",".join(defaults()["triton_restricted_apis"])
     assert out == ["--model-repository=/opt/triton/model_repository", "--strict-model-config=true",
-                   "--model-control-mode=explicit", "--load-model=*",
+                   "--model-control-mode=explicit", "--load-model=*", "--exit-timeout-secs=30",
                    f"--http-restricted-api={apis}:tritonfleet-api-key={KEY}",
                    f"--grpc-restricted-protocol={apis}:tritonfleet-api-key={KEY}"]
     # a key file without its newline works too; an empty one stops the container

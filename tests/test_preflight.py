@@ -238,3 +238,22 @@ def test_preflight_names_the_cuda_image_it_will_pull(caplog):
     with caplog.at_level(logging.INFO, logger="pyinfra"):  # already on the host: nothing to pull
         assert preflight_fake({**KEYS, "docker image inspect": "sha256:" + "b" * 64})[0] is None
     assert "will pull" not in caplog.text
+
+
+def test_compute_capability_per_triton_release(monkeypatch):
+    """Triton's release notes ("GPU Requirements"): 6.0 and later through 24.x, 7.5 and later from
+    25.03: a T4 (7.5) is at the floor, a Pascal class would be refused, naming both sides."""
+    from tritonfleet import gpucheck
+
+    assert gpucheck.triton_min_compute_capability("nvcr.io/nvidia/tritonserver:24.08-py3") == "6.0"
+    assert gpucheck.triton_min_compute_capability("nvcr.io/nvidia/tritonserver:25.02-py3") == "6.0"
+    assert gpucheck.triton_min_compute_capability("nvcr.io/nvidia/tritonserver:25.03-py3") == "7.5"
+    assert gpucheck.triton_min_compute_capability("nvcr.io/nvidia/tritonserver:25.08-py3@sha256:" + "a" * 64) == "7.5"
+    assert gpucheck.triton_min_compute_capability("my/image:latest") is None
+    for cls in ("T4", "L4"):
+        assert gpucheck.compute_capability_problem(cls, "nvcr.io/nvidia/tritonserver:25.03-py3") is None
+    monkeypatch.setitem(gpucheck.GPU_CLASSES, "P4", {"names": ["Tesla P4"], "compute_capability": "6.1"})
+    assert gpucheck.compute_capability_problem("p4", "nvcr.io/nvidia/tritonserver:24.08-py3") is None
+    problem = gpucheck.compute_capability_problem("p4", "nvcr.io/nvidia/tritonserver:25.03-py3")
+    assert problem == ("nvcr.io/nvidia/tritonserver:25.03-py3 (Triton 25.03) needs compute capability 7.5 or later, "
+                       "but GPU class P4 (Tesla P4) is 6.1")

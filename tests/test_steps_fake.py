@@ -18,7 +18,10 @@ from tritonfleet.steps.host_prep import (
 )
 
 FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
-BASE = {"uname -m": "x86_64", "uname -r": "6.1.0-28-amd64",
+BASE = {  # before a reboot: the kernel that will boot has the NVIDIA module (tritonfleet.kernel; first:
+        # its command also runs uname -r)
+        'echo "running=$r"': ["running=6.1.0-28-amd64", "boot=6.1.0-28-amd64", "module=yes"],
+        "uname -m": "x86_64", "uname -r": "6.1.0-28-amd64",
         "nvidia-smi -q": "    Persistence Mode                      : Enabled"}
 DATA = {"cuda_distro": "debian12"}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tritonfleet.drain import stop_timeouts
 from tritonfleet.unit import render_unit
 
 BASE = dict(
@@ -14,6 +15,7 @@ BASE = dict(
     model_control_mode="none", extra_args=[], start_timeout=600, base_dir="/opt/triton",
     # the security defaults off (tests/test_hardening.py renders them)
     user="", restricted_apis=[], api_key_file="", key_script="",
+    **stop_timeouts(30),
 )
 
 
@@ -35,7 +37,7 @@ def test_runbook_flags():
         "/usr/bin/docker run --rm --name triton-server --gpus all --shm-size=1g "
         "--ulimit memlock=-1 --ulimit stack=67108864 -p 8000:8000 -p 8001:8001 -p 8002:8002 "
         "-v /opt/triton/model_repository:/models:ro nvcr.io/nvidia/tritonserver:24.08-py3 "
-        "tritonserver --model-repository=/models --strict-model-config=true"
+        "tritonserver --model-repository=/models --strict-model-config=true --exit-timeout-secs=30"
     ).split()
 
 
@@ -64,7 +66,7 @@ def test_binds_ports_mode_and_extra_args():
     }))
     assert "-p 127.0.0.1:8000:8000" in cmd and "-p 10.0.0.5:8002:8002" in cmd
     assert "-p 9001:8001" in cmd
-    assert cmd.endswith("--model-control-mode=explicit --load-model=* --log-verbose=1")
+    assert cmd.endswith("--model-control-mode=explicit --load-model=* --exit-timeout-secs=30 --log-verbose=1")
     assert "--strict-model-config" not in cmd
 
 
@@ -77,3 +79,16 @@ def test_explicit_mode_mounts_the_release_tree_so_a_link_switch_is_seen():
     assert "--model-control-mode=explicit --load-model=*" in cmd
     # the default (none) keeps the runbook's /models mount
     assert "-v /opt/triton/model_repository:/models:ro" in exec_start(render_unit(BASE))
+
+
+@pytest.mark.parametrize("seconds", [0, 5, 30, 600])
+def test_stop_timeouts_come_from_one_tunable_and_nest(seconds):
+    """Triton's own wait for requests in flight < Docker's stop timeout < systemd's: neither kills
+    Triton while it still finishes requests."""
+    unit = render_unit({**BASE, **stop_timeouts(seconds)})
+    cmd = exec_start(unit)
+    assert f"--exit-timeout-secs={seconds}" in cmd.split()
+    docker = int(next(ln for ln in unit.splitlines() if ln.startswith("ExecStop=")).split("-t ")[1].split()[0])
+    systemd = int(next(ln for ln in unit.splitlines() if ln.startswith("TimeoutStopSec=")).split("=")[1])
+    assert seconds < docker < systemd
+    assert docker - seconds >= 10 and systemd - docker >= 10

@@ -652,3 +652,156 @@ def test_hook_without_gpu_request_or_without_gpu(extracted, tmp_path):
     p = hook(extracted, nogpu, b, "prestart")
     assert p.returncode == 1 and "driver not loaded" in p.stderr
     assert not (rootfs / "usr/bin/nvidia-smi").exists()
+
+
+# ---------------------------------------------------------------- GPU loss at daemon-reload
+
+def test_nvidia_ctk_creates_the_dev_char_symlinks_like_the_real_one(extracted, tmp_path):
+    host = host_root(tmp_path, "T4")
+    char = tmp_path / "char"
+    env = {"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(host)}
+    script = extracted["nvidia-container-toolkit-base_1.17.8-1_amd64"] / "usr/bin/nvidia-ctk"
+
+    def run(*args, root=host):
+        return subprocess.run(["python3", str(script), "system", "create-dev-char-symlinks", *args],
+                              capture_output=True, text=True, env={**env, "NVIDIA_STANDIN_ROOT": str(root)})
+
+    p = run("--create-all", "--dev-char-path", str(char))
+    assert p.returncode == 0, p.stderr
+    links = {q.name: os.readlink(q) for q in char.iterdir()}
+    assert links == {"195:254": "/dev/nvidia-modeset", "195:255": "/dev/nvidiactl", "509:0": "/dev/nvidia-uvm",
+                     "509:1": "/dev/nvidia-uvm-tools", "195:0": "/dev/nvidia0"}
+    msgs = [ln.split('msg="', 1)[1].rstrip('"') for ln in p.stderr.splitlines()]
+    assert msgs[1] == f"Creating link {char}/195:255 => /dev/nvidiactl"
+    again = run("--create-all", "--dev-char-path", str(char))  # as the real one: warns, exits 0
+    assert again.returncode == 0
+    assert f"Could not create symlink: symlink /dev/nvidiactl {char}/195:255: file exists" in again.stderr
+    assert "level=warning" in again.stderr
+    nogpu = run("--create-all", "--dev-char-path", str(tmp_path / "none"), root=host_root(tmp_path, "none"))
+    assert nogpu.returncode == 0 and "No NVIDIA devices found in /" in nogpu.stderr
+    assert not (tmp_path / "none").exists()
+    both = run("--create-all", "--watch")
+    assert both.returncode == 1 and "create-all and watch are mutually exclusive" in both.stderr
+
+
+def test_daemon_reload_without_the_symlinks_costs_a_running_container_its_gpus(extracted, tmp_path):
+    """The stand-in of NVIDIA's notice (nvidia-docker#1730): the generator (run by systemd at every
+    daemon-reload) takes the GPUs from containers the hook set up unless /dev/char/195:255 exists;
+    a re-created container sees them again."""
+    host = host_root(tmp_path, "L4")
+    (host / "usr/bin").mkdir(parents=True)
+    shutil.copy(extracted[SMI_PACKAGE["535"]] / "usr/bin/nvidia-smi", host / "usr/bin/nvidia-smi")
+    gen = extracted["nvidia-container-toolkit_1.17.8-1_amd64"] / "usr/lib/systemd/system-generators/" \
+                                                                   "nvidia-standin-device-rules"
+    env = {"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(host)}
+
+    def in_container(rootfs):
+        return subprocess.run(["busybox", "sh", str(rootfs / "usr/bin/nvidia-smi"), "-L"], capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(rootfs)})
+
+    b, rootfs = bundle(tmp_path / "a", ["NVIDIA_VISIBLE_DEVICES=all"])
+    assert hook(extracted, host, b, "prestart").returncode == 0
+    assert in_container(rootfs).stdout.startswith("GPU 0: NVIDIA L4 (UUID: ")
+    assert subprocess.run(["busybox", "sh", str(gen), "/run/a", "/run/b", "/run/c"], env=env).returncode == 0
+    lost = in_container(rootfs)
+    assert (lost.returncode, lost.stdout.strip()) == (255, "Failed to initialize NVML: Unknown Error")
+    assert smi(extracted, "535", host, "-L").returncode == 0  # the host itself still sees it
+    # with the symlinks a reload leaves a new container alone
+    (host / "dev/char").mkdir(parents=True)
+    (host / "dev/char/195:255").symlink_to("/dev/nvidiactl")
+    b2, rootfs2 = bundle(tmp_path / "b", ["NVIDIA_VISIBLE_DEVICES=all"])
+    assert hook(extracted, host, b2, "prestart").returncode == 0
+    assert subprocess.run(["busybox", "sh", str(gen)], env=env).returncode == 0
+    assert in_container(rootfs2).returncode == 0
+    # a container that is gone is forgotten
+    records = host / "run/nvidia-standin/gpu-containers"
+    assert [p.name for p in records.iterdir()] == ["abc"]
+    shutil.rmtree(rootfs2)
+    assert subprocess.run(["busybox", "sh", str(gen)], env=env).returncode == 0
+    assert list(records.iterdir()) == []
+
+
+def test_driver_binding_at_boot_runs_the_udev_rule_for_the_nvidia_driver(extracted, tmp_path):
+    """The stand-in of the boot-time uevent: a rule for /bus/pci/drivers/nvidia runs (as the
+    deploy's 71-nvidia-dev-char.rules does on a real host), other rules do not; nothing while
+    nouveau holds the GPU or without one."""
+    from tritonfleet import gpuguard
+
+    bind = extracted[SMI_PACKAGE["535"]] / "usr/lib/nvidia-standin/bind"
+    unit = extracted[SMI_PACKAGE["535"]] / "lib/systemd/system/nvidia-standin-bind.service"
+    assert "ExecStart=/usr/lib/nvidia-standin/bind" in unit.read_text()
+    assert (extracted[SMI_PACKAGE["535"]] / "etc/systemd/system/multi-user.target.wants/nvidia-standin-bind.service"
+            ).is_symlink()
+    host = host_root(tmp_path, "T4")
+    rules = host / "lib/udev/rules.d"
+    rules.mkdir(parents=True)
+    out = tmp_path / "ran"
+    (rules / "71-nvidia-dev-char.rules").write_text(
+        gpuguard.UDEV_RULE.replace("/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all",
+                                   f"/bin/sh -c 'echo bound >> {out}'"))
+    (rules / "50-other.rules").write_text(f'ACTION=="add", SUBSYSTEM=="net", RUN+="/bin/sh -c \'echo net >> {out}\'"\n')
+
+    def run(root):
+        return subprocess.run(["busybox", "sh", str(bind)], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(root)})
+
+    assert run(host).returncode == 0 and out.read_text() == "bound\n"
+    (host / "etc/nvidia-standin/gpu.env").write_text(gpu_profile("T4") + 'NOUVEAU="1"\n')
+    assert run(host).returncode == 0 and out.read_text() == "bound\n"  # nouveau holds it: no bind
+    nogpu = host_root(tmp_path, "none")
+    (nogpu / "lib").mkdir()
+    shutil.copytree(rules, nogpu / "lib/udev/rules.d")
+    assert run(nogpu).returncode == 0 and out.read_text() == "bound\n"
+
+
+# ---------------------------------------------------------------- kernel upgrades and DKMS
+
+def test_newer_kernels_sort_after_the_running_one():
+    from tritonfleet_testbed.standin_repo import newer_kernels
+
+    for running in (KERNEL, "6.1.0-28-amd64", "6.18.44-fc-v1147", "5.15.0-25-generic", "odd"):
+        a, b = newer_kernels(running)
+        order = subprocess.run(["sort", "-V"], input=f"{b}\n{running}\n{a}\n", capture_output=True,
+                               text=True).stdout.split()
+        assert order == [running, a, b]
+
+
+def test_kernel_upgrade_packages(repo, extracted):
+    from tritonfleet_testbed.standin_repo import newer_kernels
+
+    with_headers, without = newer_kernels(KERNEL)
+    d = repo.cuda_dirs["debian12"]
+    for k in (with_headers, without):
+        deb = next(d.glob(f"linux-image-{k}_*_amd64.deb"))
+        x = extracted[deb.stem]
+        assert (x / f"boot/vmlinuz-{k}").is_file() and (x / f"lib/modules/{k}").is_dir()
+        post = subprocess.run(["dpkg-deb", "-I", str(deb), "postinst"], capture_output=True, text=True).stdout
+        assert "/var/run/reboot-required" in post and f"--arg={k}" in post and "/etc/kernel/postinst.d" in post
+    assert list(d.glob(f"linux-headers-{with_headers}_*.deb")) and not list(d.glob(f"linux-headers-{without}_*.deb"))
+    deb = next(d.glob(f"linux-headers-{with_headers}_*.deb"))
+    post = subprocess.run(["dpkg-deb", "-I", str(deb), "postinst"], capture_output=True, text=True).stdout
+    assert "/etc/kernel/header_postinst.d" in post
+
+
+def test_standin_dkms_builds_for_kernels_with_headers(extracted, tmp_path):
+    pkg = extracted[next(k for k in extracted if k.startswith("nvidia-kernel-dkms_580."))]
+    for hook in ("etc/kernel/header_postinst.d/nvidia-standin-dkms", "etc/kernel/postinst.d/nvidia-standin-dkms"):
+        assert os.access(pkg / hook, os.X_OK)
+    root = tmp_path / "root"
+    (root / "lib/modules/6.1.0-28-amd64/build").mkdir(parents=True)
+    (root / "lib/modules/6.1.0-29-amd64").mkdir(parents=True)
+
+    def dkms(*args):
+        return subprocess.run(["busybox", "sh", str(pkg / "usr/lib/nvidia-standin/dkms"), *args], capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(root)})
+
+    p = dkms()  # the package's postinst: every kernel with headers
+    assert p.returncode == 0 and "built and installed for kernel 6.1.0-28-amd64" in p.stdout
+    module = root / "lib/modules/6.1.0-28-amd64/updates/dkms/nvidia.ko"
+    assert module.read_text().startswith("stand-in nvidia kernel module 580.")
+    assert not list((root / "lib/modules/6.1.0-29-amd64").rglob("nvidia.ko*"))
+    p = dkms("6.1.0-29-amd64")  # a kernel without headers: nothing built, said so, not an error
+    assert p.returncode == 0 and "no headers for kernel 6.1.0-29-amd64" in p.stderr
+    (root / "lib/modules/6.1.0-29-amd64/build").mkdir()
+    assert dkms("6.1.0-29-amd64").returncode == 0  # its headers arrive: the hook builds it
+    assert (root / "lib/modules/6.1.0-29-amd64/updates/dkms/nvidia.ko").is_file()

@@ -188,12 +188,40 @@ triton_api_key_file = "/etc/tritonfleet/triton-api-key"
 triton_container_user = "triton-server"
 # Seconds systemd waits for the container to start (image unpack can be slow).
 triton_start_timeout = 600
+# Seconds Triton waits for requests in flight when it stops (--exit-timeout-secs); Docker's stop
+# timeout (docker stop -t) is 10 s more and systemd's TimeoutStopSec 30 s more, so neither kills
+# Triton while it still finishes requests (docs/operations.md).
+triton_stop_timeout = 30
 
 # --- Rollout and rollback -------------------------------------------------------------------
 # Deployment a rollback returns to, per host: {host: {"release": id, "unit": digest}}. Set by
 # `tritonfleet rollout` (what the host served before its batch); empty: the newest recorded
 # healthy deployment that differs from what the host has now.
 rollback_to = {}
+
+# --- Load balancer drain (docs/operations.md) ---------------------------------------------
+# Load balancer in front of the hosts: "haproxy" (its runtime API), "hooks" (lb_drain_command and
+# lb_ready_command) or None (no drain). With one, every restart of Triton is preceded by a drain
+# that waits until no request is in flight, and the host goes back once the health gate passed.
+lb = None
+# HAProxy runtime API addresses, as the control machine reaches them: unix socket paths or
+# "host:port" of `stats socket ... level admin` (several HAProxy instances: all of them).
+lb_haproxy_sockets = []
+# HAProxy backend that holds the hosts' Triton servers.
+lb_haproxy_backend = "triton"
+# The host's server name in that backend; None: the inventory host name.
+lb_haproxy_server = None
+# lb = "hooks": command run on the control machine (sh -c) to take the host out; the environment
+# has TRITONFLEET_HOST, TRITONFLEET_ADDRESS and TRITONFLEET_HTTP_PORT. A non-zero exit fails the
+# host before Triton is touched.
+lb_drain_command = None
+# lb = "hooks": command that puts the host back; runs after every passing health gate of a deploy
+# (so make it idempotent), with the same environment.
+lb_ready_command = None
+# Seconds to wait after the drain until no request is in flight (HAProxy: the server's current
+# sessions; hooks: Triton's queue empty and its request counters still for 2 s), and after ready
+# until HAProxy's health checks report the server up. Past it the host fails, Triton untouched.
+lb_drain_timeout = 120
 
 # --- Health gate --------------------------------------------------------------------------
 # "direct": HTTP to the host's ports; "ssh": through a tunnel over the host's SSH connection.
@@ -204,6 +232,10 @@ health_host = None
 health_timeout = 180
 # Seconds for each health request.
 health_request_timeout = 5
+# After the health gate's endpoints pass, each model answers one real inference (batch 1, inputs
+# built from its config.pbtxt, output shapes checked): a model that is ready but fails it fails the
+# host with Triton's answer (docs/operations.md). False: endpoints only.
+health_warm_inference = True
 # A plain deploy whose health gate fails a host that served before puts that host back on its
 # last healthy deployment at once (the steps of deploys/rollback.py) and says so in the report; off:
 # the report prints the rollback command. tritonfleet rollout always rolls a failed host back itself.

@@ -32,6 +32,40 @@ TRITON_DRIVER_REQUIREMENTS = {
               "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
 }
 
+# Triton container release -> the lowest CUDA compute capability it supports, from the release notes'
+# "GPU Requirements" (docs.nvidia.com/deeplearning/triton-inference-server/release-notes/): every
+# release from 19.02 through 24.x says "supports CUDA compute capability 6.0 and later" (e.g. 24.03,
+# 24.04: "... 6.0 and later. This corresponds to GPUs in the NVIDIA Pascal, NVIDIA Volta, NVIDIA
+# Turing, ..."); from 25.03 on Triton needs 7.5 (Turing) or later (not confirmed from the 25.03 notes
+# themselves here: see docs/operations.md). Each entry holds from its release until the next entry.
+TRITON_MIN_COMPUTE_CAPABILITY = (("19.02", "6.0"), ("25.03", "7.5"))
+
+
+def triton_min_compute_capability(image_or_tag: str) -> str | None:
+    """The lowest compute capability the Triton release of ``image_or_tag`` supports (None: not a
+    Triton release tag)."""
+    rel = triton_release(image_or_tag)
+    if rel is None:
+        return None
+    out = None
+    for since, cc in TRITON_MIN_COMPUTE_CAPABILITY:
+        if _vtuple(rel) >= _vtuple(since):
+            out = cc
+    return out
+
+
+def compute_capability_problem(gpu_class: str, image: str) -> str | None:
+    """Why GPUs of ``gpu_class`` cannot run the Triton release of ``image`` (None: they can)."""
+    need = triton_min_compute_capability(image)
+    spec = GPU_CLASSES.get(str(gpu_class or "").upper())
+    if not need or not spec:
+        return None
+    have = spec["compute_capability"]
+    if _vtuple(have) >= _vtuple(need):
+        return None
+    return (f"{image} (Triton {triton_release(image)}) needs compute capability {need} or later, but GPU class "
+            f"{str(gpu_class).upper()} ({' or '.join(spec['names'])}) is {have}")
+
 
 def _vtuple(v) -> tuple[int, ...]:
     parts = re.findall(r"\d+", str(v))

@@ -459,10 +459,11 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
 
 
 def gate(get, address: str, models: list[str], transport=None, timeout: float | None = None,
-         watch=None) -> HealthResult:
+         watch=None, warm=None) -> HealthResult:
     """Wait until the host whose tunables ``get`` reads is healthy (or ``timeout`` passes, or
     ``watch`` finds a definitive cause). ``address``: its SSH address; ``transport``: its open
-    paramiko transport (health_via ssh)."""
+    paramiko transport (health_via ssh). ``warm(http_url)``: run once healthy (the warm inference
+    gate, tritonfleet.warmup); a Verdict it returns fails the gate."""
     from . import config
     from .connection import dead_after
 
@@ -486,8 +487,14 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
     else:
         raise config.ConfigError(f"health_via must be 'direct' or 'ssh', not {via!r}")
     try:
-        return wait_healthy(http_url, metrics_url, models, get("health_timeout") if timeout is None else timeout,
-                            get("health_request_timeout"), watch=watch)
+        res = wait_healthy(http_url, metrics_url, models, get("health_timeout") if timeout is None else timeout,
+                           get("health_request_timeout"), watch=watch)
+        if res.ok and warm is not None:
+            verdict = warm(http_url)
+            if verdict is not None:
+                res.ok, res.verdict = False, verdict
+                res.checks.append(Check(f"{http_url}/v2/models/.../infer", False, verdict.short))
+        return res
     finally:
         for t in tunnels:
             t.close()
@@ -528,10 +535,39 @@ def failure_of(res: HealthResult, host_name: str, models: list[str], watch: Unit
                    cause=f"{cause}, after {res.seconds:.0f}s")
 
 
-def gate_current_host(models: list[str], clear_failure: bool = False) -> HealthResult:
+# host name -> {model: milliseconds} of the first inferences its gate sent in this run (the deploy
+# records them with the healthy deployment in the host's history)
+WARM_LATENCY: dict[str, dict[str, float]] = {}
+
+
+def warm_check(repo: str, models: list[str], timeout: float, say, keep=None):
+    """The warm inference gate as gate()'s ``warm``: one inference per model (tritonfleet.warmup);
+    a Verdict with Triton's answer when one fails. ``keep(latencies)`` when all passed."""
+    from pathlib import Path
+
+    from .warmup import warm
+
+    def run(http_url: str) -> Verdict | None:
+        res = warm(http_url, Path(repo), models, timeout)
+        if res.ok:
+            done = ", ".join(f"{m} {ms:.0f} ms" for m, ms in res.latency_ms.items())
+            skipped = "; ".join(f"{m} not warmed: {why}" for m, why in res.skipped.items())
+            say(f"first inference: {done or 'none'}" + (f" ({skipped})" if skipped else ""))
+            if keep is not None:
+                keep(dict(res.latency_ms))
+            return None
+        cause = f"model {res.model} is ready but {res.cause}"
+        return Verdict(cause, [res.answer], short=f"{cause}: {res.answer[:160]}")
+
+    return run
+
+
+def gate_current_host(models: list[str], clear_failure: bool = False, repo: str | None = None) -> HealthResult:
     """pyinfra callback: health-gate the host being deployed; fail it with the report. Once
     healthy, ``clear_failure`` removes the report an earlier failed run left on the host (for
-    `tritonfleet status`): part of the check, so a healthy re-run still changes nothing."""
+    `tritonfleet status`): part of the check, so a healthy re-run still changes nothing. With
+    ``repo`` (the rendered repository the deploy sent) and health_warm_inference, each model then
+    answers one real inference (tritonfleet.warmup)."""
     from pyinfra import host, logger
 
     from . import config
@@ -547,8 +583,13 @@ def gate_current_host(models: list[str], clear_failure: bool = False) -> HealthR
 
     watch = unit_watch(config.get, run)
     timeout = float(config.get("health_timeout"))
+    warm = None
+    if repo and config.get("health_warm_inference"):
+        warm = warm_check(repo, models, max(float(config.get("health_request_timeout")), 30.0),
+                          lambda text: logger.info(f"{host.name}: {text}"),
+                          lambda ms: WARM_LATENCY.__setitem__(host.name, ms))
     try:
-        res = gate(config.get, host.data.get("ssh_hostname") or host.name, models, transport, timeout, watch)
+        res = gate(config.get, host.data.get("ssh_hostname") or host.name, models, transport, timeout, watch, warm)
     except config.ConfigError as e:
         raise config.ConfigError(f"{host.name}: {e}") from e
     if not res.ok:

@@ -14,7 +14,7 @@ import re
 from pyinfra import host
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 
-from . import config, vendorfacts
+from . import config, gpuguard, vendorfacts
 from .facts import memo
 from .facts.host import (
     AptSources,
@@ -84,7 +84,8 @@ def toolkit_facts() -> list[tuple]:
     return [(Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
             (FileState, {"path": source_path("nvidia-container-toolkit")}),
             (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
-            (Command, {"command": HOOK_COMMAND})]
+            (Command, {"command": HOOK_COMMAND}), (FileState, {"path": gpuguard.UDEV_RULE_PATH}),
+            (Command, {"command": gpuguard.DEVCHAR_COMMAND})]
 
 
 def host_layer_facts() -> list[tuple]:

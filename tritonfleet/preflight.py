@@ -23,7 +23,7 @@ from . import config, keys, vendor_repos, vendorfacts
 from .facts import memo
 from .facts.gpu import STATUS_NO_GPU, STATUS_OK, NvidiaGpus
 from .facts.host import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
-from .gpucheck import GPU_CLASSES, driver_supported
+from .gpucheck import GPU_CLASSES, compute_capability_problem, driver_supported
 from .host_layer import (
     DAEMON_JSON_HELP,
     driver_branch,
@@ -110,6 +110,10 @@ def check_gpu_class_and_driver() -> None:
         raise PreflightError(f"{host.name}: unknown gpu_class {gpu_class!r}; known: {', '.join(GPU_CLASSES)} "
                              f"(put the host in one of the groups {groups} of the inventory, or add the class "
                              "to tritonfleet/gpucheck.py GPU_CLASSES with a group_data file)")
+    problem = compute_capability_problem(gpu_class, config.get("triton_image"))
+    if problem:
+        raise PreflightError(f"{host.name}: {problem}: pick a triton_image of an earlier release for this class "
+                             f"({GROUP_DATA}/{str(gpu_class).lower()}.py) or move these hosts to other GPUs")
     branch = config.get("nvidia_driver_branch")
     if not branch:
         return  # the distro's default: checked with the host's distro (check_driver_branch)

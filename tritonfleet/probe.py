@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import apikey, fleet
+from . import apikey, fleet, kernel
 from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .models import host_repository
@@ -18,7 +18,7 @@ from .shell import q
 from .unit import render_unit, unit_context, unit_digest
 
 SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last",
-            "failure")
+            "failure", "kernel")
 
 
 def command(get) -> str:
@@ -44,6 +44,8 @@ def command(get) -> str:
         "models": apikey.curl(get("triton_api_key_file") or "/nonexistent", f"-s -m 5 -X POST {q(url)}"),
         "last": f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
         "failure": f"cat {HOST_RECORD} 2>/dev/null",
+        # a pending reboot, the kernel it boots and whether that kernel has the NVIDIA module
+        "kernel": f"( {kernel.status_command()} )",
     }
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"
 
@@ -81,6 +83,8 @@ class HostStatus:
     models_not_ready: list[str] = field(default_factory=list)
     last_deploy: dict | None = None
     last_failure: dict | None = None  # the report of a failure newer than the last healthy deployment
+    kernel: dict | None = None  # tritonfleet.kernel.KernelState: running/boot kernel, module, pending reboot
+    reboot: str = "-"           # the pending reboot and its kernel's module, for the table
     drift: list[str] = field(default_factory=list)
 
     @property
@@ -133,6 +137,9 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     except ValueError:
         st.last_deploy = None
     st.last_failure = current_failure(sections["failure"], st.last_deploy)
+    if sections["kernel"]:
+        ks = kernel.parse(sections["kernel"])
+        st.kernel, st.reboot = asdict(ks), ks.summary()
     return st
 
 
@@ -193,6 +200,10 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     tk = want.get("toolkit")
     if tk and st.toolkit != tk:
         out.append(f"toolkit {st.toolkit or 'none'} (want {tk})")
+    k = st.kernel or {}
+    if k.get("boot") and k.get("module") == "no" and (k.get("reboot_required") or k.get("boot") != k.get("running")):
+        out.append(f"{'pending reboot' if k.get('reboot_required') else 'next boot'} into kernel {k['boot']}, which "
+                   "has no NVIDIA module (the host would come back without its GPU)")
     names = GPU_CLASSES.get(st.gpu_class or "", {}).get("names", [])
     wrong = [g for g in st.gpus if g not in names]
     if names and wrong:

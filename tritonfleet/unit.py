@@ -40,7 +40,19 @@ def unit_context(get=None) -> dict:
         "restricted_apis": apis,
         "api_key_file": get("triton_api_key_file") if apis else "",
         "key_script": apikey.unit_script(apis) if apis else "",
+        **stop_context(get),
     }
+
+
+def stop_context(get) -> dict:
+    """Triton's --exit-timeout-secs, docker stop -t and TimeoutStopSec, from triton_stop_timeout."""
+    from .drain import stop_timeouts
+
+    try:
+        return stop_timeouts(get("triton_stop_timeout"))
+    except (TypeError, ValueError) as e:
+        raise config.ConfigError(f"triton_stop_timeout must be a whole number of seconds >= 0, not "
+                                 f"{get('triton_stop_timeout')!r} (group data)") from e
 
 
 def restricted_apis(get=None) -> list[str]:

@@ -361,13 +361,29 @@ def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12")
             kw: dict = {"description": f"NVIDIA driver {upstream}: {name}\nTestbed stand-in (package set of "
                                        f"NVIDIA's {distro} repository)."}
             if name == roles["smi"]:
-                kw.update(depends=f"{roles['nvml']} (= {v})", files=[("/usr/bin/nvidia-smi", smi, 0o755)],
+                # with the driver's boot-time binding: udev's rules for it run at every boot
+                kw.update(depends=f"{roles['nvml']} (= {v})", files=[
+                    ("/usr/bin/nvidia-smi", smi, 0o755),
+                    ("/usr/lib/nvidia-standin/bind", (STANDIN / "nvidia-standin-bind.sh").read_text(), 0o755),
+                    ("/lib/systemd/system/nvidia-standin-bind.service",
+                     (STANDIN / "nvidia-standin-bind.service").read_text(), 0o644)],
+                          symlinks=[("/etc/systemd/system/multi-user.target.wants/nvidia-standin-bind.service",
+                                     "/lib/systemd/system/nvidia-standin-bind.service")],
                           description=f"NVIDIA System Management Interface {upstream}\nTestbed stand-in nvidia-smi "
                                       f"(driver {upstream}, CUDA {cuda}); the GPU it\nreports is "
                                       "/etc/nvidia-standin/gpu.env.")
             elif name == roles["dkms"]:
+                # DKMS's behaviour for this module: built for every kernel with headers at install,
+                # and for each kernel (or its headers) installed later (Debian's dkms hooks)
+                dkms = _template("nvidia-standin-dkms.sh", DRIVER_VERSION=upstream)
                 kw["files"] = [(f"/usr/src/nvidia-{upstream}/dkms.conf.testbed",
-                                f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{upstream}"\n', 0o644)]
+                                f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{upstream}"\n', 0o644),
+                               ("/usr/lib/nvidia-standin/dkms", dkms, 0o755),
+                               ("/etc/kernel/header_postinst.d/nvidia-standin-dkms",
+                                "#!/bin/sh\nexec /usr/lib/nvidia-standin/dkms \"$1\"\n", 0o755),
+                               ("/etc/kernel/postinst.d/nvidia-standin-dkms",
+                                "#!/bin/sh\nexec /usr/lib/nvidia-standin/dkms \"$1\"\n", 0o755)]
+                kw["postinst"] = "/usr/lib/nvidia-standin/dkms"
             elif name == roles["persistenced"]:
                 kw.update(files=[("/usr/bin/nvidia-persistenced", persistenced, 0o755),
                                  ("/lib/systemd/system/nvidia-persistenced.service", persistenced_unit, 0o644)],
@@ -411,6 +427,47 @@ def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12")
                               f"# Linux {kernel_release} (testbed stand-in headers)\n", 0o644)],
                       symlinks=[(f"/lib/modules/{kernel_release}/build",
                                  f"/usr/src/linux-headers-{kernel_release}")]))
+    built += _newer_kernel_packages(out_dir, kernel_release)
+    return built
+
+
+def newer_kernels(kernel_release: str) -> tuple[str, str]:
+    """Two kernel releases newer than the test machine's (version order, as GRUB and `sort -V` see
+    them): the first with a headers package in the stand-in repository, the second without."""
+    m = re.match(r"^(\d+)\.(\d+)\.(\d+)(.*)$", kernel_release)
+    if not m:
+        return f"{kernel_release}.1", f"{kernel_release}.2"
+    a, b, c, rest = m.group(1), m.group(2), int(m.group(3)), m.group(4)
+    return f"{a}.{b}.{c + 1}{rest}", f"{a}.{b}.{c + 2}{rest}"
+
+
+def _newer_kernel_packages(out_dir: Path, kernel_release: str) -> list[dict]:
+    """A kernel upgrade as the distro ships it: linux-image-<k> puts the kernel in /boot, runs the
+    /etc/kernel/postinst.d hooks (DKMS builds there when the headers are already installed) and asks
+    for a reboot (/var/run/reboot-required, the package in reboot-required.pkgs: Ubuntu's
+    update-notifier does this for kernel packages); linux-headers-<k> runs the
+    /etc/kernel/header_postinst.d hooks (DKMS builds there). The second kernel has no headers
+    package: DKMS cannot build for it."""
+    with_headers, without = newer_kernels(kernel_release)
+    built = []
+    for k in (with_headers, without):
+        kver = re.sub(r"[^A-Za-z0-9.+~-]", "", k) or "1"
+        built.append(_deb(out_dir, f"linux-image-{k}", kver if kver[0].isdigit() else "1", section="kernel",
+                          description=f"Linux {k} for 64-bit PCs\nTestbed stand-in: a kernel upgrade (a file in "
+                                      "/boot, a modules directory).",
+                          files=[(f"/boot/vmlinuz-{k}", f"stand-in kernel image {k}\n", 0o644),
+                                 (f"/lib/modules/{k}/modules.order", "", 0o644)],
+                          postinst=(f"run-parts --report --arg={k} --arg=/boot/vmlinuz-{k} /etc/kernel/postinst.d "
+                                    "|| true\n"
+                                    "echo '*** System restart required ***' > /var/run/reboot-required\n"
+                                    f"echo linux-image-{k} >> /var/run/reboot-required.pkgs")))
+    built.append(_deb(out_dir, f"linux-headers-{with_headers}", re.sub(r"[^A-Za-z0-9.+~-]", "", with_headers),
+                      section="kernel",
+                      description=f"Header files for Linux {with_headers}\nTestbed stand-in.",
+                      files=[(f"/usr/src/linux-headers-{with_headers}/Makefile",
+                              f"# Linux {with_headers} (testbed stand-in headers)\n", 0o644)],
+                      symlinks=[(f"/lib/modules/{with_headers}/build", f"/usr/src/linux-headers-{with_headers}")],
+                      postinst=f"run-parts --report --arg={with_headers} /etc/kernel/header_postinst.d || true"))
     return built
 
 
@@ -440,7 +497,10 @@ def _toolkit_packages(out_dir: Path) -> list[dict]:
              depends=(f"nvidia-container-toolkit-base (= {v}), libnvidia-container-tools (>= {v}), "
                       "libnvidia-container-tools (<< 2.0.0), python3"),
              description="NVIDIA Container toolkit\nTestbed stand-in nvidia-container-runtime-hook (OCI prestart hook).",
-             files=[("/usr/bin/nvidia-container-runtime-hook", hook, 0o755)]),
+             files=[("/usr/bin/nvidia-container-runtime-hook", hook, 0o755),
+                    # stand-in of systemd re-applying device rules at daemon-reload (GPU loss)
+                    ("/usr/lib/systemd/system-generators/nvidia-standin-device-rules",
+                     (STANDIN / "nvidia-standin-device-rules.sh").read_text(), 0o755)]),
     ]
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 
 from pyinfra import host
-from pyinfra.operations import server
+from pyinfra.api import operation
+from pyinfra.context import state
 
 from .. import __version__
 from ..facts import memo
@@ -49,8 +50,18 @@ def append_record(base: str, release: str, unit: str, image: str, action: str) -
         return
     record = {"time": "@TIME@", "action": action, "release": release, "image": image, "image_id": "@IMAGE_ID@",
               "unit": unit, "by": _operator(), "tritonfleet": __version__}
-    server.shell(name=f"record healthy deployment (release {release}, {image})",
-                 commands=[record_command(base, unit, image, record)])
+    record_healthy(name=f"record healthy deployment (release {release}, {image})", base=base, unit=unit,
+                   image=image, record=record)
+
+
+@operation(is_idempotent=False)
+def record_healthy(base: str, unit: str, image: str, record: dict):
+    """Append ``record`` to the host's history; when it runs, with the times of the first
+    inferences the health gate just sent (``first_inference_ms``, tritonfleet.warmup)."""
+    from ..health import WARM_LATENCY
+
+    warm = WARM_LATENCY.get(host.name) if state.is_executing else None
+    yield record_command(base, unit, image, {**record, **({"first_inference_ms": warm} if warm else {})})
 
 
 def record_command(base: str, unit: str, image: str, record: dict) -> str:

@@ -15,7 +15,7 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
 
-from .. import failure, hostlock
+from .. import failure, hostlock, kernel
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
@@ -25,10 +25,41 @@ def _boot_id(host) -> str | None:
     return "".join(out.stdout_lines).strip() if ok else None
 
 
+def kernel_ready(state, host, header_packages: list[str], install_template: str) -> bool:
+    """Before the reboot: the kernel that will boot must have the NVIDIA module (built now when it
+    can be: tritonfleet.kernel). False (the host fails, not rebooted) when it cannot."""
+    _, out = host.run_shell_command(kernel.ensure_command(header_packages, install_template), print_output=False,
+                                    print_input=False)
+    st = kernel.parse(out.stdout_lines)
+    if st.module == "built":
+        logger.info(f"{host.print_prefix}NVIDIA module built for {st.boot}, the kernel that will boot "
+                    f"({'; '.join(st.steps)})")
+    if st.has_module:
+        return True
+    found, now, fix = kernel.refusal(st, header_packages)
+    if not st.boot:  # the check itself gave no answer
+        found = "could not tell which kernel will boot: " + (" / ".join(out.stderr_lines[-3:]) or "no answer")
+    failure.emit(host, failure.Failure(
+        host.name, "NVIDIA driver (reboot)", f"an NVIDIA module for the kernel that will boot ({st.boot})", found,
+        words=st.output, source="what was tried (" + ("; ".join(st.steps) or "nothing could be") + ")",
+        now=now, fix=fix, cause=f"reboot refused: kernel {st.boot} has no NVIDIA module"))
+    return False
+
+
 @operation(is_idempotent=False)
-def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600):
-    """Reboot; wait (up to ``reboot_timeout`` seconds) until the host answers with a new boot id."""
+def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600, header_packages: list | None = None,
+           install_template: str | None = None):
+    """Reboot; wait (up to ``reboot_timeout`` seconds) until the host answers with a new boot id.
+    With ``install_template`` (an apt-get install command with ``@WORDS@`` for the packages), the
+    kernel that will boot is checked first (``kernel_ready``): no NVIDIA module, no reboot."""
     before: list[str | None] = []
+
+    if install_template is not None:
+        yield FunctionCommand(kernel_ready, (list(header_packages or []), install_template), {})
+    from . import lb  # a reboot restarts Triton: out of the load balancer first
+
+    if lb.enabled():
+        yield lb.drain_command("reboot for the NVIDIA driver")
 
     def capture(state, host):
         remove_any_sudo_askpass_file(host)

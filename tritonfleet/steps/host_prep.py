@@ -13,7 +13,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
-from .. import config, vendor_repos, vendorfacts
+from .. import config, gpuguard, vendor_repos, vendorfacts
 from ..facts import memo
 from ..facts.host import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
 from ..failure import fail
@@ -42,6 +42,7 @@ from ..host_layer import (
     toolkit_facts,
 )
 from ..ops import aptlock, converged
+from ..ops import gpuguard as guard_ops
 from ..ops.apt_repo import vendor_source
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
@@ -192,8 +193,9 @@ def nvidia_driver():
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
     if kernel_pkgs:
-        converged.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs,
-                           setting="nvidia_kernel_packages")
+        guard_ops.note("kernel headers and DKMS installed",
+                       converged.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs,
+                                          setting="nvidia_kernel_packages"))
 
     nouveau = converged.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
     if will_change(nouveau):
@@ -249,6 +251,7 @@ def nvidia_driver():
     else:
         driver = converged.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
     driver_changes = switching or will_change(driver)
+    guard_ops.note("driver packages installed", driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
             server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
@@ -262,8 +265,8 @@ def nvidia_driver():
                                src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
         persistence_changed = will_change(dropin)
         if persistence_changed:
-            server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
-                         commands=["systemctl daemon-reload"])
+            guard_ops.note("persistenced drop-in", server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
+                                                                commands=["systemctl daemon-reload"]))
 
     # A reboot can only be needed when the driver changes now, or the loaded module already
     # differs from the installed driver; whether it is, is decided on the host after the install
@@ -275,6 +278,10 @@ def nvidia_driver():
         reboot(
             name="reboot if the loaded driver does not match the installed one (or is not loaded)",
             reboot_timeout=config.get("nvidia_reboot_timeout"),
+            # the kernel that will boot must have the NVIDIA module (built now if it can be)
+            header_packages=[p for p in config.get("nvidia_kernel_packages") if "{kernel}" in p],
+            install_template=aptlock.wrap("DEBIAN_FRONTEND=noninteractive apt-get install -y -q @WORDS@")
+            .get_raw_value(),
             _if=_reboot_needed,
         )
     if config.get("nvidia_persistenced"):
@@ -331,6 +338,7 @@ def docker_engine():
     else:
         raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
                                  "(group data, inventories/group_data/all.py)")
+    guard_ops.note("Docker Engine installed", engine)
     converged.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
 
@@ -368,9 +376,10 @@ def container_toolkit():
     )
     converged.put(name=f"pin Container Toolkit packages to {version}",
                   src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
-    converged.packages(name=f"Container Toolkit {version}",
-                       packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True,
-                       setting="container_toolkit_version")
+    toolkit = converged.packages(name=f"Container Toolkit {version}",
+                                 packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True,
+                                 setting="container_toolkit_version")
+    guard_ops.note("Container Toolkit installed", toolkit)
 
     daemon = memo.fact(DockerDaemonJson)
     if daemon is None:
@@ -389,6 +398,13 @@ def container_toolkit():
     if not configured or hook_missing:
         systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
                         running=True, restarted=True)
+    # /dev/char symlinks for the NVIDIA device nodes, now and at every boot (udev): a daemon-reload
+    # then no longer costs running containers their GPUs (tritonfleet.gpuguard)
+    rule = converged.put(name="udev rule: /dev/char symlinks for NVIDIA devices (nvidia-ctk)",
+                         src=StringIO(gpuguard.UDEV_RULE), dest=gpuguard.UDEV_RULE_PATH, mode="644")
+    if will_change(rule) or not memo.fact(Command, command=gpuguard.DEVCHAR_COMMAND):
+        server.shell(name="create the /dev/char symlinks now (nvidia-ctk system create-dev-char-symlinks --create-all)",
+                     commands=[gpuguard.CREATE_COMMAND])
 
 
 def _fail(message: str, expected: str = "a host this step can change safely"):

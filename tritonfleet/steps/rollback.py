@@ -22,6 +22,7 @@ from .. import config
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..failure import fail
 from ..health import gate_current_host
+from ..ops import lb
 from ..ops.check import check
 from ..ops.history import append_record
 from ..release_plan import switch_back_script
@@ -104,10 +105,15 @@ def rollback():
         server.shell(name=f"load the earlier models without a restart ({', '.join(load + unload) or 'none'})",
                      commands=[repository_api_commands(load, unload)])
     elif unit_changes or link_changes:
+        if lb.enabled():
+            lb.drain_host(name=f"drain {host.name} in the load balancer before the restart",
+                          why="rollback to an earlier deployment")
         systemd.service(name=f"restart {service} on the earlier deployment", service=service,
                         restarted=True, running=True)
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
     names = sorted({p.split("/", 1)[0] for p in host.get_fact(ReleaseManifest, base=base, release=rid)})
     check(name="check: health gate after rollback", function=gate_current_host, models=names,
           clear_failure=bool(history.get("failure")))
+    if lb.enabled():
+        check(name="check: back in the load balancer once healthy", function=lb.ready_now)
     append_record(base, rid, digest, image, "rollback")

@@ -24,7 +24,8 @@ from ..facts.host import (
 from ..failure import HostFailure, in_rollout
 from ..health import HealthError, gate_current_host
 from ..models import host_repository
-from ..ops import converged
+from ..ops import converged, lb
+from ..ops import gpuguard as guard_ops
 from ..ops.check import check, check_with_steps, will_change
 from ..ops.history import append_record
 from ..ops.model_release import model_release
@@ -217,8 +218,13 @@ def triton_service(image: list | None = None, models: list | None = None):
         restart = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
     restart = restart or key_new
     if restart:
+        if lb.enabled():  # out of the load balancer, nothing in flight, before Triton stops
+            lb.drain_host(name=f"drain {host.name} in the load balancer before the restart", why=restart)
         systemd.service(name=f"restart {service} ({restart})", service=service, restarted=True)
-    elif explicit and (will_change(models) or behind["models"]):
+    elif guard_ops.pending():  # the host layer reloaded systemd while Triton keeps running
+        guard_ops.guard(name="GPU-loss guard: Triton's container still sees the host's GPUs after daemon-reload",
+                        reasons=guard_ops.pending())
+    if not restart and explicit and (will_change(models) or behind["models"]):
         load, unload = model_changes() if will_change(models) else behind["models"]
         server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
                      commands=[repository_api_commands(load, unload)])
@@ -268,12 +274,12 @@ def failure_recorded() -> bool:
     return bool(memo.fact(DeployHistory, base=config.get("triton_base_dir")).get("failure"))
 
 
-def gate_or_roll_back(models: list[str], clear_failure: bool = False):
+def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str | None = None):
     """The deploy's health gate. With auto_rollback (plain runs; a rollout rolls back itself), a
     host that fails it and served before is put back on its last healthy deployment at once (the
     rollback steps, run as nested operations); the host still fails, and its report says so."""
     try:
-        return gate_current_host(models, clear_failure)
+        return gate_current_host(models, clear_failure, repo)
     except HealthError as e:
         if not config.get("auto_rollback") or in_rollout():
             raise
@@ -303,7 +309,10 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False):
 def health_gate(record: bool = True):
     local, _, _ = host_repository()
     gate_check = check_with_steps if config.get("auto_rollback") else check
-    gate_check(name="check: health gate (live, ready, every model ready, metrics)", function=gate_or_roll_back,
-               models=models.model_names(local), clear_failure=failure_recorded())
+    gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",
+               function=gate_or_roll_back, models=models.model_names(local), clear_failure=failure_recorded(),
+               repo=str(local))
     if record:
+        if lb.enabled():  # healthy: back in the load balancer (a drain of this or a cut run)
+            check(name="check: back in the load balancer once healthy", function=lb.ready_now)
         record_deployment()

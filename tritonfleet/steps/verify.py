@@ -120,6 +120,15 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     return results
 
 
+def min_compute_capability() -> str:
+    """gpu_min_compute_capability, or the Triton release's own minimum when that is higher."""
+    from ..gpucheck import _vtuple, triton_min_compute_capability
+
+    own = str(config.get("gpu_min_compute_capability") or "0")
+    triton = triton_min_compute_capability(config.get("triton_image")) or "0"
+    return own if _vtuple(own) >= _vtuple(triton) else triton
+
+
 def verify_current_host(image: str) -> dict:
     """The check: changes nothing on the host but forgetting a recorded answer that failed; a
     fresh answer that passed is left for ``record_answer`` to write."""
@@ -128,7 +137,7 @@ def verify_current_host(image: str) -> dict:
     rows, errors, meta = [], [], {}
     for where, info, summary in _probe_all(image, meta):
         errs = check_gpus(f"{host.name} ({where})", gpu_class, info.gpus, summary.get("cuda_version"),
-                          config.get("gpu_min_compute_capability"), config.get("gpu_min_cuda_version"))
+                          min_compute_capability(), config.get("gpu_min_cuda_version"))
         if info.status != "ok":
             errs = [f"{host.name} ({where}): nvidia-smi failed ({info.status}): {info.message}"] + errs
         errors += errs
@@ -149,7 +158,7 @@ def verify_current_host(image: str) -> dict:
         raise GpuVerificationError(Failure(
             host.name, "GPU verification",
             f"GPU class {gpu_class} ({' or '.join(GPU_CLASSES.get(gpu_class, {}).get('names', [])) or '?'}), "
-            f"compute capability >= {config.get('gpu_min_compute_capability')}, CUDA >= "
+            f"compute capability >= {min_compute_capability()}, CUDA >= "
             f"{config.get('gpu_min_cuda_version')}, on the host and in `{container_prefix(image).strip()}`",
             "; ".join(found), trim(rows + [ln for ln in cont_q if ln.strip() and "," not in ln][:6]),
             "nvidia-smi (host and container, as the check read it)",

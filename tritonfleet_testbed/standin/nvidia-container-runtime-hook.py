@@ -19,6 +19,7 @@ ROOT = os.environ.get("NVIDIA_STANDIN_ROOT", "")
 HOST_SMI = [ROOT + "/usr/bin/nvidia-smi", ROOT + "/bin/nvidia-smi"]
 GPU_ENV = "/etc/nvidia-standin/gpu.env"
 MODULE_FILE = "/run/nvidia-standin/module-version"
+GPU_CONTAINERS = "/run/nvidia-standin/gpu-containers"
 
 
 def fail(msg: str) -> int:
@@ -92,6 +93,11 @@ def prestart() -> int:
     install(gpu_env, rootfs, GPU_ENV, 0o644)
     if os.path.isfile(ROOT + MODULE_FILE):
         install(ROOT + MODULE_FILE, rootfs, MODULE_FILE, 0o644)
+    # remembered for the stand-in of systemd's device rules (nvidia-standin-device-rules)
+    cid = "".join(c for c in str(state.get("id", "")) if c.isalnum() or c in "-_.") or "unknown"
+    os.makedirs(ROOT + GPU_CONTAINERS, exist_ok=True)
+    with open(os.path.join(ROOT + GPU_CONTAINERS, cid), "w", encoding="utf-8") as f:
+        f.write(rootfs + "\n")
     return 0
 
 

@@ -17,6 +17,15 @@ no_driver() {
 
 [ -r "$GPU_ENV" ] || no_driver
 
+# A container whose device access systemd dropped at a daemon-reload (NVIDIA/nvidia-docker#1730;
+# the in-container output as in NVIDIA/nvidia-container-toolkit#1227): the stand-in generator of
+# the toolkit package leaves this file in such a container's root filesystem. Exit 255: "other
+# error" in nvidia-smi's manual page (RETURN VALUE).
+if [ -e "$ROOT/run/nvidia-standin/devices-lost" ]; then
+    echo "Failed to initialize NVML: Unknown Error"
+    exit 255
+fi
+
 GPU_NAME='' GPU_UUID='' PCI_BUS_ID='' MEMORY_MIB='' COMPUTE_CAP=''
 PERSISTENCE_MODE=Off DISPLAY_ACTIVE=Off ECC_ERRORS=0 FAN=N/A TEMPERATURE_C=40 PERF_STATE=P0
 POWER_DRAW_W=27 POWER_LIMIT_W=72 MEMORY_USED_MIB=0 UTILIZATION_GPU=0 COMPUTE_MODE=Default MIG_MODE=N/A

@@ -1,0 +1,21 @@
+"""The GPU-loss guard as a step of its own, for deploys without the Triton service step
+(deploys/host.py): after a run that reloaded systemd, a running Triton container must still see
+the host's GPUs (tritonfleet.gpuguard). deploys/triton.py runs it inside the Triton service step,
+where it is skipped when Triton restarts anyway."""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+
+from ..ops import gpuguard as guard_ops
+from ..ops import lb
+from ..ops.check import check
+
+
+@deploy("GPU-loss guard")
+def gpu_guard():
+    reasons = guard_ops.pending()
+    if reasons:
+        guard_ops.guard(name="Triton's container still sees the host's GPUs after daemon-reload", reasons=reasons)
+    if lb.enabled() and lb.drains():  # drained for a reboot: no health gate step follows here
+        check(name="check: Triton live and ready again, back in the load balancer", function=lb.gate_and_ready)
