@@ -9,27 +9,22 @@ Leaves the fleet as the `deployed` fixture made it.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from testbed_util import changed_ops, container_started, infer_resnet, pyinfra, ssh, tritonfleet
+from testbed_util import (
+    changed_ops,
+    container_started,
+    infer_resnet,
+    lines_of,
+    pyinfra,
+    ssh,
+    status_of,
+)
 
 from tritonfleet.aptreport import APT_LOG
 
 pytestmark = pytest.mark.testbed
-INV = "inventories/testbed.py"
 MISSING = "1.17.3-1"  # a release of NVIDIA's toolkit that the stand-in repository does not carry
 VERSION = "dpkg-query -W -f '${Version}' nvidia-container-toolkit"
-
-
-def status_of(name: str) -> tuple[int, dict]:
-    res = tritonfleet("status", INV, "--json", "--limit", name)
-    return res.returncode, {r["host"]: r for r in json.loads(res.stdout)}[name]
-
-
-def lines_of(text: str) -> str:
-    """``text`` without the indentation pyinfra's log adds."""
-    return "\n".join(ln.strip() for ln in text.splitlines())
 
 
 def test_a_pinned_version_the_repository_lacks_fails_the_host_with_one_report(deployed):

@@ -9,7 +9,6 @@ Leaves the fleet serving the default model repository, as the shared `deployed` 
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
@@ -23,26 +22,17 @@ from testbed_util import (
     changed_ops,
     env,
     infer_resnet,
+    lines_of,
     live_release,
     pyinfra,
     repository_copy,
-    tritonfleet,
+    status_of,
 )
 
 from tritonfleet import ROOT
 
 pytestmark = pytest.mark.testbed
 INV = "inventories/testbed.py"
-
-
-def status_of(name: str) -> tuple[int, dict]:
-    res = tritonfleet("status", INV, "--json", "--limit", name)
-    return res.returncode, {r["host"]: r for r in json.loads(res.stdout)}[name]
-
-
-def lines_of(text: str) -> str:
-    """``text`` without the indentation pyinfra's log adds."""
-    return "\n".join(ln.strip() for ln in text.splitlines())
 
 
 def test_a_model_failing_at_initialize_plain_and_with_auto_rollback(deployed, tmp_path):

@@ -46,6 +46,17 @@ def tritonfleet(*args: str, timeout: float = 1500) -> subprocess.CompletedProces
                           timeout=timeout)
 
 
+def status_of(name: str) -> tuple[int, dict]:
+    """``tritonfleet status --json`` of one host: its exit status and the host's row."""
+    res = tritonfleet("status", INVENTORY, "--json", "--limit", name)
+    return res.returncode, {r["host"]: r for r in json.loads(res.stdout)}[name]
+
+
+def lines_of(text: str) -> str:
+    """``text`` without the indentation pyinfra's log adds."""
+    return "\n".join(ln.strip() for ln in text.splitlines())
+
+
 def changed_ops(data: dict) -> list[str]:
     """Operations that changed something (the `check:` verifications excluded)."""
     ops = data.get("results", {}).get("operations", [])
