@@ -171,7 +171,8 @@ def _held(d):
 
 def _version(d):
     p, v = d(NAME), d(VERSION)
-    return "version not available", [f"E: Version '{v}' for '{p}' was not found"], [f"{p}={v}"]
+    # p=v alone; with another package at the same version the report says "version v of p, q"
+    return "version not available", [f"E: Version '{v}' for '{p}' was not found"], [p, v]
 
 
 def _unknown_package(d):
