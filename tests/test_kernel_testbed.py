@@ -5,10 +5,8 @@ built, and builds it first (the kernel's headers, DKMS) when it can, then reboot
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from testbed_util import changed_ops, pyinfra, ssh, tritonfleet
+from testbed_util import boot_id, changed_ops, pyinfra, ssh, status_of
 
 from tritonfleet_testbed.standin_repo import newer_kernels
 
@@ -18,12 +16,8 @@ APT = "DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0"
 
 
 def status(h) -> dict:
-    res = tritonfleet("status", "inventories/testbed.py", "--limit", h.name, "--json")
-    return {**json.loads(res.stdout)[0], "rc": res.returncode}
-
-
-def boot_id(h) -> str:
-    return ssh(h, "cat /proc/sys/kernel/random/boot_id").strip()
+    rc, row = status_of(h.name)
+    return {**row, "rc": rc}
 
 
 def test_kernel_drill(deployed):

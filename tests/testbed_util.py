@@ -52,6 +52,11 @@ def status_of(name: str) -> tuple[int, dict]:
     return res.returncode, {r["host"]: r for r in json.loads(res.stdout)}[name]
 
 
+def boot_id(h: hosts.Host) -> str:
+    """The host's boot id: another one after a reboot."""
+    return ssh(h, "cat /proc/sys/kernel/random/boot_id").strip()
+
+
 def lines_of(text: str) -> str:
     """``text`` without the indentation pyinfra's log adds."""
     return "\n".join(ln.strip() for ln in text.splitlines())
