@@ -23,7 +23,9 @@ BASE = {  # before a reboot: the kernel that will boot has the NVIDIA module (tr
         'echo "running=$r"': ["running=6.1.0-28-amd64", "boot=6.1.0-28-amd64", "module=yes"],
         "uname -m": "x86_64", "uname -r": "6.1.0-28-amd64",
         "nvidia-smi -q": "    Persistence Mode                      : Enabled"}
-DATA = {"cuda_distro": "debian12"}
+# the proprietary flavour here (the branch logic below is the same for both; the default, open,
+# and switching between them: test_kernel_module.py)
+DATA = {"cuda_distro": "debian12", "nvidia_kernel_module": "proprietary"}
 
 
 def ops(cmds):
@@ -72,7 +74,7 @@ def test_driver_converged_host_changes_nothing():
         **BASE,
         "cuda-archive-keyring.gpg": FPR,
         "dpkg-query -W": dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
-                              "hi nvidia-driver 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
+                              "hi nvidia-driver 580.159.04-1", "hi nvidia-kernel-dkms 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
                               "ii dkms 3.0.10-8", "ii firmware-misc-nonfree 20230210-5"),
         "UnitFileState nvidia-persistenced.service": ["SubState=running", "UnitFileState=enabled"],
         PERSISTENCE_DROPIN: ["mode=644 user=root group=root",
@@ -95,7 +97,7 @@ def test_driver_holds_packages_that_lost_their_hold():
         **BASE,
         "cuda-archive-keyring.gpg": FPR,
         "dpkg-query -W": dpkg("ii nvidia-driver-pinning-580 580-1", "ii cuda-drivers-580 580.159.04-1",
-                              "hi nvidia-driver 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
+                              "hi nvidia-driver 580.159.04-1", "hi nvidia-kernel-dkms 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
                               "ii dkms 3.0.10-8", "ii firmware-misc-nonfree 20230210-5"),
     }
     _, cmds, _ = run_fake(nvidia_driver, responses, DATA)
@@ -278,7 +280,7 @@ def test_converged_host_plans_no_follow_up():
         "cuda-archive-keyring.gpg": FPR,
         "nvidia-container-toolkit-keyring.gpg": "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
         "dpkg-query -W": dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
-                              "hi nvidia-driver 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
+                              "hi nvidia-driver 580.159.04-1", "hi nvidia-kernel-dkms 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
                               "ii dkms 3.0.10-8", "ii firmware-misc-nonfree 20230210-5",
                               "ii nvidia-container-toolkit 1.17.8-1", "ii nvidia-container-toolkit-base 1.17.8-1",
                               "ii libnvidia-container-tools 1.17.8-1", "ii libnvidia-container1 1.17.8-1"),
@@ -393,7 +395,8 @@ def test_default_branch_installs_with_nvidias_pinning_package(distro):
     assert not state.failed_hosts
     installs = [c for c in cmds if "apt-get" in c and " install " in c]
     assert re.search(r"install nvidia-driver-pinning-580\b", installs[1]), installs
-    assert re.search(r"install cuda-drivers-580\b", installs[2]), installs
+    # R580: NVIDIA's default kernel modules are the open ones (nvidia_kernel_module None)
+    assert re.search(r"install nvidia-open-580\b", installs[2]), installs
     assert "/etc/apt/preferences.d/tritonfleet-nvidia-driver" not in host.connector.uploads
     hold = next(c for c in cmds if "xargs -r apt-mark hold" in c)
     names = set(re.findall(r"-e '?([a-z0-9.+-]+)'?", hold))
@@ -428,7 +431,7 @@ def test_ubuntu_branch_without_pinning_package_gets_our_pin_over_the_whole_set()
 
 def test_branch_switch_from_pinning_package_to_own_pin():
     installed = dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
-                     "hi nvidia-driver 580.159.04-1", "hi nvidia-smi 580.159.04-1",
+                     "hi nvidia-driver 580.159.04-1", "hi nvidia-kernel-dkms 580.159.04-1", "hi nvidia-smi 580.159.04-1",
                      "ii libnvidia-egl-wayland1 1:1.1.13-1", "ii dkms 3.0.10-8")
     # (pyinfra's own remove reads `dpkg -l`)
     dpkg_l = ["ii  cuda-drivers-580  580.159.04-1  amd64  d", "ii  nvidia-driver-pinning-580  580-1  all  p"]
@@ -440,7 +443,7 @@ def test_branch_switch_from_pinning_package_to_own_pin():
     remove = next(i for i, c in enumerate(run) if re.search(r"remove [^\n]*cuda-drivers-580 nvidia-driver-pinning-580", c))
     install = next(i for i, c in enumerate(run) if re.search(r"--allow-downgrades cuda-drivers-570", c))
     # lower bounds only: the installed packages of the set are named, so apt moves them to 570
-    assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570 nvidia-driver nvidia-smi\b",
+    assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570 nvidia-kernel-dkms nvidia-driver nvidia-smi\b",
                      run[install])
     assert unhold < remove < install
     assert "Pin: version 570.*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
@@ -463,7 +466,7 @@ def test_installed_but_not_loaded_reboots_once():
     assert not any(reboot_cmd in c for c in cmds)
     # the driver already installed (nothing changes in this run), still not talking: not again
     installed = dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
-                     "hi nvidia-driver 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
+                     "hi nvidia-driver 580.159.04-1", "hi nvidia-kernel-dkms 580.159.04-1", "ii linux-headers-6.1.0-28-amd64 6.1.76-1",
                      "ii dkms 3.0.10-8", "ii firmware-misc-nonfree 20230210-5")
     _, cmds, state = run_fake(nvidia_driver, {**BASE, **smi, "dpkg-query -W": installed},
                               {**DATA, "nvidia_reboot_timeout": 1})
@@ -483,12 +486,12 @@ def test_persistence_mode_is_turned_on_and_checked():
 
 
 def test_pinned_release_change_moves_the_whole_set():
-    installed = dpkg("hi cuda-drivers-570 570.133.07-1", "hi nvidia-driver 570.133.07-1", "hi libcuda1 570.133.07-1")
+    installed = dpkg("hi cuda-drivers-570 570.133.07-1", "hi nvidia-driver 570.133.07-1", "hi nvidia-kernel-dkms 570.133.07-1", "hi libcuda1 570.133.07-1")
     host, cmds, state = run_fake(nvidia_driver, {**BASE, "dpkg-query -W": installed},
                                  {**DATA, "nvidia_driver_branch": "570", "nvidia_driver_version": "570.124.06"})
     assert not state.failed_hosts
     run = "\n".join(ops(cmds))
     assert "apt-mark unhold" in run
-    assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570=570\.124\.06-1 nvidia-driver "
+    assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570=570\.124\.06-1 nvidia-kernel-dkms nvidia-driver "
                      r"libcuda1\b", run)
     assert "Pin: version 570.124.06-*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]

@@ -171,8 +171,20 @@ def test_cuda_packages_follow_the_facts(repo, distro):
         meta = control(d / f"{names[0]}_{version}-1_amd64.deb")
         assert vendorfacts.version_matches(distro, meta["Version"], "metapackage")
         driver = "nvidia-driver" if distro == "debian12" else f"nvidia-driver-{branch}"
-        assert meta["Depends"] == f"{driver} (>= {version})"  # a lower bound only, as NVIDIA's
+        # a lower bound only, as NVIDIA's (Ubuntu's takes the driver of either flavour)
+        want = f"{driver} (>= {version})" + ("" if distro == "debian12" else f" | {driver}-open (>= {version})")
+        assert meta["Depends"] == want
         assert "<<" not in control(d / f"{driver}_{v}_amd64.deb")["Depends"]
+        # the open flavour: its metapackage pulls its own module package, and each package only one
+        # flavour has conflicts with its twin of the other (apt cannot keep both)
+        opn = vendorfacts.flavour_packages(distro, branch, "open")
+        prop = vendorfacts.flavour_packages(distro, branch, "proprietary")
+        assert opn[0] == f"nvidia-open-{branch}"
+        open_meta = control(d / f"{opn[0]}_{version}-1_amd64.deb")["Depends"]
+        assert f"{opn[1]} (>= {version})" in open_meta
+        for o, p_ in zip(opn[1:], prop[1:], strict=True):
+            assert control(d / f"{o}_{v}_amd64.deb")["Conflicts"] == p_
+            assert control(d / f"{p_}_{v}_amd64.deb")["Conflicts"] == o
         pin = vendorfacts.pinning_package(distro, branch)
         assert bool(pin) == (branch == "580")
         if pin:

@@ -58,6 +58,14 @@ nvidia_driver_version = None
 # (cuda-drivers-<branch>, or cuda-drivers from 590); "{branch}" is replaced by the branch.
 # None: the metapackage (tritonfleet/data/nvidia_repos/<distro>.toml).
 nvidia_driver_packages = None
+# Kernel module flavour: "open" (NVIDIA's open GPU kernel modules, dual MIT/GPL; Turing and newer,
+# so T4 and L4) or "proprietary"; a GPU class sets it in group_data/<class>.py like
+# nvidia_driver_branch. None: NVIDIA's own default for the branch, "open" from R560 ("the open
+# kernel module flavor is the default and suggested installation", NVIDIA's driver installation
+# guide) and "proprietary" before. Installed with the flavour's packages (nvidia-open-<branch> or
+# cuda-drivers-<branch>; a host with the other flavour is switched), checked after the install
+# (modinfo's licence, /proc/driver/nvidia/version); another flavour on a host is drift in status.
+nvidia_kernel_module = None
 # Kernel headers and DKMS so the module is rebuilt on kernel upgrades; "{kernel}" = uname -r.
 nvidia_kernel_packages = ["linux-headers-{kernel}", "dkms"]
 # Hold the driver packages (apt-mark hold + unattended-upgrades blacklist).

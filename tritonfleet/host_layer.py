@@ -25,6 +25,8 @@ from .facts.host import (
     SecureBoot,
     UnitState,
 )
+from .kernel_module import COMMAND as KMOD_COMMAND
+from .kernel_module import FLAVOURS, default_flavour
 from .vendor_repos import CUDA_KEYRING, DOCKER_KEYRING, TOOLKIT_KEYRING, cuda_distro, source_path
 
 # --------------------------------------------------------------------------- managed files
@@ -35,7 +37,7 @@ from .vendor_repos import CUDA_KEYRING, DOCKER_KEYRING, TOOLKIT_KEYRING, cuda_di
 # by version instead), egl-wayland or DKMS.
 DRIVER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-nvidia-driver"
 # what chooses the driver's packages and versions (named when apt cannot install them)
-DRIVER_SETTINGS = "nvidia_driver_branch / nvidia_driver_version"
+DRIVER_SETTINGS = "nvidia_driver_branch / nvidia_driver_version / nvidia_kernel_module"
 TOOLKIT_PIN_FILE = "/etc/apt/preferences.d/nvidia-container-toolkit"
 DOCKER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-docker"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
@@ -60,6 +62,8 @@ DRIVER_VERSION_COMMAND = "nvidia-smi --query-gpu=driver_version --format=csv,noh
 NO_DRIVER = "couldn't communicate with the nvidia driver"
 PERSISTENCE_COMMAND = "nvidia-smi -q 2>&1 | grep -i 'Persistence Mode' || true"
 HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
+# the installed module's licence and the loaded module's /proc line (tritonfleet.kernel_module)
+KERNEL_MODULE_COMMAND = KMOD_COMMAND
 
 
 def driver_facts() -> list[tuple]:
@@ -69,7 +73,8 @@ def driver_facts() -> list[tuple]:
             (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
             (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
             (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}),
-            (Command, {"command": DRIVER_VERSION_COMMAND}), (Command, {"command": PERSISTENCE_COMMAND})]
+            (Command, {"command": DRIVER_VERSION_COMMAND}), (Command, {"command": PERSISTENCE_COMMAND}),
+            (Command, {"command": KERNEL_MODULE_COMMAND})]
 
 
 def docker_facts() -> list[tuple]:
@@ -109,6 +114,18 @@ def driver_branch() -> str:
             f"inventories/group_data/<class>.py), or add {distro} to nvidia_driver_branch_default "
             "(inventories/group_data/all.py)")
     return str(defaults[distro])
+
+
+def kernel_module() -> str:
+    """The kernel module flavour for this host: nvidia_kernel_module, else NVIDIA's default for the
+    driver branch (open from R560)."""
+    flavour = config.get("nvidia_kernel_module")
+    if flavour:
+        if flavour not in FLAVOURS:
+            raise config.ConfigError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} "
+                                     f"or None, not {flavour!r} (inventories/group_data/<class>.py)")
+        return str(flavour)
+    return default_flavour(driver_branch())
 
 
 def driver_upstream_version() -> str | None:

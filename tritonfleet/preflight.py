@@ -31,6 +31,7 @@ from .host_layer import (
     host_layer_facts,
     secure_boot_problem,
 )
+from .kernel_module import FLAVOURS
 from .models import RepositoryError, host_repository
 from .ops.registry import login_registry, needs_login, pulls
 from .vendor_repos import cuda_distro
@@ -114,6 +115,16 @@ def check_gpu_class_and_driver() -> None:
     if problem:
         raise PreflightError(f"{host.name}: {problem}: pick a triton_image of an earlier release for this class "
                              f"({GROUP_DATA}/{str(gpu_class).lower()}.py) or move these hosts to other GPUs")
+    flavour = config.get("nvidia_kernel_module")
+    if flavour is not None and flavour not in FLAVOURS:
+        raise PreflightError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} or None "
+                             f"(NVIDIA's default for the branch), not {flavour!r} (set it in "
+                             f"{GROUP_DATA}/{str(gpu_class).lower()}.py or the inventory)")
+    cc = GPU_CLASSES[str(gpu_class).upper()]["compute_capability"]
+    if flavour == "open" and tuple(int(x) for x in cc.split(".")) < (7, 5):
+        raise PreflightError(f"{host.name}: nvidia_kernel_module = \"open\", but GPU class {gpu_class} (compute "
+                             f"capability {cc}) is older than Turing: NVIDIA's open kernel modules do not support it; "
+                             f"set nvidia_kernel_module = \"proprietary\" in {GROUP_DATA}/{str(gpu_class).lower()}.py")
     branch = config.get("nvidia_driver_branch")
     if not branch:
         return  # the distro's default: checked with the host's distro (check_driver_branch)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import apikey, fleet, kernel
+from . import apikey, fleet, kernel, kernel_module
 from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .models import host_repository
@@ -18,7 +18,7 @@ from .shell import q
 from .unit import render_unit, unit_context, unit_digest
 
 SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last",
-            "failure", "kernel")
+            "failure", "kernel", "kmod")
 
 
 def command(get) -> str:
@@ -46,6 +46,8 @@ def command(get) -> str:
         "failure": f"cat {HOST_RECORD} 2>/dev/null",
         # a pending reboot, the kernel it boots and whether that kernel has the NVIDIA module
         "kernel": f"( {kernel.status_command()} )",
+        # the NVIDIA kernel module's flavour: installed (modinfo's licence) and loaded (/proc)
+        "kmod": f"( {kernel_module.COMMAND} )",
     }
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"
 
@@ -85,6 +87,8 @@ class HostStatus:
     last_failure: dict | None = None  # the report of a failure newer than the last healthy deployment
     kernel: dict | None = None  # tritonfleet.kernel.KernelState: running/boot kernel, module, pending reboot
     reboot: str = "-"           # the pending reboot and its kernel's module, for the table
+    kernel_module: dict | None = None  # tritonfleet.kernel_module.ModuleState: installed/loaded flavour
+    module: str = "-"           # the module's flavour, for the table
     drift: list[str] = field(default_factory=list)
 
     @property
@@ -140,6 +144,9 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     if sections["kernel"]:
         ks = kernel.parse(sections["kernel"])
         st.kernel, st.reboot = asdict(ks), ks.summary()
+    if sections["kmod"]:
+        ms = kernel_module.parse(sections["kmod"])
+        st.kernel_module, st.module = asdict(ms), ms.summary()
     return st
 
 
@@ -160,7 +167,7 @@ def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
 def intent(fh: fleet.FleetHost) -> dict:
     """What the inventory asks of this host: image, model release, unit, driver branch, toolkit."""
     want = {"image": fh.get("triton_image"), "driver_branch": fh.get("nvidia_driver_branch"),
-            "toolkit": fh.get("container_toolkit_version")}
+            "toolkit": fh.get("container_toolkit_version"), "kernel_module": fh.get("nvidia_kernel_module")}
     try:
         _, man, rid = host_repository(fh.get)
         want["release"] = rid
@@ -200,6 +207,7 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     tk = want.get("toolkit")
     if tk and st.toolkit != tk:
         out.append(f"toolkit {st.toolkit or 'none'} (want {tk})")
+    out += module_drift(st, want)
     k = st.kernel or {}
     if k.get("boot") and k.get("module") == "no" and (k.get("reboot_required") or k.get("boot") != k.get("running")):
         out.append(f"{'pending reboot' if k.get('reboot_required') else 'next boot'} into kernel {k['boot']}, which "
@@ -209,6 +217,20 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     if names and wrong:
         out.append(f"GPU {wrong[0]} (want {' or '.join(names)})")
     return out
+
+
+def module_drift(st: HostStatus, want: dict) -> list[str]:
+    """The kernel module flavour installed or loaded is not the one asked for (nvidia_kernel_module,
+    else NVIDIA's default for the branch the host's driver belongs to)."""
+    m = st.kernel_module or {}
+    if not (m.get("installed") or m.get("loaded") or m.get("license")):
+        return []
+    branch = (st.driver or "").split(".")[0] or str(want.get("driver_branch") or "")
+    wanted = want.get("kernel_module") or kernel_module.default_flavour(branch)
+    state = kernel_module.ModuleState(m.get("installed"), m.get("loaded"), m.get("license") or "",
+                                      m.get("version") or "", m.get("proc") or "")
+    problem = state.problem(wanted)
+    return [f"kernel module: {problem} (want {wanted})"] if problem else []
 
 
 def image_drift(st: HostStatus, image: str) -> list[str]:

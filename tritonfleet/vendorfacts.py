@@ -67,9 +67,10 @@ def _unversioned(distro: str, branch: str) -> bool:
     return int(branch) >= int(meta["unversioned_from"])
 
 
-def metapackage(distro: str, branch: str) -> str:
-    """The package that installs the driver of ``branch`` (proprietary flavour)."""
-    meta = value(distro, "metapackage")
+def metapackage(distro: str, branch: str, flavour: str = "proprietary") -> str:
+    """The package that installs the driver of ``branch`` with the kernel modules of ``flavour``
+    (proprietary: cuda-drivers-<branch>; open: nvidia-open-<branch>; from 590 unversioned)."""
+    meta = value(distro, "metapackage") if flavour == "proprietary" else value(distro, "open_flavour")["metapackage"]
     if _unversioned(distro, branch):
         return meta["unversioned"]
     return meta["template"].format(branch=branch)
@@ -88,22 +89,33 @@ def pinning_packages(distro: str) -> list[str]:
     return [p for b in branches(distro) if (p := pinning_package(distro, b))]
 
 
-def driver_packages(distro: str, branch: str) -> list[str]:
-    """The driver's package set for ``branch`` (proprietary flavour), metapackage first."""
-    names = []
-    for template in value(distro, "driver_packages"):
-        if "{branch}" in template and _unversioned(distro, branch):
-            template = template.replace("-{branch}", "")
-        names.append(template.format(branch=branch))
-    return [metapackage(distro, branch), *names]
+def _name(distro: str, branch: str, template: str) -> str:
+    if "{branch}" in template and _unversioned(distro, branch):
+        template = template.replace("-{branch}", "")
+    return template.format(branch=branch)
+
+
+def driver_packages(distro: str, branch: str, flavour: str = "proprietary") -> list[str]:
+    """The driver's package set for ``branch`` with ``flavour``'s kernel modules, metapackage first."""
+    replaces = value(distro, "open_flavour")["replaces"] if flavour == "open" else {}
+    names = [_name(distro, branch, replaces.get(t, t)) for t in value(distro, "driver_packages")]
+    return [metapackage(distro, branch, flavour), *names]
+
+
+def flavour_packages(distro: str, branch: str, flavour: str) -> list[str]:
+    """The packages only ``flavour`` has (metapackage first): what moves when a host switches."""
+    other = set(driver_packages(distro, branch, "open" if flavour == "proprietary" else "proprietary"))
+    return [p for p in driver_packages(distro, branch, flavour) if p not in other]
 
 
 def all_driver_packages(distro: str) -> list[str]:
-    """The driver's packages of every branch of the repository (for holds and pins across a switch)."""
+    """The driver's packages of every branch and both flavours of the repository (for holds and
+    pins across a switch)."""
     seen: dict[str, None] = {}
     for b in branches(distro):
-        for p in driver_packages(distro, b):
-            seen.setdefault(p)
+        for flavour in ("proprietary", "open"):
+            for p in driver_packages(distro, b, flavour):
+                seen.setdefault(p)
     return list(seen)
 
 

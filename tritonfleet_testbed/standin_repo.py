@@ -332,6 +332,13 @@ def _file_roles(distro: str, branch: str) -> dict[str, str]:
             "nvml": "libnvidia-ml1", "driver": "nvidia-driver"}
 
 
+def _for_flavour(name: str, flavour: str, flavour_of: dict, twin: dict) -> str:
+    """``name`` (a package of the proprietary set), or its twin when ``flavour`` has its own."""
+    if name not in flavour_of or flavour_of[name] == flavour:
+        return name
+    return twin[name]
+
+
 def _package_version(distro: str, upstream: str) -> str:
     """The driver packages' version in ``distro``'s shape (Debian <v>-1, Ubuntu <v>-0ubuntu1)."""
     v = f"{upstream}-1" if vendorfacts.family(distro) == "debian" else f"{upstream}-0ubuntu1"
@@ -353,18 +360,34 @@ def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12")
         v = _package_version(distro, upstream)
         meta_v = f"{upstream}-1"
         roles = _file_roles(distro, branch)
-        names = vendorfacts.driver_packages(distro, branch)
-        meta, members = names[0], names[1:]
+        # both kernel module flavours: the packages they share, and each one's own (metapackage
+        # first), each own package conflicting with its twin of the other flavour (same module)
+        prop = vendorfacts.driver_packages(distro, branch, "proprietary")
+        opn = vendorfacts.driver_packages(distro, branch, "open")
+        twin = {**dict(zip(prop, opn, strict=True)), **dict(zip(opn, prop, strict=True))}
+        own = {f: vendorfacts.flavour_packages(distro, branch, f) for f in ("proprietary", "open")}
+        flavour_of = {p: f for f, ps in own.items() for p in ps}
+        shared = [p for p in prop[1:] if p not in flavour_of]
+        members = list(dict.fromkeys([*prop[1:], *opn[1:]]))
+        # the packages with the driver's and the module's roles, per flavour (one driver package
+        # for both where the flavours share it)
+        drivers = {f: _for_flavour(roles["driver"], f, flavour_of, twin) for f in ("proprietary", "open")}
+        dkms_pkgs = {f: _for_flavour(roles["dkms"], f, flavour_of, twin) for f in ("proprietary", "open")}
         smi = _template("nvidia-smi.sh", DRIVER_VERSION=upstream, CUDA_VERSION=cuda)
         persistenced = _template("nvidia-persistenced.sh", DRIVER_VERSION=upstream)
         for name in members:
             kw: dict = {"description": f"NVIDIA driver {upstream}: {name}\nTestbed stand-in (package set of "
                                        f"NVIDIA's {distro} repository)."}
+            flavour = flavour_of.get(name)
+            if flavour:
+                kw["extra_control"] = {"Conflicts": twin[name]}
             if name == roles["smi"]:
                 # with the driver's boot-time binding: udev's rules for it run at every boot
                 kw.update(depends=f"{roles['nvml']} (= {v})", files=[
                     ("/usr/bin/nvidia-smi", smi, 0o755),
                     ("/usr/lib/nvidia-standin/bind", (STANDIN / "nvidia-standin-bind.sh").read_text(), 0o755),
+                    ("/usr/lib/nvidia-standin/load-module", (STANDIN / "nvidia-standin-load-module.sh").read_text(),
+                     0o755),
                     ("/lib/systemd/system/nvidia-standin-bind.service",
                      (STANDIN / "nvidia-standin-bind.service").read_text(), 0o644)],
                           symlinks=[("/etc/systemd/system/multi-user.target.wants/nvidia-standin-bind.service",
@@ -372,18 +395,24 @@ def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12")
                           description=f"NVIDIA System Management Interface {upstream}\nTestbed stand-in nvidia-smi "
                                       f"(driver {upstream}, CUDA {cuda}); the GPU it\nreports is "
                                       "/etc/nvidia-standin/gpu.env.")
-            elif name == roles["dkms"]:
+            elif name in dkms_pkgs.values():
                 # DKMS's behaviour for this module: built for every kernel with headers at install,
-                # and for each kernel (or its headers) installed later (Debian's dkms hooks)
-                dkms = _template("nvidia-standin-dkms.sh", DRIVER_VERSION=upstream)
+                # and for each kernel (or its headers) installed later (Debian's dkms hooks); the
+                # module's licence says its flavour (modinfo: the stand-in in /usr/local/sbin)
+                is_open = flavour == "open"
+                dkms = _template("nvidia-standin-dkms.sh", DRIVER_VERSION=upstream,
+                                 LICENSE="Dual MIT/GPL" if is_open else "NVIDIA",
+                                 DESCRIPTION="NVIDIA Open UNIX Kernel Module" if is_open else "NVIDIA UNIX Kernel Module")
                 kw["files"] = [(f"/usr/src/nvidia-{upstream}/dkms.conf.testbed",
                                 f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{upstream}"\n', 0o644),
                                ("/usr/lib/nvidia-standin/dkms", dkms, 0o755),
+                               ("/usr/local/sbin/modinfo", (STANDIN / "nvidia-standin-modinfo.sh").read_text(), 0o755),
                                ("/etc/kernel/header_postinst.d/nvidia-standin-dkms",
                                 "#!/bin/sh\nexec /usr/lib/nvidia-standin/dkms \"$1\"\n", 0o755),
                                ("/etc/kernel/postinst.d/nvidia-standin-dkms",
                                 "#!/bin/sh\nexec /usr/lib/nvidia-standin/dkms \"$1\"\n", 0o755)]
                 kw["postinst"] = "/usr/lib/nvidia-standin/dkms"
+                kw["prerm"] = "if [ \"$1\" = remove ]; then /usr/lib/nvidia-standin/dkms remove; fi"
             elif name == roles["persistenced"]:
                 kw.update(files=[("/usr/bin/nvidia-persistenced", persistenced, 0o755),
                                  ("/lib/systemd/system/nvidia-persistenced.service", persistenced_unit, 0o644)],
@@ -393,18 +422,35 @@ def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12")
                                     "if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi"),
                           prerm=("if [ -d /run/systemd/system ] && [ \"$1\" = remove ]; then\n"
                                  "  systemctl stop nvidia-persistenced.service 2>/dev/null || true\nfi"))
-            elif name == roles["driver"]:
+            elif name in drivers.values():
                 # the driver's own packages move together (same version), the egl-wayland library
-                # (not the driver's: an epoch, its own versions) comes along as on real hosts
-                deps = [f"{m} (= {v})" for m in members if m != name]
+                # (not the driver's: an epoch, its own versions) comes along as on real hosts. A
+                # driver package both flavours share (Debian's nvidia-driver) takes either
+                # flavour's module (NVIDIA's guide installs nvidia-kernel-open-dkms with it).
+                deps = [f"{m} (= {v})" for m in (shared if not flavour else [*shared, *own[flavour][1:]])
+                        if m != name and m not in dkms_pkgs.values()]
+                mods = [dkms_pkgs[flavour]] if flavour else [dkms_pkgs["proprietary"], dkms_pkgs["open"]]
+                deps.append(" | ".join(f"{m} (= {v})" for m in mods))
+                if flavour:
+                    deps += [f"{m} (= {v})" for m in own[flavour][1:] if m not in (name, dkms_pkgs[flavour])
+                             and f"{m} (= {v})" not in deps]
                 kw["depends"] = ", ".join([*deps, "libnvidia-egl-wayland1"])
                 wayland = True
             built.append(_deb(out_dir, name, v, section="non-free/libs", **kw))
-        # metapackage: lower bound only, as NVIDIA's
-        built.append(_deb(out_dir, meta, meta_v, section="multiverse/metapackages",
-                          depends=f"{roles['driver']} (>= {upstream})",
+        # metapackages: lower bounds only, as NVIDIA's. cuda-drivers-<branch>: the driver with either
+        # flavour (Ubuntu's lists the -open driver as an alternative); nvidia-open-<branch>: the
+        # driver with the open modules
+        prop_meta, open_meta = own["proprietary"][0], own["open"][0]
+        alternatives = list(dict.fromkeys([drivers["proprietary"], drivers["open"]]))
+        built.append(_deb(out_dir, prop_meta, meta_v, section="multiverse/metapackages",
+                          depends=" | ".join(f"{d} (>= {upstream})" for d in alternatives),
                           description=f"CUDA Driver meta-package, branch-specific (R{branch})\n"
                                       f"Installs the R{branch} driver ({upstream}) or newer."))
+        built.append(_deb(out_dir, open_meta, meta_v, section="multiverse/metapackages",
+                          depends=", ".join(f"{d} (>= {upstream})"
+                                            for d in dict.fromkeys([drivers["open"], dkms_pkgs["open"]])),
+                          description=f"NVIDIA Driver meta-package, Open GPU kernel modules (R{branch})\n"
+                                      f"Installs the R{branch} driver ({upstream}) or newer with the open modules."))
         pin = vendorfacts.pinning_package(distro, branch)
         if pin:
             prefs = (f"# {pin}: keeps the driver on branch {branch}\n"

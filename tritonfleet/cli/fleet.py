@@ -31,7 +31,7 @@ def _short_time(rec: dict | None) -> str:
 
 def status_table(rows: list[probe.HostStatus]) -> str:
     head = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
-            "RELEASE", "LAST DEPLOY", "REBOOT", "DRIFT")
+            "RELEASE", "LAST DEPLOY", "REBOOT", "MODULE", "DRIFT")
     table = [head]
     for st in rows:
         gpu = f"{len(st.gpus)}x {st.gpus[0]}" if st.gpus else ("-" if st.reachable else "")
@@ -40,7 +40,7 @@ def status_table(rows: list[probe.HostStatus]) -> str:
             st.host, st.gpu_class or "-", "yes" if st.reachable else "NO", gpu, st.driver or "-",
             st.toolkit or "-", st.docker or "-", (st.image or "-").rsplit("/", 1)[-1], st.unit_state or "-",
             f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-", st.release or "-",
-            _short_time(st.last_deploy), st.reboot if st.reachable else "-",
+            _short_time(st.last_deploy), st.reboot if st.reachable else "-", st.module if st.reachable else "-",
             "; ".join(st.drift) if st.drift else "none",
         ))
     widths = [max(len(str(r[i])) for r in table) for i in range(len(head) - 1)]

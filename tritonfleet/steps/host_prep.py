@@ -14,6 +14,7 @@ from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
 from .. import config, gpuguard, vendor_repos, vendorfacts
+from .. import kernel_module as kmod
 from ..facts import memo
 from ..facts.host import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
 from ..failure import fail
@@ -24,6 +25,7 @@ from ..host_layer import (
     DRIVER_SETTINGS,
     DRIVER_VERSION_COMMAND,
     HOOK_COMMAND,
+    KERNEL_MODULE_COMMAND,
     NO_DRIVER,
     NONFREE_FILE,
     NOUVEAU_FILE,
@@ -38,6 +40,7 @@ from ..host_layer import (
     driver_branch,
     driver_facts,
     driver_upstream_version,
+    kernel_module,
     secure_boot_problem,
     toolkit_facts,
 )
@@ -61,21 +64,40 @@ def driver_pinning_package() -> str | None:
 
 
 def driver_packages() -> list[str]:
-    """What the driver install names: the branch's metapackage (at the pinned version, if any)."""
-    distro, branch = cuda_distro(), driver_branch()
+    """What the driver install names: the metapackage of the branch and kernel module flavour (at
+    the pinned version, if any), and the packages only that flavour has (so apt takes them, not the
+    other flavour's, where a package accepts either)."""
+    distro, branch, flavour = cuda_distro(), driver_branch(), kernel_module()
     upstream = driver_upstream_version()
     own = config.get("nvidia_driver_packages")
     if own:  # the operator's own list (e.g. signed precompiled modules)
         own = [p.format(branch=branch) for p in own]
         version = config.get("nvidia_driver_version")
         return [f"{p}={version}" for p in own] if version else own
-    meta = vendorfacts.metapackage(distro, branch)
+    meta, *own_flavour = vendorfacts.flavour_packages(distro, branch, flavour)
     if not upstream:
-        return [meta]
+        return [meta, *own_flavour]
     version = str(config.get("nvidia_driver_version"))
     # metapackages are <upstream>-1 in every CUDA repository (vendorfacts: version_shape)
     meta_version = version if vendorfacts.version_matches(distro, version, "metapackage") else f"{upstream}-1"
-    return [f"{meta}={meta_version}"]
+    return [f"{meta}={meta_version}", *own_flavour]
+
+
+def other_flavour_packages(installed: dict) -> list[str]:
+    """Installed packages that only the other kernel module flavour has (any branch): removed in
+    the same apt run that installs this flavour's (they conflict: apt cannot have both)."""
+    distro, flavour = cuda_distro(), kernel_module()
+    other = "proprietary" if flavour == "open" else "open"
+    names: dict[str, None] = {}
+    for b in vendorfacts.branches(distro):
+        for p in vendorfacts.flavour_packages(distro, b, other):
+            if p in installed:
+                names.setdefault(p)
+    return list(names)
+
+
+def all_metapackages(distro: str) -> set[str]:
+    return {vendorfacts.metapackage(distro, b, f) for b in vendorfacts.branches(distro) for f in kmod.FLAVOURS}
 
 
 def uses_own_pin() -> bool:
@@ -142,6 +164,11 @@ def _reboot_needed() -> bool:
     if NO_DRIVER in text:
         logger.warning(f"{host.name}: the NVIDIA driver is installed but not loaded (nouveau bound to the "
                        "GPU, or no module yet); rebooting once")
+        return True
+    state = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
+    if state.loaded and state.installed and state.loaded != state.installed:
+        logger.warning(f"{host.name}: the loaded NVIDIA module is {state.loaded}, the installed one "
+                       f"{state.installed}; rebooting")
         return True
     return False
 
@@ -218,19 +245,24 @@ def nvidia_driver():
     # Changing branch: the old branch's held packages would block apt ("held broken packages"),
     # and another branch's pinning package would pin the old branch.
     other = sorted(installed_branches(installed) - {branch})
+    flavour = kernel_module()
+    # the other kernel module flavour's packages (switching open <-> proprietary)
+    other_kmod = [] if config.get("nvidia_driver_packages") else other_flavour_packages(installed)
     # the pinned release (nvidia_driver_version) differs from what is installed: moved the same way
     upstream = driver_upstream_version()
     moving = bool(upstream) and not other and any(
         not v.split(":", 1)[-1].startswith(f"{upstream}-")
         for p in vendorfacts.driver_packages(distro, branch)[1:] for v in installed.get(p, []))
-    switching = bool(other or other_pins or moving)
+    switching = bool(other or other_pins or moving or other_kmod)
     if switching:
         # Held packages are never moved as dependencies: release them for this switch only
         # (they are held again below, at the new branch).
-        what = f"switch from branch {', '.join(other)}" if other else f"move to {upstream or branch}"
+        what = (f"switch from branch {', '.join(other)}" if other
+                else f"switch to the {flavour} kernel modules" if other_kmod else f"move to {upstream or branch}")
         server.shell(name=f"release driver holds to {what}",
                      commands=aptlock.wrapped([_hold_command("unhold")]))
-        old_meta = [p for p in installed if p.startswith("cuda-drivers-") and p != pkgs[0].split("=")[0]]
+        metas = all_metapackages(distro)
+        old_meta = [p for p in installed if p in metas and p != pkgs[0].split("=")[0]]
         if old_meta or other_pins:
             converged.packages(name=f"remove the other branch's {', '.join(old_meta + other_pins)}",
                                packages=old_meta + other_pins, present=False)
@@ -242,12 +274,16 @@ def nvidia_driver():
         # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
         # leaves installed packages alone: name the installed packages of the set, so apt moves
         # each to its pinned candidate (apt itself, not a check that skips installed packages).
-        wanted = set(vendorfacts.driver_packages(distro, branch)[1:])
-        move = [p for p in driver_package_set() if p in installed and p in wanted]
+        # The other flavour's packages go in the same apt run ("<package>-": remove), so the host is
+        # never without a driver and apt does not stop at their conflicts.
+        wanted = set(vendorfacts.driver_packages(distro, branch, flavour)[1:])
+        move = [p for p in driver_package_set() if p in installed and p in wanted and p not in pkgs]
+        remove = [f"{p}-" for p in other_kmod if p not in old_meta]
+        also = f", removing {', '.join(p[:-1] for p in remove)}" if remove else ""
         driver = server.shell(
-            name=f"NVIDIA driver {', '.join(pkgs)} (and the {len(move)} installed packages of its set)",
+            name=f"NVIDIA driver {', '.join(pkgs)} (and the {len(move)} installed packages of its set{also})",
             commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
-                                      + " ".join(pkgs + move)], setting=DRIVER_SETTINGS))
+                                      + " ".join(pkgs + move + remove)], setting=DRIVER_SETTINGS))
     else:
         driver = converged.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
     driver_changes = switching or will_change(driver)
@@ -274,7 +310,8 @@ def nvidia_driver():
     # again only for a version mismatch. Before the daemon starts: it cannot reach the driver
     # until then.
     loaded = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
-    if driver_changes or "version mismatch" in loaded.lower():
+    module = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
+    if driver_changes or "version mismatch" in loaded.lower() or (module.loaded and module.loaded != flavour):
         reboot(
             name="reboot if the loaded driver does not match the installed one (or is not loaded)",
             reboot_timeout=config.get("nvidia_reboot_timeout"),

@@ -10,6 +10,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import deploy, operation
 
 from .. import config
+from .. import kernel_module as kmod
 from ..facts import gpu as gpufacts
 from ..failure import Failure, HostFailure, trim
 from ..gpucheck import GPU_CLASSES, check_gpus
@@ -61,7 +62,9 @@ def probe_command(image: str, query: str = QUERY, mode: str = "always") -> str:
     passing answer still valid (nothing it depends on changed) and printed that instead."""
     inner = q(f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1")
     run = f"{container_prefix(image)}sh -c {inner} 2>&1"
-    host_part = f"q=$({query} 2>&1); echo \"$q\"; echo {SECTION}; nvidia-smi 2>&1; echo {SECTION}; "
+    # the host's part also reads the kernel module's flavour (installed: modinfo; loaded: /proc)
+    host_part = (f"q=$({query} 2>&1); echo \"$q\"; echo {SECTION}; nvidia-smi 2>&1; {kmod.COMMAND}; "
+                 f"echo {SECTION}; ")
     if mode == "always":
         return f"{host_part}{run}"
     return (f"{host_part}k=$({depends_command(image)}); "
@@ -102,7 +105,9 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
             stdout.pop()
     lines = stdout + out.stderr_lines
     parts = split_sections(lines, 4)
-    host_q, host_sum = parts[0], parts[1]
+    host_q, (host_sum, kmod_lines) = parts[0], kmod.split(parts[1])
+    if meta is not None:
+        meta["kernel_module"] = kmod.parse(kmod_lines)
     # the container section: the query, then the summary; docker's own errors land in the first
     container = parts[2:]
     cont_q, cont_sum = container[0], (container[1] if len(container) > 1 else [])
@@ -129,12 +134,22 @@ def min_compute_capability() -> str:
     return own if _vtuple(own) >= _vtuple(triton) else triton
 
 
+def wanted_flavour(driver_version: str | None) -> str:
+    """nvidia_kernel_module, else NVIDIA's default for the branch the host's driver belongs to (the
+    configured branch when the host reports none)."""
+    flavour = config.get("nvidia_kernel_module")
+    if flavour:
+        return str(flavour)
+    branch = (driver_version or "").split(".")[0] or config.get("nvidia_driver_branch") or ""
+    return kmod.default_flavour(branch)
+
+
 def verify_current_host(image: str) -> dict:
     """The check: changes nothing on the host but forgetting a recorded answer that failed; a
     fresh answer that passed is left for ``record_answer`` to write."""
     _new_answers.pop(host.name, None)
     gpu_class = str(config.get("gpu_class")).upper()
-    rows, errors, meta = [], [], {}
+    rows, errors, meta, drivers = [], [], {}, []
     for where, info, summary in _probe_all(image, meta):
         errs = check_gpus(f"{host.name} ({where})", gpu_class, info.gpus, summary.get("cuda_version"),
                           min_compute_capability(), config.get("gpu_min_cuda_version"))
@@ -142,6 +157,7 @@ def verify_current_host(image: str) -> dict:
             errs = [f"{host.name} ({where}): nvidia-smi failed ({info.status}): {info.message}"] + errs
         errors += errs
         g = info.gpus[0] if info.gpus else None
+        drivers.append(g.driver_version if g else None)
         rows.append(
             f"{host.name:<12} {where:<9} {len(info.gpus)}x {(g.name if g else '-'):<10} "
             f"driver {(g.driver_version if g else '-'):<10} cc {(g.compute_cap if g else '-'):<4} "
@@ -149,6 +165,14 @@ def verify_current_host(image: str) -> dict:
         )
     if meta.get("cached"):
         rows[-1] += "  (as when it last passed: nothing it depends on changed)"
+    module = meta.get("kernel_module")
+    if module is not None and (module.installed or module.loaded or module.license):
+        wanted = wanted_flavour(drivers[0] if drivers else None)
+        rows[0] += f"  kernel module {module.summary()}"
+        problem = module.problem(wanted)
+        if problem:
+            errors.append(f"{host.name} (host): kernel module flavour: {problem}, expected {wanted} "
+                          f"(nvidia_kernel_module)")
     for r in rows:
         logger.info(f"GPU check  {r}")
     if errors:
@@ -165,7 +189,9 @@ def verify_current_host(image: str) -> dict:
             "the GPU check runs before the Triton image, models and service are touched: Triton was not "
             "changed by this run",
             "fix the driver / Container Toolkit / inventory as the line above says (nvidia-smi on the host; "
-            f"{container_prefix(image)}nvidia-smi), then run the deploy again",
+            f"{container_prefix(image)}nvidia-smi; a kernel module flavour: run the driver step, deploys/host.py, "
+            "which installs the configured flavour and reboots when the loaded module differs, or set "
+            "nvidia_kernel_module for this GPU class in inventories/group_data/<class>.py), then run the deploy again",
             cause="; ".join(found)))
     if meta.get("key"):
         cont_q, cont_sum = meta["container"]

@@ -35,6 +35,7 @@ fi
 [ -r "$MODULE_FILE" ] && read -r loaded < "$MODULE_FILE"
 if [ -z "$loaded" ]; then
     { mkdir -p "${MODULE_FILE%/*}" && echo "$DRIVER_VERSION" > "$MODULE_FILE"; } 2>/dev/null
+    [ -x "$ROOT/usr/lib/nvidia-standin/load-module" ] && "$ROOT/usr/lib/nvidia-standin/load-module" >/dev/null 2>&1
 elif [ "$loaded" != "$DRIVER_VERSION" ]; then
     fail "Failed to initialize NVML: Driver/library version mismatch"
 fi

@@ -59,6 +59,8 @@ fi
 if [ -z "$loaded" ]; then
     { mkdir -p "${MODULE_FILE%/*}" && echo "$DRIVER_VERSION" > "$MODULE_FILE"; } 2>/dev/null
     loaded=$DRIVER_VERSION
+    # the module shows itself in /proc/driver/nvidia/version (nvidia-standin-load-module.sh)
+    [ -x "$ROOT/usr/lib/nvidia-standin/load-module" ] && "$ROOT/usr/lib/nvidia-standin/load-module" >/dev/null 2>&1
 fi
 if [ "$loaded" != "$DRIVER_VERSION" ]; then
     echo "Failed to initialize NVML: Driver/library version mismatch"
