@@ -252,7 +252,7 @@ def nvidia_driver():
     upstream = driver_upstream_version()
     moving = bool(upstream) and not other and any(
         not v.split(":", 1)[-1].startswith(f"{upstream}-")
-        for p in vendorfacts.driver_packages(distro, branch)[1:] for v in installed.get(p, []))
+        for p in vendorfacts.driver_packages(distro, branch, flavour)[1:] for v in installed.get(p, []))
     switching = bool(other or other_pins or moving or other_kmod)
     if switching:
         # Held packages are never moved as dependencies: release them for this switch only
@@ -264,7 +264,8 @@ def nvidia_driver():
         metas = all_metapackages(distro)
         old_meta = [p for p in installed if p in metas and p != pkgs[0].split("=")[0]]
         if old_meta or other_pins:
-            converged.packages(name=f"remove the other branch's {', '.join(old_meta + other_pins)}",
+            whose = "branch's" if other or other_pins or moving else "kernel module flavour's"
+            converged.packages(name=f"remove the other {whose} {', '.join(old_meta + other_pins)}",
                                packages=old_meta + other_pins, present=False)
     if pinning:
         # installed alone, before the driver: apt reads its preferences from the next command on
@@ -278,7 +279,7 @@ def nvidia_driver():
         # never without a driver and apt does not stop at their conflicts.
         wanted = set(vendorfacts.driver_packages(distro, branch, flavour)[1:])
         move = [p for p in driver_package_set() if p in installed and p in wanted and p not in pkgs]
-        remove = [f"{p}-" for p in other_kmod if p not in old_meta]
+        remove = [f"{p}-" for p in other_kmod]
         also = f", removing {', '.join(p[:-1] for p in remove)}" if remove else ""
         driver = server.shell(
             name=f"NVIDIA driver {', '.join(pkgs)} (and the {len(move)} installed packages of its set{also})",
