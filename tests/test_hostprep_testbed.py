@@ -232,8 +232,10 @@ def extra_host(deployed):
 
 
 def host4(h, *args: str) -> list[str]:
-    """The host layer on ``h`` with Docker's own repository (docker_version: the default pin)."""
-    return ["--limit", h.name, "--data", "docker_source=docker", *args]
+    """The host layer on ``h`` with Docker's own repository (docker_version: the default pin) and
+    the proprietary kernel modules (the session's hosts run the default, open:
+    test_kernel_module_testbed.py; a branch switch to 570 keeps the flavour)."""
+    return ["--limit", h.name, "--data", "docker_source=docker", "--data", "nvidia_kernel_module=proprietary", *args]
 
 
 def test_bad_input_on_a_bare_host_changes_nothing(extra_host):
@@ -285,7 +287,7 @@ def test_host_layer_from_dockers_repository(extra_host):
     for step in ("NVIDIA driver | CUDA repository signing key (fingerprint checked)",
                  "NVIDIA driver | apt source contrib non-free non-free-firmware (NVIDIA's driver needs them)",
                  "NVIDIA driver | NVIDIA's pinning package nvidia-driver-pinning-580",
-                 "NVIDIA driver | NVIDIA driver cuda-drivers-580",
+                 "NVIDIA driver | NVIDIA driver cuda-drivers-580, nvidia-kernel-dkms",
                  "Docker Engine | Docker repository signing key (fingerprint checked)",
                  "Docker Engine | apt source docker", f"Docker Engine | pin Docker Engine to {DOCKER_DEFAULT}",
                  "Docker Engine | Docker Engine (docker-ce)",
@@ -411,7 +413,7 @@ def test_driver_branch_switch_reboots_once_and_goes_on(extra_host):
     for step in ("NVIDIA driver | release driver holds to switch from branch 580",
                  "NVIDIA driver | remove the other branch's cuda-drivers-580, nvidia-driver-pinning-580",
                  "NVIDIA driver | pin driver packages to branch 570",
-                 "NVIDIA driver | NVIDIA driver cuda-drivers-570 (and the 26 installed packages of its set)",
+                 "NVIDIA driver | NVIDIA driver cuda-drivers-570, nvidia-kernel-dkms (and the 25 installed packages of its set)",
                  "NVIDIA driver | reboot if the loaded driver does not match the installed one (or is not loaded)"):
         assert step in done, (step, sorted(done))
     assert ssh(h, "cat /proc/sys/kernel/random/boot_id") != boot  # rebooted ...
