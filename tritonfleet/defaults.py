@@ -42,6 +42,13 @@ cuda_repo_url = "https://developer.download.nvidia.com/compute/cuda/repos"
 cuda_repo_key_name = "3bf863cc.pub"
 # Pinned fingerprint of the CUDA repository key (NVIDIA's 3bf863cc key).
 cuda_repo_key_fingerprint = "EB693B3035CD5710E231E123A4B469963BF863CC"
+# Where the driver comes from: "cuda" (NVIDIA's CUDA repository; "debian", Debian 12's own
+# nvidia-driver, is not supported yet: docs/driver-sources.md). Pre-flight refuses a host whose driver
+# came from another source (distro packages, the .run installer) unless nvidia_driver_migrate.
+nvidia_driver_source = "cuda"
+# Remove a driver from another source (holds lifted, packages purged, the .run uninstaller run)
+# before installing nvidia_driver_source's, then reboot once. False: pre-flight refuses such a host.
+nvidia_driver_migrate = False
 # Driver branch (e.g. "580"); None: the distro's entry in nvidia_driver_branch_default. Pre-flight
 # refuses a branch NVIDIA's repository for the host's distro does not have, or the Triton image
 # cannot use, naming the branches that would work (docs/nvidia-repositories.md).

@@ -27,6 +27,7 @@ from .gpucheck import GPU_CLASSES, compute_capability_problem, driver_supported
 from .host_layer import (
     DAEMON_JSON_HELP,
     driver_branch,
+    driver_source_problem,
     driver_version_problem,
     host_layer_facts,
     secure_boot_problem,
@@ -184,6 +185,7 @@ def check_host() -> None:
                   (DockerImageId, {"image": config.get("cuda_test_image")}))
     try:
         check_driver_branch()
+        check_driver_source()
         check_secure_boot()
         check_gpu_found()
         check_daemon_json()
@@ -191,6 +193,15 @@ def check_host() -> None:
         check_test_image()
     except config.ConfigError as e:  # e.g. an OS without a CUDA or Docker repository
         raise PreflightError(str(e)) from e
+
+
+def check_driver_source() -> None:
+    """A driver from another source than nvidia_driver_source (CUDA repository, Debian's or
+    Ubuntu's packages, the .run installer) is refused with what is there and how to migrate,
+    unless nvidia_driver_migrate (tritonfleet.driver_source)."""
+    problem = driver_source_problem()
+    if problem:
+        raise PreflightError(problem)
 
 
 def check_secure_boot() -> None:

@@ -13,7 +13,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
-from .. import config, gpuguard, vendor_repos, vendorfacts
+from .. import config, driver_source, gpuguard, vendor_repos, vendorfacts
 from ..facts import memo
 from ..facts.host import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
 from ..failure import fail
@@ -37,9 +37,12 @@ from ..host_layer import (
     docker_facts,
     driver_branch,
     driver_facts,
+    driver_source_problem,
     driver_upstream_version,
+    existing_driver,
     secure_boot_problem,
     toolkit_facts,
+    wanted_source,
 )
 from ..ops import aptlock, converged
 from ..ops import gpuguard as guard_ops
@@ -181,7 +184,24 @@ def nvidia_driver():
               function=_fail, message=problem,
               expected="Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load")
         return
+    problem = driver_source_problem()
+    if problem:
+        # (pre-flight refuses this before any host is touched; this guards direct use of the step)
+        check(name="check: the host's driver comes from another source: stop before mixing two",
+              function=_fail, message=problem,
+              expected="no driver, or one from nvidia_driver_source (or nvidia_driver_migrate = True)")
+        return
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
+    found, source = existing_driver(), wanted_source()
+    others = driver_source.conflict(found, source)
+    if others:
+        # nvidia_driver_migrate: the other source goes first, cleanly (holds lifted, purged, the
+        # .run uninstaller run); ours is installed below as on a bare host, and the host reboots once
+        server.shell(name=f"remove the driver from {', '.join(driver_source.NAMES[s] for s in others)} "
+                          "(nvidia_driver_migrate)",
+                     commands=aptlock.wrapped(driver_source.removal_commands(found, source),
+                                              setting="nvidia_driver_migrate"))
+    removed = {p for s in others for p in found.packages.get(s, [])}
     distro, branch = cuda_distro(), driver_branch()
     components = vendorfacts.apt_components(distro)
     nonfree = debian_nonfree_text()
@@ -205,7 +225,7 @@ def nvidia_driver():
                       "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
         )
 
-    installed = memo.fact(DpkgState)["installed"]
+    installed = {p: v for p, v in memo.fact(DpkgState)["installed"].items() if p not in removed}
     pinning = driver_pinning_package()
     other_pins = [p for p in vendorfacts.pinning_packages(distro) if p in installed and p != pinning]
     if uses_own_pin():
@@ -238,7 +258,7 @@ def nvidia_driver():
         # installed alone, before the driver: apt reads its preferences from the next command on
         converged.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning],
                            setting="nvidia_driver_branch")
-    if switching:
+    if switching or others:
         # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
         # leaves installed packages alone: name the installed packages of the set, so apt moves
         # each to its pinned candidate (apt itself, not a check that skips installed packages).
@@ -250,7 +270,7 @@ def nvidia_driver():
                                       + " ".join(pkgs + move)], setting=DRIVER_SETTINGS))
     else:
         driver = converged.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
-    driver_changes = switching or will_change(driver)
+    driver_changes = bool(switching or others) or will_change(driver)
     guard_ops.note("driver packages installed", driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
