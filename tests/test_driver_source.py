@@ -3,6 +3,8 @@ files, the refusal with its migration help, the removal commands, and the status
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -200,9 +202,60 @@ def test_same_source_converges_without_migration():
     assert not any("purge" in c or "--silent" in c for c in ops(cmds))
 
 
-def test_debian_source_is_refused_as_not_supported_yet():
+DEBIAN_SOURCES = ("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
+                  "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
+
+
+def acts(cmds) -> list[str]:
+    """What the step runs: no fact reads (single or batched)."""
+    return [c for c in ops(cmds) if "@@tritonfleet-fact@@" not in c]
+
+
+def test_debian_source_from_bare_uses_debians_archive_pins_and_holds():
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "/etc/apt/sources.list.d/*.sources": DEBIAN_SOURCES},
+                                 {**DATA, "nvidia_driver_source": "debian"})
+    assert not state.failed_hosts
+    run = "\n".join(acts(cmds))
+    assert "3bf863cc.pub" not in run and "cuda-drivers" not in run  # no NVIDIA repository
+    driver = next(c for c in acts(cmds) if "apt-get" in c and " install " in c and "nvidia-driver" in c)
+    for p in ("nvidia-driver", "nvidia-smi", "nvidia-persistenced", "libcuda1"):
+        assert re.search(rf"\b{p}\b", driver), driver
+    pin = host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
+    assert "Pin: version 535.*" in pin and " nvidia-kernel-dkms " in pin and "cuda-drivers" not in pin
+    assert "apt-mark hold" in run and "-e libcuda1" in run
+    assert "blacklist nouveau" in host.connector.uploads["/etc/modprobe.d/blacklist-nouveau.conf"]
+
+
+def test_debian_source_converged_changes_nothing():
+    installed = dpkg("hi nvidia-driver 535.309.01-0+deb12u1", "hi nvidia-smi 535.309.01-0+deb12u1",
+                     "hi libcuda1 535.309.01-0+deb12u1", "hi nvidia-persistenced 535.171.04-1~deb12u1",
+                     "ii linux-headers-6.1.0-28-amd64 6.1.76-1", "ii dkms 3.0.10-8+deb12u1")
+    _, cmds, state = run_fake(nvidia_driver, {**BASE, "dpkg-query -W": installed},
+                              {**DATA, "nvidia_driver_source": "debian", "nvidia_persistenced": False})
+    assert not state.failed_hosts
+    run = "\n".join(acts(cmds))
+    assert "apt-get" not in run and "apt-mark" not in run, run
+
+
+def test_migration_from_cuda_to_debian_purges_nvidias_packages_and_its_repository():
+    cuda = dpkg("ii nvidia-driver-pinning-580 580-1", "hi cuda-drivers-580 580.159.04-1",
+                "hi nvidia-driver 580.159.04-1", "ii dkms 3.0.10-8")
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "dpkg-query -W": cuda, "[ -f /etc/apt/sources.list.d/cuda.list ]":
+                                                 ["mode=644 user=root group=root", "a" * 64]},
+                                 {**DATA, "nvidia_driver_source": "debian", "nvidia_driver_migrate": True})
+    assert not state.failed_hosts
+    run = acts(cmds)
+    purge = next(i for i, c in enumerate(run)
+                 if "apt-get purge -y -q cuda-drivers-580 nvidia-driver nvidia-driver-pinning-580" in c)
+    gone = next(i for i, c in enumerate(run) if "rm -f /etc/apt/sources.list.d/cuda.list" in c)
+    driver = next(i for i, c in enumerate(run) if "--allow-downgrades nvidia-driver nvidia-smi" in c)
+    assert purge < gone < driver
+    assert "Pin: version 535.*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
+
+
+def test_debian_source_only_on_debian_12():
     import pytest
 
     from tritonfleet import config
-    with pytest.raises(config.ConfigError, match='nvidia_driver_source = "debian".*not supported yet'):
-        run_fake(nvidia_driver, BASE, {**DATA, "nvidia_driver_source": "debian"})
+    with pytest.raises(config.ConfigError, match='nvidia_driver_source = "debian" installs Debian 12'):
+        run_fake(nvidia_driver, BASE, {"cuda_distro": "ubuntu2204", "nvidia_driver_source": "debian"})

@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass, field
 
 SOURCES = ("cuda", "debian", "ubuntu")  # detected package sources
-SUPPORTED = ("cuda",)  # what nvidia_driver_source can install (debian: not built yet, docs/driver-sources.md)
+SUPPORTED = ("cuda", "debian")  # what nvidia_driver_source can install
 RUNFILE = "runfile"
 NAMES = {"cuda": "NVIDIA's CUDA repository", "debian": "Debian's own packages (non-free)",
          "ubuntu": "Ubuntu's own packages", RUNFILE: "NVIDIA's .run installer (files outside any package manager)"}

@@ -106,15 +106,24 @@ def existing_driver() -> driver_source.Found:
 def wanted_source() -> str:
     """nvidia_driver_source, checked."""
     source = config.get("nvidia_driver_source")
-    if source == "debian":
-        raise config.ConfigError(
-            f"{host.name}: nvidia_driver_source = \"debian\" (Debian 12's own nvidia-driver) is not supported yet "
-            "(docs/driver-sources.md): set it to \"cuda\" (inventory or inventories/group_data/)")
     if source not in driver_source.SUPPORTED:
         raise config.ConfigError(
-            f"{host.name}: nvidia_driver_source must be \"cuda\" (NVIDIA's CUDA repository), not {source!r} "
-            "(inventory or inventories/group_data/)")
+            f"{host.name}: nvidia_driver_source must be \"cuda\" (NVIDIA's CUDA repository) or \"debian\" "
+            f"(Debian 12's own packages), not {source!r} (inventory or inventories/group_data/)")
     return source
+
+
+def driver_repo() -> str:
+    """The facts (tritonfleet/vendorfacts.py) of where the driver comes from: NVIDIA's CUDA
+    repository for the host's distro, or Debian 12's own archive (nvidia_driver_source = "debian")."""
+    if wanted_source() == "debian":
+        distro = cuda_distro()
+        if distro != "debian12":
+            raise config.ConfigError(
+                f"{host.name}: nvidia_driver_source = \"debian\" installs Debian 12's own nvidia-driver, but this "
+                f"host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or inventories/group_data/)")
+        return vendorfacts.DEBIAN_ARCHIVE
+    return cuda_distro()
 
 
 def driver_source_problem() -> str | None:
@@ -133,7 +142,7 @@ def driver_branch() -> str:
     branch = config.get("nvidia_driver_branch")
     if branch:
         return str(branch)
-    distro = cuda_distro()
+    distro = driver_repo()
     defaults = config.get("nvidia_driver_branch_default") or {}
     if distro not in defaults:
         raise config.ConfigError(

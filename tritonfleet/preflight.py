@@ -27,6 +27,7 @@ from .gpucheck import GPU_CLASSES, compute_capability_problem, driver_supported
 from .host_layer import (
     DAEMON_JSON_HELP,
     driver_branch,
+    driver_repo,
     driver_source_problem,
     driver_version_problem,
     host_layer_facts,
@@ -34,7 +35,6 @@ from .host_layer import (
 )
 from .models import RepositoryError, host_repository
 from .ops.registry import login_registry, needs_login, pulls
-from .vendor_repos import cuda_distro
 
 GROUP_DATA = "inventories/group_data"
 
@@ -130,7 +130,7 @@ def check_driver_branch() -> None:
     """The branch (set, or the distro's default) exists in NVIDIA's repository for the host's
     distro and the Triton image can use it; nvidia_driver_version has that repository's shape.
     Refused naming the branches that would work."""
-    distro = cuda_distro()
+    distro = driver_repo()
     branch = driver_branch()
     where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if config.get("nvidia_driver_branch")
              else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
@@ -144,7 +144,7 @@ def check_driver_branch() -> None:
                     else f"none of its branches ({', '.join(available)}) supports {image}")
     if branch not in available:
         raise PreflightError(
-            f"{host.name}: driver branch {branch} is not in NVIDIA's {distro} repository (it has "
+            f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
             f"{', '.join(available)}); {alternatives}. Set {where} to one of them "
             "(docs/nvidia-repositories.md lists the sources)")
     ok, reason = driver_supported(config.get("nvidia_driver_version") or branch, image)
@@ -153,6 +153,10 @@ def check_driver_branch() -> None:
     problem = driver_version_problem(distro, branch)
     if problem:
         raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")
+
+
+def where_from(distro: str) -> str:
+    return "Debian 12's own archive" if distro == vendorfacts.DEBIAN_ARCHIVE else f"NVIDIA's {distro} repository"
 
 
 def check_test_image() -> None:

@@ -23,6 +23,10 @@ except ImportError:  # Python 3.10
 
 DATA = resource("data", "nvidia_repos")
 DISTROS = ("ubuntu2204", "ubuntu2404", "debian12")
+# a distro's own archive as a driver source (nvidia_driver_source = "debian"): same questions,
+# answered from data/distro_archives/<name>.toml
+ARCHIVES = resource("data", "distro_archives")
+DEBIAN_ARCHIVE = "debian12-archive"
 
 
 class UnknownDistro(ValueError):
@@ -33,6 +37,8 @@ class UnknownDistro(ValueError):
 def load(name: str) -> dict:
     """The file ``name`` (a distro, or "common"): {"distro", "family", "facts": {key: fact}}."""
     path = DATA / f"{name}.toml"
+    if not path.is_file() and (ARCHIVES / f"{name}.toml").is_file():
+        path = ARCHIVES / f"{name}.toml"
     if not path.is_file():
         known = ", ".join(DISTROS)
         raise UnknownDistro(f"no facts about NVIDIA's CUDA repository for {name!r} (known: {known}; "
@@ -86,6 +92,12 @@ def pinning_package(distro: str, branch: str) -> str | None:
 def pinning_packages(distro: str) -> list[str]:
     """Every pinning package the repository has (one per branch that has one)."""
     return [p for b in branches(distro) if (p := pinning_package(distro, b))]
+
+
+def install_with(distro: str) -> list[str]:
+    """Packages named next to the metapackage (a distro archive's tools), where the facts say so."""
+    facts = load(distro)["facts"]
+    return list(facts["install_with"]["value"]) if "install_with" in facts else []
 
 
 def driver_packages(distro: str, branch: str) -> list[str]:

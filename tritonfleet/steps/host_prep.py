@@ -37,6 +37,7 @@ from ..host_layer import (
     docker_facts,
     driver_branch,
     driver_facts,
+    driver_repo,
     driver_source_problem,
     driver_upstream_version,
     existing_driver,
@@ -50,7 +51,6 @@ from ..ops.apt_repo import vendor_source
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
 from ..shell import q
-from ..vendor_repos import cuda_distro
 
 TOOLKIT_PACKAGES = [
     "nvidia-container-toolkit",
@@ -60,12 +60,12 @@ TOOLKIT_PACKAGES = [
 ]
 def driver_pinning_package() -> str | None:
     """NVIDIA's pinning package for the branch, where the repository has one."""
-    return vendorfacts.pinning_package(cuda_distro(), driver_branch())
+    return vendorfacts.pinning_package(driver_repo(), driver_branch())
 
 
 def driver_packages() -> list[str]:
     """What the driver install names: the branch's metapackage (at the pinned version, if any)."""
-    distro, branch = cuda_distro(), driver_branch()
+    distro, branch = driver_repo(), driver_branch()
     upstream = driver_upstream_version()
     own = config.get("nvidia_driver_packages")
     if own:  # the operator's own list (e.g. signed precompiled modules)
@@ -73,12 +73,13 @@ def driver_packages() -> list[str]:
         version = config.get("nvidia_driver_version")
         return [f"{p}={version}" for p in own] if version else own
     meta = vendorfacts.metapackage(distro, branch)
+    tools = vendorfacts.install_with(distro)  # a distro archive's tools, next to its metapackage
     if not upstream:
-        return [meta]
+        return [meta, *tools]
     version = str(config.get("nvidia_driver_version"))
     # metapackages are <upstream>-1 in every CUDA repository (vendorfacts: version_shape)
     meta_version = version if vendorfacts.version_matches(distro, version, "metapackage") else f"{upstream}-1"
-    return [f"{meta}={meta_version}"]
+    return [f"{meta}={meta_version}", *tools]
 
 
 def uses_own_pin() -> bool:
@@ -93,7 +94,7 @@ def driver_pin_text() -> str:
     set of names: without a pin apt takes the newest branch, silently. The pin names every package
     of the driver's set (tritonfleet/data/nvidia_repos/), of every branch, at priority 1001 (so a
     switch back to an older branch downgrades)."""
-    distro, branch = cuda_distro(), driver_branch()
+    distro, branch = driver_repo(), driver_branch()
     upstream = driver_upstream_version()
     pin = f"{upstream}-*" if upstream else f"{branch}.*"
     names = " ".join(vendorfacts.all_driver_packages(distro))
@@ -105,7 +106,7 @@ def driver_pin_text() -> str:
 
 def driver_package_set() -> list[str]:
     """Every package name that belongs to the driver in this host's repository (any branch)."""
-    return vendorfacts.all_driver_packages(cuda_distro())
+    return vendorfacts.all_driver_packages(driver_repo())
 
 
 def _hold_missing(installed: dict) -> list[str]:
@@ -138,13 +139,15 @@ def _reboot_needed() -> bool:
     operation before changed the host."""
     if not config.get("nvidia_reboot_if_needed"):
         return False
-    text = (memo.fact(Command, command=DRIVER_VERSION_COMMAND) or "").lower()
+    raw = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
+    text = raw.lower()
     if "version mismatch" in text:
         logger.warning(f"{host.name}: loaded NVIDIA module does not match the installed driver; rebooting")
         return True
     if NO_DRIVER in text:
+        said = next((line.strip() for line in raw.splitlines() if NO_DRIVER in line.lower()), NO_DRIVER)
         logger.warning(f"{host.name}: the NVIDIA driver is installed but not loaded (nouveau bound to the "
-                       "GPU, or no module yet); rebooting once")
+                       f"GPU, or no module yet; `nvidia-smi` said: {said[:160]}); rebooting once")
         return True
     return False
 
@@ -153,7 +156,7 @@ def debian_nonfree_text() -> str | None:
     """deb822 source adding the components NVIDIA's driver needs from the distro's own archive
     (Debian: contrib non-free non-free-firmware), for each archive source that lacks them; None
     when nothing is missing (or the distro needs none)."""
-    needed = vendorfacts.apt_components(cuda_distro())["needed"]
+    needed = vendorfacts.apt_components(driver_repo())["needed"]
     if not needed:
         return None
     codename = ((memo.fact(LinuxDistribution).get("release_meta") or {}).get("VERSION_CODENAME") or "")
@@ -202,12 +205,25 @@ def nvidia_driver():
                      commands=aptlock.wrapped(driver_source.removal_commands(found, source),
                                               setting="nvidia_driver_migrate"))
     removed = {p for s in others for p in found.packages.get(s, [])}
-    distro, branch = cuda_distro(), driver_branch()
+    distro, branch = driver_repo(), driver_branch()
     components = vendorfacts.apt_components(distro)
     nonfree = debian_nonfree_text()
-    vendor_source(vendor_repos.cuda(), also=[
-        (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
-    ] if nonfree else [])
+    if source == "debian":
+        # Debian's own archive, signed with Debian's keyring (the archive source's own Signed-By);
+        # NVIDIA's repository (left by a migration from it) would offer other builds of the same names
+        changed = []
+        if memo.fact(FileState, path=vendor_repos.source_path("cuda")) is not None:
+            changed.append(server.shell(name="remove NVIDIA's CUDA repository (nvidia_driver_source = \"debian\")",
+                                        commands=[f"rm -f {q(vendor_repos.source_path('cuda'))}"]))
+        if nonfree:
+            changed.append(converged.put(name=f"apt source {' '.join(components['needed'])} (Debian's nvidia-driver)",
+                                         src=StringIO(nonfree), dest=NONFREE_FILE, mode="644"))
+        if will_change(*changed):
+            aptlock.update(name="apt update (Debian's contrib non-free non-free-firmware)")
+    else:
+        vendor_source(vendor_repos.cuda(), also=[
+            (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
+        ] if nonfree else [])
 
     kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
