@@ -42,6 +42,14 @@ cuda_repo_url = "https://developer.download.nvidia.com/compute/cuda/repos"
 cuda_repo_key_name = "3bf863cc.pub"
 # Pinned fingerprint of the CUDA repository key (NVIDIA's 3bf863cc key).
 cuda_repo_key_fingerprint = "EB693B3035CD5710E231E123A4B469963BF863CC"
+# Where the driver comes from: "cuda" (NVIDIA's CUDA repository) or "debian" (Debian 12's own
+# nvidia-driver from contrib/non-free, branch 535, with DKMS; pinned and held the same way;
+# docs/driver-sources.md). Pre-flight refuses a host whose driver came from another source (the
+# other of these, Ubuntu's packages, the .run installer) unless nvidia_driver_migrate.
+nvidia_driver_source = "cuda"
+# Remove a driver from another source (holds lifted, packages purged, the .run uninstaller run)
+# before installing nvidia_driver_source's, then reboot once. False: pre-flight refuses such a host.
+nvidia_driver_migrate = False
 # Driver branch (e.g. "580"); None: the distro's entry in nvidia_driver_branch_default. Pre-flight
 # refuses a branch NVIDIA's repository for the host's distro does not have, or the Triton image
 # cannot use, naming the branches that would work (docs/nvidia-repositories.md).
@@ -49,7 +57,9 @@ nvidia_driver_branch = None
 # Driver branch per CUDA repository distro when nvidia_driver_branch is None. Each exists in that
 # repository and Triton 24.08 supports it on T4/L4 (>= 560); R580 is NVIDIA's long-term support
 # branch and has NVIDIA's pinning package (nvidia-driver-pinning-580). Debian 12's repository has no R535.
-nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "debian12": "580"}
+# "debian12-archive": Debian 12's own packages (nvidia_driver_source = "debian"), which have only
+# R535 (a data-center branch Triton 24.08 supports through forward compatibility, from 535.86).
+nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "debian12": "580", "debian12-archive": "535"}
 # Exact driver release to pin: the upstream version (e.g. "580.159.04"; every package of the
 # driver at that release, in the distro's own version shape: 580.159.04-1 on Debian, -0ubuntu1 on
 # Ubuntu) or a full package version of the metapackage; None: newest of the branch.

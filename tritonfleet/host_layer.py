@@ -14,12 +14,13 @@ import re
 from pyinfra import host
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 
-from . import config, gpuguard, vendorfacts
+from . import config, driver_source, gpuguard, vendorfacts
 from .facts import memo
 from .facts.host import (
     AptSources,
     DockerDaemonJson,
     DpkgState,
+    DriverFiles,
     FileState,
     KeyringFingerprints,
     SecureBoot,
@@ -72,7 +73,7 @@ def driver_facts() -> list[tuple]:
             (KeyringFingerprints, {"path": CUDA_KEYRING}), (FileState, {"path": source_path("cuda")}),
             (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
             (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
-            (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}),
+            (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}), (DriverFiles, {}),
             (Command, {"command": DRIVER_VERSION_COMMAND}), (Command, {"command": PERSISTENCE_COMMAND}),
             (Command, {"command": KERNEL_MODULE_COMMAND})]
 
@@ -99,6 +100,46 @@ def host_layer_facts() -> list[tuple]:
     return [*driver_facts(), *docker_facts(), *toolkit_facts()]
 
 
+# --------------------------------------------------------------------------- driver source
+
+def existing_driver() -> driver_source.Found:
+    """The driver the host has now and where it came from (read before any operation ran)."""
+    dpkg = memo.fact(DpkgState)
+    return driver_source.detect(dpkg["installed"], dpkg["held"], memo.fact(DriverFiles))
+
+
+def wanted_source() -> str:
+    """nvidia_driver_source, checked."""
+    source = config.get("nvidia_driver_source")
+    if source not in driver_source.SUPPORTED:
+        raise config.ConfigError(
+            f"{host.name}: nvidia_driver_source must be \"cuda\" (NVIDIA's CUDA repository) or \"debian\" "
+            f"(Debian 12's own packages), not {source!r} (inventory or inventories/group_data/)")
+    return source
+
+
+def driver_repo() -> str:
+    """The facts (tritonfleet/vendorfacts.py) of where the driver comes from: NVIDIA's CUDA
+    repository for the host's distro, or Debian 12's own archive (nvidia_driver_source = "debian")."""
+    if wanted_source() == "debian":
+        distro = cuda_distro()
+        if distro != "debian12":
+            raise config.ConfigError(
+                f"{host.name}: nvidia_driver_source = \"debian\" installs Debian 12's own nvidia-driver, but this "
+                f"host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or inventories/group_data/)")
+        return vendorfacts.DEBIAN_ARCHIVE
+    return cuda_distro()
+
+
+def driver_source_problem() -> str | None:
+    """Why the driver step must not run on this host (another source, no migration), or None."""
+    source = wanted_source()
+    found = existing_driver()
+    if driver_source.conflict(found, source) and not config.get("nvidia_driver_migrate"):
+        return driver_source.migration_help(host.name, found, source, driver_branch())
+    return None
+
+
 # --------------------------------------------------------------------------- driver branch
 
 def driver_branch() -> str:
@@ -106,7 +147,7 @@ def driver_branch() -> str:
     branch = config.get("nvidia_driver_branch")
     if branch:
         return str(branch)
-    distro = cuda_distro()
+    distro = driver_repo()
     defaults = config.get("nvidia_driver_branch_default") or {}
     if distro not in defaults:
         raise config.ConfigError(

@@ -27,6 +27,8 @@ from .gpucheck import GPU_CLASSES, compute_capability_problem, driver_supported
 from .host_layer import (
     DAEMON_JSON_HELP,
     driver_branch,
+    driver_repo,
+    driver_source_problem,
     driver_version_problem,
     host_layer_facts,
     secure_boot_problem,
@@ -34,7 +36,6 @@ from .host_layer import (
 from .kernel_module import FLAVOURS
 from .models import RepositoryError, host_repository
 from .ops.registry import login_registry, needs_login, pulls
-from .vendor_repos import cuda_distro
 
 GROUP_DATA = "inventories/group_data"
 
@@ -140,7 +141,7 @@ def check_driver_branch() -> None:
     """The branch (set, or the distro's default) exists in NVIDIA's repository for the host's
     distro and the Triton image can use it; nvidia_driver_version has that repository's shape.
     Refused naming the branches that would work."""
-    distro = cuda_distro()
+    distro = driver_repo()
     branch = driver_branch()
     where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if config.get("nvidia_driver_branch")
              else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
@@ -154,7 +155,7 @@ def check_driver_branch() -> None:
                     else f"none of its branches ({', '.join(available)}) supports {image}")
     if branch not in available:
         raise PreflightError(
-            f"{host.name}: driver branch {branch} is not in NVIDIA's {distro} repository (it has "
+            f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
             f"{', '.join(available)}); {alternatives}. Set {where} to one of them "
             "(docs/nvidia-repositories.md lists the sources)")
     ok, reason = driver_supported(config.get("nvidia_driver_version") or branch, image)
@@ -163,6 +164,10 @@ def check_driver_branch() -> None:
     problem = driver_version_problem(distro, branch)
     if problem:
         raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")
+
+
+def where_from(distro: str) -> str:
+    return "Debian 12's own archive" if distro == vendorfacts.DEBIAN_ARCHIVE else f"NVIDIA's {distro} repository"
 
 
 def check_test_image() -> None:
@@ -195,6 +200,7 @@ def check_host() -> None:
                   (DockerImageId, {"image": config.get("cuda_test_image")}))
     try:
         check_driver_branch()
+        check_driver_source()
         check_secure_boot()
         check_gpu_found()
         check_daemon_json()
@@ -202,6 +208,15 @@ def check_host() -> None:
         check_test_image()
     except config.ConfigError as e:  # e.g. an OS without a CUDA or Docker repository
         raise PreflightError(str(e)) from e
+
+
+def check_driver_source() -> None:
+    """A driver from another source than nvidia_driver_source (CUDA repository, Debian's or
+    Ubuntu's packages, the .run installer) is refused with what is there and how to migrate,
+    unless nvidia_driver_migrate (tritonfleet.driver_source)."""
+    problem = driver_source_problem()
+    if problem:
+        raise PreflightError(problem)
 
 
 def check_secure_boot() -> None:

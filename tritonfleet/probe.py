@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import apikey, fleet, kernel, kernel_module
+from . import apikey, driver_source, fleet, kernel, kernel_module
 from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .models import host_repository
@@ -18,7 +18,7 @@ from .shell import q
 from .unit import render_unit, unit_context, unit_digest
 
 SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last",
-            "failure", "kernel", "kmod")
+            "failure", "kernel", "kmod", "driver_source")
 
 
 def command(get) -> str:
@@ -48,6 +48,8 @@ def command(get) -> str:
         "kernel": f"( {kernel.status_command()} )",
         # the NVIDIA kernel module's flavour: installed (modinfo's licence) and loaded (/proc)
         "kmod": f"( {kernel_module.COMMAND} )",
+        # where the driver came from (CUDA repository, distro packages, .run installer)
+        "driver_source": f"( {driver_source.PROBE_COMMAND} )",
     }
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"
 
@@ -89,6 +91,7 @@ class HostStatus:
     reboot: str = "-"           # the pending reboot and its kernel's module, for the table
     kernel_module: dict | None = None  # tritonfleet.kernel_module.ModuleState: installed/loaded flavour
     module: str = "-"           # the module's flavour, for the table
+    driver_source: str | None = None  # cuda, debian, ubuntu, runfile (+ others on a mixed host); None: none
     drift: list[str] = field(default_factory=list)
 
     @property
@@ -141,6 +144,8 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     except ValueError:
         st.last_deploy = None
     st.last_failure = current_failure(sections["failure"], st.last_deploy)
+    found = driver_source.parse_probe(sections["driver_source"])
+    st.driver_source = "+".join(found.sources) or None
     if sections["kernel"]:
         ks = kernel.parse(sections["kernel"])
         st.kernel, st.reboot = asdict(ks), ks.summary()
@@ -167,7 +172,8 @@ def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
 def intent(fh: fleet.FleetHost) -> dict:
     """What the inventory asks of this host: image, model release, unit, driver branch, toolkit."""
     want = {"image": fh.get("triton_image"), "driver_branch": fh.get("nvidia_driver_branch"),
-            "toolkit": fh.get("container_toolkit_version"), "kernel_module": fh.get("nvidia_kernel_module")}
+            "toolkit": fh.get("container_toolkit_version"), "kernel_module": fh.get("nvidia_kernel_module"),
+            "driver_source": fh.get("nvidia_driver_source")}
     try:
         _, man, rid = host_repository(fh.get)
         want["release"] = rid
@@ -204,6 +210,9 @@ def drift(st: HostStatus, want: dict) -> list[str]:
         out.append(f"driver {st.driver} (want {branch})")
     elif branch and not st.driver:
         out.append("no driver")
+    source = want.get("driver_source")
+    if source and st.driver_source and st.driver_source != source:
+        out.append(f"driver source {st.driver_source} (want {source})")
     tk = want.get("toolkit")
     if tk and st.toolkit != tk:
         out.append(f"toolkit {st.toolkit or 'none'} (want {tk})")

@@ -133,4 +133,5 @@ def container_toolkit() -> VendorRepo:
 
 def repos() -> list[VendorRepo]:
     """Every vendor repository this host trusts, in the order the deploy installs them."""
-    return [cuda(), *([docker()] if config.get("docker_source") == "docker" else []), container_toolkit()]
+    driver = [] if config.get("nvidia_driver_source") == "debian" else [cuda()]  # Debian's own keyring
+    return [*driver, *([docker()] if config.get("docker_source") == "docker" else []), container_toolkit()]

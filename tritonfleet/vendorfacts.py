@@ -23,6 +23,10 @@ except ImportError:  # Python 3.10
 
 DATA = resource("data", "nvidia_repos")
 DISTROS = ("ubuntu2204", "ubuntu2404", "debian12")
+# a distro's own archive as a driver source (nvidia_driver_source = "debian"): same questions,
+# answered from data/distro_archives/<name>.toml
+ARCHIVES = resource("data", "distro_archives")
+DEBIAN_ARCHIVE = "debian12-archive"
 
 
 class UnknownDistro(ValueError):
@@ -33,6 +37,8 @@ class UnknownDistro(ValueError):
 def load(name: str) -> dict:
     """The file ``name`` (a distro, or "common"): {"distro", "family", "facts": {key: fact}}."""
     path = DATA / f"{name}.toml"
+    if not path.is_file() and (ARCHIVES / f"{name}.toml").is_file():
+        path = ARCHIVES / f"{name}.toml"
     if not path.is_file():
         known = ", ".join(DISTROS)
         raise UnknownDistro(f"no facts about NVIDIA's CUDA repository for {name!r} (known: {known}; "
@@ -70,7 +76,9 @@ def _unversioned(distro: str, branch: str) -> bool:
 def metapackage(distro: str, branch: str, flavour: str = "proprietary") -> str:
     """The package that installs the driver of ``branch`` with the kernel modules of ``flavour``
     (proprietary: cuda-drivers-<branch>; open: nvidia-open-<branch>; from 590 unversioned)."""
-    meta = value(distro, "metapackage") if flavour == "proprietary" else value(distro, "open_flavour")["metapackage"]
+    meta = value(distro, "metapackage")
+    if flavour == "open":  # a distro archive's one metapackage takes either flavour (Debian's nvidia-driver)
+        meta = value(distro, "open_flavour").get("metapackage", meta)
     if _unversioned(distro, branch):
         return meta["unversioned"]
     return meta["template"].format(branch=branch)
@@ -89,6 +97,12 @@ def pinning_packages(distro: str) -> list[str]:
     return [p for b in branches(distro) if (p := pinning_package(distro, b))]
 
 
+def install_with(distro: str) -> list[str]:
+    """Packages named next to the metapackage (a distro archive's tools), where the facts say so."""
+    facts = load(distro)["facts"]
+    return list(facts["install_with"]["value"]) if "install_with" in facts else []
+
+
 def _name(distro: str, branch: str, template: str) -> str:
     if "{branch}" in template and _unversioned(distro, branch):
         template = template.replace("-{branch}", "")
@@ -104,8 +118,10 @@ def driver_packages(distro: str, branch: str, flavour: str = "proprietary") -> l
 
 def flavour_packages(distro: str, branch: str, flavour: str) -> list[str]:
     """The packages only ``flavour`` has (metapackage first): what moves when a host switches."""
+    meta, *names = driver_packages(distro, branch, flavour)
     other = set(driver_packages(distro, branch, "open" if flavour == "proprietary" else "proprietary"))
-    return [p for p in driver_packages(distro, branch, flavour) if p not in other]
+    # the metapackage stays first even where both flavours share it (Debian's nvidia-driver)
+    return [meta, *(p for p in names if p not in other)]
 
 
 def all_driver_packages(distro: str) -> list[str]:

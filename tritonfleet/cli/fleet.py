@@ -30,7 +30,7 @@ def _short_time(rec: dict | None) -> str:
 
 
 def status_table(rows: list[probe.HostStatus]) -> str:
-    head = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
+    head = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "SOURCE", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
             "RELEASE", "LAST DEPLOY", "REBOOT", "MODULE", "DRIFT")
     table = [head]
     for st in rows:
@@ -38,6 +38,7 @@ def status_table(rows: list[probe.HostStatus]) -> str:
         n_models = len(st.models_ready) + len(st.models_not_ready)
         table.append((
             st.host, st.gpu_class or "-", "yes" if st.reachable else "NO", gpu, st.driver or "-",
+            st.driver_source or "-",
             st.toolkit or "-", st.docker or "-", (st.image or "-").rsplit("/", 1)[-1], st.unit_state or "-",
             f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-", st.release or "-",
             _short_time(st.last_deploy), st.reboot if st.reachable else "-", st.module if st.reachable else "-",

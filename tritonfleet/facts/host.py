@@ -6,6 +6,7 @@ import json
 
 from pyinfra.api import FactBase
 
+from ..driver_source import FILES_COMMAND, parse_files
 from ..failure import HOST_RECORD as FAILURE_RECORD
 from ..keys import PRIMARY_FPR_AWK, trusted_shell
 from ..shell import q
@@ -377,3 +378,18 @@ class AptSources(FactBase):
                 out.append({"file": current, "uris": [rest[0]], "suites": [rest[1]], "components": rest[2:],
                             "signed_by": opts.get("signed-by")})
         return out
+
+
+class DriverFiles(FactBase):
+    """NVIDIA's .run installer on the host: its uninstaller and installer (with the package that
+    owns each, "" for none) and its backup log's first line (tritonfleet.driver_source)."""
+
+    @staticmethod
+    def default():
+        return {"files": {}, "runlog": None}
+
+    def command(self) -> str:
+        return FILES_COMMAND
+
+    def process(self, output):
+        return parse_files(output)

@@ -13,7 +13,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
-from .. import config, gpuguard, vendor_repos, vendorfacts
+from .. import config, driver_source, gpuguard, vendor_repos, vendorfacts
 from .. import kernel_module as kmod
 from ..facts import memo
 from ..facts.host import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
@@ -39,10 +39,14 @@ from ..host_layer import (
     docker_facts,
     driver_branch,
     driver_facts,
+    driver_repo,
+    driver_source_problem,
     driver_upstream_version,
+    existing_driver,
     kernel_module,
     secure_boot_problem,
     toolkit_facts,
+    wanted_source,
 )
 from ..ops import aptlock, converged
 from ..ops import gpuguard as guard_ops
@@ -50,7 +54,6 @@ from ..ops.apt_repo import vendor_source
 from ..ops.check import check, will_change
 from ..ops.reboot import reboot
 from ..shell import q
-from ..vendor_repos import cuda_distro
 
 TOOLKIT_PACKAGES = [
     "nvidia-container-toolkit",
@@ -60,14 +63,14 @@ TOOLKIT_PACKAGES = [
 ]
 def driver_pinning_package() -> str | None:
     """NVIDIA's pinning package for the branch, where the repository has one."""
-    return vendorfacts.pinning_package(cuda_distro(), driver_branch())
+    return vendorfacts.pinning_package(driver_repo(), driver_branch())
 
 
 def driver_packages() -> list[str]:
     """What the driver install names: the metapackage of the branch and kernel module flavour (at
     the pinned version, if any), and the packages only that flavour has (so apt takes them, not the
     other flavour's, where a package accepts either)."""
-    distro, branch, flavour = cuda_distro(), driver_branch(), kernel_module()
+    distro, branch, flavour = driver_repo(), driver_branch(), kernel_module()
     upstream = driver_upstream_version()
     own = config.get("nvidia_driver_packages")
     if own:  # the operator's own list (e.g. signed precompiled modules)
@@ -75,6 +78,7 @@ def driver_packages() -> list[str]:
         version = config.get("nvidia_driver_version")
         return [f"{p}={version}" for p in own] if version else own
     meta, *own_flavour = vendorfacts.flavour_packages(distro, branch, flavour)
+    own_flavour += vendorfacts.install_with(distro)  # a distro archive's tools, next to its metapackage
     if not upstream:
         return [meta, *own_flavour]
     version = str(config.get("nvidia_driver_version"))
@@ -86,12 +90,13 @@ def driver_packages() -> list[str]:
 def other_flavour_packages(installed: dict) -> list[str]:
     """Installed packages that only the other kernel module flavour has (any branch): removed in
     the same apt run that installs this flavour's (they conflict: apt cannot have both)."""
-    distro, flavour = cuda_distro(), kernel_module()
+    distro, flavour = driver_repo(), kernel_module()
     other = "proprietary" if flavour == "open" else "open"
     names: dict[str, None] = {}
     for b in vendorfacts.branches(distro):
+        mine = set(vendorfacts.driver_packages(distro, b, flavour))  # a metapackage both share stays
         for p in vendorfacts.flavour_packages(distro, b, other):
-            if p in installed:
+            if p in installed and p not in mine:
                 names.setdefault(p)
     return list(names)
 
@@ -112,7 +117,7 @@ def driver_pin_text() -> str:
     set of names: without a pin apt takes the newest branch, silently. The pin names every package
     of the driver's set (tritonfleet/data/nvidia_repos/), of every branch, at priority 1001 (so a
     switch back to an older branch downgrades)."""
-    distro, branch = cuda_distro(), driver_branch()
+    distro, branch = driver_repo(), driver_branch()
     upstream = driver_upstream_version()
     pin = f"{upstream}-*" if upstream else f"{branch}.*"
     names = " ".join(vendorfacts.all_driver_packages(distro))
@@ -124,7 +129,7 @@ def driver_pin_text() -> str:
 
 def driver_package_set() -> list[str]:
     """Every package name that belongs to the driver in this host's repository (any branch)."""
-    return vendorfacts.all_driver_packages(cuda_distro())
+    return vendorfacts.all_driver_packages(driver_repo())
 
 
 def _hold_missing(installed: dict) -> list[str]:
@@ -157,13 +162,15 @@ def _reboot_needed() -> bool:
     operation before changed the host."""
     if not config.get("nvidia_reboot_if_needed"):
         return False
-    text = (memo.fact(Command, command=DRIVER_VERSION_COMMAND) or "").lower()
+    raw = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
+    text = raw.lower()
     if "version mismatch" in text:
         logger.warning(f"{host.name}: loaded NVIDIA module does not match the installed driver; rebooting")
         return True
     if NO_DRIVER in text:
+        said = next((line.strip() for line in raw.splitlines() if NO_DRIVER in line.lower()), NO_DRIVER)
         logger.warning(f"{host.name}: the NVIDIA driver is installed but not loaded (nouveau bound to the "
-                       "GPU, or no module yet); rebooting once")
+                       f"GPU, or no module yet; `nvidia-smi` said: {said[:160]}); rebooting once")
         return True
     state = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
     if state.loaded and state.installed and state.loaded != state.installed:
@@ -177,7 +184,7 @@ def debian_nonfree_text() -> str | None:
     """deb822 source adding the components NVIDIA's driver needs from the distro's own archive
     (Debian: contrib non-free non-free-firmware), for each archive source that lacks them; None
     when nothing is missing (or the distro needs none)."""
-    needed = vendorfacts.apt_components(cuda_distro())["needed"]
+    needed = vendorfacts.apt_components(driver_repo())["needed"]
     if not needed:
         return None
     codename = ((memo.fact(LinuxDistribution).get("release_meta") or {}).get("VERSION_CODENAME") or "")
@@ -208,13 +215,43 @@ def nvidia_driver():
               function=_fail, message=problem,
               expected="Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load")
         return
+    problem = driver_source_problem()
+    if problem:
+        # (pre-flight refuses this before any host is touched; this guards direct use of the step)
+        check(name="check: the host's driver comes from another source: stop before mixing two",
+              function=_fail, message=problem,
+              expected="no driver, or one from nvidia_driver_source (or nvidia_driver_migrate = True)")
+        return
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
-    distro, branch = cuda_distro(), driver_branch()
+    found, source = existing_driver(), wanted_source()
+    others = driver_source.conflict(found, source)
+    if others:
+        # nvidia_driver_migrate: the other source goes first, cleanly (holds lifted, purged, the
+        # .run uninstaller run); ours is installed below as on a bare host, and the host reboots once
+        server.shell(name=f"remove the driver from {', '.join(driver_source.NAMES[s] for s in others)} "
+                          "(nvidia_driver_migrate)",
+                     commands=aptlock.wrapped(driver_source.removal_commands(found, source),
+                                              setting="nvidia_driver_migrate"))
+    removed = {p for s in others for p in found.packages.get(s, [])}
+    distro, branch = driver_repo(), driver_branch()
     components = vendorfacts.apt_components(distro)
     nonfree = debian_nonfree_text()
-    vendor_source(vendor_repos.cuda(), also=[
-        (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
-    ] if nonfree else [])
+    if source == "debian":
+        # Debian's own archive, signed with Debian's keyring (the archive source's own Signed-By);
+        # NVIDIA's repository (left by a migration from it) would offer other builds of the same names
+        changed = []
+        if memo.fact(FileState, path=vendor_repos.source_path("cuda")) is not None:
+            changed.append(server.shell(name="remove NVIDIA's CUDA repository (nvidia_driver_source = \"debian\")",
+                                        commands=[f"rm -f {q(vendor_repos.source_path('cuda'))}"]))
+        if nonfree:
+            changed.append(converged.put(name=f"apt source {' '.join(components['needed'])} (Debian's nvidia-driver)",
+                                         src=StringIO(nonfree), dest=NONFREE_FILE, mode="644"))
+        if will_change(*changed):
+            aptlock.update(name="apt update (Debian's contrib non-free non-free-firmware)")
+    else:
+        vendor_source(vendor_repos.cuda(), also=[
+            (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
+        ] if nonfree else [])
 
     kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
@@ -232,7 +269,7 @@ def nvidia_driver():
                       "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
         )
 
-    installed = memo.fact(DpkgState)["installed"]
+    installed = {p: v for p, v in memo.fact(DpkgState)["installed"].items() if p not in removed}
     pinning = driver_pinning_package()
     other_pins = [p for p in vendorfacts.pinning_packages(distro) if p in installed and p != pinning]
     if uses_own_pin():
@@ -271,7 +308,7 @@ def nvidia_driver():
         # installed alone, before the driver: apt reads its preferences from the next command on
         converged.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning],
                            setting="nvidia_driver_branch")
-    if switching:
+    if switching or others:
         # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
         # leaves installed packages alone: name the installed packages of the set, so apt moves
         # each to its pinned candidate (apt itself, not a check that skips installed packages).
@@ -287,7 +324,7 @@ def nvidia_driver():
                                       + " ".join(pkgs + move + remove)], setting=DRIVER_SETTINGS))
     else:
         driver = converged.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
-    driver_changes = switching or will_change(driver)
+    driver_changes = bool(switching or others) or will_change(driver)
     guard_ops.note("driver packages installed", driver)
     if config.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
