@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import apikey, fleet, kernel
+from . import apikey, fleet, gpucount, kernel
 from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .models import host_repository
 from .shell import q
 from .unit import render_unit, unit_context, unit_digest
 
-SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last",
+SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last",
             "failure", "kernel")
 
 
@@ -29,7 +29,8 @@ def command(get) -> str:
     addr = bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{addr}:{get('triton_http_port')}/v2/repository/index"
     parts = {
-        "gpu": "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 16",
+        "gpu": "nvidia-smi --query-gpu=name,driver_version,index,pci.bus_id,uuid --format=csv,noheader 2>&1 | head -n 16",
+        "gpu_record": f"cat {gpucount.RECORD} 2>/dev/null",
         "toolkit": "dpkg-query -W -f '${Version}' nvidia-container-toolkit 2>/dev/null",
         "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null",
         "active": f"systemctl is-active {q(service)} 2>/dev/null",
@@ -69,6 +70,9 @@ class HostStatus:
     reachable: bool = False
     error: str = ""
     gpus: list[str] = field(default_factory=list)
+    gpu_ids: list[dict] = field(default_factory=list)  # index, pci_bus_id, uuid, name of each GPU reported
+    gpu_recorded: list[dict] = field(default_factory=list)  # the host's GPU record (tritonfleet.gpucount)
+    gpu_expected: int | None = None  # gpu_count, else the record's count
     driver: str | None = None
     toolkit: str | None = None
     docker: str | None = None
@@ -107,11 +111,18 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     gpu_lines = sections["gpu"]
     if gpu_lines and "," in gpu_lines[0] and "failed" not in gpu_lines[0].lower():
         for line in gpu_lines:
-            name, _, drv = line.partition(",")
-            st.gpus.append(name.strip())
-            st.driver = drv.strip()
+            name, drv, *ids = [p.strip() for p in line.split(",")]
+            st.gpus.append(name)
+            st.driver = drv
+            if len(ids) == 3 and ids[0].isdigit():
+                st.gpu_ids.append({"index": int(ids[0]), "pci_bus_id": ids[1], "uuid": ids[2], "name": name})
     elif gpu_lines:
         st.error = gpu_lines[0][:120]
+    st.gpu_recorded = gpucount.parse_record(sections["gpu_record"])
+    try:
+        st.gpu_expected = gpucount.expected_count(fh.get("gpu_count"), st.gpu_recorded)
+    except ValueError:
+        st.gpu_expected = None
     st.toolkit = (sections["toolkit"] or [None])[0]
     st.docker = (sections["docker"] or [None])[0]
     st.unit_state = (sections["active"] or ["unknown"])[0]
@@ -157,18 +168,26 @@ def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
     return {**failure.to_json(), "time": report.get("time", "")}
 
 
-def intent(fh: fleet.FleetHost) -> dict:
-    """What the inventory asks of this host: image, model release, unit, driver branch, toolkit."""
+def intent(fh: fleet.FleetHost, st: HostStatus | None = None) -> dict:
+    """What the inventory asks of this host: image, model release (its instances placed on the
+    GPUs ``st`` found), unit, driver branch, toolkit."""
     want = {"image": fh.get("triton_image"), "driver_branch": fh.get("nvidia_driver_branch"),
             "toolkit": fh.get("container_toolkit_version")}
     try:
-        _, man, rid = host_repository(fh.get)
+        gpus = gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded if st else [],
+                                        len(st.gpus) if st else None)
+        _, man, rid = host_repository(fh.get, gpus=gpus)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
     except Exception as e:  # noqa: BLE001 - an unrenderable repository is shown, not fatal here
         want["release_error"] = str(e)
     want["unit"] = unit_digest(render_unit(unit_context(fh.get)))
     return want
+
+
+def fh_gpu_count_set(st: HostStatus) -> bool:
+    """Whether the expected GPU count came from gpu_count rather than the host's record."""
+    return st.gpu_expected is not None and st.gpu_expected != len(st.gpu_recorded)
 
 
 def drift(st: HostStatus, want: dict) -> list[str]:
@@ -204,6 +223,10 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     if k.get("boot") and k.get("module") == "no" and (k.get("reboot_required") or k.get("boot") != k.get("running")):
         out.append(f"{'pending reboot' if k.get('reboot_required') else 'next boot'} into kernel {k['boot']}, which "
                    "has no NVIDIA module (the host would come back without its GPU)")
+    if st.gpu_expected and (st.gpus or not st.error):
+        source = "gpu_count" if fh_gpu_count_set(st) else "recorded"
+        out += [p.split(": ", 1)[1] for p in gpucount.count_problems(
+            "GPUs", st.gpu_ids or [{"name": g} for g in st.gpus], st.gpu_expected, st.gpu_recorded, source)]
     names = GPU_CLASSES.get(st.gpu_class or "", {}).get("names", [])
     wrong = [g for g in st.gpus if g not in names]
     if names and wrong:
@@ -242,5 +265,5 @@ def probe(fh: fleet.FleetHost, with_intent: bool = True, timeout: float = 30) ->
                           drift=["unreachable"])
     st = interpret(fh, parse(text))
     if with_intent:
-        st.drift = drift(st, intent(fh))
+        st.drift = drift(st, intent(fh, st))
     return st
