@@ -169,8 +169,9 @@ def verify_current_host(image: str) -> dict:
             f"driver {(g.driver_version if g else '-'):<10} cc {(g.compute_cap if g else '-'):<4} "
             f"CUDA {summary.get('cuda_version') or '-'}"
         )
-    if expected:
-        rows = [f"{r}  GPUs {r.split('x ', 1)[0].split()[-1]}/{expected}" for r in rows]
+    if expected:  # reported/expected (a record that grows: as many as the host reports now)
+        shown = expected if source == "gpu_count" else max(expected, len(host_gpus))
+        rows = [f"{r}  GPUs {r.split('x ', 1)[0].split()[-1]}/{shown}" for r in rows]
     if meta.get("cached"):
         rows[-1] += "  (as when it last passed: nothing it depends on changed)"
     for r in rows:
