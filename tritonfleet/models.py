@@ -343,7 +343,7 @@ def host_repository(get=None, gpus: int | None = None) -> tuple[Path, dict, str]
 
         get = config.get
         if gpus is None:
-            from .facts.host import placement_gpus
+            from .facts.gpu import placement_gpus
 
             gpus = placement_gpus()
     src = Path(get("model_repository")).resolve()
