@@ -281,3 +281,41 @@ def test_status_shows_reported_and_expected_and_names_the_missing_gpu():
     want1 = probe.intent(fh, probe.interpret(fh, probe.parse(probe_text(rec[:1], rec[:1]))))["release"]
     assert want4 != want1
     assert want4 == models.host_repository(fh.get, gpus=4)[2]
+
+
+# ------------------------------------------------------------------------ the verification (@fake)
+
+def test_verification_records_four_gpus_then_fails_naming_the_missing_one():
+    from fakehost import run_fake
+
+    from tritonfleet.failure import HOST_RECORD
+    from tritonfleet.steps.verify import RECORD_PREFIX, SECTION, verify_gpus
+
+    summary = (FIXTURES / "smi_t4x4_535.183.01.txt").read_text().splitlines()
+    four = t4x4()
+    query = [f"{g['index']}, Tesla T4, {g['uuid']}, {g['pci_bus_id']}, 535.183.01, 7.5, 15360" for g in four]
+    # the GPU at 00:1D.0 gone, the one after it renumbered
+    three = [q if i < 2 else q.replace(f"{i}, Tesla", f"{i - 1}, Tesla", 1) for i, q in enumerate(query) if i != 2]
+    assert [t.split(",")[0] for t in three] == ["0", "1", "2"]
+
+    def answer(q, record=()):
+        return [*(RECORD_PREFIX + line for line in record), *q, SECTION, *summary, SECTION, *q, SECTION, *summary]
+
+    # no record: passes, and the four GPUs are recorded by their own operation
+    _, cmds, state = run_fake(verify_gpus, {SECTION: answer(query)}, yes=True, load_image=False)
+    assert not state.failed_hosts
+    probes = [c for c in cmds if "nvidia-smi" in c]
+    assert len(probes) == 1 and f"sed 's/^/{RECORD_PREFIX}/' {gpucount.RECORD}" in probes[0]
+    writes = [c for c in cmds if f"> {gpucount.RECORD}.tmp" in c]
+    assert len(writes) == 1 and all(line in writes[0] for line in gpucount.record_lines(four))
+    # recorded four, reports three: fails naming GPU 2 by index, bus id and UUID; the record stays
+    _, cmds, state = run_fake(verify_gpus, {SECTION: answer(three, gpucount.record_lines(four))},
+                              yes=True, load_image=False)
+    assert state.failed_hosts
+    report = next(c for c in cmds if HOST_RECORD in c)
+    assert f"missing: GPU 2 ({four[2]['pci_bus_id']}, {four[2]['uuid']}, Tesla T4)" in report
+    assert "gpu_count" in report and not any(f"> {gpucount.RECORD}.tmp" in c for c in cmds)
+    # gpu_count 3 for this host: three pass, the record is kept as it is
+    _, cmds, state = run_fake(verify_gpus, {SECTION: answer(three, gpucount.record_lines(four))},
+                              {"gpu_count": 3}, yes=True, load_image=False)
+    assert not state.failed_hosts and not any(f"> {gpucount.RECORD}.tmp" in c for c in cmds)
