@@ -277,6 +277,9 @@ def test_status_shows_reported_and_expected_and_names_the_missing_gpu():
     # gpu_count over the record; the release wanted is the one placed on the expected GPUs
     st = probe.interpret(fleet_host(gpu_count=3), probe.parse(probe_text(left, rec)))
     assert st.gpu_expected == 3 and not [d for d in probe.drift(st, {}) if "GPU" in d]
+    st = probe.interpret(fleet_host(gpu_count=4), probe.parse(probe_text(left, rec)))
+    assert [d for d in probe.drift(st, {}) if "GPU" in d][0].startswith(
+        "reports 3 GPU(s), expected 4 (gpu_count); missing: GPU 3")
     want4 = probe.intent(fh, st4)["release"]
     want1 = probe.intent(fh, probe.interpret(fh, probe.parse(probe_text(rec[:1], rec[:1]))))["release"]
     assert want4 != want1

@@ -73,6 +73,7 @@ class HostStatus:
     gpu_ids: list[dict] = field(default_factory=list)  # index, pci_bus_id, uuid, name of each GPU reported
     gpu_recorded: list[dict] = field(default_factory=list)  # the host's GPU record (tritonfleet.gpucount)
     gpu_expected: int | None = None  # gpu_count, else the record's count
+    gpu_expected_from: str = ""  # "gpu_count" or "recorded"
     driver: str | None = None
     toolkit: str | None = None
     docker: str | None = None
@@ -120,7 +121,10 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
         st.error = gpu_lines[0][:120]
     st.gpu_recorded = gpucount.parse_record(sections["gpu_record"])
     try:
-        st.gpu_expected = gpucount.expected_count(fh.get("gpu_count"), st.gpu_recorded)
+        get = getattr(fh, "get", None)  # a FleetHost; bare name/address holders expect the record's count
+        gpu_count = get("gpu_count") if get else None
+        st.gpu_expected = gpucount.expected_count(gpu_count, st.gpu_recorded)
+        st.gpu_expected_from = "gpu_count" if gpu_count not in (None, "") else "recorded"
     except ValueError:
         st.gpu_expected = None
     st.toolkit = (sections["toolkit"] or [None])[0]
@@ -185,11 +189,6 @@ def intent(fh: fleet.FleetHost, st: HostStatus | None = None) -> dict:
     return want
 
 
-def fh_gpu_count_set(st: HostStatus) -> bool:
-    """Whether the expected GPU count came from gpu_count rather than the host's record."""
-    return st.gpu_expected is not None and st.gpu_expected != len(st.gpu_recorded)
-
-
 def drift(st: HostStatus, want: dict) -> list[str]:
     out = []
     if not st.reachable:
@@ -224,9 +223,9 @@ def drift(st: HostStatus, want: dict) -> list[str]:
         out.append(f"{'pending reboot' if k.get('reboot_required') else 'next boot'} into kernel {k['boot']}, which "
                    "has no NVIDIA module (the host would come back without its GPU)")
     if st.gpu_expected and (st.gpus or not st.error):
-        source = "gpu_count" if fh_gpu_count_set(st) else "recorded"
         out += [p.split(": ", 1)[1] for p in gpucount.count_problems(
-            "GPUs", st.gpu_ids or [{"name": g} for g in st.gpus], st.gpu_expected, st.gpu_recorded, source)]
+            "GPUs", st.gpu_ids or [{"name": g} for g in st.gpus], st.gpu_expected, st.gpu_recorded,
+            st.gpu_expected_from)]
     names = GPU_CLASSES.get(st.gpu_class or "", {}).get("names", [])
     wrong = [g for g in st.gpus if g not in names]
     if names and wrong:
