@@ -322,3 +322,16 @@ def test_verification_records_four_gpus_then_fails_naming_the_missing_one():
     _, cmds, state = run_fake(verify_gpus, {SECTION: answer(three, gpucount.record_lines(four))},
                               {"gpu_count": 3}, yes=True, load_image=False)
     assert not state.failed_hosts and not any(f"> {gpucount.RECORD}.tmp" in c for c in cmds)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "four", 2.5, "3x"])
+def test_a_bad_gpu_count_is_refused_by_pre_flight(bad):
+    from fakehost import run_fake
+
+    from tritonfleet.preflight import PreflightError, triton_layer
+
+    with pytest.raises(ValueError, match="gpu_count must be a whole number >= 1"):
+        gpucount.expected_count(bad, [])
+    with pytest.raises(PreflightError, match=rf"@fake/gpu1: gpu_count must be a whole number >= 1, not {bad!r} "
+                                              r"\(inventory or group data\)$"):
+        run_fake(triton_layer, {}, {"gpu_count": bad}, yes=True)

@@ -50,9 +50,12 @@ def expected_count(gpu_count, recorded: list[dict]) -> int | None:
     """How many GPUs the host should report: ``gpu_count`` when set, else as many as the record
     holds (None: nothing expected yet, the first verified run records what it finds)."""
     if gpu_count not in (None, ""):
-        n = int(gpu_count)
-        if n < 1:
-            raise ValueError(f"gpu_count must be a whole number >= 1, not {gpu_count!r}")
+        try:
+            n = int(gpu_count)
+        except (TypeError, ValueError):
+            n = 0
+        if n < 1 or str(n) != str(gpu_count).strip():
+            raise ValueError(f"gpu_count must be a whole number >= 1, not {gpu_count!r} (inventory or group data)")
         return n
     return len(recorded) if recorded else None
 

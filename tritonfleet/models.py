@@ -337,7 +337,7 @@ def host_repository(get=None, gpus: int | None = None) -> tuple[Path, dict, str]
     """(rendered local repository, manifest, release id) for the current host (or for the host
     whose tunables ``get`` reads): ``model_repository`` with the host's ``model_overrides``,
     its instance groups placed on ``gpus`` GPUs (default: the current host's, from
-    ``tritonfleet.facts.host.placement_gpus``), rendered and hashed once per run."""
+    ``tritonfleet.facts.gpu.placement_gpus``), rendered and hashed once per run."""
     if get is None:
         from . import config
 

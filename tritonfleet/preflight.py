@@ -94,7 +94,8 @@ def check_model_repository() -> None:
     except RepositoryError as e:  # something a release cannot reproduce on the host
         raise PreflightError(f"{host.name}: {e}") from e
     except ValueError as e:
-        raise PreflightError(f"{host.name}: {e} (model_overrides in {GROUP_DATA}/)") from e
+        where = "" if "gpu_count" in str(e) or "gpu_placement" in str(e) else f" (model_overrides in {GROUP_DATA}/)"
+        raise PreflightError(f"{host.name}: {e}{where}") from e
     if local.resolve() != src.resolve():
         # then as this host serves it (model_overrides applied, instances placed on its GPUs)
         gpus = placement_gpus()

@@ -1,7 +1,8 @@
 """GPU verification: the host's nvidia-smi, and the same inside `docker run --gpus all`.
 
 Both must show the GPU model of the host's class (T4/L4), compute capability and CUDA version at
-least the configured minimum; a mismatch fails that host naming expected and found.
+least the configured minimum, and as many GPUs as gpu_count or the host's GPU record says
+(tritonfleet.gpucount); a mismatch fails that host naming expected and found.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def verify_current_host(image: str) -> dict:
     try:
         expected = expected_count(config.get("gpu_count"), recorded)
     except ValueError as e:
-        raise config.ConfigError(f"{host.name}: {e} (inventory or group data)") from e
+        raise config.ConfigError(f"{host.name}: {e}") from e
     source = "gpu_count" if config.get("gpu_count") not in (None, "") else f"recorded in {RECORD}"
     host_gpus = []
     for where, info, summary in probed:
