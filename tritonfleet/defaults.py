@@ -132,6 +132,10 @@ gpu_min_cuda_version = "12.0"
 # containerd packages, daemon.json, the test image); "always": every run. The host's own
 # nvidia-smi check runs every time either way.
 gpu_verify_container = "changes"
+# GPUs every host (or class, in group data) must report (None: as many as the first verified
+# run found, recorded on the host in /var/lib/tritonfleet/gpus). Fewer fails the GPU
+# verification naming the missing GPUs by index, bus id and UUID (docs/multi-gpu.md).
+gpu_count = None
 
 # --- Triton images ------------------------------------------------------------------------
 # How model files and image archives travel to hosts: "ssh" (the OpenSSH client with the host's
@@ -159,6 +163,12 @@ registry_host = None
 model_repository = "files/model_repository"
 # Per-class overrides of config.pbtxt (rendered through templates): {model: {key: value}}.
 model_overrides = {}
+# Instance-group placement on a host's GPUs: "spread" (a KIND_GPU group written `gpus: [ 0 ]`
+# lists every GPU the host has, same count per GPU) or "as-written" (configs as they are). A
+# one-GPU host keeps the configs byte for byte either way (docs/multi-gpu.md).
+gpu_placement = "spread"
+# Per-model placement policy, over gpu_placement: {model: "spread" | "as-written"}.
+gpu_placement_models = {}
 # Where releases of the model repository live on the host; `current` points at the live one.
 triton_base_dir = "/opt/triton"
 # How many previous model releases to keep on the host (for rollback).

@@ -222,16 +222,44 @@ def _prune_rendered(root: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def render(src: Path, overrides: dict | None, dest_root: Path | None = None) -> Path:
+def _placed(text: str, model: str, placement: dict | None) -> str:
+    """``text`` (a model's config.pbtxt) with the host's instance-group placement applied
+    (tritonfleet.gpucount.place; ``placement``: {"gpus": N, "policy": ..., "models": {...}})."""
+    if not placement or int(placement.get("gpus") or 1) <= 1:
+        return text
+    from .gpucount import place, policy_for
+
+    return place(text, int(placement["gpus"]), policy_for(model, placement.get("policy") or "spread",
+                                                          placement.get("models")))
+
+
+def _placement_changes(src: Path, placement: dict | None) -> bool:
+    """Whether the placement changes any config.pbtxt of ``src`` as written."""
+    if not placement or int(placement.get("gpus") or 1) <= 1:
+        return False
+    for kind, rel, s in walk(src):
+        parts = rel.split("/")
+        if kind == "file" and len(parts) == 2 and parts[1] == "config.pbtxt":
+            text = s.read_text()
+            if _placed(text, parts[0], placement) != text:
+                return True
+    return False
+
+
+def render(src: Path, overrides: dict | None, dest_root: Path | None = None, placement: dict | None = None) -> Path:
     """The repository as a host of this class serves it: ``src`` with ``overrides``
-    ({model: {field: value}}) applied. Without overrides, ``src`` itself.
+    ({model: {field: value}}) applied, then the instance groups placed on the host's GPUs
+    (``placement``, tritonfleet.gpucount). Without overrides and with nothing to place, ``src``
+    itself.
 
     Each run renders into a directory of its own (rendered/<key>.<run id>, removed when the
     run ends; what killed runs left is removed by the next): a second operator's run never
     replaces the files a first one is sending."""
-    if not overrides:
+    overrides = overrides or {}
+    if not overrides and not _placement_changes(src, placement):
         return src
-    key = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode() + str(src.resolve()).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([overrides, placement], sort_keys=True).encode()
+                         + str(src.resolve()).encode()).hexdigest()[:12]
     root = dest_root or CACHE_DIR / "rendered"
     root.mkdir(parents=True, exist_ok=True)
     _prune_rendered(root)
@@ -247,10 +275,16 @@ def render(src: Path, overrides: dict | None, dest_root: Path | None = None) -> 
         model = parts[0]
         if len(parts) == 2 and parts[1] == "config.pbtxt" and model in overrides:
             try:
-                d.write_text(apply_overrides(s.read_text(), overrides[model]))
+                d.write_text(_placed(apply_overrides(s.read_text(), overrides[model]), model, placement))
             except Exception as e:  # protobuf parse errors: name the file
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise ValueError(f"{s}: cannot apply model_overrides[{model!r}]: {e}") from e
+        elif len(parts) == 2 and parts[1] == "config.pbtxt" and _placed(text := s.read_text(), model, placement) != text:
+            try:
+                d.write_text(_placed(text, model, placement))
+            except Exception as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise ValueError(f"{s}: cannot place its instance groups on {placement['gpus']} GPUs: {e}") from e
         else:
             try:
                 os.link(s, d)  # follows a symlink: the rendered copy holds what it points to
@@ -280,21 +314,42 @@ def model_names(repo: Path) -> list[str]:
 
 
 @cache
-def _rendered(src: str, overrides_json: str) -> tuple[str, str, str]:
-    rendered = render(Path(src), json.loads(overrides_json))
+def _rendered(src: str, overrides_json: str, placement_json: str = "null") -> tuple[str, str, str]:
+    rendered = render(Path(src), json.loads(overrides_json), placement=json.loads(placement_json))
     man = manifest(rendered)
     return str(rendered), json.dumps(man, sort_keys=True), release_id(man)
 
 
-def host_repository(get=None) -> tuple[Path, dict, str]:
+def placement_of(get, gpus: int) -> dict:
+    """The placement for a host with ``gpus`` GPUs whose tunables ``get`` reads."""
+    from .gpucount import POLICIES
+
+    policy = get("gpu_placement") or "spread"
+    per_model = dict(get("gpu_placement_models") or {})
+    for name, p in [("*", policy), *per_model.items()]:
+        if p not in POLICIES:
+            raise ValueError(f"gpu_placement{'' if name == '*' else '_models[' + repr(name) + ']'} is {p!r}, "
+                             f"not one of {', '.join(POLICIES)} (group data)")
+    return {"gpus": int(gpus), "policy": policy, "models": per_model}
+
+
+def host_repository(get=None, gpus: int | None = None) -> tuple[Path, dict, str]:
     """(rendered local repository, manifest, release id) for the current host (or for the host
     whose tunables ``get`` reads): ``model_repository`` with the host's ``model_overrides``,
-    rendered and hashed once per run."""
+    its instance groups placed on ``gpus`` GPUs (default: the current host's, from
+    ``tritonfleet.facts.gpu.placement_gpus``), rendered and hashed once per run."""
     if get is None:
         from . import config
 
         get = config.get
+        if gpus is None:
+            from .facts.gpu import placement_gpus
+
+            gpus = placement_gpus()
     src = Path(get("model_repository")).resolve()
     overrides = get("model_overrides") or {}
-    path, man, rid = _rendered(str(src), json.dumps(overrides, sort_keys=True))
+    placement = placement_of(get, gpus or 1)
+    if placement["gpus"] <= 1:
+        placement = None  # one GPU: nothing to place (the configs as written)
+    path, man, rid = _rendered(str(src), json.dumps(overrides, sort_keys=True), json.dumps(placement, sort_keys=True))
     return Path(path), json.loads(man), rid

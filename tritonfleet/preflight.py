@@ -21,7 +21,7 @@ from pyinfra import host, logger
 
 from . import config, keys, vendor_repos, vendorfacts
 from .facts import memo
-from .facts.gpu import STATUS_NO_GPU, STATUS_OK, NvidiaGpus
+from .facts.gpu import STATUS_NO_GPU, STATUS_OK, GpuRecord, NvidiaGpus, placement_gpus
 from .facts.host import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
 from .gpucheck import GPU_CLASSES, compute_capability_problem, driver_supported
 from .host_layer import (
@@ -81,10 +81,10 @@ def check_model_repository() -> None:
         raise PreflightError(f"{host.name}: triton_base_dir {base!r} must be an absolute path without '..' "
                              f"(set it in {GROUP_DATA}/all.py or the inventory)")
 
-    def validated(repo: Path) -> None:
-        key = str(repo.resolve())
+    def validated(repo: Path, gpus: int | None = None) -> None:
+        key = f"{repo.resolve()}|{gpus}"
         if key not in _validated:
-            _validated[key] = validate_repository(repo)
+            _validated[key] = validate_repository(repo, gpus=gpus)
         if _validated[key]:
             lines = "\n".join(f"  {p}" for p in _validated[key])
             raise PreflightError(f"{host.name}: model repository {src} is invalid "
@@ -96,9 +96,12 @@ def check_model_repository() -> None:
     except RepositoryError as e:  # something a release cannot reproduce on the host
         raise PreflightError(f"{host.name}: {e}") from e
     except ValueError as e:
-        raise PreflightError(f"{host.name}: {e} (model_overrides in {GROUP_DATA}/)") from e
+        where = "" if "gpu_count" in str(e) or "gpu_placement" in str(e) else f" (model_overrides in {GROUP_DATA}/)"
+        raise PreflightError(f"{host.name}: {e}{where}") from e
     if local.resolve() != src.resolve():
-        validated(local)  # then as this host's class serves it (model_overrides applied)
+        # then as this host serves it (model_overrides applied, instances placed on its GPUs)
+        gpus = placement_gpus()
+        validated(local, gpus if gpus > 1 else None)
 
 
 def check_gpu_class_and_driver() -> None:
@@ -193,11 +196,16 @@ def check_registry_secret(images: list[str]) -> None:
 
 # --------------------------------------------------------------------------- host (read-only)
 
+def prefetch_host() -> None:
+    """One remote command for what pre-flight, the host layer's steps and the placement of model
+    instances on the host's GPUs (its GPU record) read."""
+    memo.prefetch((NvidiaGpus, {}), (GpuRecord, {}), *host_layer_facts(),
+                  (DockerImageId, {"image": config.get("cuda_test_image")}))
+
+
 def check_host() -> None:
     """What the host already is must fit the inventory; the keys it would trust must be the pinned ones."""
-    # one remote command for all of it, and for what the host layer's steps read after it
-    memo.prefetch((NvidiaGpus, {}), *host_layer_facts(),
-                  (DockerImageId, {"image": config.get("cuda_test_image")}))
+    prefetch_host()
     try:
         check_driver_branch()
         check_driver_source()
@@ -283,6 +291,7 @@ def run_all() -> None:
     """deploys/triton.py: everything."""
     check_host_key_policy()
     check_gpu_class_and_driver()
+    prefetch_host()  # the GPU record places model instances (check_model_repository)
     check_model_repository()
     check_registry_secret([config.get("cuda_test_image"), config.get("triton_image")])
     check_host()

@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import apikey, driver_source, fleet, kernel, kernel_module
+from . import apikey, driver_source, fleet, gpucount, kernel, kernel_module
 from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .models import host_repository
 from .shell import q
 from .unit import render_unit, unit_context, unit_digest
 
-SECTIONS = ("gpu", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models", "last",
-            "failure", "kernel", "kmod", "driver_source")
+SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models",
+            "last", "failure", "kernel", "kmod", "driver_source")
 
 
 def command(get) -> str:
@@ -29,7 +29,8 @@ def command(get) -> str:
     addr = bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{addr}:{get('triton_http_port')}/v2/repository/index"
     parts = {
-        "gpu": "nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 16",
+        "gpu": "nvidia-smi --query-gpu=name,driver_version,index,pci.bus_id,uuid --format=csv,noheader 2>&1 | head -n 16",
+        "gpu_record": f"cat {gpucount.RECORD} 2>/dev/null",
         "toolkit": "dpkg-query -W -f '${Version}' nvidia-container-toolkit 2>/dev/null",
         "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null",
         "active": f"systemctl is-active {q(service)} 2>/dev/null",
@@ -73,6 +74,10 @@ class HostStatus:
     reachable: bool = False
     error: str = ""
     gpus: list[str] = field(default_factory=list)
+    gpu_ids: list[dict] = field(default_factory=list)  # index, pci_bus_id, uuid, name of each GPU reported
+    gpu_recorded: list[dict] = field(default_factory=list)  # the host's GPU record (tritonfleet.gpucount)
+    gpu_expected: int | None = None  # gpu_count, else the record's count
+    gpu_expected_from: str = ""  # "gpu_count" or "recorded"
     driver: str | None = None
     toolkit: str | None = None
     docker: str | None = None
@@ -114,11 +119,21 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     gpu_lines = sections["gpu"]
     if gpu_lines and "," in gpu_lines[0] and "failed" not in gpu_lines[0].lower():
         for line in gpu_lines:
-            name, _, drv = line.partition(",")
-            st.gpus.append(name.strip())
-            st.driver = drv.strip()
+            name, drv, *ids = [p.strip() for p in line.split(",")]
+            st.gpus.append(name)
+            st.driver = drv
+            if len(ids) == 3 and ids[0].isdigit():
+                st.gpu_ids.append({"index": int(ids[0]), "pci_bus_id": ids[1], "uuid": ids[2], "name": name})
     elif gpu_lines:
         st.error = gpu_lines[0][:120]
+    st.gpu_recorded = gpucount.parse_record(sections["gpu_record"])
+    try:
+        get = getattr(fh, "get", None)  # a FleetHost; bare name/address holders expect the record's count
+        gpu_count = get("gpu_count") if get else None
+        st.gpu_expected = gpucount.expected_count(gpu_count, st.gpu_recorded)
+        st.gpu_expected_from = "gpu_count" if gpu_count not in (None, "") else "recorded"
+    except ValueError:
+        st.gpu_expected = None
     st.toolkit = (sections["toolkit"] or [None])[0]
     st.docker = (sections["docker"] or [None])[0]
     st.unit_state = (sections["active"] or ["unknown"])[0]
@@ -169,13 +184,16 @@ def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
     return {**failure.to_json(), "time": report.get("time", "")}
 
 
-def intent(fh: fleet.FleetHost) -> dict:
-    """What the inventory asks of this host: image, model release, unit, driver branch, toolkit."""
+def intent(fh: fleet.FleetHost, st: HostStatus | None = None) -> dict:
+    """What the inventory asks of this host: image, model release (its instances placed on the
+    GPUs ``st`` found), unit, driver branch, toolkit."""
     want = {"image": fh.get("triton_image"), "driver_branch": fh.get("nvidia_driver_branch"),
             "toolkit": fh.get("container_toolkit_version"), "kernel_module": fh.get("nvidia_kernel_module"),
             "driver_source": fh.get("nvidia_driver_source")}
     try:
-        _, man, rid = host_repository(fh.get)
+        gpus = gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded if st else [],
+                                        len(st.gpus) if st else None)
+        _, man, rid = host_repository(fh.get, gpus=gpus)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
     except Exception as e:  # noqa: BLE001 - an unrenderable repository is shown, not fatal here
@@ -221,6 +239,10 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     if k.get("boot") and k.get("module") == "no" and (k.get("reboot_required") or k.get("boot") != k.get("running")):
         out.append(f"{'pending reboot' if k.get('reboot_required') else 'next boot'} into kernel {k['boot']}, which "
                    "has no NVIDIA module (the host would come back without its GPU)")
+    if st.gpu_expected and (st.gpus or not st.error):
+        out += [p.split(": ", 1)[1] for p in gpucount.count_problems(
+            "GPUs", st.gpu_ids or [{"name": g} for g in st.gpus], st.gpu_expected, st.gpu_recorded,
+            st.gpu_expected_from)]
     names = GPU_CLASSES.get(st.gpu_class or "", {}).get("names", [])
     wrong = [g for g in st.gpus if g not in names]
     if names and wrong:
@@ -273,5 +295,5 @@ def probe(fh: fleet.FleetHost, with_intent: bool = True, timeout: float = 30) ->
                           drift=["unreachable"])
     st = interpret(fh, parse(text))
     if with_intent:
-        st.drift = drift(st, intent(fh))
+        st.drift = drift(st, intent(fh, st))
     return st

@@ -148,14 +148,42 @@ def parse_smi_list(lines) -> list[dict]:
             out.append({"index": int(m.group("index")), "name": m.group("name"), "uuid": m.group("uuid")})
     return out
 
-def gpu_profile(gpu_class: str | None) -> str:
-    """The gpu.env text for a host of ``gpu_class`` ("T4", "L4"; "none"/"" -> "", no GPU)."""
+# Bus ids of multi-GPU hosts, in bus order, from real captures (tests/fixtures/nvidia/SOURCES.md):
+# 4x Tesla T4 (smi_t4x4_535.183.01.txt: 00:1B.0 through 00:1E.0, an AWS g4dn.12xlarge's layout);
+# NVIDIA L4 (smi_l4x3_580.159.04_excerpt.txt: 00:03.0, 00:04.0, 00:05.0; the excerpt is cut
+# after GPU 2, so 00:06.0 for a fourth GPU follows the pattern and is not confirmed).
+MULTI_GPU_BUS_IDS = {
+    "T4": ["00000000:00:1B.0", "00000000:00:1C.0", "00000000:00:1D.0", "00000000:00:1E.0"],
+    "L4": ["00000000:00:03.0", "00000000:00:04.0", "00000000:00:05.0", "00000000:00:06.0"],
+}
+
+
+def multi_gpu_uuid(gpu_class: str, bus_id: str) -> str:
+    """A stable UUID for a stand-in GPU (derived: the table captures do not show UUIDs), in
+    nvidia-smi's GPU-8-4-4-4-12 form."""
+    import uuid
+
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_OID, f"tritonfleet-testbed/{gpu_class}/{bus_id}"))
+
+
+def gpu_profile(gpu_class: str | None, gpus: int = 1, missing: tuple[int, ...] = ()) -> str:
+    """The gpu.env text for a host of ``gpu_class`` ("T4", "L4"; "none"/"" -> "", no GPU) with
+    ``gpus`` GPUs (more than one: bus ids of real multi-GPU hosts, MULTI_GPU_BUS_IDS); ``missing``:
+    positions (0-based, bus order) of GPUs that fell off the bus."""
     key = str(gpu_class or "").strip().upper()
     if key in ("", "NONE"):
         return ""
     if key not in GPU_PROFILES:
         raise ValueError(f"no stand-in GPU for class {gpu_class!r}; known: {', '.join(GPU_PROFILES)}, none")
     lines = [f'{k}="{v}"' for k, v in GPU_PROFILES[key].items()]
+    if gpus > 1:
+        buses = MULTI_GPU_BUS_IDS[key]
+        if gpus > len(buses):
+            raise ValueError(f"the stand-in driver presents at most {len(buses)} {key} GPUs")
+        buses = buses[:gpus]
+        lines += [f'GPU_COUNT="{gpus}"', f'GPU_BUS_IDS="{" ".join(buses)}"',
+                  f'GPU_UUIDS="{" ".join(multi_gpu_uuid(key, b) for b in buses)}"',
+                  f'GPU_MISSING="{" ".join(str(i) for i in missing)}"']
     return "# The testbed host's GPU, read by the stand-in NVIDIA driver\n" + "\n".join(lines) + "\n"
 
 

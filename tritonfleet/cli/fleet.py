@@ -34,7 +34,10 @@ def status_table(rows: list[probe.HostStatus]) -> str:
             "RELEASE", "LAST DEPLOY", "REBOOT", "MODULE", "DRIFT")
     table = [head]
     for st in rows:
-        gpu = f"{len(st.gpus)}x {st.gpus[0]}" if st.gpus else ("-" if st.reachable else "")
+        # reported/expected (gpu_count, else the host's GPU record) when something is expected
+        count = f"{len(st.gpus)}/{st.gpu_expected}" if st.gpu_expected else str(len(st.gpus))
+        gpu = (f"{count}x {st.gpus[0]}" if st.gpus else (f"0/{st.gpu_expected}" if st.gpu_expected else "-")
+               if st.reachable else "")
         n_models = len(st.models_ready) + len(st.models_not_ready)
         table.append((
             st.host, st.gpu_class or "-", "yes" if st.reachable else "NO", gpu, st.driver or "-",

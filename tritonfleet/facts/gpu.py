@@ -313,3 +313,37 @@ class NvidiaGpus(FactBase):
 
     def process(self, output):
         return parse_query(list(output))
+
+
+class GpuRecord(FactBase):
+    """The GPUs the first verified run recorded on the host (tritonfleet.gpucount.RECORD), as
+    [{index, pci_bus_id, uuid, name}]; [] when there is no record."""
+
+    default = list
+
+    def command(self) -> str:
+        from ..gpucount import RECORD
+
+        return f"cat {RECORD} 2>/dev/null; true"
+
+    def process(self, output):
+        from ..gpucount import parse_record
+
+        return parse_record(output)
+
+
+def placement_gpus() -> int:
+    """The number of GPUs the current host's instance groups are placed on
+    (tritonfleet.gpucount.placement_count): gpu_count, else the host's record, else what
+    nvidia-smi reports now, else 1."""
+    from .. import config
+    from ..gpucount import placement_count
+    from . import memo
+
+    gpu_count = config.get("gpu_count")
+    if gpu_count not in (None, ""):
+        return placement_count(gpu_count, [], None)
+    memo.prefetch((GpuRecord, {}), (NvidiaGpus, {}))
+    recorded = memo.fact(GpuRecord)
+    live = memo.fact(NvidiaGpus)
+    return placement_count(None, recorded, len(live.gpus) if live is not None and live.ok else None)

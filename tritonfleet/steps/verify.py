@@ -1,7 +1,8 @@
 """GPU verification: the host's nvidia-smi, and the same inside `docker run --gpus all`.
 
 Both must show the GPU model of the host's class (T4/L4), compute capability and CUDA version at
-least the configured minimum; a mismatch fails that host naming expected and found.
+least the configured minimum, and as many GPUs as gpu_count or the host's GPU record says
+(tritonfleet.gpucount); a mismatch fails that host naming expected and found.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .. import kernel_module as kmod
 from ..facts import gpu as gpufacts
 from ..failure import Failure, HostFailure, trim
 from ..gpucheck import GPU_CLASSES, check_gpus
+from ..gpucount import RECORD, count_problems, expected_count, parse_record, record_update
 from ..ops.check import check
 from ..shell import q
 from .triton import ensure_image
@@ -26,6 +28,9 @@ class GpuVerificationError(HostFailure):
 
 
 SECTION = "@@tritonfleet-section@@"
+# the host's GPU record (tritonfleet.gpucount.RECORD) comes first in the probe's output, each line
+# behind this prefix
+RECORD_PREFIX = "@@tritonfleet-gpu-record@@ "
 
 
 # the container check's last passing answer, and what it depended on (gpu_verify_container)
@@ -34,6 +39,8 @@ VERIFY_MODES = ("changes", "always")
 # host name -> the stamp's new text, left by a check that passed on a fresh container answer for
 # its own operation (record_answer) to write
 _new_answers: dict[str, str] = {}
+# host name -> the GPU record's new lines (tritonfleet.gpucount), left by a check that passed
+_new_records: dict[str, list[str]] = {}
 
 
 def container_prefix(image: str) -> str:
@@ -62,9 +69,10 @@ def probe_command(image: str, query: str = QUERY, mode: str = "always") -> str:
     passing answer still valid (nothing it depends on changed) and printed that instead."""
     inner = q(f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1")
     run = f"{container_prefix(image)}sh -c {inner} 2>&1"
-    # the host's part also reads the kernel module's flavour (installed: modinfo; loaded: /proc)
-    host_part = (f"q=$({query} 2>&1); echo \"$q\"; echo {SECTION}; nvidia-smi 2>&1; {kmod.COMMAND}; "
-                 f"echo {SECTION}; ")
+    # the host's part also reads the GPU record and the kernel module's flavour (installed: modinfo;
+    # loaded: /proc)
+    host_part = (f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({query} 2>&1); echo \"$q\"; "
+                 f"echo {SECTION}; nvidia-smi 2>&1; {kmod.COMMAND}; echo {SECTION}; ")
     if mode == "always":
         return f"{host_part}{run}"
     return (f"{host_part}k=$({depends_command(image)}); "
@@ -103,6 +111,8 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
         tail = stdout.pop()
         if stdout and stdout[-1].strip() == SECTION:
             stdout.pop()
+    record = [ln[len(RECORD_PREFIX):] for ln in stdout if ln.startswith(RECORD_PREFIX)]
+    stdout = [ln for ln in stdout if not ln.startswith(RECORD_PREFIX)]
     lines = stdout + out.stderr_lines
     parts = split_sections(lines, 4)
     host_q, (host_sum, kmod_lines) = parts[0], kmod.split(parts[1])
@@ -112,6 +122,7 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     container = parts[2:]
     cont_q, cont_sum = container[0], (container[1] if len(container) > 1 else [])
     if meta is not None:
+        meta["record"] = record
         meta.update(key=tail[4:] if tail and tail.startswith("key=") else None, cached=tail == "cached",
                     container=(cont_q, cont_sum))
     results = []
@@ -148,11 +159,24 @@ def verify_current_host(image: str) -> dict:
     """The check: changes nothing on the host but forgetting a recorded answer that failed; a
     fresh answer that passed is left for ``record_answer`` to write."""
     _new_answers.pop(host.name, None)
+    _new_records.pop(host.name, None)
     gpu_class = str(config.get("gpu_class")).upper()
     rows, errors, meta, drivers = [], [], {}, []
-    for where, info, summary in _probe_all(image, meta):
+    probed = _probe_all(image, meta)
+    recorded = parse_record(meta.get("record") or [])
+    try:
+        expected = expected_count(config.get("gpu_count"), recorded)
+    except ValueError as e:
+        raise config.ConfigError(f"{host.name}: {e}") from e
+    source = "gpu_count" if config.get("gpu_count") not in (None, "") else f"recorded in {RECORD}"
+    host_gpus = []
+    for where, info, summary in probed:
         errs = check_gpus(f"{host.name} ({where})", gpu_class, info.gpus, summary.get("cuda_version"),
                           min_compute_capability(), config.get("gpu_min_cuda_version"))
+        if info.status == "ok" or info.gpus:
+            errs += count_problems(f"{host.name} ({where})", info.gpus, expected, recorded, source)
+        if where == "host":
+            host_gpus = info.gpus
         if info.status != "ok":
             errs = [f"{host.name} ({where}): nvidia-smi failed ({info.status}): {info.message}"] + errs
         errors += errs
@@ -163,6 +187,9 @@ def verify_current_host(image: str) -> dict:
             f"driver {(g.driver_version if g else '-'):<10} cc {(g.compute_cap if g else '-'):<4} "
             f"CUDA {summary.get('cuda_version') or '-'}"
         )
+    if expected:  # reported/expected (a record that grows: as many as the host reports now)
+        shown = expected if source == "gpu_count" else max(expected, len(host_gpus))
+        rows = [f"{r}  GPUs {r.split('x ', 1)[0].split()[-1]}/{shown}" for r in rows]
     if meta.get("cached"):
         rows[-1] += "  (as when it last passed: nothing it depends on changed)"
     module = meta.get("kernel_module")
@@ -182,7 +209,8 @@ def verify_current_host(image: str) -> dict:
         raise GpuVerificationError(Failure(
             host.name, "GPU verification",
             f"GPU class {gpu_class} ({' or '.join(GPU_CLASSES.get(gpu_class, {}).get('names', [])) or '?'}), "
-            f"compute capability >= {min_compute_capability()}, CUDA >= "
+            + (f"{expected} GPU(s) ({source}), " if expected else "")
+            + f"compute capability >= {min_compute_capability()}, CUDA >= "
             f"{config.get('gpu_min_cuda_version')}, on the host and in `{container_prefix(image).strip()}`",
             "; ".join(found), trim(rows + [ln for ln in cont_q if ln.strip() and "," not in ln][:6]),
             "nvidia-smi (host and container, as the check read it)",
@@ -191,12 +219,18 @@ def verify_current_host(image: str) -> dict:
             "fix the driver / Container Toolkit / inventory as the line above says (nvidia-smi on the host; "
             f"{container_prefix(image)}nvidia-smi; a kernel module flavour: run the driver step, deploys/host.py, "
             "which installs the configured flavour and reboots when the loaded module differs, or set "
-            "nvidia_kernel_module for this GPU class in inventories/group_data/<class>.py), then run the deploy again",
+            "nvidia_kernel_module for this GPU class in inventories/group_data/<class>.py), then run the deploy again"
+            + ("; a GPU that is gone for good: set gpu_count for this host (inventory or group data) to what "
+               f"it has now, or remove {RECORD} so the next verified run records what it finds"
+               if any("missing:" in e for e in found) else ""),
             cause="; ".join(found)))
+    new_record = record_update(host_gpus, recorded)
+    if new_record:
+        _new_records[host.name] = new_record
     if meta.get("key"):
         cont_q, cont_sum = meta["container"]
         _new_answers[host.name] = "\n".join([f"key={meta['key']}", *cont_q, SECTION, *cont_sum]) + "\n"
-    return {"rows": rows, "cached": bool(meta.get("cached"))}
+    return {"rows": rows, "cached": bool(meta.get("cached")), "gpus": len(host_gpus), "expected": expected}
 
 
 def stamp_command(text: str) -> str:
@@ -215,6 +249,22 @@ def record_answer():
     yield stamp_command(text)
 
 
+def record_command(lines: list[str]) -> str:
+    return (f"mkdir -p {q(RECORD.rsplit('/', 1)[0])} && printf '%s\\n' {' '.join(q(x) for x in lines)} "
+            f"> {RECORD}.tmp && mv {RECORD}.tmp {RECORD}")
+
+
+@operation(is_idempotent=False)
+def record_gpus():
+    """Record the GPUs the check found (tritonfleet.gpucount.RECORD) when the host had no record,
+    or reports more or other GPUs than it holds: what later runs and `tritonfleet status` expect."""
+    lines = _new_records.pop(host.name, None) if state.is_executing else None
+    if not lines:
+        host.noop("the GPU record stays as it is")
+        return
+    yield record_command(lines)
+
+
 @deploy("GPU verification")
 def verify_gpus(load_image: bool = True):
     image = config.get("cuda_test_image")
@@ -223,3 +273,4 @@ def verify_gpus(load_image: bool = True):
     check(name=f"check: nvidia-smi on the host and in {image} with --gpus all",
           function=verify_current_host, image=image)
     record_answer(name="record the GPU check's answer and what it depends on (gpu_verify_container)")
+    record_gpus(name=f"record the host's GPUs ({RECORD}: what gpu_count defaults to)")

@@ -27,6 +27,10 @@ if [ -e "$ROOT/run/nvidia-standin/devices-lost" ]; then
 fi
 
 GPU_NAME='' GPU_UUID='' PCI_BUS_ID='' MEMORY_MIB='' COMPUTE_CAP=''
+# Several GPUs of one model (a 4x T4 or 4x L4 host): GPU_COUNT, with their bus ids and UUIDs in
+# GPU_BUS_IDS and GPU_UUIDS (space-separated, in bus order); GPU_MISSING lists the positions
+# (0-based, in that order) of GPUs that fell off the bus: nvidia-smi numbers the ones left 0..n-1.
+GPU_COUNT=1 GPU_BUS_IDS='' GPU_UUIDS='' GPU_MISSING=''
 PERSISTENCE_MODE=Off DISPLAY_ACTIVE=Off ECC_ERRORS=0 FAN=N/A TEMPERATURE_C=40 PERF_STATE=P0
 POWER_DRAW_W=27 POWER_LIMIT_W=72 MEMORY_USED_MIB=0 UTILIZATION_GPU=0 COMPUTE_MODE=Default MIG_MODE=N/A
 # shellcheck disable=SC1090
@@ -68,10 +72,53 @@ if [ "$loaded" != "$DRIVER_VERSION" ]; then
     exit 18
 fi
 
+# the GPUs present, one "bus uuid" pair a line, in bus order
+nth() { n=$1; shift; [ "$n" -le "$#" ] || return 0; eval "printf '%s' \"\${$n}\""; }
+present() {
+    i=0
+    while [ "$i" -lt "$GPU_COUNT" ]; do
+        case " $GPU_MISSING " in *" $i "*) i=$((i + 1)); continue ;; esac
+        # shellcheck disable=SC2086
+        bus=$(nth $((i + 1)) $GPU_BUS_IDS) uuid=$(nth $((i + 1)) $GPU_UUIDS)
+        echo "${bus:-$PCI_BUS_ID} ${uuid:-$GPU_UUID}"
+        i=$((i + 1))
+    done
+}
+GPUS=$(present)
+if [ -z "$GPUS" ]; then
+    echo "No devices were found"
+    exit 6
+fi
+N_GPUS=$(printf '%s\n' "$GPUS" | wc -l)
+# each_gpu CMD: CMD once a GPU present, with CUR_INDEX, CUR_BUS and CUR_UUID set
+each_gpu() {
+    CUR_INDEX=0
+    while read -r CUR_BUS CUR_UUID; do
+        "$@"
+        CUR_INDEX=$((CUR_INDEX + 1))
+    done <<EOF_GPUS
+$GPUS
+EOF_GPUS
+}
+
 major=${DRIVER_VERSION%%.*}
 if [ "$major" -ge 550 ]; then WIDE=1; else WIDE=0; fi
 
 dashes() { n=$1; s=''; while [ "$n" -gt 0 ]; do s="$s$2"; n=$((n - 1)); done; printf '%s' "$s"; }
+
+table_gpu() {
+    if [ "$WIDE" = 1 ]; then
+        printf '| %3d  %-31s%-3s |   %16s %3s | %20s |\n' "$CUR_INDEX" "$GPU_NAME" "$PERSISTENCE_MODE" "$CUR_BUS" "$DISPLAY_ACTIVE" "$ECC_ERRORS"
+        printf '| %3s   %3s    %-2s%16s / %5s |%11s / %9s |%8s%13s |\n' "$FAN" "${TEMPERATURE_C}C" "$PERF_STATE" \
+            "${POWER_DRAW_W}W" "${POWER_LIMIT_W}W" "${MEMORY_USED_MIB}MiB" "${MEMORY_MIB}MiB" "${UTILIZATION_GPU}%" "$COMPUTE_MODE"
+    else
+        printf '| %3d  %-31s%-3s | %16s %3s | %20s |\n' "$CUR_INDEX" "$GPU_NAME" "$PERSISTENCE_MODE" "$CUR_BUS" "$DISPLAY_ACTIVE" "$ECC_ERRORS"
+        printf '| %3s   %3s    %-2s%17s / %4s |%10s / %8s |%8s%13s |\n' "$FAN" "${TEMPERATURE_C}C" "$PERF_STATE" \
+            "${POWER_DRAW_W}W" "${POWER_LIMIT_W}W" "${MEMORY_USED_MIB}MiB" "${MEMORY_MIB}MiB" "${UTILIZATION_GPU}%" "$COMPUTE_MODE"
+    fi
+    printf '|%s|%s|%21s |\n' "$(dashes $c1 ' ')" "$(dashes $c2 ' ')" "$MIG_MODE"
+    printf '+%s+%s+%s+\n' "$(dashes $c1 -)" "$(dashes $c2 -)" "$(dashes $c3 -)"
+}
 
 table() {
     printf '%s       \n' "$(date '+%a %b %e %H:%M:%S %Y')"
@@ -93,17 +140,7 @@ table() {
     fi
     printf '|%s|%s|%21s |\n' "$(dashes $c1 ' ')" "$(dashes $c2 ' ')" "MIG M."
     printf '|%s+%s+%s|\n' "$(dashes $c1 =)" "$(dashes $c2 =)" "$(dashes $c3 =)"
-    if [ "$WIDE" = 1 ]; then
-        printf '| %3d  %-31s%-3s |   %16s %3s | %20s |\n' 0 "$GPU_NAME" "$PERSISTENCE_MODE" "$PCI_BUS_ID" "$DISPLAY_ACTIVE" "$ECC_ERRORS"
-        printf '| %3s   %3s    %-2s%16s / %5s |%11s / %9s |%8s%13s |\n' "$FAN" "${TEMPERATURE_C}C" "$PERF_STATE" \
-            "${POWER_DRAW_W}W" "${POWER_LIMIT_W}W" "${MEMORY_USED_MIB}MiB" "${MEMORY_MIB}MiB" "${UTILIZATION_GPU}%" "$COMPUTE_MODE"
-    else
-        printf '| %3d  %-31s%-3s | %16s %3s | %20s |\n' 0 "$GPU_NAME" "$PERSISTENCE_MODE" "$PCI_BUS_ID" "$DISPLAY_ACTIVE" "$ECC_ERRORS"
-        printf '| %3s   %3s    %-2s%17s / %4s |%10s / %8s |%8s%13s |\n' "$FAN" "${TEMPERATURE_C}C" "$PERF_STATE" \
-            "${POWER_DRAW_W}W" "${POWER_LIMIT_W}W" "${MEMORY_USED_MIB}MiB" "${MEMORY_MIB}MiB" "${UTILIZATION_GPU}%" "$COMPUTE_MODE"
-    fi
-    printf '|%s|%s|%21s |\n' "$(dashes $c1 ' ')" "$(dashes $c2 ' ')" "$MIG_MODE"
-    printf '+%s+%s+%s+\n' "$(dashes $c1 -)" "$(dashes $c2 -)" "$(dashes $c3 -)"
+    each_gpu table_gpu
     if [ "$WIDE" = 1 ]; then
         printf '%s\n' "$(dashes 89 ' ')"
         printf '+%s+\n' "$(dashes 89 -)"
@@ -128,11 +165,11 @@ table() {
 # value FIELD UNITS(0/1) -> prints the value; returns 1 for an unknown field
 value() {
     case "$1" in
-        index) echo 0 ;;
-        count) echo 1 ;;
+        index) echo "$CUR_INDEX" ;;
+        count) echo "$N_GPUS" ;;
         name|gpu_name) echo "$GPU_NAME" ;;
-        uuid|gpu_uuid) echo "$GPU_UUID" ;;
-        pci.bus_id|gpu_bus_id) echo "$PCI_BUS_ID" ;;
+        uuid|gpu_uuid) echo "$CUR_UUID" ;;
+        pci.bus_id|gpu_bus_id) echo "$CUR_BUS" ;;
         driver_version) echo "$DRIVER_VERSION" ;;
         compute_cap) echo "$COMPUTE_CAP" ;;
         memory.total) unit "$MEMORY_MIB" " MiB" "$2" ;;
@@ -173,10 +210,22 @@ query() {
         for f in $fields; do line="$line$sep$(header_name "$f")"; sep=', '; done
         echo "$line"
     fi
-    line='' sep=''
-    for f in $fields; do line="$line$sep$(value "$f" "$units")"; sep=', '; done
+    IFS=$old_ifs
+    each_gpu query_line "$fields" "$units"
+}
+query_line() {
+    line='' sep='' old_ifs=$IFS; IFS=,
+    for f in $1; do line="$line$sep$(value "$f" "$2")"; sep=', '; done
     IFS=$old_ifs
     echo "$line"
+}
+
+list_line() { echo "GPU $CUR_INDEX: $GPU_NAME (UUID: $CUR_UUID)"; }
+q_gpu() {
+    echo "GPU $CUR_BUS"
+    printf '    %-38s: %s\n' "Product Name" "$GPU_NAME" "Product Brand" NVIDIA "Display Mode" Enabled \
+        "Display Active" Disabled "Persistence Mode" "$pm"
+    printf '    %-38s: %s\n' "GPU UUID" "$CUR_UUID"
 }
 
 fields='' format='csv' mode=table
@@ -194,17 +243,14 @@ done
 
 case "$mode" in
     table) table ;;
-    list) echo "GPU 0: $GPU_NAME (UUID: $GPU_UUID)" ;;
+    list) each_gpu list_line ;;
     q)  # the head of `nvidia-smi -q` (layout: tests/fixtures/nvidia/smi_q_t4_525.89.02_excerpt.txt)
         if [ "$PERSISTENCE_MODE" = On ]; then pm=Enabled; else pm=Disabled; fi
         printf '\n==============NVSMI LOG==============\n\n'
         printf '%-42s: %s\n' "Timestamp" "$(date '+%a %b %e %H:%M:%S %Y')" "Driver Version" "$DRIVER_VERSION" \
             "CUDA Version" "$CUDA_VERSION"
-        printf '\n%-42s: %s\n' "Attached GPUs" 1
-        echo "GPU $PCI_BUS_ID"
-        printf '    %-38s: %s\n' "Product Name" "$GPU_NAME" "Product Brand" NVIDIA "Display Mode" Enabled \
-            "Display Active" Disabled "Persistence Mode" "$pm"
-        printf '    %-38s: %s\n' "GPU UUID" "$GPU_UUID" ;;
+        printf '\n%-42s: %s\n' "Attached GPUs" "$N_GPUS"
+        each_gpu q_gpu ;;
     query) query "$fields" "$format" ;;
     version)
         echo "NVIDIA-SMI version  : $DRIVER_VERSION"
