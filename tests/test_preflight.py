@@ -257,3 +257,126 @@ def test_compute_capability_per_triton_release(monkeypatch):
     problem = gpucheck.compute_capability_problem("p4", "nvcr.io/nvidia/tritonserver:25.03-py3")
     assert problem == ("nvcr.io/nvidia/tritonserver:25.03-py3 (Triton 25.03) needs compute capability 7.5 or later, "
                        "but GPU class P4 (Tesla P4) is 6.1")
+
+
+# ------------------------------------------- TensorRT engines and the host's compute capability
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+CAPABILITIES = ["5.2", "6.1", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(cc_map=st.dictionaries(st.sampled_from(CAPABILITIES), st.from_regex(r"[a-z0-9_]{1,8}\.plan", fullmatch=True),
+                              max_size=5),
+       cls=st.sampled_from(["T4", "L4", "t4", "l4"]))
+def test_plan_for_a_class_is_refused_exactly_when_its_capability_is_not_declared(cc_map, cls):
+    from tritonfleet import gpucheck
+
+    cc = gpucheck.class_compute_capability(cls)
+    assert cc == gpucheck.GPU_CLASSES[cls.upper()]["compute_capability"]
+    problem = gpucheck.plan_compute_capability_problem("det", cc_map, cls)
+    if not cc_map or cc in cc_map:
+        assert problem is None
+    else:
+        assert problem and "'det'" in problem and f"GPU class {cls.upper()}" in problem
+        assert f"compute capability {cc}:" in problem
+        assert all(k in problem for k in cc_map)
+    assert gpucheck.plan_compute_capability_problem("det", cc_map, "A100") is None  # unknown class: not judged
+
+
+def test_class_capabilities_agree_with_the_product_name_table():
+    """GPU_CLASSES is the source; the nvidia-smi fallback table must say the same for its names."""
+    from tritonfleet import gpucheck
+    from tritonfleet.facts.gpu import compute_capability_for
+
+    for cls, spec in gpucheck.GPU_CLASSES.items():
+        for name in spec["names"]:
+            assert compute_capability_for(name) == gpucheck.class_compute_capability(cls), (cls, name)
+
+
+_TRT_SHAPES = {  # how a config says TensorRT (or not), and the model file it reads
+    "platform": ('platform: "tensorrt_plan"\n', "model.plan", True),
+    "backend": ('backend: "tensorrt"\n', "model.plan", True),
+    "dmf": ('default_model_filename: "model.plan"\n', "model.plan", True),
+    "file-only": ("", "model.plan", True),
+    "onnx": ('platform: "onnxruntime_onnx"\n', "model.onnx", False),
+}
+
+
+def _config(name, head, cc_map):
+    ccs = "".join(f'cc_model_filenames {{ key: "{k}" value: "{v}" }}\n' for k, v in sorted(cc_map.items()))
+    return (f'name: "{name}"\n{head}max_batch_size: 8\n'
+            'input { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+            'output { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+            'instance_group { kind: KIND_GPU count: 1 }\n' + ccs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(models=st.lists(st.tuples(st.sampled_from(sorted(_TRT_SHAPES)),
+                                 st.dictionaries(st.sampled_from(CAPABILITIES), st.just("engine.plan"), max_size=3)),
+                       min_size=1, max_size=4))
+def test_tensorrt_models_and_their_declared_capabilities_are_found(models):
+    import tempfile
+
+    from tritonfleet.validate import tensorrt_cc_model_filenames
+
+    with tempfile.TemporaryDirectory() as d:
+        expected = {}
+        for i, (shape, cc_map) in enumerate(models):
+            head, file, trt = _TRT_SHAPES[shape]
+            name = f"m{i}"
+            (Path(d) / name / "1").mkdir(parents=True)
+            (Path(d) / name / "1" / file).write_bytes(b"x")
+            (Path(d) / name / "config.pbtxt").write_text(_config(name, head, cc_map))
+            if trt:
+                expected[name] = cc_map
+        assert tensorrt_cc_model_filenames(d) == expected
+
+
+def _plan_repository(root: Path) -> Path:
+    """A repository whose one TensorRT model has an engine built for T4 (7.5) only, and a second
+    engine file an L4 override can point at."""
+    repo = root / "repo"
+    (repo / "det_trt" / "1").mkdir(parents=True)
+    for f in ("model_t4.plan", "model_l4.plan"):
+        (repo / "det_trt" / "1" / f).write_bytes(b"engine")
+    (repo / "det_trt" / "config.pbtxt").write_text(
+        _config("det_trt", 'platform: "tensorrt_plan"\ndefault_model_filename: "model_t4.plan"\n',
+                {"7.5": "model_t4.plan"}))
+    return repo
+
+
+def test_plan_built_for_another_class_is_refused(tmp_path):
+    repo = _plan_repository(tmp_path)
+    data = {"model_repository": str(repo)}
+    msg, _ = preflight_fake({}, {**data, "gpu_class": "L4"}, groups=("l4",), deploy_name="triton")
+    assert msg and "no host was changed" in msg and "@fake/gpu1" in msg
+    assert "TensorRT model 'det_trt'" in msg and "compute capability 7.5 only" in msg
+    assert "GPU class L4 (NVIDIA L4) is compute capability 8.9" in msg
+    assert f"{repo}/det_trt/config.pbtxt" in msg
+    assert 'cc_model_filenames { key: "8.9"' in msg and "inventories/group_data/l4.py" in msg
+    assert "model_overrides" in msg
+    # the class it was built for serves it
+    assert preflight_fake({}, {**data, "gpu_class": "T4"}, groups=("t4",), deploy_name="triton")[0] is None
+    # L4 given its own engine through model_overrides (the repository as the L4 host serves it)
+    l4 = {"det_trt": {"cc_model_filenames": {"8.9": "model_l4.plan"}, "default_model_filename": "model_l4.plan"}}
+    msg, _ = preflight_fake({}, {**data, "gpu_class": "L4", "model_overrides": l4}, groups=("l4",),
+                            deploy_name="triton")
+    assert msg is None
+    # the models layer alone, for a host without a GPU class: which engine it needs is not known
+    msg, _ = preflight_fake({}, {**data, "gpu_class": None}, groups=(), deploy_name="triton")
+    assert msg and "'det_trt' declares engines per compute capability" in msg and "gpu_class None" in msg
+    # the whole deploy refuses it too (after the GPU class checks)
+    msg, _ = preflight_fake(KEYS, {**data, "gpu_class": "L4"}, groups=("l4",), deploy_name="all")
+    assert msg and "TensorRT model 'det_trt'" in msg
+
+
+def test_plan_without_declared_capabilities_is_not_judged(tmp_path):
+    repo = _plan_repository(tmp_path)
+    cfg = repo / "det_trt" / "config.pbtxt"
+    cfg.write_text("".join(line + "\n" for line in cfg.read_text().splitlines() if "cc_model_filenames" not in line))
+    msg, _ = preflight_fake({}, {"model_repository": str(repo), "gpu_class": "L4"}, groups=("l4",),
+                            deploy_name="triton")
+    assert msg is None

@@ -54,17 +54,50 @@ def triton_min_compute_capability(image_or_tag: str) -> str | None:
     return out
 
 
+def class_compute_capability(gpu_class) -> str | None:
+    """The CUDA compute capability ("7.5") of the GPUs of ``gpu_class`` (any case), from
+    GPU_CLASSES: the one place it is written down (None: not a known class)."""
+    spec = GPU_CLASSES.get(str(gpu_class or "").upper())
+    return spec["compute_capability"] if spec else None
+
+
 def compute_capability_problem(gpu_class: str, image: str) -> str | None:
     """Why GPUs of ``gpu_class`` cannot run the Triton release of ``image`` (None: they can)."""
     need = triton_min_compute_capability(image)
     spec = GPU_CLASSES.get(str(gpu_class or "").upper())
     if not need or not spec:
         return None
-    have = spec["compute_capability"]
+    have = class_compute_capability(gpu_class)
     if _vtuple(have) >= _vtuple(need):
         return None
     return (f"{image} (Triton {triton_release(image)}) needs compute capability {need} or later, but GPU class "
             f"{str(gpu_class).upper()} ({' or '.join(spec['names'])}) is {have}")
+
+
+# A TensorRT engine (model.plan) runs only on GPUs of the compute capability it was built for. A
+# model config says which engine is for which GPU with cc_model_filenames: model_config.proto,
+# "Optional map from CUDA compute capability to the filename of the model that supports that
+# compute capability. The filename refers to a file within the model version directory." The
+# TensorRT backend (tensorrt_backend src/model_state.cc) forms the GPU's capability as
+# "<major>.<minor>" from cudaGetDeviceProperties, takes cc_model_filenames[that] when the map has
+# it, and otherwise falls back to default_model_filename (or model.plan), which then is an engine
+# built for another GPU. A config that declares engines per capability but none for a class's
+# GPUs is therefore refused for hosts of that class; a config without cc_model_filenames declares
+# nothing and is not judged.
+def plan_compute_capability_problem(model: str, cc_model_filenames, gpu_class) -> str | None:
+    """Why hosts of ``gpu_class`` cannot serve the TensorRT model ``model`` whose config declares
+    ``cc_model_filenames`` ({capability: file}); None when the map has the class's capability,
+    when the map is empty (nothing declared) or when the class is unknown."""
+    declared = dict(cc_model_filenames or {})
+    cc = class_compute_capability(gpu_class)
+    if not declared or cc is None or cc in declared:
+        return None
+    have = ", ".join(sorted(declared, key=_vtuple))
+    cls = str(gpu_class).upper()
+    return (f"TensorRT model {model!r} declares engines (cc_model_filenames) for compute capability "
+            f"{have} only, but GPU class {cls} ({' or '.join(GPU_CLASSES[cls]['names'])}) is compute "
+            f"capability {cc}: Triton would load the default engine (default_model_filename, or model.plan), "
+            "which was not built for it")
 
 
 def _vtuple(v) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ message names the host, the file to fix and the fix:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path, PurePosixPath
 
@@ -23,7 +24,13 @@ from . import config, keys, vendor_repos, vendorfacts
 from .facts import memo
 from .facts.gpu import STATUS_NO_GPU, STATUS_OK, GpuRecord, NvidiaGpus, placement_gpus
 from .facts.host import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
-from .gpucheck import GPU_CLASSES, compute_capability_problem, driver_supported
+from .gpucheck import (
+    GPU_CLASSES,
+    class_compute_capability,
+    compute_capability_problem,
+    driver_supported,
+    plan_compute_capability_problem,
+)
 from .host_layer import (
     DAEMON_JSON_HELP,
     driver_branch,
@@ -102,6 +109,43 @@ def check_model_repository() -> None:
         # then as this host serves it (model_overrides applied, instances placed on its GPUs)
         gpus = placement_gpus()
         validated(local, gpus if gpus > 1 else None)
+    check_plan_compute_capability(local)
+
+
+def check_plan_compute_capability(repo: Path) -> None:
+    """Every TensorRT model of the repository as this host serves it that declares its engines
+    per compute capability (cc_model_filenames) has one for the host's GPU class
+    (tritonfleet.gpucheck.plan_compute_capability_problem). Read on the control machine only."""
+    from .validate import tensorrt_cc_model_filenames
+
+    key = str(repo.resolve())
+    if key not in _plans:
+        _plans[key] = tensorrt_cc_model_filenames(repo)
+    gpu_class = host.data.get("gpu_class")
+    cc = class_compute_capability(gpu_class)
+    if cc is None:  # deploys/models.py alone does not check the class (the full deploy has refused it)
+        declaring = sorted(m for m, declared in _plans[key].items() if declared)
+        if declaring:
+            raise PreflightError(
+                f"{host.name}: TensorRT model {declaring[0]!r} declares engines per compute capability "
+                f"(cc_model_filenames), but the host's gpu_class {gpu_class!r} is not one of "
+                f"{', '.join(GPU_CLASSES)}, so which engine it needs is not known: put the host in a "
+                "GPU-class group of the inventory, or set its gpu_class")
+        return
+    cls = str(gpu_class).upper()
+    for model, declared in _plans[key].items():
+        problem = plan_compute_capability_problem(model, declared, cls)
+        if problem:
+            example = json.dumps({model: {"cc_model_filenames": {cc: f"model_{cls.lower()}.plan"}}})
+            raise PreflightError(
+                f"{host.name}: {problem} ({config.get('model_repository')}/{model}/config.pbtxt). Build the "
+                f"engine on a GPU of class {cls} and add `cc_model_filenames {{ key: \"{cc}\" value: "
+                f"\"<its file>\" }}` with the file in each version directory, or give class {cls} its own "
+                f"model through model_overrides in {GROUP_DATA}/{cls.lower()}.py (e.g. model_overrides = "
+                f"{example})")
+
+
+_plans: dict[str, dict[str, dict[str, str]]] = {}
 
 
 def check_gpu_class_and_driver() -> None:
@@ -124,7 +168,7 @@ def check_gpu_class_and_driver() -> None:
         raise PreflightError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} or None "
                              f"(NVIDIA's default for the branch), not {flavour!r} (set it in "
                              f"{GROUP_DATA}/{str(gpu_class).lower()}.py or the inventory)")
-    cc = GPU_CLASSES[str(gpu_class).upper()]["compute_capability"]
+    cc = class_compute_capability(gpu_class)
     if flavour == "open" and tuple(int(x) for x in cc.split(".")) < (7, 5):
         raise PreflightError(f"{host.name}: nvidia_kernel_module = \"open\", but GPU class {gpu_class} (compute "
                              f"capability {cc}) is older than Turing: NVIDIA's open kernel modules do not support it; "

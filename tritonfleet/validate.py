@@ -1282,6 +1282,26 @@ def validate_config_text(
     return _ordered([p for p in checker.problems if p.model == model_dir_name])
 
 
+def tensorrt_cc_model_filenames(repo: str | os.PathLike) -> dict[str, dict[str, str]]:
+    """{model: its cc_model_filenames} for every TensorRT model of ``repo`` (platform
+    tensorrt_plan, backend tensorrt, default_model_filename model.plan, or a model.plan Triton
+    tells the backend from: as :func:`_autocomplete` decides), the map empty where the config
+    declares none. Models whose config cannot be read are left out: validate_repository reports
+    them."""
+    repo = Path(repo)
+    out: dict[str, dict[str, str]] = {}
+    for name in list_models(repo):
+        model_dir = repo / name
+        try:
+            cfg = parse_config((model_dir / "config.pbtxt").read_text())
+        except (OSError, UnicodeDecodeError, text_format.ParseError):
+            continue
+        _, backend, err = _autocomplete(cfg, model_dir, name)
+        if err is None and backend == "tensorrt":
+            out[name] = dict(cfg.cc_model_filenames)
+    return out
+
+
 def _ordered(problems: list[Problem]) -> list[Problem]:
     seen, out = set(), []
     for p in sorted(problems, key=lambda p: (p.model, p.file, p.line or 0)):
