@@ -97,7 +97,7 @@ def plan_compute_capability_problem(model: str, cc_model_filenames, gpu_class) -
     return (f"TensorRT model {model!r} declares engines (cc_model_filenames) for compute capability "
             f"{have} only, but GPU class {cls} ({' or '.join(GPU_CLASSES[cls]['names'])}) is compute "
             f"capability {cc}: Triton would load the default engine (default_model_filename, or model.plan), "
-            "which was not built for it")
+            "which the config does not declare for it")
 
 
 def _vtuple(v) -> tuple[int, ...]:
