@@ -75,13 +75,15 @@ def compute_capability_problem(gpu_class: str, image: str) -> str | None:
 
 
 # A TensorRT engine (model.plan) runs only on GPUs of the compute capability it was built for. A
-# model config says which engine is for which GPU with cc_model_filenames: model_config.proto,
-# "Optional map from CUDA compute capability to the filename of the model that supports that
-# compute capability. The filename refers to a file within the model version directory." The
-# TensorRT backend (tensorrt_backend src/model_state.cc) forms the GPU's capability as
-# "<major>.<minor>" from cudaGetDeviceProperties, takes cc_model_filenames[that] when the map has
-# it, and otherwise falls back to default_model_filename (or model.plan), which then is an engine
-# built for another GPU. A config that declares engines per capability but none for a class's
+# model config says which engine is for which GPU with cc_model_filenames: model_config.proto
+# (triton-inference-server/common), "Optional map from CUDA compute capability to the filename of
+# the model that supports that compute capability. The filename refers to a file within the model
+# version directory." The TensorRT backend (triton-inference-server/tensorrt_backend
+# src/model_state.cc, ModelState::AutoCompleteConfig; the older server's backends chose the file
+# per instance the same way) forms the GPU's capability as "<major>.<minor>" from
+# cudaGetDeviceProperties, takes cc_model_filenames[that] when the map has it, and otherwise falls
+# back to default_model_filename (or model.plan), a file the config does not declare for that
+# GPU. Not confirmed here: what the current backend's instance loading does beyond that. A config that declares engines per capability but none for a class's
 # GPUs is therefore refused for hosts of that class; a config without cc_model_filenames declares
 # nothing and is not judged.
 def plan_compute_capability_problem(model: str, cc_model_filenames, gpu_class) -> str | None:
