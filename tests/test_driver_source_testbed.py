@@ -127,8 +127,8 @@ def test_debian_real_packages_from_bare_then_migration_to_cuda(bare_host):
     assert boot_id(h) != before
     pkgs = nvidia_packages(h)
     assert not [p for p, v in pkgs.items() if "deb12u" in v and ds.is_driver_package(p, v)], pkgs
-    assert pkgs.get("cuda-drivers-580", "").startswith("580."), pkgs
-    assert "cuda-drivers-580" in ssh(h, "apt-mark showhold").split()
+    assert pkgs.get("nvidia-open-580", "").startswith("580."), pkgs
+    assert "nvidia-open-580" in ssh(h, "apt-mark showhold").split()
     _, row = status_of(h.name)
     assert row["driver_source"] == "cuda", row
     res, data = pyinfra(DRIVER_ONLY, "--limit", h.name)
