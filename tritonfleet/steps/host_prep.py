@@ -208,20 +208,17 @@ def debian_nonfree_text() -> str | None:
 @deploy("NVIDIA driver")
 def nvidia_driver():
     memo.prefetch(*driver_facts())
-    problem = secure_boot_problem()
-    if problem:
-        # (pre-flight refuses this before any host is touched; this guards direct use of the step)
-        check(name="check: Secure Boot is enabled or unknown: stop before installing an unloadable driver",
-              function=_fail, message=problem,
-              expected="Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load")
-        return
-    problem = driver_source_problem()
-    if problem:
-        # (pre-flight refuses this before any host is touched; this guards direct use of the step)
-        check(name="check: the host's driver comes from another source: stop before mixing two",
-              function=_fail, message=problem,
-              expected="no driver, or one from nvidia_driver_source (or nvidia_driver_migrate = True)")
-        return
+    # (pre-flight refuses these before any host is touched; this guards direct use of the step)
+    for read, what, expected in (
+        (secure_boot_problem, "Secure Boot is enabled or unknown: stop before installing an unloadable driver",
+         "Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load"),
+        (driver_source_problem, "the host's driver comes from another source: stop before mixing two",
+         "no driver, or one from nvidia_driver_source (or nvidia_driver_migrate = True)"),
+    ):
+        problem = read()  # in order: the second is read only when the first found nothing
+        if problem:
+            check(name=f"check: {what}", function=_fail, message=problem, expected=expected)
+            return
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     found, source = existing_driver(), wanted_source()
     others = driver_source.conflict(found, source)
