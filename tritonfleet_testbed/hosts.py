@@ -9,6 +9,7 @@ the bridge, the nft table and the kernel settings it raised (ip_forward, inotify
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -209,20 +210,31 @@ def _net_down(state: State) -> None:
     if state.ip_forward_before is not None and not SYSCTLS_BEFORE.exists():  # older state files
         SYSCTLS_BEFORE.write_text(json.dumps({"/proc/sys/net/ipv4/ip_forward": state.ip_forward_before}))
     state.ip_forward_before = None
-    others = [p for p in Path("/sys/class/net").glob("tfbr[0-9]") if p.name != BRIDGE]
-    if SYSCTLS_BEFORE.exists() and not others:
-        for path, value in json.loads(SYSCTLS_BEFORE.read_text()).items():
-            Path(path).write_text(f"{value}\n")
-        SYSCTLS_BEFORE.unlink()
+    with _sysctls_lock():
+        others = [p for p in Path("/sys/class/net").glob("tfbr[0-9]") if p.name != BRIDGE]
+        if SYSCTLS_BEFORE.exists() and not others:
+            for path, value in json.loads(SYSCTLS_BEFORE.read_text()).items():
+                Path(path).write_text(f"{value}\n")
+            SYSCTLS_BEFORE.unlink()
+
+
+@contextlib.contextmanager
+def _sysctls_lock():
+    """Instances coming up or going down at the same moment (the suite's parts) take turns with
+    the shared file of the settings from before."""
+    SYSCTLS_BEFORE.parent.mkdir(parents=True, exist_ok=True)
+    with open(SYSCTLS_BEFORE.with_suffix(".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _sysctls_up() -> None:
-    if not SYSCTLS_BEFORE.exists():
-        SYSCTLS_BEFORE.parent.mkdir(parents=True, exist_ok=True)
-        SYSCTLS_BEFORE.write_text(json.dumps({p: Path(p).read_text().strip() for p in SYSCTLS}))
-    for path, least in SYSCTLS.items():
-        if int(Path(path).read_text().strip()) < least:
-            Path(path).write_text(f"{least}\n")
+    with _sysctls_lock():
+        if not SYSCTLS_BEFORE.exists():
+            SYSCTLS_BEFORE.write_text(json.dumps({p: Path(p).read_text().strip() for p in SYSCTLS}))
+        for path, least in SYSCTLS.items():
+            if int(Path(path).read_text().strip()) < least:
+                Path(path).write_text(f"{least}\n")
 
 
 def _host_net_up(h: Host) -> None:

@@ -7,6 +7,7 @@ hosts use the same mirror as the machine that built them.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -145,7 +146,16 @@ def cached_tarball(name: str, recipe: str, build) -> Path:
     if out.exists():
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
-    work = CACHE / f".build-{name}-{digest}"
+    # two testbed instances coming up at once (the suite's parts) build it once: the second
+    # waits for the first and finds the tarball made
+    with open(CACHE / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.exists():
+            return out
+        return _build_tarball(out, CACHE / f".build-{name}-{digest}", build)
+
+
+def _build_tarball(out: Path, work: Path, build) -> Path:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir()
