@@ -64,3 +64,15 @@ def test_preflight_gpu_fact_and_gpu_guard_use_the_command():
     assert f"command -v {SMI} " in routed and "nvidia-smi --query" not in routed
     guard = gpuguard.compare_command("triton", smi=SMI)
     assert f"; {SMI} -L 2>&1;" in guard and "docker exec triton nvidia-smi -L" in guard
+
+
+def test_status_asks_the_driver_with_the_command():
+    from tritonfleet import probe
+    from tritonfleet.defaults import DEFAULTS
+
+    def get(data):
+        return lambda k, default=None: data.get(k, DEFAULTS.get(k, default))
+
+    routed, own = probe.command(get({"nvidia_smi_command": SMI})), probe.command(get({}))
+    assert f"echo @gpu; {SMI} --query-gpu=name,driver_version" in routed
+    assert "echo @gpu; nvidia-smi --query-gpu=name,driver_version" in own
