@@ -202,7 +202,7 @@ def test_debian_real_packages_from_bare_then_migrations_to_cuda_and_back(bare_ho
 
     # 6. .run -> ours: a .run install's traces on the same host (its uninstaller, owned by no package,
     # and the installer's backup log). The fake uninstaller notes its arguments and removes the
-    # traces (the real one removes what its backup log lists, and the log). With
+    # traces (FAKE_UNINSTALLER, below). With
     # nvidia_driver_migrate the uninstaller runs first (--silent); Debian's packages are installed
     # (already there: apt keeps them) and held; the answering driver is the installed one: no reboot
     ssh(h, f"echo {base64.b64encode(FAKE_UNINSTALLER.encode()).decode()} | base64 -d > {ds.RUN_UNINSTALLER} "
@@ -229,7 +229,10 @@ def test_debian_real_packages_from_bare_then_migrations_to_cuda_and_back(bare_ho
     assert res.returncode == 0 and changed_ops(data) == [], (changed_ops(data), res.stderr[-3000:])
 
 
-# the stand-in of NVIDIA's uninstaller (`nvidia-uninstall`): notes how it was run, removes the traces
+# the stand-in of NVIDIA's uninstaller (`nvidia-uninstall`): notes how it was run and removes the
+# traces, as nvidia-installer's do_uninstall (NVIDIA/nvidia-installer, backup.c) removes the files its
+# backup log lists as installed, then the backup directory /var/lib/nvidia (that the installer and
+# its uninstall link are among the logged files is not confirmed)
 FAKE_UNINSTALLER = (f"#!/bin/sh\necho \"$*\" > /root/nvidia-uninstall-ran\n"
                     f"rm -rf /var/lib/nvidia {ds.RUN_UNINSTALLER} /usr/bin/nvidia-installer\n")
 
