@@ -1,16 +1,24 @@
 """The driver a host already has, on a real test host over SSH: a .run install's traces (its
 uninstaller, owned by no package, and the installer's backup log) are detected by pre-flight,
 which refuses with the migration help and leaves the host unchanged; `tritonfleet status` shows
-the source. (Generated dpkg states and the migration's commands: tests/test_driver_source.py.)"""
+the source. On a host of its own: Debian's real packages from the mirror, the migrations
+debian -> cuda -> debian (one reboot each), the rest of the host layer on the Debian-source host
+with the GPU answer routed to the stand-in (nvidia_smi_command), and .run -> ours (docs/driver-sources.md,
+Tests: what is faked and why). (Generated dpkg states and the migration's commands:
+tests/test_driver_source.py.)"""
 
 from __future__ import annotations
 
+import base64
+import os
+import re
 import time
 
 import pytest
 from testbed_util import host_state, lines_of, mark, pyinfra_raw, ssh, status_of
 
 from tritonfleet import driver_source as ds
+from tritonfleet_testbed.standin_repo import ANSWER_PATH, smi_answer
 
 pytestmark = pytest.mark.testbed
 
@@ -76,7 +84,7 @@ def nvidia_packages(h) -> dict[str, str]:
     return {line.split()[1]: line.split()[2] for line in out.splitlines() if line.strip()}
 
 
-def test_debian_real_packages_from_bare_then_migration_to_cuda(bare_host):
+def test_debian_real_packages_from_bare_then_migrations_to_cuda_and_back(bare_host):
     from testbed_util import boot_id, changed_ops, pyinfra
 
     h = bare_host
@@ -133,6 +141,100 @@ def test_debian_real_packages_from_bare_then_migration_to_cuda(bare_host):
     assert row["driver_source"] == "cuda", row
     res, data = pyinfra(DRIVER_ONLY, "--limit", h.name)
     assert res.returncode == 0 and changed_ops(data) == [], changed_ops(data)
+
+    # 4. back to Debian's packages, with nvidia_driver_migrate: the stand-in CUDA packages and
+    # NVIDIA's pinning package purged, the CUDA source removed, Debian's installed, pinned, held,
+    # one reboot. Faked (test setup): the module Debian's DKMS builds for the kernel that will boot
+    # (nvidia-current.ko: its dkms.conf's DEST_MODULE_NAME, below updates/dkms), which it cannot
+    # build here (no Debian headers for this machine's kernel); the kernel-safety check before the
+    # reboot looks for that file. (The stand-in's linux-headers-<kernel> from the CUDA run stays:
+    # it has no include/, and Debian's DKMS builds only for kernels whose build/include exists.)
+    kernel = ssh(h, "uname -r").strip()
+    ssh(h, f"mkdir -p /lib/modules/{kernel}/updates/dkms && printf 'placeholder: the nvidia-current module "
+           f"Debian DKMS builds for {kernel} where its headers are\n' "
+           f"> /lib/modules/{kernel}/updates/dkms/nvidia-current.ko")
+    before = boot_id(h)
+    t0 = time.monotonic()
+    res, data = pyinfra(DRIVER_ONLY, "--limit", h.name, *DEBIAN, "--data", "nvidia_driver_migrate=True")
+    timings["migration cuda -> debian"] = time.monotonic() - t0
+    out = lines_of(res.stderr)
+    assert res.returncode == 0, out[-4000:]
+    assert any("remove the driver from NVIDIA's CUDA repository" in n for n in changed_ops(data)), \
+        changed_ops(data)
+    assert out.count("rebooted (boot id") == 1 and boot_id(h) != before, out[-4000:]
+    pkgs = nvidia_packages(h)
+    assert not [p for p, v in pkgs.items() if v.startswith("580.") or p.startswith("nvidia-driver-pinning")], pkgs
+    for p in ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1"):
+        assert pkgs.get(p, "").startswith("535.") and "deb12u" in pkgs[p], (p, pkgs)
+    assert {"nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1"} <= set(ssh(h, "apt-mark showhold").split())
+    assert "Pin: version 535.*" in ssh(h, "cat /etc/apt/preferences.d/tritonfleet-nvidia-driver")
+    assert ssh(h, "ls /etc/apt/sources.list.d/").split().count("tritonfleet-debian-nonfree.sources") == 1
+    assert "cuda" not in ssh(h, "ls /etc/apt/sources.list.d/"), ssh(h, "ls /etc/apt/sources.list.d/")
+    # Debian's dkms.conf names the module the kernel-safety check looks for (tritonfleet.kernel)
+    assert 'DEST_MODULE_NAME[0]="$PACKAGE_NAME"' in ssh(h, "cat /usr/src/nvidia-current-535.*/dkms.conf")
+    _, row = status_of(h.name)
+    assert row["driver_source"] == "debian", row
+    before = boot_id(h)
+    res, data = pyinfra(DRIVER_ONLY, "--limit", h.name, *DEBIAN)
+    assert res.returncode == 0 and changed_ops(data) == [], (changed_ops(data), res.stderr[-3000:])
+    assert boot_id(h) == before
+
+    # 5. the rest of the host layer (Docker, Container Toolkit, GPU verification) on the Debian-source
+    # host. Debian's real nvidia-smi cannot answer for a GPU here (none, no module): test-only data
+    # points nvidia_smi_command at the stand-in's answer for Debian's installed release (put on the
+    # host by the test; the stand-in toolkit copies it into `docker run --gpus` containers).
+    upstream = pkgs["nvidia-smi"].split("-", 1)[0]
+    script = base64.b64encode(smi_answer(upstream).encode()).decode()
+    ssh(h, f"mkdir -p {os.path.dirname(ANSWER_PATH)} && echo {script} | base64 -d > {ANSWER_PATH} "
+           f"&& chmod 755 {ANSWER_PATH}")
+    t0 = time.monotonic()
+    res, data = pyinfra("deploys/host.py", "--limit", h.name, *DEBIAN, "--data", f"nvidia_smi_command={ANSWER_PATH}")
+    timings["host layer after the driver (Debian source, answer routed)"] = time.monotonic() - t0
+    out = lines_of(res.stderr)
+    assert res.returncode == 0, out[-4000:]
+    for where in ("host", "container"):
+        assert re.search(rf"GPU check\s+{re.escape(h.name)}\s+{where}\s+1x .*driver {re.escape(upstream)} .*CUDA 12\.2",
+                         out), (where, out[-4000:])
+    assert "rebooted (boot id" not in out and boot_id(h) == before
+    assert "nvidia" in ssh(h, "docker info --format '{{json .Runtimes}}'")
+    _, row = status_of(h.name)
+    assert row["driver_source"] == "debian", row
+
+    # 6. .run -> ours: a .run install's traces on the same host (its uninstaller, owned by no package,
+    # and the installer's backup log). The fake uninstaller notes its arguments and removes the
+    # traces (FAKE_UNINSTALLER, below). With
+    # nvidia_driver_migrate the uninstaller runs first (--silent); Debian's packages are installed
+    # (already there: apt keeps them) and held; the answering driver is the installed one: no reboot
+    ssh(h, f"echo {base64.b64encode(FAKE_UNINSTALLER.encode()).decode()} | base64 -d > {ds.RUN_UNINSTALLER} "
+           f"&& chmod 755 {ds.RUN_UNINSTALLER} && mkdir -p /var/lib/nvidia "
+           f"&& printf '580.95.05\\n/usr/bin/nvidia-smi\\n' > {ds.RUN_LOG}")
+    _, row = status_of(h.name)
+    assert row["driver_source"] == "runfile+debian", row
+    t0 = time.monotonic()
+    routed = ("--data", f"nvidia_smi_command={ANSWER_PATH}")
+    res, data = pyinfra(DRIVER_ONLY, "--limit", h.name, *DEBIAN, *routed, "--data", "nvidia_driver_migrate=True")
+    timings["migration .run -> debian"] = time.monotonic() - t0
+    assert res.returncode == 0, lines_of(res.stderr)[-4000:]
+    assert any("remove the driver from NVIDIA's .run installer" in n for n in changed_ops(data)), \
+        changed_ops(data)
+    assert ssh(h, "cat /root/nvidia-uninstall-ran").strip() == "--silent"
+    assert ssh(h, f"ls {ds.RUN_UNINSTALLER} {ds.RUN_LOG} 2>/dev/null || true").strip() == ""
+    pkgs = nvidia_packages(h)
+    assert pkgs.get("nvidia-driver", "").startswith("535.") and "deb12u" in pkgs["nvidia-driver"], pkgs
+    assert {"nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1"} <= set(ssh(h, "apt-mark showhold").split())
+    assert boot_id(h) == before
+    _, row = status_of(h.name)
+    assert row["driver_source"] == "debian", row
+    res, data = pyinfra(DRIVER_ONLY, "--limit", h.name, *DEBIAN, *routed)
+    assert res.returncode == 0 and changed_ops(data) == [], (changed_ops(data), res.stderr[-3000:])
+
+
+# the stand-in of NVIDIA's uninstaller (`nvidia-uninstall`): notes how it was run and removes the
+# traces, as nvidia-installer's do_uninstall (NVIDIA/nvidia-installer, backup.c) removes the files its
+# backup log lists as installed, then the backup directory /var/lib/nvidia (that the installer and
+# its uninstall link are among the logged files is not confirmed)
+FAKE_UNINSTALLER = (f"#!/bin/sh\necho \"$*\" > /root/nvidia-uninstall-ran\n"
+                    f"rm -rf /var/lib/nvidia {ds.RUN_UNINSTALLER} /usr/bin/nvidia-installer\n")
 
 
 timings: dict[str, float] = {}

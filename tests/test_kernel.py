@@ -91,3 +91,25 @@ def test_status_shows_a_pending_reboot_into_a_kernel_without_the_module():
                for d in probe.drift(st, {}))
     ok = probe.interpret(FH(), probe.parse(text.replace("module=no", "module=yes")))
     assert ok.reboot == "pending into 6.1.0-29-amd64, with the NVIDIA module" and not probe.drift(ok, {})
+
+
+def test_the_module_is_found_under_nvidias_name_and_debians(tmp_path):
+    """The boot kernel's module: NVIDIA's nvidia.ko (DKMS or precompiled) and Debian's own build,
+    renamed nvidia-current.ko (its dkms.conf: DEST_MODULE_NAME), count; another module does not."""
+    import subprocess
+
+    def module_for(files: list[str]) -> str:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        for f in files:
+            (root / "lib/modules/k1" / f).parent.mkdir(parents=True, exist_ok=True)
+            (root / "lib/modules/k1" / f).write_text("")
+        cmd = kernel.status_command().replace("/lib/modules", f"{root}/lib/modules") \
+            .replace("/boot/", f"{root}/boot/").replace("r=$(uname -r)", "r=k1")
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True).stdout
+        return kernel.parse(out.splitlines()).module
+
+    assert module_for([]) == "no"
+    assert module_for(["kernel/drivers/video/nouveau.ko", "updates/dkms/nvidia-uvm.ko"]) == "no"
+    assert module_for(["updates/dkms/nvidia.ko"]) == "yes"
+    assert module_for(["kernel/drivers/video/nvidia.ko.xz"]) == "yes"
+    assert module_for(["updates/dkms/nvidia-current.ko"]) == "yes"

@@ -650,6 +650,28 @@ def test_hook_makes_nvidia_smi_visible_in_the_container(extracted, tmp_path):
     assert hook(extracted, host, b, "poststop").returncode == 0
 
 
+def test_hook_copies_the_stand_in_answer_of_a_host_whose_driver_cannot_answer(extracted, tmp_path):
+    """A host with a real driver that cannot answer for the stand-in GPU (Debian's nvidia-smi on a
+    test host) and the stand-in's answer at ANSWER_PATH (put there by a test): the container gets
+    the answer, not the host's own nvidia-smi."""
+    from tritonfleet_testbed.standin_repo import ANSWER_PATH, smi_answer
+
+    host = host_root(tmp_path, "T4")
+    (host / "usr/bin").mkdir(parents=True)
+    (host / "usr/bin/nvidia-smi").write_text("ELF: Debian's nvidia-smi\n")
+    answer = host / ANSWER_PATH.lstrip("/")
+    answer.parent.mkdir(parents=True)
+    answer.write_text(smi_answer("535.309.01"))
+    answer.chmod(0o755)
+    b, rootfs = bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    p = hook(extracted, host, b, "prestart")
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run(["busybox", "sh", str(rootfs / "usr/bin/nvidia-smi")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "NVIDIA_STANDIN_ROOT": str(rootfs)})
+    s = gpu.parse_summary(p.stdout.splitlines())
+    assert (s["status"], s["driver_version"], s["cuda_version"]) == ("ok", "535.309.01", "12.2"), p.stdout
+
+
 def test_hook_without_gpu_request_or_without_gpu(extracted, tmp_path):
     host = host_root(tmp_path, "T4")
     (host / "usr/bin").mkdir(parents=True)

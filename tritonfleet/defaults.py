@@ -92,6 +92,12 @@ nvidia_secure_boot_unknown_ok = False
 nvidia_reboot_if_needed = True
 # Seconds to wait for a rebooted host to answer SSH again.
 nvidia_reboot_timeout = 600
+# The command the deploy asks the host's driver with (the driver step's loaded-driver and
+# persistence checks, pre-flight's GPU check, the GPU verification's host half, the Triton step's
+# GPU guard, `tritonfleet status`): nvidia-smi on PATH; a path where the host's own nvidia-smi cannot answer for its GPUs
+# (the testbed points a host without a GPU at its stand-in's answer). Inside `docker run --gpus all`
+# the container's nvidia-smi is the one the Container Toolkit put there.
+nvidia_smi_command = "nvidia-smi"
 
 # --- Docker Engine ------------------------------------------------------------------------
 # "docker": Docker's apt repository (pinned key + version); "distro": the distro's docker.io.

@@ -35,10 +35,11 @@ DEVCHAR_COMMAND = "test -L /dev/char/195:255 && echo present || true"
 _MARK_HOST, _MARK_CTR, _MARK_END = "@@host", "@@container", "@@end"
 
 
-def compare_command(container: str) -> str:
-    """The host's and the container's ``nvidia-smi -L``, in marked sections (one command)."""
+def compare_command(container: str, smi: str = "nvidia-smi") -> str:
+    """The host's and the container's ``nvidia-smi -L``, in marked sections (one command); ``smi``:
+    the command that asks the driver on the host (nvidia_smi_command)."""
     c = q(container)
-    return (f"echo {_MARK_HOST}; nvidia-smi -L 2>&1; echo \"rc=$?\"; echo {_MARK_CTR}; "
+    return (f"echo {_MARK_HOST}; {smi} -L 2>&1; echo \"rc=$?\"; echo {_MARK_CTR}; "
             f"if [ \"$(docker inspect --format '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ]; then "
             f"docker exec {c} nvidia-smi -L 2>&1; echo \"rc=$?\"; else echo not-running; fi; echo {_MARK_END}")
 

@@ -59,9 +59,22 @@ PERSISTENCE_DROPIN_TEXT = (
 
 # --------------------------------------------------------------------------- commands that read the host
 
-DRIVER_VERSION_COMMAND = "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
 NO_DRIVER = "couldn't communicate with the nvidia driver"
-PERSISTENCE_COMMAND = "nvidia-smi -q 2>&1 | grep -i 'Persistence Mode' || true"
+
+
+def smi_command() -> str:
+    """The command the deploy asks the host's driver with (nvidia_smi_command; "nvidia-smi")."""
+    return str(config.get("nvidia_smi_command") or "nvidia-smi")
+
+
+def driver_version_command() -> str:
+    return f"{smi_command()} --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
+
+
+def persistence_command() -> str:
+    return f"{smi_command()} -q 2>&1 | grep -i 'Persistence Mode' || true"
+
+
 HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
 # the installed module's licence and the loaded module's /proc line (tritonfleet.kernel_module)
 KERNEL_MODULE_COMMAND = KMOD_COMMAND
@@ -74,7 +87,7 @@ def driver_facts() -> list[tuple]:
             (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
             (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
             (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}), (DriverFiles, {}),
-            (Command, {"command": DRIVER_VERSION_COMMAND}), (Command, {"command": PERSISTENCE_COMMAND}),
+            (Command, {"command": driver_version_command()}), (Command, {"command": persistence_command()}),
             (Command, {"command": KERNEL_MODULE_COMMAND})]
 
 

@@ -7,7 +7,13 @@ is taken as the newest one installed (``/boot/vmlinuz-*``, version order: GRUB's
 and Ubuntu; a ``GRUB_DEFAULT`` pinned to another entry is not read), or the running one when
 ``/boot`` holds none (hosts booted from outside, such as containers). Its module is there when
 ``/lib/modules/<kernel>`` holds an ``nvidia.ko*`` (DKMS installs it below ``updates/dkms``, the
-precompiled packages below ``kernel/``).
+precompiled packages below ``kernel/``), or Debian's own build of it, ``nvidia-current.ko*``:
+Debian 12's ``nvidia-kernel-dkms`` 535.309.01-0+deb12u1 renames the modules it builds
+(``/usr/src/nvidia-current-535.309.01/dkms.conf``: ``PACKAGE_NAME="nvidia-current"``,
+``BUILT_MODULE_NAME[0]="nvidia"``, ``DEST_MODULE_NAME[0]="$PACKAGE_NAME"``,
+``DEST_MODULE_LOCATION[0]="/updates/dkms"``), and its ``nvidia-kernel-support`` loads it for
+``modprobe nvidia`` (``/etc/nvidia/current/nvidia-modprobe.conf``: ``install nvidia modprobe -i
+nvidia-current``): read from the packages in Debian's archive.
 
 Read side (``tritonfleet status``): :func:`status_command` / :func:`parse`, read-only. Deploy side
 (before a reboot, ``tritonfleet.ops.reboot``): :func:`ensure_command` also builds the module when
@@ -23,9 +29,13 @@ from .shell import q
 
 REBOOT_REQUIRED = "/var/run/reboot-required"
 
+# the NVIDIA module's file names: NVIDIA's, and Debian's renamed build of it
+MODULE_FILES = ("nvidia.ko*", "nvidia-current.ko*")
 _BOOT = ("r=$(uname -r); k=$(ls -1 /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' | sort -V | tail -n 1); "
          "[ -n \"$k\" ] || k=$r; "
-         "has() { [ -n \"$(find \"/lib/modules/$1\" -name 'nvidia.ko*' 2>/dev/null | head -n 1)\" ]; }; ")
+         "has() { [ -n \"$(find \"/lib/modules/$1\" \\( "
+         + " -o ".join(f"-name '{m}'" for m in MODULE_FILES)
+         + " \\) 2>/dev/null | head -n 1)\" ]; }; ")
 
 
 def status_command() -> str:

@@ -22,7 +22,14 @@ from pyinfra import host, logger
 
 from . import config, keys, vendor_repos, vendorfacts
 from .facts import memo
-from .facts.gpu import STATUS_NO_GPU, STATUS_OK, GpuRecord, NvidiaGpus, placement_gpus
+from .facts.gpu import (
+    STATUS_NO_GPU,
+    STATUS_OK,
+    GpuRecord,
+    NvidiaGpus,
+    nvidia_gpus_args,
+    placement_gpus,
+)
 from .facts.host import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
 from .gpucheck import (
     GPU_CLASSES,
@@ -243,7 +250,7 @@ def check_registry_secret(images: list[str]) -> None:
 def prefetch_host() -> None:
     """One remote command for what pre-flight, the host layer's steps and the placement of model
     instances on the host's GPUs (its GPU record) read."""
-    memo.prefetch((NvidiaGpus, {}), (GpuRecord, {}), *host_layer_facts(),
+    memo.prefetch((NvidiaGpus, nvidia_gpus_args()), (GpuRecord, {}), *host_layer_facts(),
                   (DockerImageId, {"image": config.get("cuda_test_image")}))
 
 
@@ -281,7 +288,7 @@ def check_secure_boot() -> None:
 def check_gpu_found() -> None:
     """A host whose driver already answers must show the GPU model of its inventory class. (On a
     bare host there is no driver to ask yet: the GPU verification after the driver step catches it.)"""
-    info = memo.fact(NvidiaGpus)
+    info = memo.fact(NvidiaGpus, **nvidia_gpus_args())
     if info is None or info.status not in (STATUS_OK, STATUS_NO_GPU):
         return
     cls = str(config.get("gpu_class")).upper()

@@ -29,7 +29,9 @@ def command(get) -> str:
     addr = bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{addr}:{get('triton_http_port')}/v2/repository/index"
     parts = {
-        "gpu": "nvidia-smi --query-gpu=name,driver_version,index,pci.bus_id,uuid --format=csv,noheader 2>&1 | head -n 16",
+        # the command the deploy asks the driver with (nvidia_smi_command)
+        "gpu": f"{get('nvidia_smi_command') or 'nvidia-smi'} --query-gpu=name,driver_version,index,pci.bus_id,uuid "
+               "--format=csv,noheader 2>&1 | head -n 16",
         "gpu_record": f"cat {gpucount.RECORD} 2>/dev/null",
         "toolkit": "dpkg-query -W -f '${Version}' nvidia-container-toolkit 2>/dev/null",
         "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null",

@@ -234,6 +234,20 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
     return p
 
 
+# Where a test puts the stand-in's answer for a host whose installed driver cannot answer for the
+# stand-in GPU (Debian's real nvidia-smi on a test host: no GPU, no module); the deploy is pointed
+# at it with nvidia_smi_command (test-only data), and the stand-in Container Toolkit's hook copies it
+# into `docker run --gpus` containers in place of the host's nvidia-smi.
+ANSWER_PATH = "/usr/lib/nvidia-standin/answer/nvidia-smi"
+
+
+def smi_answer(driver_version: str) -> str:
+    """The stand-in nvidia-smi answering for driver ``driver_version`` (its branch's CUDA version),
+    to be put at ANSWER_PATH."""
+    return _template("nvidia-smi.sh", DRIVER_VERSION=driver_version,
+                     CUDA_VERSION=CUDA_OF_BRANCH[driver_version.split(".", 1)[0]])
+
+
 def _template(name: str, **values: str) -> str:
     text = (STANDIN / name).read_text()
     for k, v in values.items():

@@ -33,9 +33,10 @@ QUERY_FIELDS = ("index", "name", "uuid", "pci.bus_id", "driver_version", "comput
 QUERY_FIELDS_NO_CC = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
 
 
-def query_command(fields=QUERY_FIELDS) -> str:
-    """The nvidia-smi invocation for ``fields`` (one plain command: it also runs in a container)."""
-    return f"nvidia-smi --query-gpu={','.join(fields)} --format=csv,noheader,nounits"
+def query_command(fields=QUERY_FIELDS, smi: str = "nvidia-smi") -> str:
+    """The nvidia-smi invocation for ``fields`` (one plain command: it also runs in a container);
+    ``smi``: the command that asks the driver (nvidia_smi_command, on the host)."""
+    return f"{smi} --query-gpu={','.join(fields)} --format=csv,noheader,nounits"
 
 
 QUERY_COMMAND = query_command(QUERY_FIELDS)
@@ -294,7 +295,9 @@ def parse_summary(lines) -> dict:
 
 # --------------------------------------------------------------------------- pyinfra facts
 
-_NO_SMI = "command -v nvidia-smi >/dev/null 2>&1 || { echo 'tritonfleet: nvidia-smi missing'; echo rc=127; exit 0; }"
+def _no_smi(smi: str) -> str:
+    return (f"command -v {smi.split()[0]} >/dev/null 2>&1 || "
+            "{ echo 'tritonfleet: nvidia-smi missing'; echo rc=127; exit 0; }")
 
 
 class NvidiaGpus(FactBase):
@@ -303,11 +306,13 @@ class NvidiaGpus(FactBase):
     Older drivers cannot report compute_cap: the query is repeated without it and the compute
     capability is taken from the product name."""
 
-    def command(self) -> str:
+    def command(self, smi: str = "nvidia-smi") -> str:
+        """``smi``: the command that asks the driver (nvidia_smi_command)."""
         return (
-            f"{_NO_SMI}; out=$({QUERY_COMMAND} 2>&1); rc=$?; "
+            f"{_no_smi(smi)}; out=$({query_command(QUERY_FIELDS, smi)} 2>&1); rc=$?; "
             'case "$out" in *"is not a valid field"*) '
-            f"echo fields={','.join(QUERY_FIELDS_NO_CC)}; out=$({QUERY_COMMAND_NO_CC} 2>&1); rc=$?;; esac; "
+            f"echo fields={','.join(QUERY_FIELDS_NO_CC)}; out=$({query_command(QUERY_FIELDS_NO_CC, smi)} 2>&1); "
+            "rc=$?;; esac; "
             'printf "%s\\n" "$out"; echo "rc=$rc"'
         )
 
@@ -332,6 +337,14 @@ class GpuRecord(FactBase):
         return parse_record(output)
 
 
+def nvidia_gpus_args() -> dict:
+    """The NvidiaGpus fact's arguments for the current host: the command that asks the driver
+    (nvidia_smi_command)."""
+    from .. import config
+
+    return {"smi": str(config.get("nvidia_smi_command") or "nvidia-smi")}
+
+
 def placement_gpus() -> int:
     """The number of GPUs the current host's instance groups are placed on
     (tritonfleet.gpucount.placement_count): gpu_count, else the host's record, else what
@@ -343,7 +356,7 @@ def placement_gpus() -> int:
     gpu_count = config.get("gpu_count")
     if gpu_count not in (None, ""):
         return placement_count(gpu_count, [], None)
-    memo.prefetch((GpuRecord, {}), (NvidiaGpus, {}))
+    memo.prefetch((GpuRecord, {}), (NvidiaGpus, nvidia_gpus_args()))
     recorded = memo.fact(GpuRecord)
-    live = memo.fact(NvidiaGpus)
+    live = memo.fact(NvidiaGpus, **nvidia_gpus_args())
     return placement_count(None, recorded, len(live.gpus) if live is not None and live.ok else None)

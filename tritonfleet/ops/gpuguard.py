@@ -32,7 +32,8 @@ def pending() -> list[str]:
 
 
 def _read() -> dict:
-    _, out = host.run_shell_command(gpuguard.compare_command(config.get("triton_container_name")),
+    _, out = host.run_shell_command(gpuguard.compare_command(config.get("triton_container_name"),
+                                                                smi=str(config.get("nvidia_smi_command") or "nvidia-smi")),
                                     print_output=False, print_input=False)
     return gpuguard.parse("\n".join(out.stdout_lines))
 

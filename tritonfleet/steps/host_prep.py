@@ -23,14 +23,12 @@ from ..host_layer import (
     DOCKER_PIN_FILE,
     DRIVER_PIN_FILE,
     DRIVER_SETTINGS,
-    DRIVER_VERSION_COMMAND,
     HOOK_COMMAND,
     KERNEL_MODULE_COMMAND,
     NO_DRIVER,
     NONFREE_FILE,
     NOUVEAU_FILE,
     NOUVEAU_TEXT,
-    PERSISTENCE_COMMAND,
     PERSISTENCE_DROPIN,
     PERSISTENCE_DROPIN_TEXT,
     TOOLKIT_PIN_FILE,
@@ -42,9 +40,12 @@ from ..host_layer import (
     driver_repo,
     driver_source_problem,
     driver_upstream_version,
+    driver_version_command,
     existing_driver,
     kernel_module,
+    persistence_command,
     secure_boot_problem,
+    smi_command,
     toolkit_facts,
     wanted_source,
 )
@@ -162,7 +163,7 @@ def _reboot_needed() -> bool:
     operation before changed the host."""
     if not config.get("nvidia_reboot_if_needed"):
         return False
-    raw = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
+    raw = memo.fact(Command, command=driver_version_command()) or ""
     text = raw.lower()
     if "version mismatch" in text:
         logger.warning(f"{host.name}: loaded NVIDIA module does not match the installed driver; rebooting")
@@ -170,7 +171,7 @@ def _reboot_needed() -> bool:
     if NO_DRIVER in text:
         said = next((line.strip() for line in raw.splitlines() if NO_DRIVER in line.lower()), NO_DRIVER)
         logger.warning(f"{host.name}: the NVIDIA driver is installed but not loaded (nouveau bound to the "
-                       f"GPU, or no module yet; `nvidia-smi` said: {said[:160]}); rebooting once")
+                       f"GPU, or no module yet; `{smi_command()}` said: {said[:160]}); rebooting once")
         return True
     state = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
     if state.loaded and state.installed and state.loaded != state.installed:
@@ -344,7 +345,7 @@ def nvidia_driver():
     # (also: installed but not loaded, e.g. nouveau bound to the GPU). Once: a later run reboots
     # again only for a version mismatch. Before the daemon starts: it cannot reach the driver
     # until then.
-    loaded = memo.fact(Command, command=DRIVER_VERSION_COMMAND) or ""
+    loaded = memo.fact(Command, command=driver_version_command()) or ""
     module = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
     if driver_changes or "version mismatch" in loaded.lower() or (module.loaded and module.loaded != flavour):
         reboot(
@@ -362,14 +363,14 @@ def nvidia_driver():
                          commands=["systemctl restart nvidia-persistenced.service"])
         converged.service(name="nvidia-persistenced running and enabled",
                           service="nvidia-persistenced", running=True, enabled=True)
-        check(name="check: persistence mode is on (nvidia-smi -q)", function=_check_persistence)
+        check(name=f"check: persistence mode is on ({smi_command()} -q)", function=_check_persistence)
 
 
 def _check_persistence():
-    text = " ".join((memo.fact(Command, command=PERSISTENCE_COMMAND) or "").split())
+    text = " ".join((memo.fact(Command, command=persistence_command()) or "").split())
     if "enabled" not in text.lower():
         raise RuntimeError(
-            f"{host.name}: nvidia-smi -q shows {text or 'no Persistence Mode line'}, expected Persistence Mode "
+            f"{host.name}: {smi_command()} -q shows {text or 'no Persistence Mode line'}, expected Persistence Mode "
             f"Enabled: check `systemctl status nvidia-persistenced` and {PERSISTENCE_DROPIN} on the host "
             "(nvidia_persistenced in inventories/group_data/all.py turns this step off)")
 

@@ -16,6 +16,7 @@ from ..facts import gpu as gpufacts
 from ..failure import Failure, HostFailure, trim
 from ..gpucheck import GPU_CLASSES, check_gpus
 from ..gpucount import RECORD, count_problems, expected_count, parse_record, record_update
+from ..host_layer import smi_command
 from ..ops.check import check
 from ..shell import q
 from .triton import ensure_image
@@ -61,18 +62,22 @@ def depends_command(image: str) -> str:
     )
 
 
-def probe_command(image: str, query: str = QUERY, mode: str = "always") -> str:
+def probe_command(image: str, query: str = QUERY, mode: str = "always", smi: str = "nvidia-smi") -> str:
     """One remote command for the whole check: the query and the summary (for the CUDA version)
     from nvidia-smi on the host, then both again inside one `docker run --gpus all` (no network:
     the container only runs nvidia-smi). Sections are separated by SECTION lines; the last one is
     ``key=<digest>`` after a container run, or ``cached`` when mode "changes" found the last
-    passing answer still valid (nothing it depends on changed) and printed that instead."""
+    passing answer still valid (nothing it depends on changed) and printed that instead. ``smi``:
+    the command that asks the driver on the host (nvidia_smi_command; the query given for the host
+    then starts with it too); inside the container, the nvidia-smi the Container Toolkit put there."""
+    host_query = query if smi == "nvidia-smi" or not query.startswith("nvidia-smi ") \
+        else smi + query[len("nvidia-smi"):]
     inner = q(f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1")
     run = f"{container_prefix(image)}sh -c {inner} 2>&1"
     # the host's part also reads the GPU record and the kernel module's flavour (installed: modinfo;
     # loaded: /proc)
-    host_part = (f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({query} 2>&1); echo \"$q\"; "
-                 f"echo {SECTION}; nvidia-smi 2>&1; {kmod.COMMAND}; echo {SECTION}; ")
+    host_part = (f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({host_query} 2>&1); echo \"$q\"; "
+                 f"echo {SECTION}; {smi} 2>&1; {kmod.COMMAND}; echo {SECTION}; ")
     if mode == "always":
         return f"{host_part}{run}"
     return (f"{host_part}k=$({depends_command(image)}); "
@@ -105,7 +110,8 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     digest to record once the check passed) or "cached" (the container answer was the recorded
     one), and the container's raw sections."""
     mode = verify_mode()
-    _, out = host.run_shell_command(probe_command(image, mode=mode))
+    smi = smi_command()
+    _, out = host.run_shell_command(probe_command(image, mode=mode, smi=smi))
     stdout, tail = list(out.stdout_lines), None
     if mode != "always" and stdout and (stdout[-1].startswith("key=") or stdout[-1] == "cached"):
         tail = stdout.pop()
@@ -129,8 +135,9 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     for where, q_lines, s_lines in (("host", host_q, host_sum), ("container", cont_q, cont_sum)):
         info = gpufacts.parse_query(q_lines)
         if info.invalid_field == "compute_cap":  # drivers before R510: look the capability up by name
-            prefix = "" if where == "host" else container_prefix(image)
-            _, out2 = host.run_shell_command(f"{prefix}{gpufacts.QUERY_COMMAND_NO_CC} 2>&1")
+            command = gpufacts.query_command(gpufacts.QUERY_FIELDS_NO_CC, smi) if where == "host" \
+                else container_prefix(image) + gpufacts.QUERY_COMMAND_NO_CC
+            _, out2 = host.run_shell_command(f"{command} 2>&1")
             info = gpufacts.parse_query(out2.stdout_lines + out2.stderr_lines, gpufacts.QUERY_FIELDS_NO_CC)
         results.append((where, info, gpufacts.parse_summary(s_lines)))
     return results

@@ -8,6 +8,12 @@ the testbed the "driver" is the stand-in nvidia-smi and the "GPU" the host's
 /etc/nvidia-standin/gpu.env, so both (and the loaded-module state) are copied into the
 container's root filesystem.  It reads the OCI state (JSON, with "bundle") on stdin and
 <bundle>/config.json (root.path, process.env).
+
+A host whose installed driver cannot answer for the stand-in GPU (Debian's real packages on a
+test host: no GPU, no module) can be given the stand-in's answer at
+/usr/lib/nvidia-standin/answer/nvidia-smi by a test (standin_repo.ANSWER_PATH, with the deploy's
+nvidia_smi_command pointed at it): that file is then the "driver's nvidia-smi" copied into the
+container, as the host's own is elsewhere.
 """
 
 import json
@@ -16,7 +22,7 @@ import shutil
 import sys
 
 ROOT = os.environ.get("NVIDIA_STANDIN_ROOT", "")
-HOST_SMI = [ROOT + "/usr/bin/nvidia-smi", ROOT + "/bin/nvidia-smi"]
+HOST_SMI = [ROOT + "/usr/lib/nvidia-standin/answer/nvidia-smi", ROOT + "/usr/bin/nvidia-smi", ROOT + "/bin/nvidia-smi"]
 GPU_ENV = "/etc/nvidia-standin/gpu.env"
 MODULE_FILE = "/run/nvidia-standin/module-version"
 GPU_CONTAINERS = "/run/nvidia-standin/gpu-containers"
