@@ -89,6 +89,9 @@ def one_triton_per_gpu(h, directory, models_ready: list[str]) -> None:
             # shows every GPU inside any GPU container: the isolation itself needs a real GPU)
             got = ssh(h, f"docker inspect --format '{{{{json .HostConfig.DeviceRequests}}}}' triton-server-gpu{i}")
             assert json.loads(got)[0]["DeviceIDs"] == [str(i)], got
+            # and dockerd hands the NVIDIA runtime hook that GPU (moby's daemon/nvidia_linux.go)
+            env_lines = ssh(h, f"docker exec triton-server-gpu{i} sh -c 'tr \"\\\\0\" \"\\\\n\" < /proc/1/environ'")
+            assert f"NVIDIA_VISIBLE_DEVICES={i}" in env_lines.split(), env_lines
         res = tritonfleet("status", inv, "--json", "--limit", h.name)
         row = {r["host"]: r for r in json.loads(res.stdout)}[h.name]
         assert (res.returncode, row["drift"], row["instances_expected"]) == (0, [], 4), json.dumps(row)[:3000]
