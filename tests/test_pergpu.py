@@ -246,3 +246,9 @@ def test_status_per_gpu_release_is_the_configs_as_written():
     fh = fleet_host(triton_per_gpu=True, model_repository=str(ROOT / "files/model_repository"), model_overrides={})
     st = probe.interpret(fh, probe.parse(probe_text([], "")))
     assert probe.intent(fh, st).get("release") == models.host_repository(fh.get, gpus=1)[2]
+
+
+@pytest.mark.parametrize("value,on", [(True, True), ("true", True), ("1", True), ("yes", True), (False, False),
+                                      (None, False), ("false", False), (0, False), ("x", False)])
+def test_on_only_when_asked(value, on):
+    assert pergpu.enabled({"triton_per_gpu": value}.get) is on

@@ -30,7 +30,9 @@ class PerGpuError(ValueError):
 
 
 def enabled(get) -> bool:
-    return bool(get("triton_per_gpu", False))
+    """triton_per_gpu is on: True (or "true", "yes", "1" as `--data` may give it)."""
+    value = get("triton_per_gpu")
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")
 
 
 def service_name(get, index: int) -> str:
