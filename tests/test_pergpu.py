@@ -252,3 +252,30 @@ def test_status_per_gpu_release_is_the_configs_as_written():
                                       (None, False), ("false", False), (0, False), ("x", False)])
 def test_on_only_when_asked(value, on):
     assert pergpu.enabled({"triton_per_gpu": value}.get) is on
+
+
+# ------------------------------------------------------------------------ rollout: the host as one unit
+
+def test_rollout_gates_every_instance_and_names_the_one_that_fails(monkeypatch):
+    from tritonfleet import health, rollout
+
+    fh = fleet_host(triton_per_gpu=True)
+    st = probe.interpret(fh, probe.parse(probe_text([], "")))
+    monkeypatch.setattr(probe, "intent", lambda h, s=None: {"models": ["m"]})
+    monkeypatch.setattr(probe, "probe", lambda h, with_intent=True: st)
+    gated = []
+
+    def gate(get, address, models, transport, limit, watch):
+        gated.append(get("triton_http_port"))
+        return health.HealthResult(get("triton_http_port") != 8020, [health.Check("x", False, "no answer")])
+
+    monkeypatch.setattr(health, "gate", gate)
+    monkeypatch.setattr(health, "failure_of", lambda res, name, models, watch, limit, rollout=False:
+                        health.Failure(name, "health gate", "ready", "not healthy", cause="no answer"))
+    res, failure = rollout._gate(fh, 5)
+    assert gated == [8000, 8010, 8020] and not res.ok
+    assert failure.found == "GPU 2 (triton-gpu2.service, HTTP 8020): not healthy"
+    gated.clear()
+    monkeypatch.setattr(health, "gate", lambda get, *a: gated.append(get("triton_http_port")) or health.HealthResult(True))
+    res, failure = rollout._gate(fh, 5)
+    assert gated == [8000, 8010, 8020, 8030] and res.ok and failure is None
