@@ -58,6 +58,59 @@ def reboot(h) -> None:
     raise AssertionError(f"{h.name} did not come back from the reboot")
 
 
+def ready(address: str, port: int, path: str = "/v2/health/ready") -> int:
+    import requests
+
+    try:
+        return requests.get(f"http://{address}:{port}{path}", timeout=5).status_code
+    except requests.RequestException:
+        return 0
+
+
+def one_triton_per_gpu(h, directory, models_ready: list[str]) -> None:
+    """triton_per_gpu on the 4-GPU host: four units, four containers (--gpus device=N), four port
+    sets each ready with every model; status shows 4/4 without drift; then the single unit again."""
+    assert models_ready
+    inv = write_inventory(directory, {"t4": [h.name]}, triton_per_gpu=True)
+    try:
+        res = pyinfra_raw("-y", "--limit", h.name, inv, "deploys/models.py")
+        out = res.stdout.decode() + res.stderr.decode()
+        assert res.returncode == 0, out[-4000:]
+        assert "4 Triton instances, one per GPU" in out, out[-4000:]
+        units = ssh(h, "ls /etc/systemd/system | grep -E '^triton(-gpu[0-9]+)?[.]service$'").split()
+        assert units == [f"triton-gpu{i}.service" for i in range(4)], units
+        for i in range(4):
+            port = 8000 + 10 * i
+            assert ready(h.address, port) == 200, f"GPU {i}: {port}"
+            for m in models_ready:
+                assert ready(h.address, port, f"/v2/models/{m}/ready") == 200, (i, m)
+            assert ready(h.address, 8002 + 10 * i, "/metrics") == 200
+            # what the container gets from Docker: the one GPU it asked for (the stand-in driver
+            # shows every GPU inside any GPU container: the isolation itself needs a real GPU)
+            got = ssh(h, f"docker inspect --format '{{{{json .HostConfig.DeviceRequests}}}}' triton-server-gpu{i}")
+            assert json.loads(got)[0]["DeviceIDs"] == [str(i)], got
+            # and dockerd hands the NVIDIA runtime hook that GPU (moby's daemon/nvidia_linux.go)
+            env_lines = ssh(h, f"docker exec triton-server-gpu{i} sh -c 'tr \"\\\\0\" \"\\\\n\" < /proc/1/environ'")
+            assert f"NVIDIA_VISIBLE_DEVICES={i}" in env_lines.split(), env_lines
+        res = tritonfleet("status", inv, "--json", "--limit", h.name)
+        row = {r["host"]: r for r in json.loads(res.stdout)}[h.name]
+        assert (res.returncode, row["drift"], row["instances_expected"]) == (0, [], 4), json.dumps(row)[:3000]
+        assert sorted((i["index"], i["state"], i["ready"]) for i in row["instances"]) == \
+            [(i, "active", True) for i in range(4)]
+        assert "active 4/4" in tritonfleet("status", inv, "--limit", h.name).stdout
+    finally:
+        # the single unit again: per-GPU units stopped and removed, triton.service serving
+        res = pyinfra_raw("-y", "--limit", h.name, INVENTORY, "deploys/models.py")
+        out = res.stdout.decode() + res.stderr.decode()
+        assert res.returncode == 0, out[-4000:]
+    assert "triton_per_gpu is off" in out, out[-4000:]
+    units = ssh(h, "ls /etc/systemd/system | grep -E '^triton(-gpu[0-9]+)?[.]service$'").split()
+    assert units == ["triton.service"], units
+    assert ready(h.address, 8000) == 200 and ready(h.address, 8010) == 0
+    rc, row = status_of(h.name)
+    assert (rc, row["drift"]) == (0, []), row["drift"]
+
+
 def test_four_gpu_host(deployed, tmp_path):
     testbed, _, _ = deployed
     h = [x for x in testbed.hosts if x.gpu_class == "t4"][-1]
@@ -78,6 +131,8 @@ def test_four_gpu_host(deployed, tmp_path):
         assert (len(row["gpus"]), row["gpu_expected"], rc, row["drift"]) == (4, 4, 0, [])
         table = tritonfleet("status", INVENTORY, "--limit", h.name).stdout
         assert "4/4x Tesla T4" in table, table
+
+        one_triton_per_gpu(h, tmp_path / "per-gpu", row["models_ready"])
 
         # the article's configs on this host: spread over GPUs 0-3 (the testbed serves on CPU, so
         # this is a dry run: the release it plans is the spread one, validated against 4 GPUs)

@@ -227,6 +227,14 @@ triton_start_timeout = 600
 # Triton while it still finishes requests (docs/operations.md).
 triton_stop_timeout = 30
 
+# One Triton per GPU (docs/multi-gpu.md): True runs one unit <triton_service>-gpu<N> per GPU the
+# host has (gpu_count, else its GPU record), each container with --gpus device=N and the ports
+# above plus N * triton_per_gpu_port_step; False: one unit with triton_gpus (all GPUs).
+triton_per_gpu = False
+# Port offset between two per-GPU instances: GPU N serves HTTP on triton_http_port + N * step
+# (gRPC and metrics alike); at least the spread of the three ports so no two instances collide.
+triton_per_gpu_port_step = 10
+
 # --- Rollout and rollback -------------------------------------------------------------------
 # Deployment a rollback returns to, per host: {host: {"release": id, "unit": digest}}. Set by
 # `tritonfleet rollout` (what the host served before its batch); empty: the newest recorded

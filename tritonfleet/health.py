@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import requests
 
+from . import pergpu
 from .failure import Failure, HostFailure, trim
 from .shell import q
 
@@ -500,6 +501,16 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
             t.close()
 
 
+def instance_failure(failure: Failure, get) -> Failure:
+    """A failed gate's report naming the per-GPU instance (tritonfleet.pergpu) it was of."""
+    name = pergpu.label(get)
+    if name:
+        failure.expected = f"{name}: {failure.expected}"
+        failure.found = f"{name}: {failure.found}"
+        failure.cause = f"{name}: {failure.cause}"
+    return failure
+
+
 def unit_watch(get, run) -> UnitWatch:
     return UnitWatch(run, get("triton_service"), get("triton_container_name"), get("triton_base_dir"))
 
@@ -581,20 +592,35 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
         _, out = host.run_shell_command(command, print_output=False, print_input=False)
         return "\n".join(out.stdout_lines)
 
-    watch = unit_watch(config.get, run)
     timeout = float(config.get("health_timeout"))
-    warm = None
-    if repo and config.get("health_warm_inference"):
-        warm = warm_check(repo, models, max(float(config.get("health_request_timeout")), 30.0),
-                          lambda text: logger.info(f"{host.name}: {text}"),
-                          lambda ms: WARM_LATENCY.__setitem__(host.name, ms))
-    try:
-        res = gate(config.get, host.data.get("ssh_hostname") or host.name, models, transport, timeout, watch, warm)
-    except config.ConfigError as e:
-        raise config.ConfigError(f"{host.name}: {e}") from e
-    if not res.ok:
-        raise HealthError(failure_of(res, host.name, models, watch, timeout, rollout=in_rollout()))
-    logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served)")
+    gets = [config.get]
+    if pergpu.enabled(config.get):
+        from .facts.gpu import host_gpus
+
+        try:
+            gets = pergpu.instance_gets(config.get, host_gpus())
+        except pergpu.PerGpuError as e:
+            raise config.ConfigError(f"{host.name}: {e}") from e
+    seconds = 0.0
+    for i, g in enumerate(gets):
+        watch = unit_watch(g, run)
+        warm = None
+        if repo and config.get("health_warm_inference"):
+            warm = warm_check(repo, models, max(float(config.get("health_request_timeout")), 30.0),
+                              lambda text, g=g: logger.info(f"{host.name}: {pergpu.label(g) + ': ' if pergpu.label(g) else ''}{text}"),
+                              (lambda ms: WARM_LATENCY.__setitem__(host.name, ms)) if i == 0 else None)
+        try:
+            res = gate(g, host.data.get("ssh_hostname") or host.name, models, transport, timeout, watch, warm)
+        except config.ConfigError as e:
+            raise config.ConfigError(f"{host.name}: {e}") from e
+        if not res.ok:
+            raise HealthError(instance_failure(failure_of(res, host.name, models, watch, timeout,
+                                                          rollout=in_rollout()), g))
+        seconds += res.seconds
+    res.seconds = seconds
+    logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
+                + (f", {len(gets)} Triton instances, one per GPU)" if len(gets) > 1 or pergpu.enabled(config.get)
+                   else ")"))
     if clear_failure:
         from .failure import HOST_RECORD
 

@@ -60,6 +60,28 @@ def metrics_target(fh: FleetHost) -> str:
     return f"{address(fh)}:{int(tunable(fh, 'triton_metrics_port'))}"
 
 
+def metrics_targets(fh: FleetHost) -> list[tuple[str, int | None]]:
+    """``(address:port, GPU index)`` of each of the host's metrics endpoints: the one of its single
+    Triton (index None), or with triton_per_gpu one per GPU (gpu_count GPUs: tritonfleet.pergpu)."""
+    from . import pergpu
+
+    get = lambda key, *default: tunable(fh, key)  # noqa: E731 - the inventory host's tunables
+    if not pergpu.enabled(get):
+        return [(metrics_target(fh), None)]
+    count = tunable(fh, "gpu_count")
+    try:
+        from .gpucount import expected_count
+
+        n = expected_count(count, [])
+        if n is None:
+            raise ValueError("gpu_count is not set")
+        pergpu.check_layout(get, n)
+        return [(f"{address(fh)}:{pergpu.ports(get, i)['triton_metrics_port']}", i) for i in range(n)]
+    except ValueError as e:
+        raise FleetError(f"{fh.name}: triton_per_gpu needs the host's gpu_count for one target per GPU ({e}); "
+                         "set gpu_count in its inventory host data or group data") from e
+
+
 @dataclass
 class Sample:
     name: str

@@ -336,6 +336,25 @@ def check_vendor_keys() -> None:
                 f"{tunable} in {GROUP_DATA}/all.py (or your group data)")
 
 
+def check_per_gpu() -> None:
+    """triton_per_gpu: the instances' ports do not collide (tritonfleet.pergpu)."""
+    from . import pergpu
+
+    if not pergpu.enabled(config.get):
+        return
+    from .facts.gpu import host_gpus
+
+    if config.get("lb"):
+        raise PreflightError(f"{host.name}: triton_per_gpu with a load balancer (lb = {config.get('lb')!r}) is not "
+                             "built: the drain and the backends know one Triton port set per host; set "
+                             f"triton_per_gpu = False or lb = None for this host ({GROUP_DATA}/all.py, or the "
+                             "host's inventory data; docs/multi-gpu.md)")
+    try:
+        pergpu.check_layout(config.get, host_gpus())
+    except ValueError as e:
+        raise PreflightError(f"{host.name}: {e} ({GROUP_DATA}/all.py, or the host's inventory data)") from e
+
+
 # --------------------------------------------------------------------------- per deploy
 
 def run_all() -> None:
@@ -344,6 +363,7 @@ def run_all() -> None:
     check_gpu_class_and_driver()
     prefetch_host()  # the GPU record places model instances (check_model_repository)
     check_model_repository()
+    check_per_gpu()
     check_registry_secret([config.get("cuda_test_image"), config.get("triton_image")])
     check_host()
 
@@ -360,4 +380,5 @@ def triton_layer() -> None:
     """deploys/models.py: image, models, unit, health gate."""
     check_host_key_policy()
     check_model_repository()
+    check_per_gpu()
     check_registry_secret([config.get("triton_image")])

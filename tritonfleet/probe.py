@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import apikey, driver_source, fleet, gpucount, kernel, kernel_module
+from . import apikey, driver_source, fleet, gpucount, kernel, kernel_module, pergpu
 from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .models import host_repository
 from .shell import q
-from .unit import render_unit, unit_context, unit_digest
+from .unit import render_unit, unit_context, unit_digest, units_digest
 
 SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models",
-            "last", "failure", "kernel", "kmod", "driver_source")
+            "last", "failure", "kernel", "kmod", "driver_source", "instances")
 
 
 def command(get) -> str:
@@ -54,7 +54,32 @@ def command(get) -> str:
         # where the driver came from (CUDA repository, distro packages, .run installer)
         "driver_source": f"( {driver_source.PROBE_COMMAND} )",
     }
+    if pergpu.enabled(get):
+        parts.update(per_gpu_parts(get, addr))
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"
+
+
+def per_gpu_parts(get, addr: str) -> dict[str, str]:
+    """The probe's sections for a host with one Triton per GPU (tritonfleet.pergpu): each per-GPU
+    unit on the host as ``<index> <is-active> <HTTP code of /v2/health/ready>``, the digest of the
+    units one after the other by index (units_digest), the image of GPU 0's container."""
+    step = pergpu.port_step(get)
+    first = pergpu.instance_get(get, 0)
+    units = f"$({pergpu.list_units_command(get)})"
+    return {
+        "active": "true",
+        "instances": (f"for u in {units}; do i=${{u##*-gpu}}; i=${{i%.service}}; "
+                      f"s=$(systemctl is-active \"$u\" 2>/dev/null); "
+                      f"r=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
+                      f"http://{addr}:$(({int(get('triton_http_port'))} + {step} * i))/v2/health/ready); "
+                      'echo "$i ${s:-unknown} ${r:-000}"; done'),
+        "unit": (f"( cd /etc/systemd/system && f={units} && [ -n \"$f\" ] && cat $f | sha256sum | cut -c1-16 )"
+                 " 2>/dev/null"),
+        "image": (f"c=$(docker inspect --format '{{{{.Config.Image}}}}|{{{{.Image}}}}' "
+                  f"{q(first('triton_container_name'))} 2>/dev/null) "
+                  "&& echo \"$c\" && echo \"digests=$(docker image inspect --format "
+                  "'{{join .RepoDigests \" \"}}' \"${c#*|}\" 2>/dev/null)\""),
+    }
 
 
 def parse(text: str) -> dict[str, list[str]]:
@@ -99,6 +124,9 @@ class HostStatus:
     kernel_module: dict | None = None  # tritonfleet.kernel_module.ModuleState: installed/loaded flavour
     module: str = "-"           # the module's flavour, for the table
     driver_source: str | None = None  # cuda, debian, ubuntu, runfile (+ others on a mixed host); None: none
+    # triton_per_gpu: each per-GPU unit on the host {index, state, ready} and how many are expected
+    instances: list[dict] = field(default_factory=list)
+    instances_expected: int | None = None
     drift: list[str] = field(default_factory=list)
 
     @property
@@ -139,6 +167,8 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     st.toolkit = (sections["toolkit"] or [None])[0]
     st.docker = (sections["docker"] or [None])[0]
     st.unit_state = (sections["active"] or ["unknown"])[0]
+    if get and pergpu.enabled(get):
+        per_gpu_state(st, get, sections["instances"])
     st.unit = (sections["unit"] or [None])[0]
     for line in sections["image"]:
         if line.startswith("digests="):
@@ -172,6 +202,45 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     return st
 
 
+def per_gpu_state(st: HostStatus, get, lines: list[str]) -> None:
+    """The per-GPU instances of ``st`` from the probe's lines; its unit_state "active" when every
+    expected one is active and ready, else "<up>/<expected> up"."""
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3 and parts[0].isdigit():
+            st.instances.append({"index": int(parts[0]), "state": parts[1], "ready": parts[2] == "200"})
+    try:
+        st.instances_expected = gpucount.placement_count(get("gpu_count"), st.gpu_recorded, len(st.gpus) or None)
+    except ValueError:
+        st.instances_expected = None
+    up = len(up_instances(st))
+    want = st.instances_expected or len(st.instances)
+    st.unit_state = "active" if want and up == want and len(st.instances) == want else f"{up}/{want} up"
+
+
+def up_instances(st: HostStatus) -> list[dict]:
+    return [i for i in st.instances if i["state"] == "active" and i["ready"]
+            and (st.instances_expected is None or i["index"] < st.instances_expected)]
+
+
+def instance_drift(st: HostStatus) -> list[str]:
+    """Per-GPU instances down, missing, or left for GPUs the host no longer has."""
+    if st.instances_expected is None:
+        return []
+    have = {i["index"]: i for i in st.instances}
+    out = []
+    down = [f"GPU {n} ({have[n]['state']}{'' if have[n]['ready'] else ', not ready'})" if n in have
+            else f"GPU {n} (no unit)" for n in range(st.instances_expected)
+            if n not in have or not (have[n]["state"] == "active" and have[n]["ready"])]
+    if down:
+        out.append(f"triton {st.instances_expected - len(down)}/{st.instances_expected} instances up; "
+                   f"down: {', '.join(down)}")
+    extra = sorted(n for n in have if n >= st.instances_expected)
+    if extra:
+        out.append(f"per-GPU units of GPUs the host does not have: {', '.join(f'GPU {n}' for n in extra)}")
+    return out
+
+
 def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
     """The failure report left on the host, when no healthy deployment was recorded after it."""
     try:
@@ -193,13 +262,21 @@ def intent(fh: fleet.FleetHost, st: HostStatus | None = None) -> dict:
             "toolkit": fh.get("container_toolkit_version"), "kernel_module": fh.get("nvidia_kernel_module"),
             "driver_source": fh.get("nvidia_driver_source")}
     try:
-        gpus = gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded if st else [],
-                                        len(st.gpus) if st else None)
+        gpus = 1 if pergpu.enabled(fh.get) else gpucount.placement_count(
+            fh.get("gpu_count"), st.gpu_recorded if st else [], len(st.gpus) if st else None)
         _, man, rid = host_repository(fh.get, gpus=gpus)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
     except Exception as e:  # noqa: BLE001 - an unrenderable repository is shown, not fatal here
         want["release_error"] = str(e)
+    if pergpu.enabled(fh.get):
+        try:
+            count = gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded if st else [],
+                                             len(st.gpus) if st and st.gpus else None)
+            want["unit"] = units_digest(fh.get, count)
+        except ValueError as e:
+            want["unit_error"] = str(e)
+        return want
     want["unit"] = unit_digest(render_unit(unit_context(fh.get)))
     return want
 
@@ -210,8 +287,12 @@ def drift(st: HostStatus, want: dict) -> list[str]:
         return ["unreachable"]
     if st.last_failure:
         out.append(f"last run failed ({st.last_failure.get('time', '?')}): {st.last_failure.get('short', '')}")
-    if st.unit_state != "active":
+    if st.instances_expected is not None:
+        out += instance_drift(st)
+    elif st.unit_state != "active":
         out.append(f"triton {st.unit_state}")
+    if want.get("unit_error"):
+        out.append(f"cannot tell the wanted units: {want['unit_error'][:120]}")
     if want.get("image") and st.image != want["image"]:
         out.append(f"image {st.image or 'none'} (want {want['image']})")
     elif want.get("image") and st.image_id:

@@ -9,7 +9,8 @@ Layout written by :func:`write` (``tritonfleet prometheus INVENTORY --out DIR``)
     DIR/prometheus.yml               a complete configuration using the three above
     DIR/grafana/<job>-fleet.json     the dashboard
 
-Every target carries the labels ``host`` (inventory name), ``gpu_class`` and ``group``.
+Every target carries the labels ``host`` (inventory name), ``gpu_class`` and ``group``; a host with
+one Triton per GPU (``triton_per_gpu``) is one target per GPU, each with the label ``gpu`` (its index).
 Latency figures come from Triton's cumulative ``_us`` counters: rate(duration) / rate(count) is
 the mean over the window, not a percentile (Triton exports no histogram, and its summaries are
 off by default and cannot be aggregated across hosts).
@@ -75,24 +76,26 @@ def targets(hosts: list[FleetHost]) -> tuple[list[Target], list[str]]:
     not reach."""
     out, warnings, seen = [], [], {}
     for h in hosts:
-        target = metrics.metrics_target(h)
-        if target in seen:
-            raise FleetError(f"{h.name}: metrics endpoint {target} is also {seen[target]}'s: "
-                             "set health_host or ssh_hostname so each host has its own address")
-        seen[target] = h.name
-        labels = {"host": h.name}
-        if h.gpu_class:
-            labels["gpu_class"] = h.gpu_class
-        if h.group:
-            labels["group"] = h.group
+        for target, gpu in metrics.metrics_targets(h):
+            if target in seen:
+                raise FleetError(f"{h.name}: metrics endpoint {target} is also {seen[target]}'s: "
+                                 "set health_host or ssh_hostname so each host has its own address")
+            seen[target] = h.name + (f" GPU {gpu}" if gpu is not None else "")
+            labels = {"host": h.name}
+            if h.gpu_class:
+                labels["gpu_class"] = h.gpu_class
+            if h.group:
+                labels["group"] = h.group
+            if gpu is not None:  # one Triton per GPU (triton_per_gpu): the instance's GPU
+                labels["gpu"] = str(gpu)
+            out.append(Target(h, target, labels))
         bind = metrics.tunable(h, "triton_metrics_bind")
         if bind and bind.startswith("127."):
             warnings.append(f"{h.name}: triton_metrics_bind={bind}: the metrics port listens on "
                             "loopback only, Prometheus cannot scrape it (widen triton_metrics_bind)")
         if metrics.tunable(h, "health_via") == "ssh":
-            warnings.append(f"{h.name}: health_via=ssh: Prometheus scrapes {target} directly; open "
-                            "the metrics port to the Prometheus server")
-        out.append(Target(h, target, labels))
+            warnings.append(f"{h.name}: health_via=ssh: Prometheus scrapes {metrics.metrics_target(h)} directly; "
+                            "open the metrics port to the Prometheus server")
     return out, warnings
 
 

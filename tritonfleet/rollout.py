@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ROLLBACK_DEPLOY, fleet, health, perfgate, probe, runid
+from . import ROLLBACK_DEPLOY, fleet, gpucount, health, perfgate, pergpu, probe, runid
 from .failure import CHANNEL_ENV, Failure, read_channel
 from .ops.check import is_check
 from .procs import alive, die_with_parent
@@ -523,13 +523,23 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
     want = probe.intent(fh)
     models = want.get("models", [])
     transport = None
-    watch = health.unit_watch(fh.get, lambda cmd: fleet.run(fh, cmd)[1])
+    gets = [fh.get]
     limit = float(fh.get("health_timeout") if timeout is None else timeout)
+    watch = health.unit_watch(fh.get, lambda cmd: fleet.run(fh, cmd)[1])
     try:
+        if pergpu.enabled(fh.get):  # one Triton per GPU: every instance gated, the host as one unit
+            st = probe.probe(fh, with_intent=False)
+            gets = pergpu.instance_gets(fh.get, gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded,
+                                                                         len(st.gpus) or None))
         if fh.get("health_via") == "ssh":
             fleet.run(fh, "true")
             transport = fh.pyinfra_host.connector.client.get_transport()
-        res = health.gate(fh.get, fh.address, models, transport, limit, watch)
+        for g in gets:
+            watch = health.unit_watch(g, lambda cmd: fleet.run(fh, cmd)[1])
+            res = health.gate(g, fh.address, models, transport, limit, watch)
+            if not res.ok:
+                return res, health.instance_failure(health.failure_of(res, fh.name, models, watch, limit,
+                                                                      rollout=True), g)
     except Exception as e:  # noqa: BLE001 - a gate that cannot run is a failed gate
         res = health.HealthResult(False, [health.Check(fh.address, False, str(e)[:200])])
     if res.ok:

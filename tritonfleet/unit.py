@@ -91,3 +91,18 @@ def unit_path(get=None) -> str:
     """Where the unit is on the host."""
     get = get or config.get
     return f"/etc/systemd/system/{get('triton_service')}.service"
+
+
+def wanted_units(get, count: int) -> list[tuple[str, str]]:
+    """(path, text) of every unit the host should have: the single unit, or with triton_per_gpu
+    one per GPU of ``count`` (tritonfleet.pergpu), by index."""
+    from .pergpu import instance_gets
+
+    return [(unit_path(g), render_unit(unit_context(g))) for g in instance_gets(get, count)]
+
+
+def units_digest(get, count: int) -> str:
+    """What names the host's units in its deploy history and `tritonfleet status`: the single
+    unit's digest, or with triton_per_gpu the digest of the per-GPU units' texts one after the
+    other by index (what ``cat`` of the files in that order gives)."""
+    return unit_digest("".join(text for _, text in wanted_units(get, count)))

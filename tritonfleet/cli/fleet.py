@@ -39,10 +39,13 @@ def status_table(rows: list[probe.HostStatus]) -> str:
         gpu = (f"{count}x {st.gpus[0]}" if st.gpus else (f"0/{st.gpu_expected}" if st.gpu_expected else "-")
                if st.reachable else "")
         n_models = len(st.models_ready) + len(st.models_not_ready)
+        unit = st.unit_state or "-"
+        if st.instances_expected is not None:  # one Triton per GPU: instances up/expected
+            unit = f"{'active' if unit == 'active' else 'DOWN'} {len(probe.up_instances(st))}/{st.instances_expected}"
         table.append((
             st.host, st.gpu_class or "-", "yes" if st.reachable else "NO", gpu, st.driver or "-",
             st.driver_source or "-",
-            st.toolkit or "-", st.docker or "-", (st.image or "-").rsplit("/", 1)[-1], st.unit_state or "-",
+            st.toolkit or "-", st.docker or "-", (st.image or "-").rsplit("/", 1)[-1], unit,
             f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-", st.release or "-",
             _short_time(st.last_deploy), st.reboot if st.reachable else "-", st.module if st.reachable else "-",
             "; ".join(st.drift) if st.drift else "none",

@@ -348,7 +348,18 @@ def nvidia_gpus_args() -> dict:
 def placement_gpus() -> int:
     """The number of GPUs the current host's instance groups are placed on
     (tritonfleet.gpucount.placement_count): gpu_count, else the host's record, else what
-    nvidia-smi reports now, else 1."""
+    nvidia-smi reports now, else 1. With triton_per_gpu 1: each Triton sees one GPU."""
+    from .. import config, pergpu
+
+    if pergpu.enabled(config.get):
+        return 1
+    return host_gpus()
+
+
+def host_gpus() -> int:
+    """The number of GPUs the current host has (tritonfleet.gpucount.placement_count): gpu_count,
+    else the host's record, else what nvidia-smi reports now, else 1. With triton_per_gpu, the
+    number of Triton instances."""
     from .. import config
     from ..gpucount import placement_count
     from . import memo

@@ -132,6 +132,21 @@ class FileState(FactBase):
         return out if "mode" in out and "sha256" in out else None
 
 
+class PerGpuUnits(FactBase):
+    """The per-GPU Triton unit files on the host (tritonfleet.pergpu): the file names of
+    ``<service>-gpu<N>.service`` in /etc/systemd/system, by index ([] when there are none)."""
+
+    default = list
+
+    def command(self, service: str) -> str:
+        from ..pergpu import list_units_command
+
+        return list_units_command({"triton_service": service}.get)
+
+    def process(self, output):
+        return [line.strip() for line in output if line.strip()]
+
+
 class UnitState(FactBase):
     """Whether a systemd unit runs and is enabled, from one ``systemctl show``, judged like
     pyinfra's SystemdStatus and SystemdEnabled facts."""

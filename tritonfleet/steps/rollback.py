@@ -18,7 +18,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
-from .. import config
+from .. import config, pergpu
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..failure import fail
 from ..health import gate_current_host
@@ -70,6 +70,11 @@ def _fail(message: str, expected: str = "an earlier healthy deployment to roll b
 def rollback():
     base = config.get("triton_base_dir")
     service = config.get("triton_service")
+    if pergpu.enabled(config.get):
+        check(name="check: an earlier deployment to roll back to", function=_fail,
+              message=f"{host.name}: rollback of a host with one Triton per GPU (triton_per_gpu) is not built; "
+                      "deploy the earlier release and image with deploys/triton.py instead (docs/multi-gpu.md)")
+        return
     history = host.get_fact(DeployHistory, base=base)
     state = host.get_fact(ReleaseState, base=base)
     unit_now = (host.get_fact(Sha256File, path=unit_path()) or "")[:16] or None

@@ -10,12 +10,13 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from .. import apikey, config, models, release_plan
+from .. import apikey, config, models, pergpu, release_plan
 from ..facts import memo
 from ..facts.host import (
     DeployHistory,
     DockerImageId,
     FileState,
+    PerGpuUnits,
     ReleaseManifest,
     ReleaseState,
     TritonContainer,
@@ -34,7 +35,7 @@ from ..ops.stream import docker_load, docker_pull
 from ..shell import q, url_segment
 from ..transfer import TransferError
 from ..transfer import choose as choose_transport
-from ..unit import render_unit, restricted_apis, unit_context, unit_digest, unit_path
+from ..unit import render_unit, restricted_apis, unit_context, unit_digest, unit_path, units_digest
 
 
 @cache
@@ -110,10 +111,12 @@ def sync_models() -> list:
     )]
 
 
-def container_fact_args() -> dict:
-    """TritonContainer's arguments (one memo key for the prefetch and the Triton service step)."""
-    return {"container": config.get("triton_container_name"), "unit": unit_path(),
-            "link": f"{config.get('triton_base_dir')}/model_repository"}
+def container_fact_args(get=None) -> dict:
+    """TritonContainer's arguments (one memo key for the prefetch and the Triton service step);
+    ``get``: a per-GPU instance's tunables (tritonfleet.pergpu)."""
+    get = get or config.get
+    return {"container": get("triton_container_name"), "unit": unit_path(get),
+            "link": f"{get('triton_base_dir')}/model_repository"}
 
 
 @deploy("Triton image")
@@ -125,7 +128,8 @@ def triton_image():
                   *([(FileState, {"path": config.get("triton_api_key_file")})] if restricted_apis() else []),
                   (UnitState, {"unit": f"{config.get('triton_service')}.service"}),
                   (DeployHistory, {"base": config.get("triton_base_dir")}),
-                  (TritonContainer, container_fact_args()))
+                  (TritonContainer, container_fact_args()),
+                  (PerGpuUnits, {"service": config.get("triton_service")}))
     return ensure_image(config.get("triton_image"))
 
 
@@ -162,10 +166,11 @@ def api_address() -> str:
     return bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
 
 
-def repository_api_commands(load: list[str], unload: list[str]) -> str:
+def repository_api_commands(load: list[str], unload: list[str], port: int | None = None) -> str:
     """curl calls to Triton's repository API on the host; the first failure stops with Triton's
-    answer (a failed load leaves the model that was loaded serving)."""
-    url = f"http://{api_address()}:{config.get('triton_http_port')}/v2/repository/models"
+    answer (a failed load leaves the model that was loaded serving). ``port``: a per-GPU
+    instance's HTTP port (default triton_http_port)."""
+    url = f"http://{api_address()}:{port or config.get('triton_http_port')}/v2/repository/models"
     repo = f"{config.get('triton_base_dir')}/model_repository"
     calls = [(m, "unload") for m in unload] + [(m, "load") for m in load]
     return "; ".join(
@@ -196,10 +201,46 @@ def api_key() -> tuple[list, str]:
     return [op], "" if have else "API key created"
 
 
+def instance_gets() -> list:
+    """The tunables of each Triton instance of the current host: [config.get] (the single unit),
+    or with triton_per_gpu one per GPU (tritonfleet.pergpu; the count from
+    tritonfleet.facts.gpu.host_gpus)."""
+    if not pergpu.enabled(config.get):
+        return [config.get]
+    from ..facts.gpu import host_gpus
+
+    try:
+        return pergpu.instance_gets(config.get, host_gpus())
+    except pergpu.PerGpuError as e:
+        raise config.ConfigError(f"{host.name}: {e}") from e
+
+
+def retire_units(keep: set[str]) -> bool:
+    """Stop, disable and remove the Triton units of the other mode: the per-GPU units not in
+    ``keep`` (GPUs the host no longer has, or all of them after triton_per_gpu was turned off),
+    and the single unit when per-GPU units replace it. Before any unit starts: instance 0 serves
+    on the single unit's ports. Returns whether a unit was removed (a daemon-reload is due)."""
+    names = [n for n in memo.fact(PerGpuUnits, service=config.get("triton_service")) if n not in keep]
+    single = unit_path().rsplit("/", 1)[1]
+    if pergpu.enabled(config.get) and memo.fact(FileState, path=unit_path()):
+        names.insert(0, single)
+    for name in names:
+        path = f"/etc/systemd/system/{name}"
+        why = ("one Triton per GPU replaces it" if name == single
+               else "triton_per_gpu is off" if not pergpu.enabled(config.get) else "its GPU is gone")
+        server.shell(name=f"stop, disable and remove {name} ({why})",
+                     commands=[f"systemctl disable --now {q(name)} 2>/dev/null; rm -f {q(path)}"])
+    return bool(names)
+
+
 @deploy("Triton service")
 def triton_service(image: list | None = None, models: list | None = None):
+    if pergpu.enabled(config.get):
+        return per_gpu_service(image, models)
     service = config.get("triton_service")
     _, key_new = api_key()
+    if retire_units(set()):
+        systemd.daemon_reload(name="systemd daemon-reload (per-GPU units removed)")
     text = render_unit(unit_context())
     unit = converged.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
@@ -231,11 +272,50 @@ def triton_service(image: list | None = None, models: list | None = None):
     converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
-def running_behind(explicit: bool) -> dict:
+def per_gpu_service(image: list | None = None, models: list | None = None):
+    """triton_per_gpu: one unit per GPU (tritonfleet.pergpu), each written, restarted on a change
+    of its unit, the image or the models, and running and enabled; the units of GPUs the host no
+    longer has, and the single unit, stopped and removed first."""
+    gets = instance_gets()
+    _, key_new = api_key()
+    retired = retire_units({unit_path(g).rsplit("/", 1)[1] for g in gets})
+    units = []
+    for g in gets:
+        text = render_unit(unit_context(g))
+        units.append(converged.put(name=f"systemd unit {g('triton_service')}.service (GPU {g('triton_per_gpu_index')}, "
+                                        f"HTTP {g('triton_http_port')})",
+                                   src=StringIO(text), dest=unit_path(g), mode="644"))
+    if retired or will_change(*units):
+        systemd.daemon_reload(name="systemd daemon-reload (per-GPU units changed)")
+    image, models = list(image or []), list(models or [])
+    explicit = config.get("triton_model_control_mode") == "explicit"
+    drained = False
+    for g, unit in zip(gets, units, strict=True):
+        service = g("triton_service")
+        behind = running_behind(explicit, g)
+        if explicit:
+            restart = "unit or image changed" if will_change(unit, image) else behind["restart"]
+        else:
+            restart = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
+        restart = restart or key_new
+        if restart:
+            if lb.enabled() and not drained:  # the host leaves the load balancer once, before the first stop
+                lb.drain_host(name=f"drain {host.name} in the load balancer before the restarts", why=restart)
+                drained = True
+            systemd.service(name=f"restart {service} ({restart})", service=service, restarted=True)
+        if not restart and explicit and (will_change(models) or behind["models"]):
+            load, unload = model_changes() if will_change(models) else behind["models"]
+            server.shell(name=f"{service}: load changed models without a restart ({', '.join(load + unload) or 'none'})",
+                         commands=[repository_api_commands(load, unload, g("triton_http_port"))])
+        converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
+
+
+def running_behind(explicit: bool, get=None) -> dict:
     """What the running Triton has not taken yet although it is on the host: an earlier run
     changed the unit, the image or the live release and stopped before the restart (or load).
-    ``{"restart": why or "", "models": (load, unload) or None}``."""
-    run = memo.fact(TritonContainer, **container_fact_args())
+    ``{"restart": why or "", "models": (load, unload) or None}``. ``get``: a per-GPU instance's
+    tunables."""
+    run = memo.fact(TritonContainer, **container_fact_args(get))
     out: dict = {"restart": "", "models": None}
     if not run["running"]:
         return out  # nothing runs: "running and enabled" starts it with everything in place
@@ -265,6 +345,11 @@ def record_deployment(action: str = "deploy") -> None:
     snapshot of the unit: what a rollback returns to, kept on the host itself."""
     base = config.get("triton_base_dir")
     _, _, rid = host_repository()
+    if pergpu.enabled(config.get):
+        gets = instance_gets()
+        append_record(base, rid, units_digest(config.get, len(gets)), config.get("triton_image"), action,
+                      unit_files=[unit_path(g) for g in gets])
+        return
     text = render_unit(unit_context())
     append_record(base, rid, unit_digest(text), config.get("triton_image"), action)
 
