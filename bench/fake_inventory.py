@@ -4,6 +4,10 @@
 import json
 import os
 
+from tritonfleet.limits import raise_nofile
+
+raise_nofile()  # before pyinfra sizes its pools and connects (tritonfleet/limits.py)
+
 _path = os.environ.get("TRITONFLEET_FAKEFLEET")
 if not _path:
     raise SystemExit("TRITONFLEET_FAKEFLEET is not set: start `python bench/fakefleet.py serve` (bench/run.py scale does)")

@@ -340,7 +340,13 @@ def record(args) -> int:
         raise SystemExit(f"no testbed host {args.host or ''}: `tritonfleet testbed up` first")
     h = real[0]
     group = "l4" if "l4" in h.groups else "t4"
-    data = {k: v for k, v in h.data.items() if k in _inventory_keys()}
+    from tritonfleet.defaults import DEFAULTS
+
+    # everything the host's inventory and group data set (the defaults apply to the fake hosts too)
+    data = {k: v for k, v in h.data.items()
+            if not k.startswith("_pyinfra") and k not in ("ssh_hostname", "ssh_port")
+            and (k not in DEFAULTS or DEFAULTS[k] != v)}
+    json.dumps(data)  # fails here, naming the value, if some data is not plain JSON
     answers = Answers(meta={"group": group, "data": data, "recorded_from": h.name,
                             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
                             "command": "python bench/fakefleet.py record"})
@@ -374,14 +380,6 @@ def record(args) -> int:
     answers.save(Path(args.answers))
     print(f"[fakefleet] {len(answers.commands)} commands recorded in {args.answers}", file=sys.stderr)
     return 0
-
-
-def _inventory_keys() -> set[str]:
-    """The data keys the testbed inventory sets (kept for the fake hosts; the address is theirs)."""
-    return {"ssh_user", "ssh_key", "ssh_strict_host_key_checking", "ssh_known_hosts_file", "cuda_repo_url",
-            "cuda_repo_key_name", "cuda_repo_key_fingerprint", "container_toolkit_repo_url",
-            "container_toolkit_key_url", "container_toolkit_key_fingerprint", "docker_source", "docker_repo_url",
-            "docker_repo_key_fingerprint", "triton_ulimit_memlock", "image_archives", "model_overrides"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import limits
 from .connection import tune_state
 from .defaults import DEFAULTS
 
@@ -95,6 +96,10 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
                                      for p in patterns)]
         if not out:
             raise FleetError(f"--limit {','.join(patterns)} matches no host of {inventory}")
+    try:
+        limits.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
+    except limits.LimitError as e:
+        raise FleetError(str(e)) from e
     return out
 
 
