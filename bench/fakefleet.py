@@ -23,6 +23,8 @@ what goes over the wire. Per-host values (the host's name and address) are norma
 from __future__ import annotations
 
 import argparse
+import hashlib
+import http.client
 import json
 import os
 import re
@@ -32,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import paramiko
@@ -53,7 +56,12 @@ class UnknownCommand(Exception):
 VOLATILE = [
     (re.compile(r"/tmp/pyinfra-[0-9a-f]+"), "/tmp/pyinfra-@@TMP@@"),
     (re.compile(r"\b(tritonfleet-run|run_id|runid)=[0-9A-Za-z._:-]+"), r"\1=@@RUN@@"),
+    # the deploy lock's holder line (tritonfleet.runid.holder): user@machine, pid, start, run id, argv
+    (re.compile(r"\S+@\S+ pid \d+, started [0-9-]+ [0-9:]+ UTC, run [0-9A-Za-z-]+: [^'\"]*"), "@@HOLDER@@"),
 ]
+# commands that answer, then stay open until the control side closes them (the deploy lock:
+# tritonfleet.hostlock holds it for as long as the channel lives, sending heartbeats on stdin)
+HOLD = re.compile(r"; while read -r -t \d+ _; do :; done")
 
 
 def normalise(text: str, host: str, address: str) -> str:
@@ -75,11 +83,14 @@ def personalise(text: str, host: str, address: str) -> str:
 class Answers:
     """Recorded answers: normalised command -> (stdout, stderr, exit status)."""
 
-    def __init__(self, commands: dict[str, dict] | None = None, meta: dict | None = None):
+    def __init__(self, commands: dict[str, dict] | None = None, meta: dict | None = None,
+                 http: dict[str, dict] | None = None):
         self.commands = dict(commands or {})
+        self.http = dict(http or {})  # "PORT METHOD PATH BODY-SHA" -> {"status", "type", "body"}
         self.meta = dict(meta or {})
         self.unknown: list[tuple[str, str]] = []  # (host, command as received)
-        self.counts: dict[str, int] = {}
+        self.counts: dict[str, int] = {}  # remote commands a host answered
+        self.http_counts: dict[str, int] = {}  # HTTP requests (the health gate's)
         self._lock = threading.Lock()
 
     @classmethod
@@ -88,10 +99,16 @@ class Answers:
             raise SystemExit(f"{path} not found: record it with `python bench/fakefleet.py record` "
                              "(see the docstring of bench/fakefleet.py)")
         data = json.loads(path.read_text())
-        return cls(data["commands"], data.get("meta"))
+        return cls(data["commands"], data.get("meta"), data.get("http"))
 
     def save(self, path: Path = ANSWERS) -> None:
-        path.write_text(json.dumps({"meta": self.meta, "commands": self.commands}, indent=1, sort_keys=True) + "\n")
+        path.write_text(json.dumps({"meta": self.meta, "commands": self.commands, "http": self.http}, indent=1,
+                                   sort_keys=True) + "\n")
+
+    @staticmethod
+    def http_key(port: int, method: str, path: str, body: bytes, host: str, address: str) -> str:
+        body = normalise(body.decode(errors="replace"), host, address).encode()
+        return f"{port} {method} {normalise(path, host, address)} {hashlib.sha256(body).hexdigest()[:16]}"
 
     def answer(self, command: str, host: str, address: str) -> tuple[str, str, int]:
         key = normalise(command, host, address)
@@ -103,13 +120,25 @@ class Answers:
         if rec is None:
             raise UnknownCommand(key)
         return (personalise(rec["stdout"], host, address), personalise(rec["stderr"], host, address),
-                int(rec["status"]))
+                int(rec["status"]), bool(rec.get("hold")))
+
+    def http_answer(self, port: int, method: str, path: str, body: bytes, host: str, address: str) -> dict:
+        key = self.http_key(port, method, path, body, host, address)
+        rec = self.http.get(key)
+        with self._lock:
+            self.http_counts[host] = self.http_counts.get(host, 0) + 1
+            if rec is None:
+                self.unknown.append((host, key))
+        if rec is None:
+            raise UnknownCommand(key)
+        return {**rec, "body": personalise(rec["body"], host, address)}
 
     def add(self, command: str, host: str, address: str, stdout: str, stderr: str, status: int) -> None:
         key = normalise(command, host, address)
         with self._lock:
             self.commands[key] = {"stdout": normalise(stdout, host, address),
-                                  "stderr": normalise(stderr, host, address), "status": status}
+                                  "stderr": normalise(stderr, host, address), "status": status,
+                                  "hold": bool(HOLD.search(key))}
 
 
 # --- the SSH side -----------------------------------------------------------------------------
@@ -172,7 +201,8 @@ class FakeFleet:
     command goes to this paramiko-connect kwargs' host and its answer is recorded."""
 
     def __init__(self, hosts: list[tuple[str, str]], answers: Answers, port: int = SSH_PORT,
-                 upstream: dict | None = None, upstream_name: str | None = None):
+                 upstream: dict | None = None, upstream_name: str | None = None, http_ports: tuple[int, ...] = ()):
+        self.http_ports = http_ports
         self.hosts, self.answers, self.port, self.upstream = hosts, answers, port, upstream
         self.upstream_name = upstream_name
         self.key = paramiko.ECDSAKey.generate(bits=256)
@@ -195,6 +225,18 @@ class FakeFleet:
             s.setblocking(False)
             self.sel.register(s, selectors.EVENT_READ, (name, addr))
             self.socks.append(s)
+        for name, addr in self.hosts:  # Triton's ports: accepted by the same loop, a thread a connection
+            for port in self.http_ports:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((addr, port))
+                except OSError as e:
+                    raise SystemExit(f"fakefleet: cannot listen on {addr}:{port} for {name}: {e}") from e
+                s.listen(128)
+                s.setblocking(False)
+                self.sel.register(s, selectors.EVENT_READ, (name, addr, port))
+                self.socks.append(s)
         threading.Thread(target=self._accept_loop, daemon=True).start()
 
     def _accept_loop(self) -> None:
@@ -206,6 +248,10 @@ class FakeFleet:
                     continue
                 conn.setblocking(True)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if len(key.data) == 3:  # HTTP
+                    handler = _http_handler(self, *key.data)
+                    threading.Thread(target=_serve_http, args=(handler, conn, _peer), daemon=True).start()
+                    continue
                 name, addr = key.data
                 threading.Thread(target=self._serve, args=(conn, name, addr), daemon=True).start()
 
@@ -228,11 +274,12 @@ class FakeFleet:
 
     def exec(self, server: _Server, channel: paramiko.Channel, command: str) -> None:
         try:
+            hold = False
             if self.upstream is not None:
                 out, err, status = self._forward(server, command)
             else:
                 try:
-                    out, err, status = self.answers.answer(command, server.host, server.address)
+                    out, err, status, hold = self.answers.answer(command, server.host, server.address)
                 except UnknownCommand as e:
                     self.fail(server.host, f"command {str(e)[:3000]!r}")
                     out, err, status = "", f"fakefleet: no recorded answer for this command on {server.host}: " \
@@ -241,6 +288,8 @@ class FakeFleet:
                 channel.sendall(out.encode())
             if err:
                 channel.sendall_stderr(err.encode())
+            while hold and channel.recv(4096):  # until the control side sends EOF or closes
+                pass
             channel.send_exit_status(status)
         except (OSError, EOFError, paramiko.SSHException):
             pass
@@ -268,6 +317,56 @@ class FakeFleet:
             t.close()
         for s in self.socks:
             s.close()
+
+    def http(self, name: str, addr: str, port: int, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        if self.upstream is not None:
+            c = http.client.HTTPConnection(self.upstream["hostname"], port, timeout=30)
+            c.request(method, path, body=body or None, headers={"Content-Type": "application/json"} if body else {})
+            r = c.getresponse()
+            data, ctype, status = r.read(), r.getheader("Content-Type", ""), r.status
+            c.close()
+            text = data.decode(errors="replace")
+            key = Answers.http_key(port, method, path, body, name, addr)
+            with self.answers._lock:
+                self.answers.http[key] = {"status": status, "type": ctype, "body": normalise(text, name, addr)}
+            return status, ctype, data
+        try:
+            rec = self.answers.http_answer(port, method, path, body, name, addr)
+        except UnknownCommand as e:
+            self.fail(name, f"HTTP request {e}")
+            return 599, "text/plain", f"fakefleet: no recorded answer for {method} {path} on {name}\n".encode()
+        return rec["status"], rec["type"], rec["body"].encode()
+
+
+def _serve_http(handler, conn: socket.socket, peer) -> None:
+    try:
+        handler(conn, peer, None)
+    except OSError:  # the client gave up (its timeout): that is the client's to report
+        pass
+    finally:
+        conn.close()
+
+
+def _http_handler(fleet: FakeFleet, name: str, addr: str, port: int):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _any(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            status, ctype, data = fleet.http(name, addr, port, self.command, self.path, body)
+            self.send_response(status)
+            if ctype:
+                self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_HEAD = _any
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
 
 
 # --- addresses and inventory ------------------------------------------------------------------
@@ -299,7 +398,7 @@ def serve(args, stop: threading.Event | None = None) -> int:
     """Serve until SIGTERM/SIGINT (or ``stop``); exit status 3 if any request had no answer."""
     answers = Answers.load(Path(args.answers))
     hosts = addresses(args.hosts, _testbed())
-    fleet = FakeFleet(hosts, answers, port=args.port)
+    fleet = FakeFleet(hosts, answers, port=args.port, http_ports=_http_ports(answers.meta.get("data", {})))
     fleet.start()
     write_hosts(Path(args.hosts_file), hosts, answers, args.port)
     if stop is None:
@@ -309,7 +408,8 @@ def serve(args, stop: threading.Event | None = None) -> int:
     def dump(*_):
         if args.counts_file:
             with answers._lock:
-                Path(args.counts_file).write_text(json.dumps({"counts": answers.counts, "failures": fleet.failures}))
+                Path(args.counts_file).write_text(json.dumps({"counts": answers.counts, "http": answers.http_counts,
+                                                            "failures": fleet.failures}))
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, dump)
@@ -353,7 +453,8 @@ def record(args) -> int:
     name, addr = addresses(1, testbed)[0]
     upstream = {"hostname": h.address, "username": data.get("ssh_user", "root"),
                 "key_filename": data["ssh_key"], "allow_agent": False, "look_for_keys": False}
-    fleet = FakeFleet([(name, addr)], answers, port=args.port, upstream=upstream, upstream_name=h.name)
+    fleet = FakeFleet([(name, addr)], answers, port=args.port, upstream=upstream, upstream_name=h.name,
+                      http_ports=_http_ports(h.data))
     fleet.start()
     work = ROOT / "bench" / ".work"
     work.mkdir(parents=True, exist_ok=True)
@@ -365,7 +466,11 @@ def record(args) -> int:
             [str(binp / "pyinfra"), "-y", "bench/fake_inventory.py", "deploys/triton.py"],
             [str(binp / "pyinfra"), "-y", "--json", "--dry", "--limit", name, "bench/fake_inventory.py",
              "deploys/triton.py"],
-            [str(binp / "tritonfleet"), "status", "bench/fake_inventory.py"]]
+            [str(binp / "tritonfleet"), "status", "bench/fake_inventory.py"],
+            # what the health gate asks while it waits (a host slow to answer): tritonfleet.health
+            [sys.executable, "-c", "from tritonfleet import fleet, health; h = fleet.load_inventory("
+             "'bench/fake_inventory.py')[0]; g = h.get; print(fleet.run(h, health.watch_command("
+             "g('triton_service'), g('triton_container_name'), g('triton_base_dir')))[0])"]]
     try:
         for cmd in runs:
             res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -380,6 +485,13 @@ def record(args) -> int:
     answers.save(Path(args.answers))
     print(f"[fakefleet] {len(answers.commands)} commands recorded in {args.answers}", file=sys.stderr)
     return 0
+
+
+def _http_ports(data: dict) -> tuple[int, ...]:
+    """Triton's HTTP and metrics ports: what the health gate reads from the control machine."""
+    from tritonfleet.defaults import DEFAULTS
+
+    return tuple(int(data.get(k) or DEFAULTS[k]) for k in ("triton_http_port", "triton_metrics_port"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,14 +31,49 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def tree_rss_mb(root: int) -> tuple[float, int]:
+    """Resident memory of ``root`` and all its descendants together (MB; pages shared between
+    processes counted in each, so an upper bound), and how many processes that is."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{d}/statm") as f:
+                rss[int(d)] = int(f.read().split()[1]) * PAGE_MB
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(d))
+    total, n, todo = 0.0, 0, [root]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0.0)
+        n += 1
+        todo += children.get(p, [])
+    return total, n
+
+
 def measured(cmd: list[str], env: dict, timeout: float = TIMEOUT) -> dict:
-    """Run ``cmd``; wall, CPU and peak RSS of it (and its children), exit status, output tails."""
+    """Run ``cmd``; wall, CPU and peak RSS of it (and its children), the peak of its whole process
+    tree's resident memory (sampled every second), exit status, output tails."""
     out_path, err_path = WORK / "scale-out.txt", WORK / "scale-err.txt"
     t0 = time.perf_counter()
     with open(out_path, "w") as so, open(err_path, "w") as se:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL)
         deadline = t0 + timeout
+        tree_peak, procs_peak, next_sample = 0.0, 0, 0.0
         while True:
+            if time.perf_counter() >= next_sample:
+                mb, n = tree_rss_mb(p.pid)
+                tree_peak, procs_peak = max(tree_peak, mb), max(procs_peak, n)
+                next_sample = time.perf_counter() + 1.0
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break
@@ -49,7 +84,8 @@ def measured(cmd: list[str], env: dict, timeout: float = TIMEOUT) -> dict:
             time.sleep(0.05)
     wall = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
-    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024, "rc": p.returncode,
+    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024, "tree_mb": tree_peak,
+            "procs": procs_peak, "rc": p.returncode,
             "timed_out": wall >= timeout, "stdout": out_path.read_text()[-4000:], "stderr": err_path.read_text()[-6000:]}
 
 
@@ -68,9 +104,11 @@ class Fleet:
             raise SystemExit(f"[bench] the fake fleet of {n} hosts did not start (exit {self.proc.returncode})")
         self.env = dict(os.environ, TRITONFLEET_FAKEFLEET=str(self.hosts_file))
         self._last: dict[str, int] = {}
+        self._last_http: dict[str, int] = {}
 
-    def commands(self) -> tuple[float, list[str]]:
-        """Remote commands per host since the last call (max over hosts), and failures so far."""
+    def commands(self) -> tuple[int, int, list[str]]:
+        """Remote commands and HTTP requests per host since the last call (max over hosts), and
+        the requests with no recorded answer so far."""
         self.counts_file.unlink(missing_ok=True)
         self.proc.send_signal(signal.SIGUSR1)
         for _ in range(100):
@@ -83,10 +121,11 @@ class Fleet:
             time.sleep(0.05)
         else:
             raise SystemExit("[bench] the fake fleet did not report its counts")
-        counts = data["counts"]
+        counts, http = data["counts"], data["http"]
         per = [counts.get(h, 0) - self._last.get(h, 0) for h in counts]
-        self._last = dict(counts)
-        return (max(per) if per else 0), data["failures"]
+        per_http = [http.get(h, 0) - self._last_http.get(h, 0) for h in http]
+        self._last, self._last_http = dict(counts), dict(http)
+        return (max(per) if per else 0), (max(per_http) if per_http else 0), data["failures"]
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -114,16 +153,16 @@ def run_scale(sizes: list[int] | None = None) -> list[dict]:
         try:
             for name, cmd in what.items():
                 r = measured(cmd, fleet.env)
-                per_host, failures = fleet.commands()
+                per_host, http, failures = fleet.commands()
                 ok = r["rc"] == 0 or (name == "status" and r["rc"] == 1 and _all_reachable(r["stdout"], n))
                 row = {"what": name, "hosts": n, "wall": r["wall"], "cpu": r["cpu"], "rss_mb": r["rss_mb"],
-                       "commands_per_host": per_host, "ok": ok and not failures,
+                       "tree_mb": r["tree_mb"], "procs": r["procs"], "commands_per_host": per_host, "http_per_host": http, "ok": ok and not failures,
                        "error": "" if ok and not failures else (
                            f"exit {r['rc']}{' (timed out)' if r['timed_out'] else ''}; "
                            f"{'; '.join(failures[:3])} {r['stderr'][-1500:]}")}
                 rows.append(row)
                 log(f"  {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU ({r['cpu'] / n * 1000:.0f} ms/host), "
-                    f"{r['rss_mb']:.0f} MB peak RSS, {per_host} commands/host{'' if row['ok'] else ' FAILED: ' + row['error'][:1500]}")
+                    f"{r['rss_mb']:.0f} MB peak RSS ({r['tree_mb']:.0f} MB in {r['procs']} processes), {per_host} commands + {http} HTTP requests/host{'' if row['ok'] else ' FAILED: ' + row['error'][:1500]}")
         finally:
             rc = fleet.stop()
         if rc != 0:
@@ -141,11 +180,13 @@ def _all_reachable(stdout: str, n: int) -> bool:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["measurement", "hosts", "wall", "control CPU", "CPU per host", "peak RSS", "commands/host", "result"]
+    head = ["measurement", "hosts", "wall", "control CPU", "CPU per host", "peak RSS (largest process)",
+            "peak RSS (all its processes)", "SSH commands/host",
+            "HTTP requests/host", "result"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(f"| {r['what']} | {r['hosts']} | {r['wall']:.1f} s | {r['cpu']:.1f} s | "
-                     f"{r['cpu'] / r['hosts'] * 1000:.0f} ms | {r['rss_mb']:.0f} MB | {r['commands_per_host']} | "
+                     f"{r['cpu'] / r['hosts'] * 1000:.0f} ms | {r['rss_mb']:.0f} MB | {r.get('tree_mb', 0):.0f} MB in {r.get('procs', 0)} | {r['commands_per_host']} | {r['http_per_host']} | "
                      f"{'ok' if r['ok'] else 'FAILED'} |")
     return "\n".join(lines) + "\n"
 

@@ -65,3 +65,28 @@ def test_fleet_commands_refuse_with_the_inventory_named(tmp_path):
             print("refused:", e)
     """)
     assert res.stdout.startswith("refused: reading 400 host(s) of " + str(inv)), res.stdout + res.stderr
+
+
+def test_fleet_parallel_bounds_the_hosts_read_at_once():
+    import threading
+    import time
+
+    from tritonfleet import fleet
+
+    hosts = [fleet.FleetHost(f"h{i}", ["t4"], {"fleet_parallel": 3}, None) for i in range(10)]
+    lock, now, peak = threading.Lock(), [0], [0]
+
+    def read(h):
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.05)
+        with lock:
+            now[0] -= 1
+        return h.name
+
+    assert fleet.parallel(hosts, read) == [h.name for h in hosts]
+    assert peak[0] == 3
+    for bad in (0, "many", 2.5):
+        with pytest.raises(fleet.FleetError, match="fleet_parallel must be a whole number"):
+            fleet.parallel([fleet.FleetHost("h", [], {"fleet_parallel": bad}, None)], read)
