@@ -382,9 +382,19 @@ def addresses(n: int, testbed: int) -> list[tuple[str, str]]:
     return out
 
 
-def write_hosts(path: Path, hosts: list[tuple[str, str]], answers: Answers, port: int) -> None:
+def write_hosts(path: Path, hosts: list[tuple[str, str]], answers: Answers, port: int,
+                own_key: bool = True) -> None:
+    """The hosts file bench/fake_inventory.py reads. ``own_key``: the fake hosts get a client key
+    of their own next to it (they accept any key), so the recorded host's key need not exist."""
     meta = answers.meta
-    path.write_text(json.dumps({"group": meta.get("group", "t4"), "data": meta.get("data", {}), "port": port,
+    data = dict(meta.get("data", {}))
+    if own_key:
+        key = path.parent / "fakefleet-client-key"
+        if not key.exists():
+            paramiko.ECDSAKey.generate(bits=256).write_private_key_file(str(key))
+            key.chmod(0o600)
+        data["ssh_key"] = str(key)
+    path.write_text(json.dumps({"group": meta.get("group", "t4"), "data": data, "port": port,
                                 "hosts": [[n, a] for n, a in hosts]}, indent=1))
 
 
@@ -459,7 +469,7 @@ def record(args) -> int:
     work = ROOT / "bench" / ".work"
     work.mkdir(parents=True, exist_ok=True)
     hosts_file = work / "fake-record.json"
-    write_hosts(hosts_file, [(name, addr)], answers, args.port)
+    write_hosts(hosts_file, [(name, addr)], answers, args.port, own_key=False)
     env = dict(os.environ, TRITONFLEET_FAKEFLEET=str(hosts_file))
     binp = Path(sys.executable).parent
     runs = [[str(binp / "pyinfra"), "-y", "bench/fake_inventory.py", "deploys/triton.py"],
