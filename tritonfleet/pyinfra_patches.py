@@ -61,7 +61,8 @@ def install() -> None:
 
 def _install() -> None:
     state = ctx_state.get() if ctx_state.isset() else None
-    limits.check_nofile(len(state.inventory) if state is not None else 0, "this deploy")
+    inventory = getattr(state, "inventory", None)  # a State not initialised yet has none
+    limits.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
     tune_state()
     if hostlock.enabled():
         hostlock.acquire_all()
