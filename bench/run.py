@@ -9,6 +9,7 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py parallel [--hosts 10]
     .venv/bin/python bench/run.py sync [--size-gb 10] # model sync vs rsync
     .venv/bin/python bench/run.py bare [--runs 3]     # bare host -> serving
+    .venv/bin/python bench/run.py scale [--sizes 1,10,50,100,200,500]  # control side, fake fleet
 
 Brings the testbed up (and deploys it) as each measurement needs, generates its test data under
 bench/.work and removes it again (--keep keeps it). Leaves the testbed running; `tritonfleet
@@ -419,9 +420,29 @@ def bench_bare(results: Results, runs: int) -> None:
     results.add(row)
 
 
+def bench_scale(results: Results, sizes: list[int]) -> int:
+    sys.path.insert(0, str(BENCH))
+    import scale
+
+    rows = scale.run_scale(sizes)
+    results.meta["seconds"] = sum(r["wall"] for r in rows)
+    results.meta["scale"] = rows
+    out = BENCH / "results"
+    out.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out / f"scale-{stamp}.json").write_text(json.dumps(results.meta, indent=1))
+    md = scale.table(rows)
+    (out / f"scale-{stamp}.md").write_text(md)
+    scale.write_docs(rows, results.meta)
+    print(md)
+    log(f"table in bench/results/scale-{stamp}.md, docs/scale.md and docs/scale.png")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "all"])
+    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "scale", "all"])
+    ap.add_argument("--sizes", default="1,10,50,100,200,500", help="fake fleet sizes for scale")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--hosts", type=int, default=10, help="hosts for the parallel measurement")
     ap.add_argument("--size-gb", type=float, default=10.0, help="model repository size for sync")
@@ -437,6 +458,8 @@ def main() -> int:
     results.meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
                     "load": os.getloadavg(), "args": vars(args)}
     t0 = time.perf_counter()
+    if args.what == "scale":  # no testbed host: bench/fakefleet.py's fake fleet (not part of all)
+        return bench_scale(results, [int(x) for x in args.sizes.split(",")])
     if args.what in ("noop", "all"):
         bench_noop(results, args.runs)
     if args.what in ("parallel", "all"):

@@ -240,6 +240,11 @@ triton_per_gpu_port_step = 10
 # `tritonfleet rollout` (what the host served before its batch); empty: the newest recorded
 # healthy deployment that differs from what the host has now.
 rollback_to = {}
+# Hosts the fleet commands (status, a rollout's probe and health gates, tune) read at once, each
+# on a thread of its own with one SSH connection; bounded by the open-file limit
+# (tritonfleet/limits.py). A rollout's health gates mostly wait (model loading), so a batch's
+# gates take about ceil(batch / fleet_parallel) x the slowest host's gate: keep it >= the batch.
+fleet_parallel = 100
 
 # --- Load balancer drain (docs/operations.md) ---------------------------------------------
 # Load balancer in front of the hosts: "haproxy" (its runtime API), "hooks" (lb_drain_command and

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import limits
 from .connection import tune_state
 from .defaults import DEFAULTS
 
@@ -95,6 +96,10 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
                                      for p in patterns)]
         if not out:
             raise FleetError(f"--limit {','.join(patterns)} matches no host of {inventory}")
+    try:
+        limits.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
+    except limits.LimitError as e:
+        raise FleetError(str(e)) from e
     return out
 
 
@@ -109,6 +114,16 @@ def run(fh: FleetHost, command: str, timeout: float = 60) -> tuple[bool, str]:
     return ok, "\n".join(out.stdout_lines + out.stderr_lines)
 
 
+def _workers(value: Any) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError, OverflowError):
+        n = 0
+    if n < 1 or str(value).strip() != str(n):
+        raise FleetError(f"fleet_parallel must be a whole number >= 1, not {value!r} (group data)")
+    return n
+
+
 def disconnect(fh: FleetHost) -> None:
     h = fh.pyinfra_host
     if h is not None and h.connected:
@@ -118,9 +133,12 @@ def disconnect(fh: FleetHost) -> None:
             pass
 
 
-def parallel(hosts: list[FleetHost], fn: Callable[[FleetHost], T], workers: int = 16) -> list[T]:
-    """``fn(host)`` for every host at once (bounded), results in host order."""
+def parallel(hosts: list[FleetHost], fn: Callable[[FleetHost], T], workers: int | None = None) -> list[T]:
+    """``fn(host)`` for every host at once, at most ``workers`` (default: the first host's
+    ``fleet_parallel``) at a time, results in host order."""
     if not hosts:
         return []
+    if workers is None:
+        workers = _workers(hosts[0].get("fleet_parallel", DEFAULTS["fleet_parallel"]))
     with ThreadPoolExecutor(max_workers=min(workers, len(hosts))) as pool:
         return list(pool.map(fn, hosts))

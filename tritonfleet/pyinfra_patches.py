@@ -24,7 +24,7 @@ from __future__ import annotations
 from gevent.event import Event
 from pyinfra.context import ctx_state
 
-from . import failure, hostlock, interrupt, oporder
+from . import failure, hostlock, interrupt, limits, oporder
 from .connection import tune_state
 
 _MARK = "_tritonfleet_patches"
@@ -60,6 +60,9 @@ def install() -> None:
 
 
 def _install() -> None:
+    state = ctx_state.get() if ctx_state.isset() else None
+    inventory = getattr(state, "inventory", None)  # a State not initialised yet has none
+    limits.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
     tune_state()
     if hostlock.enabled():
         hostlock.acquire_all()

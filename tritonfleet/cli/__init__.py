@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
+from ..limits import raise_nofile
 from ..scaffold import init
 from . import fleet, loadtest, prometheus, tune, validate
 
@@ -19,6 +20,7 @@ COMMANDS_GROUP = "tritonfleet.commands"
 @click.version_option(__version__)
 def main() -> None:
     """Take bare NVIDIA GPU hosts to serving Triton, and keep the fleet right."""
+    raise_nofile()  # one SSH connection a host: the open-file limit's soft value is often 1024
 
 
 for _command in (loadtest.loadtest_cmd, prometheus.prometheus_cmd, fleet.rollout_cmd, fleet.status_cmd,

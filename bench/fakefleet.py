@@ -1,0 +1,525 @@
+"""A fleet of cheap fake SSH hosts on loopback addresses, for measuring the control side alone.
+
+Every fake host is one address in 127.0.0.0/8 with an SSH endpoint (paramiko's server side, all
+hosts in this one process) that answers each remote command with the answer a real converged
+host gave to the same command, recorded from a converged testbed host (bench/fakefleet.json).
+A command with no recorded answer fails loudly: the command's exit status is 255, its stderr
+names the command, and the server exits non-zero naming every unmatched command, so a changed
+deploy can never be measured against stale answers.
+
+    # record (a converged testbed host: `tritonfleet testbed up --hosts 1` and a deploy first)
+    export TRITONFLEET_TESTBED=<n>
+    .venv/bin/python bench/fakefleet.py record [--host NAME]
+    # serve N fake hosts, write their inventory data, run until SIGTERM/SIGINT
+    .venv/bin/python bench/fakefleet.py serve --hosts 100 --hosts-file bench/.work/fake-hosts.json
+    .venv/bin/pyinfra -y bench/fake_inventory.py deploys/triton.py   # TRITONFLEET_FAKEFLEET=<hosts file>
+
+Recording runs the deploy (no-op), `tritonfleet status` and a `--dry` plan against one fake
+host that forwards every command to the real host (``record``), so what is recorded is exactly
+what goes over the wire. Per-host values (the host's name and address) are normalised
+(``normalise``) in commands and answers, and put back for each fake host when answering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import paramiko
+
+ROOT = Path(__file__).resolve().parent.parent
+ANSWERS = Path(__file__).resolve().parent / "fakefleet.json"
+SSH_PORT = 2222
+HOST_MARK, ADDR_MARK = "@@HOST@@", "@@ADDR@@"
+
+
+class UnknownCommand(Exception):
+    pass
+
+
+# --- normalisation ----------------------------------------------------------------------------
+
+# volatile parts of a command that differ between runs (none of these change what a converged
+# host answers): pyinfra's and the deploy's temp names, run ids, timestamps
+VOLATILE = [
+    (re.compile(r"/tmp/pyinfra-[0-9a-f]+"), "/tmp/pyinfra-@@TMP@@"),
+    (re.compile(r"\b(tritonfleet-run|run_id|runid)=[0-9A-Za-z._:-]+"), r"\1=@@RUN@@"),
+    # the deploy lock's holder line (tritonfleet.runid.holder): user@machine, pid, start, run id, argv
+    (re.compile(r"\S+@\S+ pid \d+, started [0-9-]+ [0-9:]+ UTC, run [0-9A-Za-z-]+: [^'\"]*"), "@@HOLDER@@"),
+]
+# commands that answer, then stay open until the control side closes them (the deploy lock:
+# tritonfleet.hostlock holds it for as long as the channel lives, sending heartbeats on stdin)
+HOLD = re.compile(r"; while read -r -t \d+ _; do :; done")
+
+
+def normalise(text: str, host: str, address: str) -> str:
+    """``text`` with this host's own values replaced by markers (longest first, so an address that
+    contains the name, or the other way round, is replaced whole), and volatile parts masked."""
+    for value, mark in sorted(((host, HOST_MARK), (address, ADDR_MARK)), key=lambda p: -len(p[0])):
+        if value:
+            text = text.replace(value, mark)
+    for rx, repl in VOLATILE:
+        text = rx.sub(repl, text)
+    return text
+
+
+def personalise(text: str, host: str, address: str) -> str:
+    """A recorded (normalised) answer for one fake host."""
+    return text.replace(HOST_MARK, host).replace(ADDR_MARK, address)
+
+
+class Answers:
+    """Recorded answers: normalised command -> (stdout, stderr, exit status)."""
+
+    def __init__(self, commands: dict[str, dict] | None = None, meta: dict | None = None,
+                 http: dict[str, dict] | None = None):
+        self.commands = dict(commands or {})
+        self.http = dict(http or {})  # "PORT METHOD PATH BODY-SHA" -> {"status", "type", "body"}
+        self.meta = dict(meta or {})
+        self.unknown: list[tuple[str, str]] = []  # (host, command as received)
+        self.counts: dict[str, int] = {}  # remote commands a host answered
+        self.http_counts: dict[str, int] = {}  # HTTP requests (the health gate's)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: Path = ANSWERS) -> Answers:
+        if not path.is_file():
+            raise SystemExit(f"{path} not found: record it with `python bench/fakefleet.py record` "
+                             "(see the docstring of bench/fakefleet.py)")
+        data = json.loads(path.read_text())
+        return cls(data["commands"], data.get("meta"), data.get("http"))
+
+    def save(self, path: Path = ANSWERS) -> None:
+        path.write_text(json.dumps({"meta": self.meta, "commands": self.commands, "http": self.http}, indent=1,
+                                   sort_keys=True) + "\n")
+
+    @staticmethod
+    def http_key(port: int, method: str, path: str, body: bytes, host: str, address: str) -> str:
+        body = normalise(body.decode(errors="replace"), host, address).encode()
+        return f"{port} {method} {normalise(path, host, address)} {hashlib.sha256(body).hexdigest()[:16]}"
+
+    def answer(self, command: str, host: str, address: str) -> tuple[str, str, int]:
+        key = normalise(command, host, address)
+        rec = self.commands.get(key)
+        with self._lock:
+            self.counts[host] = self.counts.get(host, 0) + 1
+            if rec is None:
+                self.unknown.append((host, command))
+        if rec is None:
+            raise UnknownCommand(key)
+        return (personalise(rec["stdout"], host, address), personalise(rec["stderr"], host, address),
+                int(rec["status"]), bool(rec.get("hold")))
+
+    def http_answer(self, port: int, method: str, path: str, body: bytes, host: str, address: str) -> dict:
+        key = self.http_key(port, method, path, body, host, address)
+        rec = self.http.get(key)
+        with self._lock:
+            self.http_counts[host] = self.http_counts.get(host, 0) + 1
+            if rec is None:
+                self.unknown.append((host, key))
+        if rec is None:
+            raise UnknownCommand(key)
+        return {**rec, "body": personalise(rec["body"], host, address)}
+
+    def add(self, command: str, host: str, address: str, stdout: str, stderr: str, status: int) -> None:
+        key = normalise(command, host, address)
+        with self._lock:
+            self.commands[key] = {"stdout": normalise(stdout, host, address),
+                                  "stderr": normalise(stderr, host, address), "status": status,
+                                  "hold": bool(HOLD.search(key))}
+
+
+# --- the SSH side -----------------------------------------------------------------------------
+
+class _Server(paramiko.ServerInterface):
+    def __init__(self, fleet: FakeFleet, host: str, address: str):
+        self.fleet, self.host, self.address = fleet, host, address
+        self.upstream: paramiko.SSHClient | None = None
+
+    def check_auth_publickey(self, username, key):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_auth_password(self, username, password):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def get_allowed_auths(self, username):
+        return "publickey,password"
+
+    def check_channel_request(self, kind, chanid):
+        if kind == "session":
+            return paramiko.OPEN_SUCCEEDED
+        self.fleet.fail(self.host, f"channel of kind {kind!r} (no recorded answer for anything but commands)")
+        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_pty_request(self, *args):
+        return True
+
+    def check_channel_env_request(self, channel, name, value):
+        return True
+
+    def check_channel_subsystem_request(self, channel, name):
+        self.fleet.fail(self.host, f"subsystem {name!r} (file transfer: not part of a converged host's run)")
+        return False
+
+    def check_channel_exec_request(self, channel, command):
+        text = command.decode() if isinstance(command, bytes) else command
+        channel._fake_exec = (self, text)  # started once paramiko has replied (_handle_request)
+        return True
+
+
+_handle_request = paramiko.Channel._handle_request
+
+
+def _handle_request_then_exec(self, m):
+    """paramiko sends the reply to an exec request after the server's check returns: answering
+    from the check itself could send output and close the channel before that reply."""
+    _handle_request(self, m)
+    pending = self.__dict__.pop("_fake_exec", None)
+    if pending is not None:
+        server, text = pending
+        threading.Thread(target=server.fleet.exec, args=(server, self, text), daemon=True).start()
+
+
+paramiko.Channel._handle_request = _handle_request_then_exec
+paramiko.Transport._channel_handler_table[paramiko.common.MSG_CHANNEL_REQUEST] = _handle_request_then_exec
+
+
+class FakeFleet:
+    """``hosts``: [(name, address)]; ``answers``: what to reply; ``upstream``: record mode, every
+    command goes to this paramiko-connect kwargs' host and its answer is recorded."""
+
+    def __init__(self, hosts: list[tuple[str, str]], answers: Answers, port: int = SSH_PORT,
+                 upstream: dict | None = None, upstream_name: str | None = None, http_ports: tuple[int, ...] = ()):
+        self.http_ports = http_ports
+        self.hosts, self.answers, self.port, self.upstream = hosts, answers, port, upstream
+        self.upstream_name = upstream_name
+        self.key = paramiko.ECDSAKey.generate(bits=256)
+        self.sel = selectors.DefaultSelector()
+        self.socks: list[socket.socket] = []
+        self.failures: list[str] = []
+        self.transports: list[paramiko.Transport] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for name, addr in self.hosts:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((addr, self.port))
+            except OSError as e:
+                raise SystemExit(f"fakefleet: cannot listen on {addr}:{self.port} for {name}: {e}") from e
+            s.listen(128)
+            s.setblocking(False)
+            self.sel.register(s, selectors.EVENT_READ, (name, addr))
+            self.socks.append(s)
+        for name, addr in self.hosts:  # Triton's ports: accepted by the same loop, a thread a connection
+            for port in self.http_ports:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((addr, port))
+                except OSError as e:
+                    raise SystemExit(f"fakefleet: cannot listen on {addr}:{port} for {name}: {e}") from e
+                s.listen(128)
+                s.setblocking(False)
+                self.sel.register(s, selectors.EVENT_READ, (name, addr, port))
+                self.socks.append(s)
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self.sel.select(timeout=0.5):
+                try:
+                    conn, _peer = key.fileobj.accept()
+                except (BlockingIOError, OSError):
+                    continue
+                conn.setblocking(True)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if len(key.data) == 3:  # HTTP
+                    handler = _http_handler(self, *key.data)
+                    threading.Thread(target=_serve_http, args=(handler, conn, _peer), daemon=True).start()
+                    continue
+                name, addr = key.data
+                threading.Thread(target=self._serve, args=(conn, name, addr), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, name: str, addr: str) -> None:
+        t = paramiko.Transport(conn)
+        t.add_server_key(self.key)
+        server = _Server(self, name, addr)
+        try:
+            t.start_server(server=server)
+        except (paramiko.SSHException, EOFError, OSError):
+            return
+        with self._lock:  # the transport's own thread serves it; channels are answered by exec threads
+            self.transports.append(t)
+
+    def fail(self, host: str, what: str) -> None:
+        msg = f"{host}: {what}"
+        with self._lock:
+            self.failures.append(msg)
+        print(f"[fakefleet] NO RECORDED ANSWER: {msg}", file=sys.stderr, flush=True)
+
+    def exec(self, server: _Server, channel: paramiko.Channel, command: str) -> None:
+        try:
+            hold = False
+            if self.upstream is not None:
+                out, err, status = self._forward(server, command)
+            else:
+                try:
+                    out, err, status, hold = self.answers.answer(command, server.host, server.address)
+                except UnknownCommand as e:
+                    self.fail(server.host, f"command {str(e)[:3000]!r}")
+                    out, err, status = "", f"fakefleet: no recorded answer for this command on {server.host}: " \
+                                           f"{command[:500]}\n", 255
+            if out:
+                channel.sendall(out.encode())
+            if err:
+                channel.sendall_stderr(err.encode())
+            while hold and channel.recv(4096):  # until the control side sends EOF or closes
+                pass
+            channel.send_exit_status(status)
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+        finally:
+            channel.close()
+
+    def _forward(self, server: _Server, command: str) -> tuple[str, str, int]:
+        if server.upstream is None:
+            c = paramiko.SSHClient()
+            c.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            c.connect(**self.upstream)
+            server.upstream = c
+        _, so, se = server.upstream.exec_command(command)
+        out, err = so.read().decode(), se.read().decode()
+        status = so.channel.recv_exit_status()
+        # the real host's name appears in its answers as the real name: record it as the fake's
+        real = self.upstream_name or server.host
+        out, err = out.replace(real, server.host), err.replace(real, server.host)
+        self.answers.add(command, server.host, server.address, out, err, status)
+        return out, err, status
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in list(self.transports):
+            t.close()
+        for s in self.socks:
+            s.close()
+
+    def http(self, name: str, addr: str, port: int, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        if self.upstream is not None:
+            c = http.client.HTTPConnection(self.upstream["hostname"], port, timeout=30)
+            c.request(method, path, body=body or None, headers={"Content-Type": "application/json"} if body else {})
+            r = c.getresponse()
+            data, ctype, status = r.read(), r.getheader("Content-Type", ""), r.status
+            c.close()
+            text = data.decode(errors="replace")
+            key = Answers.http_key(port, method, path, body, name, addr)
+            with self.answers._lock:
+                self.answers.http[key] = {"status": status, "type": ctype, "body": normalise(text, name, addr)}
+            return status, ctype, data
+        try:
+            rec = self.answers.http_answer(port, method, path, body, name, addr)
+        except UnknownCommand as e:
+            self.fail(name, f"HTTP request {e}")
+            return 599, "text/plain", f"fakefleet: no recorded answer for {method} {path} on {name}\n".encode()
+        return rec["status"], rec["type"], rec["body"].encode()
+
+
+def _serve_http(handler, conn: socket.socket, peer) -> None:
+    try:
+        handler(conn, peer, None)
+    except OSError:  # the client gave up (its timeout): that is the client's to report
+        pass
+    finally:
+        conn.close()
+
+
+def _http_handler(fleet: FakeFleet, name: str, addr: str, port: int):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _any(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            status, ctype, data = fleet.http(name, addr, port, self.command, self.path, body)
+            self.send_response(status)
+            if ctype:
+                self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_HEAD = _any
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
+
+
+# --- addresses and inventory ------------------------------------------------------------------
+
+def addresses(n: int, testbed: int) -> list[tuple[str, str]]:
+    """``n`` fake hosts: names fake-0001.., addresses 127.<100 + testbed>.x.y (y in 1..250), so
+    two testbeds on one machine never share one."""
+    if not 0 <= testbed < 150:
+        raise SystemExit(f"TRITONFLEET_TESTBED={testbed}: fake fleets take 0-149")
+    out = []
+    for i in range(n):
+        out.append((f"fake-{i + 1:04d}", f"127.{100 + testbed}.{i // 250}.{i % 250 + 1}"))
+    return out
+
+
+def write_hosts(path: Path, hosts: list[tuple[str, str]], answers: Answers, port: int,
+                own_key: bool = True) -> None:
+    """The hosts file bench/fake_inventory.py reads. ``own_key``: the fake hosts get a client key
+    of their own next to it (they accept any key), so the recorded host's key need not exist."""
+    meta = answers.meta
+    data = dict(meta.get("data", {}))
+    if own_key:
+        key = path.parent / "fakefleet-client-key"
+        if not key.exists():
+            paramiko.ECDSAKey.generate(bits=256).write_private_key_file(str(key))
+            key.chmod(0o600)
+        data["ssh_key"] = str(key)
+    path.write_text(json.dumps({"group": meta.get("group", "t4"), "data": data, "port": port,
+                                "hosts": [[n, a] for n, a in hosts]}, indent=1))
+
+
+def _testbed() -> int:
+    if "TRITONFLEET_TESTBED" not in os.environ:
+        raise SystemExit("export TRITONFLEET_TESTBED=<n> first")
+    return int(os.environ["TRITONFLEET_TESTBED"])
+
+
+def serve(args, stop: threading.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (or ``stop``); exit status 3 if any request had no answer."""
+    answers = Answers.load(Path(args.answers))
+    hosts = addresses(args.hosts, _testbed())
+    fleet = FakeFleet(hosts, answers, port=args.port, http_ports=_http_ports(answers.meta.get("data", {})))
+    fleet.start()
+    write_hosts(Path(args.hosts_file), hosts, answers, args.port)
+    if stop is None:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *a: stop.set())
+        signal.signal(signal.SIGINT, lambda *a: stop.set())
+    def dump(*_):
+        if args.counts_file:
+            with answers._lock:
+                Path(args.counts_file).write_text(json.dumps({"counts": answers.counts, "http": answers.http_counts,
+                                                            "failures": fleet.failures}))
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, dump)
+    print(f"[fakefleet] ready: {len(hosts)} hosts", flush=True)
+    stop.wait()
+    fleet.stop()
+    dump()
+    if fleet.failures:
+        print(f"[fakefleet] FAILED: {len(fleet.failures)} request(s) had no recorded answer; re-record with "
+              f"`python bench/fakefleet.py record` if the deploy changed on purpose:", file=sys.stderr)
+        for f in fleet.failures[:20]:
+            print(f"  {f[:600]}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def record(args) -> int:
+    """Run the deploy (no-op), status and a --dry plan against one fake host that forwards to a
+    converged testbed host, and store every command with its answer."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT))
+    from tritonfleet.fleet import load_inventory
+
+    testbed = _testbed()
+    real = [h for h in load_inventory("inventories/testbed.py") if not args.host or h.name == args.host]
+    if not real:
+        raise SystemExit(f"no testbed host {args.host or ''}: `tritonfleet testbed up` first")
+    h = real[0]
+    group = "l4" if "l4" in h.groups else "t4"
+    from tritonfleet.defaults import DEFAULTS
+
+    # everything the host's inventory and group data set (the defaults apply to the fake hosts too)
+    data = {k: v for k, v in h.data.items()
+            if not k.startswith("_pyinfra") and k not in ("ssh_hostname", "ssh_port")
+            and (k not in DEFAULTS or DEFAULTS[k] != v)}
+    json.dumps(data)  # fails here, naming the value, if some data is not plain JSON
+    answers = Answers(meta={"group": group, "data": data, "recorded_from": h.name,
+                            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                            "command": "python bench/fakefleet.py record"})
+    name, addr = addresses(1, testbed)[0]
+    upstream = {"hostname": h.address, "username": data.get("ssh_user", "root"),
+                "key_filename": data["ssh_key"], "allow_agent": False, "look_for_keys": False}
+    fleet = FakeFleet([(name, addr)], answers, port=args.port, upstream=upstream, upstream_name=h.name,
+                      http_ports=_http_ports(h.data))
+    fleet.start()
+    work = ROOT / "bench" / ".work"
+    work.mkdir(parents=True, exist_ok=True)
+    hosts_file = work / "fake-record.json"
+    write_hosts(hosts_file, [(name, addr)], answers, args.port, own_key=False)
+    env = dict(os.environ, TRITONFLEET_FAKEFLEET=str(hosts_file))
+    binp = Path(sys.executable).parent
+    runs = [[str(binp / "pyinfra"), "-y", "bench/fake_inventory.py", "deploys/triton.py"],
+            [str(binp / "pyinfra"), "-y", "bench/fake_inventory.py", "deploys/triton.py"],
+            [str(binp / "pyinfra"), "-y", "--json", "--dry", "--limit", name, "bench/fake_inventory.py",
+             "deploys/triton.py"],
+            [str(binp / "tritonfleet"), "status", "bench/fake_inventory.py"],
+            # what the health gate asks while it waits (a host slow to answer): tritonfleet.health
+            [sys.executable, "-c", "from tritonfleet import fleet, health; h = fleet.load_inventory("
+             "'bench/fake_inventory.py')[0]; g = h.get; print(fleet.run(h, health.watch_command("
+             "g('triton_service'), g('triton_container_name'), g('triton_base_dir')))[0])"]]
+    try:
+        for cmd in runs:
+            res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            print(f"[fakefleet] {' '.join(cmd[1:])}: exit {res.returncode}", file=sys.stderr)
+            if res.returncode != 0 and "status" not in cmd:
+                print(res.stderr[-3000:], file=sys.stderr)
+                return 1
+    finally:
+        fleet.stop()
+    if fleet.failures:
+        return 1
+    answers.save(Path(args.answers))
+    print(f"[fakefleet] {len(answers.commands)} commands recorded in {args.answers}", file=sys.stderr)
+    return 0
+
+
+def _http_ports(data: dict) -> tuple[int, ...]:
+    """Triton's HTTP and metrics ports: what the health gate reads from the control machine."""
+    from tritonfleet.defaults import DEFAULTS
+
+    return tuple(int(data.get(k) or DEFAULTS[k]) for k in ("triton_http_port", "triton_metrics_port"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--hosts", type=int, required=True)
+    s.add_argument("--hosts-file", required=True)
+    s.add_argument("--counts-file")
+    s.add_argument("--answers", default=str(ANSWERS))
+    s.add_argument("--port", type=int, default=SSH_PORT)
+    r = sub.add_parser("record")
+    r.add_argument("--host")
+    r.add_argument("--answers", default=str(ANSWERS))
+    r.add_argument("--port", type=int, default=SSH_PORT)
+    args = ap.parse_args(argv)
+    return serve(args) if args.what == "serve" else record(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
