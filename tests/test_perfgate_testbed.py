@@ -6,8 +6,8 @@ test host, directly and through SSH tunnels, over HTTP and gRPC.
 The fleet shares this machine's cores with the load generator, so two measurements of the same
 release differ by tens of percent, and by several times while the suite's other parts run
 beside it (p95 11.9 -> 53.0 ms and throughput -55% were seen for the same release): the
-tolerances are loose here (throughput -85%, p95 +1000%), and the slowed model is slowed far
-beyond them (a 1 s queue delay that no batch fills early caps
+tolerances are loose here (throughput -60%, p95 +150%; for the unchanged release, which must pass
+however busy the machine is, -85% and +1000%), and the slowed model is slowed far beyond them (a 1 s queue delay that no batch fills early caps
 it at 16 inferences/s at concurrency 16, against well over 100 before; p95 from tens of ms to
 over 1000 ms). Every test leaves the fleet as the shared `deployed` fixture made it.
 """
@@ -24,7 +24,9 @@ from testbed_util import api_headers, live_release, pyinfra, repository_copy, tr
 pytestmark = pytest.mark.testbed
 INV = "inventories/testbed.py"
 GATE = ["--perf-gate", "--data", "perf_gate_model=text_classifier_onnx", "--data", "perf_gate_duration=4",
-        "--data", "perf_gate_max_throughput_drop=0.85", "--data", "perf_gate_max_p95_rise=10"]
+        "--data", "perf_gate_max_throughput_drop=0.6", "--data", "perf_gate_max_p95_rise=1.5"]
+# the unchanged release must pass even when the machine is busiest: wider still
+GATE_UNCHANGED = [*GATE[:4], "--data", "perf_gate_max_throughput_drop=0.85", "--data", "perf_gate_max_p95_rise=10"]
 
 
 def rollout(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -77,7 +79,7 @@ def test_a_slowed_model_halts_the_rollout_and_the_canary_is_rolled_back(deployed
 def test_an_unchanged_release_passes_the_gate(deployed):
     testbed, _, _ = deployed
     canary = testbed.hosts[0]
-    res, report = rollout("--limit", canary.name, *GATE)
+    res, report = rollout("--limit", canary.name, *GATE_UNCHANGED)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert report["ok"], report
     perf = report["perf"][canary.name]
