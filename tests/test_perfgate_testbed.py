@@ -26,7 +26,7 @@ INV = "inventories/testbed.py"
 GATE = ["--perf-gate", "--data", "perf_gate_model=text_classifier_onnx", "--data", "perf_gate_duration=4",
         "--data", "perf_gate_max_throughput_drop=0.6", "--data", "perf_gate_max_p95_rise=1.5"]
 # the unchanged release must pass even when the machine is busiest: wider still
-GATE_UNCHANGED = [*GATE[:4], "--data", "perf_gate_max_throughput_drop=0.85", "--data", "perf_gate_max_p95_rise=10"]
+GATE_UNCHANGED = [*GATE[:5], "--data", "perf_gate_max_throughput_drop=0.85", "--data", "perf_gate_max_p95_rise=10"]
 
 
 def rollout(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
