@@ -251,13 +251,7 @@ def triton_service(image: list | None = None, models: list | None = None):
     explicit = config.get("triton_model_control_mode") == "explicit"
     # what an earlier run changed but stopped before Triton took it (Ctrl-C, a lost link)
     behind = running_behind(explicit)
-    # explicit mode is zero downtime: new models are loaded through the repository API while the
-    # old ones serve; only a unit or image change restarts the container
-    if explicit:
-        restart = "unit or image changed" if will_change(unit, image) else behind["restart"]
-    else:
-        restart = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
-    restart = restart or key_new
+    restart = restart_reason(explicit, unit, image, models, behind, key_new)
     if restart:
         if lb.enabled():  # out of the load balancer, nothing in flight, before Triton stops
             lb.drain_host(name=f"drain {host.name} in the load balancer before the restart", why=restart)
@@ -270,6 +264,17 @@ def triton_service(image: list | None = None, models: list | None = None):
         server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
                      commands=[repository_api_commands(load, unload)])
     converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
+
+
+def restart_reason(explicit: bool, unit, image: list, models: list, behind: dict, key_new) -> str | None:
+    """Why Triton restarts on this run (None: it does not). Explicit mode is zero downtime: new
+    models are loaded through the repository API while the old ones serve, so only a unit or
+    image change restarts it; what an earlier run changed but never restarted for counts too."""
+    if explicit:
+        restart = "unit or image changed" if will_change(unit, image) else behind["restart"]
+    else:
+        restart = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
+    return restart or key_new
 
 
 def per_gpu_service(image: list | None = None, models: list | None = None):
@@ -293,11 +298,7 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
     for g, unit in zip(gets, units, strict=True):
         service = g("triton_service")
         behind = running_behind(explicit, g)
-        if explicit:
-            restart = "unit or image changed" if will_change(unit, image) else behind["restart"]
-        else:
-            restart = "unit, image or models changed" if will_change(unit, image, models) else behind["restart"]
-        restart = restart or key_new
+        restart = restart_reason(explicit, unit, image, models, behind, key_new)
         if restart:
             if lb.enabled() and not drained:  # the host leaves the load balancer once, before the first stop
                 lb.drain_host(name=f"drain {host.name} in the load balancer before the restarts", why=restart)
