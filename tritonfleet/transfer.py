@@ -24,6 +24,7 @@ host to take more data or answer. ``tar`` and ``ssh`` die with the process that 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -148,6 +149,36 @@ def _tar_process(root: Path, paths: list[str]) -> tuple[subprocess.Popen, str]:
     return proc, listfile
 
 
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()  # follows a symlink, as tar -h does
+    return st.st_size, st.st_mtime_ns
+
+
+CHANGED = re.compile(r"^tar: (.+): file changed as we read it$")
+
+
+def only_links_changed(tar_err: bytes, root: Path, before: dict[str, tuple[int, int]]) -> bool:
+    """Whether tar's exit status 1 means only that a file's inode change time moved while it was
+    read, not its content: a rendered copy is a hard link to the repository's file, and another
+    run on this machine linking the same file at that moment moves the ctime (tar's "file changed
+    as we read it"). True when every line is that message, for a file whose size and mtime are
+    still what they were before the archive started; any other message, or a file whose content
+    may have changed, is a real failure."""
+    lines = [ln for ln in tar_err.decode(errors="replace").splitlines() if ln.strip()]
+    if not lines:
+        return False
+    for ln in lines:
+        m = CHANGED.match(ln)
+        if not m or m.group(1) not in before:
+            return False
+        try:
+            if _stamp(root / m.group(1)) != before[m.group(1)]:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def _tail(data: bytes, n: int = 1500) -> str:
     return data.decode(errors="replace").strip()[-n:]
 
@@ -165,7 +196,8 @@ def _route(host, source, remote_command: str, transport: str) -> tuple[int, byte
 def send(host, root: Path, paths: list[str], remote_command: str, transport: str) -> Sent:
     """Stream ``paths`` (relative to ``root``) as a tar archive into ``remote_command`` on the
     host (which must read the archive on stdin). Raises TransferError naming the host."""
-    size = sum((root / p).stat().st_size for p in paths)
+    before = {p: _stamp(root / p) for p in paths}
+    size = sum(st[0] for st in before.values())
     t0 = time.monotonic()
     tar, listfile = _tar_process(root, paths)
     try:
@@ -177,6 +209,8 @@ def send(host, root: Path, paths: list[str], remote_command: str, transport: str
             tar.kill()
             tar.wait()
         os.unlink(listfile)
+    if tar_rc == 1 and only_links_changed(tar_err, root, before):
+        tar_rc = 0
     # a local read error truncates the stream (and fails the remote end too): it is the cause;
     # a broken pipe only means the remote end stopped reading
     if tar_rc != 0 and tar_rc != -signal.SIGPIPE and b"Broken pipe" not in tar_err:
