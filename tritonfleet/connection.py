@@ -27,6 +27,7 @@ from typing import Any
 from pyinfra.api.state import BaseStateCallback
 
 from .defaults import DEFAULTS
+from .tunables import whole_number
 
 _MARK = "_tritonfleet_tuned"
 # the package's defaults, for hosts whose data does not set them
@@ -42,14 +43,7 @@ def keepalive(data: Any) -> tuple[int, int]:
     out = []
     for key, default in (("ssh_keepalive_interval", KEEPALIVE_INTERVAL), ("ssh_keepalive_count", KEEPALIVE_COUNT)):
         value = get(key)
-        value = default if value is None else value
-        try:
-            n = int(value)
-        except (TypeError, ValueError, OverflowError):  # None, text, NaN, infinity
-            n = 0
-        if n < 1 or str(value).strip() != str(n):
-            raise ValueError(f"{key} must be a whole number >= 1, not {value!r} (group data)")
-        out.append(n)
+        out.append(whole_number(default if value is None else value, key))
     return out[0], out[1]
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from . import limits
 from .connection import tune_state
 from .defaults import DEFAULTS
+from .tunables import whole_number
 
 T = TypeVar("T")
 
@@ -116,12 +117,9 @@ def run(fh: FleetHost, command: str, timeout: float = 60) -> tuple[bool, str]:
 
 def _workers(value: Any) -> int:
     try:
-        n = int(value)
-    except (TypeError, ValueError, OverflowError):
-        n = 0
-    if n < 1 or str(value).strip() != str(n):
-        raise FleetError(f"fleet_parallel must be a whole number >= 1, not {value!r} (group data)")
-    return n
+        return whole_number(value, "fleet_parallel")
+    except ValueError as e:
+        raise FleetError(str(e)) from None
 
 
 def disconnect(fh: FleetHost) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from .tunables import whole_number
+
 #: the GPUs the first verified run found, next to the GPU check's stamp (steps/verify.py)
 RECORD = "/var/lib/tritonfleet/gpus"
 RECORD_FIELDS = ("index", "pci.bus_id", "uuid", "name")
@@ -50,13 +52,7 @@ def expected_count(gpu_count, recorded: list[dict]) -> int | None:
     """How many GPUs the host should report: ``gpu_count`` when set, else as many as the record
     holds (None: nothing expected yet, the first verified run records what it finds)."""
     if gpu_count not in (None, ""):
-        try:
-            n = int(gpu_count)
-        except (TypeError, ValueError):
-            n = 0
-        if n < 1 or str(n) != str(gpu_count).strip():
-            raise ValueError(f"gpu_count must be a whole number >= 1, not {gpu_count!r} (inventory or group data)")
-        return n
+        return whole_number(gpu_count, "gpu_count", "inventory or group data")
     return len(recorded) if recorded else None
 
 

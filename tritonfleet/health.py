@@ -619,8 +619,7 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
         seconds += res.seconds
     res.seconds = seconds
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
-                + (f", {len(gets)} Triton instances, one per GPU)" if len(gets) > 1 or pergpu.enabled(config.get)
-                   else ")"))
+                + (f", {len(gets)} Triton instances, one per GPU)" if pergpu.enabled(config.get) else ")"))
     if clear_failure:
         from .failure import HOST_RECORD
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from .tunables import whole_number
+
 #: tunables an instance overrides (everything else is the host's)
 PORT_KEYS = ("triton_http_port", "triton_grpc_port", "triton_metrics_port")
 #: the most instances a host runs (nvidia-smi lists at most 16 GPUs in the probe)
@@ -44,14 +46,10 @@ def container_name(get, index: int) -> str:
 
 
 def port_step(get) -> int:
-    step = get("triton_per_gpu_port_step", 10)
     try:
-        n = int(step)
-    except (TypeError, ValueError):
-        n = 0
-    if n < 1 or str(n) != str(step).strip():
-        raise PerGpuError(f"triton_per_gpu_port_step must be a whole number >= 1, not {step!r} (group data)")
-    return n
+        return whole_number(get("triton_per_gpu_port_step", 10), "triton_per_gpu_port_step")
+    except ValueError as e:
+        raise PerGpuError(str(e)) from None
 
 
 def ports(get, index: int) -> dict[str, int]:

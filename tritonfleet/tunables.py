@@ -14,6 +14,18 @@ from . import resource
 DEFAULTS_FILE = resource("defaults.py")
 
 
+def whole_number(value, key: str, where: str = "group data") -> int:
+    """``value`` as a whole number >= 1 (as written: "4" or 4, not 4.5, "4x", NaN or infinity);
+    ValueError naming the tunable and where it is set otherwise."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError, OverflowError):  # None, text, NaN, infinity
+        n = 0
+    if n < 1 or str(value).strip() != str(n):
+        raise ValueError(f"{key} must be a whole number >= 1, not {value!r} ({where})")
+    return n
+
+
 def read(path: Path = DEFAULTS_FILE) -> list[tuple[str, str, str]]:
     """[(name, default as written, comment)] in file order."""
     text = path.read_text()
