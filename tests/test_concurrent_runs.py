@@ -118,6 +118,47 @@ def test_the_lock_goes_with_a_run_killed_by_sigkill(lockfile):
             proc.wait()
 
 
+def children(pid: int) -> set[int]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def test_a_runs_holders_share_one_heartbeat_process_that_keeps_every_lock(tmp_path, monkeypatch):
+    """acquire_all: one holder process a host and ONE heartbeat process for all of them (not
+    one a host), whose heartbeats keep every lock past its silence bound, until release_all."""
+    monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")
+    monkeypatch.setattr(hostlock, "lockable", lambda host: True)
+    script = hostlock.Holder._script
+
+    def own_file(self):  # each "host" its own lock file (they all are this machine)
+        monkeypatch.setattr(hostlock, "LOCK_FILE", str(tmp_path / f"{self.host.name}.lock"))
+        return script(self)
+
+    monkeypatch.setattr(hostlock.Holder, "_script", own_file)
+    keep = {"ssh_keepalive_interval": 1, "ssh_keepalive_count": 2}  # silent for 2 s: let go
+    hosts = [SimpleNamespace(name=f"gpu{i}", connected=True, data=dict(keep)) for i in range(6)]
+    before = children(os.getpid())
+    try:
+        assert hostlock.acquire_all(SimpleNamespace(inventory=hosts), say=print) == 6
+        started = children(os.getpid()) - before
+        assert len(started) == 6 + 1, f"{len(started)} processes for 6 hosts' locks"
+        time.sleep(5)
+        assert [h.name for h in hosts if not held(tmp_path / f"{h.name}.lock")] == []
+    finally:
+        hostlock.release_all()
+    for h in hosts:
+        wait_free(tmp_path / f"{h.name}.lock", 10)
+    assert not (children(os.getpid()) - before)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=80))
 def test_the_holder_line_reaches_the_lock_file_unchanged(tmp_path_factory, text):

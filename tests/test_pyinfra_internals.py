@@ -66,6 +66,11 @@ INTERNALS = {
     "pyinfra.api.arguments:ConnectorArguments":
         "ops/stream.py passes the connector arguments of the current operation on",
     "pyinfra.api.host:Host.get_fact": "facts/memo.py reads facts through it",
+    "pyinfra.api.arguments:all_global_arguments":
+        "argcache.py caches its answer for the run: it must depend on nothing but pyinfra's classes",
+    "pyinfra.api.arguments:pop_global_arguments":
+        "argcache.py replaces all_global_arguments in pyinfra.api.arguments' namespace, where this "
+        "looks it up on every call",
 }
 
 
@@ -128,6 +133,32 @@ def test_operation_order_is_read_from_pyinfra_operation_module():
     op_module = importlib.import_module("pyinfra.api.operation")
     assert callable(getattr(op_module, "get_operation_order_from_stack", None))
     assert "get_operation_order_from_stack(state)" in inspect.getsource(op_module.solve_operation_consistency)
+
+
+def test_global_arguments_are_computed_once_and_are_pyinfras(monkeypatch):
+    """argcache.install(): pyinfra's two callers get the cached list (looked up by name at call
+    time), equal to pyinfra's own, and popping arguments no longer evaluates type hints."""
+    from pyinfra.api import arguments as arguments_module
+    from pyinfra.api import facts as facts_module
+
+    from tritonfleet import argcache
+
+    for caller in (arguments_module.pop_global_arguments, facts_module.FactBase.__init_subclass__):
+        assert "all_global_arguments()" in inspect.getsource(caller), caller
+    original = argcache._original()
+    argcache.install()
+    try:
+        assert arguments_module.all_global_arguments() == original
+        assert facts_module.all_global_arguments() == original
+        calls = []
+        real = arguments_module.get_type_hints
+        monkeypatch.setattr(arguments_module, "get_type_hints", lambda *a, **k: calls.append(a) or real(*a, **k))
+        for _ in range(3):
+            arguments_module.all_global_arguments()
+        assert calls == [], "the cached function evaluated type hints again"
+    finally:
+        argcache.uninstall()
+    assert arguments_module.all_global_arguments is argcache._original
 
 
 if __name__ == "__main__" and "--record" in sys.argv:

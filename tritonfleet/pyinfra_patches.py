@@ -8,6 +8,8 @@ and read no fact yet):
 * socket options: TCP_NODELAY and dead-link keepalives on every SSH connection, now and on every
   later one (tritonfleet.connection);
 * the operation order read from frames instead of ``inspect.stack()`` (tritonfleet.oporder);
+* pyinfra's global-argument names and types computed once, not per operation call
+  (tritonfleet.argcache);
 * Ctrl-C exits with status 130, not 0 (tritonfleet.interrupt; pyinfra's CLI only);
 * the deploy lock on every host, one run at a time per host (tritonfleet.hostlock; pyinfra's CLI
   runs that change hosts only), taken before the deploy reads any fact;
@@ -24,7 +26,7 @@ from __future__ import annotations
 from gevent.event import Event
 from pyinfra.context import ctx_state
 
-from . import failure, hostlock, interrupt, limits, oporder
+from . import argcache, failure, hostlock, interrupt, limits, oporder
 from .connection import tune_state
 
 _MARK = "_tritonfleet_patches"
@@ -67,5 +69,6 @@ def _install() -> None:
     if hostlock.enabled():
         hostlock.acquire_all()
     oporder.install()
+    argcache.install()
     interrupt.install()
     failure.report_operation_errors()
