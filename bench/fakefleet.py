@@ -12,6 +12,8 @@ deploy can never be measured against stale answers.
     .venv/bin/python bench/fakefleet.py record [--host NAME]
     # serve N fake hosts, write their inventory data, run until SIGTERM/SIGINT
     .venv/bin/python bench/fakefleet.py serve --hosts 100 --hosts-file bench/.work/fake-hosts.json
+    # (one process answers a few hundred hosts before it is CPU-bound: bench/scale.py splits a
+    # fleet over processes with --shard I --shards K, each its own hosts file, merged)
     .venv/bin/pyinfra -y bench/fake_inventory.py deploys/triton.py   # TRITONFLEET_FAKEFLEET=<hosts file>
 
 Recording runs the deploy (no-op), `tritonfleet status` and a `--dry` plan against one fake
@@ -382,6 +384,14 @@ def addresses(n: int, testbed: int) -> list[tuple[str, str]]:
     return out
 
 
+def shard(hosts: list[tuple[str, str]], i: int, k: int) -> list[tuple[str, str]]:
+    """Process ``i`` of ``k``'s share of the fleet: every k-th host (the shares are disjoint and
+    together the whole fleet)."""
+    if not 0 <= i < k:
+        raise SystemExit(f"fakefleet: --shard {i} of --shards {k}: 0 <= shard < shards")
+    return hosts[i::k]
+
+
 def write_hosts(path: Path, hosts: list[tuple[str, str]], answers: Answers, port: int,
                 own_key: bool = True) -> None:
     """The hosts file bench/fake_inventory.py reads. ``own_key``: the fake hosts get a client key
@@ -408,6 +418,7 @@ def serve(args, stop: threading.Event | None = None) -> int:
     """Serve until SIGTERM/SIGINT (or ``stop``); exit status 3 if any request had no answer."""
     answers = Answers.load(Path(args.answers))
     hosts = addresses(args.hosts, _testbed())
+    hosts = shard(hosts, args.shard, args.shards)
     fleet = FakeFleet(hosts, answers, port=args.port, http_ports=_http_ports(answers.meta.get("data", {})))
     fleet.start()
     write_hosts(Path(args.hosts_file), hosts, answers, args.port)
@@ -513,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--counts-file")
     s.add_argument("--answers", default=str(ANSWERS))
     s.add_argument("--port", type=int, default=SSH_PORT)
+    s.add_argument("--shard", type=int, default=0, help="serve every SHARDS-th host from this one (0-based)")
+    s.add_argument("--shards", type=int, default=1, help="processes the fleet is split over")
     r = sub.add_parser("record")
     r.add_argument("--host")
     r.add_argument("--answers", default=str(ANSWERS))

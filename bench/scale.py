@@ -31,22 +31,29 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+def _pss_mb(pid: int) -> float:
+    """Proportional set size: resident pages with each shared page divided among the processes
+    sharing it, so summing it over processes counts the memory they use once."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
-def tree_rss_mb(root: int) -> tuple[float, int]:
-    """Resident memory of ``root`` and all its descendants together (MB; pages shared between
-    processes counted in each, so an upper bound), and how many processes that is."""
+def tree_mb(root: int) -> tuple[float, int]:
+    """Memory of ``root`` and all its descendants together (MB, the sum of their PSS), and how
+    many processes that is."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, float] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/stat") as f:
                 stat = f.read()
-            with open(f"/proc/{d}/statm") as f:
-                rss[int(d)] = int(f.read().split()[1]) * PAGE_MB
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
@@ -54,7 +61,7 @@ def tree_rss_mb(root: int) -> tuple[float, int]:
     total, n, todo = 0.0, 0, [root]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0.0)
+        total += _pss_mb(p)
         n += 1
         todo += children.get(p, [])
     return total, n
@@ -62,7 +69,7 @@ def tree_rss_mb(root: int) -> tuple[float, int]:
 
 def measured(cmd: list[str], env: dict, timeout: float = TIMEOUT) -> dict:
     """Run ``cmd``; wall, CPU and peak RSS of it (and its children), the peak of its whole process
-    tree's resident memory (sampled every second), exit status, output tails."""
+    tree's memory (sum of PSS, sampled every second), exit status, output tails."""
     out_path, err_path = WORK / "scale-out.txt", WORK / "scale-err.txt"
     t0 = time.perf_counter()
     with open(out_path, "w") as so, open(err_path, "w") as se:
@@ -71,7 +78,7 @@ def measured(cmd: list[str], env: dict, timeout: float = TIMEOUT) -> dict:
         tree_peak, procs_peak, next_sample = 0.0, 0, 0.0
         while True:
             if time.perf_counter() >= next_sample:
-                mb, n = tree_rss_mb(p.pid)
+                mb, n = tree_mb(p.pid)
                 tree_peak, procs_peak = max(tree_peak, mb), max(procs_peak, n)
                 next_sample = time.perf_counter() + 1.0
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -89,54 +96,97 @@ def measured(cmd: list[str], env: dict, timeout: float = TIMEOUT) -> dict:
             "timed_out": wall >= timeout, "stdout": out_path.read_text()[-4000:], "stderr": err_path.read_text()[-6000:]}
 
 
+HOSTS_PER_SHARD = 100  # fake hosts one fake-fleet process answers (it is CPU-bound at a few hundred)
+
+
 class Fleet:
+    """A fake fleet of ``n`` hosts, split over one process per HOSTS_PER_SHARD hosts; its hosts
+    file is the shards' files merged (what bench/fake_inventory.py reads)."""
+
     def __init__(self, n: int):
         self.n = n
+        self.shards = max(1, -(-n // HOSTS_PER_SHARD))
         self.hosts_file = WORK / f"fake-hosts-{n}.json"
-        self.counts_file = WORK / f"fake-counts-{n}.json"
-        self.counts_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen([str(BIN / "python"), str(BENCH / "fakefleet.py"), "serve", "--hosts", str(n),
-                                      "--hosts-file", str(self.hosts_file), "--counts-file", str(self.counts_file)],
-                                     cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if "ready" not in line:
-            self.proc.wait()
-            raise SystemExit(f"[bench] the fake fleet of {n} hosts did not start (exit {self.proc.returncode})")
+        self.procs: list[subprocess.Popen] = []
+        self.counts_files: list[Path] = []
+        merged = None
+        try:
+            for i in range(self.shards):  # one at a time: the first writes the client key the others reuse
+                hosts_file, counts = WORK / f"fake-hosts-{n}.{i}.json", WORK / f"fake-counts-{n}.{i}.json"
+                counts.unlink(missing_ok=True)
+                p = subprocess.Popen([str(BIN / "python"), str(BENCH / "fakefleet.py"), "serve", "--hosts", str(n),
+                                      "--shard", str(i), "--shards", str(self.shards), "--hosts-file", str(hosts_file),
+                                      "--counts-file", str(counts)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                self.procs.append(p)
+                self.counts_files.append(counts)
+                if "ready" not in p.stdout.readline():
+                    p.wait()
+                    raise SystemExit(f"[bench] the fake fleet of {n} hosts (shard {i}) did not start "
+                                     f"(exit {p.returncode})")
+                part = json.loads(hosts_file.read_text())
+                if merged is None:
+                    merged = part
+                else:
+                    merged["hosts"] += part["hosts"]
+        except BaseException:
+            self.stop()
+            raise
+        merged["hosts"].sort()
+        self.hosts_file.write_text(json.dumps(merged, indent=1))
         self.env = dict(os.environ, TRITONFLEET_FAKEFLEET=str(self.hosts_file))
         self._last: dict[str, int] = {}
         self._last_http: dict[str, int] = {}
-        self._failures_seen = 0
+        self._failures_seen = [0] * self.shards
+
+    def _counts(self) -> dict:
+        """Every shard's counts (SIGUSR1 makes each write its file), merged."""
+        for f in self.counts_files:
+            f.unlink(missing_ok=True)
+        for p in self.procs:
+            p.send_signal(signal.SIGUSR1)
+        merged = {"counts": {}, "http": {}, "failures": []}  # failures: a list per shard
+        for f in self.counts_files:
+            for _ in range(200):
+                if f.exists():
+                    try:
+                        data = json.loads(f.read_text())
+                        break
+                    except ValueError:
+                        pass
+                time.sleep(0.05)
+            else:
+                raise SystemExit(f"[bench] the fake fleet did not report its counts ({f})")
+            merged["counts"].update(data["counts"])
+            merged["http"].update(data["http"])
+            merged["failures"].append(data["failures"])
+        return merged
 
     def commands(self) -> tuple[int, int, list[str]]:
         """Remote commands and HTTP requests per host since the last call (max over hosts), and
-        the requests with no recorded answer so far."""
-        self.counts_file.unlink(missing_ok=True)
-        self.proc.send_signal(signal.SIGUSR1)
-        for _ in range(100):
-            if self.counts_file.exists():
-                try:
-                    data = json.loads(self.counts_file.read_text())
-                    break
-                except ValueError:
-                    pass
-            time.sleep(0.05)
-        else:
-            raise SystemExit("[bench] the fake fleet did not report its counts")
+        the requests with no recorded answer since the last call."""
+        data = self._counts()
         counts, http = data["counts"], data["http"]
         per = [counts.get(h, 0) - self._last.get(h, 0) for h in counts]
         per_http = [http.get(h, 0) - self._last_http.get(h, 0) for h in http]
         self._last, self._last_http = dict(counts), dict(http)
-        new = data["failures"][self._failures_seen:]  # this measurement's own
-        self._failures_seen = len(data["failures"])
+        new = [f for seen, fs in zip(self._failures_seen, data["failures"], strict=True) for f in fs[seen:]]
+        self._failures_seen = [len(fs) for fs in data["failures"]]  # each shard's list only grows
         return (max(per) if per else 0), (max(per_http) if per_http else 0), new
 
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return -9
+        """Stop every shard; the worst exit status (3: some request had no recorded answer)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        worst = 0
+        for p in self.procs:
+            try:
+                rc = p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = p.wait()
+            worst = worst or rc
+        return worst
 
 
 def run_scale(sizes: list[int] | None = None) -> list[dict]:
@@ -187,7 +237,7 @@ def _all_reachable(stdout: str, n: int) -> bool:
 
 def table(rows: list[dict]) -> str:
     head = ["measurement", "hosts", "wall", "control CPU", "CPU per host", "peak RSS (largest process)",
-            "peak RSS (all its processes)", "SSH commands/host",
+            "peak memory, all its processes (PSS)", "SSH commands/host",
             "HTTP requests/host", "result"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -214,14 +264,16 @@ def plot(rows: list[dict], path: Path) -> None:
         xs = [r["hosts"] for r in rs]
         axes[0].plot(xs, [r["cpu"] / r["hosts"] * 1000 for r in rs], marker="o", label=name)
         axes[1].plot(xs, [r["wall"] for r in rs], marker="o", label=name)
-        axes[2].plot(xs, [r["rss_mb"] for r in rs], marker="o", label=name)
-    for ax, title in zip(axes, ["control CPU per host (ms)", "wall time (s)", "peak resident memory (MB)"],
+        line = axes[2].plot(xs, [r.get("tree_mb", 0) for r in rs], marker="o", label=f"{name}: all processes (PSS)")
+        axes[2].plot(xs, [r["rss_mb"] for r in rs], marker=".", linestyle="--", color=line[0].get_color(),
+                     label=f"{name}: largest process (RSS)")
+    for ax, title in zip(axes, ["control CPU per host (ms)", "wall time (s)", "peak memory (MB)"],
                          strict=True):
         ax.set_xscale("log")
         ax.set_xlabel("hosts")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

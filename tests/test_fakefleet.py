@@ -10,7 +10,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,8 @@ def test_serve_exits_non_zero_on_unknown(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITONFLEET_TESTBED", "0")
     port = _free_port("127.0.0.1")
     args = type("A", (), {"answers": str(tmp_path / "a.json"), "hosts": 1, "port": port,
-                          "hosts_file": str(tmp_path / "h.json"), "counts_file": str(tmp_path / "c.json")})
+                          "hosts_file": str(tmp_path / "h.json"), "counts_file": str(tmp_path / "c.json"),
+                          "shard": 0, "shards": 1})
     stop, result = threading.Event(), {}
     t = threading.Thread(target=lambda: result.setdefault("rc", ff.serve(args, stop)))
     t.start()
@@ -127,3 +128,16 @@ def test_addresses_per_testbed():
     a, b = ff.addresses(600, 1), ff.addresses(600, 2)
     assert len({x for _, x in a}) == 600 and not {x for _, x in a} & {x for _, x in b}
     assert all(x.startswith("127.") and int(x.rsplit(".", 1)[1]) >= 1 for _, x in a)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 600), st.integers(1, 8))
+def test_shards_split_the_fleet_exactly(n, k):
+    """bench/scale.py splits a fleet over k fake-fleet processes: every host in exactly one."""
+    hosts = ff.addresses(n, 7)
+    parts = [ff.shard(hosts, i, k) for i in range(k)]
+    flat = [h for p in parts for h in p]
+    assert sorted(flat) == sorted(hosts) and len(flat) == len(set(flat))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    with pytest.raises(SystemExit):
+        ff.shard(hosts, k, k)
