@@ -103,6 +103,25 @@ def test_requests_follow_the_config(dtype, dims, max_batch, optional):
     assert [i["name"] for i in body["inputs"]] == (["A"] if optional else ["A", "B"])
 
 
+def test_a_prepared_request_is_what_requests_would_send_and_follows_a_changed_config(tmp_path):
+    """warmup.prepared: parsed and encoded once per config file (not once per host), byte for
+    byte the body requests' json= sends, and a config that changes is read again."""
+    import requests
+
+    repo = copy_repository(tmp_path / "repo", kind_cpu=True)
+    for m in MODELS:
+        cfg, body = warmup.prepared(repo, m)
+        want = requests.Request("POST", "http://h/", json=warmup.request_for(cfg)).prepare().body
+        assert body == want
+        assert warmup.prepared(repo, m)[1] is body  # the same bytes object: encoded once
+    path = repo / MODELS[0] / "config.pbtxt"
+    before = warmup.prepared(repo, MODELS[0])[1]
+    path.write_text(path.read_text().replace("max_batch_size: 64", "max_batch_size: 0", 1) + "\n")
+    after = warmup.prepared(repo, MODELS[0])[1]
+    assert after != before
+    assert warmup.prepared(tmp_path, "absent") == (None, None)
+
+
 def test_the_health_gate_fails_a_ready_model_that_cannot_serve_with_tritons_answer(server):
     """What the deploy's health gate does with it (health.gate + warm_check): the endpoints pass,
     the first inference does not, the report names the model and carries Triton's words."""
