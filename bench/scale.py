@@ -25,6 +25,7 @@ BIN = Path(sys.executable).parent
 SIZES = [1, 10, 50, 100, 200, 500]
 DOCS = ROOT / "docs"
 TIMEOUT = 900
+SPLIT_FROM = 100  # the no-op split over one process per CPU is measured from this many hosts on
 
 
 def log(msg: str) -> None:
@@ -173,6 +174,20 @@ class Fleet:
         self._failures_seen = [len(fs) for fs in data["failures"]]  # each shard's list only grows
         return (max(per) if per else 0), (max(per_http) if per_http else 0), new
 
+    def cpu(self) -> float:
+        """CPU seconds the fake hosts' processes used so far (user + system, all their threads):
+        what the machine spent answering, not the control side's."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for p in self.procs:
+            try:
+                with open(f"/proc/{p.pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+            except OSError:
+                pass
+        return total
+
     def stop(self) -> int:
         """Stop every shard; the worst exit status (3: some request had no recorded answer)."""
         for p in self.procs:
@@ -194,8 +209,13 @@ def run_scale(sizes: list[int] | None = None) -> list[dict]:
     WORK.mkdir(parents=True, exist_ok=True)
     py = str(BIN / "python")
     inv = "bench/fake_inventory.py"
+    cpus = os.cpu_count() or 1
+    split = f"no-op deploy, {cpus} processes"
     what = {
         "no-op deploy": [py, str(BENCH / "cmdprofile.py"), "--", "-y", inv, "deploys/triton.py"],
+        # the same no-op as one pyinfra process per CPU, each on a --limit slice of the inventory
+        # (pyinfra runs on one core): from SPLIT_FROM hosts on
+        split: [py, str(BENCH / "scale.py"), "split", str(cpus), inv, "deploys/triton.py"],
         "status": [str(BIN / "tritonfleet"), "status", "--json", inv],
         "rollout plan": [py, str(BENCH / "scale.py"), "plan", inv, "deploys/triton.py"],
     }
@@ -205,10 +225,15 @@ def run_scale(sizes: list[int] | None = None) -> list[dict]:
         fleet = Fleet(n)
         try:
             for name, cmd in what.items():
+                if name == split and (n < SPLIT_FROM or cpus < 2):
+                    continue
+                fake0 = fleet.cpu()
                 r = measured(cmd, fleet.env)
+                r["fake_cpu"] = fleet.cpu() - fake0
                 per_host, http, failures = fleet.commands()
                 ok = r["rc"] == 0 or (name == "status" and r["rc"] == 1 and _all_reachable(r["stdout"], n))
-                row = {"what": name, "hosts": n, "wall": r["wall"], "cpu": r["cpu"], "rss_mb": r["rss_mb"],
+                row = {"what": name, "hosts": n, "wall": r["wall"], "cpu": r["cpu"], "fake_cpu": r["fake_cpu"],
+                       "rss_mb": r["rss_mb"],
                        "tree_mb": r["tree_mb"], "procs": r["procs"], "commands_per_host": per_host,
                        "http_per_host": http, "ok": ok and not failures,
                        "unanswered_hosts": len({f.split(":", 1)[0] for f in failures}),
@@ -216,7 +241,8 @@ def run_scale(sizes: list[int] | None = None) -> list[dict]:
                            f"exit {r['rc']}{' (timed out)' if r['timed_out'] else ''}; "
                            f"{'; '.join(failures[:3])} {r['stderr'][-1500:]}")}
                 rows.append(row)
-                log(f"  {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU ({r['cpu'] / n * 1000:.0f} ms/host), "
+                log(f"  {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU ({r['cpu'] / n * 1000:.0f} ms/host; "
+                    f"fake hosts {r['fake_cpu']:.1f} s), "
                     f"{r['rss_mb']:.0f} MB peak RSS ({r['tree_mb']:.0f} MB in {r['procs']} processes), {per_host} commands + {http} HTTP requests/host{'' if row['ok'] else ' FAILED: ' + row['error'][:1500]}")
         finally:
             rc = fleet.stop()
@@ -236,13 +262,13 @@ def _all_reachable(stdout: str, n: int) -> bool:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["measurement", "hosts", "wall", "control CPU", "CPU per host", "peak RSS (largest process)",
+    head = ["measurement", "hosts", "wall", "control CPU", "CPU per host", "fake hosts' CPU", "peak RSS (largest process)",
             "peak memory, all its processes (PSS)", "SSH commands/host",
             "HTTP requests/host", "result"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(f"| {r['what']} | {r['hosts']} | {r['wall']:.1f} s | {r['cpu']:.1f} s | "
-                     f"{r['cpu'] / r['hosts'] * 1000:.0f} ms | {r['rss_mb']:.0f} MB | {r.get('tree_mb', 0):.0f} MB in {r.get('procs', 0)} | {r['commands_per_host']} | {r['http_per_host']} | "
+                     f"{r['cpu'] / r['hosts'] * 1000:.0f} ms | {r.get('fake_cpu', 0):.1f} s | {r['rss_mb']:.0f} MB | {r.get('tree_mb', 0):.0f} MB in {r.get('procs', 0)} | {r['commands_per_host']} | {r['http_per_host']} | "
                      f"{'ok' if r['ok'] else _failed(r)} |")
     return "\n".join(lines) + "\n"
 
@@ -312,8 +338,24 @@ def plan(inventory: str, deploy: str) -> int:
     return dry.rc
 
 
+def split(k: int, inventory: str, deploy: str) -> int:
+    """The no-op deploy as ``k`` pyinfra processes side by side, each with a --limit slice of the
+    fleet (every k-th host): what an operator does to use more than one core of the control
+    machine (docs/scale.md). Exit status: the worst of them."""
+    hosts = [name for name, _ in json.loads(Path(os.environ["TRITONFLEET_FAKEFLEET"]).read_text())["hosts"]]
+    procs = []
+    for i in range(k):
+        limits = [a for h in hosts[i::k] for a in ("--limit", h)]
+        if limits:
+            procs.append(subprocess.Popen([sys.executable, str(BENCH / "cmdprofile.py"), "--", "-y", *limits,
+                                           inventory, deploy], cwd=ROOT))
+    return max(p.wait() for p in procs)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "plan":
         sys.exit(plan(sys.argv[2], sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "split":
+        sys.exit(split(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
     print(__doc__)
     sys.exit(2)
