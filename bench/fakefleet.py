@@ -265,6 +265,9 @@ class FakeFleet:
             t.start_server(server=server)
         except (paramiko.SSHException, EOFError, OSError):
             return
+        # paramiko wakes an idle transport every 0.1 s: with hundreds of fake hosts that alone kept
+        # a CPU busy (tritonfleet.connection does the same on the control side)
+        conn.settimeout(1.0)
         with self._lock:  # the transport's own thread serves it; channels are answered by exec threads
             self.transports.append(t)
 
