@@ -159,6 +159,44 @@ def test_a_runs_holders_share_one_heartbeat_process_that_keeps_every_lock(tmp_pa
     assert not (children(os.getpid()) - before)
 
 
+GEVENT_WAIT = """
+from gevent import monkey; monkey.patch_all()
+import subprocess, sys, time
+from types import SimpleNamespace
+import gevent
+from tritonfleet import hostlock, transfer
+hostlock.LOCK_FILE = sys.argv[1]
+transfer.choose = lambda host, wanted: "local"
+first = hostlock.Holder(SimpleNamespace(name="gpu1", data={}), 0, 1, 30, holder="first")
+assert first.acquire() == ""
+print("holder", *[type(p).__name__ for p in first.procs])
+ticks = []
+def tick():
+    while True:
+        ticks.append(time.monotonic())
+        gevent.sleep(0.1)
+g = gevent.spawn(tick)
+why = hostlock.Holder(SimpleNamespace(name="gpu1", data={}), 2, 1, 30, holder="second").acquire()
+g.kill()
+first.release()
+print("ticks", len(ticks))
+print(why)
+"""
+
+
+def test_under_gevent_a_host_waiting_for_its_lock_does_not_stop_the_others(lockfile):
+    """pyinfra's runs are under gevent's patching: the holders are started with posix_spawn
+    (gevent's Popen forks the whole run's process), and a host waiting for its lock reads its
+    holder's answer cooperatively, so the other hosts' greenlets go on meanwhile."""
+    res = subprocess.run([sys.executable, "-c", GEVENT_WAIT, str(lockfile)], capture_output=True, text=True,
+                         timeout=60)
+    out = res.stdout.splitlines()
+    assert res.returncode == 0, res.stderr
+    assert out[0] == "holder Child Popen"  # posix_spawn'ed holder, its own heartbeat process
+    assert int(out[1].split()[1]) >= 12  # ~20 ticks of 0.1 s while it waited 2 s
+    assert out[2].startswith("gpu1: another run holds the deploy lock") and "first" in out[2]
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=80))
 def test_the_holder_line_reaches_the_lock_file_unchanged(tmp_path_factory, text):
