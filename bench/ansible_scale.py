@@ -40,10 +40,9 @@ TIMEOUT = 1800  # one Ansible run (seconds)
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
-def default_forks() -> list[int]:
-    """Ansible's default (5), and pyinfra's parallelism on this machine (20 x CPUs, what the
-    no-op rows run with: pyinfra's default, see docs/scale.md)."""
-    return sorted({5, 20 * (os.cpu_count() or 1)})
+# Ansible's default (5), and pyinfra's parallelism on this machine (20 x CPUs, what the no-op
+# rows run with: pyinfra's default, see docs/scale.md)
+FORKS = "5,auto"
 
 
 def recorded_vars(host_vars: dict, source: Path) -> dict:
@@ -156,12 +155,37 @@ def run(cfg: Path, n: int, forks: int) -> int:
     return 0
 
 
-def load_variables(answers_path: Path) -> dict:
-    if not answers_path.is_file():
-        raise SystemExit(f"{answers_path} not found: record the Ansible answers with "
-                         "`python bench/fakefleet.py record --ansible` (docs/scale.md)")
-    meta = json.loads(answers_path.read_text())["meta"]
-    return meta["vars"]
+def commands(n: int, hosts_file: Path, forks: list[int], max_hosts: int = MAX_HOSTS,
+             answers_path: Path | None = None) -> dict[str, list[str]]:
+    """The Ansible measurements of a fake fleet of ``n`` hosts (name -> command), its inventory
+    written; none, with the reason logged, above ``max_hosts`` or without Ansible or its answers."""
+    from fakefleet import ANSIBLE_ANSWERS
+
+    answers_path = answers_path or ANSIBLE_ANSWERS
+    if not forks:
+        return {}
+    why = (f"{n} hosts is above the Ansible limit of {max_hosts} (--ansible-max-hosts): a run would take "
+           "longer than the rest of the size together" if n > max_hosts else
+           "Ansible missing: run `bash bench/setup`" if not ANSIBLE.exists() else
+           f"{answers_path.name} not recorded: `python bench/fakefleet.py record --ansible` (docs/scale.md)"
+           if not answers_path.is_file() else "")
+    if why:
+        print(f"[bench]   Ansible no-op skipped: {why}", file=sys.stderr, flush=True)
+        return {}
+    variables = json.loads(answers_path.read_text())["meta"]["vars"]
+    cfg = write_inventory(WORK / f"ansible-{n}", hosts_file, variables)
+    return {f"Ansible no-op (forks {f})": [sys.executable, str(Path(__file__).resolve()), "run", str(cfg), str(n),
+                                           str(f)] for f in forks}
+
+
+def parse_forks(text: str) -> list[int]:
+    """--ansible-forks: "5,auto" (auto: 20 x CPUs, pyinfra's parallelism), "" or "none": no Ansible."""
+    if text.strip() in ("", "none"):
+        return []
+    out = []
+    for part in text.split(","):
+        out.append(20 * (os.cpu_count() or 1) if part.strip() == "auto" else int(part))
+    return sorted(set(out))
 
 
 if __name__ == "__main__":
