@@ -365,7 +365,7 @@ class FakeFleet:
             stdin = None
             if PIPELINED.fullmatch(command):
                 try:
-                    stdin = read_stdin(channel)
+                    stdin = read_stdin(channel, STDIN_TIMEOUT)
                 except TimeoutError:
                     self.fail(server.host, f"command {command!r}: no end of its stdin within {STDIN_TIMEOUT} s")
                     channel.sendall_stderr(f"fakefleet: stdin not closed within {STDIN_TIMEOUT} s\n".encode())
@@ -390,7 +390,10 @@ class FakeFleet:
         except (OSError, EOFError, paramiko.SSHException):
             pass
         finally:
-            channel.close()
+            try:
+                channel.close()
+            except (OSError, EOFError, paramiko.SSHException):  # the client is gone already
+                pass
 
     def _forward(self, server: _Server, command: str, stdin: bytes | None = None) -> tuple[str, str, int]:
         with self._lock:  # one upstream connection a fake host (Ansible runs commands on it at once)
