@@ -10,6 +10,7 @@ deploy can never be measured against stale answers.
     # record (a converged testbed host: `tritonfleet testbed up --hosts 1` and a deploy first)
     export TRITONFLEET_TESTBED=<n>
     .venv/bin/python bench/fakefleet.py record [--host NAME]
+    .venv/bin/python bench/fakefleet.py record --ansible [--host NAME]   # the Ansible anchor's answers
     # serve N fake hosts, write their inventory data, run until SIGTERM/SIGINT
     .venv/bin/python bench/fakefleet.py serve --hosts 100 --hosts-file bench/.work/fake-hosts.json
     .venv/bin/pyinfra -y bench/fake_inventory.py deploys/triton.py   # TRITONFLEET_FAKEFLEET=<hosts file>
