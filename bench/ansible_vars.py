@@ -8,6 +8,7 @@ functions), so bench/ansible/triton.yml runs the same steps with the same values
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -79,7 +80,21 @@ def host_vars(fh) -> dict:
         }
 
 
+def keep_repository(v: dict, out: Path) -> dict:
+    """``v`` with the model repository read from a copy under ``out``: the rendered one
+    (tritonfleet.models.render) is removed when this process ends, before the playbook runs."""
+    src = v["tf_model_repository"]
+    keep = out / "model_repository" / v["tf_release"]
+    if not keep.is_dir():
+        shutil.copytree(src, keep)
+    for k in ("tf_validate_command", "tf_model_repository"):
+        v[k] = v[k].replace(src, str(keep))
+    return v
+
+
 def main(argv: list[str]) -> int:
+    from ansible_scale import config
+
     from tritonfleet import fleet
 
     inventory, out = argv[0], Path(argv[1])
@@ -88,22 +103,13 @@ def main(argv: list[str]) -> int:
     (out / "host_vars").mkdir(parents=True, exist_ok=True)
     try:
         for fh in hosts:
-            (out / "host_vars" / f"{fh.name}.json").write_text(json.dumps(host_vars(fh), indent=1))
+            (out / "host_vars" / f"{fh.name}.json").write_text(json.dumps(keep_repository(host_vars(fh), out),
+                                                                          indent=1))
     finally:
         for fh in hosts:
             fleet.disconnect(fh)
     (out / "inventory.ini").write_text("[gpu]\n" + "".join(f"{fh.name}\n" for fh in hosts))
-    (out / "ansible.cfg").write_text(
-        "[defaults]\n"
-        f"inventory = {out / 'inventory.ini'}\n"
-        "host_key_checking = False\n"
-        "forks = 16\n"
-        "interpreter_python = /usr/bin/python3\n"
-        "[ssh_connection]\n"
-        "pipelining = True\n"
-        # Ansible's default ssh_args (connection reuse between runs), plus the test hosts' key policy
-        "ssh_args = -C -o ControlMaster=auto -o ControlPersist=60s -o UserKnownHostsFile=/dev/null\n"
-    )
+    (out / "ansible.cfg").write_text(config(out / "inventory.ini"))
     print(f"wrote {out} for {len(hosts)} hosts")
     return 0
 

@@ -10,6 +10,7 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py sync [--size-gb 10] # model sync vs rsync
     .venv/bin/python bench/run.py bare [--runs 3]     # bare host -> serving
     .venv/bin/python bench/run.py scale [--sizes 1,10,50,100,200,500]  # control side, fake fleet
+        [--ansible-forks 5,auto] [--ansible-max-hosts 100] [--ansible-only]   # its Ansible anchor
 
 Brings the testbed up (and deploys it) as each measurement needs, generates its test data under
 bench/.work and removes it again (--keep keeps it). Leaves the testbed running; `tritonfleet
@@ -420,11 +421,13 @@ def bench_bare(results: Results, runs: int) -> None:
     results.add(row)
 
 
-def bench_scale(results: Results, sizes: list[int]) -> int:
+def bench_scale(results: Results, sizes: list[int], args) -> int:
     sys.path.insert(0, str(BENCH))
+    import ansible_scale
     import scale
 
-    rows = scale.run_scale(sizes)
+    rows = scale.run_scale(sizes, ansible_scale.parse_forks(args.ansible_forks), args.ansible_max_hosts,
+                           args.ansible_only)
     results.meta["seconds"] = sum(r["wall"] for r in rows)
     results.meta["scale"] = rows
     out = BENCH / "results"
@@ -443,6 +446,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "scale", "all"])
     ap.add_argument("--sizes", default="1,10,50,100,200,500", help="fake fleet sizes for scale")
+    ap.add_argument("--ansible-forks", default="5,auto",
+                    help="scale: Ansible no-op runs a size, by forks (auto: 20 x CPUs, pyinfra's parallelism; "
+                    "none: no Ansible)")
+    ap.add_argument("--ansible-max-hosts", type=int, default=100,
+                    help="scale: sizes above this skip the Ansible no-op (logged)")
+    ap.add_argument("--ansible-only", action="store_true", help="scale: the Ansible no-op alone")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--hosts", type=int, default=10, help="hosts for the parallel measurement")
     ap.add_argument("--size-gb", type=float, default=10.0, help="model repository size for sync")
@@ -459,7 +468,7 @@ def main() -> int:
                     "load": os.getloadavg(), "args": vars(args)}
     t0 = time.perf_counter()
     if args.what == "scale":  # no testbed host: bench/fakefleet.py's fake fleet (not part of all)
-        return bench_scale(results, [int(x) for x in args.sizes.split(",")])
+        return bench_scale(results, [int(x) for x in args.sizes.split(",")], args)
     if args.what in ("noop", "all"):
         bench_noop(results, args.runs)
     if args.what in ("parallel", "all"):

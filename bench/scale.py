@@ -204,8 +204,15 @@ class Fleet:
         return worst
 
 
-def run_scale(sizes: list[int] | None = None) -> list[dict]:
+def run_scale(sizes: list[int] | None = None, ansible_forks: list[int] | None = None,
+              ansible_max_hosts: int | None = None, ansible_only: bool = False) -> list[dict]:
+    """``ansible_forks``: the Ansible anchor's runs a size (bench/ansible_scale.py; [] for none),
+    up to ``ansible_max_hosts`` hosts; ``ansible_only``: those alone."""
+    import ansible_scale
+
     sizes = sizes or SIZES
+    if ansible_forks is None:
+        ansible_forks = ansible_scale.parse_forks(ansible_scale.FORKS)
     WORK.mkdir(parents=True, exist_ok=True)
     py = str(BIN / "python")
     inv = "bench/fake_inventory.py"
@@ -224,7 +231,9 @@ def run_scale(sizes: list[int] | None = None) -> list[dict]:
         log(f"{n} fake host(s)")
         fleet = Fleet(n)
         try:
-            for name, cmd in what.items():
+            anchor = ansible_scale.commands(n, fleet.hosts_file, ansible_forks,
+                                            ansible_max_hosts or ansible_scale.MAX_HOSTS)
+            for name, cmd in (({} if ansible_only else what) | anchor).items():
                 if name == split and (n < SPLIT_FROM or cpus < 2):
                     continue
                 fake0 = fleet.cpu()
