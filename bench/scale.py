@@ -287,6 +287,11 @@ def _failed(r: dict) -> str:
     return f"FAILED ({n} hosts left the converged path)" if n else "FAILED"
 
 
+def replot(results: Path) -> None:
+    """docs/scale.png again from a run's recorded rows (bench/results/scale-*.json)."""
+    plot(json.loads(results.read_text())["scale"], DOCS / "scale.png")
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -302,9 +307,11 @@ def plot(rows: list[dict], path: Path) -> None:
         line = axes[2].plot(xs, [r.get("tree_mb", 0) for r in rs], marker="o", label=f"{name}: all processes (PSS)")
         axes[2].plot(xs, [r["rss_mb"] for r in rs], marker=".", linestyle="--", color=line[0].get_color(),
                      label=f"{name}: largest process (RSS)")
-    for ax, title in zip(axes, ["control CPU per host (ms)", "wall time (s)", "peak memory (MB)"],
-                         strict=True):
+    for ax, title in zip(axes, ["control CPU per host (ms, log scale)", "wall time (s, log scale)",
+                                "peak memory (MB)"], strict=True):
         ax.set_xscale("log")
+        if ax is not axes[2]:  # Ansible's per-host cost is ~50x ours: both readable
+            ax.set_yscale("log")
         ax.set_xlabel("hosts")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -364,6 +371,8 @@ def split(k: int, inventory: str, deploy: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "plan":
         sys.exit(plan(sys.argv[2], sys.argv[3]))
+    if len(sys.argv) == 3 and sys.argv[1] == "replot":
+        sys.exit(replot(Path(sys.argv[2])))
     if len(sys.argv) == 5 and sys.argv[1] == "split":
         sys.exit(split(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
     print(__doc__)
