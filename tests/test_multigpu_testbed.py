@@ -67,17 +67,27 @@ def ready(address: str, port: int, path: str = "/v2/health/ready") -> int:
         return 0
 
 
+def deploy_models(h, inventory: str) -> str:
+    """deploys/models.py on ``h`` alone; its output (the run must pass)."""
+    res = pyinfra_raw("-y", "--limit", h.name, inventory, "deploys/models.py")
+    out = res.stdout.decode() + res.stderr.decode()
+    assert res.returncode == 0, out[-4000:]
+    return out
+
+
+def triton_units(h) -> list[str]:
+    return ssh(h, "ls /etc/systemd/system | grep -E '^triton(-gpu[0-9]+)?[.]service$'").split()
+
+
 def one_triton_per_gpu(h, directory, models_ready: list[str]) -> None:
     """triton_per_gpu on the 4-GPU host: four units, four containers (--gpus device=N), four port
     sets each ready with every model; status shows 4/4 without drift; then the single unit again."""
     assert models_ready
     inv = write_inventory(directory, {"t4": [h.name]}, triton_per_gpu=True)
     try:
-        res = pyinfra_raw("-y", "--limit", h.name, inv, "deploys/models.py")
-        out = res.stdout.decode() + res.stderr.decode()
-        assert res.returncode == 0, out[-4000:]
+        out = deploy_models(h, inv)
         assert "4 Triton instances, one per GPU" in out, out[-4000:]
-        units = ssh(h, "ls /etc/systemd/system | grep -E '^triton(-gpu[0-9]+)?[.]service$'").split()
+        units = triton_units(h)
         assert units == [f"triton-gpu{i}.service" for i in range(4)], units
         for i in range(4):
             port = 8000 + 10 * i
@@ -100,11 +110,9 @@ def one_triton_per_gpu(h, directory, models_ready: list[str]) -> None:
         assert "active 4/4" in tritonfleet("status", inv, "--limit", h.name).stdout
     finally:
         # the single unit again: per-GPU units stopped and removed, triton.service serving
-        res = pyinfra_raw("-y", "--limit", h.name, INVENTORY, "deploys/models.py")
-        out = res.stdout.decode() + res.stderr.decode()
-        assert res.returncode == 0, out[-4000:]
+        out = deploy_models(h, INVENTORY)
     assert "triton_per_gpu is off" in out, out[-4000:]
-    units = ssh(h, "ls /etc/systemd/system | grep -E '^triton(-gpu[0-9]+)?[.]service$'").split()
+    units = triton_units(h)
     assert units == ["triton.service"], units
     assert ready(h.address, 8000) == 200 and ready(h.address, 8010) == 0
     rc, row = status_of(h.name)

@@ -592,22 +592,18 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
         _, out = host.run_shell_command(command, print_output=False, print_input=False)
         return "\n".join(out.stdout_lines)
 
-    timeout = float(config.get("health_timeout"))
-    gets = [config.get]
-    if pergpu.enabled(config.get):
-        from .facts.gpu import host_gpus
+    from .facts.gpu import instance_gets
 
-        try:
-            gets = pergpu.instance_gets(config.get, host_gpus())
-        except pergpu.PerGpuError as e:
-            raise config.ConfigError(f"{host.name}: {e}") from e
+    timeout = float(config.get("health_timeout"))
+    gets = instance_gets()
     seconds = 0.0
     for i, g in enumerate(gets):
         watch = unit_watch(g, run)
         warm = None
         if repo and config.get("health_warm_inference"):
+            who = ": ".join(filter(None, (host.name, pergpu.label(g))))
             warm = warm_check(repo, models, max(float(config.get("health_request_timeout")), 30.0),
-                              lambda text, g=g: logger.info(f"{host.name}: {pergpu.label(g) + ': ' if pergpu.label(g) else ''}{text}"),
+                              lambda text, who=who: logger.info(f"{who}: {text}"),
                               (lambda ms: WARM_LATENCY.__setitem__(host.name, ms)) if i == 0 else None)
         try:
             res = gate(g, host.data.get("ssh_hostname") or host.name, models, transport, timeout, watch, warm)

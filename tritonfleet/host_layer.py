@@ -14,7 +14,7 @@ import re
 from pyinfra import host
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 
-from . import config, driver_source, gpuguard, vendorfacts
+from . import config, driver_source, gpuguard, tunables, vendorfacts
 from .facts import memo
 from .facts.host import (
     AptSources,
@@ -63,8 +63,8 @@ NO_DRIVER = "couldn't communicate with the nvidia driver"
 
 
 def smi_command() -> str:
-    """The command the deploy asks the host's driver with (nvidia_smi_command; "nvidia-smi")."""
-    return str(config.get("nvidia_smi_command") or "nvidia-smi")
+    """The command the deploy asks the current host's driver with (tunables.smi_command)."""
+    return tunables.smi_command(config.get)
 
 
 def driver_version_command() -> str:

@@ -23,10 +23,11 @@ before anything changed on any host, naming the holder (user, control machine, p
 run id, command). The heartbeats come from a separate process, not from the deploy's Python,
 so a long CPU-bound phase of pyinfra (hashing a large model repository) never starves them: one
 process for all of a run's hosts (``start_beater``), writing a line down each holder's pipe; the
-holders are started with vfork, not fork. A run thus costs one OpenSSH client a host and one
-more process, not three processes a host (measured at 500 hosts: 1501 processes before,
-bench/run.py scale, docs/scale.md). The holder runs over the OpenSSH client when the host allows it (tritonfleet.transfer's
-``auto`` rule), else on pyinfra's own connection (heartbeats then come from the deploy process).
+holders are started with posix_spawn, not fork (``Child``). A run thus costs one OpenSSH client a
+host and one more process, not three processes a host (measured at 500 hosts: 1501 processes
+before, bench/run.py scale, docs/scale.md). The holder runs over the OpenSSH client when the host
+allows it (tritonfleet.transfer's ``auto`` rule), else on pyinfra's own connection (heartbeats
+then come from the deploy process).
 
 ``--dry`` runs and the Python API take no lock: they change nothing.
 """
@@ -89,7 +90,7 @@ class Holder:
     def __init__(self, host, wait: int, interval: int, count: int, holder: str | None = None):
         self.host, self.wait, self.interval, self.count = host, wait, interval, count
         self.holder = holder or runid.holder()
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list = []  # Child (the holder), then its own heartbeat process if it has one
         self.channel = None
         self.beat_fd: int | None = None
         self.waited_for = ""
@@ -188,7 +189,7 @@ class Holder:
     def release(self) -> None:
         if self.channel is not None:
             self.channel.close()
-        if getattr(self, "beat_fd", None) is not None:  # started, its shared beater never was
+        if self.beat_fd is not None:  # started, its shared heartbeat process never was
             os.close(self.beat_fd)
             self.beat_fd = None
         for p in self.procs:
@@ -246,7 +247,7 @@ class Child:
         finally:
             os.close(out_w)
             os.close(err_w)
-        self.stdout, self.stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 - closed in wait
+        self.stdout, self.stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 - closed in close()
         self.returncode: int | None = None
         # a pidfd names this process, not whoever gets its pid once it is reaped (Linux >= 5.3)
         self._pidfd: int | None = None
@@ -310,7 +311,7 @@ def start_beater(fds: list[int], interval: int) -> subprocess.Popen:
     """One process sending heartbeats down every pipe end in ``fds`` (closed here once it has
     them): one process for a whole run's holders, instead of one per host."""
     try:
-        return subprocess.Popen([sys.executable, "-I", "-S", "-c", BEAT, str(_pid()), str(interval),
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", BEAT, str(os.getpid()), str(interval),
                                  *map(str, fds)], pass_fds=fds, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, preexec_fn=die_with_parent())
     finally:
@@ -319,10 +320,6 @@ def start_beater(fds: list[int], interval: int) -> subprocess.Popen:
 
 
 _held: dict[str, Holder] = {}
-
-
-def _pid() -> int:
-    return os.getpid()
 
 
 def enabled() -> bool:

@@ -15,6 +15,7 @@ from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .models import host_repository
 from .shell import q
+from .tunables import smi_command
 from .unit import render_unit, unit_context, unit_digest, units_digest
 
 SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models",
@@ -30,7 +31,7 @@ def command(get) -> str:
     url = f"http://{addr}:{get('triton_http_port')}/v2/repository/index"
     parts = {
         # the command the deploy asks the driver with (nvidia_smi_command)
-        "gpu": f"{get('nvidia_smi_command') or 'nvidia-smi'} --query-gpu=name,driver_version,index,pci.bus_id,uuid "
+        "gpu": f"{smi_command(get)} --query-gpu=name,driver_version,index,pci.bus_id,uuid "
                "--format=csv,noheader 2>&1 | head -n 16",
         "gpu_record": f"cat {gpucount.RECORD} 2>/dev/null",
         "toolkit": "dpkg-query -W -f '${Version}' nvidia-container-toolkit 2>/dev/null",

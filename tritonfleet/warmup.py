@@ -32,14 +32,6 @@ DATATYPES = {1: "BOOL", 2: "UINT8", 3: "UINT16", 4: "UINT32", 5: "UINT64", 6: "I
              9: "INT64", 10: "FP16", 11: "FP32", 12: "FP64", 13: "BYTES", 14: "BF16"}
 
 
-def load_config(repo: Path, model: str):
-    """The model's config.pbtxt from the repository, parsed (None without one)."""
-    from .validate import parse_config
-
-    path = Path(repo) / model / "config.pbtxt"
-    return parse_config(path.read_text()) if path.is_file() else None
-
-
 def request_for(cfg) -> dict | None:
     """The inference request body (batch 1, zeros) for ``cfg``; None when the model cannot be warmed
     this way (sequence batching)."""

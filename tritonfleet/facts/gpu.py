@@ -340,9 +340,9 @@ class GpuRecord(FactBase):
 def nvidia_gpus_args() -> dict:
     """The NvidiaGpus fact's arguments for the current host: the command that asks the driver
     (nvidia_smi_command)."""
-    from .. import config
+    from ..host_layer import smi_command
 
-    return {"smi": str(config.get("nvidia_smi_command") or "nvidia-smi")}
+    return {"smi": smi_command()}
 
 
 def placement_gpus() -> int:
@@ -354,6 +354,22 @@ def placement_gpus() -> int:
     if pergpu.enabled(config.get):
         return 1
     return host_gpus()
+
+
+def instance_gets() -> list:
+    """The tunables of each Triton instance of the current host: [config.get] (the single unit),
+    or with triton_per_gpu one per GPU (tritonfleet.pergpu; the count from host_gpus). A layout
+    that cannot work is a ConfigError naming the host."""
+    from pyinfra import host
+
+    from .. import config, pergpu
+
+    if not pergpu.enabled(config.get):
+        return [config.get]
+    try:
+        return pergpu.instance_gets(config.get, host_gpus())
+    except pergpu.PerGpuError as e:
+        raise config.ConfigError(f"{host.name}: {e}") from e
 
 
 def host_gpus() -> int:

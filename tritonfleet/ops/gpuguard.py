@@ -13,6 +13,7 @@ from pyinfra.context import state
 
 from .. import config, gpuguard
 from ..failure import fail, reported
+from ..host_layer import smi_command
 from ..shell import q
 from . import lb
 from .check import will_change
@@ -32,8 +33,7 @@ def pending() -> list[str]:
 
 
 def _read() -> dict:
-    _, out = host.run_shell_command(gpuguard.compare_command(config.get("triton_container_name"),
-                                                                smi=str(config.get("nvidia_smi_command") or "nvidia-smi")),
+    _, out = host.run_shell_command(gpuguard.compare_command(config.get("triton_container_name"), smi=smi_command()),
                                     print_output=False, print_input=False)
     return gpuguard.parse("\n".join(out.stdout_lines))
 

@@ -12,6 +12,7 @@ from pyinfra.operations import server, systemd
 
 from .. import apikey, config, models, pergpu, release_plan
 from ..facts import memo
+from ..facts.gpu import instance_gets
 from ..facts.host import (
     DeployHistory,
     DockerImageId,
@@ -35,7 +36,7 @@ from ..ops.stream import docker_load, docker_pull
 from ..shell import q, url_segment
 from ..transfer import TransferError
 from ..transfer import choose as choose_transport
-from ..unit import render_unit, restricted_apis, unit_context, unit_digest, unit_path, units_digest
+from ..unit import render_unit, restricted_apis, unit_context, unit_path, units_digest
 
 
 @cache
@@ -201,20 +202,6 @@ def api_key() -> tuple[list, str]:
     return [op], "" if have else "API key created"
 
 
-def instance_gets() -> list:
-    """The tunables of each Triton instance of the current host: [config.get] (the single unit),
-    or with triton_per_gpu one per GPU (tritonfleet.pergpu; the count from
-    tritonfleet.facts.gpu.host_gpus)."""
-    if not pergpu.enabled(config.get):
-        return [config.get]
-    from ..facts.gpu import host_gpus
-
-    try:
-        return pergpu.instance_gets(config.get, host_gpus())
-    except pergpu.PerGpuError as e:
-        raise config.ConfigError(f"{host.name}: {e}") from e
-
-
 def retire_units(keep: set[str]) -> bool:
     """Stop, disable and remove the Triton units of the other mode: the per-GPU units not in
     ``keep`` (GPUs the host no longer has, or all of them after triton_per_gpu was turned off),
@@ -346,13 +333,9 @@ def record_deployment(action: str = "deploy") -> None:
     snapshot of the unit: what a rollback returns to, kept on the host itself."""
     base = config.get("triton_base_dir")
     _, _, rid = host_repository()
-    if pergpu.enabled(config.get):
-        gets = instance_gets()
-        append_record(base, rid, units_digest(config.get, len(gets)), config.get("triton_image"), action,
-                      unit_files=[unit_path(g) for g in gets])
-        return
-    text = render_unit(unit_context())
-    append_record(base, rid, unit_digest(text), config.get("triton_image"), action)
+    gets = instance_gets()  # [config.get]: the single unit, whose digest units_digest is too
+    append_record(base, rid, units_digest(config.get, len(gets)), config.get("triton_image"), action,
+                  unit_files=[unit_path(g) for g in gets] if pergpu.enabled(config.get) else None)
 
 
 def failure_recorded() -> bool:
