@@ -165,6 +165,8 @@ class Answers:
         self.unknown: list[tuple[str, str]] = []  # (host, command as received)
         self.counts: dict[str, int] = {}  # remote commands a host answered
         self.http_counts: dict[str, int] = {}  # HTTP requests (the health gate's)
+        #: (host, what it was asked, as matched: normalised) in the order they came, for --command-log
+        self.received: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
     @classmethod
@@ -202,6 +204,7 @@ class Answers:
         rec = self.commands.get(key)
         with self._lock:
             self.counts[host] = self.counts.get(host, 0) + 1
+            self.received.append((host, f"ssh {key}"))
             if rec is None:
                 self.unknown.append((host, command))
         if rec is None:
@@ -214,6 +217,7 @@ class Answers:
         rec = self.http.get(key)
         with self._lock:
             self.http_counts[host] = self.http_counts.get(host, 0) + 1
+            self.received.append((host, f"http {key}"))
             if rec is None:
                 self.unknown.append((host, key))
         if rec is None:
@@ -525,6 +529,19 @@ def write_hosts(path: Path, hosts: list[tuple[str, str]], answers: Answers, port
                                 "hosts": [[n, a] for n, a in hosts]}, indent=1))
 
 
+def write_command_log(path: Path, answers: Answers) -> None:
+    """Every request the fake hosts received, as matched (normalised: per-host values and volatile
+    parts masked), one line each: ``host<TAB>ssh|http<space>key``, per host in the order received.
+    Two runs of the same deploy give the same file, so a change that should change nothing on the
+    wire (a refactor) is compared byte for byte against a run of the code before it."""
+    with answers._lock:
+        received = list(answers.received)
+    by_host: dict[str, list[str]] = {}
+    for host, what in received:
+        by_host.setdefault(host, []).append(what.replace("\n", "\\n"))
+    path.write_text("".join(f"{h}\t{line}\n" for h in sorted(by_host) for line in by_host[h]))
+
+
 def _testbed() -> int:
     if "TRITONFLEET_TESTBED" not in os.environ:
         raise SystemExit("export TRITONFLEET_TESTBED=<n> first")
@@ -548,6 +565,8 @@ def serve(args, stop: threading.Event | None = None) -> int:
             with answers._lock:
                 Path(args.counts_file).write_text(json.dumps({"counts": answers.counts, "http": answers.http_counts,
                                                             "failures": fleet.failures}))
+        if getattr(args, "command_log", None):
+            write_command_log(Path(args.command_log), answers)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, dump)
@@ -717,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, default=SSH_PORT)
     s.add_argument("--shard", type=int, default=0, help="serve every SHARDS-th host from this one (0-based)")
     s.add_argument("--shards", type=int, default=1, help="processes the fleet is split over")
+    s.add_argument("--command-log", help="write every request the fake hosts received (normalised, per host "
+                                         "in order) to this file when the server stops")
     r = sub.add_parser("record")
     r.add_argument("--host")
     r.add_argument("--answers", help=f"default {ANSWERS.name}, with --ansible {ANSIBLE_ANSWERS.name}")
