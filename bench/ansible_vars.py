@@ -19,13 +19,16 @@ def host_vars(fh) -> dict:
     from pyinfra import host
     from pyinfra.facts.server import KernelVersion
 
-    from tritonfleet import config, host_layer, models, vendor_repos
-    from tritonfleet.facts.host import PRIMARY_FPR_AWK, DpkgState
-    from tritonfleet.gpucheck import GPU_CLASSES
-    from tritonfleet.image_archive import image_id
-    from tritonfleet.ops.apt_repo import fetch_key_command
+    from tritonfleet.gpu.rules import GPU_CLASSES
+    from tritonfleet.host import layer as host_layer
+    from tritonfleet.host import vendor_repos
+    from tritonfleet.host.facts import PRIMARY_FPR_AWK, DpkgState
+    from tritonfleet.host.ops.apt_repo import fetch_key_command
+    from tritonfleet.model_repo import render as models
+    from tritonfleet.serving.images import image_id
+    from tritonfleet.serving.unit import render_unit, unit_context
+    from tritonfleet.settings import access as config
     from tritonfleet.steps import host_prep, verify
-    from tritonfleet.unit import render_unit, unit_context
 
     with ctx_host.use(fh.pyinfra_host):
         cuda, toolkit = vendor_repos.cuda(), vendor_repos.container_toolkit()
@@ -95,7 +98,7 @@ def keep_repository(v: dict, out: Path) -> dict:
 def main(argv: list[str]) -> int:
     from ansible_scale import config
 
-    from tritonfleet import fleet
+    from tritonfleet.fleet import inventory as fleet
 
     inventory, out = argv[0], Path(argv[1])
     limit = argv[3].split(",") if len(argv) > 3 and argv[2] == "--limit" else None

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from google.protobuf import text_format  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
-from tritonfleet import loadtest  # noqa: E402
+from tritonfleet.observability import loadtest  # noqa: E402
 from tritonfleet_testbed import standin_images as images  # noqa: E402
 from tritonfleet_testbed.localtriton import LocalTriton  # noqa: E402
 

@@ -589,7 +589,7 @@ def record(args) -> int:
     import subprocess
 
     sys.path.insert(0, str(ROOT))
-    from tritonfleet.fleet import load_inventory
+    from tritonfleet.fleet.inventory import load_inventory
 
     testbed = _testbed()
     real = [h for h in load_inventory("inventories/testbed.py") if not args.host or h.name == args.host]
@@ -597,7 +597,7 @@ def record(args) -> int:
         raise SystemExit(f"no testbed host {args.host or ''}: `tritonfleet testbed up` first")
     h = real[0]
     group = "l4" if "l4" in h.groups else "t4"
-    from tritonfleet.defaults import DEFAULTS
+    from tritonfleet.settings.defaults import DEFAULTS
 
     # everything the host's inventory and group data set (the defaults apply to the fake hosts too)
     data = {k: v for k, v in h.data.items()
@@ -654,8 +654,8 @@ def record_ansible(args) -> int:
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     import ansible_scale
 
-    from tritonfleet.defaults import DEFAULTS
-    from tritonfleet.fleet import load_inventory
+    from tritonfleet.fleet.inventory import load_inventory
+    from tritonfleet.settings.defaults import DEFAULTS
 
     if not ansible_scale.ANSIBLE.exists():
         raise SystemExit("Ansible missing: run `bash bench/setup` first")
@@ -720,7 +720,7 @@ def record_ansible(args) -> int:
 
 def _http_ports(data: dict) -> tuple[int, ...]:
     """Triton's HTTP and metrics ports: what the health gate reads from the control machine."""
-    from tritonfleet.defaults import DEFAULTS
+    from tritonfleet.settings.defaults import DEFAULTS
 
     return tuple(int(data.get(k) or DEFAULTS[k]) for k in ("triton_http_port", "triton_metrics_port"))
 

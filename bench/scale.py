@@ -337,7 +337,8 @@ def plan(inventory: str, deploy: str) -> int:
     """A rollout's plan step alone: probe every target, then the `--dry` run of the deploy on the
     reachable ones (what `tritonfleet rollout` does before its first batch)."""
     sys.path.insert(0, str(ROOT))
-    from tritonfleet import fleet, probe, rollout
+    from tritonfleet.fleet import inventory as fleet
+    from tritonfleet.fleet import probe, rollout
 
     hosts = fleet.load_inventory(inventory)
     before = fleet.parallel(hosts, probe.probe)

@@ -58,7 +58,7 @@ def testbed():
 @pytest.fixture(scope="session")
 def deployed(testbed):
     """Every testbed host taken from bare to serving by the full deploy (once a session)."""
-    from testbed_util import pyinfra
+    from tests.support.testbed import pyinfra
 
     t0 = time.monotonic()
     res, data = pyinfra("deploys/triton.py")

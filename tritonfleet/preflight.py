@@ -20,9 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
 
-from . import config, keys, vendor_repos, vendorfacts
-from .facts import memo
-from .facts.gpu import (
+from .gpu.facts import (
     STATUS_NO_GPU,
     STATUS_OK,
     GpuRecord,
@@ -30,15 +28,19 @@ from .facts.gpu import (
     nvidia_gpus_args,
     placement_gpus,
 )
-from .facts.host import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
-from .gpucheck import (
+from .gpu.rules import (
     GPU_CLASSES,
     class_compute_capability,
     compute_capability_problem,
     driver_supported,
     plan_compute_capability_problem,
 )
-from .host_layer import (
+from .host import nvidia_repos as vendorfacts
+from .host import signing_keys as keys
+from .host import vendor_repos
+from .host.facts import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
+from .host.kernel_module import FLAVOURS
+from .host.layer import (
     DAEMON_JSON_HELP,
     driver_branch,
     driver_repo,
@@ -47,9 +49,10 @@ from .host_layer import (
     host_layer_facts,
     secure_boot_problem,
 )
-from .kernel_module import FLAVOURS
-from .models import RepositoryError, host_repository
-from .ops.registry import login_registry, needs_login, pulls
+from .model_repo.render import RepositoryError, host_repository
+from .pyinfra_ext import memo
+from .serving.ops.registry import login_registry, needs_login, pulls
+from .settings import access as config
 
 GROUP_DATA = "inventories/group_data"
 
@@ -70,7 +73,7 @@ def check_host_key_policy() -> None:
     """pyinfra connects before any tritonfleet code runs and takes the host-key policy from the
     host's data alone: without ssh_strict_host_key_checking there, it used its own accept-new
     (an unknown key trusted on first contact) instead of tritonfleet's default."""
-    from .transfer import is_ssh_host
+    from .pyinfra_ext.transfer import is_ssh_host
 
     if is_ssh_host(host) and host.data.get("ssh_strict_host_key_checking") is None:
         raise PreflightError(
@@ -84,7 +87,7 @@ def check_host_key_policy() -> None:
 
 def check_model_repository() -> None:
     # Triton's config schema (protobuf): loaded only by the deploys that have models
-    from .validate import validate_repository
+    from .model_repo.validate import validate_repository
 
     src = Path(config.get("model_repository"))
     if not src.is_dir():
@@ -123,7 +126,7 @@ def check_plan_compute_capability(repo: Path) -> None:
     """Every TensorRT model of the repository as this host serves it that declares its engines
     per compute capability (cc_model_filenames) has one for the host's GPU class
     (tritonfleet.gpucheck.plan_compute_capability_problem). Read on the control machine only."""
-    from .validate import tensorrt_cc_model_filenames
+    from .model_repo.validate import tensorrt_cc_model_filenames
 
     key = str(repo.resolve())
     if key not in _plans:
@@ -338,11 +341,11 @@ def check_vendor_keys() -> None:
 
 def check_per_gpu() -> None:
     """triton_per_gpu: the instances' ports do not collide (tritonfleet.pergpu)."""
-    from . import pergpu
+    from .serving import per_gpu as pergpu
 
     if not pergpu.enabled(config.get):
         return
-    from .facts.gpu import host_gpus
+    from .gpu.facts import host_gpus
 
     if config.get("lb"):
         raise PreflightError(f"{host.name}: triton_per_gpu with a load balancer (lb = {config.get('lb')!r}) is not "

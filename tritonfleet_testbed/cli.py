@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from tritonfleet.procs import alive
+from tritonfleet.core.procs import alive
 
 from . import hosts
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonfleet.procs import alive
+from tritonfleet.core.procs import alive
 
 from . import rootfs
 

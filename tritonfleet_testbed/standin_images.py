@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tritonfleet.image_archive import image_id, read_metadata  # noqa: F401 - image_id: read from here too
+from tritonfleet.serving.images import image_id, read_metadata  # noqa: F401 - image_id: read from here too
 from tritonfleet_testbed import rootfs
 
 TRITON_TAG = "nvcr.io/nvidia/tritonserver:24.08-py3"

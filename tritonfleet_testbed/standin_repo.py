@@ -61,7 +61,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonfleet import vendorfacts
+from tritonfleet.host import nvidia_repos as vendorfacts
 
 STANDIN = Path(__file__).with_name("standin")
 RECIPE_VERSION = "1"

@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.operations import python
 
 from tritonfleet import pyinfra_patches
-from tritonfleet.connection import transport_of
+from tritonfleet.pyinfra_ext.connection import transport_of
 
 pyinfra_patches.install()  # tunes the connections
 

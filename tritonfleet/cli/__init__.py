@@ -8,9 +8,9 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from ..limits import raise_nofile
-from ..scaffold import init
+from ..core.open_files import raise_nofile
 from . import fleet, loadtest, prometheus, tune, validate
+from .scaffold import init
 
 #: entry point group through which other installed packages add command groups
 COMMANDS_GROUP = "tritonfleet.commands"

@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from .. import fleet, probe
+from ..fleet import inventory as fleet
+from ..fleet import probe
 
 
 def _data(pairs: tuple[str, ...]) -> dict:
@@ -119,8 +120,8 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
 
     Exit status: 0 when every host ends on the new version; 1 on any failure, rollback or halt.
     """
-    from ..rollout import RolloutError, rollout, table
-    from ..rollout import resume as resume_rollout
+    from ..fleet.rollout import RolloutError, rollout, table
+    from ..fleet.rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     try:

@@ -34,8 +34,8 @@ def loadtest_cmd(inventory: str, limit: tuple[str, ...], models: tuple[str, ...]
     progress line per second goes to stderr. Exit status 1 when a host could not be measured
     or a request failed.
     """
-    from .. import loadtest
-    from ..fleet import FleetError, disconnect, load_inventory
+    from ..fleet.inventory import FleetError, disconnect, load_inventory
+    from ..observability import loadtest
 
     try:
         conc = loadtest.parse_concurrency(concurrency)

@@ -32,12 +32,14 @@ def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: st
     host, gpu_class and group. Regenerate after every inventory change: target files of groups
     that are gone are removed.
     """
-    from ..fleet import FleetError, load_inventory
+    from ..fleet.inventory import FleetError, load_inventory
 
     out_dir = Path(out)
     try:
         hosts = load_inventory(inventory, limit=limit or None)
-        from .. import prometheus  # after the inventory: pyinfra patches sockets on import
+        from ..observability import (
+            prometheus,  # after the inventory: pyinfra patches sockets on import
+        )
 
         opts = prometheus.Options(job=job, scrape_interval=scrape_interval, rate_window=rate_window,
                                   prometheus_dir=prometheus_dir or str(out_dir.resolve()))

@@ -37,7 +37,7 @@ def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str
     load test's steps (host, model, concurrency) and every advice item cites the figures it used;
     a sweep adds where throughput levels off and which steps were limited by the load generator.
     """
-    from ..fleet import FleetError, disconnect, load_inventory
+    from ..fleet.inventory import FleetError, disconnect, load_inventory
 
     if loadtest_file:
         _from_loadtest(inventory, loadtest_file, set(models), limit, as_json)
@@ -50,7 +50,7 @@ def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str
     except FleetError as e:
         click.echo(f"tritonfleet tune: {e}", err=True)
         sys.exit(1)
-    from .. import tune  # after the inventory: pyinfra patches sockets on import
+    from ..observability import tune  # after the inventory: pyinfra patches sockets on import
 
     try:
         reads, seconds = tune.read_fleet(hosts, window, set(models) or None)
@@ -82,8 +82,8 @@ def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tu
                    as_json: bool) -> None:
     import fnmatch
 
-    from .. import tune
-    from ..fleet import FleetError, load_inventory
+    from ..fleet.inventory import FleetError, load_inventory
+    from ..observability import tune
 
     try:
         doc = json.loads(open(path).read())

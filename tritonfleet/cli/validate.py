@@ -27,7 +27,7 @@ def validate_cmd(repo: str, as_json: bool, gpus: int | None, backends: tuple[str
 
     REPO defaults to files/model_repository. Exit status: 0 valid, 1 invalid, 2 usage error.
     """
-    from ..validate import list_models, validate_repository
+    from ..model_repo.validate import list_models, validate_repository
 
     path = Path(repo)
     if not path.exists():

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from ..ops import gpuguard as guard_ops
-from ..ops import lb
-from ..ops.check import check
+from ..pyinfra_ext.check import check
+from ..serving.ops import gpu_guard as guard_ops
+from ..serving.ops import lb
 
 
 @deploy("GPU-loss guard")

@@ -13,12 +13,14 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
-from .. import config, driver_source, gpuguard, vendor_repos, vendorfacts
-from .. import kernel_module as kmod
-from ..facts import memo
-from ..facts.host import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
-from ..failure import fail
-from ..host_layer import (
+from ..core.report import fail
+from ..core.shell import q
+from ..gpu import guard as gpuguard
+from ..host import driver_source, vendor_repos
+from ..host import kernel_module as kmod
+from ..host import nvidia_repos as vendorfacts
+from ..host.facts import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
+from ..host.layer import (
     DAEMON_JSON_HELP,
     DOCKER_PIN_FILE,
     DRIVER_PIN_FILE,
@@ -49,12 +51,13 @@ from ..host_layer import (
     toolkit_facts,
     wanted_source,
 )
-from ..ops import aptlock, converged
-from ..ops import gpuguard as guard_ops
-from ..ops.apt_repo import vendor_source
-from ..ops.check import check, will_change
-from ..ops.reboot import reboot
-from ..shell import q
+from ..host.ops import aptlock
+from ..host.ops.apt_repo import vendor_source
+from ..host.ops.reboot import reboot
+from ..pyinfra_ext import converged, memo
+from ..pyinfra_ext.check import check, will_change
+from ..serving.ops import gpu_guard as guard_ops
+from ..settings import access as config
 
 TOOLKIT_PACKAGES = [
     "nvidia-container-toolkit",

@@ -18,16 +18,17 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
-from .. import config, pergpu
-from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
-from ..failure import fail
-from ..health import gate_current_host
-from ..ops import lb
-from ..ops.check import check
-from ..ops.history import append_record
-from ..release_plan import switch_back_script
-from ..shell import q
-from ..unit import unit_path
+from ..core.report import fail
+from ..core.shell import q
+from ..host.facts import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
+from ..model_repo.release import switch_back_script
+from ..pyinfra_ext.check import check
+from ..serving import per_gpu as pergpu
+from ..serving.health import gate_current_host
+from ..serving.ops import lb
+from ..serving.ops.history import append_record
+from ..serving.unit import unit_path
+from ..settings import access as config
 from .triton import model_diff, repository_api_commands
 
 

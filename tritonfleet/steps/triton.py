@@ -10,10 +10,10 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from .. import apikey, config, models, pergpu, release_plan
-from ..facts import memo
-from ..facts.gpu import instance_gets
-from ..facts.host import (
+from ..core.report import HostFailure, in_rollout
+from ..core.shell import q, url_segment
+from ..gpu.facts import instance_gets
+from ..host.facts import (
     DeployHistory,
     DockerImageId,
     FileState,
@@ -23,25 +23,29 @@ from ..facts.host import (
     TritonContainer,
     UnitState,
 )
-from ..failure import HostFailure, in_rollout
-from ..health import HealthError, gate_current_host
-from ..models import host_repository
-from ..ops import converged, lb
-from ..ops import gpuguard as guard_ops
-from ..ops.check import check, check_with_steps, will_change
-from ..ops.history import append_record
-from ..ops.model_release import model_release
-from ..ops.registry import docker_login, login_registry, needs_login
-from ..ops.stream import docker_load, docker_pull
-from ..shell import q, url_segment
-from ..transfer import TransferError
-from ..transfer import choose as choose_transport
-from ..unit import render_unit, restricted_apis, unit_context, unit_path, units_digest
+from ..model_repo import release as release_plan
+from ..model_repo import render as models
+from ..model_repo.ops import model_release
+from ..model_repo.render import host_repository
+from ..pyinfra_ext import converged, memo
+from ..pyinfra_ext.check import check, check_with_steps, will_change
+from ..pyinfra_ext.stream import docker_load, docker_pull
+from ..pyinfra_ext.transfer import TransferError
+from ..pyinfra_ext.transfer import choose as choose_transport
+from ..serving import apikey
+from ..serving import per_gpu as pergpu
+from ..serving.health import HealthError, gate_current_host
+from ..serving.ops import gpu_guard as guard_ops
+from ..serving.ops import lb
+from ..serving.ops.history import append_record
+from ..serving.ops.registry import docker_login, login_registry, needs_login
+from ..serving.unit import render_unit, restricted_apis, unit_context, unit_path, units_digest
+from ..settings import access as config
 
 
 @cache
 def _archive_image_id(path: str) -> str:
-    from ..image_archive import image_id
+    from ..serving.images import image_id
 
     return image_id(Path(path))
 

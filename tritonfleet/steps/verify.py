@@ -10,15 +10,15 @@ from __future__ import annotations
 from pyinfra import host, logger, state
 from pyinfra.api import deploy, operation
 
-from .. import config
-from .. import kernel_module as kmod
-from ..facts import gpu as gpufacts
-from ..failure import Failure, HostFailure, trim
-from ..gpucheck import GPU_CLASSES, check_gpus
-from ..gpucount import RECORD, count_problems, expected_count, parse_record, record_update
-from ..host_layer import smi_command
-from ..ops.check import check
-from ..shell import q
+from ..core.report import Failure, HostFailure, trim
+from ..core.shell import q
+from ..gpu import facts as gpufacts
+from ..gpu.placement import RECORD, count_problems, expected_count, parse_record, record_update
+from ..gpu.rules import GPU_CLASSES, check_gpus
+from ..host import kernel_module as kmod
+from ..host.layer import smi_command
+from ..pyinfra_ext.check import check
+from ..settings import access as config
 from .triton import ensure_image
 
 QUERY = gpufacts.QUERY_COMMAND
@@ -145,7 +145,7 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
 
 def min_compute_capability() -> str:
     """gpu_min_compute_capability, or the Triton release's own minimum when that is higher."""
-    from ..gpucheck import _vtuple, triton_min_compute_capability
+    from ..gpu.rules import _vtuple, triton_min_compute_capability
 
     own = str(config.get("gpu_min_compute_capability") or "0")
     triton = triton_min_compute_capability(config.get("triton_image")) or "0"

@@ -1,0 +1,83 @@
+"""A real HAProxy (Debian's package) for tests: on loopback, its runtime API on a unix socket in a
+temporary directory, started in the foreground and stopped by its process id."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+CONFIG = """\
+global
+  stats socket {sock} mode 600 level admin
+  maxconn 512
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 30s
+  timeout server 30s
+frontend fe
+  bind 127.0.0.1:{port}
+  default_backend {backend}
+backend {backend}
+  balance roundrobin
+  option httpchk GET {check}
+  default-server check inter {inter} fall 2 rise 2
+{servers}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HAProxy:
+    """``servers``: [(name, "address:port")]. ``url``: the frontend; ``socket``: the runtime API."""
+
+    def __init__(self, directory: Path, servers: list[tuple[str, str]], backend: str = "triton",
+                 check: str = "/v2/health/ready", inter: str = "1s"):
+        exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        assert Path(exe).exists(), "haproxy is not installed (bash scripts/setup installs it)"
+        self.dir = directory
+        self.socket = str(directory / "admin.sock")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.backend = backend
+        cfg = directory / "haproxy.cfg"
+        cfg.write_text(CONFIG.format(sock=self.socket, port=self.port, backend=backend, check=check, inter=inter,
+                                     servers="\n".join(f"  server {n} {a}" for n, a in servers)))
+        self.log = open(directory / "haproxy.log", "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.socket):
+            assert self.proc.poll() is None, (directory / "haproxy.log").read_text()
+            assert time.monotonic() < deadline, "haproxy did not open its runtime API socket"
+            time.sleep(0.05)
+
+    def command(self, line: str) -> str:
+        from tritonfleet.serving.drain import RuntimeAPI
+
+        return RuntimeAPI(self.socket).command(line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,300 @@
+"""Concurrent runs and crashes, on this machine: the deploy lock (real flock, real bash, this
+machine playing the host), per-run temporary names, and children that die with the process that
+started them. The same on real hosts over SSH is in test_faults.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tritonfleet.core import runid
+from tritonfleet.model_repo import release as release_plan
+from tritonfleet.model_repo import render as models
+from tritonfleet.pyinfra_ext import hostlock, transfer
+
+# --------------------------------------------------------------------------- the deploy lock
+
+
+@pytest.fixture
+def lockfile(tmp_path, monkeypatch):
+    path = tmp_path / "tritonfleet.lock"
+    monkeypatch.setattr(hostlock, "LOCK_FILE", str(path))
+    monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")
+    return path
+
+
+def local_host(name="gpu1"):
+    return SimpleNamespace(name=name, data={})
+
+
+def test_a_second_run_fails_after_the_wait_naming_the_holder(lockfile):
+    first = hostlock.Holder(local_host(), 5, 1, 3, holder="ops@ctl1 pid 4242, started 2026-01-01 00:00:00 UTC")
+    assert first.acquire() == ""
+    said = []
+    try:
+        t0 = time.monotonic()
+        second = hostlock.Holder(local_host(), 1, 1, 3, holder="dev@ctl2 pid 77")
+        why = second.acquire(said.append)
+        assert time.monotonic() - t0 >= 1
+        assert why.startswith("gpu1: another run holds the deploy lock")
+        assert "ops@ctl1 pid 4242, started 2026-01-01 00:00:00 UTC" in why and "deploy_lock_timeout" in why
+        assert said == ["gpu1: waiting up to 1s for the deploy lock, held by ops@ctl1 pid 4242, "
+                        "started 2026-01-01 00:00:00 UTC"]
+    finally:
+        first.release()
+
+
+def test_a_second_run_waits_and_goes_on_once_the_first_ends(lockfile):
+    first = hostlock.Holder(local_host(), 5, 1, 3, holder="first")
+    assert first.acquire() == ""
+    threading.Timer(1.0, first.release).start()
+    second = hostlock.Holder(local_host(), 30, 1, 3, holder="second")
+    try:
+        t0 = time.monotonic()
+        assert second.acquire() == ""
+        assert time.monotonic() - t0 >= 0.9
+        assert lockfile.read_text() == "second\n"
+    finally:
+        second.release()
+
+
+def held(path: Path) -> bool:
+    return subprocess.run(["flock", "-n", str(path), "true"]).returncode != 0
+
+
+def wait_free(path: Path, timeout: float) -> float:
+    t0 = time.monotonic()
+    while held(path):
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"the lock stayed held for more than {timeout}s")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_the_lock_goes_when_no_heartbeat_arrives(lockfile):
+    """A dead link or a dead control machine: the holder hears nothing more and lets go."""
+    script = hostlock.lock_script("silent", 0, 2)
+    proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"locked\n"
+        assert held(lockfile)
+        wait_free(lockfile, 15)  # our end of stdin is still open: only the silence frees it
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+HOLD = """
+import sys, time
+from types import SimpleNamespace
+from tritonfleet import hostlock, transfer
+hostlock.LOCK_FILE = sys.argv[1]
+transfer.choose = lambda host, wanted: "local"
+why = hostlock.Holder(SimpleNamespace(name="gpu1", data={}), 0, 1, 30).acquire()
+print("held" if not why else why, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_lock_goes_with_a_run_killed_by_sigkill(lockfile):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lockfile)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert f"pid {proc.pid}," in lockfile.read_text()  # the holder names the run's own pid
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # within a heartbeat interval (1 s), not the 30 s of silence the holder would allow
+        assert wait_free(lockfile, 10) < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def children(pid: int) -> set[int]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def test_a_runs_holders_share_one_heartbeat_process_that_keeps_every_lock(tmp_path, monkeypatch):
+    """acquire_all: one holder process a host and ONE heartbeat process for all of them (not
+    one a host), whose heartbeats keep every lock past its silence bound, until release_all."""
+    monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")
+    monkeypatch.setattr(hostlock, "lockable", lambda host: True)
+    script = hostlock.Holder._script
+
+    def own_file(self):  # each "host" its own lock file (they all are this machine)
+        monkeypatch.setattr(hostlock, "LOCK_FILE", str(tmp_path / f"{self.host.name}.lock"))
+        return script(self)
+
+    monkeypatch.setattr(hostlock.Holder, "_script", own_file)
+    keep = {"ssh_keepalive_interval": 1, "ssh_keepalive_count": 2}  # silent for 2 s: let go
+    hosts = [SimpleNamespace(name=f"gpu{i}", connected=True, data=dict(keep)) for i in range(6)]
+    before = children(os.getpid())
+    try:
+        assert hostlock.acquire_all(SimpleNamespace(inventory=hosts), say=print) == 6
+        started = children(os.getpid()) - before
+        assert len(started) == 6 + 1, f"{len(started)} processes for 6 hosts' locks"
+        time.sleep(5)
+        assert [h.name for h in hosts if not held(tmp_path / f"{h.name}.lock")] == []
+    finally:
+        hostlock.release_all()
+    for h in hosts:
+        wait_free(tmp_path / f"{h.name}.lock", 10)
+    assert not (children(os.getpid()) - before)
+
+
+GEVENT_WAIT = """
+from gevent import monkey; monkey.patch_all()
+import subprocess, sys, time
+from types import SimpleNamespace
+import gevent
+from tritonfleet import hostlock, transfer
+hostlock.LOCK_FILE = sys.argv[1]
+transfer.choose = lambda host, wanted: "local"
+first = hostlock.Holder(SimpleNamespace(name="gpu1", data={}), 0, 1, 30, holder="first")
+assert first.acquire() == ""
+print("holder", *[type(p).__name__ for p in first.procs])
+ticks = []
+def tick():
+    while True:
+        ticks.append(time.monotonic())
+        gevent.sleep(0.1)
+g = gevent.spawn(tick)
+why = hostlock.Holder(SimpleNamespace(name="gpu1", data={}), 2, 1, 30, holder="second").acquire()
+g.kill()
+first.release()
+print("ticks", len(ticks))
+print(why)
+"""
+
+
+def test_under_gevent_a_host_waiting_for_its_lock_does_not_stop_the_others(lockfile):
+    """pyinfra's runs are under gevent's patching: the holders are started with posix_spawn
+    (gevent's Popen forks the whole run's process), and a host waiting for its lock reads its
+    holder's answer cooperatively, so the other hosts' greenlets go on meanwhile."""
+    res = subprocess.run([sys.executable, "-c", GEVENT_WAIT, str(lockfile)], capture_output=True, text=True,
+                         timeout=60)
+    out = res.stdout.splitlines()
+    assert res.returncode == 0, res.stderr
+    assert out[0] == "holder Child Popen"  # posix_spawn'ed holder, its own heartbeat process
+    assert int(out[1].split()[1]) >= 12  # ~20 ticks of 0.1 s while it waited 2 s
+    assert out[2].startswith("gpu1: another run holds the deploy lock") and "first" in out[2]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=80))
+def test_the_holder_line_reaches_the_lock_file_unchanged(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("lock") / "l"
+    orig = hostlock.LOCK_FILE
+    hostlock.LOCK_FILE = str(path)
+    try:
+        script = hostlock.lock_script(text, 0, 1)
+    finally:
+        hostlock.LOCK_FILE = orig
+    res = subprocess.run(["bash", "-c", script], input=b"", capture_output=True, timeout=20)
+    assert res.stdout == b"locked\n", res.stderr
+    assert path.read_bytes() == text.encode() + b"\n"
+
+
+# --------------------------------------------------------------------------- per-run names
+
+
+def test_two_runs_never_share_a_temporary_name_on_the_host():
+    man = {"m/1/model.onnx": [3, "ab" * 32]}
+    plan = release_plan.make_plan("r1", man, {"releases": {}, "drift": {}, "incoming": {}})
+    a, b = "20260101T000000-11-aaaaaa", "20260101T000000-22-bbbbbb"
+    for run, other in ((a, b), (b, a)):
+        text = "\n".join([release_plan.prepare_script("/opt/triton", plan, man, run),
+                          release_plan.receive_command("/opt/triton", "r1", run),
+                          release_plan.finish_script("/opt/triton", "r1", 3, run=run)])
+        assert f".incoming-r1.{run}" in text and f"model_repository.new-{run}" in text
+        assert other not in text
+        assert "model_repository.new " not in text and "model_repository.new\n" not in text
+
+
+def test_an_interrupted_runs_transfer_is_taken_over_by_the_next(tmp_path):
+    rel = tmp_path / "releases"
+    left = rel / ".incoming-r1.20260101T000000-11-aaaaaa"
+    (left / "m/1").mkdir(parents=True)
+    (left / "m/1/model.onnx").write_bytes(b"abc")
+    out = subprocess.run(["sh", "-c", release_plan.index_command(str(tmp_path), "r1")], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert release_plan.parse_index(out)["incoming"] == {"m/1/model.onnx": 3}
+    man = {"m/1/model.onnx": [3, "ab" * 32]}
+    plan = release_plan.make_plan("r1", man, release_plan.parse_index(out))
+    assert plan.keep == ["m/1/model.onnx"]
+    run = "20260101T000001-22-bbbbbb"
+    subprocess.run(["sh", "-c", release_plan.prepare_script(str(tmp_path), plan, man, run)], check=True)
+    assert [p.name for p in rel.iterdir()] == [f".incoming-r1.{run}"]
+    assert (rel / f".incoming-r1.{run}" / "m/1/model.onnx").read_bytes() == b"abc"
+
+
+def test_each_run_renders_into_its_own_directory(tmp_path, monkeypatch):
+    src = tmp_path / "repo"
+    (src / "m" / "1").mkdir(parents=True)
+    (src / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\nmax_batch_size: 4\n')
+    (src / "m" / "1" / "model.py").write_text("pass\n")
+    over = {"m": {"max_batch_size": 8}}
+    monkeypatch.setattr(runid, "RUN_ID", "20260101T000000-1-aaaaaa")  # pid 1 never goes away
+    first = models.render(src, over, tmp_path / "rendered")
+    man = models.manifest(first)
+    monkeypatch.setattr(runid, "RUN_ID", f"20260101T000001-{os.getpid()}-bbbbbb")
+    second = models.render(src, over, tmp_path / "rendered")
+    assert first != second and first.is_dir() and second.is_dir()
+    assert models.manifest(first) == man  # the first run's files are as it rendered them
+    # what a run that is gone left behind is removed by the next render
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / "rendered" / f"{first.name.split('.')[0]}.20260101T000002-{gone.pid}-cccccc"
+    dead.mkdir()
+    models.render(src, over, tmp_path / "rendered")
+    assert not dead.exists() and first.exists()
+
+
+# --------------------------------------------------------------------------- children die with us
+
+PARENT = """
+import subprocess, sys, time
+from tritonfleet.procs import die_with_parent
+child = subprocess.Popen(["sleep", "600"], preexec_fn=die_with_parent())
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_children_die_with_the_process_that_started_them():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert Path(f"/proc/{child}").exists()
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "Z" not in _state(child):
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

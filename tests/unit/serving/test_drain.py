@@ -1,0 +1,270 @@
+"""The load-balancer drain (tritonfleet.drain) against a real HAProxy (Debian's haproxy 2.6) on
+loopback in front of two small HTTP servers, and the hooks against real commands; the deploy's
+use of it with pyinfra's @fake connector."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from tests.support.fakehost import defaults, run_fake
+from tests.support.haproxy import HAProxy
+from tritonfleet.serving import drain
+
+
+class Backend:
+    """An HTTP server answering the health check at once and /slow after ``delay`` seconds."""
+
+    def __init__(self, name: str, delay: float = 1.5):
+        self.name, self.delay, self.hits = name, delay, 0
+
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the stdlib's name
+                if self.path == "/slow":
+                    outer.hits += 1
+                    time.sleep(outer.delay)
+                body = outer.name.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def lb(tmp_path):
+    a, b = Backend("a"), Backend("b")
+    with HAProxy(tmp_path, [("a", a.address), ("b", b.address)], check="/ready", inter="200ms") as hap:
+        ha = drain.HAProxy([hap.socket], "triton", "a")
+        ha.wait_serving(10)
+        drain.HAProxy([hap.socket], "triton", "b").wait_serving(10)
+        yield hap, ha, a, b
+    a.close()
+    b.close()
+
+
+def test_drain_waits_for_the_request_in_flight_and_sends_no_new_ones(lb):
+    hap, ha, a, b = lb
+    s = requests.Session()
+    # a long request on server a, in flight while it is drained
+    slow = {}
+    t = threading.Thread(target=lambda: slow.update(r=requests.get(hap.url + "/slow", timeout=10)))
+    while True:  # round robin: send until one lands on a
+        t = threading.Thread(target=lambda: slow.update(r=requests.get(hap.url + "/slow", timeout=10)))
+        t.start()
+        time.sleep(0.3)
+        if ha.in_flight() == 1:
+            break
+        t.join()
+    assert "set to drain" in ha.drain()
+    st = ha.state()
+    assert st.drained and not st.serving and st.status == "DRAIN" and st.sessions == 1
+    t0 = time.monotonic()
+    waited = ha.wait_idle(10)
+    t.join()
+    assert slow["r"].status_code == 200 and slow["r"].text == "a"  # the request in flight finished
+    assert 0.5 < waited < 5 and time.monotonic() - t0 < 5
+    assert ha.in_flight() == 0
+    before = a.hits
+    answers = {s.get(hap.url + "/fast", timeout=5).text for _ in range(8)}
+    assert answers == {"b"} and a.hits == before  # drained: nothing new reaches a
+    assert "already draining" in ha.drain()
+    assert "set to ready" in ha.ready()
+    ha.wait_serving(10)
+    assert ha.state().serving and ha.ready() == ""  # ready again, and ready() is idempotent
+    answers = {s.get(hap.url + "/fast", timeout=5).text for _ in range(8)}
+    assert answers == {"a", "b"}
+
+
+def test_an_operators_maintenance_is_left_alone(lb):
+    hap, ha, _, _ = lb
+    assert hap.command("set server triton/a state maint").strip() == ""
+    assert "maintenance" in ha.drain() and "maintenance" in ha.ready()
+    st = ha.state()
+    assert st.maintenance and not st.drained  # neither drained nor readied by tritonfleet
+    assert ha.wait_serving(1)  # nothing to wait for: it gets no requests by the operator's will
+
+
+def test_a_drained_server_whose_check_fails_is_not_reported_serving(lb):
+    hap, ha, a, _ = lb
+    ha.drain()
+    a.close()  # Triton did not come back
+    deadline = time.monotonic() + 10
+    while not ha.state().status.startswith("DOWN"):  # HAProxy's check noticed (fall 2 x 200 ms)
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    ha.ready()
+    with pytest.raises(drain.DrainError, match=r"health check does not pass"):
+        ha.wait_serving(1.5)
+
+
+def test_wait_idle_gives_up_naming_what_is_in_flight(lb):
+    hap, ha, a, _ = lb
+    a.delay = 6
+    threads = []
+    while ha.in_flight() == 0:
+        th = threading.Thread(target=lambda: requests.get(hap.url + "/slow", timeout=20))
+        th.start()
+        threads.append(th)
+        time.sleep(0.3)
+    ha.drain()
+    with pytest.raises(drain.DrainError, match=r"1 request\(s\) still in flight after 1s \(lb_drain_timeout\)"):
+        ha.wait_idle(1)
+    for th in threads:
+        th.join()
+
+
+def test_haproxy_errors_name_backend_server_and_socket(lb, tmp_path):
+    hap, _, _, _ = lb
+    with pytest.raises(drain.DrainError, match=r"no server 'zz' in backend 'triton'"):
+        drain.HAProxy([hap.socket], "triton", "zz").drain()
+    with pytest.raises(drain.DrainError, match=r"no server 'a' in backend 'nope'"):
+        drain.HAProxy([hap.socket], "nope", "a").state()
+    with pytest.raises(drain.DrainError, match=r"cannot reach HAProxy's runtime API at .*missing.sock"):
+        drain.HAProxy([str(tmp_path / "missing.sock")], "triton", "a").drain()
+    with pytest.raises(drain.DrainError, match="plain words"):
+        drain.HAProxy([hap.socket], "triton", "a/b")
+    with pytest.raises(drain.DrainError, match="needs lb_haproxy_sockets"):
+        drain.HAProxy([], "triton", "a")
+    with pytest.raises(drain.DrainError, match="neither a socket path nor host:port"):
+        drain.RuntimeAPI("nonsense").command("show info")
+
+
+METRICS = """# HELP nv_inference_request_success Number of successful inference requests
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{{model="m",version="1"}} {done}
+# HELP nv_inference_pending_request_count Instantaneous number of pending requests
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{{model="m",version="1"}} {pending}
+"""
+
+
+def test_hooks_run_with_the_hosts_name_and_address_and_wait_for_triton_to_go_quiet(tmp_path, monkeypatch):
+    log = tmp_path / "hooks.log"
+    answers = iter([(2, 10), (0, 12), (0, 12), (0, 12), (0, 12), (0, 12), (0, 12)])
+    clock = iter([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    hooks = drain.Hooks(f'echo "out $TRITONFLEET_HOST $TRITONFLEET_ADDRESS $TRITONFLEET_HTTP_PORT" >> {log}',
+                        f'echo "in $TRITONFLEET_HOST" >> {log}',
+                        {"TRITONFLEET_HOST": "tb1-t4", "TRITONFLEET_ADDRESS": "10.0.0.2",
+                         "TRITONFLEET_HTTP_PORT": "8000"},
+                        lambda: METRICS.format(**dict(zip(("pending", "done"), next(answers), strict=True))))
+    hooks.drain()
+    seen = []
+    now = iter([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    while True:
+        n = hooks.in_flight(clock=lambda: next(now))
+        seen.append(n)
+        if n == 0:
+            break
+    # queue not empty, then counters moving (12 just arrived), still for 1 s, still for 2 s: idle
+    assert seen == [2, 1, 1, 0]
+    hooks.ready()
+    assert log.read_text().splitlines() == ["out tb1-t4 10.0.0.2 8000", "in tb1-t4"]
+    del clock
+    # no metrics (Triton down): nothing in flight
+    assert drain.Hooks("true", "true", {}, lambda: (_ for _ in ()).throw(OSError("down"))).in_flight() == 0
+
+
+def test_a_failing_hook_fails_with_its_words():
+    hooks = drain.Hooks("echo 'consul says no' >&2; exit 3", "true", {}, lambda: "")
+    with pytest.raises(drain.DrainError, match=r"lb_drain_command failed \(exit 3\).*consul says no"):
+        hooks.drain()
+    with pytest.raises(drain.DrainError, match="needs both"):
+        drain.Hooks("true", None, {}, lambda: "")
+
+
+def test_settings_pick_the_balancer():
+    get = {"lb": None}.get
+    assert drain.from_settings(get, "h", "10.0.0.2", str) is None
+    data = {"lb": "haproxy", "lb_haproxy_sockets": "/run/haproxy/admin.sock", "lb_haproxy_backend": "triton",
+            "lb_haproxy_server": None}
+    ha = drain.from_settings(data.get, "tb1-t4", "10.0.0.2", str)
+    assert isinstance(ha, drain.HAProxy) and ha.describe() == "haproxy triton/tb1-t4"
+    with pytest.raises(drain.DrainError, match="lb must be one of haproxy, hooks"):
+        drain.from_settings({"lb": "f5"}.get, "h", "a", str)
+
+
+# ------------------------------------------------------------------ in the deploy (@fake hosts)
+
+def _service_responses(running: bool) -> dict:
+    import hashlib
+
+    from tritonfleet.serving.unit import render_unit, unit_context
+
+    data = defaults("t4")
+    unit_sha = hashlib.sha256(render_unit(unit_context(data.get)).encode()).hexdigest()
+    return {
+        "docker inspect --format '{{.State.Running}}": ["running=true", "image=sha256:" + "a" * 64, "started=1000.5",
+                                                        "/etc/systemd/system/triton.service=900.0",
+                                                        "/opt/triton/model_repository=950.0"] if running else [],
+        "docker image inspect": "sha256:" + "a" * 64,
+        re.compile(r"\[ -f /etc/systemd/system/triton.service \] && stat"): ["mode=644 user=root group=root", unit_sha],
+        re.compile(r"\[ -f /etc/tritonfleet/triton-api-key \] && stat"): ["mode=600 user=root group=root", "0" * 64],
+        "systemctl show": ["ActiveState=active", "UnitFileState=enabled"],
+        "curl -sS -m 5": METRICS.format(pending=0, done=7).splitlines(),
+    }
+
+
+def test_a_restart_is_preceded_by_the_drain_and_a_converged_host_drains_nothing(tmp_path):
+    from tritonfleet.steps.triton import triton_service
+
+    log = tmp_path / "hooks.log"
+    hooks = {"lb": "hooks", "lb_drain_command": f"echo drain $TRITONFLEET_HOST >> {log}",
+             "lb_ready_command": f"echo ready >> {log}"}
+    # converged: no restart, so no drain planned or run
+    _, _, state = run_fake(triton_service, _service_responses(True), hooks)
+    names = [n for meta in state.op_meta.values() for n in meta.names]
+    assert not any("drain" in n for n in names) and not log.exists()
+    # the unit changes (another stop timeout): drain, then the restart
+    _, cmds, state = run_fake(triton_service, _service_responses(True), {**hooks, "triton_stop_timeout": 40})
+    assert not state.failed_hosts
+    order = [n for op in state.get_op_order() for n in state.op_meta[op].names]
+    drain_at = next(i for i, n in enumerate(order) if "drain @fake/gpu1 in the load balancer" in n)
+    restart_at = next(i for i, n in enumerate(order) if "restart triton" in n)
+    assert drain_at == restart_at - 1, order
+    assert log.read_text().splitlines() == ["drain @fake/gpu1"]
+    assert any("curl -sS -m 5 http://127.0.0.1:8002/metrics" in str(c) for c in cmds)
+
+
+def test_a_drain_that_fails_stops_the_host_before_triton_is_touched(tmp_path):
+    from tritonfleet.steps.triton import triton_service
+
+    _, cmds, state = run_fake(triton_service, _service_responses(True),
+                              {"lb": "hooks", "lb_drain_command": "echo no LB >&2; exit 1",
+                               "lb_ready_command": "true", "triton_stop_timeout": 40})
+    assert state.failed_hosts
+    assert not any("systemctl restart triton" in str(c) for c in cmds)
+
+
+
+def test_a_drain_that_does_not_go_idle_puts_the_host_back_untouched(tmp_path, monkeypatch):
+    """Hooks: the drain ran, the host never went idle within lb_drain_timeout: the ready command
+    runs (Triton is not restarted, the host goes back in), and the host fails."""
+    from tritonfleet.steps.triton import triton_service
+
+    log = tmp_path / "hooks.log"
+    monkeypatch.setattr(drain.Hooks, "in_flight", lambda self, clock=None: 3)
+    _, cmds, state = run_fake(triton_service, _service_responses(True),
+                              {"lb": "hooks", "lb_drain_command": f"echo drain >> {log}",
+                               "lb_ready_command": f"echo ready >> {log}", "lb_drain_timeout": 0.5,
+                               "triton_stop_timeout": 40})
+    assert state.failed_hosts
+    assert log.read_text().splitlines() == ["drain", "ready"]
+    assert not any("systemctl restart triton" in str(c) for c in cmds)

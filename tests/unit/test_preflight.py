@@ -1,0 +1,382 @@
+"""Bad input is refused before any host is touched (pyinfra CLI, @fake hosts)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tritonfleet import ROOT
+
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "inventories").mkdir()
+    shutil.copytree(ROOT / "inventories" / "group_data", tmp_path / "inventories" / "group_data")
+    shutil.copytree(ROOT / "files", tmp_path / "files")
+    (tmp_path / "inventories" / "fake.py").write_text(
+        'fake = {"fake_delay": 0, "fake_delay_jitter": 0}\n'
+        't4 = [("@fake/t4-a", fake)]\n'
+        'l4 = [("@fake/l4-a", fake)]\n'
+    )
+    return tmp_path
+
+
+def run(project, *data, deploy="deploys/triton.py"):
+    args = [PYINFRA, "-y", "inventories/fake.py", str(ROOT / deploy)]
+    for d in data:
+        args[2:2] = ["--data", d]
+    return subprocess.run(args, cwd=project, capture_output=True, text=True, timeout=120)
+
+
+def test_unsupported_driver_branch_is_refused(project):
+    res = run(project, "nvidia_driver_branch=550")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "pre-flight failed, no host was changed" in out
+    assert "550" in out and "24.08" in out
+    assert "Starting operation" not in out
+
+
+def test_invalid_model_repository_is_refused(project):
+    cfg = project / "files/model_repository/resnet50_onnx/config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("max_batch_size: 64", "max_batch_size: 4"))
+    res = run(project)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "pre-flight failed, no host was changed" in out
+    assert "resnet50_onnx/config.pbtxt" in out and "preferred-batch-size" in out
+    assert "tritonfleet validate" in out
+    assert "Starting operation" not in out
+
+
+def test_host_without_gpu_class_is_refused(project):
+    (project / "inventories" / "fake.py").write_text(
+        'hosts = [("@fake/nogroup", {"fake_delay": 0})]\n')
+    res = run(project)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "no gpu_class" in out and "@fake/nogroup" in out
+
+
+def test_unknown_model_in_overrides_is_refused(project):
+    res = run(project, 'model_overrides={"nosuch": {"max_batch_size": 1}}')
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "nosuch" in out and "no host was changed" in out
+
+
+# ---------------------------------------------------------------- host facts (pyinfra @fake)
+
+T4_SMI = ["0, Tesla T4, GPU-84b0bf9a, 00000000:00:1E.0, 535.183.01, 7.5, 15360", "rc=0"]
+L4_SMI = ["0, NVIDIA L4, GPU-3a23c669, 00000000:31:00.0, 535.183.01, 8.9, 23034", "rc=0"]
+KEYS = {  # every pinned key already installed: nothing to fetch
+    "cuda-archive-keyring.gpg": "EB693B3035CD5710E231E123A4B469963BF863CC",
+    "docker.gpg": "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
+    "nvidia-container-toolkit-keyring.gpg": "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
+}
+UBUNTU = {"uname -m": "x86_64", "ls -pdL *-release": [
+    "/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="22.04"', "VERSION_CODENAME=jammy", "---"]}
+
+
+def preflight_fake(responses, data=None, groups=("t4",), deploy_name="host"):
+    """Run a deploy's pre-flight against a fake host; returns (SystemExit message or None, commands)."""
+    from pyinfra.api import deploy
+
+    from tests.support.fakehost import run_fake
+    from tritonfleet import preflight
+
+    check = {"host": preflight.host_layer, "triton": preflight.triton_layer, "all": preflight.run_all}[deploy_name]
+
+    @deploy("pre-flight")
+    def pf():
+        check()
+
+    try:
+        _, cmds, _ = run_fake(pf, {**UBUNTU, **responses}, data, groups=groups)
+    except SystemExit as e:
+        return str(e), []
+    return None, cmds
+
+
+def test_clean_host_passes():
+    msg, _ = preflight_fake({**KEYS, "nvidia-smi --query-gpu": T4_SMI})
+    assert msg is None
+
+
+def test_gpu_found_differs_from_inventory():
+    msg, _ = preflight_fake({**KEYS, "nvidia-smi --query-gpu": L4_SMI})
+    assert msg and "no host was changed" in msg
+    assert "@fake/gpu1" in msg and "GPU class T4" in msg and "GPU 0 'NVIDIA L4'" in msg
+    assert "move the host to the l4 group of the inventory" in msg
+    # a bare host has no driver to ask: not refused here (the verification after the driver catches it)
+    msg, _ = preflight_fake(KEYS)
+    assert msg is None
+
+
+def test_secure_boot_and_broken_daemon_json_are_refused():
+    msg, _ = preflight_fake({**KEYS, "mokutil --sb-state": "SecureBoot enabled"})
+    assert msg and "Secure Boot" in msg and "nvidia_secure_boot_ok" in msg and "@fake/gpu1" in msg
+    msg, _ = preflight_fake({**KEYS, "mokutil --sb-state": "SecureBoot enabled"}, {"nvidia_secure_boot_ok": True})
+    assert msg is None
+    msg, _ = preflight_fake({**KEYS, "cat /etc/docker/daemon.json": "{not json"})
+    assert msg and "/etc/docker/daemon.json is not valid JSON" in msg and "json.tool" in msg
+
+
+@pytest.mark.parametrize("keyring,tunable", [
+    ("cuda-archive-keyring.gpg", "cuda_repo_key_fingerprint"),
+    ("docker.gpg", "docker_repo_key_fingerprint"),
+    ("nvidia-container-toolkit-keyring.gpg", "container_toolkit_key_fingerprint"),
+])
+def test_vendor_key_with_another_fingerprint_is_refused(keyring, tunable):
+    other = "0123456789ABCDEF0123456789ABCDEF01234567"
+    responses = {k: v for k, v in KEYS.items() if k != keyring}
+    # the host fetches the key (into a temporary directory) and reports its fingerprint
+    msg, _ = preflight_fake({**responses, "curl -fsSL": f"fpr={other}"})
+    assert msg and "no host was changed" in msg and f"has fingerprint {other}" in msg
+    assert f"{tunable} pins {KEYS[keyring]}" in msg and "inventories/group_data/all.py" in msg
+    msg, _ = preflight_fake({**responses, "curl -fsSL": [f"fpr={KEYS[keyring]}", "trusted=yes"]})
+    assert msg is None
+    # the pinned key and another one in the same file: the file is refused as a whole
+    msg, _ = preflight_fake({**responses, "curl -fsSL": [f"fpr={KEYS[keyring]}", f"fpr={other}"]})
+    assert msg and "holds 2 primary keys" in msg and other in msg and KEYS[keyring] in msg
+    assert "exactly one primary key, the pinned one" in msg and "nothing was installed" in msg
+    msg, _ = preflight_fake({**responses, "curl -fsSL": "error=curl: (6) Could not resolve host"})
+    assert msg and "could not fetch" in msg and "Could not resolve host" in msg
+
+
+def test_missing_registry_secret_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITONFLEET_REGISTRY_PASSWORD", raising=False)
+    data = {"registry_user": "$oauthtoken"}
+    msg, _ = preflight_fake({}, data, deploy_name="triton")
+    assert msg and "nvcr.io/nvidia/tritonserver:24.08-py3 is pulled from nvcr.io" in msg
+    assert "$TRITONFLEET_REGISTRY_PASSWORD is empty" in msg and "@fake/gpu1" in msg
+    # an image already on the host is not pulled: no secret needed
+    msg, _ = preflight_fake({"docker image inspect": "sha256:" + "a" * 64}, data, deploy_name="triton")
+    assert msg is None
+    # the CUDA test image comes from Docker Hub: the nvcr.io login is not for it
+    msg, _ = preflight_fake(KEYS, data, deploy_name="host")
+    assert msg is None
+    monkeypatch.setenv("TRITONFLEET_REGISTRY_PASSWORD", "x")
+    msg, _ = preflight_fake({}, data, deploy_name="triton")
+    assert msg is None
+
+
+def test_unknown_gpu_class_and_relative_base_dir_are_refused(project):
+    res = run(project, "gpu_class=A100")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "unknown gpu_class 'A100'" in out and "no host was changed" in out
+    res = run(project, "triton_base_dir=../opt/triton")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "triton_base_dir '../opt/triton'" in out and "absolute" in out
+
+
+@pytest.mark.parametrize("name", ["symlink-out", "broken-symlink", "absolute-symlink", "dotdot-name"])
+def test_model_paths_escaping_the_repository_are_refused(project, name):
+    repo = project / "files/model_repository"
+    if name == "symlink-out":
+        (repo / "resnet50_onnx/labels.txt").symlink_to(os.path.relpath("/etc/passwd", repo / "resnet50_onnx"))
+    elif name == "broken-symlink":
+        (repo / "resnet50_onnx/labels.txt").symlink_to("missing-labels.txt")
+    elif name == "absolute-symlink":
+        (repo / "resnet50_onnx/1/extra.onnx").symlink_to("/etc/passwd")
+    else:
+        (repo / "text_classifier_onnx").rename(repo / "text..classifier")
+    res = run(project, deploy="deploys/models.py")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "no host was changed" in out
+    expected = {"dotdot-name": "[model-name]", "broken-symlink": "[broken-symlink]"}.get(name, "[unsafe-path]")
+    assert expected in out and "tritonfleet validate" in out
+    assert "Starting operation" not in out
+
+
+DEBIAN12 = {"ls -pdL *-release": ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',
+                                  "VERSION_CODENAME=bookworm", "---"]}
+
+
+def test_branch_missing_from_the_distros_repository_is_refused_naming_the_alternatives():
+    # R535 is supported by Triton 24.08 on T4, but NVIDIA's debian12 repository has no R535
+    msg, _ = preflight_fake({**KEYS, **DEBIAN12}, {"nvidia_driver_branch": "535"})
+    assert msg and "no host was changed" in msg and "@fake/gpu1" in msg
+    assert "driver branch 535 is not in NVIDIA's debian12 repository" in msg
+    # what would work: in the repository and supported by the image (550/555 are not, for 24.08)
+    assert "supports: 545, 560, 565, 570, 575, 580" in msg and "nvidia_driver_branch" in msg
+    # the same branch on Ubuntu 22.04 exists there
+    msg, _ = preflight_fake(KEYS, {"nvidia_driver_branch": "535"})
+    assert msg is None
+
+
+def test_default_branch_per_distro_must_exist_there():
+    msg, _ = preflight_fake({**KEYS, **DEBIAN12}, {"nvidia_driver_branch_default": {"debian12": "535"}})
+    assert msg and "driver branch 535 is not in NVIDIA's debian12 repository" in msg
+    assert "nvidia_driver_branch_default['debian12'] (inventories/group_data/all.py)" in msg
+    for distro_responses in (KEYS, {**KEYS, **DEBIAN12}):
+        assert preflight_fake(distro_responses)[0] is None  # the shipped defaults pass
+
+
+def test_version_in_another_distros_shape_is_refused():
+    data = {"nvidia_driver_branch": "535", "nvidia_driver_version": "535.183.01-1~deb12u1"}
+    msg, _ = preflight_fake(KEYS, data)
+    assert msg and "does not have the shape of ubuntu2204's package versions" in msg
+    assert "535.104.12-0ubuntu1" in msg and "give the upstream release 535.183.01" in msg
+    msg, _ = preflight_fake(KEYS, {"nvidia_driver_branch": "535", "nvidia_driver_version": "560.28.03"})
+    assert msg and "is not a release of branch 535" in msg
+    assert preflight_fake(KEYS, {"nvidia_driver_branch": "535", "nvidia_driver_version": "535.183.01"})[0] is None
+
+
+def test_preflight_names_the_cuda_image_it_will_pull(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="pyinfra"):
+        assert preflight_fake(KEYS)[0] is None
+    assert "the GPU verification will pull nvidia/cuda:12.8.1-base-ubuntu22.04" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pyinfra"):  # already on the host: nothing to pull
+        assert preflight_fake({**KEYS, "docker image inspect": "sha256:" + "b" * 64})[0] is None
+    assert "will pull" not in caplog.text
+
+
+def test_compute_capability_per_triton_release(monkeypatch):
+    """Triton's release notes ("GPU Requirements"): 6.0 and later through 24.x, 7.5 and later from
+    25.03: a T4 (7.5) is at the floor, a Pascal class would be refused, naming both sides."""
+    from tritonfleet.gpu import rules as gpucheck
+
+    assert gpucheck.triton_min_compute_capability("nvcr.io/nvidia/tritonserver:24.08-py3") == "6.0"
+    assert gpucheck.triton_min_compute_capability("nvcr.io/nvidia/tritonserver:25.02-py3") == "6.0"
+    assert gpucheck.triton_min_compute_capability("nvcr.io/nvidia/tritonserver:25.03-py3") == "7.5"
+    assert gpucheck.triton_min_compute_capability("nvcr.io/nvidia/tritonserver:25.08-py3@sha256:" + "a" * 64) == "7.5"
+    assert gpucheck.triton_min_compute_capability("my/image:latest") is None
+    for cls in ("T4", "L4"):
+        assert gpucheck.compute_capability_problem(cls, "nvcr.io/nvidia/tritonserver:25.03-py3") is None
+    monkeypatch.setitem(gpucheck.GPU_CLASSES, "P4", {"names": ["Tesla P4"], "compute_capability": "6.1"})
+    assert gpucheck.compute_capability_problem("p4", "nvcr.io/nvidia/tritonserver:24.08-py3") is None
+    problem = gpucheck.compute_capability_problem("p4", "nvcr.io/nvidia/tritonserver:25.03-py3")
+    assert problem == ("nvcr.io/nvidia/tritonserver:25.03-py3 (Triton 25.03) needs compute capability 7.5 or later, "
+                       "but GPU class P4 (Tesla P4) is 6.1")
+
+
+# ------------------------------------------- TensorRT engines and the host's compute capability
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+CAPABILITIES = ["5.2", "6.1", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(cc_map=st.dictionaries(st.sampled_from(CAPABILITIES), st.from_regex(r"[a-z0-9_]{1,8}\.plan", fullmatch=True),
+                              max_size=5),
+       cls=st.sampled_from(["T4", "L4", "t4", "l4"]))
+def test_plan_for_a_class_is_refused_exactly_when_its_capability_is_not_declared(cc_map, cls):
+    from tritonfleet.gpu import rules as gpucheck
+
+    cc = gpucheck.class_compute_capability(cls)
+    assert cc == gpucheck.GPU_CLASSES[cls.upper()]["compute_capability"]
+    problem = gpucheck.plan_compute_capability_problem("det", cc_map, cls)
+    if not cc_map or cc in cc_map:
+        assert problem is None
+    else:
+        assert problem and "'det'" in problem and f"GPU class {cls.upper()}" in problem
+        assert f"compute capability {cc}:" in problem
+        assert all(k in problem for k in cc_map)
+    assert gpucheck.plan_compute_capability_problem("det", cc_map, "A100") is None  # unknown class: not judged
+
+
+def test_class_capabilities_agree_with_the_product_name_table():
+    """GPU_CLASSES is the source; the nvidia-smi fallback table must say the same for its names."""
+    from tritonfleet.gpu import rules as gpucheck
+    from tritonfleet.gpu.facts import compute_capability_for
+
+    for cls, spec in gpucheck.GPU_CLASSES.items():
+        for name in spec["names"]:
+            assert compute_capability_for(name) == gpucheck.class_compute_capability(cls), (cls, name)
+
+
+_TRT_SHAPES = {  # how a config says TensorRT (or not), and the model file it reads
+    "platform": ('platform: "tensorrt_plan"\n', "model.plan", True),
+    "backend": ('backend: "tensorrt"\n', "model.plan", True),
+    "dmf": ('default_model_filename: "model.plan"\n', "model.plan", True),
+    "file-only": ("", "model.plan", True),
+    "onnx": ('platform: "onnxruntime_onnx"\n', "model.onnx", False),
+}
+
+
+def _config(name, head, cc_map):
+    ccs = "".join(f'cc_model_filenames {{ key: "{k}" value: "{v}" }}\n' for k, v in sorted(cc_map.items()))
+    return (f'name: "{name}"\n{head}max_batch_size: 8\n'
+            'input { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+            'output { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+            'instance_group { kind: KIND_GPU count: 1 }\n' + ccs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(models=st.lists(st.tuples(st.sampled_from(sorted(_TRT_SHAPES)),
+                                 st.dictionaries(st.sampled_from(CAPABILITIES), st.just("engine.plan"), max_size=3)),
+                       min_size=1, max_size=4))
+def test_tensorrt_models_and_their_declared_capabilities_are_found(models):
+    import tempfile
+
+    from tritonfleet.model_repo.validate import tensorrt_cc_model_filenames
+
+    with tempfile.TemporaryDirectory() as d:
+        expected = {}
+        for i, (shape, cc_map) in enumerate(models):
+            head, file, trt = _TRT_SHAPES[shape]
+            name = f"m{i}"
+            (Path(d) / name / "1").mkdir(parents=True)
+            (Path(d) / name / "1" / file).write_bytes(b"x")
+            (Path(d) / name / "config.pbtxt").write_text(_config(name, head, cc_map))
+            if trt:
+                expected[name] = cc_map
+        assert tensorrt_cc_model_filenames(d) == expected
+
+
+def _plan_repository(root: Path) -> Path:
+    """A repository whose one TensorRT model has an engine built for T4 (7.5) only, and a second
+    engine file an L4 override can point at."""
+    repo = root / "repo"
+    (repo / "det_trt" / "1").mkdir(parents=True)
+    for f in ("model_t4.plan", "model_l4.plan"):
+        (repo / "det_trt" / "1" / f).write_bytes(b"engine")
+    (repo / "det_trt" / "config.pbtxt").write_text(
+        _config("det_trt", 'platform: "tensorrt_plan"\ndefault_model_filename: "model_t4.plan"\n',
+                {"7.5": "model_t4.plan"}))
+    return repo
+
+
+def test_plan_built_for_another_class_is_refused(tmp_path):
+    repo = _plan_repository(tmp_path)
+    data = {"model_repository": str(repo)}
+    msg, _ = preflight_fake({}, {**data, "gpu_class": "L4"}, groups=("l4",), deploy_name="triton")
+    assert msg and "no host was changed" in msg and "@fake/gpu1" in msg
+    assert "TensorRT model 'det_trt'" in msg and "compute capability 7.5 only" in msg
+    assert "GPU class L4 (NVIDIA L4) is compute capability 8.9" in msg
+    assert f"{repo}/det_trt/config.pbtxt" in msg
+    assert 'cc_model_filenames { key: "8.9"' in msg and "inventories/group_data/l4.py" in msg
+    assert "model_overrides" in msg
+    # the class it was built for serves it
+    assert preflight_fake({}, {**data, "gpu_class": "T4"}, groups=("t4",), deploy_name="triton")[0] is None
+    # L4 given its own engine through model_overrides (the repository as the L4 host serves it)
+    l4 = {"det_trt": {"cc_model_filenames": {"8.9": "model_l4.plan"}, "default_model_filename": "model_l4.plan"}}
+    msg, _ = preflight_fake({}, {**data, "gpu_class": "L4", "model_overrides": l4}, groups=("l4",),
+                            deploy_name="triton")
+    assert msg is None
+    # the models layer alone, for a host without a GPU class: which engine it needs is not known
+    msg, _ = preflight_fake({}, {**data, "gpu_class": None}, groups=(), deploy_name="triton")
+    assert msg and "'det_trt' declares engines per compute capability" in msg and "gpu_class None" in msg
+    # the whole deploy refuses it too (after the GPU class checks)
+    msg, _ = preflight_fake(KEYS, {**data, "gpu_class": "L4"}, groups=("l4",), deploy_name="all")
+    assert msg and "TensorRT model 'det_trt'" in msg
+
+
+def test_plan_without_declared_capabilities_is_not_judged(tmp_path):
+    repo = _plan_repository(tmp_path)
+    cfg = repo / "det_trt" / "config.pbtxt"
+    cfg.write_text("".join(line + "\n" for line in cfg.read_text().splitlines() if "cc_model_filenames" not in line))
+    msg, _ = preflight_fake({}, {"model_repository": str(repo), "gpu_class": "L4"}, groups=("l4",),
+                            deploy_name="triton")
+    assert msg is None

@@ -1,0 +1,252 @@
+"""What pre-flight shares with the host-layer steps (driver, Docker, Container Toolkit): the files
+those steps manage on a host and the commands they read it with (and so the facts a converged
+host is read with, in one remote command), the driver branch a host gets, and the problems that
+stop the driver and toolkit steps (Secure Boot, daemon.json) with their help texts.
+
+Pre-flight refuses what these find before any host is touched; the steps (steps/host_prep.py)
+guard their own direct use with the same words. Reads host facts and tunables; runs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra import host
+from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
+
+from ..gpu import guard as gpuguard
+from ..pyinfra_ext import memo
+from ..settings import access as config
+from ..settings import table as tunables
+from . import driver_source
+from . import nvidia_repos as vendorfacts
+from .facts import (
+    AptSources,
+    DockerDaemonJson,
+    DpkgState,
+    DriverFiles,
+    FileState,
+    KeyringFingerprints,
+    SecureBoot,
+    UnitState,
+)
+from .kernel_module import COMMAND as KMOD_COMMAND
+from .kernel_module import FLAVOURS, default_flavour
+from .vendor_repos import CUDA_KEYRING, DOCKER_KEYRING, TOOLKIT_KEYRING, cuda_distro, source_path
+
+# --------------------------------------------------------------------------- managed files
+
+# The packages that move together with the kernel module (held, kept out of unattended-upgrades,
+# so a silent upgrade cannot cause "Driver/library version mismatch") are the driver's set in
+# tritonfleet/data/nvidia_repos/<distro>.toml: exactly those, not the Container Toolkit (pinned
+# by version instead), egl-wayland or DKMS.
+DRIVER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-nvidia-driver"
+# what chooses the driver's packages and versions (named when apt cannot install them)
+DRIVER_SETTINGS = "nvidia_driver_branch / nvidia_driver_version / nvidia_kernel_module"
+TOOLKIT_PIN_FILE = "/etc/apt/preferences.d/nvidia-container-toolkit"
+DOCKER_PIN_FILE = "/etc/apt/preferences.d/tritonfleet-docker"
+UNATTENDED_FILE = "/etc/apt/apt.conf.d/51tritonfleet-nvidia"
+UNATTENDED_TEXT = (
+    "// Managed by tritonfleet: driver and toolkit packages change only through the deploy.\n"
+    'Unattended-Upgrade::Package-Blacklist {\n    "cuda-drivers";\n    "nvidia-";\n'
+    '    "libnvidia-";\n};\n'
+)
+NOUVEAU_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
+NOUVEAU_TEXT = "# Managed by tritonfleet\nblacklist nouveau\noptions nouveau modeset=0\n"
+NONFREE_FILE = "/etc/apt/sources.list.d/tritonfleet-debian-nonfree.sources"
+PERSISTENCE_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/tritonfleet-persistence-mode.conf"
+PERSISTENCE_DROPIN_TEXT = (
+    "# Managed by tritonfleet: the packaged unit runs --no-persistence-mode; turn persistence on.\n"
+    "[Service]\nExecStart=\n"
+    "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose\n"
+)
+
+# --------------------------------------------------------------------------- commands that read the host
+
+NO_DRIVER = "couldn't communicate with the nvidia driver"
+
+
+def smi_command() -> str:
+    """The command the deploy asks the current host's driver with (tunables.smi_command)."""
+    return tunables.smi_command(config.get)
+
+
+def driver_version_command() -> str:
+    return f"{smi_command()} --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
+
+
+def persistence_command() -> str:
+    return f"{smi_command()} -q 2>&1 | grep -i 'Persistence Mode' || true"
+
+
+HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
+# the installed module's licence and the loaded module's /proc line (tritonfleet.kernel_module)
+KERNEL_MODULE_COMMAND = KMOD_COMMAND
+
+
+def driver_facts() -> list[tuple]:
+    """What the driver step reads on a converged host: one remote command (memo.prefetch)."""
+    return [(SecureBoot, {}), (LinuxDistribution, {}), (Arch, {}), (KernelVersion, {}), (DpkgState, {}),
+            (KeyringFingerprints, {"path": CUDA_KEYRING}), (FileState, {"path": source_path("cuda")}),
+            (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
+            (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
+            (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}), (DriverFiles, {}),
+            (Command, {"command": driver_version_command()}), (Command, {"command": persistence_command()}),
+            (Command, {"command": KERNEL_MODULE_COMMAND})]
+
+
+def docker_facts() -> list[tuple]:
+    """What the Docker step reads on a converged host."""
+    return [(DpkgState, {}), (UnitState, {"unit": "docker.service"}), (LinuxDistribution, {}), (Arch, {}),
+            *([(KeyringFingerprints, {"path": DOCKER_KEYRING}), (FileState, {"path": source_path("docker")}),
+               (FileState, {"path": DOCKER_PIN_FILE})] if config.get("docker_source") == "docker" else [])]
+
+
+def toolkit_facts() -> list[tuple]:
+    """What the Container Toolkit step reads on a converged host."""
+    return [(Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
+            (FileState, {"path": source_path("nvidia-container-toolkit")}),
+            (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
+            (Command, {"command": HOOK_COMMAND}), (FileState, {"path": gpuguard.UDEV_RULE_PATH}),
+            (Command, {"command": gpuguard.DEVCHAR_COMMAND})]
+
+
+def host_layer_facts() -> list[tuple]:
+    """Everything the host layer reads on a converged host: pre-flight reads it in one remote
+    command (memo.prefetch), and the steps find it there."""
+    return [*driver_facts(), *docker_facts(), *toolkit_facts()]
+
+
+# --------------------------------------------------------------------------- driver source
+
+def existing_driver() -> driver_source.Found:
+    """The driver the host has now and where it came from (read before any operation ran)."""
+    dpkg = memo.fact(DpkgState)
+    return driver_source.detect(dpkg["installed"], dpkg["held"], memo.fact(DriverFiles))
+
+
+def wanted_source() -> str:
+    """nvidia_driver_source, checked."""
+    source = config.get("nvidia_driver_source")
+    if source not in driver_source.SUPPORTED:
+        raise config.ConfigError(
+            f"{host.name}: nvidia_driver_source must be \"cuda\" (NVIDIA's CUDA repository) or \"debian\" "
+            f"(Debian 12's own packages), not {source!r} (inventory or inventories/group_data/)")
+    return source
+
+
+def driver_repo() -> str:
+    """The facts (tritonfleet/vendorfacts.py) of where the driver comes from: NVIDIA's CUDA
+    repository for the host's distro, or Debian 12's own archive (nvidia_driver_source = "debian")."""
+    if wanted_source() == "debian":
+        distro = cuda_distro()
+        if distro != "debian12":
+            raise config.ConfigError(
+                f"{host.name}: nvidia_driver_source = \"debian\" installs Debian 12's own nvidia-driver, but this "
+                f"host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or inventories/group_data/)")
+        return vendorfacts.DEBIAN_ARCHIVE
+    return cuda_distro()
+
+
+def driver_source_problem() -> str | None:
+    """Why the driver step must not run on this host (another source, no migration), or None."""
+    source = wanted_source()
+    found = existing_driver()
+    if driver_source.conflict(found, source) and not config.get("nvidia_driver_migrate"):
+        return driver_source.migration_help(host.name, found, source, driver_branch())
+    return None
+
+
+# --------------------------------------------------------------------------- driver branch
+
+def driver_branch() -> str:
+    """The driver branch for this host: nvidia_driver_branch, else the distro's default."""
+    branch = config.get("nvidia_driver_branch")
+    if branch:
+        return str(branch)
+    distro = driver_repo()
+    defaults = config.get("nvidia_driver_branch_default") or {}
+    if distro not in defaults:
+        raise config.ConfigError(
+            f"{host.name}: no driver branch for {distro}: set nvidia_driver_branch (inventory or "
+            f"inventories/group_data/<class>.py), or add {distro} to nvidia_driver_branch_default "
+            "(inventories/group_data/all.py)")
+    return str(defaults[distro])
+
+
+def kernel_module() -> str:
+    """The kernel module flavour for this host: nvidia_kernel_module, else NVIDIA's default for the
+    driver branch (open from R560)."""
+    flavour = config.get("nvidia_kernel_module")
+    if flavour:
+        if flavour not in FLAVOURS:
+            raise config.ConfigError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} "
+                                     f"or None, not {flavour!r} (inventories/group_data/<class>.py)")
+        return str(flavour)
+    return default_flavour(driver_branch())
+
+
+def driver_upstream_version() -> str | None:
+    """nvidia_driver_version as the upstream release ('580.159.04'), or None (newest of the branch)."""
+    version = config.get("nvidia_driver_version")
+    if not version:
+        return None
+    return str(version).split(":", 1)[-1].split("-", 1)[0]
+
+
+def driver_version_problem(distro: str, branch: str) -> str | None:
+    """Why nvidia_driver_version cannot pin anything in ``distro``'s repository (None: it can)."""
+    version = config.get("nvidia_driver_version")
+    if not version:
+        return None
+    version = str(version)
+    upstream = driver_upstream_version()
+    shape = vendorfacts.version_shape(distro)
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", upstream or ""):
+        return f"nvidia_driver_version {version!r} is not a driver version (e.g. {shape['example'].split('-')[0]})"
+    if upstream.split(".")[0] != branch:
+        return (f"nvidia_driver_version {version} is not a release of branch {branch} "
+                f"(set nvidia_driver_branch = \"{upstream.split('.')[0]}\", or a {branch}.x version)")
+    if "-" in version and not (vendorfacts.version_matches(distro, version, "metapackage")
+                               or vendorfacts.version_matches(distro, version, "driver")):
+        return (f"nvidia_driver_version {version} does not have the shape of {distro}'s package versions "
+                f"(driver packages like {shape['example']}): it would pin nothing there; give the upstream "
+                f"release {upstream} and the deploy pins every package of that release")
+    return None
+
+
+# --------------------------------------------------------------------------- what stops a step
+
+SECURE_BOOT_HELP = (
+    "{host}: UEFI Secure Boot is enabled: the DKMS-built nvidia module is unsigned and will not "
+    "load, leaving a half-installed driver. Do one of: enroll a Machine Owner Key and let DKMS "
+    "sign the module (`mokutil --import /var/lib/dkms/mok.pub`, confirm at the next boot), use "
+    "the distribution's signed precompiled modules (Ubuntu: linux-modules-nvidia-<branch>-server-"
+    "<flavour>, set nvidia_driver_packages), or disable Secure Boot in the firmware. Then set "
+    "nvidia_secure_boot_ok = True for this host and run the deploy again."
+)
+
+SECURE_BOOT_UNKNOWN_HELP = (
+    "{host}: cannot tell whether UEFI Secure Boot is enabled: the host booted with UEFI, mokutil "
+    "gave no answer (`mokutil --sb-state`: not installed or failing) and the SecureBoot EFI variable "
+    "is not readable. With Secure Boot on, the DKMS-built nvidia module would not load. Install "
+    "mokutil on the host (apt-get install mokutil) and run the deploy again; or, once you know Secure "
+    "Boot is off or handled (MOK enrolled, signed modules), set nvidia_secure_boot_unknown_ok = True "
+    "for this host."
+)
+
+DAEMON_JSON_HELP = (
+    "{host}: /etc/docker/daemon.json is not valid JSON; fix the file on the host by hand "
+    "(`python3 -m json.tool /etc/docker/daemon.json` shows where), then run the deploy again "
+    "(tritonfleet never overwrites the operator's daemon.json)"
+)
+
+
+def secure_boot_problem() -> str | None:
+    """The message that stops the driver step, from the SecureBoot fact and the two opt-ins."""
+    state = memo.fact(SecureBoot)
+    if state is True and not config.get("nvidia_secure_boot_ok"):
+        return SECURE_BOOT_HELP.format(host=host.name)
+    if state is None and not (config.get("nvidia_secure_boot_unknown_ok") or config.get("nvidia_secure_boot_ok")):
+        return SECURE_BOOT_UNKNOWN_HELP.format(host=host.name)
+    return None

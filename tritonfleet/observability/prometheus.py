@@ -1,0 +1,340 @@
+"""Prometheus for the fleet, generated from the inventory: file_sd target files, the scrape job,
+recording and alerting rules, and a Grafana dashboard (tritonfleet.dashboard).
+
+Layout written by :func:`write` (``tritonfleet prometheus INVENTORY --out DIR``)::
+
+    DIR/targets/<job>-<group>.json   file_sd targets, one file per inventory group
+    DIR/scrape-<job>.yml             the scrape job (paste under scrape_configs:)
+    DIR/rules/<job>.rules.yml        recording and alerting rules (rule_files:)
+    DIR/prometheus.yml               a complete configuration using the three above
+    DIR/grafana/<job>-fleet.json     the dashboard
+
+Every target carries the labels ``host`` (inventory name), ``gpu_class`` and ``group``; a host with
+one Triton per GPU (``triton_per_gpu``) is one target per GPU, each with the label ``gpu`` (its index).
+Latency figures come from Triton's cumulative ``_us`` counters: rate(duration) / rate(count) is
+the mean over the window, not a percentile (Triton exports no histogram, and its summaries are
+off by default and cannot be aggregated across hosts).
+
+Thresholds are tunables (``monitor_*``), per host like every tunable: when hosts differ, each
+value gets its own rule restricted to its hosts by a ``host=~`` matcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..fleet.inventory import FleetError, FleetHost
+from . import metrics
+
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+JOB_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class Options:
+    job: str = "triton"
+    scrape_interval: str = "15s"
+    rate_window: str = "5m"
+    #: where DIR lives on the Prometheus server (paths in the scrape job and prometheus.yml)
+    prometheus_dir: str = ""
+
+    def check(self) -> None:
+        if not JOB_NAME.match(self.job):
+            raise FleetError(f"--job {self.job!r}: letters, digits, '_' and '-' only")
+        for opt, value in (("--scrape-interval", self.scrape_interval),
+                           ("--rate-window", self.rate_window)):
+            if not DURATION.match(value):
+                raise FleetError(f"{opt} {value!r} is not a Prometheus duration (e.g. 15s, 5m)")
+        if _seconds(self.rate_window) < 4 * _seconds(self.scrape_interval):
+            raise FleetError(f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
+                             f"({self.scrape_interval}) for rate() to see enough samples")
+
+
+def _seconds(d: str) -> float:
+    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    return sum(float(n) * unit[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", d))
+
+
+# ---- targets ---------------------------------------------------------------------------------
+
+@dataclass
+class Target:
+    host: FleetHost
+    target: str
+    labels: dict[str, str]
+
+
+def targets(hosts: list[FleetHost]) -> tuple[list[Target], list[str]]:
+    """Scrape targets of every host (inventory order), and warnings about hosts Prometheus may
+    not reach."""
+    out, warnings, seen = [], [], {}
+    for h in hosts:
+        for target, gpu in metrics.metrics_targets(h):
+            if target in seen:
+                raise FleetError(f"{h.name}: metrics endpoint {target} is also {seen[target]}'s: "
+                                 "set health_host or ssh_hostname so each host has its own address")
+            seen[target] = h.name + (f" GPU {gpu}" if gpu is not None else "")
+            labels = {"host": h.name}
+            if h.gpu_class:
+                labels["gpu_class"] = h.gpu_class
+            if h.group:
+                labels["group"] = h.group
+            if gpu is not None:  # one Triton per GPU (triton_per_gpu): the instance's GPU
+                labels["gpu"] = str(gpu)
+            out.append(Target(h, target, labels))
+        bind = metrics.tunable(h, "triton_metrics_bind")
+        if bind and bind.startswith("127."):
+            warnings.append(f"{h.name}: triton_metrics_bind={bind}: the metrics port listens on "
+                            "loopback only, Prometheus cannot scrape it (widen triton_metrics_bind)")
+        if metrics.tunable(h, "health_via") == "ssh":
+            warnings.append(f"{h.name}: health_via=ssh: Prometheus scrapes {metrics.metrics_target(h)} directly; "
+                            "open the metrics port to the Prometheus server")
+    return out, warnings
+
+
+def file_sd(ts: list[Target], job: str) -> dict[str, list[dict]]:
+    """file name -> file_sd content (one file per group, one entry per host)."""
+    files: dict[str, list[dict]] = {}
+    for t in ts:
+        group = t.labels.get("group", "ungrouped")
+        files.setdefault(f"{job}-{group}.json", []).append({"targets": [t.target], "labels": t.labels})
+    return files
+
+
+def scrape_job(opts: Options, base: str) -> dict:
+    return {
+        "job_name": opts.job,
+        "scrape_interval": opts.scrape_interval,
+        "scrape_timeout": opts.scrape_interval if _seconds(opts.scrape_interval) < 10 else "10s",
+        "metrics_path": "/metrics",
+        "file_sd_configs": [{"files": [f"{base}/targets/{opts.job}-*.json"], "refresh_interval": "1m"}],
+    }
+
+
+# ---- rules -----------------------------------------------------------------------------------
+
+def _host_regex(names: list[str]) -> str:
+    """A RE2 alternation matching exactly these host names (PromQL raw string, backticks)."""
+    return "|".join(re.sub(r"([^A-Za-z0-9_-])", r"\\\1", n) for n in names)
+
+
+def _partitions(hosts: list[FleetHost], keys: tuple[str, ...]) -> list[tuple[tuple, str]]:
+    """[(values of ``keys``, extra matcher)]: one entry when every host has the same values
+    (no matcher), else one per distinct set of values, restricted to its hosts."""
+    groups: dict[str, tuple[tuple, list[str]]] = {}
+    for h in hosts:
+        values = tuple(metrics.tunable(h, k) for k in keys)
+        for k, v in zip(keys, values, strict=True):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise FleetError(f"{h.name}: tunable {k} = {v!r} must be a number >= 0 (group data)")
+        groups.setdefault(json.dumps(values), (values, []))[1].append(h.name)
+    if len(groups) == 1:
+        return [(next(iter(groups.values()))[0], "")]
+    return [(values, f", host=~`{_host_regex(names)}`") for values, names in groups.values()]
+
+
+def _num(v: float) -> str:
+    return repr(float(v)).removesuffix(".0") if float(v).is_integer() else repr(float(v))
+
+
+def recording_rules(opts: Options) -> list[dict]:
+    j, w = f'job="{opts.job}"', opts.rate_window
+
+    def rate(metric: str) -> str:
+        return f"rate({metric}{{{j}}}[{w}])"
+
+    compute = " + ".join(rate(f"nv_inference_compute_{p}_duration_us") for p in ("input", "infer", "output"))
+    rules = [
+        (f"triton_model:requests:rate{w}", rate("nv_inference_request_success")),
+        (f"triton_model:failures:rate{w}",
+         f"sum without (reason) ({rate('nv_inference_request_failure')})"),
+        (f"triton_model:failure_ratio:rate{w}",
+         f"triton_model:failures:rate{w} / (triton_model:failures:rate{w} + triton_model:requests:rate{w})"),
+        (f"triton_model:request_duration_us:mean{w}",
+         f"{rate('nv_inference_request_duration_us')} / {rate('nv_inference_request_success')}"),
+        (f"triton_model:queue_duration_us:mean{w}",
+         f"{rate('nv_inference_queue_duration_us')} / {rate('nv_inference_request_success')}"),
+        (f"triton_model:compute_duration_us:mean{w}",
+         f"({compute}) / {rate('nv_inference_request_success')}"),
+        (f"triton_model:batch_size:mean{w}",
+         f"{rate('nv_inference_count')} / {rate('nv_inference_exec_count')}"),
+        (f"triton_host:gpu_utilization:avg{w}",
+         f"avg without (gpu_uuid) (avg_over_time(nv_gpu_utilization{{{j}}}[{w}]))"),
+        ("triton_gpu:memory_used:ratio",
+         f"nv_gpu_memory_used_bytes{{{j}}} / nv_gpu_memory_total_bytes{{{j}}}"),
+    ]
+    return [{"record": name, "expr": expr} for name, expr in rules]
+
+
+def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
+           labels: dict | None = None) -> dict:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity, **(labels or {})},
+        "annotations": {"summary": summary, "description": description},
+    }
+
+
+def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list[str]]) -> list[dict]:
+    """Alerts; ``models``: model -> hosts expected to serve it (their model repository)."""
+    j, w = f'job="{opts.job}"', opts.rate_window
+    on = "{{ $labels.host }} ({{ $labels.instance }})"
+    rules = [_alert(
+        "TritonDown", f"up{{{j}}} == 0", "2m", "critical",
+        f"Triton on {on} does not answer on its metrics port",
+        "Prometheus cannot scrape the host's Triton metrics endpoint: the container or the host is "
+        "down, or the port is closed. Check `systemctl status triton` and its journal on the host.",
+    )]
+    everyone = sorted(h.name for h in hosts)
+    for model, names in sorted(models.items()):
+        sel = "" if sorted(names) == everyone else f", host=~`{_host_regex(sorted(names))}`"
+        rules.append(_alert(
+            "TritonModelNotReady",
+            f'label_replace((up{{{j}{sel}}} == 1) unless on (instance) '
+            f'nv_inference_request_success{{{j}, model="{model}"}}, "model", "{model}", "", "")',
+            "2m", "critical",
+            f"{model} is not loaded on {on}",
+            "Triton answers but reports no metrics for the model (Triton drops a model's "
+            "nv_inference_request_success when it is not loaded): it failed to load or was unloaded. "
+            f"Check GET /v2/models/{model}/ready and the Triton log.",
+            {"model": model},
+        ))
+    for (ratio,), sel in _partitions(hosts, ("monitor_failure_ratio",)):
+        rules.append(_alert(
+            "TritonModelFailures", f"triton_model:failure_ratio:rate{w}{{{j}{sel}}} > {_num(ratio)}",
+            "5m", "warning",
+            f"{{{{ $labels.model }}}} fails {{{{ $value | humanizePercentage }}}} of requests on {on}",
+            f"More than {_num(ratio * 100)}% of the model's requests failed over {w} "
+            "(nv_inference_request_failure by reason).",
+        ))
+    for (ms,), sel in _partitions(hosts, ("monitor_latency_ms",)):
+        rules.append(_alert(
+            "TritonModelSlow", f"triton_model:request_duration_us:mean{w}{{{j}{sel}}} > {_num(ms * 1000)}",
+            "10m", "warning",
+            f"{{{{ $labels.model }}}} on {on} takes {{{{ $value | printf \"%.0f\" }}}} us a request",
+            f"The mean request time (queue + compute) over {w} is above {_num(ms)} ms. It is a mean from "
+            "Triton's cumulative _us counters (rate(duration) / rate(count)), not a percentile.",
+        ))
+    for (ratio,), sel in _partitions(hosts, ("monitor_queue_compute_ratio",)):
+        factor = "" if ratio == 1 else f"{_num(ratio)} * "
+        rules.append(_alert(
+            "TritonQueueDominates",
+            f"triton_model:queue_duration_us:mean{w}{{{j}{sel}}} > "
+            f"{factor}triton_model:compute_duration_us:mean{w}",
+            "10m", "warning",
+            f"{{{{ $labels.model }}}} on {on}: requests wait longer in the queue than they compute",
+            "Mean queue time is above the mean compute time. With an idle GPU lower "
+            "max_queue_delay_microseconds (see TritonQueueWhileGpuIdle); with a busy GPU add "
+            "instances or hosts. `tritonfleet tune` shows the figures.",
+        ))
+    for (ratio, low), sel in _partitions(hosts, ("monitor_queue_compute_ratio", "monitor_low_utilization")):
+        factor = "" if ratio == 1 else f"{_num(ratio)} * "
+        rules.append(_alert(
+            "TritonQueueWhileGpuIdle",
+            f"(triton_model:queue_duration_us:mean{w}{{{j}{sel}}} > "
+            f"{factor}triton_model:compute_duration_us:mean{w}) "
+            f"and on (instance) (triton_host:gpu_utilization:avg{w} < {_num(low)})",
+            "10m", "warning",
+            f"{{{{ $labels.model }}}} on {on}: queue time dominates while the GPU is under "
+            f"{_num(low * 100)}% busy: lower max_queue_delay_microseconds",
+            "Requests wait for the dynamic batcher while the GPU idles: lower the model's "
+            "max_queue_delay_microseconds (config.pbtxt, or model_overrides per GPU class).",
+        ))
+    for (ratio,), sel in _partitions(hosts, ("monitor_gpu_memory_ratio",)):
+        rules.append(_alert(
+            "TritonGpuMemoryNearFull", f"triton_gpu:memory_used:ratio{{{j}{sel}}} > {_num(ratio)}",
+            "5m", "warning",
+            f"GPU {{{{ $labels.gpu_uuid }}}} on {on} is {{{{ $value | humanizePercentage }}}} full",
+            f"Used GPU memory is above {_num(ratio * 100)}% of the total: a further model instance "
+            "or a larger batch may fail to allocate.",
+        ))
+    return rules
+
+
+def rules_file(opts: Options, hosts: list[FleetHost], models: dict[str, list[str]]) -> dict:
+    return {"groups": [
+        {"name": f"{opts.job}.recording", "rules": recording_rules(opts)},
+        {"name": f"{opts.job}.alerts", "rules": alerting_rules(opts, hosts, models)},
+    ]}
+
+
+def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
+    """model -> hosts that serve it: the models of each host's model_repository."""
+    from ..model_repo.validate import list_models
+
+    out: dict[str, list[str]] = {}
+    for h in hosts:
+        repo = Path(str(metrics.tunable(h, "model_repository")))
+        if not repo.is_dir():
+            raise FleetError(f"{h.name}: model_repository {repo} is not a directory (set "
+                             "model_repository in group data, relative to where tritonfleet runs)")
+        for m in list_models(repo):
+            out.setdefault(m, []).append(h.name)
+    return out
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+@dataclass
+class Generated:
+    files: dict[str, str]  #: path relative to DIR -> content
+    targets: list[Target]
+    warnings: list[str]
+    rules: dict
+
+
+def _yaml(data: Any, header: str) -> str:
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=1000, allow_unicode=True)
+    return f"# {header}\n# Generated by `tritonfleet prometheus`; regenerate instead of editing.\n{body}"
+
+
+def generate(hosts: list[FleetHost], opts: Options) -> Generated:
+    """Everything :func:`write` writes, in memory (nothing is written when this raises)."""
+    from . import dashboard
+
+    opts.check()
+    if not hosts:
+        raise FleetError("the inventory has no hosts")
+    ts, warnings = targets(hosts)
+    base = opts.prometheus_dir.rstrip("/") or "."
+    job = scrape_job(opts, base)
+    rules = rules_file(opts, hosts, expected_models(hosts))
+    files = {f"targets/{name}": json.dumps(entries, indent=2) + "\n"
+             for name, entries in file_sd(ts, opts.job).items()}
+    files[f"scrape-{opts.job}.yml"] = _yaml(
+        [job], "Scrape job for the Triton fleet: paste under scrape_configs: in prometheus.yml.")
+    files[f"rules/{opts.job}.rules.yml"] = _yaml(
+        rules, "Recording and alerting rules for the Triton fleet (rule_files: in prometheus.yml).")
+    files["prometheus.yml"] = _yaml({
+        "global": {"scrape_interval": opts.scrape_interval, "evaluation_interval": opts.scrape_interval},
+        "rule_files": [f"{base}/rules/*.rules.yml"],
+        "scrape_configs": [job],
+    }, "A complete Prometheus configuration for the Triton fleet (or merge its parts into yours).")
+    files[f"grafana/{opts.job}-fleet.json"] = json.dumps(dashboard.dashboard(opts), indent=2) + "\n"
+    return Generated(files, ts, warnings, rules)
+
+
+def write(gen: Generated, out: Path, job: str) -> list[Path]:
+    """Write the files (each replaced atomically) and remove target files of groups that are no
+    longer in the inventory, so Prometheus stops scraping them. Returns the removed files."""
+    for rel, content in gen.files.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(content)
+        os.replace(tmp, path)
+    removed = []
+    for old in sorted((out / "targets").glob(f"{job}-*.json")):
+        if f"targets/{old.name}" not in gen.files:
+            old.unlink()
+            removed.append(old)
+    return removed

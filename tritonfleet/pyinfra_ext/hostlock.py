@@ -1,0 +1,426 @@
+"""One run at a time per host: a deploy lock on the host, held for the whole run.
+
+Two operators' runs interleaving on one host (one switching the model release while the other
+builds it, one restarting Triton in the middle of the other's health gate) is prevented by an
+exclusive ``flock`` on ``/run/lock/tritonfleet.lock`` on the host. The lock is held by a small
+remote process, started by the deploy file's ``pyinfra_patches.install()`` (pyinfra has
+connected to every host by then, and has read no fact yet):
+
+    bash: exec 9>>LOCK; flock 9 (waiting up to deploy_lock_timeout); write who holds it;
+          then read heartbeats from the control machine, one every ssh_keepalive_interval
+
+The holder ends, and the kernel releases the lock, when the run ends or can no longer hold it:
+
+* the run ends (normally, Ctrl-C, SIGKILL): its heartbeat process stops within one interval
+  (it watches the run's pid), the SSH session sees end of input;
+* the link or the control machine dies: no heartbeat arrives for ssh_keepalive_interval x
+  ssh_keepalive_count seconds (``read -t``), whatever the TCP connection still believes;
+* the host reboots (/run is a tmpfs): the deploy takes the lock again after the reboot
+  (tritonfleet.ops.reboot).
+
+A second run waits up to ``deploy_lock_timeout`` seconds, saying whom it waits for; then it stops
+before anything changed on any host, naming the holder (user, control machine, pid, start time,
+run id, command). The heartbeats come from a separate process, not from the deploy's Python,
+so a long CPU-bound phase of pyinfra (hashing a large model repository) never starves them: one
+process for all of a run's hosts (``start_beater``), writing a line down each holder's pipe; the
+holders are started with posix_spawn, not fork (``Child``). A run thus costs one OpenSSH client a
+host and one more process, not three processes a host (measured at 500 hosts: 1501 processes
+before, bench/run.py scale, docs/scale.md). The holder runs over the OpenSSH client when the host
+allows it (tritonfleet.transfer's ``auto`` rule), else on pyinfra's own connection (heartbeats
+then come from the deploy process).
+
+``--dry`` runs and the Python API take no lock: they change nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..core import runid
+from ..core.procs import die_with_parent
+from ..core.shell import q
+from ..settings.defaults import DEFAULTS
+from . import transfer
+from .connection import keepalive
+
+LOCK_FILE = "/run/lock/tritonfleet.lock"
+BUSY, NO_FLOCK, NO_FILE = 75, 72, 71
+GROUP_DATA = "inventories/group_data/all.py"
+
+
+class LockError(SystemExit):
+    """Stops the run before any operation ran (raised while pyinfra prepares operations)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"tritonfleet: no host was changed:\n{message}")
+
+
+def lock_script(holder: str, wait: int, dead: int) -> str:
+    """bash: take the lock (waiting up to ``wait`` s), record ``holder`` in it, then hold it while
+    a heartbeat line arrives on stdin at least every ``dead`` seconds."""
+    take = (f"flock -w {int(wait)} 9 || {{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}" if wait > 0
+            else f"{{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}")
+    return (
+        f"command -v flock >/dev/null || {{ echo 'noflock'; exit {NO_FLOCK}; }}; "
+        f"exec 9>>{LOCK_FILE} || exit {NO_FILE}; "
+        f"if ! flock -n 9; then echo \"waiting $(head -n 1 {LOCK_FILE})\"; {take}; fi; "
+        f"printf '%s\\n' {q(holder)} > {LOCK_FILE}; echo locked; "
+        f"while read -r -t {int(dead)} _; do :; done"
+    )
+
+
+def remote_command(host, script: str) -> str:
+    """``script`` under bash on the host, with sudo when the inventory asks for it."""
+    command = f"bash -c {q(script)}"
+    data = getattr(host, "data", None)
+    if data is not None and data.get("_sudo"):
+        command = f"sudo -n -H -- {command}"
+    return command
+
+
+class Holder:
+    """The process holding one host's lock (see the module docstring)."""
+
+    def __init__(self, host, wait: int, interval: int, count: int, holder: str | None = None):
+        self.host, self.wait, self.interval, self.count = host, wait, interval, count
+        self.holder = holder or runid.holder()
+        self.procs: list = []  # Child (the holder), then its own heartbeat process if it has one
+        self.channel = None
+        self.beat_fd: int | None = None
+        self.waited_for = ""
+
+    def _script(self) -> str:
+        return lock_script(self.holder, self.wait, self.interval * self.count)
+
+    def start(self, beater: bool = True) -> None:
+        """Start the holder process. Its heartbeats come from a process of its own (``beater``),
+        or, for a whole run's holders started together, from one shared process that
+        ``acquire_all`` starts once they all are (``beat_fd`` is then this holder's pipe end)."""
+        how = transfer.choose(self.host, "auto")
+        if how == "connection":
+            self._start_channel()
+            return
+        remote = remote_command(self.host, self._script())
+        argv = transfer.ssh_argv(self.host, remote) if how == "ssh" else ["sh", "-c", remote]
+        read, self.beat_fd = os.pipe()
+        # posix_spawn, not fork: the cost does not grow with this process's size (gevent's Popen,
+        # pyinfra's under its patching, forks: copying the page tables of a 500-host run took
+        # 12 ms a host, 6 s of the run's CPU). No die_with_parent (it needs fork): the holder ends
+        # with the run anyway, as the run's end ends its heartbeat process (die_with_parent) and
+        # the holder reads end of input and lets go
+        try:
+            proc = Child(argv, stdin=read)
+        finally:
+            os.close(read)
+        self.procs = [proc]
+        if beater:
+            self.procs.append(start_beater([self.beat_fd], self.interval))
+            self.beat_fd = None
+
+    def _start_channel(self) -> None:
+        transport = self.host.connector.client.get_transport()
+        chan = transport.open_session(timeout=self.interval * self.count)
+        chan.exec_command(remote_command(self.host, self._script()))
+        self.channel = chan
+
+        def beat():
+            while not chan.closed:
+                try:
+                    chan.sendall(b"\n")
+                except OSError:
+                    return
+                time.sleep(self.interval)
+
+        threading.Thread(target=beat, daemon=True).start()
+
+    def _lines(self):
+        if self.channel is not None:
+            f = self.channel.makefile("rb")
+            yield from (ln.decode(errors="replace") for ln in f)
+            return
+        for ln in _cooperative(self.procs[0].stdout):
+            yield ln.decode(errors="replace")
+
+    def _stderr(self) -> str:
+        if self.channel is not None:
+            return self.channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+        proc = self.procs[0]
+        try:
+            proc.wait(self.interval * self.count)
+        except subprocess.TimeoutExpired:
+            return ""
+        return _cooperative(proc.stderr).read().decode(errors="replace").strip()
+
+    def acquire(self, say=None, started: bool = False) -> str:
+        """Wait for the lock. Returns "" once held, else why not (one line, naming the fix).
+        ``started``: start() was called already (acquire_all starts every holder first)."""
+        if not started:
+            self.start()
+        for line in self._lines():
+            line = line.rstrip("\n")
+            if line == "locked":
+                return ""
+            if line.startswith("waiting "):
+                self.waited_for = line[len("waiting "):]
+                if say:
+                    say(f"{self.host.name}: waiting up to {self.wait}s for the deploy lock, held by "
+                        f"{self.waited_for or 'an earlier run'}")
+            elif line.startswith("busy "):
+                who = line[len("busy "):] or self.waited_for or "another run"
+                self.release()
+                return (f"{self.host.name}: another run holds the deploy lock ({LOCK_FILE} on the host): "
+                        f"{who}. Waited {self.wait}s for it (deploy_lock_timeout in {GROUP_DATA} or the "
+                        "inventory). Let that run finish (or stop it), then run again")
+            elif line == "noflock":
+                self.release()
+                return (f"{self.host.name}: the host has no `flock` command (util-linux), which the deploy "
+                        "lock needs: install util-linux on the host")
+        err = self._stderr()
+        self.release()
+        return (f"{self.host.name}: could not take the deploy lock ({LOCK_FILE} on the host): "
+                f"{err or 'the holder process ended'}")
+
+    def release(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        if self.beat_fd is not None:  # started, its shared heartbeat process never was
+            os.close(self.beat_fd)
+            self.beat_fd = None
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            if isinstance(p, Child):
+                p.close()
+        self.procs = []
+
+
+# The heartbeat process: a newline to every holder's pipe every interval, for as long as the run's
+# process lives (and PR_SET_PDEATHSIG ends it with that process). A holder that is gone (its pipe
+# closed) is dropped; a holder that reads slowly is skipped, never waited for (non-blocking).
+BEAT = """
+import os, sys, time
+run, interval, fds = int(sys.argv[1]), float(sys.argv[2]), [int(a) for a in sys.argv[3:]]
+for fd in fds:
+    os.set_blocking(fd, False)
+while fds and os.getppid() == run:
+    kept = []
+    for fd in fds:
+        try:
+            os.write(fd, b"\\n")
+        except BlockingIOError:
+            pass
+        except OSError:
+            os.close(fd)
+            continue
+        kept.append(fd)
+    fds = kept
+    time.sleep(interval)
+"""
+
+_beaters: list[subprocess.Popen] = []
+
+
+class Child:
+    """A child process started with ``posix_spawn`` (the C library starts it the vfork way: the
+    cost does not grow with this process's size, unlike fork), its stdin ``stdin`` (a file
+    descriptor), its stdout and stderr pipes to this process. The subset of subprocess.Popen the
+    holder uses: poll, wait, kill, stdout, stderr."""
+
+    def __init__(self, argv: list[str], stdin: int):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        actions = [(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                   (os.POSIX_SPAWN_DUP2, err_w, 2)]
+        try:
+            self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.stdout, self.stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 - closed in close()
+        self.returncode: int | None = None
+        # a pidfd names this process, not whoever gets its pid once it is reaped (Linux >= 5.3)
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            pass
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else (gevent's child watcher): gone
+                pid, status = self.pid, 255 << 8
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                self._done()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(self.pid, timeout)
+            time.sleep(0.02)  # gevent's sleep under its patching: the other hosts go on
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is not None:
+            return
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _done(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def close(self) -> None:
+        self.stdout.close()
+        self.stderr.close()
+
+
+def _cooperative(f):
+    """``f`` (a pipe from a child) to read without stopping every other host's greenlet while
+    this one waits, when the run is under gevent's patching; else ``f`` itself."""
+    try:
+        from gevent.fileobject import FileObjectPosix
+        from gevent.monkey import is_module_patched
+    except ImportError:  # pragma: no cover
+        return f
+    return FileObjectPosix(f.fileno(), "rb", close=False) if is_module_patched("threading") else f
+
+
+def start_beater(fds: list[int], interval: int) -> subprocess.Popen:
+    """One process sending heartbeats down every pipe end in ``fds`` (closed here once it has
+    them): one process for a whole run's holders, instead of one per host."""
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", BEAT, str(os.getpid()), str(interval),
+                                 *map(str, fds)], pass_fds=fds, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, preexec_fn=die_with_parent())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+_held: dict[str, Holder] = {}
+
+
+def enabled() -> bool:
+    """Locks are taken by pyinfra's CLI runs that change hosts (not --dry, not the API)."""
+    import pyinfra
+
+    return bool(pyinfra.is_cli) and "--dry" not in sys.argv[1:]
+
+
+def _settings(host) -> tuple[int, int, int]:
+    data = host.data
+    interval, count = keepalive(data)  # ValueError names the tunable
+    wait = data.get("deploy_lock_timeout")
+    try:
+        wait = int(DEFAULTS["deploy_lock_timeout"] if wait is None else wait)
+        if wait < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"deploy_lock_timeout must be a whole number of seconds >= 0, not {wait!r}") from None
+    return wait, interval, count
+
+
+def lockable(host) -> bool:
+    return transfer.is_ssh_host(host) or transfer.is_local_host(host)
+
+
+def acquire_all(state=None, say=None) -> int:
+    """Take the deploy lock on every connected host of the run, all at once; stop the run
+    (LockError, nothing changed) naming every host whose lock another run kept. Returns how
+    many locks are held."""
+    if state is None:
+        from pyinfra.context import ctx_state
+
+        if not ctx_state.isset():
+            return 0
+        state = ctx_state.get()
+    if say is None:
+        from pyinfra import logger
+
+        say = logger.warning
+    todo, errors = [], []
+    for h in getattr(state, "inventory", []) or []:
+        if not getattr(h, "connected", False) or h.name in _held or not lockable(h):
+            continue
+        try:
+            todo.append(Holder(h, *_settings(h)))
+        except (ValueError, transfer.TransferError) as e:
+            errors.append(f"{h.name}: {e}" if not str(e).startswith(f"{h.name}:") else str(e))
+    if errors:
+        raise LockError("\n".join(errors) + f" (set it in {GROUP_DATA} or the inventory)")
+    if not todo:
+        return len(_held)
+    started = []
+    try:
+        for lk in todo:  # every holder process first (cheap), then one heartbeat process for all
+            lk.start(beater=False)
+            started.append(lk)
+        fds = [lk.beat_fd for lk in started if lk.beat_fd is not None]
+        if fds:
+            for lk in started:
+                lk.beat_fd = None
+            _beaters.append(start_beater(fds, min(lk.interval for lk in started)))
+    except BaseException:
+        for lk in started:
+            lk.release()
+        raise
+    with ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
+        results = list(pool.map(lambda lk: lk.acquire(say, started=True), todo))
+    failed = [why for why in results if why]
+    for lk, why in zip(todo, results, strict=True):
+        if not why:
+            _held[lk.host.name] = lk
+    if failed:
+        release_all()
+        raise LockError("\n".join(failed))
+    return len(_held)
+
+
+def reacquire(host, say=None) -> None:
+    """Take the host's lock again on its new connection (after a reboot ended the holder).
+    Raises RuntimeError naming the holder when another run took it in the meantime."""
+    old = _held.pop(host.name, None)
+    if old is None:
+        return
+    old.release()
+    lk = Holder(host, old.wait, old.interval, old.count, old.holder)
+    why = lk.acquire(say)
+    if why:
+        raise RuntimeError(why)
+    _held[host.name] = lk
+
+
+def release_all() -> None:
+    for name in list(_held):
+        _held.pop(name).release()
+    while _beaters:
+        p = _beaters.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+atexit.register(release_all)  # at once on a normal exit (else within one heartbeat interval)

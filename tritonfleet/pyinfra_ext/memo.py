@@ -1,0 +1,160 @@
+"""Facts read once per host per run, for as long as nothing on the host changed, and many facts
+read in one remote command.
+
+pyinfra 3 runs a fact's command every time it is asked for, so four package operations read
+``dpkg`` four times on a host where nothing changes. ``fact()`` keeps the answer on the host
+object and forgets all of them as soon as an operation on that host changed something (or
+failed): the next read runs the command again. Operations named ``check: ...`` change nothing by
+this project's convention (tritonfleet.ops.check.is_check) and forget nothing. Facts read while pyinfra prepares the deploy
+(before any operation runs) are exact for the start of the execution as well.
+
+``prefetch()`` reads the facts a deploy step will need in one remote command (one round trip
+instead of one per fact: what a converged host costs over a WAN link); each answer is processed
+by its own fact class, exactly as pyinfra would. A fact whose command fails is left out and read
+again on its own, so failures behave as pyinfra's do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api import FactBase
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_host, ctx_state
+
+from .check import is_check
+
+_ATTR = "_tritonfleet_fact_memo"
+_HANDLER = "_tritonfleet_fact_memo_handler"
+
+
+def _memo(host) -> dict:
+    memo = getattr(host, _ATTR, None)
+    if memo is None:
+        memo = {"facts": {}, "last_op": None}
+        setattr(host, _ATTR, memo)
+    return memo
+
+
+def _is_check(state, op_hash) -> bool:
+    try:
+        names = state.get_op_meta(op_hash).names
+    except (KeyError, AttributeError):
+        return False
+    return bool(names) and all(is_check(n) for n in names)
+
+
+def _op_changed_or_failed(state, host, op_hash) -> bool:
+    try:
+        meta = state.get_op_data_for_host(host, op_hash).operation_meta
+    except (KeyError, AttributeError):
+        return True
+    if not meta.is_complete() or not meta.did_succeed(False):
+        return True
+    return meta.did_change() and not _is_check(state, op_hash)
+
+
+class _ForgetOnChange(BaseStateCallback):
+    """Before an operation starts on a host: if the previous one changed it, forget its facts."""
+
+    @staticmethod
+    def operation_host_start(state, host, op_hash):
+        memo = _memo(host)
+        last = memo["last_op"]
+        if last is not None and _op_changed_or_failed(state, host, last):
+            memo["facts"].clear()
+        if op_hash in state.ops.get(host, {}):
+            memo["last_op"] = op_hash
+
+    @staticmethod
+    def operation_host_error(state, host, op_hash, *args, **kwargs):
+        _memo(host)["facts"].clear()
+
+
+def _freeze(value: Any):
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    return value
+
+
+def forget(host=None) -> None:
+    """Drop every remembered fact of ``host`` (default: the current host)."""
+    _memo(host or ctx_host.get())["facts"].clear()
+
+
+def _facts():
+    state = ctx_state.get()
+    host = ctx_host.get()
+    if not getattr(state, _HANDLER, False):
+        state.add_callback_handler(_ForgetOnChange())
+        setattr(state, _HANDLER, True)
+    return host, _memo(host)["facts"]
+
+
+def fact(cls, **kwargs):
+    """``host.get_fact(cls, **kwargs)`` for the current host, read once while nothing changes."""
+    host, facts = _facts()
+    key = (cls, _freeze(kwargs))
+    if key not in facts:
+        facts[key] = host.get_fact(cls, **kwargs)
+    return facts[key]
+
+
+SECTION = "@@tritonfleet-fact@@"
+STATUS = "@@tritonfleet-fact-status@@"
+
+
+def _command_text(command) -> str:
+    return command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+
+
+class FactBatch(FactBase):
+    """Several fact commands in one: [(exit status, stdout lines)], one per command, in order."""
+
+    default = list
+
+    def command(self, commands: tuple[str, ...]) -> str:
+        # each command in its own subshell, on its own lines (a trailing comment cannot swallow
+        # the rest); the status line starts on a new line whatever the output ended with
+        return "\n".join(f"echo '{SECTION}'\n(\n{c}\n) 2>/dev/null\nprintf '\\n{STATUS} %s\\n' \"$?\""
+                         for c in commands)
+
+    def process(self, output):
+        results, lines = [], None
+        for line in output:
+            if line == SECTION:
+                lines = []
+            elif line.startswith(STATUS) and lines is not None:
+                if lines and lines[-1] == "":
+                    lines.pop()  # the newline printed before the status line
+                results.append((int(line.split()[-1]), lines))
+                lines = None
+            elif lines is not None:
+                lines.append(line)
+        return results
+
+
+def prefetch(*specs: tuple) -> None:
+    """Read every ``(FactClass, kwargs)`` of ``specs`` not remembered yet, in one remote command."""
+    host, facts = _facts()
+    todo = []
+    for cls, kwargs in specs:
+        key = (cls, _freeze(kwargs))
+        if key in facts or any(k == key for k, _ in todo):
+            continue
+        fact_obj = cls()
+        if fact_obj.requires_command(**kwargs):
+            continue  # pyinfra wraps those in its own guard: read on their own
+        todo.append((key, (fact_obj, _command_text(fact_obj.command(**kwargs)))))
+    if len(todo) < 2:
+        return
+    answers = host.get_fact(FactBatch, commands=tuple(c for _, (_, c) in todo))
+    for (key, (fact_obj, _)), (status, lines) in zip(todo, answers, strict=False):
+        if status != 0:
+            continue
+        try:
+            facts[key] = fact_obj.process(lines) if lines else fact_obj.default()
+        except Exception:  # noqa: BLE001 - read on its own later, where pyinfra reports it
+            continue

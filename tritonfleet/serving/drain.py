@@ -1,0 +1,350 @@
+"""Take a host out of its load balancer before Triton restarts, and put it back once healthy.
+
+Two implementations of one interface (:class:`Balancer`):
+
+* :class:`HAProxy`: HAProxy's runtime API (the ``stats socket ... level admin`` of its global
+  section; a unix socket path or ``host:port``, one or several HAProxy instances in front of the
+  same servers). ``set server <backend>/<server> state drain`` stops new requests to the server
+  while those in flight finish; its current sessions (``scur`` of ``show stat``) say when they
+  have; ``set server ... state ready`` puts it back. A server an operator put in maintenance
+  (``state maint``) is left alone: tritonfleet neither drains it nor readies it.
+* :class:`Hooks`: two commands run on the control machine (``lb_drain_command``,
+  ``lb_ready_command``) with the host's name and address in the environment
+  (``TRITONFLEET_HOST``, ``TRITONFLEET_ADDRESS``, ``TRITONFLEET_HTTP_PORT``). In-flight requests
+  are read from Triton itself: its pending-request gauge is 0 and its request counters stay still
+  for :data:`QUIET_SECONDS`.
+
+Nothing here knows pyinfra: ``tritonfleet.ops.lb`` runs these in a deploy (drain before a restart,
+ready after the health gate), with the host's own ``run`` for Triton's metrics.
+
+HAProxy's runtime API (management guide, "Unix Socket commands": ``set server <backend>/<server>
+state [ ready | drain | maint ]``, ``show stat`` (CSV; ``scur``: current sessions, ``status``),
+``show servers state [<backend>]`` (``srv_admin_state``: bit 0x01 forced maintenance, 0x08 forced
+drain): https://docs.haproxy.org/2.6/management.html#9.3). Tested against Debian 12's haproxy
+2.6 (tests/test_drain.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# Hooks: Triton's request counters must stay still this long (and its queue be empty) before the
+# host counts as idle.
+QUIET_SECONDS = 2.0
+POLL_SECONDS = 0.25
+KINDS = ("haproxy", "hooks")
+# srv_admin_state bits (HAProxy's SRV_ADMF_*): forced maintenance, maintenance inherited from a
+# tracked server, from the config; forced drain, drain inherited.
+ADMIN_MAINT = 0x01 | 0x02 | 0x04 | 0x20 | 0x40
+ADMIN_DRAIN = 0x08
+
+
+class DrainError(RuntimeError):
+    """The load balancer could not be asked, or the host did not go idle in time."""
+
+
+class RuntimeAPI:
+    """One HAProxy runtime API endpoint: a unix socket path, or ``host:port`` (``ipv4@``/``ipv6@``
+    prefixes as HAProxy writes them are accepted). Each command is one connection (HAProxy's
+    non-interactive mode answers and closes)."""
+
+    def __init__(self, address: str, timeout: float = 5.0):
+        self.address = address
+        self.timeout = timeout
+
+    def _connect(self) -> socket.socket:
+        addr = self.address
+        for prefix in ("unix@", "ipv4@", "ipv6@", "tcp@"):
+            if addr.startswith(prefix):
+                addr = addr[len(prefix):]
+        if addr.startswith("/") or addr.startswith("."):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            target: object = addr
+        else:
+            host, _, port = addr.rpartition(":")
+            if not host or not port.isdigit():
+                raise DrainError(f"HAProxy runtime API address {self.address!r} is neither a socket path nor "
+                                 "host:port (lb_haproxy_sockets)")
+            host = host.strip("[]")
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            target = (host, int(port))
+        s.settimeout(self.timeout)
+        try:
+            s.connect(target)
+        except OSError as e:
+            s.close()
+            raise DrainError(f"cannot reach HAProxy's runtime API at {self.address}: {e}") from e
+        return s
+
+    def command(self, line: str) -> str:
+        if "\n" in line or ";" in line:
+            raise DrainError(f"refusing a runtime API command with a newline or ';': {line!r}")
+        s = self._connect()
+        try:
+            s.sendall(line.encode() + b"\n")
+            chunks = []
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        except OSError as e:
+            raise DrainError(f"HAProxy's runtime API at {self.address} did not answer {line.split()[0:2]}: {e}") from e
+        finally:
+            s.close()
+        return b"".join(chunks).decode(errors="replace")
+
+
+def parse_stat(text: str) -> list[dict[str, str]]:
+    """``show stat`` CSV (first line ``# pxname,svname,...``) as one dict per line."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("# "):
+        raise DrainError(f"unexpected answer to show stat: {text[:200]!r}")
+    names = lines[0][2:].split(",")
+    return [dict(zip(names, ln.split(","), strict=False)) for ln in lines[1:]]
+
+
+def parse_servers_state(text: str) -> list[dict[str, str]]:
+    """``show servers state`` (a version line, ``# be_id be_name ...`` header, one line a server)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = next((ln for ln in lines if ln.startswith("# ")), None)
+    if header is None:
+        raise DrainError(f"unexpected answer to show servers state: {text[:200]!r}")
+    names = header[2:].split()
+    return [dict(zip(names, ln.split(), strict=False)) for ln in lines if not ln.startswith("#") and
+            len(ln.split()) >= len(names) // 2]
+
+
+@dataclass
+class ServerState:
+    """One server as HAProxy reports it (summed over every HAProxy instance)."""
+
+    status: str           # show stat's status: UP, DOWN, DRAIN, MAINT, "no check", "UP 1/2", ...
+    sessions: int         # current sessions (scur), summed
+    admin: int            # srv_admin_state bits, or-ed
+    per_instance: dict = field(default_factory=dict)
+
+    @property
+    def maintenance(self) -> bool:
+        return bool(self.admin & ADMIN_MAINT)
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.admin & ADMIN_DRAIN)
+
+    @property
+    def serving(self) -> bool:
+        """HAProxy sends it new requests: not drained, not in maintenance, up by its checks."""
+        return not self.admin and (self.status.startswith("UP") or self.status == "no check")
+
+
+class Balancer:
+    """What a restart needs from a load balancer."""
+
+    kind = ""
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def drain(self) -> str:
+        """Stop new requests to the host; returns what was done (or why nothing was)."""
+        raise NotImplementedError
+
+    def in_flight(self) -> int:
+        """Requests the host still works on (or a load balancer still has open to it)."""
+        raise NotImplementedError
+
+    def ready(self) -> str:
+        """Put the host back; returns what was done."""
+        raise NotImplementedError
+
+    def wait_serving(self, timeout: float) -> str:
+        """After ready: wait until the load balancer sends the host requests again."""
+        return ""
+
+    def wait_idle(self, timeout: float, sleep=time.sleep, clock=time.monotonic) -> float:
+        """Wait until :meth:`in_flight` is 0; returns the seconds it took. DrainError after
+        ``timeout`` seconds, naming what is still in flight."""
+        t0 = clock()
+        while True:
+            n = self.in_flight()
+            if n == 0:
+                return clock() - t0
+            if clock() - t0 >= timeout:
+                raise DrainError(f"{n} request(s) still in flight after {timeout:.0f}s (lb_drain_timeout)")
+            sleep(POLL_SECONDS)
+
+
+class HAProxy(Balancer):
+    kind = "haproxy"
+
+    def __init__(self, sockets: list[str], backend: str, server: str, timeout: float = 5.0):
+        if not sockets:
+            raise DrainError("lb = 'haproxy' needs lb_haproxy_sockets (the runtime API: a unix socket path or "
+                             "host:port of `stats socket ... level admin`)")
+        for word in (backend, server):
+            if not word or any(c.isspace() or c in "/;" for c in word):
+                raise DrainError(f"HAProxy backend and server names must be plain words, not {word!r} "
+                                 "(lb_haproxy_backend, lb_haproxy_server)")
+        self.apis = [RuntimeAPI(s, timeout) for s in sockets]
+        self.backend, self.server = backend, server
+
+    def describe(self) -> str:
+        return f"haproxy {self.backend}/{self.server}"
+
+    def state(self) -> ServerState:
+        status, sessions, admin, per = [], 0, 0, {}
+        for api in self.apis:
+            rows = [r for r in parse_stat(api.command("show stat"))
+                    if r.get("pxname") == self.backend and r.get("svname") == self.server]
+            if not rows:
+                raise DrainError(f"HAProxy at {api.address} has no server {self.server!r} in backend "
+                                 f"{self.backend!r} (lb_haproxy_backend / lb_haproxy_server; servers are named "
+                                 "after the inventory host unless lb_haproxy_server says otherwise)")
+            row = rows[0]
+            st = [r for r in parse_servers_state(api.command(f"show servers state {self.backend}"))
+                  if r.get("srv_name") == self.server]
+            adm = int(st[0].get("srv_admin_state", "0")) if st else 0
+            scur = int(row.get("scur") or 0)
+            status.append(row.get("status", ""))
+            sessions += scur
+            admin |= adm
+            per[api.address] = {"status": row.get("status", ""), "scur": scur, "admin": adm}
+        worst = next((s for s in status if not s.startswith("UP") and s != "no check"), status[0])
+        return ServerState(worst, sessions, admin, per)
+
+    def _set(self, state: str) -> None:
+        for api in self.apis:
+            answer = api.command(f"set server {self.backend}/{self.server} state {state}").strip()
+            if answer:
+                raise DrainError(f"HAProxy at {api.address} refused `set server {self.backend}/{self.server} "
+                                 f"state {state}`: {answer}")
+
+    def drain(self) -> str:
+        st = self.state()
+        if st.maintenance:
+            return f"{self.describe()} is in maintenance (an operator's): left as it is, it gets no requests"
+        if st.drained:
+            return f"{self.describe()} was already draining"
+        self._set("drain")
+        return f"{self.describe()} set to drain"
+
+    def in_flight(self) -> int:
+        return self.state().sessions
+
+    def ready(self) -> str:
+        st = self.state()
+        if st.maintenance:
+            return f"{self.describe()} is in maintenance (an operator's): left as it is"
+        if not st.drained:
+            return ""
+        self._set("ready")
+        return f"{self.describe()} set to ready"
+
+    def wait_serving(self, timeout: float, sleep=time.sleep, clock=time.monotonic) -> str:
+        """HAProxy's own health checks must pass again (``rise``) before it sends requests: wait
+        for UP (or ``no check``) on every instance."""
+        t0 = clock()
+        while True:
+            st = self.state()
+            if st.maintenance or st.serving:
+                return f"{st.status} after {clock() - t0:.1f}s"
+            if clock() - t0 >= timeout:
+                raise DrainError(f"{self.describe()} is ready but HAProxy reports it {st.status!r} after "
+                                 f"{timeout:.0f}s (lb_drain_timeout): its health check does not pass")
+            sleep(POLL_SECONDS)
+
+
+def triton_busy(metrics_text: str) -> tuple[float, float]:
+    """(requests queued in Triton, requests Triton finished so far) from its metrics text:
+    ``nv_inference_pending_request_count`` summed, and ``nv_inference_request_success`` +
+    ``nv_inference_request_failure`` summed over models."""
+    from ..observability.metrics import parse
+
+    pending = done = 0.0
+    for s in parse(metrics_text):
+        if s.name == "nv_inference_pending_request_count":
+            pending += s.value
+        elif s.name in ("nv_inference_request_success", "nv_inference_request_failure"):
+            done += s.value
+    return pending, done
+
+
+class Hooks(Balancer):
+    kind = "hooks"
+
+    def __init__(self, drain_command: str | None, ready_command: str | None, env: dict[str, str],
+                 metrics: Callable[[], str], timeout: float = 120.0):
+        if not drain_command or not ready_command:
+            raise DrainError("lb = 'hooks' needs both lb_drain_command and lb_ready_command")
+        self.drain_command, self.ready_command = drain_command, ready_command
+        self.env, self.metrics, self.timeout = env, metrics, timeout
+        self._last: tuple[float, float] | None = None  # (counter value, when it last moved)
+
+    def describe(self) -> str:
+        return "hooks"
+
+    def _run(self, command: str, what: str) -> str:
+        try:
+            res = subprocess.run(command, shell=True, env={**os.environ, **self.env}, capture_output=True,
+                                 text=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            raise DrainError(f"{what} did not finish within {self.timeout:.0f}s: {command}") from e
+        out = (res.stdout + res.stderr).strip()
+        if res.returncode != 0:
+            raise DrainError(f"{what} failed (exit {res.returncode}): {command}" +
+                             (f": {out[-500:]}" if out else ""))
+        return out
+
+    def drain(self) -> str:
+        out = self._run(self.drain_command, "lb_drain_command")
+        return "lb_drain_command ran" + (f": {out.splitlines()[-1][:200]}" if out else "")
+
+    def in_flight(self, clock=time.monotonic) -> int:
+        """Pending requests; while the request counters still move, at least 1."""
+        try:
+            pending, done = triton_busy(self.metrics())
+        except Exception:  # noqa: BLE001 - no metrics: Triton is not serving, so nothing is in flight
+            return 0
+        now = clock()
+        if self._last is None or self._last[0] != done:
+            self._last = (done, now)
+        still = now - self._last[1] >= QUIET_SECONDS
+        return int(pending) if pending else (0 if still else 1)
+
+    def ready(self) -> str:
+        out = self._run(self.ready_command, "lb_ready_command")
+        return "lb_ready_command ran" + (f": {out.splitlines()[-1][:200]}" if out else "")
+
+
+def from_settings(get, host_name: str, address: str, metrics: Callable[[], str]) -> Balancer | None:
+    """The host's balancer from its tunables (``get``), or None when ``lb`` is not set."""
+    kind = get("lb")
+    if not kind:
+        return None
+    if kind not in KINDS:
+        raise DrainError(f"lb must be one of {', '.join(KINDS)} or None, not {kind!r} (group data)")
+    if kind == "haproxy":
+        sockets = get("lb_haproxy_sockets") or []
+        if isinstance(sockets, str):
+            sockets = [sockets]
+        return HAProxy(list(sockets), get("lb_haproxy_backend"), get("lb_haproxy_server") or host_name)
+    env = {"TRITONFLEET_HOST": host_name, "TRITONFLEET_ADDRESS": address,
+           "TRITONFLEET_HTTP_PORT": str(get("triton_http_port"))}
+    return Hooks(get("lb_drain_command"), get("lb_ready_command"), env, metrics, float(get("lb_drain_timeout")))
+
+
+def stop_timeouts(exit_timeout: int | float) -> dict[str, int]:
+    """Triton's ``--exit-timeout-secs``, ``docker stop -t`` and systemd's ``TimeoutStopSec`` from
+    one tunable (``triton_stop_timeout``): Triton waits that long for in-flight requests, Docker
+    gives it 10 s more to unload models and exit before SIGKILL, systemd 20 s more than Docker
+    before it kills the unit."""
+    t = int(exit_timeout)
+    if t < 0:
+        raise ValueError("triton_stop_timeout must be >= 0")
+    return {"exit_timeout_secs": t, "docker_stop": t + 10, "systemd_stop": t + 30}

@@ -1,0 +1,124 @@
+"""One Triton per GPU (``triton_per_gpu``): the instances a host runs, their units, containers
+and ports.
+
+With ``triton_per_gpu = True`` a host with N GPUs runs N Triton containers instead of one: instance
+``i`` is the systemd unit ``<triton_service>-gpu<i>.service`` running the container
+``<triton_container_name>-gpu<i>`` with ``--gpus device=<i>``, its ports those of the single unit
+plus ``i * triton_per_gpu_port_step`` (HTTP, gRPC and metrics alike). Every instance serves the same
+model repository; inside its container the one GPU it gets is GPU 0, so the instance groups are
+rendered as written (``gpus: [ 0 ]``), not spread.
+
+Pure: shared by the Triton service step (writes the units), the health gate, ``tritonfleet status``,
+``tritonfleet prometheus`` and ``tritonfleet rollout``. Every helper takes a ``get`` (a host's
+tunables) and returns the ``get`` of one instance: the same tunables with the service, container,
+ports and ``triton_gpus`` of that instance, so code written for the single unit serves each one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from ..settings.table import whole_number
+
+#: tunables an instance overrides (everything else is the host's)
+PORT_KEYS = ("triton_http_port", "triton_grpc_port", "triton_metrics_port")
+#: the most instances a host runs (nvidia-smi lists at most 16 GPUs in the probe)
+MAX_INSTANCES = 16
+
+
+class PerGpuError(ValueError):
+    """A per-GPU layout that cannot work (ports that collide)."""
+
+
+def enabled(get) -> bool:
+    """triton_per_gpu is on: True (or "true", "yes", "1" as `--data` may give it)."""
+    value = get("triton_per_gpu")
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")
+
+
+def service_name(get, index: int) -> str:
+    return f"{get('triton_service')}-gpu{int(index)}"
+
+
+def container_name(get, index: int) -> str:
+    return f"{get('triton_container_name')}-gpu{int(index)}"
+
+
+def port_step(get) -> int:
+    try:
+        return whole_number(get("triton_per_gpu_port_step", 10), "triton_per_gpu_port_step")
+    except ValueError as e:
+        raise PerGpuError(str(e)) from None
+
+
+def ports(get, index: int) -> dict[str, int]:
+    """{tunable: port} of instance ``index``."""
+    step = port_step(get)
+    return {k: int(get(k)) + step * int(index) for k in PORT_KEYS}
+
+
+def instance_get(get, index: int) -> Callable:
+    """The tunables of instance ``index``: ``get`` with its unit, container, ports and GPU."""
+    over = {"triton_service": service_name(get, index), "triton_container_name": container_name(get, index),
+            "triton_gpus": f"device={int(index)}", "triton_per_gpu_index": int(index), **ports(get, index)}
+
+    def inner(key, *default):
+        if key in over:
+            return over[key]
+        return get(key, *default)
+
+    return inner
+
+
+def instance_gets(get, count: int) -> list[Callable]:
+    """The tunables of each instance of a host with ``count`` GPUs (ports checked); [get] when
+    triton_per_gpu is off: the single unit."""
+    if not enabled(get):
+        return [get]
+    check_layout(get, count)
+    return [instance_get(get, i) for i in range(count)]
+
+
+def label(get) -> str:
+    """'GPU 2 (triton-gpu2.service, HTTP 8020)' for an instance's get; '' for the single unit."""
+    index = get("triton_per_gpu_index", None)
+    if index is None:
+        return ""
+    return f"GPU {index} ({get('triton_service')}.service, HTTP {get('triton_http_port')})"
+
+
+def check_layout(get, count: int) -> None:
+    """Refuse a layout whose ports collide: every instance's HTTP, gRPC and metrics port distinct
+    and within 1..65535."""
+    if count < 1 or count > MAX_INSTANCES:
+        raise PerGpuError(f"triton_per_gpu: {count} GPUs; one Triton per GPU needs 1..{MAX_INSTANCES}")
+    seen: dict[int, str] = {}
+    for i in range(count):
+        for key, port in ports(get, i).items():
+            if not 1 <= port <= 65535:
+                raise PerGpuError(f"triton_per_gpu: GPU {i}'s {key} would be {port}, outside 1..65535 "
+                                  "(lower the ports or triton_per_gpu_port_step in group data)")
+            if port in seen:
+                raise PerGpuError(f"triton_per_gpu: GPU {i}'s {key} {port} is also {seen[port]} (raise "
+                                  "triton_per_gpu_port_step above the spread of triton_http_port, "
+                                  "triton_grpc_port and triton_metrics_port in group data)")
+            seen[port] = f"GPU {i}'s {key}"
+
+
+def unit_file_re(get) -> re.Pattern:
+    """Matches the file name of an instance's unit, group 1 its index."""
+    return re.compile(rf"^{re.escape(str(get('triton_service')))}-gpu([0-9]+)\.service$")
+
+
+def list_units_command(get) -> str:
+    """Lists the per-GPU unit files on the host, one name a line, by index."""
+    from ..core.shell import q
+
+    return (f"ls -1 /etc/systemd/system 2>/dev/null | grep -E {q(unit_file_re(get).pattern)} | sort -V; true")
+
+
+def indexes(get, names) -> list[int]:
+    """The instance indexes of the unit file names ``names`` (others skipped), sorted."""
+    pat = unit_file_re(get)
+    return sorted({int(m.group(1)) for n in names if (m := pat.match(str(n).strip()))})

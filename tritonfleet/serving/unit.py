@@ -1,0 +1,117 @@
+"""The systemd unit that runs Triton: its values from a host's tunables and its text from
+``templates/triton.service.j2``.
+
+Shared by the Triton service step (which writes the unit), the rollback and the deploy history
+(which name a unit by its digest) and the read side (``tritonfleet status`` and ``rollout``
+compare the unit on the host with the one the inventory asks for). Pure: renders text, runs
+nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+from .. import TEMPLATES
+from ..settings import access as config
+from . import apikey
+
+MODEL_CONTROL_MODES = ("none", "explicit")
+# unit template values that are the tunable triton_<name> as it is
+UNIT_TUNABLES = ("image", "gpus", "shm_size", "ulimit_memlock", "ulimit_stack", "http_port", "grpc_port",
+                 "metrics_port", "http_bind", "grpc_bind", "metrics_bind", "strict_model_config", "start_timeout")
+
+
+def unit_context(get=None) -> dict:
+    """Values the unit template is rendered with, from ``get`` (default: the current host's
+    tunables; the fleet commands pass an inventory host's ``get``)."""
+    get = get or config.get
+    base = get("triton_base_dir")
+    mode = get("triton_model_control_mode") or "none"
+    if mode not in MODEL_CONTROL_MODES:
+        raise config.ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
+                                 f"not {mode!r} (group data; poll mode is not for production)")
+    apis = restricted_apis(get)
+    return {
+        **{key: get(f"triton_{key}") for key in UNIT_TUNABLES},
+        "container": get("triton_container_name"),
+        "base_dir": base,
+        "model_repository": f"{base}/model_repository",
+        "model_control_mode": mode,
+        "extra_args": get("triton_extra_args") or [],
+        "user": get("triton_container_user", "") or "",
+        "restricted_apis": apis,
+        "api_key_file": get("triton_api_key_file") if apis else "",
+        "key_script": apikey.unit_script(apis) if apis else "",
+        **stop_context(get),
+    }
+
+
+def stop_context(get) -> dict:
+    """Triton's --exit-timeout-secs, docker stop -t and TimeoutStopSec, from triton_stop_timeout."""
+    from .drain import stop_timeouts
+
+    try:
+        return stop_timeouts(get("triton_stop_timeout"))
+    except (TypeError, ValueError) as e:
+        raise config.ConfigError(f"triton_stop_timeout must be a whole number of seconds >= 0, not "
+                                 f"{get('triton_stop_timeout')!r} (group data)") from e
+
+
+def restricted_apis(get=None) -> list[str]:
+    """``triton_restricted_apis``, checked: Triton's categories only, a key file where the
+    container cannot see it."""
+    get = get or config.get
+    apis = list(get("triton_restricted_apis", []) or [])
+    unknown = [a for a in apis if a not in apikey.CATEGORIES]
+    if unknown:
+        raise config.ConfigError(f"triton_restricted_apis: {', '.join(map(repr, unknown))} is not a Triton API "
+                                 f"category (known: {', '.join(apikey.CATEGORIES)}); fix it in group data "
+                                 "(inventories/group_data/all.py)")
+    if apis:
+        key, base = str(get("triton_api_key_file") or ""), str(get("triton_base_dir")).rstrip("/")
+        if not key.startswith("/") or ".." in key or key.startswith(base + "/") or any(c in key for c in " %$'\\\n\""):
+            raise config.ConfigError(f"triton_api_key_file {key!r} must be a plain absolute path outside "
+                                     f"triton_base_dir ({base}: the container sees that directory); fix it in "
+                                     "group data (inventories/group_data/all.py)")
+    return apis
+
+
+@functools.cache
+def _templates():
+    """One jinja2 environment for the process: it compiles the unit template once (a new one per
+    render compiled it again for every host, ~20 ms each; it still reloads a changed file)."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
+                              undefined=jinja2.StrictUndefined)
+
+
+def render_unit(ctx: dict) -> str:
+    return _templates().get_template("triton.service.j2").render(**ctx)
+
+
+def unit_digest(text: str) -> str:
+    """Short sha256 of a unit file's text: names its snapshot on the host."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def unit_path(get=None) -> str:
+    """Where the unit is on the host."""
+    get = get or config.get
+    return f"/etc/systemd/system/{get('triton_service')}.service"
+
+
+def wanted_units(get, count: int) -> list[tuple[str, str]]:
+    """(path, text) of every unit the host should have: the single unit, or with triton_per_gpu
+    one per GPU of ``count`` (tritonfleet.pergpu), by index."""
+    from .per_gpu import instance_gets
+
+    return [(unit_path(g), render_unit(unit_context(g))) for g in instance_gets(get, count)]
+
+
+def units_digest(get, count: int) -> str:
+    """What names the host's units in its deploy history and `tritonfleet status`: the single
+    unit's digest, or with triton_per_gpu the digest of the per-GPU units' texts one after the
+    other by index (what ``cat`` of the files in that order gives)."""
+    return unit_digest("".join(text for _, text in wanted_units(get, count)))

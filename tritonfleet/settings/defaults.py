@@ -1,0 +1,325 @@
+# Every tunable of tritonfleet lives here, once, with its default and what it does.
+# An operator's group data (inventories/group_data/all.py, <group>.py) and inventory hold only
+# what differs; every value not set there is taken from here (tritonfleet.config.get, and the
+# fleet commands' inventory).
+# Precedence (pyinfra): --data > host data > group_data/<group>.py > inventory group data >
+# group_data/all.py > these defaults.
+# docs/tunables.md lists the same names (`python -m tritonfleet.tunables` writes that table; a
+# test keeps them in step).
+
+# --- SSH ----------------------------------------------------------------------------------
+# Host keys: "yes" connects only to hosts whose key is already in known_hosts (~/.ssh/known_hosts,
+# or UserKnownHostsFile in ~/.ssh/config; fill it with ssh-keyscan after checking the keys) and
+# refuses unknown or changed keys. pyinfra's own default, "accept-new", trusts any host on first
+# contact. Only the testbed inventory turns this off (its hosts share one image's host keys).
+# pyinfra reads this one itself when it connects, before the deploy file runs, so group_data/all.py
+# has to name it (`tritonfleet init` writes it there); pre-flight refuses an SSH host without it.
+ssh_strict_host_key_checking = "yes"
+# Seconds between keepalive probes on every SSH connection (pyinfra's own, the OpenSSH transfers,
+# health tunnels, the deploy lock): OpenSSH's ServerAliveInterval, paramiko's transport keepalive,
+# TCP keepalive.
+ssh_keepalive_interval = 10
+# Unanswered probes after which a host counts as gone (ServerAliveCountMax, TCP_KEEPCNT): a host
+# that stops answering fails after ssh_keepalive_interval x ssh_keepalive_count seconds.
+ssh_keepalive_count = 3
+# Seconds a deploy waits while another run holds a host's deploy lock (one run at a time per
+# host), before it stops with nothing changed, naming the holder; 0: do not wait.
+deploy_lock_timeout = 600
+
+# --- Target OS ---------------------------------------------------------------------------
+# Distro codename used in NVIDIA's CUDA repository path (ubuntu2204, ubuntu2404, debian12).
+# None: derived from the host's /etc/os-release.
+cuda_distro = None
+# Seconds an apt/dpkg command waits while another process (unattended-upgrades, an operator's apt)
+# holds the package manager's locks, before the host fails with what held them; 0: do not wait.
+apt_lock_timeout = 300
+
+# --- NVIDIA driver ------------------------------------------------------------------------
+# CUDA network repository (a directory per distro/arch below it).
+cuda_repo_url = "https://developer.download.nvidia.com/compute/cuda/repos"
+# Signing key file inside <cuda_repo_url>/<distro>/<arch>/ and its pinned fingerprint.
+# The key is fetched on the host and trusted only if its fingerprint equals this one.
+cuda_repo_key_name = "3bf863cc.pub"
+# Pinned fingerprint of the CUDA repository key (NVIDIA's 3bf863cc key).
+cuda_repo_key_fingerprint = "EB693B3035CD5710E231E123A4B469963BF863CC"
+# Where the driver comes from: "cuda" (NVIDIA's CUDA repository) or "debian" (Debian 12's own
+# nvidia-driver from contrib/non-free, branch 535, with DKMS; pinned and held the same way;
+# docs/driver-sources.md). Pre-flight refuses a host whose driver came from another source (the
+# other of these, Ubuntu's packages, the .run installer) unless nvidia_driver_migrate.
+nvidia_driver_source = "cuda"
+# Remove a driver from another source (holds lifted, packages purged, the .run uninstaller run)
+# before installing nvidia_driver_source's, then reboot once. False: pre-flight refuses such a host.
+nvidia_driver_migrate = False
+# Driver branch (e.g. "580"); None: the distro's entry in nvidia_driver_branch_default. Pre-flight
+# refuses a branch NVIDIA's repository for the host's distro does not have, or the Triton image
+# cannot use, naming the branches that would work (docs/nvidia-repositories.md).
+nvidia_driver_branch = None
+# Driver branch per CUDA repository distro when nvidia_driver_branch is None. Each exists in that
+# repository and Triton 24.08 supports it on T4/L4 (>= 560); R580 is NVIDIA's long-term support
+# branch and has NVIDIA's pinning package (nvidia-driver-pinning-580). Debian 12's repository has no R535.
+# "debian12-archive": Debian 12's own packages (nvidia_driver_source = "debian"), which have only
+# R535 (a data-center branch Triton 24.08 supports through forward compatibility, from 535.86).
+nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "debian12": "580", "debian12-archive": "535"}
+# Exact driver release to pin: the upstream version (e.g. "580.159.04"; every package of the
+# driver at that release, in the distro's own version shape: 580.159.04-1 on Debian, -0ubuntu1 on
+# Ubuntu) or a full package version of the metapackage; None: newest of the branch.
+nvidia_driver_version = None
+# Driver packages to install instead of the branch's metapackage from NVIDIA's repository
+# (cuda-drivers-<branch>, or cuda-drivers from 590); "{branch}" is replaced by the branch.
+# None: the metapackage (tritonfleet/data/nvidia_repos/<distro>.toml).
+nvidia_driver_packages = None
+# Kernel module flavour: "open" (NVIDIA's open GPU kernel modules, dual MIT/GPL; Turing and newer,
+# so T4 and L4) or "proprietary"; a GPU class sets it in group_data/<class>.py like
+# nvidia_driver_branch. None: NVIDIA's own default for the branch, "open" from R560 ("the open
+# kernel module flavor is the default and suggested installation", NVIDIA's driver installation
+# guide) and "proprietary" before. Installed with the flavour's packages (nvidia-open-<branch> or
+# cuda-drivers-<branch>; a host with the other flavour is switched), checked after the install
+# (modinfo's licence, /proc/driver/nvidia/version); another flavour on a host is drift in status.
+nvidia_kernel_module = None
+# Kernel headers and DKMS so the module is rebuilt on kernel upgrades; "{kernel}" = uname -r.
+nvidia_kernel_packages = ["linux-headers-{kernel}", "dkms"]
+# Hold the driver packages (apt-mark hold + unattended-upgrades blacklist).
+nvidia_hold_packages = True
+# Enable the nvidia-persistenced service.
+nvidia_persistenced = True
+# Secure Boot hosts stop before the driver step unless this says the module will load there
+# (MOK enrolled for DKMS signing, or signed precompiled modules in nvidia_driver_packages).
+nvidia_secure_boot_ok = False
+# When Secure Boot's state cannot be told (a UEFI host without mokutil, or mokutil failing, and
+# efivarfs unreadable), hosts stop before the driver step unless this says it is off or handled.
+nvidia_secure_boot_unknown_ok = False
+# Reboot when the loaded driver does not match the installed one (after a driver change).
+nvidia_reboot_if_needed = True
+# Seconds to wait for a rebooted host to answer SSH again.
+nvidia_reboot_timeout = 600
+# The command the deploy asks the host's driver with (the driver step's loaded-driver and
+# persistence checks, pre-flight's GPU check, the GPU verification's host half, the Triton step's
+# GPU guard, `tritonfleet status`): nvidia-smi on PATH; a path where the host's own nvidia-smi cannot answer for its GPUs
+# (the testbed points a host without a GPU at its stand-in's answer). Inside `docker run --gpus all`
+# the container's nvidia-smi is the one the Container Toolkit put there.
+nvidia_smi_command = "nvidia-smi"
+
+# --- Docker Engine ------------------------------------------------------------------------
+# "docker": Docker's apt repository (pinned key + version); "distro": the distro's docker.io.
+docker_source = "docker"
+# Docker's apt repository (a directory per distro below it).
+docker_repo_url = "https://download.docker.com/linux"
+# Pinned fingerprint of Docker's repository key.
+docker_repo_key_fingerprint = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+# Docker Engine version (docker-ce, docker-ce-cli), pinned in apt preferences: an upstream version
+# ("27.3.1": 5:27.3.1-1~<distro> on every distro) or an exact package version
+# ("5:27.3.1-1~ubuntu.22.04~jammy"); None: newest. Checked after the install.
+docker_version = "27.3.1"
+
+# --- NVIDIA Container Toolkit ------------------------------------------------------------
+# Container Toolkit apt repository (a directory per architecture below it).
+container_toolkit_repo_url = "https://nvidia.github.io/libnvidia-container/stable/deb"
+# Container Toolkit signing key (ASCII-armored).
+container_toolkit_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
+# Pinned fingerprint of the Container Toolkit key.
+container_toolkit_key_fingerprint = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"
+# The four toolkit packages are pinned together to this version. 1.17.8 fixes the container escapes
+# CVE-2025-23359, CVE-2025-23266 and CVE-2025-23267 (1.16.2 has all three) and injects the CUDA
+# forward-compatibility libraries through a hook (1.17.4 alone dropped them: Triton 24.08 then fails
+# on R535/R545 drivers). See docs/nvidia-repositories.md.
+container_toolkit_version = "1.17.8-1"
+
+# --- GPU verification --------------------------------------------------------------------
+# Image that proves `docker run --gpus all` reaches the GPU. Its CUDA (12.8) runs on every default
+# branch (R570 and newer) without forward compatibility; 12.2.0 is end of life and NVIDIA deletes
+# such tags. Pre-flight names the image each host will pull.
+cuda_test_image = "nvidia/cuda:12.8.1-base-ubuntu22.04"
+# Lowest compute capability accepted (the runbook: 6.0).
+gpu_min_compute_capability = "6.0"
+# Lowest CUDA version (as nvidia-smi reports it) accepted.
+gpu_min_cuda_version = "12.0"
+# When the check inside `docker run --gpus all` runs: "changes" when anything it depends on is
+# new since it last passed (boot, driver and GPUs as nvidia-smi reports them, toolkit, Docker or
+# containerd packages, daemon.json, the test image); "always": every run. The host's own
+# nvidia-smi check runs every time either way.
+gpu_verify_container = "changes"
+# GPUs every host (or class, in group data) must report (None: as many as the first verified
+# run found, recorded on the host in /var/lib/tritonfleet/gpus). Fewer fails the GPU
+# verification naming the missing GPUs by index, bus id and UUID (docs/multi-gpu.md).
+gpu_count = None
+
+# --- Triton images ------------------------------------------------------------------------
+# How model files and image archives travel to hosts: "ssh" (the OpenSSH client with the host's
+# connection settings; about rsync's speed), "connection" (pyinfra's own SSH connection; about 3x
+# slower for gigabytes, works with password authentication), "auto" (ssh when the host uses key
+# or agent authentication).
+bulk_transfer = "auto"
+# The Triton image every host serves: a pinned tag, or a tag pinned to its digest
+# ("nvcr.io/nvidia/tritonserver:24.08-py3@sha256:<digest>": a tag moved in the registry changes
+# nothing; the tag names the Triton release the driver check needs).
+triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3"
+# Image archives to `docker load` instead of pulling (air-gapped sites): {image: local path}.
+image_archives = {}
+# Private registry login: user name, and the environment variable holding the secret
+# (read on the control machine, passed to `docker login --password-stdin`). None: no login.
+registry_user = None
+# Environment variable on the control machine holding the registry secret.
+registry_password_env = "TRITONFLEET_REGISTRY_PASSWORD"
+# Registry the login is for (e.g. "nvcr.io"); None: the registry of triton_image. Images from
+# other registries (Docker Hub's nvidia/cuda) are pulled without it.
+registry_host = None
+
+# --- Triton model repository --------------------------------------------------------------
+# Local model repository (relative to the working directory) synced to every host.
+model_repository = "files/model_repository"
+# Per-class overrides of config.pbtxt (rendered through templates): {model: {key: value}}.
+model_overrides = {}
+# Instance-group placement on a host's GPUs: "spread" (a KIND_GPU group written `gpus: [ 0 ]`
+# lists every GPU the host has, same count per GPU) or "as-written" (configs as they are). A
+# one-GPU host keeps the configs byte for byte either way (docs/multi-gpu.md).
+gpu_placement = "spread"
+# Per-model placement policy, over gpu_placement: {model: "spread" | "as-written"}.
+gpu_placement_models = {}
+# Where releases of the model repository live on the host; `current` points at the live one.
+triton_base_dir = "/opt/triton"
+# How many previous model releases to keep on the host (for rollback).
+triton_keep_releases = 3
+
+# --- Triton service -----------------------------------------------------------------------
+# systemd unit name (triton.service).
+triton_service = "triton"
+# Docker container name the unit runs.
+triton_container_name = "triton-server"
+# Host port for HTTP/REST (container 8000).
+triton_http_port = 8000
+# Host port for gRPC (container 8001).
+triton_grpc_port = 8001
+# Host port for Prometheus metrics (container 8002).
+triton_metrics_port = 8002
+# Bind address of the HTTP port ("" = all). Narrow the ports behind a firewall/LB; docker -p
+# rules go around ufw/firewalld (Docker writes its own iptables rules): see docs/security.md.
+triton_http_bind = ""
+# Bind address of the gRPC port ("" = all).
+triton_grpc_bind = ""
+# Bind address of the metrics port ("" = all).
+triton_metrics_bind = ""
+# docker run flags; set a flag to None to drop it (e.g. memlock on hosts that cannot raise it).
+triton_gpus = "all"
+# --shm-size (Docker's 64 MB default makes Triton crash under load).
+triton_shm_size = "1g"
+# --ulimit memlock (NVIDIA recommends -1; None drops the flag).
+triton_ulimit_memlock = "-1"
+# --ulimit stack (NVIDIA recommends 67108864; None drops the flag).
+triton_ulimit_stack = "67108864"
+# --strict-model-config=true: every model needs a complete config.pbtxt.
+triton_strict_model_config = True
+# none | explicit (explicit: models loaded through the repository API, zero-downtime updates)
+triton_model_control_mode = "none"
+# Extra arguments appended to the tritonserver command line.
+triton_extra_args = []
+# Triton API categories only callers with the host's API key may use (--http-restricted-api,
+# --grpc-restricted-protocol; Triton's own "admin" example plus logging); [] turns it off.
+triton_restricted_apis = ["model-repository", "model-config", "shared-memory", "statistics", "trace", "logging"]
+# The host's API key for the restricted APIs: created on the host (0600 root), read by systemd
+# into the container's stdin; the deploy's own repository calls send it as a header.
+triton_api_key_file = "/etc/tritonfleet/triton-api-key"
+# User the container runs as (the NGC image's non-root triton-server, uid 1000); "" = the image's.
+triton_container_user = "triton-server"
+# Seconds systemd waits for the container to start (image unpack can be slow).
+triton_start_timeout = 600
+# Seconds Triton waits for requests in flight when it stops (--exit-timeout-secs); Docker's stop
+# timeout (docker stop -t) is 10 s more and systemd's TimeoutStopSec 30 s more, so neither kills
+# Triton while it still finishes requests (docs/operations.md).
+triton_stop_timeout = 30
+
+# One Triton per GPU (docs/multi-gpu.md): True runs one unit <triton_service>-gpu<N> per GPU the
+# host has (gpu_count, else its GPU record), each container with --gpus device=N and the ports
+# above plus N * triton_per_gpu_port_step; False: one unit with triton_gpus (all GPUs).
+triton_per_gpu = False
+# Port offset between two per-GPU instances: GPU N serves HTTP on triton_http_port + N * step
+# (gRPC and metrics alike); at least the spread of the three ports so no two instances collide.
+triton_per_gpu_port_step = 10
+
+# --- Rollout and rollback -------------------------------------------------------------------
+# Deployment a rollback returns to, per host: {host: {"release": id, "unit": digest}}. Set by
+# `tritonfleet rollout` (what the host served before its batch); empty: the newest recorded
+# healthy deployment that differs from what the host has now.
+rollback_to = {}
+# Hosts the fleet commands (status, a rollout's probe and health gates, tune) read at once, each
+# on a thread of its own with one SSH connection; bounded by the open-file limit
+# (tritonfleet/limits.py). A rollout's health gates mostly wait (model loading), so a batch's
+# gates take about ceil(batch / fleet_parallel) x the slowest host's gate: keep it >= the batch.
+fleet_parallel = 100
+
+# --- Load balancer drain (docs/operations.md) ---------------------------------------------
+# Load balancer in front of the hosts: "haproxy" (its runtime API), "hooks" (lb_drain_command and
+# lb_ready_command) or None (no drain). With one, every restart of Triton is preceded by a drain
+# that waits until no request is in flight, and the host goes back once the health gate passed.
+lb = None
+# HAProxy runtime API addresses, as the control machine reaches them: unix socket paths or
+# "host:port" of `stats socket ... level admin` (several HAProxy instances: all of them).
+lb_haproxy_sockets = []
+# HAProxy backend that holds the hosts' Triton servers.
+lb_haproxy_backend = "triton"
+# The host's server name in that backend; None: the inventory host name.
+lb_haproxy_server = None
+# lb = "hooks": command run on the control machine (sh -c) to take the host out; the environment
+# has TRITONFLEET_HOST, TRITONFLEET_ADDRESS and TRITONFLEET_HTTP_PORT. A non-zero exit fails the
+# host before Triton is touched.
+lb_drain_command = None
+# lb = "hooks": command that puts the host back; runs after every passing health gate of a deploy
+# (so make it idempotent), with the same environment.
+lb_ready_command = None
+# Seconds to wait after the drain until no request is in flight (HAProxy: the server's current
+# sessions; hooks: Triton's queue empty and its request counters still for 2 s), and after ready
+# until HAProxy's health checks report the server up. Past it the host fails, Triton untouched.
+lb_drain_timeout = 120
+
+# --- Health gate --------------------------------------------------------------------------
+# "direct": HTTP to the host's ports; "ssh": through a tunnel over the host's SSH connection.
+health_via = "direct"
+# Address the control machine uses for the host's Triton ports; None: the SSH address.
+health_host = None
+# Total seconds to wait for live/ready/model-ready/metrics.
+health_timeout = 180
+# Seconds for each health request.
+health_request_timeout = 5
+# After the health gate's endpoints pass, each model answers one real inference (batch 1, inputs
+# built from its config.pbtxt, output shapes checked): a model that is ready but fails it fails the
+# host with Triton's answer (docs/operations.md). False: endpoints only.
+health_warm_inference = True
+# A plain deploy whose health gate fails a host that served before puts that host back on its
+# last healthy deployment at once (the steps of deploys/rollback.py) and says so in the report; off:
+# the report prints the rollback command. tritonfleet rollout always rolls a failed host back itself.
+auto_rollback = False
+
+# --- Monitoring (tritonfleet prometheus, tritonfleet tune) -----------------------------------
+# Alert when a model's mean request time (queue + compute, from Triton's _us counters) stays
+# above this many milliseconds.
+monitor_latency_ms = 1000
+# Alert when more than this share of a model's requests fails.
+monitor_failure_ratio = 0.05
+# Mean queue time above this multiple of the mean compute time counts as "queue dominates".
+monitor_queue_compute_ratio = 1.0
+# Utilization (0-1) under which a model whose queue dominates should lower
+# max_queue_delay_microseconds (the runbook's 40%).
+monitor_low_utilization = 0.4
+# Utilization (0-1) above which a model that runs small batches should raise
+# max_queue_delay_microseconds (tritonfleet tune).
+monitor_busy_utilization = 0.8
+# Alert when a GPU's used memory exceeds this share of its total.
+monitor_gpu_memory_ratio = 0.9
+
+# --- Performance gate (tritonfleet rollout --perf-gate) ------------------------------------
+# Model the performance gate loads on each canary before and after its update; None: the
+# first model (by name) the canary serves before the update.
+perf_gate_model = None
+# Requests the performance gate keeps in flight (batch 1 each, HTTP).
+perf_gate_concurrency = 16
+# Seconds of load for each of the two measurements (before and after the update).
+perf_gate_duration = 5
+# The canary fails the performance gate (and is rolled back) when its throughput after the
+# update is lower than before by more than this share (0.2: more than 20% lower).
+perf_gate_max_throughput_drop = 0.2
+# The canary fails the performance gate when its p95 latency after the update is higher than
+# before by more than this share (0.5: more than 50% higher).
+perf_gate_max_p95_rise = 0.5
+
+# ------------------------------------------------------------------------------------------
+# (not a tunable) every tunable above by name; read through tritonfleet.config
+DEFAULTS = {_name: _value for _name, _value in dict(globals()).items() if _name[0].islower()}

@@ -1,0 +1,58 @@
+"""The tunables in tritonfleet/defaults.py, with their defaults and comments.
+
+Used for the table in docs/tunables.md (`python -m tritonfleet.tunables`) and by the test that
+keeps that table, the defaults and the code in step.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .. import resource
+
+DEFAULTS_FILE = resource("defaults.py")
+
+
+def whole_number(value, key: str, where: str = "group data") -> int:
+    """``value`` as a whole number >= 1 (as written: "4" or 4, not 4.5, "4x", NaN or infinity);
+    ValueError naming the tunable and where it is set otherwise."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError, OverflowError):  # None, text, NaN, infinity
+        n = 0
+    if n < 1 or str(value).strip() != str(n):
+        raise ValueError(f"{key} must be a whole number >= 1, not {value!r} ({where})")
+    return n
+
+
+def smi_command(get) -> str:
+    """The command that asks a host's driver (nvidia_smi_command; "nvidia-smi" when it is empty)."""
+    return str(get("nvidia_smi_command") or "nvidia-smi")
+
+
+def read(path: Path = DEFAULTS_FILE) -> list[tuple[str, str, str]]:
+    """[(name, default as written, comment)] in file order."""
+    text = path.read_text()
+    lines = text.splitlines()
+    out = []
+    for node in ast.parse(text).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id[0].islower()):
+            comment, i = [], node.lineno - 2
+            while i >= 0 and lines[i].startswith("# ") and not lines[i].startswith("# ---"):
+                comment.insert(0, lines[i][2:].strip())
+                i -= 1
+            out.append((node.targets[0].id, ast.get_source_segment(text, node.value), " ".join(comment)))
+    return out
+
+
+def markdown() -> str:
+    rows = ["| tunable | default | what it does |", "|---|---|---|"]
+    for name, default, comment in read():
+        rows.append(f"| `{name}` | `{default}` | {comment.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown())
