@@ -85,7 +85,7 @@ def host_vars(fh) -> dict:
 
 def keep_repository(v: dict, out: Path) -> dict:
     """``v`` with the model repository read from a copy under ``out``: the rendered one
-    (tritonfleet.models.render) is removed when this process ends, before the playbook runs."""
+    (tritonfleet.model_repo.render.render) is removed when this process ends, before the playbook runs."""
     src = v["tf_model_repository"]
     keep = out / "model_repository" / v["tf_release"]
     if not keep.is_dir():

@@ -6,7 +6,7 @@ import os
 
 from tritonfleet.limits import raise_nofile
 
-raise_nofile()  # before pyinfra sizes its pools and connects (tritonfleet/limits.py)
+raise_nofile()  # before pyinfra sizes its pools and connects (tritonfleet/core/open_files.py)
 
 _path = os.environ.get("TRITONFLEET_FAKEFLEET")
 if not _path:

@@ -69,7 +69,7 @@ ANSIBLE_TMP, ANSIBLE_TMP_MARK = re.compile(r"ansible-tmp-[0-9.]+-\d+-\d+"), "ans
 VOLATILE = [
     (re.compile(r"/tmp/pyinfra-[0-9a-f]+"), "/tmp/pyinfra-@@TMP@@"),
     (re.compile(r"\b(tritonfleet-run|run_id|runid)=[0-9A-Za-z._:-]+"), r"\1=@@RUN@@"),
-    # the deploy lock's holder line (tritonfleet.runid.holder): user@machine, pid, start, run id, argv
+    # the deploy lock's holder line (tritonfleet.core.runid.holder): user@machine, pid, start, run id, argv
     (re.compile(r"\S+@\S+ pid \d+, started [0-9-]+ [0-9:]+ UTC, run [0-9A-Za-z-]+: [^'\"]*"), "@@HOLDER@@"),
     # Ansible (bench/ansible/triton.yml): its remote temp directory's name (time, pid, random:
     # ansible/plugins/shell/__init__.py mkdtemp), the modules' zip entry time (AnsiballZ's
@@ -81,7 +81,7 @@ VOLATILE = [
     (re.compile(r"ansible-local-\d+[0-9A-Za-z_]+"), "ansible-local-@@TMP@@"),
 ]
 # commands that answer, then stay open until the control side closes them (the deploy lock:
-# tritonfleet.hostlock holds it for as long as the channel lives, sending heartbeats on stdin)
+# tritonfleet.pyinfra_ext.hostlock holds it for as long as the channel lives, sending heartbeats on stdin)
 HOLD = re.compile(r"; while read -r -t \d+ _; do :; done")
 # commands that read stdin until EOF: Ansible with pipelining runs every
 # module as `/bin/sh -c '/usr/bin/python3 && sleep 0'` and sends the module (AnsiballZ) on
@@ -358,7 +358,7 @@ class FakeFleet:
         except (paramiko.SSHException, EOFError, OSError):
             return
         # paramiko wakes an idle transport every 0.1 s: with hundreds of fake hosts that alone kept
-        # a CPU busy (tritonfleet.connection does the same on the control side)
+        # a CPU busy (tritonfleet.pyinfra_ext.connection does the same on the control side)
         conn.settimeout(1.0)
         with self._lock:  # the transport's own thread serves it; channels are answered by exec threads
             self.transports.append(t)
@@ -624,7 +624,7 @@ def record(args) -> int:
             [str(binp / "pyinfra"), "-y", "--json", "--dry", "--limit", name, "bench/fake_inventory.py",
              "deploys/triton.py"],
             [str(binp / "tritonfleet"), "status", "bench/fake_inventory.py"],
-            # what the health gate asks while it waits (a host slow to answer): tritonfleet.health
+            # what the health gate asks while it waits (a host slow to answer): tritonfleet.serving.health
             [sys.executable, "-c", "from tritonfleet import fleet, health; h = fleet.load_inventory("
              "'bench/fake_inventory.py')[0]; g = h.get; print(fleet.run(h, health.watch_command("
              "g('triton_service'), g('triton_container_name'), g('triton_base_dir')))[0])"]]

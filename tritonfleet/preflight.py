@@ -125,7 +125,7 @@ def check_model_repository() -> None:
 def check_plan_compute_capability(repo: Path) -> None:
     """Every TensorRT model of the repository as this host serves it that declares its engines
     per compute capability (cc_model_filenames) has one for the host's GPU class
-    (tritonfleet.gpucheck.plan_compute_capability_problem). Read on the control machine only."""
+    (tritonfleet.gpu.rules.plan_compute_capability_problem). Read on the control machine only."""
     from .model_repo.validate import tensorrt_cc_model_filenames
 
     key = str(repo.resolve())
@@ -168,7 +168,7 @@ def check_gpu_class_and_driver() -> None:
     if str(gpu_class).upper() not in GPU_CLASSES:
         raise PreflightError(f"{host.name}: unknown gpu_class {gpu_class!r}; known: {', '.join(GPU_CLASSES)} "
                              f"(put the host in one of the groups {groups} of the inventory, or add the class "
-                             "to tritonfleet/gpucheck.py GPU_CLASSES with a group_data file)")
+                             "to tritonfleet/gpu/rules.py GPU_CLASSES with a group_data file)")
     problem = compute_capability_problem(gpu_class, config.get("triton_image"))
     if problem:
         raise PreflightError(f"{host.name}: {problem}: pick a triton_image of an earlier release for this class "
@@ -275,7 +275,7 @@ def check_host() -> None:
 def check_driver_source() -> None:
     """A driver from another source than nvidia_driver_source (CUDA repository, Debian's or
     Ubuntu's packages, the .run installer) is refused with what is there and how to migrate,
-    unless nvidia_driver_migrate (tritonfleet.driver_source)."""
+    unless nvidia_driver_migrate (tritonfleet.host.driver_source)."""
     problem = driver_source_problem()
     if problem:
         raise PreflightError(problem)
@@ -340,7 +340,7 @@ def check_vendor_keys() -> None:
 
 
 def check_per_gpu() -> None:
-    """triton_per_gpu: the instances' ports do not collide (tritonfleet.pergpu)."""
+    """triton_per_gpu: the instances' ports do not collide (tritonfleet.serving.per_gpu)."""
     from .serving import per_gpu as pergpu
 
     if not pergpu.enabled(config.get):

@@ -4,7 +4,7 @@ Most of the suite's time is spent waiting on test hosts (reboots, timeouts of th
 apt inside the hosts), not computing. So the testbed tests are split in two parts, each with a
 testbed instance of its own (``TRITONFLEET_TESTBED`` = base and base + 1: own hosts, bridge,
 subnet, NAT table), and the fast tier (no test hosts) runs next to them. Every test is in exactly
-one part (tests/test_suite_parts.py checks that against pytest's own collection).
+one part (tests/unit/testbed_tooling/test_suite_parts.py checks that against pytest's own collection).
 
 Each part's output goes to a log file and is printed whole when the part ends (no interleaved
 lines); a line a minute says which parts still run. The exit status is the worst of the parts.
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The fault tests and the fleet operations (rollouts, the rebuild from bare) are about half the
 # testbed tests' time (measured: 32 and 17 minutes of 90 on a loaded machine); the first part
 # holds them, the second everything else.
-FIRST_PART_FILES = ("tests/test_faults.py", "tests/test_fleet_ops.py")
+FIRST_PART_FILES = ("tests/testbed/test_faults.py", "tests/testbed/test_fleet_ops.py")
 
 
 @dataclass(frozen=True)

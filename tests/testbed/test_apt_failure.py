@@ -2,7 +2,7 @@
 version that the (stand-in) repository does not carry. The host fails at that step with one report
 (the command, apt's own words, what they mean, the versions the repository has, the setting to
 change), nothing after it runs, Triton keeps serving, and `tritonfleet status` shows the same
-report until a healthy deployment. (The apt lock held past apt_lock_timeout: tests/test_faults.py.)
+report until a healthy deployment. (The apt lock held past apt_lock_timeout: tests/testbed/test_faults.py.)
 
 Leaves the fleet as the `deployed` fixture made it.
 """

@@ -5,7 +5,7 @@ the source. On a host of its own: Debian's real packages from the mirror, the mi
 debian -> cuda -> debian (one reboot each), the rest of the host layer on the Debian-source host
 with the GPU answer routed to the stand-in (nvidia_smi_command), and .run -> ours (docs/driver-sources.md,
 Tests: what is faked and why). (Generated dpkg states and the migration's commands:
-tests/test_driver_source.py.)"""
+tests/unit/host/test_driver_source.py.)"""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def test_debian_real_packages_from_bare_then_migrations_to_cuda_and_back(bare_ho
     assert "Pin: version 535.*" in ssh(h, "cat /etc/apt/preferences.d/tritonfleet-nvidia-driver")
     assert ssh(h, "ls /etc/apt/sources.list.d/").split().count("tritonfleet-debian-nonfree.sources") == 1
     assert "cuda" not in ssh(h, "ls /etc/apt/sources.list.d/"), ssh(h, "ls /etc/apt/sources.list.d/")
-    # Debian's dkms.conf names the module the kernel-safety check looks for (tritonfleet.kernel)
+    # Debian's dkms.conf names the module the kernel-safety check looks for (tritonfleet.host.boot_kernel)
     assert 'DEST_MODULE_NAME[0]="$PACKAGE_NAME"' in ssh(h, "cat /usr/src/nvidia-current-535.*/dkms.conf")
     _, row = status_of(h.name)
     assert row["driver_source"] == "debian", row

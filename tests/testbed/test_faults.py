@@ -248,7 +248,7 @@ def test_apt_lock_held_waits_with_a_bound_then_fails_clearly(deployed):
         took = time.monotonic() - t0
         assert res.returncode != 0 and took < 120
         out = res.stderr
-        # one report (tritonfleet.aptreport): the lock, who held it, apt's own words, the fix
+        # one report (tritonfleet.host.apt_diagnosis): the lock, who held it, apt's own words, the fix
         report = out[out.index(f"tritonfleet: {h.name} failed at NVIDIA driver | apt update (CUDA repository changed)"):]
         assert re.search(r"found: +the apt/dpkg lock \(/var/lib/apt/lists/lock\) stayed held by process \d+ "
                          r"\(python3\) for more than 5 s \(apt_lock_timeout\)", report), report
@@ -272,7 +272,7 @@ def slow_postinst_deb(tmp_path) -> bytes:
     (root / "DEBIAN").mkdir(parents=True)
     (root / "DEBIAN" / "control").write_text(
         "Package: tf-slow-postinst\nVersion: 1.0\nArchitecture: all\nMaintainer: tritonfleet tests "
-        "<tests@example.invalid>\nDescription: postinst that waits (tests/test_faults.py)\n")
+        "<tests@example.invalid>\nDescription: postinst that waits (tests/testbed/test_faults.py)\n")
     post = root / "DEBIAN" / "postinst"
     post.write_text("#!/bin/sh\ntouch /run/tf-postinst-started\n"
                     "while [ -e /run/tf-postinst-hold ]; do sleep 0.2; done\nexit 0\n")

@@ -235,7 +235,7 @@ def extra_host(deployed):
 def host4(h, *args: str) -> list[str]:
     """The host layer on ``h`` with Docker's own repository (docker_version: the default pin) and
     the proprietary kernel modules (the session's hosts run the default, open:
-    test_kernel_module_testbed.py; a branch switch to 570 keeps the flavour)."""
+    testbed/test_kernel_module.py; a branch switch to 570 keeps the flavour)."""
     return ["--limit", h.name, "--data", "docker_source=docker", "--data", "nvidia_kernel_module=proprietary", *args]
 
 

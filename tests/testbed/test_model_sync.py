@@ -1,7 +1,7 @@
 """Model sync and connection tuning over real SSH on the testbed: OpenSSH and pyinfra's own
 connection as transports, changed/added/removed/renamed files, files changed on the host, an
 interrupted transfer while Triton serves, TCP_NODELAY on the deploy's and the fleet commands'
-connections. (The same logic on this machine alone: test_release_sync.py.)"""
+connections. (The same logic on this machine alone: unit/model_repo/test_release_sync.py.)"""
 
 from __future__ import annotations
 

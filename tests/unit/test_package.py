@@ -1,8 +1,8 @@
-"""The package on its own: defaults from tritonfleet/defaults.py wherever a tunable is not set,
+"""The package on its own: defaults from tritonfleet/settings/defaults.py wherever a tunable is not set,
 files found through tritonfleet.resource, and `tritonfleet init` (the operator's repository).
 
 The wheel itself, installed in a fresh virtual environment and run against the testbed, is
-tests/test_wheel_testbed.py."""
+tests/testbed/test_wheel.py."""
 
 from __future__ import annotations
 

@@ -144,9 +144,9 @@ def test_importing_the_steps_patches_nothing_and_install_does():
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["imported"] == out["before"], f"importing the steps changed pyinfra: {out}"
     installed = out["installed"]
-    assert installed["order"] == "tritonfleet.oporder", installed
-    assert installed["sigint"] == "tritonfleet.interrupt", installed
-    assert "tritonfleet.connection" in installed["callbacks"], installed
+    assert installed["order"] == "tritonfleet.pyinfra_ext.oporder", installed
+    assert installed["sigint"] == "tritonfleet.pyinfra_ext.interrupt", installed
+    assert "tritonfleet.pyinfra_ext.connection" in installed["callbacks"], installed
 
 
 def test_the_testbed_commands_join_the_cli_through_their_entry_point(monkeypatch):

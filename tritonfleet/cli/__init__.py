@@ -1,5 +1,5 @@
 """The ``tritonfleet`` command line: one module a command group (``fleet``: status and rollout;
-``validate``, ``loadtest``, ``prometheus``, ``tune``; ``init`` from tritonfleet.scaffold). The modules define their commands and
+``validate``, ``loadtest``, ``prometheus``, ``tune``; ``init`` from tritonfleet.cli.scaffold). The modules define their commands and
 import nothing from here; ``main`` adds them. Other installed packages add theirs through the
 ``tritonfleet.commands`` entry point group (the test tooling's ``testbed``)."""
 

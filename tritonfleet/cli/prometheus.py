@@ -1,5 +1,5 @@
 """``tritonfleet prometheus INVENTORY [--out DIR]``: Prometheus targets, scrape job, rules and a
-Grafana dashboard for every Triton host of the inventory (see tritonfleet.prometheus)."""
+Grafana dashboard for every Triton host of the inventory (see tritonfleet.observability.prometheus)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``tritonfleet init DIR``: an operator's own repository, with tritonfleet as a dependency.
 
 Writes the package's skeleton (tritonfleet/skeleton, shipped as package data): the inventory with
-its t4/l4 groups and their group data (only what differs from tritonfleet/defaults.py, the rest
+its t4/l4 groups and their group data (only what differs from tritonfleet/settings/defaults.py, the rest
 as comments), the entry points (deploys/*.py: the runbook's lines importing the package's
 steps), the runbook's model repository and a README. An empty or missing DIR gets all of it; a
 DIR that already holds exactly these files is left alone (nothing to do); anything else is

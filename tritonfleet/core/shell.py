@@ -3,7 +3,7 @@
 Every value interpolated into a shell command (a path, an image, a unit, a model name, a release
 id, a URL) goes through :func:`q` (``shlex.quote``), whatever its source: tunables, the model
 repository, the host's own records. A value never changes the words of the command it is put in;
-``tests/test_shell_quoting.py`` feeds hostile values through every command-building function.
+``tests/unit/core/test_shell.py`` feeds hostile values through every command-building function.
 """
 
 from __future__ import annotations

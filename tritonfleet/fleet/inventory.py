@@ -69,8 +69,8 @@ def _state():
 def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
                    limit: Iterable[str] | None = None) -> list[FleetHost]:
     """Hosts of ``inventory`` in inventory order, with the data pyinfra would give them
-    (``data`` plays the part of ``--data``) over the package's defaults (tritonfleet/defaults.py,
-    the lowest layer, as tritonfleet.config reads them in a deploy; pyinfra's own connection
+    (``data`` plays the part of ``--data``) over the package's defaults (tritonfleet/settings/defaults.py,
+    the lowest layer, as tritonfleet.settings.access reads them in a deploy; pyinfra's own connection
     settings among them, such as the host-key policy, apply to this module's connections too).
     ``limit``: host or group names (globs allowed)."""
     from pyinfra_cli.inventory import make_inventory
@@ -85,7 +85,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
         raise FleetError(f"inventory {inventory}: {e}") from e
     inv.data = {**copy.deepcopy(DEFAULTS), **(inv.data or {})}
     state.init(inv, state.config)
-    tune_state(state)  # TCP_NODELAY on every connection run() opens (tritonfleet.connection)
+    tune_state(state)  # TCP_NODELAY on every connection run() opens (tritonfleet.pyinfra_ext.connection)
     own = path.stem
     out = []
     for h in inv:

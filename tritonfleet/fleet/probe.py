@@ -66,7 +66,7 @@ def command(get) -> str:
 
 
 def per_gpu_parts(get, addr: str) -> dict[str, str]:
-    """The probe's sections for a host with one Triton per GPU (tritonfleet.pergpu): each per-GPU
+    """The probe's sections for a host with one Triton per GPU (tritonfleet.serving.per_gpu): each per-GPU
     unit on the host as ``<index> <is-active> <HTTP code of /v2/health/ready>``, the digest of the
     units one after the other by index (units_digest), the image of GPU 0's container."""
     step = pergpu.port_step(get)
@@ -108,7 +108,7 @@ class HostStatus:
     error: str = ""
     gpus: list[str] = field(default_factory=list)
     gpu_ids: list[dict] = field(default_factory=list)  # index, pci_bus_id, uuid, name of each GPU reported
-    gpu_recorded: list[dict] = field(default_factory=list)  # the host's GPU record (tritonfleet.gpucount)
+    gpu_recorded: list[dict] = field(default_factory=list)  # the host's GPU record (tritonfleet.gpu.placement)
     gpu_expected: int | None = None  # gpu_count, else the record's count
     gpu_expected_from: str = ""  # "gpu_count" or "recorded"
     driver: str | None = None
@@ -125,9 +125,9 @@ class HostStatus:
     models_not_ready: list[str] = field(default_factory=list)
     last_deploy: dict | None = None
     last_failure: dict | None = None  # the report of a failure newer than the last healthy deployment
-    kernel: dict | None = None  # tritonfleet.kernel.KernelState: running/boot kernel, module, pending reboot
+    kernel: dict | None = None  # tritonfleet.host.boot_kernel.KernelState: running/boot kernel, module, pending reboot
     reboot: str = "-"           # the pending reboot and its kernel's module, for the table
-    kernel_module: dict | None = None  # tritonfleet.kernel_module.ModuleState: installed/loaded flavour
+    kernel_module: dict | None = None  # tritonfleet.host.kernel_module.ModuleState: installed/loaded flavour
     module: str = "-"           # the module's flavour, for the table
     driver_source: str | None = None  # cuda, debian, ubuntu, runfile (+ others on a mixed host); None: none
     # triton_per_gpu: each per-GPU unit on the host {index, state, ready} and how many are expected

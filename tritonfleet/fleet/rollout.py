@@ -49,7 +49,7 @@ class HostResult:
     before: str = "-"
     after: str = "-"
     detail: str = ""
-    failure: dict | None = None  # the full failure report (tritonfleet.failure.Failure.to_json)
+    failure: dict | None = None  # the full failure report (tritonfleet.core.report.Failure.to_json)
 
     @property
     def ok(self) -> bool:
@@ -166,7 +166,7 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: 
                 log_path: Path | None = None, timeout: float = 7200,
                 failure_dir: Path | None = None, on_start: Callable[[int], None] | None = None) -> PyinfraRun:
     """One pyinfra run. The child dies with this process (SIGKILL from the kernel when the rollout
-    dies: tritonfleet.procs), so a dead rollout never leaves a deploy running ungated.
+    dies: tritonfleet.core.procs), so a dead rollout never leaves a deploy running ungated.
     ``failure_dir``: where the run's steps leave each failed host's report (CHANNEL_ENV).
     ``on_start(pid)`` is called once the child runs."""
     cmd = pyinfra_command() + ["-y", "--json"]
@@ -353,7 +353,7 @@ def _batches(run: _Run, first: int) -> None:
             continue
         label = run.label(i)
         perf = perfgate.Gate(run.echo) if run.perf_gate and i == 1 and run.canary else None
-        if perf:  # the canary's performance before its update (tritonfleet/perfgate.py)
+        if perf:  # the canary's performance before its update (tritonfleet/fleet/perfgate.py)
             try:
                 perf.measure_before([run.by_name[n] for n in todo])
             except perfgate.PerfGateError as e:

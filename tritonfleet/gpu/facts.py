@@ -321,7 +321,7 @@ class NvidiaGpus(FactBase):
 
 
 class GpuRecord(FactBase):
-    """The GPUs the first verified run recorded on the host (tritonfleet.gpucount.RECORD), as
+    """The GPUs the first verified run recorded on the host (tritonfleet.gpu.placement.RECORD), as
     [{index, pci_bus_id, uuid, name}]; [] when there is no record."""
 
     default = list
@@ -347,7 +347,7 @@ def nvidia_gpus_args() -> dict:
 
 def placement_gpus() -> int:
     """The number of GPUs the current host's instance groups are placed on
-    (tritonfleet.gpucount.placement_count): gpu_count, else the host's record, else what
+    (tritonfleet.gpu.placement.placement_count): gpu_count, else the host's record, else what
     nvidia-smi reports now, else 1. With triton_per_gpu 1: each Triton sees one GPU."""
     from ..serving import per_gpu as pergpu
     from ..settings import access as config
@@ -359,7 +359,7 @@ def placement_gpus() -> int:
 
 def instance_gets() -> list:
     """The tunables of each Triton instance of the current host: [config.get] (the single unit),
-    or with triton_per_gpu one per GPU (tritonfleet.pergpu; the count from host_gpus). A layout
+    or with triton_per_gpu one per GPU (tritonfleet.serving.per_gpu; the count from host_gpus). A layout
     that cannot work is a ConfigError naming the host."""
     from pyinfra import host
 
@@ -375,7 +375,7 @@ def instance_gets() -> list:
 
 
 def host_gpus() -> int:
-    """The number of GPUs the current host has (tritonfleet.gpucount.placement_count): gpu_count,
+    """The number of GPUs the current host has (tritonfleet.gpu.placement.placement_count): gpu_count,
     else the host's record, else what nvidia-smi reports now, else 1. With triton_per_gpu, the
     number of Triton instances."""
     from ..pyinfra_ext import memo

@@ -177,7 +177,7 @@ def driver_supported(branch_or_version, triton_image, datacenter: bool = True) -
         known = ", ".join(sorted(TRITON_DRIVER_REQUIREMENTS))
         return False, (f"no driver requirements known for Triton release {tag or triton_image!r} "
                        f"(known: {known}); add them from NVIDIA's release notes to "
-                       "tritonfleet/gpucheck.py TRITON_DRIVER_REQUIREMENTS"
+                       "tritonfleet/gpu/rules.py TRITON_DRIVER_REQUIREMENTS"
                        + ("; an image pinned by digest keeps its tag: name:<tag>@sha256:<digest>"
                           if "@" in str(triton_image) and tag is None else ""))
     req = TRITON_DRIVER_REQUIREMENTS[tag]

@@ -1,10 +1,10 @@
 """What a failed apt-get, apt-mark or dpkg command means: apt's output classified into the causes
-seen in the field, and the failure report built from it (tritonfleet.failure).
+seen in the field, and the failure report built from it (tritonfleet.core.report).
 
 Pure: ``classify`` reads the output (and exit status) of one command and names the cause, its
 particulars (package, version, repository, file, process), apt's key lines, what it means and the
 fix; ``failure`` turns that into the report every failure after pre-flight uses. The commands run
-in ``tritonfleet.ops.aptlock`` (which also waits for held locks).
+in ``tritonfleet.host.ops.aptlock`` (which also waits for held locks).
 
 The messages are apt's and dpkg's own (English: the commands run with ``LC_ALL=C.UTF-8``). Each
 rule below names the message it reads; the texts are from apt's source (Debian/apt, files named

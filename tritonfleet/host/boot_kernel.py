@@ -16,7 +16,7 @@ Debian 12's ``nvidia-kernel-dkms`` 535.309.01-0+deb12u1 renames the modules it b
 nvidia-current``): read from the packages in Debian's archive.
 
 Read side (``tritonfleet status``): :func:`status_command` / :func:`parse`, read-only. Deploy side
-(before a reboot, ``tritonfleet.ops.reboot``): :func:`ensure_command` also builds the module when
+(before a reboot, ``tritonfleet.host.ops.reboot``): :func:`ensure_command` also builds the module when
 it can: the kernel's headers are installed (DKMS builds every registered module when headers are
 installed: Debian's dkms hooks ``/etc/kernel/header_postinst.d``), then ``dkms autoinstall -k``.
 """

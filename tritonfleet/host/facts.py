@@ -30,7 +30,7 @@ class KeyringFingerprints(FactBase):
 
 class RemoteKeyFingerprints(FactBase):
     """The key at ``url`` as the host fetches it, judged on the host by the rule the install step
-    applies (tritonfleet.keys): {"fingerprints": [primary keys], "trusted": bool, "error": text
+    applies (tritonfleet.host.signing_keys): {"fingerprints": [primary keys], "trusted": bool, "error": text
     or None}. Nothing is installed: the file goes to a temporary directory and is removed."""
 
     @staticmethod
@@ -133,7 +133,7 @@ class FileState(FactBase):
 
 
 class PerGpuUnits(FactBase):
-    """The per-GPU Triton unit files on the host (tritonfleet.pergpu): the file names of
+    """The per-GPU Triton unit files on the host (tritonfleet.serving.per_gpu): the file names of
     ``<service>-gpu<N>.service`` in /etc/systemd/system, by index ([] when there are none)."""
 
     default = list
@@ -241,7 +241,7 @@ class TritonContainer(FactBase):
 
 class ReleaseState(FactBase):
     """The live model release, the complete ones, and the live release's files whose size or
-    mtime differ from the stat record taken when it completed (tritonfleet.release_plan). Reads no
+    mtime differ from the stat record taken when it completed (tritonfleet.model_repo.release). Reads no
     file: a no-op run costs one `find` of the live release."""
 
     @staticmethod
@@ -313,7 +313,7 @@ class SecureBoot(FactBase):
 
 class DeployHistory(FactBase):
     """The host's record of healthy deployments (oldest first), the unit snapshots it keeps, and
-    whether the report of a failed run is left on it (tritonfleet.failure.HOST_RECORD):
+    whether the report of a failed run is left on it (tritonfleet.core.report.HOST_RECORD):
     ``{"records": [{release, image, unit, time, action, ...}], "units": [digest, ...], "failure": bool}``."""
 
     @staticmethod
@@ -397,7 +397,7 @@ class AptSources(FactBase):
 
 class DriverFiles(FactBase):
     """NVIDIA's .run installer on the host: its uninstaller and installer (with the package that
-    owns each, "" for none) and its backup log's first line (tritonfleet.driver_source)."""
+    owns each, "" for none) and its backup log's first line (tritonfleet.host.driver_source)."""
 
     @staticmethod
     def default():

@@ -80,7 +80,7 @@ def persistence_command() -> str:
 
 
 HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
-# the installed module's licence and the loaded module's /proc line (tritonfleet.kernel_module)
+# the installed module's licence and the loaded module's /proc line (tritonfleet.host.kernel_module)
 KERNEL_MODULE_COMMAND = KMOD_COMMAND
 
 
@@ -136,7 +136,7 @@ def wanted_source() -> str:
 
 
 def driver_repo() -> str:
-    """The facts (tritonfleet/vendorfacts.py) of where the driver comes from: NVIDIA's CUDA
+    """The facts (tritonfleet/host/nvidia_repos.py) of where the driver comes from: NVIDIA's CUDA
     repository for the host's distro, or Debian 12's own archive (nvidia_driver_source = "debian")."""
     if wanted_source() == "debian":
         distro = cuda_distro()

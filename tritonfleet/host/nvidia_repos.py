@@ -6,7 +6,7 @@ shape of their versions, whether the branch has NVIDIA's pinning package). The d
 with the answers (host_layer.py, steps/host_prep.py, preflight.py); the testbed builds its stand-in repository
 from the same facts (tritonfleet_testbed/standin_repo.py).
 
-``python -m tritonfleet.vendorfacts`` prints the per-distro table and what is not confirmed.
+``python -m tritonfleet.host.nvidia_repos`` prints the per-distro table and what is not confirmed.
 """
 
 from __future__ import annotations

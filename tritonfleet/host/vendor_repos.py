@@ -9,7 +9,7 @@ apt and the others: ``arm64``).
 
 Read by pre-flight (the host fetches every key not installed yet and its fingerprint is compared
 with the pinned one) and by the host-layer steps (key, source and apt update:
-``tritonfleet.ops.apt_repo.vendor_source``). Reads host facts and tunables; runs nothing.
+``tritonfleet.host.ops.apt_repo.vendor_source``). Reads host facts and tunables; runs nothing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The operation that makes a model repository release live on a host (layout and plan:
-tritonfleet.release_plan). Reads the host when it runs, so it always works from the host's real state:
+tritonfleet.model_repo.release). Reads the host when it runs, so it always works from the host's real state:
 the same release already there (switch only), an interrupted transfer (resume), earlier releases
 (hard links by content), or nothing (send everything)."""
 
@@ -26,7 +26,7 @@ INLINE_SCRIPT_MAX = 64 * 1024
 
 
 class ReleaseIndex(FactBase):
-    """What building a release can reuse on the host (tritonfleet.release_plan.parse_index)."""
+    """What building a release can reuse on the host (tritonfleet.model_repo.release.parse_index)."""
 
     @staticmethod
     def default():

@@ -1,12 +1,12 @@
 """Model repository releases on a host: what to send, what to hard link, and the shell that
-builds a release and switches to it. Pure functions; the operation is tritonfleet.ops.model_release.
+builds a release and switches to it. Pure functions; the operation is tritonfleet.model_repo.ops.
 
 On the host (``base`` = triton_base_dir)::
 
     releases/<id>/                  a complete release (never changed once complete)
     releases/<id>/.tritonfleet-release   marker: {"release": id, "files": {path: [size, sha256]}}
     releases/<id>/.tritonfleet-stat      "size mtime path" of every file, taken when it completed
-    releases/.incoming-<id>.<run>/  a release being built by one run (tritonfleet.runid); a later
+    releases/.incoming-<id>.<run>/  a release being built by one run (tritonfleet.core.runid); a later
                                     run takes over what an interrupted one left (renamed to its own)
     model_repository -> releases/<id>    switched atomically (rename of model_repository.new-<run>)
     releases.log                    release ids in switch order (pruning keeps the newest)

@@ -224,7 +224,7 @@ def _prune_rendered(root: Path) -> None:
 
 def _placed(text: str, model: str, placement: dict | None) -> str:
     """``text`` (a model's config.pbtxt) with the host's instance-group placement applied
-    (tritonfleet.gpucount.place; ``placement``: {"gpus": N, "policy": ..., "models": {...}})."""
+    (tritonfleet.gpu.placement.place; ``placement``: {"gpus": N, "policy": ..., "models": {...}})."""
     if not placement or int(placement.get("gpus") or 1) <= 1:
         return text
     from ..gpu.placement import place, policy_for
@@ -249,7 +249,7 @@ def _placement_changes(src: Path, placement: dict | None) -> bool:
 def render(src: Path, overrides: dict | None, dest_root: Path | None = None, placement: dict | None = None) -> Path:
     """The repository as a host of this class serves it: ``src`` with ``overrides``
     ({model: {field: value}}) applied, then the instance groups placed on the host's GPUs
-    (``placement``, tritonfleet.gpucount). Without overrides and with nothing to place, ``src``
+    (``placement``, tritonfleet.gpu.placement). Without overrides and with nothing to place, ``src``
     itself.
 
     Each run renders into a directory of its own (rendered/<key>.<run id>, removed when the
@@ -337,7 +337,7 @@ def host_repository(get=None, gpus: int | None = None) -> tuple[Path, dict, str]
     """(rendered local repository, manifest, release id) for the current host (or for the host
     whose tunables ``get`` reads): ``model_repository`` with the host's ``model_overrides``,
     its instance groups placed on ``gpus`` GPUs (default: the current host's, from
-    ``tritonfleet.facts.gpu.placement_gpus``), rendered and hashed once per run."""
+    ``tritonfleet.gpu.facts.placement_gpus``), rendered and hashed once per run."""
     if get is None:
         from ..settings import access as config
 

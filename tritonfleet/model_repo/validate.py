@@ -7,7 +7,7 @@ on the hosts: ``--strict-model-config=true`` (no backend auto-complete), ``--exi
 
 The rules follow Triton's core (model_repository_manager, model_lifecycle, model_config_utils
 ValidateModelConfig / ValidateInstanceGroup / ValidateIOShape, ensemble_utils) and were checked
-against a real tritonserver 2.51 (tests/test_validate.py). Where the server's behaviour is
+against a real tritonserver 2.51 (tests/unit/model_repo/test_validate.py). Where the server's behaviour is
 plainly a trap the validator is stricter and says so in the message (a symlink out of the
 repository, a duplicate tensor name, an instance count below zero, a version directory with
 leading zeros that Triton silently skips).

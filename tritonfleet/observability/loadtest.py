@@ -414,7 +414,7 @@ def run_host(fh: FleetHost, models: list[str] | None, concurrencies: list[int], 
     """Every model (``None``: every model the host has ready) at every concurrency on one host.
     A host that cannot be reached or measured gets ``error`` (naming the host and what to fix).
 
-    The load runs in a child process (``python -m tritonfleet.loadtest``): pyinfra's command
+    The load runs in a child process (``python -m tritonfleet.observability.loadtest``): pyinfra's command
     line monkey-patches this process with gevent, under which gRPC's asyncio client stalls, and
     the child's CPU time is then exactly the load generator's. SSH tunnels stay here."""
     res = HostRun(fh.name)
@@ -544,7 +544,7 @@ def run_child(t: Target, models: list[str] | None, concurrencies: list[int], dur
     n_models = len(models) if models else 16
     limit = n_models * len(concurrencies) * (duration + 90) + 120
     try:
-        res = subprocess.run([sys.executable, "-m", "tritonfleet.loadtest"], input=json.dumps(job),
+        res = subprocess.run([sys.executable, "-m", "tritonfleet.observability.loadtest"], input=json.dumps(job),
                              stdout=subprocess.PIPE, stderr=None, text=True, timeout=limit)
     except subprocess.TimeoutExpired as e:
         raise LoadTestError(f"{t.name}: the load did not finish within {limit:.0f}s") from e

@@ -46,7 +46,7 @@ def tunable(fh: FleetHost, key: str) -> Any:
     value = fh.data.get(key, _MISSING)
     if value is _MISSING:
         raise FleetError(f"{fh.name}: '{key}' is not set and is no tunable of tritonfleet "
-                         "(tritonfleet/defaults.py lists every one)")
+                         "(tritonfleet/settings/defaults.py lists every one)")
     return value
 
 
@@ -62,7 +62,7 @@ def metrics_target(fh: FleetHost) -> str:
 
 def metrics_targets(fh: FleetHost) -> list[tuple[str, int | None]]:
     """``(address:port, GPU index)`` of each of the host's metrics endpoints: the one of its single
-    Triton (index None), or with triton_per_gpu one per GPU (gpu_count GPUs: tritonfleet.pergpu)."""
+    Triton (index None), or with triton_per_gpu one per GPU (gpu_count GPUs: tritonfleet.serving.per_gpu)."""
     from ..serving import per_gpu as pergpu
 
     get = lambda key, *default: tunable(fh, key)  # noqa: E731 - the inventory host's tunables

@@ -1,5 +1,5 @@
 """Prometheus for the fleet, generated from the inventory: file_sd target files, the scrape job,
-recording and alerting rules, and a Grafana dashboard (tritonfleet.dashboard).
+recording and alerting rules, and a Grafana dashboard (tritonfleet.observability.dashboard).
 
 Layout written by :func:`write` (``tritonfleet prometheus INVENTORY --out DIR``)::
 

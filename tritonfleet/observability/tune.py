@@ -288,7 +288,7 @@ CLIENT_BUSY = 0.8
 
 
 def default_thresholds() -> Thresholds:
-    """The thresholds' defaults (tritonfleet/defaults.py)."""
+    """The thresholds' defaults (tritonfleet/settings/defaults.py)."""
     from ..settings.defaults import DEFAULTS as d
 
     return Thresholds(float(d["monitor_queue_compute_ratio"]), float(d["monitor_low_utilization"]),

@@ -7,7 +7,7 @@ again each time. Measured on a 50-host no-op of deploys/triton.py (bench/run.py 
 about a fifth of the control machine's CPU, growing with hosts x operations. The answer is fixed
 for a pyinfra release (class annotations), so ``install()`` hands pyinfra a function that
 returns the same list, computed on first use by pyinfra's own function.
-tests/test_pyinfra_internals.py checks that both callers look the name up in their module at call
+tests/unit/pyinfra_ext/test_internals.py checks that both callers look the name up in their module at call
 time, and that the cached answer is pyinfra's.
 """
 

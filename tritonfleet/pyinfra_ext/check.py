@@ -33,8 +33,8 @@ def is_check(name: str) -> bool:
 @operation(is_idempotent=False)
 def check(function, *args, **kwargs):
     """Run ``function(*args, **kwargs)`` when the operations execute. It fails the host by raising
-    ``tritonfleet.failure.HostFailure`` (the report is printed, no traceback); anything else it
-    raises is reported as a bug (tritonfleet.failure.reported)."""
+    ``tritonfleet.core.report.HostFailure`` (the report is printed, no traceback); anything else it
+    raises is reported as a bug (tritonfleet.core.report.reported)."""
     if not state.is_executing:
         host.noop("verification: runs with the operations, never a planned change")
         return

@@ -16,7 +16,7 @@ keepalive probes at the same pace, and TCP_USER_TIMEOUT = interval x count, so d
 a transfer) unacknowledged that long closes the socket. paramiko then closes every channel of
 the connection: the command or transfer running on it fails, naming the host, within that bound.
 Every deploy file calls it through ``pyinfra_patches.install()`` (pyinfra connects to all
-hosts before it loads the deploy file); ``tritonfleet.fleet`` calls it for its own connections.
+hosts before it loads the deploy file); ``tritonfleet.fleet.inventory`` calls it for its own connections.
 
 paramiko's transport wakes up every 0.1 s on an idle connection (a socket timeout, to see whether
 it was closed and whether a keepalive is due): with hundreds of hosts connected for a whole run,
@@ -94,7 +94,7 @@ def tune_host(host: Any) -> bool:
         return False
     try:
         interval, count = keepalive(getattr(host, "data", None))
-    except ValueError:  # refused, naming the host, before anything runs (tritonfleet.hostlock)
+    except ValueError:  # refused, naming the host, before anything runs (tritonfleet.pyinfra_ext.hostlock)
         interval, count = KEEPALIVE_INTERVAL, KEEPALIVE_COUNT
     if hasattr(transport, "set_keepalive"):
         transport.set_keepalive(interval)

@@ -67,7 +67,7 @@ def packages(packages=None, present: bool = True, latest: bool = False, update: 
     """``apt.packages``: no change (and no command) when dpkg, read once per run, already has
     every package (at the pinned version, where one is given) or, with present=False, none.
     ``setting``: the group-data setting(s) that chose the packages or versions; a failed apt-get
-    names it in its report (tritonfleet.ops.aptlock)."""
+    names it in its report (tritonfleet.host.ops.aptlock)."""
     specs = [packages] if isinstance(packages, str) else list(packages or [])
     if not (latest or update or upgrade):
         installed = memo.fact(DpkgState)["installed"]

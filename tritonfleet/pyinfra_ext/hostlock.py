@@ -16,7 +16,7 @@ The holder ends, and the kernel releases the lock, when the run ends or can no l
 * the link or the control machine dies: no heartbeat arrives for ssh_keepalive_interval x
   ssh_keepalive_count seconds (``read -t``), whatever the TCP connection still believes;
 * the host reboots (/run is a tmpfs): the deploy takes the lock again after the reboot
-  (tritonfleet.ops.reboot).
+  (tritonfleet.host.ops.reboot).
 
 A second run waits up to ``deploy_lock_timeout`` seconds, saying whom it waits for; then it stops
 before anything changed on any host, naming the holder (user, control machine, pid, start time,
@@ -26,7 +26,7 @@ process for all of a run's hosts (``start_beater``), writing a line down each ho
 holders are started with posix_spawn, not fork (``Child``). A run thus costs one OpenSSH client a
 host and one more process, not three processes a host (measured at 500 hosts: 1501 processes
 before, bench/run.py scale, docs/scale.md). The holder runs over the OpenSSH client when the host
-allows it (tritonfleet.transfer's ``auto`` rule), else on pyinfra's own connection (heartbeats
+allows it (tritonfleet.pyinfra_ext.transfer's ``auto`` rule), else on pyinfra's own connection (heartbeats
 then come from the deploy process).
 
 ``--dry`` runs and the Python API take no lock: they change nothing.

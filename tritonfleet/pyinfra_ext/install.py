@@ -6,19 +6,19 @@ steps changes nothing in pyinfra.
 and read no fact yet):
 
 * socket options: TCP_NODELAY and dead-link keepalives on every SSH connection, now and on every
-  later one (tritonfleet.connection);
-* the operation order read from frames instead of ``inspect.stack()`` (tritonfleet.oporder);
+  later one (tritonfleet.pyinfra_ext.connection);
+* the operation order read from frames instead of ``inspect.stack()`` (tritonfleet.pyinfra_ext.oporder);
 * pyinfra's global-argument names and types computed once, not per operation call
-  (tritonfleet.argcache);
-* Ctrl-C exits with status 130, not 0 (tritonfleet.interrupt; pyinfra's CLI only);
-* the deploy lock on every host, one run at a time per host (tritonfleet.hostlock; pyinfra's CLI
+  (tritonfleet.pyinfra_ext.argcache);
+* Ctrl-C exits with status 130, not 0 (tritonfleet.pyinfra_ext.interrupt; pyinfra's CLI only);
+* the deploy lock on every host, one run at a time per host (tritonfleet.pyinfra_ext.hostlock; pyinfra's CLI
   runs that change hosts only), taken before the deploy reads any fact;
 * in a run a rollout waits for: a failure report for every host failed in an operation that has
-  none of its own (tritonfleet.failure.report_operation_errors).
+  none of its own (tritonfleet.core.report.report_operation_errors).
 
 pyinfra runs the deploy file once per host, the hosts side by side (greenlets): the first call
 of a run does all of it for every host, the others wait until it is done (and stop as it did).
-tests/test_pyinfra_internals.py checks the pyinfra internals these rely on.
+tests/unit/pyinfra_ext/test_internals.py checks the pyinfra internals these rely on.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Operations that stream local data into a command on the host (tritonfleet.transfer), and the
+"""Operations that stream local data into a command on the host (tritonfleet.pyinfra_ext.transfer), and the
 remote command wrapping they share with pyinfra (sudo, su, env, shell)."""
 
 from __future__ import annotations

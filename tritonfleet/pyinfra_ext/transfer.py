@@ -309,7 +309,7 @@ def _over_connection(host, source, remote_command: str) -> tuple[int, bytes]:
         finally:
             source.close()
         # the exit status, while the connection lives (its keepalive closes it once the host
-        # stops answering: tritonfleet.connection)
+        # stops answering: tritonfleet.pyinfra_ext.connection)
         while not silent and not channel.status_event.wait(interval):
             if not transport.is_active():
                 break

@@ -14,14 +14,14 @@ Two implementations of one interface (:class:`Balancer`):
   are read from Triton itself: its pending-request gauge is 0 and its request counters stay still
   for :data:`QUIET_SECONDS`.
 
-Nothing here knows pyinfra: ``tritonfleet.ops.lb`` runs these in a deploy (drain before a restart,
+Nothing here knows pyinfra: ``tritonfleet.serving.ops.lb`` runs these in a deploy (drain before a restart,
 ready after the health gate), with the host's own ``run`` for Triton's metrics.
 
 HAProxy's runtime API (management guide, "Unix Socket commands": ``set server <backend>/<server>
 state [ ready | drain | maint ]``, ``show stat`` (CSV; ``scur``: current sessions, ``status``),
 ``show servers state [<backend>]`` (``srv_admin_state``: bit 0x01 forced maintenance, 0x08 forced
 drain): https://docs.haproxy.org/2.6/management.html#9.3). Tested against Debian 12's haproxy
-2.6 (tests/test_drain.py).
+2.6 (tests/unit/serving/test_drain.py).
 """
 
 from __future__ import annotations

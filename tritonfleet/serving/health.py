@@ -464,7 +464,7 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
     """Wait until the host whose tunables ``get`` reads is healthy (or ``timeout`` passes, or
     ``watch`` finds a definitive cause). ``address``: its SSH address; ``transport``: its open
     paramiko transport (health_via ssh). ``warm(http_url)``: run once healthy (the warm inference
-    gate, tritonfleet.warmup); a Verdict it returns fails the gate."""
+    gate, tritonfleet.serving.warmup); a Verdict it returns fails the gate."""
     from ..pyinfra_ext.connection import dead_after
     from ..settings import access as config
 
@@ -502,7 +502,7 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
 
 
 def instance_failure(failure: Failure, get) -> Failure:
-    """A failed gate's report naming the per-GPU instance (tritonfleet.pergpu) it was of."""
+    """A failed gate's report naming the per-GPU instance (tritonfleet.serving.per_gpu) it was of."""
     name = pergpu.label(get)
     if name:
         failure.expected = f"{name}: {failure.expected}"
@@ -552,7 +552,7 @@ WARM_LATENCY: dict[str, dict[str, float]] = {}
 
 
 def warm_check(repo: str, models: list[str], timeout: float, say, keep=None):
-    """The warm inference gate as gate()'s ``warm``: one inference per model (tritonfleet.warmup);
+    """The warm inference gate as gate()'s ``warm``: one inference per model (tritonfleet.serving.warmup);
     a Verdict with Triton's answer when one fails. ``keep(latencies)`` when all passed."""
     from pathlib import Path
 
@@ -578,7 +578,7 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
     healthy, ``clear_failure`` removes the report an earlier failed run left on the host (for
     `tritonfleet status`): part of the check, so a healthy re-run still changes nothing. With
     ``repo`` (the rendered repository the deploy sent) and health_warm_inference, each model then
-    answers one real inference (tritonfleet.warmup)."""
+    answers one real inference (tritonfleet.serving.warmup)."""
     from pyinfra import host, logger
 
     from ..core.report import in_rollout

@@ -104,7 +104,7 @@ def unit_path(get=None) -> str:
 
 def wanted_units(get, count: int) -> list[tuple[str, str]]:
     """(path, text) of every unit the host should have: the single unit, or with triton_per_gpu
-    one per GPU of ``count`` (tritonfleet.pergpu), by index."""
+    one per GPU of ``count`` (tritonfleet.serving.per_gpu), by index."""
     from .per_gpu import instance_gets
 
     return [(unit_path(g), render_unit(unit_context(g))) for g in instance_gets(get, count)]

@@ -16,14 +16,14 @@ class ConfigError(ValueError):
 
 
 def default(key: str, fallback=_MISSING):
-    """The package's default of tunable ``key`` (tritonfleet/defaults.py), a copy of it; else
+    """The package's default of tunable ``key`` (tritonfleet/settings/defaults.py), a copy of it; else
     ``fallback``; else ConfigError (a name that is no tunable)."""
     if key in DEFAULTS:
         return copy.deepcopy(DEFAULTS[key])
     if fallback is not _MISSING:
         return fallback
-    raise ConfigError(f"'{key}' is not set and is no tunable of tritonfleet (tritonfleet/defaults.py "
-                      "lists every one; `python -m tritonfleet.tunables` prints them)")
+    raise ConfigError(f"'{key}' is not set and is no tunable of tritonfleet (tritonfleet/settings/defaults.py "
+                      "lists every one; `python -m tritonfleet.settings.table` prints them)")
 
 
 def get(key: str, default_value=_MISSING):

@@ -1,10 +1,10 @@
 # Every tunable of tritonfleet lives here, once, with its default and what it does.
 # An operator's group data (inventories/group_data/all.py, <group>.py) and inventory hold only
-# what differs; every value not set there is taken from here (tritonfleet.config.get, and the
+# what differs; every value not set there is taken from here (tritonfleet.settings.access.get, and the
 # fleet commands' inventory).
 # Precedence (pyinfra): --data > host data > group_data/<group>.py > inventory group data >
 # group_data/all.py > these defaults.
-# docs/tunables.md lists the same names (`python -m tritonfleet.tunables` writes that table; a
+# docs/tunables.md lists the same names (`python -m tritonfleet.settings.table` writes that table; a
 # test keeps them in step).
 
 # --- SSH ----------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ triton_per_gpu_port_step = 10
 rollback_to = {}
 # Hosts the fleet commands (status, a rollout's probe and health gates, tune) read at once, each
 # on a thread of its own with one SSH connection; bounded by the open-file limit
-# (tritonfleet/limits.py). A rollout's health gates mostly wait (model loading), so a batch's
+# (tritonfleet/core/open_files.py). A rollout's health gates mostly wait (model loading), so a batch's
 # gates take about ceil(batch / fleet_parallel) x the slowest host's gate: keep it >= the batch.
 fleet_parallel = 100
 
@@ -321,5 +321,5 @@ perf_gate_max_throughput_drop = 0.2
 perf_gate_max_p95_rise = 0.5
 
 # ------------------------------------------------------------------------------------------
-# (not a tunable) every tunable above by name; read through tritonfleet.config
+# (not a tunable) every tunable above by name; read through tritonfleet.settings.access
 DEFAULTS = {_name: _value for _name, _value in dict(globals()).items() if _name[0].islower()}

@@ -1,6 +1,6 @@
-"""The tunables in tritonfleet/defaults.py, with their defaults and comments.
+"""The tunables in tritonfleet/settings/defaults.py, with their defaults and comments.
 
-Used for the table in docs/tunables.md (`python -m tritonfleet.tunables`) and by the test that
+Used for the table in docs/tunables.md (`python -m tritonfleet.settings.table`) and by the test that
 keeps that table, the defaults and the code in step.
 """
 

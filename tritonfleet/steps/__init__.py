@@ -1,3 +1,3 @@
 """The deploy steps (pyinfra ``@deploy`` functions): host preparation, GPU verification, Triton,
 rollback. Importing them changes nothing in pyinfra: each deploy file calls
-``tritonfleet.pyinfra_patches.install()`` once, before the first step."""
+``tritonfleet.pyinfra_ext.install.install()`` once, before the first step."""

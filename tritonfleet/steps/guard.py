@@ -1,6 +1,6 @@
 """The GPU-loss guard as a step of its own, for deploys without the Triton service step
 (deploys/host.py): after a run that reloaded systemd, a running Triton container must still see
-the host's GPUs (tritonfleet.gpuguard). deploys/triton.py runs it inside the Triton service step,
+the host's GPUs (tritonfleet.gpu.guard). deploys/triton.py runs it inside the Triton service step,
 where it is skipped when Triton restarts anyway."""
 
 from __future__ import annotations

@@ -475,7 +475,7 @@ def container_toolkit():
         systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
                         running=True, restarted=True)
     # /dev/char symlinks for the NVIDIA device nodes, now and at every boot (udev): a daemon-reload
-    # then no longer costs running containers their GPUs (tritonfleet.gpuguard)
+    # then no longer costs running containers their GPUs (tritonfleet.gpu.guard)
     rule = converged.put(name="udev rule: /dev/char symlinks for NVIDIA devices (nvidia-ctk)",
                          src=StringIO(gpuguard.UDEV_RULE), dest=gpuguard.UDEV_RULE_PATH, mode="644")
     if will_change(rule) or not memo.fact(Command, command=gpuguard.DEVCHAR_COMMAND):

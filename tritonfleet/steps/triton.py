@@ -89,7 +89,7 @@ def _check_transport(transport: str) -> None:
 
 
 def sync_models() -> list:
-    """Make this host's repository the live release (tritonfleet.release_plan): one remote command
+    """Make this host's repository the live release (tritonfleet.model_repo.release): one remote command
     when it already is (no file on the host is read: sizes and mtimes are compared with the
     release's stat record). Otherwise only files no release on the host holds travel, in one
     stream; Triton only ever sees a complete release."""
@@ -118,7 +118,7 @@ def sync_models() -> list:
 
 def container_fact_args(get=None) -> dict:
     """TritonContainer's arguments (one memo key for the prefetch and the Triton service step);
-    ``get``: a per-GPU instance's tunables (tritonfleet.pergpu)."""
+    ``get``: a per-GPU instance's tunables (tritonfleet.serving.per_gpu)."""
     get = get or config.get
     return {"container": get("triton_container_name"), "unit": unit_path(get),
             "link": f"{get('triton_base_dir')}/model_repository"}
@@ -269,7 +269,7 @@ def restart_reason(explicit: bool, unit, image: list, models: list, behind: dict
 
 
 def per_gpu_service(image: list | None = None, models: list | None = None):
-    """triton_per_gpu: one unit per GPU (tritonfleet.pergpu), each written, restarted on a change
+    """triton_per_gpu: one unit per GPU (tritonfleet.serving.per_gpu), each written, restarted on a change
     of its unit, the image or the models, and running and enabled; the units of GPUs the host no
     longer has, and the single unit, stopped and removed first."""
     gets = instance_gets()

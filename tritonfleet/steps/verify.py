@@ -2,7 +2,7 @@
 
 Both must show the GPU model of the host's class (T4/L4), compute capability and CUDA version at
 least the configured minimum, and as many GPUs as gpu_count or the host's GPU record says
-(tritonfleet.gpucount); a mismatch fails that host naming expected and found.
+(tritonfleet.gpu.placement); a mismatch fails that host naming expected and found.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class GpuVerificationError(HostFailure):
 
 
 SECTION = "@@tritonfleet-section@@"
-# the host's GPU record (tritonfleet.gpucount.RECORD) comes first in the probe's output, each line
+# the host's GPU record (tritonfleet.gpu.placement.RECORD) comes first in the probe's output, each line
 # behind this prefix
 RECORD_PREFIX = "@@tritonfleet-gpu-record@@ "
 
@@ -40,7 +40,7 @@ VERIFY_MODES = ("changes", "always")
 # host name -> the stamp's new text, left by a check that passed on a fresh container answer for
 # its own operation (record_answer) to write
 _new_answers: dict[str, str] = {}
-# host name -> the GPU record's new lines (tritonfleet.gpucount), left by a check that passed
+# host name -> the GPU record's new lines (tritonfleet.gpu.placement), left by a check that passed
 _new_records: dict[str, list[str]] = {}
 
 
@@ -263,7 +263,7 @@ def record_command(lines: list[str]) -> str:
 
 @operation(is_idempotent=False)
 def record_gpus():
-    """Record the GPUs the check found (tritonfleet.gpucount.RECORD) when the host had no record,
+    """Record the GPUs the check found (tritonfleet.gpu.placement.RECORD) when the host had no record,
     or reports more or other GPUs than it holds: what later runs and `tritonfleet status` expect."""
     lines = _new_records.pop(host.name, None) if state.is_executing else None
     if not lines:

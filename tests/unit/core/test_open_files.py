@@ -1,4 +1,4 @@
-"""tritonfleet.limits: the open-file limit is raised to the hard limit at the start of a run, and
+"""tritonfleet.core.open_files: the open-file limit is raised to the hard limit at the start of a run, and
 a fleet that still would not fit is refused before any host is connected, naming the limit and
 the fix. Each case runs in its own interpreter (a process cannot raise its hard limit again)."""
 
@@ -21,7 +21,7 @@ def test_soft_limit_raised_to_hard_and_pyinfra_follows():
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
         import pyinfra.api.state as st
         assert st.MAX_PARALLEL == round((256 - 10) / 3), st.MAX_PARALLEL
-        from tritonfleet.limits import raise_nofile
+        from tritonfleet.core.open_files import raise_nofile
         assert raise_nofile() == (4096, 4096)
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (4096, 4096)
         assert st.MAX_PARALLEL == round((4096 - 10) / 3)
@@ -35,7 +35,7 @@ def test_fleet_beyond_the_hard_limit_is_refused(hosts, fits):
     res = _py(f"""
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1024))
-        from tritonfleet.limits import LimitError, check_nofile
+        from tritonfleet.core.open_files import LimitError, check_nofile
         try:
             check_nofile({hosts}, "this deploy")
         except LimitError as e:

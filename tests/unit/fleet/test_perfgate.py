@@ -1,5 +1,5 @@
 """The performance gate's verdict (generative) and its refusals; the gate in a real rollout is
-tests/test_perfgate_testbed.py."""
+tests/testbed/test_perfgate.py."""
 
 from __future__ import annotations
 

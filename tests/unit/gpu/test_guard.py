@@ -1,5 +1,5 @@
 """The GPU-loss guard: reading the host's and the container's `nvidia-smi -L`, the verdict, and
-where the deploy plans it (pyinfra's @fake connector). On real test hosts: tests/test_drain_testbed.py."""
+where the deploy plans it (pyinfra's @fake connector). On real test hosts: tests/testbed/test_drain.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 on pyinfra's @fake connector: the driver step's loaded-driver and persistence checks, pre-flight's
 GPU check, the GPU verification's host half and the Triton step's GPU guard use it; inside
 `docker run --gpus all` the container's own nvidia-smi is asked. (The testbed points a host
-without a GPU at its stand-in's answer: tests/test_driver_source_testbed.py.)"""
+without a GPU at its stand-in's answer: tests/testbed/test_driver_source.py.)"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Failed apt commands explained (tritonfleet.aptreport): the parser against real apt outputs
+"""Failed apt commands explained (tritonfleet.host.apt_diagnosis): the parser against real apt outputs
 captured on a test host (tests/fixtures/apt/), against generated outputs (any mix of apt's error
 blocks, with any particulars, among apt's progress lines), and the report a host fails with
-(tritonfleet.ops.aptlock, through pyinfra's @fake connector). The same on a real host during a real
-deploy: tests/test_apt_failure_testbed.py."""
+(tritonfleet.host.ops.aptlock, through pyinfra's @fake connector). The same on a real host during a real
+deploy: tests/testbed/test_apt_failure.py."""
 
 from __future__ import annotations
 

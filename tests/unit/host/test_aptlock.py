@@ -1,5 +1,5 @@
 """The apt/dpkg lock wrapper, run by a real shell against commands that fail the way apt-get does
-while another process holds its lock. (tests/test_faults.py holds the real locks on a testbed host.)"""
+while another process holds its lock. (tests/testbed/test_faults.py holds the real locks on a testbed host.)"""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_dpkg_state_reports_what_a_cut_dpkg_run_left():
 
 
 def test_an_interrupted_dpkg_is_finished_before_the_first_package_step():
-    """(On a real host the later steps then find dpkg settled: tests/test_hostprep_testbed.py.)"""
+    """(On a real host the later steps then find dpkg settled: tests/testbed/test_hostprep.py.)"""
     from pyinfra.api import deploy
 
     from tests.support.fakehost import run_fake

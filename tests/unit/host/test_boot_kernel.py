@@ -1,6 +1,6 @@
 """Kernel safety: the kernel that will boot must have the NVIDIA module before the deploy reboots
-(tritonfleet.kernel, tritonfleet.ops.reboot), and `tritonfleet status` shows a pending reboot.
-Real runs: tests/test_kernel_testbed.py (the kernel drill)."""
+(tritonfleet.host.boot_kernel, tritonfleet.host.ops.reboot), and `tritonfleet status` shows a pending reboot.
+Real runs: tests/testbed/test_kernel.py (the kernel drill)."""
 
 from __future__ import annotations
 

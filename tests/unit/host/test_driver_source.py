@@ -1,4 +1,4 @@
-"""Where a host's driver came from (tritonfleet.driver_source): generated dpkg states and .run
+"""Where a host's driver came from (tritonfleet.host.driver_source): generated dpkg states and .run
 files, the refusal with its migration help, the removal commands, and the status column."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_unknown_distro_names_the_known_ones():
 
 def test_docs_show_the_current_table_and_every_unconfirmed_fact():
     doc = (ROOT / "docs" / "nvidia-repositories.md").read_text()
-    assert vendorfacts.table() in doc, "regenerate the table: python -m tritonfleet.vendorfacts"
+    assert vendorfacts.table() in doc, "regenerate the table: python -m tritonfleet.host.nvidia_repos"
     for name in (*DISTROS, "common"):
         for key, _ in vendorfacts.unconfirmed(name):
             assert f"**{name} `{key}`**" in doc, f"docs/nvidia-repositories.md does not list {name} {key} as unconfirmed"

@@ -1,7 +1,7 @@
 """Model repository sync: the real operation and its host-side shell, run by pyinfra's @local
 connector against a release tree in a temporary directory (this machine plays the host). Changed,
 added, removed and renamed files, a no-op, files changed on the host, an interrupted transfer.
-The same over real SSH (OpenSSH and pyinfra's own connection) is in test_model_sync_testbed.py."""
+The same over real SSH (OpenSSH and pyinfra's own connection) is in testbed/test_model_sync.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ accepts is then loaded by the tritonserver 2.51 of the nvidia-pytriton wheel (st
 config, exit on error, no GPU), all of an example's at once; they stop in the background while
 the next example runs. The test fails on any repository Triton
 refuses that the validator accepts: a repository the validator refuses cannot be one, so it
-needs no server. (Where the validator is stricter on purpose: tests/test_validate.py.)
+needs no server. (Where the validator is stricter on purpose: tests/unit/model_repo/test_validate.py.)
 Disagreements found this way are kept as corpus cases (tests/corpus/manifest.json:
 bad/python-filename-not-py, bad/warmup-dims).
 """

@@ -1,6 +1,6 @@
 """``tritonfleet prometheus``: the generated files pass Debian's promtool, and the alerting and
 recording rules fire as intended on synthetic series (``promtool test rules``), GPU ones
-included. The real Prometheus scraping the testbed is in test_observability_testbed.py."""
+included. The real Prometheus scraping the testbed is in testbed/test_observability.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Concurrent runs and crashes, on this machine: the deploy lock (real flock, real bash, this
 machine playing the host), per-run temporary names, and children that die with the process that
-started them. The same on real hosts over SSH is in test_faults.py."""
+started them. The same on real hosts over SSH is in testbed/test_faults.py."""
 
 from __future__ import annotations
 
@@ -274,7 +274,7 @@ def test_each_run_renders_into_its_own_directory(tmp_path, monkeypatch):
 
 PARENT = """
 import subprocess, sys, time
-from tritonfleet.procs import die_with_parent
+from tritonfleet.core.procs import die_with_parent
 child = subprocess.Popen(["sleep", "600"], preexec_fn=die_with_parent())
 print(child.pid, flush=True)
 time.sleep(600)

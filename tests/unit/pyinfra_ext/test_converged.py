@@ -1,6 +1,6 @@
-"""The drop-in operations (tritonfleet.ops.converged) and the per-run fact memo, on pyinfra's @fake
+"""The drop-in operations (tritonfleet.pyinfra_ext.converged) and the per-run fact memo, on pyinfra's @fake
 connector: one command on a converged host, pyinfra's own operation for any change. The real
-no-op run over SSH is in test_e2e_testbed.py."""
+no-op run over SSH is in testbed/test_e2e.py."""
 
 from __future__ import annotations
 

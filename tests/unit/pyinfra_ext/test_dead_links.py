@@ -1,6 +1,6 @@
 """A host that stops answering, on this machine: the keepalive settings every SSH path gets
 (pyinfra's connection, OpenSSH transfers, transfers over the connection, health tunnels). The same
-on real hosts, with their packets dropped, is in test_faults.py."""
+on real hosts, with their packets dropped, is in testbed/test_faults.py."""
 
 from __future__ import annotations
 

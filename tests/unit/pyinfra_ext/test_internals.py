@@ -1,7 +1,7 @@
 """pyinfra's internals that tritonfleet patches or relies on are the ones it was checked against.
 
-tritonfleet replaces pyinfra's operation-order function (tritonfleet/oporder.py) and its Ctrl-C
-handler (interrupt.py) when a deploy file calls pyinfra_patches.install() (tests/test_structure.py
+tritonfleet replaces pyinfra's operation-order function (tritonfleet/pyinfra_ext/oporder.py) and its Ctrl-C
+handler (interrupt.py) when a deploy file calls pyinfra_patches.install() (tests/unit/test_structure.py
 checks that importing the steps alone changes nothing), hands work to the inner generators of three pyinfra operations
 (ops/converged.py), watches operation results through state callbacks (facts/memo.py,
 connection.py) and reaches paramiko through pyinfra's SSH connector. None of that is pyinfra's
@@ -9,7 +9,7 @@ public API, so pyproject.toml pins pyinfra to the minor version it was checked a
 test compares the source of every such piece with the hash recorded when it was checked
 (tests/fixtures/pyinfra/internals.json). When pyinfra is upgraded and a hash differs, the
 message names the piece and what to re-check in tritonfleet; after re-checking, record the new
-hashes with `.venv/bin/python tests/test_pyinfra_internals.py --record` and widen the pin.
+hashes with `.venv/bin/python tests/unit/pyinfra_ext/test_internals.py --record` and widen the pin.
 """
 
 from __future__ import annotations
@@ -31,21 +31,21 @@ PYPROJECT = Path(__file__).parents[3] / "pyproject.toml"
 # dotted name (module:attribute path) -> what tritonfleet assumes of it, and where
 INTERNALS = {
     "pyinfra.api.util:get_operation_order_from_stack":
-        "tritonfleet/oporder.py computes the same line numbers from frames (deploy file, "
+        "tritonfleet/pyinfra_ext/oporder.py computes the same line numbers from frames (deploy file, "
         "current_op_file_number in CLI mode, frames outside PYINFRA_INSTALL_DIR)",
     "pyinfra.api.operation:solve_operation_consistency":
-        "tritonfleet/oporder.py replaces get_operation_order_from_stack in pyinfra.api.operation's "
+        "tritonfleet/pyinfra_ext/oporder.py replaces get_operation_order_from_stack in pyinfra.api.operation's "
         "namespace, where solve_operation_consistency looks it up in CLI mode",
     "pyinfra_cli.main:main":
-        "tritonfleet/interrupt.py: pyinfra installs its SIGINT handler (exits 0) before it loads the "
+        "tritonfleet/pyinfra_ext/interrupt.py: pyinfra installs its SIGINT handler (exits 0) before it loads the "
         "deploy code, so the handler installed then (exit 130) is the one in force",
     "pyinfra.operations.files:put._inner":
-        "tritonfleet/ops/converged.py put() hands src, dest, user, group, mode and the rest to it",
+        "tritonfleet/pyinfra_ext/converged.py put() hands src, dest, user, group, mode and the rest to it",
     "pyinfra.operations.apt:packages._inner":
-        "tritonfleet/ops/converged.py packages() hands packages, present, latest, update, upgrade to it and "
+        "tritonfleet/pyinfra_ext/converged.py packages() hands packages, present, latest, update, upgrade to it and "
         "wraps each command it yields (strings) for the apt lock",
     "pyinfra.operations.systemd:service._inner":
-        "tritonfleet/ops/converged.py service() hands service, running, enabled, restarted to it",
+        "tritonfleet/pyinfra_ext/converged.py service() hands service, running, enabled, restarted to it",
     "pyinfra.api.state:BaseStateCallback":
         "facts/memo.py, connection.py and failure.py: host_connect, operation_host_start(state, host, "
         "op_hash) and operation_host_error(state, host, op_hash, ...) are called with these arguments",
@@ -113,7 +113,7 @@ def test_patched_pyinfra_internals_are_unchanged(name):
     assert source_hash(obj) == recorded["sources"].get(name), (
         f"pyinfra's {name} changed since it was checked (pyinfra {recorded['pyinfra']} -> "
         f"{version('pyinfra')}). Re-check: {INTERNALS[name]}. Then record the new hashes: "
-        ".venv/bin/python tests/test_pyinfra_internals.py --record")
+        ".venv/bin/python tests/unit/pyinfra_ext/test_internals.py --record")
 
 
 def test_inner_operations_take_the_arguments_passed_to_them():

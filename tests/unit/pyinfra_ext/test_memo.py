@@ -1,5 +1,5 @@
 """Many facts in one remote command (memo.prefetch), the per-run memo's rules, and the faster
-operation order (tritonfleet.oporder): on this machine through pyinfra's @local connector, each
+operation order (tritonfleet.pyinfra_ext.oporder): on this machine through pyinfra's @local connector, each
 answer compared with pyinfra reading the fact on its own."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The load-balancer drain (tritonfleet.drain) against a real HAProxy (Debian's haproxy 2.6) on
+"""The load-balancer drain (tritonfleet.serving.drain) against a real HAProxy (Debian's haproxy 2.6) on
 loopback in front of two small HTTP servers, and the hooks against real commands; the deploy's
 use of it with pyinfra's @fake connector."""
 

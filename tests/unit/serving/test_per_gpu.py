@@ -2,7 +2,7 @@
 offsets), the units the Triton service step writes, restarts and removes (@fake connector), the
 per-instance health gate report, the Prometheus targets and what `tritonfleet status` shows.
 The testbed run (four instances on a 4-GPU stand-in host, then back to one unit) is in
-test_multigpu_testbed.py."""
+testbed/test_multigpu.py."""
 
 from __future__ import annotations
 

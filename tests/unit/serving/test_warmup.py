@@ -1,4 +1,4 @@
-"""The warm inference gate (tritonfleet.warmup) against the real tritonserver: the runbook's two
+"""The warm inference gate (tritonfleet.serving.warmup) against the real tritonserver: the runbook's two
 models answer one inference each, built from their config.pbtxt; a model that is ready but fails
 at its first inference fails with Triton's answer; a model whose output does not fit its config
 is caught; requests are built right for every data type (hypothesis)."""

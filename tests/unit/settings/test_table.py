@@ -1,4 +1,4 @@
-"""Every tunable is documented once: in tritonfleet/defaults.py (with a comment), and the table
+"""Every tunable is documented once: in tritonfleet/settings/defaults.py (with a comment), and the table
 in docs/tunables.md is generated from it."""
 
 import re
@@ -15,14 +15,14 @@ def test_every_tunable_has_a_comment_and_a_docs_row():
     names = [n for n, _, _ in read()]
     assert len(names) == len(set(names)), "a tunable is defined twice"
     for name, _, comment in read():
-        assert comment, f"{name} has no comment in tritonfleet/defaults.py"
+        assert comment, f"{name} has no comment in tritonfleet/settings/defaults.py"
         assert f"| `{name}` |" in doc, f"{name} missing from the table in docs/tunables.md"
 
 
 def test_docs_table_is_the_generated_one():
     doc = DOC.read_text()
     table = "\n".join(line for line in doc.splitlines() if line.startswith("|"))
-    assert table == markdown(), "docs/tunables.md: paste the output of `python -m tritonfleet.tunables`"
+    assert table == markdown(), "docs/tunables.md: paste the output of `python -m tritonfleet.settings.table`"
 
 
 def test_defaults_are_the_documented_tunables():
@@ -34,7 +34,7 @@ def test_code_reads_only_documented_tunables():
     used = set()
     for p in (ROOT / "tritonfleet").rglob("*.py"):
         text = p.read_text()
-        if re.search(r"^from \.+ import (.*\b)?config\b", text, re.M):  # tritonfleet.config users
+        if re.search(r"^from \.+ import (.*\b)?config\b", text, re.M):  # tritonfleet.settings.access users
             used |= set(re.findall(r'config\.get\("([a-z0-9_]+)"', text))
     assert used, "no tunables found: the pattern is wrong"
-    assert used <= names, f"read but not in tritonfleet/defaults.py: {sorted(used - names)}"
+    assert used <= names, f"read but not in tritonfleet/settings/defaults.py: {sorted(used - names)}"

@@ -1,5 +1,5 @@
 """Command generation of the deploy steps (pyinfra's @fake connector): what runs, and what
-does not run on a converged host. The same steps run for real in test_e2e_testbed.py."""
+does not run on a converged host. The same steps run for real in testbed/test_e2e.py."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from tritonfleet.steps.host_prep import (
 )
 
 FPR = "EB693B3035CD5710E231E123A4B469963BF863CC"
-BASE = {  # before a reboot: the kernel that will boot has the NVIDIA module (tritonfleet.kernel; first:
+BASE = {  # before a reboot: the kernel that will boot has the NVIDIA module (tritonfleet.host.boot_kernel; first:
         # its command also runs uname -r)
         'echo "running=$r"': ["running=6.1.0-28-amd64", "boot=6.1.0-28-amd64", "module=yes"],
         "uname -m": "x86_64", "uname -r": "6.1.0-28-amd64",
         "nvidia-smi -q": "    Persistence Mode                      : Enabled"}
 # the proprietary flavour here (the branch logic below is the same for both; the default, open,
-# and switching between them: test_kernel_module.py)
+# and switching between them: unit/host/test_kernel_module.py)
 DATA = {"cuda_distro": "debian12", "nvidia_kernel_module": "proprietary"}
 
 
@@ -80,7 +80,7 @@ def test_driver_converged_host_changes_nothing():
         PERSISTENCE_DROPIN: ["mode=644 user=root group=root",
                              hashlib.sha256(PERSISTENCE_DROPIN_TEXT.encode()).hexdigest()],
     }
-    # (managed files: tests/test_fast_ops.py; the real re-run is in test_e2e_testbed)
+    # (managed files: tests/unit/pyinfra_ext/test_converged.py; the real re-run is in test_e2e_testbed)
     _, cmds, state = run_fake(nvidia_driver, responses, DATA)
     assert not state.failed_hosts
     run = "\n".join(ops(cmds))
@@ -88,7 +88,7 @@ def test_driver_converged_host_changes_nothing():
     assert "install cuda-drivers" not in run and "linux-headers" not in run
     assert "apt-mark hold" not in run and "systemctl start" not in run
     # holds and installed packages come from dpkg itself, never from apt's cache or `dpkg -l`
-    # (read once per run while nothing changes: tests/test_fast_ops.py)
+    # (read once per run while nothing changes: tests/unit/pyinfra_ext/test_converged.py)
     assert not any(c.startswith(("dpkg -l", "apt-mark showhold")) or "( dpkg -l )" in c for c in cmds)
 
 

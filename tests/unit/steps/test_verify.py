@@ -1,6 +1,6 @@
 """GPU verification in one remote command (host query + summary, then both inside one
 `docker run --gpus all`), on pyinfra's @fake connector with real nvidia-smi output. The real
-check runs on every testbed deploy (test_e2e_testbed.py)."""
+check runs on every testbed deploy (testbed/test_e2e.py)."""
 
 from __future__ import annotations
 

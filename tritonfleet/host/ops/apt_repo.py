@@ -1,5 +1,5 @@
 """An apt source whose signing key is trusted only after its fingerprint is checked on the host:
-``vendor_source`` installs a vendor repository of tritonfleet.vendor_repos (key, source, apt
+``vendor_source`` installs a vendor repository of tritonfleet.host.vendor_repos (key, source, apt
 update when either changes)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from . import aptlock
 
 def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
     """Shell that downloads a key, refuses it unless it holds exactly one primary key, the pinned
-    one (tritonfleet.keys), then installs it (dearmored) as ``keyring`` after checking the keyring
+    one (tritonfleet.host.signing_keys), then installs it (dearmored) as ``keyring`` after checking the keyring
     it made the same way. Nothing is trusted on a mismatch."""
     fpr = normalize_fingerprint(fingerprint)
     key, made = '"$t/key"', '"$t/keyring"'

@@ -1,5 +1,5 @@
 """apt and dpkg commands that wait for the package manager's locks, with a bound, and fail a host
-with one report that says what apt's failure means (tritonfleet.aptreport).
+with one report that says what apt's failure means (tritonfleet.host.apt_diagnosis).
 
 unattended-upgrades (or an operator's ``apt``) holding ``/var/lib/dpkg/lock-frontend`` or
 ``/var/lib/apt/lists/lock`` makes apt-get fail at once ("Could not get lock ... held by process
@@ -52,7 +52,7 @@ done"""
 
 class AptCommand(StringCommand):
     """An apt/dpkg command (``script``: ``command`` inside the lock wait) whose failure fails the
-    host with the report of tritonfleet.aptreport. ``require``: a repository URL that the command
+    host with the report of tritonfleet.host.apt_diagnosis. ``require``: a repository URL that the command
     (an ``apt-get update``) must have read; ``setting``: the group-data setting that chose its
     packages or versions (named in the fix)."""
 

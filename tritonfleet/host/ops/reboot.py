@@ -29,7 +29,7 @@ def _boot_id(host) -> str | None:
 
 def kernel_ready(state, host, header_packages: list[str], install_template: str) -> bool:
     """Before the reboot: the kernel that will boot must have the NVIDIA module (built now when it
-    can be: tritonfleet.kernel). False (the host fails, not rebooted) when it cannot."""
+    can be: tritonfleet.host.boot_kernel). False (the host fails, not rebooted) when it cannot."""
     _, out = host.run_shell_command(kernel.ensure_command(header_packages, install_template), print_output=False,
                                     print_input=False)
     st = kernel.parse(out.stdout_lines)
@@ -81,7 +81,7 @@ def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600, h
                 now = _boot_id(host)
                 if now and now != before[0]:
                     logger.info(f"{host.print_prefix}rebooted (boot id {now})")
-                    # the reboot ended the deploy lock's holder: take it again (tritonfleet.hostlock)
+                    # the reboot ended the deploy lock's holder: take it again (tritonfleet.pyinfra_ext.hostlock)
                     hostlock.reacquire(host, say=logger.warning)
                     return
                 host.disconnect()  # still the old boot: shutting down

@@ -1,4 +1,4 @@
-"""The GPU-loss guard in a deploy (tritonfleet.gpuguard): the steps note each operation that
+"""The GPU-loss guard in a deploy (tritonfleet.gpu.guard): the steps note each operation that
 reloads systemd (``note``); once the Triton service step knows Triton is not restarted anyway, it
 adds ``guard``, which compares the running container's GPUs with the host's and restarts it once
 if it lost them."""

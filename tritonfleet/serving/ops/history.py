@@ -4,7 +4,7 @@ snapshot of each one's unit in ``<triton_base_dir>/units/``. What a rollback ret
 the host itself.
 
 ``append_record`` adds a record after the health gate passed (deploy and rollback alike); the fact
-``tritonfleet.facts.host.DeployHistory`` reads the file back, and ``tritonfleet status`` shows
+``tritonfleet.host.facts.DeployHistory`` reads the file back, and ``tritonfleet status`` shows
 its last line.
 """
 
@@ -59,7 +59,7 @@ def append_record(base: str, release: str, unit: str, image: str, action: str,
 @operation(is_idempotent=False)
 def record_healthy(base: str, unit: str, image: str, record: dict, unit_files: list[str] | None = None):
     """Append ``record`` to the host's history; when it runs, with the times of the first
-    inferences the health gate just sent (``first_inference_ms``, tritonfleet.warmup)."""
+    inferences the health gate just sent (``first_inference_ms``, tritonfleet.serving.warmup)."""
     from ..health import WARM_LATENCY
 
     warm = WARM_LATENCY.get(host.name) if state.is_executing else None

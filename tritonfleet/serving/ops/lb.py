@@ -1,4 +1,4 @@
-"""The load-balancer drain inside a deploy (tritonfleet.drain), run on the control machine.
+"""The load-balancer drain inside a deploy (tritonfleet.serving.drain), run on the control machine.
 
 ``drain`` is added right before any operation that restarts Triton (only then: a converged host
 plans no change): the host is taken out of its load balancer and the operation waits until no
