@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import resource
 
-DEFAULTS_FILE = resource("defaults.py")
+DEFAULTS_FILE = resource("settings", "defaults.py")
 
 
 def whole_number(value, key: str, where: str = "group data") -> int:
