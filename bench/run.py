@@ -332,7 +332,7 @@ def bench_sync(results: Results, runs: int, size_gb: float, keep: bool, paramiko
     shutil.rmtree(cache, ignore_errors=True)
     env = dict(os.environ, TRITONFLEET_LOCAL_CACHE=str(cache))
     t0 = time.perf_counter()
-    sh([str(BIN / "python"), "-c", f"from tritonfleet import models; models.manifest(__import__('pathlib').Path({str(repo)!r}))"],
+    sh([str(BIN / "python"), "-c", f"from tritonfleet.model_repo import render as models; models.manifest(__import__('pathlib').Path({str(repo)!r}))"],
        env=env)
     hash_cold = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file() and not p.name.startswith("."))

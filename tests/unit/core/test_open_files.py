@@ -58,7 +58,7 @@ def test_fleet_commands_refuse_with_the_inventory_named(tmp_path):
     res = _py(f"""
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1024))
-        from tritonfleet import fleet
+        from tritonfleet.fleet import inventory as fleet
         try:
             fleet.load_inventory({str(inv)!r})
         except fleet.FleetError as e:

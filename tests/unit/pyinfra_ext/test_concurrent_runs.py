@@ -97,7 +97,7 @@ def test_the_lock_goes_when_no_heartbeat_arrives(lockfile):
 HOLD = """
 import sys, time
 from types import SimpleNamespace
-from tritonfleet import hostlock, transfer
+from tritonfleet.pyinfra_ext import hostlock, transfer
 hostlock.LOCK_FILE = sys.argv[1]
 transfer.choose = lambda host, wanted: "local"
 why = hostlock.Holder(SimpleNamespace(name="gpu1", data={}), 0, 1, 30).acquire()
@@ -167,7 +167,7 @@ from gevent import monkey; monkey.patch_all()
 import subprocess, sys, time
 from types import SimpleNamespace
 import gevent
-from tritonfleet import hostlock, transfer
+from tritonfleet.pyinfra_ext import hostlock, transfer
 hostlock.LOCK_FILE = sys.argv[1]
 transfer.choose = lambda host, wanted: "local"
 first = hostlock.Holder(SimpleNamespace(name="gpu1", data={}), 0, 1, 30, holder="first")
