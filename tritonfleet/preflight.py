@@ -20,6 +20,8 @@ from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
 
+from .core.errors import TritonfleetError
+from .core.exits import entry_point
 from .gpu.facts import (
     STATUS_NO_GPU,
     STATUS_OK,
@@ -57,8 +59,9 @@ from .settings import access as config
 GROUP_DATA = "inventories/group_data"
 
 
-class PreflightError(SystemExit):
-    """Raised while pyinfra prepares operations: nothing has run on any host yet."""
+class PreflightError(TritonfleetError):
+    """Raised while pyinfra prepares operations: nothing has run on any host yet. The entry points
+    below end the run with it (tritonfleet.core.exits)."""
 
     def __init__(self, message: str):
         super().__init__(f"tritonfleet pre-flight failed, no host was changed:\n{message}")
@@ -360,6 +363,7 @@ def check_per_gpu() -> None:
 
 # --------------------------------------------------------------------------- per deploy
 
+@entry_point
 def run_all() -> None:
     """deploys/triton.py: everything."""
     check_host_key_policy()
@@ -371,6 +375,7 @@ def run_all() -> None:
     check_host()
 
 
+@entry_point
 def host_layer() -> None:
     """deploys/host.py: driver, Docker, toolkit, GPU verification."""
     check_host_key_policy()
@@ -379,6 +384,7 @@ def host_layer() -> None:
     check_host()
 
 
+@entry_point
 def triton_layer() -> None:
     """deploys/models.py: image, models, unit, health gate."""
     check_host_key_policy()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import click
 
 from .. import __version__
+from ..core.errors import TritonfleetError
+from ..core.exits import exit_for
 from ..core.open_files import raise_nofile
 from . import fleet, loadtest, prometheus, tune, validate
 from .scaffold import init
@@ -16,7 +18,18 @@ from .scaffold import init
 COMMANDS_GROUP = "tritonfleet.commands"
 
 
-@click.group()
+class _Commands(click.Group):
+    """Every command's ``TritonfleetError`` ends it here, in one place: ``tritonfleet <command>:
+    <message>`` on stderr and the error's exit status, no traceback (tritonfleet.core.exits)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except TritonfleetError as e:
+            raise exit_for(e, f"tritonfleet {ctx.invoked_subcommand or ctx.info_name}: ") from None
+
+
+@click.group(cls=_Commands)
 @click.version_option(__version__)
 def main() -> None:
     """Take bare NVIDIA GPU hosts to serving Triton, and keep the fleet right."""

@@ -67,10 +67,7 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
 
     Read-only. Exit status 0 when every host is reachable and matches the inventory, 1 otherwise.
     """
-    try:
-        hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
-    except fleet.FleetError as e:
-        raise click.ClickException(str(e)) from e
+    hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
     rows = fleet.parallel(hosts, probe.probe)
     for h in hosts:
         fleet.disconnect(h)
@@ -124,22 +121,19 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
     from ..fleet.rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
-    try:
-        if resume:
-            if inventory or deploy or limit or data:
-                raise RolloutError("--resume takes everything from the journal: no INVENTORY, DEPLOY, "
-                                   "--limit or --data")
-            report = resume_rollout(journal, roll_back=roll_back, echo=echo)
-        else:
-            if roll_back or journal:
-                raise RolloutError("--roll-back and --journal go with --resume")
-            if not inventory or not deploy:
-                raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
-            report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
-                             max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
-                             perf_gate=perf_gate)
-    except (RolloutError, fleet.FleetError) as e:
-        raise click.ClickException(str(e)) from e
+    if resume:
+        if inventory or deploy or limit or data:
+            raise RolloutError("--resume takes everything from the journal: no INVENTORY, DEPLOY, "
+                               "--limit or --data")
+        report = resume_rollout(journal, roll_back=roll_back, echo=echo)
+    else:
+        if roll_back or journal:
+            raise RolloutError("--roll-back and --journal go with --resume")
+        if not inventory or not deploy:
+            raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
+        report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
+                         max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
+                         perf_gate=perf_gate)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

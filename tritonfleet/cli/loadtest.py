@@ -34,15 +34,11 @@ def loadtest_cmd(inventory: str, limit: tuple[str, ...], models: tuple[str, ...]
     progress line per second goes to stderr. Exit status 1 when a host could not be measured
     or a request failed.
     """
-    from ..fleet.inventory import FleetError, disconnect, load_inventory
+    from ..fleet.inventory import disconnect, load_inventory
     from ..observability import loadtest
 
-    try:
-        conc = loadtest.parse_concurrency(concurrency)
-        hosts = load_inventory(inventory, limit=limit or None)
-    except (FleetError, loadtest.LoadTestError) as e:
-        click.echo(f"tritonfleet loadtest: {e}", err=True)
-        sys.exit(1)
+    conc = loadtest.parse_concurrency(concurrency)
+    hosts = load_inventory(inventory, limit=limit or None)
     runs = []
     try:
         for h in hosts:
@@ -71,10 +67,6 @@ def loadtest_cmd(inventory: str, limit: tuple[str, ...], models: tuple[str, ...]
     for e in errors:
         click.echo(f"error: {e}", err=True)
     if plot_file and steps:
-        try:
-            loadtest.plot(steps, plot_file, f"tritonfleet loadtest {inventory} ({protocol})")
-        except loadtest.LoadTestError as e:
-            click.echo(f"tritonfleet loadtest: {e}", err=True)
-            sys.exit(1)
+        loadtest.plot(steps, plot_file, f"tritonfleet loadtest {inventory} ({protocol})")
         click.echo(f"plot: {plot_file}", err=True)
     sys.exit(1 if errors or any(s.errors for s in steps) else 0)

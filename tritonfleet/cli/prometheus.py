@@ -3,7 +3,6 @@ Grafana dashboard for every Triton host of the inventory (see tritonfleet.observ
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -32,21 +31,16 @@ def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: st
     host, gpu_class and group. Regenerate after every inventory change: target files of groups
     that are gone are removed.
     """
-    from ..fleet.inventory import FleetError, load_inventory
+    from ..fleet.inventory import load_inventory
 
     out_dir = Path(out)
-    try:
-        hosts = load_inventory(inventory, limit=limit or None)
-        from ..observability import (
-            prometheus,  # after the inventory: pyinfra patches sockets on import
-        )
+    hosts = load_inventory(inventory, limit=limit or None)
+    # after the inventory: pyinfra patches sockets on import
+    from ..observability import prometheus
 
-        opts = prometheus.Options(job=job, scrape_interval=scrape_interval, rate_window=rate_window,
-                                  prometheus_dir=prometheus_dir or str(out_dir.resolve()))
-        gen = prometheus.generate(hosts, opts)
-    except FleetError as e:
-        click.echo(f"tritonfleet prometheus: {e}", err=True)
-        sys.exit(1)
+    opts = prometheus.Options(job=job, scrape_interval=scrape_interval, rate_window=rate_window,
+                              prometheus_dir=prometheus_dir or str(out_dir.resolve()))
+    gen = prometheus.generate(hosts, opts)
     for w in gen.warnings:
         click.echo(f"warning: {w}", err=True)
     removed = prometheus.write(gen, out_dir, job)

@@ -17,13 +17,14 @@ from pathlib import Path
 import click
 
 from .. import SKELETON
+from ..core.errors import TritonfleetError
 
 SKIP = {"__pycache__"}
 #: what may be in DIR before init without making it "not empty": a version-control directory
 IGNORED = {".git", ".hg"}
 
 
-class ScaffoldError(RuntimeError):
+class ScaffoldError(TritonfleetError, RuntimeError):
     pass
 
 
@@ -95,7 +96,7 @@ def init(directory: Path, force: bool) -> None:
     one that is not."""
     try:
         added, overwritten, same = scaffold(directory, force)
-    except (ScaffoldError, OSError) as e:
+    except OSError as e:
         raise click.ClickException(str(e)) from e
     if not added and not overwritten:
         click.echo(f"{directory} already holds tritonfleet's skeleton ({len(same)} files, unchanged): "

@@ -37,7 +37,7 @@ def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str
     load test's steps (host, model, concurrency) and every advice item cites the figures it used;
     a sweep adds where throughput levels off and which steps were limited by the load generator.
     """
-    from ..fleet.inventory import FleetError, disconnect, load_inventory
+    from ..fleet.inventory import disconnect, load_inventory
 
     if loadtest_file:
         _from_loadtest(inventory, loadtest_file, set(models), limit, as_json)
@@ -45,19 +45,12 @@ def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str
     if not inventory:
         raise click.UsageError("give an INVENTORY (live metrics) or --loadtest FILE.json")
 
-    try:
-        hosts = load_inventory(inventory, limit=limit or None)
-    except FleetError as e:
-        click.echo(f"tritonfleet tune: {e}", err=True)
-        sys.exit(1)
+    hosts = load_inventory(inventory, limit=limit or None)
     from ..observability import tune  # after the inventory: pyinfra patches sockets on import
 
     try:
         reads, seconds = tune.read_fleet(hosts, window, set(models) or None)
         result, errors = tune.rows(reads, seconds, per_host)
-    except FleetError as e:
-        click.echo(f"tritonfleet tune: {e}", err=True)
-        sys.exit(1)
     finally:
         for h in hosts:
             disconnect(h)
@@ -82,7 +75,7 @@ def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tu
                    as_json: bool) -> None:
     import fnmatch
 
-    from ..fleet.inventory import FleetError, load_inventory
+    from ..fleet.inventory import load_inventory
     from ..observability import tune
 
     try:
@@ -94,11 +87,7 @@ def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tu
     default = tune.default_thresholds()
     by_host: dict[str, tune.Thresholds] = {}
     if inventory:
-        try:
-            by_host = {h.name: tune.Thresholds.of(h) for h in load_inventory(inventory)}
-        except FleetError as e:
-            click.echo(f"tritonfleet tune: {e}", err=True)
-            sys.exit(1)
+        by_host = {h.name: tune.Thresholds.of(h) for h in load_inventory(inventory)}
     patterns = [p for item in limit for p in item.split(",") if p]
     if isinstance(doc.get("results"), list):
         doc["results"] = [r for r in doc["results"] if (not models or r.get("model") in models)

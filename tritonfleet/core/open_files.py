@@ -19,6 +19,8 @@ from __future__ import annotations
 import resource
 import sys
 
+from .errors import TritonfleetError
+
 #: descriptors a host costs during a run: its SSH socket, plus headroom for a transfer's pipes
 #: and a health tunnel (pyinfra's own estimate is 3)
 FDS_PER_HOST = 3
@@ -26,7 +28,7 @@ FDS_PER_HOST = 3
 RESERVE = 64
 
 
-class LimitError(Exception):
+class LimitError(TritonfleetError):
     pass
 
 

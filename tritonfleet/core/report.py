@@ -27,6 +27,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .errors import TritonfleetError, UsageError
 from .shell import q
 
 CHANNEL_ENV = "TRITONFLEET_FAILURE_DIR"
@@ -84,7 +85,7 @@ class Failure:
         return cls(**{k: d.get(k, "" if k != "words" else []) for k in cls.__dataclass_fields__})
 
 
-class HostFailure(RuntimeError):
+class HostFailure(TritonfleetError, RuntimeError):
     """An expected failure of one host, with its report (``str()`` is the report's text)."""
 
     def __init__(self, failure: Failure):
@@ -219,8 +220,6 @@ def reported(state, host, function, args, kwargs) -> bool:
     from pyinfra import logger
     from pyinfra.context import ContextObject, ctx_config, ctx_host
 
-    from ..settings.access import ConfigError
-
     while isinstance(host, ContextObject):  # a nested operation is handed pyinfra's host proxy
         host = host._get_module()
     step = step_name(state, host)
@@ -230,7 +229,7 @@ def reported(state, host, function, args, kwargs) -> bool:
             return True
         except HostFailure as e:
             emit(host, e.failure)
-        except ConfigError as e:
+        except UsageError as e:  # a setting (ConfigError, PerGpuError, ...): the host's, named
             msg = str(e)
             prefix = f"{host.name}: "
             emit(host, Failure(host.name, step, "valid settings for this host", msg[len(prefix):]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core import open_files as limits
+from ..core.errors import TritonfleetError
 from ..pyinfra_ext.connection import tune_state
 from ..settings.defaults import DEFAULTS
 from ..settings.table import whole_number
@@ -24,7 +25,7 @@ from ..settings.table import whole_number
 T = TypeVar("T")
 
 
-class FleetError(RuntimeError):
+class FleetError(TritonfleetError, RuntimeError):
     pass
 
 

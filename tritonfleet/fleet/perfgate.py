@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from ..core.errors import TritonfleetError
 from ..observability import loadtest, metrics
 from .inventory import FleetHost
 
 
-class PerfGateError(RuntimeError):
+class PerfGateError(TritonfleetError, RuntimeError):
     pass
 
 

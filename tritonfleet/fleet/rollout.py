@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .. import ROLLBACK_DEPLOY
 from ..core import runid
+from ..core.errors import TritonfleetError
 from ..core.procs import alive, die_with_parent
 from ..core.report import CHANNEL_ENV, Failure, read_channel
 from ..gpu import placement as gpucount
@@ -36,7 +37,7 @@ from . import inventory as fleet
 from . import perfgate, probe
 
 
-class RolloutError(RuntimeError):
+class RolloutError(TritonfleetError, RuntimeError):
     pass
 
 

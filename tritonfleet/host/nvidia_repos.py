@@ -15,6 +15,7 @@ import re
 from functools import cache
 
 from .. import resource
+from ..core.errors import UsageError
 
 try:
     import tomllib
@@ -29,7 +30,7 @@ ARCHIVES = resource("data", "distro_archives")
 DEBIAN_ARCHIVE = "debian12-archive"
 
 
-class UnknownDistro(ValueError):
+class UnknownDistro(UsageError, ValueError):
     pass
 
 

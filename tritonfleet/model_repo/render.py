@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from ..core import runid
+from ..core.errors import UsageError
 
 CACHE_DIR = Path(os.environ.get("TRITONFLEET_LOCAL_CACHE", Path.home() / ".cache" / "tritonfleet"))
 MARKER = ".tritonfleet-release"
@@ -77,7 +78,7 @@ def file_sha256(path: Path, cache: dict | None = None) -> str:
     return digest
 
 
-class RepositoryError(ValueError):
+class RepositoryError(UsageError, ValueError):
     """The local model repository holds something a release cannot reproduce on a host."""
 
 

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import requests
 
+from ..core.errors import TritonfleetError
 from ..fleet.inventory import FleetError, FleetHost
 from . import metrics
 from .metrics import ModelCounters
@@ -62,7 +63,7 @@ DTYPES: dict[str, tuple[str, type]] = {
 }
 
 
-class LoadTestError(RuntimeError):
+class LoadTestError(TritonfleetError, RuntimeError):
     pass
 
 

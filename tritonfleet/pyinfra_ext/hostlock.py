@@ -44,6 +44,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..core import runid
+from ..core.errors import TritonfleetError
 from ..core.procs import die_with_parent
 from ..core.shell import q
 from ..settings.defaults import DEFAULTS
@@ -55,7 +56,7 @@ BUSY, NO_FLOCK, NO_FILE = 75, 72, 71
 GROUP_DATA = "inventories/group_data/all.py"
 
 
-class LockError(SystemExit):
+class LockError(TritonfleetError):
     """Stops the run before any operation ran (raised while pyinfra prepares operations)."""
 
     def __init__(self, message: str):

@@ -28,6 +28,7 @@ from pyinfra.context import ctx_state
 
 from ..core import open_files as limits
 from ..core import report as failure
+from ..core.exits import entry_point
 from . import argcache, hostlock, interrupt, oporder
 from .connection import tune_state
 
@@ -42,6 +43,7 @@ class _Installing:
         self.error: BaseException | None = None
 
 
+@entry_point
 def install() -> None:
     """Tune this pyinfra run for tritonfleet's steps (see the module's docstring)."""
     state = ctx_state.get() if ctx_state.isset() else None

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.errors import TritonfleetError
 from ..core.procs import die_with_parent
 from .connection import keepalive
 
@@ -40,7 +41,7 @@ TRANSPORTS = ("auto", "ssh", "connection")
 CHUNK = 1 << 20
 
 
-class TransferError(RuntimeError):
+class TransferError(TritonfleetError, RuntimeError):
     pass
 
 

@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..core.errors import TritonfleetError
+
 # Hooks: Triton's request counters must stay still this long (and its queue be empty) before the
 # host counts as idle.
 QUIET_SECONDS = 2.0
@@ -44,7 +46,7 @@ ADMIN_MAINT = 0x01 | 0x02 | 0x04 | 0x20 | 0x40
 ADMIN_DRAIN = 0x08
 
 
-class DrainError(RuntimeError):
+class DrainError(TritonfleetError, RuntimeError):
     """The load balancer could not be asked, or the host did not go idle in time."""
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from ..core.errors import UsageError
 from ..settings.table import whole_number
 
 #: tunables an instance overrides (everything else is the host's)
@@ -27,7 +28,7 @@ PORT_KEYS = ("triton_http_port", "triton_grpc_port", "triton_metrics_port")
 MAX_INSTANCES = 16
 
 
-class PerGpuError(ValueError):
+class PerGpuError(UsageError, ValueError):
     """A per-GPU layout that cannot work (ports that collide)."""
 
 

@@ -6,12 +6,13 @@ import copy
 
 from pyinfra import host
 
+from ..core.errors import UsageError
 from .defaults import DEFAULTS
 
 _MISSING = object()
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     pass
 
 

@@ -328,10 +328,10 @@ def test_verification_records_four_gpus_then_fails_naming_the_missing_one():
 @pytest.mark.parametrize("bad", [0, -1, "four", 2.5, "3x"])
 def test_a_bad_gpu_count_is_refused_by_pre_flight(bad):
     from tests.support.fakehost import run_fake
-    from tritonfleet.preflight import PreflightError, triton_layer
+    from tritonfleet.preflight import triton_layer  # its PreflightError ends the run: SystemExit
 
     with pytest.raises(ValueError, match="gpu_count must be a whole number >= 1"):
         gpucount.expected_count(bad, [])
-    with pytest.raises(PreflightError, match=rf"@fake/gpu1: gpu_count must be a whole number >= 1, not {bad!r} "
+    with pytest.raises(SystemExit, match=rf"@fake/gpu1: gpu_count must be a whole number >= 1, not {bad!r} "
                                               r"\(inventory or group data\)$"):
         run_fake(triton_layer, {}, {"gpu_count": bad}, yes=True)

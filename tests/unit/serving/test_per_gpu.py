@@ -154,7 +154,7 @@ def test_one_gpu_host_runs_one_per_gpu_instance():
 
 
 def test_colliding_ports_refused_before_anything_changes():
-    from tritonfleet.preflight import PreflightError, triton_layer
+    from tritonfleet.preflight import triton_layer  # its PreflightError ends the run: SystemExit
     from tritonfleet.settings.access import ConfigError
     from tritonfleet.steps.triton import triton_service
 
@@ -162,9 +162,9 @@ def test_colliding_ports_refused_before_anything_changes():
     with pytest.raises(ConfigError, match="@fake/gpu1: triton_per_gpu: GPU 1's triton_http_port 8001 is also "
                                           "GPU 0's triton_grpc_port .raise triton_per_gpu_port_step"):
         run_fake(triton_service, {}, data)
-    with pytest.raises(PreflightError, match=r"@fake/gpu1: triton_per_gpu: .* \(inventories/group_data/all.py"):
+    with pytest.raises(SystemExit, match=r"@fake/gpu1: triton_per_gpu: .* \(inventories/group_data/all.py"):
         run_fake(triton_layer, {}, data)
-    with pytest.raises(PreflightError, match="@fake/gpu1: triton_per_gpu with a load balancer .lb = 'haproxy'. is not built"):
+    with pytest.raises(SystemExit, match="@fake/gpu1: triton_per_gpu with a load balancer .lb = 'haproxy'. is not built"):
         run_fake(triton_layer, {}, {"triton_per_gpu": True, "gpu_count": 2, "lb": "haproxy"})
 
 

@@ -12,12 +12,13 @@ import os
 
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from ...core.errors import TritonfleetError
 from ...host.facts import DockerImageId
 from ...pyinfra_ext import memo
 from ...settings import access as config
 
 
-class MissingSecret(RuntimeError):
+class MissingSecret(TritonfleetError, RuntimeError):
     pass
 
 
