@@ -4,4 +4,3 @@ This module stays so that what operators' deploy files, inventories and commands
 working (``tritonfleet init`` of earlier versions wrote them)."""
 
 from tritonfleet.core.open_files import *  # noqa: F403
-from tritonfleet.core.open_files import LimitError, check_nofile, needed, raise_nofile  # noqa: F401

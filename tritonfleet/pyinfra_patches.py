@@ -4,4 +4,3 @@ This module stays so that what operators' deploy files, inventories and commands
 working (``tritonfleet init`` of earlier versions wrote them)."""
 
 from tritonfleet.pyinfra_ext.install import *  # noqa: F403
-from tritonfleet.pyinfra_ext.install import install  # noqa: F401

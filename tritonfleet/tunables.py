@@ -4,7 +4,6 @@ This module stays so that what operators' deploy files, inventories and commands
 working (``tritonfleet init`` of earlier versions wrote them)."""
 
 from tritonfleet.settings.table import *  # noqa: F403
-from tritonfleet.settings.table import markdown, read, smi_command, whole_number  # noqa: F401
 
 if __name__ == "__main__":
     import runpy
