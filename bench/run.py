@@ -197,7 +197,7 @@ def profiled_noop(limit: list[str], tag: str, deploy_file: str = "deploys/triton
                   "-y", *limit_args(limit), INVENTORY, deploy_file], check=False)
     if res.returncode != 0:
         raise SystemExit(f"[bench] no-op run failed:\n{res.stderr[-4000:]}")
-    from tritonfleet.pyinfra_ext.check import is_check
+    from tritonfleet.core.checks import is_check
 
     changed = re.findall(r"^\s+(\S.*?)\s+\d+\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", res.stderr, re.M)
     for name, success, *_ in changed:

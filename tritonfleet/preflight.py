@@ -40,7 +40,7 @@ from .gpu.rules import (
 from .host import nvidia_repos as vendorfacts
 from .host import signing_keys as keys
 from .host import vendor_repos
-from .host.facts import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
+from .host.facts import DockerDaemonJson, KeyringFingerprints, RemoteKeyFingerprints
 from .host.kernel_module import FLAVOURS
 from .host.layer import (
     DAEMON_JSON_HELP,
@@ -53,7 +53,8 @@ from .host.layer import (
 )
 from .model_repo.render import RepositoryError, host_repository
 from .pyinfra_ext import memo
-from .serving.ops.registry import login_registry, needs_login, pulls
+from .serving.facts import DockerImageId
+from .serving.images import login_registry, needs_login, pulls
 from .settings import access as config
 
 GROUP_DATA = "inventories/group_data"

@@ -14,7 +14,7 @@ import numpy as np
 import requests
 
 from tritonfleet import ROOT
-from tritonfleet.pyinfra_ext.check import is_check
+from tritonfleet.core.checks import is_check
 from tritonfleet_testbed import hosts
 
 BIN = Path(sys.executable).parent

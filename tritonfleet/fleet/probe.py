@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from ..core.report import HOST_RECORD, Failure
 from ..core.shell import q
 from ..gpu import placement as gpucount
+from ..gpu.facts import smi_command
 from ..gpu.rules import GPU_CLASSES
 from ..host import boot_kernel as kernel
 from ..host import driver_source, kernel_module
@@ -20,7 +21,6 @@ from ..model_repo.render import host_repository
 from ..serving import apikey
 from ..serving import per_gpu as pergpu
 from ..serving.unit import render_unit, unit_context, unit_digest, units_digest
-from ..settings.table import smi_command
 from . import inventory as fleet
 
 SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models",
@@ -358,7 +358,7 @@ def image_drift(st: HostStatus, image: str) -> list[str]:
     names? Pinned by digest: the running image must carry that digest (images loaded from an
     archive carry none: their ID is compared). By tag: a tag pulled again since (a moved tag)
     names another image ID than the one the container runs."""
-    from ..serving.ops.registry import split_image
+    from ..serving.images import split_image
 
     name, _, digest = split_image(image)
     short = st.image_id[7:19]

@@ -26,11 +26,11 @@ from pathlib import Path
 
 from .. import ROLLBACK_DEPLOY
 from ..core import runid
+from ..core.checks import is_check
 from ..core.errors import TritonfleetError
 from ..core.procs import alive, die_with_parent
 from ..core.report import CHANNEL_ENV, Failure, read_channel
 from ..gpu import placement as gpucount
-from ..pyinfra_ext.check import is_check
 from ..serving import health
 from ..serving import per_gpu as pergpu
 from . import inventory as fleet

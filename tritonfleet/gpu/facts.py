@@ -340,38 +340,21 @@ class GpuRecord(FactBase):
 def nvidia_gpus_args() -> dict:
     """The NvidiaGpus fact's arguments for the current host: the command that asks the driver
     (nvidia_smi_command)."""
-    from ..host.layer import smi_command
+    from ..settings import access as config
 
-    return {"smi": smi_command()}
+    return {"smi": smi_command(config.get)}
 
 
 def placement_gpus() -> int:
     """The number of GPUs the current host's instance groups are placed on
     (tritonfleet.gpu.placement.placement_count): gpu_count, else the host's record, else what
     nvidia-smi reports now, else 1. With triton_per_gpu 1: each Triton sees one GPU."""
-    from ..serving import per_gpu as pergpu
     from ..settings import access as config
+    from .placement import per_gpu_enabled
 
-    if pergpu.enabled(config.get):
+    if per_gpu_enabled(config.get):
         return 1
     return host_gpus()
-
-
-def instance_gets() -> list:
-    """The tunables of each Triton instance of the current host: [config.get] (the single unit),
-    or with triton_per_gpu one per GPU (tritonfleet.serving.per_gpu; the count from host_gpus). A layout
-    that cannot work is a ConfigError naming the host."""
-    from pyinfra import host
-
-    from ..serving import per_gpu as pergpu
-    from ..settings import access as config
-
-    if not pergpu.enabled(config.get):
-        return [config.get]
-    try:
-        return pergpu.instance_gets(config.get, host_gpus())
-    except pergpu.PerGpuError as e:
-        raise config.ConfigError(f"{host.name}: {e}") from e
 
 
 def host_gpus() -> int:
@@ -389,3 +372,8 @@ def host_gpus() -> int:
     recorded = memo.fact(GpuRecord)
     live = memo.fact(NvidiaGpus, **nvidia_gpus_args())
     return placement_count(None, recorded, len(live.gpus) if live is not None and live.ok else None)
+
+
+def smi_command(get) -> str:
+    """The command that asks a host's driver (nvidia_smi_command; "nvidia-smi" when it is empty)."""
+    return str(get("nvidia_smi_command") or "nvidia-smi")

@@ -153,3 +153,10 @@ def place(config_text: str, gpus: int, policy: str = "spread") -> str:
             group.gpus.extend(range(gpus))
             changed = True
     return text_format.MessageToString(cfg) if changed else config_text
+
+
+def per_gpu_enabled(get) -> bool:
+    """triton_per_gpu is on: True (or "true", "yes", "1" as `--data` may give it). With it each
+    Triton instance sees one GPU (tritonfleet.serving.per_gpu, which calls this ``enabled``)."""
+    value = get("triton_per_gpu")
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")

@@ -14,10 +14,10 @@ import re
 from pyinfra import host
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 
+from ..gpu import facts as gpu_facts
 from ..gpu import guard as gpuguard
 from ..pyinfra_ext import memo
 from ..settings import access as config
-from ..settings import table as tunables
 from . import driver_source
 from . import nvidia_repos as vendorfacts
 from .facts import (
@@ -67,8 +67,8 @@ NO_DRIVER = "couldn't communicate with the nvidia driver"
 
 
 def smi_command() -> str:
-    """The command the deploy asks the current host's driver with (tunables.smi_command)."""
-    return tunables.smi_command(config.get)
+    """The command the deploy asks the current host's driver with (tritonfleet.gpu.facts.smi_command)."""
+    return gpu_facts.smi_command(config.get)
 
 
 def driver_version_command() -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .prometheus import Options
+    from .options import Options
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 #: Grafana's variables in the queries, and what a test may put in their place to run them.

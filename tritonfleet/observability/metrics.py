@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from ..fleet.inventory import FleetError, FleetHost
+from ..serving.triton_http import Sample, parse
 
 _MISSING = object()
 
@@ -80,25 +80,6 @@ def metrics_targets(fh: FleetHost) -> list[tuple[str, int | None]]:
     except ValueError as e:
         raise FleetError(f"{fh.name}: triton_per_gpu needs the host's gpu_count for one target per GPU ({e}); "
                          "set gpu_count in its inventory host data or group data") from e
-
-
-@dataclass
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-def parse(text: str) -> list[Sample]:
-    """Every sample of a Prometheus text exposition. A counter's samples carry the name the
-    exposition gives its family (prometheus_client's parser appends ``_total`` to counter
-    samples; Triton's counters have no such suffix)."""
-    out = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            name = family.name if family.type == "counter" and s.name == f"{family.name}_total" else s.name
-            out.append(Sample(name, dict(s.labels), float(s.value)))
-    return out
 
 
 @dataclass

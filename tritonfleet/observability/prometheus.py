@@ -32,35 +32,7 @@ import yaml
 
 from ..fleet.inventory import FleetError, FleetHost
 from . import metrics
-
-DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
-JOB_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_-]*$")
-
-
-@dataclass(frozen=True)
-class Options:
-    job: str = "triton"
-    scrape_interval: str = "15s"
-    rate_window: str = "5m"
-    #: where DIR lives on the Prometheus server (paths in the scrape job and prometheus.yml)
-    prometheus_dir: str = ""
-
-    def check(self) -> None:
-        if not JOB_NAME.match(self.job):
-            raise FleetError(f"--job {self.job!r}: letters, digits, '_' and '-' only")
-        for opt, value in (("--scrape-interval", self.scrape_interval),
-                           ("--rate-window", self.rate_window)):
-            if not DURATION.match(value):
-                raise FleetError(f"{opt} {value!r} is not a Prometheus duration (e.g. 15s, 5m)")
-        if _seconds(self.rate_window) < 4 * _seconds(self.scrape_interval):
-            raise FleetError(f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
-                             f"({self.scrape_interval}) for rate() to see enough samples")
-
-
-def _seconds(d: str) -> float:
-    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-    return sum(float(n) * unit[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", d))
-
+from .options import Options, duration_seconds
 
 # ---- targets ---------------------------------------------------------------------------------
 
@@ -112,7 +84,7 @@ def scrape_job(opts: Options, base: str) -> dict:
     return {
         "job_name": opts.job,
         "scrape_interval": opts.scrape_interval,
-        "scrape_timeout": opts.scrape_interval if _seconds(opts.scrape_interval) < 10 else "10s",
+        "scrape_timeout": opts.scrape_interval if duration_seconds(opts.scrape_interval) < 10 else "10s",
         "metrics_path": "/metrics",
         "file_sd_configs": [{"files": [f"{base}/targets/{opts.job}-*.json"], "refresh_interval": "1m"}],
     }

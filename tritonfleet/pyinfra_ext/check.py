@@ -1,5 +1,5 @@
-"""Verifications as pyinfra operations that are never planned as changes, and the one rule that
-tells them by name (``is_check``).
+"""Verifications as pyinfra operations that are never planned as changes (the rule that tells
+them by name, ``is_check``: tritonfleet.core.checks).
 
 ``check`` runs a Python function on the control machine while the operations execute (like
 ``python.call``), but yields nothing while pyinfra plans: ``pyinfra --dry`` on a converged host
@@ -19,15 +19,6 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import state
 
 from ..core.report import reported
-
-CHECK_PREFIX = "check:"
-
-
-def is_check(name: str) -> bool:
-    """Whether an operation named ``name`` (as pyinfra names it: its deploy's name, " | ", its own
-    name) is a verification: its own name starts with ``check:``. A check changes nothing on the
-    host, even where pyinfra counts it as a success ("Success", ``-y --json``'s ``success``)."""
-    return any(part.startswith(CHECK_PREFIX) for part in name.split(" | "))
 
 
 @operation(is_idempotent=False)

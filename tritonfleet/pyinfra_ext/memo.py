@@ -5,7 +5,7 @@ pyinfra 3 runs a fact's command every time it is asked for, so four package oper
 ``dpkg`` four times on a host where nothing changes. ``fact()`` keeps the answer on the host
 object and forgets all of them as soon as an operation on that host changed something (or
 failed): the next read runs the command again. Operations named ``check: ...`` change nothing by
-this project's convention (tritonfleet.pyinfra_ext.check.is_check) and forget nothing. Facts read while pyinfra prepares the deploy
+this project's convention (tritonfleet.core.checks.is_check) and forget nothing. Facts read while pyinfra prepares the deploy
 (before any operation runs) are exact for the start of the execution as well.
 
 ``prefetch()`` reads the facts a deploy step will need in one remote command (one round trip
@@ -22,7 +22,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host, ctx_state
 
-from .check import is_check
+from ..core.checks import is_check
 
 _ATTR = "_tritonfleet_fact_memo"
 _HANDLER = "_tritonfleet_fact_memo_handler"

@@ -266,7 +266,7 @@ def triton_busy(metrics_text: str) -> tuple[float, float]:
     """(requests queued in Triton, requests Triton finished so far) from its metrics text:
     ``nv_inference_pending_request_count`` summed, and ``nv_inference_request_success`` +
     ``nv_inference_request_failure`` summed over models."""
-    from ..observability.metrics import parse
+    from .triton_http import parse
 
     pending = done = 0.0
     for s in parse(metrics_text):

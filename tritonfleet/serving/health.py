@@ -592,7 +592,7 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
         _, out = host.run_shell_command(command, print_output=False, print_input=False)
         return "\n".join(out.stdout_lines)
 
-    from ..gpu.facts import instance_gets
+    from .per_gpu import host_instance_gets as instance_gets
 
     timeout = float(config.get("health_timeout"))
     gets = instance_gets()

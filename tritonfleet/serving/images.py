@@ -1,6 +1,8 @@
-"""Docker image archives (`docker save` format) as the control machine sees them: the ID of the
-image an archive holds (what ``docker load`` gives the host), read without unpacking the layers,
-so a multi-GB archive answers in milliseconds."""
+"""Docker images as the control machine sees them: the ID of the image an archive (``docker save``
+format) holds (what ``docker load`` gives the host), read without unpacking the layers, so a
+multi-GB archive answers in milliseconds; an image reference's parts and registry, and which
+images a host pulls and whether that needs the registry login (the login itself:
+tritonfleet.serving.ops.registry)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ import hashlib
 import json
 import tarfile
 from pathlib import Path
+
+from ..pyinfra_ext import memo
+from ..settings import access as config
+from .facts import DockerImageId
 
 
 def read_metadata(archive: Path) -> dict[str, bytes]:
@@ -31,3 +37,47 @@ def image_id(archive: Path) -> str:
     files = read_metadata(Path(archive))
     config = files[json.loads(files["manifest.json"])[0]["Config"]]
     return "sha256:" + hashlib.sha256(config).hexdigest()
+
+
+def registry_of(image: str) -> str:
+    """The registry an image reference pulls from, by Docker's rules: the first path component
+    when it has a '.' or ':' or is 'localhost', else Docker Hub (docker.io)."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def login_registry() -> str:
+    """The registry the login (registry_user) is for: registry_host, or triton_image's registry."""
+    return config.get("registry_host") or registry_of(config.get("triton_image"))
+
+
+def needs_login(image: str) -> bool:
+    """Pulling ``image`` needs the registry login."""
+    return bool(config.get("registry_user")) and registry_of(image) == login_registry()
+
+
+def pulls(images: list[str]) -> list[str]:
+    """Those of ``images`` this host will pull (no archive configured, not present yet)."""
+    archives = config.get("image_archives") or {}
+    return [i for i in images if i not in archives and not memo.fact(DockerImageId, image=i)]
+
+
+DIGEST_RE = r"sha256:[0-9a-f]{64}"
+
+
+def split_image(image: str) -> tuple[str, str | None, str | None]:
+    """Docker's image reference grammar, the parts tritonfleet needs: ``name[:tag][@digest]`` ->
+    (name, tag or None, digest or None). A ':' before the last '/' belongs to a registry port."""
+    import re
+
+    ref, _, digest = str(image).partition("@")
+    name, tag = ref, None
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    if colon > slash:
+        name, tag = ref[:colon], ref[colon + 1:]
+    if digest and not re.fullmatch(DIGEST_RE, digest):
+        raise ValueError(f"image {image!r}: the digest must be sha256:<64 hex digits>")
+    return name, tag, digest or None

@@ -8,7 +8,7 @@ plus ``i * triton_per_gpu_port_step`` (HTTP, gRPC and metrics alike). Every inst
 model repository; inside its container the one GPU it gets is GPU 0, so the instance groups are
 rendered as written (``gpus: [ 0 ]``), not spread.
 
-Pure: shared by the Triton service step (writes the units), the health gate, ``tritonfleet status``,
+Pure (but ``host_instance_gets``, the current host's): shared by the Triton service step (writes the units), the health gate, ``tritonfleet status``,
 ``tritonfleet prometheus`` and ``tritonfleet rollout``. Every helper takes a ``get`` (a host's
 tunables) and returns the ``get`` of one instance: the same tunables with the service, container,
 ports and ``triton_gpus`` of that instance, so code written for the single unit serves each one.
@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 
 from ..core.errors import UsageError
+from ..gpu.placement import per_gpu_enabled as enabled
 from ..settings.table import whole_number
 
 #: tunables an instance overrides (everything else is the host's)
@@ -30,12 +31,6 @@ MAX_INSTANCES = 16
 
 class PerGpuError(UsageError, ValueError):
     """A per-GPU layout that cannot work (ports that collide)."""
-
-
-def enabled(get) -> bool:
-    """triton_per_gpu is on: True (or "true", "yes", "1" as `--data` may give it)."""
-    value = get("triton_per_gpu")
-    return value is True or str(value).strip().lower() in ("true", "yes", "1")
 
 
 def service_name(get, index: int) -> str:
@@ -123,3 +118,20 @@ def indexes(get, names) -> list[int]:
     """The instance indexes of the unit file names ``names`` (others skipped), sorted."""
     pat = unit_file_re(get)
     return sorted({int(m.group(1)) for n in names if (m := pat.match(str(n).strip()))})
+
+
+def host_instance_gets() -> list:
+    """The tunables of each Triton instance of the current host (pyinfra's): [config.get] (the
+    single unit), or with triton_per_gpu one per GPU (the count from tritonfleet.gpu.facts.host_gpus).
+    A layout that cannot work is a ConfigError naming the host."""
+    from pyinfra import host
+
+    from ..gpu.facts import host_gpus
+    from ..settings import access as config
+
+    if not enabled(config.get):
+        return [config.get]
+    try:
+        return instance_gets(config.get, host_gpus())
+    except PerGpuError as e:
+        raise config.ConfigError(f"{host.name}: {e}") from e

@@ -26,11 +26,6 @@ def whole_number(value, key: str, where: str = "group data") -> int:
     return n
 
 
-def smi_command(get) -> str:
-    """The command that asks a host's driver (nvidia_smi_command; "nvidia-smi" when it is empty)."""
-    return str(get("nvidia_smi_command") or "nvidia-smi")
-
-
 def read(path: Path = DEFAULTS_FILE) -> list[tuple[str, str, str]]:
     """[(name, default as written, comment)] in file order."""
     text = path.read_text()

@@ -51,12 +51,13 @@ from ..host.layer import (
     toolkit_facts,
     wanted_source,
 )
-from ..host.ops import aptlock
+from ..host.ops import aptlock, converged
 from ..host.ops.apt_repo import vendor_source
 from ..host.ops.reboot import reboot
-from ..pyinfra_ext import converged, memo
+from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check, will_change
 from ..serving.ops import gpu_guard as guard_ops
+from ..serving.ops import lb
 from ..settings import access as config
 
 TOOLKIT_PACKAGES = [
@@ -358,6 +359,8 @@ def nvidia_driver():
             header_packages=[p for p in config.get("nvidia_kernel_packages") if "{kernel}" in p],
             install_template=aptlock.wrap("DEBIAN_FRONTEND=noninteractive apt-get install -y -q @WORDS@")
             .get_raw_value(),
+            # a reboot restarts Triton: out of the load balancer first
+            before_reboot=lb.drain_command("reboot for the NVIDIA driver") if lb.enabled() else None,
             _if=_reboot_needed,
         )
     if config.get("nvidia_persistenced"):

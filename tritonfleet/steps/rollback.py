@@ -20,16 +20,17 @@ from pyinfra.operations import server, systemd
 
 from ..core.report import fail
 from ..core.shell import q
-from ..host.facts import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
+from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.release import switch_back_script
 from ..pyinfra_ext.check import check
 from ..serving import per_gpu as pergpu
+from ..serving.facts import DeployHistory, DockerImageId
 from ..serving.health import gate_current_host
 from ..serving.ops import lb
 from ..serving.ops.history import append_record
+from ..serving.repository_api import model_diff, repository_api_commands
 from ..serving.unit import unit_path
 from ..settings import access as config
-from .triton import model_diff, repository_api_commands
 
 
 def pick_target(records: list[dict], current: tuple[str | None, str | None], releases: list[str],

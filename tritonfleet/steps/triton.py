@@ -11,34 +11,30 @@ from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from ..core.report import HostFailure, in_rollout
-from ..core.shell import q, url_segment
-from ..gpu.facts import instance_gets
-from ..host.facts import (
-    DeployHistory,
-    DockerImageId,
-    FileState,
-    PerGpuUnits,
-    ReleaseManifest,
-    ReleaseState,
-    TritonContainer,
-    UnitState,
-)
+from ..core.shell import q
+from ..host.facts import FileState, UnitState
+from ..host.ops import converged
 from ..model_repo import release as release_plan
 from ..model_repo import render as models
+from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.ops import model_release
 from ..model_repo.render import host_repository
-from ..pyinfra_ext import converged, memo
+from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check, check_with_steps, will_change
 from ..pyinfra_ext.stream import docker_load, docker_pull
 from ..pyinfra_ext.transfer import TransferError
 from ..pyinfra_ext.transfer import choose as choose_transport
 from ..serving import apikey
 from ..serving import per_gpu as pergpu
+from ..serving.facts import DeployHistory, DockerImageId, PerGpuUnits, TritonContainer
 from ..serving.health import HealthError, gate_current_host
+from ..serving.images import login_registry, needs_login
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.ops import lb
 from ..serving.ops.history import append_record
-from ..serving.ops.registry import docker_login, login_registry, needs_login
+from ..serving.ops.registry import docker_login
+from ..serving.per_gpu import host_instance_gets as instance_gets
+from ..serving.repository_api import model_diff, repository_api_commands
 from ..serving.unit import render_unit, restricted_apis, unit_context, unit_path, units_digest
 from ..settings import access as config
 
@@ -143,19 +139,6 @@ def model_repository():
     return sync_models()
 
 
-def model_diff(old_man: dict, new_man: dict) -> tuple[list[str], list[str]]:
-    """(models to load, models to unload) going from one release manifest to another."""
-    def by_model(man: dict) -> dict[str, dict]:
-        out: dict[str, dict] = {}
-        for path, value in man.items():
-            if "/" in path:  # a file at the top of the repository is no model
-                out.setdefault(path.split("/", 1)[0], {})[path] = value
-        return out
-
-    old, new = by_model(old_man), by_model(new_man)
-    return [m for m in sorted(new) if new[m] != old.get(m)], [m for m in sorted(old) if m not in new]
-
-
 def model_changes() -> tuple[list[str], list[str]]:
     """(models to load, models to unload) between the live release and this host's release."""
     base = config.get("triton_base_dir")
@@ -164,31 +147,6 @@ def model_changes() -> tuple[list[str], list[str]]:
     if old == rid:
         return [], []
     return model_diff(host.get_fact(ReleaseManifest, base=base, release=old) if old else {}, man)
-
-
-def api_address() -> str:
-    bind = config.get("triton_http_bind")
-    return bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
-
-
-def repository_api_commands(load: list[str], unload: list[str], port: int | None = None) -> str:
-    """curl calls to Triton's repository API on the host; the first failure stops with Triton's
-    answer (a failed load leaves the model that was loaded serving). ``port``: a per-GPU
-    instance's HTTP port (default triton_http_port)."""
-    url = f"http://{api_address()}:{port or config.get('triton_http_port')}/v2/repository/models"
-    repo = f"{config.get('triton_base_dir')}/model_repository"
-    calls = [(m, "unload") for m in unload] + [(m, "load") for m in load]
-    return "; ".join(
-        # Triton reloads a loaded model (and each version of it) only when its directories look
-        # newer than at the last load; a release switched back to is older, so the model's
-        # directories (never its files: files are shared with other releases) are touched first.
-        (f"find {q(repo + '/' + m)} -type d -exec touch -c {{}} + && " if verb == "load" else "")
-        + apikey.curl(config.get("triton_api_key_file"),
-                      f"-sS -m 600 --fail-with-body -X POST {q(url + '/' + url_segment(m) + '/' + verb)}") + " >&2 "
-        f"|| {{ echo {q(f'repository API: {verb} of {m} failed (the model that was loaded keeps serving)')} >&2; "
-        "exit 1; }"
-        for m, verb in calls
-    ) or "true"
 
 
 def api_key() -> tuple[list, str]:

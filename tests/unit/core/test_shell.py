@@ -25,13 +25,15 @@ from tritonfleet.core.shell import q, url_segment, words
 from tritonfleet.fleet import probe
 from tritonfleet.host import facts
 from tritonfleet.host.ops.apt_repo import fetch_key_command
+from tritonfleet.model_repo import facts as release_facts
 from tritonfleet.model_repo import release as release_plan
 from tritonfleet.model_repo.validate import validate_repository
-from tritonfleet.serving import apikey
+from tritonfleet.serving import apikey, repository_api
+from tritonfleet.serving import facts as serving_facts
 from tritonfleet.serving.health import watch_command
 from tritonfleet.serving.ops import history
 from tritonfleet.settings import access as config
-from tritonfleet.steps import rollback, triton, verify
+from tritonfleet.steps import rollback, verify
 
 P = "Zq9placeholder9qZ"
 SAFE = re.compile(r"[A-Za-z0-9_./:=@%+,-]")
@@ -220,8 +222,8 @@ MANIFEST = {"m/config.pbtxt": [10, "a" * 64], "m/1/model.onnx": [20, "b" * 64]}
 
 BUILDERS = {
     # explicit-mode loads and unloads (steps/triton.py, rollback), the model name and the base dir
-    "load": lambda v: triton.repository_api_commands([v], []),
-    "unload": lambda v: triton.repository_api_commands([], [v]),
+    "load": lambda v: repository_api.repository_api_commands([v], []),
+    "unload": lambda v: repository_api.repository_api_commands([], [v]),
     "record image": lambda v: history.record_command("/opt/triton", "0123abcd", v, {"image": v}),
     "record unit": lambda v: history.record_command("/opt/triton", v, "img", {"unit": v}),
     "record base": lambda v: history.record_command(f"/srv/{v}", "0123abcd", "img", {}),
@@ -255,10 +257,10 @@ BUILDERS = {
     "fact file": lambda v: facts.FileState().command(v),
     "fact unit": lambda v: facts.UnitState().command(v),
     "fact daemon.json": lambda v: facts.DockerDaemonJson().command(v),
-    "fact image": lambda v: facts.DockerImageId().command(v),
-    "fact container": lambda v: facts.TritonContainer().command(v, f"/etc/{v}", f"/srv/{v}"),
-    "fact manifest": lambda v: facts.ReleaseManifest().command(f"/srv/{v}", v),
-    "fact history": lambda v: facts.DeployHistory().command(f"/srv/{v}"),
+    "fact image": lambda v: serving_facts.DockerImageId().command(v),
+    "fact container": lambda v: serving_facts.TritonContainer().command(v, f"/etc/{v}", f"/srv/{v}"),
+    "fact manifest": lambda v: release_facts.ReleaseManifest().command(f"/srv/{v}", v),
+    "fact history": lambda v: serving_facts.DeployHistory().command(f"/srv/{v}"),
     "words": lambda v: "docker pull " + words(v, "x"),
     # the host's API key (apikey.py): its file
     "api key made": lambda v: apikey.key_command(f"/etc/{v}/key"),
@@ -280,7 +282,7 @@ def test_hostile_value_stays_one_word(tunables, name, value):
 def test_load_command_splits_back_to_its_words(tunables):
     """The explicit-mode load of the reviewer's model name: the curl call's words as intended."""
     name = "x';id;'"
-    cmd = triton.repository_api_commands([name], [])
+    cmd = repository_api.repository_api_commands([name], [])
     assert "id;" not in [text(w) for w in lex(cmd)]
     curl = "curl " + cmd.split(" | curl ", 1)[1].split(" || ", 1)[0]
     assert shlex.split(curl) == ["curl", "-H", "@-", "-sS", "-m", "600", "--fail-with-body", "-X", "POST",

@@ -6,7 +6,7 @@ import pytest
 
 from tritonfleet.fleet.probe import HostStatus, drift, interpret, parse
 from tritonfleet.gpu.rules import driver_supported, triton_release
-from tritonfleet.serving.ops.registry import split_image
+from tritonfleet.serving.images import split_image
 
 D1 = "sha256:" + "1" * 64
 D2 = "sha256:" + "2" * 64

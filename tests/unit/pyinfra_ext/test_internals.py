@@ -40,12 +40,12 @@ INTERNALS = {
         "tritonfleet/pyinfra_ext/interrupt.py: pyinfra installs its SIGINT handler (exits 0) before it loads the "
         "deploy code, so the handler installed then (exit 130) is the one in force",
     "pyinfra.operations.files:put._inner":
-        "tritonfleet/pyinfra_ext/converged.py put() hands src, dest, user, group, mode and the rest to it",
+        "tritonfleet/host/ops/converged.py put() hands src, dest, user, group, mode and the rest to it",
     "pyinfra.operations.apt:packages._inner":
-        "tritonfleet/pyinfra_ext/converged.py packages() hands packages, present, latest, update, upgrade to it and "
+        "tritonfleet/host/ops/converged.py packages() hands packages, present, latest, update, upgrade to it and "
         "wraps each command it yields (strings) for the apt lock",
     "pyinfra.operations.systemd:service._inner":
-        "tritonfleet/pyinfra_ext/converged.py service() hands service, running, enabled, restarted to it",
+        "tritonfleet/host/ops/converged.py service() hands service, running, enabled, restarted to it",
     "pyinfra.api.state:BaseStateCallback":
         "facts/memo.py, connection.py and failure.py: host_connect, operation_host_start(state, host, "
         "op_hash) and operation_host_error(state, host, op_hash, ...) are called with these arguments",

@@ -16,7 +16,7 @@ import requests
 
 from tests.support.fakehost import defaults, run_fake
 from tritonfleet.fleet import probe
-from tritonfleet.serving import apikey
+from tritonfleet.serving import apikey, repository_api
 from tritonfleet.serving.unit import render_unit, unit_context
 from tritonfleet.settings import access as config
 from tritonfleet.steps import triton
@@ -162,7 +162,7 @@ def test_deploys_own_load_gets_through(restricted_triton, tmp_path, monkeypatch)
     subprocess.run(["cp", "-r", str(REPO), str(repo)], check=True)
     (tmp_path / "model_repository").unlink()
     (tmp_path / "model_repository").symlink_to(repo)
-    cmd = triton.repository_api_commands([m], [])
+    cmd = repository_api.repository_api_commands([m], [])
     ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     key_file.write_text("wrong\n")

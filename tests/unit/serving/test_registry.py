@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tritonfleet.serving.ops.registry import (
-    MissingSecret,
-    SecretStdinCommand,
-    docker_login,
-    registry_of,
-)
+from tritonfleet.serving.images import registry_of
+from tritonfleet.serving.ops.registry import MissingSecret, SecretStdinCommand, docker_login
 
 
 @pytest.mark.parametrize("image,registry", [

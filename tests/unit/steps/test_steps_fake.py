@@ -80,7 +80,7 @@ def test_driver_converged_host_changes_nothing():
         PERSISTENCE_DROPIN: ["mode=644 user=root group=root",
                              hashlib.sha256(PERSISTENCE_DROPIN_TEXT.encode()).hexdigest()],
     }
-    # (managed files: tests/unit/pyinfra_ext/test_converged.py; the real re-run is in test_e2e_testbed)
+    # (managed files: tests/unit/host/test_converged.py; the real re-run is in test_e2e_testbed)
     _, cmds, state = run_fake(nvidia_driver, responses, DATA)
     assert not state.failed_hosts
     run = "\n".join(ops(cmds))
@@ -88,7 +88,7 @@ def test_driver_converged_host_changes_nothing():
     assert "install cuda-drivers" not in run and "linux-headers" not in run
     assert "apt-mark hold" not in run and "systemctl start" not in run
     # holds and installed packages come from dpkg itself, never from apt's cache or `dpkg -l`
-    # (read once per run while nothing changes: tests/unit/pyinfra_ext/test_converged.py)
+    # (read once per run while nothing changes: tests/unit/host/test_converged.py)
     assert not any(c.startswith(("dpkg -l", "apt-mark showhold")) or "( dpkg -l )" in c for c in cmds)
 
 

@@ -10,13 +10,13 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from ...core.shell import q
-from ...pyinfra_ext import converged, memo
+from ...pyinfra_ext import memo
 from ...pyinfra_ext.check import will_change
 from .. import signing_keys as keys
 from ..facts import KeyringFingerprints
 from ..signing_keys import normalize_fingerprint
 from ..vendor_repos import VendorRepo, source_path
-from . import aptlock
+from . import aptlock, converged
 
 
 def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:

@@ -50,18 +50,18 @@ def kernel_ready(state, host, header_packages: list[str], install_template: str)
 
 @operation(is_idempotent=False)
 def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600, header_packages: list | None = None,
-           install_template: str | None = None):
+           install_template: str | None = None, before_reboot: FunctionCommand | None = None):
     """Reboot; wait (up to ``reboot_timeout`` seconds) until the host answers with a new boot id.
     With ``install_template`` (an apt-get install command with ``@WORDS@`` for the packages), the
-    kernel that will boot is checked first (``kernel_ready``): no NVIDIA module, no reboot."""
+    kernel that will boot is checked first (``kernel_ready``): no NVIDIA module, no reboot.
+    ``before_reboot``: runs after that check, right before the reboot (the driver step passes
+    the load balancer's drain: a reboot restarts Triton)."""
     before: list[str | None] = []
 
     if install_template is not None:
         yield FunctionCommand(kernel_ready, (list(header_packages or []), install_template), {})
-    from ...serving.ops import lb  # a reboot restarts Triton: out of the load balancer first
-
-    if lb.enabled():
-        yield lb.drain_command("reboot for the NVIDIA driver")
+    if before_reboot is not None:
+        yield before_reboot
 
     def capture(state, host):
         remove_any_sudo_askpass_file(host)

@@ -4,7 +4,7 @@ snapshot of each one's unit in ``<triton_base_dir>/units/``. What a rollback ret
 the host itself.
 
 ``append_record`` adds a record after the health gate passed (deploy and rollback alike); the fact
-``tritonfleet.host.facts.DeployHistory`` reads the file back, and ``tritonfleet status`` shows
+``tritonfleet.serving.facts.DeployHistory`` reads the file back, and ``tritonfleet status`` shows
 its last line.
 """
 
@@ -19,8 +19,8 @@ from pyinfra.context import state
 from ... import __version__
 from ...core.report import HOST_RECORD as FAILURE_RECORD
 from ...core.shell import q
-from ...host.facts import DeployHistory
 from ...pyinfra_ext import memo
+from ..facts import DeployHistory
 from ..unit import unit_path
 
 # Healthy deployments remembered on each host for rollback.

@@ -1,4 +1,4 @@
-"""The drop-in operations (tritonfleet.pyinfra_ext.converged) and the per-run fact memo, on pyinfra's @fake
+"""The drop-in operations (tritonfleet.host.ops.converged) and the per-run fact memo, on pyinfra's @fake
 connector: one command on a converged host, pyinfra's own operation for any change. The real
 no-op run over SSH is in testbed/test_e2e.py."""
 
@@ -12,7 +12,7 @@ from pyinfra.operations import python, server
 
 from tests.support.fakehost import run_fake
 from tritonfleet.host.facts import DpkgState, FileState, UnitState
-from tritonfleet.pyinfra_ext import converged
+from tritonfleet.host.ops import converged
 
 TEXT = "pinned\n"
 SHA = hashlib.sha256(TEXT.encode()).hexdigest()

@@ -17,9 +17,9 @@ from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.operations import apt, files, systemd
 
-from ..host.facts import DpkgState, FileState, UnitState
-from ..host.ops import aptlock
-from . import memo
+from ...pyinfra_ext import memo
+from ..facts import DpkgState, FileState, UnitState
+from . import aptlock
 
 
 def _local_sha256(src) -> str | None:

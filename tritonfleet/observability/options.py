@@ -1,0 +1,38 @@
+"""What ``tritonfleet prometheus`` generates with (the scrape job's name, its interval, the rate
+window of the rules and dashboard, where the files live on the Prometheus server), checked."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..fleet.inventory import FleetError
+
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+JOB_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class Options:
+    job: str = "triton"
+    scrape_interval: str = "15s"
+    rate_window: str = "5m"
+    #: where DIR lives on the Prometheus server (paths in the scrape job and prometheus.yml)
+    prometheus_dir: str = ""
+
+    def check(self) -> None:
+        if not JOB_NAME.match(self.job):
+            raise FleetError(f"--job {self.job!r}: letters, digits, '_' and '-' only")
+        for opt, value in (("--scrape-interval", self.scrape_interval),
+                           ("--rate-window", self.rate_window)):
+            if not DURATION.match(value):
+                raise FleetError(f"{opt} {value!r} is not a Prometheus duration (e.g. 15s, 5m)")
+        if duration_seconds(self.rate_window) < 4 * duration_seconds(self.scrape_interval):
+            raise FleetError(f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
+                             f"({self.scrape_interval}) for rate() to see enough samples")
+
+
+def duration_seconds(d: str) -> float:
+    """Seconds of a Prometheus duration (``5m``, ``1h30m``)."""
+    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    return sum(float(n) * unit[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", d))
