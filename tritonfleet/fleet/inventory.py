@@ -55,6 +55,14 @@ class FleetHost:
     def get(self, key: str, default: Any = None) -> Any:
         return self.data.get(key, default)
 
+    def transport(self) -> Any:
+        """The paramiko transport of pyinfra's SSH connection to the host, connected on demand
+        (the health tunnels of tritonfleet.serving.triton_http run over it)."""
+        h = self.pyinfra_host
+        if not h.connected:
+            h.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
+        return h.connector.client.get_transport()
+
 
 def _state():
     from pyinfra.api import Config, State

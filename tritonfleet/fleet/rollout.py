@@ -31,7 +31,7 @@ from ..core.errors import TritonfleetError
 from ..core.procs import alive, die_with_parent
 from ..core.report import CHANNEL_ENV, Failure, read_channel
 from ..gpu import placement as gpucount
-from ..serving import health
+from ..serving import health, unit_watch
 from ..serving import per_gpu as pergpu
 from . import inventory as fleet
 from . import perfgate, probe
@@ -532,7 +532,7 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
     transport = None
     gets = [fh.get]
     limit = float(fh.get("health_timeout") if timeout is None else timeout)
-    watch = health.unit_watch(fh.get, lambda cmd: fleet.run(fh, cmd)[1])
+    watch = unit_watch.watch_instance(fh.get, lambda cmd: fleet.run(fh, cmd)[1])
     try:
         if pergpu.enabled(fh.get):  # one Triton per GPU: every instance gated, the host as one unit
             st = probe.probe(fh, with_intent=False)
@@ -542,7 +542,7 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
             fleet.run(fh, "true")
             transport = fh.pyinfra_host.connector.client.get_transport()
         for g in gets:
-            watch = health.unit_watch(g, lambda cmd: fleet.run(fh, cmd)[1])
+            watch = unit_watch.watch_instance(g, lambda cmd: fleet.run(fh, cmd)[1])
             res = health.gate(g, fh.address, models, transport, limit, watch)
             if not res.ok:
                 return res, health.instance_failure(health.failure_of(res, fh.name, models, watch, limit,

@@ -40,6 +40,8 @@ import requests
 
 from ..core.errors import TritonfleetError
 from ..fleet.inventory import FleetError, FleetHost
+from ..serving import triton_http
+from ..settings.access import ConfigError
 from . import metrics
 from .metrics import ModelCounters
 
@@ -225,38 +227,20 @@ class Target:
 
 @contextlib.contextmanager
 def target(fh: FleetHost) -> Iterator[Target]:
-    """The host's endpoints: direct, or SSH tunnels (``health_via = "ssh"``), closed on exit."""
-    from ..serving.health import SSHTunnel
+    """The host's endpoints: direct, or SSH tunnels (``health_via = "ssh"``), closed on exit
+    (tritonfleet.serving.triton_http, with the host's dead-link bound on every tunnel)."""
     from .tune import api_key_header
 
-    via = metrics.tunable(fh, "health_via")
-    ports = [int(metrics.tunable(fh, k)) for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port")]
-    if via == "direct":
-        a = metrics.address(fh)
-        yield Target(fh.name, f"http://{a}:{ports[0]}", f"{a}:{ports[1]}", f"http://{a}:{ports[2]}",
-                     api_key_header(fh))
-        return
-    if via != "ssh":
-        raise FleetError(f"{fh.name}: health_via must be 'direct' or 'ssh', not {via!r} (group data)")
-    h = fh.pyinfra_host
-    if not h.connected:
-        h.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
-    transport = h.connector.client.get_transport()
-    tunnels = [SSHTunnel(transport, p) for p in ports]
-    try:
-        yield Target(fh.name, f"http://127.0.0.1:{tunnels[0].port}", f"127.0.0.1:{tunnels[1].port}",
-                     f"http://127.0.0.1:{tunnels[2].port}", api_key_header(fh))
-    finally:
-        for t in tunnels:
-            t.close()
+    with contextlib.ExitStack() as stack:
+        try:
+            at = stack.enter_context(triton_http.endpoints(fh.get, fh.address, fh.transport, grpc=True))
+        except ConfigError as e:
+            raise FleetError(f"{fh.name}: {e}") from e
+        yield Target(fh.name, at.http_url, at.grpc_url, at.metrics_url, api_key_header(fh))
 
 
 def _session(t: Target | None = None) -> requests.Session:
-    s = requests.Session()
-    s.trust_env = False  # the fleet's own addresses: never through a proxy
-    if t is not None:
-        s.headers.update(t.headers)
-    return s
+    return triton_http.session(t.headers if t is not None else None)
 
 
 def ready_models(t: Target, timeout: float = 10) -> list[str]:

@@ -22,7 +22,9 @@ from typing import Any
 import requests
 
 from ..fleet.inventory import FleetError, FleetHost
+from ..serving import triton_http
 from ..serving.triton_http import Sample, parse
+from ..settings.access import ConfigError
 
 _MISSING = object()
 
@@ -170,9 +172,7 @@ def read_host(fh: FleetHost, http_url: str, metrics_url: str, *, configs: bool =
     ``configs``, its live configuration. ``models`` restricts the models read; ``headers`` go
     with every request (the host's API key for restricted statistics and configuration)."""
     res = HostRead(fh)
-    with requests.Session() as s:
-        s.trust_env = False  # the fleet's own addresses: never through a proxy
-        s.headers.update(headers or {})
+    with triton_http.session(headers) as s:
         url = f"{metrics_url}/metrics"
         try:
             r = s.get(url, timeout=timeout)
@@ -205,31 +205,10 @@ def read_host(fh: FleetHost, http_url: str, metrics_url: str, *, configs: bool =
 def endpoints(fh: FleetHost):
     """(http_url, metrics_url) of the host as the control machine reaches them: directly
     (``health_via = "direct"``), or through tunnels over the host's own SSH connection
-    (``health_via = "ssh"``), closed again on exit."""
-    from ..serving.health import SSHTunnel
-
-    via = tunable(fh, "health_via")
-    http_port, metrics_port = int(tunable(fh, "triton_http_port")), int(tunable(fh, "triton_metrics_port"))
-    if via == "direct":
-        addr = address(fh)
-        yield f"http://{addr}:{http_port}", f"http://{addr}:{metrics_port}"
-        return
-    if via != "ssh":
-        raise FleetError(f"{fh.name}: health_via must be 'direct' or 'ssh', not {via!r} (group data)")
-    h = fh.pyinfra_host
-    if not h.connected:
-        h.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
-    transport = h.connector.client.get_transport()
-    from ..pyinfra_ext.connection import dead_after
-
-    try:
-        bound = dead_after(fh.data)
-    except ValueError as e:
-        raise FleetError(f"{fh.name}: {e}") from e
-    tunnels = [SSHTunnel(transport, http_port, channel_timeout=bound),
-               SSHTunnel(transport, metrics_port, channel_timeout=bound)]
-    try:
-        yield f"http://127.0.0.1:{tunnels[0].port}", f"http://127.0.0.1:{tunnels[1].port}"
-    finally:
-        for t in tunnels:
-            t.close()
+    (``health_via = "ssh"``), closed again on exit (tritonfleet.serving.triton_http)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            at = stack.enter_context(triton_http.endpoints(fh.get, fh.address, fh.transport))
+        except ConfigError as e:
+            raise FleetError(f"{fh.name}: {e}") from e
+        yield at.http_url, at.metrics_url

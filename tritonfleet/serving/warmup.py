@@ -27,6 +27,8 @@ from pathlib import Path
 
 import requests
 
+from . import triton_http
+
 # ModelConfig.DataType -> the KServe v2 datatype of the HTTP/REST protocol
 DATATYPES = {1: "BOOL", 2: "UINT8", 3: "UINT16", 4: "UINT32", 5: "UINT64", 6: "INT8", 7: "INT16", 8: "INT32",
              9: "INT64", 10: "FP16", 11: "FP32", 12: "FP64", 13: "BYTES", 14: "BF16"}
@@ -105,7 +107,7 @@ def _prepared(path: str, _mtime_ns: int, _size: int):
 def warm(http_url: str, repo: Path, models: list[str], timeout: float = 30.0, session=None) -> WarmResult:
     """One inference per model in ``models``; stops at the first that fails."""
     res = WarmResult(True)
-    s = session or requests.Session()
+    s = session or triton_http.session()
     for m in models:
         cfg, body = prepared(repo, m)
         if cfg is None:

@@ -19,7 +19,7 @@ from tritonfleet.core.report import Failure, HostFailure
 from tritonfleet.fleet import probe
 from tritonfleet.fleet.rollout import PyinfraRun
 from tritonfleet.pyinfra_ext.check import check
-from tritonfleet.serving import health
+from tritonfleet.serving import unit_watch
 
 PREFIX = "E1203 18:08:02.107760 929 model_lifecycle.cc:642] "
 
@@ -87,7 +87,7 @@ def journal(starts: list[tuple[str, list[str]]]) -> str:
 
 def watch_text(show: dict, starts, container="nvcr.io/nvidia/tritonserver:24.08-py3 exited 1",
                release="releases/abc", last=None) -> str:
-    s = health.SECTION
+    s = unit_watch.SECTION
     show_text = "\n".join(f"{k}={v}" for k, v in show.items())
     return (f"{show_text}\n{s}\n{journal(starts)}\n{s}\n{container}\n{s}\n{release}\n{s}\n"
             f"{json.dumps(last) if last else ''}\n")
@@ -112,7 +112,7 @@ def snapshot_of(causes, restarts, state, noise):
     active, sub = STATES[state]
     show = {"ActiveState": active, "SubState": sub, "Result": "exit-code" if state != "running" else "success",
             "NRestarts": restarts, "InvocationID": f"inv{len(causes) - 1}"}
-    return health.parse_watch(watch_text(show, starts))
+    return unit_watch.parse_watch(watch_text(show, starts))
 
 
 @settings(max_examples=300, deadline=None)
@@ -121,7 +121,7 @@ def test_the_gate_stops_only_on_a_definitive_cause(history):
     causes, restarts, state, noise = history
     snap = snapshot_of(*history)
     assert [s.invocation for s in snap.starts] == [f"inv{i}" for i in range(len(causes))]
-    verdict = health.assess(snap)
+    verdict = unit_watch.assess(snap)
     window = causes[-(restarts + 1):]  # the starts since the last start by hand
     # a running start is over once a model failed to load in it (it cannot end well any more)
     ended = window if state != "running" or window[-1] else window[:-1]
@@ -133,35 +133,35 @@ def test_the_gate_stops_only_on_a_definitive_cause(history):
         assert verdict.words[1:3] == ["", "At:"] or verdict.words[1:2] == ["At:"]
     # starts before the last start by hand never count
     only_window = snapshot_of(window, restarts, state, noise)
-    assert (health.assess(only_window) is None) == (verdict is None)
+    assert (unit_watch.assess(only_window) is None) == (verdict is None)
 
 
 def test_a_slow_start_is_never_definitive():
     # one failed start, the next one still loading (no error yet): wait
     snap = snapshot_of(["boom", ""], 1, "running", NOISE)
-    assert health.assess(snap) is None
+    assert unit_watch.assess(snap) is None
     # two different errors in a row: no verdict either
-    assert health.assess(snapshot_of(["boom", "weights missing"], 1, "auto-restart", [])) is None
+    assert unit_watch.assess(snapshot_of(["boom", "weights missing"], 1, "auto-restart", [])) is None
 
 
 def test_a_start_whose_tritonserver_is_exiting_counts_as_ended():
     exiting = [load_error("m", "boom"), "error: creating server: Internal - failed to load all models"]
     show = {"ActiveState": "active", "SubState": "running", "NRestarts": 1, "InvocationID": "b"}
-    verdict = health.assess(health.parse_watch(watch_text(show, [("a", exiting), ("b", exiting)])))
+    verdict = unit_watch.assess(unit_watch.parse_watch(watch_text(show, [("a", exiting), ("b", exiting)])))
     assert verdict is not None and "failed to load 'm'" in verdict.cause
     # a model that failed to load ends the start too (tritonserver only finishes the other loads)
-    assert health.assess(health.parse_watch(watch_text(show, [("a", exiting), ("b", exiting[:1])]))) is not None
+    assert unit_watch.assess(unit_watch.parse_watch(watch_text(show, [("a", exiting), ("b", exiting[:1])]))) is not None
     # other E-level lines do not
-    assert health.assess(health.parse_watch(watch_text(show, [("a", exiting), ("b", NOISE)]))) is None
+    assert unit_watch.assess(unit_watch.parse_watch(watch_text(show, [("a", exiting), ("b", NOISE)]))) is None
 
 
 def test_starts_before_the_gate_do_not_count():
     # an earlier run left a crash loop with this error; a restart by hand during systemd's wait
     # does not reset the restart counter (measured on systemd 252), so the window is also by time
     snap = snapshot_of(["boom", "boom", "boom", ""], 3, "running", [])
-    assert health.assess(snap) is not None  # by the counter alone: the old starts count
-    assert health.assess(snap, since=125 * 1_000_000) is None  # only the start at 130 s counts
-    assert health.assess(snapshot_of(["boom", "boom", "boom", "boom"], 3, "auto-restart", []),
+    assert unit_watch.assess(snap) is not None  # by the counter alone: the old starts count
+    assert unit_watch.assess(snap, since=125 * 1_000_000) is None  # only the start at 130 s counts
+    assert unit_watch.assess(snapshot_of(["boom", "boom", "boom", "boom"], 3, "auto-restart", []),
                          since=115 * 1_000_000) is not None  # 120 s and 130 s: the same error twice
 
 
@@ -172,7 +172,7 @@ def test_docker_causes_are_definitive_at_once():
          "triton-server: Bind for 0.0.0.0:8000 failed: port is already allocated.", "already bound"),
         ("Unable to find image 'nvcr.io/nvidia/tritonserver:24.08-py3' locally", "image is not on the host"),
     ):
-        verdict = health.assess(health.parse_watch(watch_text(show, [("a", [line])])))
+        verdict = unit_watch.assess(unit_watch.parse_watch(watch_text(show, [("a", [line])])))
         assert verdict is not None and meaning in verdict.cause and line[:40] in verdict.cause
 
 
@@ -180,13 +180,13 @@ def test_what_the_host_runs_now_and_the_rollback_command(monkeypatch):
     monkeypatch.setattr("sys.argv", ["pyinfra", "-y", "inventories/prod.py", "deploys/triton.py"])
     show = {"ActiveState": "activating", "SubState": "auto-restart", "NRestarts": 3, "InvocationID": "a"}
     last = {"time": "2026-12-03T06:16:40Z", "action": "deploy", "release": "old", "image": "tritonserver:24.08-py3"}
-    snap = health.parse_watch(watch_text(show, [("a", [])], release="releases/new", last=last))
-    now, fix = health.serving_now(snap, "triton", "tb1-t4")
+    snap = unit_watch.parse_watch(watch_text(show, [("a", [])], release="releases/new", last=last))
+    now, fix = unit_watch.serving_now(snap, "triton", "tb1-t4")
     assert "triton.service is activating (auto-restart), systemd restarted it 3 times" in now and "nothing is served" in now
     assert "live model release new" in now and "last healthy deployment: release old" in now
     assert fix.endswith("pyinfra -y inventories/prod.py deploys/rollback.py --limit tb1-t4")
     assert "served before this deploy" in fix
-    assert health.serving_now(snap, "triton", "tb1-t4", rollout=True)[1].startswith("the rollout rolls")
+    assert unit_watch.serving_now(snap, "triton", "tb1-t4", rollout=True)[1].startswith("the rollout rolls")
 
 
 def test_the_real_tritonserver_failing_at_initialize_twice(tmp_path):
@@ -202,12 +202,12 @@ def test_the_real_tritonserver_failing_at_initialize_twice(tmp_path):
             assert srv.wait_exit(120) != 0
             logs.append(srv.log().splitlines())
     show = {"ActiveState": "activating", "SubState": "auto-restart", "NRestarts": 1, "InvocationID": "b"}
-    snap = health.parse_watch(watch_text(show, [("a", logs[0]), ("b", logs[1])]))
+    snap = unit_watch.parse_watch(watch_text(show, [("a", logs[0]), ("b", logs[1])]))
     # after the first start alone (the second one still running), nothing is definitive
-    first = health.parse_watch(watch_text({**show, "ActiveState": "active", "SubState": "running"},
+    first = unit_watch.parse_watch(watch_text({**show, "ActiveState": "active", "SubState": "running"},
                                           [("a", logs[0]), ("b", [])]))
-    assert health.assess(first) is None
-    verdict = health.assess(snap)
+    assert unit_watch.assess(first) is None
+    verdict = unit_watch.assess(snap)
     assert verdict is not None
     assert "same error on two consecutive starts" in verdict.cause
     assert f"failed to load 'broken_init' version 1: Internal: RuntimeError: {BROKEN_INIT_ERROR}" in verdict.cause

@@ -30,8 +30,8 @@ from tritonfleet.model_repo import release as release_plan
 from tritonfleet.model_repo.validate import validate_repository
 from tritonfleet.serving import apikey, repository_api
 from tritonfleet.serving import facts as serving_facts
-from tritonfleet.serving.health import watch_command
 from tritonfleet.serving.ops import history
+from tritonfleet.serving.unit_watch import watch_command
 from tritonfleet.settings import access as config
 from tritonfleet.steps import rollback, verify
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tritonfleet.core import tunnel
 from tritonfleet.pyinfra_ext import connection, transfer
-from tritonfleet.serving import health
 
 # --------------------------------------------------------------------------- dead links
 
@@ -147,12 +147,12 @@ def test_health_tunnels_bound_their_channels():
             pass
 
     transport = SimpleNamespace(open_channel=lambda *a, **kw: opened.append(("open", kw.get("timeout"))) or Chan())
-    tunnel = health.SSHTunnel(transport, 8000, channel_timeout=6)
+    tun = tunnel.SSHTunnel(transport, 8000, channel_timeout=6)
     try:
-        socket.create_connection(("127.0.0.1", tunnel.port), timeout=5).close()
+        socket.create_connection(("127.0.0.1", tun.port), timeout=5).close()
         deadline = time.monotonic() + 10
         while len(opened) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
-        tunnel.close()
+        tun.close()
     assert opened[:2] == [("open", 6), ("settimeout", 6)]

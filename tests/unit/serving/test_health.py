@@ -9,6 +9,7 @@ import paramiko
 import pytest
 
 from tests.support.tritonproc import copy_repository, free_port, local_server
+from tritonfleet.core import tunnel
 from tritonfleet.serving import health
 
 MODELS = ["resnet50_onnx", "text_classifier_onnx"]
@@ -114,7 +115,7 @@ def test_gate_through_an_ssh_tunnel(server):
     client = paramiko.Transport(lsock.getsockname())
     client.connect()
     client.auth_none("root")
-    tunnels = [health.SSHTunnel(client, server.http_port), health.SSHTunnel(client, server.metrics_port)]
+    tunnels = [tunnel.SSHTunnel(client, server.http_port), tunnel.SSHTunnel(client, server.metrics_port)]
     try:
         res = health.wait_healthy(f"http://127.0.0.1:{tunnels[0].port}",
                                   f"http://127.0.0.1:{tunnels[1].port}", MODELS, timeout=20)
@@ -127,7 +128,7 @@ def test_gate_through_an_ssh_tunnel(server):
 
 
 def test_triton_cause_names_the_model_that_failed_to_load():
-    from tritonfleet.serving.health import triton_cause
+    from tritonfleet.serving.unit_watch import triton_cause
 
     journal = [
         "Dec 03 09:18:40 tb1-t4 docker[123]: I1203 09:18:40.100 1 server.cc:1] started",

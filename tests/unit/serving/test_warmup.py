@@ -125,7 +125,7 @@ def test_a_prepared_request_is_what_requests_would_send_and_follows_a_changed_co
 def test_the_health_gate_fails_a_ready_model_that_cannot_serve_with_tritons_answer(server):
     """What the deploy's health gate does with it (health.gate + warm_check): the endpoints pass,
     the first inference does not, the report names the model and carries Triton's words."""
-    from tritonfleet.serving import health
+    from tritonfleet.serving import health, unit_watch
 
     srv, repo = server
     data = {"health_via": "direct", "health_host": "127.0.0.1", "triton_http_port": srv.http_port,
@@ -137,7 +137,7 @@ def test_the_health_gate_fails_a_ready_model_that_cannot_serve_with_tritons_answ
                       warm=health.warm_check(str(repo), MODELS + ["fails_at_inference"], 30, said.append))
     assert not bad.ok and bad.verdict.cause == "model fails_at_inference is ready but its first inference failed"
     assert "illegal memory access" in bad.verdict.words[0]
-    report = health.failure_of(bad, "h", MODELS, health.UnitWatch(lambda c: "", "triton", "triton", "/opt/triton"), 20)
+    report = health.failure_of(bad, "h", MODELS, unit_watch.UnitWatch(lambda c: "", "triton", "triton", "/opt/triton"), 20)
     assert "model fails_at_inference is ready but its first inference failed" in report.text()
     assert "illegal memory access" in report.text()
     # without the warm gate the same server passes: what this gate adds
