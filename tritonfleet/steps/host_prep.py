@@ -212,8 +212,26 @@ def debian_nonfree_text() -> str | None:
 
 @deploy("NVIDIA driver")
 def nvidia_driver():
+    """The driver, one sub-step a line: refuse a host it cannot change safely, finish an interrupted
+    dpkg run, remove another source's driver (migration), the repository, kernel headers and
+    nouveau, the driver packages (pinned, switched, held), persistence, and the reboot when the
+    loaded driver differs."""
     memo.prefetch(*driver_facts())
-    # (pre-flight refuses these before any host is touched; this guards direct use of the step)
+    if _refused():
+        return
+    aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
+    others, removed = _remove_other_source()
+    _driver_repository()
+    _kernel_headers_and_nouveau()
+    flavour, driver_changes = _driver_packages(others, removed)
+    persistence_changed = _persistence_dropin()
+    _reboot_if_needed(driver_changes, flavour)
+    _persistence(persistence_changed)
+
+
+def _refused() -> bool:
+    """Pre-flight refuses these before any host is touched; this guards direct use of the step:
+    the host fails with a check, nothing changed. True when refused."""
     for read, what, expected in (
         (secure_boot_problem, "Secure Boot is enabled or unknown: stop before installing an unloadable driver",
          "Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load"),
@@ -223,19 +241,28 @@ def nvidia_driver():
         problem = read()  # in order: the second is read only when the first found nothing
         if problem:
             check(name=f"check: {what}", function=_fail, message=problem, expected=expected)
-            return
-    aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
+            return True
+    return False
+
+
+def _remove_other_source() -> tuple[list[str], set[str]]:
+    """nvidia_driver_migrate: the other source goes first, cleanly (holds lifted, purged, the .run
+    uninstaller run); ours is installed as on a bare host, and the host reboots once. Returns the
+    other sources and the packages they had."""
     found, source = existing_driver(), wanted_source()
     others = driver_source.conflict(found, source)
     if others:
-        # nvidia_driver_migrate: the other source goes first, cleanly (holds lifted, purged, the
-        # .run uninstaller run); ours is installed below as on a bare host, and the host reboots once
         server.shell(name=f"remove the driver from {', '.join(driver_source.NAMES[s] for s in others)} "
                           "(nvidia_driver_migrate)",
                      commands=aptlock.wrapped(driver_source.removal_commands(found, source),
                                               setting="nvidia_driver_migrate"))
-    removed = {p for s in others for p in found.packages.get(s, [])}
-    distro, branch = driver_repo(), driver_branch()
+    return others, {p for s in others for p in found.packages.get(s, [])}
+
+
+def _driver_repository() -> None:
+    """Where the driver comes from: NVIDIA's CUDA repository (with the distro components its
+    packages need), or Debian's own archive."""
+    source, distro = wanted_source(), driver_repo()
     components = vendorfacts.apt_components(distro)
     nonfree = debian_nonfree_text()
     if source == "debian":
@@ -255,6 +282,11 @@ def nvidia_driver():
             (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
         ] if nonfree else [])
 
+
+def _kernel_headers_and_nouveau() -> None:
+    """Headers and DKMS for the running kernel (the module is built against them); nouveau
+    blacklisted, the initramfs rebuilt when that changed."""
+    components = vendorfacts.apt_components(driver_repo())
     kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
@@ -271,6 +303,12 @@ def nvidia_driver():
                       "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
         )
 
+
+def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
+    """The driver packages of the wanted branch and kernel module flavour: pinned (NVIDIA's
+    pinning package, or our own pin), moved from another branch, flavour or release, installed,
+    held. Returns (the flavour, whether the driver changes in this run)."""
+    distro, branch = driver_repo(), driver_branch()
     installed = {p: v for p, v in memo.fact(DpkgState)["installed"].items() if p not in removed}
     pinning = driver_pinning_package()
     other_pins = [p for p in vendorfacts.pinning_packages(distro) if p in installed and p != pinning]
@@ -333,22 +371,29 @@ def nvidia_driver():
             server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
         converged.put(name="keep driver packages out of unattended-upgrades",
                       src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
+    return flavour, driver_changes
 
+
+def _persistence_dropin() -> bool:
+    """The packaged nvidia-persistenced unit runs --no-persistence-mode: a drop-in turns
+    persistence mode on. True when the drop-in changes in this run."""
     persistence_changed = False
     if config.get("nvidia_persistenced"):
-        # the packaged unit runs --no-persistence-mode: the drop-in turns persistence mode on
         dropin = converged.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
                                src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
         persistence_changed = will_change(dropin)
         if persistence_changed:
             guard_ops.note("persistenced drop-in", server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
                                                                 commands=["systemctl daemon-reload"]))
+    return persistence_changed
 
-    # A reboot can only be needed when the driver changes now, or the loaded module already
-    # differs from the installed driver; whether it is, is decided on the host after the install
-    # (also: installed but not loaded, e.g. nouveau bound to the GPU). Once: a later run reboots
-    # again only for a version mismatch. Before the daemon starts: it cannot reach the driver
-    # until then.
+
+def _reboot_if_needed(driver_changes: bool, flavour: str) -> None:
+    """A reboot can only be needed when the driver changes now, or the loaded module already
+    differs from the installed driver; whether it is, is decided on the host after the install
+    (also: installed but not loaded, e.g. nouveau bound to the GPU). Once: a later run reboots
+    again only for a version mismatch. Before the daemon starts: it cannot reach the driver
+    until then."""
     loaded = memo.fact(Command, command=driver_version_command()) or ""
     module = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
     if driver_changes or "version mismatch" in loaded.lower() or (module.loaded and module.loaded != flavour):
@@ -363,6 +408,10 @@ def nvidia_driver():
             before_reboot=lb.drain_command("reboot for the NVIDIA driver") if lb.enabled() else None,
             _if=_reboot_needed,
         )
+
+
+def _persistence(persistence_changed: bool) -> None:
+    """nvidia-persistenced running (restarted when its drop-in changed), persistence mode on."""
     if config.get("nvidia_persistenced"):
         if persistence_changed and memo.fact(UnitState, unit="nvidia-persistenced.service")["running"]:
             server.shell(name="restart nvidia-persistenced (persistence mode)",
