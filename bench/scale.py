@@ -339,6 +339,7 @@ def plan(inventory: str, deploy: str) -> int:
     sys.path.insert(0, str(ROOT))
     from tritonfleet.fleet import inventory as fleet
     from tritonfleet.fleet import probe, rollout
+    from tritonfleet.fleet.rollout.plan import _plan_error
 
     hosts = fleet.load_inventory(inventory)
     before = fleet.parallel(hosts, probe.probe)
@@ -351,7 +352,7 @@ def plan(inventory: str, deploy: str) -> int:
         return 1
     dry = rollout.run_pyinfra(inventory, deploy, targets, {}, dry=True, log_path=WORK / "scale-plan.log")
     if dry.rc != 0:
-        print("\n".join(rollout._plan_error(dry.log)), file=sys.stderr)
+        print("\n".join(_plan_error(dry.log)), file=sys.stderr)
     return dry.rc
 
 

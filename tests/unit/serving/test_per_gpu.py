@@ -268,7 +268,7 @@ def test_on_only_when_asked(value, on):
 # ------------------------------------------------------------------------ rollout: the host as one unit
 
 def test_rollout_gates_every_instance_and_names_the_one_that_fails(monkeypatch):
-    from tritonfleet.fleet import rollout
+    from tritonfleet.fleet.rollout import engine as rollout
     from tritonfleet.serving import health
 
     fh = fleet_host(triton_per_gpu=True)

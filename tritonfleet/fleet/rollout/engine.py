@@ -1,253 +1,28 @@
-"""Health-gated rolling rollout over pyinfra: canary first, then batches in inventory order.
-
-pyinfra alone cannot do this safely (``--serial`` ignores ``--fail-percent``, orders hosts at
-random, ``--no-wait`` exits 0 on failure). Here each batch is one ``pyinfra --limit`` run of the
-deploy; after it, every host of the batch must pass the health gate. A host that fails is
-rolled back (``deploys/rollback.py``) to what it served before the rollout; once more hosts have
-failed than ``max_fail`` allows, the rollout halts and the hosts not reached yet are left exactly
-as they were.
-
-Before the first batch: every target is probed (reachable, what it serves) and the deploy is
-planned with ``pyinfra --dry`` on all of them, so a pre-flight error stops the rollout before any
-host is touched.
-"""
+"""The rollout's engine: probe and plan, then each batch (pyinfra, the health gate, the
+performance gate on the canary, rollbacks), halting past ``max_fail``; ``resume`` goes on from
+the journal after a crash."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import ROLLBACK_DEPLOY
-from ..core import runid
-from ..core.checks import is_check
-from ..core.errors import TritonfleetError
-from ..core.procs import alive, die_with_parent
-from ..core.report import CHANNEL_ENV, Failure, read_channel
-from ..gpu import placement as gpucount
-from ..serving import health, unit_watch
-from ..serving import per_gpu as pergpu
-from . import inventory as fleet
-from . import perfgate, probe
-
-
-class RolloutError(TritonfleetError, RuntimeError):
-    pass
-
-
-@dataclass
-class HostResult:
-    host: str
-    batch: int | None = None
-    result: str = "not touched"
-    seconds: float = 0.0
-    before: str = "-"
-    after: str = "-"
-    detail: str = ""
-    failure: dict | None = None  # the full failure report (tritonfleet.core.report.Failure.to_json)
-
-    @property
-    def ok(self) -> bool:
-        return self.result in ("updated", "unchanged")
-
-
-@dataclass
-class Report:
-    inventory: str
-    deploy: str
-    batches: list[list[str]]
-    hosts: list[HostResult] = field(default_factory=list)
-    halted: str = ""
-    seconds: float = 0.0
-    log_dir: str = ""
-    perf: dict = field(default_factory=dict)  #: --perf-gate: per canary, before, after, verdict
-
-    @property
-    def ok(self) -> bool:
-        return not self.halted and all(h.ok for h in self.hosts)
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
-        return d
-
-
-def parse_batch(batch: str | int, total: int) -> int:
-    """Batch size: N hosts, or P% of the target hosts (at least 1)."""
-    text = str(batch).strip()
-    try:
-        if text.endswith("%"):
-            pct = float(text[:-1])
-            if not 0 < pct <= 100:
-                raise ValueError
-            return max(1, math.ceil(total * pct / 100))
-        n = int(text)
-        if n < 1:
-            raise ValueError
-        return n
-    except ValueError:
-        raise RolloutError(f"--batch must be a number of hosts (>= 1) or a percentage like 25%, not {batch!r}") from None
-
-
-def plan_batches(names: list[str], canary: int, batch: str | int) -> list[list[str]]:
-    """Canary hosts first (a batch of their own), then batches of the rest, in inventory order."""
-    if canary < 0:
-        raise RolloutError("--canary must be >= 0")
-    out: list[list[str]] = []
-    head, rest = names[:canary], names[canary:]
-    if head:
-        out.append(head)
-    size = parse_batch(batch, len(names))
-    out += [rest[i:i + size] for i in range(0, len(rest), size)]
-    return out
-
-
-@dataclass
-class PyinfraRun:
-    """One pyinfra run: its exit status, its ``-y --json`` result and its log (stderr)."""
-
-    rc: int
-    data: dict
-    log: str
-    log_path: str = ""  # where the run's command and output were written
-
-    def failed(self) -> set[str]:
-        return set((self.data.get("results") or {}).get("failed_hosts") or [])
-
-    def changed(self) -> set[str]:
-        out: set[str] = set()
-        for op in (self.data.get("results") or {}).get("operations", []):
-            if not is_check(op["name"]):
-                out.update(op.get("success", []))
-        return out
-
-    def ran(self) -> set[str]:
-        out: set[str] = set()
-        for op in (self.data.get("results") or {}).get("operations", []):
-            out.update(op.get("success", []) + op.get("error", []) + op.get("no_change", []))
-        return out
-
-    def reached(self, host: str) -> bool:
-        """pyinfra ran at least one operation on ``host`` (False also when the run gave no result)."""
-        return host in self.ran()
-
-    def failed_in(self, host: str) -> str | None:
-        """The operation pyinfra failed ``host`` in, as the result names it."""
-        for op in reversed((self.data.get("results") or {}).get("operations", [])):
-            if host in op.get("error", []):
-                return op["name"]
-        return None
-
-    def reason(self, host: str) -> str:
-        """Why pyinfra failed ``host``, from the run's result (``-y --json``): the operation it
-        failed in, or that no operation ran on it. pyinfra's own words are in the run's log."""
-        where = f" (pyinfra's output: {self.log_path})" if self.log_path else ""
-        op = self.failed_in(host)
-        if op:
-            return f"{op}: failed{where}"
-        if not self.data:
-            return f"pyinfra gave no result (exit status {self.rc}){where}"
-        if not self.reached(host):
-            return f"no operation ran on it (pyinfra could not connect, or the deploy code failed){where}"
-        return f"pyinfra failed it (exit status {self.rc}){where}"
-
-
-def pyinfra_command() -> list[str]:
-    exe = Path(sys.executable).parent / "pyinfra"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "pyinfra"]
-
-
-def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: bool = False,
-                log_path: Path | None = None, timeout: float = 7200,
-                failure_dir: Path | None = None, on_start: Callable[[int], None] | None = None) -> PyinfraRun:
-    """One pyinfra run. The child dies with this process (SIGKILL from the kernel when the rollout
-    dies: tritonfleet.core.procs), so a dead rollout never leaves a deploy running ungated.
-    ``failure_dir``: where the run's steps leave each failed host's report (CHANNEL_ENV).
-    ``on_start(pid)`` is called once the child runs."""
-    cmd = pyinfra_command() + ["-y", "--json"]
-    for h in hosts:  # one --limit per host: pyinfra takes no comma-separated list
-        cmd += ["--limit", h]
-    if dry:
-        cmd.append("--dry")
-    for k, v in data.items():
-        cmd += ["--data", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
-    cmd += [inventory, deploy]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
-    env.pop(CHANNEL_ENV, None)
-    if failure_dir is not None:
-        env[CHANNEL_ENV] = str(failure_dir)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, preexec_fn=die_with_parent())
-    if on_start:
-        on_start(proc.pid)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        rc, out, err = 124, "", f"{err or ''}\npyinfra did not finish within {timeout:.0f}s"
-    if log_path:
-        log_path.write_text(f"$ {' '.join(cmd)}\n{err}\n{out}")
-    try:
-        data_out = json.loads(out) if out.strip() else {}
-    except ValueError:
-        data_out = {}
-    return PyinfraRun(rc, data_out, err, str(log_path) if log_path else "")
-
-
-def _log_dir() -> Path:
-    base = Path(os.environ.get("TRITONFLEET_LOG_DIR", ".tritonfleet/rollouts"))
-    d = base / time.strftime("%Y%m%d-%H%M%S")
-    if d.exists():  # two rollouts started in the same second: each keeps its own directory
-        d = base / f"{d.name}-{os.getpid()}"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-JOURNAL = "journal.jsonl"
-
-
-class Journal:
-    """What a rollout did, as it goes: one JSON object a line, each written and flushed to disk
-    before the rollout acts on it (``start``: the plan and its parameters; ``before``: what every
-    host served; ``batch``: a batch started, with its pyinfra's pid; ``batch-done``: its results
-    and rollbacks; ``end``). ``tritonfleet rollout --resume`` reads it after a crash."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def write(self, event: str, **fields) -> None:
-        line = json.dumps({"event": event, "time": time.time(), **fields}, sort_keys=True)
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def events(self) -> list[dict]:
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                break  # a line torn by the crash: what came before it is the record
-        return out
-
-
-def latest_journal(base: Path | None = None) -> Path:
-    """The newest rollout journal that has no end (a rollout that died)."""
-    base = base or Path(os.environ.get("TRITONFLEET_LOG_DIR", ".tritonfleet/rollouts"))
-    journals = sorted(base.glob(f"*/{JOURNAL}"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for j in journals:
-        if not any(e["event"] == "end" for e in Journal(j).events()):
-            return j
-    raise RolloutError(f"no unfinished rollout under {base}/ (every journal there has an end): nothing to resume")
+from ... import ROLLBACK_DEPLOY
+from ...core import runid
+from ...core.procs import alive
+from ...core.report import Failure, read_channel
+from ...gpu import placement as gpucount
+from ...serving import health, unit_watch
+from ...serving import per_gpu as pergpu
+from .. import inventory as fleet
+from .. import perfgate, probe
+from .journal import JOURNAL, Journal, _log_dir, latest_journal
+from .plan import RolloutError, _plan_error, plan_batches
+from .pyinfra_run import PyinfraRun, run_pyinfra
+from .report import HostResult, Report
 
 
 @dataclass
@@ -512,18 +287,6 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     return _finish(run, t_start)
 
 
-def _plan_error(log: str) -> list[str]:
-    """The part of a failed plan's output that says why (pre-flight message, without tracebacks)."""
-    lines = [ln for ln in log.strip().splitlines() if ln.strip()]
-    start = next((i for i, ln in enumerate(lines) if "pre-flight failed" in ln), max(0, len(lines) - 12))
-    out = []
-    for ln in lines[start:]:
-        if ln.startswith("Traceback"):
-            break
-        out.append(ln)
-    return out[:20]
-
-
 def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResult, Failure | None]:
     """The health gate after a batch (watching the unit, as the deploy's own gate does), with the
     failure report when it fails."""
@@ -607,18 +370,3 @@ def _finish(run: _Run, t_start: float) -> Report:
         echo(f"HALTED: {report.halted}")
     run.journal.write("end", ok=report.ok, halted=report.halted)
     return report
-
-
-def table(report: Report) -> str:
-    rows = [("HOST", "BATCH", "RESULT", "TIME", "BEFORE", "AFTER", "DETAIL")]
-    for r in report.hosts:
-        rows.append((r.host, str(r.batch or "-"), r.result, f"{r.seconds:.1f}s" if r.batch else "-",
-                     r.before, r.after, r.detail[:100]))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
-             for row in rows]
-    lines += perfgate.lines(report.perf)
-    verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
-    lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
-                 f"version in {report.seconds:.1f}s")
-    return "\n".join(lines)

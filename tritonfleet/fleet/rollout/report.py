@@ -1,0 +1,60 @@
+"""The rollout's report: a row a host (batch, result, version before and after, why it failed)
+and the table ``tritonfleet rollout`` prints."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .. import perfgate
+
+
+@dataclass
+class HostResult:
+    host: str
+    batch: int | None = None
+    result: str = "not touched"
+    seconds: float = 0.0
+    before: str = "-"
+    after: str = "-"
+    detail: str = ""
+    failure: dict | None = None  # the full failure report (tritonfleet.core.report.Failure.to_json)
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("updated", "unchanged")
+
+
+@dataclass
+class Report:
+    inventory: str
+    deploy: str
+    batches: list[list[str]]
+    hosts: list[HostResult] = field(default_factory=list)
+    halted: str = ""
+    seconds: float = 0.0
+    log_dir: str = ""
+    perf: dict = field(default_factory=dict)  #: --perf-gate: per canary, before, after, verdict
+
+    @property
+    def ok(self) -> bool:
+        return not self.halted and all(h.ok for h in self.hosts)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def table(report: Report) -> str:
+    rows = [("HOST", "BATCH", "RESULT", "TIME", "BEFORE", "AFTER", "DETAIL")]
+    for r in report.hosts:
+        rows.append((r.host, str(r.batch or "-"), r.result, f"{r.seconds:.1f}s" if r.batch else "-",
+                     r.before, r.after, r.detail[:100]))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
+             for row in rows]
+    lines += perfgate.lines(report.perf)
+    verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
+    lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
+                 f"version in {report.seconds:.1f}s")
+    return "\n".join(lines)
