@@ -1,10 +1,11 @@
 """What a failed apt-get, apt-mark or dpkg command means: apt's output classified into the causes
-seen in the field, and the failure report built from it (tritonfleet.core.report).
+seen in the field (the report built from it: tritonfleet.host.apt_report).
 
 Pure: ``classify`` reads the output (and exit status) of one command and names the cause, its
 particulars (package, version, repository, file, process), apt's key lines, what it means and the
-fix; ``failure`` turns that into the report every failure after pre-flight uses. The commands run
-in ``tritonfleet.host.ops.aptlock`` (which also waits for held locks).
+fix; ``apt_report.failure`` turns that into the report every failure after pre-flight uses. The
+commands run in ``tritonfleet.host.ops.aptlock`` (which also waits for held locks); the messages
+read are tritonfleet.host.apt_messages.
 
 The messages are apt's and dpkg's own (English: the commands run with ``LC_ALL=C.UTF-8``). Each
 rule below names the message it reads; the texts are from apt's source (Debian/apt, files named
@@ -14,87 +15,54 @@ per rule) and were captured from apt 2.6.1 on Debian 12 (tests/fixtures/apt/).
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 
-from ..core.report import LINE_WIDTH, WORDS_KEEP, Failure, trim
+from ..core.report import WORDS_KEEP
+from .apt_messages import (
+    CONFLICT_RE,
+    DEPENDS_LINE_RE,
+    DOWNGRADED,
+    DPKG_ERROR_RE,
+    DPKG_LOCK_PID_RE,
+    DPKG_PROCESSING_RE,
+    ENOSPC_RE,
+    EXPIRED_RE,
+    FETCH_RE,
+    GLOB_RE,
+    GPG_ERROR_RE,
+    HELD_BROKEN,
+    HELD_CHANGED,
+    HTTP_STATUS_RE,
+    INDEX_FILE_RE,
+    INFO_CHANGED_RE,
+    INTERRUPTED_RE,
+    KEYSIG_RE,
+    LOCATE_RE,
+    LOCK_FILE_RE,
+    LOCK_HELD_RE,
+    LOCK_RE,
+    MALFORMED_RE,
+    MISMATCH_RE,
+    NO_CANDIDATE_RE,
+    NO_RELEASE_RE,
+    NO_SPACE_RE,
+    NOISE_RE,
+    NOT_SIGNED_RE,
+    OWN_RE,
+    SOURCES_UNREADABLE,
+    SUBPROCESS_RE,
+    TYPE_RE,
+    UNMET_RE,
+    UNREACHABLE_RE,
+    VERSION_RE,
+    WAITED_RE,
+)
 
 # on the host: the whole output of the last apt command that failed (the report keeps its key lines)
 APT_LOG = "/var/lib/tritonfleet/apt-last-failure.log"
 GROUP_DATA = "group data (inventories/group_data/, or the inventory)"
 REPO_SETTINGS = "cuda_repo_url, container_toolkit_repo_url or docker_repo_url"
 KEY_SETTINGS = "cuda_repo_key_fingerprint, container_toolkit_key_fingerprint or docker_repo_key_fingerprint"
-
-# apt/dpkg refusing because another process holds a lock (apt-pkg/contrib/fileutl.cc,
-# apt-pkg/deb/debsystem.cc, apt-pkg/acquire.cc; dpkg's own words when apt-mark runs it). Also the
-# shell pattern (grep -E) the lock wait retries on: keep both readings of it the same.
-LOCK_ERRORS = ("Could not get lock|Unable to acquire the dpkg frontend lock|Unable to lock (the )?"
-               "(administration )?directory|frontend lock was locked|status database area is locked")
-LOCK_RE = re.compile(LOCK_ERRORS)
-LOCK_HELD_RE = re.compile(r"Could not get lock (\S+?)\.? It is held by process (\d+)(?: \(([^)]*)\))?")
-LOCK_FILE_RE = re.compile(r"Could not get lock (\S+?)\.?(?:\s|$)|dpkg frontend lock \(([^)]+)\)|"
-                          r"Unable to lock (?:the )?(?:administration )?directory \(?([^)\s]+)")
-DPKG_LOCK_PID_RE = re.compile(r"lock was locked by another process with pid (\d+)")
-WAITED_RE = re.compile(r"^tritonfleet: the apt/dpkg lock on \S+ stayed held by another process for more than "
-                       r"(\d+) s")
-
-INTERRUPTED_RE = re.compile(r"dpkg was interrupted, you must manually run '([^']+)'")
-
-# the sources cannot be read (apt-pkg/sourcelist.cc, apt-pkg/deb/debmetaindex.cc)
-MALFORMED_RE = re.compile(r"Malformed (?:entry|line) (\d+) in (?:(?:list|sources) file|source list) (\S+)(?: \((.*)\))?")
-TYPE_RE = re.compile(r"Type '([^']*)' is not known on line (\d+) in source list (\S+)")
-CONFLICT_RE = re.compile(r"Conflicting values set for option (\S+) regarding source (\S+) (\S+)(?::|$)")
-SOURCES_UNREADABLE = "The list of sources could not be read"
-
-# apt-private/private-download.cc; strerror(ENOSPC) from dpkg or a download
-NO_SPACE_RE = re.compile(r"You don't have enough free space in (\S+?)\.?$")
-ENOSPC_RE = re.compile(r"No space left on device|Disk quota exceeded")
-
-# apt-pkg/acquire-item.cc
-EXPIRED_RE = re.compile(r"Release file for (\S+) is (expired|not valid yet) \(([^)]*)\)")
-INFO_CHANGED_RE = re.compile(r"Repository '([^']+)' changed its '([^']+)' value from '([^']*)' to '([^']*)'")
-
-# signatures (methods/gpgv.cc, apt-pkg/acquire-item.cc)
-GPG_ERROR_RE = re.compile(r"^W: GPG error: (\S+)\s+(.*?): (.*)$")
-KEYSIG_RE = re.compile(r"\b(NO_PUBKEY|EXPKEYSIG|BADSIG|REVKEYSIG|EXPSIG) ([0-9A-Fa-f]{8,40})(?: ([^\n]*?))?\s*$")
-NOT_SIGNED_RE = re.compile(r"The repository '(\S+)\s*([^']*)' is not signed")
-NO_RELEASE_RE = re.compile(r"The repository '(\S+)\s*([^']*)' (?:does not have|no longer has) a Release file")
-
-# downloads (apt-pkg/acquire-item.cc, methods/connect.cc, methods/basehttp.cc)
-FETCH_RE = re.compile(r"^[EW]: Failed to fetch (\S+)\s+(.*)$")
-UNREACHABLE_RE = re.compile(
-    r"Could not connect to ([^\s(]+)|Unable to connect to (\S+?):?(?:\s|$)|Temporary failure resolving '([^']+)'|"
-    r"Could not resolve '([^']+)'|Connection timed out|Connection failed|Network is unreachable|"
-    r"No route to host|Connection refused|Could not connect to server")
-HTTP_STATUS_RE = re.compile(r"^\s*(\d{3})\s+(.*?)\s*(?:\[IP: [^\]]*\])?\s*$")
-MISMATCH_RE = re.compile(r"Hash Sum mismatch|File has unexpected size|Size mismatch")
-INDEX_FILE_RE = re.compile(r"/(?:In)?Release$|/Release\.gpg$|/Packages(?:\.\w+)?$|/Sources(?:\.\w+)?$|"
-                           r"/Translation-[\w.]+$|/Contents-[\w.-]+$|/by-hash/")
-
-# the solver (apt-pkg/algorithms.cc, apt-private/private-install.cc, apt-private/private-cachefile.cc)
-HELD_BROKEN = "you have held broken packages"
-HELD_CHANGED = "Held packages were changed and -y was used without --allow-change-held-packages"
-DOWNGRADED = "Packages were downgraded and -y was used without --allow-downgrades"
-UNMET_RE = re.compile(r"Unmet dependencies|Unable to correct problems|The following packages have unmet dependencies")
-DEPENDS_LINE_RE = re.compile(r"^\s+(\S+) : (?:Depends|PreDepends|Pre-Depends|Conflicts|Breaks|Recommends):|^\s{10,}\S")
-
-# the package or version asked for (apt-pkg/cacheset.cc, apt-private/private-cacheset.cc)
-VERSION_RE = re.compile(r"(Version|Release) '([^']+)' for '([^']+)' was not found")
-LOCATE_RE = re.compile(r"Unable to locate package (\S+)")
-GLOB_RE = re.compile(r"Couldn't find any package by (?:glob|regex) '([^']+)'")
-NO_CANDIDATE_RE = re.compile(r"Package '([^']+)' has no installation candidate")
-
-# dpkg (its own words) and apt running it (apt-pkg/contrib/fileutl.cc)
-DPKG_PROCESSING_RE = re.compile(r"^dpkg: error processing (?:package|archive) (\S+?)(?: \(([^)]*)\))?:\s*$")
-SUBPROCESS_RE = re.compile(r"Sub-process (\S+(?: \S+)?) (?:returned an error code \((\d+)\)|received a segmentation fault"
-                           r"|exited unexpectedly)")
-DPKG_ERROR_RE = re.compile(r"^dpkg: error:? (.*)$|^dpkg: dependency problems")
-
-NOISE_RE = re.compile(r"^(?:Hit|Get|Ign):\d+ |^Reading (?:package lists|state information)|^Building dependency tree|"
-                      r"^Fetched |^\(Reading database|^debconf: |^Need to get |^After this operation|"
-                      r"^\d+ upgraded, \d+ newly installed|^Selecting previously unselected|^Preparing to unpack|"
-                      r"^Unpacking |^Processing triggers|^Setting up |^Removing |^Purging ")
-OWN_RE = re.compile(r"^tritonfleet: |^waited \d+ s for the apt/dpkg lock")
 
 
 @dataclass
@@ -618,122 +586,3 @@ CAUSES = ["apt lock held", "dpkg interrupted", "apt sources unreadable", "disk f
           "repository not found", "repository unreachable", "package download failed", "downgrade refused",
           "held packages", "unmet dependencies", "version not available", "package not available", "dpkg error",
           "apt failed"]
-
-
-# -------------------------------------------------------------------------------------- the report
-
-def describe(command: str) -> str:
-    """What the command was to achieve (a report's "expected"), from the apt command line."""
-    words = _split(command)
-    if "apt-get" in words or "apt" in words:
-        verb, args = _verb_args(words[words.index("apt-get" if "apt-get" in words else "apt") + 1:])
-        if verb == "update":
-            return "apt-get update reads every repository in the host's sources"
-        if verb in ("install", "remove", "purge") and args:
-            done = {"install": "installed", "remove": "removed", "purge": "removed"}[verb]
-            return f"packages {_joined(args, 6)} {done} (apt-get {verb})"
-        if verb:
-            return f"apt-get {verb} to succeed"
-    if "apt-mark" in words:
-        verb, args = _verb_args(words[words.index("apt-mark") + 1:])
-        return f"apt-mark {verb} on {_joined(args, 6)}" if args else f"apt-mark {verb} on the driver's packages"
-    if "dpkg" in words and "--configure" in words:
-        return "dpkg --configure -a finishes the interrupted dpkg run"
-    return "the package manager command to succeed"
-
-
-def _split(command: str) -> list[str]:
-    try:
-        return shlex.split(command)
-    except ValueError:
-        return command.split()
-
-
-def _verb_args(words: list[str]) -> tuple[str, list[str]]:
-    verb, args, skip = "", [], False
-    for w in words:
-        if skip:
-            skip = False
-            continue
-        if w in ("-o", "-c", "-t", "--option", "--config-file", "--target-release"):
-            skip = True
-            continue
-        if w.startswith("-"):
-            continue
-        if w in ("&&", "||", ";", "|") or w.startswith((";", "|", "&")):
-            break
-        if not verb:
-            verb = w
-        else:
-            args.append(w)
-    return verb, args
-
-
-# what every apt-get command of pyinfra's carries: left out of the command the report shows
-BOILERPLATE = ("DEBIAN_FRONTEND=noninteractive ", "-o Dpkg::Options::=\"--force-confdef\" ",
-               "-o Dpkg::Options::=\"--force-confold\" ")
-
-
-def shown_command(command: str, width: int = LINE_WIDTH) -> str:
-    """The command as the report shows it, on one line: the apt command without the options every
-    apt-get command of the deploy carries (non-interactive, keep changed configuration files)."""
-    line = " ".join(command.split())
-    for b in BOILERPLATE:
-        line = line.replace(b, "")
-    return line if len(line) <= width else line[: width - 3] + "..."
-
-
-def failure(d: AptDiagnosis, *, host: str, step: str, command: str, setting: str = "",
-            available: dict[str, list[str]] | None = None, sources: list[str] | None = None) -> Failure:
-    """The report of a failed apt command. ``setting``: the group-data setting that chose the
-    packages or versions (named in the fix); ``available``: versions the host's lists carry, per
-    package (apt-cache madison), for a version that is not there; ``sources``: the sources files
-    that name the repository in question."""
-    found = d.found
-    if available:
-        def shown(versions: list[str]) -> str:
-            return ", ".join(versions[:6]) + (" ..." if len(versions) > 6 else "") if versions else "none"
-
-        lists = {tuple(v) for v in available.values()}
-        if len(available) > 1 and len(lists) == 1:
-            found += f" (the host's lists carry {shown(list(lists.pop()))} of each)"
-        else:
-            found += " (the host's lists carry " + "; ".join(f"{p}: {shown(v)}" for p, v in available.items()) + ")"
-    fix = d.fix.replace("{setting}", setting or "the setting that names the package or its version")
-    if sources:
-        fix += f"; the repository is listed in {', '.join(sources)} on the host"
-    now = ("apt changed no package (it stopped before installing or removing anything); no later step ran, so "
-           "Triton is as it was before this run" if not d.changed else
-           "packages may have changed before apt stopped (dpkg --audit on the host lists any left half installed); "
-           "no later step ran, so Triton is as it was before this run")
-    return Failure(
-        host=host, step=step, expected=describe(command), found=found, words=trim(d.lines),
-        source=f"apt's own words (key lines; all of them: {APT_LOG} on the host)", now=now, fix=fix,
-        cause=f"{d.cause}: {d.found}", command=shown_command(command), meaning=d.meaning)
-
-
-def madison_command(packages: list[str]) -> str:
-    from ..core.shell import q
-
-    return "apt-cache madison " + " ".join(q(p) for p in packages[:6]) + " 2>/dev/null | head -n 40"
-
-
-def parse_madison(output) -> dict[str, list[str]]:
-    """``apt-cache madison`` lines ("pkg | version | source") -> versions per package, newest first."""
-    out: dict[str, list[str]] = {}
-    for ln in _lines(output):
-        parts = [p.strip() for p in ln.split("|")]
-        if len(parts) >= 3 and parts[0] and parts[1]:
-            out.setdefault(parts[0], [])
-            if parts[1] not in out[parts[0]]:
-                out[parts[0]].append(parts[1])
-    return out
-
-
-def sources_command(urls: list[str]) -> str:
-    """The sources files on the host that name any of ``urls``."""
-    from ..core.shell import q
-
-    pats = " ".join(f"-e {q(u)}" for u in urls[:6] if u)
-    return (f"grep -lsF {pats} /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources "
-            "2>/dev/null; true")

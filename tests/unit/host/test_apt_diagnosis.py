@@ -17,14 +17,9 @@ from hypothesis import strategies as st
 
 from tritonfleet.core.report import WORDS_KEEP, Failure
 from tritonfleet.host import apt_diagnosis as aptreport
-from tritonfleet.host.apt_diagnosis import (
-    CAUSES,
-    classify,
-    describe,
-    parse_madison,
-    repo_base,
-    shown_command,
-)
+from tritonfleet.host import apt_messages, apt_report
+from tritonfleet.host.apt_diagnosis import CAUSES, classify, repo_base
+from tritonfleet.host.apt_report import describe, parse_madison, shown_command
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "apt"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -58,7 +53,7 @@ def test_real_apt_output_is_classified(name):
 def test_the_shell_lock_pattern_and_the_parser_agree_on_real_outputs():
     """The lock wait retries on `grep -E LOCK_ERRORS`; the parser reads the same lines as a lock."""
     for name, case in MANIFEST.items():
-        res = subprocess.run(["grep", "-qE", aptreport.LOCK_ERRORS, str(FIXTURES / f"{name}.txt")])
+        res = subprocess.run(["grep", "-qE", apt_messages.LOCK_ERRORS, str(FIXTURES / f"{name}.txt")])
         assert (res.returncode == 0) == (case["cause"] == "apt lock held"), name
 
 
@@ -295,7 +290,7 @@ def test_describe(command, expected):
 
 def test_the_report_names_the_command_apt_s_words_the_meaning_and_the_fix():
     d = classify(fixture("install-version-missing"))
-    f = aptreport.failure(d, host="tb1-t4", step="NVIDIA driver | NVIDIA driver cuda-drivers-580=580.1.2-1",
+    f = apt_report.failure(d, host="tb1-t4", step="NVIDIA driver | NVIDIA driver cuda-drivers-580=580.1.2-1",
                           command=PYINFRA_INSTALL.replace("nvidia-container-toolkit", "cuda-drivers-580"),
                           setting="nvidia_driver_version", available={"cuda-drivers-580": ["580.159.04-1"]},
                           sources=["/etc/apt/sources.list.d/cuda.list"])

@@ -10,8 +10,8 @@ A command that failed on a lock did nothing (apt takes the locks before it chang
 running it again is safe.
 
 The command runs with ``LC_ALL=C.UTF-8`` (apt's messages are then the ones the classifier
-reads). When it fails, the whole output stays on the host (``aptreport.APT_LOG``) and the host
-fails with the report of ``aptreport.failure``: the command, apt's key lines, what they mean and
+reads). When it fails, the whole output stays on the host (``apt_diagnosis.APT_LOG``) and the host
+fails with the report of ``apt_report.failure``: the command, apt's key lines, what they mean and
 the fix; pyinfra's own dump of the output is not repeated.
 """
 
@@ -26,9 +26,9 @@ from pyinfra.connectors.util import CommandOutput
 from ...core import report as failure_lib
 from ...core.shell import q
 from ...settings import access as config
-from .. import apt_diagnosis as aptreport
+from .. import apt_diagnosis, apt_messages, apt_report
 
-LOCK_ERRORS = aptreport.LOCK_ERRORS
+LOCK_ERRORS = apt_messages.LOCK_ERRORS
 
 WRAPPER = """\
 tf_end=$(( $(date +%s) + {timeout} )); tf_out=$(mktemp); tf_wait=0
@@ -63,7 +63,7 @@ class AptCommand(StringCommand):
     def execute(self, state, host, connector_arguments):
         status, output = super().execute(state, host, connector_arguments)
         lines = list(output.output_lines) if output is not None else []
-        diagnosis = aptreport.classify(lines, 0 if status else 100, require=self.require)
+        diagnosis = apt_diagnosis.classify(lines, 0 if status else 100, require=self.require)
         if diagnosis is None:
             if status:
                 warn_unread(host, lines)
@@ -82,7 +82,7 @@ def warn_unread(host, lines: list[str]) -> None:
                        "be installed until they can:\n    " + "\n    ".join(failure_lib.trim(said, 6)))
 
 
-def report(state, host, diagnosis: aptreport.AptDiagnosis, command: AptCommand, connector_arguments) -> None:
+def report(state, host, diagnosis: apt_diagnosis.AptDiagnosis, command: AptCommand, connector_arguments) -> None:
     """Print the report of a failed apt command, hand it to a rollout and leave it on the host; what
     the host's package lists carry of a missing version, and which sources file names a repository
     in question, are read from the host (best effort: one command each, only now)."""
@@ -92,16 +92,16 @@ def report(state, host, diagnosis: aptreport.AptDiagnosis, command: AptCommand, 
             if k not in ("_stdin", "_success_exit_codes", "_retries", "_retry_delay", "_retry_until")}
     with contextlib.suppress(Exception):
         if diagnosis.cause == "version not available" and diagnosis.packages:
-            ok, out = host.run_shell_command(aptreport.madison_command(diagnosis.packages), print_output=False,
+            ok, out = host.run_shell_command(apt_report.madison_command(diagnosis.packages), print_output=False,
                                              print_input=False, **args)
-            available = aptreport.parse_madison(out.stdout_lines) if ok else {}
+            available = apt_report.parse_madison(out.stdout_lines) if ok else {}
             available = {p: available.get(p, []) for p in diagnosis.packages}
     with contextlib.suppress(Exception):
         if diagnosis.urls:
-            ok, out = host.run_shell_command(aptreport.sources_command(diagnosis.urls), print_output=False,
+            ok, out = host.run_shell_command(apt_report.sources_command(diagnosis.urls), print_output=False,
                                              print_input=False, **args)
             sources = [ln.strip() for ln in out.stdout_lines if ln.strip().startswith("/")] if ok else []
-    failure_lib.emit(host, aptreport.failure(
+    failure_lib.emit(host, apt_report.failure(
         diagnosis, host=host.name, step=failure_lib.step_name(state, host), command=command.command,
         setting=command.setting, available=available, sources=sources))
 
@@ -120,7 +120,7 @@ def timeout() -> int:
 
 def script(command: str, seconds: int) -> str:
     """The shell that runs ``command`` waiting up to ``seconds`` for held apt/dpkg locks."""
-    log = aptreport.APT_LOG
+    log = apt_diagnosis.APT_LOG
     return WRAPPER.format(timeout=seconds, command=command, pattern=q(LOCK_ERRORS), log=q(log),
                           log_dir=q(log.rsplit("/", 1)[0]))
 
