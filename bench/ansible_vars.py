@@ -34,7 +34,7 @@ def host_vars(fh) -> dict:
         cuda, toolkit = vendor_repos.cuda(), vendor_repos.container_toolkit()
         kernel = host.get_fact(KernelVersion)
         version = config.get("container_toolkit_version")
-        local, _, rid = models.host_repository()
+        local, _, rid = models.current_host_repository()
         image = config.get("triton_image")
         archive = (config.get("image_archives") or {}).get(image)
         gpu_class = str(config.get("gpu_class")).upper()
@@ -79,7 +79,7 @@ def host_vars(fh) -> dict:
             "tf_model_repository": str(local),
             "tf_release": rid,
             "tf_models": models.model_names(local),
-            "tf_unit_text": render_unit(unit_context()),
+            "tf_unit_text": render_unit(unit_context(config.current())),
         }
 
 

@@ -624,8 +624,8 @@ def record(args) -> int:
             [str(binp / "pyinfra"), "-y", "--json", "--dry", "--limit", name, "bench/fake_inventory.py",
              "deploys/triton.py"],
             [str(binp / "tritonfleet"), "status", "bench/fake_inventory.py"],
-            # what the health gate asks while it waits (a host slow to answer): tritonfleet.serving.health
-            [sys.executable, "-c", "from tritonfleet.fleet import inventory as fleet; from tritonfleet.serving import health; h = fleet.load_inventory("
+            # what the health gate asks while it waits (a host slow to answer): tritonfleet.serving.unit_watch
+            [sys.executable, "-c", "from tritonfleet.fleet import inventory as fleet; from tritonfleet.serving import unit_watch; h = fleet.load_inventory("
              "'bench/fake_inventory.py')[0]; g = h.get; print(fleet.run(h, unit_watch.watch_command("
              "g('triton_service'), g('triton_container_name'), g('triton_base_dir')))[0])"]]
     try:

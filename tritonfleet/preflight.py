@@ -51,7 +51,7 @@ from .host.layer import (
     host_layer_facts,
     secure_boot_problem,
 )
-from .model_repo.render import RepositoryError, host_repository
+from .model_repo.render import RepositoryError, current_host_repository
 from .pyinfra_ext import memo
 from .serving.facts import DockerImageId
 from .serving.images import login_registry, needs_login, pulls
@@ -113,7 +113,7 @@ def check_model_repository() -> None:
 
     validated(src)  # first as it is: nothing is read through a link out of it
     try:
-        local, _, _ = host_repository()
+        local, _, _ = current_host_repository()
     except RepositoryError as e:  # something a release cannot reproduce on the host
         raise PreflightError(f"{host.name}: {e}") from e
     except ValueError as e:
@@ -347,7 +347,7 @@ def check_per_gpu() -> None:
     """triton_per_gpu: the instances' ports do not collide (tritonfleet.serving.per_gpu)."""
     from .serving import per_gpu as pergpu
 
-    if not pergpu.enabled(config.get):
+    if not pergpu.enabled(config.current()):
         return
     from .gpu.facts import host_gpus
 
@@ -357,7 +357,7 @@ def check_per_gpu() -> None:
                              f"triton_per_gpu = False or lb = None for this host ({GROUP_DATA}/all.py, or the "
                              "host's inventory data; docs/multi-gpu.md)")
     try:
-        pergpu.check_layout(config.get, host_gpus())
+        pergpu.check_layout(config.current(), host_gpus())
     except ValueError as e:
         raise PreflightError(f"{host.name}: {e} ({GROUP_DATA}/all.py, or the host's inventory data)") from e
 

@@ -147,8 +147,8 @@ def test_four_gpu_host(deployed, tmp_path):
         # this is a dry run: the release it plans is the spread one, validated against 4 GPUs)
         inv = write_inventory(tmp_path / "inv", {"t4": [h.name]}, drop=("model_overrides",))
         data = {"model_repository": str(ROOT / "files/model_repository"), "model_overrides": {}}
-        local4, _, spread = models.host_repository(data.get, gpus=4)
-        _, _, as_written = models.host_repository(data.get, gpus=1)
+        local4, _, spread = models.host_repository(data, gpus=4)
+        _, _, as_written = models.host_repository(data, gpus=1)
         for model in ("resnet50_onnx", "text_classifier_onnx"):
             text = (local4 / model / "config.pbtxt").read_text()
             assert [int(x) for x in re.findall(r"gpus: (\d+)", text)] == [0, 1, 2, 3], text

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from ..core.errors import TritonfleetError
-from ..observability import loadtest, metrics
+from ..observability import loadtest
 from .inventory import FleetHost
 
 
@@ -69,9 +69,9 @@ def judge(before: Measurement, after: Measurement, limits: Limits) -> str:
 def measure(fh: FleetHost, model: str | None = None) -> Measurement:
     """The gate's fixed load on one host. ``model`` None: ``perf_gate_model``, else the first
     model the host serves."""
-    conc = int(metrics.tunable(fh, "perf_gate_concurrency"))
-    duration = float(metrics.tunable(fh, "perf_gate_duration"))
-    model = model or metrics.tunable(fh, "perf_gate_model")
+    conc = int(fh.get("perf_gate_concurrency"))
+    duration = float(fh.get("perf_gate_duration"))
+    model = model or fh.get("perf_gate_model")
     try:
         with loadtest.target(fh) as t:
             if not model:
@@ -122,8 +122,8 @@ class Gate:
                 failed[fh.name] = self.verdict[fh.name] = f"performance gate: {e}"
                 continue
             self.after[fh.name] = a
-            why = judge(b, a, Limits(float(metrics.tunable(fh, "perf_gate_max_throughput_drop")),
-                                     float(metrics.tunable(fh, "perf_gate_max_p95_rise"))))
+            why = judge(b, a, Limits(float(fh.get("perf_gate_max_throughput_drop")),
+                                     float(fh.get("perf_gate_max_p95_rise"))))
             self.verdict[fh.name] = f"failed: {why}" if why else "passed"
             self.echo(f"[perf gate] {fh.name} after: {a.model} at concurrency {a.concurrency}: "
                       f"{a.summary()}: {self.verdict[fh.name]}")

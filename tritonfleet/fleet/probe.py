@@ -21,22 +21,23 @@ from ..model_repo.render import host_repository
 from ..serving import apikey
 from ..serving import per_gpu as pergpu
 from ..serving.unit import render_unit, unit_context, unit_digest, units_digest
+from ..settings.access import Settings
 from . import inventory as fleet
 
 SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models",
             "last", "failure", "kernel", "kmod", "driver_source", "instances")
 
 
-def command(get) -> str:
-    """The probe's shell command for a host whose tunables ``get`` reads."""
-    base, service = get("triton_base_dir"), get("triton_service")
-    container = get("triton_container_name")
-    bind = get("triton_http_bind")
+def command(settings: Settings) -> str:
+    """The probe's shell command for a host whose tunables ``settings`` holds."""
+    base, service = settings.get("triton_base_dir"), settings.get("triton_service")
+    container = settings.get("triton_container_name")
+    bind = settings.get("triton_http_bind")
     addr = bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
-    url = f"http://{addr}:{get('triton_http_port')}/v2/repository/index"
+    url = f"http://{addr}:{settings.get('triton_http_port')}/v2/repository/index"
     parts = {
         # the command the deploy asks the driver with (nvidia_smi_command)
-        "gpu": f"{smi_command(get)} --query-gpu=name,driver_version,index,pci.bus_id,uuid "
+        "gpu": f"{smi_command(settings)} --query-gpu=name,driver_version,index,pci.bus_id,uuid "
                "--format=csv,noheader 2>&1 | head -n 16",
         "gpu_record": f"cat {gpucount.RECORD} 2>/dev/null",
         "toolkit": "dpkg-query -W -f '${Version}' nvidia-container-toolkit 2>/dev/null",
@@ -48,9 +49,9 @@ def command(get) -> str:
         "image": (f"c=$(docker inspect --format '{{{{.Config.Image}}}}|{{{{.Image}}}}' {q(container)} 2>/dev/null) "
                   "&& echo \"$c\" && echo \"digests=$(docker image inspect --format "
                   "'{{join .RepoDigests \" \"}}' \"${c#*|}\" 2>/dev/null)\""),
-        "wanted_image": f"docker image inspect --format '{{{{.Id}}}}' {q(str(get('triton_image')))} 2>/dev/null",
+        "wanted_image": f"docker image inspect --format '{{{{.Id}}}}' {q(str(settings.get('triton_image')))} 2>/dev/null",
         "release": f"readlink {q(base)}/model_repository",
-        "models": apikey.curl(get("triton_api_key_file") or "/nonexistent", f"-s -m 5 -X POST {q(url)}"),
+        "models": apikey.curl(settings.get("triton_api_key_file") or "/nonexistent", f"-s -m 5 -X POST {q(url)}"),
         "last": f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
         "failure": f"cat {HOST_RECORD} 2>/dev/null",
         # a pending reboot, the kernel it boots and whether that kernel has the NVIDIA module
@@ -60,29 +61,29 @@ def command(get) -> str:
         # where the driver came from (CUDA repository, distro packages, .run installer)
         "driver_source": f"( {driver_source.PROBE_COMMAND} )",
     }
-    if pergpu.enabled(get):
-        parts.update(per_gpu_parts(get, addr))
+    if pergpu.enabled(settings):
+        parts.update(per_gpu_parts(settings, addr))
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"
 
 
-def per_gpu_parts(get, addr: str) -> dict[str, str]:
+def per_gpu_parts(settings: Settings, addr: str) -> dict[str, str]:
     """The probe's sections for a host with one Triton per GPU (tritonfleet.serving.per_gpu): each per-GPU
     unit on the host as ``<index> <is-active> <HTTP code of /v2/health/ready>``, the digest of the
     units one after the other by index (units_digest), the image of GPU 0's container."""
-    step = pergpu.port_step(get)
-    first = pergpu.instance_get(get, 0)
-    units = f"$({pergpu.list_units_command(get)})"
+    step = pergpu.port_step(settings)
+    first = pergpu.instance_get(settings, 0)
+    units = f"$({pergpu.list_units_command(settings)})"
     return {
         "active": "true",
         "instances": (f"for u in {units}; do i=${{u##*-gpu}}; i=${{i%.service}}; "
                       f"s=$(systemctl is-active \"$u\" 2>/dev/null); "
                       f"r=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
-                      f"http://{addr}:$(({int(get('triton_http_port'))} + {step} * i))/v2/health/ready); "
+                      f"http://{addr}:$(({int(settings.get('triton_http_port'))} + {step} * i))/v2/health/ready); "
                       'echo "$i ${s:-unknown} ${r:-000}"; done'),
         "unit": (f"( cd /etc/systemd/system && f={units} && [ -n \"$f\" ] && cat $f | sha256sum | cut -c1-16 )"
                  " 2>/dev/null"),
         "image": (f"c=$(docker inspect --format '{{{{.Config.Image}}}}|{{{{.Image}}}}' "
-                  f"{q(first('triton_container_name'))} 2>/dev/null) "
+                  f"{q(first.get('triton_container_name'))} 2>/dev/null) "
                   "&& echo \"$c\" && echo \"digests=$(docker image inspect --format "
                   "'{{join .RepoDigests \" \"}}' \"${c#*|}\" 2>/dev/null)\""),
     }
@@ -164,8 +165,8 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
         st.error = gpu_lines[0][:120]
     st.gpu_recorded = gpucount.parse_record(sections["gpu_record"])
     try:
-        get = getattr(fh, "get", None)  # a FleetHost; bare name/address holders expect the record's count
-        gpu_count = get("gpu_count") if get else None
+        settings = fh if hasattr(fh, "get") else None  # a FleetHost; bare name/address holders: the record's count
+        gpu_count = settings.get("gpu_count") if settings else None
         st.gpu_expected = gpucount.expected_count(gpu_count, st.gpu_recorded)
         st.gpu_expected_from = "gpu_count" if gpu_count not in (None, "") else "recorded"
     except ValueError:
@@ -173,8 +174,8 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     st.toolkit = (sections["toolkit"] or [None])[0]
     st.docker = (sections["docker"] or [None])[0]
     st.unit_state = (sections["active"] or ["unknown"])[0]
-    if get and pergpu.enabled(get):
-        per_gpu_state(st, get, sections["instances"])
+    if settings and pergpu.enabled(settings):
+        per_gpu_state(st, settings, sections["instances"])
     st.unit = (sections["unit"] or [None])[0]
     for line in sections["image"]:
         if line.startswith("digests="):
@@ -208,7 +209,7 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     return st
 
 
-def per_gpu_state(st: HostStatus, get, lines: list[str]) -> None:
+def per_gpu_state(st: HostStatus, settings: Settings, lines: list[str]) -> None:
     """The per-GPU instances of ``st`` from the probe's lines; its unit_state "active" when every
     expected one is active and ready, else "<up>/<expected> up"."""
     for line in lines:
@@ -216,7 +217,7 @@ def per_gpu_state(st: HostStatus, get, lines: list[str]) -> None:
         if len(parts) == 3 and parts[0].isdigit():
             st.instances.append({"index": int(parts[0]), "state": parts[1], "ready": parts[2] == "200"})
     try:
-        st.instances_expected = gpucount.placement_count(get("gpu_count"), st.gpu_recorded, len(st.gpus) or None)
+        st.instances_expected = gpucount.placement_count(settings.get("gpu_count"), st.gpu_recorded, len(st.gpus) or None)
     except ValueError:
         st.instances_expected = None
     up = len(up_instances(st))
@@ -268,22 +269,22 @@ def intent(fh: fleet.FleetHost, st: HostStatus | None = None) -> dict:
             "toolkit": fh.get("container_toolkit_version"), "kernel_module": fh.get("nvidia_kernel_module"),
             "driver_source": fh.get("nvidia_driver_source")}
     try:
-        gpus = 1 if pergpu.enabled(fh.get) else gpucount.placement_count(
+        gpus = 1 if pergpu.enabled(fh) else gpucount.placement_count(
             fh.get("gpu_count"), st.gpu_recorded if st else [], len(st.gpus) if st else None)
-        _, man, rid = host_repository(fh.get, gpus=gpus)
+        _, man, rid = host_repository(fh, gpus=gpus)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
     except Exception as e:  # noqa: BLE001 - an unrenderable repository is shown, not fatal here
         want["release_error"] = str(e)
-    if pergpu.enabled(fh.get):
+    if pergpu.enabled(fh):
         try:
             count = gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded if st else [],
                                              len(st.gpus) if st and st.gpus else None)
-            want["unit"] = units_digest(fh.get, count)
+            want["unit"] = units_digest(fh, count)
         except ValueError as e:
             want["unit_error"] = str(e)
         return want
-    want["unit"] = unit_digest(render_unit(unit_context(fh.get)))
+    want["unit"] = unit_digest(render_unit(unit_context(fh)))
     return want
 
 
@@ -377,7 +378,7 @@ def image_drift(st: HostStatus, image: str) -> list[str]:
 
 def probe(fh: fleet.FleetHost, with_intent: bool = True, timeout: float = 30) -> HostStatus:
     try:
-        _, text = fleet.run(fh, command(fh.get), timeout=timeout)
+        _, text = fleet.run(fh, command(fh), timeout=timeout)
     except Exception as e:  # noqa: BLE001 - any connection error means: unreachable
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return HostStatus(fh.name, fh.address, fh.gpu_class, reachable=False, error=msg[:160],

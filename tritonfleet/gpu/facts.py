@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 from pyinfra.api import FactBase
 
+from ..settings.access import Settings
+
 STATUS_OK = "ok"
 STATUS_NO_DRIVER = "no_driver"
 STATUS_NO_COMMUNICATION = "no_communication"
@@ -342,7 +344,7 @@ def nvidia_gpus_args() -> dict:
     (nvidia_smi_command)."""
     from ..settings import access as config
 
-    return {"smi": smi_command(config.get)}
+    return {"smi": smi_command(config.current())}
 
 
 def placement_gpus() -> int:
@@ -352,7 +354,7 @@ def placement_gpus() -> int:
     from ..settings import access as config
     from .placement import per_gpu_enabled
 
-    if per_gpu_enabled(config.get):
+    if per_gpu_enabled(config.current()):
         return 1
     return host_gpus()
 
@@ -374,6 +376,6 @@ def host_gpus() -> int:
     return placement_count(None, recorded, len(live.gpus) if live is not None and live.ok else None)
 
 
-def smi_command(get) -> str:
+def smi_command(settings: Settings) -> str:
     """The command that asks a host's driver (nvidia_smi_command; "nvidia-smi" when it is empty)."""
-    return str(get("nvidia_smi_command") or "nvidia-smi")
+    return str(settings.get("nvidia_smi_command") or "nvidia-smi")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from ..settings.access import Settings
 from ..settings.table import whole_number
 
 #: the GPUs the first verified run found, next to the GPU check's stamp (steps/verify.py)
@@ -155,8 +156,8 @@ def place(config_text: str, gpus: int, policy: str = "spread") -> str:
     return text_format.MessageToString(cfg) if changed else config_text
 
 
-def per_gpu_enabled(get) -> bool:
+def per_gpu_enabled(settings: Settings) -> bool:
     """triton_per_gpu is on: True (or "true", "yes", "1" as `--data` may give it). With it each
     Triton instance sees one GPU (tritonfleet.serving.per_gpu, which calls this ``enabled``)."""
-    value = get("triton_per_gpu")
+    value = settings.get("triton_per_gpu")
     return value is True or str(value).strip().lower() in ("true", "yes", "1")

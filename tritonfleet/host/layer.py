@@ -68,7 +68,7 @@ NO_DRIVER = "couldn't communicate with the nvidia driver"
 
 def smi_command() -> str:
     """The command the deploy asks the current host's driver with (tritonfleet.gpu.facts.smi_command)."""
-    return gpu_facts.smi_command(config.get)
+    return gpu_facts.smi_command(config.current())
 
 
 def driver_version_command() -> str:

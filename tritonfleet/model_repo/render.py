@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..core import runid
 from ..core.errors import UsageError
+from ..settings.access import Settings
 
 CACHE_DIR = Path(os.environ.get("TRITONFLEET_LOCAL_CACHE", Path.home() / ".cache" / "tritonfleet"))
 MARKER = ".tritonfleet-release"
@@ -321,12 +322,12 @@ def _rendered(src: str, overrides_json: str, placement_json: str = "null") -> tu
     return str(rendered), json.dumps(man, sort_keys=True), release_id(man)
 
 
-def placement_of(get, gpus: int) -> dict:
-    """The placement for a host with ``gpus`` GPUs whose tunables ``get`` reads."""
+def placement_of(settings: Settings, gpus: int) -> dict:
+    """The placement for a host with ``gpus`` GPUs whose tunables ``settings`` holds."""
     from ..gpu.placement import POLICIES
 
-    policy = get("gpu_placement") or "spread"
-    per_model = dict(get("gpu_placement_models") or {})
+    policy = settings.get("gpu_placement") or "spread"
+    per_model = dict(settings.get("gpu_placement_models") or {})
     for name, p in [("*", policy), *per_model.items()]:
         if p not in POLICIES:
             raise ValueError(f"gpu_placement{'' if name == '*' else '_models[' + repr(name) + ']'} is {p!r}, "
@@ -334,23 +335,23 @@ def placement_of(get, gpus: int) -> dict:
     return {"gpus": int(gpus), "policy": policy, "models": per_model}
 
 
-def host_repository(get=None, gpus: int | None = None) -> tuple[Path, dict, str]:
-    """(rendered local repository, manifest, release id) for the current host (or for the host
-    whose tunables ``get`` reads): ``model_repository`` with the host's ``model_overrides``,
-    its instance groups placed on ``gpus`` GPUs (default: the current host's, from
-    ``tritonfleet.gpu.facts.placement_gpus``), rendered and hashed once per run."""
-    if get is None:
-        from ..settings import access as config
-
-        get = config.get
-        if gpus is None:
-            from ..gpu.facts import placement_gpus
-
-            gpus = placement_gpus()
-    src = Path(get("model_repository")).resolve()
-    overrides = get("model_overrides") or {}
-    placement = placement_of(get, gpus or 1)
+def host_repository(settings: Settings, gpus: int | None = None) -> tuple[Path, dict, str]:
+    """(rendered local repository, manifest, release id) for the host whose tunables ``settings``
+    holds: ``model_repository`` with the host's ``model_overrides``, its instance groups placed on
+    ``gpus`` GPUs (None: as written), rendered and hashed once per run."""
+    src = Path(settings.get("model_repository")).resolve()
+    overrides = settings.get("model_overrides") or {}
+    placement = placement_of(settings, gpus or 1)
     if placement["gpus"] <= 1:
         placement = None  # one GPU: nothing to place (the configs as written)
     path, man, rid = _rendered(str(src), json.dumps(overrides, sort_keys=True), json.dumps(placement, sort_keys=True))
     return Path(path), json.loads(man), rid
+
+
+def current_host_repository() -> tuple[Path, dict, str]:
+    """``host_repository`` of the host being deployed, its instance groups placed on its GPUs
+    (tritonfleet.gpu.facts.placement_gpus)."""
+    from ..gpu.facts import placement_gpus
+    from ..settings import access as config
+
+    return host_repository(config.current(), placement_gpus())

@@ -233,7 +233,7 @@ def target(fh: FleetHost) -> Iterator[Target]:
 
     with contextlib.ExitStack() as stack:
         try:
-            at = stack.enter_context(triton_http.endpoints(fh.get, fh.address, fh.transport, grpc=True))
+            at = stack.enter_context(triton_http.endpoints(fh, fh.address, fh.transport, grpc=True))
         except ConfigError as e:
             raise FleetError(f"{fh.name}: {e}") from e
         yield Target(fh.name, at.http_url, at.grpc_url, at.metrics_url, api_key_header(fh))

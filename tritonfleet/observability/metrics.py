@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import requests
 
@@ -42,24 +41,14 @@ COUNTERS = {
 }
 
 
-def tunable(fh: FleetHost, key: str) -> Any:
-    """The tunable ``key`` of an inventory host (its data holds the package's defaults:
-    fleet.load_inventory)."""
-    value = fh.data.get(key, _MISSING)
-    if value is _MISSING:
-        raise FleetError(f"{fh.name}: '{key}' is not set and is no tunable of tritonfleet "
-                         "(tritonfleet/settings/defaults.py lists every one)")
-    return value
-
-
 def address(fh: FleetHost) -> str:
     """Where the control machine (and Prometheus) reaches the host's Triton ports."""
-    return str(tunable(fh, "health_host") or fh.address)
+    return str(fh.get("health_host") or fh.address)
 
 
 def metrics_target(fh: FleetHost) -> str:
     """``address:port`` of the host's metrics endpoint."""
-    return f"{address(fh)}:{int(tunable(fh, 'triton_metrics_port'))}"
+    return f"{address(fh)}:{int(fh.get('triton_metrics_port'))}"
 
 
 def metrics_targets(fh: FleetHost) -> list[tuple[str, int | None]]:
@@ -67,18 +56,17 @@ def metrics_targets(fh: FleetHost) -> list[tuple[str, int | None]]:
     Triton (index None), or with triton_per_gpu one per GPU (gpu_count GPUs: tritonfleet.serving.per_gpu)."""
     from ..serving import per_gpu as pergpu
 
-    get = lambda key, *default: tunable(fh, key)  # noqa: E731 - the inventory host's tunables
-    if not pergpu.enabled(get):
+    if not pergpu.enabled(fh):
         return [(metrics_target(fh), None)]
-    count = tunable(fh, "gpu_count")
+    count = fh.get("gpu_count")
     try:
         from ..gpu.placement import expected_count
 
         n = expected_count(count, [])
         if n is None:
             raise ValueError("gpu_count is not set")
-        pergpu.check_layout(get, n)
-        return [(f"{address(fh)}:{pergpu.ports(get, i)['triton_metrics_port']}", i) for i in range(n)]
+        pergpu.check_layout(fh, n)
+        return [(f"{address(fh)}:{pergpu.ports(fh, i)['triton_metrics_port']}", i) for i in range(n)]
     except ValueError as e:
         raise FleetError(f"{fh.name}: triton_per_gpu needs the host's gpu_count for one target per GPU ({e}); "
                          "set gpu_count in its inventory host data or group data") from e
@@ -208,7 +196,7 @@ def endpoints(fh: FleetHost):
     (``health_via = "ssh"``), closed again on exit (tritonfleet.serving.triton_http)."""
     with contextlib.ExitStack() as stack:
         try:
-            at = stack.enter_context(triton_http.endpoints(fh.get, fh.address, fh.transport))
+            at = stack.enter_context(triton_http.endpoints(fh, fh.address, fh.transport))
         except ConfigError as e:
             raise FleetError(f"{fh.name}: {e}") from e
         yield at.http_url, at.metrics_url

@@ -61,11 +61,11 @@ def targets(hosts: list[FleetHost]) -> tuple[list[Target], list[str]]:
             if gpu is not None:  # one Triton per GPU (triton_per_gpu): the instance's GPU
                 labels["gpu"] = str(gpu)
             out.append(Target(h, target, labels))
-        bind = metrics.tunable(h, "triton_metrics_bind")
+        bind = h.get("triton_metrics_bind")
         if bind and bind.startswith("127."):
             warnings.append(f"{h.name}: triton_metrics_bind={bind}: the metrics port listens on "
                             "loopback only, Prometheus cannot scrape it (widen triton_metrics_bind)")
-        if metrics.tunable(h, "health_via") == "ssh":
+        if h.get("health_via") == "ssh":
             warnings.append(f"{h.name}: health_via=ssh: Prometheus scrapes {metrics.metrics_target(h)} directly; "
                             "open the metrics port to the Prometheus server")
     return out, warnings
@@ -102,7 +102,7 @@ def _partitions(hosts: list[FleetHost], keys: tuple[str, ...]) -> list[tuple[tup
     (no matcher), else one per distinct set of values, restricted to its hosts."""
     groups: dict[str, tuple[tuple, list[str]]] = {}
     for h in hosts:
-        values = tuple(metrics.tunable(h, k) for k in keys)
+        values = tuple(h.get(k) for k in keys)
         for k, v in zip(keys, values, strict=True):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise FleetError(f"{h.name}: tunable {k} = {v!r} must be a number >= 0 (group data)")
@@ -245,7 +245,7 @@ def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
 
     out: dict[str, list[str]] = {}
     for h in hosts:
-        repo = Path(str(metrics.tunable(h, "model_repository")))
+        repo = Path(str(h.get("model_repository")))
         if not repo.is_dir():
             raise FleetError(f"{h.name}: model_repository {repo} is not a directory (set "
                              "model_repository in group data, relative to where tritonfleet runs)")

@@ -41,9 +41,9 @@ class Thresholds:
 
     @classmethod
     def of(cls, fh: FleetHost) -> Thresholds:
-        return cls(float(metrics.tunable(fh, "monitor_queue_compute_ratio")),
-                   float(metrics.tunable(fh, "monitor_low_utilization")),
-                   float(metrics.tunable(fh, "monitor_busy_utilization")))
+        return cls(float(fh.get("monitor_queue_compute_ratio")),
+                   float(fh.get("monitor_low_utilization")),
+                   float(fh.get("monitor_busy_utilization")))
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = 
 
     def connect(h: FleetHost) -> None:  # SSH connections at once; a failure shows below
         with contextlib.suppress(Exception):
-            if metrics.tunable(h, "health_via") == "ssh" and not h.pyinfra_host.connected:
+            if h.get("health_via") == "ssh" and not h.pyinfra_host.connected:
                 h.pyinfra_host.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
 
     parallel(hosts, connect)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.errors import TritonfleetError
+from ..settings.access import Settings
 
 # Hooks: Triton's request counters must stay still this long (and its queue be empty) before the
 # host counts as idle.
@@ -324,21 +325,21 @@ class Hooks(Balancer):
         return "lb_ready_command ran" + (f": {out.splitlines()[-1][:200]}" if out else "")
 
 
-def from_settings(get, host_name: str, address: str, metrics: Callable[[], str]) -> Balancer | None:
-    """The host's balancer from its tunables (``get``), or None when ``lb`` is not set."""
-    kind = get("lb")
+def from_settings(settings: Settings, host_name: str, address: str, metrics: Callable[[], str]) -> Balancer | None:
+    """The host's balancer from its tunables (``settings``), or None when ``lb`` is not set."""
+    kind = settings.get("lb")
     if not kind:
         return None
     if kind not in KINDS:
         raise DrainError(f"lb must be one of {', '.join(KINDS)} or None, not {kind!r} (group data)")
     if kind == "haproxy":
-        sockets = get("lb_haproxy_sockets") or []
+        sockets = settings.get("lb_haproxy_sockets") or []
         if isinstance(sockets, str):
             sockets = [sockets]
-        return HAProxy(list(sockets), get("lb_haproxy_backend"), get("lb_haproxy_server") or host_name)
+        return HAProxy(list(sockets), settings.get("lb_haproxy_backend"), settings.get("lb_haproxy_server") or host_name)
     env = {"TRITONFLEET_HOST": host_name, "TRITONFLEET_ADDRESS": address,
-           "TRITONFLEET_HTTP_PORT": str(get("triton_http_port"))}
-    return Hooks(get("lb_drain_command"), get("lb_ready_command"), env, metrics, float(get("lb_drain_timeout")))
+           "TRITONFLEET_HTTP_PORT": str(settings.get("triton_http_port"))}
+    return Hooks(settings.get("lb_drain_command"), settings.get("lb_ready_command"), env, metrics, float(settings.get("lb_drain_timeout")))
 
 
 def stop_timeouts(exit_timeout: int | float) -> dict[str, int]:

@@ -20,7 +20,7 @@ class PerGpuUnits(FactBase):
     default = list
 
     def command(self, service: str) -> str:
-        return list_units_command({"triton_service": service}.get)
+        return list_units_command({"triton_service": service})
 
     def process(self, output):
         return [line.strip() for line in output if line.strip()]

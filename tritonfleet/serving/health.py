@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import requests
 
 from ..core.report import Failure, HostFailure
+from ..settings.access import Settings
 from . import per_gpu as pergpu
 from . import triton_http
 from .unit_watch import UnitWatch, Verdict, error_words, serving_now, watch_instance
@@ -102,17 +103,17 @@ def wait_healthy(http_url: str, metrics_url: str, models: list[str], timeout: fl
 
 
 
-def gate(get, address: str, models: list[str], transport=None, timeout: float | None = None,
+def gate(settings: Settings, address: str, models: list[str], transport=None, timeout: float | None = None,
          watch=None, warm=None) -> HealthResult:
-    """Wait until the host whose tunables ``get`` reads is healthy (or ``timeout`` passes, or
+    """Wait until the host whose tunables ``settings`` holds is healthy (or ``timeout`` passes, or
     ``watch`` finds a definitive cause). ``address``: its SSH address; ``transport``: its open
     paramiko transport (health_via ssh). ``warm(http_url)``: run once healthy (the warm inference
     gate, tritonfleet.serving.warmup); a Verdict it returns fails the gate."""
-    links = triton_http.endpoints(get, address, (lambda: transport) if transport is not None else None)
+    links = triton_http.endpoints(settings, address, (lambda: transport) if transport is not None else None)
     with links as at:
         http_url, metrics_url = at.http_url, at.metrics_url
-        res = wait_healthy(http_url, metrics_url, models, get("health_timeout") if timeout is None else timeout,
-                           get("health_request_timeout"), watch=watch)
+        res = wait_healthy(http_url, metrics_url, models, settings.get("health_timeout") if timeout is None else timeout,
+                           settings.get("health_request_timeout"), watch=watch)
         if res.ok and warm is not None:
             verdict = warm(http_url)
             if verdict is not None:
@@ -121,9 +122,9 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
         return res
 
 
-def instance_failure(failure: Failure, get) -> Failure:
+def instance_failure(failure: Failure, settings: Settings) -> Failure:
     """A failed gate's report naming the per-GPU instance (tritonfleet.serving.per_gpu) it was of."""
-    name = pergpu.label(get)
+    name = pergpu.label(settings)
     if name:
         failure.expected = f"{name}: {failure.expected}"
         failure.found = f"{name}: {failure.found}"
@@ -231,7 +232,7 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
         seconds += res.seconds
     res.seconds = seconds
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
-                + (f", {len(gets)} Triton instances, one per GPU)" if pergpu.enabled(config.get) else ")"))
+                + (f", {len(gets)} Triton instances, one per GPU)" if pergpu.enabled(config.current()) else ")"))
     if clear_failure:
         from ..core.report import HOST_RECORD
 

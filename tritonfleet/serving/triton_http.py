@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..core.tunnel import SSHTunnel
 from ..pyinfra_ext.connection import dead_after
-from ..settings.access import ConfigError
+from ..settings.access import ConfigError, Settings
 
 
 @dataclass
@@ -53,9 +53,9 @@ class Endpoints:
 
 
 @contextlib.contextmanager
-def endpoints(get, address: str, transport: Callable[[], Any] | None = None,
+def endpoints(settings: Settings, address: str, transport: Callable[[], Any] | None = None,
               grpc: bool = False) -> Iterator[Endpoints]:
-    """The Triton endpoints of a host (or of one of its per-GPU instances: ``get`` reads its
+    """The Triton endpoints of a host (or of one of its per-GPU instances: ``settings`` holds its
     tunables), closed again on exit. ``health_via = "direct"``: the host's ``health_host``, else
     ``address``. ``health_via = "ssh"``: tunnels over the host's own SSH connection
     (``transport()`` returns its open paramiko transport), for firewalls that open Triton's ports
@@ -66,11 +66,11 @@ def endpoints(get, address: str, transport: Callable[[], Any] | None = None,
     The one way the health gate, the metrics reads (tune, prometheus's checks), the load test and
     the rollout's performance gate reach a host. A bad health_via or keepalive setting is a
     ConfigError (the callers add the host's name)."""
-    via = get("health_via")
+    via = settings.get("health_via")
     keys = ["triton_http_port", "triton_metrics_port"] + (["triton_grpc_port"] if grpc else [])
-    ports = [int(get(k)) for k in keys]
+    ports = [int(settings.get(k)) for k in keys]
     if via == "direct":
-        addr = get("health_host") or address
+        addr = settings.get("health_host") or address
         yield Endpoints(f"http://{addr}:{ports[0]}", f"http://{addr}:{ports[1]}",
                         f"{addr}:{ports[2]}" if grpc else "")
         return
@@ -79,7 +79,7 @@ def endpoints(get, address: str, transport: Callable[[], Any] | None = None,
     if transport is None:
         raise ConfigError("health_via = 'ssh' needs the host's SSH connection")
     try:
-        bound = dead_after({k: get(k) for k in ("ssh_keepalive_interval", "ssh_keepalive_count")})
+        bound = dead_after({k: settings.get(k) for k in ("ssh_keepalive_interval", "ssh_keepalive_count")})
     except ValueError as e:
         raise ConfigError(str(e)) from e
     link = transport()

@@ -14,6 +14,7 @@ import hashlib
 
 from .. import TEMPLATES
 from ..settings import access as config
+from ..settings.access import Settings
 from . import apikey
 
 MODEL_CONTROL_MODES = ("none", "explicit")
@@ -22,54 +23,52 @@ UNIT_TUNABLES = ("image", "gpus", "shm_size", "ulimit_memlock", "ulimit_stack", 
                  "metrics_port", "http_bind", "grpc_bind", "metrics_bind", "strict_model_config", "start_timeout")
 
 
-def unit_context(get=None) -> dict:
-    """Values the unit template is rendered with, from ``get`` (default: the current host's
-    tunables; the fleet commands pass an inventory host's ``get``)."""
-    get = get or config.get
-    base = get("triton_base_dir")
-    mode = get("triton_model_control_mode") or "none"
+def unit_context(settings: Settings) -> dict:
+    """Values the unit template is rendered with, from a host's ``settings`` (the deploy: the
+    current host's; the fleet commands: an inventory host)."""
+    base = settings.get("triton_base_dir")
+    mode = settings.get("triton_model_control_mode") or "none"
     if mode not in MODEL_CONTROL_MODES:
         raise config.ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
                                  f"not {mode!r} (group data; poll mode is not for production)")
-    apis = restricted_apis(get)
+    apis = restricted_apis(settings)
     return {
-        **{key: get(f"triton_{key}") for key in UNIT_TUNABLES},
-        "container": get("triton_container_name"),
+        **{key: settings.get(f"triton_{key}") for key in UNIT_TUNABLES},
+        "container": settings.get("triton_container_name"),
         "base_dir": base,
         "model_repository": f"{base}/model_repository",
         "model_control_mode": mode,
-        "extra_args": get("triton_extra_args") or [],
-        "user": get("triton_container_user", "") or "",
+        "extra_args": settings.get("triton_extra_args") or [],
+        "user": settings.get("triton_container_user", "") or "",
         "restricted_apis": apis,
-        "api_key_file": get("triton_api_key_file") if apis else "",
+        "api_key_file": settings.get("triton_api_key_file") if apis else "",
         "key_script": apikey.unit_script(apis) if apis else "",
-        **stop_context(get),
+        **stop_context(settings),
     }
 
 
-def stop_context(get) -> dict:
+def stop_context(settings: Settings) -> dict:
     """Triton's --exit-timeout-secs, docker stop -t and TimeoutStopSec, from triton_stop_timeout."""
     from .drain import stop_timeouts
 
     try:
-        return stop_timeouts(get("triton_stop_timeout"))
+        return stop_timeouts(settings.get("triton_stop_timeout"))
     except (TypeError, ValueError) as e:
         raise config.ConfigError(f"triton_stop_timeout must be a whole number of seconds >= 0, not "
-                                 f"{get('triton_stop_timeout')!r} (group data)") from e
+                                 f"{settings.get('triton_stop_timeout')!r} (group data)") from e
 
 
-def restricted_apis(get=None) -> list[str]:
+def restricted_apis(settings: Settings) -> list[str]:
     """``triton_restricted_apis``, checked: Triton's categories only, a key file where the
     container cannot see it."""
-    get = get or config.get
-    apis = list(get("triton_restricted_apis", []) or [])
+    apis = list(settings.get("triton_restricted_apis", []) or [])
     unknown = [a for a in apis if a not in apikey.CATEGORIES]
     if unknown:
         raise config.ConfigError(f"triton_restricted_apis: {', '.join(map(repr, unknown))} is not a Triton API "
                                  f"category (known: {', '.join(apikey.CATEGORIES)}); fix it in group data "
                                  "(inventories/group_data/all.py)")
     if apis:
-        key, base = str(get("triton_api_key_file") or ""), str(get("triton_base_dir")).rstrip("/")
+        key, base = str(settings.get("triton_api_key_file") or ""), str(settings.get("triton_base_dir")).rstrip("/")
         if not key.startswith("/") or ".." in key or key.startswith(base + "/") or any(c in key for c in " %$'\\\n\""):
             raise config.ConfigError(f"triton_api_key_file {key!r} must be a plain absolute path outside "
                                      f"triton_base_dir ({base}: the container sees that directory); fix it in "
@@ -96,22 +95,21 @@ def unit_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def unit_path(get=None) -> str:
+def unit_path(settings: Settings) -> str:
     """Where the unit is on the host."""
-    get = get or config.get
-    return f"/etc/systemd/system/{get('triton_service')}.service"
+    return f"/etc/systemd/system/{settings.get('triton_service')}.service"
 
 
-def wanted_units(get, count: int) -> list[tuple[str, str]]:
+def wanted_units(settings: Settings, count: int) -> list[tuple[str, str]]:
     """(path, text) of every unit the host should have: the single unit, or with triton_per_gpu
     one per GPU of ``count`` (tritonfleet.serving.per_gpu), by index."""
     from .per_gpu import instance_gets
 
-    return [(unit_path(g), render_unit(unit_context(g))) for g in instance_gets(get, count)]
+    return [(unit_path(g), render_unit(unit_context(g))) for g in instance_gets(settings, count)]
 
 
-def units_digest(get, count: int) -> str:
+def units_digest(settings: Settings, count: int) -> str:
     """What names the host's units in its deploy history and `tritonfleet status`: the single
     unit's digest, or with triton_per_gpu the digest of the per-GPU units' texts one after the
     other by index (what ``cat`` of the files in that order gives)."""
-    return unit_digest("".join(text for _, text in wanted_units(get, count)))
+    return unit_digest("".join(text for _, text in wanted_units(settings, count)))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..core.report import trim
 from ..core.shell import q
+from ..settings.access import Settings
 
 
 @dataclass
@@ -317,6 +318,6 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
     return what, fix
 
 
-def watch_instance(get, run) -> UnitWatch:
+def watch_instance(settings: Settings, run) -> UnitWatch:
     """The UnitWatch of a host's (or one per-GPU instance's) unit, reading it through ``run``."""
-    return UnitWatch(run, get("triton_service"), get("triton_container_name"), get("triton_base_dir"))
+    return UnitWatch(run, settings.get("triton_service"), settings.get("triton_container_name"), settings.get("triton_base_dir"))

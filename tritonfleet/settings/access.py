@@ -1,8 +1,24 @@
-"""Reading tunables from host data: one place, with errors that say where to set them."""
+"""Reading tunables: one accessor, passed explicitly, with errors that say where to set them.
+
+Every function that reads tunables takes a :class:`Settings` (``settings.get(key)``) from its
+caller; none reaches for the current host on its own. What can be one:
+
+* ``current()``: the host pyinfra is deploying now (--data, host data, group data, else the
+  package's default from tritonfleet/settings/defaults.py); a deploy step starts from it;
+* an inventory host of the fleet commands (``tritonfleet.fleet.inventory.FleetHost``: its data
+  holds the package's defaults under the inventory's);
+* one Triton instance of a host with ``triton_per_gpu`` (:class:`Overlay`: its unit, container,
+  ports and GPU over the host's settings, tritonfleet.serving.per_gpu);
+* a plain mapping (``dict.get`` semantics), in tests and facts.
+
+``get`` below is ``current().get``, for the deploy steps' own reads.
+"""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from pyinfra import host
 
@@ -14,6 +30,14 @@ _MISSING = object()
 
 class ConfigError(UsageError, ValueError):
     pass
+
+
+class Settings(Protocol):
+    """Where a function reads tunables from (see the module's docstring)."""
+
+    def get(self, key: str, default: Any = ...) -> Any:
+        """The tunable ``key`` (its default when it is not set); ``default`` for a name that is
+        no tunable."""
 
 
 def default(key: str, fallback=_MISSING):
@@ -37,3 +61,37 @@ def get(key: str, default_value=_MISSING):
         return default(key, default_value)
     except ConfigError as e:
         raise ConfigError(f"{host.name}: {e}") from None
+
+
+class CurrentHost:
+    """The settings of the host pyinfra is deploying now (``get`` above)."""
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        return get(key, default)
+
+    def __repr__(self) -> str:
+        return "<the current host's settings>"
+
+
+_CURRENT = CurrentHost()
+
+
+def current() -> CurrentHost:
+    """The current host's settings, to pass to a function that takes a :class:`Settings`."""
+    return _CURRENT
+
+
+class Overlay:
+    """``base`` with some settings replaced (one per-GPU Triton instance of a host: its unit,
+    container, ports and GPU)."""
+
+    def __init__(self, base: Settings, over: Mapping[str, Any]):
+        self.base, self.over = base, dict(over)
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        if key in self.over:
+            return self.over[key]
+        return self.base.get(key) if default is _MISSING else self.base.get(key, default)
+
+    def __repr__(self) -> str:
+        return f"<{self.base!r} with {self.over!r}>"

@@ -72,14 +72,14 @@ def _fail(message: str, expected: str = "an earlier healthy deployment to roll b
 def rollback():
     base = config.get("triton_base_dir")
     service = config.get("triton_service")
-    if pergpu.enabled(config.get):
+    if pergpu.enabled(config.current()):
         check(name="check: an earlier deployment to roll back to", function=_fail,
               message=f"{host.name}: rollback of a host with one Triton per GPU (triton_per_gpu) is not built; "
                       "deploy the earlier release and image with deploys/triton.py instead (docs/multi-gpu.md)")
         return
     history = host.get_fact(DeployHistory, base=base)
     state = host.get_fact(ReleaseState, base=base)
-    unit_now = (host.get_fact(Sha256File, path=unit_path()) or "")[:16] or None
+    unit_now = (host.get_fact(Sha256File, path=unit_path(config.current())) or "")[:16] or None
     wanted = (config.get("rollback_to") or {}).get(host.name)
     target, why = pick_target(history["records"], (state["current"], unit_now), state["releases"],
                               history["units"], wanted)
@@ -99,12 +99,12 @@ def rollback():
     if not unit_changes and not link_changes:
         host.noop(f"already on release {rid} with unit {digest}")
     if unit_changes:
-        server.shell(name=f"restore unit {digest} ({image})", commands=[restore_unit_command(base, digest, unit_path())])
+        server.shell(name=f"restore unit {digest} ({image})", commands=[restore_unit_command(base, digest, unit_path(config.current()))])
         systemd.daemon_reload(name="systemd daemon-reload (unit restored)")
     if link_changes:
         server.shell(name=f"switch live model repository back to release {rid}",
                      commands=[switch_back_script(base, rid)])
-    explicit = bool(host.get_fact(FindInFile, path=unit_path(), pattern="--model-control-mode=explicit"))
+    explicit = bool(host.get_fact(FindInFile, path=unit_path(config.current()), pattern="--model-control-mode=explicit"))
     if explicit and not unit_changes and link_changes:
         # same unit in explicit model-control mode: the earlier models are loaded through the
         # repository API while the others serve (no restart)

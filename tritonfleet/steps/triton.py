@@ -18,7 +18,7 @@ from ..model_repo import release as release_plan
 from ..model_repo import render as models
 from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.ops import model_release
-from ..model_repo.render import host_repository
+from ..model_repo.render import current_host_repository
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check, check_with_steps, will_change
 from ..pyinfra_ext.stream import docker_load, docker_pull
@@ -37,6 +37,7 @@ from ..serving.per_gpu import host_instance_gets as instance_gets
 from ..serving.repository_api import model_diff, repository_api_commands
 from ..serving.unit import render_unit, restricted_apis, unit_context, unit_path, units_digest
 from ..settings import access as config
+from ..settings.access import Settings
 
 
 @cache
@@ -90,7 +91,7 @@ def sync_models() -> list:
     release's stat record). Otherwise only files no release on the host holds travel, in one
     stream; Triton only ever sees a complete release."""
     base = config.get("triton_base_dir")
-    local, man, rid = host_repository()
+    local, man, rid = current_host_repository()
     live = memo.fact(ReleaseState, base=base)
     if live["current"] == rid and not live["drift"]:
         host.noop(f"model release {rid} is live" + ("" if live["verified"] else " (no stat record)"))
@@ -112,12 +113,11 @@ def sync_models() -> list:
     )]
 
 
-def container_fact_args(get=None) -> dict:
+def container_fact_args(settings: Settings) -> dict:
     """TritonContainer's arguments (one memo key for the prefetch and the Triton service step);
-    ``get``: a per-GPU instance's tunables (tritonfleet.serving.per_gpu)."""
-    get = get or config.get
-    return {"container": get("triton_container_name"), "unit": unit_path(get),
-            "link": f"{get('triton_base_dir')}/model_repository"}
+    ``settings``: the host's or a per-GPU instance's (tritonfleet.serving.per_gpu)."""
+    return {"container": settings.get("triton_container_name"), "unit": unit_path(settings),
+            "link": f"{settings.get('triton_base_dir')}/model_repository"}
 
 
 @deploy("Triton image")
@@ -125,11 +125,11 @@ def triton_image():
     # what the Triton steps read on a converged host, in one remote command
     memo.prefetch((DockerImageId, {"image": config.get("triton_image")}),
                   (ReleaseState, {"base": config.get("triton_base_dir")}),
-                  (FileState, {"path": unit_path()}),
-                  *([(FileState, {"path": config.get("triton_api_key_file")})] if restricted_apis() else []),
+                  (FileState, {"path": unit_path(config.current())}),
+                  *([(FileState, {"path": config.get("triton_api_key_file")})] if restricted_apis(config.current()) else []),
                   (UnitState, {"unit": f"{config.get('triton_service')}.service"}),
                   (DeployHistory, {"base": config.get("triton_base_dir")}),
-                  (TritonContainer, container_fact_args()),
+                  (TritonContainer, container_fact_args(config.current())),
                   (PerGpuUnits, {"service": config.get("triton_service")}))
     return ensure_image(config.get("triton_image"))
 
@@ -142,7 +142,7 @@ def model_repository():
 def model_changes() -> tuple[list[str], list[str]]:
     """(models to load, models to unload) between the live release and this host's release."""
     base = config.get("triton_base_dir")
-    _, man, rid = host_repository()
+    _, man, rid = current_host_repository()
     old = memo.fact(ReleaseState, base=base)["current"]
     if old == rid:
         return [], []
@@ -152,7 +152,7 @@ def model_changes() -> tuple[list[str], list[str]]:
 def api_key() -> tuple[list, str]:
     """The host's key for Triton's restricted APIs, made on the host when missing (and its mode
     and owner put right). Returns (the ops, why Triton must restart to take it, or "")."""
-    if not restricted_apis():
+    if not restricted_apis(config.current()):
         return [], ""
     path = config.get("triton_api_key_file")
     have = memo.fact(FileState, path=path)
@@ -170,13 +170,13 @@ def retire_units(keep: set[str]) -> bool:
     and the single unit when per-GPU units replace it. Before any unit starts: instance 0 serves
     on the single unit's ports. Returns whether a unit was removed (a daemon-reload is due)."""
     names = [n for n in memo.fact(PerGpuUnits, service=config.get("triton_service")) if n not in keep]
-    single = unit_path().rsplit("/", 1)[1]
-    if pergpu.enabled(config.get) and memo.fact(FileState, path=unit_path()):
+    single = unit_path(config.current()).rsplit("/", 1)[1]
+    if pergpu.enabled(config.current()) and memo.fact(FileState, path=unit_path(config.current())):
         names.insert(0, single)
     for name in names:
         path = f"/etc/systemd/system/{name}"
         why = ("one Triton per GPU replaces it" if name == single
-               else "triton_per_gpu is off" if not pergpu.enabled(config.get) else "its GPU is gone")
+               else "triton_per_gpu is off" if not pergpu.enabled(config.current()) else "its GPU is gone")
         server.shell(name=f"stop, disable and remove {name} ({why})",
                      commands=[f"systemctl disable --now {q(name)} 2>/dev/null; rm -f {q(path)}"])
     return bool(names)
@@ -184,14 +184,14 @@ def retire_units(keep: set[str]) -> bool:
 
 @deploy("Triton service")
 def triton_service(image: list | None = None, models: list | None = None):
-    if pergpu.enabled(config.get):
+    if pergpu.enabled(config.current()):
         return per_gpu_service(image, models)
     service = config.get("triton_service")
     _, key_new = api_key()
     if retire_units(set()):
         systemd.daemon_reload(name="systemd daemon-reload (per-GPU units removed)")
-    text = render_unit(unit_context())
-    unit = converged.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(), mode="644")
+    text = render_unit(unit_context(config.current()))
+    unit = converged.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(config.current()), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     if will_change(unit):
@@ -199,7 +199,7 @@ def triton_service(image: list | None = None, models: list | None = None):
     image, models = list(image or []), list(models or [])
     explicit = config.get("triton_model_control_mode") == "explicit"
     # what an earlier run changed but stopped before Triton took it (Ctrl-C, a lost link)
-    behind = running_behind(explicit)
+    behind = running_behind(explicit, config.current())
     restart = restart_reason(explicit, unit, image, models, behind, key_new)
     if restart:
         if lb.enabled():  # out of the load balancer, nothing in flight, before Triton stops
@@ -236,8 +236,8 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
     units = []
     for g in gets:
         text = render_unit(unit_context(g))
-        units.append(converged.put(name=f"systemd unit {g('triton_service')}.service (GPU {g('triton_per_gpu_index')}, "
-                                        f"HTTP {g('triton_http_port')})",
+        units.append(converged.put(name=f"systemd unit {g.get('triton_service')}.service (GPU {g.get('triton_per_gpu_index')}, "
+                                        f"HTTP {g.get('triton_http_port')})",
                                    src=StringIO(text), dest=unit_path(g), mode="644"))
     if retired or will_change(*units):
         systemd.daemon_reload(name="systemd daemon-reload (per-GPU units changed)")
@@ -245,7 +245,7 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
     explicit = config.get("triton_model_control_mode") == "explicit"
     drained = False
     for g, unit in zip(gets, units, strict=True):
-        service = g("triton_service")
+        service = g.get("triton_service")
         behind = running_behind(explicit, g)
         restart = restart_reason(explicit, unit, image, models, behind, key_new)
         if restart:
@@ -256,16 +256,16 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
         if not restart and explicit and (will_change(models) or behind["models"]):
             load, unload = model_changes() if will_change(models) else behind["models"]
             server.shell(name=f"{service}: load changed models without a restart ({', '.join(load + unload) or 'none'})",
-                         commands=[repository_api_commands(load, unload, g("triton_http_port"))])
+                         commands=[repository_api_commands(load, unload, g.get("triton_http_port"))])
         converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
-def running_behind(explicit: bool, get=None) -> dict:
+def running_behind(explicit: bool, settings: Settings) -> dict:
     """What the running Triton has not taken yet although it is on the host: an earlier run
     changed the unit, the image or the live release and stopped before the restart (or load).
-    ``{"restart": why or "", "models": (load, unload) or None}``. ``get``: a per-GPU instance's
+    ``{"restart": why or "", "models": (load, unload) or None}``. ``settings``: the host's or a per-GPU instance's
     tunables."""
-    run = memo.fact(TritonContainer, **container_fact_args(get))
+    run = memo.fact(TritonContainer, **container_fact_args(settings))
     out: dict = {"restart": "", "models": None}
     if not run["running"]:
         return out  # nothing runs: "running and enabled" starts it with everything in place
@@ -294,10 +294,10 @@ def record_deployment(action: str = "deploy") -> None:
     """Append (release, image, unit) to the host's deploy history once it is healthy, with a
     snapshot of the unit: what a rollback returns to, kept on the host itself."""
     base = config.get("triton_base_dir")
-    _, _, rid = host_repository()
-    gets = instance_gets()  # [config.get]: the single unit, whose digest units_digest is too
-    append_record(base, rid, units_digest(config.get, len(gets)), config.get("triton_image"), action,
-                  unit_files=[unit_path(g) for g in gets] if pergpu.enabled(config.get) else None)
+    _, _, rid = current_host_repository()
+    gets = instance_gets()  # [config.current()]: the single unit, whose digest units_digest is too
+    append_record(base, rid, units_digest(config.current(), len(gets)), config.get("triton_image"), action,
+                  unit_files=[unit_path(g) for g in gets] if pergpu.enabled(config.current()) else None)
 
 
 def failure_recorded() -> bool:
@@ -338,7 +338,7 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str 
 
 @deploy("Health gate")
 def health_gate(record: bool = True):
-    local, _, _ = host_repository()
+    local, _, _ = current_host_repository()
     gate_check = check_with_steps if config.get("auto_rollback") else check
     gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",
                function=gate_or_roll_back, models=models.model_names(local), clear_failure=failure_recorded(),

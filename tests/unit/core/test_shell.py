@@ -215,7 +215,7 @@ def _tunable_get(**over):
     base = {"triton_base_dir": "/opt/triton", "triton_service": "triton", "triton_container_name": "triton",
             "triton_http_bind": "", "triton_http_port": 8000, "triton_api_key_file": "/etc/tritonfleet/triton-api-key"}
     base.update(over)
-    return lambda key, default=None: base.get(key, default)
+    return base
 
 
 MANIFEST = {"m/config.pbtxt": [10, "a" * 64], "m/1/model.onnx": [20, "b" * 64]}

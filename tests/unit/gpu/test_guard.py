@@ -58,7 +58,7 @@ def _responses() -> dict:
     from tritonfleet.serving.unit import render_unit, unit_context
 
     data = defaults("t4")
-    unit_sha = hashlib.sha256(render_unit(unit_context(data.get)).encode()).hexdigest()
+    unit_sha = hashlib.sha256(render_unit(unit_context(data)).encode()).hexdigest()
     return {
         "echo @@host": answer([T4], 0, [T4]).splitlines(),  # first: the guard's command also has docker inspect
         "docker inspect --format '{{.State.Running}}": ["running=true", "image=sha256:" + "a" * 64, "started=1000.5",

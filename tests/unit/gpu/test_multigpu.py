@@ -119,15 +119,15 @@ def test_article_configs_spread_over_four_gpus_and_validate(tmp_path):
 def test_host_repository_release_depends_on_the_gpu_count():
     data = {"model_repository": str(REPO), "model_overrides": {}, "gpu_placement": "spread",
             "gpu_placement_models": {}}
-    _, man1, rid1 = models.host_repository(data.get, gpus=1)
-    _, _, rid1b = models.host_repository(data.get, gpus=None)
-    _, man4, rid4 = models.host_repository(data.get, gpus=4)
+    _, man1, rid1 = models.host_repository(data, gpus=1)
+    _, _, rid1b = models.host_repository(data, gpus=None)
+    _, man4, rid4 = models.host_repository(data, gpus=4)
     assert rid1 == rid1b and rid1 != rid4
     assert man1["resnet50_onnx/config.pbtxt"] == [len(ARTICLE["resnet50_onnx"].encode()),
                                                   models.file_sha256(REPO / "resnet50_onnx" / "config.pbtxt")]
     bad = {**data, "gpu_placement": "everywhere"}
     with pytest.raises(ValueError, match="gpu_placement is 'everywhere'"):
-        models.host_repository(bad.get, gpus=4)
+        models.host_repository(bad, gpus=4)
 
 
 def test_placement_count_order():
@@ -285,7 +285,7 @@ def test_status_shows_reported_and_expected_and_names_the_missing_gpu():
     want4 = probe.intent(fh, st4)["release"]
     want1 = probe.intent(fh, probe.interpret(fh, probe.parse(probe_text(rec[:1], rec[:1]))))["release"]
     assert want4 != want1
-    assert want4 == models.host_repository(fh.get, gpus=4)[2]
+    assert want4 == models.host_repository(fh, gpus=4)[2]
 
 
 # ------------------------------------------------------------------------ the verification (@fake)

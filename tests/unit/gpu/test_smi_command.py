@@ -70,7 +70,7 @@ def test_status_asks_the_driver_with_the_command():
     from tritonfleet.settings.defaults import DEFAULTS
 
     def get(data):
-        return lambda k, default=None: data.get(k, DEFAULTS.get(k, default))
+        return {**DEFAULTS, **data}
 
     routed, own = probe.command(get({"nvidia_smi_command": SMI})), probe.command(get({}))
     assert f"echo @gpu; {SMI} --query-gpu=name,driver_version" in routed

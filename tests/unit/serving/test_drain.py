@@ -191,14 +191,14 @@ def test_a_failing_hook_fails_with_its_words():
 
 
 def test_settings_pick_the_balancer():
-    get = {"lb": None}.get
+    get = {"lb": None}
     assert drain.from_settings(get, "h", "10.0.0.2", str) is None
     data = {"lb": "haproxy", "lb_haproxy_sockets": "/run/haproxy/admin.sock", "lb_haproxy_backend": "triton",
             "lb_haproxy_server": None}
-    ha = drain.from_settings(data.get, "tb1-t4", "10.0.0.2", str)
+    ha = drain.from_settings(data, "tb1-t4", "10.0.0.2", str)
     assert isinstance(ha, drain.HAProxy) and ha.describe() == "haproxy triton/tb1-t4"
     with pytest.raises(drain.DrainError, match="lb must be one of haproxy, hooks"):
-        drain.from_settings({"lb": "f5"}.get, "h", "a", str)
+        drain.from_settings({"lb": "f5"}, "h", "a", str)
 
 
 # ------------------------------------------------------------------ in the deploy (@fake hosts)
@@ -209,7 +209,7 @@ def _service_responses(running: bool) -> dict:
     from tritonfleet.serving.unit import render_unit, unit_context
 
     data = defaults("t4")
-    unit_sha = hashlib.sha256(render_unit(unit_context(data.get)).encode()).hexdigest()
+    unit_sha = hashlib.sha256(render_unit(unit_context(data)).encode()).hexdigest()
     return {
         "docker inspect --format '{{.State.Running}}": ["running=true", "image=sha256:" + "a" * 64, "started=1000.5",
                                                         "/etc/systemd/system/triton.service=900.0",

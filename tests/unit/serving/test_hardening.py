@@ -28,7 +28,7 @@ KEY = "0123456789abcdef" * 4
 
 def unit(**over) -> str:
     data = {**defaults("t4"), **over}
-    return render_unit(unit_context(lambda k, default=None: data.get(k, default)))
+    return render_unit(unit_context(data))
 
 
 def exec_start_argv(text: str) -> list[str]:
@@ -180,7 +180,7 @@ def test_status_probe_reads_the_index_with_the_key(restricted_triton, tmp_path):
     key_file.write_text(KEY + "\n")
     data = {**defaults(), "triton_http_bind": "127.0.0.1", "triton_http_port": int(t.http_url.rsplit(":", 1)[1]),
             "triton_base_dir": str(tmp_path), "triton_api_key_file": str(key_file)}
-    cmd = probe.command(lambda k, default=None: data.get(k, default))
+    cmd = probe.command(data)
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60).stdout
     index = " ".join(probe.parse(out)["models"])
     assert '"state":"READY"' in index, index

@@ -40,9 +40,9 @@ def per_gpu(**extra) -> dict:
 # ------------------------------------------------------------------------ port layout
 
 def test_default_layout_of_a_four_gpu_host():
-    get = per_gpu().get
-    layout = [(g("triton_service"), g("triton_container_name"), g("triton_gpus"), g("triton_http_port"),
-               g("triton_grpc_port"), g("triton_metrics_port")) for g in pergpu.instance_gets(get, 4)]
+    get = per_gpu()
+    layout = [(g.get("triton_service"), g.get("triton_container_name"), g.get("triton_gpus"), g.get("triton_http_port"),
+               g.get("triton_grpc_port"), g.get("triton_metrics_port")) for g in pergpu.instance_gets(get, 4)]
     assert layout == [(f"triton-gpu{i}", f"triton-server-gpu{i}", f"device={i}", 8000 + 10 * i, 8001 + 10 * i,
                        8002 + 10 * i) for i in range(4)]
 
@@ -55,34 +55,34 @@ def test_ports_and_names_distinct_or_refused(count, http, grpc_off, metrics_off,
     named apart, or the layout is refused naming the tunable to change."""
     grpc, metrics_port = http + grpc_off, http + grpc_off + metrics_off
     get = per_gpu(triton_http_port=http, triton_grpc_port=grpc, triton_metrics_port=metrics_port,
-                  triton_per_gpu_port_step=step).get
+                  triton_per_gpu_port_step=step)
     ports = [p for i in range(count) for p in (http + step * i, grpc + step * i, metrics_port + step * i)]
     if len(set(ports)) < len(ports):
         with pytest.raises(pergpu.PerGpuError, match="triton_per_gpu_port_step"):
             pergpu.instance_gets(get, count)
         return
     gets = pergpu.instance_gets(get, count)
-    seen = [g(k) for g in gets for k in pergpu.PORT_KEYS]
+    seen = [g.get(k) for g in gets for k in pergpu.PORT_KEYS]
     assert len(seen) == len(set(seen)) == 3 * count
-    assert len({unit_path(g) for g in gets}) == len({g("triton_container_name") for g in gets}) == count
-    assert [g("triton_gpus") for g in gets] == [f"device={i}" for i in range(count)]
+    assert len({unit_path(g) for g in gets}) == len({g.get("triton_container_name") for g in gets}) == count
+    assert [g.get("triton_gpus") for g in gets] == [f"device={i}" for i in range(count)]
     assert pergpu.indexes(get, [unit_path(g).rsplit("/", 1)[1] for g in gets]) == list(range(count))
 
 
 @pytest.mark.parametrize("bad", [0, -3, "10x", None, 2.5])
 def test_port_step_must_be_a_whole_number(bad):
     with pytest.raises(pergpu.PerGpuError, match="triton_per_gpu_port_step"):
-        pergpu.instance_gets(per_gpu(triton_per_gpu_port_step=bad).get, 2)
+        pergpu.instance_gets(per_gpu(triton_per_gpu_port_step=bad), 2)
 
 
 def test_off_is_the_single_unit_byte_for_byte():
     """triton_per_gpu off (the default): the one unit, rendered as before, whatever the GPU count."""
     assert T4["triton_per_gpu"] is False
-    single = render_unit(unit_context(T4.get))
+    single = render_unit(unit_context(T4))
     for n in (1, 4, 8):
-        assert wanted_units(T4.get, n) == [(f"{UNIT_DIR}/triton.service", single)]
+        assert wanted_units(T4, n) == [(f"{UNIT_DIR}/triton.service", single)]
     assert "--gpus all" in single and "-p 8000:8000" in single and "triton-server-gpu" not in single
-    assert units_digest(T4.get, 4) == hashlib.sha256(single.encode()).hexdigest()[:16]
+    assert units_digest(T4, 4) == hashlib.sha256(single.encode()).hexdigest()[:16]
     assert "{{ gpus }}" in (TEMPLATES / "triton.service.j2").read_text()
 
 
@@ -128,7 +128,7 @@ def test_four_units_written_each_restarted_single_unit_and_gone_gpu_removed_firs
 
 def test_converged_per_gpu_host_changes_nothing():
     data = per_gpu(gpu_count=4)
-    units = wanted_units(data.get, 4)
+    units = wanted_units(data, 4)
     responses = dict(unit_response(path, text) for path, text in units)
     responses["ls -1 /etc/systemd/system"] = [p.rsplit("/", 1)[1] for p, _ in units]
     responses["systemctl show"] = ["SubState=running", "UnitFileState=enabled"]
@@ -144,7 +144,7 @@ def test_switching_back_removes_the_per_gpu_units_before_the_single_unit():
     removed = [n for n in names if n.startswith("stop, disable and remove")]
     assert removed == [f"stop, disable and remove triton-gpu{i}.service (triton_per_gpu is off)" for i in range(4)]
     assert names.index(removed[-1]) < names.index("systemd unit triton.service")
-    assert uploads == {f"{UNIT_DIR}/triton.service": render_unit(unit_context(T4.get))}
+    assert uploads == {f"{UNIT_DIR}/triton.service": render_unit(unit_context(T4))}
 
 
 def test_one_gpu_host_runs_one_per_gpu_instance():
@@ -174,11 +174,11 @@ def test_failed_instance_named_in_the_report():
     from tritonfleet.core.report import Failure
     from tritonfleet.serving.health import instance_failure
 
-    g = pergpu.instance_get(per_gpu().get, 2)
+    g = pergpu.instance_get(per_gpu(), 2)
     f = instance_failure(Failure("h4", "health gate", "Triton live", "not healthy after 60s", cause="no answer"), g)
     assert f.found == "GPU 2 (triton-gpu2.service, HTTP 8020): not healthy after 60s"
     assert f.cause.startswith("GPU 2 (triton-gpu2.service, HTTP 8020)")
-    single = instance_failure(Failure("h4", "health gate", "x", "y", cause="z"), T4.get)
+    single = instance_failure(Failure("h4", "health gate", "x", "y", cause="z"), T4)
     assert (single.found, single.cause) == ("y", "z")
 
 
@@ -227,9 +227,9 @@ def probe_text(instances: list[str], unit: str) -> str:
 
 def test_status_per_gpu_instances_up_of_expected():
     fh = fleet_host(triton_per_gpu=True)
-    assert "triton-gpu" in probe.command(fh.get) and "/v2/health/ready" in probe.command(fh.get)
-    assert "@instances" not in probe.command(fleet_host().get)  # the single unit's probe as before
-    digest = units_digest(fh.get, 4)
+    assert "triton-gpu" in probe.command(fh) and "/v2/health/ready" in probe.command(fh)
+    assert "@instances" not in probe.command(fleet_host())  # the single unit's probe as before
+    digest = units_digest(fh, 4)
     all_up = [f"{i} active 200" for i in range(4)]
     st = probe.interpret(fh, probe.parse(probe_text(all_up, digest)))
     want = probe.intent(fh, st)
@@ -256,13 +256,13 @@ def test_status_per_gpu_release_is_the_configs_as_written():
 
     fh = fleet_host(triton_per_gpu=True, model_repository=str(ROOT / "files/model_repository"), model_overrides={})
     st = probe.interpret(fh, probe.parse(probe_text([], "")))
-    assert probe.intent(fh, st).get("release") == models.host_repository(fh.get, gpus=1)[2]
+    assert probe.intent(fh, st).get("release") == models.host_repository(fh, gpus=1)[2]
 
 
 @pytest.mark.parametrize("value,on", [(True, True), ("true", True), ("1", True), ("yes", True), (False, False),
                                       (None, False), ("false", False), (0, False), ("x", False)])
 def test_on_only_when_asked(value, on):
-    assert pergpu.enabled({"triton_per_gpu": value}.get) is on
+    assert pergpu.enabled({"triton_per_gpu": value}) is on
 
 
 # ------------------------------------------------------------------------ rollout: the host as one unit
@@ -278,8 +278,8 @@ def test_rollout_gates_every_instance_and_names_the_one_that_fails(monkeypatch):
     gated = []
 
     def gate(get, address, models, transport, limit, watch):
-        gated.append(get("triton_http_port"))
-        return health.HealthResult(get("triton_http_port") != 8020, [health.Check("x", False, "no answer")])
+        gated.append(get.get("triton_http_port"))
+        return health.HealthResult(get.get("triton_http_port") != 8020, [health.Check("x", False, "no answer")])
 
     monkeypatch.setattr(health, "gate", gate)
     monkeypatch.setattr(health, "failure_of", lambda res, name, models, watch, limit, rollout=False:
@@ -288,6 +288,6 @@ def test_rollout_gates_every_instance_and_names_the_one_that_fails(monkeypatch):
     assert gated == [8000, 8010, 8020] and not res.ok
     assert failure.found == "GPU 2 (triton-gpu2.service, HTTP 8020): not healthy"
     gated.clear()
-    monkeypatch.setattr(health, "gate", lambda get, *a: gated.append(get("triton_http_port")) or health.HealthResult(True))
+    monkeypatch.setattr(health, "gate", lambda get, *a: gated.append(get.get("triton_http_port")) or health.HealthResult(True))
     res, failure = rollout._gate(fh, 5)
     assert gated == [8000, 8010, 8020, 8030] and res.ok and failure is None

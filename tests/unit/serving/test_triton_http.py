@@ -24,7 +24,7 @@ SETTINGS = {"health_via": "direct", "health_host": None, "triton_http_port": 800
 
 def getter(**over):
     data = {**SETTINGS, **over}
-    return lambda key, *default: data[key]
+    return data
 
 
 def test_direct_endpoints_use_health_host_else_the_address():

@@ -131,9 +131,9 @@ def test_the_health_gate_fails_a_ready_model_that_cannot_serve_with_tritons_answ
     data = {"health_via": "direct", "health_host": "127.0.0.1", "triton_http_port": srv.http_port,
             "triton_metrics_port": srv.metrics_port, "health_timeout": 20, "health_request_timeout": 5}
     said = []
-    good = health.gate(data.get, "127.0.0.1", MODELS, warm=health.warm_check(str(repo), MODELS, 30, said.append))
+    good = health.gate(data, "127.0.0.1", MODELS, warm=health.warm_check(str(repo), MODELS, 30, said.append))
     assert good.ok and said and said[0].startswith("first inference: resnet50_onnx ")
-    bad = health.gate(data.get, "127.0.0.1", MODELS + ["fails_at_inference"],
+    bad = health.gate(data, "127.0.0.1", MODELS + ["fails_at_inference"],
                       warm=health.warm_check(str(repo), MODELS + ["fails_at_inference"], 30, said.append))
     assert not bad.ok and bad.verdict.cause == "model fails_at_inference is ready but its first inference failed"
     assert "illegal memory access" in bad.verdict.words[0]
@@ -141,7 +141,7 @@ def test_the_health_gate_fails_a_ready_model_that_cannot_serve_with_tritons_answ
     assert "model fails_at_inference is ready but its first inference failed" in report.text()
     assert "illegal memory access" in report.text()
     # without the warm gate the same server passes: what this gate adds
-    assert health.gate(data.get, "127.0.0.1", MODELS + ["fails_at_inference"]).ok
+    assert health.gate(data, "127.0.0.1", MODELS + ["fails_at_inference"]).ok
 
 
 def test_the_first_inference_times_go_into_the_hosts_history():

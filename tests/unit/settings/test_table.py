@@ -30,11 +30,12 @@ def test_defaults_are_the_documented_tunables():
 
 
 def test_code_reads_only_documented_tunables():
-    names = {n for n, _, _ in read()} | {"gpu_class"}
+    names = {n for n, _, _ in read()} | {"gpu_class", "triton_per_gpu_index"}  # (a per-GPU instance's own)
     used = set()
     for p in (ROOT / "tritonfleet").rglob("*.py"):
         text = p.read_text()
-        if re.search(r"^from \.+ import (.*\b)?config\b", text, re.M):  # tritonfleet.settings.access users
+        if re.search(r"^\s*from \.+settings import access as config\b", text, re.M):  # the current host's
             used |= set(re.findall(r'config\.get\("([a-z0-9_]+)"', text))
+        used |= set(re.findall(r'\bsettings\.get\("([a-z0-9_]+)"', text))  # a Settings passed in
     assert used, "no tunables found: the pattern is wrong"
     assert used <= names, f"read but not in tritonfleet/settings/defaults.py: {sorted(used - names)}"

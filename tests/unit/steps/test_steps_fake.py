@@ -361,7 +361,7 @@ def test_triton_restarted_when_an_earlier_run_stopped_before_the_restart(contain
     from tritonfleet.steps.triton import triton_service
 
     data = defaults("t4")
-    unit_sha = hashlib.sha256(render_unit(unit_context(data.get)).encode()).hexdigest()
+    unit_sha = hashlib.sha256(render_unit(unit_context(data)).encode()).hexdigest()
     responses = {
         "docker inspect --format '{{.State.Running}}": container,
         "docker image inspect": "sha256:" + image_id * 64,

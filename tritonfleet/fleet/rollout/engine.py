@@ -293,13 +293,13 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
     want = probe.intent(fh)
     models = want.get("models", [])
     transport = None
-    gets = [fh.get]
+    gets = [fh]
     limit = float(fh.get("health_timeout") if timeout is None else timeout)
-    watch = unit_watch.watch_instance(fh.get, lambda cmd: fleet.run(fh, cmd)[1])
+    watch = unit_watch.watch_instance(fh, lambda cmd: fleet.run(fh, cmd)[1])
     try:
-        if pergpu.enabled(fh.get):  # one Triton per GPU: every instance gated, the host as one unit
+        if pergpu.enabled(fh):  # one Triton per GPU: every instance gated, the host as one unit
             st = probe.probe(fh, with_intent=False)
-            gets = pergpu.instance_gets(fh.get, gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded,
+            gets = pergpu.instance_gets(fh, gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded,
                                                                          len(st.gpus) or None))
         if fh.get("health_via") == "ssh":
             fleet.run(fh, "true")

@@ -53,7 +53,7 @@ def _metrics() -> str:
 
 def balancer() -> drain.Balancer | None:
     try:
-        return drain.from_settings(config.get, host.name, host.data.get("ssh_hostname") or host.name, _metrics)
+        return drain.from_settings(config.current(), host.name, host.data.get("ssh_hostname") or host.name, _metrics)
     except drain.DrainError as e:
         raise config.ConfigError(f"{host.name}: {e}") from e
 
