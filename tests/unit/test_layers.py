@@ -1,0 +1,173 @@
+"""The layers of the package (docs/architecture.md), read from every import of every module with
+``ast``, a function's own imports included: imports point down only, no module imports another
+of its own layer's domains, there is no import cycle, and only operations and steps import a
+module that defines pyinfra operations (the read side never does)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from tests.unit.test_structure import ROOT, imported, module_name
+
+#: bottom first. A module may import its own layer and the layers below; the domains of one
+#: layer (a tuple) import nothing of each other. ``tritonfleet`` itself (its __init__: the
+#: package's resources and version) is below everything.
+LAYERS: list[tuple[str, ...]] = [
+    ("tritonfleet.core",),  # plumbing: imports nothing else of tritonfleet
+    ("tritonfleet.settings",),  # the tunables and the one accessor
+    ("tritonfleet.pyinfra_ext",),  # every use of pyinfra's internals
+    ("tritonfleet.gpu",),  # GPU facts, rules, placement, the loss guard's rule
+    ("tritonfleet.host", "tritonfleet.model_repo"),  # driver/Docker/toolkit; the model repository
+    ("tritonfleet.serving",),  # Triton on one host
+    ("tritonfleet.fleet.inventory",),  # the inventory as the fleet commands read it
+    ("tritonfleet.observability",),  # metrics, Prometheus, tune, load test
+    ("tritonfleet.fleet",),  # status (probe), the rollout and its performance gate
+    ("tritonfleet.preflight",),  # deploy-time read-only checks
+    ("tritonfleet.steps",),  # the @deploy steps
+    ("tritonfleet.cli",),  # the command line
+    # kept for operators' deploy files and inventories: nothing in the package imports them
+    ("tritonfleet.limits", "tritonfleet.defaults", "tritonfleet.tunables", "tritonfleet.pyinfra_patches"),
+]
+FACADES = LAYERS[-1]
+
+
+def modules() -> dict[str, object]:
+    return {module_name(p): p for p in sorted((ROOT / "tritonfleet").rglob("*.py")) if "skeleton" not in p.parts}
+
+
+def graph() -> dict[str, dict[str, int]]:
+    """module -> {module of the package it imports: line}."""
+    mods = modules()
+    out: dict[str, dict[str, int]] = {}
+    for m, p in mods.items():
+        found = [(line, name) for line, name in imported(p) if name in mods and name != m]
+        # `from tritonfleet.fleet import inventory` imports the module, not the package around it
+        through = {(line, name.rpartition(".")[0]) for line, name in found}
+        edges: dict[str, int] = {}
+        for line, name in found:
+            if (line, name) not in through:
+                edges.setdefault(name, line)
+        out[m] = edges
+    return out
+
+
+def place(module: str) -> tuple[int, str] | None:
+    """(layer index, domain) of ``module``: its longest matching prefix."""
+    best = None
+    for i, domains in enumerate(LAYERS):
+        for d in domains:
+            if (module == d or module.startswith(d + ".")) and (best is None or len(d) > len(best[1])):
+                best = (i, d)
+    return best
+
+
+def test_every_module_has_its_layer():
+    unplaced = sorted(m for m in modules() if m != "tritonfleet" and place(m) is None)
+    assert not unplaced, f"modules outside every layer (add them to a package of docs/architecture.md): {unplaced}"
+
+
+def test_imports_point_down_only():
+    bad = []
+    for m, edges in graph().items():
+        here = place(m)
+        for target, line in edges.items():
+            if target == "tritonfleet" or here is None:
+                continue
+            there = place(target)
+            if there[0] > here[0] or (there[0] == here[0] and there[1] != here[1]):
+                bad.append(f"{m}:{line} imports {target} ({here[1]} -> {there[1]})")
+    assert not bad, "imports against the layers (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_nothing_in_the_package_imports_the_facades():
+    bad = [f"{m}:{line} imports {t}" for m, edges in graph().items() if m not in FACADES
+           for t, line in edges.items() if t in FACADES]
+    assert not bad, "\n".join(bad)
+
+
+def cycles(g: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    """Not even through a function's own import (where a cycle would hide)."""
+    # a package's __init__ that re-exports its modules is one with them: not a cycle of its own
+    g = {m: {t: line for t, line in edges.items() if not t.startswith(m + ".")} for m, edges in graph().items()}
+    assert cycles(g) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
+
+
+def defines_operations(path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                name = ast.unparse(d.func if isinstance(d, ast.Call) else d)
+                if name.split(".")[-1] in ("operation", "deploy"):
+                    return True
+    return False
+
+
+def test_only_operations_and_steps_import_operations():
+    """The read side (status, probe, rollout planning, pre-flight, tune, loadtest, the CLI) and
+    every pure module import no module that defines pyinfra operations or deploys: reading a host
+    can never plan a change."""
+    mods = modules()
+    ops = {m for m, p in mods.items() if defines_operations(p)}
+    assert {"tritonfleet.pyinfra_ext.check", "tritonfleet.host.ops.reboot", "tritonfleet.steps.triton"} <= ops
+    bad = [f"{m}:{line} imports {t}" for m, edges in graph().items()
+           if m not in ops and not m.startswith("tritonfleet.steps") and m not in FACADES
+           for t, line in edges.items() if t in ops]
+    assert not bad, "operations imported outside operations and steps:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("domain", ["core", "settings", "pyinfra_ext", "gpu", "host", "model_repo", "serving",
+                                    "observability", "fleet", "steps", "cli"])
+def test_every_domain_is_a_package(domain):
+    assert (ROOT / "tritonfleet" / domain / "__init__.py").is_file()
+
+
+def test_no_module_is_over_600_lines_but_data_tables():
+    """A module that grows past ~600 lines mixes concerns: split it along its seams. Data tables
+    (the tunables, apt's messages) may be longer."""
+    tables = {"tritonfleet/settings/defaults.py"}
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted((ROOT / "tritonfleet").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 600 and p.relative_to(ROOT).as_posix() not in tables]
+    assert not long, "\n".join(long)
