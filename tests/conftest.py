@@ -1,4 +1,9 @@
-"""Session fixtures for tests on the local testbed (real hosts, real SSH, real Triton).
+"""The suite's layout and the session fixtures for tests on the local testbed (real hosts, real
+SSH, real Triton).
+
+Tests live like the source: ``tests/unit/<domain>/`` (no test host), ``tests/testbed/`` (every
+test there is marked ``testbed`` by its directory: it runs real hosts), ``tests/support/`` (the
+helpers).
 
 ``testbed``: the hosts, brought up bare once per session and removed at its end (the teardown
 checks that nothing is left behind). ``deployed``: the full deploy from bare on all of them,
@@ -19,6 +24,14 @@ import pytest
 
 TESTBED_HOSTS = 3
 TIMINGS: dict[str, float] = {}
+TESTBED_DIR = Path(__file__).resolve().parent / "testbed"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ``testbed`` marker by directory: every test under tests/testbed/ has it, none else."""
+    for item in items:
+        if TESTBED_DIR in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.testbed)
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,6 @@ Leaves the fleet as the `deployed` fixture made it.
 
 from __future__ import annotations
 
-import pytest
-
 from tests.support.testbed import (
     changed_ops,
     container_started,
@@ -22,7 +20,6 @@ from tests.support.testbed import (
 )
 from tritonfleet.host.apt_diagnosis import APT_LOG
 
-pytestmark = pytest.mark.testbed
 MISSING = "1.17.3-1"  # a release of NVIDIA's toolkit that the stand-in repository does not carry
 VERSION = "dpkg-query -W -f '${Version}' nvidia-container-toolkit"
 

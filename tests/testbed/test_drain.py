@@ -11,13 +11,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import requests
 
 from tests.support.haproxy import HAProxy
 from tests.support.testbed import container_started, tritonfleet
-
-pytestmark = pytest.mark.testbed
 
 INV = "inventories/testbed.py"
 RATE = 20            # requests a second, steady

@@ -20,8 +20,6 @@ from tests.support.testbed import host_state, lines_of, mark, pyinfra_raw, ssh, 
 from tritonfleet.host import driver_source as ds
 from tritonfleet_testbed.standin_repo import ANSWER_PATH, smi_answer
 
-pytestmark = pytest.mark.testbed
-
 REFUSED = "tritonfleet pre-flight failed, no host was changed"
 RUN_TRACES = (f"printf '#!/bin/sh\\necho uninstalled\\n' > {ds.RUN_UNINSTALLER} && chmod 755 {ds.RUN_UNINSTALLER} "
               f"&& mkdir -p /var/lib/nvidia && printf '580.95.05\\n/usr/bin/nvidia-smi\\n' > {ds.RUN_LOG}")
@@ -63,8 +61,7 @@ DEBIAN = ["--data", "nvidia_driver_source=debian", "--data", 'nvidia_kernel_pack
 @pytest.fixture(scope="module")
 def bare_host(testbed):
     """Host tb4 from bare next to the shared ones; destroyed afterwards."""
-    from conftest import TESTBED_HOSTS
-
+    from tests.conftest import TESTBED_HOSTS
     from tritonfleet_testbed import hosts
     from tritonfleet_testbed.standin_repo import gpu_profile
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import time
 
-import pytest
 import requests
 
 from tests.support.testbed import (
@@ -23,8 +22,6 @@ from tests.support.testbed import (
     success_count,
 )
 from tritonfleet import ROOT
-
-pytestmark = pytest.mark.testbed
 
 
 def test_bare_to_serving_and_idempotent(deployed):

@@ -15,8 +15,6 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from tests.support.testbed import (
     BROKEN_INIT_ERROR,
     add_model_failing_at_initialize,
@@ -31,7 +29,6 @@ from tests.support.testbed import (
 )
 from tritonfleet import ROOT
 
-pytestmark = pytest.mark.testbed
 INV = "inventories/testbed.py"
 
 

@@ -39,8 +39,6 @@ from tests.support.testbed import (
 from tritonfleet import ROOT
 from tritonfleet_testbed import hosts
 
-pytestmark = pytest.mark.testbed
-
 
 def incoming(h) -> list[Path]:
     """Model releases being written on the host (seen from outside, through its root fs)."""

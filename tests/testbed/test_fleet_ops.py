@@ -30,7 +30,6 @@ from tests.support.testbed import (
 )
 from tritonfleet_testbed import hosts
 
-pytestmark = pytest.mark.testbed
 INV = "inventories/testbed.py"
 
 

@@ -5,11 +5,7 @@ the guard finds a container that lost its GPUs and restarts it once."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.support.testbed import changed_ops, container_started, pyinfra, ssh
-
-pytestmark = pytest.mark.testbed
 
 LOST = "Failed to initialize NVML: Unknown Error"
 DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/tritonfleet-persistence-mode.conf"

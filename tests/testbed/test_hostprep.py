@@ -24,8 +24,8 @@ import time
 
 import pytest
 import requests
-from conftest import TESTBED_HOSTS
 
+from tests.conftest import TESTBED_HOSTS
 from tests.support.fakehost import defaults
 from tests.support.registry import LocalRegistry
 from tests.support.testbed import (
@@ -42,8 +42,6 @@ from tritonfleet import ROOT
 from tritonfleet.host import nvidia_repos as vendorfacts
 from tritonfleet_testbed import hosts
 from tritonfleet_testbed.standin_repo import DOCKER_CE_VERSIONS, gpu_profile
-
-pytestmark = pytest.mark.testbed
 
 REFUSED = "tritonfleet pre-flight failed, no host was changed"
 OTHER_FPR = "0123456789ABCDEF0123456789ABCDEF01234567"

@@ -5,12 +5,8 @@ built, and builds it first (the kernel's headers, DKMS) when it can, then reboot
 
 from __future__ import annotations
 
-import pytest
-
 from tests.support.testbed import boot_id, changed_ops, pyinfra, ssh, status_of
 from tritonfleet_testbed.standin_repo import newer_kernels
-
-pytestmark = pytest.mark.testbed
 
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0"
 

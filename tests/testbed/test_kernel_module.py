@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.support.testbed import INVENTORY, boot_id, pyinfra, ssh, tritonfleet, write_inventory
-
-pytestmark = pytest.mark.testbed
 
 MODULE = ("echo \"license=$(modinfo -F license nvidia)\"; echo \"proc=$(head -n 1 /proc/driver/nvidia/version)\"; "
           "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' 'nvidia-kernel*dkms' 'nvidia-open-*' "

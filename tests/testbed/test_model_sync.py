@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,8 +30,6 @@ from tests.unit.model_repo.test_release_sync import trees
 from tritonfleet import ROOT
 from tritonfleet.model_repo import render as models
 from tritonfleet_testbed import hosts
-
-pytestmark = pytest.mark.testbed
 
 SCRATCH = "/opt/tritonfleet-sync-test"  # a release tree next to the served one, never served
 

@@ -16,8 +16,6 @@ import json
 import re
 import time
 
-import pytest
-
 from tests.support.testbed import (
     INVENTORY,
     ROOT,
@@ -33,8 +31,6 @@ from tritonfleet.gpu import placement as gpucount
 from tritonfleet.model_repo import render as models
 from tritonfleet_testbed import hosts
 from tritonfleet_testbed.standin_repo import MULTI_GPU_BUS_IDS, gpu_profile, multi_gpu_uuid
-
-pytestmark = pytest.mark.testbed
 
 GPU_ENV = "/etc/nvidia-standin/gpu.env"
 

@@ -26,8 +26,6 @@ from tritonfleet import ROOT
 from tritonfleet.observability import dashboard
 from tritonfleet.serving import health
 
-pytestmark = pytest.mark.testbed
-
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 MODELS = ["resnet50_onnx", "text_classifier_onnx"]
 WINDOW = "10s"  # --rate-window: 10 scrapes at 1s

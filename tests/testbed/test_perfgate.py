@@ -22,7 +22,6 @@ import requests
 
 from tests.support.testbed import api_headers, live_release, pyinfra, repository_copy, tritonfleet
 
-pytestmark = pytest.mark.testbed
 INV = "inventories/testbed.py"
 GATE = ["--perf-gate", "--data", "perf_gate_model=text_classifier_onnx", "--data", "perf_gate_duration=4",
         "--data", "perf_gate_max_throughput_drop=0.6", "--data", "perf_gate_max_p95_rise=1.5"]

@@ -5,12 +5,9 @@ times printed."""
 
 from __future__ import annotations
 
-import pytest
 import requests
 
 from tests.support.testbed import pyinfra, repository_copy
-
-pytestmark = pytest.mark.testbed
 
 CONFIG = """name: "fails_at_inference"
 backend: "python"

@@ -29,8 +29,6 @@ import pytest
 from tests.support.testbed import changed_ops
 from tritonfleet import ROOT
 
-pytestmark = pytest.mark.testbed
-
 #: what the wheel is built from (a clean copy: no build/ left over from earlier builds)
 SOURCES = ("pyproject.toml", "README.md", "tritonfleet", "deploys", "inventories", "files")
 

@@ -171,3 +171,20 @@ def test_no_module_is_over_600_lines_but_data_tables():
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted((ROOT / "tritonfleet").rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > 600 and p.relative_to(ROOT).as_posix() not in tables]
     assert not long, "\n".join(long)
+
+
+def test_tests_are_laid_out_like_the_source():
+    """tests/unit/<domain>/ for the fast tests of each package (and of the bench and the test
+    tooling), tests/testbed/ for those that run test hosts (marked by their directory:
+    tests/conftest.py), tests/support/ for the helpers; no test file elsewhere."""
+    tests = ROOT / "tests"
+    domains = {p.name for p in (ROOT / "tritonfleet").iterdir() if (p / "__init__.py").is_file()}
+    misplaced = [str(p.relative_to(ROOT)) for p in tests.glob("test_*.py")]
+    misplaced += [str(p.relative_to(ROOT)) for p in (tests / "unit").iterdir()
+                  if p.is_dir() and p.name != "__pycache__" and p.name not in domains | {"bench", "testbed_tooling"}]
+    misplaced += [str(p.relative_to(ROOT)) for p in (tests / "support").glob("test_*.py")]
+    assert not misplaced, f"test files outside tests/unit/<domain>/ and tests/testbed/: {misplaced}"
+    marker = "pytest" + ".mark." + "testbed"  # (not written out here: this file would match)
+    marked = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py")
+              if marker in p.read_text() or "\npytestmark" in p.read_text()]
+    assert not marked, f"the testbed marker comes from the directory (tests/testbed/), not the file: {marked}"
