@@ -9,6 +9,7 @@ import contextlib
 import select
 import socket
 import threading
+from typing import Any
 
 
 class SSHTunnel:
@@ -16,8 +17,8 @@ class SSHTunnel:
     ``channel_timeout``: seconds opening a channel, or sending into one, may wait for the host
     (its dead-link bound); a request through a dead tunnel then fails instead of hanging."""
 
-    def __init__(self, transport, remote_port: int, remote_host: str = "127.0.0.1",
-                 channel_timeout: float = 30):
+    def __init__(self, transport: Any, remote_port: int, remote_host: str = "127.0.0.1",
+                 channel_timeout: float = 30) -> None:
         self.transport, self.remote = transport, (remote_host, remote_port)
         self.channel_timeout = channel_timeout
         self.sock = socket.socket()
@@ -25,11 +26,11 @@ class SSHTunnel:
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self._stop = threading.Event()
-        self._open: list = []
+        self._open: list[Any] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
-    def _serve(self):
+    def _serve(self) -> None:
         self.sock.settimeout(0.2)
         while not self._stop.is_set():
             try:
@@ -46,11 +47,11 @@ class SSHTunnel:
             self._open += [client, chan]
             threading.Thread(target=self._pipe, args=(client, chan), daemon=True).start()
 
-    def _pipe(self, client, chan):
+    def _pipe(self, client: socket.socket, chan: Any) -> None:
         with contextlib.suppress(OSError, EOFError, ValueError):
             self._pump(client, chan)
 
-    def _pump(self, client, chan):
+    def _pump(self, client: socket.socket, chan: Any) -> None:
         with contextlib.closing(client), contextlib.closing(chan):
             while not self._stop.is_set():
                 r, _, _ = select.select([client, chan], [], [], 0.5)
@@ -65,7 +66,7 @@ class SSHTunnel:
                         return
                     client.sendall(data)
 
-    def close(self):
+    def close(self) -> None:
         self._stop.set()
         self.sock.close()
         for s in self._open:

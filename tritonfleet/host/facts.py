@@ -1,4 +1,5 @@
-"""Facts about the host's apt keys, Docker and Triton releases. Each reads, never fails hard."""
+"""Facts about the host itself: apt keys and sources, dpkg, files, units, Docker's daemon.json,
+Secure Boot, the driver's files. Each reads, never fails hard."""
 
 from __future__ import annotations
 

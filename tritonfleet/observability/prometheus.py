@@ -46,7 +46,9 @@ class Target:
 def targets(hosts: list[FleetHost]) -> tuple[list[Target], list[str]]:
     """Scrape targets of every host (inventory order), and warnings about hosts Prometheus may
     not reach."""
-    out, warnings, seen = [], [], {}
+    out: list[Target] = []
+    warnings: list[str] = []
+    seen: dict[str, str] = {}
     for h in hosts:
         for target, gpu in metrics.metrics_targets(h):
             if target in seen:

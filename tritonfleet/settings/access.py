@@ -40,7 +40,7 @@ class Settings(Protocol):
         no tunable."""
 
 
-def default(key: str, fallback=_MISSING):
+def default(key: str, fallback: Any = _MISSING) -> Any:
     """The package's default of tunable ``key`` (tritonfleet/settings/defaults.py), a copy of it; else
     ``fallback``; else ConfigError (a name that is no tunable)."""
     if key in DEFAULTS:
@@ -51,7 +51,7 @@ def default(key: str, fallback=_MISSING):
                       "lists every one; `python -m tritonfleet.settings.table` prints them)")
 
 
-def get(key: str, default_value=_MISSING):
+def get(key: str, default_value: Any = _MISSING) -> Any:
     """The tunable ``key`` for the current host: --data, host data, group data, else the
     package's default (``default_value`` only for names that are no tunable)."""
     value = host.data.get(key, _MISSING)

@@ -34,7 +34,8 @@ def read(path: Path = DEFAULTS_FILE) -> list[tuple[str, str, str]]:
     for node in ast.parse(text).body:
         if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
                 and node.targets[0].id[0].islower()):
-            comment, i = [], node.lineno - 2
+            comment: list[str] = []
+            i = node.lineno - 2
             while i >= 0 and lines[i].startswith("# ") and not lines[i].startswith("# ---"):
                 comment.insert(0, lines[i][2:].strip())
                 i -= 1

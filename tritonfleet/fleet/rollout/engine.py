@@ -4,6 +4,7 @@ the journal after a crash."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -17,12 +18,18 @@ from ...core.report import Failure, read_channel
 from ...gpu import placement as gpucount
 from ...serving import health, unit_watch
 from ...serving import per_gpu as pergpu
+from ...settings.access import Settings
 from .. import inventory as fleet
 from .. import perfgate, probe
 from .journal import JOURNAL, Journal, _log_dir, latest_journal
 from .plan import RolloutError, _plan_error, plan_batches
 from .pyinfra_run import PyinfraRun, run_pyinfra
 from .report import HostResult, Report
+
+
+def _started(journal: Journal, index: int, hosts: list[str], pid: int) -> None:
+    """The journal's line of a batch whose pyinfra started (its pid: --resume stops it first)."""
+    journal.write("batch", index=index, hosts=hosts, pid=pid)
 
 
 @dataclass
@@ -139,8 +146,7 @@ def _batches(run: _Run, first: int) -> None:
         t0 = time.monotonic()
         pyi = run_pyinfra(run.inventory, run.deploy, todo, run.data, log_path=run.logs / f"batch-{i}.log",
                           failure_dir=run.logs / f"failures-{i}",
-                          on_start=lambda pid, i=i, todo=todo: run.journal.write("batch", index=i, hosts=todo,
-                                                                                 pid=pid))
+                          on_start=functools.partial(_started, run.journal, i, todo))
         # why each host failed: the report its step left (structured), else pyinfra's own words
         reports: dict[str, Failure] = {n: f for n, f in read_channel(run.logs / f"failures-{i}").items()
                                        if n in todo}
@@ -293,7 +299,7 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
     want = probe.intent(fh)
     models = want.get("models", [])
     transport = None
-    gets = [fh]
+    gets: list[Settings] = [fh]
     limit = float(fh.get("health_timeout") if timeout is None else timeout)
     watch = unit_watch.watch_instance(fh, lambda cmd: fleet.run(fh, cmd)[1])
     try:

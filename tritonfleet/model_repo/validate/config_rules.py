@@ -5,14 +5,25 @@ their reshapes, instance groups on the host's GPUs, warmup."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .model_dirs import _Entry
 from .tables import ENSEMBLE
 
 
 class ConfigRules:
     """The configuration rules of :class:`tritonfleet.model_repo.validate.checker.Checker`."""
+
+    # what the checker (tritonfleet.model_repo.validate.checker.Checker) provides
+    repo: Path | None
+    gpus: int | None
+    backends: frozenset[str]
+    onnx_signatures: bool
+    entries: dict[str, _Entry]
+    add: Callable[[str, str, int | None, str, str], None]
 
     def _batching(self, cfg, p) -> None:
         mbs = cfg.max_batch_size

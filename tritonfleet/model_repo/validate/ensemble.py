@@ -4,6 +4,9 @@ every output, and no ensemble that depends on itself."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .model_dirs import _Entry
@@ -12,6 +15,14 @@ from .tables import ENSEMBLE
 
 class EnsembleRules:
     """The ensemble rules of :class:`tritonfleet.model_repo.validate.checker.Checker`."""
+
+    # what the checker (tritonfleet.model_repo.validate.checker.Checker) provides
+    repo: Path | None
+    gpus: int | None
+    backends: frozenset[str]
+    onnx_signatures: bool
+    entries: dict[str, _Entry]
+    add: Callable[[str, str, int | None, str, str], None]
 
     # -- ensembles -----------------------------------------------------------------------------
     def check_ensemble(self, entry: _Entry) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -23,6 +24,14 @@ from .tables import (
 
 class FileRules:
     """The file rules of :class:`tritonfleet.model_repo.validate.checker.Checker`."""
+
+    # what the checker (tritonfleet.model_repo.validate.checker.Checker) provides
+    repo: Path | None
+    gpus: int | None
+    backends: frozenset[str]
+    onnx_signatures: bool
+    entries: dict[str, _Entry]
+    add: Callable[[str, str, int | None, str, str], None]
 
     # -- files on disk -------------------------------------------------------------------------
     def _files(self, entry: _Entry, p) -> None:
