@@ -44,6 +44,7 @@ from ..host_layer import (
     existing_driver,
     kernel_module,
     persistence_command,
+    persistence_modes,
     secure_boot_problem,
     smi_command,
     toolkit_facts,
@@ -367,8 +368,10 @@ def nvidia_driver():
 
 
 def _check_persistence():
-    text = " ".join((memo.fact(Command, command=persistence_command()) or "").split())
-    if "enabled" not in text.lower():
+    raw = memo.fact(Command, command=persistence_command()) or ""
+    text = " ".join(raw.split())
+    modes = persistence_modes(raw)
+    if not modes or any(m.lower() != "enabled" for m in modes):  # every GPU's, not any line's
         raise RuntimeError(
             f"{host.name}: {smi_command()} -q shows {text or 'no Persistence Mode line'}, expected Persistence Mode "
             f"Enabled: check `systemctl status nvidia-persistenced` and {PERSISTENCE_DROPIN} on the host "
