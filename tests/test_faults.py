@@ -35,6 +35,7 @@ from testbed_util import (
     unblock_ssh,
     undrop_packets,
 )
+from tritonclient.utils import InferenceServerException
 
 from tritonfleet import ROOT
 from tritonfleet_testbed import hosts
@@ -74,7 +75,7 @@ def big_repo(tmp_path, mb: int = 300) -> Path:
 def serving(h) -> bool:
     try:
         return infer_resnet(h.address).shape == (1, 1000)
-    except Exception:  # noqa: BLE001
+    except (InferenceServerException, OSError):  # no answer, or Triton's error: not serving
         return False
 
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from paramiko import SSHException
+from pyinfra.api.exceptions import ConnectError
 from pyinfra.api.state import BaseStateCallback
 
 from .defaults import DEFAULTS
@@ -42,6 +44,10 @@ _MARK = "_tritonfleet_tuned"
 KEEPALIVE_INTERVAL = DEFAULTS["ssh_keepalive_interval"]
 KEEPALIVE_COUNT = DEFAULTS["ssh_keepalive_count"]
 IDLE_POLL = 1.0  # s between an idle paramiko transport's wake-ups (paramiko's own: 0.1 s)
+#: what reaching a host over SSH raises: pyinfra's refusal to connect (ConnectError), a socket's
+#: error (a command past its timeout too: pyinfra raises TimeoutError, an OSError), paramiko's
+#: errors, and a stream closed under a read (EOFError). Anything else is a bug.
+CONNECTION_ERRORS = (ConnectError, OSError, SSHException, EOFError)
 
 
 def keepalive(data: Any) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import limits
-from .connection import tune_state
+from .connection import CONNECTION_ERRORS, tune_state
 from .defaults import DEFAULTS
 from .tunables import whole_number
 
@@ -127,7 +127,7 @@ def disconnect(fh: FleetHost) -> None:
     if h is not None and h.connected:
         try:
             h.disconnect()
-        except Exception:  # noqa: BLE001 - closing a dead connection is not an error
+        except CONNECTION_ERRORS:  # closing a dead connection is not an error
             pass
 
 

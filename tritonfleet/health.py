@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import requests
+from paramiko import SSHException
 
 from . import pergpu
 from .failure import Failure, HostFailure, trim
@@ -128,6 +129,9 @@ class SSHTunnel:
         self.port = self.sock.getsockname()[1]
         self._stop = threading.Event()
         self._open: list = []
+        #: why the last channel could not be opened (the client's connection was closed): said in
+        #: the gate's report next to the request that failed, instead of a bare closed connection
+        self.error = ""
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -142,9 +146,12 @@ class SSHTunnel:
                 chan = self.transport.open_channel("direct-tcpip", self.remote, addr,
                                                    timeout=self.channel_timeout)
                 chan.settimeout(self.channel_timeout)
-            except Exception:
+            except (SSHException, OSError, EOFError) as e:  # the host refused or the link is gone
+                self.error = (f"the SSH tunnel to {self.remote[0]}:{self.remote[1]} on the host could not open "
+                              f"a channel: {type(e).__name__}: {e}")
                 client.close()
                 continue
+            self.error = ""
             self._open += [client, chan]
             threading.Thread(target=self._pipe, args=(client, chan), daemon=True).start()
 
@@ -171,7 +178,7 @@ class SSHTunnel:
         self._stop.set()
         self.sock.close()
         for s in self._open:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError, EOFError):
                 s.close()
 
 
@@ -409,12 +416,21 @@ class UnitWatch:
         self.command = watch_command(service, container, base)
         self.last: UnitSnapshot | None = None
         self.since: int | None = None
+        #: why the last read of the host failed ("" after a read that worked): the report says it
+        self.error = ""
 
     def read(self) -> UnitSnapshot | None:
+        """The unit now; None when the host cannot be read (``error`` says why): a watch that cannot
+        read the host decides nothing, and the gate goes on waiting on Triton's own answers."""
+        from .connection import CONNECTION_ERRORS
+        from .fleet import FleetError
+
         try:
             self.last = parse_watch(self.run(self.command))
-        except Exception:  # noqa: BLE001 - a watch that cannot read the host decides nothing
+        except (FleetError, *CONNECTION_ERRORS) as e:
+            self.error = f"{type(e).__name__}: {e}"
             return None
+        self.error = ""
         return self.last
 
     def __call__(self) -> Verdict | None:
@@ -490,6 +506,9 @@ def gate(get, address: str, models: list[str], transport=None, timeout: float | 
     try:
         res = wait_healthy(http_url, metrics_url, models, get("health_timeout") if timeout is None else timeout,
                            get("health_request_timeout"), watch=watch)
+        said = [t.error for t in tunnels if t.error]
+        if not res.ok and said and res.first_failure is not None:  # why the tunnel's requests failed
+            res.first_failure.detail += f" ({said[0]})"
         if res.ok and warm is not None:
             verdict = warm(http_url)
             if verdict is not None:
@@ -534,6 +553,8 @@ def failure_of(res: HealthResult, host_name: str, models: list[str], watch: Unit
         cause = (f"Triton: {triton}" if triton else answer)
         words = error_words(start.lines) if start else []
     now, fix = serving_now(snap, service, host_name, rollout)
+    if snap is None and watch.error:
+        now = f"unknown (the host could not be read: {watch.error[:200]})"
     if not fix:
         fix = "fix the cause above (the model: tritonfleet validate; the unit: journalctl -u " \
               f"{service}), then run the deploy again"

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from . import loadtest, metrics
-from .fleet import FleetHost
+from .connection import CONNECTION_ERRORS
+from .fleet import FleetError, FleetHost
 
 
 class PerfGateError(RuntimeError):
@@ -83,7 +84,7 @@ def measure(fh: FleetHost, model: str | None = None) -> Measurement:
         raise PerfGateError(str(e)) from e
     except PerfGateError:
         raise
-    except Exception as e:  # noqa: BLE001 - named with the host
+    except (FleetError, ValueError, *CONNECTION_ERRORS) as e:  # named with the host
         raise PerfGateError(f"{fh.name}: {type(e).__name__}: {e}") from e
     return Measurement(model, conc, step.duration_s, step.requests, step.errors, step.throughput,
                        step.p95_ms, step.first_error)

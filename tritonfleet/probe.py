@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from . import apikey, driver_source, fleet, gpucount, kernel, kernel_module, pergpu
+from .connection import CONNECTION_ERRORS
 from .failure import HOST_RECORD, Failure
 from .gpucheck import GPU_CLASSES
 from .models import host_repository
@@ -268,7 +269,7 @@ def intent(fh: fleet.FleetHost, st: HostStatus | None = None) -> dict:
         _, man, rid = host_repository(fh.get, gpus=gpus)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
-    except Exception as e:  # noqa: BLE001 - an unrenderable repository is shown, not fatal here
+    except (ValueError, OSError) as e:  # an unrenderable repository is shown, not fatal here
         want["release_error"] = str(e)
     if pergpu.enabled(fh.get):
         try:
@@ -373,7 +374,7 @@ def image_drift(st: HostStatus, image: str) -> list[str]:
 def probe(fh: fleet.FleetHost, with_intent: bool = True, timeout: float = 30) -> HostStatus:
     try:
         _, text = fleet.run(fh, command(fh.get), timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - any connection error means: unreachable
+    except (fleet.FleetError, *CONNECTION_ERRORS) as e:  # cannot reach it (a bug is raised, not hidden)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return HostStatus(fh.name, fh.address, fh.gpu_class, reachable=False, error=msg[:160],
                           drift=["unreachable"])

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import ROLLBACK_DEPLOY, fleet, gpucount, health, perfgate, pergpu, probe, runid
+from .connection import CONNECTION_ERRORS
 from .failure import CHANNEL_ENV, Failure, read_channel
 from .ops.check import is_check
 from .procs import alive, die_with_parent
@@ -540,7 +541,7 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
             if not res.ok:
                 return res, health.instance_failure(health.failure_of(res, fh.name, models, watch, limit,
                                                                       rollout=True), g)
-    except Exception as e:  # noqa: BLE001 - a gate that cannot run is a failed gate
+    except (fleet.FleetError, ValueError, *CONNECTION_ERRORS) as e:  # a gate that cannot run is a failed gate
         res = health.HealthResult(False, [health.Check(fh.address, False, str(e)[:200])])
     if res.ok:
         return res, None

@@ -25,6 +25,7 @@ from pyinfra.connectors.util import CommandOutput
 
 from .. import aptreport, config
 from .. import failure as failure_lib
+from ..connection import CONNECTION_ERRORS
 from ..shell import q
 
 LOCK_ERRORS = aptreport.LOCK_ERRORS
@@ -89,13 +90,13 @@ def report(state, host, diagnosis: aptreport.AptDiagnosis, command: AptCommand, 
     # as the command ran (sudo, su, env), without what only applies to it (stdin, exit codes, retries)
     args = {k: v for k, v in (connector_arguments or {}).items()
             if k not in ("_stdin", "_success_exit_codes", "_retries", "_retry_delay", "_retry_until")}
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(*CONNECTION_ERRORS):  # best effort: the report goes out without it
         if diagnosis.cause == "version not available" and diagnosis.packages:
             ok, out = host.run_shell_command(aptreport.madison_command(diagnosis.packages), print_output=False,
                                              print_input=False, **args)
             available = aptreport.parse_madison(out.stdout_lines) if ok else {}
             available = {p: available.get(p, []) for p in diagnosis.packages}
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(*CONNECTION_ERRORS):  # best effort: the report goes out without it
         if diagnosis.urls:
             ok, out = host.run_shell_command(aptreport.sources_command(diagnosis.urls), print_output=False,
                                              print_input=False, **args)
