@@ -112,22 +112,26 @@ def test_every_deploy_file_installs_the_patches_first(deploy):
 
 
 PATCHES = """
-import importlib, json, signal
+import importlib, json, logging, signal
 import pyinfra
 pyinfra.is_cli = True  # as when pyinfra's CLI loads a deploy file
 operation = importlib.import_module("pyinfra.api.operation")
+arguments = importlib.import_module("pyinfra.api.arguments")
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
 def now():
     return {"order": operation.get_operation_order_from_stack.__module__,
             "sigint": getattr(signal.getsignal(signal.SIGINT), "__module__", None),
-            "callbacks": [type(c).__module__ for c in state.callback_handlers]}
+            "callbacks": [type(c).__module__ for c in state.callback_handlers],
+            "global_arguments": arguments.all_global_arguments.__module__,
+            "log_filters": [type(f).__module__ for f in logging.getLogger("pyinfra").filters]}
 
 state = State()
 state.callback_handlers = []  # (State.init sets it up for a run)
 ctx_state.set(state)
 out = {"before": now()}
+import tritonfleet, tritonfleet.cli, tritonfleet.fleet, tritonfleet.probe, tritonfleet.rollout
 import tritonfleet.preflight, tritonfleet.steps.host_prep, tritonfleet.steps.rollback
 import tritonfleet.steps.triton, tritonfleet.steps.verify
 out["imported"] = now()
@@ -147,6 +151,8 @@ def test_importing_the_steps_patches_nothing_and_install_does():
     assert installed["order"] == "tritonfleet.oporder", installed
     assert installed["sigint"] == "tritonfleet.interrupt", installed
     assert "tritonfleet.connection" in installed["callbacks"], installed
+    assert installed["global_arguments"] == "tritonfleet.argcache", installed
+    assert installed["log_filters"] == ["tritonfleet.connection"], installed
 
 
 def test_the_testbed_commands_join_the_cli_through_their_entry_point(monkeypatch):

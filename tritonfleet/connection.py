@@ -134,3 +134,22 @@ def tune_state(state: Any = None) -> int:
     if inventory is None:
         return 0
     return sum(1 for h in inventory if getattr(h, "connected", False) and tune_host(h))
+
+
+def quiet_relaxed_host_keys() -> None:
+    """pyinfra warns "No host key for <address> found in known_hosts" on every connection when
+    ssh_strict_host_key_checking is "off"/"no" (its WarningPolicy): the inventory chose that on
+    purpose (the testbed's hosts share one image's host keys), so the warning is dropped. Strict
+    mode logs its refusal as an error and accept-new in other words: both still show. Added to
+    pyinfra's logger by ``pyinfra_patches.install()`` and by tritonfleet's own fleet commands
+    (tritonfleet.fleet), never by importing tritonfleet."""
+    import logging
+
+    class RelaxedHostKeys(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not (record.levelno == logging.WARNING
+                        and record.msg == "No host key for %s found in known_hosts")
+
+    log = logging.getLogger("pyinfra")
+    if not any(type(f).__name__ == "RelaxedHostKeys" for f in log.filters):
+        log.addFilter(RelaxedHostKeys())

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import limits
-from .connection import CONNECTION_ERRORS, tune_state
+from .connection import CONNECTION_ERRORS, quiet_relaxed_host_keys, tune_state
 from .defaults import DEFAULTS
 from .tunables import whole_number
 
@@ -79,6 +79,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     if not path.is_file():
         raise FleetError(f"inventory {inventory} not found")
     state = _state()
+    quiet_relaxed_host_keys()  # this command's own connections (tritonfleet.connection)
     try:
         inv = make_inventory(str(path), override_data=data or None, cwd=os.getcwd())
     except SystemExit as e:  # an inventory may refuse to load (e.g. no testbed running)

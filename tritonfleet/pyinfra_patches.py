@@ -27,7 +27,7 @@ from gevent.event import Event
 from pyinfra.context import ctx_state
 
 from . import argcache, failure, hostlock, interrupt, limits, oporder
-from .connection import tune_state
+from .connection import quiet_relaxed_host_keys, tune_state
 
 _MARK = "_tritonfleet_patches"
 
@@ -65,6 +65,7 @@ def _install() -> None:
     state = ctx_state.get() if ctx_state.isset() else None
     inventory = getattr(state, "inventory", None)  # a State not initialised yet has none
     limits.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
+    quiet_relaxed_host_keys()
     tune_state()
     if hostlock.enabled():
         hostlock.acquire_all()
