@@ -111,6 +111,16 @@ def test_every_deploy_file_installs_the_patches_first(deploy):
         "pyinfra_patches.install() (from tritonfleet import pyinfra_patches)")
 
 
+def test_the_readmes_deploy_example_is_the_deploy_file():
+    """README shows deploys/models.py as the example of an entry point: it is that file (its
+    first comment aside), the patches line included."""
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("e.g. `deploys/models.py`:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = [ln for ln in (ROOT / "deploys" / "models.py").read_text().splitlines(keepends=True)
+            if not ln.startswith("#")]
+    assert example == "".join(code)
+
+
 PATCHES = """
 import importlib, json, logging, signal
 import pyinfra
@@ -182,7 +192,7 @@ def test_install_runs_once_a_run_while_the_other_hosts_wait_for_it(monkeypatch):
     from pyinfra.api.state import State
     from pyinfra.context import ctx_state
 
-    from tritonfleet import hostlock, oporder, pyinfra_patches
+    from tritonfleet import argcache, hostlock, oporder, pyinfra_patches
 
     events = []
 
@@ -205,5 +215,6 @@ def test_install_runs_once_a_run_while_the_other_hosts_wait_for_it(monkeypatch):
         gevent.joinall([gevent.spawn(deploy_file, i) for i in range(3)], raise_error=True)
     finally:
         oporder.uninstall()
+        argcache.uninstall()
     assert events[:2] == ["taking the locks", "locks held"], events
     assert sorted(events[2:]) == ["host 0 goes on", "host 1 goes on", "host 2 goes on"], events

@@ -44,6 +44,9 @@ _MARK = "_tritonfleet_tuned"
 KEEPALIVE_INTERVAL = DEFAULTS["ssh_keepalive_interval"]
 KEEPALIVE_COUNT = DEFAULTS["ssh_keepalive_count"]
 IDLE_POLL = 1.0  # s between an idle paramiko transport's wake-ups (paramiko's own: 0.1 s)
+#: the idle poll is tuned only while paramiko's transport is the one checked (a speed-only patch:
+#: tritonfleet.pyinfra_ext.compat switches it off, with a warning, when it is not)
+_idle_poll = {"on": True}
 #: what reaching a host over SSH raises: pyinfra's refusal to connect (ConnectError), a socket's
 #: error (a command past its timeout too: pyinfra raises TimeoutError, an OSError), paramiko's
 #: errors, and a stream closed under a read (EOFError). Anything else is a bug.
@@ -106,7 +109,7 @@ def tune_host(host: Any) -> bool:
         transport.set_keepalive(interval)
     sock = getattr(transport, "sock", None)
     tuned = tune_socket(sock, interval, count)
-    poll = getattr(transport, "_active_check_timeout", None)
+    poll = getattr(transport, "_active_check_timeout", None) if _idle_poll["on"] else None
     if tuned and poll is not None and sock.gettimeout() == poll:  # paramiko's own idle poll
         sock.settimeout(max(IDLE_POLL, poll))
     return tuned
@@ -153,3 +156,8 @@ def quiet_relaxed_host_keys() -> None:
     log = logging.getLogger("pyinfra")
     if not any(type(f).__name__ == "RelaxedHostKeys" for f in log.filters):
         log.addFilter(RelaxedHostKeys())
+
+
+def set_idle_poll(on: bool) -> None:
+    """Tune paramiko's idle poll on connections tuned from now on (tritonfleet.pyinfra_ext.compat)."""
+    _idle_poll["on"] = bool(on)

@@ -80,6 +80,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
         raise FleetError(f"inventory {inventory} not found")
     state = _state()
     quiet_relaxed_host_keys()  # this command's own connections (tritonfleet.connection)
+    _pyinfra_checked()
     try:
         inv = make_inventory(str(path), override_data=data or None, cwd=os.getcwd())
     except SystemExit as e:  # an inventory may refuse to load (e.g. no testbed running)
@@ -103,6 +104,22 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     except limits.LimitError as e:
         raise FleetError(str(e)) from e
     return out
+
+
+def _pyinfra_checked() -> None:
+    """The pyinfra and paramiko internals the fleet's own connections rely on (pyinfra's SSH
+    connector: refused when changed; paramiko's idle poll: its tuning off, with a warning)."""
+    import logging
+
+    from .connection import set_idle_poll
+    from .pyinfra_ext import compat
+
+    res = compat.check({"connection", "idle_poll"})
+    if res.refused:
+        raise FleetError(res.refusal())
+    set_idle_poll("idle_poll" not in res.off)
+    for warning in res.warnings():
+        logging.getLogger("pyinfra").warning(warning)
 
 
 def run(fh: FleetHost, command: str, timeout: float = 60) -> tuple[bool, str]:

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
 
-from . import config, keys, vendor_repos, vendorfacts
+from . import config, keys, pyinfra_patches, vendor_repos, vendorfacts
 from .facts import memo
 from .facts.gpu import (
     STATUS_NO_GPU,
@@ -359,6 +359,7 @@ def check_per_gpu() -> None:
 
 def run_all() -> None:
     """deploys/triton.py: everything."""
+    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
     check_host_key_policy()
     check_gpu_class_and_driver()
     prefetch_host()  # the GPU record places model instances (check_model_repository)
@@ -370,6 +371,7 @@ def run_all() -> None:
 
 def host_layer() -> None:
     """deploys/host.py: driver, Docker, toolkit, GPU verification."""
+    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
     check_host_key_policy()
     check_gpu_class_and_driver()
     check_registry_secret([config.get("cuda_test_image")])
@@ -378,6 +380,7 @@ def host_layer() -> None:
 
 def triton_layer() -> None:
     """deploys/models.py: image, models, unit, health gate."""
+    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
     check_host_key_policy()
     check_model_repository()
     check_per_gpu()

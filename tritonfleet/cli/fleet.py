@@ -10,10 +10,22 @@ import click
 from .. import fleet, probe
 
 
+def _pyinfra_checked(*features: str) -> None:
+    """The pyinfra internals these commands rely on are the checked ones (tritonfleet.pyinfra_ext.compat)."""
+    from ..pyinfra_ext import compat
+
+    try:
+        compat.ensure(*features)
+    except compat.PyinfraChanged as e:
+        raise click.ClickException(str(e)) from e
+
+
 def _data(pairs: tuple[str, ...]) -> dict:
     """--data key=value, parsed the way pyinfra parses it (JSON, numbers, booleans)."""
     from pyinfra_cli.util import parse_cli_arg
 
+    if pairs:
+        _pyinfra_checked("cli_args")
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -123,6 +135,7 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
     from ..rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
+    _pyinfra_checked("rollout_json")
     try:
         if resume:
             if inventory or deploy or limit or data:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
+from .. import pyinfra_patches
 from ..ops import gpuguard as guard_ops
 from ..ops import lb
 from ..ops.check import check
@@ -14,6 +15,7 @@ from ..ops.check import check
 
 @deploy("GPU-loss guard")
 def gpu_guard():
+    pyinfra_patches.required("GPU-loss guard")  # the deploy file installed the patches (the deploy lock)
     reasons = guard_ops.pending()
     if reasons:
         guard_ops.guard(name="Triton's container still sees the host's GPUs after daemon-reload", reasons=reasons)

@@ -13,7 +13,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
-from .. import config, driver_source, gpuguard, vendor_repos, vendorfacts
+from .. import config, driver_source, gpuguard, pyinfra_patches, vendor_repos, vendorfacts
 from .. import kernel_module as kmod
 from ..facts import memo
 from ..facts.host import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
@@ -209,6 +209,7 @@ def debian_nonfree_text() -> str | None:
 
 @deploy("NVIDIA driver")
 def nvidia_driver():
+    pyinfra_patches.required("NVIDIA driver")  # the deploy file installed the patches (the deploy lock)
     memo.prefetch(*driver_facts())
     # (pre-flight refuses these before any host is touched; this guards direct use of the step)
     for read, what, expected in (
@@ -380,6 +381,7 @@ def _check_persistence():
 
 @deploy("Docker Engine")
 def docker_engine():
+    pyinfra_patches.required("Docker Engine")  # the deploy file installed the patches (the deploy lock)
     source = config.get("docker_source")
     memo.prefetch(*docker_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
@@ -443,6 +445,7 @@ def _check_docker_version(pattern: str):
 
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit():
+    pyinfra_patches.required("NVIDIA Container Toolkit")  # the deploy file installed the patches (the deploy lock)
     memo.prefetch(*toolkit_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     vendor_source(vendor_repos.container_toolkit())

@@ -18,7 +18,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
-from .. import config, pergpu
+from .. import config, pergpu, pyinfra_patches
 from ..facts.host import DeployHistory, DockerImageId, ReleaseManifest, ReleaseState
 from ..failure import fail
 from ..health import gate_current_host
@@ -68,6 +68,7 @@ def _fail(message: str, expected: str = "an earlier healthy deployment to roll b
 
 @deploy("Rollback")
 def rollback():
+    pyinfra_patches.required("Rollback")  # the deploy file installed the patches (the deploy lock)
     base = config.get("triton_base_dir")
     service = config.get("triton_service")
     if pergpu.enabled(config.get):

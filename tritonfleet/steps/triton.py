@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from .. import apikey, config, models, pergpu, release_plan
+from .. import apikey, config, models, pergpu, pyinfra_patches, release_plan
 from ..facts import memo
 from ..facts.gpu import instance_gets
 from ..facts.host import (
@@ -122,6 +122,7 @@ def container_fact_args(get=None) -> dict:
 
 @deploy("Triton image")
 def triton_image():
+    pyinfra_patches.required("Triton image")  # the deploy file installed the patches (the deploy lock)
     # what the Triton steps read on a converged host, in one remote command
     memo.prefetch((DockerImageId, {"image": config.get("triton_image")}),
                   (ReleaseState, {"base": config.get("triton_base_dir")}),
@@ -136,6 +137,7 @@ def triton_image():
 
 @deploy("Model repository")
 def model_repository():
+    pyinfra_patches.required("Model repository")  # the deploy file installed the patches (the deploy lock)
     return sync_models()
 
 
@@ -222,6 +224,7 @@ def retire_units(keep: set[str]) -> bool:
 
 @deploy("Triton service")
 def triton_service(image: list | None = None, models: list | None = None):
+    pyinfra_patches.required("Triton service")  # the deploy file installed the patches (the deploy lock)
     if pergpu.enabled(config.get):
         return per_gpu_service(image, models)
     service = config.get("triton_service")
@@ -376,6 +379,7 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str 
 
 @deploy("Health gate")
 def health_gate(record: bool = True):
+    pyinfra_patches.required("Health gate")  # the deploy file installed the patches (the deploy lock)
     local, _, _ = host_repository()
     gate_check = check_with_steps if config.get("auto_rollback") else check
     gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",

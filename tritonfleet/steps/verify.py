@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyinfra import host, logger, state
 from pyinfra.api import deploy, operation
 
-from .. import config
+from .. import config, pyinfra_patches
 from .. import kernel_module as kmod
 from ..facts import gpu as gpufacts
 from ..failure import Failure, HostFailure, trim
@@ -274,6 +274,7 @@ def record_gpus():
 
 @deploy("GPU verification")
 def verify_gpus(load_image: bool = True):
+    pyinfra_patches.required("GPU verification")  # the deploy file installed the patches (the deploy lock)
     image = config.get("cuda_test_image")
     if load_image:
         ensure_image(image)
