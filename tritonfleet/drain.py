@@ -239,8 +239,15 @@ class HAProxy(Balancer):
             row = rows[0]
             st = [r for r in parse_servers_state(api.command(f"show servers state {self.backend}"))
                   if r.get("srv_name") == self.server]
-            adm = int(st[0].get("srv_admin_state", "0")) if st else 0
-            scur = int(row.get("scur") or 0)
+            # what cannot be read is said, never taken for "no sessions" or "no admin state"
+            if not st or not str(st[0].get("srv_admin_state", "")).isdigit():
+                raise DrainError(f"HAProxy at {api.address}: `show servers state {self.backend}` gives no admin "
+                                 f"state for {self.server!r}: {st[0] if st else 'no such line'}")
+            if not str(row.get("scur", "")).isdigit():
+                raise DrainError(f"HAProxy at {api.address}: `show stat` gives no current sessions (scur) for "
+                                 f"{self.backend}/{self.server}: {row.get('scur')!r}")
+            adm = int(st[0]["srv_admin_state"])
+            scur = int(row["scur"])
             status.append(row.get("status", ""))
             sessions += scur
             admin |= adm

@@ -275,6 +275,7 @@ class UnitSnapshot:
     container: str = ""
     release: str = ""
     last: dict | None = None
+    last_error: str = ""  # the history's last line that is not a record (not "never recorded")
 
     @property
     def restarts(self) -> int:
@@ -344,8 +345,11 @@ def parse_watch(text: str) -> UnitSnapshot:
     snap.container = parts[2].strip()
     rel = parts[3].strip()
     snap.release = rel.rstrip("/").rsplit("/", 1)[-1] if rel else ""
-    with contextlib.suppress(ValueError):
-        snap.last = json.loads(parts[4].strip()) if parts[4].strip() else None
+    if parts[4].strip():
+        try:
+            snap.last = json.loads(parts[4].strip())
+        except ValueError:
+            snap.last_error = f"the last line of history.jsonl is not a record: {parts[4].strip()[:120]!r}"
     return snap
 
 
@@ -469,6 +473,9 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
 
             fix = (("the host served before this deploy; put that deployment back with: "
                     if differs else "to return to the last healthy deployment: ") + rollback_command(host_name))
+    elif snap.last_error:
+        what += f"; the last healthy deployment cannot be told ({snap.last_error})"
+        fix = ""
     else:
         what += "; no healthy deployment was ever recorded on this host"
         fix = ""
