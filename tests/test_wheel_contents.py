@@ -37,5 +37,7 @@ def test_the_wheel_holds_no_test_tooling(tmp_path):
     tops = {n.split("/", 1)[0] for n in names}
     assert tops == {"tritonfleet", "tritonfleet-0.1.0.dist-info"}, tops
     assert "tritonfleet/steps/triton.py" in names and "tritonfleet/templates/triton.service.j2" in names
+    # the record the run-time check of pyinfra's internals reads
+    assert "tritonfleet/pyinfra_ext/internals.json" in names and "tritonfleet/core/errors.py" in names
     assert "tritonfleet_testbed" not in entry_points and "tritonfleet.commands" not in entry_points, entry_points
     assert "tritonfleet = tritonfleet.cli:main" in entry_points
