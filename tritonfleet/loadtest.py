@@ -194,11 +194,10 @@ class Progress:
 
 async def _drive(client, model: str, inputs: list, outputs: list | None, concurrency: int,
                  duration: float, progress: Progress, timeout: float) -> tuple[list[float], list[str]]:
+    failed_request = request_errors()  # (imports the clients' modules: before the clock starts)
     latencies: list[float] = []
     errors: list[str] = []
     deadline = time.perf_counter() + duration
-
-    failed_request = request_errors()
 
     async def worker() -> None:
         while time.perf_counter() < deadline:

@@ -84,12 +84,18 @@ def per_gpu_parts(get, addr: str) -> dict[str, str]:
     }
 
 
+#: the sections the command printed (a section it did not print was not asked: no answer to miss)
+PRINTED = "@printed"
+
+
 def parse(text: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {k: [] for k in SECTIONS}
+    out[PRINTED] = []
     key = None
     for line in text.splitlines():
-        if line.startswith("@") and line[1:].strip() in out:
+        if line.startswith("@") and line[1:].strip() in SECTIONS:
             key = line[1:].strip()
+            out[PRINTED].append(key)
         elif key and line.strip():
             out[key].append(line.strip())
     return out
@@ -194,7 +200,8 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     if isinstance(index, list) and all(isinstance(m, dict) for m in index):
         for m in index:
             (st.models_ready if m.get("state") == "READY" else st.models_not_ready).append(m.get("name"))
-    elif st.unit_state == "active" or answer:  # a Triton that runs and does not say what it serves
+    elif answer or (st.unit_state == "active" and "models" in sections.get(PRINTED, SECTIONS)):
+        # a Triton that runs and does not say what it serves
         st.unknown["models"] = (f"Triton's repository index answered {answer[:120]!r}" if answer
                                 else "Triton's repository index did not answer")
     try:

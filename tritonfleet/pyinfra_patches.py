@@ -7,6 +7,8 @@ and read no fact yet):
 
 * socket options: TCP_NODELAY and dead-link keepalives on every SSH connection, now and on every
   later one (tritonfleet.connection);
+* pyinfra's "No host key ... found" warning dropped where the inventory relaxed the host-key
+  policy on purpose (tritonfleet.connection.quiet_relaxed_host_keys);
 * the operation order read from frames instead of ``inspect.stack()`` (tritonfleet.oporder);
 * pyinfra's global-argument names and types computed once, not per operation call
   (tritonfleet.argcache);
