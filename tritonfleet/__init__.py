@@ -25,23 +25,3 @@ ROLLBACK_DEPLOY = SKELETON / "deploys" / "rollback.py"
 #: The source checkout this module was imported from (its tests, bench/ and docs/ use it). In an
 #: installed wheel it is the site-packages directory: the package itself never reads through it.
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _quiet_relaxed_host_keys() -> None:
-    """pyinfra warns "No host key for <address> found in known_hosts" on every connection when
-    ssh_strict_host_key_checking is "off"/"no" (its WarningPolicy): the inventory chose that on
-    purpose (the testbed's hosts share one image's host keys), so the warning is dropped. Strict
-    mode logs its refusal as an error and accept-new in other words: both still show."""
-    import logging
-
-    class RelaxedHostKeys(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return not (record.levelno == logging.WARNING
-                        and record.msg == "No host key for %s found in known_hosts")
-
-    log = logging.getLogger("pyinfra")
-    if not any(type(f).__name__ == "RelaxedHostKeys" for f in log.filters):
-        log.addFilter(RelaxedHostKeys())
-
-
-_quiet_relaxed_host_keys()

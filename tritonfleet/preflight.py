@@ -52,6 +52,7 @@ from .host.layer import (
     secure_boot_problem,
 )
 from .model_repo.render import RepositoryError, current_host_repository
+from .pyinfra_ext import install as pyinfra_patches
 from .pyinfra_ext import memo
 from .serving.facts import DockerImageId
 from .serving.images import login_registry, needs_login, pulls
@@ -367,6 +368,7 @@ def check_per_gpu() -> None:
 @entry_point
 def run_all() -> None:
     """deploys/triton.py: everything."""
+    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
     check_host_key_policy()
     check_gpu_class_and_driver()
     prefetch_host()  # the GPU record places model instances (check_model_repository)
@@ -379,6 +381,7 @@ def run_all() -> None:
 @entry_point
 def host_layer() -> None:
     """deploys/host.py: driver, Docker, toolkit, GPU verification."""
+    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
     check_host_key_policy()
     check_gpu_class_and_driver()
     check_registry_secret([config.get("cuda_test_image")])
@@ -388,6 +391,7 @@ def host_layer() -> None:
 @entry_point
 def triton_layer() -> None:
     """deploys/models.py: image, models, unit, health gate."""
+    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
     check_host_key_policy()
     check_model_repository()
     check_per_gpu()

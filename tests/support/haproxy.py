@@ -81,3 +81,25 @@ class HAProxy:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/support/haproxy.py SOCKET COMMAND``: one runtime API command (a load balancer hook
+    in tests); exit status 1 when HAProxy answers anything (its answer to `set server` is empty
+    on success)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tritonfleet.serving.drain import RuntimeAPI
+
+    answer = RuntimeAPI(argv[0]).command(argv[1]).strip()
+    if answer:
+        print(answer, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -2,11 +2,15 @@
 front of the three deployed hosts, a client sending inferences through it at a steady rate, and a
 `tritonfleet rollout` that restarts Triton on every host (a unit change in `none` model-control
 mode). With the drain: zero failed requests. The same rollout back without the drain: failed
-requests (the figures are in docs/operations.md)."""
+requests (the figures are in docs/operations.md). And a drain that cannot read Triton's requests in
+flight (its metrics port refused on the host) does not restart the host: zero failed requests, the
+host back in HAProxy, the report saying why."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from tests.support.haproxy import HAProxy
-from tests.support.testbed import container_started, tritonfleet
+from tests.support.testbed import ROOT, container_started, pyinfra, tritonfleet
 
 INV = "inventories/testbed.py"
 RATE = 20            # requests a second, steady
@@ -110,3 +114,60 @@ def test_rollout_restarting_every_host_behind_haproxy_fails_no_request(deployed,
     assert drained.sent >= RATE * 30 and drained.failed == [], (drained.sent, drained.failed[:5])
     # the client does see a restart that is not drained: what the drain prevents
     assert plain.failed, f"no failed request without the drain either ({plain.sent} sent)"
+
+
+METRICS_BLOCK = "tritonfleet_test_metrics"
+
+
+def refuse_metrics(h, port: int = 8002) -> None:
+    """Connections on the host to its own Triton metrics port are refused (a reset), before
+    Docker's address translation sees them: what a wrong port or a dead exporter looks like to the
+    drain's read. HAProxy's checks and Triton's other ports are untouched."""
+    rules = (f"table inet {METRICS_BLOCK} {{\n chain output {{\n  type filter hook output priority -300; "
+             f"policy accept;\n  ip daddr 127.0.0.1 tcp dport {port} reject with tcp reset\n }}\n}}\n")
+    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules, text=True, check=True)
+
+
+def allow_metrics(h) -> None:
+    subprocess.run(["ip", "netns", "exec", h.netns, "nft", "delete", "table", "inet", METRICS_BLOCK],
+                   check=False, capture_output=True)
+
+
+def test_a_drain_that_cannot_read_tritons_metrics_restarts_nothing_behind_haproxy(deployed, tmp_path):
+    testbed, _, _ = deployed
+    hosts = testbed.hosts
+    target = hosts[0]
+    with HAProxy(tmp_path, [(h.name, f"{h.address}:8000") for h in hosts]) as hap:
+        from tritonfleet.serving.drain import HAProxy as Runtime
+
+        for h in hosts:
+            Runtime([hap.socket], "triton", h.name).wait_serving(30)
+        hook = f'{sys.executable} {ROOT / "tests" / "haproxy.py"} {hap.socket} "set server triton/$TRITONFLEET_HOST state'
+        lb = ("--data", "lb=hooks", "--data", f'lb_drain_command={hook} drain"',
+              "--data", f'lb_ready_command={hook} ready"', "--data", "lb_drain_timeout=8")
+        started = container_started(target)
+        refuse_metrics(target)
+        try:
+            with Client(hap.url) as client:
+                time.sleep(2)
+                # a unit change (another stop timeout): a restart, drained first
+                t0 = time.monotonic()
+                res, data = pyinfra("deploys/models.py", "--limit", target.name, *lb, "--data", "triton_stop_timeout=25")
+                took = time.monotonic() - t0
+                time.sleep(2)
+        finally:
+            allow_metrics(target)
+        out = res.stderr
+        # the only host failed: pyinfra ends with "No hosts remaining" and gives no JSON
+        assert res.returncode != 0 and f"{target.name} failed at load balancer drain" in out, out[-4000:]
+        assert "the requests in flight cannot be read" in out and "counts as busy" in out, out[-4000:]
+        assert "could not be read for 8s (lb_drain_timeout)" in out and "while triton.service is active" in out
+        assert "Triton was not restarted and serves as before" in out
+        assert container_started(target) == started, "the host was restarted"
+        assert Runtime([hap.socket], "triton", target.name).state().serving  # put back by the ready hook
+        print(f"\nunreadable-metrics drain: {client.sent} requests in {client.seconds:.1f}s, "
+              f"{len(client.failed)} failed; the deploy took {took:.1f}s")
+        assert client.sent >= 20 and client.failed == [], (client.sent, client.failed[:5])
+    # as found: the default unit (the failed run left the new one on disk, not running)
+    res, data = pyinfra("deploys/models.py", "--limit", target.name)
+    assert res.returncode == 0 and data.get("results", {}).get("failed_hosts") == [], res.stderr[-3000:]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 
 from tests.support.testbed import (
@@ -50,7 +51,7 @@ def reboot(h) -> None:
             hosts.wait_ssh(h, timeout=60)
             if boot_id(h) != before:
                 return
-        except Exception:  # noqa: BLE001 - going down, or not up yet
+        except (hosts.TestbedError, AssertionError, subprocess.TimeoutExpired):  # going down, or not up yet
             continue
     raise AssertionError(f"{h.name} did not come back from the reboot")
 

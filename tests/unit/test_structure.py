@@ -111,23 +111,37 @@ def test_every_deploy_file_installs_the_patches_first(deploy):
         "pyinfra_patches.install() (from tritonfleet import pyinfra_patches)")
 
 
+def test_the_readmes_deploy_example_is_the_deploy_file():
+    """README shows deploys/models.py as the example of an entry point: it is that file (its
+    first comment aside), the patches line included."""
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("e.g. `deploys/models.py`:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = [ln for ln in (ROOT / "deploys" / "models.py").read_text().splitlines(keepends=True)
+            if not ln.startswith("#")]
+    assert example == "".join(code)
+
+
 PATCHES = """
-import importlib, json, signal
+import importlib, json, logging, signal
 import pyinfra
 pyinfra.is_cli = True  # as when pyinfra's CLI loads a deploy file
 operation = importlib.import_module("pyinfra.api.operation")
+arguments = importlib.import_module("pyinfra.api.arguments")
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
 def now():
     return {"order": operation.get_operation_order_from_stack.__module__,
             "sigint": getattr(signal.getsignal(signal.SIGINT), "__module__", None),
-            "callbacks": [type(c).__module__ for c in state.callback_handlers]}
+            "callbacks": [type(c).__module__ for c in state.callback_handlers],
+            "global_arguments": arguments.all_global_arguments.__module__,
+            "log_filters": [type(f).__module__ for f in logging.getLogger("pyinfra").filters]}
 
 state = State()
 state.callback_handlers = []  # (State.init sets it up for a run)
 ctx_state.set(state)
 out = {"before": now()}
+import tritonfleet, tritonfleet.cli, tritonfleet.fleet.inventory, tritonfleet.fleet.probe, tritonfleet.fleet.rollout
 import tritonfleet.preflight, tritonfleet.steps.host_prep, tritonfleet.steps.rollback
 import tritonfleet.steps.triton, tritonfleet.steps.verify
 out["imported"] = now()
@@ -147,6 +161,8 @@ def test_importing_the_steps_patches_nothing_and_install_does():
     assert installed["order"] == "tritonfleet.pyinfra_ext.oporder", installed
     assert installed["sigint"] == "tritonfleet.pyinfra_ext.interrupt", installed
     assert "tritonfleet.pyinfra_ext.connection" in installed["callbacks"], installed
+    assert installed["global_arguments"] == "tritonfleet.pyinfra_ext.argcache", installed
+    assert installed["log_filters"] == ["tritonfleet.pyinfra_ext.connection"], installed
 
 
 def test_the_testbed_commands_join_the_cli_through_their_entry_point(monkeypatch):
@@ -176,7 +192,7 @@ def test_install_runs_once_a_run_while_the_other_hosts_wait_for_it(monkeypatch):
     from pyinfra.api.state import State
     from pyinfra.context import ctx_state
 
-    from tritonfleet.pyinfra_ext import hostlock, oporder
+    from tritonfleet.pyinfra_ext import argcache, hostlock, oporder
     from tritonfleet.pyinfra_ext import install as pyinfra_patches
 
     events = []
@@ -200,5 +216,6 @@ def test_install_runs_once_a_run_while_the_other_hosts_wait_for_it(monkeypatch):
         gevent.joinall([gevent.spawn(deploy_file, i) for i in range(3)], raise_error=True)
     finally:
         oporder.uninstall()
+        argcache.uninstall()
     assert events[:2] == ["taking the locks", "locks held"], events
     assert sorted(events[2:]) == ["host 0 goes on", "host 1 goes on", "host 2 goes on"], events

@@ -11,10 +11,20 @@ from ..fleet import inventory as fleet
 from ..fleet import probe
 
 
+def _pyinfra_checked(*features: str) -> None:
+    """The pyinfra internals these commands rely on are the checked ones (tritonfleet.pyinfra_ext.compat):
+    a changed one is a PyinfraChanged, a TritonfleetError that ends the command (tritonfleet.cli.main)."""
+    from ..pyinfra_ext import compat
+
+    compat.ensure(*features)
+
+
 def _data(pairs: tuple[str, ...]) -> dict:
     """--data key=value, parsed the way pyinfra parses it (JSON, numbers, booleans)."""
     from pyinfra_cli.util import parse_cli_arg
 
+    if pairs:
+        _pyinfra_checked("cli_args")
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -121,6 +131,7 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
     from ..fleet.rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
+    _pyinfra_checked("rollout_json")
     if resume:
         if inventory or deploy or limit or data:
             raise RolloutError("--resume takes everything from the journal: no INVENTORY, DEPLOY, "

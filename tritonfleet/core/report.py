@@ -27,6 +27,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .connection_errors import CONNECTION_ERRORS
 from .errors import TritonfleetError, UsageError
 from .shell import q
 
@@ -191,21 +192,22 @@ def record_command(failure: Failure) -> str:
 
 def record_on_host(host, failure: Failure) -> None:
     """Best effort: a host that cannot be reached keeps no record (the report is printed anyway)."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(*CONNECTION_ERRORS):
         if getattr(host, "connected", False):
             host.run_shell_command(record_command(failure), print_output=False, print_input=False)
 
 
 def bug_text(exc: BaseException, host_name: str, step: str) -> str:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-    return (f"{tb}\ntritonfleet: {host_name} failed at {step} on an unexpected error: this is a bug in "
-            "tritonfleet, not a fault of the host (the traceback above says where); please report it with "
+    """What a bug says next to its traceback (pyinfra prints that for an operation's callback)."""
+    said = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return (f"tritonfleet: {host_name} failed at {step} on an unexpected error ({said}): this is a bug in "
+            "tritonfleet, not a fault of the host (the traceback says where); please report it with "
             "that traceback")
 
 
 def step_name(state, host) -> str:
     """The running operation's name, as pyinfra prints it ("Health gate | check: ...")."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(KeyError, AttributeError):  # no operation of the state runs
         op_hash = host.nested_executing_op_hash or host.executing_op_hash
         names = state.get_op_meta(op_hash).names
         if names:
@@ -235,9 +237,12 @@ def reported(state, host, function, args, kwargs) -> bool:
             emit(host, Failure(host.name, step, "valid settings for this host", msg[len(prefix):]
                                if msg.startswith(prefix) else msg,
                                fix="correct the setting named above (group data or --data), then run the deploy again"))
-        except Exception as e:  # noqa: BLE001 - a bug: shown as one, the host fails
+        except Exception as e:
+            # a bug: said as one and handed to a rollout; pyinfra prints its traceback and fails the
+            # host ("Unexpected error in Python callback", pyinfra.api.operations)
             logger.error(bug_text(e, host.name, step))
             write_channel(Failure(host.name, step, "the step to run", f"a bug in tritonfleet: {type(e).__name__}: {e}"))
+            raise
     return False
 
 
@@ -279,9 +284,9 @@ def report_operation_errors(state=None) -> bool:
 def operation_failure(state, host, op_hash) -> Failure:
     """The report of ``host`` failing in the operation ``op_hash``, from what pyinfra kept of it."""
     names, lines = [], []
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(KeyError):  # an operation the state does not know
         names = sorted(state.get_op_meta(op_hash).names)
-    with contextlib.suppress(Exception):  # not complete: no output kept
+    with contextlib.suppress(KeyError, RuntimeError):  # not complete (RuntimeError): no output kept
         meta = state.get_op_data_for_host(host, op_hash).operation_meta
         lines = [ln for ln in meta.stderr_lines or meta.stdout_lines if ln.strip()]
     said = lines[-1].strip() if lines else "it failed without output"

@@ -19,7 +19,7 @@ RUN_ID = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(STARTED))}-{os.getpid()}-
 def _user() -> str:
     try:
         return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name in this environment
+    except (OSError, KeyError):  # no user name in this environment (no passwd entry, no LOGNAME)
         return str(os.getuid())
 
 

@@ -11,6 +11,8 @@ import socket
 import threading
 from typing import Any
 
+from paramiko import SSHException
+
 
 class SSHTunnel:
     """Forward 127.0.0.1:<random> to ``remote_port`` on the host over an open paramiko transport.
@@ -27,6 +29,9 @@ class SSHTunnel:
         self.port = self.sock.getsockname()[1]
         self._stop = threading.Event()
         self._open: list[Any] = []
+        #: why the last channel could not be opened (the client's connection was closed): said in
+        #: the gate's report next to the request that failed, instead of a bare closed connection
+        self.error = ""
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -41,9 +46,12 @@ class SSHTunnel:
                 chan = self.transport.open_channel("direct-tcpip", self.remote, addr,
                                                    timeout=self.channel_timeout)
                 chan.settimeout(self.channel_timeout)
-            except Exception:
+            except (SSHException, OSError, EOFError) as e:  # the host refused or the link is gone
+                self.error = (f"the SSH tunnel to {self.remote[0]}:{self.remote[1]} on the host could not open "
+                              f"a channel: {type(e).__name__}: {e}")
                 client.close()
                 continue
+            self.error = ""
             self._open += [client, chan]
             threading.Thread(target=self._pipe, args=(client, chan), daemon=True).start()
 
@@ -70,5 +78,5 @@ class SSHTunnel:
         self._stop.set()
         self.sock.close()
         for s in self._open:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError, EOFError):
                 s.close()

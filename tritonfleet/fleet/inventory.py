@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core import open_files as limits
+from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.errors import TritonfleetError
-from ..pyinfra_ext.connection import tune_state
+from ..pyinfra_ext.connection import quiet_relaxed_host_keys, tune_state
 from ..settings.defaults import DEFAULTS
 from ..settings.table import whole_number
 
@@ -88,6 +89,8 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     if not path.is_file():
         raise FleetError(f"inventory {inventory} not found")
     state = _state()
+    quiet_relaxed_host_keys()  # this command's own connections (tritonfleet.pyinfra_ext.connection)
+    _pyinfra_checked()
     try:
         inv = make_inventory(str(path), override_data=data or None, cwd=os.getcwd())
     except SystemExit as e:  # an inventory may refuse to load (e.g. no testbed running)
@@ -113,6 +116,22 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     return out
 
 
+def _pyinfra_checked() -> None:
+    """The pyinfra and paramiko internals the fleet's own connections rely on (pyinfra's SSH
+    connector: refused when changed; paramiko's idle poll: its tuning off, with a warning)."""
+    import logging
+
+    from ..pyinfra_ext import compat
+    from ..pyinfra_ext.connection import set_idle_poll
+
+    res = compat.check({"connection", "idle_poll"})
+    if res.refused:
+        raise FleetError(res.refusal())
+    set_idle_poll("idle_poll" not in res.off)
+    for warning in res.warnings():
+        logging.getLogger("pyinfra").warning(warning)
+
+
 def run(fh: FleetHost, command: str, timeout: float = 60) -> tuple[bool, str]:
     """Run ``command`` on the host over pyinfra's own SSH connector (the inventory's user, key,
     host-key policy and sudo). Returns (exit status 0, stdout+stderr)."""
@@ -136,7 +155,7 @@ def disconnect(fh: FleetHost) -> None:
     if h is not None and h.connected:
         try:
             h.disconnect()
-        except Exception:  # noqa: BLE001 - closing a dead connection is not an error
+        except CONNECTION_ERRORS:  # closing a dead connection is not an error
             pass
 
 

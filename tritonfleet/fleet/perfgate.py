@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.errors import TritonfleetError
 from ..observability import loadtest
-from .inventory import FleetHost
+from .inventory import FleetError, FleetHost
 
 
 class PerfGateError(TritonfleetError, RuntimeError):
@@ -84,7 +85,7 @@ def measure(fh: FleetHost, model: str | None = None) -> Measurement:
         raise PerfGateError(str(e)) from e
     except PerfGateError:
         raise
-    except Exception as e:  # noqa: BLE001 - named with the host
+    except (FleetError, ValueError, *CONNECTION_ERRORS) as e:  # named with the host
         raise PerfGateError(f"{fh.name}: {type(e).__name__}: {e}") from e
     return Measurement(model, conc, step.duration_s, step.requests, step.errors, step.throughput,
                        step.p95_ms, step.first_error)

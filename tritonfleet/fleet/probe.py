@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.report import HOST_RECORD, Failure
 from ..core.shell import q
 from ..gpu import placement as gpucount
@@ -89,12 +90,18 @@ def per_gpu_parts(settings: Settings, addr: str) -> dict[str, str]:
     }
 
 
+#: the sections the command printed (a section it did not print was not asked: no answer to miss)
+PRINTED = "@printed"
+
+
 def parse(text: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {k: [] for k in SECTIONS}
+    out[PRINTED] = []
     key = None
     for line in text.splitlines():
-        if line.startswith("@") and line[1:].strip() in out:
+        if line.startswith("@") and line[1:].strip() in SECTIONS:
             key = line[1:].strip()
+            out[PRINTED].append(key)
         elif key and line.strip():
             out[key].append(line.strip())
     return out
@@ -134,6 +141,9 @@ class HostStatus:
     # triton_per_gpu: each per-GPU unit on the host {index, state, ready} and how many are expected
     instances: list[dict] = field(default_factory=list)
     instances_expected: int | None = None
+    #: what the probe could not read or tell, and why ({what: why}): never a default value that
+    #: looks like an answer (no models, no failure, no count); each one is drift
+    unknown: dict[str, str] = field(default_factory=dict)
     drift: list[str] = field(default_factory=list)
 
     @property
@@ -169,8 +179,9 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
         gpu_count = settings.get("gpu_count") if settings else None
         st.gpu_expected = gpucount.expected_count(gpu_count, st.gpu_recorded)
         st.gpu_expected_from = "gpu_count" if gpu_count not in (None, "") else "recorded"
-    except ValueError:
+    except ValueError as e:  # gpu_count that is not a count: said, not taken for "none expected"
         st.gpu_expected = None
+        st.unknown["GPU count"] = str(e)
     st.toolkit = (sections["toolkit"] or [None])[0]
     st.docker = (sections["docker"] or [None])[0]
     st.unit_state = (sections["active"] or ["unknown"])[0]
@@ -187,17 +198,27 @@ def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus
     st.wanted_image_id = wanted if wanted and wanted.startswith("sha256:") else None
     rel = (sections["release"] or [None])[0]
     st.release = rel.rstrip("/").rsplit("/", 1)[-1] if rel else None
+    answer = " ".join(sections["models"])
     try:
-        index = json.loads(" ".join(sections["models"])) if sections["models"] else []
+        index = json.loads(answer) if answer else None
     except ValueError:
-        index = []
-    for m in index if isinstance(index, list) else []:
-        (st.models_ready if m.get("state") == "READY" else st.models_not_ready).append(m.get("name"))
+        index = None
+    if isinstance(index, list) and all(isinstance(m, dict) for m in index):
+        for m in index:
+            (st.models_ready if m.get("state") == "READY" else st.models_not_ready).append(m.get("name"))
+    elif answer or (st.unit_state == "active" and "models" in sections.get(PRINTED, SECTIONS)):
+        # a Triton that runs and does not say what it serves
+        st.unknown["models"] = (f"Triton's repository index answered {answer[:120]!r}" if answer
+                                else "Triton's repository index did not answer")
     try:
         st.last_deploy = json.loads(sections["last"][0]) if sections["last"] else None
     except ValueError:
         st.last_deploy = None
-    st.last_failure = current_failure(sections["failure"], st.last_deploy)
+        st.unknown["last deployment"] = f"the last line of history.jsonl is not a record: {sections['last'][0][:120]!r}"
+    try:
+        st.last_failure = current_failure(sections["failure"], st.last_deploy)
+    except ValueError as e:
+        st.unknown["last failure"] = str(e)
     found = driver_source.parse_probe(sections["driver_source"])
     st.driver_source = "+".join(found.sources) or None
     if sections["kernel"]:
@@ -218,8 +239,9 @@ def per_gpu_state(st: HostStatus, settings: Settings, lines: list[str]) -> None:
             st.instances.append({"index": int(parts[0]), "state": parts[1], "ready": parts[2] == "200"})
     try:
         st.instances_expected = gpucount.placement_count(settings.get("gpu_count"), st.gpu_recorded, len(st.gpus) or None)
-    except ValueError:
+    except ValueError as e:
         st.instances_expected = None
+        st.unknown["Triton instances"] = str(e)
     up = len(up_instances(st))
     want = st.instances_expected or len(st.instances)
     st.unit_state = "active" if want and up == want and len(st.instances) == want else f"{up}/{want} up"
@@ -249,13 +271,17 @@ def instance_drift(st: HostStatus) -> list[str]:
 
 
 def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
-    """The failure report left on the host, when no healthy deployment was recorded after it."""
+    """The failure report left on the host, when no healthy deployment was recorded after it.
+    ValueError when the host keeps one that cannot be read (it is not taken for "no failure")."""
+    if not lines:
+        return None
+    text = " ".join(lines)
     try:
-        report = json.loads(" ".join(lines)) if lines else None
+        report = json.loads(text)
     except ValueError:
-        return None
+        report = None
     if not isinstance(report, dict):
-        return None
+        raise ValueError(f"{HOST_RECORD} on the host is not a failure report: {text[:120]!r}")
     if last_deploy and str(last_deploy.get("time", "")) >= str(report.get("time", "")):
         return None
     failure = Failure.from_json(report)
@@ -274,7 +300,7 @@ def intent(fh: fleet.FleetHost, st: HostStatus | None = None) -> dict:
         _, man, rid = host_repository(fh, gpus=gpus)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
-    except Exception as e:  # noqa: BLE001 - an unrenderable repository is shown, not fatal here
+    except (ValueError, OSError) as e:  # an unrenderable repository is shown, not fatal here
         want["release_error"] = str(e)
     if pergpu.enabled(fh):
         try:
@@ -294,6 +320,9 @@ def drift(st: HostStatus, want: dict) -> list[str]:
         return ["unreachable"]
     if st.last_failure:
         out.append(f"last run failed ({st.last_failure.get('time', '?')}): {st.last_failure.get('short', '')}")
+    out += [f"{what} unknown: {why[:160]}" for what, why in st.unknown.items()]
+    if st.error:  # nvidia-smi answered with an error: not "no driver", not "no GPU"
+        out.append(f"GPUs unknown: {st.error}")
     if st.instances_expected is not None:
         out += instance_drift(st)
     elif st.unit_state != "active":
@@ -311,12 +340,12 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     if want.get("unit") and st.unit != want["unit"]:
         out.append("unit differs")
     missing = [m for m in want.get("models", []) if m not in st.models_ready]
-    if missing and st.unit_state == "active":
+    if missing and st.unit_state == "active" and "models" not in st.unknown:
         out.append(f"not ready: {', '.join(missing)}")
     branch = want.get("driver_branch")
     if branch and st.driver and not st.driver.startswith(f"{branch}."):
         out.append(f"driver {st.driver} (want {branch})")
-    elif branch and not st.driver:
+    elif branch and not st.driver and not st.error:
         out.append("no driver")
     source = want.get("driver_source")
     if source and st.driver_source and st.driver_source != source:
@@ -379,7 +408,7 @@ def image_drift(st: HostStatus, image: str) -> list[str]:
 def probe(fh: fleet.FleetHost, with_intent: bool = True, timeout: float = 30) -> HostStatus:
     try:
         _, text = fleet.run(fh, command(fh), timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - any connection error means: unreachable
+    except (fleet.FleetError, *CONNECTION_ERRORS) as e:  # cannot reach it (a bug is raised, not hidden)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return HostStatus(fh.name, fh.address, fh.gpu_class, reachable=False, error=msg[:160],
                           drift=["unreachable"])

@@ -79,6 +79,16 @@ def persistence_command() -> str:
     return f"{smi_command()} -q 2>&1 | grep -i 'Persistence Mode' || true"
 
 
+_PERSISTENCE_LINE = re.compile(r"^\s*Persistence Mode\s*:\s*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def persistence_modes(text: str) -> list[str]:
+    """The Persistence Mode of each GPU in :func:`persistence_command`'s answer (``nvidia-smi -q``
+    lines, e.g. ``    Persistence Mode                                   : Enabled`` from driver 580,
+    tests/fixtures/nvidia-real-h200-580/smi-persistence.txt), in GPU order."""
+    return _PERSISTENCE_LINE.findall(text or "")
+
+
 HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
 # the installed module's licence and the loaded module's /proc line (tritonfleet.host.kernel_module)
 KERNEL_MODULE_COMMAND = KMOD_COMMAND

@@ -206,7 +206,8 @@ def marker_text(release: str, manifest: dict[str, list]) -> str:
 
 
 def _heredoc(path: str, text: str, tag: str) -> str:
-    assert f"\n{tag}\n" not in f"\n{text}"
+    if f"\n{tag}\n" in f"\n{text}":  # the here-document would end early (checked under python -O too)
+        raise ValueError(f"the text for {path} holds a line {tag!r}, the end of its here-document")
     if not text:
         return f": > {q(path)}\n"  # a here-document always ends with a line break
     return f"cat > {q(path)} <<'{tag}'\n{text}{'' if text.endswith(chr(10)) else chr(10)}{tag}\n"

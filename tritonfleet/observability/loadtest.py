@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import requests
 
+from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.errors import TritonfleetError
 from ..fleet.inventory import FleetError, FleetHost
 from ..serving import triton_http
@@ -106,6 +107,17 @@ def make_data(spec: InputSpec, rng: np.random.Generator) -> np.ndarray:
     if spec.datatype.startswith("FP"):
         return rng.standard_normal(spec.shape).astype(np_type)
     return rng.integers(0, 100, spec.shape).astype(np_type)
+
+
+def request_errors() -> tuple[type[BaseException], ...]:
+    """What one inference request fails with: Triton's refusal or an error it answered
+    (tritonclient's InferenceServerException, gRPC's errors converted to it), the HTTP client's
+    (aiohttp) and gRPC's own errors, a socket's, the request's timeout. Anything else is a bug."""
+    import aiohttp
+    import grpc
+    from tritonclient.utils import InferenceServerException
+
+    return (InferenceServerException, aiohttp.ClientError, grpc.RpcError, asyncio.TimeoutError, OSError)
 
 
 def client_module(protocol: str):
@@ -185,6 +197,7 @@ class Progress:
 
 async def _drive(client, model: str, inputs: list, outputs: list | None, concurrency: int,
                  duration: float, progress: Progress, timeout: float) -> tuple[list[float], list[str]]:
+    failed_request = request_errors()  # (imports the clients' modules: before the clock starts)
     latencies: list[float] = []
     errors: list[str] = []
     deadline = time.perf_counter() + duration
@@ -194,7 +207,7 @@ async def _drive(client, model: str, inputs: list, outputs: list | None, concurr
             t0 = time.perf_counter()
             try:
                 await asyncio.wait_for(client.infer(model, inputs, outputs=outputs), timeout)
-            except Exception as e:  # noqa: BLE001 - every failed request is counted and the first kept
+            except failed_request as e:  # every failed request is counted and the first kept
                 errors.append(f"{type(e).__name__}: {e}"[:300])
                 progress.errors += 1
                 if len(errors) > 1000 and not latencies:
@@ -408,7 +421,7 @@ def run_host(fh: FleetHost, models: list[str] | None, concurrencies: list[int], 
             res.steps = run_child(t, models, concurrencies, duration, protocol, warmup, echo is not None)
     except LoadTestError as e:
         res.error = str(e)
-    except (requests.RequestException, OSError, FleetError, Exception) as e:  # noqa: BLE001
+    except (FleetError, ValueError, *CONNECTION_ERRORS) as e:  # requests' errors are OSErrors
         res.error = (f"{fh.name}: {type(e).__name__}: {e} (check that this machine reaches the host's "
                      "Triton ports: health_host / ssh_hostname, triton_http_port, triton_grpc_port, "
                      "triton_metrics_port; or set health_via = \"ssh\")")
@@ -554,7 +567,7 @@ def _child_main() -> None:
         out: dict = {"steps": [s.as_dict() for s in steps]}
     except LoadTestError as e:
         out = {"error": str(e)}
-    except Exception as e:  # noqa: BLE001 - reported by the parent, naming the host
+    except (FleetError, ValueError, *CONNECTION_ERRORS, *request_errors()) as e:  # reported by the parent
         out = {"error": (f"{t.name}: {type(e).__name__}: {e} (check that this machine reaches the "
                          "host's Triton ports: health_host / ssh_hostname, triton_http_port, "
                          "triton_grpc_port, triton_metrics_port; or set health_via = \"ssh\")")}

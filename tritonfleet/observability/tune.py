@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..core.connection_errors import CONNECTION_ERRORS
 from ..fleet import inventory as fleet
 from ..fleet.inventory import FleetHost, parallel
 from ..serving import apikey
@@ -179,7 +180,7 @@ def api_key_header(h: FleetHost) -> dict:
         return {}
     try:
         ok, text = fleet.run(h, apikey.read_command(h.get("triton_api_key_file")), timeout=30)
-    except Exception:  # noqa: BLE001 - no connection: the read reports it
+    except (fleet.FleetError, *CONNECTION_ERRORS):  # no connection: the read reports it
         return {}
     key = text.strip().splitlines()[0].strip() if ok and text.strip() else ""
     return {apikey.HEADER: key} if key else {}
@@ -190,7 +191,7 @@ def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = 
     """Each host read once (window 0) or twice, ``window`` seconds apart; (reads, seconds)."""
 
     def connect(h: FleetHost) -> None:  # SSH connections at once; a failure shows below
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*CONNECTION_ERRORS):
             if h.get("health_via") == "ssh" and not h.pyinfra_host.connected:
                 h.pyinfra_host.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
 
@@ -200,7 +201,7 @@ def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = 
         for h in hosts:
             try:
                 urls[h.name] = stack.enter_context(metrics.endpoints(h))
-            except Exception as e:  # noqa: BLE001 - reported per host, the others go on
+            except (fleet.FleetError, ValueError, *CONNECTION_ERRORS) as e:  # reported per host, the others go on
                 urls[h.name] = e
 
         keys = dict(zip([h.name for h in hosts], parallel(hosts, api_key_header), strict=True))

@@ -29,6 +29,10 @@ def all_global_arguments() -> list[tuple[str, type]]:
     return list(_cache)
 
 
+# pyinfra's own function behind it (inspect, and so the check of pyinfra's internals, reads that)
+all_global_arguments.__wrapped__ = _original  # type: ignore[attr-defined]
+
+
 def install() -> None:
     """Point pyinfra's two callers (pop_global_arguments, FactBase's reserved-name check) at the cached
     function."""

@@ -7,6 +7,8 @@ and read no fact yet):
 
 * socket options: TCP_NODELAY and dead-link keepalives on every SSH connection, now and on every
   later one (tritonfleet.pyinfra_ext.connection);
+* pyinfra's "No host key ... found" warning dropped where the inventory relaxed the host-key
+  policy on purpose (tritonfleet.pyinfra_ext.connection.quiet_relaxed_host_keys);
 * the operation order read from frames instead of ``inspect.stack()`` (tritonfleet.pyinfra_ext.oporder);
 * pyinfra's global-argument names and types computed once, not per operation call
   (tritonfleet.pyinfra_ext.argcache);
@@ -18,21 +20,42 @@ and read no fact yet):
 
 pyinfra runs the deploy file once per host, the hosts side by side (greenlets): the first call
 of a run does all of it for every host, the others wait until it is done (and stop as it did).
-tests/unit/pyinfra_ext/test_internals.py checks the pyinfra internals these rely on.
+
+First of all it checks the pyinfra internals these rely on (tritonfleet.pyinfra_ext.compat, in
+milliseconds): a speed-only patch whose internal changed is left off, with a warning; a changed
+internal a behaviour relies on stops the run before any host is changed, naming it and the
+pyinfra version. And every step of the package refuses to run in a run whose deploy file did not
+call ``install()`` (:func:`required`): without it, no deploy lock would be taken.
 """
 
 from __future__ import annotations
 
 from gevent.event import Event
+from pyinfra import logger
 from pyinfra.context import ctx_state
 
 from ..core import open_files as limits
 from ..core import report as failure
-from ..core.exits import entry_point
-from . import argcache, hostlock, interrupt, oporder
-from .connection import tune_state
+from ..core.errors import TritonfleetError
+from ..core.exits import entry_point, exit_for
+from . import argcache, compat, hostlock, interrupt, oporder
+from .connection import quiet_relaxed_host_keys, set_idle_poll, tune_state
 
 _MARK = "_tritonfleet_patches"
+LINE = "pyinfra_patches.install()"
+
+
+class Refused(TritonfleetError):
+    """Stops the run while pyinfra loads the deploy file (before any operation ran): the error
+    without a traceback (as hostlock.LockError does; tritonfleet.core.exits ends the run)."""
+
+    def __init__(self, error: TritonfleetError):
+        self.error = error
+        super().__init__(f"tritonfleet: no host was changed:\n{error}")
+
+
+class NotInstalled(TritonfleetError):
+    """A step ran in a pyinfra run whose deploy file did not call install() first."""
 
 
 class _Installing:
@@ -58,6 +81,9 @@ def install() -> None:
         setattr(state, _MARK, first)
     try:
         _install()
+    except compat.PyinfraChanged as e:  # pyinfra changed what tritonfleet relies on: refused
+        first.error = Refused(e)
+        raise first.error from e
     except BaseException as e:  # the deploy lock refused (LockError): every host stops with it
         first.error = e
         raise
@@ -65,14 +91,58 @@ def install() -> None:
         first.done.set()
 
 
+def _features() -> set[str]:
+    """What a deploy relies on: everything but the fleet commands' own (--data, pyinfra's JSON);
+    outside pyinfra's CLI (the Python API) neither Ctrl-C's handler nor the lock's --dry test is
+    in force, and pyinfra_cli is not imported for them (importing it monkey-patches the process)."""
+    import pyinfra
+
+    features = set(compat.FEATURES) - {"cli_args", "rollout_json"}
+    if not pyinfra.is_cli:
+        features -= {"interrupt", "dry_flag"}
+    return features
+
+
 def _install() -> None:
+    checked = compat.check(_features())  # before anything is changed, in pyinfra or on a host
+    if checked.refused:
+        raise compat.PyinfraChanged(checked.refusal())
+    for warning in checked.warnings():
+        logger.warning(warning)
     state = ctx_state.get() if ctx_state.isset() else None
     inventory = getattr(state, "inventory", None)  # a State not initialised yet has none
     limits.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
+    quiet_relaxed_host_keys()
+    set_idle_poll("idle_poll" not in checked.off)
     tune_state()
     if hostlock.enabled():
         hostlock.acquire_all()
-    oporder.install()
-    argcache.install()
+    if "oporder" not in checked.off:
+        oporder.install()
+    if "argcache" not in checked.off:
+        argcache.install()
     interrupt.install()
     failure.report_operation_errors()
+
+
+def required(step: str) -> None:
+    """Every step of the package calls this first: in a pyinfra CLI run (the runs that take the
+    deploy lock) whose deploy file did not call :func:`install` before its first step, the step
+    refuses, while pyinfra still loads the deploy file: nothing has run on any host. The Python
+    API (tests with the @fake connector, tritonfleet's own fleet commands) takes no lock and is
+    left alone."""
+    import pyinfra
+
+    if not pyinfra.is_cli:
+        return
+    state = ctx_state.get() if ctx_state.isset() else None
+    if state is not None and getattr(state, _MARK, None) is not None:
+        return
+    deploy = getattr(state, "current_deploy_filename", None) or getattr(state, "current_exec_filename", None) \
+        or "the deploy file"
+    # a step is no entry point (tritonfleet.core.exits): it ends the run itself, as install() would
+    raise exit_for(Refused(NotInstalled(
+        f"{deploy}: the step {step!r} runs, but the deploy file did not call {LINE} before it: without it no "
+        "deploy lock is held on the hosts (another run could change them at the same time), and neither the "
+        "checks of pyinfra's internals nor Ctrl-C's exit status are in force. Add these two lines to the "
+        f"deploy file, the call before its first step:\n    from tritonfleet import pyinfra_patches\n    {LINE}")))

@@ -156,5 +156,5 @@ def prefetch(*specs: tuple) -> None:
             continue
         try:
             facts[key] = fact_obj.process(lines) if lines else fact_obj.default()
-        except Exception:  # noqa: BLE001 - read on its own later, where pyinfra reports it
-            continue
+        except (ValueError, LookupError, TypeError, AttributeError):  # an answer its parser refuses:
+            continue  # read on its own later, where pyinfra reports it

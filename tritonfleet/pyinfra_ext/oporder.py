@@ -62,6 +62,10 @@ def _checked_order(state):
     return ours
 
 
+# pyinfra's own function behind it (inspect, and so the check of pyinfra's internals, reads that)
+_checked_order.__wrapped__ = _original  # type: ignore[attr-defined]
+
+
 def install() -> None:
     """Use the fast operation order in pyinfra (idempotent)."""
     if _operation.get_operation_order_from_stack is not _checked_order:

@@ -70,5 +70,10 @@ def unit_script(apis: list[str]) -> str:
     restrict = " ".join(f'"{f}"' for f in flags(apis, "$k"))
     script = ('read -r k || true; [ -n "$k" ] || { echo "tritonfleet: no Triton API key on stdin" >&2; exit 2; }; '
               f'exec "$0" "$@" {restrict}')
-    assert "'" not in script and "%" not in script and "\\" not in script
+    # the script goes into the unit between single quotes, where systemd reads % and backslashes too: a
+    # check that stays under `python -O` (an assert would not)
+    bad = sorted({c for c in script if c in "'%\\"})
+    if bad:
+        raise ValueError(f"Triton's key wrapper would hold {' '.join(bad)}, which the unit's quoting cannot "
+                         f"carry: restricted APIs {apis!r} (unit.restricted_apis lets only Triton's names through)")
     return "'" + script.replace("$", "$$") + "'"

@@ -14,6 +14,12 @@ Two implementations of one interface (:class:`Balancer`):
   are read from Triton itself: its pending-request gauge is 0 and its request counters stay still
   for :data:`QUIET_SECONDS`.
 
+The drain fails safe: requests in flight that cannot be read (Triton's metrics do not answer, answer
+with an error, or not as Triton's; HAProxy's runtime API does not answer) never count as none. The
+host counts as busy, the wait goes on (reading again) until ``lb_drain_timeout``, and then the
+drain fails, saying why: Triton is not restarted, the host goes back in. Only a host whose Triton
+does not run at all (its unit inactive or failed) has nothing in flight without its metrics.
+
 Nothing here knows pyinfra: ``tritonfleet.serving.ops.lb`` runs these in a deploy (drain before a restart,
 ready after the health gate), with the host's own ``run`` for Triton's metrics.
 
@@ -27,6 +33,7 @@ drain): https://docs.haproxy.org/2.6/management.html#9.3). Tested against Debian
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -34,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.errors import TritonfleetError
+from ..core.shell import q
 from ..settings.access import Settings
 
 # Hooks: Triton's request counters must stay still this long (and its queue be empty) before the
@@ -49,6 +57,14 @@ ADMIN_DRAIN = 0x08
 
 class DrainError(TritonfleetError, RuntimeError):
     """The load balancer could not be asked, or the host did not go idle in time."""
+
+
+class InFlightUnknown(DrainError):
+    """The requests in flight cannot be read: the host counts as busy (never as idle)."""
+
+
+class TritonNotRunning(DrainError):
+    """No Triton runs on the host (its unit is inactive or failed): nothing can be in flight."""
 
 
 class RuntimeAPI:
@@ -170,15 +186,28 @@ class Balancer:
         """After ready: wait until the load balancer sends the host requests again."""
         return ""
 
-    def wait_idle(self, timeout: float, sleep=time.sleep, clock=time.monotonic) -> float:
+    def wait_idle(self, timeout: float, sleep=time.sleep, clock=time.monotonic, say=None) -> float:
         """Wait until :meth:`in_flight` is 0; returns the seconds it took. DrainError after
-        ``timeout`` seconds, naming what is still in flight."""
+        ``timeout`` seconds, naming what is still in flight; InFlightUnknown when the last read
+        could not tell (a read that fails counts as busy: it is read again until the timeout).
+        ``say(text)``: told once when a read fails."""
         t0 = clock()
+        unknown = ""
         while True:
-            n = self.in_flight()
+            try:
+                n: int | None = self.in_flight()
+                unknown = ""
+            except InFlightUnknown as e:
+                if not unknown and say is not None:
+                    say(f"the requests in flight cannot be read ({e}): the host counts as busy, read again "
+                        f"until lb_drain_timeout ({timeout:.0f}s); Triton is not restarted meanwhile")
+                n, unknown = None, str(e)
             if n == 0:
                 return clock() - t0
             if clock() - t0 >= timeout:
+                if unknown:
+                    raise InFlightUnknown(f"the requests in flight could not be read for {timeout:.0f}s "
+                                          f"(lb_drain_timeout): {unknown}")
                 raise DrainError(f"{n} request(s) still in flight after {timeout:.0f}s (lb_drain_timeout)")
             sleep(POLL_SECONDS)
 
@@ -212,8 +241,15 @@ class HAProxy(Balancer):
             row = rows[0]
             st = [r for r in parse_servers_state(api.command(f"show servers state {self.backend}"))
                   if r.get("srv_name") == self.server]
-            adm = int(st[0].get("srv_admin_state", "0")) if st else 0
-            scur = int(row.get("scur") or 0)
+            # what cannot be read is said, never taken for "no sessions" or "no admin state"
+            if not st or not str(st[0].get("srv_admin_state", "")).isdigit():
+                raise DrainError(f"HAProxy at {api.address}: `show servers state {self.backend}` gives no admin "
+                                 f"state for {self.server!r}: {st[0] if st else 'no such line'}")
+            if not str(row.get("scur", "")).isdigit():
+                raise DrainError(f"HAProxy at {api.address}: `show stat` gives no current sessions (scur) for "
+                                 f"{self.backend}/{self.server}: {row.get('scur')!r}")
+            adm = int(st[0]["srv_admin_state"])
+            scur = int(row["scur"])
             status.append(row.get("status", ""))
             sessions += scur
             admin |= adm
@@ -263,31 +299,93 @@ class HAProxy(Balancer):
             sleep(POLL_SECONDS)
 
 
-def triton_busy(metrics_text: str) -> tuple[float, float]:
-    """(requests queued in Triton, requests Triton finished so far) from its metrics text:
-    ``nv_inference_pending_request_count`` summed, and ``nv_inference_request_success`` +
-    ``nv_inference_request_failure`` summed over models."""
+_TRITON_FAMILY = re.compile(r"^(# (HELP|TYPE) )?nv_\w+", re.MULTILINE)
+
+
+def triton_busy(metrics_text: str | list[str]) -> tuple[float, float]:
+    """(requests queued in Triton, requests Triton finished so far) from its metrics text (one
+    Triton's, or a list: one per Triton of the host): ``nv_inference_pending_request_count``
+    summed, and ``nv_inference_request_success`` + ``nv_inference_request_failure`` summed over
+    models. ValueError for an answer that is not Triton's metrics (no ``nv_`` family: another
+    service on that port, an error page) or not Prometheus's text format."""
     from .triton_http import parse
 
     pending = done = 0.0
-    for s in parse(metrics_text):
-        if s.name == "nv_inference_pending_request_count":
-            pending += s.value
-        elif s.name in ("nv_inference_request_success", "nv_inference_request_failure"):
-            done += s.value
+    for text in [metrics_text] if isinstance(metrics_text, str) else metrics_text:
+        if not _TRITON_FAMILY.search(text):
+            first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "an empty answer")
+            raise ValueError(f"the answer is not Triton's metrics (no nv_ metric): {first[:160]!r}")
+        for s in parse(text):
+            if s.name == "nv_inference_pending_request_count":
+                pending += s.value
+            elif s.name in ("nv_inference_request_success", "nv_inference_request_failure"):
+                done += s.value
     return pending, done
+
+
+METRICS_MARK = "@@tritonfleet-metrics"
+#: a unit in these states runs no Triton: nothing can be in flight (systemctl is-active's words)
+NOT_RUNNING = ("inactive", "failed")
+
+
+def metrics_command(instances: list[tuple[str, str]]) -> str:
+    """One shell command reading the metrics of every Triton of a host: ``instances`` is
+    [(systemd service, metrics URL)]. curl fails on an HTTP error (``-f``); a read that fails says
+    curl's exit status and whether the unit runs (``systemctl is-active``)."""
+    parts = []
+    for service, url in instances:
+        parts.append(f"echo {q(f'{METRICS_MARK} {service} {url}')}; curl -sSf -m 5 {q(url)} 2>&1; rc=$?; "
+                     f"[ $rc = 0 ] || echo \"{METRICS_MARK}-failed $rc $(systemctl is-active "
+                     f"{q(service + '.service')} 2>/dev/null)\"")
+    return "; ".join(parts) + "; true"
+
+
+def read_metrics(lines: list[str]) -> list[str]:
+    """The metrics texts :func:`metrics_command` read, one per Triton that runs. TritonNotRunning
+    when none runs; DrainError naming the URL and curl's words when one whose unit may run did not
+    answer (it may be serving: its requests in flight are unknown)."""
+    reads: list[dict] = []
+    for line in lines:
+        if line.startswith(METRICS_MARK + "-failed"):
+            if reads:
+                rc, _, state = line[len(METRICS_MARK) + len("-failed"):].strip().partition(" ")
+                reads[-1]["failed"], reads[-1]["state"] = rc, state.strip() or "unknown"
+        elif line.startswith(METRICS_MARK + " "):
+            service, _, url = line[len(METRICS_MARK) + 1:].partition(" ")
+            reads.append({"service": service, "url": url, "lines": [], "failed": "", "state": ""})
+        elif reads:
+            reads[-1]["lines"].append(line)
+    if not reads:
+        raise DrainError("Triton's metrics were not read (the command printed nothing it knows): "
+                         + " | ".join(ln.strip() for ln in lines if ln.strip())[:300])
+    texts, down = [], []
+    for r in reads:
+        if not r["failed"]:
+            texts.append("\n".join(r["lines"]) + "\n")
+            continue
+        said = " ".join(ln.strip() for ln in r["lines"] if ln.strip())[:300] or f"curl exited {r['failed']}"
+        if r["state"] in NOT_RUNNING:
+            down.append(f"{r['service']}.service is {r['state']}")
+            continue
+        raise DrainError(f"Triton's metrics at {r['url']} do not answer ({said}) while {r['service']}.service "
+                         f"is {r['state']}")
+    if not texts:
+        raise TritonNotRunning(f"no Triton runs ({', '.join(down)}): no request can be in flight")
+    return texts
 
 
 class Hooks(Balancer):
     kind = "hooks"
 
     def __init__(self, drain_command: str | None, ready_command: str | None, env: dict[str, str],
-                 metrics: Callable[[], str], timeout: float = 120.0):
+                 metrics: Callable[[], str | list[str]], timeout: float = 120.0):
         if not drain_command or not ready_command:
             raise DrainError("lb = 'hooks' needs both lb_drain_command and lb_ready_command")
         self.drain_command, self.ready_command = drain_command, ready_command
         self.env, self.metrics, self.timeout = env, metrics, timeout
         self._last: tuple[float, float] | None = None  # (counter value, when it last moved)
+        #: why the last read found nothing in flight without reading Triton (no Triton runs)
+        self.note = ""
 
     def describe(self) -> str:
         return "hooks"
@@ -309,11 +407,16 @@ class Hooks(Balancer):
         return "lb_drain_command ran" + (f": {out.splitlines()[-1][:200]}" if out else "")
 
     def in_flight(self, clock=time.monotonic) -> int:
-        """Pending requests; while the request counters still move, at least 1."""
+        """Pending requests; while the request counters still move, at least 1. No Triton running:
+        0 (``note`` says so). Metrics that cannot be read: InFlightUnknown (never 0)."""
         try:
             pending, done = triton_busy(self.metrics())
-        except Exception:  # noqa: BLE001 - no metrics: Triton is not serving, so nothing is in flight
+        except TritonNotRunning as e:
+            self.note = str(e)
             return 0
+        except (DrainError, ValueError, OSError) as e:  # OSError: the host could not be asked
+            raise InFlightUnknown(str(e)) from e
+        self.note = ""
         now = clock()
         if self._last is None or self._last[0] != done:
             self._last = (done, now)

@@ -114,6 +114,9 @@ def gate(settings: Settings, address: str, models: list[str], transport=None, ti
         http_url, metrics_url = at.http_url, at.metrics_url
         res = wait_healthy(http_url, metrics_url, models, settings.get("health_timeout") if timeout is None else timeout,
                            settings.get("health_request_timeout"), watch=watch)
+        said = at.tunnel_error
+        if not res.ok and said and res.first_failure is not None:  # why the tunnel's requests failed
+            res.first_failure.detail += f" ({said})"
         if res.ok and warm is not None:
             verdict = warm(http_url)
             if verdict is not None:
@@ -151,6 +154,8 @@ def failure_of(res: HealthResult, host_name: str, models: list[str], watch: Unit
         cause = (f"Triton: {triton}" if triton else answer)
         words = error_words(start.lines) if start else []
     now, fix = serving_now(snap, service, host_name, rollout)
+    if snap is None and watch.error:
+        now = f"unknown (the host could not be read: {watch.error[:200]})"
     if not fix:
         fix = "fix the cause above (the model: tritonfleet validate; the unit: journalctl -u " \
               f"{service}), then run the deploy again"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
@@ -50,6 +50,14 @@ class Endpoints:
     http_url: str  #: http://addr:port
     metrics_url: str  #: http://addr:port (without /metrics)
     grpc_url: str = ""  #: addr:port (when asked for)
+    #: the SSH tunnels behind the URLs (health_via = "ssh"), for :attr:`tunnel_error`
+    tunnels: tuple[SSHTunnel, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def tunnel_error(self) -> str:
+        """Why a tunnel could not open its last channel ("" when none failed): a request through
+        it failed with a bare closed connection, this says why (the gate's report adds it)."""
+        return next((t.error for t in self.tunnels if t.error), "")
 
 
 @contextlib.contextmanager
@@ -88,7 +96,7 @@ def endpoints(settings: Settings, address: str, transport: Callable[[], Any] | N
         for port in ports:
             tunnels.append(SSHTunnel(link, port, channel_timeout=bound))
         local = [f"127.0.0.1:{t.port}" for t in tunnels]
-        yield Endpoints(f"http://{local[0]}", f"http://{local[1]}", local[2] if grpc else "")
+        yield Endpoints(f"http://{local[0]}", f"http://{local[1]}", local[2] if grpc else "", tuple(tunnels))
     finally:
         for t in tunnels:
             t.close()

@@ -9,11 +9,12 @@ words, what the host runs now and the command that puts the last healthy deploym
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from dataclasses import dataclass, field
 
+from ..core.connection_errors import CONNECTION_ERRORS
+from ..core.errors import TritonfleetError
 from ..core.report import trim
 from ..core.shell import q
 from ..settings.access import Settings
@@ -127,6 +128,7 @@ class UnitSnapshot:
     container: str = ""
     release: str = ""
     last: dict | None = None
+    last_error: str = ""  # the history's last line that is not a record (not "never recorded")
 
     @property
     def restarts(self) -> int:
@@ -196,8 +198,11 @@ def parse_watch(text: str) -> UnitSnapshot:
     snap.container = parts[2].strip()
     rel = parts[3].strip()
     snap.release = rel.rstrip("/").rsplit("/", 1)[-1] if rel else ""
-    with contextlib.suppress(ValueError):
-        snap.last = json.loads(parts[4].strip()) if parts[4].strip() else None
+    if parts[4].strip():
+        try:
+            snap.last = json.loads(parts[4].strip())
+        except ValueError:
+            snap.last_error = f"the last line of history.jsonl is not a record: {parts[4].strip()[:120]!r}"
     return snap
 
 
@@ -268,12 +273,19 @@ class UnitWatch:
         self.command = watch_command(service, container, base)
         self.last: UnitSnapshot | None = None
         self.since: int | None = None
+        #: why the last read of the host failed ("" after a read that worked): the report says it
+        self.error = ""
 
     def read(self) -> UnitSnapshot | None:
+        """The unit now; None when the host cannot be read (``error`` says why): a watch that cannot
+        read the host decides nothing, and the gate goes on waiting on Triton's own answers. ``run``
+        fails with a connection's error, or a TritonfleetError (the fleet commands' FleetError)."""
         try:
             self.last = parse_watch(self.run(self.command))
-        except Exception:  # noqa: BLE001 - a watch that cannot read the host decides nothing
+        except (TritonfleetError, *CONNECTION_ERRORS) as e:
+            self.error = f"{type(e).__name__}: {e}"
             return None
+        self.error = ""
         return self.last
 
     def __call__(self) -> Verdict | None:
@@ -312,6 +324,9 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
 
             fix = (("the host served before this deploy; put that deployment back with: "
                     if differs else "to return to the last healthy deployment: ") + rollback_command(host_name))
+    elif snap.last_error:
+        what += f"; the last healthy deployment cannot be told ({snap.last_error})"
+        fix = ""
     else:
         what += "; no healthy deployment was ever recorded on this host"
         fix = ""

@@ -46,6 +46,7 @@ from ..host.layer import (
     existing_driver,
     kernel_module,
     persistence_command,
+    persistence_modes,
     secure_boot_problem,
     smi_command,
     toolkit_facts,
@@ -54,6 +55,7 @@ from ..host.layer import (
 from ..host.ops import aptlock, converged
 from ..host.ops.apt_repo import vendor_source
 from ..host.ops.reboot import reboot
+from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check, will_change
 from ..serving.ops import gpu_guard as guard_ops
@@ -216,6 +218,7 @@ def nvidia_driver():
     dpkg run, remove another source's driver (migration), the repository, kernel headers and
     nouveau, the driver packages (pinned, switched, held), persistence, and the reboot when the
     loaded driver differs."""
+    pyinfra_patches.required("NVIDIA driver")  # the deploy file installed the patches (the deploy lock)
     memo.prefetch(*driver_facts())
     if _refused():
         return
@@ -422,8 +425,10 @@ def _persistence(persistence_changed: bool) -> None:
 
 
 def _check_persistence():
-    text = " ".join((memo.fact(Command, command=persistence_command()) or "").split())
-    if "enabled" not in text.lower():
+    raw = memo.fact(Command, command=persistence_command()) or ""
+    text = " ".join(raw.split())
+    modes = persistence_modes(raw)
+    if not modes or any(m.lower() != "enabled" for m in modes):  # every GPU's, not any line's
         raise RuntimeError(
             f"{host.name}: {smi_command()} -q shows {text or 'no Persistence Mode line'}, expected Persistence Mode "
             f"Enabled: check `systemctl status nvidia-persistenced` and {PERSISTENCE_DROPIN} on the host "
@@ -432,6 +437,7 @@ def _check_persistence():
 
 @deploy("Docker Engine")
 def docker_engine():
+    pyinfra_patches.required("Docker Engine")  # the deploy file installed the patches (the deploy lock)
     source = config.get("docker_source")
     memo.prefetch(*docker_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
@@ -495,6 +501,7 @@ def _check_docker_version(pattern: str):
 
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit():
+    pyinfra_patches.required("NVIDIA Container Toolkit")  # the deploy file installed the patches (the deploy lock)
     memo.prefetch(*toolkit_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     vendor_source(vendor_repos.container_toolkit())

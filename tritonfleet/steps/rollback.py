@@ -22,6 +22,7 @@ from ..core.report import fail
 from ..core.shell import q
 from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.release import switch_back_script
+from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext.check import check
 from ..serving import per_gpu as pergpu
 from ..serving.facts import DeployHistory, DockerImageId
@@ -70,6 +71,7 @@ def _fail(message: str, expected: str = "an earlier healthy deployment to roll b
 
 @deploy("Rollback")
 def rollback():
+    pyinfra_patches.required("Rollback")  # the deploy file installed the patches (the deploy lock)
     base = config.get("triton_base_dir")
     service = config.get("triton_service")
     if pergpu.enabled(config.current()):

@@ -17,6 +17,7 @@ from ..gpu.placement import RECORD, count_problems, expected_count, parse_record
 from ..gpu.rules import GPU_CLASSES, check_gpus
 from ..host import kernel_module as kmod
 from ..host.layer import smi_command
+from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext.check import check
 from ..settings import access as config
 from .triton import ensure_image
@@ -274,6 +275,7 @@ def record_gpus():
 
 @deploy("GPU verification")
 def verify_gpus(load_image: bool = True):
+    pyinfra_patches.required("GPU verification")  # the deploy file installed the patches (the deploy lock)
     image = config.get("cuda_test_image")
     if load_image:
         ensure_image(image)

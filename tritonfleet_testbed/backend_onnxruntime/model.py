@@ -24,6 +24,13 @@ import os
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
+
+#: what onnxruntime raises from a run (its C++ errors, each its own Exception subclass: Fail,
+#: InvalidArgument, RuntimeException, ...), with numpy's ValueError and TypeError for inputs it
+#: cannot take: reported to the client as the request's error. Anything else is a bug here.
+RUN_ERRORS = (*(v for v in vars(_ort_state).values() if isinstance(v, type) and issubclass(v, Exception)),
+              ValueError, TypeError)
 
 # ONNX Runtime's type strings -> numpy
 _ORT_TYPES = {
@@ -136,7 +143,9 @@ class TritonPythonModel:
                         raise pb_utils.TritonModelException(f"input '{name}' missing")
                     arrays[name] = tensor.as_numpy()
                 wanted = list(request.requested_output_names()) or list(self.output_dtypes)
-            except Exception as exc:  # noqa: BLE001 - reported to the client
+            # a missing input (TritonModelException: the stub adds it to pb_utils once loaded, not
+            # at import), a tensor numpy cannot take: reported to the client
+            except (pb_utils.TritonModelException, ValueError, TypeError) as exc:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
                 continue
             if self.max_batch_size > 0:
@@ -148,7 +157,7 @@ class TritonPythonModel:
         for members in groups.values():
             try:
                 self._run(members, responses)
-            except Exception as exc:  # noqa: BLE001 - reported to the client
+            except RUN_ERRORS as exc:  # reported to the client
                 for index, _, _ in members:
                     responses[index] = pb_utils.InferenceResponse(
                         error=pb_utils.TritonError(f"onnxruntime: {exc}")

@@ -103,6 +103,17 @@ EOF_GPUS
 
 major=${DRIVER_VERSION%%.*}
 if [ "$major" -ge 550 ]; then WIDE=1; else WIDE=0; fi
+# Layout changes of the wide table, from real captures: 570 (tests/fixtures/nvidia/
+# smi_l4_570.133.07.txt) puts the PID column further right and leaves an empty line before the
+# process table (550.54.15: a line of spaces); 580 (tests/fixtures/nvidia-real-h200-580/
+# smi-plain.txt) draws the line under the version header with "+" at both ends (570: "|").
+# Branches between the captures (555-565, 575) are not confirmed: they follow the older one.
+if [ "$major" -ge 570 ]; then PROCS570=1; else PROCS570=0; fi
+if [ "$major" -ge 580 ]; then CORNER='+'; else CORNER='|'; fi
+# `nvidia-smi -q`: the column where values start (525.89.02: 42, tests/fixtures/nvidia/
+# smi_q_t4_525.89.02_excerpt.txt; 580.159.04: 55, tests/fixtures/nvidia-real-h200-580/smi-q.txt;
+# between them not confirmed: 42 below 580)
+if [ "$major" -ge 580 ]; then QW=55; else QW=42; fi
 
 dashes() { n=$1; s=''; while [ "$n" -gt 0 ]; do s="$s$2"; n=$((n - 1)); done; printf '%s' "$s"; }
 
@@ -130,7 +141,7 @@ table() {
     else
         printf '| NVIDIA-SMI %-23sDriver Version: %-13sCUDA Version: %-9s|\n' "$DRIVER_VERSION" "$DRIVER_VERSION" "$CUDA_VERSION"
     fi
-    printf '|%s+%s+%s+\n' "$(dashes $c1 -)" "$(dashes $c2 -)" "$(dashes $c3 -)"
+    printf '%s%s+%s+%s+\n' "$CORNER" "$(dashes $c1 -)" "$(dashes $c2 -)" "$(dashes $c3 -)"
     if [ "$WIDE" = 1 ]; then
         echo '| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |'
         echo '| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |'
@@ -142,10 +153,14 @@ table() {
     printf '|%s+%s+%s|\n' "$(dashes $c1 =)" "$(dashes $c2 =)" "$(dashes $c3 =)"
     each_gpu table_gpu
     if [ "$WIDE" = 1 ]; then
-        printf '%s\n' "$(dashes 89 ' ')"
+        if [ "$PROCS570" = 1 ]; then echo; else printf '%s\n' "$(dashes 89 ' ')"; fi
         printf '+%s+\n' "$(dashes 89 -)"
         printf '| %-88s|\n' 'Processes:'
-        printf '| %-88s|\n' ' GPU   GI   CI        PID   Type   Process name                              GPU Memory'
+        if [ "$PROCS570" = 1 ]; then
+            printf '| %-88s|\n' ' GPU   GI   CI              PID   Type   Process name                        GPU Memory'
+        else
+            printf '| %-88s|\n' ' GPU   GI   CI        PID   Type   Process name                              GPU Memory'
+        fi
         printf '| %-88s|\n' '       ID   ID                                                               Usage'
         printf '|%s|\n' "$(dashes 89 =)"
         printf '| %-88s|\n' ' No running processes found'
@@ -223,9 +238,9 @@ query_line() {
 list_line() { echo "GPU $CUR_INDEX: $GPU_NAME (UUID: $CUR_UUID)"; }
 q_gpu() {
     echo "GPU $CUR_BUS"
-    printf '    %-38s: %s\n' "Product Name" "$GPU_NAME" "Product Brand" NVIDIA "Display Mode" Enabled \
+    printf "    %-$((QW - 4))s: %s\n" "Product Name" "$GPU_NAME" "Product Brand" NVIDIA "Display Mode" Enabled \
         "Display Active" Disabled "Persistence Mode" "$pm"
-    printf '    %-38s: %s\n' "GPU UUID" "$CUR_UUID"
+    printf "    %-$((QW - 4))s: %s\n" "GPU UUID" "$CUR_UUID"
 }
 
 fields='' format='csv' mode=table
@@ -247,9 +262,9 @@ case "$mode" in
     q)  # the head of `nvidia-smi -q` (layout: tests/fixtures/nvidia/smi_q_t4_525.89.02_excerpt.txt)
         if [ "$PERSISTENCE_MODE" = On ]; then pm=Enabled; else pm=Disabled; fi
         printf '\n==============NVSMI LOG==============\n\n'
-        printf '%-42s: %s\n' "Timestamp" "$(date '+%a %b %e %H:%M:%S %Y')" "Driver Version" "$DRIVER_VERSION" \
+        printf "%-${QW}s: %s\n" "Timestamp" "$(date '+%a %b %e %H:%M:%S %Y')" "Driver Version" "$DRIVER_VERSION" \
             "CUDA Version" "$CUDA_VERSION"
-        printf '\n%-42s: %s\n' "Attached GPUs" "$N_GPUS"
+        printf "\n%-${QW}s: %s\n" "Attached GPUs" "$N_GPUS"
         each_gpu q_gpu ;;
     query) query "$fields" "$format" ;;
     version)

@@ -319,7 +319,9 @@ def test_status_shows_a_failure_newer_than_the_last_healthy_deployment():
     assert shown and shown["text"] == example_failure().text() and shown["short"] == example_failure().short()
     assert probe.current_failure([report], newer) is None
     assert probe.current_failure([report], None)
-    assert probe.current_failure(["not json"], None) is None
+    # a record that cannot be read is not "no failure": status shows it as unknown (drift)
+    with pytest.raises(ValueError, match="not a failure report"):
+        probe.current_failure(["not json"], None)
 
 
 @pytest.mark.parametrize("policy,shown", [("off", False), ("yes", True), ("accept-new", True)])
@@ -328,8 +330,9 @@ def test_relaxed_host_key_mode_is_quiet(caplog, policy, shown, tmp_path):
     from paramiko.ssh_exception import SSHException
     from pyinfra.connectors.sshuserclient.client import get_missing_host_key_policy
 
-    import tritonfleet  # noqa: F401 - installs the filter
+    from tritonfleet.pyinfra_ext.connection import quiet_relaxed_host_keys
 
+    quiet_relaxed_host_keys()  # what pyinfra_patches.install() and the fleet commands add
     caplog.set_level(logging.INFO, logger="pyinfra")
     client = SSHClient()
     client._host_keys_filename = str(tmp_path / "known_hosts")

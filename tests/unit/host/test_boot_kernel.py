@@ -67,9 +67,15 @@ def test_a_module_built_for_the_boot_kernel_lets_the_reboot_go_on():
 
 
 def test_a_reboot_is_drained_first(tmp_path):
+    from tritonfleet.serving.drain import METRICS_MARK
+
     log = tmp_path / "hooks.log"
     answer = ["running=a", "boot=a", "module=yes"]
-    _, cmds, _ = run_fake(nvidia_driver, _mismatch(answer),
+    # Triton's metrics as the drain reads them on the host: nothing pending, counters still
+    metrics = [f"{METRICS_MARK} triton http://127.0.0.1:8002/metrics",
+               "# TYPE nv_inference_request_success counter", 'nv_inference_request_success{model="m",version="1"} 7',
+               'nv_inference_pending_request_count{model="m",version="1"} 0']
+    _, cmds, _ = run_fake(nvidia_driver, {**_mismatch(answer), "curl -sSf -m 5": metrics},
                           {**DATA, "nvidia_reboot_timeout": 1, "lb": "hooks",
                            "lb_drain_command": f"echo drain $TRITONFLEET_HOST >> {log}",
                            "lb_ready_command": "true"})

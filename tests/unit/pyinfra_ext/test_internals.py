@@ -1,130 +1,85 @@
-"""pyinfra's internals that tritonfleet patches or relies on are the ones it was checked against.
+"""pyinfra's internals that tritonfleet patches or relies on are the ones it was checked against,
+and the run-time check of them (tritonfleet/pyinfra_ext/compat.py) does what it says.
 
-tritonfleet replaces pyinfra's operation-order function (tritonfleet/pyinfra_ext/oporder.py) and its Ctrl-C
-handler (interrupt.py) when a deploy file calls pyinfra_patches.install() (tests/unit/test_structure.py
-checks that importing the steps alone changes nothing), hands work to the inner generators of three pyinfra operations
-(ops/converged.py), watches operation results through state callbacks (facts/memo.py,
-connection.py) and reaches paramiko through pyinfra's SSH connector. None of that is pyinfra's
-public API, so pyproject.toml pins pyinfra to the minor version it was checked against, and this
-test compares the source of every such piece with the hash recorded when it was checked
-(tests/fixtures/pyinfra/internals.json). When pyinfra is upgraded and a hash differs, the
-message names the piece and what to re-check in tritonfleet; after re-checking, record the new
-hashes with `.venv/bin/python tests/unit/pyinfra_ext/test_internals.py --record` and widen the pin.
+compat.INTERNALS lists every such internal with the feature it serves; compat.RECORD
+(tritonfleet/pyinfra_ext/internals.json) holds the sha256 of each one's source, and of each
+module file holding one, in every release it was checked against. These tests run against the
+installed pyinfra; tests/unit/pyinfra_ext/test_releases.py runs them again against every pyinfra release
+pyproject.toml allows, each in a scratch environment. After re-checking a new release, record it
+with `.venv/bin/python -m tritonfleet.pyinfra_ext.compat --record` and widen the pin.
 """
 
 from __future__ import annotations
 
-import hashlib
+import ast
 import importlib
 import inspect
-import json
 import re
 import sys
+import textwrap
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
-RECORD = Path(__file__).parents[2] / "fixtures" / "pyinfra" / "internals.json"
+from tritonfleet.pyinfra_ext import compat
+
 PYPROJECT = Path(__file__).parents[3] / "pyproject.toml"
-
-# dotted name (module:attribute path) -> what tritonfleet assumes of it, and where
-INTERNALS = {
-    "pyinfra.api.util:get_operation_order_from_stack":
-        "tritonfleet/pyinfra_ext/oporder.py computes the same line numbers from frames (deploy file, "
-        "current_op_file_number in CLI mode, frames outside PYINFRA_INSTALL_DIR)",
-    "pyinfra.api.operation:solve_operation_consistency":
-        "tritonfleet/pyinfra_ext/oporder.py replaces get_operation_order_from_stack in pyinfra.api.operation's "
-        "namespace, where solve_operation_consistency looks it up in CLI mode",
-    "pyinfra_cli.main:main":
-        "tritonfleet/pyinfra_ext/interrupt.py: pyinfra installs its SIGINT handler (exits 0) before it loads the "
-        "deploy code, so the handler installed then (exit 130) is the one in force",
-    "pyinfra.operations.files:put._inner":
-        "tritonfleet/host/ops/converged.py put() hands src, dest, user, group, mode and the rest to it",
-    "pyinfra.operations.apt:packages._inner":
-        "tritonfleet/host/ops/converged.py packages() hands packages, present, latest, update, upgrade to it and "
-        "wraps each command it yields (strings) for the apt lock",
-    "pyinfra.operations.systemd:service._inner":
-        "tritonfleet/host/ops/converged.py service() hands service, running, enabled, restarted to it",
-    "pyinfra.api.state:BaseStateCallback":
-        "facts/memo.py, connection.py and failure.py: host_connect, operation_host_start(state, host, "
-        "op_hash) and operation_host_error(state, host, op_hash, ...) are called with these arguments",
-    "pyinfra.api.state:State.add_callback_handler": "facts/memo.py, connection.py, failure.py register callbacks",
-    "pyinfra.api.state:State.get_op_meta": "facts/memo.py and failure.py read .names of an operation",
-    "pyinfra.api.state:State.get_op_data_for_host": "facts/memo.py and failure.py read .operation_meta",
-    "pyinfra.api.operation:OperationMeta":
-        "facts/memo.py (is_complete, did_succeed, did_change), ops/check.py (will_change), failure.py "
-        "(stderr_lines, stdout_lines of a failed operation, complete once the run ends)",
-    "pyinfra_cli.prints:build_results_json":
-        "rollout.py reads `-y --json`: results.operations[] (name, success, error, no_change) and "
-        "results.failed_hosts",
-    "pyinfra.api.facts:FactBase.requires_command":
-        "facts/memo.py prefetch leaves facts with a required command to pyinfra",
-    "pyinfra.connectors.ssh:SSHConnector.connect":
-        "connection.py, transfer.py, health.py, metrics.py, rollout.py: connector.client is a "
-        "paramiko SSHClient whose transport's socket is the TCP socket",
-    "pyinfra.api.arguments:ConnectorArguments":
-        "ops/stream.py passes the connector arguments of the current operation on",
-    "pyinfra.api.host:Host.get_fact": "facts/memo.py reads facts through it",
-    "pyinfra.api.arguments:all_global_arguments":
-        "argcache.py caches its answer for the run: it must depend on nothing but pyinfra's classes",
-    "pyinfra.api.arguments:pop_global_arguments":
-        "argcache.py replaces all_global_arguments in pyinfra.api.arguments' namespace, where this "
-        "looks it up on every call",
-}
+RECORD = compat.load_record()
 
 
-def resolve(name: str):
-    module, _, attrs = name.partition(":")
-    obj = importlib.import_module(module)
-    for attr in attrs.split("."):
-        obj = getattr(obj, attr)
-    return obj
+def pin() -> SpecifierSet:
+    return SpecifierSet(re.search(r'"pyinfra([^"]*)"', PYPROJECT.read_text()).group(1))
 
 
-def source_hash(obj) -> str:
-    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+def test_the_pin_admits_only_checked_releases():
+    checked = RECORD["checked"]["pyinfra"]
+    spec = pin()
+    assert all(Version(v) in spec for v in checked), (str(spec), checked)
+    major, minor = (int(p) for p in checked[0].split(".")[:2])
+    candidates = [f"{major}.{minor}.{p}" for p in range(100)] + [f"{major}.{minor + 1}.0", f"{major + 1}.0.0"]
+    admitted = [v for v in candidates if Version(v) in spec]
+    unchecked = [v for v in admitted if v not in checked]
+    assert not unchecked, (
+        f"pyproject.toml pins pyinfra{spec}, which admits {', '.join(unchecked)}: tritonfleet was checked against "
+        f"{', '.join(checked)} only (tritonfleet/pyinfra_ext/internals.json). Check a release "
+        "(tests/unit/pyinfra_ext/test_releases.py), record it, then widen the pin")
 
 
-def current() -> dict:
-    return {"pyinfra": version("pyinfra"), "sources": {n: source_hash(resolve(n)) for n in INTERNALS}}
-
-
-def test_pyinfra_is_pinned_to_the_checked_minor_version():
-    recorded = json.loads(RECORD.read_text())["pyinfra"]
-    major, minor = recorded.split(".")[:2]
-    pin = re.search(r'"pyinfra([^"]*)"', PYPROJECT.read_text()).group(1)
-    assert pin == f">={major}.{minor},<{major}.{int(minor) + 1}", (
-        f"pyproject.toml pins pyinfra{pin}, but the patched internals were checked against pyinfra "
-        f"{recorded} (tests/fixtures/pyinfra/internals.json): pin pyinfra>={major}.{minor},<{major}.{int(minor) + 1}")
-    assert version("pyinfra").split(".")[:2] == [major, minor], (
-        f"pyinfra {version('pyinfra')} is installed, the patched internals were checked against {recorded}: "
+def test_the_installed_pyinfra_is_a_checked_one_and_passes_the_check():
+    assert version("pyinfra") in RECORD["checked"]["pyinfra"], (
+        f"pyinfra {version('pyinfra')} is installed, tritonfleet was checked against {RECORD['checked']['pyinfra']}: "
         "install from requirements.lock (bash scripts/setup)")
+    res = compat.check()
+    assert res.mismatches == [], res.refusal() if res.refused else res.warnings()
 
 
-@pytest.mark.parametrize("name", list(INTERNALS))
-def test_patched_pyinfra_internals_are_unchanged(name):
-    recorded = json.loads(RECORD.read_text())
+@pytest.mark.parametrize("internal", [i for i in compat.INTERNALS if i.probe is None], ids=lambda i: i.name)
+def test_every_internal_is_recorded_as_it_is(internal):
+    """Source by source (what the check falls back to when a module file differs)."""
     try:
-        obj = resolve(name)
+        obj = compat.resolve(internal.name)
     except (ImportError, AttributeError) as e:
-        pytest.fail(f"pyinfra {version('pyinfra')} has no {name} ({e}); tritonfleet relies on it: "
-                    f"{INTERNALS[name]}. Adapt tritonfleet, then record (see this file's docstring).")
-    assert source_hash(obj) == recorded["sources"].get(name), (
-        f"pyinfra's {name} changed since it was checked (pyinfra {recorded['pyinfra']} -> "
-        f"{version('pyinfra')}). Re-check: {INTERNALS[name]}. Then record the new hashes: "
-        ".venv/bin/python tests/unit/pyinfra_ext/test_internals.py --record")
+        pytest.fail(f"pyinfra {version('pyinfra')} has no {internal.name} ({e}); tritonfleet relies on it: "
+                    f"{internal.assumes}. Adapt tritonfleet, then record (see this file's docstring).")
+    assert compat.source_hash(obj) in RECORD["sources"].get(internal.name, []), (
+        f"pyinfra's {internal.name} changed since it was checked ({RECORD['checked']['pyinfra']} -> "
+        f"{version('pyinfra')}). Re-check: {internal.assumes}. Then record it (see this file's docstring)")
 
 
-def test_inner_operations_take_the_arguments_passed_to_them():
-    from pyinfra.operations import apt, files, systemd
+@pytest.mark.parametrize("internal", [i for i in compat.INTERNALS if i.probe is not None],
+                         ids=lambda i: f"{i.name} ({i.assumes[:20]})")
+def test_every_probed_internal_passes_its_probe(internal):
+    assert internal.probe(compat.resolve(internal.name)) == ""
 
-    expected = {files.put: {"src", "dest", "user", "group", "mode"},
-                apt.packages: {"packages", "present", "latest", "update", "upgrade"},
-                systemd.service: {"service", "running", "enabled", "restarted"}}
-    for op, params in expected.items():
-        have = set(inspect.signature(op._inner).parameters)
-        assert params <= have, f"{op.__module__}.{op.__name__}._inner lost {params - have} (ops/converged.py)"
+
+def test_every_feature_is_speed_or_behaviour_and_has_internals():
+    assert {i.feature for i in compat.INTERNALS} == set(compat.FEATURES)
+    assert {kind for kind, _ in compat.FEATURES.values()} == {compat.SPEED, compat.BEHAVIOUR}
+    assert {f for f, (kind, _) in compat.FEATURES.items() if kind == compat.SPEED} == {"oporder", "argcache",
+                                                                                       "idle_poll"}
 
 
 def test_operation_order_is_read_from_pyinfra_operation_module():
@@ -156,12 +111,145 @@ def test_global_arguments_are_computed_once_and_are_pyinfras(monkeypatch):
         for _ in range(3):
             arguments_module.all_global_arguments()
         assert calls == [], "the cached function evaluated type hints again"
+        # the check still sees pyinfra's own function behind the patch
+        assert compat.check({"argcache"}, record={**RECORD, "files": {}}).mismatches == []
     finally:
         argcache.uninstall()
     assert arguments_module.all_global_arguments is argcache._original
 
 
-if __name__ == "__main__" and "--record" in sys.argv:
-    RECORD.parent.mkdir(parents=True, exist_ok=True)
-    RECORD.write_text(json.dumps(current(), indent=2, sort_keys=True) + "\n")
-    print(f"recorded pyinfra {version('pyinfra')} internals in {RECORD}")
+# ---------------------------------------------------------------- a changed internal, at run time
+
+def changed_copy(tmp_path, monkeypatch, name: str):
+    """A copy of the internal ``name`` (a function) with one more statement, loaded from a file
+    of its own (with its module's globals), put where pyinfra has it: what a pyinfra release that
+    changed it looks like."""
+    module_name, _, attrs = name.partition(":")
+    owner = importlib.import_module(module_name)
+    *path, last = attrs.split(".")
+    for attr in path:
+        owner = getattr(owner, attr)
+    original = getattr(owner, last)
+    lines = textwrap.dedent(inspect.getsource(original)).splitlines(keepends=True)
+    node = ast.parse("".join(lines)).body[0]
+    first = node.body[0]
+    indent = " " * first.col_offset
+    at = first.lineno - 1
+    source = "".join(lines[node.lineno - 1:at]) + f"{indent}_ = 'a pyinfra release changed this'\n" + "".join(lines[at:])
+    f = tmp_path / f"changed_{last}.py"
+    f.write_text("from __future__ import annotations\nimport importlib\n"
+                 f"globals().update({{k: v for k, v in vars(importlib.import_module({module_name!r})).items() "
+                 "if not k.startswith('__')})\n" + source)
+    spec = importlib.util.spec_from_file_location(f.stem, f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(owner, last, getattr(mod, original.__name__))
+    return getattr(mod, original.__name__)
+
+
+def test_a_changed_speed_internal_switches_its_patch_off_with_a_warning(tmp_path, monkeypatch):
+    changed_copy(tmp_path, monkeypatch, "pyinfra.api.util:get_operation_order_from_stack")
+    res = compat.check()
+    assert res.refused == [] and res.off == {"oporder"}
+    [warning] = res.warnings()
+    assert f"pyinfra {version('pyinfra')}" in warning
+    assert "pyinfra.api.util:get_operation_order_from_stack: its source differs" in warning
+    assert "speed-only patch oporder" in warning and "off for this run" in warning
+
+
+def test_a_changed_behaviour_internal_refuses_naming_it_and_the_version(tmp_path, monkeypatch):
+    import pyinfra.operations.files as files
+
+    changed_copy(tmp_path, monkeypatch, "pyinfra.operations.files:put._inner")
+    assert files.put._inner.__module__ == "changed__inner"
+    res = compat.check()
+    assert [m.internal.name for m in res.refused] == ["pyinfra.operations.files:put._inner"]
+    text = res.refusal()
+    assert f"tritonfleet refuses to run with pyinfra {version('pyinfra')}" in text
+    assert "pyinfra.operations.files:put._inner: its source differs" in text and "ops/converged.py" in text
+    assert f"pip install 'pyinfra=={RECORD['checked']['pyinfra'][0]}'" in text
+    with pytest.raises(compat.PyinfraChanged, match=r"put\._inner"):
+        compat.ensure("converged")
+    compat.ensure("oporder", "cli_args")  # the others are unaffected
+
+
+def test_install_refuses_before_it_changes_anything(tmp_path, monkeypatch):
+    """pyinfra_patches.install() with a changed behaviour internal: the run stops (no traceback:
+    SystemExit with the refusal), no patch is installed and no lock taken."""
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_state
+
+    from tritonfleet.pyinfra_ext import hostlock, oporder
+    from tritonfleet.pyinfra_ext import install as pyinfra_patches
+
+    changed_copy(tmp_path, monkeypatch, "pyinfra.api.state:State.get_op_meta")
+    taken = []
+    monkeypatch.setattr(hostlock, "enabled", lambda: True)
+    monkeypatch.setattr(hostlock, "acquire_all", lambda *a, **k: taken.append(1))
+    op_module = importlib.import_module("pyinfra.api.operation")
+    before = op_module.get_operation_order_from_stack
+    state = State()
+    state.callback_handlers = []
+    with ctx_state.use(state), pytest.raises(SystemExit) as exc:
+        pyinfra_patches.install()
+    text = str(exc.value)
+    assert text.startswith("tritonfleet: no host was changed:\ntritonfleet refuses to run with pyinfra"), text
+    assert "pyinfra.api.state:State.get_op_meta: its source differs" in text
+    assert taken == [] and op_module.get_operation_order_from_stack is before is not oporder._checked_order
+    assert state.callback_handlers == []
+
+
+def test_install_runs_with_a_speed_patch_off(tmp_path, monkeypatch, caplog):
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_state
+
+    from tritonfleet.pyinfra_ext import (
+        argcache,
+        connection,
+        hostlock,
+        oporder,
+    )
+    from tritonfleet.pyinfra_ext import (
+        install as pyinfra_patches,
+    )
+
+    changed_copy(tmp_path, monkeypatch, "pyinfra.api.arguments:pop_global_arguments")
+    monkeypatch.setattr(hostlock, "enabled", lambda: False)
+    arguments = importlib.import_module("pyinfra.api.arguments")
+    state = State()
+    state.callback_handlers = []
+    try:
+        with ctx_state.use(state):
+            pyinfra_patches.install()
+        assert arguments.all_global_arguments is argcache._original  # left off
+        assert importlib.import_module("pyinfra.api.operation").get_operation_order_from_stack is \
+            oporder._checked_order  # the other speed patch on
+        assert connection._idle_poll["on"] is True
+        assert "speed-only patch argcache" in caplog.text and "pop_global_arguments" in caplog.text
+    finally:
+        oporder.uninstall()
+        argcache.uninstall()
+
+
+def test_idle_poll_tuning_follows_the_check(monkeypatch):
+    """paramiko's Transport without the idle poll tritonfleet tunes: the probe says what changed."""
+    import paramiko
+
+    class Changed(paramiko.Transport):
+        _active_check_timeout = None
+
+    why = compat._paramiko_idle_poll(Changed)
+    assert "no _active_check_timeout" in why
+    assert compat._paramiko_idle_poll(paramiko.Transport) == ""
+
+
+def test_the_dry_flag_probe():
+    import click
+
+    assert compat._has_dry_flag(click.Command("pyinfra", params=[click.Option(["--dry"], is_flag=True)])) == ""
+    assert "--dry" in compat._has_dry_flag(click.Command("pyinfra", params=[click.Option(["--dry-run", "dry"],
+                                                                                          is_flag=True)]))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

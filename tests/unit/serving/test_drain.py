@@ -4,6 +4,7 @@ use of it with pyinfra's @fake connector."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -178,8 +179,90 @@ def test_hooks_run_with_the_hosts_name_and_address_and_wait_for_triton_to_go_qui
     hooks.ready()
     assert log.read_text().splitlines() == ["out tb1-t4 10.0.0.2 8000", "in tb1-t4"]
     del clock
-    # no metrics (Triton down): nothing in flight
-    assert drain.Hooks("true", "true", {}, lambda: (_ for _ in ()).throw(OSError("down"))).in_flight() == 0
+
+
+def _raises(error: BaseException):
+    def read():
+        raise error
+    return read
+
+
+def test_hooks_never_read_metrics_they_cannot_read_as_nothing_in_flight():
+    """The drain fails safe: metrics that cannot be read (the host not answering, curl's error, an
+    answer that is not Triton's or not Prometheus's format) are "unknown", never 0; only a host
+    whose Triton does not run has nothing in flight, and says so."""
+    for error in (OSError("no route to host"), drain.DrainError("Triton's metrics at ... do not answer")):
+        with pytest.raises(drain.InFlightUnknown, match=re.escape(str(error))):
+            drain.Hooks("true", "true", {}, _raises(error)).in_flight()
+    for text, why in (("<html>401 Authorization Required</html>", "not Triton's metrics"),
+                      ("", "not Triton's metrics"),
+                      ("nv_inference_request_success{model=\"m\"} one two\n", None)):
+        with pytest.raises(drain.InFlightUnknown, match=why):
+            drain.Hooks("true", "true", {}, lambda text=text: text).in_flight()
+    down = drain.Hooks("true", "true", {}, _raises(drain.TritonNotRunning("no Triton runs (triton.service is "
+                                                                           "inactive): no request can be in flight")))
+    assert down.in_flight() == 0 and "triton.service is inactive" in down.note
+
+
+def test_wait_idle_counts_an_unreadable_host_as_busy_until_the_timeout():
+    said = []
+    clock = iter(float(t) for t in range(100))
+    hooks = drain.Hooks("true", "true", {}, _raises(drain.DrainError("curl: (7) Failed to connect")))
+    with pytest.raises(drain.InFlightUnknown, match=r"could not be read for 5s \(lb_drain_timeout\): "
+                                                     r"curl: \(7\) Failed to connect"):
+        hooks.wait_idle(5, sleep=lambda s: None, clock=lambda: next(clock), say=said.append)
+    assert len(said) == 1 and "counts as busy" in said[0]
+    # unreadable for a while, then readable and quiet: the drain completes
+    reads = itertools.chain([drain.DrainError("down")] * 3, itertools.repeat(METRICS.format(pending=0, done=5)))
+
+    def read():
+        a = next(reads)
+        if isinstance(a, Exception):
+            raise a
+        return a
+    clock = iter(float(t) for t in range(100))
+    hooks = drain.Hooks("true", "true", {}, read)
+    waited = hooks.wait_idle(60, sleep=lambda s: time.sleep(0.1), clock=lambda: next(clock))
+    assert 0 < waited < 60
+
+
+def test_the_metrics_command_says_which_triton_runs(tmp_path):
+    """drain.metrics_command in a real shell (curl and systemctl stand-ins on PATH) and
+    read_metrics on what it printed: an answer, a refused connection of a running unit (unknown:
+    an error), of a stopped one (nothing in flight), and one Triton of two stopped."""
+    import os
+    import subprocess
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    # curl: answers for port 8002, refuses the others (curl's words and exit status 7)
+    (bin_ / "curl").write_text(
+        "#!/bin/sh\nfor a in \"$@\"; do url=$a; done\n"
+        "case $url in *:8002/*) printf '%s\\n' '# TYPE nv_inference_request_success counter' "
+        "'nv_inference_request_success{model=\"m\",version=\"1\"} 7' "
+        "'nv_inference_pending_request_count{model=\"m\",version=\"1\"} 0';;\n"
+        "*) echo \"curl: (7) Failed to connect to 127.0.0.1 port ${url##*:} after 0 ms: Couldn't connect to server\" >&2;"
+        " exit 7;; esac\n")
+    (bin_ / "systemctl").write_text("#!/bin/sh\ncase \"$2\" in triton.service) echo active;; *) echo inactive; exit 3;; esac\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+
+    def run(instances):
+        out = subprocess.run(["sh", "-c", drain.metrics_command(instances)], capture_output=True, text=True,
+                             env={**os.environ, "PATH": f"{bin_}:/usr/bin:/bin"})
+        return drain.read_metrics(out.stdout.splitlines() + out.stderr.splitlines())
+
+    [text] = run([("triton", "http://127.0.0.1:8002/metrics")])
+    assert drain.triton_busy(text) == (0.0, 7.0)
+    with pytest.raises(drain.DrainError, match=r"metrics at http://127.0.0.1:9002/metrics do not answer "
+                                               r"\(curl: \(7\) Failed to connect.*\) while triton.service is active"):
+        run([("triton", "http://127.0.0.1:9002/metrics")])
+    with pytest.raises(drain.TritonNotRunning, match="triton-gpu0.service is inactive"):
+        run([("triton-gpu0", "http://127.0.0.1:9002/metrics")])
+    texts = run([("triton-gpu0", "http://127.0.0.1:9002/metrics"), ("triton", "http://127.0.0.1:8002/metrics")])
+    assert len(texts) == 1 and drain.triton_busy(texts) == (0.0, 7.0)
+    with pytest.raises(drain.DrainError, match="printed nothing it knows"):
+        drain.read_metrics(["bash: curl: command not found"])
 
 
 def test_a_failing_hook_fails_with_its_words():
@@ -218,7 +301,8 @@ def _service_responses(running: bool) -> dict:
         re.compile(r"\[ -f /etc/systemd/system/triton.service \] && stat"): ["mode=644 user=root group=root", unit_sha],
         re.compile(r"\[ -f /etc/tritonfleet/triton-api-key \] && stat"): ["mode=600 user=root group=root", "0" * 64],
         "systemctl show": ["ActiveState=active", "UnitFileState=enabled"],
-        "curl -sS -m 5": METRICS.format(pending=0, done=7).splitlines(),
+        "curl -sSf -m 5": [f"{drain.METRICS_MARK} triton http://127.0.0.1:8002/metrics",
+                           *METRICS.format(pending=0, done=7).splitlines()],
     }
 
 
@@ -240,7 +324,7 @@ def test_a_restart_is_preceded_by_the_drain_and_a_converged_host_drains_nothing(
     restart_at = next(i for i, n in enumerate(order) if "restart triton" in n)
     assert drain_at == restart_at - 1, order
     assert log.read_text().splitlines() == ["drain @fake/gpu1"]
-    assert any("curl -sS -m 5 http://127.0.0.1:8002/metrics" in str(c) for c in cmds)
+    assert any("curl -sSf -m 5 http://127.0.0.1:8002/metrics" in str(c) for c in cmds)
 
 
 def test_a_drain_that_fails_stops_the_host_before_triton_is_touched(tmp_path):
@@ -268,3 +352,30 @@ def test_a_drain_that_does_not_go_idle_puts_the_host_back_untouched(tmp_path, mo
     assert state.failed_hosts
     assert log.read_text().splitlines() == ["drain", "ready"]
     assert not any("systemctl restart triton" in str(c) for c in cmds)
+
+
+def test_a_drain_whose_metrics_cannot_be_read_restarts_nothing_and_says_why(tmp_path, caplog):
+    """Hooks, Triton's metrics refused while its unit is active: the host counts as busy until
+    lb_drain_timeout, then the drain fails naming why; the ready command puts it back and Triton
+    is not restarted."""
+    import logging
+
+    from tritonfleet.steps.triton import triton_service
+
+    caplog.set_level(logging.INFO, logger="pyinfra")
+    log = tmp_path / "hooks.log"
+    responses = {**_service_responses(True),
+                 "curl -sSf -m 5": [f"{drain.METRICS_MARK} triton http://127.0.0.1:8002/metrics",
+                                    "curl: (7) Failed to connect to 127.0.0.1 port 8002 after 0 ms: Couldn't connect "
+                                    "to server", f"{drain.METRICS_MARK}-failed 7 active"]}
+    _, cmds, state = run_fake(triton_service, responses,
+                              {"lb": "hooks", "lb_drain_command": f"echo drain >> {log}",
+                               "lb_ready_command": f"echo ready >> {log}", "lb_drain_timeout": 0.6,
+                               "triton_stop_timeout": 40})
+    assert state.failed_hosts
+    assert log.read_text().splitlines() == ["drain", "ready"]
+    assert not any("systemctl restart triton" in str(c) for c in cmds)
+    text = caplog.text
+    assert "the requests in flight cannot be read" in text and "counts as busy" in text
+    assert "could not be read for 1s (lb_drain_timeout)" in text and "while triton.service is active" in text
+    assert "Triton was not restarted" in text and "curl -sf http://127.0.0.1:8002/metrics" in text

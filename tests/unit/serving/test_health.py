@@ -97,7 +97,7 @@ def _serve_ssh(sock, server_iface, key, opened):
                         if isinstance(s, socket.socket):
                             s.shutdown(socket.SHUT_RDWR)
                         s.close()
-                    except Exception:
+                    except (OSError, EOFError):
                         pass
 
         threading.Thread(target=pump, args=(chan, up), daemon=True).start()
@@ -125,6 +125,35 @@ def test_gate_through_an_ssh_tunnel(server):
         client.close()
     assert res.ok, res.checks
     assert ("127.0.0.1", server.http_port) in opened and ("127.0.0.1", server.metrics_port) in opened
+
+
+class _RefusingSSHServer(_SSHServer):
+    def check_channel_direct_tcpip_request(self, chanid, origin, destination):
+        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED  # sshd's AllowTcpForwarding no
+
+
+def test_a_tunnel_that_cannot_open_a_channel_says_so_in_the_gate():
+    """health_via=ssh to a host whose sshd refuses forwarding: the gate fails naming the refused
+    channel, not only a connection the tunnel closed."""
+    host_key = paramiko.RSAKey.generate(2048)
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    threading.Thread(target=_serve_ssh, args=(lsock, _RefusingSSHServer(), host_key, []), daemon=True).start()
+    client = paramiko.Transport(lsock.getsockname())
+    client.connect()
+    client.auth_none("root")
+    settings = {"health_via": "ssh", "triton_http_port": 8000, "triton_metrics_port": 8002,
+                "ssh_keepalive_interval": 5, "ssh_keepalive_count": 2, "health_timeout": 1,
+                "health_request_timeout": 2}
+    try:
+        res = health.gate(settings, "127.0.0.1", MODELS, transport=client)
+    finally:
+        client.close()
+    assert not res.ok
+    detail = res.first_failure.detail
+    assert "the SSH tunnel to 127.0.0.1:8000 on the host could not open a channel" in detail, detail
+    assert "ChannelException" in detail, detail
 
 
 def test_triton_cause_names_the_model_that_failed_to_load():

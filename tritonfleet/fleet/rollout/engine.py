@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ... import ROLLBACK_DEPLOY
 from ...core import runid
+from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.procs import alive
 from ...core.report import Failure, read_channel
 from ...gpu import placement as gpucount
@@ -316,7 +317,7 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
             if not res.ok:
                 return res, health.instance_failure(health.failure_of(res, fh.name, models, watch, limit,
                                                                       rollout=True), g)
-    except Exception as e:  # noqa: BLE001 - a gate that cannot run is a failed gate
+    except (fleet.FleetError, ValueError, *CONNECTION_ERRORS) as e:  # a gate that cannot run is a failed gate
         res = health.HealthResult(False, [health.Check(fh.address, False, str(e)[:200])])
     if res.ok:
         return res, None

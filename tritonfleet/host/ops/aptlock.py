@@ -24,6 +24,7 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.connectors.util import CommandOutput
 
 from ...core import report as failure_lib
+from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.shell import q
 from ...settings import access as config
 from .. import apt_diagnosis, apt_messages, apt_report
@@ -90,13 +91,13 @@ def report(state, host, diagnosis: apt_diagnosis.AptDiagnosis, command: AptComma
     # as the command ran (sudo, su, env), without what only applies to it (stdin, exit codes, retries)
     args = {k: v for k, v in (connector_arguments or {}).items()
             if k not in ("_stdin", "_success_exit_codes", "_retries", "_retry_delay", "_retry_until")}
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(*CONNECTION_ERRORS):  # best effort: the report goes out without it
         if diagnosis.cause == "version not available" and diagnosis.packages:
             ok, out = host.run_shell_command(apt_report.madison_command(diagnosis.packages), print_output=False,
                                              print_input=False, **args)
             available = apt_report.parse_madison(out.stdout_lines) if ok else {}
             available = {p: available.get(p, []) for p in diagnosis.packages}
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(*CONNECTION_ERRORS):  # best effort: the report goes out without it
         if diagnosis.urls:
             ok, out = host.run_shell_command(apt_report.sources_command(diagnosis.urls), print_output=False,
                                              print_input=False, **args)

@@ -85,6 +85,6 @@ def _operator() -> str:
 
     try:
         who = f"{getpass.getuser()}@{socket.gethostname()}"
-    except Exception:  # noqa: BLE001 - no user name is no reason to fail a deploy
+    except (OSError, KeyError):  # no user name (no passwd entry, no LOGNAME) is no reason to fail a deploy
         who = "unknown"
     return re.sub(r"[^A-Za-z0-9@._-]", "_", who)

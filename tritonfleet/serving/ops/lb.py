@@ -13,10 +13,12 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import state
 
+from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.report import fail, reported
-from ...core.shell import q
 from ...settings import access as config
+from ...settings.access import Settings
 from .. import drain
+from .. import per_gpu as pergpu
 
 _DRAINS: set[tuple[int, str]] = set()  # (pyinfra state, host) planned to be drained in this run
 
@@ -40,20 +42,47 @@ def drain_command(why: str) -> FunctionCommand:
     return FunctionCommand(reported, (drain_now, (why,), {}), {})
 
 
-def _metrics() -> str:
-    """Triton's metrics, read on the host (works whatever the binds and health_via are)."""
-    bind = config.get("triton_metrics_bind")
+def _metrics_url(settings: Settings) -> str:
+    bind = settings.get("triton_metrics_bind")
     addr = bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
-    url = f"http://{addr}:{int(config.get('triton_metrics_port'))}/metrics"
-    ok, out = host.run_shell_command(f"curl -sS -m 5 {q(url)}", print_output=False, print_input=False)
-    if not ok:
-        raise drain.DrainError("Triton's metrics do not answer")
-    return "\n".join(out.stdout_lines)
+    return f"http://{addr}:{int(settings.get('triton_metrics_port'))}/metrics"
+
+
+def _instances() -> list[tuple[str, str]]:
+    """(systemd service, metrics URL) of every Triton on the host: the single unit, or with
+    triton_per_gpu each per-GPU unit the host has (listed on the host: the drain runs when the
+    operations execute, after the units were written)."""
+    settings = config.current()
+    if not pergpu.enabled(settings):
+        return [(settings.get("triton_service"), _metrics_url(settings))]
+    _, out = host.run_shell_command(pergpu.list_units_command(settings), print_output=False, print_input=False)
+    instances = [pergpu.instance_get(settings, i) for i in pergpu.indexes(settings, out.stdout_lines)]
+    return [(i.get("triton_service"), _metrics_url(i)) for i in instances] or [
+        (settings.get("triton_service"), _metrics_url(settings))]
+
+
+def _metrics_reader():
+    """Triton's metrics, read on the host (works whatever the binds and health_via are): every
+    Triton of the host in one command (tritonfleet.serving.drain.read_metrics says what a failed read
+    means). The host's instances are listed once, on the first read."""
+    command: list[str] = []
+
+    def read() -> list[str]:
+        if not command:
+            command.append(drain.metrics_command(_instances()))
+        try:
+            _, out = host.run_shell_command(command[0], print_output=False, print_input=False)
+        except CONNECTION_ERRORS as e:
+            raise drain.DrainError(f"the host did not answer ({type(e).__name__}: {e})") from e
+        return drain.read_metrics(out.stdout_lines + out.stderr_lines)
+
+    return read
 
 
 def balancer() -> drain.Balancer | None:
     try:
-        return drain.from_settings(config.current(), host.name, host.data.get("ssh_hostname") or host.name, _metrics)
+        return drain.from_settings(config.current(), host.name, host.data.get("ssh_hostname") or host.name,
+                                   _metrics_reader())
     except drain.DrainError as e:
         raise config.ConfigError(f"{host.name}: {e}") from e
 
@@ -68,20 +97,27 @@ def drain_now(why: str) -> None:
         did = lb.drain()
         drained = True
         logger.info(f"{host.print_prefix}{did} ({why})")
-        waited = lb.wait_idle(timeout)
-        logger.info(f"{host.print_prefix}no request in flight ({lb.describe()}) after {waited:.1f}s")
+        waited = lb.wait_idle(timeout, say=lambda text: logger.warning(f"{host.print_prefix}{text}"))
+        note = getattr(lb, "note", "")
+        logger.info(f"{host.print_prefix}no request in flight ({lb.describe()}) after {waited:.1f}s"
+                    + (f": {note}" if note else ""))
     except drain.DrainError as e:
         back = ""
         try:  # Triton is not touched: the host goes back in (HAProxy: only what this drain set)
             back = lb.ready() if (lb.kind == "haproxy" or drained) else ""
         except drain.DrainError as e2:
             back = f"putting it back failed too: {e2}"
+        if isinstance(e, drain.InFlightUnknown):
+            fix = ("make Triton's metrics readable on the host (`curl -sf " + _metrics_url(config.current()) + "`: "
+                   "triton_metrics_port, triton_metrics_bind), then run the deploy again; a host whose requests in "
+                   "flight cannot be read is never restarted under them")
+        else:
+            fix = ("check the load balancer (HAProxy: `show stat`, `show servers state`; hooks: run lb_drain_command "
+                   "by hand) or raise lb_drain_timeout for long requests, then run the deploy again")
         fail(f"{host.name} out of the load balancer ({lb.describe()}) and idle within lb_drain_timeout "
              f"({timeout:.0f}s) before Triton restarts ({why})", str(e),
              now="Triton was not restarted and serves as before" + (f"; {back}" if back else ""),
-             fix="check the load balancer (HAProxy: `show stat`, `show servers state`; hooks: run lb_drain_command "
-                 "by hand) or raise lb_drain_timeout for long requests, then run the deploy again",
-             step="load balancer drain")
+             fix=fix, step="load balancer drain")
 
 
 def gate_and_ready() -> None:
