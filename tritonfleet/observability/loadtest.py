@@ -556,6 +556,12 @@ def run_child(t: Target, models: list[str] | None, concurrencies: list[int], dur
     return [Step(**s) for s in out["steps"]]
 
 
+def _child_errors() -> tuple[type[BaseException], ...]:
+    """What the child reports to its parent as the host's error: the host or its settings, a
+    connection, a request (anything else is a bug: its traceback)."""
+    return (FleetError, ValueError, *CONNECTION_ERRORS, *request_errors())
+
+
 def _child_main() -> None:
     import json
 
@@ -567,7 +573,7 @@ def _child_main() -> None:
         out: dict = {"steps": [s.as_dict() for s in steps]}
     except LoadTestError as e:
         out = {"error": str(e)}
-    except (FleetError, ValueError, *CONNECTION_ERRORS, *request_errors()) as e:  # reported by the parent
+    except _child_errors() as e:  # reported by the parent
         out = {"error": (f"{t.name}: {type(e).__name__}: {e} (check that this machine reaches the "
                          "host's Triton ports: health_host / ssh_hostname, triton_http_port, "
                          "triton_grpc_port, triton_metrics_port; or set health_via = \"ssh\")")}

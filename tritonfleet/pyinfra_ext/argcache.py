@@ -30,7 +30,7 @@ def all_global_arguments() -> list[tuple[str, type]]:
 
 
 # pyinfra's own function behind it (inspect, and so the check of pyinfra's internals, reads that)
-all_global_arguments.__wrapped__ = _original  # type: ignore[attr-defined]
+all_global_arguments.__wrapped__ = _original
 
 
 def install() -> None:

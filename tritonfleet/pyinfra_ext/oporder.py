@@ -63,7 +63,7 @@ def _checked_order(state):
 
 
 # pyinfra's own function behind it (inspect, and so the check of pyinfra's internals, reads that)
-_checked_order.__wrapped__ = _original  # type: ignore[attr-defined]
+_checked_order.__wrapped__ = _original
 
 
 def install() -> None:
