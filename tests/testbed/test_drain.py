@@ -142,7 +142,7 @@ def test_a_drain_that_cannot_read_tritons_metrics_restarts_nothing_behind_haprox
 
         for h in hosts:
             Runtime([hap.socket], "triton", h.name).wait_serving(30)
-        hook = f'{sys.executable} {ROOT / "tests" / "haproxy.py"} {hap.socket} "set server triton/$TRITONFLEET_HOST state'
+        hook = f'{sys.executable} {ROOT / "tests" / "support" / "haproxy.py"} {hap.socket} "set server triton/$TRITONFLEET_HOST state'
         lb = ("--data", "lb=hooks", "--data", f'lb_drain_command={hook} drain"',
               "--data", f'lb_ready_command={hook} ready"', "--data", "lb_drain_timeout=8")
         started = container_started(target)
