@@ -57,6 +57,7 @@ from .pyinfra_ext import memo
 from .serving.facts import DockerImageId
 from .serving.images import login_registry, needs_login, pulls
 from .settings import access as config
+from .settings import check as settings_check
 
 GROUP_DATA = "inventories/group_data"
 
@@ -73,6 +74,19 @@ _validated: dict[str, list] = {}
 
 
 # --------------------------------------------------------------------------- control machine
+
+def check_settings() -> None:
+    """Every setting of this host: type, range, known name, known GPU class, refused naming the
+    value and where it was set (tritonfleet.settings.check). First: no other check reads one before."""
+    from pyinfra.context import ctx_state
+
+    state = ctx_state.get() if ctx_state.isset() else None
+    origins = settings_check.Origins(host.inventory, None, settings_check.group_dirs(cwd=getattr(state, "cwd", None)))
+    try:
+        settings_check.check_hosts([host], origins, GPU_CLASSES)
+    except settings_check.SettingsError as e:
+        raise PreflightError(str(e)) from None
+
 
 def check_host_key_policy() -> None:
     """pyinfra connects before any tritonfleet code runs and takes the host-key policy from the
@@ -369,6 +383,7 @@ def check_per_gpu() -> None:
 def run_all() -> None:
     """deploys/triton.py: everything."""
     pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
     prefetch_host()  # the GPU record places model instances (check_model_repository)
@@ -382,6 +397,7 @@ def run_all() -> None:
 def host_layer() -> None:
     """deploys/host.py: driver, Docker, toolkit, GPU verification."""
     pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
     check_registry_secret([config.get("cuda_test_image")])
@@ -392,6 +408,7 @@ def host_layer() -> None:
 def triton_layer() -> None:
     """deploys/models.py: image, models, unit, health gate."""
     pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    check_settings()
     check_host_key_policy()
     check_model_repository()
     check_per_gpu()

@@ -170,7 +170,7 @@ def test_init_refuses_a_directory_that_is_not_empty(tmp_path):
     dest.mkdir()
     (dest / "notes.txt").write_text("mine\n")
     res = init(str(dest))
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # bad input, as every command's
     assert f"{dest} is not empty (it holds notes.txt): nothing was written" in res.output
     assert "--force" in res.output
     assert sorted(p.name for p in dest.iterdir()) == ["notes.txt"]
@@ -185,11 +185,20 @@ def test_init_refuses_changed_files_without_force_and_keeps_others_with_it(tmp_p
     prod = dest / "inventories" / "prod.py"
     prod.write_text("t4 = []\n")
     res = init(str(dest))
-    assert res.exit_code == 1 and "its inventories/prod.py differs from tritonfleet's skeleton" in res.output
+    assert res.exit_code == 2 and "its inventories/prod.py differs from tritonfleet's skeleton" in res.output
     assert prod.read_text() == "t4 = []\n"
     res = init("--force", str(dest))
-    assert res.exit_code == 0 and "overwrote  inventories/prod.py" in res.output
+    assert res.exit_code == 0 and "overwrote  inventories/prod.py (yours kept as inventories/prod.py.orig)" \
+        in res.output
     assert filecmp.cmp(prod, SKELETON / "inventories" / "prod.py", shallow=False)
+    # the edited inventory was kept, not lost; a second --force keeps the next edit beside it
+    assert (dest / "inventories" / "prod.py.orig").read_text() == "t4 = []\n"
+    prod.write_text("l4 = []\n")
+    assert "prod.py.orig.1" in init("--force", str(dest)).output
+    assert (dest / "inventories" / "prod.py.orig").read_text() == "t4 = []\n"
+    assert (dest / "inventories" / "prod.py.orig.1").read_text() == "l4 = []\n"
+    # the backups are no .py files: pyinfra does not take them for group data or groups
+    assert "nothing to do" in init(str(dest)).output
 
 
 def test_init_accepts_a_fresh_git_repository_and_refuses_a_file(tmp_path):

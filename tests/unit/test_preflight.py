@@ -169,7 +169,9 @@ def test_missing_registry_secret_is_refused(monkeypatch):
 def test_unknown_gpu_class_and_relative_base_dir_are_refused(project):
     res = run(project, "gpu_class=A100")
     out = res.stdout + res.stderr
-    assert res.returncode != 0 and "unknown gpu_class 'A100'" in out and "no host was changed" in out
+    # the settings check, first of pre-flight: the value, where it was set, the known classes
+    assert res.returncode != 0 and "no host was changed" in out
+    assert "gpu_class = 'A100' (--data): is a GPU class tritonfleet has no rules for (known: L4, T4)" in out
     res = run(project, "triton_base_dir=../opt/triton")
     out = res.stdout + res.stderr
     assert res.returncode != 0 and "triton_base_dir '../opt/triton'" in out and "absolute" in out
@@ -192,6 +194,36 @@ def test_model_paths_escaping_the_repository_are_refused(project, name):
     expected = {"dotdot-name": "[model-name]", "broken-symlink": "[broken-symlink]"}.get(name, "[unsafe-path]")
     assert expected in out and "tritonfleet validate" in out
     assert "Starting operation" not in out
+
+
+@pytest.mark.parametrize(("where", "line", "shown"), [
+    ("data", "triton_http_port=eighty", "triton_http_port = 'eighty' (--data): must be a whole number from 1 to 65535"),
+    ("t4.py", "triton_http_port = 70000\n",
+     "triton_http_port = 70000 (inventories/group_data/t4.py): must be a whole number from 1 to 65535"),
+    ("all.py", "trition_grpc_port = 9001\n",
+     "trition_grpc_port = 9001 (inventories/group_data/all.py): is no setting of tritonfleet or pyinfra: "
+     "did you mean triton_grpc_port?"),
+    ("host", "health_timeout", "health_timeout = -1 (host data of @fake/t4-a in the inventory): must be a "
+                               "number of seconds > 0"),
+])
+def test_settings_are_refused_by_the_deploy_naming_where_they_were_set(project, where, line, shown):
+    """The deploy's pre-flight runs the settings check the fleet commands run when they load the
+    inventory (tritonfleet.settings.check): the host, the setting, its value, where it was set."""
+    data = []
+    if where == "data":
+        data = [line]
+    elif where == "host":
+        inv = project / "inventories" / "fake.py"
+        inv.write_text(inv.read_text().replace('t4 = [("@fake/t4-a", fake)]',
+                                               't4 = [("@fake/t4-a", {**fake, "health_timeout": -1})]'))
+    else:
+        f = project / "inventories" / "group_data" / where
+        f.write_text(f.read_text() + line)
+    res = run(project, *data, deploy="deploys/models.py")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "no host was changed" in out
+    assert shown in out, out[-2000:]
+    assert "Traceback" not in out and "Starting operation" not in out
 
 
 DEBIAN12 = {"ls -pdL *-release": ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',

@@ -1,7 +1,12 @@
 """The ``tritonfleet`` command line: one module a command group (``fleet``: status and rollout;
 ``validate``, ``loadtest``, ``prometheus``, ``tune``; ``init`` from tritonfleet.cli.scaffold). The modules define their commands and
 import nothing from here; ``main`` adds them. Other installed packages add theirs through the
-``tritonfleet.commands`` entry point group (the test tooling's ``testbed``)."""
+``tritonfleet.commands`` entry point group (the test tooling's ``testbed``).
+
+Errors meant for a person (``tritonfleet.core.errors.TritonfleetError``) become their message and
+exit status in one place, :class:`Main`: 2 for bad input (arguments, inventory, settings, files),
+1 for a run that failed; click's own usage errors exit 2 as well. Anything else is a bug and keeps
+its traceback."""
 
 from __future__ import annotations
 

@@ -40,6 +40,13 @@ def _short_time(rec: dict | None) -> str:
     return f"{rec.get('time', '?').replace('T', ' ').rstrip('Z')} {rec.get('action', '')}".strip()
 
 
+def _drift_text(st: probe.HostStatus) -> str:
+    """The DRIFT column: an unreachable host says why (the connection's own words), as --json does."""
+    if not st.reachable and st.error:
+        return "; ".join(f"unreachable: {st.error}" if d == "unreachable" else d for d in st.drift or ["unreachable"])
+    return "; ".join(st.drift) if st.drift else "none"
+
+
 def status_table(rows: list[probe.HostStatus]) -> str:
     head = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "SOURCE", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
             "RELEASE", "LAST DEPLOY", "REBOOT", "MODULE", "DRIFT")
@@ -59,7 +66,7 @@ def status_table(rows: list[probe.HostStatus]) -> str:
             st.toolkit or "-", st.docker or "-", (st.image or "-").rsplit("/", 1)[-1], unit,
             f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-", st.release or "-",
             _short_time(st.last_deploy), st.reboot if st.reachable else "-", st.module if st.reachable else "-",
-            "; ".join(st.drift) if st.drift else "none",
+            _drift_text(st),
         ))
     widths = [max(len(str(r[i])) for r in table) for i in range(len(head) - 1)]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + str(r[-1])
@@ -95,11 +102,11 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
 @click.argument("inventory", required=False)
 @click.argument("deploy", required=False)
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
-@click.option("--canary", default=1, show_default=True, help="hosts deployed first, as a batch of their own")
+@click.option("--canary", default=1, show_default=True, type=click.IntRange(min=0), help="hosts deployed first, as a batch of their own")
 @click.option("--batch", default="25%", show_default=True, help="batch size after the canary: N hosts or P%")
-@click.option("--max-fail", default=0, show_default=True,
+@click.option("--max-fail", default=0, show_default=True, type=click.IntRange(min=0),
               help="failed hosts tolerated before the rollout halts")
-@click.option("--gate-timeout", type=float, default=None,
+@click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="seconds each host has to pass the health gate after its batch (default: health_timeout)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, passed to pyinfra")
 @click.option("--perf-gate", is_flag=True,

@@ -34,10 +34,14 @@ def loadtest_cmd(inventory: str, limit: tuple[str, ...], models: tuple[str, ...]
     progress line per second goes to stderr. Exit status 1 when a host could not be measured
     or a request failed.
     """
+    from ..core.errors import UsageError
     from ..fleet.inventory import disconnect, load_inventory
     from ..observability import loadtest
 
-    conc = loadtest.parse_concurrency(concurrency)
+    try:
+        conc = loadtest.parse_concurrency(concurrency)
+    except loadtest.LoadTestError as e:
+        raise UsageError(str(e)) from None
     hosts = load_inventory(inventory, limit=limit or None)
     runs = []
     try:
@@ -64,8 +68,8 @@ def loadtest_cmd(inventory: str, limit: tuple[str, ...], models: tuple[str, ...]
         if s.errors:
             click.echo(f"error: {s.host} {s.model} c={s.concurrency}: {s.errors} request(s) failed, "
                        f"first: {s.first_error}", err=True)
-    for e in errors:
-        click.echo(f"error: {e}", err=True)
+    for err in errors:
+        click.echo(f"error: {err}", err=True)
     if plot_file and steps:
         loadtest.plot(steps, plot_file, f"tritonfleet loadtest {inventory} ({protocol})")
         click.echo(f"plot: {plot_file}", err=True)

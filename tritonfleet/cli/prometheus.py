@@ -21,37 +21,48 @@ import click
 @click.option("--rate-window", default="5m", show_default=True,
               help="Window of rate() in the recording rules (at least 4 scrape intervals).")
 @click.option("--limit", multiple=True, metavar="HOST|GROUP",
-              help="Only these hosts or groups (globs; repeatable or comma-separated).")
+              help="Update only these hosts' target entries (globs; repeatable or comma-separated); "
+                   "every other host's entry stays as it is.")
+@click.option("--force", is_flag=True,
+              help="Replace files in DIR that tritonfleet prometheus did not write (or that were changed "
+                   "since it wrote them). Without it such files are left alone and nothing is written.")
 def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: str,
-                   scrape_interval: str, rate_window: str, limit: tuple[str, ...]) -> None:
+                   scrape_interval: str, rate_window: str, limit: tuple[str, ...], force: bool) -> None:
     """Write Prometheus file_sd targets, the scrape job, recording and alerting rules and a
     Grafana dashboard for the inventory's Triton hosts.
 
     Targets are each host's health_host (or ssh_hostname) and triton_metrics_port, labelled
     host, gpu_class and group. Regenerate after every inventory change: target files of groups
-    that are gone are removed.
+    that are gone are removed. The command owns only what it wrote (DIR/.tritonfleet-prometheus.json
+    records it): a file it did not write is never removed, and never replaced without --force.
+    With --limit only the named hosts' target entries change; the rules and the dashboard always
+    cover the whole inventory.
     """
-    from ..fleet.inventory import load_inventory
+    from ..fleet.inventory import load_inventory, select
 
     out_dir = Path(out)
-    hosts = load_inventory(inventory, limit=limit or None)
-    # after the inventory: pyinfra patches sockets on import
-    from ..observability import prometheus
+    hosts = load_inventory(inventory)
+    only = {h.name for h in select(hosts, limit, inventory)} if limit else None
+    from ..observability import prometheus  # after the inventory: pyinfra patches sockets on import
 
     opts = prometheus.Options(job=job, scrape_interval=scrape_interval, rate_window=rate_window,
                               prometheus_dir=prometheus_dir or str(out_dir.resolve()))
-    gen = prometheus.generate(hosts, opts)
+    gen = prometheus.generate(hosts, opts, only)
     for w in gen.warnings:
         click.echo(f"warning: {w}", err=True)
-    removed = prometheus.write(gen, out_dir, job)
-    for path in removed:
-        click.echo(f"removed {path} (its group is no longer in {inventory})")
+    done = prometheus.write(gen, out_dir, force=force)
+    for rel in done.replaced:
+        click.echo(f"replaced {out_dir / rel} (--force: tritonfleet prometheus had not written it)")
+    for rel in done.remove:
+        click.echo(f"removed {out_dir / rel} (its group is no longer in {inventory})")
+    for msg in done.kept:
+        click.echo(f"warning: {msg}", err=True)
     groups: dict[str, int] = {}
     for t in gen.targets:
         groups[t.labels.get("group", "ungrouped")] = groups.get(t.labels.get("group", "ungrouped"), 0) + 1
     n_alerts = sum(1 for g in gen.rules["groups"] for r in g["rules"] if "alert" in r)
     n_records = sum(1 for g in gen.rules["groups"] for r in g["rules"] if "record" in r)
-    click.echo(f"{out_dir}: {len(gen.targets)} targets ("
+    click.echo(f"{out_dir}: {len(gen.targets)} targets{' updated' if only is not None else ''} ("
                + ", ".join(f"{g} {n}" for g, n in groups.items())
                + f"), {n_records} recording and {n_alerts} alerting rules, dashboard "
                f"grafana/{job}-fleet.json")

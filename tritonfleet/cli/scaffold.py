@@ -5,7 +5,10 @@ its t4/l4 groups and their group data (only what differs from tritonfleet/settin
 as comments), the entry points (deploys/*.py: the runbook's lines importing the package's
 steps), the runbook's model repository and a README. An empty or missing DIR gets all of it; a
 DIR that already holds exactly these files is left alone (nothing to do); anything else is
-refused unless --force, which writes the skeleton's files and keeps every other file there.
+refused unless --force, which writes the skeleton's files and keeps every other file there; a
+file of the skeleton that was edited there is kept beside it as ``<file>.orig`` (``.orig.1``, ...
+when that exists) before it is overwritten, so --force never loses an edited inventory. (The
+backup's name does not end in .py: pyinfra reads every .py file of group_data/ as a group.)
 """
 
 from __future__ import annotations
@@ -17,15 +20,25 @@ from pathlib import Path
 import click
 
 from .. import SKELETON
-from ..core.errors import TritonfleetError
+from ..core.errors import TritonfleetError, UsageError
 
 SKIP = {"__pycache__"}
 #: what may be in DIR before init without making it "not empty": a version-control directory
 IGNORED = {".git", ".hg"}
 
 
-class ScaffoldError(TritonfleetError, RuntimeError):
-    pass
+class ScaffoldError(UsageError):
+    """The directory cannot take the skeleton as asked (exit status 2)."""
+
+
+def backup_name(target: Path) -> Path:
+    """Where an edited file is kept before --force overwrites it: <file>.orig, else .orig.N."""
+    candidate = target.with_name(target.name + ".orig")
+    n = 0
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = target.with_name(f"{target.name}.orig.{n}")
+    return candidate
 
 
 def _rglob_following_links(root: Path) -> list[Path]:
@@ -57,9 +70,11 @@ def plan(dest: Path, root: Path = SKELETON) -> tuple[list[str], list[str], list[
     return add, differ, same
 
 
-def scaffold(dest: Path, force: bool = False, root: Path = SKELETON) -> tuple[list[str], list[str], list[str]]:
+def scaffold(dest: Path, force: bool = False, root: Path = SKELETON,
+             backups: dict[str, Path] | None = None) -> tuple[list[str], list[str], list[str]]:
     """Write the skeleton into ``dest``; returns (added, overwritten, unchanged). Checks first
-    and writes nothing when it refuses."""
+    and writes nothing when it refuses. Each overwritten file's previous content is kept first
+    (:func:`backup_name`); ``backups`` gets {relative path: where it was kept}."""
     if dest.exists() and not dest.is_dir():
         raise ScaffoldError(f"{dest} is a file, not a directory: pick a directory for the new repository")
     add, differ, same = plan(dest, root)
@@ -70,12 +85,18 @@ def scaffold(dest: Path, force: bool = False, root: Path = SKELETON) -> tuple[li
                 else f"it holds {', '.join(existing[:5])}{' ...' if len(existing) > 5 else ''}")
         raise ScaffoldError(f"{dest} is not empty ({what}): nothing was written. Pick an empty or new "
                             "directory, or run `tritonfleet init --force` to write the skeleton's files "
-                            "there (other files are kept)")
+                            "there (other files are kept, and each file of it you edited is kept as "
+                            "<file>.orig)")
     for rel in add + differ:
         target = dest / rel
         if target.is_dir() or target.is_symlink():  # --force: a directory or link in a file's place
             raise ScaffoldError(f"{target} is in the way of the skeleton's file {rel}: move it away, then "
                                 "run init again (nothing was written)")
+    for rel in differ:  # every edited file kept before anything is overwritten
+        kept = backup_name(dest / rel)
+        shutil.copy2(dest / rel, kept)
+        if backups is not None:
+            backups[rel] = kept
     for rel in add + differ:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -87,17 +108,19 @@ def scaffold(dest: Path, force: bool = False, root: Path = SKELETON) -> tuple[li
                "entry points, models.")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Write the skeleton into a directory that is not empty "
-              "(its files that the skeleton has are overwritten; others are kept).")
+              "(its files that the skeleton has are overwritten, each edited one kept as <file>.orig "
+              "first; others are left alone).")
 def init(directory: Path, force: bool) -> None:
     """Write an operator's repository into DIRECTORY: inventories/prod.py (t4, l4 groups) and its
     group data, deploys/*.py, the runbook's model repository, a README.
 
     DIRECTORY must be empty or new (or already hold exactly these files); --force writes into
-    one that is not."""
+    one that is not; an edited file it overwrites is kept as <file>.orig first."""
+    backups: dict[str, Path] = {}
     try:
-        added, overwritten, same = scaffold(directory, force)
+        added, overwritten, same = scaffold(directory, force, backups=backups)
     except OSError as e:
-        raise click.ClickException(str(e)) from e
+        raise TritonfleetError(f"{directory}: {e.strerror}: {e.filename or ''}".rstrip(": ")) from None
     if not added and not overwritten:
         click.echo(f"{directory} already holds tritonfleet's skeleton ({len(same)} files, unchanged): "
                    "nothing to do")
@@ -105,7 +128,7 @@ def init(directory: Path, force: bool) -> None:
     for rel in added:
         click.echo(f"  wrote      {rel}")
     for rel in overwritten:
-        click.echo(f"  overwrote  {rel}")
+        click.echo(f"  overwrote  {rel} (yours kept as {backups[rel].relative_to(directory).as_posix()})")
     click.echo(f"{directory}: {len(added)} file(s) written, {len(overwritten)} overwritten, {len(same)} "
                f"unchanged. Next: put your hosts into {directory}/inventories/prod.py, then see "
                f"{directory}/README.md (first deploy: pyinfra inventories/prod.py deploys/triton.py, "

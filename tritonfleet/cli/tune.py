@@ -75,15 +75,19 @@ def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tu
                    as_json: bool) -> None:
     import fnmatch
 
+    from ..core.errors import UsageError
     from ..fleet.inventory import load_inventory
     from ..observability import tune
 
+    hint = "give the file `tritonfleet loadtest --json` wrote"
     try:
-        doc = json.loads(open(path).read())
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
     except (OSError, ValueError) as e:
-        click.echo(f"tritonfleet tune: {path}: {e} (give the file `tritonfleet loadtest --json` wrote)",
-                   err=True)
-        sys.exit(1)
+        raise UsageError(f"{path}: {e} ({hint})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: a JSON {type(doc).__name__}, not the object `tritonfleet loadtest --json` "
+                         f"writes ({hint})")
     default = tune.default_thresholds()
     by_host: dict[str, tune.Thresholds] = {}
     if inventory:
@@ -94,10 +98,8 @@ def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tu
                           and (not patterns or any(fnmatch.fnmatch(str(r.get("host")), p) for p in patterns))]
     try:
         result = tune.loadtest_rows(doc, f"loadtest {path}", lambda h: by_host.get(h, default))
-    except (ValueError, KeyError, TypeError) as e:
-        click.echo(f"tritonfleet tune: {path}: {e} (give the file `tritonfleet loadtest --json` wrote)",
-                   err=True)
-        sys.exit(1)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{path}: {type(e).__name__}: {e} ({hint})") from None
     if as_json:
         click.echo(json.dumps({"source": path, "rows": [r.as_dict() for r in result], "errors": []}, indent=2))
     else:

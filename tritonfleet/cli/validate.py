@@ -27,15 +27,14 @@ def validate_cmd(repo: str, as_json: bool, gpus: int | None, backends: tuple[str
 
     REPO defaults to files/model_repository. Exit status: 0 valid, 1 invalid, 2 usage error.
     """
+    from ..core.errors import UsageError
     from ..model_repo.validate import list_models, validate_repository
 
     path = Path(repo)
     if not path.exists():
-        click.echo(f"tritonfleet validate: {repo}: no such directory", err=True)
-        sys.exit(2)
+        raise UsageError(f"{repo}: no such directory")
     if not path.is_dir():
-        click.echo(f"tritonfleet validate: {repo}: not a directory", err=True)
-        sys.exit(2)
+        raise UsageError(f"{repo}: not a directory")
     problems = validate_repository(path, gpus=gpus, backends=backends)
     models = list_models(path)
     if as_json:

@@ -7,9 +7,11 @@ through pyinfra.
 
 from __future__ import annotations
 
+import ast
 import copy
 import fnmatch
 import os
+import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,8 +20,10 @@ from typing import Any, TypeVar
 
 from ..core import open_files as limits
 from ..core.connection_errors import CONNECTION_ERRORS
-from ..core.errors import TritonfleetError
+from ..core.errors import TritonfleetError, UsageError
+from ..gpu.rules import GPU_CLASSES
 from ..pyinfra_ext.connection import quiet_relaxed_host_keys, tune_state
+from ..settings import check as settings_check
 from ..settings.defaults import DEFAULTS
 from ..settings.table import whole_number
 
@@ -27,7 +31,65 @@ T = TypeVar("T")
 
 
 class FleetError(TritonfleetError, RuntimeError):
-    pass
+    """A fleet command could not do its work (exit status 1)."""
+
+
+class InventoryError(FleetError, UsageError):
+    """The inventory, its group data, --data or --limit cannot be used as given (exit status 2)."""
+
+
+#: What running an inventory or group data file (Python, the operator's own) can raise for a
+#: mistake in it: named here so the mistake is reported as one line naming the file and line,
+#: never as a traceback. pyinfra's own inventory errors are added in load_inventory.
+FILE_ERRORS = (SyntaxError, NameError, ImportError, AttributeError, TypeError, ValueError,
+               LookupError, ArithmeticError, AssertionError, OSError, RecursionError)
+
+#: Imports that make a file a deploy (steps, operations), not an inventory.
+DEPLOY_MODULES = ("pyinfra.operations", "tritonfleet.steps", "tritonfleet.preflight",
+                  "tritonfleet.pyinfra_ext.install", "pyinfra.api.deploy")
+
+
+def deploy_imports(path: str | os.PathLike) -> list[str]:
+    """The modules of steps or operations that the Python file ``path`` imports (a deploy file
+    does; an inventory does not). Raises InventoryError for a file that is not Python."""
+    try:
+        tree = ast.parse(Path(path).read_bytes(), filename=str(path))
+    except SyntaxError as e:
+        raise InventoryError(f"{path}:{e.lineno or '?'}: {e.msg}: not a Python file pyinfra can read "
+                             "(fix the line, or give another file)") from None
+    except (OSError, ValueError) as e:
+        raise InventoryError(f"{path}: cannot be read: {e}") from None
+    found = []
+    for node in tree.body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [f"{node.module}"] + [f"{node.module}.{a.name}" for a in node.names]
+                 if isinstance(node, ast.ImportFrom) and node.module else [])
+        for name in names:
+            if name.startswith(DEPLOY_MODULES) and name not in found:
+                found.append(name)
+    return found
+
+
+def looks_like_inventory(path: str | os.PathLike) -> bool:
+    """Whether the Python file ``path`` reads as an inventory: it assigns a list (a host group)
+    at its top level to a name pyinfra takes as a group, and imports no steps or operations."""
+    if deploy_imports(path):
+        return False
+    tree = ast.parse(Path(path).read_bytes(), filename=str(path))  # deploy_imports parsed it
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.List, ast.ListComp, ast.Tuple)):
+            if any(isinstance(t, ast.Name) and not t.id.startswith("_") for t in node.targets):
+                return True
+    return False
+
+
+def _file_error(filename: str, e: BaseException) -> str:
+    """One line for a mistake in the inventory or a group data file: file:line, the error."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}: {type(e).__name__}: {e.msg}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == filename]
+    where = f"{filename}:{frames[-1].lineno}" if frames else filename
+    return f"{where}: {type(e).__name__}: {e}"
 
 
 @dataclass
@@ -82,37 +144,65 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     (``data`` plays the part of ``--data``) over the package's defaults (tritonfleet/settings/defaults.py,
     the lowest layer, as tritonfleet.settings.access reads them in a deploy; pyinfra's own connection
     settings among them, such as the host-key policy, apply to this module's connections too).
-    ``limit``: host or group names (globs allowed)."""
+    ``limit``: host or group names (globs allowed). Every setting of the hosts ``limit`` selects
+    is checked (tritonfleet.settings.check); a mistake in the inventory, its group data, --data or
+    --limit raises InventoryError or SettingsError (exit status 2), naming the file and line."""
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra_cli.exceptions import CliError, UnexpectedExternalError
     from pyinfra_cli.inventory import make_inventory
 
     path = Path(inventory)
     if not path.is_file():
-        raise FleetError(f"inventory {inventory} not found")
+        raise InventoryError(f"inventory {inventory} not found" + (
+            " (a directory: give the inventory file in it, e.g. inventories/prod.py)" if path.is_dir() else ""))
+    steps = deploy_imports(path)
+    if steps:
+        raise InventoryError(f"{inventory} is a deploy file, not an inventory (it imports {steps[0]}): give the "
+                             "inventory (e.g. inventories/prod.py) here, and the deploy where the command "
+                             "takes one (tritonfleet rollout INVENTORY DEPLOY)")
     state = _state()
     quiet_relaxed_host_keys()  # this command's own connections (tritonfleet.pyinfra_ext.connection)
     _pyinfra_checked()
     try:
         inv = make_inventory(str(path), override_data=data or None, cwd=os.getcwd())
     except SystemExit as e:  # an inventory may refuse to load (e.g. no testbed running)
-        raise FleetError(f"inventory {inventory}: {e}") from e
+        raise InventoryError(f"inventory {inventory}: {e}") from e
+    except UnexpectedExternalError as e:  # a mistake in the inventory or a group data file (pyinfra's wrapper)
+        raise InventoryError(f"inventory {inventory}: {_file_error(e.filename, e.exception)}") from None
+    except (PyinfraError, CliError) as e:
+        raise InventoryError(f"inventory {inventory}: {e}") from None
+    except FILE_ERRORS as e:  # compiling them: syntax errors are not wrapped
+        raise InventoryError(f"inventory {inventory}: {_file_error(str(inventory), e)}") from None
+    if not len(inv):
+        raise InventoryError(f"inventory {inventory} has no hosts: a group is a list of host names or "
+                             "(name, data) pairs, e.g. t4 = [(\"triton-t4-01\", {\"ssh_hostname\": \"10.0.0.11\"})]")
+    targets = select(list(inv), limit, str(inventory))
+    settings_check.check_hosts(targets, settings_check.Origins(inv, str(inventory), settings_check.group_dirs(
+        str(path))), GPU_CLASSES)
     inv.data = {**copy.deepcopy(DEFAULTS), **(inv.data or {})}
     state.init(inv, state.config)
     tune_state(state)  # TCP_NODELAY on every connection run() opens (tritonfleet.pyinfra_ext.connection)
     own = path.stem
     out = []
-    for h in inv:
+    for h in targets:
         groups = [g for g in h.groups if g != own]
         out.append(FleetHost(h.name, groups, dict(h.data.dict()), h))
-    if limit:
-        patterns = [p for item in limit for p in str(item).split(",") if p]
-        out = [h for h in out if any(fnmatch.fnmatch(h.name, p) or any(fnmatch.fnmatch(g, p) for g in h.groups)
-                                     for p in patterns)]
-        if not out:
-            raise FleetError(f"--limit {','.join(patterns)} matches no host of {inventory}")
     try:
         limits.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
     except limits.LimitError as e:
         raise FleetError(str(e)) from e
+    return out
+
+
+def select(hosts: list, limit: Iterable[str] | None, inventory: str) -> list:
+    """The pyinfra hosts ``limit`` (host or group names, globs; comma-separated too) selects."""
+    if not limit:
+        return hosts
+    patterns = [p for item in limit for p in str(item).split(",") if p]
+    out = [h for h in hosts if any(fnmatch.fnmatch(h.name, p) or any(fnmatch.fnmatch(g, p) for g in h.groups)
+                                   for p in patterns)]
+    if not out:
+        raise InventoryError(f"--limit {','.join(patterns)} matches no host of {inventory}")
     return out
 
 

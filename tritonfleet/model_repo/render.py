@@ -7,13 +7,11 @@ same repository gives the same release id on every host and every run.
 from __future__ import annotations
 
 import atexit
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 from ..core import runid
 from ..core.errors import UsageError
 from ..settings.access import Settings
+from . import contents
 
 CACHE_DIR = Path(os.environ.get("TRITONFLEET_LOCAL_CACHE", Path.home() / ".cache" / "tritonfleet"))
 MARKER = ".tritonfleet-release"
@@ -84,7 +83,7 @@ class RepositoryError(UsageError, ValueError):
 
 
 #: top-level names the host's release directory keeps for itself (the marker, the stat record)
-RESERVED_PREFIX = ".tritonfleet-"
+RESERVED_PREFIX = contents.RESERVED_PREFIX
 
 
 def is_dir_entry(path: str) -> bool:
@@ -95,55 +94,20 @@ def is_dir_entry(path: str) -> bool:
 def walk(repo: Path):
     """Every entry of ``repo`` a release reproduces, sorted: ('file', rel, path) for each file
     and ('dir', rel + '/', path) for each directory that holds nothing (an ensemble's ``1/``).
-    Hidden names are entries like any other (Triton reads them too). Symlinks are followed: the
-    host gets the file or directory a link points to, as Triton reads it through the link.
-    Raises RepositoryError, naming the path and the fix, for what cannot be reproduced: a
-    broken link, a link cycle, a FIFO/socket/device, a name with a newline or that is not UTF-8,
-    a top-level name starting with '.tritonfleet-' (kept by the host for the release record)."""
+    What a repository may contain is defined once, in tritonfleet.model_repo.contents (shared
+    with ``tritonfleet validate``): symlinks inside it are followed (the host gets what a link
+    points to, as Triton reads it through the link); the first entry it refuses (a link out of
+    the repository or to an absolute path, a broken link, a link cycle, a FIFO/socket/device, a
+    name with a line break or that is not UTF-8, a top-level name starting with
+    '.tritonfleet-') raises RepositoryError naming the path and the fix."""
     repo = Path(repo)
-
-    def refuse(path: Path, why: str):
-        raise RepositoryError(f"model repository {repo}: {path.relative_to(repo).as_posix()}: {why}")
-
-    def visit(dirpath: Path, rel: str, ancestors: frozenset):
-        try:
-            names = sorted(os.listdir(dirpath), key=lambda n: n.encode("utf-8", "surrogateescape"))
-        except OSError as e:
-            raise RepositoryError(f"model repository {repo}: cannot read {dirpath}: {e.strerror}") from e
-        if not names and rel:
-            yield "dir", rel, dirpath
-            return
-        for name in names:
-            path = dirpath / name
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                refuse(path, "the name is not UTF-8: rename it")
-            if "\n" in name or "\r" in name:
-                refuse(path, "the name holds a line break: rename it")
-            if not rel and name.startswith(RESERVED_PREFIX):
-                refuse(path, f"names starting with {RESERVED_PREFIX} at the top of the repository "
-                             "are kept for the release record on the host: rename it")
-            try:
-                st = path.stat()  # follows symlinks
-            except FileNotFoundError:
-                refuse(path, f"symlink to {os.readlink(path)}, which does not exist: fix or remove it")
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    refuse(path, "symlink loop: fix or remove it")
-                raise
-            if stat.S_ISDIR(st.st_mode):
-                key = (st.st_dev, st.st_ino)
-                if key in ancestors:
-                    refuse(path, "symlink to a directory that holds it (a cycle): replace it by a copy")
-                yield from visit(path, f"{rel}{name}/", ancestors | {key})
-            elif stat.S_ISREG(st.st_mode):
-                yield "file", f"{rel}{name}", path
-            else:
-                refuse(path, "not a regular file or directory (a FIFO, socket or device): remove it")
-
-    root = repo.stat()
-    yield from visit(repo, "", frozenset({(root.st_dev, root.st_ino)}))
+    entries, refusals = contents.scan(repo)
+    if refusals:
+        first = refusals[0]
+        more = f" (and {len(refusals) - 1} more: `tritonfleet validate {repo}` lists them)" if len(refusals) > 1 else ""
+        raise RepositoryError(f"model repository {repo}: {first.rel}: {first.message}{more}")
+    for e in entries:
+        yield e.kind, e.rel, e.path
 
 
 def manifest(repo: Path) -> dict[str, list]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..fleet.inventory import FleetError
+from ..fleet.inventory import InventoryError
 
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 JOB_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_-]*$")
@@ -22,13 +22,13 @@ class Options:
 
     def check(self) -> None:
         if not JOB_NAME.match(self.job):
-            raise FleetError(f"--job {self.job!r}: letters, digits, '_' and '-' only")
+            raise InventoryError(f"--job {self.job!r}: letters, digits, '_' and '-' only")
         for opt, value in (("--scrape-interval", self.scrape_interval),
                            ("--rate-window", self.rate_window)):
             if not DURATION.match(value):
-                raise FleetError(f"{opt} {value!r} is not a Prometheus duration (e.g. 15s, 5m)")
+                raise InventoryError(f"{opt} {value!r} is not a Prometheus duration (e.g. 15s, 5m)")
         if duration_seconds(self.rate_window) < 4 * duration_seconds(self.scrape_interval):
-            raise FleetError(f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
+            raise InventoryError(f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
                              f"({self.scrape_interval}) for rate() to see enough samples")
 
 

@@ -8,6 +8,13 @@ Layout written by :func:`write` (``tritonfleet prometheus INVENTORY --out DIR``)
     DIR/rules/<job>.rules.yml        recording and alerting rules (rule_files:)
     DIR/prometheus.yml               a complete configuration using the three above
     DIR/grafana/<job>-fleet.json     the dashboard
+    DIR/.tritonfleet-prometheus.json what this command wrote there: each file and its sha256
+
+The command owns only what it wrote (:func:`plan`): a file in its way that the record does not
+list with its present content (an operator's own prometheus.yml, a target file written by hand,
+a generated file edited since) is never replaced unless ``--force``, and never removed. With
+``--limit`` only the named hosts' entries of the target files change; every other host's entry
+stays where it was, so no host stops being monitored.
 
 Every target carries the labels ``host`` (inventory name), ``gpu_class`` and ``group``; a host with
 one Triton per GPU (``triton_per_gpu``) is one target per GPU, each with the label ``gpu`` (its index).
@@ -16,23 +23,30 @@ the mean over the window, not a percentile (Triton exports no histogram, and its
 off by default and cannot be aggregated across hosts).
 
 Thresholds are tunables (``monitor_*``), per host like every tunable: when hosts differ, each
-value gets its own rule restricted to its hosts by a ``host=~`` matcher.
+value gets its own rule restricted to its hosts by a ``host=~`` matcher, and a label naming the
+tunable and its value (rules of one name need labels of their own: ``promtool check rules``
+reports rules with the same name and labels as duplicates).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..fleet.inventory import FleetError, FleetHost
+from ..core.errors import UsageError
+from ..fleet.inventory import FleetHost, InventoryError
 from . import metrics
 from .options import Options, duration_seconds
+
+#: the record of what the command wrote into DIR (relative path -> sha256 of each version written)
+RECORD = ".tritonfleet-prometheus.json"
 
 # ---- targets ---------------------------------------------------------------------------------
 
@@ -52,7 +66,7 @@ def targets(hosts: list[FleetHost]) -> tuple[list[Target], list[str]]:
     for h in hosts:
         for target, gpu in metrics.metrics_targets(h):
             if target in seen:
-                raise FleetError(f"{h.name}: metrics endpoint {target} is also {seen[target]}'s: "
+                raise InventoryError(f"{h.name}: metrics endpoint {target} is also {seen[target]}'s: "
                                  "set health_host or ssh_hostname so each host has its own address")
             seen[target] = h.name + (f" GPU {gpu}" if gpu is not None else "")
             labels = {"host": h.name}
@@ -99,19 +113,28 @@ def _host_regex(names: list[str]) -> str:
     return "|".join(re.sub(r"([^A-Za-z0-9_-])", r"\\\1", n) for n in names)
 
 
-def _partitions(hosts: list[FleetHost], keys: tuple[str, ...]) -> list[tuple[tuple, str]]:
-    """[(values of ``keys``, extra matcher)]: one entry when every host has the same values
-    (no matcher), else one per distinct set of values, restricted to its hosts."""
+def _partitions(hosts: list[FleetHost], keys: tuple[str, ...]) -> list[tuple[tuple, str, dict[str, str]]]:
+    """[(values of ``keys``, extra matcher, extra labels)]: one entry when every host has the
+    same values (no matcher, no labels), else one per distinct set of values, restricted to its
+    hosts and labelled with them (:func:`_threshold_labels`)."""
     groups: dict[str, tuple[tuple, list[str]]] = {}
     for h in hosts:
         values = tuple(h.get(k) for k in keys)
         for k, v in zip(keys, values, strict=True):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise FleetError(f"{h.name}: tunable {k} = {v!r} must be a number >= 0 (group data)")
+                raise InventoryError(f"{h.name}: tunable {k} = {v!r} must be a number >= 0 (group data)")
         groups.setdefault(json.dumps(values), (values, []))[1].append(h.name)
     if len(groups) == 1:
-        return [(next(iter(groups.values()))[0], "")]
-    return [(values, f", host=~`{_host_regex(names)}`") for values, names in groups.values()]
+        return [(next(iter(groups.values()))[0], "", {})]
+    return [(values, f", host=~`{_host_regex(names)}`", _threshold_labels(keys, values))
+            for values, names in groups.values()]
+
+
+def _threshold_labels(keys: tuple[str, ...], values: tuple) -> dict[str, str]:
+    """Labels for one partition's rule, when the hosts' thresholds differ: each tunable and its
+    value. promtool check rules reports rules of one name with the same labels as duplicates
+    ("Might cause inconsistency while recording expressions"), whatever their expressions."""
+    return {k: _num(v) for k, v in zip(keys, values, strict=True)}
 
 
 def _num(v: float) -> str:
@@ -182,23 +205,25 @@ def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list
             f"Check GET /v2/models/{model}/ready and the Triton log.",
             {"model": model},
         ))
-    for (ratio,), sel in _partitions(hosts, ("monitor_failure_ratio",)):
+    for (ratio,), sel, extra in _partitions(hosts, ("monitor_failure_ratio",)):
         rules.append(_alert(
             "TritonModelFailures", f"triton_model:failure_ratio:rate{w}{{{j}{sel}}} > {_num(ratio)}",
             "5m", "warning",
             f"{{{{ $labels.model }}}} fails {{{{ $value | humanizePercentage }}}} of requests on {on}",
             f"More than {_num(ratio * 100)}% of the model's requests failed over {w} "
             "(nv_inference_request_failure by reason).",
+            extra,
         ))
-    for (ms,), sel in _partitions(hosts, ("monitor_latency_ms",)):
+    for (ms,), sel, extra in _partitions(hosts, ("monitor_latency_ms",)):
         rules.append(_alert(
             "TritonModelSlow", f"triton_model:request_duration_us:mean{w}{{{j}{sel}}} > {_num(ms * 1000)}",
             "10m", "warning",
             f"{{{{ $labels.model }}}} on {on} takes {{{{ $value | printf \"%.0f\" }}}} us a request",
             f"The mean request time (queue + compute) over {w} is above {_num(ms)} ms. It is a mean from "
             "Triton's cumulative _us counters (rate(duration) / rate(count)), not a percentile.",
+            extra,
         ))
-    for (ratio,), sel in _partitions(hosts, ("monitor_queue_compute_ratio",)):
+    for (ratio,), sel, extra in _partitions(hosts, ("monitor_queue_compute_ratio",)):
         factor = "" if ratio == 1 else f"{_num(ratio)} * "
         rules.append(_alert(
             "TritonQueueDominates",
@@ -209,8 +234,9 @@ def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list
             "Mean queue time is above the mean compute time. With an idle GPU lower "
             "max_queue_delay_microseconds (see TritonQueueWhileGpuIdle); with a busy GPU add "
             "instances or hosts. `tritonfleet tune` shows the figures.",
+            extra,
         ))
-    for (ratio, low), sel in _partitions(hosts, ("monitor_queue_compute_ratio", "monitor_low_utilization")):
+    for (ratio, low), sel, extra in _partitions(hosts, ("monitor_queue_compute_ratio", "monitor_low_utilization")):
         factor = "" if ratio == 1 else f"{_num(ratio)} * "
         rules.append(_alert(
             "TritonQueueWhileGpuIdle",
@@ -222,14 +248,16 @@ def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list
             f"{_num(low * 100)}% busy: lower max_queue_delay_microseconds",
             "Requests wait for the dynamic batcher while the GPU idles: lower the model's "
             "max_queue_delay_microseconds (config.pbtxt, or model_overrides per GPU class).",
+            extra,
         ))
-    for (ratio,), sel in _partitions(hosts, ("monitor_gpu_memory_ratio",)):
+    for (ratio,), sel, extra in _partitions(hosts, ("monitor_gpu_memory_ratio",)):
         rules.append(_alert(
             "TritonGpuMemoryNearFull", f"triton_gpu:memory_used:ratio{{{j}{sel}}} > {_num(ratio)}",
             "5m", "warning",
             f"GPU {{{{ $labels.gpu_uuid }}}} on {on} is {{{{ $value | humanizePercentage }}}} full",
             f"Used GPU memory is above {_num(ratio * 100)}% of the total: a further model instance "
             "or a larger batch may fail to allocate.",
+            extra,
         ))
     return rules
 
@@ -249,7 +277,7 @@ def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
     for h in hosts:
         repo = Path(str(h.get("model_repository")))
         if not repo.is_dir():
-            raise FleetError(f"{h.name}: model_repository {repo} is not a directory (set "
+            raise InventoryError(f"{h.name}: model_repository {repo} is not a directory (set "
                              "model_repository in group data, relative to where tritonfleet runs)")
         for m in list_models(repo):
             out.setdefault(m, []).append(h.name)
@@ -261,9 +289,12 @@ def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
 @dataclass
 class Generated:
     files: dict[str, str]  #: path relative to DIR -> content
-    targets: list[Target]
+    targets: list[Target]  #: the targets of the hosts written (all, or those of ``only``)
     warnings: list[str]
     rules: dict
+    job: str = "triton"
+    #: --limit: the hosts whose target entries are written; every other entry is kept as it is
+    only: frozenset[str] | None = None
 
 
 def _yaml(data: Any, header: str) -> str:
@@ -271,14 +302,19 @@ def _yaml(data: Any, header: str) -> str:
     return f"# {header}\n# Generated by `tritonfleet prometheus`; regenerate instead of editing.\n{body}"
 
 
-def generate(hosts: list[FleetHost], opts: Options) -> Generated:
-    """Everything :func:`write` writes, in memory (nothing is written when this raises)."""
+def generate(hosts: list[FleetHost], opts: Options, only: set[str] | None = None) -> Generated:
+    """Everything :func:`write` writes, in memory (nothing is written when this raises).
+    ``hosts``: the whole inventory (the rules and the endpoint check cover every host); ``only``:
+    the host names whose target entries are written (--limit), None for all."""
     from . import dashboard
 
     opts.check()
     if not hosts:
-        raise FleetError("the inventory has no hosts")
+        raise InventoryError("the inventory has no hosts")
     ts, warnings = targets(hosts)
+    if only is not None:
+        ts = [t for t in ts if t.host.name in only]
+        warnings = [w for w in warnings if w.split(":", 1)[0] in only]
     base = opts.prometheus_dir.rstrip("/") or "."
     job = scrape_job(opts, base)
     rules = rules_file(opts, hosts, expected_models(hosts))
@@ -294,21 +330,157 @@ def generate(hosts: list[FleetHost], opts: Options) -> Generated:
         "scrape_configs": [job],
     }, "A complete Prometheus configuration for the Triton fleet (or merge its parts into yours).")
     files[f"grafana/{opts.job}-fleet.json"] = json.dumps(dashboard.dashboard(opts), indent=2) + "\n"
-    return Generated(files, ts, warnings, rules)
+    return Generated(files, ts, warnings, rules, opts.job, frozenset(only) if only is not None else None)
 
 
-def write(gen: Generated, out: Path, job: str) -> list[Path]:
-    """Write the files (each replaced atomically) and remove target files of groups that are no
-    longer in the inventory, so Prometheus stops scraping them. Returns the removed files."""
-    for rel, content in gen.files.items():
+# ---- writing: only what this command wrote ---------------------------------------------------
+
+class ForeignFiles(UsageError):
+    """Files in the way that this command did not write (or that were changed since)."""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_record(out: Path) -> dict[str, list[str]]:
+    """{relative path: [sha256 of each version this command wrote]} from DIR's record."""
+    path = out / RECORD
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: unreadable ({e}): it records which files `tritonfleet prometheus` "
+                         "wrote; remove it and run again with --force to take the directory over") from None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(h, str) for h in v) for k, v in files.items()):
+        raise UsageError(f"{path}: not the record `tritonfleet prometheus` writes; remove it and run again with "
+                         "--force to take the directory over")
+    return files
+
+
+def _owned(out: Path, rel: str, record: dict[str, list[str]]) -> bool | None:
+    """Whether DIR/rel is this command's own (None: absent): a plain file whose content is a
+    version the record lists. A symlink, a directory, a file not listed or changed since is not."""
+    path = out / rel
+    if not path.exists() and not path.is_symlink():
+        return None
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        return _sha256(path.read_bytes()) in record.get(rel, [])
+    except OSError:
+        return False
+
+
+@dataclass
+class Plan:
+    write: dict[str, str] = field(default_factory=dict)  #: relative path -> content
+    remove: list[str] = field(default_factory=list)  #: our own files no longer wanted
+    replaced: list[str] = field(default_factory=list)  #: foreign files written over (--force)
+    kept: list[str] = field(default_factory=list)  #: messages: foreign files left alone
+
+
+def plan(gen: Generated, out: Path, force: bool = False) -> Plan:
+    """What :func:`write` does in DIR ``out``; raises ForeignFiles (nothing written) when a file
+    it would write is not its own, unless ``force``."""
+    record = read_record(out)
+    p = Plan()
+    prefix = f"targets/{gen.job}-"
+    on_disk = sorted(f"targets/{f.name}" for f in (out / "targets").glob(f"{gen.job}-*.json")) \
+        if (out / "targets").is_dir() else []
+    wanted = dict(gen.files)
+    if gen.only is not None:  # --limit: the named hosts' entries change, every other one stays
+        for rel in sorted(set(on_disk) | {r for r in wanted if r.startswith(prefix)}):
+            if not rel.startswith(prefix):
+                continue
+            mine = _owned(out, rel, record)
+            entries = []
+            if mine:
+                try:
+                    entries = json.loads((out / rel).read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    entries = []
+            elif mine is False:
+                if rel in wanted and not force:
+                    continue  # refused below
+                if rel not in wanted:
+                    continue  # a foreign file of no named host: not ours to touch
+            kept = [e for e in entries if not (isinstance(e, dict)
+                                               and (e.get("labels") or {}).get("host") in gen.only)]
+            new = json.loads(wanted.get(rel, "[]"))
+            merged = kept + new
+            if merged:
+                wanted[rel] = json.dumps(merged, indent=2) + "\n"
+            else:
+                wanted.pop(rel, None)
+                if mine:
+                    p.remove.append(rel)
+    else:
+        for rel in on_disk:
+            if rel in wanted:
+                continue
+            if _owned(out, rel, record):
+                p.remove.append(rel)
+            else:
+                p.kept.append(f"{out / rel}: not written by tritonfleet prometheus (or changed since): kept, "
+                              f"and Prometheus still reads it for job {gen.job} (it matches "
+                              f"{prefix}*.json); remove it if its targets are gone")
+    foreign = []
+    for rel, content in wanted.items():
+        mine = _owned(out, rel, record)
+        if mine is False:
+            if (out / rel).is_file() and not (out / rel).is_symlink() \
+                    and (out / rel).read_bytes() == content.encode():
+                p.write[rel] = content  # the very content this would write: take it over
+                continue
+            foreign.append(rel)
+            if not force:
+                continue
+            if (out / rel).is_dir() and not (out / rel).is_symlink():
+                raise ForeignFiles(f"{out / rel} is a directory in the place of a file tritonfleet prometheus "
+                                   "writes: move it away (nothing was written)")
+            p.replaced.append(rel)
+        p.write[rel] = content
+    if foreign and not force:
+        shown = "\n".join(f"  {out / rel}" for rel in foreign)
+        raise ForeignFiles(
+            f"{out} holds files tritonfleet prometheus did not write (or that were changed since it wrote "
+            f"them), where it would write its own; nothing was written:\n{shown}\nPoint --out at a directory "
+            "of their own, move them away, or give --force to replace them (other files are never removed)")
+    return p
+
+
+def write(gen: Generated, out: Path, force: bool = False) -> Plan:
+    """Write the files (each replaced atomically), remove this command's own target files of
+    groups that are gone, and keep the record of what it wrote. Files it did not write are
+    never removed, and never replaced unless ``force`` (:func:`plan`)."""
+    p = plan(gen, out, force)
+    record = read_record(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # first record both versions of each file, so a crash half-way leaves every file known
+    pending = {rel: sorted(set(record.get(rel, [])) | {_sha256(c.encode())}) for rel, c in p.write.items()}
+    _write_record(out, {**record, **pending})
+    for rel, content in p.write.items():
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(content)
         os.replace(tmp, path)
-    removed = []
-    for old in sorted((out / "targets").glob(f"{job}-*.json")):
-        if f"targets/{old.name}" not in gen.files:
-            old.unlink()
-            removed.append(old)
-    return removed
+    for rel in p.remove:
+        (out / rel).unlink(missing_ok=True)
+    final = {rel: hashes for rel, hashes in record.items() if rel not in p.remove and (out / rel).is_file()}
+    final.update({rel: [_sha256(c.encode())] for rel, c in p.write.items()})
+    _write_record(out, final)
+    return p
+
+
+def _write_record(out: Path, files: dict[str, list[str]]) -> None:
+    doc = {"about": "the files `tritonfleet prometheus` wrote here, with the sha256 of their content: it "
+                    "replaces or removes only these, as long as they are unchanged",
+           "files": dict(sorted(files.items()))}
+    tmp = out / f".{RECORD}.tmp"
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, out / RECORD)

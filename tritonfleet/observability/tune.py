@@ -215,9 +215,14 @@ def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = 
         first = parallel(hosts, lambda h: read(h, True))
         if window <= 0:
             return [(r, None) for r in first], None
+        # only the hosts read once are read again; when none was, there is nothing to wait for
+        alive = [h for h, r in zip(hosts, first, strict=True) if not r.error]
+        if not alive:
+            return [(r, r) for r in first], None
         t0 = time.monotonic()
         time.sleep(window)
-        second = parallel(hosts, lambda h: read(h, False))
+        again = dict(zip([h.name for h in alive], parallel(alive, lambda h: read(h, False)), strict=True))
+        second = [again.get(r.host.name, r) for r in first]
         return list(zip(first, second, strict=True)), time.monotonic() - t0
 
 

@@ -320,6 +320,12 @@ perf_gate_max_throughput_drop = 0.2
 # before by more than this share (0.5: more than 50% higher).
 perf_gate_max_p95_rise = 0.5
 
+# --- Settings check (tritonfleet/settings/check.py) ----------------------------------------
+# Names of host data that tritonfleet does not read (your own deploy code's): the settings check,
+# which refuses any other name that is no tunable, no gpu_class and no pyinfra setting (a
+# misspelling, shown with the nearest known name), leaves them alone.
+extra_host_data = []
+
 # ------------------------------------------------------------------------------------------
 # (not a tunable) every tunable above by name; read through tritonfleet.settings.access
 DEFAULTS = {_name: _value for _name, _value in dict(globals()).items() if _name[0].islower()}

@@ -50,5 +50,18 @@ def markdown() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tritonfleet.settings.table``: the table; ``--help`` says so (and any other argument
+    is refused with exit status 2, argparse's usage error)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tritonfleet.settings.table",
+        description="Print every tunable of tritonfleet (tritonfleet/settings/defaults.py) with its default and what it "
+                    "does, as the markdown table of docs/tunables.md. Group data sets only what differs.")
+    parser.parse_args(argv)
     print(markdown())
+
+
+if __name__ == "__main__":
+    main()

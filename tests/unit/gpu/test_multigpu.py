@@ -4,6 +4,7 @@ GPUs (one fallen off), the status row and drift, and the commands the verificati
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -332,6 +333,7 @@ def test_a_bad_gpu_count_is_refused_by_pre_flight(bad):
 
     with pytest.raises(ValueError, match="gpu_count must be a whole number >= 1"):
         gpucount.expected_count(bad, [])
-    with pytest.raises(SystemExit, match=rf"@fake/gpu1: gpu_count must be a whole number >= 1, not {bad!r} "
-                                              r"\(inventory or group data\)$"):
+    # the settings check, first of pre-flight, names the value and where it was set
+    with pytest.raises(SystemExit, match=rf"@fake/gpu1: gpu_count = {re.escape(repr(bad))} \(host data of "
+                                              r"@fake/gpu1 in the inventory\): must be a whole number >= 1 or None$"):
         run_fake(triton_layer, {}, {"gpu_count": bad}, yes=True)

@@ -67,9 +67,11 @@ def test_manifest_lists_every_case_and_each_case_is_explained():
         if "triton" in entry:
             assert entry["triton"] in ("accepts", "rejects") and entry.get("why"), case
     # every rule is shown by a corpus case, or by a unit test below where a repository
-    # cannot hold the fault (git keeps no absolute or broken symlinks well, nor bad bytes)
+    # cannot hold the fault (git keeps no absolute or broken symlinks well, nor bad bytes, FIFOs,
+    # sockets or link cycles: what a repository may contain is tested on generated trees in
+    # tests/unit/model_repo/test_contents.py)
     corpus_rules = {r for e in CASES.values() for r in e.get("rules", [])}
-    unit_tested = {"broken-symlink", "encoding", "onnx-model", "input-name", "output-duplicate", "output-data-type",
+    unit_tested = {"unchecked", "symlink-cycle", "special-file", "file-name", "unreadable", "broken-symlink", "encoding", "onnx-model", "input-name", "output-duplicate", "output-data-type",
                    "output-dims", "output-reshape", "output-format", "output-shape-tensor",
                    "batch-output", "sequence-batching"}
     assert corpus_rules | unit_tested == set(RULES)

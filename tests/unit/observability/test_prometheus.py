@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.support.forked import forked
 from tests.support.testbed import tritonfleet
 from tritonfleet import ROOT
+from tritonfleet.fleet import inventory as fleet
 from tritonfleet.fleet.inventory import FleetError
 from tritonfleet.observability import dashboard, prometheus
 from tritonfleet.settings.table import read
@@ -53,7 +57,7 @@ def generated(tmp_path_factory):
 def test_generated_files_pass_promtool(generated):
     out, res = generated
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
-        "grafana/triton-fleet.json", "prometheus.yml", "rules/triton.rules.yml",
+        ".tritonfleet-prometheus.json", "grafana/triton-fleet.json", "prometheus.yml", "rules/triton.rules.yml",
         "scrape-triton.yml", "targets/triton-l4.json", "targets/triton-t4.json"]
     # check config reads the rule files and every file_sd file the job's glob matches
     check = promtool("check", "config", str(out / "prometheus.yml"))
@@ -242,13 +246,21 @@ def test_per_group_thresholds_get_their_own_rules(tmp_path):
         'triton_model:request_duration_us:mean5m{job="triton", host=~`triton-t4-01|triton-t4-02`} > 50000',
         'triton_model:request_duration_us:mean5m{job="triton", host=~`triton-l4-01`} > 1000000',
     ]
+    # each of the two rules carries its threshold as a label: promtool's lint finds no duplicate
+    # (two rules of one name with the same labels), which it reported before
+    labels = [r["labels"] for g in data["groups"] for r in g["rules"] if r.get("alert") == "TritonModelSlow"]
+    assert labels == [{"severity": "warning", "monitor_latency_ms": "50"},
+                      {"severity": "warning", "monitor_latency_ms": "1000"}]
+    lint = promtool("check", "rules", str(out / "rules/triton.rules.yml"))
+    assert lint.returncode == 0 and "duplicate" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
     series = (_model(T4_2, "resnet50_onnx", 60, 60, 5, (1, 53, 1), batch=1)
               + [{"series": f"up{_labels(L4_1)}", "values": "1x40"}]
               + _model(L4_1, "resnet50_onnx", 60, 60, 5, (1, 53, 1), batch=1))
     rules = _no_annotations(out / "rules/triton.rules.yml", tmp_path / "rules.yml")
     _run_rule_tests(tmp_path, rules, series, [{
         "eval_time": "20m", "alertname": "TritonModelSlow",
-        "exp_alerts": [_alert("TritonModelSlow", T4_2, model="resnet50_onnx", version="1")]}], [])
+        "exp_alerts": [_alert("TritonModelSlow", T4_2, model="resnet50_onnx", version="1",
+                                                  monitor_latency_ms="50")]}], [])
 
 
 def test_host_regex_matches_exactly_its_hosts():
@@ -263,10 +275,121 @@ def test_host_regex_matches_exactly_its_hosts():
 def test_regeneration_removes_groups_that_are_gone(tmp_path):
     out = tmp_path / "out"
     assert tritonfleet("prometheus", str(PROD), "--out", str(out)).returncode == 0
-    res = tritonfleet("prometheus", str(PROD), "--out", str(out), "--limit", "t4")
+    t4_only = inventory(tmp_path, PROD.read_text().split("\nl4 = [")[0] + "\n")
+    assert "triton-l4" not in t4_only.read_text() and "triton-t4-02" in t4_only.read_text()
+    res = tritonfleet("prometheus", str(t4_only), "--out", str(out))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in (out / "targets").iterdir()) == ["triton-t4.json"]
     assert "removed" in res.stdout and "triton-l4.json" in res.stdout
+
+
+def _entries(out: Path) -> dict[str, list[dict]]:
+    return {p.name: json.loads(p.read_text()) for p in sorted((out / "targets").glob("*.json"))}
+
+
+def test_limit_updates_only_the_named_hosts_and_keeps_every_other_host_monitored(tmp_path):
+    """--limit used to write the named group's file with only its hosts and delete the other
+    groups' files, "no longer in the inventory": those hosts stopped being monitored."""
+    out = tmp_path / "out"
+    assert tritonfleet("prometheus", str(PROD), "--out", str(out)).returncode == 0
+    before = _entries(out)
+    res = tritonfleet("prometheus", str(PROD), "--out", str(out), "--limit", "t4")
+    assert res.returncode == 0, res.stderr
+    assert _entries(out) == before and "removed" not in res.stdout
+    # one host of a group moves: its entry alone changes, its group's other host stays
+    moved = inventory(tmp_path, PROD.read_text().replace('"192.0.2.12"', '"198.51.100.12"'))
+    res = tritonfleet("prometheus", str(moved), "--out", str(out), "--limit", T4_2)
+    assert res.returncode == 0, res.stderr
+    after = _entries(out)
+    assert after["triton-l4.json"] == before["triton-l4.json"]
+    assert [e["targets"] for e in after["triton-t4.json"]] == [["192.0.2.11:8002"], ["198.51.100.12:8002"]]
+
+
+def test_a_file_it_did_not_write_is_never_replaced_without_force(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    own = "# my own Prometheus configuration\nscrape_configs: []\n"
+    (out / "prometheus.yml").write_text(own)
+    res = tritonfleet("prometheus", str(PROD), "--out", str(out))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"{out}/prometheus.yml" in res.stderr and "--force" in res.stderr and "nothing was written" in res.stderr
+    assert (out / "prometheus.yml").read_text() == own and sorted(p.name for p in out.iterdir()) == ["prometheus.yml"]
+    # a generated file edited since is the operator's now: kept the same way
+    res = tritonfleet("prometheus", str(PROD), "--out", str(out), "--force")
+    assert res.returncode == 0 and f"replaced {out}/prometheus.yml" in res.stdout, res.stderr
+    (out / "rules/triton.rules.yml").write_text((out / "rules/triton.rules.yml").read_text() + "# tuned by hand\n")
+    res = tritonfleet("prometheus", str(PROD), "--out", str(out))
+    assert res.returncode == 2 and "rules/triton.rules.yml" in res.stderr
+    assert (out / "rules/triton.rules.yml").read_text().endswith("# tuned by hand\n")
+
+
+def test_a_target_file_it_did_not_write_is_never_removed(tmp_path):
+    out = tmp_path / "out"
+    assert tritonfleet("prometheus", str(PROD), "--out", str(out)).returncode == 0
+    extra = [{"targets": ["203.0.113.9:8002"], "labels": {"host": "by-hand"}}]
+    (out / "targets/triton-manual.json").write_text(json.dumps(extra))
+    res = tritonfleet("prometheus", str(PROD), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert json.loads((out / "targets/triton-manual.json").read_text()) == extra
+    assert "triton-manual.json: not written by tritonfleet prometheus" in res.stderr and "kept" in res.stderr
+
+
+GROUPS = ["t4", "l4", "edge"]
+inventories_ = st.lists(st.tuples(st.sampled_from(GROUPS), st.integers(1, 250)), min_size=1, max_size=6,
+                        unique_by=lambda t: t[1])
+
+
+def _write_inventory(path: Path, hosts: list[tuple[str, int]]) -> None:
+    lines = [f"{g} = [" + ", ".join(f'("h{n}", {{"ssh_hostname": "192.0.2.{n}"}})' for gg, n in hosts if gg == g) + "]"
+             for g in GROUPS if any(gg == g for gg, _ in hosts)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=inventories_, second=inventories_, data=st.data())
+def test_generated_runs_keep_foreign_files_and_every_host_monitored(tmp_path_factory, first, second, data):
+    """A full run, then a second run over a changed inventory, with or without --limit, beside
+    foreign files: every foreign file keeps its bytes; after a full run every host of the
+    inventory has exactly one entry; after a --limit run the named hosts have theirs as the
+    inventory says and every other host keeps the entry the first run gave it."""
+    tmp = tmp_path_factory.mktemp("gen")
+    out, inv = tmp / "out", tmp / "fleet.py"
+    (tmp / "models").mkdir()
+    (tmp / "models" / "m").mkdir()
+    foreign = {"notes.txt": b"mine\n", "targets/other-job.json": b"[]\n", "targets/triton-manual.json": b"[]\n"}
+    for rel, content in foreign.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(content)
+
+    def generate_and_write(limit):
+        fhs = fleet.load_inventory(inv, data={"model_repository": str(tmp / "models")})
+        only = {h.name for h in fleet.select(fhs, limit, str(inv))} if limit else None
+        prometheus.write(prometheus.generate(fhs, prometheus.Options(prometheus_dir=str(out)), only), out)
+
+    def run(hosts, limit=None):
+        _write_inventory(inv, hosts)
+        forked(generate_and_write, limit)  # tests/support/forked.py: loading an inventory patches for gevent
+
+    def hosts_in_files() -> list[tuple[str, str, str]]:
+        return sorted((p.name, e["labels"]["host"], e["targets"][0]) for p in (out / "targets").glob("triton-*.json")
+                      if p.name != "triton-manual.json" for e in json.loads(p.read_text()))
+
+    def expected(hosts) -> list[tuple[str, str, str]]:
+        return sorted((f"triton-{g}.json", f"h{n}", f"192.0.2.{n}:8002") for g, n in hosts)
+
+    run(first)
+    assert hosts_in_files() == expected(first)
+    limit = data.draw(st.none() | st.lists(st.sampled_from([f"h{n}" for _, n in second]), min_size=1, unique=True))
+    run(second, limit)
+    if limit is None:
+        assert hosts_in_files() == expected(second)
+    else:
+        named = set(limit)
+        want = sorted([e for e in expected(first) if e[1] not in named]
+                      + [e for e in expected(second) if e[1] in named])
+        assert hosts_in_files() == want
+    for rel, content in foreign.items():
+        assert (out / rel).read_bytes() == content, rel
 
 
 def test_missing_model_repository_names_the_host_and_the_fix(tmp_path):
@@ -274,7 +397,7 @@ def test_missing_model_repository_names_the_host_and_the_fix(tmp_path):
                               '"model_repository": "/nonexistent/repo"})]\n')
     out = tmp_path / "out"
     res = tritonfleet("prometheus", str(inv), "--out", str(out))
-    assert res.returncode == 1
+    assert res.returncode == 2  # bad input, as every command's
     assert "node-a: model_repository /nonexistent/repo is not a directory" in res.stderr
     assert "set model_repository in group data" in res.stderr
     assert not out.exists()  # nothing written
@@ -283,7 +406,7 @@ def test_missing_model_repository_names_the_host_and_the_fix(tmp_path):
 def test_two_hosts_on_one_endpoint_are_refused(tmp_path):
     inv = inventory(tmp_path, 'gpu = [("a", {"ssh_hostname": "192.0.2.5"}), ("b", {"ssh_hostname": "192.0.2.5"})]\n')
     res = tritonfleet("prometheus", str(inv), "--out", str(tmp_path / "out"))
-    assert res.returncode == 1 and "b: metrics endpoint 192.0.2.5:8002 is also a's" in res.stderr
+    assert res.returncode == 2 and "b: metrics endpoint 192.0.2.5:8002 is also a's" in res.stderr
 
 
 def test_address_and_port_come_from_the_tunables(tmp_path):

@@ -177,12 +177,26 @@ def sequential_load(server):
     return 4
 
 
+def _always_low(t: LocalTriton) -> list[FleetHost]:
+    """The host with a low-utilization threshold above any utilization (1.01: the CPU this
+    server reports is often 100% busy on the test machine), so the runbook's rule applies to
+    what was measured. An inventory cannot say so (the settings check refuses a ratio above 1),
+    so the host is made here and read in-process, as the command reads it."""
+    h = _host(t)
+    h.data.update(monitor_low_utilization=1.01, triton_restricted_apis=[])
+    return [h]
+
+
+def _rows_in_process(hosts: list[FleetHost], models: set[str] | None = None):
+    reads, seconds = tune.read_fleet(hosts, 0, models)
+    return tune.rows(reads, seconds), seconds
+
+
 def test_tune_measures_the_queue_against_compute(server, sequential_load, tmp_path):
     # any utilization counts as low: the runbook's rule applies to what was measured
-    out = _tune_json(_inventory(tmp_path, server, monitor_low_utilization=1.01),
-                     "--window", "0", "--model", "resnet50_onnx")
-    assert out["errors"] == [] and out["window_s"] is None
-    [r] = out["rows"]
+    (rows, errors), seconds = _rows_in_process(_always_low(server), {"resnet50_onnx"})
+    assert errors == [] and seconds is None
+    [r] = [json.loads(json.dumps(row.as_dict())) for row in rows]
     stats = _stats(server)
     assert (r["name"], r["model"], r["hosts"]) == ("cpu", "resnet50_onnx", ["local-1"])
     assert r["requests"] == sequential_load == stats["inference_stats"]["success"]["count"]
@@ -211,17 +225,20 @@ def test_busy_device_and_queueing_is_not_told_to_change_the_delay(server, sequen
 
 
 def test_table_names_every_model_and_its_advice(server, sequential_load, tmp_path):
-    res = tritonfleet("tune", str(_inventory(tmp_path, server, monitor_low_utilization=1.01)),
-                      "--window", "0", timeout=300)
+    res = tritonfleet("tune", str(_inventory(tmp_path, server)), "--window", "0", timeout=300)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == "2 model rows from 1 of 1 hosts, since each server started"
     assert lines[1].split()[:4] == ["GROUP", "MODEL", "HOSTS", "REQUESTS"]
     resnet = next(line for line in lines if "resnet50_onnx" in line).split()
     assert resnet[:4] == ["cpu", "resnet50_onnx", "1", str(sequential_load)]
-    assert "lower max_queue_delay_microseconds" in " ".join(resnet)
     text = next(line for line in lines if "text_classifier_onnx" in line)
     assert text.rstrip().endswith("no requests")
+    # the advice in the table, where the rule applies (see _always_low)
+    (rows, _), _ = _rows_in_process(_always_low(server))
+    table = tune.table(rows, per_host=False).splitlines()
+    resnet = next(line for line in table if "resnet50_onnx" in line)
+    assert "lower max_queue_delay_microseconds" in resnet
 
 
 def _host(t: LocalTriton) -> FleetHost:
@@ -283,3 +300,20 @@ def test_window_reads_twice(server, sequential_load, tmp_path):
     assert sorted(r["model"] for r in out["rows"]) == ["resnet50_onnx", "text_classifier_onnx"]
     for r in out["rows"]:
         assert (r["requests"], r["requests_per_s"], r["batch_sizes"], r["advice"]) == (0, 0, {}, [])
+
+
+def test_no_window_is_waited_when_every_host_failed_its_first_read(monkeypatch):
+    """tune used to sleep its whole --window after every host had failed: nothing to read again."""
+    from tests.support.tritonproc import free_port
+
+    data = {name: ast.literal_eval(default) for name, default, _ in read()}
+    hosts = [FleetHost(f"down-{i}", ["cpu"], {**data, "ssh_hostname": "127.0.0.1",
+                                              "triton_metrics_port": free_port(), "triton_http_port": free_port()})
+             for i in range(2)]
+    waited = []
+    monkeypatch.setattr(tune.time, "sleep", waited.append)
+    reads, seconds = tune.read_fleet(hosts, 30)
+    assert waited == [] and seconds is None
+    rows, errors = tune.rows(reads, seconds)
+    assert rows == [] and [e.split(":")[0] for e in errors] == ["down-0", "down-1"]
+    assert all("ConnectionError" in e for e in errors)

@@ -74,6 +74,15 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     data = dict(data or {})
     if not Path(deploy).is_file():
         raise RolloutError(f"deploy {deploy} not found")
+    if Path(inventory).is_file() and fleet.deploy_imports(inventory) and not fleet.deploy_imports(deploy):
+        raise RolloutError(f"the arguments are the wrong way round: {inventory} is a deploy file and {deploy} "
+                           f"is not; the inventory comes first: tritonfleet rollout {deploy} {inventory}")
+    if fleet.looks_like_inventory(deploy):
+        raise RolloutError(f"{deploy} is an inventory (it defines host groups and imports no steps), not a deploy: "
+                           "tritonfleet rollout INVENTORY DEPLOY, e.g. tritonfleet rollout inventories/prod.py "
+                           "deploys/models.py")
+    if gate_timeout is not None and not gate_timeout > 0:
+        raise RolloutError(f"--gate-timeout must be a number of seconds > 0, not {gate_timeout!r}")
     if max_fail < 0:
         raise RolloutError("--max-fail must be >= 0")
     if perf_gate and canary < 1:

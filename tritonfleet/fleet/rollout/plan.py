@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 
-from ...core.errors import TritonfleetError
+from ...core.errors import UsageError
 
 
-class RolloutError(TritonfleetError, RuntimeError):
-    pass
+class RolloutError(UsageError, RuntimeError):
+    """The rollout cannot start or resume as asked (arguments, journal): exit status 2."""
 
 
 def parse_batch(batch: str | int, total: int) -> int:

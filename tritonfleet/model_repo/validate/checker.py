@@ -32,7 +32,8 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
         self.entries: dict[str, _Entry] = {}
 
     def add(self, model: str, file: str, line: int | None, rule: str, message: str) -> None:
-        assert rule in RULES, rule
+        if rule not in RULES:  # every rule is listed (and documented) in RULES
+            raise ValueError(f"unknown validator rule {rule!r}")
         self.problems.append(Problem(model, file, line, rule, message))
 
     # -- parsing -------------------------------------------------------------------------------
@@ -63,7 +64,8 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
     # -- one model -----------------------------------------------------------------------------
     def check(self, entry: _Entry) -> None:
         cfg, lines, model = entry.cfg, entry.lines, entry.name
-        assert cfg is not None and lines is not None
+        if cfg is None or lines is None:  # the caller checks only a model whose config parsed
+            raise ValueError(f"{model}: check() needs a parsed config")
         cf = "config.pbtxt"
 
         def p(rule, message, *path):

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .. import onnx_io
 from .model_dirs import _Entry, _version_dirs, _versions_to_load
 from .tables import (
     ENSEMBLE,
     MODEL_DIRECTORY_VAR,
     MODEL_FILE,
-    ONNX_TYPES,
     PLATFORM_FILE,
     TYPE_BYTES,
 )
@@ -184,55 +184,25 @@ class FileRules:
             self.add(model, f"{vname}/{path.name}", None, "python-syntax", str(e))
 
     def _onnx_signature(self, entry: _Entry, rel: str, path: Path, p) -> None:
-        """Inputs and outputs against the ONNX model's graph, as the onnxruntime backend checks
-        them at load (only where the ``onnx`` package is installed)."""
-        try:
-            import onnx
-        except ImportError:
-            return
+        """Inputs and outputs against the ONNX model, as the onnxruntime backend checks them at
+        load (tritonfleet.model_repo.onnx_io: CompareDimsSupported, ValidateInputs,
+        ValidateOutputs, the sequence controls). Without the ``onnx`` package (a dependency of
+        tritonfleet: a broken install) the check cannot run, and that is reported."""
         if not path.is_file():
             self.add(entry.name, rel, None, "model-file", f"{path.name} not found")
             return
         try:
-            graph = onnx.load(str(path), load_external_data=False).graph
-        except Exception as e:  # noqa: BLE001 - any failure to read is a broken model file
-            self.add(entry.name, rel, None, "onnx-model", f"not a readable ONNX model: {e}")
+            io = onnx_io.read_model(path)
+        except ImportError as e:
+            self.add(entry.name, rel, None, "unchecked",
+                     f"cannot compare the config with {path.name}: {e} (install tritonfleet with its "
+                     "dependencies: pip install tritonfleet, or pip install onnx)")
             return
-        cfg = entry.cfg
-        initializers = {i.name for i in graph.initializer}
-        model_io = {
-            "input": {i.name: i for i in graph.input if i.name not in initializers},
-            "output": {o.name: o for o in graph.output},
-        }
-        for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
-            provided = model_io[kind]
-            for i, t in enumerate(tensors):
-                if not t.name:
-                    continue
-                if t.name not in provided:
-                    p("onnx-signature", f"{kind} '{t.name}' is not in {rel} (its {kind}s: "
-                                        f"{', '.join(sorted(provided)) or 'none'})", kind, i, "name")
-                    continue
-                tt = provided[t.name].type.tensor_type
-                have = ONNX_TYPES.get(tt.elem_type)
-                want = mc.DataType.Name(t.data_type)
-                if have and t.data_type != mc.TYPE_INVALID and have != want:
-                    p("onnx-signature", f"{kind} '{t.name}' is {have} in {rel}, not {want}",
-                      kind, i, "data_type")
-                if not tt.HasField("shape") or not t.dims:
-                    continue
-                model_dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
-                if cfg.max_batch_size > 0:
-                    if not model_dims:
-                        continue
-                    model_dims = model_dims[1:]
-                dims = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
-                if len(dims) != len(model_dims) or any(
-                        a != b and a != -1 and b != -1 for a, b in zip(dims, model_dims, strict=False)):
-                    batch = " (without the batch dimension)" if cfg.max_batch_size > 0 else ""
-                    p("onnx-signature", f"{kind} '{t.name}' has dims {dims} in the config but "
-                                        f"{model_dims}{batch} in {rel}", kind, i, "dims")
-        configured = {t.name for t in cfg.input}
-        for name in model_io["input"]:
-            if name not in configured:
-                p("onnx-signature", f"{rel} has input '{name}', which the config does not list", "input")
+        except onnx_io.OnnxReadError as e:
+            self.add(entry.name, rel, None, "onnx-model", str(e))
+            return
+        except OSError as e:
+            self.add(entry.name, rel, None, "onnx-model", f"cannot read it: {e.strerror}")
+            return
+        for m in onnx_io.check(entry.cfg, io, rel):
+            p("onnx-signature", m.message, *m.at)

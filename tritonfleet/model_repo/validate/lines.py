@@ -27,7 +27,9 @@ class _Lines:
         try:
             self._tok = text_format.Tokenizer(text.split("\n"))
             self._message((), None)
-        except Exception:  # noqa: BLE001 - line numbers are a help, never a failure
+        except (text_format.ParseError, RecursionError):
+            # line numbers are a help, never a failure: the tokenizer's own error on text the
+            # parser took, or nesting deeper than this walk recurses (what is mapped so far stays)
             pass
 
     def _next(self) -> None:

@@ -12,33 +12,19 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
+from .. import contents
 from .checker import Checker
 from .lines import parse_config
 from .model_dirs import _autocomplete, list_models
 from .tables import ENSEMBLE, KNOWN_BACKENDS, Problem
 
-# ---- unsafe entries -------------------------------------------------------------------------
+# ---- what the repository may contain --------------------------------------------------------
 
-def _unsafe_paths(repo: Path, add: Callable[..., None]) -> None:
-    root = Path(os.path.realpath(repo))
-    for dirpath, dirnames, filenames in os.walk(repo):
-        for name in dirnames + filenames:
-            path = Path(dirpath, name)
-            rel = path.relative_to(repo)
-            model, file = rel.parts[0], "/".join(rel.parts[1:])
-            if not path.is_symlink():
-                continue
-            target = os.readlink(path)
-            real = Path(os.path.realpath(path))
-            if os.path.isabs(target):
-                add(model, file, None, "unsafe-path",
-                    f"symlink to the absolute path {target}: it breaks when the repository is "
-                    "copied to hosts; use a relative link inside the repository, or a copy")
-            elif real != root and root not in real.parents:
-                add(model, file, None, "unsafe-path",
-                    f"symlink {target} points outside the repository ({real}): copy the file in")
-            elif not real.exists():
-                add(model, file, None, "broken-symlink", f"symlink {target} points to nothing")
+def _contents(repo: Path, add: Callable[..., None]) -> None:
+    """Every entry tritonfleet.model_repo.contents refuses (the deploy refuses the same ones)."""
+    for r in contents.scan(repo)[1]:
+        parts = r.rel.split("/")
+        add(parts[0] if parts[0] != "." else "", "/".join(parts[1:]), None, r.rule, r.message)
 
 
 #: What a model directory may be called (Triton itself refuses little more than names that escape
@@ -89,7 +75,7 @@ def validate_repository(
     if not repo.is_dir():
         add("", str(repo), None, "repository", "not a directory")
         return checker.problems
-    _unsafe_paths(repo, add)
+    _contents(repo, add)
     names = list_models(repo)
     if not names:
         add("", "", None, "repository", "no model directories in the repository")

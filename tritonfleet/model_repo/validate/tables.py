@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from .. import contents
+
 #: Backends shipped in the tritonserver <release>-py3 image the fleet runs (/opt/tritonserver/backends).
 KNOWN_BACKENDS = frozenset({
     "dali", "fil", "identity", "onnxruntime", "openvino", "python", "pytorch", "repeat",
@@ -25,8 +27,8 @@ NEWER_FIELDS = {
 #: Every rule id a :class:`Problem` can carry, with what it checks.
 RULES = {
     "repository": "the repository is a directory holding at least one model directory",
-    "unsafe-path": "no symlink out of the repository or to an absolute path; plain file names only",
-    "broken-symlink": "every symlink points to something",
+    # what a repository may contain (one definition, shared with the deploy: model_repo.contents)
+    **contents.RULES,
     "model-name": "model directory names of letters, digits, '_', '.' and '-' only, not starting with '-', "
                   "without '..'",
     "config-missing": "each model directory (hidden ones too) has a config.pbtxt (strict model config)",
@@ -75,7 +77,9 @@ RULES = {
                        "EXECUTION_ENV_PATH under $$TRITON_MODEL_DIRECTORY",
     "python-syntax": "a python backend model.py compiles",
     "onnx-model": "model.onnx is a readable ONNX model",
-    "onnx-signature": "inputs and outputs match model.onnx (names, types, dims)",
+    "onnx-signature": "inputs and outputs match model.onnx as the onnxruntime backend compares them (names, "
+                      "count, types, dims with the batch dimension, -1 and reshape, sequence controls)",
+    "unchecked": "every check the repository needs can run (the onnx package for model.onnx)",
     "ensemble": "ensemble_scheduling exactly on ensembles, without instance groups, optimization, warmup",
     "ensemble-step": "each step names a model of the repository, at a loaded version, batching no less",
     "ensemble-tensor": "step maps name real step tensors of consistent type and shape; data flows to every output",
@@ -123,12 +127,6 @@ TYPE_BYTES = {
     "TYPE_FP32": 4, "TYPE_FP64": 8, "TYPE_BF16": 2,
 }
 MODEL_DIRECTORY_VAR = "$$TRITON_MODEL_DIRECTORY"
-
-ONNX_TYPES = {  # onnx TensorProto.DataType -> Triton data type name
-    1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
-    6: "TYPE_INT32", 7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16",
-    11: "TYPE_FP64", 12: "TYPE_UINT32", 13: "TYPE_UINT64", 16: "TYPE_BF16",
-}
 
 
 @dataclass(frozen=True)
