@@ -53,8 +53,45 @@ def forked(fn, *args, **kwargs):
                 sys.stderr.flush()
             os._exit(status)
     os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
+    data, status = _collect(r, pid)
     assert os.waitstatus_to_exitcode(status) == 0 and data, f"{fn.__name__} failed in the child (its traceback above)"
     return pickle.loads(data)
+
+
+def _collect(r: int, pid: int) -> tuple[bytes, int]:
+    """What the child wrote to ``r`` and its wait status. Not "read to the end of the pipe":
+    a process the child started and left running (a lock holder, a helper forked without exec)
+    can inherit the pipe's write end and keep it open after the child exits, and a read to the
+    end then blocks for ever (seen once in the fast tier, at the first forked test). So read
+    what there is while the child lives, and once it has exited, what is left unread."""
+    import select
+
+    chunks: list[bytes] = []
+    status = None
+    try:
+        while True:
+            readable, _, _ = select.select([r], [], [], 0.2)
+            if readable:
+                chunk = os.read(r, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                continue
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                os.set_blocking(r, False)
+                while True:  # what the child wrote before it exited
+                    try:
+                        chunk = os.read(r, 1 << 16)
+                    except BlockingIOError:
+                        break
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                break
+    finally:
+        os.close(r)
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    return b"".join(chunks), status

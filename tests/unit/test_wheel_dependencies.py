@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from test_onnx_signature import mismatch_repository
 
+from tests.unit.model_repo.test_onnx_io import mismatch_repository
 from tritonfleet import ROOT
 
 SOURCES = ("pyproject.toml", "README.md", "tritonfleet", "deploys", "inventories", "files")
