@@ -1,14 +1,14 @@
-"""The whole test suite as three pytest runs side by side (``bash scripts/test``).
+"""The whole test suite as four pytest runs side by side (``bash scripts/test``).
 
 Most of the suite's time is spent waiting on test hosts (reboots, timeouts of the fault tests,
-apt inside the hosts), not computing. So the testbed tests are split in two parts, each with a
-testbed instance of its own (``TRITONFLEET_TESTBED`` = base and base + 1: own hosts, bridge,
-subnet, NAT table), and the fast tier (no test hosts) runs next to them. Every test is in exactly
+apt inside the hosts), not computing. So the testbed tests are split in three parts, each with a
+testbed instance of its own (``TRITONFLEET_TESTBED`` = base, base + 1 and base + 2: own hosts,
+bridge, subnet, NAT table), and the fast tier (no test hosts) runs next to them. Every test is in exactly
 one part (tests/unit/testbed_tooling/test_suite_parts.py checks that against pytest's own collection).
 
 Each part's output goes to a log file and is printed whole when the part ends (no interleaved
 lines); a line a minute says which parts still run. The exit status is the worst of the parts.
-Both testbed instances are taken down at the end, also after Ctrl-C.
+Every testbed instance is taken down at the end, also after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,8 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The fault tests and the fleet operations (rollouts, the rebuild from bare) are about half the
 # testbed tests' time (measured: 32 and 17 minutes of 90 on a loaded machine); the first part
-# holds them, the second everything else.
+# holds them, the second everything else but the third part's files.
 FIRST_PART_FILES = ("tests/testbed/test_faults.py", "tests/testbed/test_fleet_ops.py")
+# The third part: the run-time safety tests on real hosts (the deploy lock, the drain behind a
+# real HAProxy) and the operator-facing checks, each bringing up only what it needs, so that no
+# part runs much past the others (the second part alone had grown to over 25 minutes).
+THIRD_PART_FILES = ("tests/testbed/test_deploy_lock.py", "tests/testbed/test_drain.py",
+                    "tests/testbed/test_operator_repository.py", "tests/testbed/test_wheel.py")
 
 
 @dataclass(frozen=True)
@@ -37,19 +42,20 @@ class Part:
 
 
 def parts(base: int) -> list[Part]:
-    ignore = tuple(f"--ignore={f}" for f in FIRST_PART_FILES)
+    ignore = tuple(f"--ignore={f}" for f in FIRST_PART_FILES + THIRD_PART_FILES)
     return [
         Part("testbed-a", ("-m", "testbed", *FIRST_PART_FILES), base),
         Part("testbed-b", ("-m", "testbed", "tests", *ignore), base + 1),
+        Part("testbed-c", ("-m", "testbed", *THIRD_PART_FILES), base + 2),
         Part("fast", ("-m", "not testbed", "tests"), None),
     ]
 
 
 def base_instance() -> int:
     base = int(os.environ.get("TRITONFLEET_TESTBED", "0") or 0)
-    if not 0 <= base <= 8:
-        raise SystemExit(f"scripts/test: TRITONFLEET_TESTBED={base}: the suite uses two testbed instances, "
-                         "base and base + 1, so the base must be 0-8")
+    if not 0 <= base <= 7:
+        raise SystemExit(f"scripts/test: TRITONFLEET_TESTBED={base}: the suite uses three testbed instances, "
+                         "base to base + 2, so the base must be 0-7")
     return base
 
 

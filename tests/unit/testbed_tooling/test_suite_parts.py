@@ -42,13 +42,14 @@ def test_every_test_is_in_exactly_one_part():
     assert sorted(seen) == sorted(everything)
     # the testbed parts hold exactly the testbed-marked tests, on two instances
     assert {i.split("::")[0] for i in ids["testbed-a"]} == set(suite.FIRST_PART_FILES)
-    assert [p.instance for p in parts] == [0, 1, None]
+    assert {i.split("::")[0] for i in ids["testbed-c"]} == set(suite.THIRD_PART_FILES)
+    assert [p.instance for p in parts] == [0, 1, 2, None]
 
 
 def test_the_base_instance_leaves_room_for_the_second(monkeypatch):
-    assert [p.instance for p in suite.parts(8)][:2] == [8, 9]
-    monkeypatch.setenv("TRITONFLEET_TESTBED", "9")
-    with pytest.raises(SystemExit, match="base must be 0-8"):
+    assert [p.instance for p in suite.parts(7)][:3] == [7, 8, 9]
+    monkeypatch.setenv("TRITONFLEET_TESTBED", "8")
+    with pytest.raises(SystemExit, match="base must be 0-7"):
         suite.base_instance()
     monkeypatch.setenv("TRITONFLEET_TESTBED", "3")
     assert suite.base_instance() == 3
