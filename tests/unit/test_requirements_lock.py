@@ -72,7 +72,7 @@ def test_the_runtime_lock_is_the_installations_part_of_the_lock():
     """requirements-runtime.lock is what scripts/runtime_lock.py writes from requirements.lock, and
     it holds exactly the distributions the package requires, through their own requirements, as
     the installed packages' metadata says: no test tool, nothing missing."""
-    from test_wheel_dependencies import closure
+    from tests.unit.test_wheel_dependencies import closure
 
     assert RUNTIME.read_text() == _runtime_lock_module().runtime(LOCK.read_text(),
                                                                  (ROOT / "pyproject.toml").read_text()), \

@@ -40,4 +40,4 @@ def test_the_wheel_holds_no_test_tooling(tmp_path):
     # the record the run-time check of pyinfra's internals reads
     assert "tritonfleet/pyinfra_ext/internals.json" in names and "tritonfleet/core/errors.py" in names
     assert "tritonfleet_testbed" not in entry_points and "tritonfleet.commands" not in entry_points, entry_points
-    assert "tritonfleet = tritonfleet.cli:main" in entry_points
+    assert "tritonfleet = tritonfleet.__main__:main" in entry_points

@@ -43,6 +43,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.errors import UsageError
+
 #: ONNX's TensorProto.DataType -> Triton's data type name (the backend's ConvertFromOnnxDataType)
 ONNX_TO_TRITON = {
     1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
@@ -64,7 +66,7 @@ PROTOBUF_LIMIT = 2**31
 WIRE_TYPES = (0, 1, 2, 5)
 
 
-class OnnxReadError(ValueError):
+class OnnxReadError(UsageError, ValueError):
     """The file is not an ONNX model the backend could load."""
 
 

@@ -80,6 +80,6 @@ def test_a_command_ends_with_its_name_the_message_and_the_status(tmp_path):
     from tritonfleet.cli import main
 
     res = CliRunner().invoke(main, ["status", str(tmp_path / "missing.py")])
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output  # bad input
     assert f"tritonfleet status: inventory {tmp_path / 'missing.py'} not found" in res.output
     assert "Traceback" not in res.output

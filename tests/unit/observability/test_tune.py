@@ -307,7 +307,8 @@ def test_no_window_is_waited_when_every_host_failed_its_first_read(monkeypatch):
     from tests.support.tritonproc import free_port
 
     data = {name: ast.literal_eval(default) for name, default, _ in read()}
-    hosts = [FleetHost(f"down-{i}", ["cpu"], {**data, "ssh_hostname": "127.0.0.1",
+    # no restricted API: no API key to read over SSH (these hosts have no SSH connection)
+    hosts = [FleetHost(f"down-{i}", ["cpu"], {**data, "ssh_hostname": "127.0.0.1", "triton_restricted_apis": [],
                                               "triton_metrics_port": free_port(), "triton_http_port": free_port()})
              for i in range(2)]
     waited = []

@@ -129,7 +129,10 @@ def test_a_misspelled_name_is_refused_with_a_known_name_to_use(name, data):
     if wrong in check.known_names() or not wrong:
         return
     (problem,) = check.problems("h1", {wrong: DEFAULTS[name]}, lambda k: "group_data/t4.py", GPU_CLASSES)
-    assert problem.key == wrong and "is no setting of tritonfleet or pyinfra: did you mean " in problem.why
+    assert problem.key == wrong and problem.why.startswith("is no setting of tritonfleet or pyinfra")
+    if len(name) <= 3:  # "lb" swapped is "bl": too short for a likeness to mean anything
+        return
+    assert ": did you mean " in problem.why, problem.why
     suggested = problem.why.split("did you mean ", 1)[1].split("?", 1)[0]
     assert suggested in check.known_names()
 
