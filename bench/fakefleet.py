@@ -12,7 +12,10 @@ deploy can never be measured against stale answers.
     .venv/bin/python bench/fakefleet.py record [--host NAME]
     .venv/bin/python bench/fakefleet.py record --ansible [--host NAME]   # the Ansible anchor's answers
     # serve N fake hosts, write their inventory data, run until SIGTERM/SIGINT
-    .venv/bin/python bench/fakefleet.py serve --hosts 100 --hosts-file bench/.work/fake-hosts.json
+    .venv/bin/python bench/fakefleet.py serve --hosts 100 --hosts-file bench/.work/fake-hosts.json \
+        [--log bench/.work/received.jsonl]    # every command and request received, exactly
+    .venv/bin/python bench/fakefleet.py commands bench/.work/received.jsonl  # as matched, per host:
+        # the oracle of a refactor (two runs of the same deploy print the same text)
     # (one process answers a few hundred hosts before it is CPU-bound: bench/scale.py splits a
     # fleet over processes with --shard I --shards K, each its own hosts file, merged)
     .venv/bin/pyinfra -y bench/fake_inventory.py deploys/triton.py   # TRITONFLEET_FAKEFLEET=<hosts file>
@@ -40,6 +43,7 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -52,6 +56,14 @@ ANSWERS = Path(__file__).resolve().parent / "fakefleet.json"
 ANSIBLE_ANSWERS = Path(__file__).resolve().parent / "fakefleet-ansible.json"
 SSH_PORT = 2222
 HOST_MARK, ADDR_MARK = "@@HOST@@", "@@ADDR@@"
+# inventory data that names files of the machine a recording was made on, not the recorded
+# host's state: the stand-in image archives (tritonfleet_testbed.standin_images) are built on
+# each machine and their image IDs differ from build to build (layer times), so a replay that
+# kept them sent every fake host down the `docker load` path, which a converged host never
+# takes. Without them the deploy asks the host for the image (DockerImageId), finds it, and
+# sends the same commands as with them (steps/triton.py ensure_image: one fact either way); the
+# fake hosts get a client key of their own (write_hosts) in place of the recorded ssh_key.
+LOCAL_ARTEFACTS = ("image_archives",)
 
 
 class UnknownCommand(Exception):
@@ -165,8 +177,6 @@ class Answers:
         self.unknown: list[tuple[str, str]] = []  # (host, command as received)
         self.counts: dict[str, int] = {}  # remote commands a host answered
         self.http_counts: dict[str, int] = {}  # HTTP requests (the health gate's)
-        #: (host, what it was asked, as matched: normalised) in the order they came, for --command-log
-        self.received: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
     @classmethod
@@ -197,14 +207,19 @@ class Answers:
         body = normalise(body.decode(errors="replace"), host, address).encode()
         return f"{port} {method} {normalise(path, host, address)} {hashlib.sha256(body).hexdigest()[:16]}"
 
+    @staticmethod
+    def command_key(command: str, host: str, address: str, stdin: bytes | None = None) -> str:
+        """A command as it is matched against the recording (normalised; a pipelined command by
+        what it read on stdin too)."""
+        return normalise(command, host, address) if stdin is None else stdin_key(command, stdin, host, address)
+
     def answer(self, command: str, host: str, address: str,
                stdin: bytes | None = None) -> tuple[str, str, int, bool]:
         """``stdin``: what a pipelined command (PIPELINED) read to EOF, part of its key."""
-        key = normalise(command, host, address) if stdin is None else stdin_key(command, stdin, host, address)
+        key = self.command_key(command, host, address, stdin)
         rec = self.commands.get(key)
         with self._lock:
             self.counts[host] = self.counts.get(host, 0) + 1
-            self.received.append((host, f"ssh {key}"))
             if rec is None:
                 self.unknown.append((host, command))
         if rec is None:
@@ -217,7 +232,6 @@ class Answers:
         rec = self.http.get(key)
         with self._lock:
             self.http_counts[host] = self.http_counts.get(host, 0) + 1
-            self.received.append((host, f"http {key}"))
             if rec is None:
                 self.unknown.append((host, key))
         if rec is None:
@@ -226,7 +240,7 @@ class Answers:
 
     def add(self, command: str, host: str, address: str, stdout: str, stderr: str, status: int,
             stdin: bytes | None = None) -> None:
-        key = normalise(command, host, address) if stdin is None else stdin_key(command, stdin, host, address)
+        key = self.command_key(command, host, address, stdin)
         rec = {"stdout": normalise(stdout, host, address), "stderr": normalise(stderr, host, address),
                "status": status, "hold": bool(HOLD.search(key))}
         if stdin is not None:  # what it ran, for a reader of the file (the key holds only a hash)
@@ -295,8 +309,11 @@ class FakeFleet:
     command goes to this paramiko-connect kwargs' host and its answer is recorded."""
 
     def __init__(self, hosts: list[tuple[str, str]], answers: Answers, port: int = SSH_PORT,
-                 upstream: dict | None = None, upstream_name: str | None = None, http_ports: tuple[int, ...] = ()):
+                 upstream: dict | None = None, upstream_name: str | None = None, http_ports: tuple[int, ...] = (),
+                 log: Path | None = None):
         self.http_ports = http_ports
+        # every command and HTTP request as received, one JSON line each (serve --log)
+        self.log = open(log, "a", buffering=1) if log else None  # noqa: SIM115 - closed in stop()
         self.hosts, self.answers, self.port, self.upstream = hosts, answers, port, upstream
         self.upstream_name = upstream_name
         self.key = paramiko.ECDSAKey.generate(bits=256)
@@ -363,6 +380,19 @@ class FakeFleet:
         with self._lock:  # the transport's own thread serves it; channels are answered by exec threads
             self.transports.append(t)
 
+    def received(self, host: str, kind: str, text: str, key: Callable[[], str], answered: bool,
+                 status: int | None = None) -> None:
+        """One line of the --log file: what a fake host was sent, exactly (``request``), as it was
+        matched against the recording (``key``: normalised, what ``commands`` prints), and whether
+        the recording answered it (``status``: the exit status or HTTP status it got). ``key`` is
+        computed only when there is a log."""
+        if self.log is None:
+            return
+        line = json.dumps({"time": round(time.time(), 3), "host": host, "kind": kind, "answered": answered,
+                           "status": status, "request": text, "key": key()})
+        with self._lock:
+            self.log.write(line + "\n")
+
     def fail(self, host: str, what: str) -> None:
         msg = f"{host}: {what}"
         with self._lock:
@@ -381,12 +411,19 @@ class FakeFleet:
                     channel.sendall_stderr(f"fakefleet: stdin not closed within {STDIN_TIMEOUT} s\n".encode())
                     channel.send_exit_status(255)
                     return
+
+            def key() -> str:
+                return Answers.command_key(command, server.host, server.address, stdin)
+
             if self.upstream is not None:
                 out, err, status = self._forward(server, command, stdin)
+                self.received(server.host, "ssh", command, key, True, status)
             else:
                 try:
                     out, err, status, hold = self.answers.answer(command, server.host, server.address, stdin)
+                    self.received(server.host, "ssh", command, key, True, status)
                 except UnknownCommand as e:
+                    self.received(server.host, "ssh", command, key, False, 255)
                     self.fail(server.host, f"command {str(e)[:3000]!r}")
                     out, err, status = "", f"fakefleet: no recorded answer for this command on {server.host}: " \
                                            f"{command[:500]}\n", 255
@@ -430,6 +467,10 @@ class FakeFleet:
             t.close()
         for s in self.socks:
             s.close()
+        if self.log is not None:
+            with self._lock:
+                self.log.close()
+                self.log = None
 
     def http(self, name: str, addr: str, port: int, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
         if self.upstream is not None:
@@ -443,11 +484,18 @@ class FakeFleet:
             with self.answers._lock:
                 self.answers.http[key] = {"status": status, "type": ctype, "body": normalise(text, name, addr)}
             return status, ctype, data
+        request = f"{port} {method} {path}" + (f" <{len(body)} bytes: {body[:200]!r}>" if body else "")
+
+        def key() -> str:
+            return Answers.http_key(port, method, path, body, name, addr)
+
         try:
             rec = self.answers.http_answer(port, method, path, body, name, addr)
         except UnknownCommand as e:
+            self.received(name, "http", request, key, False, 599)
             self.fail(name, f"HTTP request {e}")
             return 599, "text/plain", f"fakefleet: no recorded answer for {method} {path} on {name}\n".encode()
+        self.received(name, "http", request, key, True, rec["status"])
         return rec["status"], rec["type"], rec["body"].encode()
 
 
@@ -513,12 +561,18 @@ def shard(hosts: list[tuple[str, str]], i: int, k: int) -> list[tuple[str, str]]
     return hosts[i::k]
 
 
+def replayable(data: dict) -> dict:
+    """The recorded host's inventory data without what names the recording machine's own build
+    artefacts (LOCAL_ARTEFACTS): what a replay on any machine, or a recording, gives the fake hosts."""
+    return {k: v for k, v in data.items() if k not in LOCAL_ARTEFACTS}
+
+
 def write_hosts(path: Path, hosts: list[tuple[str, str]], answers: Answers, port: int,
                 own_key: bool = True) -> None:
     """The hosts file bench/fake_inventory.py reads. ``own_key``: the fake hosts get a client key
     of their own next to it (they accept any key), so the recorded host's key need not exist."""
     meta = answers.meta
-    data = dict(meta.get("data", {}))
+    data = replayable(meta.get("data", {}))
     if own_key:
         key = path.parent / "fakefleet-client-key"
         if not key.exists():
@@ -529,17 +583,26 @@ def write_hosts(path: Path, hosts: list[tuple[str, str]], answers: Answers, port
                                 "hosts": [[n, a] for n, a in hosts]}, indent=1))
 
 
-def write_command_log(path: Path, answers: Answers) -> None:
-    """Every request the fake hosts received, as matched (normalised: per-host values and volatile
-    parts masked), one line each: ``host<TAB>ssh|http<space>key``, per host in the order received.
-    Two runs of the same deploy give the same file, so a change that should change nothing on the
-    wire (a refactor) is compared byte for byte against a run of the code before it."""
-    with answers._lock:
-        received = list(answers.received)
+# parts of a request that differ from run to run but are no part of what the deploy decides: a
+# failure record's time stamp (tritonfleet.core.report), as written and as JSON inside a command
+VIEW_VOLATILE = [(re.compile(r'(\\?"time\\?": \\?")[0-9T:Z.-]+'), r"\1@@TIME@@")]
+
+
+def command_log(logs: list[Path], skip: dict[Path, int] | None = None) -> str:
+    """The --log files as a refactor's oracle: every request as it was matched (``key``:
+    per-host values and volatile parts masked), one line each, ``host<TAB>ssh|http<space>key``,
+    per host in the order received, hosts sorted. Two runs of the same deploy print the same
+    text, so a change that should change nothing on the wire is compared byte for byte against a
+    run of the code before it. ``skip``: lines of each file already seen (an earlier run's)."""
     by_host: dict[str, list[str]] = {}
-    for host, what in received:
-        by_host.setdefault(host, []).append(what.replace("\n", "\\n"))
-    path.write_text("".join(f"{h}\t{line}\n" for h in sorted(by_host) for line in by_host[h]))
+    for path in logs:
+        for line in path.read_text().splitlines()[(skip or {}).get(path, 0):]:
+            rec = json.loads(line)
+            key = rec["key"]
+            for pattern, mask in VIEW_VOLATILE:
+                key = pattern.sub(mask, key)
+            by_host.setdefault(rec["host"], []).append(f"{rec['kind']} {key}".replace("\n", "\\n"))
+    return "".join(f"{h}\t{line}\n" for h in sorted(by_host) for line in by_host[h])
 
 
 def _testbed() -> int:
@@ -553,7 +616,8 @@ def serve(args, stop: threading.Event | None = None) -> int:
     answers = Answers.load(Path(args.answers))
     hosts = addresses(args.hosts, _testbed())
     hosts = shard(hosts, args.shard, args.shards)
-    fleet = FakeFleet(hosts, answers, port=args.port, http_ports=_http_ports(answers.meta.get("data", {})))
+    fleet = FakeFleet(hosts, answers, port=args.port, http_ports=_http_ports(answers.meta.get("data", {})),
+                      log=Path(args.log) if args.log else None)
     fleet.start()
     write_hosts(Path(args.hosts_file), hosts, answers, args.port)
     if stop is None:
@@ -565,8 +629,6 @@ def serve(args, stop: threading.Event | None = None) -> int:
             with answers._lock:
                 Path(args.counts_file).write_text(json.dumps({"counts": answers.counts, "http": answers.http_counts,
                                                             "failures": fleet.failures}))
-        if getattr(args, "command_log", None):
-            write_command_log(Path(args.command_log), answers)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, dump)
@@ -600,9 +662,9 @@ def record(args) -> int:
     from tritonfleet.settings.defaults import DEFAULTS
 
     # everything the host's inventory and group data set (the defaults apply to the fake hosts too)
-    data = {k: v for k, v in h.data.items()
-            if not k.startswith("_pyinfra") and k not in ("ssh_hostname", "ssh_port")
-            and (k not in DEFAULTS or DEFAULTS[k] != v)}
+    data = replayable({k: v for k, v in h.data.items()
+                       if not k.startswith("_pyinfra") and k not in ("ssh_hostname", "ssh_port")
+                       and (k not in DEFAULTS or DEFAULTS[k] != v)})
     json.dumps(data)  # fails here, naming the value, if some data is not plain JSON
     answers = Answers(meta={"group": group, "data": data, "recorded_from": h.name,
                             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -736,8 +798,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, default=SSH_PORT)
     s.add_argument("--shard", type=int, default=0, help="serve every SHARDS-th host from this one (0-based)")
     s.add_argument("--shards", type=int, default=1, help="processes the fleet is split over")
-    s.add_argument("--command-log", help="write every request the fake hosts received (normalised, per host "
-                                         "in order) to this file when the server stops")
+    s.add_argument("--log", help="append every command and HTTP request received, as JSON lines (host, kind, "
+                   "answered, status, request: exactly; key: as matched, what `commands` prints)")
+    c = sub.add_parser("commands", help="print serve --log files as matched, per host (a refactor's oracle)")
+    c.add_argument("logs", nargs="+")
     r = sub.add_parser("record")
     r.add_argument("--host")
     r.add_argument("--answers", help=f"default {ANSWERS.name}, with --ansible {ANSIBLE_ANSWERS.name}")
@@ -747,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.what == "serve":
         return serve(args)
+    if args.what == "commands":
+        sys.stdout.write(command_log([Path(p) for p in args.logs]))
+        return 0
     if args.ansible:
         return record_ansible(args)
     args.answers = args.answers or str(ANSWERS)

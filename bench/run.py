@@ -11,6 +11,13 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py bare [--runs 3]     # bare host -> serving
     .venv/bin/python bench/run.py scale [--sizes 1,10,50,100,200,500]  # control side, fake fleet
         [--ansible-forks 5,auto] [--ansible-max-hosts 100] [--ansible-only]   # its Ansible anchor
+        [--pull-sizes 500,2000]                        # pull-mode rollout rows (bench/pull_scale.py)
+    .venv/bin/python bench/run.py replay-check [--hosts 3]   # the fake fleet's recording against
+        # today's deploy: no-op, status, plan on a few fake hosts; exit 1 on anything unanswered;
+        # every command received in bench/.work/replay-check.jsonl, each check's as matched in
+        # bench/.work/replay-check/<check>.commands (about 15 s)
+        [--against TREE]   # and the same checks run by another checkout (the code before a change)
+        # on the same recording: exit 1 unless both sent the same, byte for byte (docs/architecture.md)
 
 Brings the testbed up (and deploys it) as each measurement needs, generates its test data under
 bench/.work and removes it again (--keep keeps it). Leaves the testbed running; `tritonfleet
@@ -426,8 +433,13 @@ def bench_scale(results: Results, sizes: list[int], args) -> int:
     import ansible_scale
     import scale
 
+    pull = None if args.pull_sizes is None else [int(x) for x in args.pull_sizes.split(",") if x]
+    if ansible_scale.parse_forks(args.ansible_forks) and not ANSIBLE.exists():
+        # a fresh clone: the Ansible anchor's own virtualenv first (no manual step)
+        log("Ansible for the anchor rows is not installed here: bash bench/setup")
+        sh(["bash", str(BENCH / "setup")], timeout=1800)
     rows = scale.run_scale(sizes, ansible_scale.parse_forks(args.ansible_forks), args.ansible_max_hosts,
-                           args.ansible_only)
+                           args.ansible_only, pull)
     results.meta["seconds"] = sum(r["wall"] for r in rows)
     results.meta["scale"] = rows
     out = BENCH / "results"
@@ -442,9 +454,25 @@ def bench_scale(results: Results, sizes: list[int], args) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
+def replay_check(scale, hosts: int, against: str | None) -> int:
+    """bench/scale.py replay_check on this tree; with ``against``, on that checkout too, and the
+    two trees' requests compared."""
+    rc = scale.replay_check(hosts, WORK / "replay-check.jsonl", commands=WORK / "replay-check")
+    if against is None:
+        return rc
+    tree = Path(against).resolve()
+    if not (tree / "tritonfleet").is_dir() or not (tree / "bench" / "scale.py").is_file():
+        raise SystemExit(f"--against {against}: not a checkout of this repository (no tritonfleet/, bench/scale.py)")
+    log(f"the same checks, run by {tree}")
+    theirs = scale.replay_check(hosts, WORK / "replay-check-against.jsonl", tree=tree,
+                                commands=WORK / "replay-check-against")
+    same = scale.compare_commands(WORK / "replay-check", WORK / "replay-check-against", str(tree))
+    return rc or theirs or same
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "scale", "all"])
+    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "scale", "replay-check", "all"])
     ap.add_argument("--sizes", default="1,10,50,100,200,500", help="fake fleet sizes for scale")
     ap.add_argument("--ansible-forks", default="5,auto",
                     help="scale: Ansible no-op runs a size, by forks (auto: 20 x CPUs, pyinfra's parallelism; "
@@ -452,8 +480,13 @@ def main() -> int:
     ap.add_argument("--ansible-max-hosts", type=int, default=100,
                     help="scale: sizes above this skip the Ansible no-op (logged)")
     ap.add_argument("--ansible-only", action="store_true", help="scale: the Ansible no-op alone")
+    ap.add_argument("--pull-sizes", default=None,
+                    help="scale: fake self-converging hosts for the pull-mode rollout rows (default 500,2000; '' none)")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--hosts", type=int, default=10, help="hosts for the parallel measurement")
+    ap.add_argument("--hosts", type=int, default=None,
+                    help="hosts for the parallel measurement (default 10) and replay-check (default 3)")
+    ap.add_argument("--against", default=None, metavar="TREE",
+                    help="replay-check: run the same checks with another checkout's code and compare what each sent")
     ap.add_argument("--size-gb", type=float, default=10.0, help="model repository size for sync")
     ap.add_argument("--sync-runs", type=int, default=3, help="full 10 GB transfers per tool")
     ap.add_argument("--bare-runs", type=int, default=3)
@@ -469,10 +502,15 @@ def main() -> int:
     t0 = time.perf_counter()
     if args.what == "scale":  # no testbed host: bench/fakefleet.py's fake fleet (not part of all)
         return bench_scale(results, [int(x) for x in args.sizes.split(",")], args)
+    if args.what == "replay-check":  # no testbed host either
+        sys.path.insert(0, str(BENCH))
+        import scale
+
+        return replay_check(scale, args.hosts or 3, args.against)
     if args.what in ("noop", "all"):
         bench_noop(results, args.runs)
     if args.what in ("parallel", "all"):
-        bench_parallel(results, args.runs, args.hosts)
+        bench_parallel(results, args.runs, args.hosts or 10)
     if args.what in ("sync", "all"):
         bench_sync(results, args.sync_runs, args.size_gb, args.keep)
     if args.what in ("bare", "all"):

@@ -25,7 +25,8 @@ BIN = Path(sys.executable).parent
 SIZES = [1, 10, 50, 100, 200, 500]
 DOCS = ROOT / "docs"
 TIMEOUT = 900
-SPLIT_FROM = 100  # the no-op split over one process per CPU is measured from this many hosts on
+WORKERS_FROM = 100  # rows with worker processes from this many hosts on (as the split rows were)
+PULL_SIZES = [500, 2000]  # pull-mode rollout rows (bench/pull_scale.py)
 
 
 def log(msg: str) -> None:
@@ -104,9 +105,12 @@ class Fleet:
     """A fake fleet of ``n`` hosts, split over one process per HOSTS_PER_SHARD hosts; its hosts
     file is the shards' files merged (what bench/fake_inventory.py reads)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, log: Path | None = None):
+        """``log``: every shard appends what its hosts were sent to a file of its own (``log`` when
+        there is one shard, ``<log stem>.<shard>.jsonl`` otherwise; fakefleet.py serve --log)."""
         self.n = n
         self.shards = max(1, -(-n // HOSTS_PER_SHARD))
+        self.logs: list[Path] = []
         self.hosts_file = WORK / f"fake-hosts-{n}.json"
         self.procs: list[subprocess.Popen] = []
         self.counts_files: list[Path] = []
@@ -115,9 +119,15 @@ class Fleet:
             for i in range(self.shards):  # one at a time: the first writes the client key the others reuse
                 hosts_file, counts = WORK / f"fake-hosts-{n}.{i}.json", WORK / f"fake-counts-{n}.{i}.json"
                 counts.unlink(missing_ok=True)
+                extra = []
+                if log is not None:
+                    self.logs.append(log if self.shards == 1 else log.with_name(f"{log.stem}.{i}.jsonl"))
+                    self.logs[-1].unlink(missing_ok=True)
+                    extra = ["--log", str(self.logs[-1])]
                 p = subprocess.Popen([str(BIN / "python"), str(BENCH / "fakefleet.py"), "serve", "--hosts", str(n),
                                       "--shard", str(i), "--shards", str(self.shards), "--hosts-file", str(hosts_file),
-                                      "--counts-file", str(counts)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                                      "--counts-file", str(counts), *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                                     text=True)
                 self.procs.append(p)
                 self.counts_files.append(counts)
                 if "ready" not in p.stdout.readline():
@@ -205,7 +215,8 @@ class Fleet:
 
 
 def run_scale(sizes: list[int] | None = None, ansible_forks: list[int] | None = None,
-              ansible_max_hosts: int | None = None, ansible_only: bool = False) -> list[dict]:
+              ansible_max_hosts: int | None = None, ansible_only: bool = False,
+              pull_sizes: list[int] | None = None) -> list[dict]:
     """``ansible_forks``: the Ansible anchor's runs a size (bench/ansible_scale.py; [] for none),
     up to ``ansible_max_hosts`` hosts; ``ansible_only``: those alone."""
     import ansible_scale
@@ -217,14 +228,17 @@ def run_scale(sizes: list[int] | None = None, ansible_forks: list[int] | None = 
     py = str(BIN / "python")
     inv = "bench/fake_inventory.py"
     cpus = os.cpu_count() or 1
-    split = f"no-op deploy, {cpus} processes"
+    tf = str(BIN / "tritonfleet")
+    # one process (pyinfra runs on one core), then the same spread over one worker process per
+    # CPU (tritonfleet.fleet.workers) from WORKERS_FROM hosts on
+    spread = {f"no-op deploy, {cpus} workers", f"status, {cpus} workers", f"rollout plan, {cpus} workers"}
     what = {
         "no-op deploy": [py, str(BENCH / "cmdprofile.py"), "--", "-y", inv, "deploys/triton.py"],
-        # the same no-op as one pyinfra process per CPU, each on a --limit slice of the inventory
-        # (pyinfra runs on one core): from SPLIT_FROM hosts on
-        split: [py, str(BENCH / "scale.py"), "split", str(cpus), inv, "deploys/triton.py"],
-        "status": [str(BIN / "tritonfleet"), "status", "--json", inv],
-        "rollout plan": [py, str(BENCH / "scale.py"), "plan", inv, "deploys/triton.py"],
+        f"no-op deploy, {cpus} workers": [tf, "deploy", inv, "deploys/triton.py", "--workers", str(cpus)],
+        "status": [tf, "status", "--json", inv, "--data", "fleet_workers=1"],
+        f"status, {cpus} workers": [tf, "status", "--json", inv, "--data", f"fleet_workers={cpus}"],
+        "rollout plan": [py, str(BENCH / "scale.py"), "plan", inv, "deploys/triton.py", "1"],
+        f"rollout plan, {cpus} workers": [py, str(BENCH / "scale.py"), "plan", inv, "deploys/triton.py", str(cpus)],
     }
     rows = []
     for n in sizes:
@@ -234,7 +248,7 @@ def run_scale(sizes: list[int] | None = None, ansible_forks: list[int] | None = 
             anchor = ansible_scale.commands(n, fleet.hosts_file, ansible_forks,
                                             ansible_max_hosts or ansible_scale.MAX_HOSTS)
             for name, cmd in (({} if ansible_only else what) | anchor).items():
-                if name == split and (n < SPLIT_FROM or cpus < 2):
+                if name in spread and (n < WORKERS_FROM or cpus < 2):
                     continue
                 fake0 = fleet.cpu()
                 r = measured(cmd, fleet.env)
@@ -259,7 +273,122 @@ def run_scale(sizes: list[int] | None = None, ansible_forks: list[int] | None = 
             log(f"the fake fleet of {n} hosts exited {rc}: some request had no recorded answer (above): a "
                 "host took a path a converged host does not (its row is FAILED), or the deploy changed: "
                 "re-record with `python bench/fakefleet.py record`")
+    for n in ([] if ansible_only else (PULL_SIZES if pull_sizes is None else pull_sizes)):
+        import pull_scale
+
+        log(f"pull-mode rollout, {n} fake self-converging hosts")
+        row = pull_scale.run(n)
+        rows.append(row)
+        log(f"  pull rollout: {row['wall']:.1f} s wall, {row['cpu']:.1f} s CPU ({row['cpu'] / n * 1000:.1f} ms/host; "
+            f"fake hosts {row['fake_cpu']:.1f} s, nginx {row['origin_cpu']:.1f} s), {row['batches']} batches"
+            f"{'' if row['ok'] else ' FAILED: ' + row['error'][:1500]}")
     return rows
+
+
+# what `bench/run.py replay-check` runs against the fake hosts: everything the recording covers
+REPLAY_CHECKS = ("no-op deploy", "status", "rollout plan")
+
+
+def replay_check(n: int, received: Path, checks: tuple[str, ...] = REPLAY_CHECKS, tree: Path = ROOT,
+                 commands: Path | None = None) -> int:
+    """The recorded answers (bench/fakefleet.json) checked against today's deploy on ``n`` fake
+    hosts: the no-op deploy (which must change nothing), `tritonfleet status` and a rollout's plan
+    step. Exit status 1 if any run failed or any host was sent a command or request the
+    recording has no answer for (a changed deploy, or a recording that no longer replays);
+    ``received`` gets every command and request the fake hosts received (JSON lines).
+
+    ``tree``: the checkout whose package, deploy files and plan step run, with its own virtualenv
+    (another one than this: the code before a change, against this recording and fake fleet; its
+    own installed package, since pyinfra loads every installed connector). ``commands``: a directory
+    that gets each check's requests as matched, per host (``<check>.commands``, fakefleet.py
+    commands): two trees that send the same give the same files, byte for byte."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    bin_dir = BIN if tree == ROOT else tree / ".venv" / "bin"
+    if not (bin_dir / "pyinfra").exists():
+        raise SystemExit(f"[bench] {tree} has no virtualenv of its own: `bash scripts/setup` there first")
+    py, inv = str(bin_dir / "python"), "bench/fake_inventory.py"
+    cmds = {"no-op deploy": [str(bin_dir / "pyinfra"), "-y", inv, "deploys/triton.py"],
+            "status": [str(bin_dir / "tritonfleet"), "status", "--json", inv],
+            "rollout plan": [py, str(tree / "bench" / "scale.py"), "plan", inv, "deploys/triton.py"]}
+    bad = []
+    fleet = Fleet(n, log=received)
+    if commands is not None:
+        sys.path.insert(0, str(BENCH))
+        import fakefleet
+
+        commands.mkdir(parents=True, exist_ok=True)
+    seen: dict[Path, int] = {}
+    try:
+        for name in checks:
+            t0 = time.perf_counter()
+            res = subprocess.run(cmds[name], cwd=tree, env=fleet.env, capture_output=True, text=True,
+                                 timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+            _, _, unanswered = fleet.commands()  # the fake hosts wrote every request before answering it
+            if commands is not None:
+                (commands / f"{name.replace(' ', '-')}.commands").write_text(fakefleet.command_log(fleet.logs, seen))
+                seen = {p: len(p.read_text().splitlines()) for p in fleet.logs}
+            ok = res.returncode == 0 or (name == "status" and res.returncode == 1 and _all_reachable(res.stdout, n))
+            changed = changed_operations(res.stderr) if name == "no-op deploy" else []
+            log_line = f"{name} on {n} fake hosts: exit {res.returncode}, {time.perf_counter() - t0:.1f} s"
+            if ok and not unanswered and not changed:
+                log(f"{log_line}: every request answered")
+                continue
+            bad.append(name)
+            log(f"{log_line}: FAILED")
+            for f in unanswered[:10]:
+                log(f"  no recorded answer: {f[:800]}")
+            for op in changed:
+                log(f"  not a no-op: {op} changed")
+            if not ok:
+                log(f"  its output ends:\n{res.stderr[-3000:]}")
+    finally:
+        rc = fleet.stop()
+    if rc != 0 and not bad:
+        bad.append("fake fleet")
+        log(f"the fake fleet exited {rc}: some request had no recorded answer (above)")
+    log(f"every command and request received: {', '.join(str(p.relative_to(ROOT)) for p in fleet.logs)}")
+    if bad:
+        log(f"replay check FAILED ({', '.join(bad)}): if the deploy changed on purpose, re-record "
+            "(docs/scale.md, Re-recording); otherwise the change sends a converged host something new")
+        return 1
+    log("replay check passed: the recording answers today's deploy whole")
+    return 0
+
+
+def compare_commands(ours: Path, theirs: Path, label: str) -> int:
+    """``ours`` and ``theirs`` (replay_check's ``commands`` directories) byte for byte: 0 when
+    every check sent the same, else 1 with the first differing lines of each check that did not."""
+    import difflib
+
+    differ = []
+    for f in sorted(ours.glob("*.commands")):
+        other = theirs / f.name
+        a, b = f.read_text(), other.read_text() if other.exists() else ""
+        if a == b:
+            log(f"{f.stem}: the same {len(a.splitlines())} requests as {label}")
+            continue
+        differ.append(f.stem)
+        log(f"{f.stem}: NOT what {label} sends ({len(b.splitlines())} requests there, {len(a.splitlines())} here):")
+        for line in list(difflib.unified_diff(b.splitlines(), a.splitlines(), label, "this tree", n=0, lineterm=""))[:40]:
+            log(f"  {line[:400]}")
+    if differ:
+        log(f"the commands differ from {label}'s ({', '.join(differ)}): {ours} and {theirs} hold them")
+        return 1
+    log(f"every check sent byte for byte what {label} sends")
+    return 0
+
+
+def changed_operations(stderr: str) -> list[str]:
+    """Operations pyinfra's results table shows as changed (a success count) that are not checks
+    (tritonfleet.pyinfra_ext.check: a check "succeeds" by finding nothing to do): a no-op changes none."""
+    import re
+
+    sys.path.insert(0, str(ROOT))
+    from tritonfleet.core.checks import is_check
+
+    rows = re.findall(r"^\s+(\S.*?)\s+\d+\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", stderr, re.M)
+    return [name for name, success, *_ in rows
+            if success not in ("-", "0") and not is_check(name) and name != "Grand total"]
 
 
 def _all_reachable(stdout: str, n: int) -> bool:
@@ -277,9 +406,14 @@ def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(f"| {r['what']} | {r['hosts']} | {r['wall']:.1f} s | {r['cpu']:.1f} s | "
-                     f"{r['cpu'] / r['hosts'] * 1000:.0f} ms | {r.get('fake_cpu', 0):.1f} s | {r['rss_mb']:.0f} MB | {r.get('tree_mb', 0):.0f} MB in {r.get('procs', 0)} | {r['commands_per_host']} | {r['http_per_host']} | "
+                     f"{_ms(r['cpu'] / r['hosts'])} | {r.get('fake_cpu', 0) + r.get('origin_cpu', 0):.1f} s | {r['rss_mb']:.0f} MB | {r.get('tree_mb', 0):.0f} MB in {r.get('procs', 0)} | {r['commands_per_host']} | {r['http_per_host']} | "
                      f"{'ok' if r['ok'] else _failed(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1000
+    return f"{ms:.1f} ms" if ms < 10 else f"{ms:.0f} ms"
 
 
 def _failed(r: dict) -> str:
@@ -333,16 +467,17 @@ def write_docs(rows: list[dict], meta: dict) -> None:
         doc.write_text(text)
 
 
-def plan(inventory: str, deploy: str) -> int:
+def plan(inventory: str, deploy: str, k: int = 1) -> int:
     """A rollout's plan step alone: probe every target, then the `--dry` run of the deploy on the
-    reachable ones (what `tritonfleet rollout` does before its first batch)."""
+    reachable ones (what `tritonfleet rollout` does before its first batch), over ``k`` worker
+    processes (tritonfleet.fleet.workers, as the rollout does)."""
     sys.path.insert(0, str(ROOT))
     from tritonfleet.fleet import inventory as fleet
-    from tritonfleet.fleet import probe, rollout
+    from tritonfleet.fleet import probe, workers
     from tritonfleet.fleet.rollout.plan import _plan_error
 
     hosts = fleet.load_inventory(inventory)
-    before = fleet.parallel(hosts, probe.probe)
+    before = workers.parallel(hosts, probe.probe, workers=k)
     for h in hosts:
         fleet.disconnect(h)
     targets = [h.name for h, st in zip(hosts, before, strict=True) if st.reachable]
@@ -350,32 +485,16 @@ def plan(inventory: str, deploy: str) -> int:
         print(f"unreachable: {[h.name for h, st in zip(hosts, before, strict=True) if not st.reachable]}",
               file=sys.stderr)
         return 1
-    dry = rollout.run_pyinfra(inventory, deploy, targets, {}, dry=True, log_path=WORK / "scale-plan.log")
+    dry = workers.run_pyinfra(inventory, deploy, targets, {}, settings=None, dry=True, log_path=WORK / "scale-plan.log", workers=k)
     if dry.rc != 0:
         print("\n".join(_plan_error(dry.log)), file=sys.stderr)
     return dry.rc
 
 
-def split(k: int, inventory: str, deploy: str) -> int:
-    """The no-op deploy as ``k`` pyinfra processes side by side, each with a --limit slice of the
-    fleet (every k-th host): what an operator does to use more than one core of the control
-    machine (docs/scale.md). Exit status: the worst of them."""
-    hosts = [name for name, _ in json.loads(Path(os.environ["TRITONFLEET_FAKEFLEET"]).read_text())["hosts"]]
-    procs = []
-    for i in range(k):
-        limits = [a for h in hosts[i::k] for a in ("--limit", h)]
-        if limits:
-            procs.append(subprocess.Popen([sys.executable, str(BENCH / "cmdprofile.py"), "--", "-y", *limits,
-                                           inventory, deploy], cwd=ROOT))
-    return max(p.wait() for p in procs)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "plan":
-        sys.exit(plan(sys.argv[2], sys.argv[3]))
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "plan":
+        sys.exit(plan(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) == 5 else 1))
     if len(sys.argv) == 3 and sys.argv[1] == "replot":
         sys.exit(replot(Path(sys.argv[2])))
-    if len(sys.argv) == 5 and sys.argv[1] == "split":
-        sys.exit(split(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
     print(__doc__)
     sys.exit(2)

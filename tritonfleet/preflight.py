@@ -105,8 +105,9 @@ def check_host_key_policy() -> None:
 
 
 def check_model_repository() -> None:
-    # Triton's config schema (protobuf): loaded only by the deploys that have models
-    from .model_repo.validate import validate_repository
+    # Triton's config schema (protobuf): loaded only by the deploys that have models, and only
+    # when the repository changed since it was last found valid (tritonfleet.model_repo.verdicts)
+    from .model_repo.verdicts import validate_repository
 
     src = Path(config.get("model_repository"))
     if not src.is_dir():

@@ -78,14 +78,21 @@ def status_table(rows: list[probe.HostStatus]) -> str:
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per host")
-def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_json: bool) -> None:
+@click.option("--pull", "pull_origin", default=None, metavar="ORIGIN",
+              help="self-converging hosts: their reports on this origin directory (no SSH)")
+def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_json: bool,
+               pull_origin: str | None) -> None:
     """One row a host: reachable, GPUs, driver, toolkit, Docker, Triton image, unit, models ready,
     live release, last deploy, and drift from what the inventory asks for.
 
     Read-only. Exit status 0 when every host is reachable and matches the inventory, 1 otherwise.
     """
     hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
-    rows = fleet.parallel(hosts, probe.probe)
+    if pull_origin:  # pull mode (tritonfleet.fleet.pull): what each host reported, read from the origin
+        sys.exit(pull_status(hosts, pull_origin, as_json))
+    from ..fleet import workers  # the hosts spread over worker processes (fleet_workers)
+
+    rows = workers.parallel(hosts, probe.probe)
     for h in hosts:
         fleet.disconnect(h)
     if as_json:
@@ -96,6 +103,26 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
             if r.last_failure:
                 click.echo(f"\n{r.last_failure['text']}")
     sys.exit(0 if all(r.reachable and not r.drift for r in rows) else 1)
+
+
+def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
+    """`tritonfleet status --pull ORIGIN`: the hosts' own reports (no SSH). Exit status 0 when
+    every host ran its desired release successfully and recently."""
+    from ..fleet import pull
+
+    rows = pull.status(hosts, pull.Origin(origin_dir))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        table = [("HOST", "DESIRED", "RUNS", "RESULT", "LAST RUN", "DRIFT")]
+        for r in rows:
+            age = "-" if r["age_seconds"] is None else f"{r['finished']} ({r['age_seconds'] // 60} min ago)"
+            table.append((r["host"], pull.short(r["desired"]), pull.short(r["release"]), r["result"] or "-", age,
+                          "; ".join(r["drift"]) or "none"))
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+        for row in table:
+            click.echo("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1])
+    return 0 if all(not r["drift"] for r in rows) else 1
 
 
 @click.command("rollout")

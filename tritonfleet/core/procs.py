@@ -11,7 +11,6 @@ the kernel to SIGKILL the child when the thread that started it ends (Linux
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -22,8 +21,8 @@ PR_SET_PDEATHSIG = 1
 def _prctl():
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    try:  # the C library this process runs with (find_library would start `ldconfig -p` at every import)
+        libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
     return libc.prctl

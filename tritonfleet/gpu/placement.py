@@ -142,7 +142,10 @@ def place(config_text: str, gpus: int, policy: str = "spread") -> str:
     if policy == "as-written" or gpus <= 1 or not re.search(r"\bgpus\b", config_text):
         return config_text
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
+
+    from ..core.triton_schema import model_config
+
+    model_config_pb2 = model_config()  # the schema alone (not tritonclient.grpc's client)
 
     cfg = model_config_pb2.ModelConfig()
     text_format.Parse(config_text, cfg)

@@ -230,7 +230,7 @@ def _control_tensors(cfg, mc) -> list[tuple[str, str, str]]:
 def check(cfg, io: ModelIO, file: str) -> list[Mismatch]:
     """Every reason the onnxruntime backend refuses model ``io`` (the model file ``file``) with
     configuration ``cfg`` (Triton's ModelConfig). The backend stops at the first; all are given."""
-    from tritonclient.grpc import model_config_pb2 as mc
+    from ..core.triton_schema import mc  # the schema without tritonclient.grpc's client
 
     out: list[Mismatch] = []
     mbs = cfg.max_batch_size
@@ -292,7 +292,7 @@ def check(cfg, io: ModelIO, file: str) -> list[Mismatch]:
 
 def _one(t, i: int, kind: str, provided: dict[str, Tensor], mbs: int, file: str, compare_exact: bool,
          dims: bool = True) -> list[Mismatch]:
-    from tritonclient.grpc import model_config_pb2 as mc
+    from ..core.triton_schema import mc  # the schema without tritonclient.grpc's client
 
     model = provided.get(t.name)
     if model is None:

@@ -152,7 +152,10 @@ def release_id(man: dict[str, list]) -> str:
 def apply_overrides(config_text: str, override: dict) -> str:
     """Replace top-level fields of a config.pbtxt (Triton's ModelConfig schema) by ``override``."""
     from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
+
+    from ..core.triton_schema import model_config
+
+    model_config_pb2 = model_config()  # the schema alone (not tritonclient.grpc's client)
 
     cfg = model_config_pb2.ModelConfig()
     text_format.Parse(config_text, cfg)

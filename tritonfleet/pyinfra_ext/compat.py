@@ -65,7 +65,10 @@ FEATURES: dict[str, tuple[str, str]] = {
                              "(tritonfleet.host.ops.converged)"),
     "stream": (BEHAVIOUR, "the model transfer on the operation's connection (tritonfleet.pyinfra_ext.stream)"),
     "cli_args": (BEHAVIOUR, "--data values parsed as pyinfra parses them (tritonfleet.cli.fleet)"),
-    "rollout_json": (BEHAVIOUR, "the rollout's reading of `pyinfra -y --json` (tritonfleet.fleet.rollout)"),
+    "rollout_json": (BEHAVIOUR, "the rollout's and a self-converging host's reading of `pyinfra -y --json` "
+                                "(tritonfleet.fleet.rollout, tritonfleet.fleet.converge)"),
+    "self_connector": (BEHAVIOUR, "a self-converging host's run through pyinfra's local connector under its own "
+                                  "inventory name (tritonfleet.pyinfra_ext.self_connector)"),
 }
 
 
@@ -191,7 +194,16 @@ INTERNALS: tuple[Internal, ...] = (
              "pyinfra runs they start read"),
     Internal("pyinfra_cli.prints:build_results_json", "rollout_json",
              "tritonfleet/fleet/rollout/pyinfra_run.py reads `-y --json`: results.operations[] (name, success, error, no_change) and "
-             "results.failed_hosts"),
+             "results.failed_hosts; tritonfleet/fleet/converge.py reads results.operations[] (name, success)"),
+    Internal("pyinfra.connectors.local:LocalConnector", "self_connector",
+             "tritonfleet/pyinfra_ext/self_connector.py subclasses it and overrides only the static "
+             "make_names_data(name) (yielding (name, data, groups)): the rest runs commands on this machine as @local"),
+    Internal("pyinfra.api.connectors:get_all_connectors", "self_connector",
+             "tritonfleet/pyinfra_ext/self_connector.py is found through the `pyinfra.connectors` entry point group "
+             "(pyproject.toml), by the entry point's name"),
+    Internal("pyinfra.api.inventory:Inventory.make_hosts_and_groups", "self_connector",
+             "`@tritonfleet-self/<name>` in an inventory: the connector named before the slash gets the rest as "
+             "make_names_data's argument, and the host takes the name it yields"),
 )
 
 

@@ -290,6 +290,7 @@ RULES: dict[str, Rule] = {
     # rollout and rollback
     "rollback_to": mapping(_dict_of_dicts(), "{\"release\": ..., \"unit\": ...}"),
     "fleet_parallel": whole(1),
+    "fleet_workers": whole(0),
     # load balancer drain
     "lb": choice(None, "haproxy", "hooks"),
     "lb_haproxy_sockets": text_list(),
@@ -320,6 +321,11 @@ RULES: dict[str, Rule] = {
     "perf_gate_max_p95_rise": number(0),
     # the settings check itself
     "extra_host_data": text_list(),
+    # pull mode
+    "pull_poll_interval": seconds(),
+    "pull_converge_interval": seconds(),
+    "pull_report_timeout": seconds(),
+    "pull_textfile": text(),
 }
 
 #: Settings that are no tunable but that tritonfleet reads: the host's GPU class (its group's

@@ -245,6 +245,11 @@ rollback_to = {}
 # (tritonfleet/core/open_files.py). A rollout's health gates mostly wait (model loading), so a batch's
 # gates take about ceil(batch / fleet_parallel) x the slowest host's gate: keep it >= the batch.
 fleet_parallel = 100
+# Worker processes a run spreads its hosts over (tritonfleet deploy, status, every phase of
+# rollout: each its own share of the hosts, in its own pyinfra or forked process; one process
+# uses one core). 0: one per CPU of the control machine. Runs of fewer than 20 hosts a worker
+# stay in fewer processes (tritonfleet/fleet/workers.py).
+fleet_workers = 0
 
 # --- Load balancer drain (docs/operations.md) ---------------------------------------------
 # Load balancer in front of the hosts: "haproxy" (its runtime API), "hooks" (lb_drain_command and
@@ -325,6 +330,22 @@ perf_gate_max_p95_rise = 0.5
 # which refuses any other name that is no tunable, no gpu_class and no pyinfra setting (a
 # misspelling, shown with the nearest known name), leaves them alone.
 extra_host_data = []
+
+# --- Pull mode (tritonfleet bootstrap, tritonfleet pull, tritonfleet converge) ---------------
+# Seconds between a self-converging host's looks at its desired release (its systemd timer, from
+# the end of one run to the next): a release published for it starts within about this; a look
+# is one conditional HTTP GET of a small file.
+pull_poll_interval = 60
+# Seconds after which a self-converging host runs its deploy again with no new release: drift
+# on the host is put back within this (a converged host's run changes nothing).
+pull_converge_interval = 1800
+# Seconds a pull-mode rollout waits for each batch's hosts to report their run of the new
+# release (a poll interval, the deploy, its health gate) before it counts a silent host failed.
+pull_report_timeout = 900
+# The node exporter textfile a self-converging host writes its state to (last run, result,
+# release), for Prometheus; Debian's prometheus-node-exporter reads *.prom in
+# /var/lib/prometheus/node-exporter (its README.textfile). "": none.
+pull_textfile = "/var/lib/prometheus/node-exporter/tritonfleet_pull.prom"
 
 # ------------------------------------------------------------------------------------------
 # (not a tunable) every tunable above by name; read through tritonfleet.settings.access

@@ -72,15 +72,19 @@ def test_unknown_command_fails_loudly(fleet):
 
 
 def test_serve_exits_non_zero_on_unknown(tmp_path, monkeypatch):
-    """The server's exit status reports what it could not answer."""
+    """The server's exit status reports what it could not answer; --log has every command
+    exactly as it was received, answered or not."""
+    import json
     import threading
 
-    ff.Answers(meta={"group": "t4", "data": {}}).save(tmp_path / "a.json")
+    answers = ff.Answers(meta={"group": "t4", "data": {}})
+    answers.add("hostname", "rec", "127.0.0.9", "rec\n", "", 0)
+    answers.save(tmp_path / "a.json")
     monkeypatch.setenv("TRITONFLEET_TESTBED", "0")
     port = _free_port("127.0.0.1")
     args = type("A", (), {"answers": str(tmp_path / "a.json"), "hosts": 1, "port": port,
                           "hosts_file": str(tmp_path / "h.json"), "counts_file": str(tmp_path / "c.json"),
-                          "shard": 0, "shards": 1})
+                          "shard": 0, "shards": 1, "log": str(tmp_path / "received.jsonl")})
     stop, result = threading.Event(), {}
     t = threading.Thread(target=lambda: result.setdefault("rc", ff.serve(args, stop)))
     t.start()
@@ -89,12 +93,69 @@ def test_serve_exits_non_zero_on_unknown(tmp_path, monkeypatch):
             break
         stop.wait(0.05)
     try:
+        assert _run("127.100.0.1", port, "hostname") == ("fake-0001\n", "", 0)
         assert _run("127.100.0.1", port, "uptime")[2] == 255
     finally:
         stop.set()
         t.join(10)
     assert result["rc"] == 3
     assert "uptime" in (tmp_path / "c.json").read_text()
+    lines = [json.loads(line) for line in (tmp_path / "received.jsonl").read_text().splitlines()]
+    assert [(x["host"], x["kind"], x["request"], x["answered"], x["status"]) for x in lines] == [
+        ("fake-0001", "ssh", "hostname", True, 0), ("fake-0001", "ssh", "uptime", False, 255)]
+    assert ff.command_log([tmp_path / "received.jsonl"]) == "fake-0001\tssh hostname\nfake-0001\tssh uptime\n"
+
+
+def _log(path: Path, sent: list[tuple[str, str, str]]) -> Path:
+    """A --log file of what ``sent`` (host, address, command) would have written."""
+    import json
+
+    path.write_text("".join(json.dumps({"time": 0, "host": h, "kind": "ssh", "answered": True, "status": 0,
+                                        "request": c, "key": ff.Answers.command_key(c, h, a)}) + "\n"
+                            for h, a, c in sent))
+    return path
+
+
+def test_the_command_log_is_the_same_for_the_same_deploy(tmp_path):
+    """The oracle of a refactor: what each host was sent, as matched (its own name and address,
+    temporary names, a failure record's time masked), per host in order, hosts interleaved as
+    they come; any other command, or another order on one host, is another text."""
+    def run(stamp: str, tmp: str, interleave: bool) -> list[tuple[str, str, str]]:
+        a = [("fake-0001", "127.100.0.1", f"hostname; echo fake-0001 127.100.0.1 /tmp/pyinfra-{tmp}"),
+             ("fake-0001", "127.100.0.1", f'echo \'{{"time": "{stamp}", "host": "fake-0001"}}\' > /var/lib/f')]
+        b = [("fake-0002", "127.100.0.2", "hostname; echo fake-0002 127.100.0.2 /tmp/pyinfra-00"),
+             ("fake-0002", "127.100.0.2", "uptime")]
+        return [a[0], b[0], a[1], b[1]] if interleave else a + b
+
+    first = ff.command_log([_log(tmp_path / "1.jsonl", run("2025-01-01T00:00:00Z", "ab12", True))])
+    again = ff.command_log([_log(tmp_path / "2.jsonl", run("2025-06-30T12:34:56Z", "cd34", False))])
+    assert first == again and first.count("\n") == 4 and "@@HOST@@" in first and "@@TIME@@" in first
+    sent = run("2025-01-01T00:00:00Z", "ab12", False)
+    hosts_swapped = sent[2:] + sent[:2]
+    assert ff.command_log([_log(tmp_path / "3.jsonl", hosts_swapped)]) == first  # the hosts' order: the same
+    one_host_swapped = [sent[1], sent[0]] + sent[2:]
+    assert ff.command_log([_log(tmp_path / "4.jsonl", one_host_swapped)]) != first  # one host's order: not
+    changed = run("2025-01-01T00:00:00Z", "ab12", True)
+    changed[3] = ("fake-0002", "127.100.0.2", "uptime -p")
+    assert ff.command_log([_log(tmp_path / "5.jsonl", changed)]) != first
+    # lines already seen (an earlier check's) are left out
+    log = _log(tmp_path / "6.jsonl", run("x", "ab12", True))
+    assert ff.command_log([log], {log: 3}) == "fake-0002\tssh uptime\n"
+
+
+def test_replay_names_no_build_artefact_of_the_recording_machine(tmp_path):
+    """The recorded host's image archives are files of the machine it was recorded on, rebuilt
+    with other image IDs elsewhere: the fake hosts never get them (a replay would take the
+    `docker load` path on every other machine), and get a client key of their own."""
+    import json
+
+    answers = ff.Answers(meta={"group": "l4", "data": {
+        "image_archives": {"nvcr.io/nvidia/tritonserver:24.08-py3": "/var/cache/x/triton-image-1.tar.gz"},
+        "ssh_key": "/var/lib/elsewhere/id_ed25519", "gpu_class": "L4"}})
+    ff.write_hosts(tmp_path / "h.json", [("fake-0001", "127.0.0.1")], answers, 2222)
+    data = json.loads((tmp_path / "h.json").read_text())["data"]
+    assert "image_archives" not in data and data["gpu_class"] == "L4"
+    assert data["ssh_key"] == str(tmp_path / "fakefleet-client-key") and Path(data["ssh_key"]).is_file()
 
 
 _text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)

@@ -229,6 +229,20 @@ BAD_ARGUMENTS = [
     (["init", "inventories/prod.py"], "is a file"),
     (["init", "inventories"], "is not empty"),
     (["nosuchcommand"], "No such command"),
+    (["deploy", "deploys/models.py", "inventories/prod.py"], "is a deploy file, not an inventory"),
+    (["deploy", "inventories/prod.py", "deploys/models.py", "--workers", "-1"], "--workers"),
+    (["deploy", "inventories/prod.py", "deploys/models.py", "--data", "fleet_workers=x"], "fleet_workers = 'x' (--data)"),
+    (["pull", "publish", "inventories/prod.py", "deploys/models.py", "--origin", "nowhere"],
+     "origin nowhere is not a directory"),
+    (["pull", "publish", "inventories/prod.py", "deploys/models.py", "--origin", "files", "--data",
+      "pull_poll_interval=0"], "pull_poll_interval = 0 (--data)"),
+    (["pull", "rollout", "inventories/prod.py", "deploys/models.py", "--origin", "files", "--sign-key", "nokey"],
+     "signing key nokey not found"),
+    (["pull", "rollout", "inventories/prod.py", "deploys/models.py", "--origin", "files", "--sign-key", "nokey",
+      "--max-fail", "-1"], "--max-fail"),
+    (["bootstrap", "inventories/prod.py", "--origin", "nowhere", "--url", "http://x", "--wheel",
+      "deploys/models.py", "--wheelhouse", "files"], "origin nowhere is not a directory"),
+    (["converge", "--config", "nowhere/pull.json"], "was not bootstrapped for pull mode"),
 ]
 
 

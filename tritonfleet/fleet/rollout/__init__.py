@@ -2,10 +2,11 @@
 
 pyinfra alone cannot do this safely (``--serial`` ignores ``--fail-percent``, orders hosts at
 random, ``--no-wait`` exits 0 on failure). Here each batch is one ``pyinfra --limit`` run of the
-deploy; after it, every host of the batch must pass the health gate. A host that fails is
-rolled back (``deploys/rollback.py``) to what it served before the rollout; once more hosts have
-failed than ``max_fail`` allows, the rollout halts and the hosts not reached yet are left exactly
-as they were.
+deploy (a large batch split over worker processes: tritonfleet.fleet.workers); after it, every
+host of the batch must pass the health gate. A host that fails is rolled back
+(``deploys/rollback.py``) to what it served before the rollout; once more hosts have failed than
+``max_fail`` allows, the rollout halts and the hosts not reached yet are left exactly as they
+were.
 
 Before the first batch: every target is probed (reachable, what it serves) and the deploy is
 planned with ``pyinfra --dry`` on all of them, so a pre-flight error stops the rollout before any

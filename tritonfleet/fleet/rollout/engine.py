@@ -1,6 +1,7 @@
 """The rollout's engine: probe and plan, then each batch (pyinfra, the health gate, the
 performance gate on the canary, rollbacks), halting past ``max_fail``; ``resume`` goes on from
-the journal after a crash."""
+the journal after a crash. Every phase's hosts are spread over worker processes
+(tritonfleet.fleet.workers); the failure budget, the journal and the decisions stay here."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from ...serving import health, unit_watch
 from ...serving import per_gpu as pergpu
 from ...settings.access import Settings
 from .. import inventory as fleet
-from .. import perfgate, probe
+from .. import perfgate, probe, workers
 from .journal import JOURNAL, Journal, _log_dir, latest_journal
 from .plan import RolloutError, _plan_error, plan_batches
-from .pyinfra_run import PyinfraRun, run_pyinfra
+from .pyinfra_run import PyinfraRun
 from .report import HostResult, Report
 
 
@@ -105,7 +106,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
          f"max {max_fail} failure(s); logs and journal in {logs}")
 
     # 1. what every target serves now, and whether it answers
-    before = dict(zip(names, fleet.parallel(hosts, probe.probe), strict=True))
+    before = dict(zip(names, workers.parallel(hosts, probe.probe), strict=True))
     run.before = {n: _before_record(st) for n, st in before.items()}
     journal.write("before", hosts=run.before)
     results = run.results
@@ -123,7 +124,8 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
 
     # 2. plan on every reachable target: a pre-flight error stops here, with no host touched
     targets = [n for n in names if n not in run.unreachable]
-    dry = run_pyinfra(inventory, deploy, targets, data, dry=True, log_path=logs / "plan.log")
+    dry = workers.run_pyinfra(inventory, deploy, targets, data, dry=True, log_path=logs / "plan.log",
+                              settings=hosts[0])
     if dry.rc != 0:
         report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(_plan_error(dry.log))
         return _finish(run, t_start)
@@ -154,9 +156,9 @@ def _batches(run: _Run, first: int) -> None:
                 return
         run.echo(f"[{label}] deploying to {', '.join(todo)}")
         t0 = time.monotonic()
-        pyi = run_pyinfra(run.inventory, run.deploy, todo, run.data, log_path=run.logs / f"batch-{i}.log",
-                          failure_dir=run.logs / f"failures-{i}",
-                          on_start=functools.partial(_started, run.journal, i, todo))
+        pyi = workers.run_pyinfra(run.inventory, run.deploy, todo, run.data, log_path=run.logs / f"batch-{i}.log",
+                                  failure_dir=run.logs / f"failures-{i}", settings=run.by_name[todo[0]],
+                                  on_start=functools.partial(_started, run.journal, i, todo))
         # why each host failed: the report its step left (structured), else pyinfra's own words
         reports: dict[str, Failure] = {n: f for n, f in read_channel(run.logs / f"failures-{i}").items()
                                        if n in todo}
@@ -205,7 +207,7 @@ def _gate_all(run: _Run, names: list[str]) -> dict[str, Failure]:
     """The health gate on ``names``; {host: failure report} for those that failed it."""
     hosts = [run.by_name[n] for n in names]
     failed = {}
-    for fh, (res, report_) in zip(hosts, fleet.parallel(hosts, lambda fh: _gate(fh, run.gate_timeout)),
+    for fh, (res, report_) in zip(hosts, workers.parallel(hosts, lambda fh: _gate(fh, run.gate_timeout)),
                                   strict=True):
         if not res.ok:
             failed[fh.name] = report_
@@ -336,7 +338,7 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
 def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, results: dict, data: dict,
                log_path: Path, run: PyinfraRun, echo) -> None:
     targets, wanted = [], {}
-    now = dict(zip([fh.name for fh in failed], fleet.parallel(failed, lambda h: probe.probe(h, with_intent=False)),
+    now = dict(zip([fh.name for fh in failed], workers.parallel(failed, lambda h: probe.probe(h, with_intent=False)),
                    strict=True))
     for fh in failed:
         r, st = results[fh.name], before[fh.name]
@@ -355,8 +357,8 @@ def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, resu
         return
     echo(f"rolling back {', '.join(targets)} to what they served before")
     rb_dir = log_path.with_suffix(".failures")
-    rb = run_pyinfra(inventory, str(ROLLBACK_DEPLOY), targets, {**data, "rollback_to": wanted}, log_path=log_path,
-                     failure_dir=rb_dir)
+    rb = workers.run_pyinfra(inventory, str(ROLLBACK_DEPLOY), targets, {**data, "rollback_to": wanted},
+                             log_path=log_path, failure_dir=rb_dir, settings=failed[0])
     bad = rb.failed() if rb.data else set(targets)
     rb_reports = read_channel(rb_dir)
     for n in targets:
@@ -372,7 +374,7 @@ def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, resu
 
 
 def _versions(hosts: list[fleet.FleetHost], results: dict) -> None:
-    for fh, st in zip(hosts, fleet.parallel(hosts, lambda h: probe.probe(h, with_intent=False)), strict=True):
+    for fh, st in zip(hosts, workers.parallel(hosts, lambda h: probe.probe(h, with_intent=False)), strict=True):
         results[fh.name].after = st.version if st.reachable else "unreachable"
 
 

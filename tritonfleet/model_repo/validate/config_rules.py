@@ -8,8 +8,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as mc
-
+from ...core.triton_schema import mc
 from .model_dirs import _Entry
 from .tables import ENSEMBLE
 

@@ -9,8 +9,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as mc
-
+from ...core.triton_schema import mc
 from .. import onnx_io
 from .model_dirs import _Entry, _version_dirs, _versions_to_load
 from .tables import (

@@ -5,8 +5,8 @@ than the fleet's server (``_newer_fields``)."""
 from __future__ import annotations
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
+from ...core.triton_schema import mc
 from .tables import NEWER_FIELDS
 
 

@@ -8,8 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as mc
-
+from ...core.triton_schema import mc
 from .lines import _Lines
 from .tables import (
     _CANONICAL_VERSION,

@@ -1,0 +1,137 @@
+"""``tritonfleet bootstrap``, ``tritonfleet pull publish|rollout`` (the control side of pull mode)
+and ``tritonfleet converge`` (a self-converging host's own run, started by its timer)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+ORIGIN_HELP = "the origin directory (served to the hosts over HTTP(S))"
+
+
+def _data(pairs: tuple[str, ...]) -> dict:
+    from .fleet import _data as parse
+
+    return parse(pairs)
+
+
+@click.command("bootstrap")
+@click.argument("inventory")
+@click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
+@click.option("--url", required=True, help="the origin's address as the hosts reach it (http:// or https://)")
+@click.option("--out", default="bootstrap", show_default=True,
+              help="where to write <host>/bootstrap.sh and <host>/user-data")
+@click.option("--wheelhouse", required=True, type=click.Path(path_type=Path),
+              help="wheels of the agent's dependencies (pip download), for the hosts' Python")
+@click.option("--wheel", required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="tritonfleet's wheel, the version this machine runs (in a checkout: pip wheel --no-deps -w dist .)")
+@click.option("--sign-key", type=click.Path(path_type=Path),
+              help="the key whose signed release pointers the hosts follow (ssh-keygen -Y)")
+@click.option("--release", help="pin the hosts to this release (sha256) instead of following pointers")
+@click.option("--reports", "reports_url", default=None,
+              help="where hosts PUT their reports (default: <url>/reports; '' for none)")
+@click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
+def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, release, reports_url, limit,
+                  data) -> None:
+    """Hosts that converge themselves: publish the pinned agent on the origin, and write for every
+    host of INVENTORY a plain script and cloud-init user-data that install it, write the host's
+    pull configuration and start its systemd timer. The host then needs no command from here.
+    """
+    from ..fleet import bootstrap, pull
+
+    written = bootstrap.bootstrap(inventory, pull.Origin(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
+                                  wheel=wheel, key=sign_key, release=release, reports_url=reports_url,
+                                  limit=list(limit), data=_data(data))
+    click.echo(f"bootstrap for {len(written)} host(s) in {out}/<host>/: bootstrap.sh (run as root) and "
+               "user-data (cloud-init)")
+
+
+@click.group("pull")
+def pull_group() -> None:
+    """Pull mode: publish releases the hosts converge to themselves, and roll them out."""
+
+
+@pull_group.command("publish")
+@click.argument("inventory")
+@click.argument("deploy")
+@click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
+@click.option("--sign-key", type=click.Path(path_type=Path), help="sign pointers for the hosts (else: release only)")
+@click.option("--include", multiple=True, help="repository paths the release holds (default: deploys, files)")
+@click.option("--limit", multiple=True, help="the hosts to point at the release (a wave; default: all)")
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
+def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -> None:
+    """Publish the current directory's repository as a release; with --sign-key, point the hosts
+    (--limit: a wave of them) at it, without waiting for them. Prints the release id."""
+    from ..fleet import inventory as fleet
+    from ..fleet import pull
+
+    origin = pull.Origin(origin_dir)
+    hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
+    with origin.lock("pull publish"):
+        sha = pull.publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or pull.INCLUDE)
+        if sign_key:
+            gen = pull.publish_desired(origin, sign_key, {h.name: sha for h in hosts}, f"publish-{sha[:8]}")
+            click.echo(f"pointed {len(hosts)} host(s) at it (generation {gen})", err=True)
+    click.echo(sha)
+
+
+@pull_group.command("rollout")
+@click.argument("inventory")
+@click.argument("deploy")
+@click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
+@click.option("--sign-key", required=True, type=click.Path(path_type=Path), help="the key the hosts trust")
+@click.option("--include", multiple=True, help="repository paths the release holds (default: deploys, files)")
+@click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
+@click.option("--canary", default=1, show_default=True, help="hosts moved first, as a batch of their own")
+@click.option("--batch", default="25%", show_default=True, help="batch size after the canary: N hosts or P%")
+@click.option("--max-fail", default=0, show_default=True, help="failed hosts tolerated before the rollout halts")
+@click.option("--timeout", type=float, default=None,
+              help="seconds a batch's hosts have to report the new release (default: pull_report_timeout)")
+@click.option("--poll", type=float, default=1.0, show_default=True, help="seconds between looks at the reports")
+@click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, canary, batch, max_fail, timeout, poll,
+                     data, as_json) -> None:
+    """Roll the current directory's repository out to self-converging hosts: canary first, then
+    batches, each published and awaited through the hosts' reports; a failed host goes back to
+    the release it ran, more failures than --max-fail halt the rollout.
+
+    Exit status: 0 when every host ends on the new release; 1 on any failure, rollback or halt.
+    """
+    from ..fleet import pull
+    from ..fleet.rollout.report import table
+
+    echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
+    report = pull.rollout(inventory, deploy, pull.Origin(origin_dir), sign_key, limit=list(limit), canary=canary,
+                          batch=batch, max_fail=max_fail, data=_data(data), timeout=timeout,
+                          include=tuple(include) or pull.INCLUDE, echo=echo, poll=poll)
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
+    sys.exit(0 if report.ok else 1)
+
+
+@click.command("converge")
+@click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
+              help="this host's pull configuration (default /etc/tritonfleet/pull.json)")
+@click.option("--force", is_flag=True, help="run the deploy now even when nothing is due")
+@click.option("--install", is_flag=True, help="install and start the systemd timer (the bootstrap's last step)")
+@click.option("--state", "show_state", is_flag=True, help="print this host's last converge state (JSON)")
+def converge_cmd(config_path, force, install, show_state) -> None:
+    """On a self-converging host: converge it to its desired release when a run is due (new
+    release or generation, the converge interval, --force), and report the result (state file,
+    node exporter textfile, the origin's reports/). Its systemd timer runs this."""
+    from ..fleet import bootstrap, converge
+
+    path = config_path or converge.CONFIG
+    if show_state:
+        click.echo(json.dumps(converge.load_state(), indent=1, sort_keys=True))
+        return
+    cfg = converge.load_config(path)
+    if install:
+        bootstrap.install(cfg)
+        click.echo(f"{bootstrap.UNIT}.timer enabled; the first run started")
+        return
+    sys.exit(converge.converge(path, force=force, echo=click.echo))

@@ -1,0 +1,258 @@
+"""Hosts that converge themselves: what `tritonfleet bootstrap` gives a new machine, and the
+systemd timer it leaves there.
+
+``tritonfleet bootstrap`` publishes the agent on the origin (dist/: tritonfleet's wheel and the
+wheels of everything it imports, each pinned by sha256 in dist/requirements.txt) and writes, for
+every host of the inventory, a plain shell script (for provisioners without cloud-init: run it as
+root) and the same script as cloud-init user-data (``#cloud-config``: ``write_files`` puts it on
+the machine, ``runcmd`` runs it once, at first boot: cloud-init's documentation, "Run commands on
+first boot" and "Writing out arbitrary files"). The script needs only the distro's python3 (with
+its venv module: ``python3-venv`` on Debian and Ubuntu, installed when missing), curl and the
+origin: it checks dist/requirements.txt against the sha256 written into it, installs the agent
+into /opt/tritonfleet/agent with pip (``--require-hashes``: nothing but the pinned files), writes
+/etc/tritonfleet/pull.json (the host's name, the origin, the signers file or a pinned release,
+the intervals), and ``tritonfleet converge --install`` puts the timer in place and starts the
+first run. From then on the host needs nothing from the control machine.
+
+The timer (systemd.timer(5)): ``OnBootSec`` (a rebooted host converges soon after boot, also in
+the middle of a driver install that rebooted it), ``OnUnitInactiveSec`` = the poll interval
+counted from the end of the last run (runs never overlap), ``RandomizedDelaySec`` (hosts that
+booted together do not all ask the origin in the same second).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import urllib.parse
+from importlib import metadata
+from pathlib import Path
+
+from ..core.errors import UsageError
+from ..settings.defaults import DEFAULTS
+from . import pull
+
+AGENT = "/opt/tritonfleet/agent"
+CONFIG = "/etc/tritonfleet/pull.json"
+SIGNERS = "/etc/tritonfleet/release-signers"
+UNIT = "tritonfleet-converge"
+UNIT_DIR = Path("/etc/systemd/system")
+DIST = "dist"
+
+
+# --- the agent on the origin ---------------------------------------------------------------------
+
+def runtime_closure(top: str = "tritonfleet") -> dict[str, str]:
+    """Every distribution ``top`` needs at run time, as installed here ({canonical name:
+    version}): its requirements and theirs, extras followed, environment markers evaluated for
+    this machine (the hosts run the same distro family and Python)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    out: dict[str, str] = {}
+    todo: list[tuple[str, frozenset[str]]] = [(top, frozenset())]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        name, extras = todo.pop()
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            raise UsageError(f"{name} is not installed here: the agent's dependencies are what this machine "
+                             "runs tritonfleet with") from None
+        out[canonicalize_name(dist.metadata["Name"])] = dist.version
+        for text in dist.requires or []:
+            req = Requirement(text)
+            envs = [{"extra": e} for e in extras] or [{"extra": ""}]
+            if req.marker is not None and not any(req.marker.evaluate(env) for env in envs):
+                continue
+            todo.append((req.name, frozenset(req.extras)))
+    return out
+
+
+def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path) -> str:
+    """dist/ on the origin: tritonfleet's wheel (``wheel``: the one this machine installed, or
+    `pip wheel --no-deps -w dist .` in a checkout) and its dependencies' wheels (from ``wheelhouse``:
+    every distribution of ``runtime_closure()`` at the version installed here, e.g. filled with
+    ``pip download``), an index page for pip, and requirements.txt pinning each file by sha256.
+    Returns the sha256 of requirements.txt (what the bootstrap script checks)."""
+    from packaging.utils import parse_wheel_filename
+
+    closure = runtime_closure()
+    dist = origin.root / DIST / "wheels"
+    dist.mkdir(parents=True, exist_ok=True)
+    from .. import __version__
+
+    project, found, *_ = parse_wheel_filename(wheel.name)
+    if project != "tritonfleet" or str(found) != __version__:
+        raise UsageError(f"--wheel {wheel}: not tritonfleet {__version__}'s wheel (this machine runs {__version__}: "
+                         "the hosts get the same version)")
+    files: dict[str, list[Path]] = {"tritonfleet": [wheel]}
+    for p in sorted(wheelhouse.glob("*.whl")) if wheelhouse.is_dir() else []:
+        project, found, *_ = parse_wheel_filename(p.name)
+        if closure.get(project) == str(found) and project != "tritonfleet":
+            files.setdefault(project, []).append(p)
+    missing = sorted(f"{n}=={v}" for n, v in closure.items() if n not in files)
+    if missing:
+        raise UsageError(f"wheelhouse {wheelhouse} lacks {len(missing)} of the agent's dependencies: "
+                         f"{' '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}; fill it with "
+                         f"`pip download --only-binary=:all: --no-deps -d {wheelhouse} {' '.join(missing)}` "
+                         "(for the hosts' Python: --python-version/--platform)")
+    lines, links = [], []
+    for name in sorted(files):
+        hashes = []
+        for p in files[name]:
+            dest = dist / p.name
+            if not dest.is_file() or dest.stat().st_size != p.stat().st_size:
+                shutil.copyfile(p, dest.with_name(f".{p.name}.tmp"))
+                os.replace(dest.with_name(f".{p.name}.tmp"), dest)
+            hashes.append(pull.sha256_file(dest))
+            links.append(f'<a href="{html.escape(p.name)}">{html.escape(p.name)}</a><br>')
+        version = closure.get(name) or parse_wheel_filename(files[name][0].name)[1]
+        lines.append(f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(set(hashes))))
+    pull.write_atomic(dist / "index.html", ("<!DOCTYPE html><html><body>\n" + "\n".join(links)
+                                            + "\n</body></html>\n").encode())
+    reqs = ("# the self-converging hosts' agent: every file pinned by sha256 (tritonfleet bootstrap)\n"
+            + "\n".join(lines) + "\n").encode()
+    pull.write_atomic(origin.root / DIST / "requirements.txt", reqs)
+    return hashlib.sha256(reqs).hexdigest()
+
+
+# --- per host: the script and the user-data -------------------------------------------------------
+
+def host_config(fh, origin_url: str, reports_url: str, signers: bool, release: str | None) -> dict:
+    """/etc/tritonfleet/pull.json for ``fh`` (its tunables from the inventory: a FleetHost is a
+    Settings, the package's default where the inventory sets none)."""
+    return {"format": pull.FORMAT, "host": fh.name, "origin": origin_url, "reports": reports_url,
+            "signers": SIGNERS if signers else None, "release": release,
+            "poll_interval": int(fh.get("pull_poll_interval")),
+            "converge_interval": int(fh.get("pull_converge_interval")),
+            "textfile": fh.get("pull_textfile") or ""}
+
+
+def script(cfg: dict, requirements_sha256: str, signers_text: str | None) -> str:
+    """The plain bootstrap script for one host (POSIX sh, run as root)."""
+    origin = cfg["origin"]
+    url = urllib.parse.urlsplit(origin)
+    # pip takes an http:// index only from a host named trusted; every file is pinned by sha256
+    trusted = f"--trusted-host {shlex.quote(url.netloc)} " if url.scheme == "http" else ""
+    lines = [
+        "#!/bin/sh",
+        f"# tritonfleet bootstrap of {cfg['host']}: this host converges itself from {origin}",
+        "# (written by `tritonfleet bootstrap`; run as root, once: a second run changes nothing)",
+        "set -eu",
+        "umask 022",
+        f"ORIGIN={shlex.quote(origin)}",
+        f"AGENT={AGENT}",
+        "export DEBIAN_FRONTEND=noninteractive",
+        "# the distro's python3 with its venv module, and curl",
+        "if ! dpkg-query -W -f '${Status}' python3-venv 2>/dev/null | grep -q 'ok installed' || "
+        "! command -v curl >/dev/null; then",
+        "  apt-get update -q && apt-get install -y -q --no-install-recommends python3-venv curl ca-certificates",
+        "fi",
+        'tmp=$(mktemp -d)',
+        "trap 'rm -rf \"$tmp\"' EXIT",
+        "# the agent's files, each pinned by sha256 (requirements.txt itself by the hash below)",
+        'curl -fsS --retry 10 --retry-connrefused -o "$tmp/requirements.txt" "$ORIGIN/dist/requirements.txt"',
+        f'echo "{requirements_sha256}  $tmp/requirements.txt" | sha256sum -c --quiet -',
+        '[ -x "$AGENT/bin/pip" ] || python3 -m venv "$AGENT"',
+        f'"$AGENT/bin/pip" install -q --disable-pip-version-check --no-index --find-links "$ORIGIN/dist/wheels/" '
+        f'{trusted}--require-hashes --no-deps -r "$tmp/requirements.txt"',
+        "install -d -m 755 /etc/tritonfleet",
+    ]
+    if signers_text:
+        lines += [f"cat > {SIGNERS}.tmp <<'TRITONFLEET_EOF'", signers_text.rstrip("\n"), "TRITONFLEET_EOF",
+                  f"mv {SIGNERS}.tmp {SIGNERS}"]
+    lines += [f"cat > {CONFIG}.tmp <<'TRITONFLEET_EOF'", json.dumps(cfg, indent=1, sort_keys=True), "TRITONFLEET_EOF",
+              f"mv {CONFIG}.tmp {CONFIG}",
+              '"$AGENT/bin/tritonfleet" converge --install']
+    return "\n".join(lines) + "\n"
+
+
+def user_data(host: str, text: str) -> str:
+    """cloud-init user-data running ``text`` (the plain script) once, at first boot."""
+    import yaml
+
+    path = "/var/lib/tritonfleet/bootstrap.sh"
+    doc = {"write_files": [{"path": path, "permissions": "0700", "owner": "root:root", "content": text}],
+           "runcmd": [["sh", path]]}
+    return (f"#cloud-config\n# tritonfleet bootstrap of {host} (tritonfleet bootstrap)\n"
+            + yaml.safe_dump(doc, sort_keys=False, default_style=None, width=10_000))
+
+
+def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
+              key: Path | None, release: str | None, reports_url: str | None = None,
+              limit: list[str] | None = None, data: dict | None = None) -> list[Path]:
+    """Publish the agent and write ``out``/<host>/{bootstrap.sh,user-data} for every host; the
+    directories written."""
+    from . import inventory as fleet
+
+    if not url:
+        raise UsageError("--url: the address the hosts reach the origin at (http:// or https://)")
+    if not key and not release:
+        raise UsageError("give --sign-key (hosts follow the release pointers it signs: pull-mode rollouts) or "
+                         "--release SHA256 (hosts converge to that one release, pinned)")
+    if release and not origin.release(release).is_file():
+        raise UsageError(f"release {release} is not on the origin ({origin.release(release)}): publish it first "
+                         "(tritonfleet pull publish)")
+    try:
+        hosts = fleet.load_inventory(inventory, data=data, limit=limit)
+    except fleet.FleetError as e:
+        raise UsageError(str(e)) from e
+    signers = pull.allowed_signers(key) if key else None
+    reqs_sha = publish_agent(origin, wheelhouse, wheel)
+    written = []
+    for fh in hosts:
+        cfg = host_config(fh, url, reports_url if reports_url is not None else f"{url.rstrip('/')}/reports",
+                          bool(signers), release)
+        text = script(cfg, reqs_sha, signers)
+        d = out / fh.name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "bootstrap.sh").write_text(text)
+        (d / "bootstrap.sh").chmod(0o700)
+        (d / "user-data").write_text(user_data(fh.name, text))
+        written.append(d)
+    return written
+
+
+# --- on the host: the timer ------------------------------------------------------------------------
+
+def units(cfg: dict, agent: str = AGENT) -> dict[str, str]:
+    """The service and timer of a self-converging host."""
+    poll = int(cfg.get("poll_interval") or DEFAULTS["pull_poll_interval"])
+    return {
+        f"{UNIT}.service": (
+            "[Unit]\n"
+            "Description=tritonfleet: converge this host to its desired release\n"
+            "Wants=network-online.target\nAfter=network-online.target\n\n"
+            "[Service]\nType=oneshot\n"
+            f"ExecStart={agent}/bin/tritonfleet converge\n"
+            # a run may install a driver, pull an image, load models: no start timeout
+            "TimeoutStartSec=infinity\n"),
+        f"{UNIT}.timer": (
+            "[Unit]\nDescription=tritonfleet: look for this host's desired release, converge when due\n\n"
+            "[Timer]\nOnBootSec=30\n"
+            f"OnUnitInactiveSec={poll}\n"
+            f"RandomizedDelaySec={max(1, min(poll // 10, 30))}\n"
+            "AccuracySec=1\n\n"
+            "[Install]\nWantedBy=timers.target\n"),
+    }
+
+
+def install(cfg: dict, unit_dir: Path = UNIT_DIR, run=subprocess.run) -> None:
+    """Write the units, enable the timer, start the first run (not waited for)."""
+    for name, text in units(cfg, str(Path(sys.executable).parent.parent)).items():
+        pull.write_atomic(unit_dir / name, text.encode())
+    for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", f"{UNIT}.timer"],
+                ["systemctl", "start", "--no-block", f"{UNIT}.service"]):
+        res = run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise UsageError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")

@@ -1,0 +1,275 @@
+"""Runs spread over processes: the work of one fleet command on many hosts split over worker
+processes (default: one per CPU of the control machine), their results merged into one.
+
+One pyinfra run, and one fleet command's probes and gates, run in one process on one core
+(gevent greenlets): at 500 hosts the no-op was CPU-bound on that core (docs/scale.md). Here
+
+* ``run_pyinfra`` runs a deploy as one pyinfra process per slice of the hosts (every k-th host:
+  each host in exactly one), side by side, and merges their ``--json`` results into one
+  ``PyinfraRun``: one report, every host's operations, the worst exit status. Each process takes
+  the deploy locks of its own hosts (the lock is per host: nothing changes), the failure reports
+  of all of them land in the one failure directory, and every process dies with this one.
+* ``parallel`` runs ``fn(host)`` (a probe, a health gate) for the hosts in forked workers, each
+  with its own share of the hosts and its own connections, results back in host order.
+
+What depends on all the hosts at once (the failure budget, the journal, the rollout's decisions)
+stays in the calling process, which sees the merged result exactly as it saw one run's. Ctrl-C
+reaches every worker (one process group) and the caller; a worker left without its caller gets
+SIGKILL from the kernel (tritonfleet.core.procs). Fewer hosts than ``MIN_HOSTS_PER_WORKER`` a worker
+are not split: a worker's start (a fork, or a pyinfra process: about a second of CPU) would cost
+more than it saves.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..core.errors import TritonfleetError
+from ..settings.access import Settings, default
+from .rollout import pyinfra_run
+from .rollout.pyinfra_run import PyinfraRun
+
+T = TypeVar("T")
+MIN_HOSTS_PER_WORKER = 20
+
+
+class WorkerError(TritonfleetError):
+    """A worker process failed (its own error, with the hosts it had)."""
+
+
+def configured(settings: Settings | None) -> int:
+    """The number of workers asked for: the fleet_workers tunable of ``settings`` (a run's first
+    host; None: the package's default), 0 meaning one per CPU."""
+    from ..settings.table import whole_number
+
+    value = settings.get("fleet_workers") if settings is not None else default("fleet_workers")
+    if str(value).strip() in ("0", ""):
+        return os.cpu_count() or 1
+    try:
+        return whole_number(value, "fleet_workers")
+    except ValueError as e:
+        raise WorkerError(str(e)) from None
+
+
+def count(hosts: int, workers: int | None, settings: Settings | None) -> int:
+    """Workers for ``hosts`` hosts: as asked (``workers``, else fleet_workers of ``settings``), at
+    most one per MIN_HOSTS_PER_WORKER hosts, at least 1."""
+    asked = configured(settings) if workers is None else (workers or os.cpu_count() or 1)
+    return max(1, min(asked, hosts // MIN_HOSTS_PER_WORKER))
+
+
+def slices(items: list[T], k: int) -> list[list[T]]:
+    """``items`` in ``k`` shares, every k-th item each (even sizes; each item in exactly one)."""
+    return [s for s in (items[i::k] for i in range(k)) if s]
+
+
+# --- forked workers -------------------------------------------------------------------------------
+
+def parallel(hosts: list, fn: Callable[[Any], T], workers: int | None = None) -> list[T]:
+    """``fn(host)`` for every host, results in host order: in this process (tritonfleet.fleet.inventory's
+    parallel) when one worker is enough, else in forked workers, each running its share the same
+    way. ``fn``'s results must pickle. An error in a worker is raised here, naming it."""
+    from . import inventory as fleet
+
+    k = count(len(hosts), workers, hosts[0] if hosts else None)
+    if k <= 1:
+        return fleet.parallel(hosts, fn)
+    for h in hosts:  # a connection belongs to one process: each worker makes its own
+        fleet.disconnect(h)
+    parts = slices(list(range(len(hosts))), k)
+    tmp = Path(tempfile.mkdtemp(prefix="tritonfleet-workers-"))
+    pids: list[int] = []
+    try:
+        for i, part in enumerate(parts):
+            pid = os.fork()
+            if pid == 0:
+                _child(tmp / f"{i}.pickle", [hosts[j] for j in part], fn)  # never returns
+            pids.append(pid)
+        out: list = [None] * len(hosts)
+        for i, pid in enumerate(pids):
+            _, status = os.waitpid(pid, 0)
+            try:
+                payload = pickle.loads((tmp / f"{i}.pickle").read_bytes())
+            except (OSError, pickle.UnpicklingError, EOFError):
+                payload = ("error", f"it ended without a result ({_status(status)})", "")
+            if payload[0] != "ok":
+                names = ", ".join(hosts[j].name for j in parts[i][:5])
+                raise WorkerError(f"worker {i + 1}/{len(parts)} (hosts {names}{', ...' if len(parts[i]) > 5 else ''}) "
+                                  f"failed: {payload[1]}\n{payload[2]}".rstrip())
+            for j, r in zip(parts[i], payload[1], strict=True):
+                out[j] = r
+        pids = []
+        return out
+    finally:
+        for pid in pids:  # interrupted or failed: no worker goes on alone
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _child(out: Path, hosts: list, fn) -> None:
+    from ..core.procs import die_with_parent
+    from . import inventory as fleet
+
+    code = 0
+    payload: tuple = ("error", "it ended without a result", "")
+    try:
+        try:
+            die_with_parent(os.getppid())()
+            payload = ("ok", fleet.parallel(hosts, fn))
+        except BaseException as e:  # reported to the parent, whatever it is; the raise ends at os._exit
+            payload, code = ("error", f"{type(e).__name__}: {e}", traceback.format_exc()), 1
+            raise
+    finally:
+        try:
+            out.write_bytes(pickle.dumps(payload))
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            out.write_bytes(pickle.dumps(("error", f"its result does not pickle: {e}", "")))
+            code = 1
+        finally:
+            os._exit(code)  # not the parent's atexit handlers, not its cleanup: nothing goes past here
+
+
+def _status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit status {os.waitstatus_to_exitcode(status)}"
+
+
+# --- pyinfra runs ---------------------------------------------------------------------------------
+
+def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, *, settings: Settings | None, dry: bool = False,
+                log_path: Path | None = None, timeout: float = 7200, failure_dir: Path | None = None,
+                on_start: Callable[[int], None] | None = None, workers: int | None = None) -> PyinfraRun:
+    """tritonfleet.fleet.rollout.pyinfra_run.run_pyinfra over ``workers`` pyinfra processes (each a slice of
+    ``hosts``), merged into one PyinfraRun. ``on_start`` is called with each process's pid.
+    ``log_path``: each process logs to <stem>.<n><suffix> beside it; ``log_path`` itself lists
+    them, then holds their logs one after the other."""
+    k = count(len(hosts), workers, settings)
+    if k <= 1:
+        return pyinfra_run.run_pyinfra(inventory, deploy, hosts, data, dry=dry, log_path=log_path, timeout=timeout,
+                                   failure_dir=failure_dir, on_start=on_start)
+    parts = slices(hosts, k)
+    runs: list = [None] * len(parts)
+    logs = [log_path.with_name(f"{log_path.stem}.{i + 1}{log_path.suffix}") if log_path else None
+            for i in range(len(parts))]
+
+    def one(i: int) -> None:
+        runs[i] = pyinfra_run.run_pyinfra(inventory, deploy, parts[i], data, dry=dry, log_path=logs[i], timeout=timeout,
+                                      failure_dir=failure_dir, on_start=on_start)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(parts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():  # Ctrl-C stays deliverable here; the processes get it from the terminal
+            t.join(0.2)
+    merged = merge([r for r in runs if r is not None], parts)
+    if log_path:
+        log_path.write_text("".join(f"# {len(p)} host(s): {lp}\n" for p, lp in zip(parts, logs, strict=True)) + "\n"
+                            + "\n".join(lp.read_text() for lp in logs if lp and lp.exists()))
+        merged.log_path = str(log_path)
+    return merged
+
+
+def merge(runs: list[PyinfraRun], parts: list[list[str]]) -> PyinfraRun:
+    """One PyinfraRun from several runs on disjoint hosts: operations merged by their hash (the
+    hosts of each outcome together), the failed hosts together, a run that gave no result
+    failing all its hosts, the worst exit status."""
+    ops: dict[str, dict] = {}
+    failed: list[str] = []
+    totals: dict[str, int] = {}
+    for run, part in zip(runs, parts, strict=False):
+        results = (run.data or {}).get("results") or {}
+        if run.rc != 0 and not results:
+            failed += part
+        failed += results.get("failed_hosts") or []
+        for op in results.get("operations", []):
+            key = op.get("op_hash") or op["name"]
+            have = ops.setdefault(key, {**op, "hosts": 0, "success": [], "error": [], "no_change": []})
+            have["hosts"] += int(op.get("hosts") or 0)
+            for outcome in ("success", "error", "no_change"):
+                have[outcome] += op.get(outcome, [])
+        for name, n in (results.get("totals") or {}).items():
+            totals[name] = totals.get(name, 0) + int(n)
+    data = {"results": {"operations": list(ops.values()), "failed_hosts": sorted(set(failed)), "totals": totals}} \
+        if any(r.data for r in runs) or failed else {}
+    return PyinfraRun(max((r.rc for r in runs), default=0), data, "\n".join(r.log for r in runs))
+
+
+def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, settings: Settings | None,
+           dry: bool = False, workers: int | None = None, echo=print,
+           limited: bool = True) -> int:
+    """A deploy (``pyinfra -y``) over worker processes, each its slice of ``hosts``: their
+    progress goes to this process's stderr as pyinfra writes it, their results are merged into one
+    summary. ``limited``: ``hosts`` are not the whole inventory (one process then gets them as
+    --limit too). Exit status: the worst of the processes (130 when interrupted)."""
+    import json
+    import subprocess
+    import sys
+
+    from ..core.procs import die_with_parent
+    from ..core.report import CHANNEL_ENV, read_channel
+
+    k = count(len(hosts), workers, settings)
+    parts = slices(hosts, k)
+    channel = Path(tempfile.mkdtemp(prefix="tritonfleet-failures-"))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    env[CHANNEL_ENV] = str(channel)
+    cmd = pyinfra_run.pyinfra_command() + ["-y", "--json"] + (["--dry"] if dry else [])
+    for key, value in data.items():
+        cmd += ["--data", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    procs, outs = [], [""] * len(parts)
+    try:
+        for part in parts:
+            limits = [a for h in part for a in ("--limit", h)] if k > 1 or limited else []
+            procs.append(subprocess.Popen([*cmd, *limits, inventory, deploy_file], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, text=True, env=env, preexec_fn=die_with_parent()))
+
+        def read(i: int) -> None:
+            outs[i] = procs[i].communicate()[0]
+
+        threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except KeyboardInterrupt:  # the processes had it too (one process group): wait for their ends
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(channel, ignore_errors=True)
+        echo(f"interrupted: {len(procs)} pyinfra process(es) stopped")
+        return 130
+    runs = []
+    for p, out in zip(procs, outs, strict=True):
+        try:
+            result = json.loads(out) if out.strip() else {}
+        except ValueError:
+            result = {}
+        runs.append(PyinfraRun(p.returncode, result, ""))
+    merged = merge(runs, parts)
+    failures = read_channel(channel)
+    shutil.rmtree(channel, ignore_errors=True)
+    failed, changed = merged.failed(), merged.changed()
+    echo(f"{len(hosts)} host(s) in {len(parts)} pyinfra process(es): {len(changed - failed)} changed, "
+         f"{len(set(hosts) - changed - failed)} unchanged, {len(failed)} failed"
+         + (f": {', '.join(sorted(failed)[:20])}{' ...' if len(failed) > 20 else ''}" if failed else ""))
+    for name in sorted(failed):
+        echo(failures[name].text() if name in failures else f"{name}: {merged.reason(name)}")
+    return merged.rc

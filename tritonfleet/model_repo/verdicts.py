@@ -1,0 +1,63 @@
+"""Model repositories already found valid, remembered by their content: a deploy's pre-flight
+validates the operator's repository (and each host's rendered copy) on every run, but an
+unchanged repository gets the same verdict, and the validator's imports and its reading of the
+ONNX models cost about as much as the rest of a converged host's no-op (docs/scale.md).
+
+A verdict is kept only for a repository without problems, keyed by everything the validator's
+answer depends on: the files (names, sizes, sha256: tritonfleet.model_repo.render.manifest,
+which reads only what changed since its last look), the GPU count it was validated for, the
+validator's own source (tritonfleet/model_repo/validate/ and the schema loader), tritonfleet's
+version, and whether the ``onnx`` package is there (the model signature check runs only with
+it). Anything else changed is a new key: validated again, from scratch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+from .. import __version__, resource
+
+
+def validator_source() -> str:
+    """sha256 over the validator's source: the modules of the package ``model_repo/validate`` and
+    the schema loader (``core/triton_schema.py``), by name and content."""
+    h = hashlib.sha256()
+    for path in [*sorted(resource("model_repo", "validate").glob("*.py")), resource("core", "triton_schema.py")]:
+        data = path.read_bytes()
+        h.update(f"{path.name}\0{len(data)}\0".encode() + data)
+    return h.hexdigest()
+
+
+def _key(repo: Path, gpus: int | None) -> str:
+    from .render import manifest
+
+    validator = validator_source()
+    onnx = importlib.util.find_spec("onnx") is not None
+    blob = json.dumps([manifest(repo), gpus, __version__, validator, onnx], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def validate_repository(repo: Path, gpus: int | None = None) -> list:
+    """tritonfleet.model_repo.validate.validate_repository's problems for ``repo`` ([] when it is
+    valid), answered from an earlier run's verdict when nothing it depends on changed."""
+    from .render import CACHE_DIR, RepositoryError
+
+    try:
+        marker = CACHE_DIR / "validated" / _key(repo, gpus)
+    except (RepositoryError, OSError, ValueError):  # unreadable as a release: the validator says why
+        marker = None
+    if marker is not None and marker.is_file():
+        return []
+    from .validate import validate_repository as validate
+
+    problems = validate(repo, gpus=gpus)
+    if not problems and marker is not None:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"{repo}\n")
+        except OSError:  # a read-only cache directory only costs the next run the validation
+            pass
+    return problems
