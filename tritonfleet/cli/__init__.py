@@ -1,7 +1,8 @@
 """The ``tritonfleet`` command line: one module a command group (``fleet``: status and rollout;
-``validate``, ``loadtest``, ``prometheus``, ``tune``; ``init`` from tritonfleet.cli.scaffold). The modules define their commands and
-import nothing from here; ``main`` adds them. Other installed packages add theirs through the
-``tritonfleet.commands`` entry point group (the test tooling's ``testbed``).
+``validate``, ``loadtest``, ``prometheus``, ``tune``, ``quarantine``; ``init`` from
+tritonfleet.cli.scaffold). The modules define their commands and import nothing from here;
+``main`` adds them. Other installed packages add theirs through the ``tritonfleet.commands`` entry
+point group (the test tooling's ``testbed``).
 
 Errors meant for a person (``tritonfleet.core.errors.TritonfleetError``) become their message and
 exit status in one place, :class:`Main`: 2 for bad input (arguments, inventory, settings, files),
@@ -16,7 +17,7 @@ from .. import __version__
 from ..core.errors import TritonfleetError
 from ..core.exits import exit_for
 from ..core.open_files import raise_nofile
-from . import fleet, loadtest, prometheus, tune, validate
+from . import fleet, loadtest, prometheus, quarantine, tune, validate
 from .scaffold import init
 
 #: entry point group through which other installed packages add command groups
@@ -42,7 +43,7 @@ def main() -> None:
 
 
 for _command in (loadtest.loadtest_cmd, prometheus.prometheus_cmd, fleet.rollout_cmd, fleet.status_cmd,
-                 tune.tune_cmd, validate.validate_cmd, init):
+                 tune.tune_cmd, validate.validate_cmd, quarantine.quarantine_cmd, init):
     main.add_command(_command)
 
 
