@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tritonfleet.preflight",),  # deploy-time read-only checks
     ("tritonfleet.steps",),  # the @deploy steps
     ("tritonfleet.cli",),  # the command line
+    ("tritonfleet.__main__",),  # the console script: patches for gevent, then runs the command line
     # kept for operators' deploy files and inventories: nothing in the package imports them
     ("tritonfleet.limits", "tritonfleet.defaults", "tritonfleet.tunables", "tritonfleet.pyinfra_patches"),
 ]
