@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.forked import forked
 from tests.support.haproxy import HAProxy
 from tests.support.tritonproc import copy_repository, free_port, local_server
 from tritonfleet.cli import main
@@ -131,7 +132,7 @@ class Rig:
         inv.parent.mkdir()
         inv.write_text("fleet = [" + ", ".join(f"({h!r}, {data!r})" for h in HOSTS) + "]\n")
         self.inventory = inv
-        self.hosts = load_inventory(inv)
+        self.hosts = load_hosts(inv)
         self.lines: list[str] = []
         self.rec = quarantine.Receiver(self.hosts, tmp / "state", interval=0.2, gate_timeout=30,
                                        echo=self.lines.append)
@@ -175,7 +176,23 @@ class Rig:
         self.hap.stop()
 
 
+def _loaded(inv: Path, data: dict | None) -> list[tuple[str, list[str], dict]]:
+    return [(h.name, h.groups, h.data) for h in load_inventory(inv, data=data)]
+
+
+def load_hosts(inv: Path, data: dict | None = None) -> list[FleetHost]:
+    """The inventory's hosts, loaded in a forked child: loading an inventory patches the process
+    for gevent, which later tests must not inherit (tests/support/forked.py)."""
+    return [FleetHost(name, groups, d) for name, groups, d in forked(_loaded, inv, data)]
+
+
 def tritonfleet(*args: str):
+    """The command line in a forked child of this process (it loads the inventory:
+    tests/support/forked.py); the receiver's thread in this process answers it."""
+    return forked(_cli, *args)
+
+
+def _cli(*args: str):
     """The command line, in this process (click's runner): exit status, stdout, stderr. An error
     of exit status 1 ends the command with its message in the SystemExit (tritonfleet.core.exits),
     which Python prints on stderr as the process ends; click's runner writes it to stdout: here it
@@ -297,7 +314,7 @@ def test_the_state_survives_a_restart_and_status_shows_it(rig, tmp_path):
     from tritonfleet.cli.fleet import add_quarantine, status_table
     from tritonfleet.fleet import probe
 
-    hosts = load_inventory(rig.inventory, data={"quarantine_url": rig.url})
+    hosts = load_hosts(rig.inventory, data={"quarantine_url": rig.url})
     rows = [probe.HostStatus(h, "127.0.0.1", None, reachable=True, unit_state="active") for h in HOSTS]
     add_quarantine(hosts, rows)
     assert rows[1].quarantine["reasons"] == ["GpuXidCritical: GpuXidCritical on h2"]
