@@ -111,6 +111,11 @@ GPU_PROFILES = {
         "UTILIZATION_GPU": "0",
         "COMPUTE_MODE": "Default",
         "MIG_MODE": "N/A",
+        # health fields (telemetry): T4's highest SM clock from its supported clocks (nvidia-smi -q
+        # -d SUPPORTED_CLOCKS of a g4dn, mlcommons/inference_results_v0.5#20), PCIe 3.0 x16
+        "SM_CLOCK_MAX_MHZ": "1590",
+        "PCIE_GEN": "3",
+        "PCIE_GEN_MAX": "3",
     },
     "L4": {
         "GPU_NAME": "NVIDIA L4",
@@ -130,6 +135,11 @@ GPU_PROFILES = {
         "UTILIZATION_GPU": "4",
         "COMPUTE_MODE": "Default",
         "MIG_MODE": "N/A",
+        # health fields: PCIe 4.0 x16 and a 2040 MHz highest SM clock (NVIDIA's L4 product figures;
+        # not confirmed from a captured nvidia-smi answer)
+        "SM_CLOCK_MAX_MHZ": "2040",
+        "PCIE_GEN": "4",
+        "PCIE_GEN_MAX": "4",
     },
 }
 

@@ -29,10 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # tests/testbed/test_pull.py among them: one session host, a few minutes).
 FIRST_PART_FILES = ("tests/testbed/test_faults.py", "tests/testbed/test_fleet_ops.py")
 # The third part: the run-time safety tests on real hosts (the deploy lock, the drain behind a
-# real HAProxy) and the operator-facing checks, each bringing up only what it needs, so that no
+# real HAProxy, GPU health's quarantine) and the operator-facing checks, each bringing up only what it needs, so that no
 # part runs much past the others (the second part alone had grown to over 25 minutes).
 THIRD_PART_FILES = ("tests/testbed/test_deploy_lock.py", "tests/testbed/test_drain.py",
-                    "tests/testbed/test_operator_repository.py", "tests/testbed/test_wheel.py")
+                    "tests/testbed/test_operator_repository.py", "tests/testbed/test_wheel.py",
+                    "tests/testbed/test_quarantine.py")
 
 
 @dataclass(frozen=True)

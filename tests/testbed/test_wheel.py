@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.testbed import changed_ops
+from tests.unit.test_package import SKELETON_FILES
 from tritonfleet import ROOT
 
 #: what the wheel is built from (a clean copy: no build/ left over from earlier builds)
@@ -91,7 +92,7 @@ def test_the_wheel_alone_serves_the_fleet_from_a_new_repository(deployed, instal
 
     # tritonfleet init: the operator's repository, its models valid
     res = run([bindir / "tritonfleet", "init", "fleet"], empty, env)
-    assert res.returncode == 0 and "15 file(s) written" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and f"{len(SKELETON_FILES)} file(s) written" in res.stdout, res.stdout + res.stderr
     repo = empty / "fleet"
     res = run([bindir / "tritonfleet", "validate"], repo, env)
     assert res.returncode == 0, res.stdout + res.stderr

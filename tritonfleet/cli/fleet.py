@@ -48,9 +48,15 @@ def _drift_text(st: probe.HostStatus) -> str:
 
 
 def status_table(rows: list[probe.HostStatus]) -> str:
-    head = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "SOURCE", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
+    head: tuple[str, ...] = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "SOURCE", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
             "RELEASE", "LAST DEPLOY", "REBOOT", "MODULE", "DRIFT")
-    table = [head]
+    table: list[tuple[str, ...]] = [head]
+    quarantine = any(st.quarantine for st in rows)
+    if quarantine:  # only when the receiver reports a host out: the table is otherwise unchanged
+        from ..fleet.quarantine.client import status_line
+
+        head = (*head[:-1], "QUARANTINE", head[-1])
+        table = [head]
     for st in rows:
         # reported/expected (gpu_count, else the host's GPU record) when something is expected
         count = f"{len(st.gpus)}/{st.gpu_expected}" if st.gpu_expected else str(len(st.gpus))
@@ -66,6 +72,7 @@ def status_table(rows: list[probe.HostStatus]) -> str:
             st.toolkit or "-", st.docker or "-", (st.image or "-").rsplit("/", 1)[-1], unit,
             f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-", st.release or "-",
             _short_time(st.last_deploy), st.reboot if st.reachable else "-", st.module if st.reachable else "-",
+            *([status_line(st.quarantine) if st.quarantine else "-"] if quarantine else []),
             _drift_text(st),
         ))
     widths = [max(len(str(r[i])) for r in table) for i in range(len(head) - 1)]
@@ -95,6 +102,7 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     rows = workers.parallel(hosts, probe.probe)
     for h in hosts:
         fleet.disconnect(h)
+    add_quarantine(hosts, rows)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
     else:
@@ -123,6 +131,27 @@ def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
         for row in table:
             click.echo("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1])
     return 0 if all(not r["drift"] for r in rows) else 1
+
+
+def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -> None:
+    """Hosts the quarantine receiver (quarantine_url) holds out of the load balancer: their row's
+    quarantine and a drift line (a host out of service is not as the inventory wants it)."""
+    from ..core.errors import TritonfleetError
+    from ..fleet.quarantine.client import fetch_state, status_line
+
+    url = hosts[0].get("quarantine_url") if hosts else None
+    if not url:
+        return
+    try:
+        state = fetch_state(str(url))
+    except TritonfleetError as e:
+        click.echo(f"warning: {e}", err=True)
+        return
+    for st in rows:
+        entry = (state.get("hosts") or {}).get(st.host)
+        if entry:
+            st.quarantine = entry
+            st.drift.append(status_line(entry))
 
 
 @click.command("rollout")

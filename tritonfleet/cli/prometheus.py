@@ -26,8 +26,16 @@ import click
 @click.option("--force", is_flag=True,
               help="Replace files in DIR that tritonfleet prometheus did not write (or that were changed "
                    "since it wrote them). Without it such files are left alone and nothing is written.")
+@click.option("--health-interval", default="5s", show_default=True,
+              help="Scrape and rule evaluation interval of GPU health (node exporter textfiles).")
+@click.option("--alertmanager", default="", metavar="HOST:PORT",
+              help="The Alertmanager Prometheus sends its alerts to (prometheus.yml's alerting section).")
+@click.option("--quarantine-url", default="", metavar="URL",
+              help="The quarantine receiver (tritonfleet quarantine serve) as Alertmanager reaches it: "
+                   "writes alertmanager.yml routing quarantine alerts to it.")
 def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: str,
-                   scrape_interval: str, rate_window: str, limit: tuple[str, ...], force: bool) -> None:
+                   scrape_interval: str, rate_window: str, limit: tuple[str, ...], force: bool,
+                   health_interval: str, alertmanager: str, quarantine_url: str) -> None:
     """Write Prometheus file_sd targets, the scrape job, recording and alerting rules and a
     Grafana dashboard for the inventory's Triton hosts.
 
@@ -43,11 +51,14 @@ def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: st
     out_dir = Path(out)
     hosts = load_inventory(inventory)
     only = {h.name for h in select(hosts, limit, inventory)} if limit else None
-    from ..observability import prometheus  # after the inventory: pyinfra patches sockets on import
+    # after the inventory: pyinfra patches sockets on import
+    from ..observability import gpu_health_rules, prometheus
 
     opts = prometheus.Options(job=job, scrape_interval=scrape_interval, rate_window=rate_window,
-                              prometheus_dir=prometheus_dir or str(out_dir.resolve()))
-    gen = prometheus.generate(hosts, opts, only)
+                              prometheus_dir=prometheus_dir or str(out_dir.resolve()),
+                              health_interval=health_interval, alertmanager=alertmanager,
+                              quarantine_url=quarantine_url)
+    gen = gpu_health_rules.extend(prometheus.generate(hosts, opts, only), hosts, opts)
     for w in gen.warnings:
         click.echo(f"warning: {w}", err=True)
     done = prometheus.write(gen, out_dir, force=force)
@@ -66,6 +77,10 @@ def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: st
                + ", ".join(f"{g} {n}" for g, n in groups.items())
                + f"), {n_records} recording and {n_alerts} alerting rules, dashboard "
                f"grafana/{job}-fleet.json")
+    n_health = sum(1 for f in gen.files if f.startswith("targets/health/"))
+    click.echo(f"  GPU health: job {job}-health ({n_health} target file(s) under targets/health/), "
+               f"{len((gen.health_rules or {}).get('rules', []))} alerting rules every {health_interval}"
+               + (", alertmanager.yml" if quarantine_url else ""))
     for t in gen.targets:
         labels = " ".join(f"{k}={v}" for k, v in t.labels.items())
         click.echo(f"  {t.target:<24} {labels}")

@@ -145,6 +145,8 @@ class HostStatus:
     #: looks like an answer (no models, no failure, no count); each one is drift
     unknown: dict[str, str] = field(default_factory=dict)
     drift: list[str] = field(default_factory=list)
+    # out of the load balancer by the quarantine receiver (tritonfleet.fleet.quarantine): since, reasons, held
+    quarantine: dict | None = None
 
     @property
     def version(self) -> str:

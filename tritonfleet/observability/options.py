@@ -1,5 +1,6 @@
 """What ``tritonfleet prometheus`` generates with (the scrape job's name, its interval, the rate
-window of the rules and dashboard, where the files live on the Prometheus server), checked."""
+window of the rules and dashboard, where the files live on the Prometheus server, GPU health's
+interval, Alertmanager and the quarantine receiver), checked."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ class Options:
     rate_window: str = "5m"
     #: where DIR lives on the Prometheus server (paths in the scrape job and prometheus.yml)
     prometheus_dir: str = ""
+    #: GPU health (tritonfleet.observability.gpu_health_rules): scrape and evaluation interval,
+    #: the Alertmanager Prometheus sends alerts to (host:port), the quarantine receiver's URL
+    health_interval: str = "5s"
+    alertmanager: str = ""
+    quarantine_url: str = ""
 
     def check(self) -> None:
         if not JOB_NAME.match(self.job):
@@ -27,6 +33,12 @@ class Options:
                            ("--rate-window", self.rate_window)):
             if not DURATION.match(value):
                 raise InventoryError(f"{opt} {value!r} is not a Prometheus duration (e.g. 15s, 5m)")
+        if not DURATION.match(self.health_interval):
+            raise InventoryError(f"--health-interval {self.health_interval!r} is not a Prometheus duration (e.g. 5s)")
+        if self.alertmanager and not re.match(r"^[A-Za-z0-9_.\[\]:-]+:[0-9]+$", self.alertmanager):
+            raise InventoryError(f"--alertmanager {self.alertmanager!r}: expected host:port")
+        if self.quarantine_url and not re.match(r"^https?://[^\s/]+", self.quarantine_url):
+            raise InventoryError(f"--quarantine-url {self.quarantine_url!r}: expected http://host:port")
         if duration_seconds(self.rate_window) < 4 * duration_seconds(self.scrape_interval):
             raise InventoryError(f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
                              f"({self.scrape_interval}) for rate() to see enough samples")

@@ -33,20 +33,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from ..core.errors import UsageError
 from ..fleet.inventory import FleetHost, InventoryError
 from . import metrics
 from .options import Options, duration_seconds
+from .rule_text import alert, host_regex, number, yaml_file
 
 #: the record of what the command wrote into DIR (relative path -> sha256 of each version written)
 RECORD = ".tritonfleet-prometheus.json"
+#: the folders of file_sd target files: the Triton job's and the GPU health job's
+#: (tritonfleet.observability.gpu_health_rules), each ``<job>-<group>.json``
+TARGET_DIRS = ("targets", "targets/health")
 
 # ---- targets ---------------------------------------------------------------------------------
 
@@ -108,11 +108,6 @@ def scrape_job(opts: Options, base: str) -> dict:
 
 # ---- rules -----------------------------------------------------------------------------------
 
-def _host_regex(names: list[str]) -> str:
-    """A RE2 alternation matching exactly these host names (PromQL raw string, backticks)."""
-    return "|".join(re.sub(r"([^A-Za-z0-9_-])", r"\\\1", n) for n in names)
-
-
 def _partitions(hosts: list[FleetHost], keys: tuple[str, ...]) -> list[tuple[tuple, str, dict[str, str]]]:
     """[(values of ``keys``, extra matcher, extra labels)]: one entry when every host has the
     same values (no matcher, no labels), else one per distinct set of values, restricted to its
@@ -126,7 +121,7 @@ def _partitions(hosts: list[FleetHost], keys: tuple[str, ...]) -> list[tuple[tup
         groups.setdefault(json.dumps(values), (values, []))[1].append(h.name)
     if len(groups) == 1:
         return [(next(iter(groups.values()))[0], "", {})]
-    return [(values, f", host=~`{_host_regex(names)}`", _threshold_labels(keys, values))
+    return [(values, f", host=~`{host_regex(names)}`", _threshold_labels(keys, values))
             for values, names in groups.values()]
 
 
@@ -134,11 +129,7 @@ def _threshold_labels(keys: tuple[str, ...], values: tuple) -> dict[str, str]:
     """Labels for one partition's rule, when the hosts' thresholds differ: each tunable and its
     value. promtool check rules reports rules of one name with the same labels as duplicates
     ("Might cause inconsistency while recording expressions"), whatever their expressions."""
-    return {k: _num(v) for k, v in zip(keys, values, strict=True)}
-
-
-def _num(v: float) -> str:
-    return repr(float(v)).removesuffix(".0") if float(v).is_integer() else repr(float(v))
+    return {k: number(v) for k, v in zip(keys, values, strict=True)}
 
 
 def recording_rules(opts: Options) -> list[dict]:
@@ -170,22 +161,11 @@ def recording_rules(opts: Options) -> list[dict]:
     return [{"record": name, "expr": expr} for name, expr in rules]
 
 
-def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
-           labels: dict | None = None) -> dict:
-    return {
-        "alert": name,
-        "expr": expr,
-        "for": for_,
-        "labels": {"severity": severity, **(labels or {})},
-        "annotations": {"summary": summary, "description": description},
-    }
-
-
 def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list[str]]) -> list[dict]:
     """Alerts; ``models``: model -> hosts expected to serve it (their model repository)."""
     j, w = f'job="{opts.job}"', opts.rate_window
     on = "{{ $labels.host }} ({{ $labels.instance }})"
-    rules = [_alert(
+    rules = [alert(
         "TritonDown", f"up{{{j}}} == 0", "2m", "critical",
         f"Triton on {on} does not answer on its metrics port",
         "Prometheus cannot scrape the host's Triton metrics endpoint: the container or the host is "
@@ -193,8 +173,8 @@ def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list
     )]
     everyone = sorted(h.name for h in hosts)
     for model, names in sorted(models.items()):
-        sel = "" if sorted(names) == everyone else f", host=~`{_host_regex(sorted(names))}`"
-        rules.append(_alert(
+        sel = "" if sorted(names) == everyone else f", host=~`{host_regex(sorted(names))}`"
+        rules.append(alert(
             "TritonModelNotReady",
             f'label_replace((up{{{j}{sel}}} == 1) unless on (instance) '
             f'nv_inference_request_success{{{j}, model="{model}"}}, "model", "{model}", "", "")',
@@ -206,26 +186,26 @@ def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list
             {"model": model},
         ))
     for (ratio,), sel, extra in _partitions(hosts, ("monitor_failure_ratio",)):
-        rules.append(_alert(
-            "TritonModelFailures", f"triton_model:failure_ratio:rate{w}{{{j}{sel}}} > {_num(ratio)}",
+        rules.append(alert(
+            "TritonModelFailures", f"triton_model:failure_ratio:rate{w}{{{j}{sel}}} > {number(ratio)}",
             "5m", "warning",
             f"{{{{ $labels.model }}}} fails {{{{ $value | humanizePercentage }}}} of requests on {on}",
-            f"More than {_num(ratio * 100)}% of the model's requests failed over {w} "
+            f"More than {number(ratio * 100)}% of the model's requests failed over {w} "
             "(nv_inference_request_failure by reason).",
             extra,
         ))
     for (ms,), sel, extra in _partitions(hosts, ("monitor_latency_ms",)):
-        rules.append(_alert(
-            "TritonModelSlow", f"triton_model:request_duration_us:mean{w}{{{j}{sel}}} > {_num(ms * 1000)}",
+        rules.append(alert(
+            "TritonModelSlow", f"triton_model:request_duration_us:mean{w}{{{j}{sel}}} > {number(ms * 1000)}",
             "10m", "warning",
             f"{{{{ $labels.model }}}} on {on} takes {{{{ $value | printf \"%.0f\" }}}} us a request",
-            f"The mean request time (queue + compute) over {w} is above {_num(ms)} ms. It is a mean from "
+            f"The mean request time (queue + compute) over {w} is above {number(ms)} ms. It is a mean from "
             "Triton's cumulative _us counters (rate(duration) / rate(count)), not a percentile.",
             extra,
         ))
     for (ratio,), sel, extra in _partitions(hosts, ("monitor_queue_compute_ratio",)):
-        factor = "" if ratio == 1 else f"{_num(ratio)} * "
-        rules.append(_alert(
+        factor = "" if ratio == 1 else f"{number(ratio)} * "
+        rules.append(alert(
             "TritonQueueDominates",
             f"triton_model:queue_duration_us:mean{w}{{{j}{sel}}} > "
             f"{factor}triton_model:compute_duration_us:mean{w}",
@@ -237,25 +217,25 @@ def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list
             extra,
         ))
     for (ratio, low), sel, extra in _partitions(hosts, ("monitor_queue_compute_ratio", "monitor_low_utilization")):
-        factor = "" if ratio == 1 else f"{_num(ratio)} * "
-        rules.append(_alert(
+        factor = "" if ratio == 1 else f"{number(ratio)} * "
+        rules.append(alert(
             "TritonQueueWhileGpuIdle",
             f"(triton_model:queue_duration_us:mean{w}{{{j}{sel}}} > "
             f"{factor}triton_model:compute_duration_us:mean{w}) "
-            f"and on (instance) (triton_host:gpu_utilization:avg{w} < {_num(low)})",
+            f"and on (instance) (triton_host:gpu_utilization:avg{w} < {number(low)})",
             "10m", "warning",
             f"{{{{ $labels.model }}}} on {on}: queue time dominates while the GPU is under "
-            f"{_num(low * 100)}% busy: lower max_queue_delay_microseconds",
+            f"{number(low * 100)}% busy: lower max_queue_delay_microseconds",
             "Requests wait for the dynamic batcher while the GPU idles: lower the model's "
             "max_queue_delay_microseconds (config.pbtxt, or model_overrides per GPU class).",
             extra,
         ))
     for (ratio,), sel, extra in _partitions(hosts, ("monitor_gpu_memory_ratio",)):
-        rules.append(_alert(
-            "TritonGpuMemoryNearFull", f"triton_gpu:memory_used:ratio{{{j}{sel}}} > {_num(ratio)}",
+        rules.append(alert(
+            "TritonGpuMemoryNearFull", f"triton_gpu:memory_used:ratio{{{j}{sel}}} > {number(ratio)}",
             "5m", "warning",
             f"GPU {{{{ $labels.gpu_uuid }}}} on {on} is {{{{ $value | humanizePercentage }}}} full",
-            f"Used GPU memory is above {_num(ratio * 100)}% of the total: a further model instance "
+            f"Used GPU memory is above {number(ratio * 100)}% of the total: a further model instance "
             "or a larger batch may fail to allocate.",
             extra,
         ))
@@ -295,11 +275,7 @@ class Generated:
     job: str = "triton"
     #: --limit: the hosts whose target entries are written; every other entry is kept as it is
     only: frozenset[str] | None = None
-
-
-def _yaml(data: Any, header: str) -> str:
-    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=1000, allow_unicode=True)
-    return f"# {header}\n# Generated by `tritonfleet prometheus`; regenerate instead of editing.\n{body}"
+    health_rules: dict | None = None  #: the GPU health group (tritonfleet.observability.gpu_health_rules)
 
 
 def generate(hosts: list[FleetHost], opts: Options, only: set[str] | None = None) -> Generated:
@@ -320,11 +296,11 @@ def generate(hosts: list[FleetHost], opts: Options, only: set[str] | None = None
     rules = rules_file(opts, hosts, expected_models(hosts))
     files = {f"targets/{name}": json.dumps(entries, indent=2) + "\n"
              for name, entries in file_sd(ts, opts.job).items()}
-    files[f"scrape-{opts.job}.yml"] = _yaml(
+    files[f"scrape-{opts.job}.yml"] = yaml_file(
         [job], "Scrape job for the Triton fleet: paste under scrape_configs: in prometheus.yml.")
-    files[f"rules/{opts.job}.rules.yml"] = _yaml(
+    files[f"rules/{opts.job}.rules.yml"] = yaml_file(
         rules, "Recording and alerting rules for the Triton fleet (rule_files: in prometheus.yml).")
-    files["prometheus.yml"] = _yaml({
+    files["prometheus.yml"] = yaml_file({
         "global": {"scrape_interval": opts.scrape_interval, "evaluation_interval": opts.scrape_interval},
         "rule_files": [f"{base}/rules/*.rules.yml"],
         "scrape_configs": [job],
@@ -383,15 +359,14 @@ class Plan:
     kept: list[str] = field(default_factory=list)  #: messages: foreign files left alone
 
 
-def plan(gen: Generated, out: Path, force: bool = False) -> Plan:
-    """What :func:`write` does in DIR ``out``; raises ForeignFiles (nothing written) when a file
-    it would write is not its own, unless ``force``."""
-    record = read_record(out)
-    p = Plan()
-    prefix = f"targets/{gen.job}-"
-    on_disk = sorted(f"targets/{f.name}" for f in (out / "targets").glob(f"{gen.job}-*.json")) \
-        if (out / "targets").is_dir() else []
-    wanted = dict(gen.files)
+def _plan_targets(gen: Generated, out: Path, folder: str, record: dict[str, list[str]],
+                  wanted: dict[str, str], p: Plan, force: bool) -> None:
+    """The target files of one folder (``targets/``, ``targets/health/``) in :func:`plan`: with
+    --limit the named hosts' entries merged into what is there, else this command's own files of
+    groups that are gone removed (a foreign one kept, with a warning)."""
+    prefix = f"{folder}/{gen.job}-"
+    on_disk = sorted(f"{folder}/{f.name}" for f in (out / folder).glob(f"{gen.job}-*.json")) \
+        if (out / folder).is_dir() else []
     if gen.only is not None:  # --limit: the named hosts' entries change, every other one stays
         for rel in sorted(set(on_disk) | {r for r in wanted if r.startswith(prefix)}):
             if not rel.startswith(prefix):
@@ -428,6 +403,16 @@ def plan(gen: Generated, out: Path, force: bool = False) -> Plan:
                 p.kept.append(f"{out / rel}: not written by tritonfleet prometheus (or changed since): kept, "
                               f"and Prometheus still reads it for job {gen.job} (it matches "
                               f"{prefix}*.json); remove it if its targets are gone")
+
+
+def plan(gen: Generated, out: Path, force: bool = False) -> Plan:
+    """What :func:`write` does in DIR ``out``; raises ForeignFiles (nothing written) when a file
+    it would write is not its own, unless ``force``."""
+    record = read_record(out)
+    p = Plan()
+    wanted = dict(gen.files)
+    for folder in TARGET_DIRS:
+        _plan_targets(gen, out, folder, record, wanted, p, force)
     foreign = []
     for rel, content in wanted.items():
         mine = _owned(out, rel, record)

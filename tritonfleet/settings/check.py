@@ -31,6 +31,7 @@ import ast
 import difflib
 import functools
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,48 @@ def _dict_of_dicts() -> Rule:
     return Rule("a dict", test)
 
 
+def _xid_list() -> Rule:
+    """Xid numbers: a list of whole numbers > 0 (NVIDIA's Xid catalog numbers them from 1)."""
+    what = "a list of Xid numbers (whole numbers > 0)"
+
+    def test(v):
+        if not isinstance(v, (list, tuple)) or not all(_is_int(x) and x > 0 for x in v):
+            return f"must be {what}" + (" (write it in brackets: [48, 79])" if _is_int(v) else "")
+        return None
+    return Rule(what, test)
+
+
+#: a quarantine budget written as text: "N" hosts or "P%" of the group (the receiver's own
+#: parser, tritonfleet.fleet.quarantine.planning.budget_limit, reads the same forms)
+_BUDGET = re.compile(r"^\s*([0-9]+)\s*(%?)\s*$")
+
+
+def _budget() -> Rule:
+    """Hosts of a group that may be out at once: a whole number >= 0, or "P%" with P from 0 to 100."""
+    what = 'a whole number of hosts >= 0 or "P%" of the group (0 to 100)'
+
+    def test(v):
+        if _is_int(v):
+            return None if v >= 0 else f"must be {what}"
+        m = _BUDGET.match(v) if isinstance(v, str) else None
+        if not m or (m.group(2) and int(m.group(1)) > 100):
+            return f"must be {what}"
+        return None
+    return Rule(what, test)
+
+
+def _http_url(none: bool = False) -> Rule:
+    what = "an http:// or https:// URL" + (" or None" if none else "")
+
+    def test(v):
+        if v is None and none:
+            return None
+        if not isinstance(v, str) or not re.match(r"^https?://[^\s/]+", v):
+            return f"must be {what}"
+        return None
+    return Rule(what, test)
+
+
 PORT = whole(1, 65535)
 
 #: One rule for every tunable of tritonfleet/settings/defaults.py, in its order. Choices are written here
@@ -319,6 +362,23 @@ RULES: dict[str, Rule] = {
     "perf_gate_duration": seconds(),
     "perf_gate_max_throughput_drop": number(0, 1),
     "perf_gate_max_p95_rise": number(0),
+    # GPU health: telemetry, inference probe, quarantine
+    "gpu_telemetry": flag(),
+    "telemetry_node_exporter": flag(),
+    "telemetry_node_exporter_port": PORT,
+    "telemetry_textfile_dir": text(empty=False),
+    "telemetry_interval": seconds(),
+    "telemetry_smi_timeout": seconds(),
+    "telemetry_kmsg_path": text(empty=False),
+    "probe_interval": seconds(),
+    "probe_timeout": seconds(),
+    "monitor_probe_failures": whole(1),
+    "monitor_gpu_temperature_c": number(0, unit="degrees C"),
+    "quarantine_xids": _xid_list(),
+    "quarantine_budget": _budget(),
+    "quarantine_url": _http_url(none=True),
+    "quarantine_check_interval": seconds(),
+    "quarantine_gate_timeout": seconds(),
     # the settings check itself
     "extra_host_data": text_list(),
     # pull mode

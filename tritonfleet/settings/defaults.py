@@ -325,6 +325,52 @@ perf_gate_max_throughput_drop = 0.2
 # before by more than this share (0.5: more than 50% higher).
 perf_gate_max_p95_rise = 0.5
 
+# --- GPU health: telemetry, inference probe, quarantine (docs/operations.md) ----------------
+# deploys/telemetry.py on this host: True installs and runs the GPU fault collector and the
+# inference probe (node exporter textfiles) and `tritonfleet prometheus` scrapes the host's node
+# exporter; False removes the two services (the node exporter package stays) and scrapes nothing.
+gpu_telemetry = True
+# Install the distro's node exporter (prometheus-node-exporter, no recommends) and keep it running;
+# False: the operator runs one whose --collector.textfile.directory is telemetry_textfile_dir.
+telemetry_node_exporter = True
+# The node exporter's port, as Prometheus reaches the host (health_host, else the SSH address).
+telemetry_node_exporter_port = 9100
+# The node exporter's textfile directory (Debian's and Ubuntu's package default).
+telemetry_textfile_dir = "/var/lib/prometheus/node-exporter"
+# Seconds between two driver queries (one `nvidia-smi --query-gpu` call, ~45 ms on an H200);
+# Xid reports are written as soon as the kernel logs them.
+telemetry_interval = 5
+# Seconds a driver query may take before it counts as failed.
+telemetry_smi_timeout = 10
+# The kernel-message source the collector follows for Xid reports: /dev/kmsg, or a file of
+# /dev/kmsg records (the testbed injects faults through one).
+telemetry_kmsg_path = "/dev/kmsg"
+# Seconds from one inference probe round to the next (one real inference per ready model).
+probe_interval = 5
+# Seconds each probe request (repository index, model config, inference) may take.
+probe_timeout = 10
+# Probe inferences of a model that fail in a row before TritonInferenceProbeFailing fires (and
+# the host is quarantined).
+monitor_probe_failures = 2
+# Alert (warning) when a GPU's temperature stays above this many degrees C for 5 minutes.
+monitor_gpu_temperature_c = 85
+# Xid numbers whose report quarantines the host (NVIDIA's Xid catalog: 48 double-bit ECC error,
+# 64 row remapping / page retirement recording failure, 79 GPU has fallen off the bus, 95
+# uncontained ECC error); every other Xid raises a warning only.
+quarantine_xids = [48, 64, 79, 95]
+# At most this many hosts of an inventory group quarantined at once: a number, or "P%" of the
+# group's hosts (rounded down); beyond it a quarantine alert only alerts. The strictest value of
+# the group's hosts counts.
+quarantine_budget = 1
+# The quarantine receiver's URL as this machine reaches it (e.g. "http://127.0.0.1:9095"):
+# `tritonfleet status` shows quarantined hosts from it; None: status does not ask.
+quarantine_url = None
+# Seconds between two rounds of the receiver (re-reading Alertmanager, returning hosts whose
+# alerts resolved, re-draining a quarantined host something put back).
+quarantine_check_interval = 5
+# Seconds the warm inference gate may take before a quarantined host goes back (live, ready,
+# every model ready, one inference per model).
+quarantine_gate_timeout = 60
 # --- Settings check (tritonfleet/settings/check.py) ----------------------------------------
 # Names of host data that tritonfleet does not read (your own deploy code's): the settings check,
 # which refuses any other name that is no tunable, no gpu_class and no pyinfra setting (a

@@ -14,6 +14,11 @@ What it does, like the real backend as far as the testbed needs:
   * serves every batch Triton's dynamic batcher hands to ``execute()`` with ONE session run:
     the requests' inputs are concatenated along the batch dimension and the outputs split back;
   * reads the model config parameters ``intra_op_thread_count`` / ``inter_op_thread_count``.
+
+A test switch, not a feature of the real backend: while the file ``<fault dir>/<model name>``
+exists (``$TRITONFLEET_TESTBED_FAULT_DIR``, default ``/tmp/tritonfleet-testbed-faults``: inside
+the container, its own /tmp), every request of that model fails while the model stays READY, the
+"ready but broken" host of the GPU health tests (``docker exec <container> touch ...``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ _ORT_TYPES = {
     "tensor(bool)": np.bool_,
     "tensor(string)": np.object_,
 }
+
+
+FAULT_DIR = os.environ.get("TRITONFLEET_TESTBED_FAULT_DIR", "/tmp/tritonfleet-testbed-faults")
 
 
 def _parameter(config: dict, key: str, default: str | None = None) -> str | None:
@@ -131,6 +139,10 @@ class TritonPythonModel:
         self.input_names = [i["name"] for i in self.config.get("input", [])]
 
     def execute(self, requests):
+        switch = os.path.join(FAULT_DIR, self.name)
+        if os.path.exists(switch):  # the test switch (see the module's docstring)
+            error = pb_utils.TritonError(f"testbed fault: inference of {self.name} switched to fail ({switch})")
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
         responses: list = [None] * len(requests)
         # requests whose inputs have the same per-item shapes run as one batch
         groups: dict = {}

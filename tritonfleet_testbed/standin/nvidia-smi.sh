@@ -33,6 +33,18 @@ GPU_NAME='' GPU_UUID='' PCI_BUS_ID='' MEMORY_MIB='' COMPUTE_CAP=''
 GPU_COUNT=1 GPU_BUS_IDS='' GPU_UUIDS='' GPU_MISSING=''
 PERSISTENCE_MODE=Off DISPLAY_ACTIVE=Off ECC_ERRORS=0 FAN=N/A TEMPERATURE_C=40 PERF_STATE=P0
 POWER_DRAW_W=27 POWER_LIMIT_W=72 MEMORY_USED_MIB=0 UTILIZATION_GPU=0 COMPUTE_MODE=Default MIG_MODE=N/A
+# The health fields (`--query-gpu` of the GPU telemetry; their meaning: nvidia-smi --help-query-gpu,
+# tests/fixtures/nvidia-real-h200-580-health/help-query-gpu.txt). An idle, healthy GPU unless
+# gpu.env says otherwise (the testbed's fault injection writes these): clock event reasons
+# Active / Not Active, ECC counts, retired pages and remapped rows ([N/A]: not reported by this GPU).
+MEMORY_TEMPERATURE_C='[N/A]' SM_CLOCK_MHZ=300 SM_CLOCK_MAX_MHZ=1590
+REASON_GPU_IDLE=Active REASON_SW_POWER_CAP='Not Active' REASON_HW_SLOWDOWN='Not Active'
+REASON_SW_THERMAL_SLOWDOWN='Not Active' REASON_HW_THERMAL_SLOWDOWN='Not Active'
+REASON_HW_POWER_BRAKE_SLOWDOWN='Not Active'
+PCIE_GEN=3 PCIE_GEN_MAX=3 PCIE_WIDTH=16 PCIE_WIDTH_MAX=16
+ECC_MODE=Enabled ECC_CORRECTED_VOLATILE=0 ECC_UNCORRECTED_VOLATILE=0 ECC_CORRECTED_AGGREGATE=0
+ECC_UNCORRECTED_AGGREGATE=0 RETIRED_SBE=0 RETIRED_DBE=0 RETIRED_PENDING=No
+REMAPPED_CORRECTABLE='[N/A]' REMAPPED_UNCORRECTABLE='[N/A]' REMAPPED_PENDING='[N/A]' REMAPPED_FAILURE='[N/A]'
 # shellcheck disable=SC1090
 . "$GPU_ENV"
 # persistence mode: what the running nvidia-persistenced set (it writes the file)
@@ -198,15 +210,59 @@ value() {
         compute_mode) echo "$COMPUTE_MODE" ;;
         persistence_mode) if [ "$PERSISTENCE_MODE" = On ]; then echo Enabled; else echo Disabled; fi ;;
         timestamp) date '+%Y/%m/%d %H:%M:%S.000' ;;
+        temperature.memory) echo "$MEMORY_TEMPERATURE_C" ;;
+        clocks.sm|clocks.current.sm) unit "$SM_CLOCK_MHZ" " MHz" "$2" ;;
+        clocks.max.sm|clocks.max.sm_clock) unit "$SM_CLOCK_MAX_MHZ" " MHz" "$2" ;;
+        clocks_event_reasons.active|clocks_throttle_reasons.active) reason_mask ;;
+        clocks_event_reasons.gpu_idle|clocks_throttle_reasons.gpu_idle) echo "$REASON_GPU_IDLE" ;;
+        clocks_event_reasons.sw_power_cap|clocks_throttle_reasons.sw_power_cap) echo "$REASON_SW_POWER_CAP" ;;
+        clocks_event_reasons.hw_slowdown|clocks_throttle_reasons.hw_slowdown) echo "$REASON_HW_SLOWDOWN" ;;
+        clocks_event_reasons.sw_thermal_slowdown|clocks_throttle_reasons.sw_thermal_slowdown)
+            echo "$REASON_SW_THERMAL_SLOWDOWN" ;;
+        clocks_event_reasons.hw_thermal_slowdown|clocks_throttle_reasons.hw_thermal_slowdown)
+            echo "$REASON_HW_THERMAL_SLOWDOWN" ;;
+        clocks_event_reasons.hw_power_brake_slowdown|clocks_throttle_reasons.hw_power_brake_slowdown)
+            echo "$REASON_HW_POWER_BRAKE_SLOWDOWN" ;;
+        pcie.link.gen.current|pcie.link.gen.gpucurrent) echo "$PCIE_GEN" ;;
+        pcie.link.gen.max) echo "$PCIE_GEN_MAX" ;;
+        pcie.link.width.current) echo "$PCIE_WIDTH" ;;
+        pcie.link.width.max) echo "$PCIE_WIDTH_MAX" ;;
+        ecc.mode.current) echo "$ECC_MODE" ;;
+        ecc.errors.corrected.volatile.total) echo "$ECC_CORRECTED_VOLATILE" ;;
+        ecc.errors.uncorrected.volatile.total) echo "$ECC_UNCORRECTED_VOLATILE" ;;
+        ecc.errors.corrected.aggregate.total) echo "$ECC_CORRECTED_AGGREGATE" ;;
+        ecc.errors.uncorrected.aggregate.total) echo "$ECC_UNCORRECTED_AGGREGATE" ;;
+        retired_pages.single_bit_ecc.count|retired_pages.sbe) echo "$RETIRED_SBE" ;;
+        retired_pages.double_bit.count|retired_pages.dbe) echo "$RETIRED_DBE" ;;
+        retired_pages.pending) echo "$RETIRED_PENDING" ;;
+        remapped_rows.correctable|remapped_rows.sbe) echo "$REMAPPED_CORRECTABLE" ;;
+        remapped_rows.uncorrectable|remapped_rows.dbe) echo "$REMAPPED_UNCORRECTABLE" ;;
+        remapped_rows.pending) echo "$REMAPPED_PENDING" ;;
+        remapped_rows.failure) echo "$REMAPPED_FAILURE" ;;
         *) return 1 ;;
     esac
 }
 unit() { if [ "$3" = 1 ]; then echo "$1$2"; else echo "$1"; fi; }
+# clocks_event_reasons.active: the active reasons' bits (nvml.h, nvmlClocksEventReason*: GPU idle
+# 0x1, SW power cap 0x4, HW slowdown 0x8, SW thermal slowdown 0x20, HW thermal slowdown 0x40,
+# HW power brake slowdown 0x80), printed as the driver prints it (0x0000000000000001)
+reason_mask() {
+    m=0
+    [ "$REASON_GPU_IDLE" = Active ] && m=$((m | 1))
+    [ "$REASON_SW_POWER_CAP" = Active ] && m=$((m | 4))
+    [ "$REASON_HW_SLOWDOWN" = Active ] && m=$((m | 8))
+    [ "$REASON_SW_THERMAL_SLOWDOWN" = Active ] && m=$((m | 32))
+    [ "$REASON_HW_THERMAL_SLOWDOWN" = Active ] && m=$((m | 64))
+    [ "$REASON_HW_POWER_BRAKE_SLOWDOWN" = Active ] && m=$((m | 128))
+    printf '0x%016x\n' "$m"
+}
 header_name() {
     case "$1" in
         memory.*) echo "$1 [MiB]" ;;
         utilization.*) echo "$1 [%]" ;;
         power.*) echo "$1 [W]" ;;
+        clocks.sm) echo "clocks.current.sm [MHz]" ;;
+        clocks.max.sm) echo "clocks.max.sm [MHz]" ;;
         *) echo "$1" ;;
     esac
 }

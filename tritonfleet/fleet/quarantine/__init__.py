@@ -1,0 +1,53 @@
+"""Automatic quarantine: an Alertmanager webhook receiver that takes a failing host out of its load
+balancer, within a budget, and returns it only after the warm inference gate passes again
+(``tritonfleet quarantine serve``; docs/operations.md, "Quarantine").
+
+* **In**: Alertmanager's webhook notifications (``POST /alerts``, payload version 4) of the alerts
+  labelled ``quarantine="true"`` (tritonfleet.observability.gpu_health_rules: an Xid that takes the
+  GPU out of service, uncorrectable ECC errors, a failed row remapping, a model that is ready but
+  fails its inferences), each with the ``host`` label of its scrape target; with ``--alertmanager``
+  the receiver also re-reads the firing ones from Alertmanager's API every round (a notification
+  lost while it was down is not lost for good).
+* **Out**: the host's balancer from its tunables (``lb``: HAProxy's runtime API or the hooks),
+  exactly the drain the deploy uses (tritonfleet.serving.drain): ``drain`` sets the server to drain, so
+  requests in flight finish and no new one comes. No Triton is restarted: the host is only out.
+* **Budget**: at most ``quarantine_budget`` hosts of an inventory group out at once (a number, or
+  "P%" of the group's hosts, rounded down; the strictest value among the group's hosts). An alert
+  beyond it is logged as "over budget: alert only" and acted on once another host returns, so a
+  fleet-wide alert (a bad driver rollout, a broken model everywhere) cannot drain the fleet.
+* **Return**: once none of the host's quarantine alerts fires any more (or an operator releases
+  it), the warm inference gate runs: live, ready, every model ready, metrics, one real inference
+  per model with inputs from its config (tritonfleet.serving.health, tritonfleet.serving.warmup). Only when it
+  passes is the server set ready, and the receiver waits until the balancer serves it again. A
+  host whose gate fails stays out and is tried again after ``quarantine_check_interval``.
+* **Hold and release** (``tritonfleet quarantine hold|release``): hold keeps a host out (draining
+  it now if it serves: an operator's decision, outside the budget) and never returns it by
+  itself; release acknowledges the host's firing alerts (they count again only once they fire
+  anew) and returns the host through the same gate.
+* **Reconcile**: a quarantined host that the balancer serves again (a deploy's health gate puts a
+  drained server back) is drained again, with a log line saying so.
+
+Every action is one line on stdout (the journal) and one JSON line in ``events.jsonl``; the state
+(quarantined hosts, since, reasons, the alerts seen) is ``state.json``, both in ``--state-dir``,
+rewritten atomically, so a restarted receiver knows what it did. ``GET /v1/quarantine`` returns
+it (``tritonfleet status`` and ``tritonfleet quarantine list`` read it from ``quarantine_url``).
+
+HTTP: ``POST /alerts`` (Alertmanager), ``GET /v1/quarantine``, ``POST /v1/hosts/<host>/release``,
+``POST /v1/hosts/<host>/hold`` (JSON ``{"reason": ...}``), ``GET /-/healthy``. It listens on
+loopback by default: whoever reaches it can drain hosts (docs/security.md).
+
+The package: ``planning`` (the budget and what a round does, pure), ``actions`` (a host's balancer and
+its warm gate), ``receiver`` (the state and the worker), ``server`` (the HTTP API and ``serve``),
+``client`` (what ``status`` and ``tritonfleet quarantine`` ask the receiver).
+"""
+
+from __future__ import annotations
+
+from .actions import balancer, warm_gate
+from .client import ask, fetch_state, status_line
+from .planning import Alert, Plan, QuarantineError, Record, budget_limit, limits, plan
+from .receiver import Receiver
+from .server import handler_for, parse_listen, serve
+
+__all__ = ["Alert", "Plan", "QuarantineError", "Receiver", "Record", "ask", "balancer", "budget_limit",
+           "fetch_state", "handler_for", "limits", "parse_listen", "plan", "serve", "status_line", "warm_gate"]

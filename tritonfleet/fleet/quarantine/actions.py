@@ -1,0 +1,59 @@
+"""What the quarantine receiver does to a host: its load balancer (exactly the deploy's drain,
+tritonfleet.serving.drain) and the deploy's warm inference gate (tritonfleet.serving.health)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import requests
+
+from ...serving import drain, triton_http
+from ..inventory import FleetHost
+from .planning import QuarantineError
+
+
+def _metrics_reader(fh: FleetHost) -> Callable[[], str]:
+    def read() -> str:
+        url = f"http://{fh.get('health_host') or fh.address}:{int(fh.get('triton_metrics_port'))}/metrics"
+        try:
+            with triton_http.session() as s:
+                r = s.get(url, timeout=5)
+                r.raise_for_status()
+                return r.content.decode("utf-8", "replace")
+        except requests.RequestException as e:
+            raise drain.DrainError(f"Triton's metrics at {url} do not answer: {e}") from e
+    return read
+
+
+def balancer(fh: FleetHost) -> drain.Balancer | None:
+    """The host's load balancer from its tunables (the drain's own), None when ``lb`` is not set."""
+    return drain.from_settings(fh, fh.name, fh.get("health_host") or fh.address, _metrics_reader(fh))
+
+
+def warm_gate(fh: FleetHost, timeout: float) -> tuple[bool, str]:
+    """The warm inference gate of the deploy, for one host: (passed, what it found)."""
+    from ...model_repo.render import host_repository, model_names
+    from ...serving import health
+
+    local, _, _ = host_repository(fh, gpus=1)
+    models = model_names(local)
+    transport = None
+    if fh.get("health_via") == "ssh":
+        from pyinfra.api.exceptions import PyinfraError
+
+        h = fh.pyinfra_host
+        try:
+            if not h.connected:
+                h.connect(reason="tritonfleet quarantine", show_errors=False, raise_exceptions=True)
+        except PyinfraError as e:
+            raise QuarantineError(f"cannot reach {fh.name} over SSH for its gate (health_via ssh): {e}") from e
+        transport = h.connector.client.get_transport()
+    said: list[str] = []
+    warm = health.warm_check(str(local), models, max(float(fh.get("health_request_timeout")), 30.0), said.append)
+    res = health.gate(fh, fh.address, models, transport, timeout, None, warm)
+    if res.ok:
+        return True, said[-1] if said else "healthy"
+    if res.verdict:
+        return False, res.verdict.short or res.verdict.cause
+    bad = res.first_failure
+    return False, f"{bad.endpoint} -> {bad.detail}" if bad else "no answer"

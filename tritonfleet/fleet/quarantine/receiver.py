@@ -1,0 +1,377 @@
+"""The quarantine receiver's state and the worker that acts on it: Alertmanager's notifications
+and the operators' requests in, one round every ``quarantine_check_interval``, every action an
+event (stdout, ``events.jsonl``) and the state saved (``state.json``) atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import queue
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import asdict
+from pathlib import Path
+
+from ...core.errors import TritonfleetError, UsageError
+from ...serving import drain
+from ..inventory import FleetHost
+from .actions import balancer, warm_gate
+from .planning import (
+    QUARANTINE_LABEL,
+    Alert,
+    QuarantineError,
+    Record,
+    group_of,
+    limits,
+    now_iso,
+    plan,
+)
+
+RETRY_MIN_SECONDS = 10.0
+
+
+class Receiver:
+    """State, the worker that acts on it (one thread: every change to the state happens there),
+    and the HTTP API in front of it."""
+
+    def __init__(self, hosts: list[FleetHost], state_dir: Path, alertmanager: str = "",
+                 interval: float | None = None, gate_timeout: float | None = None,
+                 echo: Callable[[str], None] = print,
+                 balancer_of: Callable[[FleetHost], drain.Balancer | None] = balancer,
+                 gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate):
+        if not hosts:
+            raise UsageError("the inventory has no hosts")
+        self.hosts = {h.name: h for h in hosts}
+        self.limits = limits(hosts)
+        first = hosts[0]
+        self.interval = float(interval if interval is not None else first.get("quarantine_check_interval"))
+        self.gate_timeout = float(gate_timeout if gate_timeout is not None else first.get("quarantine_gate_timeout"))
+        if self.interval <= 0 or self.gate_timeout <= 0:
+            raise UsageError("quarantine_check_interval and quarantine_gate_timeout must be > 0 (group data)")
+        self.alertmanager = alertmanager.rstrip("/")
+        self.echo, self.balancer_of, self.gate = echo, balancer_of, gate
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.alerts: dict[str, Alert] = {}
+        self.acked: dict[str, str] = {}
+        self.records: dict[str, Record] = {}
+        self.events: deque = deque(maxlen=200)
+        self.noted: dict[str, str] = {}  # what was last said about a host or alert (said once, not each round)
+        self.retry_at: dict[str, float] = {}
+        self._balancers: dict[str, drain.Balancer | None] = {}
+        self.queue: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.snapshot_cache: dict = {}
+        self.stop = threading.Event()
+        self.worker: threading.Thread | None = None
+        self.crashed: BaseException | None = None
+        self._load()
+        self._publish()
+
+    # -- persistence ------------------------------------------------------------------------
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def events_file(self) -> Path:
+        return self.state_dir / "events.jsonl"
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{self.state_file}: cannot read the receiver's state ({e}); move it away to "
+                             "start without it") from e
+        self.records = {h: Record(**r) for h, r in (data.get("hosts") or {}).items()}
+        self.alerts = {fp: Alert(**a) for fp, a in (data.get("alerts") or {}).items()}
+        self.acked = dict(data.get("acked") or {})
+        for r in list(self.records.values()):
+            if r.host not in self.hosts:
+                self.event("forgotten", r.host, f"was {r.state} since {r.since}, but is not in the inventory "
+                                                "any more: no longer tracked")
+                del self.records[r.host]
+
+    def _save(self) -> None:
+        data = {"hosts": {h: asdict(r) for h, r in self.records.items()},
+                "alerts": {fp: asdict(a) for fp, a in self.alerts.items()}, "acked": self.acked}
+        tmp = self.state_file.with_name(".state.json.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.state_file)
+
+    def event(self, kind: str, host: str, text: str, **extra) -> None:
+        ev = {"time": now_iso(), "host": host, "action": kind, "text": text, **extra}
+        self.events.append(ev)
+        with contextlib.suppress(OSError), open(self.events_file, "a") as f:
+            f.write(json.dumps(ev, sort_keys=True) + "\n")
+        self.echo(f"{ev['time']} {host} {kind}: {text}")
+
+    def _once(self, key: str, kind: str, host: str, text: str) -> None:
+        """An event said once for as long as it stays the same (not every round)."""
+        if self.noted.get(key) != text:
+            self.noted[key] = text
+            self.event(kind, host, text)
+
+    def _publish(self) -> None:
+        snap = {
+            "time": now_iso(),
+            "hosts": {h: {**asdict(r), "state": r.state} for h, r in sorted(self.records.items())},
+            "firing": sorted(({"host": a.host, "alert": a.name, "summary": a.summary, "since": a.starts_at,
+                               "acknowledged": self.acked.get(fp) == a.starts_at}
+                              for fp, a in self.alerts.items()), key=lambda x: (x["host"], x["alert"])),
+            "budget": {g: {"limit": n, "out": sum(1 for r in self.records.values()
+                                                  if r.host in self.hosts and group_of(self.hosts[r.host]) == g)}
+                       for g, n in sorted(self.limits.items())},
+            "events": list(self.events)[-50:],
+        }
+        with self.lock:
+            self.snapshot_cache = snap
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return self.snapshot_cache
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def apply_notification(self, payload: dict) -> int:
+        """Alertmanager's webhook payload: firing quarantine alerts are kept, resolved ones
+        dropped (with their acknowledgement). Returns how many quarantine alerts it carried."""
+        n = 0
+        for raw in payload.get("alerts") or []:
+            a = Alert.from_alertmanager(raw)
+            if a is None:
+                continue
+            n += 1
+            if raw.get("status") == "resolved":
+                if self.alerts.pop(a.fingerprint, None) is not None:
+                    self.event("resolved", a.host, a.reason)
+                self.acked.pop(a.fingerprint, None)
+            else:
+                if a.fingerprint not in self.alerts:
+                    self.event("alert", a.host, a.reason)
+                self.alerts[a.fingerprint] = a
+        return n
+
+    def sync_alertmanager(self) -> None:
+        """Replace the firing alerts with what Alertmanager reports active now."""
+        if not self.alertmanager:
+            return
+        query = urllib.parse.urlencode({"active": "true", "silenced": "false", "inhibited": "false",
+                                        "filter": '{}="{}"'.format(*QUARANTINE_LABEL)})
+        url = f"{self.alertmanager}/api/v2/alerts?{query}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                data = json.loads(r.read())
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            self._once("alertmanager", "alertmanager", "-", f"cannot read {url}: {e} (the webhook's alerts "
+                                                             "stand meanwhile)")
+            return
+        self.noted.pop("alertmanager", None)
+        fresh = {}
+        for raw in data if isinstance(data, list) else []:
+            a = Alert.from_alertmanager(raw)
+            if a is not None and (raw.get("status") or {}).get("state", "active") == "active":
+                fresh[a.fingerprint] = a
+        for fp, a in self.alerts.items():
+            if fp not in fresh:
+                self.event("resolved", a.host, f"{a.reason} (no longer active in Alertmanager)")
+        for fp, a in fresh.items():
+            if fp not in self.alerts:
+                self.event("alert", a.host, a.reason)
+        self.alerts = fresh
+        self.acked = {fp: s for fp, s in self.acked.items() if fp in fresh}
+
+    # -- the round --------------------------------------------------------------------------
+
+    def _balancer(self, fh: FleetHost) -> drain.Balancer | None:
+        if fh.name not in self._balancers:
+            try:
+                self._balancers[fh.name] = self.balancer_of(fh)
+            except drain.DrainError as e:
+                self._once(f"lb:{fh.name}", "no-balancer", fh.name, f"its load balancer settings are wrong: {e}")
+                self._balancers[fh.name] = None
+        return self._balancers[fh.name]
+
+    def round(self) -> None:
+        self.sync_alertmanager()
+        p = plan(self.alerts, self.acked, self.records, self.hosts, self.limits,
+                 lambda fh: self._balancer(fh) is not None)
+        for a in p.unknown:
+            self._once(f"unknown:{a.fingerprint}", "unknown-host", a.host, f"{a.reason}: not a host of the inventory")
+        for name, alerts in p.no_balancer:
+            self._once(f"nolb:{name}", "alert-only", name,
+                       f"{'; '.join(a.reason for a in alerts)}: no load balancer (lb) to take it out of")
+        for name, alerts in p.quarantine:
+            self._quarantine(name, alerts)
+        for name, alerts in p.over_budget:
+            g = group_of(self.hosts[name])
+            self._once(f"budget:{name}", "over-budget", name,
+                       f"{'; '.join(a.reason for a in alerts)}: not taken out, the quarantine budget of group {g} "
+                       f"({self.limits.get(g, 0)} host(s) at once) is spent: alert only")
+        for name in p.returns:
+            if time.monotonic() >= self.retry_at.get(name, 0):
+                self._return(name)
+        self._reconcile()
+        self._save()
+        self._publish()
+
+    def _quarantine(self, name: str, alerts: list[Alert], held: bool = False, held_reason: str = "") -> str:
+        fh = self.hosts[name]
+        lb = self._balancer(fh)
+        if lb is None:
+            return "no load balancer (lb) to take it out of"
+        reasons = [a.reason for a in alerts] or ([f"held by an operator: {held_reason}"] if held else [])
+        try:
+            did = lb.drain()
+        except drain.DrainError as e:
+            self._once(f"drain:{name}", "drain-failed", name, f"{'; '.join(reasons)}: could not take it out: {e}")
+            return f"could not take it out: {e}"
+        self.noted.pop(f"drain:{name}", None)
+        self.noted.pop(f"budget:{name}", None)
+        self.records[name] = Record(name, now_iso(), reasons, held, held_reason, lb.describe())
+        self.event("held" if held else "quarantined", name, f"{'; '.join(reasons)}: {did}",
+                   reasons=reasons, group=group_of(fh))
+        return did
+
+    def _return(self, name: str, by: str = "") -> tuple[bool, str]:
+        """Warm gate, then back in the balancer (True) or out still (False, why)."""
+        fh, rec = self.hosts[name], self.records[name]
+        self.event("gate", name, f"{by or 'its quarantine alerts resolved'}: warm inference gate")
+        try:
+            ok, found = self.gate(fh, self.gate_timeout)
+        except (TritonfleetError, OSError, ValueError, RuntimeError) as e:
+            ok, found = False, f"the gate could not run: {type(e).__name__}: {e}"
+        if not ok:
+            rec.last_gate = found
+            self.retry_at[name] = time.monotonic() + max(self.interval, RETRY_MIN_SECONDS)
+            self.event("stays-out", name, f"warm inference gate failed: {found}")
+            return False, found
+        lb = self._balancer(fh)
+        try:
+            did = lb.ready() if lb is not None else ""
+            seen = lb.wait_serving(float(fh.get("lb_drain_timeout"))) if (lb is not None and did) else ""
+        except drain.DrainError as e:
+            rec.last_gate = f"gate passed, but putting it back failed: {e}"
+            self.retry_at[name] = time.monotonic() + max(self.interval, RETRY_MIN_SECONDS)
+            self.event("stays-out", name, rec.last_gate)
+            return False, rec.last_gate
+        del self.records[name]
+        self.retry_at.pop(name, None)
+        self.event("returned", name, f"warm gate passed ({found}); {did or 'it was not drained'}"
+                                     + (f", serving ({seen})" if seen else ""), quarantined_since=rec.since)
+        return True, found
+
+    def _reconcile(self) -> None:
+        """A quarantined host the balancer serves again is drained again."""
+        for name, rec in list(self.records.items()):
+            lb = self._balancer(self.hosts[name])
+            if not isinstance(lb, drain.HAProxy):
+                continue
+            try:
+                st = lb.state()
+                if st.serving:
+                    lb.drain()
+                    self.event("drained-again", name, f"{rec.state} since {rec.since}, but {lb.describe()} served it "
+                                                      "again (a deploy's health gate puts drained servers back): "
+                                                      "drained again; release it to return it")
+                self.noted.pop(f"state:{name}", None)
+            except drain.DrainError as e:
+                self._once(f"state:{name}", "balancer-unreadable", name, f"cannot read {lb.describe()}: {e}")
+
+    # -- operator requests ------------------------------------------------------------------
+
+    def release(self, name: str, by: str = "") -> dict:
+        if name not in self.hosts:
+            raise QuarantineError(f"{name} is not a host of the inventory")
+        rec = self.records.get(name)
+        if rec is None:
+            return {"host": name, "ok": True, "result": "not quarantined: nothing to release"}
+        for fp, a in self.alerts.items():
+            if a.host == name:
+                self.acked[fp] = a.starts_at
+        rec.held = False
+        self.event("release", name, f"released by {by or 'an operator'} (its firing alerts acknowledged)")
+        ok, found = self._return(name, by=f"released by {by or 'an operator'}")
+        self._save()
+        self._publish()
+        return {"host": name, "ok": ok, "result": ("returned: " if ok else "stays out: warm inference gate failed: ")
+                + found}
+
+    def hold(self, name: str, reason: str = "", by: str = "") -> dict:
+        if name not in self.hosts:
+            raise QuarantineError(f"{name} is not a host of the inventory")
+        reason = reason or f"held by {by or 'an operator'}"
+        rec = self.records.get(name)
+        if rec is not None:
+            rec.held, rec.held_reason = True, reason
+            self.event("held", name, f"{reason} (stays out until released)")
+            result = f"held (was {', '.join(rec.reasons) or 'quarantined'} since {rec.since})"
+            ok = True
+        else:
+            did = self._quarantine(name, [], held=True, held_reason=reason)
+            ok = name in self.records
+            result = f"held: {did}" if ok else f"could not hold it: {did}"
+        self._save()
+        self._publish()
+        return {"host": name, "ok": ok, "result": result}
+
+    # -- the worker -------------------------------------------------------------------------
+
+    def submit(self, kind: str, *args) -> Future:
+        fut: Future = Future()
+        self.queue.put((kind, args, fut))
+        return fut
+
+    def _work(self) -> None:
+        """The worker: requests and notifications as they come, a round every interval. A failure
+        of a known kind fails its request; anything else is a bug: it ends the worker (and with it
+        the receiver, which systemd restarts) with its traceback."""
+        while not self.stop.is_set():
+            try:
+                kind, args, fut = self.queue.get(timeout=self.interval)
+            except queue.Empty:
+                kind, args, fut = "round", (), None
+            try:
+                result: int | dict | None = None
+                if kind == "alerts":
+                    result = self.apply_notification(*args)
+                elif kind == "release":
+                    result = self.release(*args)
+                elif kind == "hold":
+                    result = self.hold(*args)
+                if kind in ("alerts", "round"):
+                    self.round()
+            except (QuarantineError, drain.DrainError, OSError) as e:
+                self.event("error", "-", f"{kind} failed: {e}")
+                if fut is not None:
+                    fut.set_exception(e if isinstance(e, QuarantineError) else QuarantineError(str(e)))
+                continue
+            except BaseException as e:
+                self.crashed = e
+                if fut is not None:
+                    fut.set_exception(QuarantineError(f"the receiver failed: {type(e).__name__}: {e}"))
+                raise
+            if fut is not None:
+                fut.set_result(result)
+
+    def start(self) -> None:
+        self.worker = threading.Thread(target=self._work, name="quarantine-worker", daemon=True)
+        self.worker.start()
+        self.submit("round")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.queue.put(("stop", (), None))
+        if self.worker is not None:
+            self.worker.join(timeout=self.gate_timeout + 30)
+

@@ -1,0 +1,122 @@
+"""GPU health on every host: the node exporter, the GPU fault collector and the inference probe
+(deploys/telemetry.py; docs/operations.md, "GPU health after the deploy").
+
+* the distro's ``prometheus-node-exporter`` (no recommends; ``telemetry_node_exporter``), running
+  and enabled: its textfile collector serves what the two services below write;
+* ``tritonfleet-gpu-telemetry.service``: tritonfleet/gpu/telemetry.py (driver query every
+  ``telemetry_interval`` seconds, Xid reports from ``telemetry_kmsg_path`` as they come);
+* ``tritonfleet-inference-probe.service``: tritonfleet/observability/inference_probe.py (one real
+  inference per ready model every ``probe_interval`` seconds, on every Triton instance's port).
+
+The scripts are the package's own files, copied as they are; a service restarts only when its
+script or unit changed, and systemd is reloaded only when a unit file changed (noted for the
+GPU-loss guard, which deploys/telemetry.py runs after this step). ``gpu_telemetry = False``
+stops, disables and removes both services, their files and their textfiles (the node exporter
+package stays: it may serve other collectors).
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, server, systemd
+
+from ..core.shell import q
+from ..gpu.telemetry import TEXTFILE as COLLECTOR_TEXTFILE
+from ..host.facts import FileState, UnitState
+from ..host.ops import converged
+from ..observability import telemetry_units as tu
+from ..observability.inference_probe import TEXTFILE as PROBE_TEXTFILE
+from ..pyinfra_ext import install as pyinfra_patches
+from ..pyinfra_ext import memo
+from ..pyinfra_ext.check import will_change
+from ..serving.ops import gpu_guard as guard_ops
+from ..serving.per_gpu import host_instance_gets as instance_gets
+from ..settings import access as config
+from ..settings.access import Settings
+
+NODE_EXPORTER = "prometheus-node-exporter"
+
+
+def enabled(settings: Settings) -> bool:
+    value = settings.get("gpu_telemetry")
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")
+
+
+def http_ports() -> list[int]:
+    """Every Triton instance's HTTP port on the current host (one per GPU with triton_per_gpu)."""
+    return [int(g.get("triton_http_port")) for g in instance_gets()]
+
+
+def wanted_files() -> dict[str, str]:
+    try:
+        return tu.files(config.current(), http_ports())
+    except tu.UnitError as e:
+        raise config.ConfigError(f"{host.name}: {e}") from e
+
+
+def _services() -> list[tuple[str, str]]:
+    """(unit name, its script) of the two services."""
+    return [(tu.COLLECTOR_UNIT, tu.COLLECTOR), (tu.PROBE_UNIT, tu.PROBE)]
+
+
+@deploy("GPU telemetry")
+def gpu_telemetry():
+    pyinfra_patches.required("GPU telemetry")  # the deploy file installed the patches (the deploy lock)
+    units = [f"{name}.service" for name, _ in _services()]
+    paths = [tu.COLLECTOR, tu.PROBE] + [tu.unit_path(name) for name, _ in _services()]
+    # what a converged host is asked, in one remote command
+    memo.prefetch(*[(FileState, {"path": p}) for p in paths], *[(UnitState, {"unit": u}) for u in units],
+                  *([(UnitState, {"unit": f"{NODE_EXPORTER}.service"})] if config.get("telemetry_node_exporter")
+                    else []))
+    if not enabled(config.current()):
+        return remove()
+    want = wanted_files()
+    packages = [NODE_EXPORTER, "python3"] if config.get("telemetry_node_exporter") else ["python3"]
+    converged.packages(name=f"{' and '.join(packages)} (no recommends)", packages=packages, no_recommends=True,
+                       setting="telemetry_node_exporter")
+    textfiles = config.get("telemetry_textfile_dir")
+    files.directory(name=f"node exporter textfile directory {textfiles}", path=textfiles, present=True)
+    scripts = {p: converged.put(name=f"{p} (tritonfleet's own file)", src=StringIO(want[p]), dest=p, mode="644")
+               for p in (tu.COLLECTOR, tu.PROBE)}
+    unit_ops = {name: converged.put(name=f"systemd unit {name}.service", src=StringIO(want[tu.unit_path(name)]),
+                                    dest=tu.unit_path(name), mode="644")
+                for name, _ in _services()}
+    # daemon-reload only when a unit file really changed (it can cost running GPU containers their
+    # devices with the systemd cgroup driver: the GPU-loss guard checks after this step)
+    if will_change(*unit_ops.values()):
+        systemd.daemon_reload(name="systemd daemon-reload (telemetry units changed)")
+        guard_ops.note("telemetry units changed", *unit_ops.values())
+    for name, script in _services():
+        if will_change(unit_ops[name], scripts[script]):
+            systemd.service(name=f"restart {name} (its unit or script changed)", service=f"{name}.service",
+                            running=True, restarted=True, enabled=True)
+        else:
+            converged.service(name=f"{name} running and enabled", service=f"{name}.service", running=True,
+                              enabled=True)
+    if config.get("telemetry_node_exporter"):
+        converged.service(name=f"{NODE_EXPORTER} running and enabled", service=f"{NODE_EXPORTER}.service",
+                          running=True, enabled=True)
+
+
+def remove() -> None:
+    """gpu_telemetry = False: stop, disable and remove what the step put on the host, when it is
+    there (a host that never had it changes nothing)."""
+    textfiles = config.get("telemetry_textfile_dir")
+    present = [name for name, script in _services()
+               if memo.fact(FileState, path=tu.unit_path(name)) or memo.fact(FileState, path=script)
+               or memo.fact(UnitState, unit=f"{name}.service")["running"]]
+    if not present:
+        host.noop("GPU telemetry is off and not on the host")
+        return
+    commands = [f"systemctl disable --now {q(name + '.service')} 2>/dev/null || true" for name in present]
+    commands.append("rm -f " + " ".join(q(p) for p in (
+        *[tu.unit_path(n) for n, _ in _services()], tu.COLLECTOR, tu.PROBE,
+        f"{textfiles}/{COLLECTOR_TEXTFILE}", f"{textfiles}/{PROBE_TEXTFILE}")))
+    commands.append(f"rmdir {q(tu.LIB_DIR)} 2>/dev/null || true")
+    gone = server.shell(name=f"stop, disable and remove {', '.join(present)} (gpu_telemetry is off)",
+                        commands=commands)
+    systemd.daemon_reload(name="systemd daemon-reload (telemetry units removed)")
+    guard_ops.note("telemetry units removed", gone)
