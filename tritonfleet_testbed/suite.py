@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The fault tests and the fleet operations (rollouts, the rebuild from bare) are about half the
 # testbed tests' time (measured: 32 and 17 minutes of 90 on a loaded machine); the first part
-# holds them, the second everything else.
+# holds them, the second everything else (the data plane's file, tests/testbed/test_model_origin.py,
+# is in the second, the shorter one).
 FIRST_PART_FILES = ("tests/testbed/test_faults.py", "tests/testbed/test_fleet_ops.py")
 
 

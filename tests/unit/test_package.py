@@ -27,6 +27,7 @@ from tritonfleet.settings.defaults import DEFAULTS
 SKELETON_FILES = {
     ".gitignore", "README.md",
     "deploys/host.py", "deploys/models.py", "deploys/rollback.py", "deploys/triton.py", "deploys/verify.py",
+    "deploys/stage.py", "deploys/mirror.py",
     "inventories/prod.py", "inventories/group_data/all.py", "inventories/group_data/t4.py",
     "inventories/group_data/l4.py",
     "files/model_repository/resnet50_onnx/config.pbtxt", "files/model_repository/resnet50_onnx/1/model.onnx",
@@ -156,7 +157,7 @@ def test_init_writes_the_skeleton_then_has_nothing_to_do(tmp_path):
     res = init(str(dest))
     assert res.exit_code == 0, res.output
     assert set(_rel_files(dest)) == SKELETON_FILES
-    assert f"{dest}: 15 file(s) written" in res.output
+    assert f"{dest}: 17 file(s) written" in res.output
     for rel in SKELETON_FILES:
         assert filecmp.cmp(SKELETON / rel, dest / rel, shallow=False), rel
     again = init(str(dest))
