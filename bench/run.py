@@ -18,6 +18,8 @@ to bench/results/<time>.{md,json}.
         # bench/.work/replay-check/<check>.commands (about 15 s)
         [--against TREE]   # and the same checks run by another checkout (the code before a change)
         # on the same recording: exit 1 unless both sent the same, byte for byte (docs/architecture.md)
+    .venv/bin/python bench/run.py dataplane [--dataplane-hosts 1,3] [--dataplane-sizes 100,500]
+        # push over SSH vs model origin vs origin + staging; the image through the mirror
 
 Brings the testbed up (and deploys it) as each measurement needs, generates its test data under
 bench/.work and removes it again (--keep keeps it). Leaves the testbed running; `tritonfleet
@@ -468,11 +470,35 @@ def replay_check(scale, hosts: int, against: str | None) -> int:
                                 commands=WORK / "replay-check-against")
     same = scale.compare_commands(WORK / "replay-check", WORK / "replay-check-against", str(tree))
     return rc or theirs or same
+def bench_dataplane(results: Results, args) -> int:
+    sys.path.insert(0, str(BENCH))
+    import dataplane
+
+    rows = dataplane.run(args)
+    results.meta["dataplane"] = rows
+    results.meta["summary"] = dataplane.summary(rows)
+    out = BENCH / "results"
+    out.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out / f"dataplane-{stamp}.json").write_text(json.dumps(results.meta, indent=1))
+    md = dataplane.table(rows)
+    (out / f"dataplane-{stamp}.md").write_text(md)
+    dataplane.write_docs(rows, results.meta)
+    print(md)
+    print(json.dumps(results.meta["summary"], indent=1))
+    log(f"table in bench/results/dataplane-{stamp}.md, docs/scale.md and docs/scale-dataplane.png")
+    return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "scale", "replay-check", "all"])
+    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "scale", "replay-check", "dataplane", "all"])
+    ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
+    ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
+    ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
+    ap.add_argument("--dataplane-image-mb", type=int, default=400, help="dataplane: size of the image through the mirror")
+    ap.add_argument("--dataplane-runs", type=int, default=2, help="dataplane: rollout runs per mode")
+    ap.add_argument("--dataplane-parts", default="models,rollout,image", help="dataplane: which parts")
     ap.add_argument("--sizes", default="1,10,50,100,200,500", help="fake fleet sizes for scale")
     ap.add_argument("--ansible-forks", default="5,auto",
                     help="scale: Ansible no-op runs a size, by forks (auto: 20 x CPUs, pyinfra's parallelism; "
@@ -507,6 +533,8 @@ def main() -> int:
         import scale
 
         return replay_check(scale, args.hosts or 3, args.against)
+    if args.what == "dataplane":  # its own table in docs/scale.md (not part of all)
+        return bench_dataplane(results, args)
     if args.what in ("noop", "all"):
         bench_noop(results, args.runs)
     if args.what in ("parallel", "all"):

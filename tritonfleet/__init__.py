@@ -21,6 +21,8 @@ TEMPLATES = resource("templates")
 SKELETON = resource("skeleton")
 #: The rollback entry point `tritonfleet rollout` runs for a host that failed its batch.
 ROLLBACK_DEPLOY = SKELETON / "deploys" / "rollback.py"
+#: The staging entry point `tritonfleet rollout --stage` runs on every target before the first batch.
+STAGE_DEPLOY = SKELETON / "deploys" / "stage.py"
 
 #: The source checkout this module was imported from (its tests, bench/ and docs/ use it). In an
 #: installed wheel it is the site-packages directory: the package itself never reads through it.

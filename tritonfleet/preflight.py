@@ -268,6 +268,43 @@ def check_registry_secret(images: list[str]) -> None:
                 f"environment; registry_user and registry_password_env are set in {GROUP_DATA}/)")
 
 
+def check_model_origin() -> None:
+    """model_origin: its tunables can work, and the origin answers this machine (one request a
+    run): a down origin stops the run before any host is touched."""
+    from .core.errors import UsageError
+    from .model_repo import origin as origins
+
+    try:
+        found = origins.from_settings(config.current())
+    except UsageError as e:
+        raise PreflightError(f"{host.name}: {e}") from e
+    if found is None:
+        return
+    try:
+        origins.check(found)
+    except (origins.OriginError, UsageError) as e:
+        raise PreflightError(f"{host.name}: {e}: make the model origin reachable from this machine and the "
+                             "hosts (or set model_origin = None to push releases over SSH)") from e
+
+
+def check_image_mirror() -> None:
+    """image_mirror: every image pulled through it is pinned by digest (the mirror then serves
+    the same bytes to every host whatever the tag does upstream)."""
+    from .settings.mirrored import MIRRORED, parse_reference
+
+    mirror = config.get("image_mirror")
+    if not mirror:
+        return
+    for key in MIRRORED:
+        registry, path, tag, digest = parse_reference(config.get(key))
+        if registry == mirror and not digest:
+            upstream = f"{config.get('image_mirror_upstream').split('://')[-1].rstrip('/')}/{path}:{tag or 'latest'}"
+            raise PreflightError(
+                f"{host.name}: {key} goes through the image mirror {mirror} but is not pinned by digest: set "
+                f"{key} = \"{upstream}@sha256:<digest>\" in {GROUP_DATA}/all.py (`skopeo inspect "
+                f"docker://{upstream}` prints the digest)")
+
+
 # --------------------------------------------------------------------------- host (read-only)
 
 def prefetch_host() -> None:
@@ -389,6 +426,8 @@ def run_all() -> None:
     check_gpu_class_and_driver()
     prefetch_host()  # the GPU record places model instances (check_model_repository)
     check_model_repository()
+    check_model_origin()
+    check_image_mirror()
     check_per_gpu()
     check_registry_secret([config.get("cuda_test_image"), config.get("triton_image")])
     check_host()
@@ -412,5 +451,7 @@ def triton_layer() -> None:
     check_settings()
     check_host_key_policy()
     check_model_repository()
+    check_model_origin()
+    check_image_mirror()
     check_per_gpu()
     check_registry_secret([config.get("triton_image")])

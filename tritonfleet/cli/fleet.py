@@ -168,6 +168,9 @@ def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -
 @click.option("--perf-gate", is_flag=True,
               help="measure a short fixed load on each canary before and after its update (perf_gate_* "
                    "tunables); a throughput drop or p95 rise beyond them rolls the canary back and halts")
+@click.option("--stage", is_flag=True,
+              help="before the first batch, fetch the new image and model release onto every target "
+                   "(deploys/stage.py: nothing restarts); a host that cannot stage is left out")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--resume", is_flag=True,
               help="go on with a rollout whose control process died, from its journal (the newest "
@@ -177,8 +180,8 @@ def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -
 @click.option("--roll-back", "roll_back", is_flag=True,
               help="with --resume: roll every host the rollout reached back to what it served before")
 def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...], canary: int, batch: str,
-                max_fail: int, gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, as_json: bool,
-                resume: bool,
+                max_fail: int, gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, stage: bool,
+                as_json: bool, resume: bool,
                 journal: str | None, roll_back: bool) -> None:
     """Roll DEPLOY out over INVENTORY: canary first, then batches in inventory order, each gated on
     health. A failed host is rolled back to what it served before; more failures than --max-fail
@@ -207,7 +210,7 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
             raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
         report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
                          max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
-                         perf_gate=perf_gate)
+                         perf_gate=perf_gate, stage=stage)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -24,6 +24,7 @@ from ..core.errors import TritonfleetError, UsageError
 from ..gpu.rules import GPU_CLASSES
 from ..pyinfra_ext.connection import quiet_relaxed_host_keys, tune_state
 from ..settings import check as settings_check
+from ..settings import mirrored
 from ..settings.defaults import DEFAULTS
 from ..settings.table import whole_number
 
@@ -186,7 +187,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     out = []
     for h in targets:
         groups = [g for g in h.groups if g != own]
-        out.append(FleetHost(h.name, groups, dict(h.data.dict()), h))
+        out.append(FleetHost(h.name, groups, mirrored.apply(dict(h.data.dict())), h))
     try:
         limits.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
     except limits.LimitError as e:

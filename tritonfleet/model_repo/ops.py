@@ -19,6 +19,7 @@ from ..core import runid
 from ..core.shell import q
 from ..pyinfra_ext import transfer
 from ..pyinfra_ext.stream import wrapped
+from ..settings import access as config
 from . import release as release_plan
 
 # a prepare script above this size is uploaded (SFTP) instead of sent as the command line
@@ -68,22 +69,83 @@ def _send_files(state, host, root: str, paths: list[str], remote: str, transport
     return True
 
 
+# --- model origin: the host fetches the objects itself (tritonfleet.model_repo) -------------
+
+def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], origin,
+                   base: str = "", release: str = "", parallel: int = 8, retries: int = 3) -> bool:
+    """Make the origin hold ``release`` (uploads what it lacks, once a run), then have the host
+    fetch, verify and place the objects of ``paths``; a failure is reported naming each object."""
+    from ..pyinfra_ext.stream import connector_arguments
+    from . import fetch
+    from . import origin as origins
+
+    now = "the live model release is unchanged and Triton keeps serving it"
+    step = "Model repository (fetch from the model origin)"
+    try:
+        published = origins.publish(origin, Path(root), manifest, release)
+        wanted = {p: manifest[p][1] for p in paths}
+        sizes = {manifest[p][1]: int(manifest[p][0]) for p in paths}
+        urls = origins.urls(origin, list(sizes))
+    except origins.OriginError as e:
+        failure.emit(host, failure.Failure(
+            host.name, step, f"release {release} at the model origin {origin.url}", str(e), [],
+            "", now + "; nothing was fetched",
+            "make the origin reachable from this machine (model_origin, model_origin_endpoint, credentials), "
+            "then run the deploy again", cause=str(e)[:200]))
+        return False
+    logger.info(f"{host.print_prefix}{published}")
+    stdin = fetch.fetch_list({s: (n, urls[s]) for s, n in sizes.items()}, wanted)
+    script = fetch.fetch_script(
+        base, release, runid.RUN_ID, parallel, retries,
+        credentials=((origin.credentials_file, origin.region or "us-east-1")
+                     if origin.kind == "s3" and origin.auth == "host" else None))
+    ok, out = host.run_shell_command(StringCommand(script), print_output=False,
+                                     **{**connector_arguments(), "_stdin": stdin})
+    res = fetch.parse_fetch(out.stdout_lines)
+    if ok and res.ok:
+        resumed = sum(res.resumed.values())
+        logger.info(f"{host.print_prefix}model release: fetched {len(res.verified)} objects "
+                    f"({res.fetched_bytes / 1e6:.1f} MB this run{f', {resumed / 1e6:.1f} MB resumed' if resumed else ''}) "
+                    f"from {origin.url}, every sha256 verified")
+        return True
+    lines = fetch.problems(res, wanted, origin.url, origin.object_key) or [
+        ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()][-5:] or ["the fetch failed"]
+    said = res.curl_said + [ln for ln in out.stderr_lines if ln.strip()]
+    corrupt = bool(res.corrupt)
+    fix = ("an object at the origin is not what its name says: delete it there (the next run uploads it again "
+           "from this machine) and run the deploy again" if corrupt else
+           "make the origin reachable from the host (curl on the host, its network, the URL's expiry: "
+           "model_origin_url_expiry), then run the deploy again: what arrived is kept and resumes")
+    failure.emit(host, failure.Failure(
+        host.name, step, f"every object of release {release} fetched from {origin.url} and its sha256 verified",
+        lines[0], failure.trim(lines[1:] + said), "the fetch's own words (curl, sha256sum)",
+        now + ("; the refused objects were deleted on the host" if corrupt else
+               f"; what arrived stays in {base}/releases/{fetch.OBJECTS_DIR}"), fix, cause=lines[0][:200]))
+    return False
+
+
 @operation(is_idempotent=True)
 def model_release(base: str, release: str, local: str, manifest: dict, keep: int,
-                  transport: str = "auto"):
+                  transport: str = "auto", origin=None, switch: bool = True):
     """Make ``release`` (the repository at ``local``, whose manifest is ``manifest``) the live
-    model repository below ``base``; keep ``keep`` earlier releases."""
+    model repository below ``base``; keep ``keep`` earlier releases. ``origin``
+    (tritonfleet.model_repo.origin.Origin): the host fetches what it lacks from there instead of
+    receiving it over SSH. ``switch`` False: staging, the release is made complete on the host
+    and the live link is left alone."""
     index = host.get_fact(ReleaseIndex, base=base, release=release)
+    if not switch and release in index["releases"] and not index["drift"].get(release):
+        host.noop(f"model release {release} is staged (complete on the host)")
+        return
     if release in index["releases"] and not index["drift"].get(release):
         # complete and untouched on the host (an earlier release, or one built by a run that
         # stopped before the switch): switching is all there is to do
         yield StringCommand(release_plan.switch_script(base, release, keep, runid.RUN_ID))
         return
     plan = release_plan.make_plan(release, manifest, index)
-    how = transfer.choose(host, transport) if plan.send else None
+    how = transfer.choose(host, transport) if plan.send and origin is None else None
     logger.info(f"{host.print_prefix}model release {release}"
                 f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
-                f"{f' over {how}' if how else ''}")
+                f"{f' over {how}' if how else ''}{f' from {origin.url}' if origin and plan.send else ''}")
     script = release_plan.prepare_script(base, plan, manifest, runid.RUN_ID)
     if len(script) <= INLINE_SCRIPT_MAX:
         yield StringCommand(script)
@@ -92,7 +154,11 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         yield StringCommand(f"mkdir -p {q(base + '/releases')}")
         yield FileUploadCommand(StringIO(script), path)
         yield StringCommand(f"sh {q(path)}; rc=$?; rm -f {q(path)}; exit $rc")
-    if plan.send:
+    if plan.send and origin is not None:
+        yield FunctionCommand(_fetch_objects, (local, manifest, plan.send, origin),
+                              {"base": base, "release": release, "parallel": int(config.get("model_origin_parallel")),
+                               "retries": int(config.get("model_origin_retries"))})
+    elif plan.send:
         remote = wrapped(release_plan.receive_command(base, release, runid.RUN_ID))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})
-    yield StringCommand(release_plan.finish_script(base, release, keep, manifest, runid.RUN_ID))
+    yield StringCommand(release_plan.finish_script(base, release, keep, manifest, runid.RUN_ID, switch=switch))

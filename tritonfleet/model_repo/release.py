@@ -251,10 +251,12 @@ def receive_command(base: str, release: str, run: str = RUN_ID) -> str:
 
 
 def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] | None = None,
-                  run: str = RUN_ID) -> str:
+                  run: str = RUN_ID, switch: bool = True) -> str:
     """Shell that checks the incoming release is complete (every file, at its size), records its
     stat listing, makes it a release and switches the live link to it. Triton only ever sees a
-    complete release: the link moves by rename, and a drifted release is rebuilt beside itself."""
+    complete release: the link moves by rename, and a drifted release is rebuilt beside itself.
+    ``switch`` False (staging, never for the live release): the release is made complete and the
+    live link is left as it is; a later run's switch finds it complete."""
     b = q(base)
     rid = release
     inc = f"releases/{incoming_dir(rid, run)}"
@@ -282,6 +284,14 @@ def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] 
         "chmod -R a+rX .",
         f"{stat_listing_command()} > {STAT}",
         f"cd {b}",
+        *([f"rm -rf {q(done)} && mv -T {q(inc)} {q(done)}"] if not switch else []),
+        *(_finish_switch(base, rid, keep, inc, rep, done, new, run) if switch else []),
+    ]) + "\n"
+
+
+def _finish_switch(base: str, rid: str, keep: int, inc: str, rep: str, done: str, new: str,
+                   run: str) -> list[str]:
+    return [
         f"if [ -e {q(done)} ]; then",
         # rebuild of a drifted release: the link always points at a complete release
         f"  rm -rf {q(rep)} && mv -T {q(inc)} {q(rep)}",
@@ -292,7 +302,7 @@ def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] 
         "fi",
         switch_script(base, rid, keep, run),
         f"rm -rf {q(rep)}",
-    ]) + "\n"
+    ]
 
 
 def switch_script(base: str, release: str, keep: int, run: str = RUN_ID) -> str:

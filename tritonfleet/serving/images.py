@@ -54,8 +54,10 @@ def login_registry() -> str:
 
 
 def needs_login(image: str) -> bool:
-    """Pulling ``image`` needs the registry login."""
-    return bool(config.get("registry_user")) and registry_of(image) == login_registry()
+    """Pulling ``image`` needs the registry login (never through the image mirror: the mirror
+    logs in to its upstream itself)."""
+    return (bool(config.get("registry_user")) and registry_of(image) == login_registry()
+            and registry_of(image) != config.get("image_mirror"))
 
 
 def pulls(images: list[str]) -> list[str]:

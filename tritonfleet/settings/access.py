@@ -24,6 +24,7 @@ from pyinfra import host
 
 from ..core.errors import UsageError
 from .defaults import DEFAULTS
+from .mirrored import through_mirror
 
 _MISSING = object()
 
@@ -53,12 +54,13 @@ def default(key: str, fallback: Any = _MISSING) -> Any:
 
 def get(key: str, default_value: Any = _MISSING) -> Any:
     """The tunable ``key`` for the current host: --data, host data, group data, else the
-    package's default (``default_value`` only for names that are no tunable)."""
+    package's default (``default_value`` only for names that are no tunable); an image the
+    hosts pull through image_mirror as they pull it (tritonfleet.settings.mirrored)."""
     value = host.data.get(key, _MISSING)
     if value is not _MISSING:
-        return value
+        return through_mirror(key, value, _CURRENT)
     try:
-        return default(key, default_value)
+        return through_mirror(key, default(key, default_value), _CURRENT)
     except ConfigError as e:
         raise ConfigError(f"{host.name}: {e}") from None
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..core.errors import UsageError
 from .defaults import DEFAULTS
@@ -232,16 +233,33 @@ def _budget() -> Rule:
     return Rule(what, test)
 
 
-def _http_url(none: bool = False) -> Rule:
-    what = "an http:// or https:// URL" + (" or None" if none else "")
+def url(*schemes: str, none: bool = False) -> Rule:
+    """A URL of one of ``schemes`` with a server part, and no white space, quote or backslash
+    (the host-side fetch writes URLs into curl's config file in double quotes: see
+    tritonfleet.model_repo.origin, which refuses the same)."""
+    shown = " or ".join(f"{s}://..." for s in schemes)
+    what = f"a URL ({shown})" + (" or None" if none else "")
 
     def test(v):
         if v is None and none:
             return None
-        if not isinstance(v, str) or not re.match(r"^https?://[^\s/]+", v):
+        if not isinstance(v, str):
             return f"must be {what}"
+        parts = urlsplit(v)
+        if parts.scheme not in schemes or not parts.netloc:
+            return f"must be {what}"
+        if not URL_SAFE.match(v):
+            return f"must be {what} without white space, quotes or backslashes (percent-encode them)"
         return None
     return Rule(what, test)
+
+
+#: the characters tritonfleet.model_repo.origin lets through into curl's config file (in double quotes)
+URL_SAFE = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+$")
+
+def _http_url(none: bool = False) -> Rule:
+    """An http:// or https:// URL (the quarantine receiver's, Alertmanager's)."""
+    return url("http", "https", none=none)
 
 
 PORT = whole(1, 65535)
@@ -307,6 +325,27 @@ RULES: dict[str, Rule] = {
     "gpu_placement_models": mapping(choice("spread", "as-written")),
     "triton_base_dir": text(empty=False),
     "triton_keep_releases": whole(0),
+    # model origin (tritonfleet.model_repo.origin: AUTHS)
+    "model_origin": url("s3", "http", "https", none=True),
+    "model_origin_endpoint": url("http", "https", none=True),
+    "model_origin_region": text(none=True, empty=False),
+    "model_origin_auth": choice("presigned", "host"),
+    "model_origin_url_expiry": whole(60, 7 * 24 * 3600, unit="seconds"),
+    "model_origin_credentials_file": text(empty=False),
+    "model_origin_upload_url": url("http", "https", none=True),
+    "model_origin_upload_user": text(none=True, empty=False),
+    "model_origin_upload_password_env": text(empty=False),
+    "model_origin_parallel": whole(1),
+    "model_origin_retries": whole(0),
+    # image mirror
+    "image_mirror": text(none=True, empty=False),
+    "image_mirror_upstream": url("http", "https"),
+    "image_mirror_group": text(empty=False),
+    "image_mirror_port": PORT,
+    "image_mirror_tls_cert": text(none=True, empty=False),
+    "image_mirror_tls_key": text(none=True, empty=False),
+    "image_mirror_ca": text(none=True, empty=False),
+    "image_mirror_storage": text(empty=False),
     # Triton service
     "triton_service": text(empty=False),
     "triton_container_name": text(empty=False),

@@ -180,6 +180,70 @@ triton_base_dir = "/opt/triton"
 # How many previous model releases to keep on the host (for rollback).
 triton_keep_releases = 3
 
+# --- Model origin (docs/model-origin.md) ---------------------------------------------------
+# Where hosts fetch release contents from, instead of the control machine sending every byte over
+# SSH: None (the push over SSH, for small fleets), an S3-compatible bucket and prefix
+# ("s3://bucket/prefix": AWS S3, GCS's interoperability API, MinIO, Ceph) or a plain HTTP(S) server
+# ("https://models.internal/triton": nginx in an air-gapped site). The control machine uploads the
+# objects the origin lacks (named by SHA-256) and the release manifest; each host fetches only the
+# objects its release cache lacks (curl, in parallel, resumable), verifies every hash, and the
+# release is assembled and switched exactly as a pushed one. A deploy stages (fetches) the release
+# on every host before any host switches to it.
+model_origin = None
+# S3 API endpoint for an s3:// origin that is not AWS (MinIO, Ceph, GCS: https://storage.googleapis.com);
+# None: AWS, from model_origin_region. The control machine's credentials are boto3's own (the
+# environment, ~/.aws, its instance role).
+model_origin_endpoint = None
+# Region of the bucket (S3 signatures name it); None: us-east-1.
+model_origin_region = None
+# "presigned": hosts get URLs signed on the control machine that expire after
+# model_origin_url_expiry seconds (no credential on the hosts); "host": the host's own access (an
+# HTTP origin: plain URLs, curl's ~/.netrc; S3: curl signs with the credentials in
+# model_origin_credentials_file). An HTTP origin is always "host".
+model_origin_auth = "presigned"
+# Seconds a presigned URL is valid (60-604800); a transfer started before it expires completes.
+model_origin_url_expiry = 1800
+# model_origin_auth = "host" with an S3 origin: file on each host with AWS_ACCESS_KEY_ID,
+# AWS_SECRET_ACCESS_KEY and optionally AWS_SESSION_TOKEN (shell assignments, mode 0600), as the
+# host's role or secret agent writes them.
+model_origin_credentials_file = "/etc/tritonfleet/origin-credentials"
+# HTTP origin: URL the control machine uploads to with PUT (nginx: dav_methods PUT); None: model_origin.
+model_origin_upload_url = None
+# HTTP origin: basic-auth user for the uploads (None: none).
+model_origin_upload_user = None
+# Environment variable on the control machine holding the upload user's password.
+model_origin_upload_password_env = "TRITONFLEET_ORIGIN_PASSWORD"
+# Objects a host fetches at once (curl --parallel-max).
+model_origin_parallel = 8
+# Retries of a failed object fetch (curl --retry, resuming what arrived); a transfer that moves no
+# byte for 60 s fails (and resumes on the next run).
+model_origin_retries = 3
+
+# --- Image mirror: a pull-through cache for the Triton image (docs/model-origin.md) ------------
+# "host:port" of a pull-through registry the hosts pull through (None: pull from the image's own
+# registry). Images of image_mirror_upstream's registry are rewritten to it and must be pinned by
+# digest (triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3@sha256:..."): every read of
+# triton_image and cuda_test_image through the deploy's settings gets <mirror>/<path>:<tag>@<digest>.
+# Docker's own registry-mirrors (daemon.json) covers Docker Hub only.
+image_mirror = None
+# The registry the mirror proxies (one per mirror: Distribution's proxy.remoteurl).
+image_mirror_upstream = "https://nvcr.io"
+# Inventory group whose hosts run the mirror (deploys/mirror.py sets it up there; a staging run
+# fills it there before the hosts pull).
+image_mirror_group = "image_mirror"
+# Port the mirror serves on.
+image_mirror_port = 5000
+# TLS certificate for the mirror (path on the control machine; put on the mirror host); None:
+# plain HTTP (then every Docker host needs the mirror in daemon.json's insecure-registries).
+image_mirror_tls_cert = None
+# The certificate's private key (path on the control machine; put on the mirror host, 0600).
+image_mirror_tls_key = None
+# CA that signed image_mirror_tls_cert (path on the control machine): put on every host as
+# /etc/docker/certs.d/<image_mirror>/ca.crt, which Docker reads on each pull (no daemon restart).
+image_mirror_ca = None
+# Where the mirror keeps what it fetched (on the mirror host).
+image_mirror_storage = "/var/lib/docker-registry"
+
 # --- Triton service -----------------------------------------------------------------------
 # systemd unit name (triton.service).
 triton_service = "triton"

@@ -105,6 +105,14 @@ def sync_models() -> list:
         return []
     why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
            if live["current"] == rid else f"live: {live['current'] or 'none'}")
+    origin = model_origin()
+    if origin is not None:
+        # the hosts fetch from the model origin (tritonfleet.model_repo): every host stages the
+        # release (complete, not live) before any host switches to it
+        args = {"base": base, "release": rid, "local": str(local), "manifest": man,
+                "keep": int(config.get("triton_keep_releases")), "origin": origin}
+        return [model_release(name=f"stage model release {rid} from {origin.url} ({why})", switch=False, **args),
+                model_release(name=f"model release {rid} ({why})", **args)]
     transport = config.get("bulk_transfer")
     _check_transport(transport)
     return [model_release(
@@ -112,6 +120,18 @@ def sync_models() -> list:
         base=base, release=rid, local=str(local), manifest=man,
         keep=int(config.get("triton_keep_releases")), transport=transport,
     )]
+
+
+def model_origin():
+    """The model origin hosts fetch releases from (tritonfleet.model_repo.origin), or None: the
+    push over SSH."""
+    from ..core.errors import UsageError
+    from ..model_repo.origin import from_settings
+
+    try:
+        return from_settings(config.current())
+    except UsageError as e:
+        raise config.ConfigError(f"{host.name}: {e}") from e
 
 
 def container_fact_args(settings: Settings) -> dict:

@@ -38,6 +38,7 @@ def test_choices_are_the_ones_the_code_acts_on():
     from tritonfleet.gpu import placement as gpucount
     from tritonfleet.host import driver_source, kernel_module
     from tritonfleet.host import nvidia_repos as vendorfacts
+    from tritonfleet.model_repo import origin
     from tritonfleet.pyinfra_ext import transfer
     from tritonfleet.serving import drain, unit
     from tritonfleet.steps import verify
@@ -58,6 +59,7 @@ def test_choices_are_the_ones_the_code_acts_on():
     assert accepted("nvidia_driver_source", everything) == set(driver_source.SUPPORTED)
     assert accepted("health_via", everything) == {"direct", "ssh"}
     assert accepted("docker_source", everything) == {"docker", "distro"}
+    assert accepted("model_origin_auth", everything | {"presigned", "host", "token"}) == set(origin.AUTHS)
 
 
 # ---- generated values ----------------------------------------------------------------------

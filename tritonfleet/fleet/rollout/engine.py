@@ -71,7 +71,7 @@ def _before_record(st: probe.HostStatus) -> dict:
 def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, canary: int = 1,
             batch: str | int = "25%", max_fail: int = 0, data: dict | None = None,
             gate_timeout: float | None = None, echo: Callable[[str], None] = print,
-            perf_gate: bool = False) -> Report:
+            perf_gate: bool = False, stage: bool = False) -> Report:
     data = dict(data or {})
     if not Path(deploy).is_file():
         raise RolloutError(f"deploy {deploy} not found")
@@ -130,6 +130,14 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
         report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(_plan_error(dry.log))
         return _finish(run, t_start)
     journal.write("planned")
+
+    # 2b. --stage: the image and the release on every target before any batch (nothing restarts)
+    if stage:
+        _stage(run, targets)
+        if run.failures > max_fail or run.report.staged.get("halt"):
+            report.halted = run.report.staged.get("halt") or (
+                f"{run.failures} host(s) could not stage, more than --max-fail {max_fail}: no host was changed")
+            return _finish(run, t_start)
 
     # 3. batches
     _batches(run, 1)
@@ -203,6 +211,56 @@ def _batches(run: _Run, first: int) -> None:
             return
 
 
+def _mirror_hosts(run: _Run) -> list[str]:
+    """The image mirror's hosts (image_mirror_group) when the targets pull through a mirror: the
+    staging run fills the mirror there before the hosts pull."""
+    if not any(fh.get("image_mirror") for fh in run.by_name.values()):
+        return []
+    group = next(iter(run.by_name.values())).get("image_mirror_group")
+    try:
+        return [fh.name for fh in fleet.load_inventory(run.inventory, data=run.data, limit=[group])]
+    except fleet.FleetError:
+        return []  # no such group: a mirror tritonfleet does not manage
+
+
+def _stage(run: _Run, targets: list[str]) -> None:
+    """One run of the staging deploy (tritonfleet.STAGE_DEPLOY) on every reachable target and the
+    mirror's hosts; a target that fails it is reported and left out of the batches."""
+    from ... import STAGE_DEPLOY
+
+    mirrors = [n for n in _mirror_hosts(run) if n not in targets]
+    hosts = targets + mirrors
+    where = f" (image mirror: {', '.join(mirrors)})" if mirrors else ""
+    run.echo(f"[stage] fetching the image and model release onto {len(targets)} host(s){where}")
+    t0 = time.monotonic()
+    pyi = workers.run_pyinfra(run.inventory, str(STAGE_DEPLOY), hosts, run.data, log_path=run.logs / "stage.log",
+                              failure_dir=run.logs / "failures-stage", settings=run.by_name.get(hosts[0]))
+    reports = {n: f for n, f in read_channel(run.logs / "failures-stage").items() if n in hosts}
+    failed = {n for n in pyi.failed() if n in hosts}
+    if pyi.rc != 0 and not pyi.data:  # no result at all: nothing is known to be staged
+        failed = set(hosts)
+    elapsed = time.monotonic() - t0
+    results = run.results
+    for n in sorted(failed & set(targets)):
+        r = results[n]
+        r.result = "failed"
+        r.detail = "staging: " + (reports[n].short(220) if n in reports else pyi.reason(n))
+        r.failure = reports[n].to_json() if n in reports else None
+        run.unreachable.append(n)  # left out of every batch: unchanged
+        if n in reports:
+            run.echo(reports[n].text())
+    run.failures += len(failed & set(targets))
+    run.report.staged = {"seconds": round(elapsed, 1), "hosts": sorted(set(targets) - failed),
+                         "failed": sorted(failed)}
+    bad_mirror = sorted(failed & set(mirrors))
+    if bad_mirror:
+        run.report.staged["halt"] = (f"the image mirror could not be filled on {', '.join(bad_mirror)} "
+                                     f"({pyi.reason(bad_mirror[0])}): no host was changed")
+    run.journal.write("staged", seconds=elapsed, failed=sorted(failed), hosts=hosts)
+    bad = f", failed: {', '.join(sorted(failed))}" if failed else ""
+    run.echo(f"[stage] done in {elapsed:.1f}s: {len(set(targets) - failed)} staged{bad}")
+
+
 def _gate_all(run: _Run, names: list[str]) -> dict[str, Failure]:
     """The health gate on ``names``; {host: failure report} for those that failed it."""
     hosts = [run.by_name[n] for n in names]
@@ -268,6 +326,11 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     run.failures = len(run.unreachable)
     done, started = {}, {}
     for e in events:
+        if e["event"] == "staged":  # a host that could not stage stays out of the batches
+            for n in e.get("failed", []):
+                if n in results and n not in run.unreachable:
+                    run.unreachable.append(n)
+                    results[n].result, results[n].detail = "failed", "staging failed"
         if e["event"] == "batch":
             started[e["index"]] = e
         elif e["event"] == "batch-done":

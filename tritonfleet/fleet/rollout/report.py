@@ -34,6 +34,7 @@ class Report:
     seconds: float = 0.0
     log_dir: str = ""
     perf: dict = field(default_factory=dict)  #: --perf-gate: per canary, before, after, verdict
+    staged: dict = field(default_factory=dict)  #: --stage: {"seconds", "hosts", "failed"}
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,151 @@
+"""The Triton image through a pull-through cache: pure functions (the steps: tritonfleet.steps.mirror;
+the image references rewritten to the mirror: tritonfleet.settings.mirrored).
+
+**Why a rewrite, not Docker's ``registry-mirrors``.** dockerd's ``registry-mirrors`` setting
+applies to Docker Hub only (Docker's "Mirror the Docker Hub library": "It's currently not possible
+to mirror another private registry. Only the central Hub can be mirrored."), and a Distribution
+registry in proxy mode mirrors one upstream at a time (Distribution's "Registry as a pull through
+cache" recipe; ``proxy.remoteurl``). So an ``nvcr.io`` image is pulled through
+the mirror by naming the mirror in the reference: ``nvcr.io/nvidia/tritonserver:24.08-py3@sha256:D``
+becomes ``<mirror>/nvidia/tritonserver:24.08-py3@sha256:D`` (the repository path is kept, the tag
+too: tritonfleet reads the Triton release from it; Docker resolves a reference with both by the
+digest alone). The digest is required: every host then runs the same bytes whatever the tag does
+upstream, and the mirror can serve it from its cache without asking the upstream about the tag.
+
+**The mirror** is Debian's packaged CNCF Distribution registry (``docker-registry``, 2.8.2 in
+Debian 12) with ``proxy: {remoteurl, username, password}`` (Distribution's configuration
+reference, "proxy"; its "Registry as a pull through cache" recipe).
+
+**Filling it once.** Distribution 2.8's proxy blob store fetches a blob it does not have twice from
+the upstream, once for the client and once for its own store (``registry/proxy/proxyblobstore.go``
+at v2.8.2: ``ServeBlob`` starts ``storeLocal`` and ``copyContent`` side by side; 3.0 serves and
+stores from one fetch, commit 17952924 "avoid redundant blob fetching"), and every request for
+a blob still in flight fetches it again: N hosts pulling a new image at once cost the upstream up
+to N + 1 times its size. So a staging run fills the mirror first, on the mirror host: for each
+blob of the pinned image it opens one request through the mirror that reads at a trickle
+(``curl --limit-rate``), which starts the mirror's own full-speed fetch into its store, and closes
+it as soon as the blob is in the store (the repository's ``_layers/sha256/<hex>/link``, which
+Distribution writes when the blob is committed). The trickling request costs the upstream only
+what the sockets between them buffer before it stops (measured: a few MB a blob; 8.7 MB on
+loopback), so filling costs the upstream about 1.0x the image and the hosts then pull from the
+mirror's store in parallel without reaching the upstream at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ..core.shell import q
+
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# the manifest kinds a pull of a pinned image meets (Docker's and OCI's media types)
+ACCEPT = ", ".join([
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+])
+
+
+# --------------------------------------------------------------------------- the mirror host
+
+def registry_config(port: int, storage: str, upstream: str, user: str | None = None, password: str | None = None,
+                    cert: str | None = None, key: str | None = None) -> str:
+    """/etc/docker/registry/config.yml of a pull-through mirror (JSON, which YAML reads): the
+    upstream with its login, the cache's storage, TLS when given, JSON logs with each response's
+    size (``http.response.written``)."""
+    proxy = {"remoteurl": upstream}
+    if user:
+        proxy.update(username=user, password=password or "")
+    http: dict = {"addr": f":{int(port)}", "headers": {"X-Content-Type-Options": ["nosniff"]}}
+    if cert and key:
+        http["tls"] = {"certificate": cert, "key": key}
+    return json.dumps({
+        "version": 0.1,
+        "log": {"level": "info", "formatter": "json", "fields": {"service": "registry-mirror"}},
+        "storage": {"filesystem": {"rootdirectory": storage}, "delete": {"enabled": True},
+                    "cache": {"blobdescriptor": "inmemory"}},
+        "http": http,
+        "proxy": proxy,
+    }, indent=2, sort_keys=True) + "\n"
+
+
+def manifest_command(url: str, path: str, reference: str, ca: str | None = None) -> str:
+    """curl of a manifest through the mirror at ``url`` (its body on stdout)."""
+    tls = f" --cacert {q(ca)}" if ca else ""
+    return (f"curl -fsS --max-time 120{tls} -H {q('Accept: ' + ACCEPT)} "
+            f"{q(f'{url}/v2/{path}/manifests/{reference}')}")
+
+
+def parse_manifest(text: str, os_name: str = "linux", arch: str = "amd64") -> tuple[str, list[str]]:
+    """("index", [the platform's manifest digest]) for a manifest list / OCI index, or ("image",
+    [config digest, layer digests...]) for an image manifest. ValueError for anything else."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not a manifest (JSON): {text[:120]!r}") from e
+    if isinstance(doc.get("manifests"), list):
+        for m in doc["manifests"]:
+            p = m.get("platform") or {}
+            if p.get("os") == os_name and p.get("architecture") == arch and DIGEST.match(str(m.get("digest"))):
+                return "index", [m["digest"]]
+        raise ValueError(f"the image index has no {os_name}/{arch} manifest")
+    if isinstance(doc.get("layers"), list) and isinstance(doc.get("config"), dict):
+        blobs = [doc["config"].get("digest")] + [layer.get("digest") for layer in doc["layers"]]
+        if not all(DIGEST.match(str(b)) for b in blobs):
+            raise ValueError("a blob digest of the manifest is not sha256:<64 hex digits>")
+        return "image", blobs
+    raise ValueError("neither an image manifest nor an index (schema 1 manifests are not mirrored)")
+
+
+def layer_link(storage: str, path: str, digest: str) -> str:
+    """Where Distribution's filesystem storage records that a repository holds a blob (written
+    when the blob is committed: registry/storage/paths.go, layerLinkPathSpec)."""
+    return f"{storage}/docker/registry/v2/repositories/{path}/_layers/sha256/{digest.split(':', 1)[1]}/link"
+
+
+def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | None = None,
+                timeout: int = 3600, attempts: int = 3) -> str:
+    """Shell on the mirror host: every blob of ``blobs`` the mirror's store lacks is brought in by
+    one trickling request (see the module doc), tried again (up to ``attempts``) when the request
+    ended before the blob was stored (a blob small enough to be served whole: Distribution 2.8
+    stores it under the request's context). Prints ``cached <digest>``, ``filled <digest>
+    <seconds>`` or ``failed <digest> <why>``; exits 1 when a blob did not arrive."""
+    tls = f"--cacert {q(ca)} " if ca else ""
+    out = [
+        "set -u", "rc=0",
+        "fill() {",
+        "  try=0",
+        f"  while [ $try -lt {int(attempts)} ]; do",
+        "    [ -f \"$1\" ] && return 0",
+        f"    curl -s {tls}--limit-rate 1K -o /dev/null \"$2\" & pid=$!",
+        "    n=0; grace=0",
+        f"    while [ ! -f \"$1\" ] && [ $n -lt {int(timeout) * 10} ] && [ $grace -lt 100 ]; do",
+        "      kill -0 $pid 2>/dev/null || grace=$((grace + 1))",
+        "      sleep 0.1; n=$((n + 1))",
+        "    done",
+        "    kill $pid 2>/dev/null; wait $pid 2>/dev/null",
+        "    try=$((try + 1))",
+        "  done",
+        "  [ -f \"$1\" ]",
+        "}",
+    ]
+    for digest in blobs:
+        link = layer_link(storage, path, digest)
+        out.append(
+            f"if [ -f {q(link)} ]; then echo {q('cached ' + digest)}; else t0=$(date +%s); "
+            f"if fill {q(link)} {q(f'{url}/v2/{path}/blobs/{digest}')}; then "
+            f"echo \"filled {digest} $(( $(date +%s) - t0 ))\"; else "
+            f"echo {q('failed ' + digest + ' not in the store after ' + str(attempts) + ' requests')}; rc=1; fi; fi")
+    out.append("exit $rc")
+    return "\n".join(out) + "\n"
+
+
+def parse_fill(lines) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"cached": [], "filled": [], "failed": []}
+    for line in lines:
+        kind, _, rest = line.strip().partition(" ")
+        if kind in out and rest:
+            out[kind].append(rest.split(" ", 1)[0] if kind != "failed" else rest)
+    return out

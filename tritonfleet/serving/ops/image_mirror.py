@@ -1,0 +1,53 @@
+"""The image mirror's fill as an operation (the step that runs it: tritonfleet.steps.mirror;
+what the fill does and why: tritonfleet.serving.image_mirror)."""
+
+from __future__ import annotations
+
+from pyinfra import logger
+from pyinfra.api import FunctionCommand, operation
+
+from ...core import report as failure
+from ...pyinfra_ext.stream import connector_arguments
+from .. import image_mirror as mirror
+
+
+def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str | None, upstream: str,
+          arguments: dict) -> bool:
+    step = f"Image mirror (fill with {path}@{digest[:19]})"
+
+    def fail(found: str, words: list[str]) -> bool:
+        failure.emit(host, failure.Failure(
+            host.name, step, f"every blob of {path}@{digest} in the mirror's store", found, failure.trim(words),
+            "the mirror's and curl's own words", "the hosts still serve their image; nothing was pulled",
+            f"check the mirror ({url}) and its upstream (journalctl -u docker-registry on {host.name}), then run "
+            "again", cause=found[:200]))
+        return False
+
+    reference, blobs = digest, []
+    for _ in range(2):  # an index names the platform's manifest: one more step
+        ok, out = host.run_shell_command(mirror.manifest_command(url, path, reference, ca), print_output=False,
+                                         **arguments)
+        if not ok:
+            return fail(f"the mirror did not give the manifest {path}@{reference}", out.stderr_lines)
+        try:
+            kind, found = mirror.parse_manifest("\n".join(out.stdout_lines))
+        except ValueError as e:
+            return fail(f"manifest {path}@{reference}: {e}", [])
+        if kind == "image":
+            blobs = found
+            break
+        reference = found[0]
+    ok, out = host.run_shell_command(mirror.fill_script(url, path, blobs, storage, ca), print_output=False,
+                                     **arguments)
+    res = mirror.parse_fill(out.stdout_lines)
+    if not ok or res["failed"]:
+        return fail(f"{len(res['failed'])} blob(s) did not reach the mirror's store", res["failed"] + out.stderr_lines)
+    logger.info(f"{host.print_prefix}image mirror: {path}@{digest[:19]}: {len(res['filled'])} blob(s) fetched "
+                f"from {upstream}, {len(res['cached'])} already there")
+    return True
+
+
+@operation(is_idempotent=False)
+def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, upstream: str = ""):
+    """Bring every blob of ``path@digest`` into the mirror's store (one fetch from the upstream)."""
+    yield FunctionCommand(_fill, (url, path, digest, storage, ca, upstream, connector_arguments()), {})

@@ -1,0 +1,126 @@
+"""The Triton image through a pull-through cache (``deploys/mirror.py``; why and how:
+tritonfleet.serving.image_mirror and docs/model-origin.md).
+
+* ``image_mirror()``: on the hosts of the ``image_mirror_group`` inventory group, Debian's packaged
+  registry (``docker-registry``) in proxy mode for ``image_mirror_upstream``, with TLS when given,
+  restarted only when its configuration changed.
+* ``mirror_trust()``: on every other host, Docker trusts the mirror's CA
+  (``/etc/docker/certs.d/<image_mirror>/ca.crt``, read on each pull: no daemon restart).
+* ``mirror_filled()``: on the mirror's hosts, every blob of the fleet's pinned Triton image is
+  brought into the mirror's store once (the staging run does this before the hosts pull; the
+  operation: tritonfleet.serving.ops.image_mirror).
+"""
+
+from __future__ import annotations
+
+import os
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import systemd
+
+from ..host.ops import converged
+from ..pyinfra_ext import install as pyinfra_patches
+from ..pyinfra_ext.check import will_change
+from ..serving import image_mirror as mirror
+from ..serving.ops.image_mirror import fill
+from ..settings import access as config
+from ..settings import mirrored
+
+CONFIG = "/etc/docker/registry/config.yml"
+CERT = "/etc/docker/registry/mirror.crt"
+KEY = "/etc/docker/registry/mirror.key"
+CA = "/etc/docker/registry/ca.crt"
+DROP_IN = "/etc/systemd/system/docker-registry.service.d/tritonfleet.conf"
+# Distribution 2.8 exits when the upstream does not answer at its start (it pings it): systemd
+# starts it again until it does (Debian's unit has no Restart=)
+DROP_IN_TEXT = "[Service]\nRestart=on-failure\nRestartSec=5\n"
+
+
+def runs_mirror() -> bool:
+    return config.get("image_mirror_group") in host.groups
+
+
+def mirror_url() -> str:
+    tls = config.get("image_mirror_tls_cert") and config.get("image_mirror_tls_key")
+    return f"{'https' if tls else 'http'}://{config.get('image_mirror')}"
+
+
+def _local_file(name: str) -> str | None:
+    path = config.get(name)
+    if path and not Path(path).is_file():
+        raise config.ConfigError(f"{host.name}: {name} {path} is not a file on this machine "
+                                 "(inventories/group_data/all.py)")
+    return path
+
+
+@deploy("Image mirror (pull-through registry)")
+def image_mirror():
+    pyinfra_patches.required("Image mirror (pull-through registry)")  # the deploy file installed the patches (the deploy lock)
+    if not runs_mirror():
+        return []
+    if not config.get("image_mirror"):
+        raise config.ConfigError(f"{host.name} is in the {config.get('image_mirror_group')} group but image_mirror "
+                                 "is not set: set it to the address the hosts pull through (host:port, "
+                                 "inventories/group_data/all.py)")
+    cert, key, ca = _local_file("image_mirror_tls_cert"), _local_file("image_mirror_tls_key"), _local_file("image_mirror_ca")
+    user = config.get("registry_user")
+    secret = os.environ.get(config.get("registry_password_env") or "") if user else None
+    if user and not secret:
+        raise config.ConfigError(f"{host.name}: the mirror logs in to {config.get('image_mirror_upstream')} as "
+                                 f"registry_user {user!r}, but ${config.get('registry_password_env')} is empty on "
+                                 "the control machine: export the registry secret there")
+    pkgs = converged.packages(name="Debian's registry (docker-registry) and curl", packages=["docker-registry", "curl"])
+    text = mirror.registry_config(int(config.get("image_mirror_port")), config.get("image_mirror_storage"),
+                                  config.get("image_mirror_upstream"), user, secret,
+                                  CERT if cert and key else None, KEY if cert and key else None)
+    changed = [converged.put(name=f"registry configuration {CONFIG} (proxy of {config.get('image_mirror_upstream')})",
+                             src=StringIO(text), dest=CONFIG, user="root", group="docker-registry", mode="640")]
+    if cert and key:
+        changed.append(converged.put(name=f"mirror TLS certificate {CERT}", src=cert, dest=CERT, mode="644"))
+        changed.append(converged.put(name=f"mirror TLS key {KEY}", src=key, dest=KEY, user="root",
+                                     group="docker-registry", mode="640"))
+    if ca:
+        changed.append(converged.put(name=f"mirror CA {CA}", src=ca, dest=CA, mode="644"))
+    drop_in = converged.put(name=f"restart the registry when it fails ({DROP_IN})", src=StringIO(DROP_IN_TEXT),
+                            dest=DROP_IN, mode="644")
+    if will_change(drop_in):
+        systemd.daemon_reload(name="systemd daemon-reload (registry drop-in)")
+    if will_change(pkgs, drop_in, *changed):
+        systemd.service(name="restart docker-registry (configuration changed)", service="docker-registry",
+                        restarted=True)
+    converged.service(name="docker-registry running and enabled", service="docker-registry", running=True,
+                      enabled=True)
+    return changed
+
+
+@deploy("Trust the image mirror")
+def mirror_trust():
+    pyinfra_patches.required("Trust the image mirror")  # the deploy file installed the patches (the deploy lock)
+    ca = _local_file("image_mirror_ca")
+    if not config.get("image_mirror") or not ca or (runs_mirror() and not host.data.get("gpu_class")):
+        return []
+    dest = f"/etc/docker/certs.d/{config.get('image_mirror')}/ca.crt"
+    return [converged.put(name=f"Docker trusts the image mirror ({dest})", src=ca, dest=dest, mode="644",
+                          create_remote_dir=True)]
+
+
+@deploy("Fill the image mirror")
+def mirror_filled():
+    pyinfra_patches.required("Fill the image mirror")  # the deploy file installed the patches (the deploy lock)
+    if not runs_mirror() or not config.get("image_mirror"):
+        return []
+    out = []
+    for image in dict.fromkeys(config.get(k) for k in mirrored.MIRRORED):
+        registry, path, _, digest = mirrored.parse_reference(image)
+        if registry != config.get("image_mirror") or not digest:
+            continue  # not through this mirror (pre-flight refuses an unpinned one)
+        out.append(fill(name=f"image mirror holds {path}@{digest[:19]} (fetched once from "
+                             f"{config.get('image_mirror_upstream')})",
+                        url=mirror_url(), path=path, digest=digest, storage=config.get("image_mirror_storage"),
+                        ca=CA if config.get("image_mirror_ca") else None,
+                        upstream=config.get("image_mirror_upstream")))
+    return out
+
