@@ -243,6 +243,10 @@ BAD_ARGUMENTS = [
     (["bootstrap", "inventories/prod.py", "--origin", "nowhere", "--url", "http://x", "--wheel",
       "deploys/models.py", "--wheelhouse", "files"], "origin nowhere is not a directory"),
     (["converge", "--config", "nowhere/pull.json"], "was not bootstrapped for pull mode"),
+    (["quarantine", "list", "inventories/prod.py"], "no quarantine_url in inventories/prod.py's data"),
+    (["quarantine", "serve", "deploys/models.py"], "is a deploy file, not an inventory"),
+    (["quarantine", "release", "inventories/prod.py", "t4-a", "--data", "quarantine_url=x"],
+     "quarantine_url = 'x' (--data)"),
 ]
 
 

@@ -288,8 +288,7 @@ def test_hold_and_release(rig):
     time.sleep(0.5)
     res = tritonfleet("quarantine", "release", str(rig.inventory), "h3", "--url", rig.url)
     assert res.returncode == 0 and "h3: returned:" in res.stdout, res.stdout + res.stderr
-    time.sleep(1)
-    assert rig.drained() == [] and rig.state("h3").serving
+    until(lambda: rig.drained() == [] and rig.state("h3").serving, "h3 back in service after its release")
     state = quarantine.fetch_state(rig.url)
     assert state["firing"] == [{"host": "h3", "alert": "GpuXidCritical", "summary": "GpuXidCritical on h3",
                                 "since": "2026-01-01T00:00:00Z", "acknowledged": True}]
