@@ -124,7 +124,7 @@ BAD_INPUT = [
     ("inventory without a GPU class", "deploys/triton.py", no_gpu_class,
      ["no gpu_class", "GPU-class group (t4, l4)", "inventories/prod.py"]),
     ("unknown GPU class", "deploys/triton.py", ["--data", "gpu_class=A100"],
-     ["unknown gpu_class 'A100'", "known: T4, L4"]),
+     ["gpu_class = 'A100' (--data)", "is a GPU class tritonfleet has no rules for", "known: L4, T4"]),
     ("driver branch the Triton image cannot use", "deploys/triton.py", ["--data", "nvidia_driver_branch=550"],
      ["driver 550", "Triton 24.08", "group_data/"]),
     ("GPU found differs from the inventory", "deploys/host.py", ["--data", "gpu_class=T4"],
