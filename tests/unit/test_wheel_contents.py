@@ -8,29 +8,14 @@ tests/unit/test_structure.py checks that `tritonfleet testbed` reaches the comma
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import zipfile
 
-from tritonfleet import ROOT
-
-SOURCES = ("pyproject.toml", "README.md", "tritonfleet", "tritonfleet_testbed", "deploys", "inventories", "files")
+from tests.support.wheel import SOURCES, build_wheel
 
 
 def test_the_wheel_holds_no_test_tooling(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
-        else:
-            shutil.copy2(ROOT / name, src / name)
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                          "-q", "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    (wheel,) = (tmp_path / "dist").glob("tritonfleet-*.whl")
+    # the test tooling copied in too: the wheel must leave it out
+    wheel = build_wheel(tmp_path, (*SOURCES, "tritonfleet_testbed"))
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         entry_points = next((z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt")), "")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -28,10 +27,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.support.wheel import build_wheel
 from tests.unit.model_repo.test_onnx_io import mismatch_repository
 from tritonfleet import ROOT
-
-SOURCES = ("pyproject.toml", "README.md", "tritonfleet", "deploys", "inventories", "files")
 
 
 def run(argv: list, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -64,18 +62,7 @@ def closure(requirements: list[str]) -> set[str]:
 def installed(tmp_path_factory):
     """(the fresh environment's bin directory, an environment for commands, its requirements)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
-        else:
-            shutil.copy2(ROOT / name, src / name)
-    res = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-               "-w", tmp / "dist", src], tmp)
-    assert res.returncode == 0, res.stderr[-3000:]
-    (wheel,) = (tmp / "dist").glob("tritonfleet-*.whl")
+    wheel = build_wheel(tmp)
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         requires = [line.split(":", 1)[1].strip() for line in z.read(meta).decode().splitlines()
