@@ -15,6 +15,15 @@ hosts instead of starting from bare, and leaves them up at the end.
 
 from __future__ import annotations
 
+# The process is patched for gevent first, as the tritonfleet command and pyinfra's own command
+# line do before anything imports ssl ("API scripts should also patch gevent at the start of
+# their execution", pyinfra_cli/__init__.py). Tests that load an inventory or run a deploy
+# in-process import pyinfra_cli, which patches then anyway; patched that late, after ssl was
+# imported, clients built on ssl later (boto3's, for the model origin) recursed without end.
+from gevent import monkey
+
+monkey.patch_all()
+
 import os
 import subprocess
 import time

@@ -19,7 +19,7 @@ def fake_rollout(monkeypatch, tmp_path, failed_stage: list[str], max_fail: int):
     from tritonfleet.fleet.rollout import engine
 
     names = ["a", "b", "c"]
-    settings = {"fleet_parallel": 10}
+    settings = {"fleet_parallel": 10, "fleet_workers": 1}
     hosts = [SimpleNamespace(name=n, get=lambda k, d=None: settings.get(k, d)) for n in names]
     monkeypatch.setenv("TRITONFLEET_LOG_DIR", str(tmp_path / "logs"))
     monkeypatch.setattr(fleet, "load_inventory", lambda *a, **k: hosts)
@@ -39,7 +39,7 @@ def fake_rollout(monkeypatch, tmp_path, failed_stage: list[str], max_fail: int):
         return ro.PyinfraRun(0, {"results": {"failed_hosts": [], "operations": [
             {"name": "restart triton", "success": list(targets)}]}}, "")
 
-    monkeypatch.setattr(engine, "run_pyinfra", run_pyinfra)
+    monkeypatch.setattr(engine.workers, "run_pyinfra", run_pyinfra)  # every pyinfra run of a rollout goes through it
     report = ro.rollout("inventory.py", str(ROOT / "deploys" / "models.py"), canary=1, batch="100%",
                         max_fail=max_fail, stage=True, echo=lambda m: None)
     return runs, report
