@@ -35,7 +35,7 @@ from ..settings.access import Settings
 # URL_SAFE: characters a URL of ours may hold: the host-side fetch writes URLs into curl's config
 # file in double quotes, where a quote, a backslash or white space would change its meaning (the
 # settings check refuses a tunable's URL by the same rule)
-from ..settings.check import URL_SAFE
+from ..settings.rules import URL_SAFE
 
 KINDS = ("s3", "http")
 AUTHS = ("presigned", "host")

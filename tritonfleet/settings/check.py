@@ -30,16 +30,30 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
-import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..core.errors import UsageError
 from .defaults import DEFAULTS
+from .rules import (
+    Rule,
+    budget,
+    choice,
+    dict_of_dicts,
+    flag,
+    http_url,
+    is_int,
+    mapping,
+    number,
+    seconds,
+    text,
+    text_list,
+    url,
+    whole,
+    xid_list,
+)
 
 __all__ = ["RULES", "SettingsError", "check_hosts", "known_names", "problems"]
 
@@ -49,218 +63,6 @@ class SettingsError(UsageError):
 
 
 # ---- rules ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Rule:
-    """What a setting may hold: ``test(value)`` returns why not (None: fine); ``what`` says what
-    is wanted, in the words of the refusal."""
-
-    what: str
-    test: Callable[[Any], str | None]
-
-    def problem(self, value: Any) -> str | None:
-        return self.test(value)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and not (isinstance(v, float) and not math.isfinite(v)))
-
-
-def _quoted_number(v: Any) -> str:
-    """A hint for a number written as text."""
-    if isinstance(v, str):
-        try:
-            float(v)
-        except ValueError:
-            return ""
-        return f" (write {v} without quotes)"
-    return ""
-
-
-def whole(lo: int | None = None, hi: int | None = None, none: bool = False, unit: str = "") -> Rule:
-    """A whole number in [lo, hi] (``none``: or None)."""
-    span = (f"from {lo} to {hi}" if lo is not None and hi is not None
-            else f">= {lo}" if lo is not None else f"<= {hi}" if hi is not None else "")
-    what = f"a whole number{' of ' + unit if unit else ''} {span}".strip() + (" or None" if none else "")
-
-    def test(v):
-        if v is None and none:
-            return None
-        if not _is_int(v):
-            return f"must be {what}{_quoted_number(v)}"
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            return f"must be {what}"
-        return None
-    return Rule(what, test)
-
-
-def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-           none: bool = False, unit: str = "") -> Rule:
-    """A number (whole or not) in [lo, hi], or (lo, hi] with ``lo_open``."""
-    low = (f"> {lo:g}" if lo_open else f">= {lo:g}") if lo is not None else ""
-    span = f"{low}{' and ' if low and hi is not None else ''}{f'<= {hi:g}' if hi is not None else ''}"
-    what = f"a number{' of ' + unit if unit else ''} {span}".strip() + (" or None" if none else "")
-
-    def test(v):
-        if v is None and none:
-            return None
-        if not _is_number(v):
-            return f"must be {what}{_quoted_number(v)}"
-        if lo is not None and (v <= lo if lo_open else v < lo):
-            return f"must be {what}"
-        if hi is not None and v > hi:
-            return f"must be {what}"
-        return None
-    return Rule(what, test)
-
-
-def seconds(lo_open: bool = True, none: bool = False) -> Rule:
-    """A duration in seconds: > 0 (``lo_open``), else >= 0 (0: do not wait)."""
-    return number(0, lo_open=lo_open, none=none, unit="seconds")
-
-
-def flag() -> Rule:
-    def test(v):
-        return None if isinstance(v, bool) else f"must be True or False{_quoted_bool(v)}"
-    return Rule("True or False", test)
-
-
-def _quoted_bool(v: Any) -> str:
-    if isinstance(v, str) and v.lower() in ("true", "false", "yes", "no"):
-        return f" (write {v.lower() in ('true', 'yes')} without quotes)"
-    return ""
-
-
-def text(none: bool = False, empty: bool = True, digits_ok: bool = False) -> Rule:
-    """A string (``none``: or None; ``empty``: "" allowed; ``digits_ok``: a whole number too,
-    as pyinfra's --data turns "580" into 580)."""
-    what = ("a string" + ("" if empty else " (not empty)") + (" or a whole number" if digits_ok else "")
-            + (" or None" if none else ""))
-
-    def test(v):
-        if v is None and none:
-            return None
-        if digits_ok and _is_int(v) and v >= 0:
-            return None
-        if not isinstance(v, str):
-            return f"must be {what}"
-        if not empty and not v.strip():
-            return f"must be {what}"
-        return None
-    return Rule(what, test)
-
-
-def choice(*values: Any) -> Rule:
-    shown = ", ".join(repr(v) for v in values)
-    what = f"one of {shown}"
-
-    def test(v):
-        if isinstance(v, bool) and not any(isinstance(c, bool) for c in values):
-            return f"must be {what}"
-        if v in values:
-            return None
-        near = [c for c in values if isinstance(c, str)
-                and difflib.get_close_matches(str(v), [c], n=1, cutoff=0.6)] if isinstance(v, str) else []
-        return f"must be {what}" + (f" (did you mean {near[0]!r}?)" if near else "")
-    return Rule(what, test)
-
-
-def text_list(none: bool = False) -> Rule:
-    what = "a list of strings" + (" or None" if none else "")
-
-    def test(v):
-        if v is None and none:
-            return None
-        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
-            return f"must be {what}" + (" (write it in brackets: [\"...\"])" if isinstance(v, str) else "")
-        return None
-    return Rule(what, test)
-
-
-def mapping(value: Rule | None = None, what_value: str = "") -> Rule:
-    what = "a dict" + (f" of name -> {what_value or value.what}" if value else "")
-
-    def test(v):
-        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
-            return f"must be {what}"
-        if value is not None:
-            for k, x in v.items():
-                why = value.problem(x)
-                if why:
-                    return f"[{k!r}] = {x!r} {why}"
-        return None
-    return Rule(what, test)
-
-
-def _dict_of_dicts() -> Rule:
-    def test(v):
-        return None if isinstance(v, dict) else "must be a dict"
-    return Rule("a dict", test)
-
-
-def _xid_list() -> Rule:
-    """Xid numbers: a list of whole numbers > 0 (NVIDIA's Xid catalog numbers them from 1)."""
-    what = "a list of Xid numbers (whole numbers > 0)"
-
-    def test(v):
-        if not isinstance(v, (list, tuple)) or not all(_is_int(x) and x > 0 for x in v):
-            return f"must be {what}" + (" (write it in brackets: [48, 79])" if _is_int(v) else "")
-        return None
-    return Rule(what, test)
-
-
-#: a quarantine budget written as text: "N" hosts or "P%" of the group (the receiver's own
-#: parser, tritonfleet.fleet.quarantine.planning.budget_limit, reads the same forms)
-_BUDGET = re.compile(r"^\s*([0-9]+)\s*(%?)\s*$")
-
-
-def _budget() -> Rule:
-    """Hosts of a group that may be out at once: a whole number >= 0, or "P%" with P from 0 to 100."""
-    what = 'a whole number of hosts >= 0 or "P%" of the group (0 to 100)'
-
-    def test(v):
-        if _is_int(v):
-            return None if v >= 0 else f"must be {what}"
-        m = _BUDGET.match(v) if isinstance(v, str) else None
-        if not m or (m.group(2) and int(m.group(1)) > 100):
-            return f"must be {what}"
-        return None
-    return Rule(what, test)
-
-
-def url(*schemes: str, none: bool = False) -> Rule:
-    """A URL of one of ``schemes`` with a server part, and no white space, quote or backslash
-    (the host-side fetch writes URLs into curl's config file in double quotes: see
-    tritonfleet.model_repo.origin, which refuses the same)."""
-    shown = " or ".join(f"{s}://..." for s in schemes)
-    what = f"a URL ({shown})" + (" or None" if none else "")
-
-    def test(v):
-        if v is None and none:
-            return None
-        if not isinstance(v, str):
-            return f"must be {what}"
-        parts = urlsplit(v)
-        if parts.scheme not in schemes or not parts.netloc:
-            return f"must be {what}"
-        if not URL_SAFE.match(v):
-            return f"must be {what} without white space, quotes or backslashes (percent-encode them)"
-        return None
-    return Rule(what, test)
-
-
-#: the characters tritonfleet.model_repo.origin lets through into curl's config file (in double quotes)
-URL_SAFE = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+$")
-
-def _http_url(none: bool = False) -> Rule:
-    """An http:// or https:// URL (the quarantine receiver's, Alertmanager's)."""
-    return url("http", "https", none=none)
-
 
 PORT = whole(1, 65535)
 
@@ -320,7 +122,7 @@ RULES: dict[str, Rule] = {
     "registry_host": text(none=True, empty=False),
     # model repository
     "model_repository": text(empty=False),
-    "model_overrides": mapping(_dict_of_dicts(), "a dict of config fields"),
+    "model_overrides": mapping(dict_of_dicts(), "a dict of config fields"),
     "gpu_placement": choice("spread", "as-written"),
     "gpu_placement_models": mapping(choice("spread", "as-written")),
     "triton_base_dir": text(empty=False),
@@ -370,7 +172,7 @@ RULES: dict[str, Rule] = {
     "triton_per_gpu": flag(),
     "triton_per_gpu_port_step": whole(1, 65535),
     # rollout and rollback
-    "rollback_to": mapping(_dict_of_dicts(), "{\"release\": ..., \"unit\": ...}"),
+    "rollback_to": mapping(dict_of_dicts(), "{\"release\": ..., \"unit\": ...}"),
     "fleet_parallel": whole(1),
     "fleet_workers": whole(0),
     # load balancer drain
@@ -413,9 +215,9 @@ RULES: dict[str, Rule] = {
     "probe_timeout": seconds(),
     "monitor_probe_failures": whole(1),
     "monitor_gpu_temperature_c": number(0, unit="degrees C"),
-    "quarantine_xids": _xid_list(),
-    "quarantine_budget": _budget(),
-    "quarantine_url": _http_url(none=True),
+    "quarantine_xids": xid_list(),
+    "quarantine_budget": budget(),
+    "quarantine_url": http_url(none=True),
     "quarantine_check_interval": seconds(),
     "quarantine_gate_timeout": seconds(),
     # the settings check itself
@@ -576,7 +378,7 @@ def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
         if why:
             out.append(Problem(name, key, value, where(key), why))
     ports = [k for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port")
-             if _is_int(data.get(k, DEFAULTS[k]))]
+             if is_int(data.get(k, DEFAULTS[k]))]
     values = [data.get(k, DEFAULTS[k]) for k in ports]
     if len(ports) == 3 and len(set(values)) < 3:
         k = next(k for k in ports if k in data and values.count(data[k]) > 1)
