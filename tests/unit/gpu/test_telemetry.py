@@ -316,7 +316,10 @@ def test_the_unit_command_line_runs_the_collector_as_the_host_would(tmp_path, st
             f.write(record(2, "NVRM: Xid (PCI:0000:00:1e): 79, GPU has fallen off the bus."))
         while True:
             found = samples(scrape())
-            if [k for k in found if k[0] == "tritonfleet_gpu_xid_errors_total" and ("xid", "79") in k[1]]:
+            # the Xid is written at once; the driver's answer comes with the next query (later
+            # than the Xid on a loaded machine): both are waited for
+            if [k for k in found if k[0] == "tritonfleet_gpu_xid_errors_total" and ("xid", "79") in k[1]] and \
+                    [k for k in found if k[0] == "tritonfleet_gpu_temperature_celsius"]:
                 break
             assert time.monotonic() < deadline, found
             time.sleep(0.1)
