@@ -285,7 +285,7 @@ def test_hold_and_release(rig):
     assert "h3" in listing.stdout and "held since" in listing.stdout and "fan noise" in listing.stdout
     # a held host's firing alert is acknowledged by the release: it does not take it out again
     rig.notify("firing", "h3")
-    time.sleep(0.5)
+    until(lambda: quarantine.fetch_state(rig.url)["firing"], "the receiver has the alert")
     res = tritonfleet("quarantine", "release", str(rig.inventory), "h3", "--url", rig.url)
     assert res.returncode == 0 and "h3: returned:" in res.stdout, res.stdout + res.stderr
     until(lambda: rig.drained() == [] and rig.state("h3").serving, "h3 back in service after its release")
