@@ -72,9 +72,13 @@ def registry_config(port: int, storage: str, upstream: str, user: str | None = N
 
 
 def manifest_command(url: str, path: str, reference: str, ca: str | None = None) -> str:
-    """curl of a manifest through the mirror at ``url`` (its body on stdout)."""
+    """curl of a manifest through the mirror at ``url`` (its body on stdout). The mirror may have
+    been restarted just before (its configuration changed): a refused connection is tried again
+    for up to 30 s while the registry opens its port (measured on the test hosts under load: the
+    first request came 0 ms after the restart and was refused)."""
     tls = f" --cacert {q(ca)}" if ca else ""
-    return (f"curl -fsS --max-time 120{tls} -H {q('Accept: ' + ACCEPT)} "
+    return (f"curl -fsS --max-time 120 --retry 30 --retry-delay 1 --retry-connrefused{tls} "
+            f"-H {q('Accept: ' + ACCEPT)} "
             f"{q(f'{url}/v2/{path}/manifests/{reference}')}")
 
 
