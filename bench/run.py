@@ -444,14 +444,8 @@ def bench_scale(results: Results, sizes: list[int], args) -> int:
                            args.ansible_only, pull)
     results.meta["seconds"] = sum(r["wall"] for r in rows)
     results.meta["scale"] = rows
-    out = BENCH / "results"
-    out.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (out / f"scale-{stamp}.json").write_text(json.dumps(results.meta, indent=1))
-    md = scale.table(rows)
-    (out / f"scale-{stamp}.md").write_text(md)
+    stamp = _save_results("scale", results.meta, scale.table(rows))
     scale.write_docs(rows, results.meta)
-    print(md)
     log(f"table in bench/results/scale-{stamp}.md, docs/scale.md and docs/scale.png")
     return 0 if all(r["ok"] for r in rows) else 1
 
@@ -470,6 +464,20 @@ def replay_check(scale, hosts: int, against: str | None) -> int:
                                 commands=WORK / "replay-check-against")
     same = scale.compare_commands(WORK / "replay-check", WORK / "replay-check-against", str(tree))
     return rc or theirs or same
+
+
+def _save_results(kind: str, meta: dict, table: str) -> str:
+    """bench/results/<kind>-<time>.json (the run's figures) and .md (its table, also printed);
+    returns the time stamp."""
+    out = BENCH / "results"
+    out.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out / f"{kind}-{stamp}.json").write_text(json.dumps(meta, indent=1))
+    (out / f"{kind}-{stamp}.md").write_text(table)
+    print(table)
+    return stamp
+
+
 def bench_dataplane(results: Results, args) -> int:
     sys.path.insert(0, str(BENCH))
     import dataplane
@@ -477,14 +485,8 @@ def bench_dataplane(results: Results, args) -> int:
     rows = dataplane.run(args)
     results.meta["dataplane"] = rows
     results.meta["summary"] = dataplane.summary(rows)
-    out = BENCH / "results"
-    out.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (out / f"dataplane-{stamp}.json").write_text(json.dumps(results.meta, indent=1))
-    md = dataplane.table(rows)
-    (out / f"dataplane-{stamp}.md").write_text(md)
+    stamp = _save_results("dataplane", results.meta, dataplane.table(rows))
     dataplane.write_docs(rows, results.meta)
-    print(md)
     print(json.dumps(results.meta["summary"], indent=1))
     log(f"table in bench/results/dataplane-{stamp}.md, docs/scale.md and docs/scale-dataplane.png")
     return 0

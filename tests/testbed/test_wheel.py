@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import runpy
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,11 +26,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.testbed import changed_ops
+from tests.support.wheel import build_wheel
 from tests.unit.test_package import SKELETON_FILES
 from tritonfleet import ROOT
-
-#: what the wheel is built from (a clean copy: no build/ left over from earlier builds)
-SOURCES = ("pyproject.toml", "README.md", "tritonfleet", "deploys", "inventories", "files")
 
 
 def run(argv: list, cwd: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -43,18 +40,7 @@ def run(argv: list, cwd: Path, env: dict, timeout: float = 900) -> subprocess.Co
 def installed(tmp_path_factory):
     """(python of the fresh environment, its bin directory, the environment for commands)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
-        else:
-            shutil.copy2(ROOT / name, src / name)
-    res = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-               "-w", tmp / "dist", src], tmp, dict(os.environ))
-    assert res.returncode == 0, res.stderr[-3000:]
-    (wheel,) = (tmp / "dist").glob("tritonfleet-*.whl")
+    wheel = build_wheel(tmp)  # from a clean copy: no build/ left over from earlier builds
     venv = tmp / "venv"
     res = run([sys.executable, "-m", "venv", "--without-pip", venv], tmp, dict(os.environ))
     assert res.returncode == 0, res.stderr
