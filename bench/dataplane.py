@@ -277,8 +277,8 @@ def setup_mirror(testbed, upstream, work: Path) -> tuple[str, object]:
     """deploys/mirror.py on the last host (TLS with a throwaway CA), proxying ``upstream``."""
     from tritonfleet_testbed.origin_servers import free_port, tls_files
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from testbed_util import write_inventory
+    sys.path.insert(0, str(ROOT))
+    from tests.support.testbed import write_inventory
 
     host = testbed.hosts[-1]
     tls = tls_files(work / "tls", host.address)

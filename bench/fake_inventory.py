@@ -4,7 +4,7 @@
 import json
 import os
 
-from tritonfleet.limits import raise_nofile
+from tritonfleet.core.open_files import raise_nofile
 
 raise_nofile()  # before pyinfra sizes its pools and connects (tritonfleet/core/open_files.py)
 
