@@ -9,6 +9,8 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py parallel [--hosts 10]
     .venv/bin/python bench/run.py sync [--size-gb 10] # model sync vs rsync
     .venv/bin/python bench/run.py bare [--runs 3]     # bare host -> serving
+    .venv/bin/python bench/run.py bare-pull [--bare-runs N]  # bare host -> serving from its bootstrap
+        # script alone, pull mode (bench/pull_bare.py; not part of all)
     .venv/bin/python bench/run.py scale [--sizes 1,10,50,100,200,500]  # control side, fake fleet
         [--ansible-forks 5,auto] [--ansible-max-hosts 100] [--ansible-only]   # its Ansible anchor
         [--pull-sizes 500,2000]                        # pull-mode rollout rows (bench/pull_scale.py)
@@ -430,6 +432,17 @@ def bench_bare(results: Results, runs: int) -> None:
     results.add(row)
 
 
+def bench_bare_pull(results: Results, args) -> int:
+    sys.path.insert(0, str(BENCH))
+    import pull_bare
+
+    rc = pull_bare.run(results, args, log)
+    stamp = _save_results("bare-pull", {"meta": results.meta, "rows": [r.__dict__ for r in results.rows]},
+                          results.markdown())
+    log(f"table in bench/results/bare-pull-{stamp}.md")
+    return rc
+
+
 def bench_scale(results: Results, sizes: list[int], args) -> int:
     sys.path.insert(0, str(BENCH))
     import ansible_scale
@@ -494,7 +507,8 @@ def bench_dataplane(results: Results, args) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "scale", "replay-check", "dataplane", "all"])
+    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "scale", "replay-check", "dataplane",
+                                       "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
@@ -537,6 +551,8 @@ def main() -> int:
         return replay_check(scale, args.hosts or 3, args.against)
     if args.what == "dataplane":  # its own table in docs/scale.md (not part of all)
         return bench_dataplane(results, args)
+    if args.what == "bare-pull":  # its own table (not part of all)
+        return bench_bare_pull(results, args)
     if args.what in ("noop", "all"):
         bench_noop(results, args.runs)
     if args.what in ("parallel", "all"):
