@@ -175,3 +175,25 @@ def test_the_sampler_reads_every_second(backend):
     assert len(s.watch.samples) >= 4 and s.watch.total == 5
     assert s.watch.max_out >= 1 + s.watch.samples[0].out
     assert any(v["a"]["admin"] & 0x08 for v in seen)
+
+
+class _Answers:
+    """A runtime API that answers `show stat` with servers a and b, and `show servers state` with
+    only a's line (as a server added between the two reads, or an answer cut short, would)."""
+
+    address = "fake"
+
+    def command(self, line: str) -> str:
+        if line == "show stat":
+            return ("# pxname,svname,status,weight\ntriton,a,UP,1\ntriton,b,UP,1\ntriton,BACKEND,UP,2\n")
+        return ("1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight\n"
+                "3 triton 1 a 10.0.0.1 2 0 1 1\n")
+
+
+def test_a_server_whose_state_is_not_reported_is_an_error_not_a_serving_one():
+    """What HAProxy does not say about a server (its admin state, its weight) is never read as
+    "serving": the capacity check stops with the server named instead of counting it in."""
+    pool = cap.Pool([], "triton")
+    pool.apis = [_Answers()]
+    with pytest.raises(DrainError, match="triton/b"):
+        pool.read()

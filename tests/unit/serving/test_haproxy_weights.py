@@ -166,3 +166,23 @@ def test_static_rr_backend_is_refused_with_the_reason(servers, tmp_path):
         with pytest.raises(DrainError, match="refused `set weight triton/a 5`"):
             w.set({"a": 5})
         assert w.current() == {"a": 1, "b": 1}
+
+
+class _Answers:
+    """A runtime API whose `show servers state` line of server b has no weights (cut short)."""
+
+    address = "fake"
+
+    def command(self, line: str) -> str:
+        if line == "show stat":
+            return "# pxname,svname,status,weight\ntriton,a,UP,1\ntriton,b,UP,1\n"
+        return ("1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight\n"
+                "3 triton 1 a 10.0.0.1 2 0 1 1\n3 triton 2 b 10.0.0.2 2 0\n")
+
+
+def test_a_weight_not_reported_is_an_error_not_a_weight_of_0():
+    """A weight read as 0 would be put back as 0 after the canary, taking the server out."""
+    w = hw.Weights(["unused"], "triton")
+    w.apis = [_Answers()]
+    with pytest.raises(DrainError, match="server 'b'"):
+        w.read()
