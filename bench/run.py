@@ -22,6 +22,8 @@ to bench/results/<time>.{md,json}.
         # on the same recording: exit 1 unless both sent the same, byte for byte (docs/architecture.md)
     .venv/bin/python bench/run.py dataplane [--dataplane-hosts 1,3] [--dataplane-sizes 100,500]
         # push over SSH vs model origin vs origin + staging; the image through the mirror
+    .venv/bin/python bench/run.py canary [--errors 10] [--latency 10] [--identical 20] [--capacity]
+        # traffic canary and capacity rules (bench/canary.py; not part of all)
 
 Brings the testbed up (and deploys it) as each measurement needs, generates its test data under
 bench/.work and removes it again (--keep keeps it). Leaves the testbed running; `tritonfleet
@@ -508,13 +510,23 @@ def bench_dataplane(results: Results, args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "scale", "replay-check", "dataplane",
-                                       "all"])
+                                       "canary", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
     ap.add_argument("--dataplane-image-mb", type=int, default=400, help="dataplane: size of the image through the mirror")
     ap.add_argument("--dataplane-runs", type=int, default=2, help="dataplane: rollout runs per mode")
     ap.add_argument("--dataplane-parts", default="models,rollout,image", help="dataplane: which parts")
+    ap.add_argument("--errors", type=int, default=10, help="canary: runs of a release with 2%% errors")
+    ap.add_argument("--latency", type=int, default=10, help="canary: runs of a release 50%% slower")
+    ap.add_argument("--identical", type=int, default=20, help="canary: runs of a release that serves the same")
+    ap.add_argument("--capacity", action="store_true", help="canary: also the max_unavailable rollouts")
+    ap.add_argument("--canary-weight", type=float, default=25, help="canary: percent of the traffic")
+    ap.add_argument("--canary-window", type=float, default=45, help="canary: analysis window, seconds")
+    ap.add_argument("--canary-step", type=float, default=3, help="canary: step of the latency samples, seconds")
+    ap.add_argument("--canary-rate", type=float, default=60, help="canary: the client's requests a second")
+    ap.add_argument("--canary-mode", default="explicit", choices=["explicit", "none"],
+                    help="canary: the hosts' model-control mode during the runs")
     ap.add_argument("--sizes", default="1,10,50,100,200,500", help="fake fleet sizes for scale")
     ap.add_argument("--ansible-forks", default="5,auto",
                     help="scale: Ansible no-op runs a size, by forks (auto: 20 x CPUs, pyinfra's parallelism; "
@@ -553,6 +565,11 @@ def main() -> int:
         return bench_dataplane(results, args)
     if args.what == "bare-pull":  # its own table (not part of all)
         return bench_bare_pull(results, args)
+    if args.what == "canary":  # about an hour of rollouts under a client's load (not part of all)
+        sys.path.insert(0, str(BENCH))
+        import canary
+
+        canary.run(results, args, log)
     if args.what in ("noop", "all"):
         bench_noop(results, args.runs)
     if args.what in ("parallel", "all"):

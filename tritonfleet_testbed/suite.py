@@ -30,11 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # one session host, and a few minutes).
 FIRST_PART_FILES = ("tests/testbed/test_faults.py", "tests/testbed/test_fleet_ops.py")
 # The third part: the run-time safety tests on real hosts (the deploy lock, the drain behind a
-# real HAProxy, GPU health's quarantine) and the operator-facing checks, each bringing up only what it needs, so that no
+# real HAProxy, GPU health's quarantine, the traffic canary and capacity rules behind HAProxy and
+# Prometheus) and the operator-facing checks, each bringing up only what it needs, so that no
 # part runs much past the others (the second part alone had grown to over 25 minutes).
 THIRD_PART_FILES = ("tests/testbed/test_deploy_lock.py", "tests/testbed/test_drain.py",
                     "tests/testbed/test_operator_repository.py", "tests/testbed/test_wheel.py",
-                    "tests/testbed/test_quarantine.py")
+                    "tests/testbed/test_quarantine.py", "tests/testbed/test_canary.py")
 
 
 @dataclass(frozen=True)

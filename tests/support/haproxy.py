@@ -24,10 +24,10 @@ frontend fe
   bind 127.0.0.1:{port}
   default_backend {backend}
 backend {backend}
-  balance roundrobin
+  balance {balance}
   option httpchk GET {check}
   default-server check inter {inter} fall 2 rise 2
-{servers}
+{extra}{servers}
 """
 
 
@@ -41,7 +41,9 @@ class HAProxy:
     """``servers``: [(name, "address:port")]. ``url``: the frontend; ``socket``: the runtime API."""
 
     def __init__(self, directory: Path, servers: list[tuple[str, str]], backend: str = "triton",
-                 check: str = "/v2/health/ready", inter: str = "1s"):
+                 check: str = "/v2/health/ready", inter: str = "1s", balance: str = "roundrobin",
+                 extra: list[str] | None = None):
+        """``balance``: the backend's algorithm; ``extra``: more lines for the backend."""
         exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
         assert Path(exe).exists(), "haproxy is not installed (bash scripts/setup installs it)"
         self.dir = directory
@@ -51,6 +53,7 @@ class HAProxy:
         self.backend = backend
         cfg = directory / "haproxy.cfg"
         cfg.write_text(CONFIG.format(sock=self.socket, port=self.port, backend=backend, check=check, inter=inter,
+                                     balance=balance, extra="".join(f"  {line}\n" for line in extra or []),
                                      servers="\n".join(f"  server {n} {a}" for n, a in servers)))
         self.log = open(directory / "haproxy.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=self.log, stderr=subprocess.STDOUT,

@@ -47,7 +47,9 @@ def _drift_text(st: probe.HostStatus) -> str:
     return "; ".join(st.drift) if st.drift else "none"
 
 
-def status_table(rows: list[probe.HostStatus]) -> str:
+def status_table(rows: list[probe.HostStatus], rollout: dict[str, str] | None = None) -> str:
+    """``rollout``: {host: its state in a running rollout} (tritonfleet.fleet.rollout_state); a
+    ROLLOUT column when any host has one."""
     head: tuple[str, ...] = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "SOURCE", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
             "RELEASE", "LAST DEPLOY", "REBOOT", "MODULE", "DRIFT")
     table: list[tuple[str, ...]] = [head]
@@ -56,6 +58,9 @@ def status_table(rows: list[probe.HostStatus]) -> str:
         from ..fleet.quarantine.client import status_line
 
         head = (*head[:-1], "QUARANTINE", head[-1])
+        table = [head]
+    if rollout:  # only while a rollout runs (or died unfinished): the table is otherwise unchanged
+        head = (*head[:-1], "ROLLOUT", head[-1])
         table = [head]
     for st in rows:
         # reported/expected (gpu_count, else the host's GPU record) when something is expected
@@ -73,6 +78,7 @@ def status_table(rows: list[probe.HostStatus]) -> str:
             f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-", st.release or "-",
             _short_time(st.last_deploy), st.reboot if st.reachable else "-", st.module if st.reachable else "-",
             *([status_line(st.quarantine) if st.quarantine else "-"] if quarantine else []),
+            *([rollout.get(st.host, "-")] if rollout else []),
             _drift_text(st),
         ))
     widths = [max(len(str(r[i])) for r in table) for i in range(len(head) - 1)]
@@ -103,10 +109,13 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     for h in hosts:
         fleet.disconnect(h)
     add_quarantine(hosts, rows)
+    from ..fleet import rollout_state
+
+    rollout = rollout_state.host_column()  # the hosts' states in a running rollout (its state file)
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+        click.echo(json.dumps([{**r.to_json(), "rollout": rollout.get(r.host)} for r in rows], indent=2))
     else:
-        click.echo(status_table(rows))
+        click.echo(status_table(rows, rollout))
         for r in rows:  # the full report of a run that failed on the host (and nothing healthy since)
             if r.last_failure:
                 click.echo(f"\n{r.last_failure['text']}")
@@ -179,10 +188,18 @@ def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -
               help="with --resume: the rollout's journal (or its log directory)")
 @click.option("--roll-back", "roll_back", is_flag=True,
               help="with --resume: roll every host the rollout reached back to what it served before")
+@click.option("--canary-weight", "canary_weight", type=float, default=None, metavar="PERCENT",
+              help="traffic canary: HAProxy's weights give the canary hosts PERCENT of their backend's traffic while "
+                   "Prometheus figures are compared with the other hosts' (canary_* tunables); promote, extend or "
+                   "roll back")
+@click.option("--pause", "pause", is_flag=True,
+              help="hold the running rollout (the newest, or --journal) before its next batch or canary verdict")
+@click.option("--continue", "unpause", is_flag=True, help="let a paused rollout go on")
 def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...], canary: int, batch: str,
                 max_fail: int, gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, stage: bool,
                 as_json: bool, resume: bool,
-                journal: str | None, roll_back: bool) -> None:
+                journal: str | None, roll_back: bool, canary_weight: float | None = None, pause: bool = False,
+                unpause: bool = False) -> None:
     """Roll DEPLOY out over INVENTORY: canary first, then batches in inventory order, each gated on
     health. A failed host is rolled back to what it served before; more failures than --max-fail
     halt the rollout, leaving the hosts not reached yet untouched.
@@ -191,12 +208,24 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
     pyinfra runs die with it. After a crash, `tritonfleet rollout --resume` runs the cut batch
     again and goes on, or with --roll-back returns every host it reached to what it served before.
 
+    Behind HAProxy, rollout_max_unavailable / rollout_min_available hold a batch until the backend
+    can spare it; --canary-weight gives the canary a share of the traffic and judges it from
+    Prometheus (docs/fleet-operations.md). Each host's state is in `tritonfleet status` while the
+    rollout runs; `tritonfleet rollout --pause` holds it before its next batch, `--continue` goes on.
+
     Exit status: 0 when every host ends on the new version; 1 on any failure, rollback or halt.
     """
     from ..fleet.rollout import RolloutError, rollout, table
     from ..fleet.rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
+    if pause or unpause:  # a running rollout's pause file (tritonfleet.fleet.rollout_state)
+        from ..fleet import rollout_state
+
+        if pause and unpause or inventory or deploy or resume:
+            raise RolloutError("--pause and --continue take no INVENTORY, DEPLOY or --resume (only --journal)")
+        click.echo(rollout_state.pause(journal) if pause else rollout_state.unpause(journal))
+        return
     _pyinfra_checked("rollout_json")
     if resume:
         if inventory or deploy or limit or data:
@@ -210,7 +239,7 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
             raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
         report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
                          max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
-                         perf_gate=perf_gate, stage=stage)
+                         perf_gate=perf_gate, stage=stage, canary_weight=canary_weight)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

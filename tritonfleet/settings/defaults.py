@@ -315,6 +315,55 @@ fleet_parallel = 100
 # stay in fewer processes (tritonfleet/fleet/workers.py).
 fleet_workers = 0
 
+# --- Rollout: capacity, traffic canary, host states (docs/fleet-operations.md) --------------
+# Most servers of a host's HAProxy backend that may be out of HAProxy at once during a rollout
+# (out already plus the batch): hosts, or a percentage of the backend's servers ("25%", rounded
+# down). A batch that would take more waits for capacity; one that never could is refused.
+# None: no limit. Needs lb = "haproxy" (its state is what is checked).
+rollout_max_unavailable = None
+# Fewest servers of the backend that must keep serving while a batch is out: hosts or a
+# percentage ("75%", rounded up). None: no floor. Needs lb = "haproxy".
+rollout_min_available = None
+# The same floor per model: {model: hosts or "P%"} of the backend's servers whose host serves the
+# model (its model repository). {}: none.
+rollout_min_available_models = {}
+# Seconds a batch waits for the capacity rules to allow it (HAProxy read every second) before the
+# rollout halts, naming the numbers.
+rollout_capacity_wait = 600
+# Where a running rollout serves its hosts' states as Prometheus metrics ("address:port"; a port
+# already taken is reported and the rollout goes on); None: not served (status still shows them).
+rollout_metrics_listen = "127.0.0.1:9469"
+# Traffic canary: the percentage of the backend's traffic HAProxy's weights give the canary hosts
+# while the canary is analysed (5: 5%); None: a whole-host canary gated on health only.
+# `tritonfleet rollout --canary-weight` overrides it. Needs lb = "haproxy" and Prometheus.
+canary_weight = None
+# Prometheus that scrapes the hosts' Triton metrics with the labels `tritonfleet prometheus`
+# writes (host, job): the canary analysis reads it (http://host:9090).
+canary_prometheus_url = None
+# The scrape job of the Triton targets in that Prometheus.
+canary_prometheus_job = "triton"
+# Model the canary is judged on; None: every model of the host, summed.
+canary_model = None
+# Seconds of traffic each look of the canary analysis waits for (its window).
+canary_analysis_seconds = 300
+# Width in seconds of the steps the window is cut into for the latency test (each host's mean of
+# a step is one sample; at least 2 scrape intervals, and at least 5 steps a window).
+canary_step_seconds = 30
+# Looks added when a window is not enough to judge (too few requests, a marginal figure); after
+# the last one an undecided canary is rolled back.
+canary_max_extensions = 2
+# Fewest requests the canary hosts and the baseline hosts each need in the window to be judged.
+canary_min_requests = 500
+# Significance level of the canary's tests (Fisher's exact test on errors, Mann-Whitney U on
+# latency): a regression needs p below it.
+canary_alpha = 0.01
+# Rollback when the canary's error ratio is above the baseline's by more than this (0.005: half a
+# percentage point) and significantly so.
+canary_max_error_increase = 0.005
+# Rollback when the canary's mean request time is above the baseline's by more than this share
+# (0.2: 20%) and significantly so.
+canary_max_latency_rise = 0.2
+
 # --- Load balancer drain (docs/operations.md) ---------------------------------------------
 # Load balancer in front of the hosts: "haproxy" (its runtime API), "hooks" (lb_drain_command and
 # lb_ready_command) or None (no drain). With one, every restart of Triton is preceded by a drain

@@ -199,6 +199,49 @@ def budget() -> Rule:
     return Rule(what, test)
 
 
+#: a rollout's capacity limit: "N" hosts or "P%" of a backend's servers (P may have decimals;
+#: tritonfleet.fleet.capacity.parse_limit reads the same forms)
+_LIMIT = re.compile(r"^\s*[0-9]+\s*$")
+_LIMIT_PERCENT = re.compile(r"^\s*([0-9]+(\.[0-9]+)?)%\s*$")
+
+
+def capacity_limit(none: bool = True) -> Rule:
+    """Hosts of a load balancer's backend: a whole number >= 0, or "P%" of its servers with
+    0 < P <= 100 (a rollout's rollout_max_unavailable, rollout_min_available)."""
+    what = 'a whole number of hosts >= 0 or a percentage of the backend\'s servers like "25%"' + (
+        " or None" if none else "")
+
+    def test(v):
+        if v is None and none:
+            return None
+        if is_int(v):
+            return None if v >= 0 else f"must be {what}"
+        if isinstance(v, str) and _LIMIT.match(v) and str(int(v)) == v.strip():
+            return None
+        m = _LIMIT_PERCENT.match(v) if isinstance(v, str) else None
+        if not m or not 0 < float(m.group(1)) <= 100:
+            return f"must be {what}"
+        return None
+    return Rule(what, test)
+
+
+def listen_address(none: bool = False) -> Rule:
+    """"address:port" to listen on (an IPv6 address in brackets; an empty address: every one),
+    port 0-65535 (0: one the system picks)."""
+    what = '"address:port" (e.g. "127.0.0.1:9469")' + (" or None" if none else "")
+
+    def test(v):
+        if v is None and none:
+            return None
+        if not isinstance(v, str):
+            return f"must be {what}"
+        addr, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or int(port) > 65535 or any(c.isspace() for c in addr):
+            return f"must be {what}"
+        return None
+    return Rule(what, test)
+
+
 def url(*schemes: str, none: bool = False) -> Rule:
     """A URL of one of ``schemes`` with a server part, and no white space, quote or backslash
     (the host-side fetch writes URLs into curl's config file in double quotes: see

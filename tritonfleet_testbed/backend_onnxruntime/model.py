@@ -13,7 +13,9 @@ What it does, like the real backend as far as the testbed needs:
   * checks the configured inputs and outputs against the model (names and data types) at load;
   * serves every batch Triton's dynamic batcher hands to ``execute()`` with ONE session run:
     the requests' inputs are concatenated along the batch dimension and the outputs split back;
-  * reads the model config parameters ``intra_op_thread_count`` / ``inter_op_thread_count``.
+  * reads the model config parameters ``intra_op_thread_count`` / ``inter_op_thread_count``;
+  * a batch whose session run fails is answered with the error and counted by Triton as failed
+    requests (``nv_inference_request_failure``), as the real backend's failed runs are.
 
 A test switch, not a feature of the real backend: while the file ``<fault dir>/<model name>``
 exists (``$TRITONFLEET_TESTBED_FAULT_DIR``, default ``/tmp/tritonfleet-testbed-faults``: inside
@@ -166,14 +168,25 @@ class TritonPythonModel:
                 key = ("request", index)
             groups.setdefault(key, []).append((index, arrays, wanted))
 
+        failed = []
         for members in groups.values():
             try:
                 self._run(members, responses)
             except RUN_ERRORS as exc:  # reported to the client
+                failed.append(f"onnxruntime: {exc}")
                 for index, _, _ in members:
                     responses[index] = pb_utils.InferenceResponse(
                         error=pb_utils.TritonError(f"onnxruntime: {exc}")
                     )
+        whole = len(groups) == 1 and len(next(iter(groups.values()))) == len(requests)
+        if failed and whole:
+            # The whole execution failed in ONNX Runtime: raise, as the real backend's failed run
+            # is reported. Triton then answers every request with the error AND counts them in
+            # nv_inference_request_failure (the real onnxruntime backend reports a request whose
+            # response failed as not successful: triton-inference-server/onnxruntime_backend#91);
+            # error responses returned from execute() would be counted as successes by the Python
+            # backend (triton-inference-server/server#7713).
+            raise pb_utils.TritonModelException(failed[0])
         return responses
 
     def _run(self, members, responses) -> None:

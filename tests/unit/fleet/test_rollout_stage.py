@@ -19,7 +19,10 @@ def fake_rollout(monkeypatch, tmp_path, failed_stage: list[str], max_fail: int):
     from tritonfleet.fleet.rollout import engine
 
     names = ["a", "b", "c"]
-    settings = {"fleet_parallel": 10, "fleet_workers": 1}
+    from tritonfleet.settings.defaults import DEFAULTS
+
+    # the hosts' settings as the inventory gives them (the defaults), the rollout's state metrics not served
+    settings = {**DEFAULTS, "fleet_parallel": 10, "fleet_workers": 1, "rollout_metrics_listen": None}
     hosts = [SimpleNamespace(name=n, get=lambda k, d=None: settings.get(k, d)) for n in names]
     monkeypatch.setenv("TRITONFLEET_LOG_DIR", str(tmp_path / "logs"))
     monkeypatch.setattr(fleet, "load_inventory", lambda *a, **k: hosts)

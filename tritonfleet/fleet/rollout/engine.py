@@ -22,7 +22,7 @@ from ...serving import health, unit_watch
 from ...serving import per_gpu as pergpu
 from ...settings.access import Settings
 from .. import inventory as fleet
-from .. import perfgate, probe, workers
+from .. import perfgate, probe, rollout_traffic, workers
 from .journal import JOURNAL, Journal, _log_dir, latest_journal
 from .plan import RolloutError, _plan_error, plan_batches
 from .pyinfra_run import PyinfraRun
@@ -54,6 +54,7 @@ class _Run:
     unreachable: list[str] = field(default_factory=list)
     failures: int = 0
     perf_gate: bool = False  # --perf-gate: the canary measured before and after its update
+    traffic: rollout_traffic.Traffic | None = None  # capacity, traffic canary, host states
 
     @property
     def results(self) -> dict[str, HostResult]:
@@ -71,7 +72,7 @@ def _before_record(st: probe.HostStatus) -> dict:
 def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, canary: int = 1,
             batch: str | int = "25%", max_fail: int = 0, data: dict | None = None,
             gate_timeout: float | None = None, echo: Callable[[str], None] = print,
-            perf_gate: bool = False, stage: bool = False) -> Report:
+            perf_gate: bool = False, stage: bool = False, canary_weight: float | None = None) -> Report:
     data = dict(data or {})
     if not Path(deploy).is_file():
         raise RolloutError(f"deploy {deploy} not found")
@@ -92,18 +93,22 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     hosts = fleet.load_inventory(inventory, data=data, limit=limit)
     names = [h.name for h in hosts]
     batches = plan_batches(names, canary, batch)
+    traffic = rollout_traffic.prepare(hosts, batches, canary, canary_weight)  # refused before anything is written
     report = Report(inventory, deploy, batches, [HostResult(n) for n in names])
     logs = _log_dir()
     report.log_dir = str(logs)
     journal = Journal(logs / JOURNAL)
     journal.write("start", inventory=inventory, deploy=deploy, limit=list(limit or []), canary=canary,
                   batch=str(batch), max_fail=max_fail, data=data, gate_timeout=gate_timeout, batches=batches,
-                  hosts=names, cwd=os.getcwd(), pid=os.getpid(), holder=runid.holder())
+                  hosts=names, cwd=os.getcwd(), pid=os.getpid(), holder=runid.holder(), canary_weight=canary_weight)
     run = _Run(inventory, deploy, data, batches, canary, max_fail, gate_timeout, report, logs, journal, echo,
-               by_name={h.name: h for h in hosts}, perf_gate=perf_gate)
+               by_name={h.name: h for h in hosts}, perf_gate=perf_gate, traffic=traffic)
     echo(f"rollout of {deploy} to {len(names)} host(s) of {inventory}: "
          f"{len(batches)} batch(es) {[len(b) for b in batches]}, canary {min(canary, len(names))}, "
          f"max {max_fail} failure(s); logs and journal in {logs}")
+    report.halted = traffic.start(logs, journal, echo, names)  # the states served; every batch against capacity
+    if report.halted:
+        return _finish(run, t_start)
 
     # 1. what every target serves now, and whether it answers
     before = dict(zip(names, workers.parallel(hosts, probe.probe), strict=True))
@@ -155,6 +160,10 @@ def _batches(run: _Run, first: int) -> None:
         if not todo:
             continue
         label = run.label(i)
+        if run.traffic:  # pause point, capacity against HAProxy, the canary's traffic share
+            run.report.halted = run.traffic.before_batch(i, todo, label)
+            if run.report.halted:
+                return
         perf = perfgate.Gate(run.echo) if run.perf_gate and i == 1 and run.canary else None
         if perf:  # the canary's performance before its update (tritonfleet/fleet/perfgate.py)
             try:
@@ -164,9 +173,15 @@ def _batches(run: _Run, first: int) -> None:
                 return
         run.echo(f"[{label}] deploying to {', '.join(todo)}")
         t0 = time.monotonic()
-        pyi = workers.run_pyinfra(run.inventory, run.deploy, todo, run.data, log_path=run.logs / f"batch-{i}.log",
-                                  failure_dir=run.logs / f"failures-{i}", settings=run.by_name[todo[0]],
-                                  on_start=functools.partial(_started, run.journal, i, todo))
+        watch = run.traffic.watch(i, todo, label) if run.traffic else None  # HAProxy read every second
+        try:
+            pyi = workers.run_pyinfra(run.inventory, run.deploy, todo, run.data,
+                                      log_path=run.logs / f"batch-{i}.log", failure_dir=run.logs / f"failures-{i}",
+                                      settings=run.by_name[todo[0]],
+                                      on_start=functools.partial(_started, run.journal, i, todo))
+        finally:
+            if watch:
+                watch.stop()
         # why each host failed: the report its step left (structured), else pyinfra's own words
         reports: dict[str, Failure] = {n: f for n, f in read_channel(run.logs / f"failures-{i}").items()
                                        if n in todo}
@@ -177,12 +192,16 @@ def _batches(run: _Run, first: int) -> None:
         changed = pyi.changed()
         # the gate, on every host of the batch that the deploy did not already fail
         ok_names = [n for n in todo if n not in failed]
+        if run.traffic:
+            run.traffic.gating(ok_names)
         for n, report_ in _gate_all(run, ok_names).items():
             reports[n] = report_
             failed[n] = report_.short(240)
         if perf:
             failed.update(perf.measure_after([run.by_name[n] for n in ok_names if n not in failed]))
             run.report.perf = perf.report()
+        if run.traffic:  # the traffic canary's analysis: canaries to roll back, out of the traffic already
+            failed.update(run.traffic.analyse(i, [n for n in ok_names if n not in failed]))
         elapsed = time.monotonic() - t0
         for n in todo:
             r = results[n]
@@ -199,7 +218,11 @@ def _batches(run: _Run, first: int) -> None:
                     run.echo(reports[n].text())
             _roll_back(run.inventory, [run.by_name[n] for n in failed], run.before, results, run.data,
                        run.logs / f"rollback-{i}.log", pyi, run.echo)
+            if run.traffic:  # when the canary serves the old release again
+                run.traffic.rolled_back(i, {n: results[n] for n in failed})
         _versions([run.by_name[n] for n in todo], results)
+        if run.traffic:
+            run.traffic.after_batch(i, {n: results[n] for n in todo})
         run.failures += len(failed)
         run.journal.write("batch-done", index=i, results={n: asdict(results[n]) for n in todo},
                           failures=run.failures)
@@ -208,6 +231,10 @@ def _batches(run: _Run, first: int) -> None:
             left = [n for bb in run.batches[i:] for n in bb if n not in run.unreachable]
             run.report.halted = (f"{run.failures} failure(s), more than --max-fail {run.max_fail}: halted after "
                                  f"{label}; {len(left)} host(s) not touched")
+            return
+        if run.traffic and run.traffic.halt:  # a canary verdict halts whatever --max-fail allows
+            left = [n for bb in run.batches[i:] for n in bb if n not in run.unreachable]
+            run.report.halted = f"{run.traffic.halt}; halted after {label}; {len(left)} host(s) not touched"
             return
 
 
@@ -310,8 +337,10 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
         raise RolloutError(f"{path}: hosts of the journal are no longer in {inventory}: {', '.join(missing)}")
     report = Report(inventory, deploy, batches, [HostResult(n) for n in start["hosts"]])
     report.log_dir = str(path.parent)
+    rollout_traffic.restore_from_journal(events, echo)  # a canary share the crash left set
+    traffic = rollout_traffic.prepare(hosts, batches, int(start["canary"]), start.get("canary_weight"))
     run = _Run(inventory, deploy, data, batches, int(start["canary"]), int(start["max_fail"]),
-               start.get("gate_timeout"), report, path.parent, journal, echo, by_name=by_name)
+               start.get("gate_timeout"), report, path.parent, journal, echo, by_name=by_name, traffic=traffic)
     results = run.results
     before_ev = next((e for e in events if e["event"] == "before"), None)
     if before_ev is None:
@@ -364,6 +393,10 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     if run.failures > run.max_fail:
         run.report.halted = f"{run.failures} failure(s) before the crash, more than --max-fail {run.max_fail}"
         return _finish(run, t_start)
+    run.report.halted = traffic.start(path.parent, journal, echo, [n for n in by_name if n not in run.unreachable])
+    if run.report.halted:
+        return _finish(run, t_start)
+    traffic.after_batch(0, {n: r for n, r in results.items() if r.batch})  # the states of the batches done
     _batches(run, first)
     return _finish(run, t_start)
 
@@ -449,5 +482,7 @@ def _finish(run: _Run, t_start: float) -> Report:
             r.after = r.before
     if report.halted:
         echo(f"HALTED: {report.halted}")
+    if run.traffic:
+        run.traffic.finish(report)
     run.journal.write("end", ok=report.ok, halted=report.halted)
     return report

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .. import perfgate
+from .. import perfgate, rollout_traffic
 
 
 @dataclass
@@ -35,6 +35,8 @@ class Report:
     log_dir: str = ""
     perf: dict = field(default_factory=dict)  #: --perf-gate: per canary, before, after, verdict
     staged: dict = field(default_factory=dict)  #: --stage: {"seconds", "hosts", "failed"}
+    capacity: list = field(default_factory=list)  #: capacity checks per batch (tritonfleet.fleet.rollout_traffic)
+    canary: dict = field(default_factory=dict)  #: the traffic canary's share, looks and verdict
 
     @property
     def ok(self) -> bool:
@@ -55,6 +57,7 @@ def table(report: Report) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
              for row in rows]
     lines += perfgate.lines(report.perf)
+    lines += rollout_traffic.lines(report)
     verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
     lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
                  f"version in {report.seconds:.1f}s")

@@ -1,0 +1,151 @@
+"""Each host's state in a running rollout (tritonfleet.fleet.rollout_state): the state file, the
+metrics it serves (parsed with prometheus_client's own parser, and scraped by Debian's Prometheus
+in tests/testbed/test_canary.py), pause and continue, and what `tritonfleet status` shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.tritonproc import free_port
+from tritonfleet.cli import fleet as cli_fleet
+from tritonfleet.core.errors import TritonfleetError, UsageError
+from tritonfleet.fleet import rollout_state as rs
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITONFLEET_LOG_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _metrics(url: str) -> dict[tuple, float]:
+    text = requests.get(url, timeout=5).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_states_file_and_metrics(base):
+    d = base / "20260101-000000"
+    d.mkdir()
+    st = rs.HostStates(d, ["tb1", "tb2"], echo=lambda m: None)
+    port = free_port()
+    said = st.serve(f"127.0.0.1:{port}")
+    assert said == f"rollout state metrics on http://127.0.0.1:{port}/metrics"
+    try:
+        st.set(["tb1"], "draining")
+        assert json.loads((d / rs.STATE_FILE).read_text())["hosts"]["tb1"]["state"] == "draining"  # at once
+        st.update(batch=1, canary_share=0.05)
+        data = json.loads((d / rs.STATE_FILE).read_text())
+        assert data["hosts"]["tb1"]["state"] == "draining" and data["hosts"]["tb2"]["state"] == "pending"
+        assert data["pid"] == os.getpid() and data["listen"] == f"127.0.0.1:{port}"
+        m = _metrics(f"http://127.0.0.1:{port}/metrics")
+        rollout = ("rollout", d.name)
+        for state in rs.STATES:
+            assert m[("tritonfleet_rollout_host_state", (("host", "tb1"), rollout, ("state", state)))] == \
+                (1.0 if state == "draining" else 0.0)
+        assert m[("tritonfleet_rollout_batch", (rollout,))] == 1.0
+        assert m[("tritonfleet_rollout_canary_share", (rollout,))] == 0.05
+        assert m[("tritonfleet_rollout_paused", (rollout,))] == 0.0
+        with pytest.raises(ValueError):
+            st.set(["tb1"], "sleeping")
+        # a second rollout on the same port: told, and it goes on without the endpoint
+        (base / "x").mkdir()
+        other = rs.HostStates(base / "x", ["tb1"], echo=lambda m: None)
+        assert "cannot listen on" in other.serve(f"127.0.0.1:{port}") and other.listen == ""
+        other.close()
+    finally:
+        st.close()
+    assert json.loads((d / rs.STATE_FILE).read_text())["ended"] is True
+    with pytest.raises(requests.RequestException):
+        requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    with pytest.raises(UsageError, match="address:port"):
+        rs.HostStates(d, ["a"]).serve("localhost")
+
+
+def test_pause_holds_until_continue(base):
+    d = base / "r1"
+    d.mkdir()
+    said = []
+    st = rs.HostStates(d, ["tb1"], echo=said.append)
+    assert rs.pause(None) == f"pausing the rollout in {d}: it holds before its next batch or canary verdict"
+    assert rs.host_column() == {"tb1": "pending (paused)"}
+    held = {}
+
+    def hold():
+        t0 = time.monotonic()
+        st.hold("before batch 2/3")
+        held["s"] = time.monotonic() - t0
+
+    t = threading.Thread(target=hold)
+    t.start()
+    time.sleep(1.5)
+    assert t.is_alive() and json.loads((d / rs.STATE_FILE).read_text())["paused"] is True
+    assert rs.unpause(str(d)) == f"the rollout in {d} goes on"
+    t.join(5)
+    assert not t.is_alive() and held["s"] >= 1.4
+    assert said[0] == "paused before batch 2/3: `tritonfleet rollout --continue` goes on"
+    assert json.loads((d / rs.STATE_FILE).read_text())["paused"] is False
+    with pytest.raises(TritonfleetError, match="is not paused"):
+        rs.unpause(str(d))
+    st.close()
+    with pytest.raises(UsageError, match="no running rollout"):
+        rs.pause(None)
+
+
+def test_status_column_names_dead_and_newest_rollouts(base):
+    # a rollout whose process died (a pid that is gone), and a newer running one with tb2 only
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    old = base / "old"
+    old.mkdir()
+    (old / rs.STATE_FILE).write_text(json.dumps({"pid": int(dead.stdout), "ended": False, "paused": False,
+                                                 "hosts": {"tb1": {"state": "updating"}, "tb2": {"state": "done"}}}))
+    time.sleep(0.05)
+    new = base / "new"
+    new.mkdir()
+    st = rs.HostStates(new, ["tb2"], echo=lambda m: None)
+    st.set(["tb2"], "analysing")
+    assert rs.host_column() == {"tb2": "analysing", "tb1": "updating (rollout died: --resume)"}
+    st.close()
+    assert rs.host_column() == {"tb1": "updating (rollout died: --resume)", "tb2": "done (rollout died: --resume)"}
+
+
+def test_status_table_has_the_column_only_during_a_rollout():
+    from tritonfleet.fleet.probe import HostStatus
+
+    rows = [HostStatus("tb1", "10.0.0.1", "T4", reachable=True), HostStatus("tb2", "10.0.0.2", "T4", reachable=True)]
+    plain = cli_fleet.status_table(rows)
+    assert "ROLLOUT" not in plain
+    table = cli_fleet.status_table(rows, {"tb1": "analysing"}).splitlines()
+    head = table[0].split()
+    assert head[-2:] == ["ROLLOUT", "DRIFT"]
+    assert table[1].split()[-2:] == ["analysing", "none"] and table[2].split()[-2:] == ["-", "none"]
+
+
+def test_pause_and_continue_commands(base):
+    from tritonfleet.cli import main
+
+    d = base / "r2"
+    d.mkdir()
+    st = rs.HostStates(d, ["tb1"], echo=lambda m: None)
+    run = CliRunner().invoke(main, ["rollout", "--pause"])
+    assert run.exit_code == 0 and "pausing the rollout" in run.output and (d / rs.PAUSE_FILE).exists()
+    run = CliRunner().invoke(main, ["rollout", "--continue", "--journal", str(d)])
+    assert run.exit_code == 0 and not (d / rs.PAUSE_FILE).exists()
+    run = CliRunner().invoke(main, ["rollout", "--continue"])  # a run that failed: exit status 1
+    assert run.exit_code == 1 and "is not paused" in run.output
+    run = CliRunner().invoke(main, ["rollout", "--pause", "inv.py"])  # bad input: exit status 2
+    assert run.exit_code == 2 and "take no INVENTORY" in run.output
+    st.close()

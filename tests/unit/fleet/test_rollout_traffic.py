@@ -1,0 +1,164 @@
+"""The rollout's traffic calls (tritonfleet.fleet.rollout_traffic) without test hosts: settings that
+cannot work are refused before anything is written, a batch that can never pass is refused with
+the numbers (against Debian's HAProxy on loopback), the canary's share and the matched baseline
+host are set and put back, states follow the batch, and the report's lines."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from tests.support.haproxy import HAProxy
+from tritonfleet.core.errors import UsageError
+from tritonfleet.fleet import rollout_traffic
+from tritonfleet.fleet.inventory import FleetHost
+from tritonfleet.fleet.rollout import Journal, Report, plan_batches
+from tritonfleet.serving.drain import HAProxy as Runtime
+from tritonfleet.serving.haproxy_weights import Weights
+from tritonfleet.settings.defaults import DEFAULTS
+
+
+def host(name: str, **data) -> FleetHost:
+    return FleetHost(name, ["t4"], {**DEFAULTS, **data})
+
+
+class _Ok(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hap(tmp_path):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    srv.handle_error = lambda *a: None
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    addr = f"127.0.0.1:{srv.server_address[1]}"
+    d = tmp_path / "hap"
+    d.mkdir()
+    with HAProxy(d, [(n, addr) for n in ("h1", "h2", "h3", "h4")], inter="200ms") as h:
+        for n in ("h1", "h2", "h3", "h4"):
+            Runtime([h.socket], "triton", n).wait_serving(10)
+        yield h
+    srv.shutdown()
+    srv.server_close()
+
+
+def lb(sock: str, **more) -> dict:
+    return {"lb": "haproxy", "lb_haproxy_sockets": [sock], "rollout_metrics_listen": None, **more}
+
+
+@pytest.mark.parametrize("data,words", [
+    ({"rollout_max_unavailable": 1}, "need lb = 'haproxy'"),
+    ({"lb": "haproxy", "lb_haproxy_sockets": ["/x"], "rollout_max_unavailable": "1.5"}, "number of hosts"),
+])
+def test_settings_that_cannot_work_are_refused(data, words):
+    with pytest.raises(UsageError, match=words):
+        rollout_traffic.Traffic([host("h1", **data)], [["h1"]], 1, None)
+
+
+def test_hosts_of_one_backend_must_agree(tmp_path):
+    hosts = [host("h1", **lb("/s", rollout_max_unavailable=1)), host("h2", **lb("/s", rollout_max_unavailable=2))]
+    with pytest.raises(UsageError, match="differ on rollout_max_unavailable"):
+        rollout_traffic.Traffic(hosts, [["h1"], ["h2"]], 1, None)
+
+
+def test_a_canary_share_needs_a_baseline_prometheus_and_haproxy():
+    with pytest.raises(UsageError, match="baseline hosts"):
+        rollout_traffic.Traffic([host("h1", **lb("/s"))], [["h1"]], 1, 0.05)
+    with pytest.raises(UsageError, match="canary_prometheus_url"):
+        rollout_traffic.Traffic([host("h1", **lb("/s")), host("h2", **lb("/s"))], [["h1"], ["h2"]], 1, 0.05)
+    with pytest.raises(UsageError, match="need lb = 'haproxy'"):
+        rollout_traffic.Traffic([host("h1"), host("h2")], [["h1"], ["h2"]], 1, 0.05)
+    with pytest.raises(UsageError, match="--canary 1 or more"):
+        rollout_traffic.Traffic([host("h1", **lb("/s")), host("h2", **lb("/s"))], [["h1", "h2"]], 0, 0.05)
+    with pytest.raises(UsageError, match="between 0 and 100"):
+        rollout_traffic.prepare([host("h1", **lb("/s")), host("h2", **lb("/s"))], [["h1"], ["h2"]], 1, 150)
+
+
+def test_a_batch_that_can_never_pass_is_refused_before_any_host(hap, tmp_path):
+    hosts = [host(n, **lb(hap.socket, rollout_max_unavailable="25%")) for n in ("h1", "h2", "h3")]
+    batches = plan_batches([h.name for h in hosts], 0, 2)
+    t = rollout_traffic.Traffic(hosts, batches, 0, None)
+    said = []
+    why = t.start(tmp_path, Journal(tmp_path / "journal.jsonl"), said.append, [h.name for h in hosts])
+    assert why.startswith("capacity: batch 1 (h1, h2) can never go out, even with every server of backend "
+                          "triton serving: 2 of 4 server(s) would be out of HAProxy, max_unavailable 25% allows 1")
+    t.finish(Report("inv", "d", batches))
+    # a host whose server HAProxy does not have
+    t = rollout_traffic.Traffic([host("h9", **lb(hap.socket, rollout_max_unavailable=1))], [["h9"]], 1, None)
+    assert "has no server for h9" in t.start(tmp_path, None, said.append, ["h9"])
+    t.finish(Report("inv", "d", [["h9"]]))
+
+
+def test_share_matched_and_states_through_a_batch(hap, tmp_path):
+    data = lb(hap.socket, canary_prometheus_url="http://127.0.0.1:1", rollout_max_unavailable=1)
+    hosts = [host(n, **data) for n in ("h1", "h2", "h3")]
+    batches = plan_batches([h.name for h in hosts], 1, 1)
+    t = rollout_traffic.Traffic(hosts, batches, 1, 0.05)
+    said = []
+    journal = Journal(tmp_path / "journal.jsonl")
+    assert t.start(tmp_path, journal, said.append, ["h1", "h2", "h3"]) == ""
+    assert t.before_batch(1, ["h1"], "canary") == ""
+    w = Weights([hap.socket], "triton").current()
+    # h4 is a server of the backend outside the rollout: it shares the rest with h3
+    assert w == {"h1": 1, "h2": 1, "h3": 9, "h4": 9} and t.matched == ["h2"]
+    assert t.states.get("h1") == "updating" and t.states.snapshot()["canary_share"] == pytest.approx(0.05)
+    watch = t.watch(1, ["h1"], "canary")
+    hap.command("set server triton/h1 state drain")
+    import time
+
+    deadline = time.monotonic() + 5
+    while t.states.get("h1") != "draining":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    hap.command("set server triton/h1 state ready")
+    watch.stop()
+    assert t.capacity[-1]["watched"]["max_out"] >= 1 and t.capacity[-1]["ok"]
+    # Prometheus does not answer: the analysis cannot judge, the canary goes out of the traffic
+    t.settings = t.settings.__class__(**{**vars(t.settings), "analysis_seconds": 1, "step_seconds": 0.2})
+    rolled = t.analyse(1, ["h1"])
+    assert list(rolled) == ["h1"] and "could not read its figures" in rolled["h1"]
+    assert Weights([hap.socket], "triton").current()["h1"] == 0 and t.halt
+    t.after_batch(1, {"h1": SimpleNamespace(result="rolled back", detail="")})
+    assert Weights([hap.socket], "triton").current() == {"h1": 1, "h2": 1, "h3": 1, "h4": 1}
+    assert t.states.get("h1") == "rolled back"
+    events = [e["event"] for e in journal.events()]
+    assert events == ["capacity", "weights", "canary", "weights-restored"]
+    report = Report("inv", "d", batches)
+    t.finish(report)
+    text = "\n".join(rollout_traffic.lines(report))
+    assert "capacity  canary backend triton: 4 server(s), out now 0, batch 1" in text
+    assert "canary    h1: 5.00% of the traffic (asked 5%)" in text and "verdict: roll back" in text
+
+
+def test_weights_a_crash_left_are_put_back(hap, tmp_path):
+    Weights([hap.socket], "triton").set({"h1": 1, "h2": 1, "h3": 9, "h4": 9})
+    events = [{"event": "weights", "backend": "triton", "sockets": [hap.socket],
+               "original": {"h1": 1, "h2": 1, "h3": 1, "h4": 1}}]
+    said = []
+    rollout_traffic.restore_from_journal(events, said.append)
+    assert Weights([hap.socket], "triton").current() == {"h1": 1, "h2": 1, "h3": 1, "h4": 1}
+    assert "put back HAProxy's weights of backend triton" in said[0]
+    said.clear()
+    rollout_traffic.restore_from_journal(events + [{"event": "weights-restored"}], said.append)
+    assert said == []
+
+
+def test_a_model_floor_counts_the_servers_of_that_model(hap, tmp_path):
+    hosts = [host(n, **lb(hap.socket, rollout_min_available_models={"resnet": 2})) for n in ("h1", "h2", "h3")]
+    batches = plan_batches([h.name for h in hosts], 0, 1)
+    # h1 and h2 serve resnet, h3 does not: taking h1 out leaves one server of resnet
+    t = rollout_traffic.Traffic(hosts, batches, 0, None,
+                                models_of=lambda: {"h1": ["resnet"], "h2": ["resnet", "bert"], "h3": ["bert"]})
+    why = t.start(tmp_path, None, lambda m: None, [h.name for h in hosts])
+    assert why.startswith("capacity: batch 1 (h1) can never go out") and \
+        "1 of the 2 server(s) serving resnet would serve, rollout_min_available_models['resnet'] = 2 needs 2" in why
+    t.finish(Report("inv", "d", batches))
