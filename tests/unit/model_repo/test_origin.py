@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -243,3 +244,34 @@ def test_hosts_sign_with_their_own_credentials_when_the_origin_is_theirs(tmp_pat
             assert got.ok == ok and (res.returncode == 0) == ok, res.stdout + res.stderr
             if not ok:
                 assert got.failed_transfer(sha(data))[1] == 403
+
+
+def test_a_staged_release_is_on_disk_before_it_is_called_complete(tmp_path, origin_repo, monkeypatch):
+    """Staging syncs every file of the release it completes before the release takes its name
+    (a later batch does not pay the writeback; a power loss leaves no "complete" release of lost
+    pages); the run that switches to a release it assembled itself does not wait for the disk.
+    A ``sync`` shim on PATH records what it was given and whether the release had its name yet."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    log = tmp_path / "sync.log"
+    real = shutil.which("sync")
+    (shim / "sync").write_text(f"#!/bin/sh\nfor f in \"$@\"; do [ \"$f\" = -- ] || echo \"$PWD $f\" >> {log}; done\n"
+                               f"exec {real} \"$@\"\n")
+    (shim / "sync").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    base = tmp_path / "opt-triton"
+    man = models.manifest(origin_repo)
+    rid = models.release_id(man)
+    with Nginx(tmp_path / "nginx") as web:
+        state, _ = sync_from(base, origin_repo, model_origin=web.url)
+    assert not state.failed_hosts
+    assert_serves(base, origin_repo)
+    lines = log.read_text().splitlines()
+    cwd = {line.split(" ", 1)[0] for line in lines}
+    synced = sorted(line.split(" ", 1)[1].removeprefix("./") for line in lines)
+    files = sorted(p for p, v in man.items() if not release_plan.is_dir_entry(p))
+    # each file of the release once, and the release's own record of itself (its stat listing)
+    assert [p for p in synced if not p.startswith(".tritonfleet")] == files, synced
+    assert len(synced) == len(set(synced))
+    (where,) = cwd  # in the incoming directory, before it became releases/<rid>
+    assert Path(where).parent == base / "releases" and Path(where).name != rid
