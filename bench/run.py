@@ -475,6 +475,7 @@ def replay_check(scale, hosts: int, against: str | None) -> int:
     if not (tree / "tritonfleet").is_dir() or not (tree / "bench" / "scale.py").is_file():
         raise SystemExit(f"--against {against}: not a checkout of this repository (no tritonfleet/, bench/scale.py)")
     log(f"the same checks, run by {tree}")
+    (tree / "bench" / ".work").mkdir(exist_ok=True)  # its plan step writes there (a fresh checkout has none)
     theirs = scale.replay_check(hosts, WORK / "replay-check-against.jsonl", tree=tree,
                                 commands=WORK / "replay-check-against")
     same = scale.compare_commands(WORK / "replay-check", WORK / "replay-check-against", str(tree))

@@ -485,6 +485,7 @@ def plan(inventory: str, deploy: str, k: int = 1) -> int:
         print(f"unreachable: {[h.name for h, st in zip(hosts, before, strict=True) if not st.reachable]}",
               file=sys.stderr)
         return 1
+    WORK.mkdir(parents=True, exist_ok=True)
     dry = workers.run_pyinfra(inventory, deploy, targets, {}, settings=None, dry=True, log_path=WORK / "scale-plan.log", workers=k)
     if dry.rc != 0:
         print("\n".join(_plan_error(dry.log)), file=sys.stderr)
