@@ -25,17 +25,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The fault tests and the fleet operations (rollouts, the rebuild from bare) are about half the
 # testbed tests' time (measured: 32 and 17 minutes of 90 on a loaded machine); the first part
-# holds them, the second everything else but the third part's files (pull mode's
-# tests/testbed/test_pull.py and the data plane's tests/testbed/test_model_origin.py among them:
-# one session host, and a few minutes).
+# holds them, the second everything else but the third part's files (the data plane's
+# tests/testbed/test_model_origin.py among them: one session host, and a few minutes).
 FIRST_PART_FILES = ("tests/testbed/test_faults.py", "tests/testbed/test_fleet_ops.py")
 # The third part: the run-time safety tests on real hosts (the deploy lock, the drain behind a
 # real HAProxy, GPU health's quarantine, the traffic canary and capacity rules behind HAProxy and
-# Prometheus) and the operator-facing checks, each bringing up only what it needs, so that no
-# part runs much past the others (the second part alone had grown to over 25 minutes).
+# Prometheus), pull mode on two session hosts, and the operator-facing checks, each bringing up
+# only what it needs, so that no part runs much past the others (the second part alone had grown
+# to over 25 minutes; the third took 14.6).
 THIRD_PART_FILES = ("tests/testbed/test_deploy_lock.py", "tests/testbed/test_drain.py",
                     "tests/testbed/test_operator_repository.py", "tests/testbed/test_wheel.py",
-                    "tests/testbed/test_quarantine.py", "tests/testbed/test_canary.py")
+                    "tests/testbed/test_quarantine.py", "tests/testbed/test_canary.py",
+                    "tests/testbed/test_pull.py")
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,29 @@
-"""Pull mode end to end on one test host: a host given only its bootstrap script converges itself
-from the origin with no command from the control machine, picks up a release published for it,
-and a run of a release that fails is reported, rolled back, and the rollout says why.
+"""Pull mode end to end on two test hosts: hosts given only their bootstrap scripts converge
+themselves from the origin with no command from the control machine, a release published for a
+wave reaches exactly that wave, and a host whose run fails is reported, rolled back, and its wave
+halts the rollout before the next one.
 
-The host is tb1-t4, converged by the session: its bootstrap installs the agent (pinned wheels
-from the origin), trusts the release key, starts its timer, and its first run of the session's
-deploy changes nothing; it leaves pull mode at the end (timer, agent, configuration and state
-removed), serving what the session deployed. The origin is a directory served by a real nginx
-on the testbed bridge's address (the hosts' gateway), PUT allowed for reports/.
+The hosts are tb1-t4 and tb2-l4, converged by the session: each one's bootstrap installs the agent
+(pinned wheels from the origin), trusts the release key, starts its timer, and its first run of the
+session's deploy changes nothing; they leave pull mode at the end (timer, agent, configuration and
+state removed), serving what the session deployed. The origin is a directory served by a real
+nginx on the testbed bridge's address (the hosts' gateway), PUT allowed for reports/.
 
-What needs no real host stays on fast transports (tests/unit/fleet/test_pull.py): the deploy
-under the host's own name through the local connector against a real nginx origin, refused
-pointers and releases, the textfile read by the real node exporter, the bootstrap script and
-user-data, and the pull rollout's waves (canary, batches, a failed canary halting the next wave,
-silent hosts, the failure budget) against agents answering from the origin directory. The
-deploy a self-converging host runs is the one the session's deploy from bare proves.
+A bare host from its bootstrap script alone to serving is `bench/run.py bare-pull`'s measurement
+(docs/scale.md: one deploy from bare, minutes, which the session's own deploy from bare already
+proves for push mode). What needs no real host stays on fast transports
+(tests/unit/fleet/test_pull.py): the deploy under the host's own name through the local connector
+against a real nginx origin, refused pointers and releases, the textfile read by the real node
+exporter, the bootstrap script and user-data, and the pull rollout's waves (canary, batches, a
+failed canary halting the next wave, silent hosts, the failure budget) against agents answering
+from the origin directory.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -29,8 +33,8 @@ from tests.support.testbed import TRITONFLEET, env, ssh
 from tritonfleet import ROOT
 from tritonfleet.fleet import pull
 
-HOST = "tb1-t4"
-POLL = 3  # seconds between the host's looks at its pointer (pull_poll_interval)
+HOST, OTHER = "tb1-t4", "tb2-l4"  # the canary and the second wave
+POLL = 3  # seconds between a host's looks at its pointer (pull_poll_interval)
 DATA = ("--data", f"pull_poll_interval={POLL}")
 INVENTORY = "inventories/testbed.py"
 LEAVE_PULL_MODE = (
@@ -46,44 +50,45 @@ def tf(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([TRITONFLEET, *args], cwd=ROOT, capture_output=True, text=True, env=env(), timeout=timeout)
 
 
-class PullHost:
-    def __init__(self, origin: pull.Origin, key: Path, host, boot: Path):
-        self.origin, self.key, self.host, self.boot = origin, key, host, boot
+class PullFleet:
+    def __init__(self, origin: pull.Origin, key: Path, hosts: dict, boot: Path):
+        self.origin, self.key, self.hosts, self.boot = origin, key, hosts, boot
         self.reports = pull.Reports(origin)
 
-    def publish(self, *extra: str) -> str:
+    def publish(self, *limit: str, extra: tuple[str, ...] = ()) -> str:
         res = tf("pull", "publish", INVENTORY, "deploys/triton.py", "--origin", str(self.origin.root),
-                 "--sign-key", str(self.key), "--limit", HOST, *DATA, *extra)
+                 "--sign-key", str(self.key), *[a for h in limit for a in ("--limit", h)], *DATA, *extra)
         assert res.returncode == 0, res.stderr[-3000:]
         return res.stdout.strip().splitlines()[-1]
 
-    def report(self) -> dict:
-        return self.reports.read(HOST) or {}
+    def report(self, host: str) -> dict:
+        return self.reports.read(host) or {}
 
-    def wait(self, release: str, after_generation: int = 0, timeout: float = 300) -> dict:
+    def wait(self, host: str, release: str, after_generation: int = 0, timeout: float = 300) -> dict:
         """The host's report once it ran ``release`` (a generation above ``after_generation``)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            rep = self.report()
+            rep = self.report(host)
             if rep.get("release") == release and int(rep.get("generation") or 0) > after_generation and \
                     rep.get("result") in pull.RESULTS:
                 return rep
             time.sleep(1)
-        log = ssh(self.host, "tail -n 40 /var/lib/tritonfleet/pull/logs/*.log 2>/dev/null; "
+        log = ssh(self.hosts[host], "tail -n 40 /var/lib/tritonfleet/pull/logs/*.log 2>/dev/null; "
                   "journalctl -u tritonfleet-converge -n 30 --no-pager 2>/dev/null", check=False)
-        raise AssertionError(f"{HOST}: no report of {release[:12]} within {timeout:.0f} s; last {self.report()}\n{log}")
+        raise AssertionError(f"{host}: no report of {release[:12]} within {timeout:.0f} s; last {self.report(host)}\n{log}")
 
-    def state(self) -> dict:
-        return json.loads(ssh(self.host, "/opt/tritonfleet/agent/bin/tritonfleet converge --state"))
+    def state(self, host: str) -> dict:
+        return json.loads(ssh(self.hosts[host], "/opt/tritonfleet/agent/bin/tritonfleet converge --state"))
 
 
 @pytest.fixture(scope="module")
-def pull_host(deployed, tmp_path_factory):
+def pull_fleet(deployed, tmp_path_factory):
     from tritonfleet_testbed import hosts
     from tritonfleet_testbed.origin_server import OriginServer, agent_wheelhouse, build_wheel
 
     testbed, _, _ = deployed
-    host = {h.name: h for h in testbed.hosts}[HOST]
+    by_name = {h.name: h for h in testbed.hosts if h.name in (HOST, OTHER)}
+    assert sorted(by_name) == sorted((HOST, OTHER)), [h.name for h in testbed.hosts]
     tmp = tmp_path_factory.mktemp("pull")
     (tmp / "origin").mkdir()
     key = tmp / "release-key"
@@ -94,67 +99,90 @@ def pull_host(deployed, tmp_path_factory):
     try:
         origin = pull.Origin(tmp / "origin", srv.url)
         res = tf("bootstrap", INVENTORY, "--origin", str(origin.root), "--url", srv.url, "--out", str(tmp / "boot"),
-                 "--wheel", str(wheel), "--wheelhouse", str(wheels), "--sign-key", str(key), "--limit", HOST, *DATA)
+                 "--wheel", str(wheel), "--wheelhouse", str(wheels), "--sign-key", str(key), "--limit", HOST,
+                 "--limit", OTHER, *DATA)
         assert res.returncode == 0, res.stderr[-3000:]
-        yield PullHost(origin, key, host, tmp / "boot")
+        yield PullFleet(origin, key, by_name, tmp / "boot")
     finally:
         srv.stop()
-        ssh(host, LEAVE_PULL_MODE, check=False)
+        for h in by_name.values():
+            ssh(h, LEAVE_PULL_MODE, check=False)
 
 
-def test_a_host_converges_itself_from_its_bootstrap_script(pull_host):
-    """The host is given its script (as cloud-init's runcmd would run it) and nothing else: it
+def test_hosts_converge_themselves_from_their_bootstrap_scripts(pull_fleet):
+    """Each host is given its script (as cloud-init's runcmd would run it) and nothing else: it
     installs its agent, runs the release published for it, and reports where it is read."""
-    release = pull_host.publish()
-    script = (pull_host.boot / HOST / "bootstrap.sh").read_text()
-    res = ssh_input(pull_host.host, "sh -s", script)
-    assert res.returncode == 0, f"{res.stdout[-2000:]}{res.stderr[-3000:]}"
-    rep = pull_host.wait(release)
-    assert rep["result"] == "ok" and rep["changed"] == 0, rep  # converged by the session: nothing to do
+    release = pull_fleet.publish(HOST, OTHER)
+    out: dict[str, subprocess.CompletedProcess] = {}
+
+    def give(name: str) -> None:
+        out[name] = ssh_input(pull_fleet.hosts[name], "sh -s", (pull_fleet.boot / name / "bootstrap.sh").read_text())
+
+    threads = [threading.Thread(target=give, args=(n,)) for n in (HOST, OTHER)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    for name in (HOST, OTHER):
+        res = out[name]
+        assert res.returncode == 0, f"{name}: {res.stdout[-2000:]}{res.stderr[-3000:]}"
+    for name in (HOST, OTHER):
+        rep = pull_fleet.wait(name, release)
+        assert rep["result"] == "ok" and rep["changed"] == 0, rep  # converged by the session: nothing to do
     # still serving what the session deployed: status over SSH, read-only
-    res = tf("status", INVENTORY, "--json", "--limit", HOST)
-    (row,) = json.loads(res.stdout)
-    assert row["reachable"] and row["drift"] == [] and row["unit_state"] == "active", row
+    res = tf("status", INVENTORY, "--json", "--limit", HOST, "--limit", OTHER)
+    rows = json.loads(res.stdout)
+    assert len(rows) == 2 and all(r["reachable"] and r["drift"] == [] and r["unit_state"] == "active" for r in rows), rows
     # the state where Prometheus, the host's own command and the timer read it
-    assert ssh(pull_host.host, "systemctl is-active tritonfleet-converge.timer").strip() == "active"
-    prom = ssh(pull_host.host, "cat /var/lib/prometheus/node-exporter/tritonfleet_pull.prom")
+    h = pull_fleet.hosts[HOST]
+    assert ssh(h, "systemctl is-active tritonfleet-converge.timer").strip() == "active"
+    prom = ssh(h, "cat /var/lib/prometheus/node-exporter/tritonfleet_pull.prom")
     assert "tritonfleet_pull_last_run_success 1" in prom and f'release="{release[:12]}"' in prom
-    state = pull_host.state()
+    state = pull_fleet.state(HOST)
     assert (state["release"], state["result"]) == (release, "ok")
 
 
-def test_a_release_published_for_the_host_is_picked_up(pull_host):
-    before = pull_host.report()
-    assert before.get("result") == "ok", before
-    new = pull_host.publish("--data", "pull_report_timeout=901")  # another release, the same serving
-    assert new != before["release"]
-    rep = pull_host.wait(new, after_generation=int(before["generation"]))
+def test_a_release_published_for_a_wave_reaches_exactly_that_wave(pull_fleet):
+    before = {n: pull_fleet.report(n) for n in (HOST, OTHER)}
+    assert all(r.get("result") == "ok" for r in before.values()), before
+    new = pull_fleet.publish(HOST, extra=("--data", "pull_report_timeout=901"))  # another release, the same serving
+    assert new != before[HOST]["release"]
+    rep = pull_fleet.wait(HOST, new, after_generation=int(before[HOST]["generation"]))
     assert rep["result"] == "ok", rep
-    # published for this host alone: no other host has a pointer
-    assert sorted(pull_host.origin.pointer(HOST).parent.glob("*.json")) == [pull_host.origin.pointer(HOST)]
-    res = tf("status", INVENTORY, "--pull", str(pull_host.origin.root), "--json", "--limit", HOST)
+    time.sleep(3 * POLL)  # the other host looked at its own pointer meanwhile, and found it unchanged
+    assert pull_fleet.report(OTHER) == before[OTHER]
+    state = pull_fleet.state(OTHER)
+    assert state["release"] == before[OTHER]["release"] and state["checked_ts"] > state["finished_ts"]
+    res = tf("status", INVENTORY, "--pull", str(pull_fleet.origin.root), "--json", "--limit", HOST, "--limit", OTHER)
     assert res.returncode == 0, res.stdout + res.stderr
-    (row,) = json.loads(res.stdout)
-    assert row["release"] == new and row["drift"] == [], row
+    rows = {r["host"]: r for r in json.loads(res.stdout)}
+    assert rows[HOST]["release"] == new and rows[OTHER]["release"] == before[OTHER]["release"], rows
 
 
-def test_a_failing_run_is_reported_and_rolled_back(pull_host):
+def test_a_failing_host_is_reported_and_its_wave_halts(pull_fleet):
     """The canary's run fails (pre-flight refuses the release's driver branch): the rollout says
-    why in the host's own words and points it back at what it ran, which it runs again."""
-    was = pull_host.report()
-    res = tf("pull", "rollout", INVENTORY, "deploys/triton.py", "--origin", str(pull_host.origin.root),
-             "--sign-key", str(pull_host.key), "--limit", HOST, "--canary", "1", "--timeout", "300", "--json",
-             *DATA, "--data", "nvidia_driver_branch=999")
+    why in the host's own words, points it back at what it ran (which it runs again), and never
+    publishes the next wave."""
+    was = {n: pull_fleet.report(n) for n in (HOST, OTHER)}
+    other_pointer = pull.read_pointer(pull_fleet.origin.pointer(OTHER))
+    res = tf("pull", "rollout", INVENTORY, "deploys/triton.py", "--origin", str(pull_fleet.origin.root),
+             "--sign-key", str(pull_fleet.key), "--limit", HOST, "--limit", OTHER, "--canary", "1", "--batch", "1",
+             "--timeout", "300", "--json", *DATA, "--data", "nvidia_driver_branch=999")
     assert res.returncode == 1, res.stdout + res.stderr
     report = json.loads(res.stdout)
-    (row,) = report["hosts"]
-    assert "more than --max-fail 0" in report["halted"], report
-    assert row["result"] == "rolled back" and "999" in row["detail"], row  # the branch the host refused
-    after = pull_host.report()
-    assert after["release"] == was["release"] and after["result"] == "ok", after
-    assert int(after["generation"]) > int(was["generation"])
-    state = pull_host.state()
-    assert (state["release"], state["result"]) == (was["release"], "ok")
+    rows = {r["host"]: r for r in report["hosts"]}
+    assert report["batches"] == [[HOST], [OTHER]], report
+    assert "more than --max-fail 0" in report["halted"] and "1 host(s) not touched" in report["halted"], report
+    assert rows[HOST]["result"] == "rolled back" and "999" in rows[HOST]["detail"], rows[HOST]  # the branch it refused
+    assert rows[OTHER]["result"] == "not touched", rows[OTHER]
+    after = pull_fleet.report(HOST)
+    assert after["release"] == was[HOST]["release"] and after["result"] == "ok", after
+    assert int(after["generation"]) > int(was[HOST]["generation"])
+    state = pull_fleet.state(HOST)
+    assert (state["release"], state["result"]) == (was[HOST]["release"], "ok")
+    # the next wave was never published: the other host's pointer and report are as they were
+    assert pull.read_pointer(pull_fleet.origin.pointer(OTHER)) == other_pointer
+    assert pull_fleet.report(OTHER) == was[OTHER]
 
 
 def ssh_input(h, command: str, stdin: str) -> subprocess.CompletedProcess:
