@@ -3,12 +3,16 @@ temporary directory, started in the foreground and stopped by its process id."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 CONFIG = """\
@@ -29,6 +33,30 @@ backend {backend}
   default-server check inter {inter} fall 2 rise 2
 {extra}{servers}
 """
+
+
+class _AnswersOk(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def ok_server() -> Iterator[str]:
+    """An HTTP server on loopback that answers every GET with an empty 200 (a backend server for
+    HAProxy's checks and requests), in a thread while the block runs; its ``127.0.0.1:<port>``."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _AnswersOk)
+    srv.handle_error = lambda *a: None
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def free_port() -> int:

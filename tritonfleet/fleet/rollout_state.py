@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TritonfleetError, UsageError
+from ..core.procs import alive
 
 STATES = ("pending", "draining", "updating", "gating", "analysing", "done", "failed", "rolled back")
 STATE_FILE = "state.json"
@@ -41,16 +42,6 @@ HOLD_POLL_SECONDS = 1.0
 def base_dir() -> Path:
     """Where rollouts keep their directories (the journal's: tritonfleet.fleet.rollout.journal)."""
     return Path(os.environ.get("TRITONFLEET_LOG_DIR", ".tritonfleet/rollouts"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class HostStates:
@@ -187,7 +178,7 @@ def unfinished(base: Path | None = None) -> list[dict]:
         if data.get("ended"):
             continue
         data["dir"] = str(f.parent)
-        data["alive"] = bool(data.get("pid")) and _alive(int(data["pid"]))
+        data["alive"] = bool(data.get("pid")) and alive(int(data["pid"]))
         data["paused"] = data.get("paused") or (f.parent / PAUSE_FILE).exists()
         out.append(data)
     return out

@@ -9,13 +9,12 @@ import math
 import threading
 import time
 from fractions import Fraction
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.haproxy import HAProxy
+from tests.support.haproxy import HAProxy, ok_server
 from tritonfleet.fleet import capacity as cap
 from tritonfleet.serving.drain import DrainError
 from tritonfleet.serving.drain import HAProxy as Runtime
@@ -93,30 +92,14 @@ def test_empty_limits_are_no_rule():
 
 # ---- the backend from a real HAProxy ------------------------------------------------------------
 
-class _Ok(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def backend(tmp_path):
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
-    srv.handle_error = lambda *a: None
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    addr = f"127.0.0.1:{srv.server_address[1]}"
     # four servers on one answering address, and "dead" on a closed port (down by its checks)
-    with HAProxy(tmp_path, [("a", addr), ("b", addr), ("c", addr), ("d", addr), ("dead", "127.0.0.1:1")],
-                 inter="200ms") as hap:
+    with ok_server() as addr, HAProxy(tmp_path, [("a", addr), ("b", addr), ("c", addr), ("d", addr),
+                                                  ("dead", "127.0.0.1:1")], inter="200ms") as hap:
         for name in "abcd":
             Runtime([hap.socket], "triton", name).wait_serving(10)
         yield hap
-    srv.shutdown()
-    srv.server_close()
 
 
 def test_pool_reads_what_haproxy_sends_requests_to(backend):

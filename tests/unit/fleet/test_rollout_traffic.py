@@ -5,13 +5,11 @@ host are set and put back, states follow the batch, and the report's lines."""
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
 
-from tests.support.haproxy import HAProxy
+from tests.support.haproxy import HAProxy, ok_server
 from tritonfleet.core.errors import UsageError
 from tritonfleet.fleet import rollout_traffic
 from tritonfleet.fleet.inventory import FleetHost
@@ -25,30 +23,14 @@ def host(name: str, **data) -> FleetHost:
     return FleetHost(name, ["t4"], {**DEFAULTS, **data})
 
 
-class _Ok(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def hap(tmp_path):
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
-    srv.handle_error = lambda *a: None
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    addr = f"127.0.0.1:{srv.server_address[1]}"
     d = tmp_path / "hap"
     d.mkdir()
-    with HAProxy(d, [(n, addr) for n in ("h1", "h2", "h3", "h4")], inter="200ms") as h:
+    with ok_server() as addr, HAProxy(d, [(n, addr) for n in ("h1", "h2", "h3", "h4")], inter="200ms") as h:
         for n in ("h1", "h2", "h3", "h4"):
             Runtime([h.socket], "triton", n).wait_serving(10)
         yield h
-    srv.shutdown()
-    srv.server_close()
 
 
 def lb(sock: str, **more) -> dict:
