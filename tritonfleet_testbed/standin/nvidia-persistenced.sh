@@ -44,7 +44,8 @@ PERSISTENCE_FILE="$ROOT/run/nvidia-standin/persistence-mode"
 mkdir -p "${PERSISTENCE_FILE%/*}" && echo "$persistence" > "$PERSISTENCE_FILE"
 [ -n "$user" ] && chown "$user" "$RUN_DIR" 2>/dev/null
 (
-    trap 'rm -f "$RUN_DIR/nvidia-persistenced.pid" "$PERSISTENCE_FILE"; exit 0' TERM INT
+    # its sleep goes with it (outside systemd's cgroup, e.g. in the fast tests, it was left behind)
+    trap 'kill $! 2>/dev/null; rm -f "$RUN_DIR/nvidia-persistenced.pid" "$PERSISTENCE_FILE"; exit 0' TERM INT
     while :; do sleep 3600 & wait $!; done
 ) </dev/null >/dev/null 2>&1 &
 echo $! > "$RUN_DIR/nvidia-persistenced.pid"

@@ -502,13 +502,15 @@ def test_nvidia_persistenced(extracted, tmp_path):
     pid = int(pidfile.read_text())
     try:
         os.kill(pid, 0)
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     finally:
         os.kill(pid, signal.SIGTERM)
     for _ in range(50):
-        if not pidfile.exists():
+        if not pidfile.exists() and not any(Path(f"/proc/{c}").exists() for c in children):
             break
         time.sleep(0.1)
     assert not pidfile.exists()
+    assert children and not any(Path(f"/proc/{c}").exists() for c in children)  # its sleep went with it
     # the packaged unit's --no-persistence-mode: the daemon runs, persistence mode stays off
     for flag, mode in (("--no-persistence-mode", "Disabled"), ("--persistence-mode", "Enabled")):
         p = subprocess.run(["dash", str(script), flag], capture_output=True, text=True, env=env, timeout=20)
