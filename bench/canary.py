@@ -279,3 +279,53 @@ def _capacity(results, work, hosts, hap_main, prom, port, log, local_server, cop
     results.add(Row("max_unavailable 25% of 4 servers: most out in a 1 Hz reading", [float(max(most))], unit="",
                     target="<= 1 (a quarter)", met=max(most) <= 1,
                     note=f"{samples} readings over 2 rollouts restarting every host ({sum(secs):.0f} s)"))
+
+
+# ---- the picture ---------------------------------------------------------------------------------
+
+def plot(runs: list[dict], out: Path, window: float, max_rise: float = 0.2, max_error: float = 0.005) -> None:
+    """docs/canary.png from the runs' figures (bench/canary-results.json): when each regression
+    served the old release again against the goal's bound, and what the analysis measured on the
+    canary (latency rise, error ratio) against the thresholds (canary_max_latency_rise,
+    canary_max_error_increase at their defaults), for every kind of run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"errors": "#d62728", "latency": "#ff7f0e", "identical": "#7f7f7f"}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    ax = axes[0]
+    for kind in ("errors", "latency"):
+        ys = [r["rolled_back_s"] for r in runs if r["kind"] == kind and r.get("rolled_back_s") is not None]
+        ax.plot(range(1, len(ys) + 1), ys, "o", color=colours[kind], label=f"{kind} ({len(ys)} runs)")
+    ax.axhline(window, color="#1f77b4", ls=":", label=f"analysis window ({window:g} s)")
+    ax.axhline(window + 30, color="black", ls="--", label=f"goal: window + 30 s ({window + 30:g} s)")
+    ax.set(title="analysis start to the old release served again", xlabel="run", ylabel="seconds", ylim=(0, window + 45))
+    ax.legend(fontsize=7, loc="lower right")
+    for ax, key, limit, label, scale in ((axes[1], "rise", max_rise, "latency rise on the canary (%)", 100),
+                                          (axes[2], "errors_c", max_error, "canary error ratio (%, baseline 0)", 100)):
+        for i, kind in enumerate(("identical", "latency", "errors")):
+            ys = [(r["looks"][-1].get(key) or 0) * scale for r in runs if r["kind"] == kind and r.get("looks")]
+            xs = [i + (j - len(ys) / 2) * 0.012 for j in range(len(ys))]
+            promoted = sum(r["verdict"] == "promote" for r in runs if r["kind"] == kind)
+            ax.plot(xs, ys, "o", color=colours[kind], alpha=0.7,
+                    label=f"{kind}: {promoted}/{len(ys)} promoted" if ys else None)
+        ax.axhline(limit * scale, color="black", ls="--", label=f"threshold ({limit * scale:g}%)")
+        ax.set_xticks(range(3), ["identical", "+50% latency", "2% errors"])
+        ax.set(title=label, ylabel="%")
+        ax.legend(fontsize=7)
+    fig.suptitle("Traffic canary on the test hosts (bench/run.py canary: weight 25%, 60 requests/s)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":  # python bench/canary.py plot [RESULTS.json] [OUT.png]
+    if sys.argv[1:2] != ["plot"]:
+        raise SystemExit("usage: python bench/canary.py plot [bench/canary-results.json] [docs/canary.png]")
+    src = Path(sys.argv[2] if len(sys.argv) > 2 else ROOT / "bench" / "canary-results.json")
+    dst = Path(sys.argv[3] if len(sys.argv) > 3 else ROOT / "docs" / "canary.png")
+    saved = json.loads(src.read_text())["runs"]
+    plot([r for s in saved for r in s["meta"]["canary"]["runs"]], dst, saved[-1]["meta"]["canary"]["window_s"])
+    print(dst)
