@@ -9,6 +9,8 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py parallel [--hosts 10]
     .venv/bin/python bench/run.py sync [--size-gb 10] # model sync vs rsync
     .venv/bin/python bench/run.py bare [--runs 3]     # bare host -> serving
+    .venv/bin/python bench/run.py mirror-fill [--fill-mb 200] [--fill-layers 4] [--fill-runs 3]
+        # what filling the image mirror costs the upstream a blob (bench/mirror_fill.py; no test host)
     .venv/bin/python bench/run.py bare-pull [--bare-runs N]  # bare host -> serving from its bootstrap
         # script alone, pull mode (bench/pull_bare.py; not part of all)
     .venv/bin/python bench/run.py scale [--sizes 1,10,50,100,200,500]  # control side, fake fleet
@@ -511,7 +513,7 @@ def bench_dataplane(results: Results, args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "scale", "replay-check", "dataplane",
-                                       "canary", "all"])
+                                       "canary", "mirror-fill", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
@@ -545,6 +547,9 @@ def main() -> int:
     ap.add_argument("--size-gb", type=float, default=10.0, help="model repository size for sync")
     ap.add_argument("--sync-runs", type=int, default=3, help="full 10 GB transfers per tool")
     ap.add_argument("--bare-runs", type=int, default=3)
+    ap.add_argument("--fill-mb", type=int, default=200, help="mirror-fill: the synthetic image's size (MB)")
+    ap.add_argument("--fill-layers", type=int, default=4, help="mirror-fill: its layers")
+    ap.add_argument("--fill-runs", type=int, default=3, help="mirror-fill: fills of an empty mirror per client")
     ap.add_argument("--keep", action="store_true", help="keep the generated model repository")
     args = ap.parse_args()
     if "TRITONFLEET_TESTBED" not in os.environ:
@@ -566,6 +571,15 @@ def main() -> int:
         return bench_dataplane(results, args)
     if args.what == "bare-pull":  # its own table (not part of all)
         return bench_bare_pull(results, args)
+    if args.what == "mirror-fill":  # no testbed host; its own table (not part of all)
+        sys.path.insert(0, str(BENCH))
+        import mirror_fill
+
+        rc = mirror_fill.run(results, args, log)
+        stamp = _save_results("mirror-fill", {"meta": results.meta, "rows": [r.__dict__ for r in results.rows]},
+                              results.markdown())
+        log(f"table in bench/results/mirror-fill-{stamp}.md")
+        return rc
     if args.what == "canary":  # about an hour of rollouts under a client's load (not part of all)
         sys.path.insert(0, str(BENCH))
         import canary
