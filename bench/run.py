@@ -436,14 +436,16 @@ def bench_bare(results: Results, runs: int) -> None:
     results.add(row)
 
 
-def bench_bare_pull(results: Results, args) -> int:
-    sys.path.insert(0, str(BENCH))
-    import pull_bare
+def bench_module(results: Results, args, kind: str, module: str) -> int:
+    """A measurement with a table of its own: bench/<module>.py's run(results, args, log), its rows
+    saved as bench/results/<kind>-<time>.{json,md}."""
+    import importlib
 
-    rc = pull_bare.run(results, args, log)
-    stamp = _save_results("bare-pull", {"meta": results.meta, "rows": [r.__dict__ for r in results.rows]},
+    sys.path.insert(0, str(BENCH))
+    rc = importlib.import_module(module).run(results, args, log)
+    stamp = _save_results(kind, {"meta": results.meta, "rows": [r.__dict__ for r in results.rows]},
                           results.markdown())
-    log(f"table in bench/results/bare-pull-{stamp}.md")
+    log(f"table in bench/results/{kind}-{stamp}.md")
     return rc
 
 
@@ -570,16 +572,9 @@ def main() -> int:
     if args.what == "dataplane":  # its own table in docs/scale.md (not part of all)
         return bench_dataplane(results, args)
     if args.what == "bare-pull":  # its own table (not part of all)
-        return bench_bare_pull(results, args)
+        return bench_module(results, args, "bare-pull", "pull_bare")
     if args.what == "mirror-fill":  # no testbed host; its own table (not part of all)
-        sys.path.insert(0, str(BENCH))
-        import mirror_fill
-
-        rc = mirror_fill.run(results, args, log)
-        stamp = _save_results("mirror-fill", {"meta": results.meta, "rows": [r.__dict__ for r in results.rows]},
-                              results.markdown())
-        log(f"table in bench/results/mirror-fill-{stamp}.md")
-        return rc
+        return bench_module(results, args, "mirror-fill", "mirror_fill")
     if args.what == "canary":  # about an hour of rollouts under a client's load (not part of all)
         sys.path.insert(0, str(BENCH))
         import canary
