@@ -153,9 +153,10 @@ def agent_wheelhouse(cache: Path = CACHE) -> Path:
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "tritonfleet", "deploys", "inventories", "files")
 
 
-def build_wheel(out: Path) -> Path:
+def build_wheel(out: Path, sources: tuple[str, ...] = WHEEL_SOURCES) -> Path:
     """tritonfleet's wheel from a clean copy of this checkout (no build/ of an earlier build in it;
-    the test tooling's package is not copied, so not in it)."""
+    the test tooling's package is not copied, so not in it), built with pip without build isolation
+    or an index, as an operator would get it: ``out/src`` the copy, the wheel in ``out``."""
     import sys
 
     from tritonfleet import ROOT
@@ -163,13 +164,14 @@ def build_wheel(out: Path) -> Path:
     src = out / "src"
     src.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in WHEEL_SOURCES:
+    for name in sources:
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
         else:
             shutil.copy2(ROOT / name, src / name)
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                          "-w", str(out), str(src)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                          "-w", str(out), str(src)], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                         timeout=600)
     wheels = sorted(out.glob("tritonfleet-*.whl"))
     if res.returncode != 0 or not wheels:
         raise RuntimeError(f"building tritonfleet's wheel failed: {res.stderr[-2000:]}")

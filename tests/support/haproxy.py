@@ -35,22 +35,25 @@ backend {backend}
 """
 
 
-class _AnswersOk(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
+class _Answers(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = self.server.body
         self.send_response(200)
-        self.send_header("Content-Length", "0")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args):
         pass
 
 
 @contextlib.contextmanager
-def ok_server() -> Iterator[str]:
-    """An HTTP server on loopback that answers every GET with an empty 200 (a backend server for
-    HAProxy's checks and requests), in a thread while the block runs; its ``127.0.0.1:<port>``."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _AnswersOk)
-    srv.handle_error = lambda *a: None
+def ok_server(body: bytes = b"") -> Iterator[str]:
+    """An HTTP server on loopback that answers every GET with 200 and ``body`` (a backend server
+    for HAProxy's checks and requests), in a thread while the block runs; its ``127.0.0.1:<port>``."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    srv.body = body  # type: ignore[attr-defined]
+    srv.handle_error = lambda *a: None  # HAProxy's checks close connections early
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield f"127.0.0.1:{srv.server_address[1]}"

@@ -6,17 +6,16 @@ refusals are named."""
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from collections import Counter
 from fractions import Fraction
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.haproxy import HAProxy
+from tests.support.haproxy import HAProxy, ok_server
 from tritonfleet.serving import haproxy_weights as hw
 from tritonfleet.serving.drain import DrainError
 from tritonfleet.serving.drain import HAProxy as Runtime
@@ -81,32 +80,11 @@ def test_plan_refuses_what_cannot_be_shared(share, canaries, others, words):
 
 # ---- against a real HAProxy ----------------------------------------------------------------------
 
-class _Named(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = self.server.name.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def servers():
     """Four local HTTP servers that answer their own name (HAProxy's check included)."""
-    out = []
-    for name in ("a", "b", "c", "d"):
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), _Named)
-        srv.name = name
-        srv.handle_error = lambda *a: None  # HAProxy's checks close connections early
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        out.append(srv)
-    yield [(s.name, f"127.0.0.1:{s.server_address[1]}") for s in out]
-    for s in out:
-        s.shutdown()
-        s.server_close()
+    with contextlib.ExitStack() as stack:
+        yield [(name, stack.enter_context(ok_server(name.encode()))) for name in ("a", "b", "c", "d")]
 
 
 def _count(url: str, n: int) -> Counter:
