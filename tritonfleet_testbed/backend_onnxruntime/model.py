@@ -20,7 +20,9 @@ What it does, like the real backend as far as the testbed needs:
 A test switch, not a feature of the real backend: while the file ``<fault dir>/<model name>``
 exists (``$TRITONFLEET_TESTBED_FAULT_DIR``, default ``/tmp/tritonfleet-testbed-faults``: inside
 the container, its own /tmp), every request of that model fails while the model stays READY, the
-"ready but broken" host of the GPU health tests (``docker exec <container> touch ...``).
+"ready but broken" host of the GPU health tests (``docker exec <container> touch ...``); the
+failure is raised from ``execute()`` (counted by Triton as failed requests), never returned as
+error responses, which crashed the Python backend under contention (docs/testbed.md).
 """
 
 from __future__ import annotations
@@ -143,8 +145,12 @@ class TritonPythonModel:
     def execute(self, requests):
         switch = os.path.join(FAULT_DIR, self.name)
         if os.path.exists(switch):  # the test switch (see the module's docstring)
-            error = pb_utils.TritonError(f"testbed fault: inference of {self.name} switched to fail ({switch})")
-            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+            # raised, not returned as error responses: a batch of error responses returned from
+            # execute() crashed the Python backend's library (signal 11 in
+            # TRITONBACKEND_ModelInstanceExecute) within a second under CPU contention
+            # (tests/unit/testbed_tooling/test_backend_switch.py); a raised exception is how a
+            # failed run is reported, and Triton counts the requests as failed
+            raise pb_utils.TritonModelException(f"testbed fault: inference of {self.name} switched to fail ({switch})")
         responses: list = [None] * len(requests)
         # requests whose inputs have the same per-item shapes run as one batch
         groups: dict = {}
