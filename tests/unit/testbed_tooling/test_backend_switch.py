@@ -6,7 +6,7 @@ running and serves again once the switch is off.
 Why it is tested this way: the switch used to return a batch of error responses from
 ``execute()``; with requests arriving from several clients at once and the CPUs busy, the Python
 backend's library then crashed tritonserver (signal 11 in ``TRITONBACKEND_ModelInstanceExecute``)
-within a second of the switch, 4 runs of 4 with the load below, so a testbed host's Triton
+within a second of the switch (3 runs of 3 of this test with the old switch), so a testbed host's Triton
 restarted in the middle of the GPU health tests (the switch, in the container's /tmp, gone with it).
 The switch now raises, which is also how a failed run is reported to Triton."""
 
