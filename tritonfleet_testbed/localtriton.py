@@ -23,12 +23,12 @@ API: :func:`find_tritonserver`, :class:`TritonInstall`, :class:`LocalTriton`,
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import itertools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -40,7 +40,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LocalTriton", "TritonInstall", "TritonNotFound", "TritonStartError", "find_tritonserver"]
+from tritonfleet_testbed.ports import free_port
+
+__all__ = [
+    "LocalTriton", "TritonInstall", "TritonNotFound", "TritonStartError", "find_tritonserver", "free_port",
+]
 
 INSTALL_HINT = "pip install --no-deps nvidia-pytriton==0.7.0"
 LOOPBACK = "127.0.0.1"
@@ -128,13 +132,6 @@ def find_tritonserver() -> TritonInstall:
     return install
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
     """(HTTP status, body); status 0 when nothing answers."""
     try:
@@ -142,7 +139,8 @@ def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        # HTTPException: something else answers on the port, e.g. another server's gRPC
         return 0, b""
 
 
@@ -159,7 +157,9 @@ class LocalTriton:
     * ``http_url`` (``http://127.0.0.1:PORT``), ``grpc_port``, ``grpc_url`` (``127.0.0.1:PORT``),
       ``metrics_url`` (``http://127.0.0.1:PORT/metrics``);
     * ``returncode``: None while it runs, its exit status once it has ended;
-    * ``log``: everything the server wrote to stdout and stderr so far (kept after stop).
+    * ``log``: everything the server wrote to stdout and stderr so far (kept after stop);
+    * ``retried_logs``: the logs of starts given up because a port handed out as free was
+      taken before the server bound it (it is then started again on new ports, up to 3 times).
 
     Options: ``strict_model_config`` (``--strict-model-config``), ``model_control_mode``
     (none, poll, explicit), ``exit_on_error`` (``--exit-on-error``: exit 1 when a model fails to
@@ -198,6 +198,7 @@ class LocalTriton:
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._log_path: Path | None = None
         self._log_text = ""
+        self.retried_logs: list[str] = []  # the log of each start given up on a taken port
         # The python backend's shared-memory regions (/dev/shm/<prefix><uuid>) carry a prefix
         # of this server's own, so that what a killed or stalled server leaves is removed.
         self.shm_prefix = f"tritonfleet_{os.getpid()}_{next(_serial)}_"
@@ -304,6 +305,7 @@ class LocalTriton:
             if self.ready or not self._port_taken():
                 break
             self._terminate()  # a port picked free was taken meanwhile: new ports, once more
+            self.retried_logs.append(self.log)
             self._proc = None
         if not self.ready and self.require_ready:
             log = self.log
@@ -323,7 +325,9 @@ class LocalTriton:
         while time.monotonic() < deadline:
             if self._proc is None or self._proc.poll() is not None:
                 return False
-            if _get(url, timeout=2)[0] == 200:
+            # The log names the address it bound before the probe counts: a probe answered on
+            # this port before then came from whatever else holds it.
+            if self._started("HTTPService", self.http_port) and _get(url, timeout=2)[0] == 200:
                 return self._metrics_up(deadline)
             if self.stalled():
                 return False
@@ -335,10 +339,15 @@ class LocalTriton:
         if "--allow-metrics=false" in self.extra_args:
             return True
         while time.monotonic() < deadline and self.returncode is None:
-            if _get(self.metrics_url, timeout=2)[0] == 200:
+            if self._started("Metrics Service", self.metrics_port) and _get(self.metrics_url, timeout=2)[0] == 200:
                 return True
             time.sleep(0.05)
         return False
+
+    def _started(self, service: str, port: int) -> bool:
+        """Whether this server's log says it serves ``service`` on ``port`` (2.51 logs
+        ``Started HTTPService at 127.0.0.1:PORT``, ``Started Metrics Service at ...``)."""
+        return f"Started {service} at {LOOPBACK}:{port}" in self.log
 
     def stalled(self) -> bool:
         """Whether the log shows a load the server will wait on forever (see STALL_MARKERS)."""

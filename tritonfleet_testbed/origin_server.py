@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tritonfleet_testbed.ports import free_port
+
 CONFIG = """\
 daemon off;
 user root root;
@@ -46,12 +48,6 @@ http {{
   }}
 }}
 """
-
-
-def free_port(addr: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
 
 
 class OriginServer:

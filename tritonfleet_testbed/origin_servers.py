@@ -24,15 +24,10 @@ from pathlib import Path
 
 import requests
 
+from tritonfleet_testbed.ports import free_port
 from tritonfleet_testbed.standin_repo import debian_package
 
 KEY, SECRET = "tritonfleettestkey", "tritonfleet-test-secret-0123456789"
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _wait(address: str, port: int, proc: subprocess.Popen, log: Path) -> None:

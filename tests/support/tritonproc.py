@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -35,6 +34,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritonfleet_testbed import standin_images as images
+from tritonfleet_testbed.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_REPOSITORY = REPO_ROOT / "files" / "model_repository"
@@ -81,12 +81,6 @@ def backend_directory(dest: Path) -> Path:
     return dest
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def port_flags(http: int, grpc: int, metrics: int) -> list[str]:
     return [
         f"--http-port={http}",
@@ -120,8 +114,8 @@ class Server:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return 0, b""
+        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
+            return 0, b""  # HTTPException: another server's gRPC answers on the port
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -130,7 +124,10 @@ class Server:
                 raise RuntimeError(
                     f"tritonserver exited with {self.proc.returncode}:\n{self.log()}"
                 )
-            if self._get("/v2/health/ready")[0] == 200:
+            # counted only once the log names this port: before then the probe may reach
+            # whatever else holds it (tritonfleet_testbed/ports.py)
+            started = f"Started HTTPService at 127.0.0.1:{self.http_port}" in self.log()
+            if started and self._get("/v2/health/ready")[0] == 200:
                 return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready after {timeout}s:\n{self.log()}")
