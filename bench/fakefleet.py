@@ -123,6 +123,26 @@ def normalise(text: str, host: str, address: str) -> str:
     return text
 
 
+# an HTTP body's digest as matched, by the body's own sha256, for bodies that name no host: the
+# same for every fake host. The warm gate's first inference of resnet50_onnx is a 0.75 MB body,
+# and masking it (VOLATILE's expressions) for every host was a third of the fake fleet's CPU
+# (py-spy on a 100-host shard); a fake host's CPU shares the machine with the control side.
+_BODY_DIGESTS: dict[bytes, str] = {}
+
+
+def body_digest(body: bytes, host: str, address: str) -> str:
+    """The first 16 hex digits of the sha256 of ``body`` as normalised for this host."""
+    text = body.decode(errors="replace")
+    if (host and host in text) or (address and address in text):
+        return hashlib.sha256(normalise(text, host, address).encode()).hexdigest()[:16]
+    # naming neither, normalise() replaces nothing of this host's: the digest is any host's
+    raw = hashlib.sha256(body).digest()
+    digest = _BODY_DIGESTS.get(raw)
+    if digest is None:
+        digest = _BODY_DIGESTS[raw] = hashlib.sha256(normalise(text, "", "").encode()).hexdigest()[:16]
+    return digest
+
+
 def _zip_digest(m: re.Match) -> str:
     """An AnsiballZ module zip by its entries' names and contents (not their times)."""
     try:
@@ -204,8 +224,7 @@ class Answers:
 
     @staticmethod
     def http_key(port: int, method: str, path: str, body: bytes, host: str, address: str) -> str:
-        body = normalise(body.decode(errors="replace"), host, address).encode()
-        return f"{port} {method} {normalise(path, host, address)} {hashlib.sha256(body).hexdigest()[:16]}"
+        return f"{port} {method} {normalise(path, host, address)} {body_digest(body, host, address)}"
 
     @staticmethod
     def command_key(command: str, host: str, address: str, stdin: bytes | None = None) -> str:

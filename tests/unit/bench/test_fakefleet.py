@@ -5,7 +5,6 @@ back per host, and the normalisation of per-host values is exact."""
 from __future__ import annotations
 
 import importlib.util
-import socket
 from pathlib import Path
 
 import paramiko
@@ -13,16 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tritonfleet_testbed.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("fakefleet", ROOT / "bench" / "fakefleet.py")
 ff = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ff)
-
-
-def _free_port(addr: str) -> int:
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -32,7 +27,7 @@ def fleet():
     answers.add("hostname; echo rec 127.0.0.9", "rec", "127.0.0.9", "rec\nrec 127.0.0.9\n", "", 0)
     answers.add("false", "rec", "127.0.0.9", "", "oops\n", 1)
     hosts = [("fake-0001", "127.0.0.1"), ("fake-0002", "127.0.0.2")]
-    port = _free_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     f = ff.FakeFleet(hosts, answers, port=port)
     f.start()
     yield f, hosts, port
@@ -81,7 +76,7 @@ def test_serve_exits_non_zero_on_unknown(tmp_path, monkeypatch):
     answers.add("hostname", "rec", "127.0.0.9", "rec\n", "", 0)
     answers.save(tmp_path / "a.json")
     monkeypatch.setenv("TRITONFLEET_TESTBED", "0")
-    port = _free_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     args = type("A", (), {"answers": str(tmp_path / "a.json"), "hosts": 1, "port": port,
                           "hosts_file": str(tmp_path / "h.json"), "counts_file": str(tmp_path / "c.json"),
                           "shard": 0, "shards": 1, "log": str(tmp_path / "received.jsonl")})
@@ -177,6 +172,23 @@ def test_normalise_round_trip(a: str, b: str, rec: str, rec_addr: str, host: str
     assert ff.personalise(ff.normalise(recorded, rec, rec_addr), host, addr) == asked
 
 
+_body = st.one_of(_text, st.sampled_from(["/tmp/pyinfra-0a1b run_id=7 ", '{"inputs": [0.0, 0.0]}', "127.0.0.5"]))
+
+
+@given(st.lists(st.tuples(st.lists(_body, max_size=4).map("".join), _name, _addr), min_size=1, max_size=6))
+def test_http_body_digest_is_the_normalised_bodys(asks):
+    """An HTTP body's digest, kept per body for bodies that name no host, is at every ask (the
+    same body asked by several hosts, bodies that name the asking host or its address) the
+    digest of the body as normalised for that host."""
+    import hashlib
+
+    for _ in range(2):  # the second round finds the kept digests
+        for text, host, addr in asks:
+            body = (text + host if len(text) % 3 == 1 else text).encode()
+            want = hashlib.sha256(ff.normalise(body.decode(errors="replace"), host, addr).encode()).hexdigest()[:16]
+            assert ff.body_digest(body, host, addr) == want
+
+
 def test_normalise_masks_volatile_parts():
     assert ff.normalise("cat /tmp/pyinfra-0a1b2c > x", "h", "127.0.0.1") == \
         ff.normalise("cat /tmp/pyinfra-ffee > x", "h", "127.0.0.1")
@@ -257,7 +269,7 @@ def ansible_fleet():
     answers.add(mkdir, "rec", "127.0.0.9", "ansible-tmp-1796391278.99-6435-2266=/root/.ansible/tmp/"
                 "ansible-tmp-1796391278.99-6435-2266\n", "", 0)
     hosts = [("fake-0001", "127.0.0.1")]
-    port = _free_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     f = ff.FakeFleet(hosts, answers, port=port)
     f.start()
     yield f, port
