@@ -11,6 +11,8 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py bare [--runs 3]     # bare host -> serving
     .venv/bin/python bench/run.py mirror-fill [--fill-mb 200] [--fill-layers 4] [--fill-runs 3]
         # what filling the image mirror costs the upstream a blob (bench/mirror_fill.py; no test host)
+    .venv/bin/python bench/run.py noop-installed [--runs 5]   # a converged host's no-op as an
+        # installation runs it (runtime lock + package) against .venv (bench/noop_installed.py)
     .venv/bin/python bench/run.py bare-pull [--bare-runs N]  # bare host -> serving from its bootstrap
         # script alone, pull mode (bench/pull_bare.py; not part of all)
     .venv/bin/python bench/run.py scale [--sizes 1,10,50,100,200,500]  # control side, fake fleet
@@ -515,7 +517,7 @@ def bench_dataplane(results: Results, args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "scale", "replay-check", "dataplane",
-                                       "canary", "mirror-fill", "all"])
+                                       "canary", "mirror-fill", "noop-installed", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
@@ -575,6 +577,8 @@ def main() -> int:
         return bench_module(results, args, "bare-pull", "pull_bare")
     if args.what == "mirror-fill":  # no testbed host; its own table (not part of all)
         return bench_module(results, args, "mirror-fill", "mirror_fill")
+    if args.what == "noop-installed":  # no testbed host; its own table (not part of all)
+        return bench_module(results, args, "noop-installed", "noop_installed")
     if args.what == "canary":  # about an hour of rollouts under a client's load (not part of all)
         sys.path.insert(0, str(BENCH))
         import canary
