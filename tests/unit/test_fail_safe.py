@@ -27,8 +27,13 @@ LINTED = ("tritonfleet", "tritonfleet_testbed", "tests", "deploys", "inventories
 
 
 def python_files(*roots: str):
+    """The project's Python files under ``roots``: not those in hidden directories (bench/.work
+    holds a benchmark's virtualenv and scratch copies; ruff skips them too, by .gitignore)."""
     for root in roots:
-        yield from (p for p in (ROOT / root).rglob("*.py") if "__pycache__" not in p.parts and p.is_file())
+        for p in (ROOT / root).rglob("*.py"):
+            parts = p.relative_to(ROOT).parts
+            if "__pycache__" not in parts and not any(x.startswith(".") for x in parts) and p.is_file():
+                yield p
 
 
 def test_no_assert_in_the_package():
