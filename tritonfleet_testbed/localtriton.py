@@ -44,6 +44,7 @@ from tritonfleet_testbed.ports import free_port
 
 __all__ = [
     "LocalTriton", "TritonInstall", "TritonNotFound", "TritonStartError", "find_tritonserver", "free_port",
+    "serves",
 ]
 
 INSTALL_HINT = "pip install --no-deps nvidia-pytriton==0.7.0"
@@ -130,6 +131,13 @@ def find_tritonserver() -> TritonInstall:
             "with --enable-shared"
         )
     return install
+
+
+def serves(log: str, service: str, port: int) -> bool:
+    """Whether a tritonserver's ``log`` says it serves ``service`` on loopback ``port`` (2.51
+    logs ``Started HTTPService at 127.0.0.1:PORT``, ``Started Metrics Service at ...``): until
+    then a probe of that port may reach whatever else holds it (tritonfleet_testbed/ports.py)."""
+    return f"Started {service} at {LOOPBACK}:{port}" in log
 
 
 def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
@@ -345,9 +353,7 @@ class LocalTriton:
         return False
 
     def _started(self, service: str, port: int) -> bool:
-        """Whether this server's log says it serves ``service`` on ``port`` (2.51 logs
-        ``Started HTTPService at 127.0.0.1:PORT``, ``Started Metrics Service at ...``)."""
-        return f"Started {service} at {LOOPBACK}:{port}" in self.log
+        return serves(self.log, service, port)
 
     def stalled(self) -> bool:
         """Whether the log shows a load the server will wait on forever (see STALL_MARKERS)."""

@@ -158,7 +158,7 @@ class Prometheus:
     prometheus` writes, 1 s scrapes) and a rollout's state endpoint; stopped by its process id."""
 
     def __init__(self, work: Path, inventory: str, rollout_port: int, env: dict):
-        from tests.support.tritonproc import free_port
+        from tritonfleet_testbed.ports import free_port
 
         cfg = work / "cfg"
         res = subprocess.run([str(Path(env["PATH"].split(":")[0]) / "tritonfleet"), "prometheus", inventory,

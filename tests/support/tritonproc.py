@@ -34,6 +34,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritonfleet_testbed import standin_images as images
+from tritonfleet_testbed.localtriton import serves
 from tritonfleet_testbed.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -124,10 +125,7 @@ class Server:
                 raise RuntimeError(
                     f"tritonserver exited with {self.proc.returncode}:\n{self.log()}"
                 )
-            # counted only once the log names this port: before then the probe may reach
-            # whatever else holds it (tritonfleet_testbed/ports.py)
-            started = f"Started HTTPService at 127.0.0.1:{self.http_port}" in self.log()
-            if started and self._get("/v2/health/ready")[0] == 200:
+            if serves(self.log(), "HTTPService", self.http_port) and self._get("/v2/health/ready")[0] == 200:
                 return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready after {timeout}s:\n{self.log()}")

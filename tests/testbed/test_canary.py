@@ -34,10 +34,11 @@ from tests.support.canary_load import (
 )
 from tests.support.haproxy import HAProxy
 from tests.support.testbed import INVENTORY, TRITONFLEET, env, live_release, success_count
-from tests.support.tritonproc import copy_repository, free_port, local_server
+from tests.support.tritonproc import copy_repository, local_server
 from tritonfleet import ROOT
 from tritonfleet.serving.drain import HAProxy as Runtime
 from tritonfleet.serving.haproxy_weights import Weights
+from tritonfleet_testbed.ports import free_port
 
 SERVER_HEADER = ["http-response set-header X-Server %[srv_name]"]
 

@@ -20,11 +20,11 @@ import requests
 import yaml
 
 from tests.support.testbed import INVENTORY, infer_resnet, ssh, success_count, tritonfleet
-from tests.support.tritonproc import free_port
 from tests.unit.observability.test_prometheus import promtool, substitute
 from tritonfleet import ROOT
 from tritonfleet.observability import dashboard
 from tritonfleet.serving import health
+from tritonfleet_testbed.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 MODELS = ["resnet50_onnx", "text_classifier_onnx"]

@@ -43,13 +43,14 @@ from tests.support.testbed import (
     ssh,
     tritonfleet,
 )
-from tests.support.tritonproc import copy_repository, free_port, local_server
+from tests.support.tritonproc import copy_repository, local_server
 from tests.testbed.test_drain import RATE, Client
 from tests.testbed.test_observability import Prometheus
 from tritonfleet import ROOT
 from tritonfleet.fleet import quarantine
 from tritonfleet.gpu.telemetry import Gpu
 from tritonfleet.serving import drain
+from tritonfleet_testbed.ports import free_port
 from tritonfleet_testbed.standin_repo import GPU_PROFILES
 
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"

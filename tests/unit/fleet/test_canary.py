@@ -279,7 +279,7 @@ def backfilled(tmp_path_factory):
                           str(work / "tsdb")], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     (work / "prometheus.yml").write_text("global: {}\n")
-    from tests.support.tritonproc import free_port
+    from tritonfleet_testbed.ports import free_port
 
     port = free_port()
     log = open(work / "log", "wb")  # noqa: SIM115 - closed below

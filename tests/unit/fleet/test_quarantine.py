@@ -21,12 +21,13 @@ from hypothesis import strategies as st
 
 from tests.support.forked import forked
 from tests.support.haproxy import HAProxy
-from tests.support.tritonproc import copy_repository, free_port, local_server
+from tests.support.tritonproc import copy_repository, local_server
 from tritonfleet.cli import main
 from tritonfleet.core.errors import UsageError
 from tritonfleet.fleet import quarantine
 from tritonfleet.fleet.inventory import FleetHost, load_inventory
 from tritonfleet.serving import drain
+from tritonfleet_testbed.ports import free_port
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 HOSTS = ["h1", "h2", "h3", "h4"]

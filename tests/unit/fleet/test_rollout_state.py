@@ -16,10 +16,10 @@ import requests
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.tritonproc import free_port
 from tritonfleet.cli import fleet as cli_fleet
 from tritonfleet.core.errors import TritonfleetError, UsageError
 from tritonfleet.fleet import rollout_state as rs
+from tritonfleet_testbed.ports import free_port
 
 
 @pytest.fixture

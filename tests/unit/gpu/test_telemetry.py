@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.tritonproc import free_port
 from tritonfleet.gpu import telemetry as t
 from tritonfleet.observability import telemetry_units as tu
 from tritonfleet.settings.defaults import DEFAULTS
 from tritonfleet_testbed import standin_repo
+from tritonfleet_testbed.ports import free_port
 
 REAL = Path(__file__).parents[2] / "fixtures" / "nvidia-real-h200-580-health"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"

@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.testbed import tritonfleet
-from tests.support.tritonproc import copy_repository, free_port
+from tests.support.tritonproc import copy_repository
 from tritonfleet import ROOT
 from tritonfleet.observability import loadtest
 from tritonfleet_testbed import standin_images as images
 from tritonfleet_testbed.localtriton import LocalTriton
+from tritonfleet_testbed.ports import free_port
 
 # ---- inputs from a model configuration -----------------------------------------------------------
 

@@ -282,7 +282,7 @@ def test_unreachable_host_is_named_and_the_rest_reported(server, tmp_path):
     shutil.copytree(ROOT / "inventories" / "group_data", d / "group_data")
     good = {"ssh_hostname": "127.0.0.1", "triton_http_port": server.http_port,
             "triton_metrics_port": server.metrics_port}
-    from tests.support.tritonproc import free_port
+    from tritonfleet_testbed.ports import free_port
 
     bad = {"ssh_hostname": "127.0.0.1", "health_host": "127.0.0.1", "triton_metrics_port": free_port()}
     (d / "two.py").write_text(f"cpu = [('local-1', {good!r}), ('local-2', {bad!r})]\n")
@@ -304,7 +304,7 @@ def test_window_reads_twice(server, sequential_load, tmp_path):
 
 def test_no_window_is_waited_when_every_host_failed_its_first_read(monkeypatch):
     """tune used to sleep its whole --window after every host had failed: nothing to read again."""
-    from tests.support.tritonproc import free_port
+    from tritonfleet_testbed.ports import free_port
 
     data = {name: ast.literal_eval(default) for name, default, _ in read()}
     # no restricted API: no API key to read over SSH (these hosts have no SSH connection)

@@ -8,9 +8,10 @@ import threading
 import paramiko
 import pytest
 
-from tests.support.tritonproc import copy_repository, free_port, local_server
+from tests.support.tritonproc import copy_repository, local_server
 from tritonfleet.core import tunnel
 from tritonfleet.serving import health
+from tritonfleet_testbed.ports import free_port
 
 MODELS = ["resnet50_onnx", "text_classifier_onnx"]
 
