@@ -22,15 +22,20 @@ at v2.8.2: ``ServeBlob`` starts ``storeLocal`` and ``copyContent`` side by side;
 stores from one fetch, commit 17952924 "avoid redundant blob fetching"), and every request for
 a blob still in flight fetches it again: N hosts pulling a new image at once cost the upstream up
 to N + 1 times its size. So a staging run fills the mirror first, on the mirror host: for each
-blob of the pinned image it opens one request through the mirror that reads at a trickle
-(``curl --limit-rate``), which starts the mirror's own full-speed fetch into its store, and closes
-it as soon as the blob is in the store (the repository's ``_layers/sha256/<hex>/link``, which
-Distribution writes when the blob is committed). The trickling request costs the upstream only
-what the sockets between them buffer before it stops (measured: a few MB a blob; 8.7 MB on
-loopback; `bench/run.py mirror-fill`: 6.6 MB a blob, and still 5.6 MB with a client that never
-reads and has a 4 KB receive buffer, so the rest is buffered between the mirror and the upstream,
-out of any client's reach), so filling costs the upstream about 1.0x the image and the hosts then pull from the
-mirror's store in parallel without reaching the upstream at all.
+blob of the pinned image it makes one request through the mirror and cuts it as soon as the
+headers arrive (``curl --max-filesize 1``: the blob's Content-Length is over the limit, so curl
+closes the connection before reading the body). The request starts the mirror's own fetch into its
+store, which goes on without it: 2.8's store reads the upstream through
+``transport.NewHTTPReadSeeker(client, url, errorHandler)``, which takes no request context, and
+writes to the filesystem driver, which does not look at one (measured: every blob stored with its
+digest). The mirror's fetch for the cut request stops at its next write to the closed connection,
+so the upstream sends for it only what got through before that (``bench/run.py mirror-fill``:
+about 2 MB a blob on loopback, where a request held open at a trickle, as the fill did before, let
+the sockets between mirror and upstream fill: 6.6 MB a blob). The fill then waits until the blob is
+committed (the repository's ``_layers/sha256/<hex>/link``, which Distribution writes then), asking
+again when the upload into the store (``_uploads``) stops growing for ``stall`` seconds: a fetch
+that failed or an upstream that hangs. Filling costs the upstream about 1.0x the image, and the
+hosts then pull from the mirror's store in parallel without reaching the upstream at all.
 """
 
 from __future__ import annotations
@@ -112,26 +117,27 @@ def layer_link(storage: str, path: str, digest: str) -> str:
 
 
 def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | None = None,
-                timeout: int = 3600, attempts: int = 3) -> str:
+                timeout: int = 3600, attempts: int = 3, stall: int = 60) -> str:
     """Shell on the mirror host: every blob of ``blobs`` the mirror's store lacks is brought in by
-    one trickling request (see the module doc), tried again (up to ``attempts``) when the request
-    ended before the blob was stored (a blob small enough to be served whole: Distribution 2.8
-    stores it under the request's context). Prints ``cached <digest>``, ``filled <digest>
-    <seconds>`` or ``failed <digest> <why>``; exits 1 when a blob did not arrive."""
+    one request cut at its headers (see the module doc), then waited for until it is committed to
+    the store; asked again (up to ``attempts`` requests) when its upload into the store has not
+    grown for ``stall`` seconds or the wait passed ``timeout`` seconds. Prints ``cached <digest>``,
+    ``filled <digest> <seconds>`` or ``failed <digest> <why>``; exits 1 when a blob did not arrive."""
     tls = f"--cacert {q(ca)} " if ca else ""
+    uploads = f"{storage}/docker/registry/v2/repositories/{path}/_uploads"
     out = [
         "set -u", "rc=0",
         "fill() {",
         "  try=0",
         f"  while [ $try -lt {int(attempts)} ]; do",
         "    [ -f \"$1\" ] && return 0",
-        f"    curl -s {tls}--limit-rate 1K -o /dev/null \"$2\" & pid=$!",
-        "    n=0; grace=0",
-        f"    while [ ! -f \"$1\" ] && [ $n -lt {int(timeout) * 10} ] && [ $grace -lt 100 ]; do",
-        "      kill -0 $pid 2>/dev/null || grace=$((grace + 1))",
-        "      sleep 0.1; n=$((n + 1))",
+        f"    curl -s {tls}--max-filesize 1 --max-time {int(stall)} -o /dev/null \"$2\"",
+        "    n=0; still=0; last=",
+        f"    while [ ! -f \"$1\" ] && [ $n -lt {int(timeout) * 5} ] && [ $still -lt {int(stall) * 5} ]; do",
+        f"      now=$(du -sb {q(uploads)} 2>/dev/null | cut -f1)",
+        "      if [ \"$now\" = \"$last\" ]; then still=$((still + 1)); else still=0; last=$now; fi",
+        "      sleep 0.2; n=$((n + 1))",
         "    done",
-        "    kill $pid 2>/dev/null; wait $pid 2>/dev/null",
         "    try=$((try + 1))",
         "  done",
         "  [ -f \"$1\" ]",
