@@ -92,8 +92,6 @@ def test_a_filled_mirror_costs_the_upstream_the_image_once_whatever_the_hosts(tm
     shutil.rmtree(tmp_path / "p0", ignore_errors=True)
 
 
-
-
 def test_a_fill_whose_upstream_hangs_asks_again_then_names_every_blob_it_lacks(tmp_path):
     """The upstream stops answering (SIGSTOP) after the manifest: no upload into the mirror's
     store grows, so each blob is asked for ``attempts`` times, ``stall`` seconds each, then named
