@@ -122,13 +122,15 @@ def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | N
     one request cut at its headers (see the module doc), then waited for until it is committed to
     the store; asked again (up to ``attempts`` requests) when its upload into the store has not
     grown for ``stall`` seconds or the wait passed ``timeout`` seconds. Prints ``cached <digest>``,
-    ``filled <digest> <seconds>`` or ``failed <digest> <why>``; exits 1 when a blob did not arrive."""
+    ``filled <digest> <seconds>`` or ``failed <digest> after <n> requests: <why>`` (no byte reached
+    the store for ``stall`` s: the upstream does not answer the mirror, or refuses its login; or the
+    blob was not stored within ``timeout``); exits 1 when a blob did not arrive."""
     tls = f"--cacert {q(ca)} " if ca else ""
     uploads = f"{storage}/docker/registry/v2/repositories/{path}/_uploads"
     out = [
         "set -u", "rc=0",
         "fill() {",
-        "  try=0",
+        "  try=0; why=",
         f"  while [ $try -lt {int(attempts)} ]; do",
         "    [ -f \"$1\" ] && return 0",
         f"    curl -s {tls}--max-filesize 1 --max-time {int(stall)} -o /dev/null \"$2\"",
@@ -138,6 +140,8 @@ def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | N
         "      if [ \"$now\" = \"$last\" ]; then still=$((still + 1)); else still=0; last=$now; fi",
         "      sleep 0.2; n=$((n + 1))",
         "    done",
+        f"    if [ $still -ge {int(stall) * 5} ]; then why={q(f'no byte reached its upload into the store for {int(stall)} s')}; "
+        f"else why={q(f'it was not in the store after {int(timeout)} s')}; fi",
         "    try=$((try + 1))",
         "  done",
         "  [ -f \"$1\" ]",
@@ -149,7 +153,7 @@ def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | N
             f"if [ -f {q(link)} ]; then echo {q('cached ' + digest)}; else t0=$(date +%s); "
             f"if fill {q(link)} {q(f'{url}/v2/{path}/blobs/{digest}')}; then "
             f"echo \"filled {digest} $(( $(date +%s) - t0 ))\"; else "
-            f"echo {q('failed ' + digest + ' not in the store after ' + str(attempts) + ' requests')}; rc=1; fi; fi")
+            f"echo \"failed {digest} after {int(attempts)} requests: $why\"; rc=1; fi; fi")
     out.append("exit $rc")
     return "\n".join(out) + "\n"
 
