@@ -136,18 +136,23 @@ def ssh_argv(host, remote_command: str) -> list[str]:
     return argv
 
 
-def _tar_process(root: Path, paths: list[str]) -> tuple[subprocess.Popen, str]:
-    fd, listfile = tempfile.mkstemp(prefix="tritonfleet-files-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(b"\0".join(p.encode() for p in paths) + b"\0")
-    # -h: a symlink in the local repository travels as the file it points to (what the
-    # manifest hashed)
-    # --no-unquote --verbatim-files-from: every name is taken as it is (a backslash or a leading
-    # dash in a file name is not an escape or an option)
-    proc = subprocess.Popen(["tar", "-c", "-h", "-f", "-", "-C", str(root), "--null", "--no-unquote",
-                             "--verbatim-files-from", "-T", listfile],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent())
-    return proc, listfile
+def _tar_process(root: Path, paths: list[str]) -> subprocess.Popen:
+    """tar writing the archive of ``paths`` (relative to ``root``) to its stdout. The names reach
+    tar in a temporary file that has no name in any directory (``tempfile.TemporaryFile``), handed
+    over as an open descriptor (``-T /dev/fd/N``): no run leaves a name list behind, not even one
+    killed mid-transfer (a named list file was left in the temporary directory by every run killed
+    with SIGKILL while it sent a repository)."""
+    with tempfile.TemporaryFile(prefix="tritonfleet-files-") as names:
+        names.write(b"\0".join(p.encode() for p in paths) + b"\0")
+        names.flush()
+        fd = names.fileno()
+        # -h: a symlink in the local repository travels as the file it points to (what the
+        # manifest hashed)
+        # --no-unquote --verbatim-files-from: every name is taken as it is (a backslash or a leading
+        # dash in a file name is not an escape or an option)
+        return subprocess.Popen(["tar", "-c", "-h", "-f", "-", "-C", str(root), "--null", "--no-unquote",
+                                 "--verbatim-files-from", "-T", f"/dev/fd/{fd}"], pass_fds=(fd,),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent())
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -200,7 +205,7 @@ def send(host, root: Path, paths: list[str], remote_command: str, transport: str
     before = {p: _stamp(root / p) for p in paths}
     size = sum(st[0] for st in before.values())
     t0 = time.monotonic()
-    tar, listfile = _tar_process(root, paths)
+    tar = _tar_process(root, paths)
     try:
         rc, err = _route(host, tar.stdout, remote_command, transport)
         tar_rc = tar.wait()
@@ -209,7 +214,6 @@ def send(host, root: Path, paths: list[str], remote_command: str, transport: str
         if tar.poll() is None:
             tar.kill()
             tar.wait()
-        os.unlink(listfile)
     if tar_rc == 1 and only_links_changed(tar_err, root, before):
         tar_rc = 0
     # a local read error truncates the stream (and fails the remote end too): it is the cause;

@@ -65,3 +65,53 @@ def test_only_that_message_for_a_known_unchanged_file_is_accepted(tmp_path):
     assert not transfer.only_links_changed(b"tar: other/file: file changed as we read it\n", root, before)
     (root / paths[1]).write_bytes(b"shorter")
     assert not transfer.only_links_changed(msg, root, before)
+
+
+def test_a_transfer_killed_with_sigkill_leaves_nothing_in_the_temporary_directory(tmp_path):
+    """A run killed mid-transfer runs no clean-up: the list of names tar reads must never have had
+    a name in the temporary directory (it used to be left there by every such run)."""
+    import signal
+    import subprocess
+    import sys
+
+    root, paths = _repo(tmp_path)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = ("import sys; from pathlib import Path; from types import SimpleNamespace; "
+            "from tritonfleet.pyinfra_ext import transfer; "
+            "transfer.send(SimpleNamespace(name='tb1-t4'), Path(sys.argv[1]), sys.argv[2:], "
+            "'echo receiving; sleep 30; cat >/dev/null', 'local')")
+    run = subprocess.Popen([sys.executable, "-c", code, str(root), *paths], env={**os.environ, "TMPDIR": str(tmp)},
+                           start_new_session=True, cwd=Path(transfer.__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # tar is running: it has the names, and blocks on the full pipe
+            tars = subprocess.run(["pgrep", "-s", str(run.pid), "-x", "tar"], capture_output=True, text=True).stdout
+            if tars.strip():
+                break
+            time.sleep(0.05)
+        assert tars.strip(), "tar never started"
+        time.sleep(0.3)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert list(tmp.iterdir()) == []
+
+
+def test_names_reach_tar_through_the_descriptor_as_they_are(tmp_path):
+    """A leading dash, a backslash and a space in a name are taken as they are (the archive holds
+    each file under its own name, with its own bytes)."""
+    import io
+    import tarfile
+
+    root = tmp_path / "repo"
+    files = {"-x": b"dash", "a b/c\\d": b"backslash", "m/1/model.onnx": os.urandom(200_000)}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    tar = transfer._tar_process(root, sorted(files))
+    out, err = tar.communicate()
+    assert tar.returncode == 0, err
+    with tarfile.open(fileobj=io.BytesIO(out)) as archive:
+        got = {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
+    assert got == files
