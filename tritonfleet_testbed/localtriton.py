@@ -335,7 +335,7 @@ class LocalTriton:
                 return False
             # The log names the address it bound before the probe counts: a probe answered on
             # this port before then came from whatever else holds it.
-            if self._started("HTTPService", self.http_port) and _get(url, timeout=2)[0] == 200:
+            if serves(self.log, "HTTPService", self.http_port) and _get(url, timeout=2)[0] == 200:
                 return self._metrics_up(deadline)
             if self.stalled():
                 return False
@@ -347,13 +347,10 @@ class LocalTriton:
         if "--allow-metrics=false" in self.extra_args:
             return True
         while time.monotonic() < deadline and self.returncode is None:
-            if self._started("Metrics Service", self.metrics_port) and _get(self.metrics_url, timeout=2)[0] == 200:
+            if serves(self.log, "Metrics Service", self.metrics_port) and _get(self.metrics_url, timeout=2)[0] == 200:
                 return True
             time.sleep(0.05)
         return False
-
-    def _started(self, service: str, port: int) -> bool:
-        return serves(self.log, service, port)
 
     def stalled(self) -> bool:
         """Whether the log shows a load the server will wait on forever (see STALL_MARKERS)."""

@@ -127,6 +127,7 @@ def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | N
     blob was not stored within ``timeout``); exits 1 when a blob did not arrive."""
     tls = f"--cacert {q(ca)} " if ca else ""
     uploads = f"{storage}/docker/registry/v2/repositories/{path}/_uploads"
+    ticks, still_ticks = int(timeout) * 5, int(stall) * 5  # the wait's checks, one every 0.2 s
     out = [
         "set -u", "rc=0",
         "fill() {",
@@ -135,12 +136,12 @@ def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | N
         "    [ -f \"$1\" ] && return 0",
         f"    curl -s {tls}--max-filesize 1 --max-time {int(stall)} -o /dev/null \"$2\"",
         "    n=0; still=0; last=",
-        f"    while [ ! -f \"$1\" ] && [ $n -lt {int(timeout) * 5} ] && [ $still -lt {int(stall) * 5} ]; do",
+        f"    while [ ! -f \"$1\" ] && [ $n -lt {ticks} ] && [ $still -lt {still_ticks} ]; do",
         f"      now=$(du -sb {q(uploads)} 2>/dev/null | cut -f1)",
         "      if [ \"$now\" = \"$last\" ]; then still=$((still + 1)); else still=0; last=$now; fi",
         "      sleep 0.2; n=$((n + 1))",
         "    done",
-        f"    if [ $still -ge {int(stall) * 5} ]; then why={q(f'no byte reached its upload into the store for {int(stall)} s')}; "
+        f"    if [ $still -ge {still_ticks} ]; then why={q(f'no byte reached its upload into the store for {int(stall)} s')}; "
         f"else why={q(f'it was not in the store after {int(timeout)} s')}; fi",
         "    try=$((try + 1))",
         "  done",
