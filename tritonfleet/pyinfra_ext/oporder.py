@@ -8,9 +8,12 @@ host: measured here, 1.8 of the 3 s of control-machine CPU of a 10-host no-op ru
 the number of hosts.
 
 ``install()`` replaces that function in pyinfra with one that reads the same line numbers
-straight from the frames. The first call compares both answers on the real call stack: if they
-ever differ (a pyinfra release that names operations differently), pyinfra's own function is
-put back for the rest of the run, so operation identities never change.
+straight from the frames. It is installed only when pyinfra's function and its caller are the ones
+checked (tritonfleet.pyinfra_ext.compat hashes both; otherwise the run keeps pyinfra's own, with a
+warning), and tests/unit/pyinfra_ext/test_memo.py compares both answers on generated call stacks.
+It used to compare them once more on the first call of every run: that call of pyinfra's function
+looked up every one of the ~980 modules of the process (inspect.getmodule), 55 ms of a one-host
+no-op's 1.1 s, to check again what the hash already pins.
 """
 
 from __future__ import annotations
@@ -19,14 +22,12 @@ import importlib
 import sys
 
 import pyinfra
-from pyinfra import logger
 
 # the modules (pyinfra.api exports functions of the same names)
 _operation = importlib.import_module("pyinfra.api.operation")
 _util = importlib.import_module("pyinfra.api.util")
 
 _original = _util.get_operation_order_from_stack
-_state = {"checked": False}
 
 
 def operation_order(state, _skip: int = 1) -> list[int]:
@@ -48,30 +49,19 @@ def operation_order(state, _skip: int = 1) -> list[int]:
     return numbers
 
 
-def _checked_order(state):
-    ours = operation_order(state, _skip=2)
-    if _state["checked"]:
-        return ours
-    _state["checked"] = True
-    theirs = _original(state)  # sees this frame too: the last (innermost) line number
-    if theirs[:-1] != ours or len(theirs) != len(ours) + 1:
-        logger.debug("tritonfleet: operation order differs from pyinfra's (%r != %r): using pyinfra's",
-                     ours, theirs)
-        uninstall()
-        return theirs[:-1]  # what pyinfra's own function answers when called from pyinfra
-    return ours
+def _fast_order(state):
+    return operation_order(state, _skip=2)
 
 
 # pyinfra's own function behind it (inspect, and so the check of pyinfra's internals, reads that)
-_checked_order.__wrapped__ = _original
+_fast_order.__wrapped__ = _original
 
 
 def install() -> None:
     """Use the fast operation order in pyinfra (idempotent)."""
-    if _operation.get_operation_order_from_stack is not _checked_order:
-        _operation.get_operation_order_from_stack = _checked_order
+    if _operation.get_operation_order_from_stack is not _fast_order:
+        _operation.get_operation_order_from_stack = _fast_order
 
 
 def uninstall() -> None:
     _operation.get_operation_order_from_stack = _original
-    _state["checked"] = False

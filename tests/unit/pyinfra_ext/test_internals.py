@@ -195,7 +195,7 @@ def test_install_refuses_before_it_changes_anything(tmp_path, monkeypatch):
     text = str(exc.value)
     assert text.startswith("tritonfleet: no host was changed:\ntritonfleet refuses to run with pyinfra"), text
     assert "pyinfra.api.state:State.get_op_meta: its source differs" in text
-    assert taken == [] and op_module.get_operation_order_from_stack is before is not oporder._checked_order
+    assert taken == [] and op_module.get_operation_order_from_stack is before is not oporder._fast_order
     assert state.callback_handlers == []
 
 
@@ -223,7 +223,7 @@ def test_install_runs_with_a_speed_patch_off(tmp_path, monkeypatch, caplog):
             pyinfra_patches.install()
         assert arguments.all_global_arguments is argcache._original  # left off
         assert importlib.import_module("pyinfra.api.operation").get_operation_order_from_stack is \
-            oporder._checked_order  # the other speed patch on
+            oporder._fast_order  # the other speed patch on
         assert connection._idle_poll["on"] is True
         assert "speed-only patch argcache" in caplog.text and "pop_global_arguments" in caplog.text
     finally:

@@ -4,9 +4,11 @@ answer compared with pyinfra reading the fact on its own."""
 
 from __future__ import annotations
 
-import importlib
+import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.exceptions import PyinfraError
@@ -66,31 +68,79 @@ def test_memo_reads_once_and_forgets_on_demand(local):
     assert len(commands) == 2
 
 
-def test_operation_order_matches_pyinfras(tmp_path):
-    from types import SimpleNamespace
+# A call stack as a deploy makes it: frames of the deploy file, of files of the operator's own
+# (helpers, package code) and of pyinfra's install directory, in any order and depth. Each frame
+# is a function compiled under its file's name, so co_filename and the line numbers are real.
+_FILES = st.sampled_from(["deploys/example.py", "deploys/helpers.py", "/opt/site/tritonfleet/steps/x.py",
+                          "<string>", "PYINFRA"])
 
+
+def _call_chain(files: list[str], lines: list[int], innermost):
+    """Functions f0 -> f1 -> ... -> innermost, f_i compiled under files[i] at line lines[i]."""
     from pyinfra.api import util
 
-    state = SimpleNamespace(current_deploy_filename="deploys/example.py", current_op_file_number=2)
-    code = compile("def step(state):\n    return ours(state), theirs(state)\n\n\nresult = step(state)\n",
-                   "deploys/example.py", "exec")
-    ns = {"state": state, "ours": oporder.operation_order, "theirs": util.get_operation_order_from_stack}
-    exec(code, ns)
-    ours, theirs = ns["result"]
-    assert ours == theirs and len(ours) >= 2
+    nxt = innermost
+    for k in reversed(range(len(files))):
+        name = files[k] if files[k] != "PYINFRA" else os.path.join(util.PYINFRA_INSTALL_DIR, "api", "fake.py")
+        src = "\n" * (lines[k] - 1) + f"def f{k}(state):\n    return nxt(state)\n"
+        ns = {"nxt": nxt}
+        exec(compile(src, name, "exec"), ns)
+        nxt = ns[f"f{k}"]
+    return nxt
 
 
-def test_operation_order_falls_back_to_pyinfras_if_they_ever_differ(monkeypatch):
+@settings(max_examples=60, deadline=None)
+@given(chain=st.lists(st.tuples(_FILES, st.integers(1, 400)), min_size=1, max_size=12),
+       deploy=st.sampled_from([None, "deploys/example.py", "deploys/other.py"]),
+       is_cli=st.booleans(), file_number=st.integers(0, 5))
+def test_operation_order_matches_pyinfras(chain, deploy, is_cli, file_number):
+    """On generated call stacks (files in and out of pyinfra, the deploy file or not, CLI mode or
+    the API), the line numbers from frames are pyinfra's own, as pyinfra's caller gets them."""
     from types import SimpleNamespace
 
-    operation_module = importlib.import_module("pyinfra.api.operation")
+    import pyinfra
+    from pyinfra.api import util
 
-    state = SimpleNamespace(current_deploy_filename=None, current_op_file_number=0)
-    monkeypatch.setattr(oporder, "_original", lambda s: [9, 9, 9])
-    monkeypatch.setattr(oporder, "_state", {"checked": False})
-    oporder.install()
+    state = SimpleNamespace(current_deploy_filename=deploy, current_op_file_number=file_number)
+    got = {}
+    # where pyinfra.api.operation calls it: a frame in pyinfra's install directory, which both skip
+    both = _in_pyinfra("def both(state):\n    return ours(state), theirs(state)\n", "both",
+                       ours=oporder._fast_order, theirs=util.get_operation_order_from_stack)
+
+    def innermost(state):
+        got["ours"], got["theirs"] = both(state)
+
+    files, lines = [c[0] for c in chain], [c[1] for c in chain]
+    old = pyinfra.is_cli
+    pyinfra.is_cli = is_cli
     try:
-        assert operation_module.get_operation_order_from_stack(state) == [9, 9]
-        assert operation_module.get_operation_order_from_stack is oporder._original
+        _call_chain(files, lines, innermost)(state)
     finally:
-        oporder.uninstall()
+        pyinfra.is_cli = old
+    assert got["ours"] == got["theirs"]
+    if is_cli:
+        assert got["ours"][0] == file_number
+
+
+def _in_pyinfra(src: str, name: str, **ns):
+    from pyinfra.api import util
+
+    exec(compile(src, os.path.join(util.PYINFRA_INSTALL_DIR, "api", "fake_caller.py"), "exec"), ns)
+    return ns[name]
+
+
+def test_operation_order_differs_when_a_frame_moves():
+    """The comparison above can fail: one line moved, and the order differs."""
+    from types import SimpleNamespace
+
+    state = SimpleNamespace(current_deploy_filename="deploys/example.py", current_op_file_number=0)
+    got = []
+
+    both = _in_pyinfra("def call(state):\n    return ours(state)\n", "call", ours=oporder._fast_order)
+
+    def innermost(state):
+        got.append(both(state))
+
+    _call_chain(["deploys/example.py", "deploys/helpers.py"], [10, 20], innermost)(state)
+    _call_chain(["deploys/example.py", "deploys/helpers.py"], [10, 21], innermost)(state)
+    assert got[0] != got[1]
