@@ -13,6 +13,8 @@ and read no fact yet):
 * pyinfra's global-argument names and types computed once, not per operation call
   (tritonfleet.pyinfra_ext.argcache);
 * Ctrl-C exits with status 130, not 0 (tritonfleet.pyinfra_ext.interrupt; pyinfra's CLI only);
+* the process's exit without the interpreter's last garbage collections (tritonfleet.pyinfra_ext.quick_exit;
+  pyinfra's CLI only);
 * the deploy lock on every host, one run at a time per host (tritonfleet.pyinfra_ext.hostlock; pyinfra's CLI
   runs that change hosts only), taken before the deploy reads any fact;
 * in a run a rollout waits for: a failure report for every host failed in an operation that has
@@ -38,7 +40,7 @@ from ..core import open_files as limits
 from ..core import report as failure
 from ..core.errors import TritonfleetError
 from ..core.exits import entry_point, exit_for
-from . import argcache, compat, hostlock, interrupt, oporder
+from . import argcache, compat, hostlock, interrupt, oporder, quick_exit
 from .connection import quiet_relaxed_host_keys, set_idle_poll, tune_state
 
 _MARK = "_tritonfleet_patches"
@@ -123,6 +125,7 @@ def _install() -> None:
     if "argcache" not in checked.off:
         argcache.install()
     interrupt.install()
+    quick_exit.install()
     failure.report_operation_errors()
 
 
