@@ -122,6 +122,48 @@ def test_a_prepared_request_is_what_requests_would_send_and_follows_a_changed_co
     assert warmup.prepared(tmp_path, "absent") == (None, None)
 
 
+_NAMES = st.text(min_size=1, max_size=12)  # any text: quotes, backslashes, non-ASCII, control characters
+_VALUES = st.one_of(st.just(0), st.just(False), st.just(""), st.integers(-3, 3),
+                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=4))
+
+
+@st.composite
+def _inputs(draw):
+    """An input as request_for builds it (data: one value repeated), or one it never builds (data
+    of mixed values, data not its last key, no data): encode must equal json.dumps for both."""
+    shape = draw(st.lists(st.integers(1, 6), min_size=0, max_size=3))
+    n = draw(st.integers(1, 40))
+    value = draw(_VALUES)
+    inp = {"name": draw(_NAMES), "shape": shape, "datatype": draw(st.sampled_from(list(warmup.DATATYPES.values()))),
+           "data": [value] * n}
+    kind = draw(st.sampled_from(["built", "built", "built", "mixed", "data_first", "no_data", "empty"]))
+    if kind == "mixed":
+        inp["data"] = inp["data"] + [draw(_VALUES)]
+    elif kind == "data_first":
+        inp = {"data": inp.pop("data"), **inp}
+    elif kind == "no_data":
+        del inp["data"]
+    elif kind == "empty":
+        inp["data"] = []
+    return inp
+
+
+@given(st.lists(_inputs(), min_size=0, max_size=4), st.booleans())
+def test_a_request_body_is_encoded_as_json_dumps_would(inputs, extra_key):
+    """warmup.encode is json.dumps(body, allow_nan=False) byte for byte, on generated bodies."""
+    import json
+
+    body = {"inputs": inputs, **({"parameters": {"x": 1}} if extra_key else {})}
+    assert warmup.encode(body) == json.dumps(body, allow_nan=False).encode("utf-8")
+
+
+def test_encoding_a_value_json_refuses_fails_as_json_dumps_does():
+    import pytest as _pytest
+
+    with _pytest.raises(ValueError):
+        warmup.encode({"inputs": [{"name": "x", "data": [float("nan")] * 3}]})
+
+
 def test_the_health_gate_fails_a_ready_model_that_cannot_serve_with_tritons_answer(server):
     """What the deploy's health gate does with it (health.gate + warm_check): the endpoints pass,
     the first inference does not, the report names the model and carries Triton's words."""
