@@ -271,10 +271,12 @@ class Child:
 
     def wait(self, timeout: float | None = None) -> int:
         end = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        pause = 0.001  # a killed process is gone within a millisecond or two: look again soon,
+        while self.poll() is None:  # then less often (a run's exit waited 20 ms for each holder)
             if end is not None and time.monotonic() >= end:
                 raise subprocess.TimeoutExpired(self.pid, timeout)
-            time.sleep(0.02)  # gevent's sleep under its patching: the other hosts go on
+            time.sleep(pause)  # gevent's sleep under its patching: the other hosts go on
+            pause = min(pause * 2, 0.02)
         return self.returncode
 
     def kill(self) -> None:
