@@ -188,6 +188,12 @@ class Holder:
         return (f"{self.host.name}: could not take the deploy lock ({LOCK_FILE} on the host): "
                 f"{err or 'the holder process ended'}")
 
+    def end(self) -> None:
+        """Send the holder's processes SIGKILL without waiting for them (release waits)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
     def release(self) -> None:
         if self.channel is not None:
             self.channel.close()
@@ -417,6 +423,10 @@ def reacquire(host, say=None) -> None:
 
 
 def release_all() -> None:
+    # every holder is sent its SIGKILL first, then each is waited for: one at a time, a 500-host
+    # run's exit waited for 500 processes to die in turn (10 s when each wait polled every 20 ms)
+    for lk in list(_held.values()):
+        lk.end()
     for name in list(_held):
         _held.pop(name).release()
     while _beaters:
