@@ -95,7 +95,7 @@ def measured(cmd: list[str], env: dict, timeout: float = TIMEOUT) -> dict:
     p.returncode = os.waitstatus_to_exitcode(status)
     return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024, "tree_mb": tree_peak,
             "procs": procs_peak, "rc": p.returncode,
-            "timed_out": wall >= timeout, "stdout": out_path.read_text()[-4000:], "stderr": err_path.read_text()[-6000:]}
+            "timed_out": wall >= timeout, "stdout": out_path.read_text(), "stderr": err_path.read_text()[-6000:]}
 
 
 HOSTS_PER_SHARD = 100  # fake hosts one fake-fleet process answers (it is CPU-bound at a few hundred)
@@ -262,7 +262,8 @@ def run_scale(sizes: list[int] | None = None, ansible_forks: list[int] | None = 
                        "unanswered_hosts": len({f.split(":", 1)[0] for f in failures}),
                        "error": "" if ok and not failures else (
                            f"exit {r['rc']}{' (timed out)' if r['timed_out'] else ''}; "
-                           f"{'; '.join(failures[:3])} {r['stderr'][-1500:]}")}
+                           f"{'; '.join(failures[:3])} {_status_drift(r['stdout']) if name.startswith('status') else ''}"
+                           f"{r['stderr'][-1500:]}")}
                 rows.append(row)
                 log(f"  {name}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU ({r['cpu'] / n * 1000:.0f} ms/host; "
                     f"fake hosts {r['fake_cpu']:.1f} s), "
@@ -389,6 +390,18 @@ def changed_operations(stderr: str) -> list[str]:
     rows = re.findall(r"^\s+(\S.*?)\s+\d+\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", stderr, re.M)
     return [name for name, success, *_ in rows
             if success not in ("-", "0") and not is_check(name) and name != "Grand total"]
+
+
+def _status_drift(stdout: str) -> str:
+    """What `status --json` found wrong, for a FAILED row: the first hosts not reachable or with
+    drift, and why."""
+    try:
+        rows = json.loads(stdout)
+    except ValueError:
+        return "(no JSON on stdout) "
+    bad = [f"{r.get('host')}: {'unreachable ' + str(r.get('error') or '') if not r.get('reachable') else r.get('drift')}"
+           for r in rows if not r.get("reachable") or r.get("drift")]
+    return f"{len(bad)} host(s) not as asked: {'; '.join(bad[:3])} " if bad else ""
 
 
 def _all_reachable(stdout: str, n: int) -> bool:
