@@ -129,22 +129,25 @@ _VALUES = st.one_of(st.just(0), st.just(False), st.just(""), st.integers(-3, 3),
 
 @st.composite
 def _inputs(draw):
-    """An input as request_for builds it (data: one value repeated), or one it never builds (data
-    of mixed values, data not its last key, no data): encode must equal json.dumps for both."""
+    """An input as request_for builds it (data: one value repeated, warmup.Repeated), or one it
+    never builds (a plain list, data of mixed values, data not its last key, no data, empty data):
+    encode must equal json.dumps for every one."""
     shape = draw(st.lists(st.integers(1, 6), min_size=0, max_size=3))
     n = draw(st.integers(1, 40))
     value = draw(_VALUES)
     inp = {"name": draw(_NAMES), "shape": shape, "datatype": draw(st.sampled_from(list(warmup.DATATYPES.values()))),
-           "data": [value] * n}
-    kind = draw(st.sampled_from(["built", "built", "built", "mixed", "data_first", "no_data", "empty"]))
-    if kind == "mixed":
-        inp["data"] = inp["data"] + [draw(_VALUES)]
+           "data": warmup.Repeated(value, n)}
+    kind = draw(st.sampled_from(["built", "built", "built", "plain", "mixed", "data_first", "no_data", "empty"]))
+    if kind == "plain":
+        inp["data"] = [value] * n
+    elif kind == "mixed":
+        inp["data"] = [value] * n + [draw(_VALUES)]
     elif kind == "data_first":
         inp = {"data": inp.pop("data"), **inp}
     elif kind == "no_data":
         del inp["data"]
     elif kind == "empty":
-        inp["data"] = []
+        inp["data"] = warmup.Repeated(value, 0)
     return inp
 
 
@@ -161,7 +164,7 @@ def test_encoding_a_value_json_refuses_fails_as_json_dumps_does():
     import pytest as _pytest
 
     with _pytest.raises(ValueError):
-        warmup.encode({"inputs": [{"name": "x", "data": [float("nan")] * 3}]})
+        warmup.encode({"inputs": [{"name": "x", "data": warmup.Repeated(float("nan"), 3)}]})
 
 
 def test_the_health_gate_fails_a_ready_model_that_cannot_serve_with_tritons_answer(server):
