@@ -34,16 +34,14 @@ DATATYPES = {1: "BOOL", 2: "UINT8", 3: "UINT16", 4: "UINT32", 5: "UINT64", 6: "I
              9: "INT64", 10: "FP16", 11: "FP32", 12: "FP64", 13: "BYTES", 14: "BF16"}
 
 
-class Repeated(tuple):
-    """``value`` repeated ``n`` times, and known to be (``encode`` writes it in one go). A tuple:
-    it cannot change after it is made; JSON encoders write it as a list."""
+class Repeated(list):
+    """``[value] * n`` that knows it is one value repeated (``encode`` writes it in one go). A
+    list like any other for everything else (equal to the plain list, written as one); made by
+    request_for and only read after that (``encode`` checks its length is still ``n``)."""
 
-    value: object
-
-    def __new__(cls, value: object, n: int):
-        self = super().__new__(cls, (value,) * n)
-        self.value = value
-        return self
+    def __init__(self, value: object, n: int):
+        super().__init__([value] * n)
+        self.value, self.n = value, n
 
 
 def request_for(cfg) -> dict | None:
@@ -127,7 +125,7 @@ def encode(body: dict) -> bytes:
     parts = []
     for i in inputs:
         data = i.get("data") if isinstance(i, dict) else None
-        if not (type(data) is Repeated and data and list(i)[-1] == "data" and len(i) > 1):
+        if not (type(data) is Repeated and len(data) == data.n > 0 and list(i)[-1] == "data" and len(i) > 1):
             return json.dumps(body, allow_nan=False).encode("utf-8")
         head = json.dumps({k: v for k, v in i.items() if k != "data"}, allow_nan=False)
         value = json.dumps(data.value, allow_nan=False)
