@@ -1,11 +1,12 @@
 # Only the host layer: driver, Docker, Container Toolkit, GPU verification.
 from tritonfleet import pyinfra_patches
+
+pyinfra_patches.install()  # first: per-host deploy locks (taken while the steps load), Ctrl-C, connections
 from tritonfleet.preflight import host_layer as preflight
 from tritonfleet.steps.guard import gpu_guard
 from tritonfleet.steps.host_prep import container_toolkit, docker_engine, nvidia_driver
 from tritonfleet.steps.verify import verify_gpus
 
-pyinfra_patches.install()  # connections, operation order, Ctrl-C, per-host deploy lock
 preflight()            # GPU class and driver branch, Secure Boot, GPU found, daemon.json, vendor keys
 nvidia_driver()        # driver from the CUDA repo, held; reboot if needed
 docker_engine()        # Docker Engine

@@ -5,10 +5,11 @@
 # before the hosts pull it; with a model_origin each host fetches and verifies the release
 # (complete on the host, not live). Nothing here restarts Triton or switches a release.
 from tritonfleet import pyinfra_patches
+
+pyinfra_patches.install()  # first: per-host deploy locks (taken while the steps load), Ctrl-C, connections
 from tritonfleet.steps.mirror import mirror_filled, mirror_trust
 from tritonfleet.steps.stage import preflight, stage_image, stage_models
 
-pyinfra_patches.install()                     # connections, operation order, Ctrl-C, per-host deploy lock
 preflight()                                   # the Triton layer's checks (model origin answers, image pinned)
 mirror_filled()                               # mirror hosts: every blob of the pinned image, fetched once
 mirror_trust()                                # every host: Docker trusts the mirror's CA

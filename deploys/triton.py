@@ -1,12 +1,13 @@
 # Everything: a bare GPU host to a verified Triton server, following the runbook step by step.
 #   pyinfra inventories/prod.py deploys/triton.py
 from tritonfleet import pyinfra_patches
+
+pyinfra_patches.install()  # first: per-host deploy locks (taken while the steps load), Ctrl-C, connections
 from tritonfleet.preflight import run_all as preflight
 from tritonfleet.steps.host_prep import container_toolkit, docker_engine, nvidia_driver
 from tritonfleet.steps.triton import health_gate, model_repository, triton_image, triton_service
 from tritonfleet.steps.verify import verify_gpus
 
-pyinfra_patches.install()                     # connections, operation order, Ctrl-C, per-host deploy lock
 preflight()                                   # bad input and host facts: nothing changed on failure
 nvidia_driver()                               # driver from the CUDA repo, held; reboot if needed
 docker_engine()                               # Docker Engine

@@ -8,7 +8,9 @@ import ast
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -128,6 +130,7 @@ pyinfra.is_cli = True  # as when pyinfra's CLI loads a deploy file
 operation = importlib.import_module("pyinfra.api.operation")
 arguments = importlib.import_module("pyinfra.api.arguments")
 from pyinfra.api.state import State
+from pyinfra.api.host import Host
 from pyinfra.context import ctx_state
 
 def now():
@@ -135,7 +138,9 @@ def now():
             "sigint": getattr(signal.getsignal(signal.SIGINT), "__module__", None),
             "callbacks": [type(c).__module__ for c in state.callback_handlers],
             "global_arguments": arguments.all_global_arguments.__module__,
-            "log_filters": [type(f).__module__ for f in logging.getLogger("pyinfra").filters]}
+            "log_filters": [type(f).__module__ for f in logging.getLogger("pyinfra").filters],
+            "host_io_gated": sorted(n for n in ("run_shell_command", "put_file", "get_file", "rsync")
+                                    if getattr(getattr(Host, n), "_tritonfleet_lock_gate", False))}
 
 state = State()
 state.callback_handlers = []  # (State.init sets it up for a run)
@@ -163,6 +168,7 @@ def test_importing_the_steps_patches_nothing_and_install_does():
     assert "tritonfleet.pyinfra_ext.connection" in installed["callbacks"], installed
     assert installed["global_arguments"] == "tritonfleet.pyinfra_ext.argcache", installed
     assert installed["log_filters"] == ["tritonfleet.pyinfra_ext.connection"], installed
+    assert installed["host_io_gated"] == ["get_file", "put_file", "rsync", "run_shell_command"], installed
 
 
 def test_the_testbed_commands_join_the_cli_through_their_entry_point(monkeypatch):
@@ -186,8 +192,9 @@ def test_the_testbed_commands_join_the_cli_through_their_entry_point(monkeypatch
 
 
 def test_install_runs_once_a_run_while_the_other_hosts_wait_for_it(monkeypatch):
-    """pyinfra runs the deploy file once per host, side by side (greenlets): the deploy lock is
-    taken once, and no host's deploy code goes on before it is held."""
+    """pyinfra runs the deploy file once per host, side by side (greenlets): install() starts the
+    deploy locks once and returns at once, the hosts' deploy files go on loading (importing their
+    steps) while the holders connect, and no host's first step goes on before every lock is held."""
     import gevent
     from pyinfra.api.state import State
     from pyinfra.context import ctx_state
@@ -197,25 +204,50 @@ def test_install_runs_once_a_run_while_the_other_hosts_wait_for_it(monkeypatch):
 
     events = []
 
-    def acquire_all():
-        events.append("taking the locks")
-        gevent.sleep(0.05)  # the holders answer over SSH meanwhile
-        events.append("locks held")
+    class Holder:  # a holder whose host answers after 50 ms
+        def __init__(self, name):
+            self.host = SimpleNamespace(name=name)
+
+        def acquire(self, say=None, started=False):
+            gevent.sleep(0.05)
+            events.append(f"{self.host.name}: lock held")
+            return ""
+
+        def end(self):
+            pass
+
+        def release(self):
+            pass
+
+    def acquire_all(wait=True):
+        events.append(f"holders started (wait={wait})")
+        hostlock._gates[:] = hostlock._gates or [threading.Lock()]
+        hostlock._pending.append(([Holder(f"h{i}") for i in range(3)], print))
+        return hostlock.wait_all() if wait else 0
 
     monkeypatch.setattr(hostlock, "enabled", lambda: True)
     monkeypatch.setattr(hostlock, "acquire_all", acquire_all)
+    monkeypatch.setattr(hostlock, "gate_host_io", lambda: events.append("host I/O gated"))
     state = State()
     state.callback_handlers = []
 
     def deploy_file(i: int) -> None:
         with ctx_state.use(state):
             pyinfra_patches.install()
-            events.append(f"host {i} goes on")
+            events.append(f"host {i} loads its steps")
+            pyinfra_patches.required("pre-flight")
+            events.append(f"host {i} runs its first step")
 
     try:
         gevent.joinall([gevent.spawn(deploy_file, i) for i in range(3)], raise_error=True)
     finally:
         oporder.uninstall()
         argcache.uninstall()
-    assert events[:2] == ["taking the locks", "locks held"], events
-    assert sorted(events[2:]) == ["host 0 goes on", "host 1 goes on", "host 2 goes on"], events
+        hostlock.release_all()
+    assert events[:2] == ["holders started (wait=False)", "host I/O gated"], events
+    assert events.count("holders started (wait=False)") == 1, events
+    held = [events.index(f"h{i}: lock held") for i in range(3)]
+    loads = [events.index(f"host {i} loads its steps") for i in range(3)]
+    steps = [events.index(f"host {i} runs its first step") for i in range(3)]
+    assert max(loads) < min(held), f"a host's deploy file waited for the locks before its steps loaded: {events}"
+    assert max(held) < min(steps), f"a step ran before every host's lock was held: {events}"

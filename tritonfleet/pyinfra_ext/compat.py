@@ -53,6 +53,8 @@ FEATURES: dict[str, tuple[str, str]] = {
     "oporder": (SPEED, "the operation order read from frames (tritonfleet.pyinfra_ext.oporder)"),
     "argcache": (SPEED, "pyinfra's global-argument list computed once a run (tritonfleet.pyinfra_ext.argcache)"),
     "idle_poll": (SPEED, "paramiko's idle poll every 1 s instead of 0.1 s (tritonfleet.pyinfra_ext.connection)"),
+    "lock_early": (SPEED, "the deploy lock taken while the deploy's steps load, pyinfra's first command to a "
+                          "host waiting for it (tritonfleet.pyinfra_ext.hostlock; off: install() waits for it)"),
     "interrupt": (BEHAVIOUR, "Ctrl-C exits with status 130 (tritonfleet.pyinfra_ext.interrupt)"),
     "dry_flag": (BEHAVIOUR, "the deploy lock is taken unless pyinfra's --dry is given (tritonfleet.pyinfra_ext.hostlock)"),
     "connection": (BEHAVIOUR, "dead-link bounds and TCP settings on pyinfra's SSH connections, the deploy "
@@ -120,6 +122,23 @@ def _paramiko_idle_poll(transport_cls) -> str:
     return ""
 
 
+def _host_io_only(host_cls) -> str:
+    """pyinfra's Host reaches its host through four methods, each handing its arguments to the
+    connector (hostlock.gate_host_io makes those wait for the deploy lock): none other calls one."""
+    import re
+
+    from .hostlock import HOST_IO
+
+    for name in HOST_IO:
+        method = inspect.unwrap(getattr(host_cls, name, None) or (lambda: None))
+        if f"self.connector.{name}(" not in inspect.getsource(method):
+            return f"Host.{name} no longer hands its arguments to self.connector.{name}"
+    allowed = {*HOST_IO, "connect", "disconnect", "check_can_rsync"}
+    calls = set(re.findall(r"self\.connector\.(\w+)\(", inspect.getsource(inspect.getmodule(host_cls))))
+    other = sorted(calls - allowed)
+    return f"Host calls its connector's {', '.join(other)} too" if other else ""
+
+
 INTERNALS: tuple[Internal, ...] = (
     Internal("pyinfra.api.util:get_operation_order_from_stack", "oporder",
              "tritonfleet/pyinfra_ext/oporder.py computes the same line numbers from frames (deploy file, "
@@ -141,6 +160,9 @@ INTERNALS: tuple[Internal, ...] = (
              "tritonfleet/pyinfra_ext/connection.py raises a tuned connection's socket timeout from "
              "_active_check_timeout to 1 s",
              probe=_paramiko_idle_poll),
+    Internal("pyinfra.api.host:Host", "lock_early",
+             "tritonfleet/pyinfra_ext/hostlock.py gate_host_io: every command, upload, download and rsync of a run "
+             "goes through Host.run_shell_command, put_file, get_file and rsync", probe=_host_io_only),
     Internal("pyinfra_cli.main:main", "interrupt",
              "tritonfleet/pyinfra_ext/interrupt.py: pyinfra installs its SIGINT handler (exits 0) before it loads the "
              "deploy code, so the handler installed then (exit 130) is the one in force"),

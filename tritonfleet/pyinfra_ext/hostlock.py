@@ -4,7 +4,11 @@ Two operators' runs interleaving on one host (one switching the model release wh
 builds it, one restarting Triton in the middle of the other's health gate) is prevented by an
 exclusive ``flock`` on ``/run/lock/tritonfleet.lock`` on the host. The lock is held by a small
 remote process, started by the deploy file's ``pyinfra_patches.install()`` (pyinfra has
-connected to every host by then, and has read no fact yet):
+connected to every host by then, and has read no fact yet). ``acquire_all(wait=False)`` starts
+every host's holder and returns; the deploy file goes on importing its steps while the holders
+connect (about 70 ms for one host here, the whole wait a one-host no-op had spent idle), and
+:func:`wait_all` waits for them: called by pyinfra's every way to a host (``gate_host_io``) and
+by every step of the package, so no command reaches any host before every lock is held:
 
     bash: exec 9>>LOCK; flock 9 (waiting up to deploy_lock_timeout); write who holds it;
           then read heartbeats from the control machine, one every ssh_keepalive_interval
@@ -35,16 +39,19 @@ then come from the deploy process).
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..core import runid
 from ..core.errors import TritonfleetError
+from ..core.exits import exit_for
 from ..core.procs import die_with_parent
 from ..core.shell import q
 from ..settings.defaults import DEFAULTS
@@ -356,10 +363,11 @@ def lockable(host) -> bool:
     return transfer.is_ssh_host(host) or transfer.is_local_host(host)
 
 
-def acquire_all(state=None, say=None) -> int:
+def acquire_all(state=None, say=None, wait: bool = True) -> int:
     """Take the deploy lock on every connected host of the run, all at once; stop the run
     (LockError, nothing changed) naming every host whose lock another run kept. Returns how
-    many locks are held."""
+    many locks are held. ``wait=False``: start every holder and return at once (the holders
+    connect while the deploy file goes on loading); :func:`wait_all` waits for them."""
     if state is None:
         from pyinfra.context import ctx_state
 
@@ -371,8 +379,10 @@ def acquire_all(state=None, say=None) -> int:
 
         say = logger.warning
     todo, errors = [], []
+    started_already = {lk.host.name for pending, _ in _pending for lk in pending}
     for h in getattr(state, "inventory", []) or []:
-        if not getattr(h, "connected", False) or h.name in _held or not lockable(h):
+        if not getattr(h, "connected", False) or h.name in _held or h.name in started_already \
+                or not lockable(h):
             continue
         try:
             todo.append(Holder(h, *_settings(h)))
@@ -381,7 +391,8 @@ def acquire_all(state=None, say=None) -> int:
     if errors:
         raise LockError("\n".join(errors) + f" (set it in {GROUP_DATA} or the inventory)")
     if not todo:
-        return len(_held)
+        return wait_all() if wait else len(_held)
+    _refused.clear()  # a new run's locks (a process runs one; tests run several)
     started = []
     try:
         for lk in todo:  # every holder process first (cheap), then one heartbeat process for all
@@ -396,16 +407,79 @@ def acquire_all(state=None, say=None) -> int:
         for lk in started:
             lk.release()
         raise
-    with ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
-        results = list(pool.map(lambda lk: lk.acquire(say, started=True), todo))
-    failed = [why for why in results if why]
-    for lk, why in zip(todo, results, strict=True):
-        if not why:
-            _held[lk.host.name] = lk
-    if failed:
-        release_all()
-        raise LockError("\n".join(failed))
+    if not _gates:
+        _gates.append(threading.Lock())
+    _pending.append((todo, say))
+    return wait_all() if wait else len(_held)
+
+
+# Holders started and not waited for yet (acquire_all(wait=False)), and the run's refusal once a
+# wait found a lock kept by another run: every later wait raises it again (every host stops).
+_pending: list[tuple[list[Holder], Callable[[str], object]]] = []
+_refused: list[LockError] = []
+_gates: list = []  # made by the first acquire_all: threading.Lock as patched by then (gevent: a
+                  # greenlet waiting for it lets the other hosts' greenlets run)
+
+
+def wait_all() -> int:
+    """Wait until every started holder has its lock; LockError (every lock of the run released)
+    naming every host whose lock another run kept, raised again by every later call. Cheap once
+    the locks are held: pyinfra's every command to a host calls it (gate_host_io)."""
+    if not _pending and not _refused:
+        return len(_held)
+    with _gates[0]:  # the hosts' greenlets: the first waits for every holder, the others for it
+        if _refused:
+            raise _refused[0]
+        while _pending:
+            todo, say = _pending[0]
+            with ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
+                results = list(pool.map(lambda lk, say=say: lk.acquire(say, started=True), todo))
+            _pending.pop(0)
+            failed = [why for why in results if why]
+            for lk, why in zip(todo, results, strict=True):
+                if not why:
+                    _held[lk.host.name] = lk
+            if failed:
+                release_all()
+                _refused.append(LockError("\n".join(failed)))
+                raise _refused[0]
     return len(_held)
+
+
+HOST_IO = ("run_shell_command", "put_file", "get_file", "rsync")  # pyinfra's Host: all a run sends a host
+
+
+def gate_host_io() -> None:
+    """Make pyinfra's way to a host (Host.run_shell_command, put_file, get_file, rsync: facts,
+    operations and uploads all go through them) wait for :func:`wait_all` first: the locks started
+    by ``acquire_all(wait=False)`` are held before the run's first command reaches any host, and a
+    lock another run keeps stops the run there (SystemExit, as pre-flight's refusals do) with
+    nothing sent. Once per process; a no-op call once the locks are held."""
+    from pyinfra.api.host import Host
+
+    for name in HOST_IO:
+        method = getattr(Host, name)
+        if not getattr(method, "_tritonfleet_lock_gate", False):
+            setattr(Host, name, _gated(method))
+
+
+def _gated(method):
+    @functools.wraps(method)
+    def gated(self, *args, **kwargs):
+        if _pending or _refused:
+            wait_or_exit()
+        return method(self, *args, **kwargs)
+
+    gated._tritonfleet_lock_gate = True  # type: ignore[attr-defined]
+    return gated
+
+
+def wait_or_exit() -> None:
+    """:func:`wait_all`, a refusal ending the run as pre-flight's do (tritonfleet.core.exits)."""
+    try:
+        wait_all()
+    except LockError as e:
+        raise exit_for(e) from None
 
 
 def reacquire(host, say=None) -> None:
@@ -425,10 +499,14 @@ def reacquire(host, say=None) -> None:
 def release_all() -> None:
     # every holder is sent its SIGKILL first, then each is waited for: one at a time, a 500-host
     # run's exit waited for 500 processes to die in turn (10 s when each wait polled every 20 ms)
-    for lk in list(_held.values()):
+    started = [lk for todo, _ in _pending for lk in todo]  # a run that ended before it waited
+    for lk in [*_held.values(), *started]:
         lk.end()
     for name in list(_held):
         _held.pop(name).release()
+    while _pending:
+        for lk in _pending.pop()[0]:
+            lk.release()
     while _beaters:
         p = _beaters.pop()
         if p.poll() is None:

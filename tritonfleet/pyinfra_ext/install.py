@@ -16,7 +16,12 @@ and read no fact yet):
 * the process's exit without the interpreter's last garbage collections (tritonfleet.pyinfra_ext.quick_exit;
   pyinfra's CLI only);
 * the deploy lock on every host, one run at a time per host (tritonfleet.pyinfra_ext.hostlock; pyinfra's CLI
-  runs that change hosts only), taken before the deploy reads any fact;
+  runs that change hosts only): its holders are started here and connect while the deploy file
+  goes on importing its steps (a deploy file calls install() before those imports); pyinfra's
+  first command to any host (Host.run_shell_command, put_file, get_file, rsync) and the first step
+  of the package (:func:`required`) wait until every host's lock is held, or stop the run there
+  with nothing sent (a lock another run keeps). With pyinfra's Host changed (compat's
+  ``lock_early`` off), install() itself waits, as it did before;
 * in a run a rollout waits for: a failure report for every host failed in an operation that has
   none of its own (tritonfleet.core.report.report_operation_errors).
 
@@ -119,7 +124,10 @@ def _install() -> None:
     set_idle_poll("idle_poll" not in checked.off)
     tune_state()
     if hostlock.enabled():
-        hostlock.acquire_all()
+        early = "lock_early" not in checked.off  # the holders connect while the deploy's steps load
+        hostlock.acquire_all(wait=not early)
+        if early:
+            hostlock.gate_host_io()  # held before the first command reaches a host
     if "oporder" not in checked.off:
         oporder.install()
     if "argcache" not in checked.off:
@@ -134,9 +142,11 @@ def required(step: str) -> None:
     deploy lock) whose deploy file did not call :func:`install` before its first step, the step
     refuses, while pyinfra still loads the deploy file: nothing has run on any host. The Python
     API (tests with the @fake connector, tritonfleet's own fleet commands) takes no lock and is
-    left alone."""
+    left alone. A run whose locks install() started waits here until every host's is held (or
+    stops, naming the hosts whose lock another run keeps)."""
     import pyinfra
 
+    hostlock.wait_or_exit()  # no step runs before the run holds every host's deploy lock
     if not pyinfra.is_cli:
         return
     state = ctx_state.get() if ctx_state.isset() else None

@@ -193,6 +193,98 @@ def test_release_all_signals_every_holder_before_it_waits_for_any(tmp_path, monk
     assert not (children(os.getpid()) - before)
 
 
+@pytest.fixture
+def own_lock_files(tmp_path, monkeypatch):
+    """Local hosts (this machine), each with its own lock file: real flock, real bash."""
+    monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")
+    monkeypatch.setattr(hostlock, "lockable", lambda host: True)
+    script = hostlock.Holder._script
+
+    def own_file(self):
+        monkeypatch.setattr(hostlock, "LOCK_FILE", str(tmp_path / f"{self.host.name}.lock"))
+        return script(self)
+
+    monkeypatch.setattr(hostlock.Holder, "_script", own_file)
+    return tmp_path
+
+
+def test_locks_started_without_waiting_are_all_held_before_a_gated_command_runs(own_lock_files):
+    """install() starts the holders and returns (acquire_all(wait=False)); pyinfra's way to a host,
+    gated, waits until every host's lock is held before the first command goes."""
+    hosts = [SimpleNamespace(name=f"gpu{i}", connected=True, data={}) for i in range(3)]
+    seen = []
+
+    def command(host, text):  # what Host.run_shell_command would send
+        seen.append((text, sorted(n for n in hostlock._held), [held(own_lock_files / f"{h.name}.lock") for h in hosts]))
+        return True
+
+    gated = hostlock._gated(command)
+    before = children(os.getpid())
+    try:
+        assert hostlock.acquire_all(SimpleNamespace(inventory=hosts), say=print, wait=False) == 0
+        assert hostlock._held == {}  # started, not waited for
+        assert gated(hosts[0], "first") is True
+        assert gated(hosts[1], "second") is True
+    finally:
+        hostlock.release_all()
+    assert seen == [("first", ["gpu0", "gpu1", "gpu2"], [True] * 3), ("second", ["gpu0", "gpu1", "gpu2"], [True] * 3)]
+    for h in hosts:
+        wait_free(own_lock_files / f"{h.name}.lock", 10)
+    assert not (children(os.getpid()) - before)
+
+
+def test_a_lock_another_run_keeps_stops_the_first_command_and_every_later_one(own_lock_files, monkeypatch):
+    """The run stops at its first command (SystemExit naming the host and the holder, nothing
+    sent), every other host's lock is let go, and every later command stops the same way."""
+    other = hostlock.Holder(SimpleNamespace(name="gpu1", data={}), 5, 1, 3, holder="ops@ctl1 pid 4242")
+    assert other.acquire() == ""
+    hosts = [SimpleNamespace(name=f"gpu{i}", connected=True, data={"deploy_lock_timeout": 0}) for i in range(3)]
+    sent = []
+    gated = hostlock._gated(lambda host, text: sent.append(text))
+    try:
+        hostlock.acquire_all(SimpleNamespace(inventory=hosts), say=print, wait=False)
+        for text in ("first", "second"):
+            with pytest.raises(SystemExit) as stop:
+                gated(hosts[0], text)
+            assert str(stop.value.code).startswith("tritonfleet: no host was changed:\ngpu1: another run holds the "
+                                                   "deploy lock"), stop.value.code
+            assert "ops@ctl1 pid 4242" in str(stop.value.code)
+        assert sent == [] and hostlock._held == {}
+        for name in ("gpu0", "gpu2"):
+            wait_free(own_lock_files / f"{name}.lock", 10)
+    finally:
+        other.release()
+        hostlock.release_all()
+        hostlock._refused.clear()
+
+
+def test_a_run_that_ends_before_it_waited_ends_its_holders(own_lock_files):
+    """Pre-flight refused (or Ctrl-C) before any command: the holders started are ended too."""
+    hosts = [SimpleNamespace(name=f"gpu{i}", connected=True, data={}) for i in range(3)]
+    before = children(os.getpid())
+    hostlock.acquire_all(SimpleNamespace(inventory=hosts), say=print, wait=False)
+    assert len(children(os.getpid()) - before) == 3 + 1
+    hostlock.release_all()
+    assert not (children(os.getpid()) - before) and not hostlock._pending
+    for h in hosts:
+        wait_free(own_lock_files / f"{h.name}.lock", 10)
+
+
+def test_gate_host_io_gates_exactly_pyinfras_ways_to_a_host_once(monkeypatch):
+    from pyinfra.api.host import Host
+
+    names = [n for n in dir(Host) if callable(getattr(Host, n)) and not n.startswith("__")]
+    for n in names:
+        monkeypatch.setattr(Host, n, getattr(Host, n))  # restored afterwards
+    originals = {n: getattr(Host, n) for n in names}
+    hostlock.gate_host_io()
+    hostlock.gate_host_io()
+    gated = sorted(n for n in names if getattr(Host, n) is not originals[n])
+    assert gated == sorted(hostlock.HOST_IO)
+    for n in hostlock.HOST_IO:
+        assert getattr(Host, n).__wrapped__ is originals[n]  # once, not wrapped twice
+
+
 GEVENT_WAIT = """
 from gevent import monkey; monkey.patch_all()
 import subprocess, sys, time

@@ -75,10 +75,55 @@ def test_every_probed_internal_passes_its_probe(internal):
     assert internal.probe(compat.resolve(internal.name)) == ""
 
 
+HOST_MODULE = """
+class Host:
+    def run_shell_command(self, *args, **kwargs):
+        return self.connector.run_shell_command(*args, **kwargs)
+
+    def put_file(self, *args, **kwargs):
+        return self.connector.put_file(*args, **kwargs)
+
+    def get_file(self, *args, **kwargs):
+        return self.connector.get_file(*args, **kwargs)
+
+    def rsync(self, *args, **kwargs):
+        return self.connector.rsync(*args, **kwargs)
+
+    def connect(self):
+        return self.connector.connect()
+"""
+
+
+@pytest.mark.parametrize("change, why", [
+    ("", ""),
+    ("return self.connector.put_file(*args, **kwargs)|return self.connector.upload(*args, **kwargs)",
+     "Host.put_file no longer hands its arguments to self.connector.put_file"),
+    ("    def connect(self):|    def stream(self, *a):\n        return self.connector.stream_command(*a)\n\n"
+     "    def connect(self):", "Host calls its connector's stream_command too"),
+])
+def test_the_lock_gate_probe_sees_a_host_with_another_way_to_its_host(tmp_path, monkeypatch, change, why):
+    """lock_early relies on Host's four methods being pyinfra's only way to a host: a Host whose
+    method no longer forwards, or that calls its connector from another method, fails the probe
+    (the speed feature goes off: install() waits for the locks itself)."""
+    text = HOST_MODULE
+    if change:
+        old, new = change.split("|")
+        text = text.replace(old, new)
+    (tmp_path / "fake_pyinfra_host.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("fake_pyinfra_host", None)
+    module = importlib.import_module("fake_pyinfra_host")
+    try:
+        probe = next(i.probe for i in compat.INTERNALS if i.feature == "lock_early")
+        assert probe(module.Host) == why
+    finally:
+        sys.modules.pop("fake_pyinfra_host", None)
+
+
 def test_every_feature_is_speed_or_behaviour_and_has_internals():
     assert {i.feature for i in compat.INTERNALS} == set(compat.FEATURES)
     assert {kind for kind, _ in compat.FEATURES.values()} == {compat.SPEED, compat.BEHAVIOUR}
-    assert {f for f, (kind, _) in compat.FEATURES.items() if kind == compat.SPEED} == {"oporder", "argcache",
+    assert {f for f, (kind, _) in compat.FEATURES.items() if kind == compat.SPEED} == {"oporder", "argcache", "lock_early",
                                                                                        "idle_poll"}
 
 
@@ -229,6 +274,40 @@ def test_install_runs_with_a_speed_patch_off(tmp_path, monkeypatch, caplog):
     finally:
         oporder.uninstall()
         argcache.uninstall()
+
+
+def test_with_lock_early_off_install_waits_for_the_locks_itself(monkeypatch, caplog):
+    """pyinfra's Host no longer the only way to a host (the probe differs): install() takes the
+    locks and waits for them itself, as before lock_early, and leaves Host alone."""
+    from pyinfra.api.host import Host
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_state
+
+    from tritonfleet.pyinfra_ext import argcache, hostlock, oporder
+    from tritonfleet.pyinfra_ext import install as pyinfra_patches
+
+    internal = next(i for i in compat.INTERNALS if i.feature == "lock_early")
+    monkeypatch.setattr(compat, "INTERNALS", tuple(
+        compat.Internal(i.name, i.feature, i.assumes, probe=lambda host: "Host calls its connector's stream too")
+        if i is internal else i for i in compat.INTERNALS))
+    file_hash = compat.file_hash  # pyinfra/api/host.py as a release that changed it: its internals are read
+    monkeypatch.setattr(compat, "file_hash", lambda m: "changed" if m == "pyinfra.api.host" else file_hash(m))
+    for n in hostlock.HOST_IO:
+        monkeypatch.setattr(Host, n, inspect.unwrap(getattr(Host, n)))  # as pyinfra has it; restored after
+    calls = []
+    monkeypatch.setattr(hostlock, "enabled", lambda: True)
+    monkeypatch.setattr(hostlock, "acquire_all", lambda wait=True: calls.append(wait))
+    state = State()
+    state.callback_handlers = []
+    try:
+        with ctx_state.use(state):
+            pyinfra_patches.install()
+    finally:
+        oporder.uninstall()
+        argcache.uninstall()
+    assert calls == [True]
+    assert not any(getattr(getattr(Host, n), "_tritonfleet_lock_gate", False) for n in hostlock.HOST_IO)
+    assert "speed-only patch lock_early" in caplog.text
 
 
 def test_idle_poll_tuning_follows_the_check(monkeypatch):
