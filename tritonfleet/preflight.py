@@ -146,11 +146,11 @@ def check_plan_compute_capability(repo: Path) -> None:
     """Every TensorRT model of the repository as this host serves it that declares its engines
     per compute capability (cc_model_filenames) has one for the host's GPU class
     (tritonfleet.gpu.rules.plan_compute_capability_problem). Read on the control machine only."""
-    from .model_repo.validate import tensorrt_cc_model_filenames
+    from .model_repo.verdicts import plan_cc_filenames
 
     key = str(repo.resolve())
     if key not in _plans:
-        _plans[key] = tensorrt_cc_model_filenames(repo)
+        _plans[key] = plan_cc_filenames(repo)
     gpu_class = host.data.get("gpu_class")
     cc = class_compute_capability(gpu_class)
     if cc is None:  # deploys/models.py alone does not check the class (the full deploy has refused it)

@@ -23,15 +23,23 @@ from typing import TYPE_CHECKING
 NAME = "tritonclient.grpc.model_config_pb2"
 
 
+def schema_file() -> Path | None:
+    """tritonclient's ``grpc/model_config_pb2.py`` (the schema), found without running any of
+    tritonclient's code; None in another layout."""
+    spec = importlib.util.find_spec("tritonclient")  # finds the package, runs none of its code
+    if spec is None:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations or [""]), "")) / "grpc" / "model_config_pb2.py"
+    return path if path.is_file() else None
+
+
 def model_config() -> ModuleType:
     """The ``model_config_pb2`` module."""
     mod = sys.modules.get(NAME)
     if mod is not None:
         return mod
-    spec = importlib.util.find_spec("tritonclient")  # finds the package, runs none of its code
-    path = Path(next(iter(spec.submodule_search_locations or [""]), "")) / "grpc" / "model_config_pb2.py" \
-        if spec is not None else None
-    if path is None or not path.is_file():  # another layout: the package's own import
+    path = schema_file()
+    if path is None:  # another layout: the package's own import
         from tritonclient.grpc import model_config_pb2
 
         return model_config_pb2

@@ -16,12 +16,12 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from ..core import runid
+from ..core import local_cache, runid
 from ..core.errors import UsageError
 from ..settings.access import Settings
 from . import contents
 
-CACHE_DIR = Path(os.environ.get("TRITONFLEET_LOCAL_CACHE", Path.home() / ".cache" / "tritonfleet"))
+CACHE_DIR = local_cache.CACHE_DIR
 MARKER = ".tritonfleet-release"
 
 
@@ -150,7 +150,26 @@ def release_id(man: dict[str, list]) -> str:
 
 
 def apply_overrides(config_text: str, override: dict) -> str:
-    """Replace top-level fields of a config.pbtxt (Triton's ModelConfig schema) by ``override``."""
+    """Replace top-level fields of a config.pbtxt (Triton's ModelConfig schema) by ``override``.
+
+    The answer is remembered (CACHE_DIR/overrides) under everything it depends on: the config's
+    text, the override, this module's and the validator's source with the schema loader,
+    tritonfleet's version, the schema tritonclient ships and protobuf's version. A converged
+    host's no-op then neither imports protobuf (16 ms) nor parses; a refusal (a field the schema
+    lacks) is never remembered, so it is raised again."""
+    from .verdicts import remembered_key
+
+    key = remembered_key("overrides", config_text, json.dumps(override, sort_keys=True, default=repr),
+                         Path(__file__).read_bytes())
+    path = CACHE_DIR / "overrides" / f"{key}.pbtxt"
+    text = local_cache.read(path)
+    if text is None:
+        text = _apply_overrides(config_text, override)
+        local_cache.write(path, text)
+    return text
+
+
+def _apply_overrides(config_text: str, override: dict) -> str:
     from google.protobuf import json_format, text_format
 
     from ..core.triton_schema import model_config

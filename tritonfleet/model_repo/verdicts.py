@@ -3,6 +3,12 @@ validates the operator's repository (and each host's rendered copy) on every run
 unchanged repository gets the same verdict, and the validator's imports and its reading of the
 ONNX models cost about as much as the rest of a converged host's no-op (docs/scale.md).
 
+What a run derives from a config.pbtxt by parsing it with Triton's schema is remembered the same
+way (:func:`remembered_key`): a host's rendered config (render.apply_overrides), the TensorRT
+engines each model declares per compute capability (:func:`plan_cc_filenames`), the warm
+gate's view of a config (tritonfleet.serving.warmup). A converged host's no-op then does not
+import protobuf and the schema at all (25 ms of it, docs/scale.md).
+
 A verdict is kept only for a repository without problems, keyed by everything the validator's
 answer depends on: the files (names, sizes, sha256: tritonfleet.model_repo.render.manifest,
 which reads only what changed since its last look), the GPU count it was validated for, the
@@ -19,6 +25,7 @@ import json
 from pathlib import Path
 
 from .. import __version__, resource
+from ..core import local_cache
 
 
 def validator_source() -> str:
@@ -29,6 +36,42 @@ def validator_source() -> str:
         data = path.read_bytes()
         h.update(f"{path.name}\0{len(data)}\0".encode() + data)
     return h.hexdigest()
+
+
+def remembered_key(kind: str, *parts: bytes | str) -> str:
+    """The key of something derived from ``parts`` with Triton's schema: ``parts``, the
+    validator's source with the schema loader, tritonfleet's version, the schema tritonclient
+    ships (its file) and protobuf's version. Any of them changed is another key."""
+    from google import protobuf  # the package's __init__ only: its version
+
+    from ..core.triton_schema import schema_file
+
+    schema = schema_file()
+    return local_cache.digest(kind, *parts, validator_source(), __version__,
+                              schema.read_bytes() if schema is not None else b"", protobuf.__version__)
+
+
+def plan_cc_filenames(repo: Path) -> dict[str, dict[str, str]]:
+    """validate.tensorrt_cc_model_filenames(repo), remembered by the repository's content (its
+    manifest) as a verdict is."""
+    from .render import CACHE_DIR, RepositoryError, manifest
+
+    try:
+        path = CACHE_DIR / "plans" / f"{remembered_key('plans', json.dumps(manifest(repo), sort_keys=True))}.json"
+    except (RepositoryError, OSError, ValueError):  # unreadable as a release: read as it is
+        path = None
+    text = local_cache.read(path) if path is not None else None
+    if text is not None:
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    from .validate import tensorrt_cc_model_filenames
+
+    out = tensorrt_cc_model_filenames(repo)
+    if path is not None:
+        local_cache.write(path, json.dumps(out, sort_keys=True))
+    return out
 
 
 def _key(repo: Path, gpus: int | None) -> str:

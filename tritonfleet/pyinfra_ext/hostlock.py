@@ -52,7 +52,6 @@ from concurrent.futures import ThreadPoolExecutor
 from ..core import runid
 from ..core.errors import TritonfleetError
 from ..core.exits import exit_for
-from ..core.procs import die_with_parent
 from ..core.shell import q
 from ..settings.defaults import DEFAULTS
 from . import transfer
@@ -121,7 +120,7 @@ class Holder:
         # posix_spawn, not fork: the cost does not grow with this process's size (gevent's Popen,
         # pyinfra's under its patching, forks: copying the page tables of a 500-host run took
         # 12 ms a host, 6 s of the run's CPU). No die_with_parent (it needs fork): the holder ends
-        # with the run anyway, as the run's end ends its heartbeat process (die_with_parent) and
+        # with the run anyway, as the run's end ends its heartbeat process (PR_SET_PDEATHSIG) and
         # the holder reads end of input and lets go
         try:
             proc = Child(argv, stdin=read)
@@ -220,8 +219,12 @@ class Holder:
 # process lives (and PR_SET_PDEATHSIG ends it with that process). A holder that is gone (its pipe
 # closed) is dropped; a holder that reads slowly is skipped, never waited for (non-blocking).
 BEAT = """
-import os, sys, time
+import ctypes, os, signal, sys, time
 run, interval, fds = int(sys.argv[1]), float(sys.argv[2]), [int(a) for a in sys.argv[3:]]
+try:  # SIGKILL when the run's process ends (Linux PR_SET_PDEATHSIG; the loop checks it too)
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
 for fd in fds:
     os.set_blocking(fd, False)
 while fds and os.getppid() == run:
@@ -239,7 +242,7 @@ while fds and os.getppid() == run:
     time.sleep(interval)
 """
 
-_beaters: list[subprocess.Popen] = []
+_beaters: list[Child] = []
 
 
 class Child:
@@ -248,21 +251,29 @@ class Child:
     descriptor), its stdout and stderr pipes to this process. The subset of subprocess.Popen the
     holder uses: poll, wait, kill, stdout, stderr."""
 
-    def __init__(self, argv: list[str], stdin: int):
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        actions = [(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-                   (os.POSIX_SPAWN_DUP2, err_w, 2)]
-        try:
-            self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
-        except BaseException:
-            os.close(out_r)
-            os.close(err_r)
-            raise
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        self.stdout, self.stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 - closed in close()
+    def __init__(self, argv: list[str], stdin: int | None):
+        """``stdin`` None: a child that reads nothing and writes nothing of interest (stdin and
+        stdout /dev/null, stderr this process's, as subprocess.Popen would leave it)."""
+        self.stdout = self.stderr = None
+        if stdin is None:
+            self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+        else:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            actions = [(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                       (os.POSIX_SPAWN_DUP2, err_w, 2)]
+            try:
+                self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
+            except BaseException:
+                os.close(out_r)
+                os.close(err_r)
+                raise
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            self.stdout, self.stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 - closed in close()
         self.returncode: int | None = None
         # a pidfd names this process, not whoever gets its pid once it is reaped (Linux >= 5.3)
         self._pidfd: int | None = None
@@ -309,8 +320,9 @@ class Child:
             self._pidfd = None
 
     def close(self) -> None:
-        self.stdout.close()
-        self.stderr.close()
+        for f in (self.stdout, self.stderr):
+            if f is not None:
+                f.close()
 
 
 def _cooperative(f):
@@ -324,13 +336,17 @@ def _cooperative(f):
     return FileObjectPosix(f.fileno(), "rb", close=False) if is_module_patched("threading") else f
 
 
-def start_beater(fds: list[int], interval: int) -> subprocess.Popen:
+def start_beater(fds: list[int], interval: int) -> Child:
     """One process sending heartbeats down every pipe end in ``fds`` (closed here once it has
-    them): one process for a whole run's holders, instead of one per host."""
+    them): one process for a whole run's holders, instead of one per host. Started with
+    posix_spawn, as the holders are (subprocess.Popen forked the run's process and ran a
+    preexec_fn: 9-14 ms of a one-host no-op, before the deploy's steps could load); it ends with
+    the run's process (PR_SET_PDEATHSIG, set by the process itself, and its parent checked)."""
     try:
-        return subprocess.Popen([sys.executable, "-I", "-S", "-c", BEAT, str(os.getpid()), str(interval),
-                                 *map(str, fds)], pass_fds=fds, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, preexec_fn=die_with_parent())
+        for fd in fds:
+            os.set_inheritable(fd, True)  # closed here right after: only the beater keeps them
+        return Child([sys.executable, "-I", "-S", "-c", BEAT, str(os.getpid()), str(interval), *map(str, fds)],
+                     stdin=None)
     finally:
         for fd in fds:
             os.close(fd)

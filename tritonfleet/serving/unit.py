@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 
 from .. import TEMPLATES
+from ..core import local_cache
 from ..settings import access as config
 from ..settings.access import Settings
 from . import apikey
@@ -79,11 +81,36 @@ def restricted_apis(settings: Settings) -> list[str]:
 @functools.cache
 def _templates():
     """One jinja2 environment for the process: it compiles the unit template once (a new one per
-    render compiled it again for every host, ~20 ms each; it still reloads a changed file)."""
+    render compiled it again for every host, ~20 ms each; it still reloads a changed file), and
+    keeps the compiled template for the next run (jinja2's bytecode cache in the control
+    machine's cache directory, keyed by the template's source and jinja2's version: 10 ms of a
+    one-host no-op, 0.7 ms read back)."""
     import jinja2
 
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined)
+                              undefined=jinja2.StrictUndefined, bytecode_cache=_bytecode_cache())
+
+
+def _bytecode_cache():
+    """jinja2's FileSystemBytecodeCache in CACHE_DIR/jinja, where a cache it cannot use (a
+    directory it cannot write, a file it cannot read back) only costs a compilation."""
+    import jinja2
+
+    class Cache(jinja2.FileSystemBytecodeCache):
+        def load_bytecode(self, bucket) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except Exception:  # noqa: BLE001 - any unreadable entry: compiled again (and written anew)
+                bucket.reset()
+
+        def dump_bytecode(self, bucket) -> None:
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                super().dump_bytecode(bucket)
+            except OSError:
+                pass
+
+    return Cache(str(local_cache.CACHE_DIR / "jinja"))
 
 
 def render_unit(ctx: dict) -> str:

@@ -44,41 +44,63 @@ class Repeated(list):
         self.value, self.n = value, n
 
 
-def request_for(cfg) -> dict | None:
-    """The inference request body (batch 1, zeros) for ``cfg``; None when the model cannot be warmed
-    this way (sequence batching)."""
-    if cfg.HasField("sequence_batching"):
-        return None
+def plan_for(cfg) -> dict:
+    """What the warm gate reads of a config (a ModelConfig), as JSON: ``batch`` (max_batch_size >
+    0), ``inputs`` (each input that is not optional: name, shape with the batch dimension and -1
+    as 1, KServe data type; None when the model cannot be warmed this way: sequence batching, a
+    data type without a KServe name) and ``outputs`` (name, dims after a reshape). Remembered on
+    disk per config text (:func:`prepared`): the gate of a converged host parses nothing."""
     batch = cfg.max_batch_size > 0
-    inputs = []
-    for i in cfg.input:
+    inputs: list | None = None if cfg.HasField("sequence_batching") else []
+    for i in cfg.input if inputs is not None else []:
         if i.optional:
             continue
         dtype = DATATYPES.get(i.data_type)
         if dtype is None:
-            return None
-        shape = ([1] if batch else []) + [d if d > 0 else 1 for d in i.dims]
-        n = math.prod(shape)
+            inputs = None
+            break
+        inputs.append([i.name, ([1] if batch else []) + [d if d > 0 else 1 for d in i.dims], dtype])
+    outputs = [[o.name, list(o.reshape.shape) if o.HasField("reshape") else list(o.dims)] for o in cfg.output]
+    return {"batch": batch, "inputs": inputs, "outputs": outputs}
+
+
+def request_from(plan: dict) -> dict | None:
+    """The inference request body (batch 1, zeros) of a :func:`plan_for`; None when the model
+    cannot be warmed this way."""
+    if plan["inputs"] is None:
+        return None
+    inputs = []
+    for name, shape, dtype in plan["inputs"]:
         value: object = "" if dtype == "BYTES" else (False if dtype == "BOOL" else 0)
-        inputs.append({"name": i.name, "shape": shape, "datatype": dtype, "data": Repeated(value, n)})
+        inputs.append({"name": name, "shape": shape, "datatype": dtype, "data": Repeated(value, math.prod(shape))})
     return {"inputs": inputs}
+
+
+def request_for(cfg) -> dict | None:
+    """The inference request body (batch 1, zeros) for ``cfg``; None when the model cannot be warmed
+    this way (sequence batching)."""
+    return request_from(plan_for(cfg))
+
+
+def problems_in(plan: dict, outputs: list[dict]) -> list[str]:
+    """Declared outputs (of a :func:`plan_for`) missing from the answer, or with a shape that does
+    not fit their dims."""
+    got = {o.get("name"): list(o.get("shape") or []) for o in outputs}
+    out = []
+    for name, dims in plan["outputs"]:
+        if name not in got:
+            out.append(f"output {name!r} missing")
+            continue
+        want = ([1] if plan["batch"] else []) + dims
+        have = got[name]
+        if len(have) != len(want) or any(w not in (-1, h) for w, h in zip(want, have, strict=True)):
+            out.append(f"output {name!r} has shape {have}, its config says {want}")
+    return out
 
 
 def shape_problems(cfg, outputs: list[dict]) -> list[str]:
     """Declared outputs missing from the answer, or with a shape that does not fit their dims."""
-    got = {o.get("name"): list(o.get("shape") or []) for o in outputs}
-    batch = cfg.max_batch_size > 0
-    out = []
-    for o in cfg.output:
-        if o.name not in got:
-            out.append(f"output {o.name!r} missing")
-            continue
-        dims = list(o.reshape.shape) if o.HasField("reshape") else list(o.dims)
-        want = ([1] if batch else []) + dims
-        have = got[o.name]
-        if len(have) != len(want) or any(w not in (-1, h) for w, h in zip(want, have, strict=True)):
-            out.append(f"output {o.name!r} has shape {have}, its config says {want}")
-    return out
+    return problems_in(plan_for(cfg), outputs)
 
 
 @dataclass
@@ -92,10 +114,11 @@ class WarmResult:
 
 
 def prepared(repo: Path, model: str):
-    """(config, request body as bytes) for ``model`` in ``repo``: parsed and encoded once per
-    config file, not once per host (a 224x224x3 image input is 150,528 numbers). Body None: not
-    warmed this way (request_for); config None: no config.pbtxt. The bytes are what requests'
-    ``json=`` sends (``encode``)."""
+    """(the config's :func:`plan_for`, request body as bytes) for ``model`` in ``repo``: read and
+    encoded once per config file, not once per host (a 224x224x3 image input is 150,528 numbers),
+    the plan parsed once per config text on this machine (remembered as verdicts are,
+    tritonfleet.model_repo.verdicts). Body None: not warmed this way (request_for); plan None: no
+    config.pbtxt. The bytes are what requests' ``json=`` sends (``encode``)."""
     path = Path(repo) / model / "config.pbtxt"
     try:
         st = path.stat()
@@ -106,11 +129,23 @@ def prepared(repo: Path, model: str):
 
 @functools.lru_cache(maxsize=256)
 def _prepared(path: str, _mtime_ns: int, _size: int):
-    from ..model_repo.validate import parse_config
+    from ..core import local_cache
+    from ..model_repo.render import CACHE_DIR
+    from ..model_repo.verdicts import remembered_key
 
-    cfg = parse_config(Path(path).read_text())
-    body = request_for(cfg)
-    return cfg, (None if body is None else encode(body))
+    text = Path(path).read_text()
+    where = CACHE_DIR / "warm" / f"{remembered_key('warm', text, Path(__file__).read_bytes())}.json"
+    try:
+        plan = json.loads(local_cache.read(where) or "null")
+    except ValueError:
+        plan = None
+    if plan is None:
+        from ..model_repo.validate import parse_config
+
+        plan = plan_for(parse_config(text))
+        local_cache.write(where, json.dumps(plan))
+    body = request_from(plan)
+    return plan, (None if body is None else encode(body))
 
 
 def encode(body: dict) -> bytes:
@@ -138,8 +173,8 @@ def warm(http_url: str, repo: Path, models: list[str], timeout: float = 30.0, se
     res = WarmResult(True)
     s = session or triton_http.session()
     for m in models:
-        cfg, body = prepared(repo, m)
-        if cfg is None:
+        plan, body = prepared(repo, m)
+        if plan is None:
             res.skipped[m] = "no config.pbtxt in the repository"
             continue
         if body is None:
@@ -158,7 +193,7 @@ def warm(http_url: str, repo: Path, models: list[str], timeout: float = 30.0, se
             return WarmResult(False, res.latency_ms, res.skipped, m, f"HTTP {r.status_code} {text}",
                               "its first inference failed")
         try:
-            problems = shape_problems(cfg, r.json().get("outputs") or [])
+            problems = problems_in(plan, r.json().get("outputs") or [])
         except ValueError:
             problems = ["the answer is not JSON"]
         if problems:

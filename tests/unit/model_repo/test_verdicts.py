@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tritonfleet import ROOT
 from tritonfleet.model_repo import render as models
@@ -91,3 +93,104 @@ def test_a_repository_that_is_no_release_gets_the_validators_words(repo):
     problems = verdicts.validate_repository(repo)
     assert any("broken-symlink" in str(p) for p in problems), problems
     assert not (models.CACHE_DIR / "validated").exists()
+
+
+# --------------------------------------------------------------------------- parsed once per input
+
+overrides = st.fixed_dictionaries({}, optional={
+    "max_batch_size": st.integers(0, 256),
+    "dynamic_batching": st.fixed_dictionaries({}, optional={
+        "preferred_batch_size": st.lists(st.integers(1, 64), max_size=4),
+        "max_queue_delay_microseconds": st.integers(0, 10**6)}),
+    "instance_group": st.lists(st.fixed_dictionaries({"count": st.integers(1, 8),
+                                                      "kind": st.sampled_from(["KIND_GPU", "KIND_CPU"])}),
+                               min_size=1, max_size=2),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(override=overrides)
+def test_an_applied_override_is_remembered_and_is_what_protobuf_gives(repo, monkeypatch, override):
+    """render.apply_overrides: the first call parses and remembers, the second reads what was
+    remembered (no protobuf), both exactly the parse's answer."""
+    text = (repo / "resnet50_onnx" / "config.pbtxt").read_text()
+    want = models._apply_overrides(text, override)
+    with monkeypatch.context() as m:
+        calls = []
+        real = models._apply_overrides
+        m.setattr(models, "_apply_overrides", lambda t, o: calls.append(o) or real(t, o))
+        assert models.apply_overrides(text, override) == want
+        assert models.apply_overrides(text, override) == want
+        assert len(calls) <= 1  # one parse at most (none once an earlier example remembered it)
+
+
+def test_an_override_is_parsed_again_when_what_it_depends_on_changed(repo, monkeypatch):
+    """A refusal is never remembered; protobuf's version, the schema and tritonfleet's version are
+    part of the key."""
+    from google import protobuf
+
+    from tritonfleet.core import triton_schema
+
+    text = (repo / "resnet50_onnx" / "config.pbtxt").read_text()
+    calls = []
+    real = models._apply_overrides
+    monkeypatch.setattr(models, "_apply_overrides", lambda t, o: calls.append(o) or real(t, o))
+    for _ in range(2):
+        with pytest.raises(Exception, match="max_batch_sighs"):
+            models.apply_overrides(text, {"max_batch_sighs": 3})
+    assert len(calls) == 2
+    models.apply_overrides(text, {"max_batch_size": 3})
+    models.apply_overrides(text, {"max_batch_size": 3})
+    assert len(calls) == 3
+    monkeypatch.setattr(protobuf, "__version__", "0.0.0")
+    models.apply_overrides(text, {"max_batch_size": 3})
+    assert len(calls) == 4
+    schema = repo.parent / "model_config_pb2.py"
+    schema.write_text(triton_schema.schema_file().read_text() + "\n# another release\n")
+    monkeypatch.setattr(triton_schema, "schema_file", lambda: schema)
+    models.apply_overrides(text, {"max_batch_size": 3})
+    assert len(calls) == 5
+    monkeypatch.setattr(verdicts, "__version__", "0.0.0")
+    models.apply_overrides(text, {"max_batch_size": 3})
+    assert len(calls) == 6
+
+
+def test_the_engines_per_compute_capability_are_read_once_per_content(repo, monkeypatch):
+    calls = []
+    real = validate.tensorrt_cc_model_filenames
+    monkeypatch.setattr(validate, "tensorrt_cc_model_filenames", lambda r: calls.append(r) or real(r))
+    want = real(repo)
+    assert verdicts.plan_cc_filenames(repo) == want and verdicts.plan_cc_filenames(repo) == want
+    assert len(calls) == 1
+    cfg = repo / "resnet50_onnx" / "config.pbtxt"
+    cfg.write_text(cfg.read_text() + "\n# changed\n")
+    assert verdicts.plan_cc_filenames(repo) == real(repo) and len(calls) == 2
+
+
+NO_OP = """
+import sys
+from pathlib import Path
+from tritonfleet.model_repo import render, verdicts
+from tritonfleet.serving import warmup
+repo = Path(sys.argv[1])
+rendered = render.render(repo, {"resnet50_onnx": {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]}})
+assert verdicts.validate_repository(rendered) == []
+verdicts.plan_cc_filenames(rendered)
+plans = [warmup.prepared(rendered, m)[0] for m in render.model_names(rendered)]
+print(sorted(m for m in sys.modules if m.startswith(("google.protobuf.", "tritonfleet.model_repo.validate"))))
+print(plans)
+"""
+
+
+def test_a_converged_hosts_pre_flight_and_warm_plans_parse_nothing_the_second_time(repo, tmp_path):
+    """What pre-flight and the warm gate derive from the configs, in a new process each time (as
+    every run is): the second imports neither protobuf's parser nor the validator, and gets the
+    same answers."""
+    env = {**__import__("os").environ, "TRITONFLEET_LOCAL_CACHE": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", NO_OP, str(repo)], capture_output=True, text=True, env=env,
+                           timeout=120) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    first, second = (r.stdout.splitlines() for r in runs)
+    assert "google.protobuf.text_format" in first[0] and "tritonfleet.model_repo.validate" in first[0]
+    assert second[0] == "[]", second[0]
+    assert second[1] == first[1]

@@ -95,6 +95,10 @@ def test_generated_configs_give_the_same_request_and_verdict(max_batch, inputs, 
     assert ip.request_for(as_json) == warmup.request_for(cfg)
     given_outputs = [{"name": f"out{i}", "shape": list(answer)} for i in range(len(outputs))]
     assert ip.shape_problems(as_json, given_outputs) == warmup.shape_problems(cfg, given_outputs)
+    # the warm gate's plan as a converged host's run reads it back from the disk (JSON)
+    plan = json.loads(json.dumps(warmup.plan_for(cfg)))
+    assert warmup.request_from(plan) == ip.request_for(as_json)
+    assert warmup.problems_in(plan, given_outputs) == ip.shape_problems(as_json, given_outputs)
 
 
 def prober(srv, *, key_file: str = "") -> ip.Prober:

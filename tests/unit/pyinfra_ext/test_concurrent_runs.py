@@ -285,6 +285,39 @@ def test_gate_host_io_gates_exactly_pyinfras_ways_to_a_host_once(monkeypatch):
         assert getattr(Host, n).__wrapped__ is originals[n]  # once, not wrapped twice
 
 
+BEATER = """
+import os, sys, time
+from tritonfleet.pyinfra_ext import hostlock
+r, w = os.pipe()
+p = hostlock.start_beater([w], 30)  # a beat every 30 s: its own check of its parent comes late
+print(p.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_heartbeat_process_ends_with_the_run_at_once(tmp_path):
+    """The beater is posix_spawn'ed (no preexec_fn): it sets PR_SET_PDEATHSIG itself, so a run
+    killed by SIGKILL takes it along at once, not one heartbeat interval later."""
+    from tritonfleet.core.procs import alive
+
+    run = subprocess.Popen([sys.executable, "-c", BEATER], stdout=subprocess.PIPE, text=True)
+    try:
+        beater = int(run.stdout.readline())
+        time.sleep(0.5)  # the beater has started and set its death signal
+        assert alive(beater)
+        run.kill()
+        run.wait()
+        t0 = time.monotonic()
+        while alive(beater) and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+        assert not alive(beater), "the heartbeat process outlived its run"
+        assert time.monotonic() - t0 < 5
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
 GEVENT_WAIT = """
 from gevent import monkey; monkey.patch_all()
 import subprocess, sys, time
@@ -318,7 +351,7 @@ def test_under_gevent_a_host_waiting_for_its_lock_does_not_stop_the_others(lockf
                          timeout=60)
     out = res.stdout.splitlines()
     assert res.returncode == 0, res.stderr
-    assert out[0] == "holder Child Popen"  # posix_spawn'ed holder, its own heartbeat process
+    assert out[0] == "holder Child Child"  # the holder and its own heartbeat process, both posix_spawn'ed
     assert int(out[1].split()[1]) >= 12  # ~20 ticks of 0.1 s while it waited 2 s
     assert out[2].startswith("gpu1: another run holds the deploy lock") and "first" in out[2]
 

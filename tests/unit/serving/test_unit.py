@@ -92,3 +92,43 @@ def test_stop_timeouts_come_from_one_tunable_and_nest(seconds):
     systemd = int(next(ln for ln in unit.splitlines() if ln.startswith("TimeoutStopSec=")).split("=")[1])
     assert seconds < docker < systemd
     assert docker - seconds >= 10 and systemd - docker >= 10
+
+
+COMPILED = """
+import json, sys
+import jinja2
+compiled = []
+real = jinja2.Environment.compile
+jinja2.Environment.compile = lambda self, *a, **k: compiled.append(1) or real(self, *a, **k)
+from tritonfleet.serving.unit import render_unit
+print(json.dumps([render_unit(json.loads(sys.argv[1])), len(compiled)]))
+"""
+
+
+def test_the_unit_template_is_compiled_once_across_runs_and_a_bad_cache_costs_only_a_compile(tmp_path):
+    """jinja2's bytecode cache in the control machine's cache directory: a second run (a new
+    process) compiles nothing and renders the same unit; an unreadable entry or a cache directory
+    that cannot be written renders the same unit, compiled."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def run(cache):
+        env = {**os.environ, "TRITONFLEET_LOCAL_CACHE": str(cache)}
+        res = subprocess.run([sys.executable, "-c", COMPILED, json.dumps(BASE)], capture_output=True, text=True,
+                             env=env, timeout=60)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return json.loads(res.stdout)
+
+    want = render_unit(BASE)
+    assert run(tmp_path / "c") == [want, 1]
+    assert run(tmp_path / "c") == [want, 0]
+    from jinja2.bccache import bc_magic
+
+    for f in (tmp_path / "c" / "jinja").iterdir():  # jinja2's header, then no pickle, no code
+        f.write_bytes(bc_magic + b"\x00garbage")
+    assert run(tmp_path / "c") == [want, 1]
+    assert run(tmp_path / "c") == [want, 0]  # written anew
+    (tmp_path / "file").write_text("not a directory")
+    assert run(tmp_path / "file") == [want, 1]

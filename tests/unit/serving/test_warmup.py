@@ -110,8 +110,8 @@ def test_a_prepared_request_is_what_requests_would_send_and_follows_a_changed_co
 
     repo = copy_repository(tmp_path / "repo", kind_cpu=True)
     for m in MODELS:
-        cfg, body = warmup.prepared(repo, m)
-        want = requests.Request("POST", "http://h/", json=warmup.request_for(cfg)).prepare().body
+        plan, body = warmup.prepared(repo, m)
+        want = requests.Request("POST", "http://h/", json=warmup.request_from(plan)).prepare().body
         assert body == want
         assert warmup.prepared(repo, m)[1] is body  # the same bytes object: encoded once
     path = repo / MODELS[0] / "config.pbtxt"

@@ -1,0 +1,46 @@
+"""What a deploy remembers on the control machine between runs, and where.
+
+``CACHE_DIR`` (``TRITONFLEET_LOCAL_CACHE``, default ``~/.cache/tritonfleet``) holds the model
+repository's file hashes, the rendered copies, the validator's verdicts, what was derived from a
+config.pbtxt by parsing it (tritonfleet.model_repo.verdicts) and the unit template compiled
+(tritonfleet.serving.unit). Everything there is kept under a key that covers all it was derived
+from, so a changed input is a new key, never a stale answer; a cache directory that cannot be
+written only costs the next run the work again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+CACHE_DIR = Path(os.environ.get("TRITONFLEET_LOCAL_CACHE", Path.home() / ".cache" / "tritonfleet"))
+
+
+def digest(*parts: bytes | str) -> str:
+    """sha256 over ``parts``, each with its length (no two lists of parts give the same bytes)."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(f"{len(data)}\0".encode() + data)
+    return h.hexdigest()
+
+
+def read(path: Path) -> str | None:
+    """The text remembered at ``path`` (None when there is none, or it cannot be read)."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def write(path: Path, text: str) -> None:
+    """Remember ``text`` at ``path``: written whole under another name, then renamed (a concurrent
+    run reads the old file, or none, or this one, never half of one). An error is ignored."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        pass
