@@ -318,6 +318,56 @@ def test_the_heartbeat_process_ends_with_the_run_at_once(tmp_path):
             run.wait()
 
 
+CLI_WITH_LOCK_FILE = """
+import sys
+from pyinfra_cli.main import main
+from tritonfleet.pyinfra_ext import hostlock
+hostlock.LOCK_FILE = sys.argv.pop(1)  # this machine plays the host: a lock file of the test's own
+sys.argv[0] = "pyinfra"
+sys.exit(main())
+"""
+
+PLAIN_DEPLOY = """
+from pyinfra.operations import server
+from tritonfleet import pyinfra_patches
+
+pyinfra_patches.install()
+server.shell(name="mark", commands=["flock -n {lock} true && touch {mark}.unlocked || touch {mark}"])
+"""
+
+
+def test_a_deploy_of_plain_pyinfra_operations_holds_the_lock_before_its_first_command(tmp_path, monkeypatch):
+    """A deploy whose operations read no fact (nothing waits while it loads): the gate on
+    pyinfra's Host makes the first command of the execution wait. A lock another run keeps stops
+    the run there, with the command not run; a free one is held while the command runs."""
+    lock, mark = tmp_path / "tritonfleet.lock", tmp_path / "ran"
+    deploy = tmp_path / "plain.py"
+    deploy.write_text(PLAIN_DEPLOY.format(lock=lock, mark=mark))
+
+    def run():
+        return subprocess.run([sys.executable, "-c", CLI_WITH_LOCK_FILE, str(lock), "-y", "@local", str(deploy),
+                               "--data", "deploy_lock_timeout=0"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+
+    monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")  # the other run's holder, here
+    monkeypatch.setattr(hostlock, "LOCK_FILE", str(lock))
+    other = hostlock.Holder(SimpleNamespace(name="@local", data={}), 0, 1, 30, holder="ops@ctl1 pid 4242")
+    try:
+        assert other.acquire() == ""
+        res = run()
+    finally:
+        other.release()
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out[-3000:]
+    assert "Beginning operation run" in out  # refused at the first command, not while loading
+    assert "@local: another run holds the deploy lock" in out and "ops@ctl1 pid 4242" in out, out[-3000:]
+    assert "Traceback" not in out and not mark.exists() and not Path(f"{mark}.unlocked").exists()
+    res = run()
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    assert mark.exists() and not Path(f"{mark}.unlocked").exists()  # the lock was held while it ran
+    wait_free(lock, 10)
+
+
 GEVENT_WAIT = """
 from gevent import monkey; monkey.patch_all()
 import subprocess, sys, time
