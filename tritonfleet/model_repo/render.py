@@ -157,7 +157,7 @@ def apply_overrides(config_text: str, override: dict) -> str:
     tritonfleet's version, the schema tritonclient ships and protobuf's version. A converged
     host's no-op then neither imports protobuf (16 ms) nor parses; a refusal (a field the schema
     lacks) is never remembered, so it is raised again."""
-    from .verdicts import remembered_key
+    from .derived import remembered_key
 
     key = remembered_key("overrides", config_text, json.dumps(override, sort_keys=True, default=repr),
                          Path(__file__).read_bytes())

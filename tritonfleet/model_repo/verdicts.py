@@ -24,31 +24,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-from .. import __version__, resource
+from .. import __version__
 from ..core import local_cache
-
-
-def validator_source() -> str:
-    """sha256 over the validator's source: the modules of the package ``model_repo/validate`` and
-    the schema loader (``core/triton_schema.py``), by name and content."""
-    h = hashlib.sha256()
-    for path in [*sorted(resource("model_repo", "validate").glob("*.py")), resource("core", "triton_schema.py")]:
-        data = path.read_bytes()
-        h.update(f"{path.name}\0{len(data)}\0".encode() + data)
-    return h.hexdigest()
-
-
-def remembered_key(kind: str, *parts: bytes | str) -> str:
-    """The key of something derived from ``parts`` with Triton's schema: ``parts``, the
-    validator's source with the schema loader, tritonfleet's version, the schema tritonclient
-    ships (its file) and protobuf's version. Any of them changed is another key."""
-    from google import protobuf  # the package's __init__ only: its version
-
-    from ..core.triton_schema import schema_file
-
-    schema = schema_file()
-    return local_cache.digest(kind, *parts, validator_source(), __version__,
-                              schema.read_bytes() if schema is not None else b"", protobuf.__version__)
+from .derived import remembered_key, validator_source
 
 
 def plan_cc_filenames(repo: Path) -> dict[str, dict[str, str]]:

@@ -98,9 +98,26 @@ def _bytecode_cache():
 
     class Cache(jinja2.FileSystemBytecodeCache):
         def load_bytecode(self, bucket) -> None:
+            """jinja2's own file (its magic, the pickled checksum of the template's source, the
+            marshalled code), read without unpickling it: an entry that does not begin with the
+            bytes this template's checksum gives is not this template's (compiled again, and
+            written anew); a code part that cannot be read back is as good as none."""
+            import marshal
+            import pickle
+
+            from jinja2.bccache import bc_magic
+
             try:
-                super().load_bytecode(bucket)
-            except Exception:  # noqa: BLE001 - any unreadable entry: compiled again (and written anew)
+                with open(os.path.join(self.directory, self.pattern % bucket.key), "rb") as f:
+                    data = f.read()
+            except OSError:
+                return
+            head = bc_magic + pickle.dumps(bucket.checksum, 2)
+            if not data.startswith(head):
+                return
+            try:
+                bucket.code = marshal.loads(data[len(head):])
+            except (EOFError, ValueError, TypeError):
                 bucket.reset()
 
         def dump_bytecode(self, bucket) -> None:

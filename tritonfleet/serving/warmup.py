@@ -130,8 +130,8 @@ def prepared(repo: Path, model: str):
 @functools.lru_cache(maxsize=256)
 def _prepared(path: str, _mtime_ns: int, _size: int):
     from ..core import local_cache
+    from ..model_repo.derived import remembered_key
     from ..model_repo.render import CACHE_DIR
-    from ..model_repo.verdicts import remembered_key
 
     text = Path(path).read_text()
     where = CACHE_DIR / "warm" / f"{remembered_key('warm', text, Path(__file__).read_bytes())}.json"

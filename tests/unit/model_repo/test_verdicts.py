@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tritonfleet import ROOT
+from tritonfleet.model_repo import derived, validate, verdicts
 from tritonfleet.model_repo import render as models
-from tritonfleet.model_repo import validate, verdicts
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_a_changed_validator_validates_again(repo, monkeypatch, tmp_path):
                     ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "core").mkdir()
     shutil.copy(resource("core", "triton_schema.py"), pkg / "core")
-    monkeypatch.setattr(verdicts, "resource", lambda *parts: pkg.joinpath(*parts))
+    monkeypatch.setattr(derived, "resource", lambda *parts: pkg.joinpath(*parts))
     calls = []
     real = validate.validate_repository
     monkeypatch.setattr(validate, "validate_repository", lambda path, gpus=None: calls.append(path) or real(path))
@@ -150,7 +150,7 @@ def test_an_override_is_parsed_again_when_what_it_depends_on_changed(repo, monke
     monkeypatch.setattr(triton_schema, "schema_file", lambda: schema)
     models.apply_overrides(text, {"max_batch_size": 3})
     assert len(calls) == 5
-    monkeypatch.setattr(verdicts, "__version__", "0.0.0")
+    monkeypatch.setattr(derived, "__version__", "0.0.0")
     models.apply_overrides(text, {"max_batch_size": 3})
     assert len(calls) == 6
 

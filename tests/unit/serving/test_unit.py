@@ -126,9 +126,13 @@ def test_the_unit_template_is_compiled_once_across_runs_and_a_bad_cache_costs_on
     assert run(tmp_path / "c") == [want, 0]
     from jinja2.bccache import bc_magic
 
-    for f in (tmp_path / "c" / "jinja").iterdir():  # jinja2's header, then no pickle, no code
+    for f in (tmp_path / "c" / "jinja").iterdir():  # jinja2's header, then no checksum, no code
         f.write_bytes(bc_magic + b"\x00garbage")
     assert run(tmp_path / "c") == [want, 1]
     assert run(tmp_path / "c") == [want, 0]  # written anew
+    for f in (tmp_path / "c" / "jinja").iterdir():  # its code cut in the middle
+        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+    assert run(tmp_path / "c") == [want, 1]
+    assert run(tmp_path / "c") == [want, 0]
     (tmp_path / "file").write_text("not a directory")
     assert run(tmp_path / "file") == [want, 1]
