@@ -129,7 +129,7 @@ def check_model_repository() -> None:
 
     validated(src)  # first as it is: nothing is read through a link out of it
     try:
-        local, _, _ = current_host_repository()
+        local, man, _ = current_host_repository()
     except RepositoryError as e:  # something a release cannot reproduce on the host
         raise PreflightError(f"{host.name}: {e}") from e
     except ValueError as e:
@@ -139,18 +139,19 @@ def check_model_repository() -> None:
         # then as this host serves it (model_overrides applied, instances placed on its GPUs)
         gpus = placement_gpus()
         validated(local, gpus if gpus > 1 else None)
-    check_plan_compute_capability(local)
+    check_plan_compute_capability(local, man)
 
 
-def check_plan_compute_capability(repo: Path) -> None:
+def check_plan_compute_capability(repo: Path, man: dict | None = None) -> None:
     """Every TensorRT model of the repository as this host serves it that declares its engines
     per compute capability (cc_model_filenames) has one for the host's GPU class
-    (tritonfleet.gpu.rules.plan_compute_capability_problem). Read on the control machine only."""
+    (tritonfleet.gpu.rules.plan_compute_capability_problem). Read on the control machine only;
+    ``man``: the repository's manifest, where the caller has it."""
     from .model_repo.verdicts import plan_cc_filenames
 
     key = str(repo.resolve())
     if key not in _plans:
-        _plans[key] = plan_cc_filenames(repo)
+        _plans[key] = plan_cc_filenames(repo, man)
     gpu_class = host.data.get("gpu_class")
     cc = class_compute_capability(gpu_class)
     if cc is None:  # deploys/models.py alone does not check the class (the full deploy has refused it)

@@ -27,20 +27,23 @@ def digest(*parts: bytes | str) -> str:
 
 
 def read(path: Path) -> str | None:
-    """The text remembered at ``path`` (None when there is none, or it cannot be read)."""
+    """The text remembered at ``path``; None when there is none, it cannot be read, or it is not
+    what :func:`write` wrote (its first line, the sha256 of the rest, does not match)."""
     try:
-        return path.read_text()
+        seal, _, text = path.read_text().partition("\n")
     except (OSError, UnicodeDecodeError):
         return None
+    return text if seal == hashlib.sha256(text.encode()).hexdigest() else None
 
 
 def write(path: Path, text: str) -> None:
-    """Remember ``text`` at ``path``: written whole under another name, then renamed (a concurrent
-    run reads the old file, or none, or this one, never half of one). An error is ignored."""
+    """Remember ``text`` at ``path``, after a line with its sha256: written whole under another
+    name, then renamed (a concurrent run reads the old file, or none, or this one, never half of
+    one). An error is ignored."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
+        tmp.write_text(f"{hashlib.sha256(text.encode()).hexdigest()}\n{text}")
         tmp.replace(path)
     except OSError:
         pass

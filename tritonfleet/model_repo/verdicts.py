@@ -29,21 +29,19 @@ from ..core import local_cache
 from .derived import remembered_key, validator_source
 
 
-def plan_cc_filenames(repo: Path) -> dict[str, dict[str, str]]:
+def plan_cc_filenames(repo: Path, man: dict | None = None) -> dict[str, dict[str, str]]:
     """validate.tensorrt_cc_model_filenames(repo), remembered by the repository's content (its
-    manifest) as a verdict is."""
+    manifest, ``man`` where the caller has it) as a verdict is."""
     from .render import CACHE_DIR, RepositoryError, manifest
 
     try:
-        path = CACHE_DIR / "plans" / f"{remembered_key('plans', json.dumps(manifest(repo), sort_keys=True))}.json"
+        content = json.dumps(manifest(repo) if man is None else man, sort_keys=True)
+        path = CACHE_DIR / "plans" / f"{remembered_key('plans', content)}.json"
     except (RepositoryError, OSError, ValueError):  # unreadable as a release: read as it is
         path = None
     text = local_cache.read(path) if path is not None else None
     if text is not None:
-        try:
-            return json.loads(text)
-        except ValueError:
-            pass
+        return json.loads(text)
     from .validate import tensorrt_cc_model_filenames
 
     out = tensorrt_cc_model_filenames(repo)

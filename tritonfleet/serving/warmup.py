@@ -135,10 +135,8 @@ def _prepared(path: str, _mtime_ns: int, _size: int):
 
     text = Path(path).read_text()
     where = CACHE_DIR / "warm" / f"{remembered_key('warm', text, Path(__file__).read_bytes())}.json"
-    try:
-        plan = json.loads(local_cache.read(where) or "null")
-    except ValueError:
-        plan = None
+    remembered = local_cache.read(where)
+    plan = None if remembered is None else json.loads(remembered)
     if plan is None:
         from ..model_repo.validate import parse_config
 
