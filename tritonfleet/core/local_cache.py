@@ -29,11 +29,16 @@ def digest(*parts: bytes | str) -> str:
 def read(path: Path) -> str | None:
     """The text remembered at ``path``; None when there is none, it cannot be read, or it is not
     what :func:`write` wrote (its first line, the sha256 of the rest, does not match)."""
-    try:
-        seal, _, text = path.read_text().partition("\n")
-    except (OSError, UnicodeDecodeError):
+    try:  # bytes: text mode would read a "\r" back as "\n"
+        seal, _, data = path.read_bytes().partition(b"\n")
+    except OSError:
         return None
-    return text if seal == hashlib.sha256(text.encode()).hexdigest() else None
+    if seal != hashlib.sha256(data).hexdigest().encode():
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def write(path: Path, text: str) -> None:
@@ -43,7 +48,8 @@ def write(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(f"{hashlib.sha256(text.encode()).hexdigest()}\n{text}")
+        data = text.encode()
+        tmp.write_bytes(hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
         tmp.replace(path)
-    except OSError:
+    except (OSError, UnicodeEncodeError):  # UnicodeEncodeError: a text with lone surrogates
         pass

@@ -3,7 +3,7 @@ written, and nothing else read back as if it had been."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tritonfleet.core import local_cache
@@ -11,15 +11,17 @@ from tritonfleet.core import local_cache
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(), other=st.text())
+@example(text="\r", other="")  # text mode reads a lone "\r" back as "\n"
+@example(text="a\r\nb", other="a\nb")
 def test_a_remembered_text_reads_back_and_a_changed_one_does_not(tmp_path, text, other):
     path = tmp_path / "kind" / "key"
     local_cache.write(path, text)
     assert local_cache.read(path) == text
-    seal = path.read_text().split("\n", 1)[0]
+    seal = path.read_bytes().split(b"\n", 1)[0]
     if other != text:
-        path.write_text(f"{seal}\n{other}")  # the same first line, another text: not what was written
+        path.write_bytes(seal + b"\n" + other.encode())  # the same first line, another text
         assert local_cache.read(path) is None
-    path.write_text(other)  # written by something else (no sha256 line of its own)
+    path.write_bytes(other.encode())  # written by something else (no sha256 line of its own)
     assert local_cache.read(path) is None
     assert local_cache.read(tmp_path / "absent") is None
 
