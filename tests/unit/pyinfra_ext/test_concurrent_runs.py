@@ -134,18 +134,25 @@ def children(pid: int) -> set[int]:
     return out
 
 
-def test_a_runs_holders_share_one_heartbeat_process_that_keeps_every_lock(tmp_path, monkeypatch):
-    """acquire_all: one holder process a host and ONE heartbeat process for all of them (not
-    one a host), whose heartbeats keep every lock past its silence bound, until release_all."""
+@pytest.fixture
+def own_lock_files(tmp_path, monkeypatch):
+    """Local hosts (this machine), each with its own lock file: real flock, real bash."""
     monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")
     monkeypatch.setattr(hostlock, "lockable", lambda host: True)
     script = hostlock.Holder._script
 
-    def own_file(self):  # each "host" its own lock file (they all are this machine)
+    def own_file(self):
         monkeypatch.setattr(hostlock, "LOCK_FILE", str(tmp_path / f"{self.host.name}.lock"))
         return script(self)
 
     monkeypatch.setattr(hostlock.Holder, "_script", own_file)
+    return tmp_path
+
+
+def test_a_runs_holders_share_one_heartbeat_process_that_keeps_every_lock(own_lock_files):
+    """acquire_all: one holder process a host and ONE heartbeat process for all of them (not
+    one a host), whose heartbeats keep every lock past its silence bound, until release_all."""
+    tmp_path = own_lock_files
     keep = {"ssh_keepalive_interval": 1, "ssh_keepalive_count": 2}  # silent for 2 s: let go
     hosts = [SimpleNamespace(name=f"gpu{i}", connected=True, data=dict(keep)) for i in range(6)]
     before = children(os.getpid())
@@ -162,18 +169,10 @@ def test_a_runs_holders_share_one_heartbeat_process_that_keeps_every_lock(tmp_pa
     assert not (children(os.getpid()) - before)
 
 
-def test_release_all_signals_every_holder_before_it_waits_for_any(tmp_path, monkeypatch):
+def test_release_all_signals_every_holder_before_it_waits_for_any(own_lock_files, monkeypatch):
     """A run's exit ends its holders together: every holder process gets its SIGKILL before the
     first is waited for (one at a time, 500 hosts' waits added up to seconds), and all are gone."""
-    monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")
-    monkeypatch.setattr(hostlock, "lockable", lambda host: True)
-    script = hostlock.Holder._script
-
-    def own_file(self):
-        monkeypatch.setattr(hostlock, "LOCK_FILE", str(tmp_path / f"{self.host.name}.lock"))
-        return script(self)
-
-    monkeypatch.setattr(hostlock.Holder, "_script", own_file)
+    tmp_path = own_lock_files
     events = []
     end, release = hostlock.Holder.end, hostlock.Holder.release
     monkeypatch.setattr(hostlock.Holder, "end", lambda self: events.append(("end", self.host.name)) or end(self))
@@ -191,21 +190,6 @@ def test_release_all_signals_every_holder_before_it_waits_for_any(tmp_path, monk
     for h in hosts:
         wait_free(tmp_path / f"{h.name}.lock", 10)
     assert not (children(os.getpid()) - before)
-
-
-@pytest.fixture
-def own_lock_files(tmp_path, monkeypatch):
-    """Local hosts (this machine), each with its own lock file: real flock, real bash."""
-    monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")
-    monkeypatch.setattr(hostlock, "lockable", lambda host: True)
-    script = hostlock.Holder._script
-
-    def own_file(self):
-        monkeypatch.setattr(hostlock, "LOCK_FILE", str(tmp_path / f"{self.host.name}.lock"))
-        return script(self)
-
-    monkeypatch.setattr(hostlock.Holder, "_script", own_file)
-    return tmp_path
 
 
 def test_locks_started_without_waiting_are_all_held_before_a_gated_command_runs(own_lock_files):
