@@ -71,6 +71,17 @@ def deploy_imports(path: str | os.PathLike) -> list[str]:
     return found
 
 
+def check_deploy_file(deploy: str | os.PathLike) -> None:
+    """A deploy file that is not there is refused before anything runs, naming the directory it
+    was looked for in (a command run from outside the repository), not left to pyinfra (whose
+    "No deploy file" ends as hosts that failed)."""
+    path = Path(deploy)
+    if not path.is_file():
+        raise InventoryError(f"deploy {deploy} not found in {Path.cwd()}" + (
+            " (a directory: give the deploy file in it, e.g. deploys/triton.py)" if path.is_dir() else
+            ": run tritonfleet from the repository's root, or give the deploy's path"))
+
+
 def looks_like_inventory(path: str | os.PathLike) -> bool:
     """Whether the Python file ``path`` reads as an inventory: it assigns a list (a host group)
     at its top level to a name pyinfra takes as a group, and imports no steps or operations."""
@@ -177,6 +188,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     if not len(inv):
         raise InventoryError(f"inventory {inventory} has no hosts: a group is a list of host names or "
                              "(name, data) pairs, e.g. t4 = [(\"triton-t4-01\", {\"ssh_hostname\": \"10.0.0.11\"})]")
+    check_groups(inv, str(inventory))
     targets = select(list(inv), limit, str(inventory))
     settings_check.check_hosts(targets, settings_check.Origins(inv, str(inventory), settings_check.group_dirs(
         str(path))), GPU_CLASSES)
@@ -193,6 +205,32 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     except limits.LimitError as e:
         raise FleetError(str(e)) from e
     return out
+
+
+def check_groups(inv, inventory: str) -> None:
+    """A host listed twice in one group (pyinfra would keep the later entry's data, silently), or
+    in groups whose data set different GPU classes (its class would be whichever group pyinfra
+    merges last) is refused at load, naming the groups; the host's own data may settle the class."""
+    problems = []
+    for h in inv:
+        # (pyinfra lists a connector host's groups twice, "@local" among them: not the operator's doing)
+        twice = sorted({g for g in h.groups if h.groups.count(g) > 1}) if not h.name.startswith("@") else []
+        if twice:
+            problems.append(f"{h.name} is listed more than once in group {', '.join(twice)}: list it once "
+                            "(its data in one entry)")
+        if "gpu_class" in (inv.get_host_data(h.name) or {}):
+            continue
+        classes = {}
+        for g in dict.fromkeys(h.groups):
+            value = (inv.get_group_data(g) or {}).get("gpu_class")
+            if value is not None:
+                classes.setdefault(str(value).upper(), []).append(g)
+        if len(classes) > 1:
+            shown = "; ".join(f"{', '.join(gs)}: gpu_class {c!r}" for c, gs in classes.items())
+            problems.append(f"{h.name} is in groups with different GPU classes ({shown}): keep it in one of them, "
+                            "or set gpu_class in its own data")
+    if problems:
+        raise InventoryError(f"inventory {inventory}: " + "; ".join(problems))
 
 
 def select(hosts: list, limit: Iterable[str] | None, inventory: str) -> list:
