@@ -248,3 +248,49 @@ def test_a_host_in_two_groups_of_one_class_or_with_its_own_class_is_accepted(pro
                                            't4b = (["b"], {"gpu_class": "T4"})\n')
     res = invoke("prometheus", "inventories/prod.py", "--out", "p")
     assert res.exit_code == 0, res.output
+
+
+# ---- M3, M5, 38: settings an operator writes the way the docs seem to say ----------------------
+
+@pytest.mark.parametrize(("line", "words"), [
+    ('quarantine_budget = "25"\n', "quarantine_budget = '25' (inventories/group_data/all.py): must be a whole number "
+                                  "of hosts >= 0 or \"P%\" of the group (0 to 100) (write 25 without quotes or '25%')"),
+    ('triton_image = "nvcr.io/nvidia/tritonserver:24.08-py3 "\n', "without leading or trailing white space "
+                                                                  "(write 'nvcr.io/nvidia/tritonserver:24.08-py3')"),
+    ('extra_host_data = {"webhook_token": "s3cr3t"}\n', "the names only, e.g. extra_host_data = ['webhook_token']"),
+    ('model_origin_credentials_file = "relative/creds"\n', "must be an absolute path"),
+    ('model_origin = "s3://Models_Prod/triton"\n', "its bucket name must be 3 to 63 lower-case letters"),
+])
+def test_settings_written_the_way_an_operator_guesses_are_refused_at_load(project, line, words):
+    f = Path("inventories/group_data/all.py")
+    f.write_text(f.read_text() + line)
+    assert_usage_error(invoke("status", "inventories/prod.py"), words)
+
+
+def test_extra_host_data_as_names_with_values_of_their_own_is_accepted(project):
+    f = Path("inventories/group_data/all.py")
+    f.write_text(f.read_text() + 'extra_host_data = ["webhook_token"]\nwebhook_token = "s3cr3t"\n'
+                 'quarantine_budget = "25%"\nmodel_origin = "s3://models-prod.eu-1/triton"\n')
+    Path("inventories/prod.py").write_text('t4 = [("t4-a", {"ssh_hostname": "127.0.0.1"})]\n'
+                                           'l4 = [("l4-a", {"ssh_hostname": "127.0.0.2"})]\n')
+    res = invoke("prometheus", "inventories/prod.py", "--out", "p")
+    assert res.exit_code == 0, res.output
+
+
+BUCKET_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789.-"
+
+
+@GEN
+@given(bucket=st.text(alphabet=BUCKET_CHARS + "ABCXYZ_ ~", min_size=0, max_size=70))
+def test_an_s3_bucket_name_s3_would_refuse_is_refused(bucket):
+    from tritonfleet.settings.check import RULES
+
+    parts = bucket.split(".")
+    ip = len(parts) == 4 and all(p.isdigit() for p in parts)
+    fine = (3 <= len(bucket) <= 63 and set(bucket) <= set(BUCKET_CHARS) and bucket[0] not in ".-"
+            and bucket[-1] not in ".-" and ".." not in bucket and not ip)
+    why = RULES["model_origin"].problem(f"s3://{bucket}/prefix")
+    if fine:
+        assert why is None, (bucket, why)
+    else:
+        assert why is not None, bucket
