@@ -294,3 +294,23 @@ def test_an_s3_bucket_name_s3_would_refuse_is_refused(bucket):
         assert why is None, (bucket, why)
     else:
         assert why is not None, bucket
+
+
+# ---- README: every command in the CLI table -------------------------------------------------------
+
+def test_readmes_cli_table_names_every_command():
+    import click
+
+    from tritonfleet.cli import main
+
+    table = (ROOT / "README.md").read_text().split("## CLI", 1)[1].split("\n## ", 1)[0]
+    names = []
+    for name, cmd in main.commands.items():
+        if name == "testbed":
+            names.append(name)
+        elif isinstance(cmd, click.Group) and name != "quarantine":  # quarantine's verbs share one row
+            names += [f"{name} {sub}" for sub in cmd.commands]
+        else:
+            names.append(name)
+    missing = [n for n in names if f"| `tritonfleet {n}" not in table]
+    assert not missing, f"README's CLI table lacks: {missing}"
