@@ -220,7 +220,7 @@ def check_groups(inv, inventory: str) -> None:
                             "(its data in one entry)")
         if "gpu_class" in (inv.get_host_data(h.name) or {}):
             continue
-        classes = {}
+        classes: dict[str, list[str]] = {}
         for g in dict.fromkeys(h.groups):
             value = (inv.get_group_data(g) or {}).get("gpu_class")
             if value is not None:
