@@ -229,8 +229,46 @@ def check_groups(inv, inventory: str) -> None:
             shown = "; ".join(f"{', '.join(gs)}: gpu_class {c!r}" for c, gs in classes.items())
             problems.append(f"{h.name} is in groups with different GPU classes ({shown}): keep it in one of them, "
                             "or set gpu_class in its own data")
+    problems += _conflicting_entries(inventory)
     if problems:
         raise InventoryError(f"inventory {inventory}: " + "; ".join(problems))
+
+
+def _conflicting_entries(inventory: str) -> list[str]:
+    """Hosts written twice, in groups of literal (name, data) entries, with a key set to two
+    values: pyinfra merges the entries and one value wins, silently. Groups the file computes
+    (comprehensions, calls) are not read here: running the operator's code again is not worth it."""
+    try:
+        tree = ast.parse(Path(inventory).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    seen: dict[str, list[tuple[str, dict]]] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        group, value = node.targets[0].id, node.value
+        if isinstance(value, ast.Tuple) and len(value.elts) == 2:  # (hosts, group data)
+            value = value.elts[0]
+        if group.startswith("_") or not isinstance(value, (ast.List, ast.Tuple)):
+            continue
+        for elt in value.elts:
+            try:
+                entry = ast.literal_eval(elt)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
+                seen.setdefault(entry[0], []).append((group, entry[1]))
+    out = []
+    for name, entries in seen.items():
+        for i, (g1, d1) in enumerate(entries):
+            clash = next(((g2, k, d2[k]) for g2, d2 in entries[i + 1:] for k in d1
+                          if g2 != g1 and k in d2 and d1[k] != d2[k]), None)
+            if clash:
+                g2, key, other = clash
+                out.append(f"{name} is listed in groups {g1} and {g2} with different {key} ({d1[key]!r} and "
+                           f"{other!r}): give its data in one entry")
+                break
+    return out
 
 
 def select(hosts: list, limit: Iterable[str] | None, inventory: str) -> list:

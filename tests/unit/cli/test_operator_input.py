@@ -233,6 +233,8 @@ GPU_GROUPS = ('t4 = [("a", {"ssh_hostname": "127.0.0.1", "ssh_port": 1})]\n'
     ('t4 = [("a", {"ssh_hostname": "127.0.0.1"}), ("a", {"ssh_hostname": "127.0.0.2"})]\n',
      ["a is listed more than once in group t4"]),
     ('t4 = ["a", "b", "a"]\n', ["a is listed more than once in group t4"]),
+    ('t4 = [("a", {"ssh_hostname": "127.0.0.1"})]\nrack1 = [("a", {"ssh_hostname": "127.0.0.9"})]\n',
+     ["a is listed in groups t4 and rack1 with different ssh_hostname ('127.0.0.1' and '127.0.0.9')"]),
 ])
 def test_an_inventory_with_a_host_twice_is_refused_at_load(project, body, words):
     Path("inventories/prod.py").write_text(body)
@@ -244,6 +246,7 @@ def test_a_host_in_two_groups_of_one_class_or_with_its_own_class_is_accepted(pro
     """A host may be in several groups (a canary group, a rack) as long as its GPU class is one."""
     Path("inventories/group_data/canary.py").write_text("")
     Path("inventories/prod.py").write_text('t4 = [("a", {"ssh_hostname": "127.0.0.1"})]\ncanary = ["a"]\n'
+                                           'rack = [("a", {"ssh_hostname": "127.0.0.1", "ssh_port": 22})]\n'
                                            'l4 = [("b", {"ssh_hostname": "127.0.0.2", "gpu_class": "L4"})]\n'
                                            't4b = (["b"], {"gpu_class": "T4"})\n')
     res = invoke("prometheus", "inventories/prod.py", "--out", "p")
