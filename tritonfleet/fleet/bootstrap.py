@@ -117,18 +117,26 @@ def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path,
                          f"{' '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}; fill it with "
                          f"`pip download --only-binary=:all: --no-deps -d {wheelhouse} {' '.join(missing)}` "
                          "(for the hosts' Python: --python-version/--platform)")
-    lines, links = [], []
+    # a wheel already on the origin stays as it is: earlier requirements files pin its hash
+    clash = [p.name for ps in files.values() for p in ps
+             if (dist / p.name).is_file() and pull.sha256_file(dist / p.name) != pull.sha256_file(p)]
+    if clash:
+        raise UsageError(f"wheelhouse {wheelhouse}: {', '.join(clash)} differ from the files of the same name on the "
+                         f"origin ({dist}), which earlier bootstrap scripts pin by sha256: use the origin's files, or "
+                         "remove them there once no host's script needs them")
+    lines = []
     for name in sorted(files):
         hashes = []
         for p in files[name]:
             dest = dist / p.name
-            if not dest.is_file() or dest.stat().st_size != p.stat().st_size:
+            if not dest.is_file():
                 shutil.copyfile(p, dest.with_name(f".{p.name}.tmp"))
                 os.replace(dest.with_name(f".{p.name}.tmp"), dest)
             hashes.append(pull.sha256_file(dest))
-            links.append(f'<a href="{html.escape(p.name)}">{html.escape(p.name)}</a><br>')
         version = closure.get(name) or parse_wheel_filename(files[name][0].name)[1]
         lines.append(f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(set(hashes))))
+    # every wheel on the origin, so the sets of earlier scripts are found too (pip --find-links)
+    links = [f'<a href="{html.escape(w.name)}">{html.escape(w.name)}</a><br>' for w in sorted(dist.glob("*.whl"))]
     pull.write_atomic(dist / "index.html", ("<!DOCTYPE html><html><body>\n" + "\n".join(links)
                                             + "\n</body></html>\n").encode())
     reqs = ("# the self-converging hosts' agent: every file pinned by sha256 (tritonfleet bootstrap)\n"

@@ -120,23 +120,43 @@ def _checked(script: str) -> str:
     return next(ln for ln in script.splitlines() if "sha256sum -c" in ln).split('"')[1].split()[0]
 
 
-def test_a_second_bootstrap_with_another_wheelhouse_keeps_earlier_scripts_valid(agent, keypair):
+def _still_installs(script: str) -> None:
+    """What the script's pip would find on the origin: the requirements file its hash names, and
+    every wheel that file pins, listed on the index page, with the pinned content."""
+    body = Path("origin", _fetched(script)).read_bytes()
+    assert hashlib.sha256(body).hexdigest() == _checked(script)
+    index = Path("origin/dist/wheels/index.html").read_text()
+    pins = [ln.split(" --hash=sha256:") for ln in body.decode().splitlines() if not ln.startswith("#")]
+    for name_version, digest in pins:
+        name, version = name_version.split("==")
+        wheel = next(Path("origin/dist/wheels").glob(f"{name}-{version}-*.whl"))
+        assert f'href="{wheel.name}"' in index and hashlib.sha256(wheel.read_bytes()).hexdigest() == digest
+
+
+def test_a_second_bootstrap_with_another_wheelhouse_keeps_earlier_scripts_valid(agent, keypair, monkeypatch):
     first = invoke(*agent, "--url", "http://127.0.0.1:8765", "--sign-key", str(keypair))
     assert first.exit_code == 0, first.output
-    old = _script("boot/t4-a/user-data")
-    # another wheelhouse: six's wheel rebuilt (another file, another hash)
-    Path("wh/six-1.16.0-py2.py3-none-any.whl").write_bytes(b"six, rebuilt")
-    Path("origin/dist/wheels/six-1.16.0-py2.py3-none-any.whl").unlink()
+    old = _script("boot/t4-a/user-data")  # as a launch template keeps it
+    # the next wheelhouse: six upgraded
+    monkeypatch.setattr(bootstrap, "runtime_closure", lambda: {"tritonfleet": __version__, "six": "1.17.0"})
+    Path("wh/six-1.17.0-py2.py3-none-any.whl").write_bytes(b"six 1.17")
     second = invoke(*agent, "--url", "http://127.0.0.1:8765", "--sign-key", str(keypair))
     assert second.exit_code == 0, second.output
     new = _script("boot/t4-a/user-data")
     assert _checked(old) != _checked(new)
     assert "the agent's requirements changed" in second.output and "requirements changed" not in first.output
-    for text in (old, new):  # each script's file is on the origin, with the content its hash says
-        body = Path("origin", _fetched(text)).read_bytes()
-        assert hashlib.sha256(body).hexdigest() == _checked(text)
+    _still_installs(old)
+    _still_installs(new)
     again = invoke(*agent, "--url", "http://127.0.0.1:8765", "--sign-key", str(keypair))
-    assert "requirements changed" not in again.output  # the same set: nothing said
+    assert again.exit_code == 0 and "requirements changed" not in again.output  # the same set: nothing said
+    # a rebuilt wheel under a name the origin already serves would break the scripts that pin it
+    Path("wh/six-1.17.0-py2.py3-none-any.whl").write_bytes(b"six 1.17, rebuilt")
+    before = {p: p.read_bytes() for p in Path("origin").rglob("*") if p.is_file()}
+    res = invoke(*agent, "--url", "http://127.0.0.1:8765", "--sign-key", str(keypair))
+    assert_usage_error(res, "six-1.17.0-py2.py3-none-any.whl differ from the files of the same name on the origin")
+    assert {p: p.read_bytes() for p in Path("origin").rglob("*") if p.is_file()} == before
+    _still_installs(old)
+    _still_installs(new)
 
 
 # ---- 23: pull publish with a key that is not there -----------------------------------------------
