@@ -29,7 +29,8 @@ def _data(pairs: tuple[str, ...]) -> dict:
 @click.option("--wheel", required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="tritonfleet's wheel, the version this machine runs (in a checkout: pip wheel --no-deps -w dist .)")
 @click.option("--sign-key", type=click.Path(path_type=Path),
-              help="the key whose signed release pointers the hosts follow (ssh-keygen -Y)")
+              help="the key whose signed release pointers the hosts follow: its public half (key.pub) is enough "
+                   "here, the private key works too (or --release)")
 @click.option("--release", help="pin the hosts to this release (sha256) instead of following pointers")
 @click.option("--reports", "reports_url", default=None,
               help="where hosts PUT their reports (default: <url>/reports; '' for none)")
@@ -45,7 +46,7 @@ def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, 
 
     written = bootstrap.bootstrap(inventory, pull.Origin(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
                                   wheel=wheel, key=sign_key, release=release, reports_url=reports_url,
-                                  limit=list(limit), data=_data(data))
+                                  limit=list(limit), data=_data(data), echo=lambda m: click.echo(m, err=True))
     click.echo(f"bootstrap for {len(written)} host(s) in {out}/<host>/: bootstrap.sh (run as root) and "
                "user-data (cloud-init)")
 
@@ -59,7 +60,9 @@ def pull_group() -> None:
 @click.argument("inventory")
 @click.argument("deploy")
 @click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
-@click.option("--sign-key", type=click.Path(path_type=Path), help="sign pointers for the hosts (else: release only)")
+@click.option("--sign-key", type=click.Path(path_type=Path),
+              help="sign pointers for the hosts (else: release only): the private key, or key.pub with the private "
+                   "key in ssh-agent")
 @click.option("--include", multiple=True, help="repository paths the release holds (default: deploys, files)")
 @click.option("--limit", multiple=True, help="the hosts to point at the release (a wave; default: all)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
@@ -70,6 +73,9 @@ def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -
     from ..fleet import pull
 
     origin = pull.Origin(origin_dir)
+    fleet.check_deploy_file(deploy)
+    if sign_key:
+        pull.check_sign_key(sign_key)
     hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
     with origin.lock("pull publish"):
         sha = pull.publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or pull.INCLUDE)
@@ -83,12 +89,14 @@ def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -
 @click.argument("inventory")
 @click.argument("deploy")
 @click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
-@click.option("--sign-key", required=True, type=click.Path(path_type=Path), help="the key the hosts trust")
+@click.option("--sign-key", required=True, type=click.Path(path_type=Path),
+              help="the key the hosts trust: the private key, or key.pub with the private key in ssh-agent")
 @click.option("--include", multiple=True, help="repository paths the release holds (default: deploys, files)")
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--canary", default=1, show_default=True, help="hosts moved first, as a batch of their own")
 @click.option("--batch", default="25%", show_default=True, help="batch size after the canary: N hosts or P%")
-@click.option("--max-fail", default=0, show_default=True, help="failed hosts tolerated before the rollout halts")
+@click.option("--max-fail", default="0", show_default=True, metavar="N|P%",
+              help="failed hosts tolerated before the rollout halts: N hosts or P% of the targets (rounded down)")
 @click.option("--timeout", type=float, default=None,
               help="seconds a batch's hosts have to report the new release (default: pull_report_timeout)")
 @click.option("--poll", type=float, default=1.0, show_default=True, help="seconds between looks at the reports")

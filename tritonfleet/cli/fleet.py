@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
@@ -84,6 +85,24 @@ def status_table(rows: list[probe.HostStatus], rollout: dict[str, str] | None = 
     widths = [max(len(str(r[i])) for r in table) for i in range(len(head) - 1)]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + str(r[-1])
                      for r in table)
+
+
+class Percent(click.ParamType):
+    """A percentage: 5 or 5% (as --batch takes 25%)."""
+
+    name = "percent"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        text = str(value).strip()
+        try:
+            pct = float(text[:-1] if text.endswith("%") else text)
+        except ValueError:
+            pct = math.nan
+        if not math.isfinite(pct):
+            self.fail(f"{value!r} is not a percentage (5 or 5%)", param, ctx)
+        return pct
 
 
 @click.command("status")
@@ -169,8 +188,11 @@ def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--canary", default=1, show_default=True, type=click.IntRange(min=0), help="hosts deployed first, as a batch of their own")
 @click.option("--batch", default="25%", show_default=True, help="batch size after the canary: N hosts or P%")
-@click.option("--max-fail", default=0, show_default=True, type=click.IntRange(min=0),
-              help="failed hosts tolerated before the rollout halts")
+@click.option("--max-fail", default="0", show_default=True, metavar="N|P%",
+              help="failed hosts tolerated before the rollout halts: N hosts or P% of the targets (rounded down)")
+@click.option("--dry", is_flag=True,
+              help="probe and plan only (pyinfra --dry on every reachable target): print the batches and what "
+                   "would change, change nothing; exit status 0 when the plan is clean")
 @click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="seconds each host has to pass the health gate after its batch (default: health_timeout)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, passed to pyinfra")
@@ -188,7 +210,7 @@ def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -
               help="with --resume: the rollout's journal (or its log directory)")
 @click.option("--roll-back", "roll_back", is_flag=True,
               help="with --resume: roll every host the rollout reached back to what it served before")
-@click.option("--canary-weight", "canary_weight", type=float, default=None, metavar="PERCENT",
+@click.option("--canary-weight", "canary_weight", type=Percent(), default=None, metavar="PERCENT",
               help="traffic canary: HAProxy's weights give the canary hosts PERCENT of their backend's traffic while "
                    "Prometheus figures are compared with the other hosts' (canary_* tunables); promote, extend or "
                    "roll back")
@@ -196,7 +218,7 @@ def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -
               help="hold the running rollout (the newest, or --journal) before its next batch or canary verdict")
 @click.option("--continue", "unpause", is_flag=True, help="let a paused rollout go on")
 def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...], canary: int, batch: str,
-                max_fail: int, gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, stage: bool,
+                max_fail: str, dry: bool, gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, stage: bool,
                 as_json: bool, resume: bool,
                 journal: str | None, roll_back: bool, canary_weight: float | None = None, pause: bool = False,
                 unpause: bool = False) -> None:
@@ -228,6 +250,8 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
         return
     _pyinfra_checked("rollout_json")
     if resume:
+        if dry:
+            raise RolloutError("--dry plans a new rollout: it does not go with --resume")
         if inventory or deploy or limit or data:
             raise RolloutError("--resume takes everything from the journal: no INVENTORY, DEPLOY, "
                                "--limit or --data")
@@ -239,9 +263,9 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
             raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
         report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
                          max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
-                         perf_gate=perf_gate, stage=stage, canary_weight=canary_weight)
+                         perf_gate=perf_gate, stage=stage, canary_weight=canary_weight, plan_only=dry)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         click.echo(table(report))
-    sys.exit(0 if report.ok else 1)
+    sys.exit(0 if report.ok or dry and not report.halted else 1)

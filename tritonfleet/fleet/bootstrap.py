@@ -2,13 +2,13 @@
 systemd timer it leaves there.
 
 ``tritonfleet bootstrap`` publishes the agent on the origin (dist/: tritonfleet's wheel and the
-wheels of everything it imports, each pinned by sha256 in dist/requirements.txt) and writes, for
+wheels of everything it imports, each pinned by sha256 in dist/requirements-<its sha256>.txt) and writes, for
 every host of the inventory, a plain shell script (for provisioners without cloud-init: run it as
 root) and the same script as cloud-init user-data (``#cloud-config``: ``write_files`` puts it on
 the machine, ``runcmd`` runs it once, at first boot: cloud-init's documentation, "Run commands on
 first boot" and "Writing out arbitrary files"). The script needs only the distro's python3 (with
 its venv module: ``python3-venv`` on Debian and Ubuntu, installed when missing), curl and the
-origin: it checks dist/requirements.txt against the sha256 written into it, installs the agent
+origin: it fetches the requirements file its sha256 names and checks it, installs the agent
 into /opt/tritonfleet/agent with pip (``--require-hashes``: nothing but the pinned files), writes
 /etc/tritonfleet/pull.json (the host's name, the origin, the signers file or a pinned release,
 the intervals), and ``tritonfleet converge --install`` puts the timer in place and starts the
@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import urllib.parse
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -78,12 +79,22 @@ def runtime_closure(top: str = "tritonfleet") -> dict[str, str]:
     return out
 
 
-def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path) -> str:
+def requirements_name(sha: str) -> str:
+    """The agent's requirements file on the origin, named by its content's sha256: a later
+    bootstrap with another wheelhouse adds a file and never replaces one an earlier script
+    (a launch template's user-data) fetches."""
+    return f"requirements-{sha}.txt"
+
+
+def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path,
+                  echo: Callable[[str], None] | None = None) -> str:
     """dist/ on the origin: tritonfleet's wheel (``wheel``: the one this machine installed, or
     `pip wheel --no-deps -w dist .` in a checkout) and its dependencies' wheels (from ``wheelhouse``:
     every distribution of ``runtime_closure()`` at the version installed here, e.g. filled with
-    ``pip download``), an index page for pip, and requirements.txt pinning each file by sha256.
-    Returns the sha256 of requirements.txt (what the bootstrap script checks)."""
+    ``pip download``), an index page for pip, and the requirements file pinning each file by
+    sha256 (dist/requirements-<sha256>.txt, and a copy as dist/requirements.txt: the newest).
+    ``echo`` is told when the set differs from the newest one before. Returns the sha256 (what
+    the bootstrap script fetches and checks)."""
     from packaging.utils import parse_wheel_filename
 
     closure = runtime_closure()
@@ -106,24 +117,56 @@ def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path) -> str:
                          f"{' '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}; fill it with "
                          f"`pip download --only-binary=:all: --no-deps -d {wheelhouse} {' '.join(missing)}` "
                          "(for the hosts' Python: --python-version/--platform)")
-    lines, links = [], []
+    # a wheel already on the origin stays as it is: earlier requirements files pin its hash
+    clash = [p.name for ps in files.values() for p in ps
+             if (dist / p.name).is_file() and pull.sha256_file(dist / p.name) != pull.sha256_file(p)]
+    if clash:
+        raise UsageError(f"wheelhouse {wheelhouse}: {', '.join(clash)} differ from the files of the same name on the "
+                         f"origin ({dist}), which earlier bootstrap scripts pin by sha256: use the origin's files, or "
+                         "remove them there once no host's script needs them")
+    lines = []
     for name in sorted(files):
         hashes = []
         for p in files[name]:
             dest = dist / p.name
-            if not dest.is_file() or dest.stat().st_size != p.stat().st_size:
+            if not dest.is_file():
                 shutil.copyfile(p, dest.with_name(f".{p.name}.tmp"))
                 os.replace(dest.with_name(f".{p.name}.tmp"), dest)
             hashes.append(pull.sha256_file(dest))
-            links.append(f'<a href="{html.escape(p.name)}">{html.escape(p.name)}</a><br>')
         version = closure.get(name) or parse_wheel_filename(files[name][0].name)[1]
         lines.append(f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(set(hashes))))
+    # every wheel on the origin, so the sets of earlier scripts are found too (pip --find-links)
+    links = [f'<a href="{html.escape(w.name)}">{html.escape(w.name)}</a><br>' for w in sorted(dist.glob("*.whl"))]
     pull.write_atomic(dist / "index.html", ("<!DOCTYPE html><html><body>\n" + "\n".join(links)
                                             + "\n</body></html>\n").encode())
     reqs = ("# the self-converging hosts' agent: every file pinned by sha256 (tritonfleet bootstrap)\n"
             + "\n".join(lines) + "\n").encode()
-    pull.write_atomic(origin.root / DIST / "requirements.txt", reqs)
-    return hashlib.sha256(reqs).hexdigest()
+    sha = hashlib.sha256(reqs).hexdigest()
+    newest = origin.root / DIST / "requirements.txt"
+    try:
+        before = hashlib.sha256(newest.read_bytes()).hexdigest()
+    except OSError:
+        before = None
+    pull.write_atomic(origin.root / DIST / requirements_name(sha), reqs)
+    pull.write_atomic(newest, reqs)
+    if echo and before and before != sha:
+        echo(f"the agent's requirements changed: {DIST}/{requirements_name(before)} -> {DIST}/{requirements_name(sha)} "
+             "(scripts and user-data written before still install the earlier set, which stays on the origin; "
+             "give new machines the ones written now)")
+    return sha
+
+
+def check_url(value: str, option: str, what: str) -> None:
+    """An http:// or https:// URL with a host, nothing else (a typo such as htp:// or http//
+    would only show as hosts that never report)."""
+    try:
+        parts = urllib.parse.urlsplit(value or "")
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is no number, an unclosed [IPv6 address]
+        ok = False
+    if not ok or any(c.isspace() for c in value):
+        raise UsageError(f"{option} {value!r}: {what} must be an http:// or https:// URL with a host, "
+                         "e.g. http://10.0.0.5:8080")
 
 
 # --- per host: the script and the user-data -------------------------------------------------------
@@ -160,8 +203,9 @@ def script(cfg: dict, requirements_sha256: str, signers_text: str | None) -> str
         "fi",
         'tmp=$(mktemp -d)',
         "trap 'rm -rf \"$tmp\"' EXIT",
-        "# the agent's files, each pinned by sha256 (requirements.txt itself by the hash below)",
-        'curl -fsS --retry 10 --retry-connrefused -o "$tmp/requirements.txt" "$ORIGIN/dist/requirements.txt"',
+        "# the agent's files, each pinned by sha256 (the requirements file itself by the hash below)",
+        'curl -fsS --retry 10 --retry-connrefused -o "$tmp/requirements.txt" '
+        f'"$ORIGIN/{DIST}/{requirements_name(requirements_sha256)}"',
         f'echo "{requirements_sha256}  $tmp/requirements.txt" | sha256sum -c --quiet -',
         '[ -x "$AGENT/bin/pip" ] || python3 -m venv "$AGENT"',
         f'"$AGENT/bin/pip" install -q --disable-pip-version-check --no-index --find-links "$ORIGIN/dist/wheels/" '
@@ -190,13 +234,18 @@ def user_data(host: str, text: str) -> str:
 
 def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
               key: Path | None, release: str | None, reports_url: str | None = None,
-              limit: list[str] | None = None, data: dict | None = None) -> list[Path]:
+              limit: list[str] | None = None, data: dict | None = None,
+              echo: Callable[[str], None] | None = None) -> list[Path]:
     """Publish the agent and write ``out``/<host>/{bootstrap.sh,user-data} for every host; the
     directories written."""
     from . import inventory as fleet
 
-    if not url:
-        raise UsageError("--url: the address the hosts reach the origin at (http:// or https://)")
+    check_url(url, "--url", "the address the hosts reach the origin at")
+    if reports_url:
+        check_url(reports_url, "--reports", "where the hosts PUT their reports ('' for none)")
+    if key and release:
+        raise UsageError("--sign-key and --release: choose one (--sign-key: hosts follow the release pointers it "
+                         "signs; --release: hosts stay on that one release and no signer is trusted)")
     if not key and not release:
         raise UsageError("give --sign-key (hosts follow the release pointers it signs: pull-mode rollouts) or "
                          "--release SHA256 (hosts converge to that one release, pinned)")
@@ -208,7 +257,7 @@ def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheel
     except fleet.FleetError as e:
         raise UsageError(str(e)) from e
     signers = pull.allowed_signers(key) if key else None
-    reqs_sha = publish_agent(origin, wheelhouse, wheel)
+    reqs_sha = publish_agent(origin, wheelhouse, wheel, echo)
     written = []
     for fh in hosts:
         cfg = host_config(fh, url, reports_url if reports_url is not None else f"{url.rstrip('/')}/reports",

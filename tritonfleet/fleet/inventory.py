@@ -71,6 +71,17 @@ def deploy_imports(path: str | os.PathLike) -> list[str]:
     return found
 
 
+def check_deploy_file(deploy: str | os.PathLike) -> None:
+    """A deploy file that is not there is refused before anything runs, naming the directory it
+    was looked for in (a command run from outside the repository), not left to pyinfra (whose
+    "No deploy file" ends as hosts that failed)."""
+    path = Path(deploy)
+    if not path.is_file():
+        raise InventoryError(f"deploy {deploy} not found in {Path.cwd()}" + (
+            " (a directory: give the deploy file in it, e.g. deploys/triton.py)" if path.is_dir() else
+            ": run tritonfleet from the repository's root, or give the deploy's path"))
+
+
 def looks_like_inventory(path: str | os.PathLike) -> bool:
     """Whether the Python file ``path`` reads as an inventory: it assigns a list (a host group)
     at its top level to a name pyinfra takes as a group, and imports no steps or operations."""
@@ -177,6 +188,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     if not len(inv):
         raise InventoryError(f"inventory {inventory} has no hosts: a group is a list of host names or "
                              "(name, data) pairs, e.g. t4 = [(\"triton-t4-01\", {\"ssh_hostname\": \"10.0.0.11\"})]")
+    check_groups(inv, str(inventory))
     targets = select(list(inv), limit, str(inventory))
     settings_check.check_hosts(targets, settings_check.Origins(inv, str(inventory), settings_check.group_dirs(
         str(path))), GPU_CLASSES)
@@ -192,6 +204,70 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
         limits.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
     except limits.LimitError as e:
         raise FleetError(str(e)) from e
+    return out
+
+
+def check_groups(inv, inventory: str) -> None:
+    """A host listed twice in one group (pyinfra would keep the later entry's data, silently), or
+    in groups whose data set different GPU classes (its class would be whichever group pyinfra
+    merges last) is refused at load, naming the groups; the host's own data may settle the class."""
+    problems = []
+    for h in inv:
+        # (pyinfra lists a connector host's groups twice, "@local" among them: not the operator's doing)
+        twice = sorted({g for g in h.groups if h.groups.count(g) > 1}) if not h.name.startswith("@") else []
+        if twice:
+            problems.append(f"{h.name} is listed more than once in group {', '.join(twice)}: list it once "
+                            "(its data in one entry)")
+        if "gpu_class" in (inv.get_host_data(h.name) or {}):
+            continue
+        classes: dict[str, list[str]] = {}
+        for g in dict.fromkeys(h.groups):
+            value = (inv.get_group_data(g) or {}).get("gpu_class")
+            if value is not None:
+                classes.setdefault(str(value).upper(), []).append(g)
+        if len(classes) > 1:
+            shown = "; ".join(f"{', '.join(gs)}: gpu_class {c!r}" for c, gs in classes.items())
+            problems.append(f"{h.name} is in groups with different GPU classes ({shown}): keep it in one of them, "
+                            "or set gpu_class in its own data")
+    problems += _conflicting_entries(inventory)
+    if problems:
+        raise InventoryError(f"inventory {inventory}: " + "; ".join(problems))
+
+
+def _conflicting_entries(inventory: str) -> list[str]:
+    """Hosts written twice, in groups of literal (name, data) entries, with a key set to two
+    values: pyinfra merges the entries and one value wins, silently. Groups the file computes
+    (comprehensions, calls) are not read here: running the operator's code again is not worth it."""
+    try:
+        tree = ast.parse(Path(inventory).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    seen: dict[str, list[tuple[str, dict]]] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        group, value = node.targets[0].id, node.value
+        if isinstance(value, ast.Tuple) and len(value.elts) == 2:  # (hosts, group data)
+            value = value.elts[0]
+        if group.startswith("_") or not isinstance(value, (ast.List, ast.Tuple)):
+            continue
+        for elt in value.elts:
+            try:
+                entry = ast.literal_eval(elt)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
+                seen.setdefault(entry[0], []).append((group, entry[1]))
+    out = []
+    for name, entries in seen.items():
+        for i, (g1, d1) in enumerate(entries):
+            clash = next(((g2, k, d2[k]) for g2, d2 in entries[i + 1:] for k in d1
+                          if g2 != g1 and k in d2 and d1[k] != d2[k]), None)
+            if clash:
+                g2, key, other = clash
+                out.append(f"{name} is listed in groups {g1} and {g2} with different {key} ({d1[key]!r} and "
+                           f"{other!r}): give its data in one entry")
+                break
     return out
 
 

@@ -36,6 +36,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import tarfile
 import tempfile
@@ -87,10 +88,17 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+#: a URL given where the origin directory belongs (``scheme://``)
+URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 class Origin:
     """The origin directory (``root``) and the URL the hosts reach it at (``url``)."""
 
     def __init__(self, root: str | os.PathLike, url: str = ""):
+        if URL_LIKE.match(str(root)):  # Path() would fold its '//' into '/'
+            raise UsageError(f"origin {root} is an address: give the origin directory this machine writes (the one "
+                             "served at that address to the hosts), e.g. /srv/tritonfleet-origin")
         self.root = Path(root)
         self.url = url.rstrip("/")
         if not self.root.is_dir():
@@ -252,8 +260,19 @@ def publish_release(origin: Origin, hosts: list, deploy: str, repo_root: Path,
 
 # --- signed pointers -------------------------------------------------------------------------
 
+#: one line of an OpenSSH public key: its type, then base64 (ssh-keygen -y writes it)
+PUBLIC_KEY_LINE = re.compile(r"^(ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,2}( .*)?$")
+
+
 def public_key(key: Path) -> str:
-    """The public half of the signing key (``key``.pub, else derived with ssh-keygen -y)."""
+    """The public half of the signing key: ``key`` itself when it is a public key (key.pub),
+    else ``key``.pub beside it, else derived from the private key with ssh-keygen -y."""
+    try:
+        first = key.read_text(errors="replace").split("\n")[0].strip()
+    except OSError:
+        first = ""
+    if PUBLIC_KEY_LINE.match(first):
+        return first
     pub = Path(f"{key}.pub")
     if pub.is_file():
         return pub.read_text().split("\n")[0].strip()
@@ -261,6 +280,13 @@ def public_key(key: Path) -> str:
     if res.returncode != 0:
         raise UsageError(f"signing key {key}: {res.stderr.strip() or 'ssh-keygen -y failed'}")
     return res.stdout.strip()
+
+
+def check_sign_key(key: Path) -> None:
+    """A signing key that is not there is bad input (exit status 2), refused before anything is
+    published."""
+    if not key.is_file() and not Path(f"{key}.pub").is_file():
+        raise UsageError(f"signing key {key} not found (the key whose public half the hosts' bootstrap trusts)")
 
 
 def allowed_signers(key: Path) -> str:
@@ -377,7 +403,7 @@ def describe(rep: dict | None) -> str:
 # --- the pull-mode rollout ----------------------------------------------------------------------
 
 def rollout(inventory: str, deploy: str, origin: Origin, key: Path, *, limit: list[str] | None = None,
-            canary: int = 1, batch: str | int = "25%", max_fail: int = 0, data: dict | None = None,
+            canary: int = 1, batch: str | int = "25%", max_fail: str | int = 0, data: dict | None = None,
             timeout: float | None = None, include: tuple[str, ...] = INCLUDE,
             echo: Callable[[str], None] = print, poll: float = 1.0):
     """Publish the repository (``deploy`` and what ``include`` names, from the current directory)
@@ -388,17 +414,16 @@ def rollout(inventory: str, deploy: str, origin: Origin, key: Path, *, limit: li
     Report (tritonfleet.fleet.rollout), so both modes print and exit alike."""
     from . import inventory as fleet
     from .rollout.journal import JOURNAL, Journal
-    from .rollout.plan import RolloutError, plan_batches
+    from .rollout.plan import RolloutError, parse_max_fail, plan_batches
     from .rollout.report import HostResult, Report
 
-    if max_fail < 0:
-        raise UsageError("--max-fail must be >= 0")
-    if not key.is_file() and not Path(f"{key}.pub").is_file():
-        raise UsageError(f"signing key {key} not found (the key whose public half the hosts' bootstrap trusts)")
+    parse_max_fail(max_fail, 0)  # its form (N or P%), before anything runs
+    check_sign_key(key)
     t_start = time.monotonic()
     try:
         hosts = fleet.load_inventory(inventory, data=data, limit=limit)
         batches = plan_batches([h.name for h in hosts], canary, batch)
+        max_fail = parse_max_fail(max_fail, len(hosts))  # P%: of the targets, rounded down
     except (fleet.FleetError, RolloutError) as e:
         raise UsageError(str(e)) from e
     names = [h.name for h in hosts]

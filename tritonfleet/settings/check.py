@@ -39,6 +39,7 @@ from ..core.errors import UsageError
 from .defaults import DEFAULTS
 from .rules import (
     Rule,
+    absolute_path,
     budget,
     capacity_limit,
     choice,
@@ -48,7 +49,9 @@ from .rules import (
     is_int,
     listen_address,
     mapping,
+    name_list,
     number,
+    origin_url,
     seconds,
     text,
     text_list,
@@ -117,7 +120,7 @@ RULES: dict[str, Rule] = {
     "gpu_count": whole(1, none=True),
     # Triton images
     "bulk_transfer": choice("auto", "ssh", "connection"),
-    "triton_image": text(empty=False),
+    "triton_image": text(empty=False, padded=False),
     "image_archives": mapping(text(empty=False), "an archive path"),
     "registry_user": text(none=True, empty=False),
     "registry_password_env": text(empty=False),
@@ -130,12 +133,12 @@ RULES: dict[str, Rule] = {
     "triton_base_dir": text(empty=False),
     "triton_keep_releases": whole(0),
     # model origin (tritonfleet.model_repo.origin: AUTHS)
-    "model_origin": url("s3", "http", "https", none=True),
+    "model_origin": origin_url("s3", "http", "https", none=True),
     "model_origin_endpoint": url("http", "https", none=True),
     "model_origin_region": text(none=True, empty=False),
     "model_origin_auth": choice("presigned", "host"),
     "model_origin_url_expiry": whole(60, 7 * 24 * 3600, unit="seconds"),
-    "model_origin_credentials_file": text(empty=False),
+    "model_origin_credentials_file": absolute_path(),
     "model_origin_upload_url": url("http", "https", none=True),
     "model_origin_upload_user": text(none=True, empty=False),
     "model_origin_upload_password_env": text(empty=False),
@@ -240,7 +243,7 @@ RULES: dict[str, Rule] = {
     "quarantine_check_interval": seconds(),
     "quarantine_gate_timeout": seconds(),
     # the settings check itself
-    "extra_host_data": text_list(),
+    "extra_host_data": name_list(),
     # pull mode
     "pull_poll_interval": seconds(),
     "pull_converge_interval": seconds(),

@@ -102,9 +102,10 @@ def quoted_bool(v: Any) -> str:
     return ""
 
 
-def text(none: bool = False, empty: bool = True, digits_ok: bool = False) -> Rule:
+def text(none: bool = False, empty: bool = True, digits_ok: bool = False, padded: bool = True) -> Rule:
     """A string (``none``: or None; ``empty``: "" allowed; ``digits_ok``: a whole number too,
-    as pyinfra's --data turns "580" into 580)."""
+    as pyinfra's --data turns "580" into 580; ``padded``: leading or trailing white space allowed,
+    which an image reference, for one, never has)."""
     what = ("a string" + ("" if empty else " (not empty)") + (" or a whole number" if digits_ok else "")
             + (" or None" if none else ""))
 
@@ -116,6 +117,31 @@ def text(none: bool = False, empty: bool = True, digits_ok: bool = False) -> Rul
         if not isinstance(v, str):
             return f"must be {what}"
         if not empty and not v.strip():
+            return f"must be {what}"
+        if not padded and v != v.strip():
+            return f"must be {what} without leading or trailing white space (write {v.strip()!r})"
+        return None
+    return Rule(what, test)
+
+
+def name_list() -> Rule:
+    """Names (a list of strings): a dict of names and values is told that only the names go here."""
+    what = "a list of names (strings)"
+
+    def test(v):
+        if isinstance(v, dict):
+            return (f"must be {what}: the names only, e.g. extra_host_data = {sorted(map(str, v))!r}, each value "
+                    "set as data of its own (webhook_token = \"...\")")
+        return text_list().problem(v)
+    return Rule(what, test)
+
+
+def absolute_path() -> Rule:
+    """An absolute path (on the host: a relative one would depend on the directory a unit runs in)."""
+    what = "an absolute path (starting with /)"
+
+    def test(v):
+        if not isinstance(v, str) or not v.startswith("/") or v != v.strip():
             return f"must be {what}"
         return None
     return Rule(what, test)
@@ -195,6 +221,8 @@ def budget() -> Rule:
         m = _BUDGET.match(v) if isinstance(v, str) else None
         if not m or (m.group(2) and int(m.group(1)) > 100):
             return f"must be {what}"
+        if not m.group(2):  # "25": hosts or a percentage? the text form is for P% only
+            return f"must be {what} (write {m.group(1)} without quotes or '{m.group(1)}%')"
         return None
     return Rule(what, test)
 
@@ -261,6 +289,34 @@ def url(*schemes: str, none: bool = False) -> Rule:
             return f"must be {what} without white space, quotes or backslashes (percent-encode them)"
         return None
     return Rule(what, test)
+
+
+#: an S3 bucket name as S3 accepts it (AWS S3 user guide, "General purpose bucket naming rules"):
+#: 3-63 lower-case letters, digits, dots and hyphens, a letter or digit at each end
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_IP = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+
+
+def bucket_problem(bucket: str) -> str | None:
+    """Why S3 would refuse ``bucket`` as a bucket name (None: it would not)."""
+    if not _BUCKET.match(bucket) or ".." in bucket or _IP.match(bucket):
+        return ("its bucket name must be 3 to 63 lower-case letters, digits, dots or hyphens, a letter or digit at "
+                "each end, not an IP address (S3's bucket naming rules)")
+    return None
+
+
+def origin_url(*schemes: str, none: bool = False) -> Rule:
+    """:func:`url`; an s3:// URL's bucket also as S3 names buckets (refused at load, not at the
+    first upload)."""
+    base = url(*schemes, none=none)
+
+    def test(v):
+        why = base.problem(v)
+        if why is None and isinstance(v, str) and urlsplit(v).scheme == "s3":
+            bad = bucket_problem(urlsplit(v).netloc)
+            return f"must be {base.what}: {bad}" if bad else None
+        return why
+    return Rule(base.what, test)
 
 
 #: the characters tritonfleet.model_repo.origin lets through into curl's config file (in double quotes)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ... import ROLLBACK_DEPLOY
 from ...core import runid
+from ...core.checks import is_check
 from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.procs import alive
 from ...core.report import Failure, read_channel
@@ -24,7 +25,7 @@ from ...settings.access import Settings
 from .. import inventory as fleet
 from .. import perfgate, probe, rollout_traffic, workers
 from .journal import JOURNAL, Journal, _log_dir, latest_journal
-from .plan import RolloutError, _plan_error, plan_batches
+from .plan import RolloutError, _plan_error, parse_max_fail, plan_batches
 from .pyinfra_run import PyinfraRun
 from .report import HostResult, Report
 
@@ -70,12 +71,14 @@ def _before_record(st: probe.HostStatus) -> dict:
 
 
 def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, canary: int = 1,
-            batch: str | int = "25%", max_fail: int = 0, data: dict | None = None,
+            batch: str | int = "25%", max_fail: str | int = 0, data: dict | None = None,
             gate_timeout: float | None = None, echo: Callable[[str], None] = print,
-            perf_gate: bool = False, stage: bool = False, canary_weight: float | None = None) -> Report:
+            perf_gate: bool = False, stage: bool = False, canary_weight: float | None = None,
+            plan_only: bool = False) -> Report:
+    """``max_fail``: N hosts or P% of the targets; ``plan_only`` (--dry): probe and plan only (pyinfra --dry on
+    every reachable target), then stop: no host is changed."""
     data = dict(data or {})
-    if not Path(deploy).is_file():
-        raise RolloutError(f"deploy {deploy} not found")
+    fleet.check_deploy_file(deploy)
     if Path(inventory).is_file() and fleet.deploy_imports(inventory) and not fleet.deploy_imports(deploy):
         raise RolloutError(f"the arguments are the wrong way round: {inventory} is a deploy file and {deploy} "
                            f"is not; the inventory comes first: tritonfleet rollout {deploy} {inventory}")
@@ -85,13 +88,13 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
                            "deploys/models.py")
     if gate_timeout is not None and not gate_timeout > 0:
         raise RolloutError(f"--gate-timeout must be a number of seconds > 0, not {gate_timeout!r}")
-    if max_fail < 0:
-        raise RolloutError("--max-fail must be >= 0")
+    parse_max_fail(max_fail, 0)  # its form, before anything runs
     if perf_gate and canary < 1:
         raise RolloutError("--perf-gate measures the canary before and after its update: give --canary 1 or more")
     t_start = time.monotonic()
     hosts = fleet.load_inventory(inventory, data=data, limit=limit)
     names = [h.name for h in hosts]
+    max_fail = parse_max_fail(max_fail, len(names))
     batches = plan_batches(names, canary, batch)
     traffic = rollout_traffic.prepare(hosts, batches, canary, canary_weight)  # refused before anything is written
     report = Report(inventory, deploy, batches, [HostResult(n) for n in names])
@@ -135,6 +138,9 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
         report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(_plan_error(dry.log))
         return _finish(run, t_start)
     journal.write("planned")
+    if plan_only:
+        _show_plan(run, dry)
+        return _finish(run, t_start)
 
     # 2b. --stage: the image and the release on every target before any batch (nothing restarts)
     if stage:
@@ -147,6 +153,24 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     # 3. batches
     _batches(run, 1)
     return _finish(run, t_start)
+
+
+def _show_plan(run: _Run, plan: PyinfraRun) -> None:
+    """--dry: each batch's hosts and what pyinfra --dry says would change on each (the table's
+    DETAIL), no host changed."""
+    counts: dict[str, int] = {}
+    for op in (plan.data.get("results") or {}).get("operations", []):
+        if not is_check(op["name"]):
+            for n in op.get("success", []):
+                counts[n] = counts.get(n, 0) + 1
+    for i, b in enumerate(run.batches, 1):
+        todo = [n for n in b if n not in run.unreachable]
+        run.echo(f"[{run.label(i)}] would deploy to {', '.join(todo) or 'no reachable host'}")
+        for n in todo:
+            run.results[n].batch = i
+            run.results[n].detail = (f"dry: {counts[n]} operation(s) would change" if counts.get(n)
+                                     else "dry: no change")
+    run.echo(f"dry run: nothing changed (pyinfra --dry's output: {plan.log_path or 'not kept'})")
 
 
 def _batches(run: _Run, first: int) -> None:

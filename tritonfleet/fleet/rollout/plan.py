@@ -29,6 +29,25 @@ def parse_batch(batch: str | int, total: int) -> int:
         raise RolloutError(f"--batch must be a number of hosts (>= 1) or a percentage like 25%, not {batch!r}") from None
 
 
+def parse_max_fail(max_fail: str | int, total: int) -> int:
+    """Failures tolerated: N hosts, or P% of the ``total`` target hosts, rounded down (10% of
+    9 hosts tolerates none)."""
+    text = str(max_fail).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 <= pct <= 100:
+                raise ValueError
+            return math.floor(total * pct / 100)
+        n = int(text)
+        if n < 0:
+            raise ValueError
+        return n
+    except ValueError:
+        raise RolloutError(f"--max-fail must be a number of hosts (>= 0) or a percentage of the targets like 10%, "
+                           f"not {max_fail!r}") from None
+
+
 def plan_batches(names: list[str], canary: int, batch: str | int) -> list[list[str]]:
     """Canary hosts first (a batch of their own), then batches of the rest, in inventory order."""
     if canary < 0:
