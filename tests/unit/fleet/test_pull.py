@@ -64,6 +64,30 @@ def key(tmp_path_factory):
     return d / "key"
 
 
+HOST_NAMES = ["pull-1", "pull-2", "h1", "h2", "h3", "h4", "h5"]
+
+
+@pytest.fixture(scope="module")
+def host_keys(tmp_path_factory):
+    """Each test host's report key, as tritonfleet bootstrap makes them: {host: private key path}."""
+    d = tmp_path_factory.mktemp("host-keys")
+    return {h: (d / h, pull.make_key(d / h, f"report {h}"))[0] for h in HOST_NAMES}
+
+
+def _enrol(origin: pull.Origin, host_keys: dict) -> None:
+    pull.enrol(origin, {h: Path(f"{k}.pub").read_text().strip() for h, k in host_keys.items()})
+
+
+def _put_report(origin: pull.Origin, host: str, report: dict, key: Path | None) -> None:
+    """A report on the origin as a host writes it: signed with ``key`` (None: unsigned)."""
+    pull.write_atomic(origin.report(host), converge.signed_report({"report_key": str(key or "/nonexistent")}, report))
+
+
+def _report_of(origin: pull.Origin, host: str) -> dict:
+    """The payload of a host's report (its signature checked by the tests of Reports)."""
+    return json.loads(json.loads(origin.report(host).read_text())["payload"])
+
+
 def _hosts(repo, **data):
     from tritonfleet.fleet import inventory as fleet
 
@@ -79,9 +103,10 @@ def _manifest(data: bytes) -> dict:
         return {"manifest": json.load(t.extractfile(pull.MANIFEST)), "names": sorted(t.getnames())}
 
 
-def test_a_release_is_its_content_and_holds_each_hosts_own_data(repo):
-    """The same files and data make the same bytes (one release, published twice); each host's
-    data is what differs from the defaults, without how the control machine connects."""
+def test_a_release_is_its_content_and_holds_no_hosts_data(repo):
+    """The same files make the same bytes (one release, published twice); the archive holds no
+    host's data (every host may fetch it); each host's entry is what differs from the defaults,
+    without how the control machine connects."""
     hosts = _hosts(repo)
     a, sha_a, _ = pull.build_release(hosts, "deploys/mark.py", repo)
     time.sleep(0.01)
@@ -89,16 +114,18 @@ def test_a_release_is_its_content_and_holds_each_hosts_own_data(repo):
     b, sha_b, _ = pull.build_release(hosts, "deploys/mark.py", repo)
     assert a == b and sha_a == sha_b
     got = _manifest(a)
-    entry = got["manifest"]["hosts"]["pull-1"]
+    assert "hosts" not in got["manifest"] and b"blue" not in a and b"red" not in a
+    entries, _ = pull.host_entries(hosts, repo)
+    entry = entries["pull-1"]
     assert entry["groups"] == ["pulled"]
     assert entry["data"]["colour"] == "blue"
     assert not [k for k in entry["data"] if k.startswith(("ssh_", "_"))]
-    assert "triton_http_port" not in got["manifest"]["hosts"]["pull-2"]["data"]  # the default value
+    assert "triton_http_port" not in entries["pull-2"]["data"]  # the default value
     assert "repo/deploys/mark.py" in got["names"] and "repo/files/model_repository/m/config.pbtxt" in got["names"]
     assert not [n for n in got["names"] if n.startswith("repo/inventories")]
-    # another value is another release
+    # another value is the same release: the data travels in each host's pointer
     _, sha_c, _ = pull.build_release(_hosts(repo, colour="green"), "deploys/mark.py", repo)
-    assert sha_c != sha_a
+    assert sha_c == sha_a
 
 
 def test_image_archives_travel_as_blobs_and_outside_models_are_refused(repo, tmp_path):
@@ -108,7 +135,7 @@ def test_image_archives_travel_as_blobs_and_outside_models_are_refused(repo, tmp
     (tmp_path / "origin").mkdir()
     origin = pull.Origin(tmp_path / "origin")
     sha = pull.publish_release(origin, hosts, "deploys/mark.py", repo)
-    ref = _manifest(origin.release(sha).read_bytes())["manifest"]["hosts"]["pull-1"]["data"]["image_archives"]
+    ref = pull.host_entries(hosts, repo)[0]["pull-1"]["data"]["image_archives"]
     blob = pull.sha256_file(archive)
     assert ref == {"nvcr.io/x:1": {"blob": blob, "name": "img.tar.gz", "size": 11}}
     assert origin.blob(blob).read_bytes() == b"image bytes"
@@ -133,20 +160,26 @@ def test_signatures_verify_only_for_the_payload_and_the_key(key, tmp_path):
 # --- a host's run, through a real nginx origin ---------------------------------------------------
 
 @pytest.fixture
-def served(repo, tmp_path, key, monkeypatch):
+def served(repo, tmp_path, key, host_keys, monkeypatch):
     origin_dir = tmp_path / "origin"
     origin_dir.mkdir()
     srv = OriginServer(origin_dir, tmp_path / "nginx")
     origin = pull.Origin(origin_dir, srv.url)
+    _enrol(origin, host_keys)
     signers = tmp_path / "signers"
     signers.write_text(pull.allowed_signers(key))
     state = tmp_path / "state"
     cfg = {"format": 1, "host": "pull-1", "origin": srv.url, "reports": f"{srv.url}/reports", "signers": str(signers),
-           "release": None, "poll_interval": 5, "converge_interval": 600, "textfile": str(tmp_path / "tf" / "t.prom")}
+           "release": None, "min_generation": 0, "report_key": str(host_keys["pull-1"]), "poll_interval": 5,
+           "converge_interval": 600, "textfile": str(tmp_path / "tf" / "t.prom")}
     (tmp_path / "pull.json").write_text(json.dumps(cfg))
     monkeypatch.setattr(converge, "STATE_DIR", state)
     yield origin, tmp_path / "pull.json", tmp_path
     srv.stop()
+
+
+def _data(repo, **data) -> dict:
+    return pull.host_entries(_hosts(repo, **data), repo)[0]
 
 
 def _converge(cfg: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
@@ -158,12 +191,12 @@ def _converge(cfg: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
 def test_a_host_converges_to_its_pointer_and_reports_it(served, repo, key):
     origin, cfg, tmp = served
     sha = pull.publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
-    gen = pull.publish_desired(origin, key, {"pull-1": sha}, "t")
+    gen = pull.publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
     res = _converge(cfg, tmp)
     assert res.returncode == 0, res.stdout + res.stderr
     # the deploy ran under the host's own name with its own data
     assert (tmp / "marks" / "1").read_text() == "pull-1 blue\n"
-    rep = json.loads(origin.report("pull-1").read_text())
+    rep = _report_of(origin, "pull-1")
     assert (rep["host"], rep["release"], rep["generation"], rep["result"], rep["error"]) == \
         ("pull-1", sha, gen, "ok", "")
     assert rep["changed"] == 1
@@ -176,52 +209,54 @@ def test_a_host_converges_to_its_pointer_and_reports_it(served, repo, key):
     assert _converge(cfg, tmp).returncode == 0
     assert not (tmp / "marks" / "1").exists() and origin.report("pull-1").stat().st_mtime_ns == before
     # a new generation of the same release is a run (a rollback re-published it)
-    gen2 = pull.publish_desired(origin, key, {"pull-1": sha}, "t")
+    gen2 = pull.publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
     assert _converge(cfg, tmp).returncode == 0
-    assert (tmp / "marks" / "1").exists() and json.loads(origin.report("pull-1").read_text())["generation"] == gen2
+    assert (tmp / "marks" / "1").exists() and _report_of(origin, "pull-1")["generation"] == gen2
 
 
 def test_a_host_refuses_what_was_not_signed_for_it(served, repo, key, tmp_path):
     origin, cfg, tmp = served
     sha = pull.publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
-    gen = pull.publish_desired(origin, key, {"pull-1": sha, "pull-2": sha}, "t")
+    gen = pull.publish_desired(origin, key, {"pull-1": sha, "pull-2": sha}, "t", _data(repo))
     assert _converge(cfg, tmp).returncode == 0
     good = origin.pointer("pull-1").read_bytes()
     # another host's pointer served as this host's
     shutil.copy(origin.pointer("pull-2"), origin.pointer("pull-1"))
     res = _converge(cfg, tmp)
     assert res.returncode == 1
-    rep = json.loads(origin.report("pull-1").read_text())
+    rep = _report_of(origin, "pull-1")
     assert rep["result"] == "refused" and "names host 'pull-2'" in rep["error"]
     # a payload changed after signing
     outer = json.loads(good)
     outer["payload"] = outer["payload"].replace(sha, "0" * 64)
     origin.pointer("pull-1").write_text(json.dumps(outer))
     assert _converge(cfg, tmp).returncode == 1
-    assert "signature does not verify" in json.loads(origin.report("pull-1").read_text())["error"]
+    assert "signature does not verify" in _report_of(origin, "pull-1")["error"]
     # an older pointer served again
-    pull.publish_desired(origin, key, {"pull-1": sha}, "t")
+    pull.publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
     assert _converge(cfg, tmp).returncode == 0
     origin.pointer("pull-1").write_bytes(good)
     assert _converge(cfg, tmp).returncode == 1
-    assert f"generation {gen}, older" in json.loads(origin.report("pull-1").read_text())["error"]
+    assert f"generation {gen}, older" in _report_of(origin, "pull-1")["error"]
     assert json.loads((tmp / "state" / "state.json").read_text())["release"] == sha  # it stays on what it ran
 
 
 def test_a_release_whose_bytes_differ_is_refused_and_a_failing_deploy_reported(served, repo, key):
     origin, cfg, tmp = served
     sha = pull.publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
-    data = bytearray(origin.release(sha).read_bytes())
-    origin.release(sha).write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 1]))
-    pull.publish_desired(origin, key, {"pull-1": sha}, "t")
+    data = origin.release(sha).read_bytes()
+    origin.release(sha).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    pull.publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
     assert _converge(cfg, tmp).returncode == 1
-    rep = json.loads(origin.report("pull-1").read_text())
+    rep = _report_of(origin, "pull-1")
     assert rep["result"] == "refused" and "not the release" in rep["error"]
     assert not (tmp / "marks" / "1").exists()
+    origin.release(sha).write_bytes(data)
     bad = pull.publish_release(origin, _hosts(repo, fail_here=True), "deploys/mark.py", repo)
-    pull.publish_desired(origin, key, {"pull-1": bad}, "t")
+    assert bad == sha  # the same release: the data that fails travels in the host's own pointer
+    pull.publish_desired(origin, key, {"pull-1": bad}, "t", _data(repo, fail_here=True))
     assert _converge(cfg, tmp).returncode == 1
-    rep = json.loads(origin.report("pull-1").read_text())
+    rep = _report_of(origin, "pull-1")
     assert rep["result"] == "failed" and rep["release"] == bad and rep["error"]
     assert "tritonfleet_pull_last_run_success 0" in (tmp / "tf" / "t.prom").read_text()
 
@@ -320,8 +355,8 @@ class Agents:
     """Hosts that follow their pointers on the origin directory and report, as tritonfleet
     converge does: ``behaviour(host, release)`` -> "ok", "failed" or "silent"."""
 
-    def __init__(self, origin: pull.Origin, hosts: list[str], behaviour, initial: str | None):
-        self.origin, self.hosts, self.behaviour = origin, hosts, behaviour
+    def __init__(self, origin: pull.Origin, hosts: list[str], behaviour, initial: str | None, keys: dict):
+        self.origin, self.hosts, self.behaviour, self.keys = origin, hosts, behaviour, keys
         self.ran: dict[str, list[str]] = {h: [] for h in hosts}
         self.stop = threading.Event()
         # what they ran before the rollout: the pointers already there
@@ -333,9 +368,9 @@ class Agents:
         self.thread.start()
 
     def _report(self, host, release, gen, result):
-        pull.write_atomic(self.origin.report(host), json.dumps(
-            {"host": host, "release": release, "generation": gen, "result": result, "changed": 1,
-             "error": "" if result == "ok" else "pre-flight failed", "finished": "2030-01-01T00:00:00Z"}).encode())
+        _put_report(self.origin, host, {"host": host, "release": release, "generation": gen, "result": result,
+                                        "changed": 1, "error": "" if result == "ok" else "pre-flight failed",
+                                        "finished": "2030-01-01T00:00:00Z"}, self.keys[host])
 
     def loop(self):
         while not self.stop.is_set():
@@ -355,14 +390,19 @@ def _rollout_repo(repo, n):
     (repo / "inventories" / "many.py").write_text(f"pulled = [{hosts}]\n")
 
 
-def _run(repo, key, tmp_path, behaviour, n=5, initial="old", **kw):
+OLD = "0123456789abcdef" * 4  # the release the hosts ran before the rollout
+
+
+def _run(repo, key, host_keys, tmp_path, behaviour, n=5, initial=OLD, **kw):
     _rollout_repo(repo, n)
     (tmp_path / "origin").mkdir(exist_ok=True)
     origin = pull.Origin(tmp_path / "origin")
+    _enrol(origin, host_keys)
     names = [f"h{i}" for i in range(1, n + 1)]
     if initial:
-        pull.publish_desired(origin, key, dict.fromkeys(names, initial), "before")
-    agents = Agents(origin, names, behaviour, initial)
+        pull.publish_desired(origin, key, dict.fromkeys(names, initial), "before",
+                             {h: {"groups": ["pulled"], "data": {"was": h}} for h in names})
+    agents = Agents(origin, names, behaviour, initial, host_keys)
     lines = []
     try:
         report = pull.rollout(str(repo / "inventories" / "many.py"), "deploys/mark.py", origin, key, echo=lines.append, poll=0.05,
@@ -372,39 +412,39 @@ def _run(repo, key, tmp_path, behaviour, n=5, initial="old", **kw):
     return report, agents, {r.host: r for r in report.hosts}, lines
 
 
-def test_rollout_canary_then_batches_all_on_the_new_release(repo, key, tmp_path):
-    report, agents, res, _ = _run(repo, key, tmp_path, lambda h, r: "ok", batch="2", timeout=20)
+def test_rollout_canary_then_batches_all_on_the_new_release(repo, key, host_keys, tmp_path):
+    report, agents, res, _ = _run(repo, key, host_keys, tmp_path, lambda h, r: "ok", batch="2", timeout=20)
     assert report.ok and report.batches == [["h1"], ["h2", "h3"], ["h4", "h5"]]
     new = pull.read_pointer(agents.origin.pointer("h1"))["release"]
     assert all(agents.ran[h] == [new] for h in agents.hosts)
     assert [res[h].batch for h in agents.hosts] == [1, 2, 2, 3, 3]
-    assert all(res[h].result == "updated" and res[h].before == "old" and res[h].after == new[:12] for h in res)
+    assert all(res[h].result == "updated" and res[h].before == OLD[:12] and res[h].after == new[:12] for h in res)
     events = [json.loads(x)["event"] for x in (Path(report.log_dir) / "journal.jsonl").read_text().splitlines()]
     assert events == ["start", "before", "batch", "batch-done", "batch", "batch-done", "batch", "batch-done", "end"]
 
 
-def test_rollout_halts_on_a_failed_canary_and_rolls_it_back(repo, key, tmp_path):
-    report, agents, res, lines = _run(repo, key, tmp_path, lambda h, r: "ok" if r == "old" else "failed",
+def test_rollout_halts_on_a_failed_canary_and_rolls_it_back(repo, key, host_keys, tmp_path):
+    report, agents, res, lines = _run(repo, key, host_keys, tmp_path, lambda h, r: "ok" if r == OLD else "failed",
                                       batch="2", timeout=20)
     assert not report.ok and "more than --max-fail 0" in report.halted and "4 host(s) not touched" in report.halted
     new = agents.ran["h1"][0]
-    assert agents.ran["h1"] == [new, "old"]  # failed, then pointed back
+    assert agents.ran["h1"] == [new, OLD]  # failed, then pointed back
     assert res["h1"].result == "rolled back" and "pre-flight failed" in res["h1"].detail
     assert all(agents.ran[h] == [] and res[h].result == "not touched" for h in ("h2", "h3", "h4", "h5"))
-    assert all(pull.read_pointer(agents.origin.pointer(h))["release"] == "old" for h in agents.hosts)
+    assert all(pull.read_pointer(agents.origin.pointer(h))["release"] == OLD for h in agents.hosts)
 
 
-def test_rollout_failure_budget_silent_hosts_and_hosts_that_never_reported(repo, key, tmp_path):
+def test_rollout_failure_budget_silent_hosts_and_hosts_that_never_reported(repo, key, host_keys, tmp_path):
     def behaviour(h, r):
-        return "silent" if h == "h3" and r != "old" else "ok"
+        return "silent" if h == "h3" and r != OLD else "ok"
 
-    report, agents, res, _ = _run(repo, key, tmp_path, behaviour, batch="2", timeout=1, max_fail=1)
+    report, agents, res, _ = _run(repo, key, host_keys, tmp_path, behaviour, batch="2", timeout=1, max_fail=1)
     assert res["h3"].result == "rolled back" and "no report of release" in res["h3"].detail
     assert report.halted == "" and not report.ok  # within the budget: every batch ran, h3 is not on it
     assert all(res[h].result == "updated" for h in ("h1", "h2", "h4", "h5"))
     # a host that never reported is not touched, and counts against the budget before the start
     (tmp_path / "b").mkdir()
-    report, agents, res, _ = _run(repo, key, tmp_path / "b", lambda h, r: "ok", initial=None, batch="2", timeout=1)
+    report, agents, res, _ = _run(repo, key, host_keys, tmp_path / "b", lambda h, r: "ok", initial=None, batch="2", timeout=1)
     assert res["h1"].result == "unreachable" and "never reported" in report.halted
     assert all(a == [] for a in agents.ran.values())
 
@@ -415,15 +455,16 @@ def test_one_publisher_at_a_time(tmp_path):
         pass
 
 
-def test_status_reads_the_reports(repo, key, tmp_path):
+def test_status_reads_the_reports(repo, key, host_keys, tmp_path):
     (tmp_path / "origin").mkdir()
     origin = pull.Origin(tmp_path / "origin")
+    _enrol(origin, host_keys)
     hosts = _hosts(repo)
     pull.publish_desired(origin, key, {"pull-1": "a" * 64, "pull-2": "b" * 64}, "t")
     now = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60))
-    pull.write_atomic(origin.report("pull-1"), json.dumps({"host": "pull-1", "release": "a" * 64, "result": "ok",
-                                                           "finished": stamp}).encode())
+    _put_report(origin, "pull-1", {"host": "pull-1", "release": "a" * 64, "result": "ok", "finished": stamp},
+                host_keys["pull-1"])
     rows = {r["host"]: r for r in pull.status(hosts, origin, now)}
     assert rows["pull-1"]["drift"] == [] and 55 <= rows["pull-1"]["age_seconds"] <= 65
     assert rows["pull-2"]["drift"] == ["no report (not converging itself: bootstrap it)"]
