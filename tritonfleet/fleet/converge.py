@@ -124,7 +124,7 @@ def generation_floor(cfg: dict) -> int:
     except FileNotFoundError:
         kept = 0
     except (OSError, ValueError) as e:
-        raise RunError(f"generation file {_generation_path()} unreadable ({e}): nothing followed until it is "
+        raise Refused(f"generation file {_generation_path()} unreadable ({e}): nothing followed until it is "
                        f"removed (then the bootstrap's floor {pinned} holds)") from None
     return max(int(pinned), kept)
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tritonfleet.core.errors import UsageError
 from tritonfleet.fleet import bootstrap, converge, pull
@@ -134,7 +136,7 @@ def test_image_archives_travel_as_blobs_and_outside_models_are_refused(repo, tmp
     hosts = _hosts(repo, image_archives={"nvcr.io/x:1": str(archive)})
     (tmp_path / "origin").mkdir()
     origin = pull.Origin(tmp_path / "origin")
-    sha = pull.publish_release(origin, hosts, "deploys/mark.py", repo)
+    pull.publish_release(origin, hosts, "deploys/mark.py", repo)
     ref = pull.host_entries(hosts, repo)[0]["pull-1"]["data"]["image_archives"]
     blob = pull.sha256_file(archive)
     assert ref == {"nvcr.io/x:1": {"blob": blob, "name": "img.tar.gz", "size": 11}}
@@ -470,3 +472,248 @@ def test_status_reads_the_reports(repo, key, host_keys, tmp_path):
     assert rows["pull-2"]["drift"] == ["no report (not converging itself: bootstrap it)"]
     rows = {r["host"]: r for r in pull.status(hosts, origin, now + 10_000)}
     assert "no run for" in rows["pull-1"]["drift"][0]
+
+
+# --- authenticated both ways (security review 2: findings 1, 3, 4, 12, 16) ------------------------
+
+NEW = "fedcba9876543210" * 4  # the release a rollout moves to
+GOOD = {"release": NEW, "generation": 0, "result": "ok", "error": "", "changed": 1, "finished": "2030-01-01T00:00:00Z"}
+
+
+def _pull_run(origin: pull.Origin, key: Path, hosts: list[str], wait: float = 0.3):
+    from tritonfleet.fleet.rollout.journal import Journal
+    from tritonfleet.fleet.rollout.report import HostResult, Report
+
+    report = Report("inv", "deploys/mark.py", [hosts], [HostResult(h) for h in hosts])
+    return pull._PullRun(origin, key, NEW, "t", report, Journal(origin.root / "journal.jsonl"), pull.Reports(origin),
+                         lambda _: None, wait, 0.01, 10, 1)
+
+
+@pytest.fixture
+def bare_origin(tmp_path, host_keys):
+    (tmp_path / "origin").mkdir()
+    origin = pull.Origin(tmp_path / "origin")
+    _enrol(origin, host_keys)
+    return origin
+
+
+def test_finding_1_a_reported_release_is_never_signed_and_never_a_path(bare_origin, key, host_keys, tmp_path,
+                                                                        monkeypatch):
+    """The traversal of finding 1: h1 has no pointer, its report (forged unsigned, or even signed by
+    h1 itself) names "../../x" and failed. The rollback signs nothing for it; and a pointer that
+    names a non-hex release is refused by the host before any path is built."""
+    origin = bare_origin
+    forged = {**GOOD, "host": "h1", "release": "../../home-mallory/rel", "result": "failed"}
+    for signed_by in (None, host_keys["h1"]):
+        _put_report(origin, "h1", forged, signed_by)
+        run = _pull_run(origin, key, ["h1"])
+        run.before()
+        assert run.was["h1"] is None
+        run.roll_back(["h1"], 1)
+        assert not origin.pointer("h1").exists()
+        assert "nothing to roll back to" in run.results["h1"].detail
+    # a well-formed signed report of another release is not where a host goes back either
+    _put_report(origin, "h1", {**GOOD, "host": "h1", "release": "b" * 64}, host_keys["h1"])
+    run = _pull_run(origin, key, ["h1"])
+    run.before()
+    assert run.was["h1"] is None and run.results["h1"].before == "b" * 12
+    run.roll_back(["h1"], 1)
+    assert not origin.pointer("h1").exists()
+    with pytest.raises(pull.PullError, match="not signed"):
+        pull.publish_desired(origin, key, {"h1": "../../x"}, "t")
+    # the host: a pointer signed with the real key but naming a path is refused, no path built
+    payload = json.dumps({"host": "h1", "release": "../../x", "generation": 5, "expires": "2099-01-01T00:00:00Z"})
+    body = json.dumps({"payload": payload, "signature": pull.sign(key, {"p": payload.encode()})["p"]}).encode()
+    signers = tmp_path / "signers"
+    signers.write_text(pull.allowed_signers(key))
+    monkeypatch.setattr(converge, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(converge, "fetch", lambda url, headers=None, limit=0: (200, body, {}))
+    cfg = {"host": "h1", "origin": "http://127.0.0.1:1", "signers": str(signers)}
+    with pytest.raises(converge.Refused, match="not a release id"):
+        converge.desired(cfg, {})
+    with pytest.raises(converge.Refused, match="not a release id"):
+        converge.unpack(cfg, "../../x")
+    assert not (tmp_path / "state" / "releases").exists()
+
+
+def test_forged_unsigned_and_other_host_signed_reports_fail_that_host(bare_origin, key, host_keys):
+    """Finding 3: a report counts only when its own host's key signed it and it is well formed;
+    anything else is that host's failure with the reason, never a pass, never a crash."""
+    origin = bare_origin
+    hosts = ["h1", "h2", "h3", "h4", "h5"]
+    run = _pull_run(origin, key, hosts)
+    gen = pull.publish_desired(origin, key, dict.fromkeys(hosts, NEW), "t")
+    late = {**GOOD, "generation": 10 ** 18}
+    _put_report(origin, "h1", {**late, "host": "h1"}, None)  # unsigned
+    _put_report(origin, "h2", {**late, "host": "h2"}, host_keys["h3"])  # another host's key
+    _put_report(origin, "h3", {**late, "host": "h3", "generation": "soon"}, host_keys["h3"])  # malformed
+    origin.report("h4").write_text('{"host": "h4", "release": "a98c')  # truncated (newcomer item 28)
+    _put_report(origin, "h5", {**late, "host": "h5"}, host_keys["h5"])
+    out = run.await_reports(hosts, gen, NEW)
+    assert [h for h in hosts if out[h][0]] == ["h5"]
+    assert "report not signed" in out["h1"][1]
+    assert "report signature refused" in out["h2"][1]
+    assert "report malformed: generation is not a whole number" in out["h3"][1]
+    assert "report unreadable" in out["h4"][1]
+    rows = {r["host"]: r for r in pull.status(_hosts_named(hosts), origin)}
+    assert "report not signed" in rows["h1"]["drift"][0] and rows["h5"]["drift"] == []
+    assert "report unreadable" in rows["h4"]["drift"][0] and "bootstrap it" not in rows["h4"]["drift"][0]
+
+
+def _hosts_named(names: list[str]) -> list:
+    class Host:
+        def __init__(self, name):
+            self.name = name
+
+        def get(self, key, default=None):
+            return default
+
+    return [Host(n) for n in names]
+
+
+_value = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=30),
+                   st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+                   st.sampled_from(["ok", "failed", "running", NEW, "2030-01-01T00:00:00Z", "2026-12-06 02:51:11",
+                                    "\x1b[2J", 10 ** 18]))
+_payload = st.one_of(
+    st.fixed_dictionaries({}, optional={k: _value for k in ("host", "release", "generation", "result", "started",
+                                                            "finished", "error", "stale", "changed", "failure")}),
+    _value)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=_payload, signed=st.booleans(), raw=st.one_of(st.none(), st.binary(max_size=40)))
+def test_generated_malformed_reports_never_crash_and_never_pass(bare_origin, key, host_keys, payload, signed, raw):
+    """Whatever a host's report holds (signed by it or not, or no JSON at all), status() and the
+    rollout's wait do not raise, print no control character, and pass it only when it is a
+    well-formed ok report of the release."""
+    origin = bare_origin
+    if raw is not None:
+        origin.report("h1").write_bytes(raw)
+    else:
+        pull.write_atomic(origin.report("h1"), converge.signed_report(
+            {"report_key": str(host_keys["h1"] if signed else "/nonexistent")}, payload))
+    (row,) = pull.status(_hosts_named(["h1"]), origin)
+    assert not any(c in "".join(row["drift"]) + row["error"] for c in "\x1b\n\r")
+    run = _pull_run(origin, key, ["h1"], wait=0)
+    ok, why, _ = run.await_reports(["h1"], 1, NEW)["h1"]
+    valid = raw is None and signed and pull.report_problem("h1", payload) == ""
+    if ok:
+        assert valid and payload["result"] == "ok" and payload["release"] == NEW and payload["generation"] >= 1
+    else:
+        assert why and "\x1b" not in why
+
+
+def test_a_garbage_pointer_shows_in_status(bare_origin, key, host_keys):
+    """Newcomer item 27: an unreadable pointer is drift, named; item 29: a report whose finished
+    is not the ISO form is malformed, not a traceback."""
+    origin = bare_origin
+    pull.publish_desired(origin, key, {"h1": NEW, "h2": NEW}, "t")
+    origin.pointer("h1").write_text("garbage{")
+    _put_report(origin, "h2", {**GOOD, "host": "h2", "finished": "2026-12-06 02:51:11"}, host_keys["h2"])
+    rows = {r["host"]: r for r in pull.status(_hosts_named(["h1", "h2"]), origin)}
+    assert any("pointer desired/h1.json unreadable" in d for d in rows["h1"]["drift"])
+    assert rows["h2"]["drift"] == ["report malformed: finished is not a time like 2026-01-02T03:04:05Z"]
+
+
+# --- the host side: freshness, fail-closed state, per-host data, caps -------------------------------
+
+@pytest.fixture
+def host_side(tmp_path, key, host_keys, monkeypatch):
+    """converge run in this process against pointers in a directory (no HTTP), reports captured."""
+    (tmp_path / "origin").mkdir()
+    origin = pull.Origin(tmp_path / "origin")
+    signers = tmp_path / "signers"
+    signers.write_text(pull.allowed_signers(key))
+    monkeypatch.setattr(converge, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(converge, "fetch", lambda url, headers=None, limit=0: (
+        200, origin.pointer(url.rsplit("/", 1)[1][:-5]).read_bytes(), {}))
+    sent: list[dict] = []
+    monkeypatch.setattr(converge, "send_report", lambda cfg, rep: sent.append(rep))
+    cfg = {"format": 1, "host": "h1", "origin": "http://127.0.0.1:1", "signers": str(signers), "release": None,
+           "min_generation": 0, "report_key": str(host_keys["h1"]), "converge_interval": 600}
+    path = tmp_path / "pull.json"
+    path.write_text(json.dumps(cfg))
+    return origin, cfg, path, sent
+
+
+def test_a_rebuilt_host_refuses_a_pointer_below_its_floor(host_side, key):
+    """Finding 4: a host with no state (rebuilt, or state.json wiped) refuses an older pointer:
+    the bootstrap's min_generation, and the highest generation it accepted (its own file)."""
+    origin, cfg, _, _ = host_side
+    pull.publish_desired(origin, key, {"h1": "a" * 64}, "t")
+    old = origin.pointer("h1").read_bytes()
+    g2 = pull.publish_desired(origin, key, {"h1": "b" * 64}, "t")
+    assert converge.desired(cfg, {})["release"] == "b" * 64
+    origin.pointer("h1").write_bytes(old)
+    with pytest.raises(converge.Refused, match="older than"):
+        converge.desired(cfg, {})  # no state: the generation file holds
+    converge._generation_path().unlink()
+    with pytest.raises(converge.Refused, match="older than"):
+        converge.desired({**cfg, "min_generation": g2}, {})  # a new bootstrap: its floor holds
+
+
+def test_unreadable_state_or_generation_fails_closed(host_side, key):
+    origin, cfg, path, sent = host_side
+    pull.publish_desired(origin, key, {"h1": "a" * 64}, "t", {"h1": {"groups": [], "data": {}}})
+    converge.STATE_DIR.mkdir(parents=True)
+    (converge.STATE_DIR / "state.json").write_text("{not json")
+    assert converge.converge(path, echo=lambda _: None) == 1
+    assert sent[-1]["result"] == "refused" and "unreadable" in sent[-1]["error"]
+    assert (converge.STATE_DIR / "state.json").read_text() == "{not json"  # left for the operator
+    (converge.STATE_DIR / "state.json").unlink()
+    converge._generation_path().write_text("x\n")
+    assert converge.converge(path, echo=lambda _: None) == 1
+    assert sent[-1]["result"] == "refused" and "generation file" in sent[-1]["error"]
+
+
+def test_an_expired_pointer_is_a_stale_origin(host_side, key):
+    """A frozen origin serving an old pointer: the host keeps its release and reports a stale
+    origin; `pull refresh` re-signs the same release, data, a new generation and expiry."""
+    origin, cfg, path, sent = host_side
+    data = {"h1": {"groups": ["g"], "data": {"colour": "blue"}}}
+    pull.publish_desired(origin, key, {"h1": "a" * 64}, "t", data, ttl=-1)
+    with pytest.raises(converge.Stale, match="stale origin: desired/h1.json expired at"):
+        converge.desired(cfg, {})
+    state = {"release": "a" * 64, "generation": 1, "result": "ok", "finished_ts": time.time()}
+    converge.save_state(state)
+    assert converge.converge(path, echo=lambda _: None) == 1
+    assert sent[-1]["stale"].startswith("stale origin") and sent[-1]["release"] == "a" * 64
+    assert json.loads((converge.STATE_DIR / "state.json").read_text())["release"] == "a" * 64
+    before = pull.read_pointer(origin.pointer("h1"))
+    gen, hosts = pull.refresh(origin, key)
+    after = pull.read_pointer(origin.pointer("h1"))
+    assert hosts == ["h1"] and gen > before["generation"]
+    assert (after["release"], after["host_data"]) == ("a" * 64, data["h1"])
+    assert converge.desired(cfg, {})["generation"] == gen
+
+
+def test_each_host_receives_only_its_own_data(repo, key, tmp_path):
+    """Finding 12: the release holds no host's data; each pointer holds its own host's entry."""
+    (tmp_path / "origin").mkdir()
+    origin = pull.Origin(tmp_path / "origin")
+    hosts = _hosts(repo, lb_drain_command="curl -H 'Authorization: Bearer s3cr3t-lb'")
+    sha = pull.publish_release(origin, hosts, "deploys/mark.py", repo)
+    entries, _ = pull.host_entries(hosts, repo)
+    pull.publish_desired(origin, key, {"pull-1": sha, "pull-2": sha}, "t", entries)
+    served_to_1 = origin.pointer("pull-1").read_bytes() + origin.release(sha).read_bytes()
+    assert b"red" not in served_to_1 and b"/2" not in served_to_1  # pull-2's colour and mark file
+    assert pull.read_pointer(origin.pointer("pull-1"))["host_data"] == entries["pull-1"]
+    assert b"s3cr3t-lb" not in origin.release(sha).read_bytes()
+
+
+def test_downloads_are_capped(served, key):
+    """A hostile origin cannot fill a host's memory or disk: a pointer over 1 MiB is refused, an
+    archive is cut off at its declared size and deleted."""
+    origin, cfg_path, tmp = served
+    cfg = json.loads(cfg_path.read_text())
+    origin.pointer("pull-1").parent.mkdir(parents=True, exist_ok=True)
+    origin.pointer("pull-1").write_bytes(b" " * (pull.MAX_SMALL + 10))
+    with pytest.raises(converge.Refused, match="more than"):
+        converge.desired(cfg, {})
+    (origin.root / "blobs").mkdir()
+    (origin.root / "blobs" / ("c" * 64)).write_bytes(b"x" * 5000)
+    dest = tmp / "dl" / "blob"
+    with pytest.raises(converge.Refused, match="more than the 100 bytes"):
+        converge.fetch_to(f"{origin.url}/blobs/{'c' * 64}", dest, "c" * 64, 100)
+    assert not dest.exists() and not list(dest.parent.iterdir())
