@@ -730,3 +730,32 @@ def test_downloads_are_capped(served, key):
     with pytest.raises(converge.Refused, match="more than the 100 bytes"):
         converge.fetch_to(f"{origin.url}/blobs/{'c' * 64}", dest, "c" * 64, 100)
     assert not dest.exists() and not list(dest.parent.iterdir())
+
+
+def test_bootstrap_makes_keeps_and_enrols_each_hosts_report_key(tmp_path, key):
+    """One report key per host, private half 0600 in a 0700 directory (never on the origin),
+    public half enrolled for that host only; a second bootstrap keeps it, --rekey replaces it; a
+    host enrolled with a key that is not in --out is refused."""
+    (tmp_path / "origin").mkdir()
+    origin = pull.Origin(tmp_path / "origin")
+    out = tmp_path / "boot"
+    first = bootstrap.report_keys(["a", "b"], origin, out)
+    assert (out / "a" / "report-key").stat().st_mode & 0o777 == 0o600
+    assert (out / "a").stat().st_mode & 0o777 == 0o700
+    assert not [p for p in origin.root.rglob("*") if "PRIVATE" in p.read_text()]
+    lines = (origin.root / pull.HOST_SIGNERS).read_text().splitlines()
+    assert [ln.split(" ")[:2] for ln in lines] == [["a", 'namespaces="tritonfleet-report"'],
+                                                   ["b", 'namespaces="tritonfleet-report"']]
+    assert bootstrap.report_keys(["a", "b"], origin, out) == first
+    again = bootstrap.report_keys(["a"], origin, out, rekey=True)
+    assert again["a"] != first["a"] and pull.host_signers(origin)["a"] in (out / "a" / "report-key.pub").read_text()
+    with pytest.raises(UsageError, match="give the --out it was bootstrapped with, or --rekey"):
+        bootstrap.report_keys(["b"], origin, tmp_path / "elsewhere")
+    with pytest.raises(UsageError, match="cannot hold a report key"):
+        bootstrap.report_keys(["*"], origin, out)
+    # the script writes the key root-only, and the config with the floor
+    cfg = {"host": "a", "origin": "http://10.0.0.1:8090", "min_generation": 7, "report_key": bootstrap.REPORT_KEY}
+    text = bootstrap.script(cfg, "f" * 64, pull.allowed_signers(key), again["a"])
+    assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    assert text.index("umask 077") < text.index(f"cat > {bootstrap.REPORT_KEY}.tmp") and again["a"].strip() in text
+    assert f"chmod 600 {bootstrap.CONFIG}.tmp" in text
