@@ -132,6 +132,27 @@ def refresh_cmd(origin_dir, sign_key, ttl) -> None:
     click.echo(f"re-signed {len(hosts)} pointer(s) (generation {gen})")
 
 
+@pull_group.command("rotate-key")
+@click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
+@click.option("--sign-key", required=True, type=click.Path(path_type=Path),
+              help="a key the hosts trust now: it signs the new list")
+@click.option("--new-key", type=click.Path(path_type=Path), help="add this key to the hosts' release signers")
+@click.option("--retire", type=click.Path(path_type=Path), help="remove this key from the hosts' release signers")
+def rotate_key_cmd(origin_dir, sign_key, new_key, retire) -> None:
+    """Change the release signers the hosts trust, with an overlap: --new-key NEW (signed by the
+    old key: both verify), then pointers signed by NEW (pull refresh --sign-key NEW), then
+    --retire OLD (signed by NEW). Each host installs the list on its next converge."""
+    from ..core.errors import UsageError
+    from ..fleet import pull
+
+    if not new_key and not retire:
+        raise UsageError("give --new-key (add a signer) or --retire (remove one)")
+    origin = pull.Origin(origin_dir)
+    with origin.lock("pull rotate-key"):
+        doc = pull.rotate_key(origin, sign_key, new_key, retire)
+    click.echo(f"signers generation {doc['generation']}: {len(doc['keys'])} key(s) published in {pull.SIGNERS_DOC}")
+
+
 @click.command("converge")
 @click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
               help="this host's pull configuration (default /etc/tritonfleet/pull.json)")

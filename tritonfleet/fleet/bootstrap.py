@@ -229,7 +229,8 @@ def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheel
         hosts = fleet.load_inventory(inventory, data=data, limit=limit)
     except fleet.FleetError as e:
         raise UsageError(str(e)) from e
-    signers = pull.allowed_signers(key) if key else None
+    doc = pull.signers_doc(origin) if key else None  # after a key rotation: the current signers
+    signers = (pull.signers_text(doc["keys"], int(doc["generation"])) if doc else pull.allowed_signers(key)) if key else None
     keys = report_keys([fh.name for fh in hosts], origin, out, rekey)
     reqs_sha = publish_agent(origin, wheelhouse, wheel)
     entries = pull.host_entries(hosts, Path.cwd())[0] if release else {}

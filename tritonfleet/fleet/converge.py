@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,10 @@ class RunError(TritonfleetError):
 
 class Refused(RunError):
     """The origin offered something this host must not run (signature, host, generation)."""
+
+
+class NotFound(RunError):
+    """The origin has no such file (HTTP 404)."""
 
 
 class Stale(RunError):
@@ -151,7 +156,7 @@ def fetch(url: str, headers: dict | None = None, limit: int = pull.MAX_SMALL) ->
     except urllib.error.HTTPError as e:
         if e.code == 304:
             return 304, b"", dict(e.headers)
-        raise RunError(f"{url}: HTTP {e.code} {e.reason}") from None
+        raise (NotFound if e.code == 404 else RunError)(f"{url}: HTTP {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError) as e:
         raise RunError(f"{url}: {getattr(e, 'reason', e)}") from None
 
@@ -249,6 +254,56 @@ def due(cfg: dict, state: dict, want: dict, now: float, force: bool) -> str:
     if now - float(state.get("finished_ts") or 0) >= float(cfg.get("converge_interval") or 1800):
         return "converge interval"
     return ""
+
+
+def update_signers(cfg: dict, state: dict) -> str:
+    """Install the origin's signers document (signers.json: the release signers' keys, key
+    rotation) when it is newer than the one installed and verifies against the signers this host
+    trusts now; "" when nothing changed, else what did. None on the origin: nothing to do.
+    Refused for a document that does not verify, is malformed, or is older than the installed one."""
+    if cfg.get("release") or not cfg.get("signers"):
+        return ""
+    cache = state.get("signers_doc") or {}
+    headers = {k: v for k, v in (("If-None-Match", cache.get("etag")), ("If-Modified-Since", cache.get("last_modified")))
+               if v}
+    try:
+        status, body, hdrs = fetch(_url(cfg, pull.SIGNERS_DOC), headers)
+    except NotFound:
+        return ""
+    if status == 304:
+        return ""
+    path = Path(cfg["signers"])
+    try:
+        outer = json.loads(body)
+        raw = outer["payload"].encode()
+        doc = json.loads(raw)
+        keys, generation = doc["keys"], doc["generation"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise Refused(f"{pull.SIGNERS_DOC} is not a signers document") from None
+    why = pull.verify(path, raw, str(outer.get("signature", "")), namespace=pull.SIGNERS_NAMESPACE)
+    if why:
+        raise Refused(f"{pull.SIGNERS_DOC}: signature does not verify against {path}: {why}")
+    if type(generation) is not int or not isinstance(keys, list) or not keys or not all(
+            isinstance(k, str) and re.fullmatch(r"[a-z0-9@.-]+ [A-Za-z0-9+/=]+( [^\n\r\x00]*)?", k) for k in keys):
+        raise Refused(f"{pull.SIGNERS_DOC}: malformed (keys: a list of public keys; generation: a whole number)")
+    installed = _signers_generation(path)
+    if generation < installed:
+        raise Refused(f"{pull.SIGNERS_DOC} is generation {generation}, older than the {installed} installed: an old "
+                      "signers document served again; not installed")
+    state["signers_doc"] = {"etag": hdrs.get("ETag", ""), "last_modified": hdrs.get("Last-Modified", "")}
+    if generation == installed:
+        return ""
+    pull.write_atomic(path, pull.signers_text(keys, generation).encode())
+    return f"release signers generation {generation} installed ({len(keys)} key(s))"
+
+
+def _signers_generation(path: Path) -> int:
+    try:
+        first = path.read_text().split("\n", 1)[0]
+    except OSError:
+        return 0
+    m = re.fullmatch(r"# tritonfleet release signers, generation (\d+)", first)
+    return int(m.group(1)) if m else 0
 
 
 def _limit(cfg: dict, declared: object = None) -> int:
@@ -395,6 +450,9 @@ def converge(config: Path = CONFIG, force: bool = False, echo=print) -> int:
             return 1
         stale = ""
         try:
+            changed = update_signers(cfg, state)
+            if changed:
+                echo(changed)
             want = desired(cfg, state, now)
         except Stale as e:
             stale = str(e)

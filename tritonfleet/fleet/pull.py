@@ -314,8 +314,8 @@ def public_key(key: Path) -> str:
 
 def allowed_signers(key: Path) -> str:
     """The hosts' allowed-signers file for ``key`` (ssh-keygen(1), ALLOWED SIGNERS: principal,
-    then the key; ``namespaces=`` limits it to release pointers)."""
-    return f'{SIGNER} namespaces="{NAMESPACE}" {public_key(key)}\n'
+    then the key; ``namespaces=`` limits it to release pointers and signers documents)."""
+    return f'{SIGNER} namespaces="{NAMESPACE},{SIGNERS_NAMESPACE}" {public_key(key)}\n'
 
 
 def sign(key: Path, payloads: dict[str, bytes], batch: int = 500, namespace: str = NAMESPACE) -> dict[str, str]:
@@ -431,6 +431,48 @@ def refresh(origin: Origin, key: Path, ttl: float | None = None) -> tuple[int, l
     if bad:
         raise PullError(f"refreshed {len(desired)} pointer(s) (generation {gen}); not refreshed: {'; '.join(bad)}")
     return gen, sorted(desired)
+
+
+# --- the release signers: rotation with an overlap ---------------------------------------------------
+
+def signers_doc(origin: Origin) -> dict | None:
+    """The origin's current signers document payload (its own file), None when there is none."""
+    try:
+        doc = json.loads(json.loads((origin.root / SIGNERS_DOC).read_bytes())["payload"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def rotate_key(origin: Origin, key: Path, new: Path | None = None, retire: Path | None = None) -> dict:
+    """Publish the hosts' next release-signers list, signed by ``key`` (a key they trust now):
+    the current list (or ``key`` alone) plus ``new``, less ``retire``. A host installs it on its
+    next converge, after checking it against the signers it has; so a rotation is two steps: add
+    the new key (both verify), move the pointers to it (`pull refresh --sign-key NEW`), then retire
+    the old one. Returns the payload published."""
+    current = signers_doc(origin)
+    keys = list((current or {}).get("keys") or [public_key(key)])
+    if new is not None and public_key(new) not in keys:
+        keys.append(public_key(new))
+    if retire is not None:
+        keys = [k for k in keys if k.split(" ")[:2] != public_key(retire).split(" ")[:2]]
+    if not keys:
+        raise UsageError("that leaves the hosts no release signer: add the new key before retiring the old one")
+    if public_key(key).split(" ")[:2] not in [k.split(" ")[:2] for k in (current or {}).get("keys") or keys]:
+        raise UsageError(f"--sign-key {key} is not a signer the hosts trust now: sign with one of the current keys")
+    payload = {"format": FORMAT, "keys": keys, "generation": int((current or {}).get("generation") or 0) + 1,
+               "published": iso(time.time())}
+    raw = json.dumps(payload, sort_keys=True).encode()
+    sig = sign(key, {"d": raw}, namespace=SIGNERS_NAMESPACE)["d"]
+    write_atomic(origin.root / SIGNERS_DOC, json.dumps({"payload": raw.decode(), "signature": sig}).encode())
+    return payload
+
+
+def signers_text(keys: list[str], generation: int) -> str:
+    """A hosts' allowed-signers file for ``keys`` (the generation of the document it came from on
+    its first line, a comment to ssh-keygen)."""
+    return f"# tritonfleet release signers, generation {generation}\n" + "".join(
+        f'{SIGNER} namespaces="{NAMESPACE},{SIGNERS_NAMESPACE}" {k}\n' for k in keys)
 
 
 # --- the hosts' report keys ----------------------------------------------------------------------

@@ -638,8 +638,14 @@ def host_side(tmp_path, key, host_keys, monkeypatch):
     signers = tmp_path / "signers"
     signers.write_text(pull.allowed_signers(key))
     monkeypatch.setattr(converge, "STATE_DIR", tmp_path / "state")
-    monkeypatch.setattr(converge, "fetch", lambda url, headers=None, limit=0: (
-        200, origin.pointer(url.rsplit("/", 1)[1][:-5]).read_bytes(), {}))
+
+    def fetch(url, headers=None, limit=0):
+        path = origin.root / url.split("127.0.0.1:1/", 1)[1]
+        if not path.is_file():
+            raise converge.NotFound(f"{url}: HTTP 404")
+        return 200, path.read_bytes(), {}
+
+    monkeypatch.setattr(converge, "fetch", fetch)
     sent: list[dict] = []
     monkeypatch.setattr(converge, "send_report", lambda cfg, rep: sent.append(rep))
     cfg = {"format": 1, "host": "h1", "origin": "http://127.0.0.1:1", "signers": str(signers), "release": None,
@@ -759,3 +765,47 @@ def test_bootstrap_makes_keeps_and_enrols_each_hosts_report_key(tmp_path, key):
     assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
     assert text.index("umask 077") < text.index(f"cat > {bootstrap.REPORT_KEY}.tmp") and again["a"].strip() in text
     assert f"chmod 600 {bootstrap.CONFIG}.tmp" in text
+
+
+def test_release_signers_rotate_with_an_overlap(host_side, key, tmp_path):
+    """A host moves from OLD to NEW through the signers document with no window where neither
+    verifies; a document signed by a key it does not trust, or an older one, is refused."""
+    origin, cfg, _, _ = host_side
+    new, rogue = tmp_path / "new", tmp_path / "rogue"
+    for k in (new, rogue):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(k)], check=True)
+
+    def follows(signer: Path) -> bool:
+        pull.publish_desired(origin, signer, {"h1": "a" * 64}, "t")
+        try:
+            converge.desired(cfg, {})
+            return True
+        except converge.Refused:
+            return False
+
+    state: dict = {}
+    assert converge.update_signers(cfg, state) == ""  # no document: nothing to do
+    assert follows(key) and not follows(new)
+    pull.rotate_key(origin, key, new=new)  # overlap: [OLD, NEW], signed by OLD
+    assert "generation 1 installed (2 key(s))" in converge.update_signers(cfg, state)
+    assert follows(key) and follows(new)
+    overlap = (origin.root / pull.SIGNERS_DOC).read_bytes()
+    pull.rotate_key(origin, new, retire=key)  # [NEW], signed by NEW
+    assert "generation 2 installed (1 key(s))" in converge.update_signers(cfg, state)
+    assert follows(new) and not follows(key)
+    (origin.root / pull.SIGNERS_DOC).write_bytes(overlap)  # the old document served again: OLD is retired
+    with pytest.raises(converge.Refused, match="signature does not verify"):
+        converge.update_signers(cfg, {})
+    doc = json.loads(overlap)
+    older = pull.sign(new, {"d": doc["payload"].encode()}, namespace=pull.SIGNERS_NAMESPACE)["d"]
+    (origin.root / pull.SIGNERS_DOC).write_text(json.dumps({"payload": doc["payload"], "signature": older}))
+    with pytest.raises(converge.Refused, match="older than the 2 installed"):  # signed by NEW, generation 1
+        converge.update_signers(cfg, {})
+    payload = doc["payload"].replace('"generation": 1', '"generation": 9')
+    sig = pull.sign(rogue, {"d": payload.encode()}, namespace=pull.SIGNERS_NAMESPACE)["d"]
+    (origin.root / pull.SIGNERS_DOC).write_text(json.dumps({"payload": payload, "signature": sig}))
+    with pytest.raises(converge.Refused, match="signature does not verify"):
+        converge.update_signers(cfg, {})
+    assert follows(new) and not follows(key)  # the installed list is unchanged
+    with pytest.raises(UsageError, match="not a signer the hosts trust now"):
+        pull.rotate_key(origin, rogue, new=rogue)
