@@ -771,8 +771,11 @@ class _PullRun:
         return out
 
     def roll_back(self, failed: list[str], index: int) -> None:
+        # back to the host's own earlier pointer: its release and its data (a rollout of new data
+        # alone keeps the release id)
         back = {n: self.was[n]["release"] for n in failed
-                if self.was.get(n) and is_release_id(self.was[n]["release"]) and self.was[n]["release"] != self.sha}
+                if self.was.get(n) and is_release_id(self.was[n]["release"])
+                and (self.was[n]["release"] != self.sha or self.was[n].get("host_data") != self.entries.get(n))}
         for n in failed:
             if n not in back:
                 self.results[n].detail += " (no earlier release on the origin: nothing to roll back to)"

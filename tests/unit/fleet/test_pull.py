@@ -536,6 +536,19 @@ def test_finding_1_a_reported_release_is_never_signed_and_never_a_path(bare_orig
     assert not (tmp_path / "state" / "releases").exists()
 
 
+def test_a_rollback_of_new_data_alone_restores_the_hosts_earlier_data(bare_origin, key):
+    """The same release with other inventory data (the release holds none): a failed host goes
+    back to its own earlier pointer's data."""
+    origin = bare_origin
+    pull.publish_desired(origin, key, {"h1": NEW}, "t", {"h1": {"groups": [], "data": {"branch": 550}}})
+    run = _pull_run(origin, key, ["h1"])
+    run.entries = {"h1": {"groups": [], "data": {"branch": 999}}}
+    run.before()
+    pull.publish_desired(origin, key, {"h1": NEW}, "t", run.entries)
+    run.roll_back(["h1"], 1)
+    assert pull.read_pointer(origin.pointer("h1"))["host_data"] == {"groups": [], "data": {"branch": 550}}
+
+
 def test_forged_unsigned_and_other_host_signed_reports_fail_that_host(bare_origin, key, host_keys):
     """Finding 3: a report counts only when its own host's key signed it and it is well formed;
     anything else is that host's failure with the reason, never a pass, never a crash."""
