@@ -493,7 +493,7 @@ def make_key(path: Path, comment: str) -> str:
 
 def host_signers(origin: Origin) -> dict[str, str]:
     """The enrolled report keys: {host: public key}."""
-    out = {}
+    out: dict[str, str] = {}
     try:
         lines = (origin.root / HOST_SIGNERS).read_text().splitlines()
     except OSError:
