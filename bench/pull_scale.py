@@ -7,7 +7,9 @@ GET for everything, PUT for reports/). The fake hosts are one process (``agents`
 keep-alive HTTP connection a host) doing what `tritonfleet converge` does on the wire: a
 conditional GET of its pointer every ``--poll`` seconds (jittered), and when the pointer names a
 new generation, a "run" of ``--run`` seconds and a PUT of its report (the release it names,
-result ok). They do not verify signatures or run a deploy: what is measured is the control side.
+result ok), signed with the host's own report key (ssh-keygen, as the agent does). They do not
+verify pointer signatures or run a deploy: what is measured is the control side (which verifies
+each report that changed).
 
 Measured, as a new process like an operator runs it: `tritonfleet pull rollout` (canary 1, batches
 of 25%) of the repository's deploys/ and files/ with every host's inventory data (the fake
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 WORK = BENCH / ".work" / "pull"
 BIN = Path(sys.executable).parent
+BEFORE = "be" * 32  # the release every fake host runs before the measured rollout
 sys.path[:0] = [str(ROOT), str(BENCH)]
 
 
@@ -54,7 +57,23 @@ def write_inventory(path: Path, n: int) -> None:
 
 # --- the fake hosts -------------------------------------------------------------------------------
 
-async def _agent(host: str, port: int, poll: float, run: float, stop: asyncio.Event, stats: dict) -> None:
+async def _signed(host: str, keys: Path, report: dict) -> bytes:
+    """The report as a host PUTs it: its payload signed with the host's report key."""
+    payload = json.dumps(report, sort_keys=True)
+    msg = keys / f"{host}.msg"
+    msg.write_text(payload)
+    proc = await asyncio.create_subprocess_exec("ssh-keygen", "-q", "-Y", "sign", "-f", str(keys / host), "-n",
+                                                "tritonfleet-report", str(msg), stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    await proc.wait()
+    sig = Path(f"{msg}.sig")
+    signature = sig.read_text()
+    sig.unlink()
+    return json.dumps({"payload": payload, "signature": signature}).encode()
+
+
+async def _agent(host: str, port: int, poll: float, run: float, stop: asyncio.Event, stats: dict,
+                 keys: Path) -> None:
     reader = writer = None
     etag, gen = "", 0
     rnd = random.Random(host)
@@ -72,9 +91,9 @@ async def _agent(host: str, port: int, poll: float, run: float, stop: asyncio.Ev
                 if payload["generation"] > gen:
                     gen = payload["generation"]
                     await asyncio.sleep(run)  # the deploy
-                    report = json.dumps({"format": 1, "host": host, "release": payload["release"], "generation": gen,
-                                         "result": "ok", "error": "", "changed": 1,
-                                         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+                    report = await _signed(host, keys, {
+                        "format": 1, "host": host, "release": payload["release"], "generation": gen, "result": "ok",
+                        "error": "", "changed": 1, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
                     status, _, _ = await _request(reader, writer, "PUT", f"/reports/{host}.json", {}, report)
                     stats["puts"] += 1
                     if status not in (201, 204):
@@ -103,7 +122,7 @@ async def _request(reader, writer, method: str, path: str, headers: dict, body: 
     return status, hdrs, data
 
 
-def agents(hosts: list[str], port: int, poll: float, run: float) -> int:
+def agents(hosts: list[str], port: int, poll: float, run: float, keys: Path) -> int:
     """Serve as the fake hosts until SIGTERM; prints 'ready', then its counts at the end."""
     from tritonfleet.core.open_files import raise_nofile
 
@@ -114,7 +133,7 @@ def agents(hosts: list[str], port: int, poll: float, run: float) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         stats = {"gets": 0, "puts": 0, "errors": 0}
-        tasks = [asyncio.create_task(_agent(h, port, poll, run, stop, stats)) for h in hosts]
+        tasks = [asyncio.create_task(_agent(h, port, poll, run, stop, stats, keys)) for h in hosts]
         print("ready", flush=True)
         await stop.wait()
         for t in tasks:
@@ -143,14 +162,19 @@ def run(n: int, poll: float = 2.0, run_s: float = 1.0) -> dict:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     names = [f"pull-{i:04d}" for i in range(1, n + 1)]
     origin = pull.Origin(work / "origin")
-    # before the rollout: every host runs release "before" and has reported it (not measured)
-    pull.publish_desired(origin, key, dict.fromkeys(names, "before"), "bench-setup")
+    # before the rollout: every host has its report key (enrolled), runs release BEFORE and has
+    # reported it (not measured)
+    keys = work / "host-keys"
+    pull.enrol(origin, {h: pull.make_key(keys / h, f"report {h}") for h in names})
+    pull.publish_desired(origin, key, dict.fromkeys(names, BEFORE), "bench-setup")
     for h in names:
-        pull.write_atomic(origin.report(h), json.dumps({"host": h, "release": "before", "generation": 1,
-                                                        "result": "ok"}).encode())
+        payload = json.dumps({"host": h, "release": BEFORE, "generation": 1, "result": "ok"}, sort_keys=True)
+        sig = pull.sign(keys / h, {"r": payload.encode()}, namespace=pull.REPORT_NAMESPACE)["r"]
+        pull.write_atomic(origin.report(h), json.dumps({"payload": payload, "signature": sig}).encode())
     srv = OriginServer(origin.root, work / "nginx", workers=1, access_log=False)
     fake = subprocess.Popen([sys.executable, __file__, "agents", "--port", str(srv.port), "--poll", str(poll),
-                             "--run", str(run_s), *names], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                             "--run", str(run_s), "--keys", str(keys), *names], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)
     try:
         assert "ready" in fake.stdout.readline()
         time.sleep(poll * 1.5)  # every fake host has its pointer's ETag
@@ -194,12 +218,13 @@ def main(argv: list[str]) -> int:
     a.add_argument("--port", type=int, required=True)
     a.add_argument("--poll", type=float, default=2.0)
     a.add_argument("--run", type=float, default=1.0)
+    a.add_argument("--keys", type=Path, required=True, help="the hosts' report keys (<dir>/<host>)")
     a.add_argument("hosts", nargs="+")
     r = sub.add_parser("run")
     r.add_argument("--hosts", type=int, default=2000)
     args = ap.parse_args(argv)
     if args.what == "agents":
-        return agents(args.hosts, args.port, args.poll, args.run)
+        return agents(args.hosts, args.port, args.poll, args.run, args.keys)
     row = run(args.hosts)
     print(json.dumps(row, indent=1))
     return 0 if row["ok"] else 1

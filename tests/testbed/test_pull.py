@@ -41,6 +41,7 @@ LEAVE_PULL_MODE = (
     "systemctl disable --now tritonfleet-converge.timer >/dev/null 2>&1; systemctl stop tritonfleet-converge.service; "
     "rm -f /etc/systemd/system/tritonfleet-converge.service /etc/systemd/system/tritonfleet-converge.timer; "
     "systemctl daemon-reload; rm -rf /opt/tritonfleet /etc/tritonfleet/pull.json /etc/tritonfleet/release-signers "
+    "/etc/tritonfleet/pull "
     "/var/lib/tritonfleet/pull /var/lib/tritonfleet/bootstrap.sh /var/lib/prometheus/node-exporter/tritonfleet_pull.prom; "
     "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q python3-venv 'python3.*-venv' python3-pip-whl "
     "python3-setuptools-whl >/dev/null 2>&1; true")
@@ -62,6 +63,7 @@ class PullFleet:
         return res.stdout.strip().splitlines()[-1]
 
     def report(self, host: str) -> dict:
+        """The host's report when it is signed with its own report key (enrolled by the bootstrap)."""
         return self.reports.read(host) or {}
 
     def wait(self, host: str, release: str, after_generation: int = 0, timeout: float = 300) -> dict:
@@ -145,8 +147,12 @@ def test_hosts_converge_themselves_from_their_bootstrap_scripts(pull_fleet):
 def test_a_release_published_for_a_wave_reaches_exactly_that_wave(pull_fleet):
     before = {n: pull_fleet.report(n) for n in (HOST, OTHER)}
     assert all(r.get("result") == "ok" for r in before.values()), before
-    new = pull_fleet.publish(HOST, extra=("--data", "pull_report_timeout=901"))  # another release, the same serving
-    assert new != before[HOST]["release"]
+    other_pointer = pull.read_pointer(pull_fleet.origin.pointer(OTHER))
+    # other data, the same serving: the same release (it holds no host data), a new pointer for the wave
+    new = pull_fleet.publish(HOST, extra=("--data", "pull_report_timeout=901"))
+    ptr = pull.read_pointer(pull_fleet.origin.pointer(HOST))
+    assert ptr["host_data"]["data"]["pull_report_timeout"] == 901 and ptr["generation"] > before[HOST]["generation"]
+    assert pull.read_pointer(pull_fleet.origin.pointer(OTHER)) == other_pointer
     rep = pull_fleet.wait(HOST, new, after_generation=int(before[HOST]["generation"]))
     assert rep["result"] == "ok", rep
     time.sleep(3 * POLL)  # the other host looked at its own pointer meanwhile, and found it unchanged

@@ -36,8 +36,9 @@ def _data(pairs: tuple[str, ...]) -> dict:
               help="where hosts PUT their reports (default: <url>/reports; '' for none)")
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
+@click.option("--rekey", is_flag=True, help="make new report keys for the hosts (default: keep those in --out)")
 def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, release, reports_url, limit,
-                  data) -> None:
+                  data, rekey) -> None:
     """Hosts that converge themselves: publish the pinned agent on the origin, and write for every
     host of INVENTORY a plain script and cloud-init user-data that install it, write the host's
     pull configuration and start its systemd timer. The host then needs no command from here.
@@ -46,7 +47,8 @@ def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, 
 
     written = bootstrap.bootstrap(inventory, pull.Origin(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
                                   wheel=wheel, key=sign_key, release=release, reports_url=reports_url,
-                                  limit=list(limit), data=_data(data), echo=lambda m: click.echo(m, err=True))
+                                  limit=list(limit), data=_data(data), rekey=rekey,
+                                  echo=lambda m: click.echo(m, err=True))
     click.echo(f"bootstrap for {len(written)} host(s) in {out}/<host>/: bootstrap.sh (run as root) and "
                "user-data (cloud-init)")
 
@@ -80,7 +82,9 @@ def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -
     with origin.lock("pull publish"):
         sha = pull.publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or pull.INCLUDE)
         if sign_key:
-            gen = pull.publish_desired(origin, sign_key, {h.name: sha for h in hosts}, f"publish-{sha[:8]}")
+            entries, _ = pull.host_entries(hosts, Path.cwd())
+            gen = pull.publish_desired(origin, sign_key, {h.name: sha for h in hosts}, f"publish-{sha[:8]}", entries,
+                                       float(hosts[0].get("pull_pointer_ttl")) if hosts else None)
             click.echo(f"pointed {len(hosts)} host(s) at it (generation {gen})", err=True)
     click.echo(sha)
 
@@ -119,6 +123,43 @@ def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, ca
                           include=tuple(include) or pull.INCLUDE, echo=echo, poll=poll)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
     sys.exit(0 if report.ok else 1)
+
+
+@pull_group.command("refresh")
+@click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
+@click.option("--sign-key", required=True, type=click.Path(path_type=Path), help="the key the hosts trust")
+@click.option("--ttl", type=float, default=None, help="seconds the new pointers stay valid (default: pull_pointer_ttl)")
+def refresh_cmd(origin_dir, sign_key, ttl) -> None:
+    """Re-sign every live pointer of the origin (the same release and host data, a new generation
+    and expiry): run it from a timer well within pull_pointer_ttl, or the hosts report a stale
+    origin and stop following."""
+    from ..fleet import pull
+
+    origin = pull.Origin(origin_dir)
+    with origin.lock("pull refresh"):
+        gen, hosts = pull.refresh(origin, sign_key, ttl)
+    click.echo(f"re-signed {len(hosts)} pointer(s) (generation {gen})")
+
+
+@pull_group.command("rotate-key")
+@click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
+@click.option("--sign-key", required=True, type=click.Path(path_type=Path),
+              help="a key the hosts trust now: it signs the new list")
+@click.option("--new-key", type=click.Path(path_type=Path), help="add this key to the hosts' release signers")
+@click.option("--retire", type=click.Path(path_type=Path), help="remove this key from the hosts' release signers")
+def rotate_key_cmd(origin_dir, sign_key, new_key, retire) -> None:
+    """Change the release signers the hosts trust, with an overlap: --new-key NEW (signed by the
+    old key: both verify), then pointers signed by NEW (pull refresh --sign-key NEW), then
+    --retire OLD (signed by NEW). Each host installs the list on its next converge."""
+    from ..core.errors import UsageError
+    from ..fleet import pull
+
+    if not new_key and not retire:
+        raise UsageError("give --new-key (add a signer) or --retire (remove one)")
+    origin = pull.Origin(origin_dir)
+    with origin.lock("pull rotate-key"):
+        doc = pull.rotate_key(origin, sign_key, new_key, retire)
+    click.echo(f"signers generation {doc['generation']}: {len(doc['keys'])} key(s) published in {pull.SIGNERS_DOC}")
 
 
 @click.command("converge")

@@ -10,9 +10,15 @@ first boot" and "Writing out arbitrary files"). The script needs only the distro
 its venv module: ``python3-venv`` on Debian and Ubuntu, installed when missing), curl and the
 origin: it fetches the requirements file its sha256 names and checks it, installs the agent
 into /opt/tritonfleet/agent with pip (``--require-hashes``: nothing but the pinned files), writes
-/etc/tritonfleet/pull.json (the host's name, the origin, the signers file or a pinned release,
-the intervals), and ``tritonfleet converge --install`` puts the timer in place and starts the
-first run. From then on the host needs nothing from the control machine.
+/etc/tritonfleet/pull.json (the host's name, the origin, the signers file or a pinned release
+with the host's data, the generation floor, the intervals) and the host's report key, and
+``tritonfleet converge --install`` puts the timer in place and starts the first run. From then
+on the host needs nothing from the control machine.
+
+Each host gets its own report key (ed25519, made here, kept in ``out``/<host>/report-key, its
+public half enrolled in the origin's host-signers): the script and user-data hold that private
+key, which can sign that host's reports and nothing else. A second bootstrap keeps the keys
+(``rekey`` makes new ones).
 
 The timer (systemd.timer(5)): ``OnBootSec`` (a rebooted host converges soon after boot, also in
 the middle of a driver install that rebooted it), ``OnUnitInactiveSec`` = the poll interval
@@ -42,6 +48,7 @@ from . import pull
 AGENT = "/opt/tritonfleet/agent"
 CONFIG = "/etc/tritonfleet/pull.json"
 SIGNERS = "/etc/tritonfleet/release-signers"
+REPORT_KEY = "/etc/tritonfleet/pull/report-key"
 UNIT = "tritonfleet-converge"
 UNIT_DIR = Path("/etc/systemd/system")
 DIST = "dist"
@@ -171,18 +178,24 @@ def check_url(value: str, option: str, what: str) -> None:
 
 # --- per host: the script and the user-data -------------------------------------------------------
 
-def host_config(fh, origin_url: str, reports_url: str, signers: bool, release: str | None) -> dict:
+def host_config(fh, origin_url: str, reports_url: str, signers: bool, release: str | None,
+                min_generation: int = 0, host_data: dict | None = None) -> dict:
     """/etc/tritonfleet/pull.json for ``fh`` (its tunables from the inventory: a FleetHost is a
-    Settings, the package's default where the inventory sets none)."""
+    Settings, the package's default where the inventory sets none). ``min_generation``: the
+    origin's generation at bootstrap, below which the host follows no pointer; ``host_data``:
+    the host's own entry, for a pinned release only (pointers carry it otherwise)."""
     return {"format": pull.FORMAT, "host": fh.name, "origin": origin_url, "reports": reports_url,
-            "signers": SIGNERS if signers else None, "release": release,
+            "signers": SIGNERS if signers else None, "release": release, "min_generation": min_generation,
+            "host_data": host_data if release else None, "report_key": REPORT_KEY,
             "poll_interval": int(fh.get("pull_poll_interval")),
             "converge_interval": int(fh.get("pull_converge_interval")),
+            "download_limit": int(fh.get("pull_download_limit")),
             "textfile": fh.get("pull_textfile") or ""}
 
 
-def script(cfg: dict, requirements_sha256: str, signers_text: str | None) -> str:
-    """The plain bootstrap script for one host (POSIX sh, run as root)."""
+def script(cfg: dict, requirements_sha256: str, signers_text: str | None, report_key: str = "") -> str:
+    """The plain bootstrap script for one host (POSIX sh, run as root); ``report_key``: the
+    host's private report key (written 0600, umask 077)."""
     origin = cfg["origin"]
     url = urllib.parse.urlsplit(origin)
     # pip takes an http:// index only from a host named trusted; every file is pinned by sha256
@@ -215,8 +228,13 @@ def script(cfg: dict, requirements_sha256: str, signers_text: str | None) -> str
     if signers_text:
         lines += [f"cat > {SIGNERS}.tmp <<'TRITONFLEET_EOF'", signers_text.rstrip("\n"), "TRITONFLEET_EOF",
                   f"mv {SIGNERS}.tmp {SIGNERS}"]
+    # root's alone from here: the host's data (pinned release), its report key, its state
+    lines += ["umask 077", "install -d -m 700 /etc/tritonfleet/pull /var/lib/tritonfleet/pull"]
+    if report_key:
+        lines += [f"cat > {REPORT_KEY}.tmp <<'TRITONFLEET_EOF'", report_key.rstrip("\n"), "TRITONFLEET_EOF",
+                  f"chmod 600 {REPORT_KEY}.tmp", f"mv {REPORT_KEY}.tmp {REPORT_KEY}"]
     lines += [f"cat > {CONFIG}.tmp <<'TRITONFLEET_EOF'", json.dumps(cfg, indent=1, sort_keys=True), "TRITONFLEET_EOF",
-              f"mv {CONFIG}.tmp {CONFIG}",
+              f"chmod 600 {CONFIG}.tmp", f"mv {CONFIG}.tmp {CONFIG}",
               '"$AGENT/bin/tritonfleet" converge --install']
     return "\n".join(lines) + "\n"
 
@@ -234,10 +252,11 @@ def user_data(host: str, text: str) -> str:
 
 def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
               key: Path | None, release: str | None, reports_url: str | None = None,
-              limit: list[str] | None = None, data: dict | None = None,
+              limit: list[str] | None = None, data: dict | None = None, rekey: bool = False,
               echo: Callable[[str], None] | None = None) -> list[Path]:
-    """Publish the agent and write ``out``/<host>/{bootstrap.sh,user-data} for every host; the
-    directories written."""
+    """Publish the agent, make (or keep) every host's report key and enrol it on the origin, and
+    write ``out``/<host>/{bootstrap.sh,user-data,report-key} (root's eyes only: 0600 in 0700
+    directories) for every host; the directories written."""
     from . import inventory as fleet
 
     check_url(url, "--url", "the address the hosts reach the origin at")
@@ -249,6 +268,9 @@ def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheel
     if not key and not release:
         raise UsageError("give --sign-key (hosts follow the release pointers it signs: pull-mode rollouts) or "
                          "--release SHA256 (hosts converge to that one release, pinned)")
+    if release and not pull.is_release_id(release):
+        raise UsageError(f"--release {release!r}: a release id is 64 lowercase hex digits (tritonfleet pull publish "
+                         "prints it)")
     if release and not origin.release(release).is_file():
         raise UsageError(f"release {release} is not on the origin ({origin.release(release)}): publish it first "
                          "(tritonfleet pull publish)")
@@ -256,20 +278,55 @@ def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheel
         hosts = fleet.load_inventory(inventory, data=data, limit=limit)
     except fleet.FleetError as e:
         raise UsageError(str(e)) from e
-    signers = pull.allowed_signers(key) if key else None
+    doc = pull.signers_doc(origin) if key else None  # after a key rotation: the current signers
+    signers = (pull.signers_text(doc["keys"], int(doc["generation"])) if doc else pull.allowed_signers(key)) if key else None
+    keys = report_keys([fh.name for fh in hosts], origin, out, rekey)
     reqs_sha = publish_agent(origin, wheelhouse, wheel, echo)
+    entries = pull.host_entries(hosts, Path.cwd())[0] if release else {}
+    floor = pull.current_generation(origin)
     written = []
     for fh in hosts:
         cfg = host_config(fh, url, reports_url if reports_url is not None else f"{url.rstrip('/')}/reports",
-                          bool(signers), release)
-        text = script(cfg, reqs_sha, signers)
+                          bool(signers), release, floor, entries.get(fh.name))
+        text = script(cfg, reqs_sha, signers, keys[fh.name])
         d = out / fh.name
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "bootstrap.sh").write_text(text)
-        (d / "bootstrap.sh").chmod(0o700)
-        (d / "user-data").write_text(user_data(fh.name, text))
+        _private(d / "bootstrap.sh", text, 0o700)
+        _private(d / "user-data", user_data(fh.name, text), 0o600)
         written.append(d)
     return written
+
+
+def _private(path: Path, text: str, mode: int) -> None:
+    """``text`` at ``path`` with ``mode``, readable by its owner only from the start, in a 0700
+    directory (the file holds the host's report key)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    pull.write_atomic(path, text.encode(), mode)
+
+
+def report_keys(hosts: list[str], origin: pull.Origin, out: Path, rekey: bool = False) -> dict[str, str]:
+    """Each host's private report key ({host: key text}): the one kept in ``out``/<host>/report-key,
+    else a new one (``rekey``: new ones for all), enrolled in the origin's host-signers. A host
+    enrolled with a key that is not in ``out`` is refused (its running agent would stop being
+    believed): give the --out it was bootstrapped with, or rekey it."""
+    enrolled = pull.host_signers(origin)
+    new, keys = {}, {}
+    for host in hosts:
+        path = out / host / "report-key"
+        if path.is_file() and Path(f"{path}.pub").is_file() and not rekey:
+            pub = Path(f"{path}.pub").read_text().split("\n")[0].strip()
+            if enrolled.get(host) and enrolled[host].split(" ")[:2] != pub.split(" ")[:2]:
+                new[host] = pub  # kept here, enrolled differently: this key is the host's
+        elif enrolled.get(host) and not rekey:
+            raise UsageError(f"{host}: its report key is enrolled in {origin.root / pull.HOST_SIGNERS} but not in {path}: "
+                             "give the --out it was bootstrapped with, or --rekey (then give the host its new "
+                             "bootstrap: its reports stop counting until it has it)")
+        else:
+            new[host] = pull.make_key(path, f"tritonfleet-report {host}")
+        keys[host] = path.read_text()
+    if new:
+        pull.enrol(origin, new)
+    return keys
 
 
 # --- on the host: the timer ------------------------------------------------------------------------

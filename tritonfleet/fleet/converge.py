@@ -12,8 +12,13 @@ a pull-mode rollout.
 A run is due when the pointer names another release or generation than the last run did, when
 the last run is older than ``converge_interval`` (drift comes back), or with ``--force``; a look
 at the pointer alone is one conditional GET. A pointer that does not verify, names another host
-or an older generation is refused (reported, nothing run). When the origin cannot be reached the
-host converges to the release it last ran, on its interval.
+or no release id, or is older than the generation floor (the bootstrap's ``min_generation`` and
+the highest generation this host accepted, kept in its own file) is refused (reported, nothing
+run); an unreadable state or generation file refuses everything until the operator removes it.
+An expired pointer (a frozen origin) is reported as a stale origin. When the origin cannot be
+reached or is stale the host converges to the release it last ran, on its interval. The host's
+data comes in its own signed pointer (or its pull.json when pinned), never another host's.
+Reports are signed with the host's report key. Every download is capped.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +41,7 @@ from pathlib import Path
 
 from ..core.errors import TritonfleetError, UsageError
 from ..pyinfra_ext.compat import PyinfraChanged
+from ..settings.defaults import DEFAULTS
 from . import pull
 
 CONFIG = Path(os.environ.get("TRITONFLEET_PULL_CONFIG", "/etc/tritonfleet/pull.json"))
@@ -43,6 +50,7 @@ HOST_DATA_ENV = "TRITONFLEET_PULL_HOST_DATA"  # the run's host data file, read b
 KEEP_RELEASES = 3
 KEEP_LOGS = 10
 FETCH_TIMEOUT = 60
+REPORT_KEY = "/etc/tritonfleet/pull/report-key"  # the host's own report key (tritonfleet bootstrap)
 
 
 class RunError(TritonfleetError):
@@ -51,6 +59,21 @@ class RunError(TritonfleetError):
 
 class Refused(RunError):
     """The origin offered something this host must not run (signature, host, generation)."""
+
+
+class NotFound(RunError):
+    """The origin has no such file (HTTP 404)."""
+
+
+class Stale(RunError):
+    """The origin serves an expired pointer: this host keeps running what it ran."""
+
+
+def _state_dir() -> Path:
+    """The state directory, root's alone (it holds this host's data and logs)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    os.chmod(STATE_DIR, 0o700)
+    return STATE_DIR
 
 
 def load_config(path: Path = CONFIG) -> dict:
@@ -73,44 +96,85 @@ def _state_path() -> Path:
 
 
 def load_state() -> dict:
+    """The last run's state; {} before the first. A state that cannot be read fails closed
+    (RunError): its pointer cache and generation are not to be guessed."""
     try:
-        return json.loads(_state_path().read_text())
-    except (OSError, ValueError):
+        state = json.loads(_state_path().read_bytes())
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:
+        raise RunError(f"state {_state_path()} unreadable ({e}): nothing followed until it is removed "
+                       "(the generation floor stays)") from None
+    if not isinstance(state, dict):
+        raise RunError(f"state {_state_path()} is not a state object: nothing followed until it is removed")
+    return state
 
 
 def save_state(state: dict) -> None:
-    pull.write_atomic(_state_path(), json.dumps(state, indent=1, sort_keys=True).encode())
+    _state_dir()
+    pull.write_atomic(_state_path(), json.dumps(state, indent=1, sort_keys=True).encode(), 0o600)
+
+
+def _generation_path() -> Path:
+    return STATE_DIR / "generation"
+
+
+def generation_floor(cfg: dict) -> int:
+    """The oldest pointer generation this host may accept: the bootstrap's pin (min_generation)
+    or the highest it accepted (its own file, apart from state.json), whichever is higher. An
+    unreadable generation file fails closed (RunError)."""
+    pinned = cfg.get("min_generation") or 0
+    try:
+        kept = int(_generation_path().read_text().strip() or 0)
+    except FileNotFoundError:
+        kept = 0
+    except (OSError, ValueError) as e:
+        raise Refused(f"generation file {_generation_path()} unreadable ({e}): nothing followed until it is "
+                       f"removed (then the bootstrap's floor {pinned} holds)") from None
+    return max(int(pinned), kept)
+
+
+def keep_generation(generation: int) -> None:
+    _state_dir()
+    pull.write_atomic(_generation_path(), f"{generation}\n".encode(), 0o600)
 
 
 def _url(cfg: dict, rel: str) -> str:
     return f"{cfg['origin'].rstrip('/')}/{rel}"
 
 
-def fetch(url: str, headers: dict | None = None) -> tuple[int, bytes, dict]:
+def fetch(url: str, headers: dict | None = None, limit: int = pull.MAX_SMALL) -> tuple[int, bytes, dict]:
     """(HTTP status, body, headers); 304 with an empty body when unchanged. RunError when the
-    origin cannot be reached or answers an error."""
+    origin cannot be reached or answers an error; Refused for a body over ``limit`` bytes."""
     req = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=FETCH_TIMEOUT) as r:
-            return r.status, r.read(), dict(r.headers)
+            body = r.read(limit + 1)
+            if len(body) > limit:
+                raise Refused(f"{url}: more than {limit} bytes: not a pointer; nothing run")
+            return r.status, body, dict(r.headers)
     except urllib.error.HTTPError as e:
         if e.code == 304:
             return 304, b"", dict(e.headers)
-        raise RunError(f"{url}: HTTP {e.code} {e.reason}") from None
+        raise (NotFound if e.code == 404 else RunError)(f"{url}: HTTP {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError) as e:
         raise RunError(f"{url}: {getattr(e, 'reason', e)}") from None
 
 
-def fetch_to(url: str, dest: Path, sha256: str) -> None:
-    """``url`` into ``dest``, kept only when its sha256 is ``sha256``."""
+def fetch_to(url: str, dest: Path, sha256: str, limit: int) -> None:
+    """``url`` into ``dest``, kept only when its sha256 is ``sha256``; refused (and deleted) as
+    soon as it passes ``limit`` bytes."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     req = urllib.request.Request(url)
     h = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    got = 0
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(req, timeout=FETCH_TIMEOUT) as r:
             while chunk := r.read(1 << 20):
+                got += len(chunk)
+                if got > limit:
+                    raise Refused(f"{url}: more than the {limit} bytes it may be; deleted, nothing run")
                 h.update(chunk)
                 out.write(chunk)
         if h.hexdigest() != sha256:
@@ -124,34 +188,57 @@ def fetch_to(url: str, dest: Path, sha256: str) -> None:
             os.unlink(tmp)
 
 
-def desired(cfg: dict, state: dict) -> dict:
-    """{"release", "generation"} this host should run now."""
+def desired(cfg: dict, state: dict, now: float | None = None) -> dict:
+    """{"release", "generation", "host_data", "release_size"} this host should run now. Refused
+    when the pointer is not for this host, not signed by a release signer, names no release id or
+    is below the generation floor; Stale when it expired."""
     if cfg.get("release"):  # pinned by the bootstrap: pointers are not followed
-        return {"release": cfg["release"], "generation": 0}
+        if not pull.is_release_id(cfg["release"]):
+            raise Refused(f"pinned release {pull.printable(cfg['release'])[:40]!r} is not a release id")
+        return {"release": cfg["release"], "generation": 0, "host_data": cfg.get("host_data")}
+    now = time.time() if now is None else now
+    floor = generation_floor(cfg)
+    name = f"desired/{cfg['host']}.json"
     headers = {}
     cache = state.get("pointer") or {}
     if cache.get("etag"):
         headers["If-None-Match"] = cache["etag"]
     if cache.get("last_modified"):
         headers["If-Modified-Since"] = cache["last_modified"]
-    status, body, hdrs = fetch(_url(cfg, f"desired/{cfg['host']}.json"), headers)
-    if status == 304 and cache.get("payload"):
-        return cache["payload"]
-    try:
-        outer = json.loads(body)
-        payload_raw = outer["payload"].encode()
-        payload = json.loads(payload_raw)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise Refused(f"desired/{cfg['host']}.json is not a release pointer") from None
-    why = pull.verify(Path(cfg["signers"]), payload_raw, str(outer.get("signature", "")))
-    if why:
-        raise Refused(f"desired/{cfg['host']}.json: signature does not verify against {cfg['signers']}: {why}")
-    if payload.get("host") != cfg["host"]:
-        raise Refused(f"desired/{cfg['host']}.json names host {payload.get('host')!r}, not this one")
-    if int(payload.get("generation") or 0) < int(state.get("generation") or 0):
-        raise Refused(f"desired/{cfg['host']}.json is generation {payload.get('generation')}, older than the "
-                      f"{state.get('generation')} this host ran: an old pointer served again; not followed")
-    want = {"release": str(payload["release"]), "generation": int(payload["generation"])}
+    status, body, hdrs = fetch(_url(cfg, name), headers)
+    if status == 304 and isinstance(cache.get("payload"), dict):
+        want = cache["payload"]
+    else:
+        try:
+            outer = json.loads(body)
+            payload_raw = outer["payload"].encode()
+            payload = json.loads(payload_raw)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise Refused(f"{name} is not a release pointer") from None
+        why = pull.verify(Path(cfg["signers"]), payload_raw, str(outer.get("signature", "")))
+        if why:
+            raise Refused(f"{name}: signature does not verify against {cfg['signers']}: {why}")
+        if not isinstance(payload, dict) or payload.get("host") != cfg["host"]:
+            got = payload.get("host") if isinstance(payload, dict) else None
+            raise Refused(f"{name} names host {pull.printable(got)[:40]!r}, not this one")
+        generation = payload.get("generation")
+        if not isinstance(generation, int) or isinstance(generation, bool):
+            raise Refused(f"{name}: generation {pull.printable(generation)[:40]!r} is not a whole number")
+        want = {"release": payload.get("release"), "generation": generation, "host_data": payload.get("host_data"),
+                "release_size": payload.get("release_size"), "expires": payload.get("expires")}
+    if not pull.is_release_id(want.get("release")):
+        raise Refused(f"{name}: release {pull.printable(want.get('release'))[:40]!r} is not a release id "
+                      "(64 lowercase hex digits); nothing run")
+    if want["generation"] < max(floor, int(state.get("generation") or 0)):
+        raise Refused(f"{name} is generation {want['generation']}, older than the "
+                      f"{max(floor, int(state.get('generation') or 0))} this host accepted or was pinned to: an old "
+                      "pointer served again; not followed")
+    expires = pull.parse_iso(want.get("expires"))
+    if expires is None or expires <= now:
+        raise Stale(f"stale origin: {name} expired at {pull.printable(want.get('expires'))[:40]} (re-sign the "
+                    "live pointers: tritonfleet pull refresh)")
+    if want["generation"] > floor:
+        keep_generation(want["generation"])
     state["pointer"] = {"etag": hdrs.get("ETag", ""), "last_modified": hdrs.get("Last-Modified", ""), "payload": want}
     return want
 
@@ -169,14 +256,75 @@ def due(cfg: dict, state: dict, want: dict, now: float, force: bool) -> str:
     return ""
 
 
-def unpack(cfg: dict, sha: str) -> Path:
-    """The release's files on this host (fetched and checked once, kept for a few releases)."""
+def update_signers(cfg: dict, state: dict) -> str:
+    """Install the origin's signers document (signers.json: the release signers' keys, key
+    rotation) when it is newer than the one installed and verifies against the signers this host
+    trusts now; "" when nothing changed, else what did. None on the origin: nothing to do.
+    Refused for a document that does not verify, is malformed, or is older than the installed one."""
+    if cfg.get("release") or not cfg.get("signers"):
+        return ""
+    cache = state.get("signers_doc") or {}
+    headers = {k: v for k, v in (("If-None-Match", cache.get("etag")), ("If-Modified-Since", cache.get("last_modified")))
+               if v}
+    try:
+        status, body, hdrs = fetch(_url(cfg, pull.SIGNERS_DOC), headers)
+    except NotFound:
+        return ""
+    if status == 304:
+        return ""
+    path = Path(cfg["signers"])
+    try:
+        outer = json.loads(body)
+        raw = outer["payload"].encode()
+        doc = json.loads(raw)
+        keys, generation = doc["keys"], doc["generation"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise Refused(f"{pull.SIGNERS_DOC} is not a signers document") from None
+    why = pull.verify(path, raw, str(outer.get("signature", "")), namespace=pull.SIGNERS_NAMESPACE)
+    if why:
+        raise Refused(f"{pull.SIGNERS_DOC}: signature does not verify against {path}: {why}")
+    if type(generation) is not int or not isinstance(keys, list) or not keys or not all(
+            isinstance(k, str) and re.fullmatch(r"[a-z0-9@.-]+ [A-Za-z0-9+/=]+( [^\n\r\x00]*)?", k) for k in keys):
+        raise Refused(f"{pull.SIGNERS_DOC}: malformed (keys: a list of public keys; generation: a whole number)")
+    installed = _signers_generation(path)
+    if generation < installed:
+        raise Refused(f"{pull.SIGNERS_DOC} is generation {generation}, older than the {installed} installed: an old "
+                      "signers document served again; not installed")
+    state["signers_doc"] = {"etag": hdrs.get("ETag", ""), "last_modified": hdrs.get("Last-Modified", "")}
+    if generation == installed:
+        return ""
+    pull.write_atomic(path, pull.signers_text(keys, generation).encode())
+    return f"release signers generation {generation} installed ({len(keys)} key(s))"
+
+
+def _signers_generation(path: Path) -> int:
+    try:
+        first = path.read_text().split("\n", 1)[0]
+    except OSError:
+        return 0
+    m = re.fullmatch(r"# tritonfleet release signers, generation (\d+)", first)
+    return int(m.group(1)) if m else 0
+
+
+def _limit(cfg: dict, declared: object = None) -> int:
+    """Bytes a download may have: what the signed pointer declared, else the configured ceiling."""
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 0:
+        return declared
+    return int(cfg.get("download_limit") or DEFAULTS["pull_download_limit"])
+
+
+def unpack(cfg: dict, sha: str, size: object = None) -> Path:
+    """The release's files on this host (fetched and checked once, kept for a few releases).
+    ``sha`` must be a release id: it is a path here."""
+    if not pull.is_release_id(sha):
+        raise Refused(f"release {pull.printable(sha)[:40]!r} is not a release id (64 lowercase hex digits); nothing run")
+    _state_dir()
     root = STATE_DIR / "releases" / sha
     if (root / pull.MANIFEST).is_file():
         return root
     archive = STATE_DIR / "releases" / f"{sha}.tar.gz"
     if not archive.is_file():
-        fetch_to(_url(cfg, f"releases/{sha}.tar.gz"), archive, sha)
+        fetch_to(_url(cfg, f"releases/{sha}.tar.gz"), archive, sha, _limit(cfg, size))
     tmp = root.with_name(f".{sha}.incoming")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -209,9 +357,12 @@ def localise(cfg: dict, data: dict) -> dict:
     data = dict(data)
     archives = {}
     for image, ref in (data.get("image_archives") or {}).items():
+        if not pull.is_release_id(ref.get("blob")) or not isinstance(ref.get("name"), str) or \
+                "/" in ref["name"] or ref["name"] in ("", ".", ".."):
+            raise Refused(f"image archive of {pull.printable(image)[:60]}: not a blob reference; nothing run")
         path = STATE_DIR / "blobs" / f"{ref['blob'][:16]}-{ref['name']}"
         if not path.is_file():
-            fetch_to(_url(cfg, f"blobs/{ref['blob']}"), path, ref["blob"])
+            fetch_to(_url(cfg, f"blobs/{ref['blob']}"), path, ref["blob"], _limit(cfg, ref.get("size")))
         archives[image] = str(path)
     if archives:
         data["image_archives"] = archives
@@ -235,13 +386,13 @@ def run_deploy(cfg: dict, root: Path, manifest: dict, data: dict, groups: list[s
     shutil.rmtree(work, ignore_errors=True)
     (work / "failures").mkdir(parents=True)
     host_file = work / "host.json"
-    host_file.write_text(json.dumps({"name": cfg["host"], "groups": groups, "data": data}))
+    pull.write_atomic(host_file, json.dumps({"name": cfg["host"], "groups": groups, "data": data}).encode(), 0o600)
     pyinfra = Path(sys.executable).parent / "pyinfra"
     cmd = [str(pyinfra) if pyinfra.exists() else sys.executable, *([] if pyinfra.exists() else ["-m", "pyinfra"]),
            "-y", "--json", str(Path(__file__).with_name("local_inventory.py")), manifest["deploy"]]
     env = dict(os.environ, **{HOST_DATA_ENV: str(host_file), CHANNEL_ENV: str(work / "failures")},
                PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
-    with open(log, "w") as out:
+    with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
         out.write(f"$ {' '.join(cmd)}  (in {root / pull.REPO})\n")
         out.flush()
         res = subprocess.run(cmd, cwd=root / pull.REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -288,10 +439,27 @@ def converge(config: Path = CONFIG, force: bool = False, echo=print) -> int:
         if not mine:
             echo("another converge run is in progress on this host")
             return 0
-        state = load_state()
         now = time.time()
         try:
-            want = desired(cfg, state)
+            state = load_state()
+        except RunError as e:  # fail closed, and leave the file for the operator to look at
+            rep = {"format": pull.FORMAT, "host": cfg["host"], "release": None, "generation": None,
+                   "result": "refused", "error": str(e), "started": None, "finished": pull.iso(now)}
+            send_report(cfg, rep)
+            echo(f"{cfg['host']}: {pull.describe(rep)}")
+            return 1
+        stale = ""
+        try:
+            changed = update_signers(cfg, state)
+            if changed:
+                echo(changed)
+            want = desired(cfg, state, now)
+        except Stale as e:
+            stale = str(e)
+            if not state.get("release"):
+                return _finish(cfg, state, {"release": None, "generation": 0}, "refused", stale, now, echo)
+            echo(f"{stale}: staying on release {pull.short(state['release'])}")
+            want = _last(state)
         except Refused as e:
             return _finish(cfg, state, {"release": state.get("release"), "generation": state.get("generation")},
                            "refused", str(e), now, echo)
@@ -299,32 +467,43 @@ def converge(config: Path = CONFIG, force: bool = False, echo=print) -> int:
             if not state.get("release"):
                 return _finish(cfg, state, {"release": None, "generation": 0}, "failed", f"origin: {e}", now, echo)
             echo(f"origin unreachable ({e}): staying on release {pull.short(state['release'])}")
-            want = {"release": state["release"], "generation": state.get("generation") or 0}
+            want = _last(state)
+        was_stale, state["stale"] = state.get("stale") or "", stale
         why = due(cfg, state, want, now, force)
         state["checked_ts"] = now
         if not why:
             save_state(state)
             write_textfile(cfg, state)
-            return 0 if state.get("result") == "ok" else 1
+            if stale != was_stale:  # the control side learns of a stale origin (or its end) at once
+                send_report(cfg, _report(cfg, state))
+            return 0 if state.get("result") == "ok" and not stale else 1
         echo(f"converging to release {pull.short(want['release'])} ({why})")
         return _run(cfg, state, want, now, echo)
+
+
+def _last(state: dict) -> dict:
+    """What this host ran last, to run again while the origin is unreachable or stale."""
+    return {"release": state["release"], "generation": state.get("generation") or 0,
+            "host_data": state.get("host_data")}
 
 
 def _run(cfg: dict, state: dict, want: dict, now: float, echo) -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
     send_report(cfg, {**_report(cfg, state), "release": want["release"], "generation": want["generation"],
                       "result": "running", "started": started, "finished": None, "error": ""})
-    logs = STATE_DIR / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = _state_dir() / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
     log = logs / f"{started.replace(':', '')}.log"
     try:
-        root = unpack(cfg, want["release"])
+        entry = want.get("host_data")
+        if not isinstance(entry, dict) or not isinstance(entry.get("data"), dict):
+            raise RunError(f"the pointer for release {pull.short(want['release'])} carries no data for host "
+                           f"{cfg['host']} (publish it again with this tritonfleet: the host's data travels in its "
+                           "own signed pointer)")
+        root = unpack(cfg, want["release"], want.get("release_size"))
         manifest = json.loads((root / pull.MANIFEST).read_text())
-        entry = manifest.get("hosts", {}).get(cfg["host"])
-        if entry is None:
-            raise RunError(f"release {pull.short(want['release'])} has no data for host {cfg['host']} (not in the "
-                           "inventory it was published from)")
-        outcome = run_deploy(cfg, root, manifest, localise(cfg, entry["data"]), entry.get("groups") or [], log)
+        state["host_data"] = entry
+        outcome = run_deploy(cfg, root, manifest, localise(cfg, entry["data"]), list(entry.get("groups") or []), log)
     except Refused as e:
         return _finish(cfg, state, want, "refused", str(e), now, echo)
     except PyinfraChanged as e:  # this host's pyinfra is not one the package was checked against
@@ -364,17 +543,35 @@ def _iso(ts) -> str | None:
 def _report(cfg: dict, state: dict) -> dict:
     return {"format": pull.FORMAT, "host": cfg["host"], "release": state.get("release"),
             "generation": state.get("generation"), "result": state.get("result"), "error": state.get("error", ""),
+            "stale": state.get("stale") or "",
             "started": _iso(state.get("started_ts")), "finished": _iso(state.get("finished_ts")),
             "seconds": state.get("seconds"), "changed": state.get("changed"), "failure": state.get("failure")}
 
 
+def signed_report(cfg: dict, report: dict) -> bytes:
+    """The report as the control side reads it: {"payload": its JSON, "signature": made with this
+    host's report key (namespace tritonfleet-report)}; an empty signature when the key is missing
+    or cannot sign (the control side shows that host's report as not signed)."""
+    payload = json.dumps(report, sort_keys=True)
+    key = Path(cfg.get("report_key") or REPORT_KEY)
+    signature = ""
+    if key.is_file():
+        try:
+            signature = pull.sign(key, {"r": payload.encode()}, namespace=pull.REPORT_NAMESPACE)["r"]
+        except (pull.PullError, OSError) as e:
+            print(f"report not signed with {key}: {e}", file=sys.stderr)
+    else:
+        print(f"report not signed: no report key {key} (tritonfleet bootstrap writes it)", file=sys.stderr)
+    return json.dumps({"payload": payload, "signature": signature}).encode()
+
+
 def send_report(cfg: dict, report: dict) -> None:
-    """PUT the report where the control side reads it (best effort: a host whose report cannot be
-    sent still converges; the rollout waiting for it counts it as not reported)."""
+    """PUT the signed report where the control side reads it (best effort: a host whose report
+    cannot be sent still converges; the rollout waiting for it counts it as not reported)."""
     base = cfg.get("reports", _url(cfg, "reports"))
     if not base:
         return
-    req = urllib.request.Request(f"{base.rstrip('/')}/{cfg['host']}.json", data=json.dumps(report).encode(),
+    req = urllib.request.Request(f"{base.rstrip('/')}/{cfg['host']}.json", data=signed_report(cfg, report),
                                  method="PUT", headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=FETCH_TIMEOUT):

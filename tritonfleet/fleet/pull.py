@@ -3,15 +3,21 @@
 The control machine never connects to a host here. It writes an **origin**: a directory that any
 HTTP(S) server serves to the hosts (nginx, a bucket's website, Python's http.server), laid out as
 
-    releases/<sha256>.tar.gz   the operator's repository release: the deploy, the model
-                               repository, and every host's inventory data (tritonfleet-release.json);
-                               named by its own sha256, which the host checks
+    releases/<sha256>.tar.gz   the operator's repository release: the deploy and the model
+                               repository (no host's inventory data); named by its own sha256,
+                               which the host checks
     blobs/<sha256>             image archives the inventory names (image_archives), by content
-    desired/<host>.json        the release this host should run: {host, release, generation},
-                               signed with the operator's key (ssh-keygen -Y sign), so a host
-                               follows only what the key signed, for itself, never an older one
-    reports/<host>.json        what the host last did (release, generation, result, times), PUT
-                               there by the host (the server must accept PUT for reports/)
+    desired/<host>.json        the release this host should run: {host, release, generation,
+                               expires, host_data (this host's own inventory entry)}, signed with
+                               the operator's key (ssh-keygen -Y sign), so a host follows only
+                               what the key signed, for itself, never an older or expired one
+    reports/<host>.json        what the host last did (release, generation, result, times), signed
+                               with the host's own report key and PUT there by the host (the
+                               server must accept PUT for reports/)
+    host-signers               the hosts' report keys (allowed signers: principal = host name),
+                               enrolled by `tritonfleet bootstrap`
+    signers.json               optional: the release signers' keys, signed by a key the hosts
+                               trust (`tritonfleet pull rotate-key`)
     dist/                      the pinned agent: tritonfleet's wheel and its dependencies
                                (tritonfleet.fleet.bootstrap)
 
@@ -53,12 +59,46 @@ MANIFEST = "tritonfleet-release.json"
 REPO = "repo"  # the repository's files inside a release archive
 NAMESPACE = "tritonfleet-release"  # ssh-keygen -Y namespace: a signature made for nothing else
 SIGNER = "tritonfleet-release"  # the identity in the hosts' allowed-signers file
+REPORT_NAMESPACE = "tritonfleet-report"  # a host's signature of its own report
+SIGNERS_NAMESPACE = "tritonfleet-signers"  # the release signers' document (key rotation)
+HOST_SIGNERS = "host-signers"  # on the origin: the hosts' report keys (public halves)
+SIGNERS_DOC = "signers.json"  # on the origin: the release signers, signed (key rotation)
+MAX_SMALL = 1 << 20  # bytes: a pointer, a report or a signers document is never larger
+ISO = "%Y-%m-%dT%H:%M:%SZ"
+_ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+_RELEASE_RE = re.compile(r"[0-9a-f]{64}")
+_PRINCIPAL_RE = re.compile(r"[A-Za-z0-9._@-]+")
 # inventory data that is the control machine's business only: how it connects (a self-converging
 # host runs its deploy through pyinfra's @local connector as root)
 CONTROL_ONLY_PREFIXES = ("ssh_", "_")
 # what a release holds by default besides the deploy: the model repository lives under files/
 INCLUDE = ("deploys", "files")
 RESULTS = ("ok", "failed", "refused")  # a report's final results ("running" while it runs)
+
+
+def is_release_id(value: object) -> bool:
+    """A release id is a sha256: 64 lowercase hex digits, nothing else (it becomes a path)."""
+    return isinstance(value, str) and _RELEASE_RE.fullmatch(value) is not None
+
+
+def parse_iso(value: object) -> float | None:
+    """Unix time of ``value`` in the reports' and pointers' form (2026-01-02T03:04:05Z); None when
+    it is not that form."""
+    if not isinstance(value, str) or not _ISO_RE.fullmatch(value):
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(value, ISO)))
+    except ValueError:
+        return None
+
+
+def iso(ts: float) -> str:
+    return time.strftime(ISO, time.gmtime(ts))
+
+
+def printable(text: object) -> str:
+    """``text`` for a terminal: control characters (escape sequences, newlines) escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
 
 
 class PullError(TritonfleetError):
@@ -73,14 +113,15 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, never half-written: what a server serves is the old file or the new."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """``data`` at ``path`` (``mode``), never half-written: what a server serves is the old file or
+    the new."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -197,24 +238,31 @@ def _included(repo_root: Path, include: tuple[str, ...]) -> list[Path]:
     return files
 
 
+def host_entries(hosts: list, repo_root: Path) -> tuple[dict[str, dict], dict[str, Path]]:
+    """Each host's entry (host_entry) and the blobs they name (sha -> local file)."""
+    blobs: dict[str, Path] = {}
+    return {fh.name: host_entry(fh, repo_root, blobs) for fh in hosts}, blobs
+
+
 def build_release(hosts: list, deploy: str, repo_root: Path, include: tuple[str, ...] = INCLUDE
                   ) -> tuple[bytes, str, dict[str, Path]]:
-    """The release archive of ``repo_root`` for ``hosts`` (deterministic: the same files and data
-    make the same bytes, so publishing twice is one release), its sha256, and the blobs it names."""
+    """The release archive of ``repo_root`` for ``hosts`` (deterministic: the same files make the
+    same bytes, so publishing twice is one release), its sha256, and the blobs their data names.
+    The archive holds no host's data: every host fetching it may read it."""
     deploy_rel = Path(deploy)
     if deploy_rel.is_absolute():
         deploy_rel = deploy_rel.resolve().relative_to(repo_root.resolve())
     if not (repo_root / deploy_rel).is_file():
         raise UsageError(f"deploy {deploy} not found in {repo_root}")
     include = tuple(dict.fromkeys((*include, str(deploy_rel.parent) if str(deploy_rel.parent) != "." else str(deploy_rel))))
-    blobs: dict[str, Path] = {}
-    entries = {fh.name: host_entry(fh, repo_root, blobs) for fh in hosts}
+    entries, blobs = host_entries(hosts, repo_root)
     for fh in hosts:
         repo = Path(entries[fh.name]["data"].get("model_repository") or DEFAULTS["model_repository"])
         if not any(repo == Path(i) or Path(i) in repo.parents for i in include):
             raise UsageError(f"{fh.name}: model_repository {repo} is not in the release ({', '.join(include)}): "
                              f"add it with --include {repo}")
-    manifest = {"format": FORMAT, "deploy": str(deploy_rel), "hosts": entries,
+    # no host's data: each host's entry travels in its own signed pointer (host_entries)
+    manifest = {"format": FORMAT, "deploy": str(deploy_rel),
                 "blobs": {sha: {"name": p.name, "size": p.stat().st_size} for sha, p in sorted(blobs.items())}}
     raw = io.BytesIO()
     with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz, \
@@ -291,11 +339,11 @@ def check_sign_key(key: Path) -> None:
 
 def allowed_signers(key: Path) -> str:
     """The hosts' allowed-signers file for ``key`` (ssh-keygen(1), ALLOWED SIGNERS: principal,
-    then the key; ``namespaces=`` limits it to release pointers)."""
-    return f'{SIGNER} namespaces="{NAMESPACE}" {public_key(key)}\n'
+    then the key; ``namespaces=`` limits it to release pointers and signers documents)."""
+    return f'{SIGNER} namespaces="{NAMESPACE},{SIGNERS_NAMESPACE}" {public_key(key)}\n'
 
 
-def sign(key: Path, payloads: dict[str, bytes], batch: int = 500) -> dict[str, str]:
+def sign(key: Path, payloads: dict[str, bytes], batch: int = 500, namespace: str = NAMESPACE) -> dict[str, str]:
     """The signature of each payload (armored, as ssh-keygen writes it), made by one ssh-keygen
     process per ``batch`` payloads."""
     out: dict[str, str] = {}
@@ -308,7 +356,7 @@ def sign(key: Path, payloads: dict[str, bytes], batch: int = 500) -> dict[str, s
                 p = Path(tmp) / f"{start + i}"
                 p.write_bytes(payloads[name])
                 files.append(p)
-            res = subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", NAMESPACE,
+            res = subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", namespace,
                                   *map(str, files)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
             if res.returncode != 0:
                 raise PullError(f"signing with {key} failed: {res.stderr.strip()[-400:]} (an unencrypted key, or "
@@ -318,86 +366,273 @@ def sign(key: Path, payloads: dict[str, bytes], batch: int = 500) -> dict[str, s
     return out
 
 
-def verify(signers: Path, payload: bytes, signature: str) -> str:
-    """"" when ``signature`` is a valid signature of ``payload`` by a key of ``signers``; else why
-    not (ssh-keygen's words)."""
+def verify(signers: Path, payload: bytes, signature: str, identity: str = SIGNER,
+           namespace: str = NAMESPACE) -> str:
+    """"" when ``signature`` is a valid signature of ``payload`` by a key of ``signers`` for
+    ``identity`` in ``namespace``; else why not (ssh-keygen's words)."""
+    if not signature.strip():
+        return "not signed"
     with tempfile.NamedTemporaryFile("w", suffix=".sig") as sig:
         sig.write(signature)
         sig.flush()
-        res = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", SIGNER, "-n", NAMESPACE,
+        res = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", identity, "-n", namespace,
                               "-s", sig.name], input=payload, capture_output=True)
     return "" if res.returncode == 0 else (res.stderr.decode(errors="replace").strip() or "signature refused")
 
 
 def read_pointer(path: Path) -> dict | None:
-    """A pointer file's payload as the control machine wrote it (not verified: its own file)."""
+    """A pointer file's payload as the control machine wrote it (not verified: its own file);
+    None when it is missing or not a pointer."""
     try:
-        return json.loads(json.loads(path.read_bytes())["payload"])
+        payload = json.loads(json.loads(path.read_bytes())["payload"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return payload if isinstance(payload, dict) else None
 
 
-def publish_desired(origin: Origin, key: Path, desired: dict[str, str], rollout_id: str) -> int:
-    """Point each host of ``desired`` at its release; the generation these pointers carry (higher
-    than any before on this origin, so a host never goes back to an older pointer)."""
+def pointer_release(path: Path) -> tuple[dict | None, str]:
+    """(the payload, "") of a pointer that names a release id; (None, why) for a missing or
+    unreadable pointer or one whose release is not a release id."""
+    if not path.exists():
+        return None, ""
+    ptr = read_pointer(path)
+    if ptr is None:
+        return None, f"pointer {path.parent.name}/{path.name} unreadable (not a signed pointer)"
+    if not is_release_id(ptr.get("release")):
+        return None, f"pointer {path.parent.name}/{path.name} names no release id ({printable(ptr.get('release'))[:40]})"
+    return ptr, ""
+
+
+def current_generation(origin: Origin) -> int:
+    """The generation of the origin's newest pointers (0 before any)."""
+    try:
+        return int((origin.root / "desired" / ".generation").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def publish_desired(origin: Origin, key: Path, desired: dict[str, str], rollout_id: str,
+                    host_data: dict[str, dict] | None = None, ttl: float | None = None) -> int:
+    """Point each host of ``desired`` at its release, with its own inventory entry (``host_data``:
+    {groups, data}; a host receives only its own) and an expiry ``ttl`` seconds ahead; the
+    generation these pointers carry (higher than any before on this origin, so a host never goes
+    back to an older pointer). Only release ids are signed."""
     if not desired:
         return 0
-    gen_file = origin.root / "desired" / ".generation"
-    try:
-        last = int(gen_file.read_text().strip())
-    except (OSError, ValueError):
-        last = 0
-    generation = max(last + 1, int(time.time() * 1000))
-    published = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    payloads = {host: json.dumps({"format": FORMAT, "host": host, "release": release, "generation": generation,
-                                  "rollout": rollout_id, "published": published}, sort_keys=True).encode()
-                for host, release in desired.items()}
+    bad = {h: r for h, r in desired.items() if not is_release_id(r)}
+    if bad:
+        raise PullError(f"not signed: {', '.join(f'{h} -> {printable(r)[:40]!r}' for h, r in bad.items())} "
+                        "(a release id is a sha256)")
+    generation = max(current_generation(origin) + 1, int(time.time() * 1000))
+    now = time.time()
+    ttl = float(DEFAULTS["pull_pointer_ttl"] if ttl is None else ttl)
+    payloads = {}
+    for host, release in desired.items():
+        size = origin.release(release).stat().st_size if origin.release(release).is_file() else None
+        payloads[host] = json.dumps({
+            "format": FORMAT, "host": host, "release": release, "release_size": size, "generation": generation,
+            "rollout": rollout_id, "published": iso(now), "expires": iso(now + ttl),
+            "host_data": (host_data or {}).get(host)}, sort_keys=True).encode()
     sigs = sign(key, payloads)
-    write_atomic(gen_file, f"{generation}\n".encode())
+    write_atomic(origin.root / "desired" / ".generation", f"{generation}\n".encode())
     for host, payload in payloads.items():
         write_atomic(origin.pointer(host), json.dumps({"payload": payload.decode(), "signature": sigs[host]}).encode())
     return generation
 
 
+def refresh(origin: Origin, key: Path, ttl: float | None = None) -> tuple[int, list[str]]:
+    """Re-sign every live pointer of the origin: the same release and host data, a new generation
+    and expiry (run from a timer well within pull_pointer_ttl, so hosts can tell a live origin
+    from a frozen one). Returns (the generation, the hosts); a pointer that names no release id
+    is left alone and named in the PullError raised after the others are signed."""
+    desired, data, bad = {}, {}, []
+    for path in sorted((origin.root / "desired").glob("*.json")):
+        ptr, why = pointer_release(path)
+        if ptr is None or ptr.get("host") != path.stem:
+            bad.append(why or f"{path.name} names host {printable(ptr.get('host') if ptr else None)!r}")
+            continue
+        desired[path.stem], data[path.stem] = ptr["release"], ptr.get("host_data")
+    gen = publish_desired(origin, key, desired, f"refresh-{time.strftime('%Y%m%dT%H%M%S')}", data, ttl)
+    if bad:
+        raise PullError(f"refreshed {len(desired)} pointer(s) (generation {gen}); not refreshed: {'; '.join(bad)}")
+    return gen, sorted(desired)
+
+
+# --- the release signers: rotation with an overlap ---------------------------------------------------
+
+def signers_doc(origin: Origin) -> dict | None:
+    """The origin's current signers document payload (its own file), None when there is none."""
+    try:
+        doc = json.loads(json.loads((origin.root / SIGNERS_DOC).read_bytes())["payload"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def rotate_key(origin: Origin, key: Path, new: Path | None = None, retire: Path | None = None) -> dict:
+    """Publish the hosts' next release-signers list, signed by ``key`` (a key they trust now):
+    the current list (or ``key`` alone) plus ``new``, less ``retire``. A host installs it on its
+    next converge, after checking it against the signers it has; so a rotation is two steps: add
+    the new key (both verify), move the pointers to it (`pull refresh --sign-key NEW`), then retire
+    the old one. Returns the payload published."""
+    current = signers_doc(origin)
+    keys = list((current or {}).get("keys") or [public_key(key)])
+    if new is not None and public_key(new) not in keys:
+        keys.append(public_key(new))
+    if retire is not None:
+        keys = [k for k in keys if k.split(" ")[:2] != public_key(retire).split(" ")[:2]]
+    if not keys:
+        raise UsageError("that leaves the hosts no release signer: add the new key before retiring the old one")
+    if public_key(key).split(" ")[:2] not in [k.split(" ")[:2] for k in (current or {}).get("keys") or keys]:
+        raise UsageError(f"--sign-key {key} is not a signer the hosts trust now: sign with one of the current keys")
+    payload = {"format": FORMAT, "keys": keys, "generation": int((current or {}).get("generation") or 0) + 1,
+               "published": iso(time.time())}
+    raw = json.dumps(payload, sort_keys=True).encode()
+    sig = sign(key, {"d": raw}, namespace=SIGNERS_NAMESPACE)["d"]
+    write_atomic(origin.root / SIGNERS_DOC, json.dumps({"payload": raw.decode(), "signature": sig}).encode())
+    return payload
+
+
+def signers_text(keys: list[str], generation: int) -> str:
+    """A hosts' allowed-signers file for ``keys`` (the generation of the document it came from on
+    its first line, a comment to ssh-keygen)."""
+    return f"# tritonfleet release signers, generation {generation}\n" + "".join(
+        f'{SIGNER} namespaces="{NAMESPACE},{SIGNERS_NAMESPACE}" {k}\n' for k in keys)
+
+
+# --- the hosts' report keys ----------------------------------------------------------------------
+
+def make_key(path: Path, comment: str) -> str:
+    """A new ed25519 key pair at ``path`` (private half 0600 in a 0700 directory); its public half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    for p in (path, Path(f"{path}.pub")):
+        p.unlink(missing_ok=True)
+    res = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if res.returncode != 0:
+        raise PullError(f"ssh-keygen could not make {path}: {res.stderr.strip()}")
+    os.chmod(path, 0o600)
+    return Path(f"{path}.pub").read_text().split("\n")[0].strip()
+
+
+def host_signers(origin: Origin) -> dict[str, str]:
+    """The enrolled report keys: {host: public key}."""
+    out: dict[str, str] = {}
+    try:
+        lines = (origin.root / HOST_SIGNERS).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and not line.startswith("#"):
+            out[parts[0]] = parts[2] if parts[1].startswith("namespaces=") else f"{parts[1]} {parts[2]}"
+    return out
+
+
+def enrol(origin: Origin, keys: dict[str, str]) -> None:
+    """``keys`` ({host: public key}) into the origin's host-signers, replacing those hosts' keys."""
+    odd = [h for h in keys if not _PRINCIPAL_RE.fullmatch(h)]
+    if odd:  # a principal is a pattern in an allowed-signers file: '*' or ',' would match other hosts
+        raise UsageError(f"host name(s) {', '.join(map(repr, odd))} cannot hold a report key: letters, digits, "
+                         "'.', '_', '-' and '@' only")
+    have = {**host_signers(origin), **keys}
+    write_atomic(origin.root / HOST_SIGNERS, "".join(
+        f'{h} namespaces="{REPORT_NAMESPACE}" {k}\n' for h, k in sorted(have.items())).encode())
+
+
 # --- reports ----------------------------------------------------------------------------------
 
 class Reports:
-    """The hosts' reports on the origin, read again only when a file changed (a stat a host)."""
+    """The hosts' signed reports on the origin, read and verified again only when a file changed
+    (a stat a host). A report counts only when its host's report key signed it (host-signers)."""
 
     def __init__(self, origin: Origin):
         self.origin = origin
-        self._seen: dict[str, tuple[int, int, dict | None]] = {}
+        self._seen: dict[str, tuple[int, int, dict | None, str]] = {}
 
     def read(self, host: str) -> dict | None:
+        """The host's report when it is signed by the host and well formed, else None."""
+        return self.check(host)[0]
+
+    def check(self, host: str) -> tuple[dict | None, str]:
+        """(the report, "") or (None, why not): "no report", or the report is unreadable, not
+        signed, its signature refused, or malformed."""
         path = self.origin.report(host)
         try:
             st = path.stat()
         except OSError:
-            return None
+            return None, "no report"
         seen = self._seen.get(host)
         if seen and seen[:2] == (st.st_mtime_ns, st.st_size):
-            return seen[2]
+            return seen[2], seen[3]
+        rep, why = self._verify(host, path, st.st_size)
+        self._seen[host] = (st.st_mtime_ns, st.st_size, rep, why)
+        return rep, why
+
+    def _verify(self, host: str, path: Path, size: int) -> tuple[dict | None, str]:
+        if size > MAX_SMALL:
+            return None, f"report unreadable: {size} bytes (more than {MAX_SMALL})"
         try:
-            rep = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            rep = None  # being written, or not ours: read again next time
-        if not isinstance(rep, dict) or rep.get("host") != host:
-            rep = None
-        self._seen[host] = (st.st_mtime_ns, st.st_size, rep)
-        return rep
+            outer = json.loads(path.read_bytes())
+        except (OSError, ValueError) as e:
+            return None, f"report unreadable: {printable(e)[:120]}"
+        if not isinstance(outer, dict) or not isinstance(outer.get("payload"), str):
+            return None, "report not signed (no signed payload: its host runs an older agent, or it is forged)"
+        signature = outer.get("signature")
+        if not isinstance(signature, str) or not signature.strip():
+            return None, "report not signed (no signature)"
+        signers = self.origin.root / HOST_SIGNERS
+        if not signers.is_file():
+            return None, f"report signature refused: {signers} missing (tritonfleet bootstrap enrols the hosts' keys)"
+        why = verify(signers, outer["payload"].encode(), signature, identity=host, namespace=REPORT_NAMESPACE)
+        if why:
+            return None, f"report signature refused: {printable(why)[:160]}"
+        try:
+            rep = json.loads(outer["payload"])
+        except ValueError as e:
+            return None, f"report malformed: {printable(e)[:120]}"
+        bad = report_problem(host, rep)
+        return (None, f"report malformed: {bad}") if bad else (rep, "")
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def report_problem(host: str, rep: object) -> str:
+    """What is wrong with a report payload's shape ("" when nothing): what the rollout and status
+    read of it has the types they expect."""
+    if not isinstance(rep, dict):
+        return "not an object"
+    checks = (
+        ("host", rep.get("host") == host, f"names host {printable(rep.get('host'))[:40]!r}"),
+        ("release", rep.get("release") is None or is_release_id(rep.get("release")), "release is not a release id"),
+        ("generation", rep.get("generation") is None or _int(rep.get("generation")), "generation is not a whole number"),
+        ("result", rep.get("result") in (*RESULTS, "running"), "result is not ok, failed, refused or running"),
+        ("started", rep.get("started") is None or parse_iso(rep.get("started")) is not None,
+         "started is not a time like 2026-01-02T03:04:05Z"),
+        ("finished", rep.get("finished") is None or parse_iso(rep.get("finished")) is not None,
+         "finished is not a time like 2026-01-02T03:04:05Z"),
+        ("error", isinstance(rep.get("error", ""), str), "error is not text"),
+        ("stale", isinstance(rep.get("stale", ""), str), "stale is not text"),
+        ("changed", rep.get("changed") is None or _int(rep.get("changed")), "changed is not a whole number"),
+        ("failure", rep.get("failure") is None or isinstance(rep.get("failure"), dict), "failure is not an object"),
+    )
+    return next((why for _, ok, why in checks if not ok), "")
 
 
 def short(release: str | None) -> str:
-    return (release or "-")[:12]
+    return printable(release or "-")[:12]
 
 
-def describe(rep: dict | None) -> str:
-    """One line of a host's report for a person."""
+def describe(rep: dict | None, why: str = "") -> str:
+    """One line of a host's report for a person (control characters escaped)."""
     if not rep:
-        return "no report"
+        return why or "no report"
     when = rep.get("finished") or rep.get("started") or "?"
     text = f"{rep.get('result', '?')} on {short(rep.get('release'))} at {when}"
-    return f"{text}: {rep['error']}" if rep.get("error") else text
+    return printable(f"{text}: {rep['error']}" if rep.get("error") else text)
 
 
 # --- the pull-mode rollout ----------------------------------------------------------------------
@@ -431,6 +666,8 @@ def rollout(inventory: str, deploy: str, origin: Origin, key: Path, *, limit: li
     report = Report(inventory, deploy, batches, [HostResult(n) for n in names])
     with origin.lock(f"pull rollout of {deploy}"):
         sha = publish_release(origin, hosts, deploy, Path.cwd(), include)
+        entries, _ = host_entries(hosts, Path.cwd())
+        ttl = float(hosts[0].get("pull_pointer_ttl", DEFAULTS["pull_pointer_ttl"]))
         rollout_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{sha[:8]}"
         logs = Path(os.environ.get("TRITONFLEET_LOG_DIR", ".tritonfleet/rollouts")) / rollout_id
         logs.mkdir(parents=True, exist_ok=True)
@@ -444,6 +681,7 @@ def rollout(inventory: str, deploy: str, origin: Origin, key: Path, *, limit: li
              f"max {max_fail} failure(s), {wait:.0f} s a batch for the reports; journal in {logs}")
         reports = Reports(origin)
         run = _PullRun(origin, key, sha, rollout_id, report, journal, reports, echo, wait, poll, max_fail, canary)
+        run.entries, run.ttl = entries, ttl
         try:
             run.before()
             if run.failures <= max_fail:
@@ -470,7 +708,9 @@ class _PullRun:
         self.report, self.journal, self.reports, self.echo = report, journal, reports, echo
         self.wait, self.poll, self.max_fail, self.canary = wait, poll, max_fail, canary
         self.results = {r.host: r for r in report.hosts}
-        self.was: dict[str, str | None] = {}  # the release each host was pointed at before
+        self.was: dict[str, dict | None] = {}  # each host's own earlier pointer (release, host data)
+        self.entries: dict[str, dict] = {}  # each host's data for the new release
+        self.ttl: float | None = None
         self.unreachable: list[str] = []
         self.failures = 0
         self.current = ""
@@ -479,16 +719,18 @@ class _PullRun:
         """Where every target is: its pointer's release and its last report. A host that never
         reported is not converging itself (no bootstrap, or gone): not touched, a failure."""
         for name, r in self.results.items():
-            ptr = read_pointer(self.origin.pointer(name))
-            rep = self.reports.read(name)
-            self.was[name] = (ptr or {}).get("release") or (rep or {}).get("release")
+            # what a host goes back to comes from the control machine's own pointer, never a report
+            self.was[name], _ = pointer_release(self.origin.pointer(name))
+            rep, why = self.reports.check(name)
             r.before = short((rep or {}).get("release"))
             if rep is None:
-                r.result, r.detail = "unreachable", "no report on the origin: not converging itself (bootstrap it)"
+                r.result = "unreachable"
+                r.detail = ("no report on the origin: not converging itself (bootstrap it)" if why == "no report"
+                            else f"{why}: not counted")
                 self.unreachable.append(name)
         self.failures = len(self.unreachable)
-        self.journal.write("before", hosts={n: {"pointer": self.was[n], "report": self.reports.read(n)}
-                                            for n in self.results})
+        self.journal.write("before", hosts={n: {"pointer": (self.was[n] or {}).get("release"),
+                                                "report": self.reports.read(n)} for n in self.results})
         if self.unreachable:
             self.echo(f"never reported (not touched): {', '.join(self.unreachable)}")
 
@@ -500,7 +742,8 @@ class _PullRun:
             label = "canary" if i == 1 and self.canary else f"batch {i}/{len(batches)}"
             self.current = label
             t0 = time.monotonic()
-            gen = publish_desired(self.origin, self.key, dict.fromkeys(todo, self.sha), self.rollout_id)
+            gen = publish_desired(self.origin, self.key, dict.fromkeys(todo, self.sha), self.rollout_id,
+                                  {n: self.entries.get(n) for n in todo}, self.ttl)
             self.journal.write("batch", index=i, hosts=todo, generation=gen)
             self.echo(f"[{label}] release {short(self.sha)} published for {len(todo)} host(s); waiting for their reports")
             outcome = self.await_reports(todo, gen, self.sha)
@@ -536,8 +779,8 @@ class _PullRun:
         deadline = time.monotonic() + self.wait
         while pending:
             for n in sorted(pending):
-                rep = self.reports.read(n)
-                if not rep or int(rep.get("generation") or 0) < generation or rep.get("result") not in RESULTS:
+                rep = self.reports.read(n)  # signed by the host and well formed, else None
+                if not rep or (rep.get("generation") or 0) < generation or rep.get("result") not in RESULTS:
                     continue
                 ok = rep["result"] == "ok" and rep.get("release") == release
                 out[n] = (ok, "" if ok else describe(rep), rep)
@@ -546,19 +789,25 @@ class _PullRun:
                 break
             time.sleep(self.poll)
         for n in pending:
-            rep = self.reports.read(n)
-            out[n] = (False, f"no report of release {short(release)} within {self.wait:.0f} s (last: {describe(rep)})", rep)
+            rep, why = self.reports.check(n)
+            out[n] = (False, f"no report of release {short(release)} within {self.wait:.0f} s "
+                             f"(last: {describe(rep, why)})", rep)
         return out
 
     def roll_back(self, failed: list[str], index: int) -> None:
-        back = {n: self.was[n] for n in failed if self.was.get(n) and self.was[n] != self.sha}
+        # back to the host's own earlier pointer: its release and its data (a rollout of new data
+        # alone keeps the release id)
+        back = {n: self.was[n]["release"] for n in failed
+                if self.was.get(n) and is_release_id(self.was[n]["release"])
+                and (self.was[n]["release"] != self.sha or self.was[n].get("host_data") != self.entries.get(n))}
         for n in failed:
             if n not in back:
                 self.results[n].detail += " (no earlier release on the origin: nothing to roll back to)"
         if not back:
             return
         self.echo(f"rolling back {', '.join(back)} to the release each ran before")
-        gen = publish_desired(self.origin, self.key, back, self.rollout_id)
+        gen = publish_desired(self.origin, self.key, back, self.rollout_id,
+                              {n: (self.was[n] or {}).get("host_data") for n in back}, self.ttl)
         self.journal.write("rollback", index=index, hosts=back, generation=gen)
         by_release: dict[str, list[str]] = {}
         for n, rel in back.items():
@@ -576,22 +825,33 @@ class _PullRun:
 # --- status -------------------------------------------------------------------------------------
 
 def status(hosts: list, origin: Origin, now: float | None = None) -> list[dict]:
-    """Each host as its own report says (no SSH): the release it should run (its pointer), the one
-    it ran last, the result, when; ``drift`` says what is not right (no report, a failed run, not on
-    its desired release, no run for longer than two converge intervals)."""
+    """Each host as its own signed report says (no SSH): the release it should run (its pointer),
+    the one it ran last, the result, when; ``drift`` says what is not right (no report, an
+    unsigned, forged or malformed one, an unreadable pointer, a failed run, a stale origin, not on
+    its desired release, no run for longer than two converge intervals). Never raises for what a
+    report or pointer holds."""
     now = time.time() if now is None else now
     reports = Reports(origin)
     rows = []
     for fh in hosts:
-        rep = reports.read(fh.name) or {}
-        want = (read_pointer(origin.pointer(fh.name)) or {}).get("release")
+        got, why = reports.check(fh.name)
+        rep = got or {}
+        ptr, ptr_why = pointer_release(origin.pointer(fh.name))
+        want = (ptr or {}).get("release")
         drift = []
+        if ptr_why:
+            drift.append(ptr_why)
         finished = rep.get("finished")
-        age = now - calendar.timegm(time.strptime(finished, "%Y-%m-%dT%H:%M:%SZ")) if finished else None
-        if not rep:
+        stamp = parse_iso(finished)
+        age = None if stamp is None else now - stamp
+        if why == "no report":
             drift.append("no report (not converging itself: bootstrap it)")
+        elif why:
+            drift.append(why)
         elif rep.get("result") in ("failed", "refused"):
-            drift.append(f"last run {rep['result']}: {rep.get('error') or '?'}")
+            drift.append(printable(f"last run {rep['result']}: {rep.get('error') or '?'}"))
+        if rep.get("stale"):
+            drift.append(printable(rep["stale"]))
         if rep and want and rep.get("release") != want and rep.get("result") != "running":
             drift.append(f"runs {short(rep.get('release'))}, should run {short(want)}")
         limit = 2 * float(fh.get("pull_converge_interval", DEFAULTS["pull_converge_interval"])) + \
@@ -600,5 +860,5 @@ def status(hosts: list, origin: Origin, now: float | None = None) -> list[dict]:
             drift.append(f"no run for {age / 60:.0f} min (its timer stopped, or it cannot reach the origin)")
         rows.append({"host": fh.name, "desired": want, "release": rep.get("release"), "result": rep.get("result"),
                      "finished": finished, "age_seconds": None if age is None else round(age),
-                     "generation": rep.get("generation"), "error": rep.get("error") or "", "drift": drift})
+                     "generation": rep.get("generation"), "error": printable(rep.get("error") or ""), "drift": drift})
     return rows

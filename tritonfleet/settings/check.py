@@ -248,6 +248,8 @@ RULES: dict[str, Rule] = {
     "pull_poll_interval": seconds(),
     "pull_converge_interval": seconds(),
     "pull_report_timeout": seconds(),
+    "pull_pointer_ttl": seconds(),
+    "pull_download_limit": whole(1, unit="bytes"),
     "pull_textfile": text(),
 }
 

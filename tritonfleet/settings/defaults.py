@@ -501,6 +501,16 @@ pull_converge_interval = 1800
 # Seconds a pull-mode rollout waits for each batch's hosts to report their run of the new
 # release (a poll interval, the deploy, its health gate) before it counts a silent host failed.
 pull_report_timeout = 900
+# Seconds a signed release pointer stays valid after it was signed: a host refuses an expired
+# pointer and reports a stale origin (an origin, or a man in the middle, that keeps serving an old
+# pointer is seen within this), so `tritonfleet pull refresh` must re-sign the live pointers well
+# within it (a daily timer against 7 days leaves a week of control-machine outage before hosts
+# stop following).
+pull_pointer_ttl = 604800
+# Bytes a self-converging host downloads at most for a release archive or image archive whose
+# size its signed pointer does not declare (the declared size caps the rest): a hostile origin
+# cannot fill the host's disk. Pointers and signers documents are capped at 1 MiB.
+pull_download_limit = 8589934592  # 8 GiB
 # The node exporter textfile a self-converging host writes its state to (last run, result,
 # release), for Prometheus; Debian's prometheus-node-exporter reads *.prom in
 # /var/lib/prometheus/node-exporter (its README.textfile). "": none.
