@@ -354,10 +354,16 @@ class Prometheus:
             body = r.json()
         except (requests.RequestException, ValueError) as e:
             raise CanaryError(f"cannot query Prometheus at {self.url} (canary_prometheus_url): {e}") from e
-        if body.get("status") != "success":
-            raise CanaryError(f"Prometheus at {self.url} refused {expr!r}: {body.get('errorType', '')} "
-                              f"{body.get('error', r.status_code)}")
-        return body["data"]["result"]
+        if not isinstance(body, dict) or body.get("status") != "success":
+            what = f"{body.get('errorType', '')} {body.get('error', r.status_code)}" if isinstance(body, dict) \
+                else f"an answer of type {type(body).__name__}"
+            raise CanaryError(f"Prometheus at {self.url} refused {expr!r}: {what}")
+        data = body.get("data")
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list) or (data.get("resultType", "matrix") != "matrix"):
+            raise CanaryError(f"Prometheus at {self.url} answered {expr!r} without a range result "
+                              "(data.resultType matrix, data.result a list): not a Prometheus query_range answer")
+        return result
 
 
 def _selector(s: Settings, hosts: list[str]) -> str:
@@ -365,11 +371,29 @@ def _selector(s: Settings, hosts: list[str]) -> str:
     return f'{{job="{s.job}", host=~`{host_regex(sorted(hosts))}`{model}}}'
 
 
-def _per_host(result: list[dict]) -> dict[str, dict[float, float]]:
+def _per_host(result: list) -> dict[str, dict[float, float]]:
+    """{host: {time: value}} of a query_range result; CanaryError for anything else than series
+    of a host label and [time, finite number] pairs (an answer the analysis cannot read is never
+    read as "no errors")."""
     out: dict[str, dict[float, float]] = {}
     for series in result:
-        host = series.get("metric", {}).get("host", "")
-        out.setdefault(host, {}).update({float(t): float(v) for t, v in series.get("values", [])})
+        metric = series.get("metric") if isinstance(series, dict) else None
+        values = series.get("values") if isinstance(series, dict) else None
+        host = metric.get("host", "") if isinstance(metric, dict) else None
+        if not isinstance(host, str) or not isinstance(values, list):
+            raise CanaryError(f"Prometheus answered a series the analysis cannot read: {str(series)[:120]}")
+        points = out.setdefault(host, {})
+        for pair in values:
+            try:
+                t, v = pair
+                t, v = float(t), float(v)
+            except (TypeError, ValueError) as e:
+                raise CanaryError(f"Prometheus answered a value the analysis cannot read for host {host!r}: "
+                                  f"{str(pair)[:80]} ({e})") from None
+            if math.isinf(v) or not math.isfinite(t):
+                raise CanaryError(f"Prometheus answered a value the analysis cannot read for host {host!r}: "
+                                  f"{str(pair)[:80]}")
+            points[t] = v
     return out
 
 

@@ -393,3 +393,66 @@ def test_a_failed_run_is_counted_as_failed_by_triton(tmp_path):
                 counts[key] = s.value
     assert counts["nv_inference_request_success"] == 2
     assert counts["nv_inference_request_failure/BACKEND"] == 3
+
+
+# ---- answers the analysis cannot read ------------------------------------------------------------
+
+class _Answer:
+    def __init__(self, body):
+        self.body, self.status_code = body, 200
+
+    def json(self):
+        return self.body
+
+
+class _Http:
+    def __init__(self, body):
+        self.body = body
+
+    def get(self, *a, **k):
+        return _Answer(self.body)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=8)
+_value = st.one_of(_json, st.sampled_from(["x", "", "Inf", "-Inf", "1e999"]))
+_series = st.fixed_dictionaries({"metric": st.one_of(st.fixed_dictionaries({"host": st.one_of(st.just("c"), _json)}),
+                                                     _json),
+                                 "values": st.one_of(st.lists(st.one_of(st.tuples(_value, _value).map(list), _json),
+                                                              min_size=1, max_size=3), _json)})
+_near_miss = st.fixed_dictionaries({"status": st.just("success"), "data": st.one_of(
+    st.fixed_dictionaries({"resultType": st.just("matrix"), "result": st.lists(_series, min_size=1, max_size=2)}),
+    _json)})
+
+
+def _readable(body) -> bool:
+    """The generated body happens to be a well-formed answer (then any verdict may come)."""
+    try:
+        cn._per_host(body["data"]["result"])
+        return body["data"].get("resultType", "matrix") == "matrix"
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(_json, _near_miss))
+def test_an_answer_the_analysis_cannot_read_rolls_back(body):
+    """Any 200 answer of another shape (the review's {"status":"success"}, [1, 2], a value "x")
+    is a CanaryError, so analyse() rolls back: never an exception out of it, never a promotion."""
+    prom = cn.Prometheus("http://127.0.0.1:1")
+    prom.http = _Http(body)
+    s = cn.Settings("http://127.0.0.1:1", analysis_seconds=30, step_seconds=5, min_requests=1)
+    res = cn.analyse(prom, s, ["c"], ["b"], 1000.0, lambda m: None, sleep=lambda t: None, now=lambda: 1031.0)
+    if not _readable(body):
+        assert res.verdict == cn.ROLL_BACK and "could not read" in res.why
+
+
+@pytest.mark.parametrize("body", [{"status": "success"}, [1, 2],
+                                  {"status": "success", "data": {"resultType": "matrix", "result": [
+                                      {"metric": {"host": "c"}, "values": [[1000, "x"]]}]}}])
+def test_the_reviews_answers_are_canary_errors(body):
+    prom = cn.Prometheus("http://127.0.0.1:1")
+    prom.http = _Http(body)
+    with pytest.raises(cn.CanaryError):
+        cn._per_host(prom.query_range("up", 1000, 1030, 5))
