@@ -14,6 +14,9 @@ around the deploy (the backend read every second: draining, the largest number o
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -351,12 +354,33 @@ class Traffic:
         self.states.update(canary_share=None)
         self._originals = None
 
+    def abort(self) -> None:
+        """The rollout stops on an exception or a signal: the weights go back, the states stop
+        being served (a SIGTERM arriving during the restore does not cut it)."""
+        with _signals_held():
+            self._restore()
+        if self.states is not None:
+            self.states.close()
+
     def finish(self, report) -> None:
         self._restore()
         report.capacity = self.capacity
         report.canary = self.result
         if self.states is not None:
             self.states.close()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM held (delivered after the block) in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def restore_from_journal(events: list[dict], echo: Callable[[str], None]) -> None:

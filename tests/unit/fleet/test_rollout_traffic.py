@@ -144,3 +144,74 @@ def test_a_model_floor_counts_the_servers_of_that_model(hap, tmp_path):
     assert why.startswith("capacity: batch 1 (h1) can never go out") and \
         "1 of the 2 server(s) serving resnet would serve, rollout_min_available_models['resnet'] = 2 needs 2" in why
     t.finish(Report("inv", "d", batches))
+
+
+CANARY_ROLLOUT = r'''
+import sys, time
+from types import SimpleNamespace
+sys.path.insert(0, sys.argv[2])
+from tritonfleet import ROOT
+from tritonfleet.fleet import inventory as fleet, probe
+from tritonfleet.fleet import rollout as ro
+from tritonfleet.fleet.inventory import FleetHost
+from tritonfleet.fleet.rollout import engine
+from tritonfleet.settings.defaults import DEFAULTS
+
+data = {**DEFAULTS, "lb": "haproxy", "lb_haproxy_sockets": [sys.argv[1]], "rollout_metrics_listen": None,
+        "canary_prometheus_url": "http://127.0.0.1:1", "fleet_workers": 1}
+hosts = [FleetHost(n, ["t4"], dict(data)) for n in ("h1", "h2", "h3")]
+fleet.load_inventory = lambda *a, **k: hosts
+probe.probe = lambda h, **k: SimpleNamespace(reachable=True, release="r0", unit="u0", version="v0", error="")
+
+
+def run_pyinfra(inventory, deploy, targets, data, dry=False, **kw):
+    if not dry:  # the canary's deploy: the share is set, the rollout is stopped here
+        print("deploying", flush=True)
+        time.sleep(120)
+    return ro.PyinfraRun(0, {"results": {"failed_hosts": [], "operations": [
+        {"name": "x", "no_change": list(targets)}]}}, "")
+
+
+engine.workers.run_pyinfra = run_pyinfra
+ro.rollout("inventory.py", str(ROOT / "deploys" / "models.py"), canary=1, batch="100%", canary_weight=5,
+           echo=lambda m: print(m, flush=True))
+'''
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_rollout_stopped_mid_canary_puts_the_weights_back(hap, tmp_path, sig):
+    """A rollout process given SIGTERM (a cancelled CI job) or SIGINT while the canary has its
+    share: HAProxy's weights are the original ones when it has exited, and the journal records it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "canary_rollout.py"
+    script.write_text(CANARY_ROLLOUT)
+    root = str(Path(__file__).resolve().parents[3])
+    proc = subprocess.Popen([sys.executable, str(script), hap.socket, root], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env={**os.environ, "TRITONFLEET_LOG_DIR": str(tmp_path / "logs")})
+    try:
+        out = []
+        deadline = time.monotonic() + 60
+        while not out or out[-1].strip() != "deploying":
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(out)
+            out.append(line)
+        assert Weights([hap.socket], "triton").current() == {"h1": 1, "h2": 1, "h3": 9, "h4": 9}
+        proc.send_signal(getattr(signal, sig))
+        rest = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert Weights([hap.socket], "triton").current() == {"h1": 1, "h2": 1, "h3": 1, "h4": 1}, "".join(out) + rest
+    assert "putting the canary's weights back" in rest
+    journal = next((tmp_path / "logs").rglob("journal.jsonl"))
+    events = [e["event"] for e in Journal(journal).events()]
+    assert "weights-restored" in events and "end" not in events  # --resume can go on

@@ -5,8 +5,11 @@ the journal after a crash. Every phase's hosts are spread over worker processes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,6 +30,42 @@ from .journal import JOURNAL, Journal, _log_dir, latest_journal
 from .plan import RolloutError, _plan_error, plan_batches
 from .pyinfra_run import PyinfraRun
 from .report import HostResult, Report
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (a CI job cancelled or timed out): the rollout stops as on Ctrl-C, through every
+    ``finally`` on the way (the canary's weights put back), its journal left for --resume."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """SIGTERM raises Stopped in the main thread while the block runs (the handler before it is
+    put back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(f"stopped by signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _guarded_batches(run: _Run, first: int) -> None:
+    """_batches, with the traffic canary's weights put back on every way out: Ctrl-C, SIGTERM
+    or any exception (which then goes on up; the journal has no end, so --resume goes on)."""
+    with _stop_on_sigterm():
+        try:
+            _batches(run, first)
+        except BaseException as e:
+            if run.traffic:
+                run.echo(f"rollout stopped ({type(e).__name__}: {e}); putting the canary's weights back")
+                run.traffic.abort()
+            raise
 
 
 def _started(journal: Journal, index: int, hosts: list[str], pid: int) -> None:
@@ -145,7 +184,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
             return _finish(run, t_start)
 
     # 3. batches
-    _batches(run, 1)
+    _guarded_batches(run, 1)
     return _finish(run, t_start)
 
 
@@ -397,7 +436,7 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     if run.report.halted:
         return _finish(run, t_start)
     traffic.after_batch(0, {n: r for n, r in results.items() if r.batch})  # the states of the batches done
-    _batches(run, first)
+    _guarded_batches(run, first)
     return _finish(run, t_start)
 
 
