@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 from ..serving import haproxy_weights
-from ..serving.drain import ADMIN_DRAIN, DrainError
+from ..serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError
 from . import canary as canary_mod
 from . import capacity
 from .rollout_state import HostStates
@@ -287,6 +287,26 @@ class Traffic:
         rec = {"batch": i, "label": label, "pool": pool}
         self.capacity.append(rec)
         return rec
+
+    def held(self, names: list[str]) -> dict[str, str]:
+        """{host: why} for hosts of ``names`` whose server HAProxy holds in maintenance (the
+        quarantine receiver's or an operator's): deployed, but left out of rotation by the
+        deploy's ready. A backend that cannot be read says nothing here."""
+        out = {}
+        for info in self.pools.values():
+            servers = {server_name(self.by_name[n]): n for n in names if n in info.hosts}
+            if not servers:
+                continue
+            try:
+                now = info.pool.read()
+            except DrainError:
+                continue
+            for server, name in servers.items():
+                v = now.get(server)
+                if v is not None and v["admin"] & ADMIN_MAINT:
+                    out[name] = (f"deployed; held out of rotation by the quarantine or an operator "
+                                 f"({info.pool.backend}/{server} in MAINT): not readied")
+        return out
 
     def gating(self, names: list[str]) -> None:
         self.states.set(names, "gating")

@@ -215,3 +215,16 @@ def test_a_rollout_stopped_mid_canary_puts_the_weights_back(hap, tmp_path, sig):
     journal = next((tmp_path / "logs").rglob("journal.jsonl"))
     events = [e["event"] for e in Journal(journal).events()]
     assert "weights-restored" in events and "end" not in events  # --resume can go on
+
+
+def test_a_quarantined_host_of_a_batch_is_reported_held(hap):
+    """A batch host whose server the quarantine holds (MAINT) is deployed and left out: its row
+    says so; a drained or serving server is not reported held."""
+    from tritonfleet.serving.drain import HAProxy as Balancer
+
+    hosts = [host(n, **lb(hap.socket)) for n in ("h1", "h2", "h3")]
+    t = rollout_traffic.Traffic(hosts, [["h1", "h2", "h3"]], 0, None)
+    Balancer([hap.socket], "triton", "h2", hold=True).drain()
+    hap.command("set server triton/h3 state drain")
+    held = t.held(["h1", "h2", "h3"])
+    assert list(held) == ["h2"] and "held out of rotation by the quarantine" in held["h2"] and "MAINT" in held["h2"]

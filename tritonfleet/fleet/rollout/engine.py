@@ -242,6 +242,7 @@ def _batches(run: _Run, first: int) -> None:
         if run.traffic:  # the traffic canary's analysis: canaries to roll back, out of the traffic already
             failed.update(run.traffic.analyse(i, [n for n in ok_names if n not in failed]))
         elapsed = time.monotonic() - t0
+        held = run.traffic.held([n for n in todo if n not in failed]) if run.traffic else {}
         for n in todo:
             r = results[n]
             r.batch, r.seconds = i, elapsed
@@ -250,6 +251,7 @@ def _batches(run: _Run, first: int) -> None:
                 r.failure = reports[n].to_json() if n in reports else None
             else:
                 r.result = "updated" if n in changed else "unchanged"
+                r.detail = held.get(n, r.detail)
         if failed:
             run.echo(f"[{label}] failed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
             for n in failed:
