@@ -186,6 +186,7 @@ class Settings:
     alpha: float = 0.01
     max_error_increase: float = 0.005
     max_latency_rise: float = 0.2
+    watchdog_ttl: float = 60.0
 
     @classmethod
     def from_settings(cls, settings: access.Settings, where: str) -> Settings:
@@ -211,7 +212,7 @@ class Settings:
                 num("canary_analysis_seconds", 1), num("canary_step_seconds", 0.1),
                 num("canary_max_extensions", 0, whole=True), num("canary_min_requests", 1, whole=True),
                 num("canary_alpha", 1e-9, 0.5), num("canary_max_error_increase", 0, 1),
-                num("canary_max_latency_rise", 0))
+                num("canary_max_latency_rise", 0), num("canary_watchdog_ttl", 1))
         if s.analysis_seconds / s.step_seconds < MIN_INTERVALS:
             raise UsageError(f"canary_analysis_seconds ({s.analysis_seconds:g}) must hold at least {MIN_INTERVALS} "
                              f"steps of canary_step_seconds ({s.step_seconds:g}) for the latency test ({where})")

@@ -26,7 +26,7 @@ from ..core.errors import UsageError
 from ..serving import haproxy_weights
 from ..serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError
 from . import canary as canary_mod
-from . import capacity
+from . import canary_watchdog, capacity
 from .rollout_state import HostStates
 
 
@@ -121,6 +121,8 @@ class Traffic:
         self.result: dict = {}
         self._originals: dict | None = None
         self._weights: haproxy_weights.Weights | None = None
+        self._watchdog: canary_watchdog.Watchdog | None = None
+        self.logs: Path | None = None
         self.matched: list[str] = []
 
     @staticmethod
@@ -156,7 +158,7 @@ class Traffic:
         """Serve the states; check every batch against the capacity rules with every server
         serving (and that the rollout's servers are in their backends). Returns why the rollout
         is refused ("" when it may go)."""
-        self.echo, self.journal = echo, journal
+        self.echo, self.journal, self.logs = echo, journal, logs
         self.states = HostStates(logs, list(self.by_name), echo)
         first = next(iter(self.by_name.values()), None)
         said = self.states.serve(first.get("rollout_metrics_listen") if first else None)
@@ -243,7 +245,13 @@ class Traffic:
             if self.journal:
                 self.journal.write("weights", backend=info.pool.backend, sockets=info.pool.sockets, original=originals,
                                    canary=servers, share=self.share, set=plan.weights)
+            # the dead-man first: from the first weight set on, a rollout that dies is covered
+            self._watchdog = canary_watchdog.start(self.logs or Path("."), list(info.pool.sockets), info.pool.backend,
+                                                   originals, self.settings.watchdog_ttl if self.settings else 60.0)
             w.set(plan.weights)
+        except OSError as e:
+            self._originals = None
+            return f"canary: cannot start the weights' watchdog (the canary's share is not set): {e}"
         except (DrainError, ValueError, StopIteration) as e:
             self._restore()
             return f"canary: cannot give the canary {self.share * 100:g}% of {info.pool.describe()}: {e}"
@@ -368,7 +376,10 @@ class Traffic:
             if self.journal:
                 self.journal.write("weights-restored", backend=self._weights.backend)
             self.result["weights_restored"] = time.time()
-        except DrainError as e:
+            if self._watchdog is not None:  # put back: the watchdog leaves without acting
+                self._watchdog.stop()
+                self._watchdog = None
+        except DrainError as e:  # the watchdog stays: it tries again once this process is gone
             self.echo(f"[canary] could not put HAProxy's weights back ({self._originals}): {e}; set them by hand "
                       "(`set weight <backend>/<server> <weight>`)")
         self.states.update(canary_share=None)

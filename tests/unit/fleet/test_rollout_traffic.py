@@ -5,6 +5,7 @@ host are set and put back, states follow the batch, and the report's lines."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -158,7 +159,7 @@ from tritonfleet.fleet.rollout import engine
 from tritonfleet.settings.defaults import DEFAULTS
 
 data = {**DEFAULTS, "lb": "haproxy", "lb_haproxy_sockets": [sys.argv[1]], "rollout_metrics_listen": None,
-        "canary_prometheus_url": "http://127.0.0.1:1", "fleet_workers": 1}
+        "canary_prometheus_url": "http://127.0.0.1:1", "fleet_workers": 1, "canary_watchdog_ttl": float(sys.argv[3])}
 hosts = [FleetHost(n, ["t4"], dict(data)) for n in ("h1", "h2", "h3")]
 fleet.load_inventory = lambda *a, **k: hosts
 probe.probe = lambda h, **k: SimpleNamespace(reachable=True, release="r0", unit="u0", version="v0", error="")
@@ -178,12 +179,10 @@ ro.rollout("inventory.py", str(ROOT / "deploys" / "models.py"), canary=1, batch=
 '''
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_a_rollout_stopped_mid_canary_puts_the_weights_back(hap, tmp_path, sig):
-    """A rollout process given SIGTERM (a cancelled CI job) or SIGINT while the canary has its
-    share: HAProxy's weights are the original ones when it has exited, and the journal records it."""
+def _canary_rollout(hap, tmp_path, ttl: float = 60):
+    """The rollout of CANARY_ROLLOUT in a process of its own, returned once the canary has its
+    share (its deploy is running), with what it printed."""
     import os
-    import signal
     import subprocess
     import sys
     import time
@@ -192,17 +191,33 @@ def test_a_rollout_stopped_mid_canary_puts_the_weights_back(hap, tmp_path, sig):
     script = tmp_path / "canary_rollout.py"
     script.write_text(CANARY_ROLLOUT)
     root = str(Path(__file__).resolve().parents[3])
-    proc = subprocess.Popen([sys.executable, str(script), hap.socket, root], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), hap.socket, root, str(ttl)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
                             env={**os.environ, "TRITONFLEET_LOG_DIR": str(tmp_path / "logs")})
+    out = []
+    deadline = time.monotonic() + 60
+    while not out or out[-1].strip() != "deploying":
+        line = proc.stdout.readline()
+        if not line or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("".join(out))
+        out.append(line)
+    assert Weights([hap.socket], "triton").current() == {"h1": 1, "h2": 1, "h3": 9, "h4": 9}
+    return proc, out
+
+
+ORIGINAL = {"h1": 1, "h2": 1, "h3": 1, "h4": 1}
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_rollout_stopped_mid_canary_puts_the_weights_back(hap, tmp_path, sig):
+    """A rollout process given SIGTERM (a cancelled CI job) or SIGINT while the canary has its
+    share: HAProxy's weights are the original ones when it has exited, and the journal records it."""
+    import signal
+
+    proc, out = _canary_rollout(hap, tmp_path)
     try:
-        out = []
-        deadline = time.monotonic() + 60
-        while not out or out[-1].strip() != "deploying":
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(out)
-            out.append(line)
-        assert Weights([hap.socket], "triton").current() == {"h1": 1, "h2": 1, "h3": 9, "h4": 9}
         proc.send_signal(getattr(signal, sig))
         rest = proc.communicate(timeout=30)[0]
     finally:
@@ -210,11 +225,54 @@ def test_a_rollout_stopped_mid_canary_puts_the_weights_back(hap, tmp_path, sig):
             proc.kill()
             proc.wait()
     assert proc.returncode != 0
-    assert Weights([hap.socket], "triton").current() == {"h1": 1, "h2": 1, "h3": 1, "h4": 1}, "".join(out) + rest
+    assert Weights([hap.socket], "triton").current() == ORIGINAL, "".join(out) + rest
     assert "putting the canary's weights back" in rest
     journal = next((tmp_path / "logs").rglob("journal.jsonl"))
     events = [e["event"] for e in Journal(journal).events()]
     assert "weights-restored" in events and "end" not in events  # --resume can go on
+    log = next((tmp_path / "logs").rglob("watchdog.log"))
+    time.sleep(1.5)  # the watchdog left without acting
+    assert "putting back" not in log.read_text()
+
+
+def _until(cond, timeout: float) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "not within the time"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_a_rollout_killed_mid_canary_has_its_weights_put_back_by_the_watchdog(hap, tmp_path):
+    """SIGKILL (nothing in the rollout runs): the watchdog sees the process gone and puts the
+    weights back, well within canary_watchdog_ttl."""
+    import signal
+
+    proc, out = _canary_rollout(hap, tmp_path, ttl=30)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    took = _until(lambda: Weights([hap.socket], "triton").current() == ORIGINAL, 10)
+    assert took < 30
+    log = next((tmp_path / "logs").rglob("watchdog.log")).read_text()
+    assert "is gone" in log and "weights restored" in log
+
+
+def test_a_silent_rollout_has_its_weights_put_back_after_the_ttl(hap, tmp_path):
+    """A rollout stopped (SIGSTOP: alive, but no heartbeat): the weights go back once the
+    heartbeat is older than canary_watchdog_ttl, not before."""
+    import signal
+
+    proc, out = _canary_rollout(hap, tmp_path, ttl=2)
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(1)
+        assert Weights([hap.socket], "triton").current() != ORIGINAL
+        _until(lambda: Weights([hap.socket], "triton").current() == ORIGINAL, 10)
+        log = next((tmp_path / "logs").rglob("watchdog.log")).read_text()
+        assert "has not renewed its heartbeat" in log
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_quarantined_host_of_a_batch_is_reported_held(hap):
