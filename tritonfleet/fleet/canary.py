@@ -484,3 +484,55 @@ def analyse(prom: Prometheus, s: Settings, canaries: list[str], baseline: list[s
             return Result(fig.verdict, fig.why, looks, start, now())
     # decide() never extends at the last look; were it to, an undecided canary is not promoted
     return Result(ROLL_BACK, "undecided after the last look", looks, start, now())
+
+
+# ---- what HAProxy saw ----------------------------------------------------------------------------
+
+#: HAProxy's per-server counters of failures Triton never counts: 5xx answers (HAProxy's own 502/503
+#: for a server that crashed or reset included), response errors, connection errors
+LB_ERROR_FIELDS = ("hrsp_5xx", "eresp", "econ")
+
+
+def lb_counters(rows: list[dict], backend: str) -> dict[str, tuple[int, int]]:
+    """{server: (sessions, failures)} from ``show stat`` rows of ``backend``: ``stot``, and
+    LB_ERROR_FIELDS summed. CanaryError for a server row whose counters are not numbers (never
+    read as "no failures"); an empty field (not counted in this mode) is 0."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        if r.get("pxname") != backend or r.get("svname") in ("FRONTEND", "BACKEND", None):
+            continue
+        vals = [r.get(k) for k in ("stot", *LB_ERROR_FIELDS)]
+        if vals[0] in (None, "") or not all(v is None or v == "" or str(v).isdigit() for v in vals):
+            raise CanaryError(f"HAProxy's counters of {backend}/{r.get('svname')} cannot be read: "
+                              f"{dict(zip(('stot', *LB_ERROR_FIELDS), vals, strict=True))}")
+        n, *errs = (int(v) if v else 0 for v in vals)
+        out[r["svname"]] = (n, sum(errs))
+    return out
+
+
+def lb_verdict(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], canaries: list[str],
+               baseline: list[str], s: Settings) -> tuple[bool, str]:
+    """(roll back?, why) from HAProxy's counters over the analysis: the canary servers' failure
+    ratio (5xx, response and connection errors per session) against the baseline servers', with
+    the same limits as Triton's errors (canary_max_error_increase, Fisher's test at canary_alpha)."""
+    def side(servers: list[str]) -> tuple[int, int]:
+        n = f = 0
+        for sv in servers:
+            if sv not in before or sv not in after:
+                raise CanaryError(f"HAProxy has no counters for server {sv}")
+            dn, df = after[sv][0] - before[sv][0], after[sv][1] - before[sv][1]
+            if dn < 0 or df < 0:  # counters reset (HAProxy reloaded): nothing to compare
+                raise CanaryError(f"HAProxy's counters of {sv} went back (a reload?): cannot compare")
+            n, f = n + dn, f + df
+        return n, f
+
+    (cn, cf), (bn, bf) = side(canaries), side(baseline)
+    if cn == 0:
+        return False, ""
+    cr, br = cf / cn, (bf / bn if bn else 0.0)
+    p = fisher_greater(cf, cn, bf, bn)
+    if cr - br > s.max_error_increase and p < s.alpha:
+        return True, (f"HAProxy counted {cf} failure(s) (5xx, response or connection errors) in {cn} session(s) of "
+                      f"the canary, {cr * 100:.2f}% vs {br * 100:.2f}% on the baseline (Fisher p={p:.2g}, "
+                      f"canary_alpha {s.alpha:g}): failures Triton's own counters do not see")
+    return False, ""

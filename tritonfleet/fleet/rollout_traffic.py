@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 from ..serving import haproxy_weights
-from ..serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError
+from ..serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError, RuntimeAPI, parse_stat
 from . import canary as canary_mod
 from . import canary_watchdog, capacity
 from .rollout_state import HostStates
@@ -316,6 +316,21 @@ class Traffic:
                                  f"({info.pool.backend}/{server} in MAINT): not readied")
         return out
 
+    def _lb_counters(self) -> dict[str, tuple[int, int]] | str:
+        """The canary backend's per-server counters summed over its HAProxy instances (why not,
+        as a string, when they cannot be read)."""
+        info = self.canary_pool
+        total: dict[str, tuple[int, int]] = {}
+        try:
+            for sock in info.pool.sockets:
+                rows = parse_stat(RuntimeAPI(sock).command("show stat"))
+                for sv, (n, f) in canary_mod.lb_counters(rows, info.pool.backend).items():
+                    have = total.get(sv, (0, 0))
+                    total[sv] = (have[0] + n, have[1] + f)
+        except (DrainError, canary_mod.CanaryError) as e:
+            return f"{info.pool.describe()}: {e}"
+        return total
+
     def gating(self, names: list[str]) -> None:
         self.states.set(names, "gating")
 
@@ -332,9 +347,23 @@ class Traffic:
         start = time.time()
         self.echo(f"[canary analysis] {', '.join(canaries)} against {', '.join(baseline)} from "
                   f"{s.prometheus_url}: {s.analysis_seconds:g}s windows, up to {s.max_extensions} extension(s)")
+        lb_before = self._lb_counters()
         res = canary_mod.analyse(canary_mod.Prometheus(s.prometheus_url), s, canaries, baseline, start, self.echo,
                                  hold=lambda: self.states.hold("before the canary's verdict"),
                                  matched=self.matched)
+        if res.verdict == canary_mod.PROMOTE:  # what Triton never counts: HAProxy's failures per server
+            try:
+                if isinstance(lb_before, str):
+                    raise canary_mod.CanaryError(lb_before)
+                after = self._lb_counters()
+                if isinstance(after, str):
+                    raise canary_mod.CanaryError(after)
+                back, why = canary_mod.lb_verdict(lb_before, after, [server_name(self.by_name[n]) for n in canaries],
+                                                  [server_name(self.by_name[n]) for n in baseline], s)
+            except canary_mod.CanaryError as e:
+                back, why = True, f"the analysis could not read HAProxy's counters: {e}"
+            if back:
+                res = canary_mod.Result(canary_mod.ROLL_BACK, why, res.looks, res.started, time.time())
         self.result.update(res.to_json(), canaries=canaries, baseline=baseline, analysis_start=start,
                            settings={k: v for k, v in vars(s).items()})
         if self.journal:

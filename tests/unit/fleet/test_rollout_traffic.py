@@ -286,3 +286,56 @@ def test_a_quarantined_host_of_a_batch_is_reported_held(hap):
     hap.command("set server triton/h3 state drain")
     held = t.held(["h1", "h2", "h3"])
     assert list(held) == ["h2"] and "held out of rotation by the quarantine" in held["h2"] and "MAINT" in held["h2"]
+
+
+def test_an_exception_in_a_batch_puts_the_weights_back(hap, tmp_path, monkeypatch):
+    """Any exception out of a batch (the review: an uncaught error of the analysis) goes on up,
+    after the weights are put back and the watchdog stopped."""
+    from tritonfleet.fleet.rollout import engine
+
+    data = lb(hap.socket, canary_prometheus_url="http://127.0.0.1:1")
+    hosts = [host(n, **data) for n in ("h1", "h2", "h3")]
+    t = rollout_traffic.Traffic(hosts, plan_batches(["h1", "h2", "h3"], 1, 1), 1, 0.05)
+    assert t.start(tmp_path, Journal(tmp_path / "journal.jsonl"), lambda m: None, ["h1", "h2", "h3"]) == ""
+
+    def batches(run, first):
+        assert run.traffic.before_batch(1, ["h1"], "canary") == ""
+        assert Weights([hap.socket], "triton").current() != ORIGINAL
+        raise KeyError("data")
+
+    monkeypatch.setattr(engine, "_batches", batches)
+    said = []
+    with pytest.raises(KeyError):
+        engine._guarded_batches(SimpleNamespace(traffic=t, echo=said.append), 1)
+    assert Weights([hap.socket], "triton").current() == ORIGINAL
+    assert "putting the canary's weights back" in said[0]
+    assert t._watchdog is None
+
+
+def test_a_promoted_canary_is_still_judged_on_haproxys_counters(hap, tmp_path, monkeypatch):
+    """Prometheus says promote; HAProxy's counters decide too: failures only HAProxy saw, or
+    counters it cannot read, roll the canary back (out of the traffic at once)."""
+    from tritonfleet.fleet import canary as cn
+
+    data = lb(hap.socket, canary_prometheus_url="http://127.0.0.1:1")
+    hosts = [host(n, **data) for n in ("h1", "h2", "h3")]
+    monkeypatch.setattr(cn, "analyse", lambda *a, **k: cn.Result(cn.PROMOTE, "no regression", [], 0, 0))
+    for counters, words in ([{"h1": (0, 0), "h2": (0, 0), "h3": (0, 0)}, {"h1": (100, 40), "h2": (100, 0),
+                                                                          "h3": (100, 0)}], "HAProxy counted 40"), \
+                           (["HAProxy at /x does not answer"], "could not read HAProxy's counters"):
+        t = rollout_traffic.Traffic(hosts, plan_batches(["h1", "h2", "h3"], 1, 1), 1, 0.05)
+        assert t.start(tmp_path, None, lambda m: None, ["h1", "h2", "h3"]) == ""
+        assert t.before_batch(1, ["h1"], "canary") == ""
+        reads = iter(counters * 2)
+        monkeypatch.setattr(t, "_lb_counters", lambda reads=reads: next(reads))
+        rolled = t.analyse(1, ["h1"])
+        assert list(rolled) == ["h1"] and words in rolled["h1"], rolled
+        assert Weights([hap.socket], "triton").current()["h1"] == 0
+        t.finish(Report("inv", "d", [["h1"], ["h2", "h3"]]))
+    # a sound canary by both: promoted
+    t = rollout_traffic.Traffic(hosts, plan_batches(["h1", "h2", "h3"], 1, 1), 1, 0.05)
+    assert t.start(tmp_path, None, lambda m: None, ["h1", "h2", "h3"]) == ""
+    assert t.before_batch(1, ["h1"], "canary") == ""
+    assert t.analyse(1, ["h1"]) == {}
+    t.finish(Report("inv", "d", [["h1"], ["h2", "h3"]]))
+    assert Weights([hap.socket], "triton").current() == ORIGINAL
