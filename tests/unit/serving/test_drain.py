@@ -465,3 +465,25 @@ def test_hooks_ready_only_after_a_deploys_drain(tmp_path):
     log.unlink()
     run_fake(_restart_and_ready(), _service_responses(True), {**hooks, "triton_stop_timeout": 40})
     assert log.read_text().splitlines() == ["drain", "ready"]
+
+
+def test_a_server_held_while_this_run_restarted_it_stays_out_and_loses_the_marker(lb, monkeypatch):
+    """The receiver holds the server after this run drained it: the gate's ready leaves it held,
+    and this run's marker goes (the holder's release readies it; no stale marker is left to
+    ready an operator's later drain)."""
+    from tritonfleet.serving.ops import lb as lb_ops
+
+    hap, ha, a, b = lb
+    real = drain.HAProxy.wait_idle
+
+    def held_meanwhile(self, *args, **kw):  # the receiver's hold lands during the restart
+        drain.HAProxy([hap.socket], "triton", "a", hold=True).drain()
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(drain.HAProxy, "wait_idle", held_meanwhile)
+    _, cmds, state = run_fake(_restart_and_ready(), _service_responses(True),
+                              {"lb": "haproxy", "lb_haproxy_sockets": [hap.socket], "lb_haproxy_server": "a",
+                               "lb_drain_timeout": 10, "triton_stop_timeout": 40})
+    assert not state.failed_hosts and ha.state().maintenance
+    marks = _marker_commands(cmds)
+    assert len(marks) == 2 and "umask 077" in marks[0] and marks[1] == f"rm -f {lb_ops.MARKER}"

@@ -189,6 +189,9 @@ def _readiable(lb: drain.Balancer) -> tuple[bool, str]:
         assert isinstance(lb, drain.HAProxy)
         st = lb.state()
         if st.maintenance:
+            if _key() in _TOOK_OUT:  # held since this run drained it: the holder's ready ends both
+                _TOOK_OUT.discard(_key())
+                _host_shell(marker_remove_command())
             return False, (f"{lb.held()}: not readied (the holder puts it back: `tritonfleet quarantine release`, "
                            f"or `set server {lb.backend}/{lb.server} state ready`)")
         if not st.drained:
