@@ -481,7 +481,8 @@ def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, resu
         r, st = results[fh.name], before[fh.name]
         if not now[fh.name].reachable:
             r.result = "unreachable"
-            never = bool(run.data) and not run.reached(fh.name)
+            # a host of a pyinfra process that gave no result (run.reasons) may have been changed
+            never = bool(run.data) and not run.reached(fh.name) and fh.name not in run.reasons
             r.detail += (" (the deploy never reached it: not changed)" if never
                          else " (no SSH now: cannot roll back; run deploys/rollback.py once it answers)")
             continue
