@@ -208,7 +208,8 @@ def merge(runs: list[PyinfraRun | None], parts: list[list[str]], errors: list[st
     """One PyinfraRun from the runs of disjoint slices, matched by slice index (``runs[i]`` is
     ``parts[i]``'s, None when that slice gave no run; ``errors[i]`` then says why): operations
     merged by their hash (the hosts of each outcome together), the failed hosts together, the
-    worst exit status. A slice with no result (no run, no JSON, a host outside its slice) fails
+    worst exit status. A slice with no result (no run, no JSON, no results with a non-zero exit
+    status, a host outside its slice) fails
     every host of it with the reason, in ``reasons``, and the exit status is then not 0: a host
     that was never deployed is never read as unchanged. ``asked``: the hosts of the run; MergeError
     when the slices do not hold each of them exactly once."""
@@ -236,7 +237,7 @@ def merge(runs: list[PyinfraRun | None], parts: list[list[str]], errors: list[st
         rcs.append(_exit_status(run.rc))
         logs.append(run.log)
         results = (run.data or {}).get("results") or {}
-        if not results:
+        if not run.data or (not results and run.rc != 0):  # a dry run's JSON has "results": None
             why = f"{where} gave no result (exit status {_exit_status(run.rc)}){run.where()}"
             reasons.update(dict.fromkeys(part, why))
             failed += part

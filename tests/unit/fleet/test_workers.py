@@ -281,3 +281,13 @@ def test_a_worker_killed_mid_run_or_unable_to_start_fails_its_hosts(monkeypatch,
     monkeypatch.setattr(pyinfra_run, "pyinfra_command", lambda: [str(tmp_path / "no-such-pyinfra")])
     run = workers.run_pyinfra("inv.py", "d.py", names, {}, settings=None, workers=2)
     assert run.rc != 0 and run.failed() == set(names) and "no-such-pyinfra" in run.reason("h00")
+
+
+def test_a_dry_runs_result_is_a_result():
+    """``pyinfra --dry --json`` prints {"plan": ..., "results": null}: with exit status 0 its hosts
+    are planned, not failed; with another status and no JSON at all, they are failed."""
+    dry = PyinfraRun(0, {"plan": {"h1": []}, "results": None}, "")
+    run = workers.merge([dry], [["h1"]], None, ["h1"])
+    assert run.rc == 0 and not run.failed()
+    run = workers.merge([PyinfraRun(0, {}, "")], [["h1"]], None, ["h1"])
+    assert run.rc != 0 and run.failed() == {"h1"} and "gave no result" in run.reason("h1")
