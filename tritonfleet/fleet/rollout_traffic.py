@@ -9,7 +9,10 @@ a batch that could never pass is refused before any host is touched); per batch:
 :meth:`Traffic.before_batch` (pause point, capacity wait, the canary's share), :meth:`Traffic.running`
 around the deploy (the backend read every second: draining, the largest number of servers out),
 :meth:`Traffic.gating`, :meth:`Traffic.analyse` (the canary's verdict: hosts to roll back),
-:meth:`Traffic.after_batch` (states, weights put back); at the end :meth:`Traffic.finish`.
+:meth:`Traffic.held` (hosts deployed but held out of rotation by the quarantine or an operator),
+:meth:`Traffic.after_batch` (states, weights put back); at the end :meth:`Traffic.finish`, or
+:meth:`Traffic.abort` when the rollout stops on a signal or an error (the weights put back; a
+watchdog process, tritonfleet.fleet.canary_watchdog, does it when the rollout dies unseen).
 """
 
 from __future__ import annotations

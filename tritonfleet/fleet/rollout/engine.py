@@ -1,7 +1,9 @@
 """The rollout's engine: probe and plan, then each batch (pyinfra, the health gate, the
 performance gate on the canary, rollbacks), halting past ``max_fail``; ``resume`` goes on from
 the journal after a crash. Every phase's hosts are spread over worker processes
-(tritonfleet.fleet.workers); the failure budget, the journal and the decisions stay here."""
+(tritonfleet.fleet.workers); the failure budget, the journal and the decisions stay here. Ctrl-C,
+SIGTERM and any error in the batches put the traffic canary's weights back before the rollout
+stops (its journal left open for --resume)."""
 
 from __future__ import annotations
 
