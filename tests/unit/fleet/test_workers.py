@@ -291,3 +291,17 @@ def test_a_dry_runs_result_is_a_result():
     assert run.rc == 0 and not run.failed()
     run = workers.merge([PyinfraRun(0, {}, "")], [["h1"]], None, ["h1"])
     assert run.rc != 0 and run.failed() == {"h1"} and "gave no result" in run.reason("h1")
+
+
+def test_tritonfleet_deploy_reports_the_hosts_of_a_killed_process_failed(monkeypatch, tmp_path):
+    """`tritonfleet deploy` over two processes, one killed mid-run: its hosts are failed with
+    why, the exit status is not 0 (a signal's -9 was once read as better than 0)."""
+    script = tmp_path / "fake_pyinfra.py"
+    script.write_text(KILLED_PYINFRA)
+    monkeypatch.setattr(pyinfra_run, "pyinfra_command", lambda: [sys.executable, str(script)])
+    names = [f"h{i:02d}" for i in range(40)]
+    lines = []
+    rc = workers.deploy("inv.py", "d.py", names, {}, settings=None, workers=2, echo=lines.append)
+    assert rc == 128 + signal.SIGKILL
+    assert "20 failed: h01, h03" in lines[0]
+    assert any("gave no result (exit status 137)" in ln for ln in lines[1:])
