@@ -291,15 +291,23 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
     cmd = pyinfra_run.pyinfra_command() + ["-y", "--json"] + (["--dry"] if dry else [])
     for key, value in data.items():
         cmd += ["--data", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
-    procs, outs = [], [""] * len(parts)
+    procs: list[subprocess.Popen | None] = []
+    outs, errors = [""] * len(parts), [""] * len(parts)
     try:
-        for part in parts:
+        for i, part in enumerate(parts):
             limits = [a for h in part for a in ("--limit", h)] if k > 1 or limited else []
-            procs.append(subprocess.Popen([*cmd, *limits, inventory, deploy_file], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, text=True, env=env, preexec_fn=die_with_parent()))
+            try:
+                procs.append(subprocess.Popen([*cmd, *limits, inventory, deploy_file], stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.PIPE, text=True, env=env,
+                                              preexec_fn=die_with_parent()))
+            except OSError as e:  # this slice's hosts fail with why; the others run
+                procs.append(None)
+                errors[i] = f"pyinfra could not start: {e}"
 
         def read(i: int) -> None:
-            outs[i] = procs[i].communicate()[0]
+            p = procs[i]
+            if p is not None:
+                outs[i] = p.communicate()[0]
 
         threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
         for t in threads:
@@ -309,6 +317,8 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
                 t.join(0.2)
     except KeyboardInterrupt:  # the processes had it too (one process group): wait for their ends
         for p in procs:
+            if p is None:
+                continue
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
@@ -316,14 +326,14 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
         shutil.rmtree(channel, ignore_errors=True)
         echo(f"interrupted: {len(procs)} pyinfra process(es) stopped")
         return 130
-    runs = []
+    runs: list[PyinfraRun | None] = []
     for p, out in zip(procs, outs, strict=True):
         try:
             result = json.loads(out) if out.strip() else {}
         except ValueError:
             result = {}
-        runs.append(PyinfraRun(p.returncode, result, ""))
-    merged = merge(runs, parts, None, hosts)
+        runs.append(PyinfraRun(p.returncode, result if isinstance(result, dict) else {}, "") if p else None)
+    merged = merge(runs, parts, errors, hosts)
     failures = read_channel(channel)
     shutil.rmtree(channel, ignore_errors=True)
     failed, changed = merged.failed(), merged.changed()

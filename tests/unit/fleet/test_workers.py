@@ -305,3 +305,11 @@ def test_tritonfleet_deploy_reports_the_hosts_of_a_killed_process_failed(monkeyp
     assert rc == 128 + signal.SIGKILL
     assert "20 failed: h01, h03" in lines[0]
     assert any("gave no result (exit status 137)" in ln for ln in lines[1:])
+
+
+def test_tritonfleet_deploy_whose_pyinfra_cannot_start_fails_every_host(monkeypatch, tmp_path):
+    monkeypatch.setattr(pyinfra_run, "pyinfra_command", lambda: [str(tmp_path / "no-such-pyinfra")])
+    names = [f"h{i:02d}" for i in range(40)]
+    lines = []
+    assert workers.deploy("inv.py", "d.py", names, {}, settings=None, workers=2, echo=lines.append) != 0
+    assert "40 failed" in lines[0] and "pyinfra could not start" in lines[1] and "no-such-pyinfra" in lines[1]

@@ -113,4 +113,6 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: 
         data_out = json.loads(out) if out.strip() else {}
     except ValueError:
         data_out = {}
+    if not isinstance(data_out, dict):  # not pyinfra's result: no result
+        data_out = {}
     return PyinfraRun(rc, data_out, err, str(log_path) if log_path else "")
