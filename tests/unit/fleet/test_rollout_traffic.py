@@ -339,3 +339,37 @@ def test_a_promoted_canary_is_still_judged_on_haproxys_counters(hap, tmp_path, m
     assert t.analyse(1, ["h1"]) == {}
     t.finish(Report("inv", "d", [["h1"], ["h2", "h3"]]))
     assert Weights([hap.socket], "triton").current() == ORIGINAL
+
+
+def test_a_rollout_row_says_a_quarantined_host_was_deployed_but_left_out(hap, tmp_path, monkeypatch):
+    """A batch with a host the quarantine holds: deployed (its pyinfra ran), left out of rotation,
+    its report row saying so; the other hosts' rows say nothing of it."""
+    from tritonfleet import ROOT
+    from tritonfleet.fleet import inventory as fleet
+    from tritonfleet.fleet import probe
+    from tritonfleet.fleet import rollout as ro
+    from tritonfleet.fleet.rollout import engine
+    from tritonfleet.serving.drain import HAProxy as Balancer
+
+    hosts = [host(n, **lb(hap.socket, fleet_workers=1)) for n in ("h1", "h2", "h3")]
+    monkeypatch.setenv("TRITONFLEET_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setattr(fleet, "load_inventory", lambda *a, **k: hosts)
+    monkeypatch.setattr(probe, "probe", lambda h, **k: SimpleNamespace(
+        reachable=True, release="r0", unit="u0", version="v0", error=""))
+    monkeypatch.setattr(engine, "_gate_all", lambda run, names: {})
+    monkeypatch.setattr(engine, "_versions", lambda hs, results: None)
+    deployed = []
+
+    def run_pyinfra(inventory, deploy, targets, data, dry=False, **kw):
+        deployed.extend([] if dry else targets)
+        return ro.PyinfraRun(0, {"results": {"failed_hosts": [], "operations": [
+            {"name": "restart triton", "success": list(targets)}]}}, "")
+
+    monkeypatch.setattr(engine.workers, "run_pyinfra", run_pyinfra)
+    Balancer([hap.socket], "triton", "h2", hold=True).drain()  # the receiver's quarantine
+    report = ro.rollout("inventory.py", str(ROOT / "deploys" / "models.py"), canary=1, batch="100%",
+                        echo=lambda m: None)
+    by = {r.host: r for r in report.hosts}
+    assert sorted(deployed) == ["h1", "h2", "h3"]
+    assert by["h2"].result == "updated" and "held out of rotation by the quarantine" in by["h2"].detail
+    assert by["h1"].detail == by["h3"].detail == ""
