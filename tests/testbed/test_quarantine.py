@@ -128,7 +128,8 @@ class Fleet:
         return drain.HAProxy([self.hap.socket], "triton", name).state()
 
     def drained(self) -> list[str]:
-        return [n for n in self.names if self.lb(n).drained]
+        """The hosts the receiver took out: it holds them in maintenance (a deploy never readies those)."""
+        return [n for n in self.names if self.lb(n).maintenance]
 
     @property
     def names(self) -> list[str]:
@@ -149,7 +150,7 @@ class Fleet:
 
     def time_to_drain(self, name: str, t0: float) -> float:
         """Seconds from ``t0`` (before the fault was injected) until HAProxy has the host drained."""
-        until(lambda: self.lb(name).drained, f"{name} drained", timeout=120, interval=0.05)
+        until(lambda: self.lb(name).maintenance, f"{name} drained", timeout=120, interval=0.05)
         return round(time.monotonic() - t0, 1)
 
 
@@ -325,7 +326,7 @@ def test_ready_but_broken_is_caught_and_drained_within_30s(fleet):
     # a release while the model still fails: the warm gate refuses, the host stays out
     rel = tritonfleet("quarantine", "release", fleet.inventory, b.name)
     assert rel.returncode == 1 and "stays out: warm inference gate failed" in rel.stdout and MODEL in rel.stdout
-    assert fleet.lb(b.name).drained
+    assert fleet.lb(b.name).maintenance
     t1 = time.monotonic()
     fix_model(b)
     until(fleet.all_serving, f"{b.name} back", timeout=120)

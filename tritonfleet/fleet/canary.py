@@ -186,6 +186,7 @@ class Settings:
     alpha: float = 0.01
     max_error_increase: float = 0.005
     max_latency_rise: float = 0.2
+    watchdog_ttl: float = 60.0
 
     @classmethod
     def from_settings(cls, settings: access.Settings, where: str) -> Settings:
@@ -211,7 +212,7 @@ class Settings:
                 num("canary_analysis_seconds", 1), num("canary_step_seconds", 0.1),
                 num("canary_max_extensions", 0, whole=True), num("canary_min_requests", 1, whole=True),
                 num("canary_alpha", 1e-9, 0.5), num("canary_max_error_increase", 0, 1),
-                num("canary_max_latency_rise", 0))
+                num("canary_max_latency_rise", 0), num("canary_watchdog_ttl", 1))
         if s.analysis_seconds / s.step_seconds < MIN_INTERVALS:
             raise UsageError(f"canary_analysis_seconds ({s.analysis_seconds:g}) must hold at least {MIN_INTERVALS} "
                              f"steps of canary_step_seconds ({s.step_seconds:g}) for the latency test ({where})")
@@ -354,10 +355,16 @@ class Prometheus:
             body = r.json()
         except (requests.RequestException, ValueError) as e:
             raise CanaryError(f"cannot query Prometheus at {self.url} (canary_prometheus_url): {e}") from e
-        if body.get("status") != "success":
-            raise CanaryError(f"Prometheus at {self.url} refused {expr!r}: {body.get('errorType', '')} "
-                              f"{body.get('error', r.status_code)}")
-        return body["data"]["result"]
+        if not isinstance(body, dict) or body.get("status") != "success":
+            what = f"{body.get('errorType', '')} {body.get('error', r.status_code)}" if isinstance(body, dict) \
+                else f"an answer of type {type(body).__name__}"
+            raise CanaryError(f"Prometheus at {self.url} refused {expr!r}: {what}")
+        data = body.get("data")
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list) or (data.get("resultType", "matrix") != "matrix"):
+            raise CanaryError(f"Prometheus at {self.url} answered {expr!r} without a range result "
+                              "(data.resultType matrix, data.result a list): not a Prometheus query_range answer")
+        return result
 
 
 def _selector(s: Settings, hosts: list[str]) -> str:
@@ -365,11 +372,29 @@ def _selector(s: Settings, hosts: list[str]) -> str:
     return f'{{job="{s.job}", host=~`{host_regex(sorted(hosts))}`{model}}}'
 
 
-def _per_host(result: list[dict]) -> dict[str, dict[float, float]]:
+def _per_host(result: list) -> dict[str, dict[float, float]]:
+    """{host: {time: value}} of a query_range result; CanaryError for anything else than series
+    of a host label and [time, finite number] pairs (an answer the analysis cannot read is never
+    read as "no errors")."""
     out: dict[str, dict[float, float]] = {}
     for series in result:
-        host = series.get("metric", {}).get("host", "")
-        out.setdefault(host, {}).update({float(t): float(v) for t, v in series.get("values", [])})
+        metric = series.get("metric") if isinstance(series, dict) else None
+        values = series.get("values") if isinstance(series, dict) else None
+        host = metric.get("host", "") if isinstance(metric, dict) else None
+        if not isinstance(host, str) or not isinstance(values, list):
+            raise CanaryError(f"Prometheus answered a series the analysis cannot read: {str(series)[:120]}")
+        points = out.setdefault(host, {})
+        for pair in values:
+            try:
+                t, v = pair
+                t, v = float(t), float(v)
+            except (TypeError, ValueError) as e:
+                raise CanaryError(f"Prometheus answered a value the analysis cannot read for host {host!r}: "
+                                  f"{str(pair)[:80]} ({e})") from None
+            if math.isinf(v) or not math.isfinite(t):
+                raise CanaryError(f"Prometheus answered a value the analysis cannot read for host {host!r}: "
+                                  f"{str(pair)[:80]}")
+            points[t] = v
     return out
 
 
@@ -459,3 +484,55 @@ def analyse(prom: Prometheus, s: Settings, canaries: list[str], baseline: list[s
             return Result(fig.verdict, fig.why, looks, start, now())
     # decide() never extends at the last look; were it to, an undecided canary is not promoted
     return Result(ROLL_BACK, "undecided after the last look", looks, start, now())
+
+
+# ---- what HAProxy saw ----------------------------------------------------------------------------
+
+#: HAProxy's per-server counters of failures Triton never counts: 5xx answers (HAProxy's own 502/503
+#: for a server that crashed or reset included), response errors, connection errors
+LB_ERROR_FIELDS = ("hrsp_5xx", "eresp", "econ")
+
+
+def lb_counters(rows: list[dict], backend: str) -> dict[str, tuple[int, int]]:
+    """{server: (sessions, failures)} from ``show stat`` rows of ``backend``: ``stot``, and
+    LB_ERROR_FIELDS summed. CanaryError for a server row whose counters are not numbers (never
+    read as "no failures"); an empty field (not counted in this mode) is 0."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        if r.get("pxname") != backend or r.get("svname") in ("FRONTEND", "BACKEND", None):
+            continue
+        vals = [r.get(k) for k in ("stot", *LB_ERROR_FIELDS)]
+        if vals[0] in (None, "") or not all(v is None or v == "" or str(v).isdigit() for v in vals):
+            raise CanaryError(f"HAProxy's counters of {backend}/{r.get('svname')} cannot be read: "
+                              f"{dict(zip(('stot', *LB_ERROR_FIELDS), vals, strict=True))}")
+        n, *errs = (int(v) if v else 0 for v in vals)
+        out[r["svname"]] = (n, sum(errs))
+    return out
+
+
+def lb_verdict(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], canaries: list[str],
+               baseline: list[str], s: Settings) -> tuple[bool, str]:
+    """(roll back?, why) from HAProxy's counters over the analysis: the canary servers' failure
+    ratio (5xx, response and connection errors per session) against the baseline servers', with
+    the same limits as Triton's errors (canary_max_error_increase, Fisher's test at canary_alpha)."""
+    def side(servers: list[str]) -> tuple[int, int]:
+        n = f = 0
+        for sv in servers:
+            if sv not in before or sv not in after:
+                raise CanaryError(f"HAProxy has no counters for server {sv}")
+            dn, df = after[sv][0] - before[sv][0], after[sv][1] - before[sv][1]
+            if dn < 0 or df < 0:  # counters reset (HAProxy reloaded): nothing to compare
+                raise CanaryError(f"HAProxy's counters of {sv} went back (a reload?): cannot compare")
+            n, f = n + dn, f + df
+        return n, f
+
+    (cn, cf), (bn, bf) = side(canaries), side(baseline)
+    if cn == 0:
+        return False, ""
+    cr, br = cf / cn, (bf / bn if bn else 0.0)
+    p = fisher_greater(cf, cn, bf, bn)
+    if cr - br > s.max_error_increase and p < s.alpha:
+        return True, (f"HAProxy counted {cf} failure(s) (5xx, response or connection errors) in {cn} session(s) of "
+                      f"the canary, {cr * 100:.2f}% vs {br * 100:.2f}% on the baseline (Fisher p={p:.2g}, "
+                      f"canary_alpha {s.alpha:g}): failures Triton's own counters do not see")
+    return False, ""

@@ -9,11 +9,17 @@ a batch that could never pass is refused before any host is touched); per batch:
 :meth:`Traffic.before_batch` (pause point, capacity wait, the canary's share), :meth:`Traffic.running`
 around the deploy (the backend read every second: draining, the largest number of servers out),
 :meth:`Traffic.gating`, :meth:`Traffic.analyse` (the canary's verdict: hosts to roll back),
-:meth:`Traffic.after_batch` (states, weights put back); at the end :meth:`Traffic.finish`.
+:meth:`Traffic.held` (hosts deployed but held out of rotation by the quarantine or an operator),
+:meth:`Traffic.after_batch` (states, weights put back); at the end :meth:`Traffic.finish`, or
+:meth:`Traffic.abort` when the rollout stops on a signal or an error (the weights put back; a
+watchdog process, tritonfleet.fleet.canary_watchdog, does it when the rollout dies unseen).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,9 +27,9 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 from ..serving import haproxy_weights
-from ..serving.drain import ADMIN_DRAIN, DrainError
+from ..serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError, RuntimeAPI, parse_stat
 from . import canary as canary_mod
-from . import capacity
+from . import canary_watchdog, capacity
 from .rollout_state import HostStates
 
 
@@ -118,6 +124,8 @@ class Traffic:
         self.result: dict = {}
         self._originals: dict | None = None
         self._weights: haproxy_weights.Weights | None = None
+        self._watchdog: canary_watchdog.Watchdog | None = None
+        self.logs: Path | None = None
         self.matched: list[str] = []
 
     @staticmethod
@@ -153,7 +161,7 @@ class Traffic:
         """Serve the states; check every batch against the capacity rules with every server
         serving (and that the rollout's servers are in their backends). Returns why the rollout
         is refused ("" when it may go)."""
-        self.echo, self.journal = echo, journal
+        self.echo, self.journal, self.logs = echo, journal, logs
         self.states = HostStates(logs, list(self.by_name), echo)
         first = next(iter(self.by_name.values()), None)
         said = self.states.serve(first.get("rollout_metrics_listen") if first else None)
@@ -240,7 +248,13 @@ class Traffic:
             if self.journal:
                 self.journal.write("weights", backend=info.pool.backend, sockets=info.pool.sockets, original=originals,
                                    canary=servers, share=self.share, set=plan.weights)
+            # the dead-man first: from the first weight set on, a rollout that dies is covered
+            self._watchdog = canary_watchdog.start(self.logs or Path("."), list(info.pool.sockets), info.pool.backend,
+                                                   originals, self.settings.watchdog_ttl if self.settings else 60.0)
             w.set(plan.weights)
+        except OSError as e:
+            self._originals = None
+            return f"canary: cannot start the weights' watchdog (the canary's share is not set): {e}"
         except (DrainError, ValueError, StopIteration) as e:
             self._restore()
             return f"canary: cannot give the canary {self.share * 100:g}% of {info.pool.describe()}: {e}"
@@ -285,6 +299,41 @@ class Traffic:
         self.capacity.append(rec)
         return rec
 
+    def held(self, names: list[str]) -> dict[str, str]:
+        """{host: why} for hosts of ``names`` whose server HAProxy holds in maintenance (the
+        quarantine receiver's or an operator's): deployed, but left out of rotation by the
+        deploy's ready. A backend that cannot be read says nothing here."""
+        out = {}
+        for info in self.pools.values():
+            servers = {server_name(self.by_name[n]): n for n in names if n in info.hosts}
+            if not servers:
+                continue
+            try:
+                now = info.pool.read()
+            except DrainError:
+                continue
+            for server, name in servers.items():
+                v = now.get(server)
+                if v is not None and v["admin"] & ADMIN_MAINT:
+                    out[name] = (f"deployed; held out of rotation by the quarantine or an operator "
+                                 f"({info.pool.backend}/{server} in MAINT): not readied")
+        return out
+
+    def _lb_counters(self) -> dict[str, tuple[int, int]] | str:
+        """The canary backend's per-server counters summed over its HAProxy instances (why not,
+        as a string, when they cannot be read)."""
+        info = self.canary_pool
+        total: dict[str, tuple[int, int]] = {}
+        try:
+            for sock in info.pool.sockets:
+                rows = parse_stat(RuntimeAPI(sock).command("show stat"))
+                for sv, (n, f) in canary_mod.lb_counters(rows, info.pool.backend).items():
+                    have = total.get(sv, (0, 0))
+                    total[sv] = (have[0] + n, have[1] + f)
+        except (DrainError, canary_mod.CanaryError) as e:
+            return f"{info.pool.describe()}: {e}"
+        return total
+
     def gating(self, names: list[str]) -> None:
         self.states.set(names, "gating")
 
@@ -301,9 +350,23 @@ class Traffic:
         start = time.time()
         self.echo(f"[canary analysis] {', '.join(canaries)} against {', '.join(baseline)} from "
                   f"{s.prometheus_url}: {s.analysis_seconds:g}s windows, up to {s.max_extensions} extension(s)")
+        lb_before = self._lb_counters()
         res = canary_mod.analyse(canary_mod.Prometheus(s.prometheus_url), s, canaries, baseline, start, self.echo,
                                  hold=lambda: self.states.hold("before the canary's verdict"),
                                  matched=self.matched)
+        if res.verdict == canary_mod.PROMOTE:  # what Triton never counts: HAProxy's failures per server
+            try:
+                if isinstance(lb_before, str):
+                    raise canary_mod.CanaryError(lb_before)
+                after = self._lb_counters()
+                if isinstance(after, str):
+                    raise canary_mod.CanaryError(after)
+                back, why = canary_mod.lb_verdict(lb_before, after, [server_name(self.by_name[n]) for n in canaries],
+                                                  [server_name(self.by_name[n]) for n in baseline], s)
+            except canary_mod.CanaryError as e:
+                back, why = True, f"the analysis could not read HAProxy's counters: {e}"
+            if back:
+                res = canary_mod.Result(canary_mod.ROLL_BACK, why, res.looks, res.started, time.time())
         self.result.update(res.to_json(), canaries=canaries, baseline=baseline, analysis_start=start,
                            settings={k: v for k, v in vars(s).items()})
         if self.journal:
@@ -345,11 +408,22 @@ class Traffic:
             if self.journal:
                 self.journal.write("weights-restored", backend=self._weights.backend)
             self.result["weights_restored"] = time.time()
-        except DrainError as e:
+            if self._watchdog is not None:  # put back: the watchdog leaves without acting
+                self._watchdog.stop()
+                self._watchdog = None
+        except DrainError as e:  # the watchdog stays: it tries again once this process is gone
             self.echo(f"[canary] could not put HAProxy's weights back ({self._originals}): {e}; set them by hand "
                       "(`set weight <backend>/<server> <weight>`)")
         self.states.update(canary_share=None)
         self._originals = None
+
+    def abort(self) -> None:
+        """The rollout stops on an exception or a signal: the weights go back, the states stop
+        being served (a SIGTERM arriving during the restore does not cut it)."""
+        with _signals_held():
+            self._restore()
+        if self.states is not None:
+            self.states.close()
 
     def finish(self, report) -> None:
         self._restore()
@@ -357,6 +431,19 @@ class Traffic:
         report.canary = self.result
         if self.states is not None:
             self.states.close()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM held (delivered after the block) in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def restore_from_journal(events: list[dict], echo: Callable[[str], None]) -> None:

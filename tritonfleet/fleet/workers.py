@@ -156,46 +156,103 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, *, se
     """tritonfleet.fleet.rollout.pyinfra_run.run_pyinfra over ``workers`` pyinfra processes (each a slice of
     ``hosts``), merged into one PyinfraRun. ``on_start`` is called with each process's pid.
     ``log_path``: each process logs to <stem>.<n><suffix> beside it; ``log_path`` itself lists
-    them, then holds their logs one after the other."""
+    them, then holds their logs one after the other. A process that cannot start, dies or gives
+    no result fails its hosts with the reason (``merge``); the result names every host once."""
     k = count(len(hosts), workers, settings)
-    if k <= 1:
-        return pyinfra_run.run_pyinfra(inventory, deploy, hosts, data, dry=dry, log_path=log_path, timeout=timeout,
-                                   failure_dir=failure_dir, on_start=on_start)
-    parts = slices(hosts, k)
-    runs: list = [None] * len(parts)
-    logs = [log_path.with_name(f"{log_path.stem}.{i + 1}{log_path.suffix}") if log_path else None
+    parts = slices(hosts, k) if k > 1 else [list(hosts)]
+    runs: list[PyinfraRun | None] = [None] * len(parts)
+    errors: list[str] = [""] * len(parts)
+    logs = [log_path.with_name(f"{log_path.stem}.{i + 1}{log_path.suffix}") if log_path and k > 1 else log_path
             for i in range(len(parts))]
 
     def one(i: int) -> None:
-        runs[i] = pyinfra_run.run_pyinfra(inventory, deploy, parts[i], data, dry=dry, log_path=logs[i], timeout=timeout,
-                                      failure_dir=failure_dir, on_start=on_start)
+        try:
+            runs[i] = pyinfra_run.run_pyinfra(inventory, deploy, parts[i], data, dry=dry, log_path=logs[i],
+                                              timeout=timeout, failure_dir=failure_dir, on_start=on_start)
+        except Exception as e:  # noqa: BLE001 - whatever it was, the slice's hosts fail with its words
+            errors[i] = f"{type(e).__name__}: {e}"
 
+    if k <= 1:
+        one(0)
+        merged = merge(runs, parts, errors, hosts)
+        merged.log_path = runs[0].log_path if runs[0] is not None else ""
+        return merged
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(parts))]
     for t in threads:
         t.start()
     for t in threads:
         while t.is_alive():  # Ctrl-C stays deliverable here; the processes get it from the terminal
             t.join(0.2)
-    merged = merge([r for r in runs if r is not None], parts)
+    merged = merge(runs, parts, errors, hosts)
     if log_path:
-        log_path.write_text("".join(f"# {len(p)} host(s): {lp}\n" for p, lp in zip(parts, logs, strict=True)) + "\n"
-                            + "\n".join(lp.read_text() for lp in logs if lp and lp.exists()))
-        merged.log_path = str(log_path)
+        try:
+            log_path.write_text("".join(f"# {len(p)} host(s): {lp}\n" for p, lp in zip(parts, logs, strict=True))
+                                + "\n" + "\n".join(lp.read_text() for lp in logs if lp and lp.exists()))
+            merged.log_path = str(log_path)
+        except OSError as e:  # the result stands; only the joined log is missing
+            merged.log += f"\ncould not write {log_path}: {e}"
     return merged
 
 
-def merge(runs: list[PyinfraRun], parts: list[list[str]]) -> PyinfraRun:
-    """One PyinfraRun from several runs on disjoint hosts: operations merged by their hash (the
-    hosts of each outcome together), the failed hosts together, a run that gave no result
-    failing all its hosts, the worst exit status."""
+class MergeError(WorkerError):
+    """The slices given to ``merge`` do not hold every host asked for exactly once."""
+
+
+def _exit_status(rc: int) -> int:
+    """A process's exit status as a shell gives it: a signal N is 128 + N (never below 0)."""
+    return 128 - rc if rc < 0 else rc
+
+
+def merge(runs: list[PyinfraRun | None], parts: list[list[str]], errors: list[str] | None = None,
+          asked: list[str] | None = None) -> PyinfraRun:
+    """One PyinfraRun from the runs of disjoint slices, matched by slice index (``runs[i]`` is
+    ``parts[i]``'s, None when that slice gave no run; ``errors[i]`` then says why): operations
+    merged by their hash (the hosts of each outcome together), the failed hosts together, the
+    worst exit status. A slice with no result (no run, no JSON, no results with a non-zero exit
+    status, a host outside its slice) fails
+    every host of it with the reason, in ``reasons``, and the exit status is then not 0: a host
+    that was never deployed is never read as unchanged. ``asked``: the hosts of the run; MergeError
+    when the slices do not hold each of them exactly once."""
+    if len(runs) != len(parts):
+        raise MergeError(f"{len(runs)} result(s) for {len(parts)} slice(s) of the hosts")
+    sliced = [h for p in parts for h in p]
+    if len(set(sliced)) != len(sliced) or (asked is not None and sorted(sliced) != sorted(asked)):
+        raise MergeError("the slices of the hosts do not hold every host asked for exactly once")
+    errors = errors or [""] * len(parts)
     ops: dict[str, dict] = {}
     failed: list[str] = []
+    reasons: dict[str, str] = {}
     totals: dict[str, int] = {}
-    for run, part in zip(runs, parts, strict=False):
-        results = (run.data or {}).get("results") or {}
-        if run.rc != 0 and not results:
+    rcs: list[int] = []
+    logs: list[str] = []
+    for i, (run, part) in enumerate(zip(runs, parts, strict=True)):
+        where = f"pyinfra process {i + 1}/{len(parts)}" if len(parts) > 1 else "pyinfra"
+        if run is None:
+            why = f"{where} gave no result: {errors[i] or 'it did not run'}"
+            reasons.update(dict.fromkeys(part, why))
             failed += part
+            rcs.append(1)
+            logs.append(why)
+            continue
+        rcs.append(_exit_status(run.rc))
+        logs.append(run.log)
+        results = (run.data or {}).get("results") or {}
+        if not run.data or (not results and run.rc != 0):  # a dry run's JSON has "results": None
+            why = f"{where} gave no result (exit status {_exit_status(run.rc)}){run.where()}"
+            reasons.update(dict.fromkeys(part, why))
+            failed += part
+            rcs[-1] = rcs[-1] or 1
+            continue
+        mine = set(part)
+        strays = (run.ran() | run.failed()) - mine
+        if strays:
+            why = f"{where} reported hosts it was not given ({', '.join(sorted(strays)[:5])}): its result is not used"
+            reasons.update(dict.fromkeys(part, why))
+            failed += part
+            rcs[-1] = rcs[-1] or 1
+            continue
         failed += results.get("failed_hosts") or []
+        reasons.update(run.reasons)
         for op in results.get("operations", []):
             key = op.get("op_hash") or op["name"]
             have = ops.setdefault(key, {**op, "hosts": 0, "success": [], "error": [], "no_change": []})
@@ -205,8 +262,11 @@ def merge(runs: list[PyinfraRun], parts: list[list[str]]) -> PyinfraRun:
         for name, n in (results.get("totals") or {}).items():
             totals[name] = totals.get(name, 0) + int(n)
     data = {"results": {"operations": list(ops.values()), "failed_hosts": sorted(set(failed)), "totals": totals}} \
-        if any(r.data for r in runs) or failed else {}
-    return PyinfraRun(max((r.rc for r in runs), default=0), data, "\n".join(r.log for r in runs))
+        if ops or failed or any(r is not None and r.data for r in runs) else {}
+    rc = max(rcs, default=0)
+    if failed and rc == 0:
+        rc = 1
+    return PyinfraRun(rc, data, "\n".join(logs), reasons=reasons)
 
 
 def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, settings: Settings | None,
@@ -231,15 +291,23 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
     cmd = pyinfra_run.pyinfra_command() + ["-y", "--json"] + (["--dry"] if dry else [])
     for key, value in data.items():
         cmd += ["--data", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
-    procs, outs = [], [""] * len(parts)
+    procs: list[subprocess.Popen | None] = []
+    outs, errors = [""] * len(parts), [""] * len(parts)
     try:
-        for part in parts:
+        for i, part in enumerate(parts):
             limits = [a for h in part for a in ("--limit", h)] if k > 1 or limited else []
-            procs.append(subprocess.Popen([*cmd, *limits, inventory, deploy_file], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, text=True, env=env, preexec_fn=die_with_parent()))
+            try:
+                procs.append(subprocess.Popen([*cmd, *limits, inventory, deploy_file], stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.PIPE, text=True, env=env,
+                                              preexec_fn=die_with_parent()))
+            except OSError as e:  # this slice's hosts fail with why; the others run
+                procs.append(None)
+                errors[i] = f"pyinfra could not start: {e}"
 
         def read(i: int) -> None:
-            outs[i] = procs[i].communicate()[0]
+            p = procs[i]
+            if p is not None:
+                outs[i] = p.communicate()[0]
 
         threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
         for t in threads:
@@ -249,6 +317,8 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
                 t.join(0.2)
     except KeyboardInterrupt:  # the processes had it too (one process group): wait for their ends
         for p in procs:
+            if p is None:
+                continue
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
@@ -256,14 +326,14 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
         shutil.rmtree(channel, ignore_errors=True)
         echo(f"interrupted: {len(procs)} pyinfra process(es) stopped")
         return 130
-    runs = []
+    runs: list[PyinfraRun | None] = []
     for p, out in zip(procs, outs, strict=True):
         try:
             result = json.loads(out) if out.strip() else {}
         except ValueError:
             result = {}
-        runs.append(PyinfraRun(p.returncode, result, ""))
-    merged = merge(runs, parts)
+        runs.append(PyinfraRun(p.returncode, result if isinstance(result, dict) else {}, "") if p else None)
+    merged = merge(runs, parts, errors, hosts)
     failures = read_channel(channel)
     shutil.rmtree(channel, ignore_errors=True)
     failed, changed = merged.failed(), merged.changed()

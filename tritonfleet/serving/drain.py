@@ -6,8 +6,11 @@ Two implementations of one interface (:class:`Balancer`):
   section; a unix socket path or ``host:port``, one or several HAProxy instances in front of the
   same servers). ``set server <backend>/<server> state drain`` stops new requests to the server
   while those in flight finish; its current sessions (``scur`` of ``show stat``) say when they
-  have; ``set server ... state ready`` puts it back. A server an operator put in maintenance
-  (``state maint``) is left alone: tritonfleet neither drains it nor readies it.
+  have; ``set server ... state ready`` puts it back. Who took a server out is in its state: a
+  deploy drains (``state drain``), the quarantine receiver and operators hold it
+  (``state maint``: :meth:`Balancer.hold`, or a balancer made with ``hold=True``, whose drain
+  holds). A deploy never readies a held server, and readies a drained one only when its own run,
+  or a cut run whose marker is on the host (tritonfleet.serving.ops.lb), drained it.
 * :class:`Hooks`: two commands run on the control machine (``lb_drain_command``,
   ``lb_ready_command``) with the host's name and address in the environment
   (``TRITONFLEET_HOST``, ``TRITONFLEET_ADDRESS``, ``TRITONFLEET_HTTP_PORT``). In-flight requests
@@ -166,6 +169,8 @@ class Balancer:
     """What a restart needs from a load balancer."""
 
     kind = ""
+    #: the last drain() took the host out itself (it was serving); False when it found it out already
+    took_out = False
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -181,6 +186,14 @@ class Balancer:
     def ready(self) -> str:
         """Put the host back; returns what was done."""
         raise NotImplementedError
+
+    def hold(self) -> str:
+        """Take the host out for the quarantine or an operator (a deploy never puts it back)."""
+        return self.drain()
+
+    def held(self) -> str:
+        """Who holds the host out, where the balancer can tell ("" when none does)."""
+        return ""
 
     def wait_serving(self, timeout: float) -> str:
         """After ready: wait until the load balancer sends the host requests again."""
@@ -215,7 +228,9 @@ class Balancer:
 class HAProxy(Balancer):
     kind = "haproxy"
 
-    def __init__(self, sockets: list[str], backend: str, server: str, timeout: float = 5.0):
+    def __init__(self, sockets: list[str], backend: str, server: str, timeout: float = 5.0, hold: bool = False):
+        """``hold``: this balancer is the quarantine's or an operator's: drain() holds the server
+        (maintenance) and ready() ends the hold."""
         if not sockets:
             raise DrainError("lb = 'haproxy' needs lb_haproxy_sockets (the runtime API: a unix socket path or "
                              "host:port of `stats socket ... level admin`)")
@@ -225,6 +240,7 @@ class HAProxy(Balancer):
                                  "(lb_haproxy_backend, lb_haproxy_server)")
         self.apis = [RuntimeAPI(s, timeout) for s in sockets]
         self.backend, self.server = backend, server
+        self.holding = hold
 
     def describe(self) -> str:
         return f"haproxy {self.backend}/{self.server}"
@@ -265,22 +281,44 @@ class HAProxy(Balancer):
                                  f"state {state}`: {answer}")
 
     def drain(self) -> str:
+        if self.holding:
+            return self.hold()
+        self.took_out = False
         st = self.state()
         if st.maintenance:
-            return f"{self.describe()} is in maintenance (an operator's): left as it is, it gets no requests"
+            return f"{self.describe()} is held in maintenance (the quarantine's or an operator's): left as it is"
         if st.drained:
             return f"{self.describe()} was already draining"
         self._set("drain")
+        self.took_out = True
         return f"{self.describe()} set to drain"
+
+    def hold(self) -> str:
+        """``state maint``: out of rotation until the holder readies it; a deploy leaves it so."""
+        self.took_out = False
+        st = self.state()
+        if st.maintenance:
+            return f"{self.describe()} was already held in maintenance"
+        self._set("maint")
+        self.took_out = True
+        return f"{self.describe()} held in maintenance"
+
+    def held(self) -> str:
+        st = self.state()
+        if st.maintenance:
+            return f"held out of rotation by the quarantine or an operator ({self.describe()} in MAINT)"
+        return ""
 
     def in_flight(self) -> int:
         return self.state().sessions
 
     def ready(self) -> str:
+        """Put the server back: a deploy's balancer only from its drain (never from maintenance);
+        a holding one (``hold``) from its hold or a drain."""
         st = self.state()
-        if st.maintenance:
-            return f"{self.describe()} is in maintenance (an operator's): left as it is"
-        if not st.drained:
+        if st.maintenance and not self.holding:
+            return ""
+        if not st.drained and not st.maintenance:
             return ""
         self._set("ready")
         return f"{self.describe()} set to ready"
@@ -403,7 +441,9 @@ class Hooks(Balancer):
         return out
 
     def drain(self) -> str:
+        self.took_out = False
         out = self._run(self.drain_command, "lb_drain_command")
+        self.took_out = True
         return "lb_drain_command ran" + (f": {out.splitlines()[-1][:200]}" if out else "")
 
     def in_flight(self, clock=time.monotonic) -> int:
@@ -428,8 +468,10 @@ class Hooks(Balancer):
         return "lb_ready_command ran" + (f": {out.splitlines()[-1][:200]}" if out else "")
 
 
-def from_settings(settings: Settings, host_name: str, address: str, metrics: Callable[[], str]) -> Balancer | None:
-    """The host's balancer from its tunables (``settings``), or None when ``lb`` is not set."""
+def from_settings(settings: Settings, host_name: str, address: str, metrics: Callable[[], str],
+                  hold: bool = False) -> Balancer | None:
+    """The host's balancer from its tunables (``settings``), or None when ``lb`` is not set.
+    ``hold``: the quarantine's (HAProxy: its drain holds the server in maintenance)."""
     kind = settings.get("lb")
     if not kind:
         return None
@@ -439,7 +481,8 @@ def from_settings(settings: Settings, host_name: str, address: str, metrics: Cal
         sockets = settings.get("lb_haproxy_sockets") or []
         if isinstance(sockets, str):
             sockets = [sockets]
-        return HAProxy(list(sockets), settings.get("lb_haproxy_backend"), settings.get("lb_haproxy_server") or host_name)
+        return HAProxy(list(sockets), settings.get("lb_haproxy_backend"), settings.get("lb_haproxy_server") or host_name,
+                       hold=hold)
     env = {"TRITONFLEET_HOST": host_name, "TRITONFLEET_ADDRESS": address,
            "TRITONFLEET_HTTP_PORT": str(settings.get("triton_http_port"))}
     return Hooks(settings.get("lb_drain_command"), settings.get("lb_ready_command"), env, metrics, float(settings.get("lb_drain_timeout")))

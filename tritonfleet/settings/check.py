@@ -197,6 +197,7 @@ RULES: dict[str, Rule] = {
     "canary_alpha": number(0, 0.5, lo_open=True),
     "canary_max_error_increase": number(0, 1),
     "canary_max_latency_rise": number(0),
+    "canary_watchdog_ttl": seconds(),
     # load balancer drain
     "lb": choice(None, "haproxy", "hooks"),
     "lb_haproxy_sockets": text_list(),

@@ -363,6 +363,10 @@ canary_max_error_increase = 0.005
 # Rollback when the canary's mean request time is above the baseline's by more than this share
 # (0.2: 20%) and significantly so.
 canary_max_latency_rise = 0.2
+# Seconds the canary's watchdog (a detached process started with the canary's weights) waits for
+# the rollout's heartbeat (renewed every few seconds) before it puts HAProxy's weights back
+# itself; it also does at once when the rollout's process is gone (SIGKILL, OOM).
+canary_watchdog_ttl = 60
 
 # --- Load balancer drain (docs/operations.md) ---------------------------------------------
 # Load balancer in front of the hosts: "haproxy" (its runtime API), "hooks" (lb_drain_command and

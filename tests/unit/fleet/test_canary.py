@@ -393,3 +393,126 @@ def test_a_failed_run_is_counted_as_failed_by_triton(tmp_path):
                 counts[key] = s.value
     assert counts["nv_inference_request_success"] == 2
     assert counts["nv_inference_request_failure/BACKEND"] == 3
+
+
+# ---- answers the analysis cannot read ------------------------------------------------------------
+
+class _Answer:
+    def __init__(self, body):
+        self.body, self.status_code = body, 200
+
+    def json(self):
+        return self.body
+
+
+class _Http:
+    def __init__(self, body):
+        self.body = body
+
+    def get(self, *a, **k):
+        return _Answer(self.body)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=8)
+_value = st.one_of(_json, st.sampled_from(["x", "", "Inf", "-Inf", "1e999"]))
+_series = st.fixed_dictionaries({"metric": st.one_of(st.fixed_dictionaries({"host": st.one_of(st.just("c"), _json)}),
+                                                     _json),
+                                 "values": st.one_of(st.lists(st.one_of(st.tuples(_value, _value).map(list), _json),
+                                                              min_size=1, max_size=3), _json)})
+_near_miss = st.fixed_dictionaries({"status": st.just("success"), "data": st.one_of(
+    st.fixed_dictionaries({"resultType": st.just("matrix"), "result": st.lists(_series, min_size=1, max_size=2)}),
+    _json)})
+
+
+def _readable(body) -> bool:
+    """The generated body happens to be a well-formed answer (then any verdict may come)."""
+    try:
+        cn._per_host(body["data"]["result"])
+        return body["data"].get("resultType", "matrix") == "matrix"
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(_json, _near_miss))
+def test_an_answer_the_analysis_cannot_read_rolls_back(body):
+    """Any 200 answer of another shape (the review's {"status":"success"}, [1, 2], a value "x")
+    is a CanaryError, so analyse() rolls back: never an exception out of it, never a promotion."""
+    prom = cn.Prometheus("http://127.0.0.1:1")
+    prom.http = _Http(body)
+    s = cn.Settings("http://127.0.0.1:1", analysis_seconds=30, step_seconds=5, min_requests=1)
+    res = cn.analyse(prom, s, ["c"], ["b"], 1000.0, lambda m: None, sleep=lambda t: None, now=lambda: 1031.0)
+    if not _readable(body):
+        assert res.verdict == cn.ROLL_BACK and "could not read" in res.why
+
+
+@pytest.mark.parametrize("body", [{"status": "success"}, [1, 2],
+                                  {"status": "success", "data": {"resultType": "matrix", "result": [
+                                      {"metric": {"host": "c"}, "values": [[1000, "x"]]}]}}])
+def test_the_reviews_answers_are_canary_errors(body):
+    prom = cn.Prometheus("http://127.0.0.1:1")
+    prom.http = _Http(body)
+    with pytest.raises(cn.CanaryError):
+        cn._per_host(prom.query_range("up", 1000, 1030, 5))
+
+
+# ---- the blind spot: failures only HAProxy sees --------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(["pxname", "svname", "stot", "hrsp_5xx", "eresp", "econ"]),
+                                st.one_of(st.sampled_from(["triton", "s1", "BACKEND", "", "7", "-1", "x"]),
+                                          st.text(max_size=3)), max_size=6), max_size=4))
+def test_haproxy_counters_it_cannot_read_are_canary_errors(rows):
+    try:
+        out = cn.lb_counters(rows, "triton")
+    except cn.CanaryError:
+        return
+    assert all(isinstance(n, int) and isinstance(f, int) and n >= 0 and f >= 0 for n, f in out.values())
+
+
+def test_failures_only_haproxy_counts_roll_the_canary_back(tmp_path):
+    """A canary whose server answers HAProxy's requests with 500 (its health check passes, as a
+    container crash-looping between scrapes can look): the verdict from HAProxy's per-server
+    counters rolls it back; the same traffic with a sound canary does not."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.support.haproxy import HAProxy, ok_server
+    from tritonfleet.serving.drain import HAProxy as Runtime
+    from tritonfleet.serving.drain import parse_stat
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            code = 200 if self.path.startswith("/v2/health") else 500
+            self.send_response(code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    bad = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=bad.serve_forever, daemon=True).start()
+    s = cn.Settings("http://127.0.0.1:1")
+    try:
+        with ok_server() as good, HAProxy(tmp_path, [("c", f"127.0.0.1:{bad.server_address[1]}"), ("b1", good),
+                                                     ("b2", good)], inter="200ms") as hap:
+            for n in ("c", "b1", "b2"):
+                Runtime([hap.socket], "triton", n).wait_serving(10)
+
+            def counters():
+                return cn.lb_counters(parse_stat(hap.command("show stat")), "triton")
+
+            before = counters()
+            with requests.Session() as http:
+                for _ in range(90):
+                    http.get(hap.url + "/v2/models/m/infer", timeout=5)
+            after = counters()
+            back, why = cn.lb_verdict(before, after, ["c"], ["b1", "b2"], s)
+            assert back and "HAProxy counted 30 failure(s)" in why and "in 30 session(s)" in why
+            assert cn.lb_verdict(before, after, ["b1"], ["b2"], s) == (False, "")
+    finally:
+        bad.shutdown()
+        bad.server_close()

@@ -156,7 +156,8 @@ class Rig:
         return drain.HAProxy([self.hap.socket], "triton", host).state()
 
     def drained(self) -> list[str]:
-        return [h for h in HOSTS if self.state(h).drained]
+        """The hosts the receiver took out: it holds them in maintenance (a deploy never readies those)."""
+        return [h for h in HOSTS if self.state(h).maintenance]
 
     def notify(self, status: str, *hosts: str, alert: str = "GpuXidCritical") -> None:
         body = {"version": "4", "status": status, "alerts": [

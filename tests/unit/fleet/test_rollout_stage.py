@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def fake_rollout(monkeypatch, tmp_path, failed_stage: list[str], max_fail: int):
+def fake_rollout(monkeypatch, tmp_path, failed_stage: list[str], max_fail: int, through_workers: bool = False):
     """A rollout over three hosts with pyinfra, the probe and the gate replaced: which pyinfra
     runs it makes, and its report."""
     from types import SimpleNamespace
@@ -42,9 +42,10 @@ def fake_rollout(monkeypatch, tmp_path, failed_stage: list[str], max_fail: int):
         return ro.PyinfraRun(0, {"results": {"failed_hosts": [], "operations": [
             {"name": "restart triton", "success": list(targets)}]}}, "")
 
-    monkeypatch.setattr(engine.workers, "run_pyinfra", run_pyinfra)  # every pyinfra run of a rollout goes through it
+    if not through_workers:  # every pyinfra run of a rollout goes through it
+        monkeypatch.setattr(engine.workers, "run_pyinfra", run_pyinfra)
     report = ro.rollout("inventory.py", str(ROOT / "deploys" / "models.py"), canary=1, batch="100%",
-                        max_fail=max_fail, stage=True, echo=lambda m: None)
+                        max_fail=max_fail, stage=not through_workers, echo=lambda m: None)
     return runs, report
 
 
@@ -64,3 +65,27 @@ def test_a_host_that_cannot_stage_is_left_out_before_any_host_changes(monkeypatc
     assert "could not stage" in report.halted and "no host was changed" in report.halted
 
 
+
+
+def test_hosts_of_a_pyinfra_run_that_raised_are_failed_not_unchanged(monkeypatch, tmp_path):
+    """A batch whose pyinfra process could not run (ENOSPC writing its log) gives no result: its
+    hosts are reported failed with the reason, never "unchanged" because the old release still
+    passes the gate."""
+    from tritonfleet.fleet.rollout import pyinfra_run
+
+    fake = {}
+
+    def inner(inventory, deploy, hosts, data, dry=False, log_path=None, **kw):
+        fake.setdefault("calls", []).append((Path(deploy).name, list(hosts), dry))
+        if not dry and Path(deploy).name == "models.py":
+            raise OSError(28, "No space left on device")
+        return pyinfra_run.PyinfraRun(0, {"results": {"failed_hosts": [], "operations": [
+            {"name": "x", "no_change": list(hosts)}]}}, "")
+
+    monkeypatch.setattr(pyinfra_run, "run_pyinfra", inner)
+    runs, report = fake_rollout(monkeypatch, tmp_path, [], max_fail=5, through_workers=True)
+    by = {h.host: h for h in report.hosts}
+    assert by["a"].result in ("failed", "rolled back", "rollback failed")
+    assert "No space left on device" in by["a"].detail
+    assert not any(h.result == "unchanged" for h in report.hosts)
+    assert not report.ok

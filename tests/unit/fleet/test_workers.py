@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,3 +186,130 @@ def test_a_deploy_over_pyinfra_processes_reports_once(monkeypatch, tmp_path):
     lines.clear()
     assert workers.deploy("inv.py", "d.py", names, {}, settings=None, workers=2, echo=lines.append) == 0
     assert lines == ["40 host(s) in 2 pyinfra process(es): 4 changed, 36 unchanged, 0 failed"]
+
+
+def _fake_slices(monkeypatch, bad: Callable[[list[str]], BaseException | None]):
+    """pyinfra replaced by a run that reports every host of its slice unchanged, or raises what
+    ``bad(slice)`` gives."""
+    def fake(inventory, deploy, hosts, data, dry=False, log_path=None, timeout=0, failure_dir=None, on_start=None):
+        e = bad(hosts)
+        if e is not None:
+            raise e
+        return PyinfraRun(0, {"results": {"operations": [_op("op", no_change=hosts)], "failed_hosts": []}}, "")
+
+    monkeypatch.setattr(pyinfra_run, "run_pyinfra", fake)
+
+
+def test_a_slice_that_raised_fails_its_hosts_with_the_reason(monkeypatch, tmp_path):
+    """The review's reproduction: 60 hosts, 3 workers, the second slice's run raising ENOSPC. Its
+    20 hosts are failed with the error's words, the exit status is not 0, and the others are
+    merged by slice index (none misattributed)."""
+    names = [f"h{i:02d}" for i in range(60)]
+    second = workers.slices(names, 3)[1]
+    _fake_slices(monkeypatch, lambda hs: OSError(28, "No space left on device") if hs == second else None)
+    run = workers.run_pyinfra("inv.py", "d.py", names, {}, settings=None, workers=3, log_path=tmp_path / "b.log")
+    assert run.rc != 0
+    assert run.failed() == set(second) and len(second) == 20
+    assert all("No space left on device" in run.reason(h) and "2/3" in run.reason(h) for h in second)
+    assert run.ran() == set(names) - set(second)
+    assert run.ran() | run.failed() == set(names)  # every host asked for accounted for
+    # one worker only: the same (the error no longer escapes as an exception)
+    run = workers.run_pyinfra("inv.py", "d.py", second, {}, settings=None, workers=1)
+    assert run.rc != 0 and run.failed() == set(second) and "No space left" in run.reason(second[0])
+
+
+def test_on_start_raising_fails_the_slice(monkeypatch):
+    names = [f"h{i:02d}" for i in range(40)]
+
+    def fake(inventory, deploy, hosts, data, dry=False, log_path=None, timeout=0, failure_dir=None, on_start=None):
+        on_start(4242)
+        return PyinfraRun(0, {"results": {"operations": [_op("op", success=hosts)], "failed_hosts": []}}, "")
+
+    monkeypatch.setattr(pyinfra_run, "run_pyinfra", fake)
+
+    def journal(pid):
+        raise OSError(28, "No space left on device: journal.jsonl")
+
+    run = workers.run_pyinfra("inv.py", "d.py", names, {}, settings=None, workers=2, on_start=journal)
+    assert run.rc != 0 and run.failed() == set(names) and not run.changed()
+    assert "journal.jsonl" in run.reason("h00")
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=6), st.integers(1, 80))
+def test_merge_accounts_for_every_host_once(dead, n):
+    """Any slices without a result, anywhere: each host asked for is failed or ran, never both
+    missing; the hosts of a dead slice are exactly its own."""
+    names = [f"h{i}" for i in range(n)]
+    parts = workers.slices(names, len(dead))
+    runs = [None if dead[i % len(dead)] else
+            PyinfraRun(0, {"results": {"operations": [_op("op", success=p)], "failed_hosts": []}}, "")
+            for i, p in enumerate(parts)]
+    run = workers.merge(runs, parts, ["gone"] * len(parts), names)
+    lost = {h for p, r in zip(parts, runs, strict=True) if r is None for h in p}
+    assert run.failed() == lost and run.changed() == set(names) - lost
+    assert (run.rc != 0) == bool(lost)
+    with pytest.raises(workers.MergeError):
+        workers.merge(runs, parts, None, names + ["extra"])
+    with pytest.raises(workers.MergeError):
+        workers.merge(runs[:-1], parts, None, names)
+
+
+KILLED_PYINFRA = r'''
+import os, signal, sys, time
+args = sys.argv[1:]
+hosts = [args[i + 1] for i, a in enumerate(args) if a == "--limit"]
+if "h01" in hosts:
+    print('{"results": {"operat', flush=True)  # half a result, then killed mid-run
+    os.kill(os.getpid(), signal.SIGKILL)
+import json
+ops = [{"op_hash": "a", "name": "apt", "hosts": len(hosts), "success": [], "error": [], "no_change": hosts}]
+print(json.dumps({"results": {"operations": ops, "failed_hosts": []}}))
+'''
+
+
+def test_a_worker_killed_mid_run_or_unable_to_start_fails_its_hosts(monkeypatch, tmp_path):
+    script = tmp_path / "fake_pyinfra.py"
+    script.write_text(KILLED_PYINFRA)
+    monkeypatch.setattr(pyinfra_run, "pyinfra_command", lambda: [sys.executable, str(script)])
+    names = [f"h{i:02d}" for i in range(40)]
+    run = workers.run_pyinfra("inv.py", "d.py", names, {}, settings=None, workers=2, log_path=tmp_path / "b.log")
+    killed = set(workers.slices(names, 2)[1])
+    assert run.rc == 128 + signal.SIGKILL
+    assert run.failed() == killed and "exit status 137" in run.reason("h01")
+    assert run.ran() == set(names) - killed
+    # a pyinfra that cannot start at all: every host failed, with why
+    monkeypatch.setattr(pyinfra_run, "pyinfra_command", lambda: [str(tmp_path / "no-such-pyinfra")])
+    run = workers.run_pyinfra("inv.py", "d.py", names, {}, settings=None, workers=2)
+    assert run.rc != 0 and run.failed() == set(names) and "no-such-pyinfra" in run.reason("h00")
+
+
+def test_a_dry_runs_result_is_a_result():
+    """``pyinfra --dry --json`` prints {"plan": ..., "results": null}: with exit status 0 its hosts
+    are planned, not failed; with another status and no JSON at all, they are failed."""
+    dry = PyinfraRun(0, {"plan": {"h1": []}, "results": None}, "")
+    run = workers.merge([dry], [["h1"]], None, ["h1"])
+    assert run.rc == 0 and not run.failed()
+    run = workers.merge([PyinfraRun(0, {}, "")], [["h1"]], None, ["h1"])
+    assert run.rc != 0 and run.failed() == {"h1"} and "gave no result" in run.reason("h1")
+
+
+def test_tritonfleet_deploy_reports_the_hosts_of_a_killed_process_failed(monkeypatch, tmp_path):
+    """`tritonfleet deploy` over two processes, one killed mid-run: its hosts are failed with
+    why, the exit status is not 0 (a signal's -9 was once read as better than 0)."""
+    script = tmp_path / "fake_pyinfra.py"
+    script.write_text(KILLED_PYINFRA)
+    monkeypatch.setattr(pyinfra_run, "pyinfra_command", lambda: [sys.executable, str(script)])
+    names = [f"h{i:02d}" for i in range(40)]
+    lines = []
+    rc = workers.deploy("inv.py", "d.py", names, {}, settings=None, workers=2, echo=lines.append)
+    assert rc == 128 + signal.SIGKILL
+    assert "20 failed: h01, h03" in lines[0]
+    assert any("gave no result (exit status 137)" in ln for ln in lines[1:])
+
+
+def test_tritonfleet_deploy_whose_pyinfra_cannot_start_fails_every_host(monkeypatch, tmp_path):
+    monkeypatch.setattr(pyinfra_run, "pyinfra_command", lambda: [str(tmp_path / "no-such-pyinfra")])
+    names = [f"h{i:02d}" for i in range(40)]
+    lines = []
+    assert workers.deploy("inv.py", "d.py", names, {}, settings=None, workers=2, echo=lines.append) != 0
+    assert "40 failed" in lines[0] and "pyinfra could not start" in lines[1] and "no-such-pyinfra" in lines[1]

@@ -27,7 +27,7 @@ def _metrics_reader(fh: FleetHost) -> Callable[[], str]:
 
 def balancer(fh: FleetHost) -> drain.Balancer | None:
     """The host's load balancer from its tunables (the drain's own), None when ``lb`` is not set."""
-    return drain.from_settings(fh, fh.name, fh.get("health_host") or fh.address, _metrics_reader(fh))
+    return drain.from_settings(fh, fh.name, fh.get("health_host") or fh.address, _metrics_reader(fh), hold=True)
 
 
 def warm_gate(fh: FleetHost, timeout: float) -> tuple[bool, str]:

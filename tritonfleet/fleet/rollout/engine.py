@@ -1,12 +1,17 @@
 """The rollout's engine: probe and plan, then each batch (pyinfra, the health gate, the
 performance gate on the canary, rollbacks), halting past ``max_fail``; ``resume`` goes on from
 the journal after a crash. Every phase's hosts are spread over worker processes
-(tritonfleet.fleet.workers); the failure budget, the journal and the decisions stay here."""
+(tritonfleet.fleet.workers); the failure budget, the journal and the decisions stay here. Ctrl-C,
+SIGTERM and any error in the batches put the traffic canary's weights back before the rollout
+stops (its journal left open for --resume)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,6 +33,42 @@ from .journal import JOURNAL, Journal, _log_dir, latest_journal
 from .plan import RolloutError, _plan_error, parse_max_fail, plan_batches
 from .pyinfra_run import PyinfraRun
 from .report import HostResult, Report
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (a CI job cancelled or timed out): the rollout stops as on Ctrl-C, through every
+    ``finally`` on the way (the canary's weights put back), its journal left for --resume."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """SIGTERM raises Stopped in the main thread while the block runs (the handler before it is
+    put back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(f"stopped by signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _guarded_batches(run: _Run, first: int) -> None:
+    """_batches, with the traffic canary's weights put back on every way out: Ctrl-C, SIGTERM
+    or any exception (which then goes on up; the journal has no end, so --resume goes on)."""
+    with _stop_on_sigterm():
+        try:
+            _batches(run, first)
+        except BaseException as e:
+            if run.traffic:
+                run.echo(f"rollout stopped ({type(e).__name__}: {e}); putting the canary's weights back")
+                run.traffic.abort()
+            raise
 
 
 def _started(journal: Journal, index: int, hosts: list[str], pid: int) -> None:
@@ -151,7 +192,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
             return _finish(run, t_start)
 
     # 3. batches
-    _batches(run, 1)
+    _guarded_batches(run, 1)
     return _finish(run, t_start)
 
 
@@ -227,6 +268,7 @@ def _batches(run: _Run, first: int) -> None:
         if run.traffic:  # the traffic canary's analysis: canaries to roll back, out of the traffic already
             failed.update(run.traffic.analyse(i, [n for n in ok_names if n not in failed]))
         elapsed = time.monotonic() - t0
+        held = run.traffic.held([n for n in todo if n not in failed]) if run.traffic else {}
         for n in todo:
             r = results[n]
             r.batch, r.seconds = i, elapsed
@@ -235,6 +277,7 @@ def _batches(run: _Run, first: int) -> None:
                 r.failure = reports[n].to_json() if n in reports else None
             else:
                 r.result = "updated" if n in changed else "unchanged"
+                r.detail = held.get(n, r.detail)
         if failed:
             run.echo(f"[{label}] failed: " + "; ".join(f"{n}: {why}" for n, why in failed.items()))
             for n in failed:
@@ -421,7 +464,7 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     if run.report.halted:
         return _finish(run, t_start)
     traffic.after_batch(0, {n: r for n, r in results.items() if r.batch})  # the states of the batches done
-    _batches(run, first)
+    _guarded_batches(run, first)
     return _finish(run, t_start)
 
 
@@ -464,7 +507,8 @@ def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, resu
         r, st = results[fh.name], before[fh.name]
         if not now[fh.name].reachable:
             r.result = "unreachable"
-            never = bool(run.data) and not run.reached(fh.name)
+            # a host of a pyinfra process that gave no result (run.reasons) may have been changed
+            never = bool(run.data) and not run.reached(fh.name) and fh.name not in run.reasons
             r.detail += (" (the deploy never reached it: not changed)" if never
                          else " (no SSH now: cannot roll back; run deploys/rollback.py once it answers)")
             continue

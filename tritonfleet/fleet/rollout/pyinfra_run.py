@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.checks import is_check
@@ -24,6 +24,10 @@ class PyinfraRun:
     data: dict
     log: str
     log_path: str = ""  # where the run's command and output were written
+    reasons: dict[str, str] = field(default_factory=dict)  # host -> why it failed, when the result cannot say
+
+    def where(self) -> str:
+        return f" (pyinfra's output: {self.log_path})" if self.log_path else ""
 
     def failed(self) -> set[str]:
         return set((self.data.get("results") or {}).get("failed_hosts") or [])
@@ -55,7 +59,9 @@ class PyinfraRun:
     def reason(self, host: str) -> str:
         """Why pyinfra failed ``host``, from the run's result (``-y --json``): the operation it
         failed in, or that no operation ran on it. pyinfra's own words are in the run's log."""
-        where = f" (pyinfra's output: {self.log_path})" if self.log_path else ""
+        if host in self.reasons:
+            return self.reasons[host]
+        where = self.where()
         op = self.failed_in(host)
         if op:
             return f"{op}: failed{where}"
@@ -106,5 +112,7 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: 
     try:
         data_out = json.loads(out) if out.strip() else {}
     except ValueError:
+        data_out = {}
+    if not isinstance(data_out, dict):  # not pyinfra's result: no result
         data_out = {}
     return PyinfraRun(rc, data_out, err, str(log_path) if log_path else "")

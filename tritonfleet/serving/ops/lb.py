@@ -2,9 +2,17 @@
 
 ``drain`` is added right before any operation that restarts Triton (only then: a converged host
 plans no change): the host is taken out of its load balancer and the operation waits until no
-request is in flight. ``ready`` runs after the health gate passed: the host goes back in (HAProxy:
-only a server tritonfleet's drain left in drain state; hooks: the ready command, every healthy
-run). A host that fails between the two stays out of the load balancer.
+request is in flight. ``ready`` runs after the health gate passed: the host goes back in only
+when a deploy took it out: this run (its drain set the drain), or a run that was cut before its
+ready (its marker, :data:`MARKER`, is on the host). A server held in maintenance (the quarantine
+receiver, an operator) or drained by anyone else stays out, and the run says who holds it. With
+hooks the balancer's state cannot be read: the ready command runs after this run's own drain or
+over a cut run's marker, never otherwise. A host that fails between the two stays out.
+
+The marker (root, 0600, naming the run) is written when the drain takes the host out and removed
+when ready puts it back. A converged run sends nothing for it: HAProxy's state is read first on
+the control machine, and the marker is read only for a server in drain that this run did not
+drain (hooks: every healthy run that did not drain, as there is no state to read).
 """
 
 from __future__ import annotations
@@ -13,14 +21,19 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import state
 
+from ...core import runid
 from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.report import fail, reported
+from ...core.shell import q
 from ...settings import access as config
 from ...settings.access import Settings
 from .. import drain
 from .. import per_gpu as pergpu
 
 _DRAINS: set[tuple[int, str]] = set()  # (pyinfra state, host) planned to be drained in this run
+_TOOK_OUT: set[tuple[int, str]] = set()  # (pyinfra state, host) this run's drain took out of the balancer
+#: on the host: a deploy's drain took the host out and its ready has not put it back yet
+MARKER = "/var/lib/tritonfleet/lb-drained"
 
 
 def enabled() -> bool:
@@ -79,6 +92,36 @@ def _metrics_reader():
     return read
 
 
+def _host_shell(command: str) -> str:
+    """``command`` on the current host (as root where the host's data says _sudo); its output."""
+    try:
+        ok, out = host.run_shell_command(command, _sudo=bool(host.data.get("_sudo")), print_output=False,
+                                         print_input=False)
+    except CONNECTION_ERRORS as e:
+        raise drain.DrainError(f"the host did not answer ({type(e).__name__}: {e})") from e
+    if not ok:
+        raise drain.DrainError(f"`{command}` failed on the host: {' '.join(out.stderr_lines)[:200]}")
+    return "\n".join(out.stdout_lines)
+
+
+def marker_write_command(run: str) -> str:
+    d = q(MARKER.rsplit("/", 1)[0])
+    return (f"umask 077 && mkdir -p {d} && printf '%s\\n' {q(run)} > {q(MARKER + '.tmp')} && "
+            f"mv -f {q(MARKER + '.tmp')} {q(MARKER)}")
+
+
+def marker_read_command() -> str:
+    return f"cat {q(MARKER)} 2>/dev/null || true"
+
+
+def marker_remove_command() -> str:
+    return f"rm -f {q(MARKER)}"
+
+
+def _key() -> tuple[int, str]:
+    return (id(state._get_module()), host.name)
+
+
 def balancer() -> drain.Balancer | None:
     try:
         return drain.from_settings(config.current(), host.name, host.data.get("ssh_hostname") or host.name,
@@ -96,6 +139,9 @@ def drain_now(why: str) -> None:
     try:
         did = lb.drain()
         drained = True
+        if lb.took_out:  # this run's: its ready (or the next run's, if this one is cut) puts it back
+            _TOOK_OUT.add(_key())
+            _host_shell(marker_write_command(f"{runid.RUN_ID} {runid.holder()}"))
         logger.info(f"{host.print_prefix}{did} ({why})")
         waited = lb.wait_idle(timeout, say=lambda text: logger.warning(f"{host.print_prefix}{text}"))
         note = getattr(lb, "note", "")
@@ -103,8 +149,8 @@ def drain_now(why: str) -> None:
                     + (f": {note}" if note else ""))
     except drain.DrainError as e:
         back = ""
-        try:  # Triton is not touched: the host goes back in (HAProxy: only what this drain set)
-            back = lb.ready() if (lb.kind == "haproxy" or drained) else ""
+        try:  # Triton is not touched: the host goes back in (only what this drain took out)
+            back = _ready_own(lb) if drained and lb.took_out else ""
         except drain.DrainError as e2:
             back = f"putting it back failed too: {e2}"
         if isinstance(e, drain.InFlightUnknown):
@@ -129,13 +175,52 @@ def gate_and_ready() -> None:
     ready_now()
 
 
+def _ready_own(lb: drain.Balancer) -> str:
+    did = lb.ready()
+    _TOOK_OUT.discard(_key())
+    _host_shell(marker_remove_command())
+    return did
+
+
+def _readiable(lb: drain.Balancer) -> tuple[bool, str]:
+    """(whether a deploy's drain took the host out, so this run puts it back; why not when not).
+    HAProxy's state is read first: a serving server needs nothing (no command to the host)."""
+    if lb.kind == "haproxy":
+        assert isinstance(lb, drain.HAProxy)
+        st = lb.state()
+        if st.maintenance:
+            if _key() in _TOOK_OUT:  # held since this run drained it: the holder's ready ends both
+                _TOOK_OUT.discard(_key())
+                _host_shell(marker_remove_command())
+            return False, (f"{lb.held()}: not readied (the holder puts it back: `tritonfleet quarantine release`, "
+                           f"or `set server {lb.backend}/{lb.server} state ready`)")
+        if not st.drained:
+            return False, ""
+    if _key() in _TOOK_OUT:
+        return True, ""
+    mark = _host_shell(marker_read_command()).strip()
+    if mark:
+        return True, f"drained by a deploy that was cut before it put it back ({mark[:160]})"
+    if lb.kind == "haproxy":
+        return False, (f"{lb.describe()} is drained, not by a deploy (no {MARKER} on the host): an operator's "
+                       "drain, left as it is: not readied")
+    return False, ""
+
+
 def ready_now() -> None:
     lb = balancer()
     if lb is None:
         return
     timeout = float(config.get("lb_drain_timeout"))
     try:
-        did = lb.ready()
+        ours, why = _readiable(lb)
+        if not ours:
+            if why:
+                logger.warning(f"{host.print_prefix}{why}")
+            return
+        if why:
+            logger.info(f"{host.print_prefix}{why}")
+        did = _ready_own(lb)
         if did:
             logger.info(f"{host.print_prefix}{did}")
             seen = lb.wait_serving(timeout)
