@@ -13,7 +13,7 @@ from .fleet import _data
 
 
 @click.command("check")
-@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("inventory")
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per finding")
@@ -35,9 +35,10 @@ def check_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_
 
     The model origin's check uploads one object, the empty file under its own sha256.
 
-    Exit status: 0 when nothing failed (warnings allowed), 1 when a check failed, 2 for bad input.
+    Exit status: 0 when nothing failed (warnings allowed), 1 when a check failed, 2 for bad input
+    (the options, or an inventory or setting refused: its rows, then the one-line error).
     """
-    from ..core.errors import TritonfleetError
+    from ..core.errors import TritonfleetError, UsageError
     from ..fleet import inventory as fleet
     from ..fleet import wiring
 
@@ -55,4 +56,7 @@ def check_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
     else:
         click.echo(wiring.table(rows))
+    if hosts is None:
+        raise UsageError(f"{inventory} did not load ({len(load_rows)} refusal(s) above): the checks of the hosts' "
+                         "settings did not run")
     sys.exit(wiring.exit_status(rows))

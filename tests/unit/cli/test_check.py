@@ -63,9 +63,9 @@ def test_an_inventory_without_extras_is_all_ok_and_the_json_is_a_row_list(tmp_pa
     assert text.returncode == 0 and text.stdout.startswith("OK    inventory")
 
 
-def test_refused_settings_are_one_row_each_and_fail(tmp_path):
+def test_refused_settings_are_one_row_each_and_bad_input(tmp_path):
     res = check(str(inventory(tmp_path, triton_http_port="8000", health_timeout=-5)), "--json")
-    assert res.returncode == 1
+    assert res.returncode == 2 and "did not load (4 refusal(s) above)" in res.stderr
     bad = failed(res, "inventory")
     # one row a refusal: each setting of each host (host data)
     assert len(bad) == 4 and sum("triton_http_port = '8000'" in r["what"] for r in bad) == 2
@@ -73,7 +73,8 @@ def test_refused_settings_are_one_row_each_and_fail(tmp_path):
 
 
 def test_bad_input_is_exit_status_2(tmp_path):
-    assert check(str(tmp_path / "nope.py")).returncode == 2
+    res = check(str(tmp_path / "nope.py"))
+    assert res.returncode == 2 and "nope.py not found" in res.stdout and "did not load" in res.stderr
     assert check(str(inventory(tmp_path)), "--sign-key", str(inventory(tmp_path))).returncode == 2
 
 
