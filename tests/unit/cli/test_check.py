@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, Thread
 from pathlib import Path
 
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.haproxy import HAProxy, ok_server
 from tests.unit.fleet.test_quarantine import tritonfleet
@@ -366,3 +368,33 @@ def test_haproxy_sockets_that_do_not_answer_and_a_server_not_in_the_backend(tmp_
                 assert sock in bad["what"] and "lb_haproxy_sockets" in bad["fix"], bad
     finally:
         silent.close()
+
+
+# ---- generated pointers and reports -----------------------------------------------------------
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
+                     max_leaves=8)
+_files = st.one_of(st.binary(max_size=60), _json.map(lambda v: json.dumps(v).encode()),
+                   st.fixed_dictionaries({"payload": _json.map(json.dumps) | st.text(max_size=30),
+                                          "signature": st.text(max_size=30)}).map(lambda v: json.dumps(v).encode()))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pointer=_files, report=_files)
+def test_generated_pointers_and_reports_are_rows_never_a_traceback(tmp_path, pointer, report):
+    """Whatever lies under desired/ and reports/ (anyone who can PUT there may write it), the pull
+    origin's check gives rows: a pointer that is not this host's release pointer fails, named."""
+    from tritonfleet.fleet import wiring
+
+    origin_dir = tmp_path / "origin"
+    for d in ("releases", "desired", "reports", "dist"):
+        (origin_dir / d).mkdir(parents=True, exist_ok=True)
+    (origin_dir / "desired" / "h1.json").write_bytes(pointer)
+    (origin_dir / "reports" / "h1.json").write_bytes(report)
+    w = wiring.Wiring("inv.py", [FleetHost("h1", ["fleet"], {})], pull_origin=origin_dir)
+    out = wiring.pull_origin_rows(w)
+    assert all(r.status in ("ok", "warn", "fail") and r.check == "pull origin" for r in out)
+    payload = pull.read_pointer(origin_dir / "desired" / "h1.json")
+    if not (isinstance(payload, dict) and payload.get("host") == "h1"):
+        assert any("desired/h1.json is not a release pointer" in r.what and r.status == "fail" for r in out)
