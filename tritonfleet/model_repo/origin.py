@@ -286,7 +286,9 @@ class HttpStore:
             self._put(self._object(self.upload, sha), f)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._put(f"{self.upload}/{key}", data)
+        """``key`` as S3 names it (the prefix, then releases/...): below the upload URL, which
+        already ends in the prefix's path."""
+        self._put(f"{self.upload}/{key.removeprefix(self.origin.prefix)}", data)
 
     def urls(self, shas: list[str]) -> dict[str, str]:
         return {s: self._object(self.origin.base, s) for s in shas}

@@ -131,10 +131,8 @@ def test_the_origin_holds_the_local_release_or_says_what_it_lacks(tmp_path):
         o = origins.Origin("http", f"{url}/triton", "host")
         root, man, rid = render.host_repository(FleetHost("h1", [], {"model_repository": "files/model_repository",
                                                                      "model_overrides": {}}))
-        store = origins.store(o)
-        for sha, (_, path) in origins.objects_of(man).items():
-            store.put_file(root / path, sha)
-        store._put(f"{url}/triton/releases/{rid}.json", b"{}")
+        origins.publish(o, root, man, rid)  # as a deploy does: the objects, then the manifest
+        assert (tmp_path / "www" / "triton" / "releases" / f"{rid}.json").is_file()
         res = check(str(inv), "--json")
         assert res.returncode == 0 and f"release {rid[:12]}: its manifest and all" in res.stdout
         victim = sorted(origins.objects_of(man))[0]
