@@ -17,6 +17,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -396,3 +397,19 @@ def test_generated_pointers_and_reports_are_rows_never_a_traceback(tmp_path, poi
     payload = pull.read_pointer(origin_dir / "desired" / "h1.json")
     if not (isinstance(payload, dict) and payload.get("host") == "h1"):
         assert any("desired/h1.json is not a release pointer" in r.what and r.status == "fail" for r in out)
+
+
+def test_an_s3_origin_without_boto3_names_the_locked_install(monkeypatch):
+    """Pre-flight and check say the same: README's hashed install of requirements-s3.lock, not an
+    unpinned `pip install 'tritonfleet[s3]'`."""
+    from tritonfleet.core.errors import UsageError
+    from tritonfleet.fleet import wiring
+    from tritonfleet.model_repo import origin as origins
+    from tritonfleet.settings.defaults import DEFAULTS
+
+    monkeypatch.setitem(__import__("sys").modules, "boto3", None)  # not installed
+    data = {**DEFAULTS, "model_origin": "s3://models-prod/triton"}
+    [row] = wiring.model_origin_rows(wiring.Wiring("inv.py", [FleetHost("h1", ["fleet"], data)]))
+    assert row.status == "fail" and "pip install --require-hashes --no-deps -r requirements-s3.lock" in row.what
+    with pytest.raises(UsageError, match="requirements-s3.lock"):  # what pre-flight's check_model_origin says
+        origins.S3Store(origins.from_settings(FleetHost("h1", [], data)))
