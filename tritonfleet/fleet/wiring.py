@@ -324,8 +324,10 @@ def _key_halves(key: Path) -> tuple[list[Row], Path | None]:
     res = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True, text=True,
                          stdin=subprocess.DEVNULL, timeout=30)
     if res.returncode != 0:
-        return [Row(FAIL, c, f"signing key {key}: ssh-keygen -y cannot read it: {res.stderr.strip()[-200:]}",
-                    "give the private half (unencrypted, or with ssh-agent holding it) to --sign-key")], None
+        fix = (f"give the private half to --sign-key ({str(key)[:-4]}, not {key})" if str(key).endswith(".pub") else
+               "give the private half to --sign-key (a key with a passphrase: compare `ssh-keygen -y -f KEY` with "
+               "KEY.pub by hand)")
+        return [Row(FAIL, c, f"signing key {key}: ssh-keygen -y cannot read it: {res.stderr.strip()[-200:]}", fix)], None
     derived = res.stdout.split()[:2]
     pub = Path(f"{key}.pub")
     rows = []
