@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tests.support.haproxy import HAProxy, ok_server
 from tests.unit.fleet.test_quarantine import tritonfleet
-from tritonfleet.fleet import pull, quarantine
+from tritonfleet.fleet import bootstrap, pull, quarantine
 from tritonfleet.fleet.inventory import FleetHost
 from tritonfleet_testbed.ports import free_port
 
@@ -199,6 +199,17 @@ def test_a_pull_origin_whose_key_halves_do_not_match(tmp_path):
     res = check(inv, "--pull-origin", str(origin_dir), "--json")
     whats = " | ".join(r["what"] for r in failed(res, "pull origin"))
     assert "reports/h1.json is unreadable" in whats and "desired/h2.json is not a release pointer" in whats
+    boot = tmp_path / "bootstrap"  # the hosts' signers, as `tritonfleet bootstrap --out` writes them
+    Path(f"{key}.pub").write_text(subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True,
+                                                 text=True, check=True).stdout)
+    for host, trusted in (("h1", key), ("h2", other)):
+        (boot / host).mkdir(parents=True)
+        (boot / host / "bootstrap.sh").write_text(bootstrap.script(
+            {"host": host, "origin": "http://127.0.0.1:1"}, "0" * 64, pull.allowed_signers(trusted)))
+    Path(f"{key}.pub").write_text(Path(f"{other}.pub").read_text())
+    res = check(inv, "--pull-origin", str(origin_dir), "--sign-key", str(key), "--bootstrap-dir", str(boot), "--json")
+    [bad] = [r for r in failed(res, "pull origin") if "bootstrap script" in r["what"]]
+    assert "trusts another key" in bad["what"] and "(hosts: h2)" in bad["what"] and "--sign-key" in bad["fix"]
     res = check(inv, "--pull-origin", str(origin_dir), "--sign-key", f"{key}.pub", "--json")  # newcomer 16
     [bad] = [r for r in failed(res, "pull origin") if "signing key" in r["what"]]
     assert "ssh-keygen -y cannot read it" in bad["what"] and f"({key}, not {key}.pub)" in bad["fix"]
