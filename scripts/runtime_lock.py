@@ -28,6 +28,19 @@ HEADER = """\
 """
 
 
+#: the optional parts with a lock of their own (requirements-<name>.lock)
+OPTIONAL = ("s3",)
+OPTIONAL_HEADER = """\
+#
+# What tritonfleet's optional part "{name}" adds to requirements-runtime.lock, entry for entry as
+# requirements.lock has it, written by scripts/runtime_lock.py (`bash scripts/lock` runs it).
+# Install it after requirements-runtime.lock:
+#
+#    pip install --require-hashes --no-deps -r requirements-{name}.lock
+#
+"""
+
+
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -60,10 +73,15 @@ def dependencies(pyproject: str) -> list[str]:
     return [canonical(re.match(r"[A-Za-z0-9_.-]+", r).group()) for r in re.findall(r'^\s*"([^"]+)"', block, re.M)]
 
 
-def runtime(lock: str, pyproject: str) -> str:
-    """The text of requirements-runtime.lock."""
-    all_entries = entries(lock)
-    needed = set(dependencies(pyproject))
+def extra(pyproject: str, name: str) -> list[str]:
+    """Canonical names of the distributions pyproject.toml's optional dependency ``name`` adds."""
+    block = re.search(rf"^{name} = \[(.*?)\]", pyproject, re.M | re.S).group(1)
+    return [canonical(re.match(r"[A-Za-z0-9_.-]+", r).group()) for r in re.findall(r'"([^"]+)"', block)]
+
+
+def _closure(all_entries: dict[str, tuple[str, set[str]]], roots: list[str]) -> set[str]:
+    """``roots`` and every entry requirements.lock says is there "via" one already taken."""
+    needed = set(roots)
     missing = needed - set(all_entries)
     if missing:
         raise SystemExit(f"requirements.lock lacks {', '.join(sorted(missing))}: run `bash scripts/lock`")
@@ -74,13 +92,35 @@ def runtime(lock: str, pyproject: str) -> str:
             if name not in needed and via & needed:
                 needed.add(name)
                 grown = True
+    return needed
+
+
+def runtime(lock: str, pyproject: str) -> str:
+    """The text of requirements-runtime.lock."""
+    all_entries = entries(lock)
+    needed = _closure(all_entries, dependencies(pyproject))
     return HEADER + "".join(text for name, (text, _) in all_entries.items() if name in needed)
+
+
+def optional(lock: str, pyproject: str, name: str) -> str:
+    """The text of requirements-<name>.lock: what the optional part ``name`` (pyproject.toml's
+    [project.optional-dependencies]) adds to requirements-runtime.lock, installed after it."""
+    all_entries = entries(lock)
+    base = _closure(all_entries, dependencies(pyproject))
+    needed = _closure(all_entries, extra(pyproject, name)) - base
+    return OPTIONAL_HEADER.format(name=name) + "".join(
+        text for entry, (text, _) in all_entries.items() if entry in needed)
 
 
 def main() -> None:
     text = runtime((ROOT / "requirements.lock").read_text(), (ROOT / "pyproject.toml").read_text())
     (ROOT / "requirements-runtime.lock").write_text(text)
     print(f"requirements-runtime.lock: {text.count('==')} packages", file=sys.stderr)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for name in OPTIONAL:
+        text = optional((ROOT / "requirements.lock").read_text(), pyproject, name)
+        (ROOT / f"requirements-{name}.lock").write_text(text)
+        print(f"requirements-{name}.lock: {text.count('==')} packages", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -290,20 +290,14 @@ def check_model_origin() -> None:
 
 def check_image_mirror() -> None:
     """image_mirror: every image pulled through it is pinned by digest (the mirror then serves
-    the same bytes to every host whatever the tag does upstream)."""
-    from .settings.mirrored import MIRRORED, parse_reference
+    the same bytes to every host whatever the tag does upstream; tritonfleet.settings.mirrored)."""
+    from .settings.mirrored import unpinned_images
 
-    mirror = config.get("image_mirror")
-    if not mirror:
-        return
-    for key in MIRRORED:
-        registry, path, tag, digest = parse_reference(config.get(key))
-        if registry == mirror and not digest:
-            upstream = f"{config.get('image_mirror_upstream').split('://')[-1].rstrip('/')}/{path}:{tag or 'latest'}"
-            raise PreflightError(
-                f"{host.name}: {key} goes through the image mirror {mirror} but is not pinned by digest: set "
-                f"{key} = \"{upstream}@sha256:<digest>\" in {GROUP_DATA}/all.py (`skopeo inspect "
-                f"docker://{upstream}` prints the digest)")
+    for key, _, upstream in unpinned_images(config.current())[:1]:
+        raise PreflightError(
+            f"{host.name}: {key} goes through the image mirror {config.get('image_mirror')} but is not pinned by "
+            f"digest: set {key} = \"{upstream}@sha256:<digest>\" in {GROUP_DATA}/all.py (`skopeo inspect "
+            f"docker://{upstream}` prints the digest)")
 
 
 # --------------------------------------------------------------------------- host (read-only)

@@ -1,5 +1,5 @@
 """The ``tritonfleet`` command line: one module a command group (``fleet``: status and rollout;
-``validate``, ``loadtest``, ``prometheus``, ``tune``, ``quarantine``; ``bootstrap``: bootstrap, pull,
+``validate``, ``check``, ``loadtest``, ``prometheus``, ``tune``, ``quarantine``; ``bootstrap``: bootstrap, pull,
 converge; ``deploy``; ``init`` from tritonfleet.cli.scaffold). The modules define their commands and
 import nothing from here; ``main`` adds them. Other installed packages add theirs through the
 ``tritonfleet.commands`` entry point group (the test tooling's ``testbed``).
@@ -17,7 +17,7 @@ from .. import __version__
 from ..core.errors import TritonfleetError
 from ..core.exits import exit_for
 from ..core.open_files import raise_nofile
-from . import bootstrap, deploy, fleet, loadtest, prometheus, quarantine, tune, validate
+from . import bootstrap, check, deploy, fleet, loadtest, prometheus, quarantine, tune, validate
 from .scaffold import init
 
 #: entry point group through which other installed packages add command groups
@@ -44,7 +44,8 @@ def main() -> None:
 
 for _command in (loadtest.loadtest_cmd, prometheus.prometheus_cmd, fleet.rollout_cmd, fleet.status_cmd,
                  tune.tune_cmd, validate.validate_cmd, quarantine.quarantine_cmd, init,
-                 bootstrap.bootstrap_cmd, bootstrap.pull_group, bootstrap.converge_cmd, deploy.deploy_cmd):
+                 bootstrap.bootstrap_cmd, bootstrap.pull_group, bootstrap.converge_cmd, deploy.deploy_cmd,
+                 check.check_cmd):
     main.add_command(_command)
 
 

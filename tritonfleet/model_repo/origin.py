@@ -44,6 +44,12 @@ RELEASES = "releases"
 GROUP_DATA = "inventories/group_data"
 
 
+#: what to do when boto3 is missing: the locked, hashed install of README (requirements-s3.lock)
+BOTO3_MISSING = ("model_origin is an s3:// URL, but boto3 is not installed on this machine: install the locked "
+                 "S3 client from tritonfleet's checkout, "
+                 "`pip install --require-hashes --no-deps -r requirements-s3.lock` (README, Install)")
+
+
 class OriginError(TritonfleetError):
     """The origin could not be read or written (unreachable, refused, not found)."""
 
@@ -134,8 +140,7 @@ class S3Store:
             import boto3
             from botocore.config import Config
         except ImportError as e:
-            raise UsageError("model_origin is an s3:// URL, but boto3 is not installed on this machine: "
-                             "pip install 'tritonfleet[s3]' (or boto3)") from e
+            raise UsageError(BOTO3_MISSING) from e
         cfg = Config(signature_version="s3v4", s3={"addressing_style": "path" if origin.endpoint else "auto"},
                      retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=60)
         self.client = boto3.client("s3", endpoint_url=origin.endpoint, region_name=origin.region or "us-east-1",
@@ -281,7 +286,9 @@ class HttpStore:
             self._put(self._object(self.upload, sha), f)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._put(f"{self.upload}/{key}", data)
+        """``key`` as S3 names it (the prefix, then releases/...): below the upload URL, which
+        already ends in the prefix's path."""
+        self._put(f"{self.upload}/{key.removeprefix(self.origin.prefix)}", data)
 
     def urls(self, shas: list[str]) -> dict[str, str]:
         return {s: self._object(self.origin.base, s) for s in shas}

@@ -68,6 +68,24 @@ def through_mirror(key: str, value: Any, settings: Any) -> Any:
     return rewrite(value, mirror, settings.get("image_mirror_upstream"))
 
 
+def unpinned_images(settings: Any) -> list[tuple[str, str, str]]:
+    """(tunable, its value, the upstream reference to pin) of each image pulled through
+    ``image_mirror`` without a digest (``settings``: anything with the tunables' ``get``, the
+    images as the hosts pull them): the mirror then serves whatever the tag names upstream when
+    it first fills, not one set of bytes to every host. Pre-flight refuses these; `tritonfleet
+    check` reports them."""
+    mirror = settings.get("image_mirror")
+    if not mirror:
+        return []
+    out = []
+    for key in MIRRORED:
+        registry, path, tag, digest = parse_reference(settings.get(key))
+        if registry == mirror and not digest:
+            upstream = f"{registry_host(settings.get('image_mirror_upstream'))}/{path}:{tag or 'latest'}"
+            out.append((key, str(settings.get(key)), upstream))
+    return out
+
+
 def apply(data: dict[str, Any]) -> dict[str, Any]:
     """Host data (a dict of tunables, defaults included) with the images rewritten to the mirror."""
     mirror = data.get("image_mirror")

@@ -78,6 +78,7 @@ INVENTORY_COMMANDS = [
     ["loadtest", "{inv}", "--duration", "1"],
     ["tune", "{inv}", "--window", "0"],
     ["tune", "{inv}", "--loadtest", "lt.json"],
+    ["check", "{inv}"],
 ]
 
 
