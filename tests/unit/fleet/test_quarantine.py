@@ -136,10 +136,13 @@ class Rig:
         self.hosts = load_hosts(inv)
         self.lines: list[str] = []
         self.rec = quarantine.Receiver(self.hosts, tmp / "state", interval=0.2, gate_timeout=30,
-                                       echo=self.lines.append)
+                                       resolve_grace=0, echo=self.lines.append)
+        self.token_file = quarantine.write_token(tmp / "token")
+        self.token = quarantine.read_token(self.token_file)
         self.listen = f"127.0.0.1:{free_port()}"
         self.url = f"http://{self.listen}"
-        self.thread = threading.Thread(target=quarantine.serve, args=(self.rec, self.listen), daemon=True)
+        self.thread = threading.Thread(target=quarantine.serve, daemon=True, args=(
+            self.rec, self.listen, [quarantine.Caller("operator", self.token)]))
         self.thread.start()
         until(lambda: self._healthy(), "receiver up")
         for h in HOSTS:
@@ -164,12 +167,20 @@ class Rig:
              "annotations": {"summary": f"{alert} on {h}"}, "startsAt": f"2026-01-01T00:00:0{i}Z",
              "fingerprint": f"{alert}-{h}"} for i, h in enumerate(hosts)]}
         req = urllib.request.Request(self.url + "/alerts", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.token}"})
         with urllib.request.urlopen(req, timeout=5) as r:
             assert r.status == 200
 
+    def fetch(self) -> dict:
+        return quarantine.fetch_state(self.url, token=self.token)
+
+    def cli(self, *args: str):
+        """``tritonfleet quarantine ARGS --url <receiver> --token-file <its token>``."""
+        return tritonfleet("quarantine", *args, "--url", self.url, "--token-file", str(self.token_file))
+
     def events(self, action: str) -> list[dict]:
-        return [e for e in quarantine.fetch_state(self.url)["events"] if e["action"] == action]
+        return [e for e in self.fetch()["events"] if e["action"] == action]
 
     def close(self) -> None:
         self.rec.stop.set()
@@ -239,7 +250,7 @@ def test_three_of_four_faulty_with_a_25_percent_budget_drains_exactly_one(rig):
     assert rig.drained() == ["h2"]
     over = {e["host"] for e in rig.events("over-budget")}
     assert over == {"h3", "h1"} and len(rig.events("over-budget")) == 2  # said once each
-    state = quarantine.fetch_state(rig.url)
+    state = rig.fetch()
     assert list(state["hosts"]) == ["h2"] and state["budget"] == {"fleet": {"limit": 1, "out": 1}}
     assert state["hosts"]["h2"]["reasons"] == ["GpuXidCritical: GpuXidCritical on h2"]
     # h2's alert resolves: its warm gate passes, it serves again, and the budget goes to the next
@@ -268,7 +279,7 @@ def test_a_host_returns_only_after_its_warm_gate_passes(rig):
         until(lambda: rig.events("stays-out"), "the gate fails")
         assert "text_classifier_onnx is ready but its first inference failed" in rig.events("stays-out")[0]["text"]
         assert rig.drained() == ["h4"]
-        res = tritonfleet("quarantine", "release", str(rig.inventory), "h4", "--url", rig.url)
+        res = rig.cli("release", str(rig.inventory), "h4")
         assert res.returncode == 1 and "h4: stays out: warm inference gate failed:" in res.stdout, res.stderr
         assert rig.drained() == ["h4"]
     finally:
@@ -277,24 +288,24 @@ def test_a_host_returns_only_after_its_warm_gate_passes(rig):
 
 
 def test_hold_and_release(rig):
-    res = tritonfleet("quarantine", "hold", str(rig.inventory), "h3", "--reason", "fan noise", "--url", rig.url)
+    res = rig.cli("hold", str(rig.inventory), "h3", "--reason", "fan noise")
     assert res.returncode == 0 and "h3: held:" in res.stdout, res.stdout + res.stderr
     assert rig.drained() == ["h3"]
     time.sleep(1)  # no alert fires for it, but held: it stays out
     assert rig.drained() == ["h3"]
-    listing = tritonfleet("quarantine", "list", str(rig.inventory), "--url", rig.url)
+    listing = rig.cli("list", str(rig.inventory))
     assert "h3" in listing.stdout and "held since" in listing.stdout and "fan noise" in listing.stdout
     # a held host's firing alert is acknowledged by the release: it does not take it out again
     rig.notify("firing", "h3")
-    until(lambda: quarantine.fetch_state(rig.url)["firing"], "the receiver has the alert")
-    res = tritonfleet("quarantine", "release", str(rig.inventory), "h3", "--url", rig.url)
+    until(lambda: rig.fetch()["firing"], "the receiver has the alert")
+    res = rig.cli("release", str(rig.inventory), "h3")
     assert res.returncode == 0 and "h3: returned:" in res.stdout, res.stdout + res.stderr
     until(lambda: rig.drained() == [] and rig.state("h3").serving, "h3 back in service after its release")
-    state = quarantine.fetch_state(rig.url)
+    state = rig.fetch()
     assert state["firing"] == [{"host": "h3", "alert": "GpuXidCritical", "summary": "GpuXidCritical on h3",
                                 "since": "2026-01-01T00:00:00Z", "acknowledged": True}]
-    unknown = tritonfleet("quarantine", "hold", str(rig.inventory), "nope", "--url", rig.url)
-    assert unknown.returncode == 1 and "nope is not a host of the inventory" in unknown.stderr
+    unknown = rig.cli("hold", str(rig.inventory), "nope")
+    assert unknown.returncode == 2 and "nope is not a host of" in unknown.stderr
 
 
 def test_a_host_put_back_by_someone_else_is_drained_again(rig):
@@ -307,16 +318,16 @@ def test_a_host_put_back_by_someone_else_is_drained_again(rig):
 
 def test_the_state_survives_a_restart_and_status_shows_it(rig, tmp_path):
     rig.notify("firing", "h2")
-    until(lambda: "h2" in quarantine.fetch_state(rig.url)["hosts"], "h2 quarantined (and its state saved)")
+    until(lambda: "h2" in rig.fetch()["hosts"], "h2 quarantined (and its state saved)")
     again = quarantine.Receiver(rig.hosts, rig.tmp / "state", interval=0.2, gate_timeout=30, echo=lambda _: None)
     snap = again.snapshot()
     assert list(snap["hosts"]) == ["h2"] and snap["hosts"]["h2"]["state"] == "quarantined"
     from tritonfleet.cli.fleet import add_quarantine, status_table
     from tritonfleet.fleet import probe
 
-    hosts = load_hosts(rig.inventory, data={"quarantine_url": rig.url})
+    hosts = load_hosts(rig.inventory, data={"quarantine_url": rig.url, "quarantine_token_file": str(rig.token_file)})
     rows = [probe.HostStatus(h, "127.0.0.1", None, reachable=True, unit_state="active") for h in HOSTS]
-    add_quarantine(hosts, rows)
+    assert add_quarantine(hosts, rows)
     assert rows[1].quarantine["reasons"] == ["GpuXidCritical: GpuXidCritical on h2"]
     assert rows[1].drift[-1].startswith("quarantined since 2026-") and not rows[0].drift
     table = status_table(rows)
@@ -327,7 +338,7 @@ def test_the_state_survives_a_restart_and_status_shows_it(rig, tmp_path):
 
 def test_alerts_for_unknown_hosts_or_without_a_balancer_only_alert(tmp_path):
     hosts = [FleetHost("a", ["g"], {"quarantine_budget": 1, "lb": None, "quarantine_check_interval": 1,
-                                     "quarantine_gate_timeout": 5})]
+                                     "quarantine_gate_timeout": 5, "quarantine_resolve_grace": 0})]
     lines: list[str] = []
     rec = quarantine.Receiver(hosts, tmp_path, echo=lines.append, balancer_of=lambda fh: None)
     rec.apply_notification({"alerts": [
@@ -352,7 +363,7 @@ def test_alertmanager_sends_its_webhook_to_the_receiver(rig, tmp_path):
 
     port = free_port()
     cfg = tmp_path / "alertmanager.yml"
-    cfg.write_text(yaml.safe_dump(alertmanager_config(rig.url, group_interval="1s")))
+    cfg.write_text(yaml.safe_dump(alertmanager_config(rig.url, str(rig.token_file), group_interval="1s")))
     proc = subprocess.Popen([ALERTMANAGER, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
                              "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -366,7 +377,7 @@ def test_alertmanager_sends_its_webhook_to_the_receiver(rig, tmp_path):
                                      headers={"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=5).close()
         until(lambda: rig.drained() == ["h4"], "h4 drained through Alertmanager")
-        state = quarantine.fetch_state(rig.url)
+        state = rig.fetch()
         assert state["hosts"]["h4"]["reasons"] == ["GpuXidCritical: Xid 79 on h4"]
         assert state["firing"][0]["alert"] == "GpuXidCritical"
     finally:
@@ -392,8 +403,10 @@ def test_the_unit_runs_serve_from_here():
     assert "--alertmanager=http://127.0.0.1:9093" in start and "Restart=always" in res.stdout
 
 
-def test_no_receiver_is_a_clear_error():
-    res = tritonfleet("quarantine", "list", "inventories/prod.py", "--url", f"http://127.0.0.1:{free_port()}")
+def test_no_receiver_is_a_clear_error(tmp_path):
+    token = str(quarantine.write_token(tmp_path / "token"))
+    res = tritonfleet("quarantine", "list", "inventories/prod.py", "--url", f"http://127.0.0.1:{free_port()}",
+                      "--token-file", token)
     assert res.returncode == 1 and "does not answer" in res.stderr and "Traceback" not in res.stderr
     res = tritonfleet("quarantine", "list", "inventories/prod.py")
     assert res.returncode == 2 and "no quarantine_url" in res.stderr
