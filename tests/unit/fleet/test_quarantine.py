@@ -7,11 +7,14 @@ switched to fail and back), the operator's commands and `status`'s column."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -410,3 +413,382 @@ def test_no_receiver_is_a_clear_error(tmp_path):
     assert res.returncode == 1 and "does not answer" in res.stderr and "Traceback" not in res.stderr
     res = tritonfleet("quarantine", "list", "inventories/prod.py")
     assert res.returncode == 2 and "no quarantine_url" in res.stderr
+
+
+# ---- the API as an attacker meets it -------------------------------------------------------
+
+def raw(listen: str, path: str, body: bytes = b"", headers: dict | None = None, method: str = "POST",
+        length: str | None = "auto") -> int:
+    """One request as bytes on a socket (any header, any Content-Length, or none): the status
+    the receiver answers, 0 when it closed the connection without one."""
+    host, port = listen.rsplit(":", 1)
+    head = [f"{method} {path} HTTP/1.1", f"Host: {listen}"]
+    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if length is not None:
+        head.append(f"Content-Length: {len(body) if length == 'auto' else length}")
+    with socket.create_connection((host, int(port)), timeout=20) as s:
+        try:
+            s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        except OSError:
+            pass
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except ConnectionResetError:
+            pass
+    m = re.match(rb"HTTP/1\.[01] ([0-9]{3})", got)
+    return int(m.group(1)) if m else 0
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                    max_leaves=12)
+PATHS = ["/alerts", "/v1/hosts/h1/hold", "/v1/hosts/h2/release"]
+
+
+@st.composite
+def bad_requests(draw):
+    """A request with at least one thing wrong: its token, its Content-Type, its Content-Length,
+    or its body for its path."""
+    path = draw(st.sampled_from(PATHS))
+    wrong = draw(st.sets(st.sampled_from(["token", "type", "length", "body"]), min_size=1))
+    headers = {"Content-Type": "application/json"}
+    if "token" in wrong:
+        headers.update(draw(st.sampled_from([{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic eDp5"},
+                                             {"Authorization": "Bearer"}, {"Authorization": "bearer  "}])))
+    else:
+        headers["Authorization"] = "Bearer TOKEN"
+    if "type" in wrong:
+        kind = draw(st.sampled_from([None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                     "application/jsonx"]))
+        if kind is None:
+            del headers["Content-Type"]
+        else:
+            headers["Content-Type"] = kind
+    if "body" in wrong:
+        body = draw(st.one_of(
+            st.binary(max_size=200).filter(lambda b: not _is_object(b)),
+            JSON.filter(lambda v: not isinstance(v, dict)).map(lambda v: json.dumps(v).encode()),
+            st.builds(lambda v: json.dumps({"alerts": v}).encode(), JSON.filter(lambda v: not isinstance(v, list)))
+            if path == "/alerts" else
+            st.builds(lambda k, v: json.dumps({k: v}).encode(), st.sampled_from(["reason", "by", "force"]),
+                      JSON.filter(lambda v: not isinstance(v, (str, bool))))))
+    else:
+        body = json.dumps({"alerts": []} if path == "/alerts" else {"reason": "x"}).encode()
+    length: str | None = "auto"
+    if "length" in wrong:
+        length = draw(st.sampled_from([None, "-1", "-5242880", "abc", "1e3", str(quarantine.server.MAX_BODY + 1),
+                                       "99999999999999999999"]))
+    return path, headers, body, length
+
+
+def _is_object(b: bytes) -> bool:
+    try:
+        return isinstance(json.loads(b), dict)
+    except ValueError:
+        return False
+
+
+@pytest.fixture
+def quiet_rig(tmp_path, triton):
+    """The rig without the module's Triton faults (the attacks never reach a gate)."""
+    srv, repo, _ = triton
+    r = Rig(tmp_path, srv, repo)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def test_generated_bad_requests_get_a_4xx_and_drain_nothing(quiet_rig):
+    """Random and hostile requests (wrong or missing token, wrong Content-Type, missing, negative,
+    huge or unreadable Content-Length, bodies of the wrong shape or no JSON at all): every one is
+    answered 4xx, nothing is queued or drained, and the receiver keeps serving."""
+    rig = quiet_rig
+    seen: set[int] = set()
+
+    @settings(max_examples=150, deadline=None)
+    @given(bad_requests())
+    def attack(req):
+        path, headers, body, length = req
+        headers = {k: v.replace("TOKEN", rig.token) for k, v in headers.items()}
+        status = raw(rig.listen, path, body, headers, length=length)
+        seen.add(status)
+        assert 400 <= status < 500, (status, req)
+
+    attack()
+    assert rig._healthy() and rig.rec.worker.is_alive()
+    assert rig.drained() == [] and rig.fetch()["hosts"] == {}
+    assert not rig.events("alert") and not rig.events("held")
+    assert {401, 415} <= seen and seen & {400, 411, 413}
+
+
+def test_the_four_hold_attack_is_refused_without_a_token_and_held_within_the_budget_with_one(quiet_rig):
+    """The review's attack: one hold per host, a browser's text/plain POST, no credential. Without
+    the token all four are refused; the text/plain POST is refused with it too (a cross-site
+    form cannot send JSON); with it, holds stop at the budget (25% of 4: one host) and the audit
+    trail names the token's caller, not the body's claim."""
+    rig = quiet_rig
+    forged = json.dumps({"by": "nobody\n2026-01-01T00:00:00Z h4 returned: forged", "reason": "x"}).encode()
+    for h in HOSTS:
+        assert raw(rig.listen, f"/v1/hosts/{h}/hold", forged, {"Content-Type": "text/plain"}) == 401
+    assert raw(rig.listen, "/v1/hosts/h1/hold", forged, {"Content-Type": "text/plain",
+                                                          "Authorization": f"Bearer {rig.token}"}) == 415
+    assert rig.drained() == []
+    answers = [raw(rig.listen, f"/v1/hosts/{h}/hold", forged, bearer(rig.token)) for h in HOSTS]
+    assert answers == [200, 409, 409, 409]
+    assert rig.drained() == ["h1"]
+    held = rig.events("held")[0]
+    assert held["caller"] == "operator" and "\n" not in held["text"]
+    assert all("\n" not in line.strip() or line.startswith("Traceback") for line in rig.lines)
+    refused = rig.events("over-budget")
+    assert len(refused) == 3 and "hold by operator (says nobody\\n2026" in refused[0]["text"]
+    # beyond the budget only with --force and a reason, recorded
+    res = rig.cli("hold", str(rig.inventory), "h2", "--force")
+    assert res.returncode == 2 and "--force needs --reason" in res.stderr
+    assert raw(rig.listen, "/v1/hosts/h2/hold", b'{"force": true}', bearer(rig.token)) == 400
+    res = rig.cli("hold", str(rig.inventory), "h2", "--force", "--reason", "replacing its fan")
+    assert res.returncode == 0 and "h2: held:" in res.stdout, res.stdout + res.stderr
+    assert rig.drained() == ["h1", "h2"]
+    assert "forced beyond the budget of group fleet" in rig.fetch()["hosts"]["h2"]["held_reason"]
+    # and without any token the state itself is not given away
+    assert raw(rig.listen, "/v1/quarantine", method="GET", length=None) == 401
+    assert raw(rig.listen, "/-/healthy", method="GET", length=None) == 200
+
+
+def test_a_malformed_webhook_gets_400_and_the_receiver_keeps_serving(quiet_rig):
+    """newcomer-2 #52: {"alerts": "x"} had been a 200, then the worker's death and the process's.
+    Now: 400, nothing queued; an alert of the wrong shape inside a good payload is skipped (and
+    said); a good notification afterwards still quarantines."""
+    rig = quiet_rig
+    assert raw(rig.listen, "/alerts", b'{"alerts": "x"}', bearer(rig.token)) == 400
+    assert raw(rig.listen, "/alerts", b"garbage", bearer(rig.token)) == 400
+    req = urllib.request.Request(rig.url + "/alerts", method="POST", headers=bearer(rig.token), data=json.dumps(
+        {"alerts": [{"labels": ["quarantine"]}, 7, {"labels": {"host": "h1", "quarantine": "true"},
+                                                     "annotations": "x"}]}).encode())
+    with urllib.request.urlopen(req, timeout=5) as r:
+        answer = json.loads(r.read())
+    assert answer["alerts"] == 0 and len(answer["skipped"]) == 3 and "labels is list" in answer["skipped"][0]
+    until(lambda: len(rig.events("malformed")) == 3, "the skipped alerts said")
+    assert rig.rec.worker.is_alive() and rig._healthy()
+    rig.notify("firing", "h3")
+    until(lambda: rig.drained() == ["h3"], "a good notification still quarantines")
+
+
+def test_a_bug_in_the_worker_is_an_error_event_and_the_worker_goes_on(quiet_rig, monkeypatch):
+    rig = quiet_rig
+
+    def broken(*a, **kw):
+        raise AttributeError("'str' object has no attribute 'get'")
+
+    monkeypatch.setattr(rig.rec, "apply_notification", broken)
+    rig.notify("firing", "h2")
+    until(lambda: rig.events("error"), "the error event")
+    assert "a bug: AttributeError" in rig.events("error")[0]["text"]
+    assert rig.rec.worker.is_alive() and rig.rec.crashed is None
+    monkeypatch.undo()
+    rig.notify("firing", "h2")
+    until(lambda: rig.drained() == ["h2"], "the worker still works")
+
+
+def test_slow_or_partial_requests_are_cut_off_by_the_socket_timeout(tmp_path, triton, monkeypatch):
+    srv, repo, _ = triton
+    monkeypatch.setattr(quarantine.server, "SOCKET_TIMEOUT", 1.0)
+    rig = Rig(tmp_path, srv, repo)
+    try:
+        host, port = rig.listen.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(f"POST /alerts HTTP/1.1\r\nAuthorization: Bearer {rig.token}\r\nContent-Type: "
+                      "application/json\r\nContent-Length: 100\r\n\r\n{\"al".encode())
+            t0 = time.monotonic()
+            try:
+                closed = s.recv(100) == b""
+            except ConnectionResetError:
+                closed = True
+            assert closed and time.monotonic() - t0 < 5  # the receiver hung up on it
+        assert rig._healthy() and rig.drained() == []
+    finally:
+        rig.close()
+
+
+def test_a_full_queue_answers_503_and_holds_no_more(tmp_path):
+    """Without a worker to take them, notifications fill the queue: the next is answered 503
+    (memory stays bounded), not queued."""
+    hosts = [FleetHost("a", ["g"], {"quarantine_budget": 1, "lb": None, "quarantine_check_interval": 1,
+                                     "quarantine_gate_timeout": 5, "quarantine_resolve_grace": 0})]
+    rec = quarantine.Receiver(hosts, tmp_path, echo=lambda _: None, balancer_of=lambda fh: None)
+    server = quarantine.server.BoundedServer(
+        ("127.0.0.1", 0), quarantine.handler_for(rec, 5, [quarantine.Caller("operator", "t")]))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        listen = f"127.0.0.1:{server.server_address[1]}"
+        answers = [raw(listen, "/alerts", b'{"alerts": []}', bearer("t"))
+                   for _ in range(quarantine.receiver.QUEUE_MAX + 1)]
+        assert answers == [200] * quarantine.receiver.QUEUE_MAX + [503]
+        assert rec.queue.qsize() == quarantine.receiver.QUEUE_MAX
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_second_token_for_the_webhook_only(tmp_path):
+    """With --alertmanager-token-file, Alertmanager's token may post alerts (the audit trail says
+    "alertmanager") but neither hold, release nor read the fleet."""
+    hosts = [FleetHost("a", ["g"], {"quarantine_budget": 1, "lb": None, "quarantine_check_interval": 0.2,
+                                     "quarantine_gate_timeout": 5, "quarantine_resolve_grace": 0})]
+    rec = quarantine.Receiver(hosts, tmp_path, echo=lambda _: None, balancer_of=lambda fh: None)
+    listen = f"127.0.0.1:{free_port()}"
+    callers = [quarantine.Caller("operator", "op"), quarantine.Caller("alertmanager", "am", webhook_only=True)]
+    t = threading.Thread(target=quarantine.serve, args=(rec, listen, callers), daemon=True)
+    t.start()
+    try:
+        until(lambda: raw(listen, "/-/healthy", method="GET", length=None) == 200, "up")
+        bad = {"alerts": [{"labels": ["x"]}]}
+        assert raw(listen, "/alerts", json.dumps(bad).encode(), bearer("am")) == 200
+        assert raw(listen, "/v1/hosts/a/hold", b"{}", bearer("am")) == 401
+        assert raw(listen, "/v1/quarantine", headers={"Authorization": "Bearer am"}, method="GET", length=None) == 401
+        until(lambda: [e for e in rec.snapshot()["events"] if e["action"] == "malformed"], "the event")
+        ev = [e for e in rec.snapshot()["events"] if e["action"] == "malformed"][0]
+        assert ev["caller"] == "alertmanager"
+        assert raw(listen, "/v1/hosts/zz/release", b"{}", bearer("op")) == 404
+    finally:
+        rec.stop.set()
+        t.join(10)
+
+
+class FakeAlertmanager:
+    """Alertmanager's API on loopback answering whatever ``answer`` holds (bytes)."""
+
+    def __init__(self):
+        self.answer = b"[]"
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(outer.answer)
+
+            def log_message(self, *a):
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_alertmanager_answer_it_cannot_read_changes_nothing_and_an_empty_list_waits_for_the_grace(quiet_rig):
+    """finding 6: a 200 whose JSON is not a list of alerts ({"status":"error"}, a list with a
+    malformed alert) had been read as "nothing firing" and returned every host. Now it changes
+    nothing and is an error event; an honest empty list (Alertmanager restarted) returns the host
+    only after quarantine_resolve_grace."""
+    rig = quiet_rig
+    am = FakeAlertmanager()
+    try:
+        am.answer = b'{"status":"error","error":"upstream timeout"}'
+        rig.rec.resolve_grace = 3
+        rig.rec.alertmanager = am.url
+        rig.notify("firing", "h1")
+        until(lambda: rig.drained() == ["h1"], "h1 drained")
+        until(lambda: rig.events("error"), "the error event")
+        assert "not a list of alerts" in rig.events("error")[0]["text"]
+        am.answer = b'[{"labels": "x", "status": {"state": "active"}}]'
+        time.sleep(1.5)  # several rounds
+        assert rig.drained() == ["h1"] and not rig.events("resolved") and not rig.events("gate")
+        assert any("not one" in e["text"] for e in rig.events("error"))
+        t0 = time.monotonic()
+        am.answer = b"[]"
+        until(lambda: rig.events("resolved"), "resolved after the grace", timeout=20)
+        assert time.monotonic() - t0 >= 2.5
+        until(lambda: rig.drained() == [], "h1 back")
+    finally:
+        rig.rec.alertmanager = ""
+        am.close()
+
+
+def test_the_budget_counts_servers_haproxy_already_has_out(quiet_rig):
+    """An operator's drain of h4 (not the receiver's) spends the group's budget of one: an alert
+    for h1 only alerts."""
+    rig = quiet_rig
+    rig.hap.command("set server triton/h4 state drain")
+    rig.notify("firing", "h1")
+    until(lambda: rig.events("over-budget"), "over budget")
+    assert rig.drained() == ["h4"] and rig.fetch()["hosts"] == {}
+    assert raw(rig.listen, "/v1/hosts/h2/hold", b"{}", bearer(rig.token)) == 409
+    rig.hap.command("set server triton/h4 state ready")
+    until(lambda: rig.drained() == ["h1"], "h1 drained once h4 is back")
+
+
+def test_an_unreadable_balancer_spends_the_budget():
+    hosts = fleet([2], [1])
+    alerts = {"a": quarantine.Alert("a", "X", "g0-0", "2026-01-01T00:00:01Z")}
+    limits = quarantine.limits(list(hosts.values()))
+    p = quarantine.plan(alerts, {}, {}, hosts, limits, lambda fh: True, lambda g: None)
+    assert p.quarantine == [] and [n for n, _ in p.over_budget] == ["g0-0"]
+    p = quarantine.plan(alerts, {}, {}, hosts, limits, lambda fh: True, lambda g: 0)
+    assert [n for n, _ in p.quarantine] == ["g0-0"]
+
+
+def test_a_triton_that_refuses_connections_stays_out_at_once():
+    """newcomer-2 #55: the gate had waited its whole timeout (60 s) on a refused connection."""
+    from tritonfleet.fleet.quarantine.actions import warm_gate
+
+    fh = FleetHost("h", ["g"], {"health_host": "127.0.0.1", "triton_http_port": free_port()})
+    t0 = time.monotonic()
+    ok, why = warm_gate(fh, 60)
+    assert not ok and "refuses connections" in why and time.monotonic() - t0 < 10
+
+
+def test_the_token_file_is_required_private_and_not_empty(tmp_path):
+    path = tmp_path / "q.token"
+    res = tritonfleet("quarantine", "serve", "inventories/prod.py", "--token-file", str(path))
+    assert res.returncode == 2 and f"tritonfleet quarantine token --out {path}" in res.stderr, res.stderr
+    res = tritonfleet("quarantine", "token", "--out", str(path))
+    assert res.returncode == 0 and path.stat().st_mode & 0o777 == 0o600
+    token = path.read_text().strip()
+    assert len(token) >= 32 and quarantine.read_token(path) == token
+    path.chmod(0o640)
+    res = tritonfleet("quarantine", "serve", "inventories/prod.py", "--token-file", str(path))
+    assert res.returncode == 2 and "readable by others (mode 0640)" in res.stderr
+    path.write_text("\n")
+    path.chmod(0o600)
+    res = tritonfleet("quarantine", "serve", "inventories/prod.py", "--token-file", str(path))
+    assert res.returncode == 2 and "empty" in res.stderr
+
+
+def test_status_fails_when_the_receiver_cannot_be_read(quiet_rig, tmp_path):
+    """`tritonfleet status` exits 1 (not a warning and 0) when quarantine_url cannot be reached
+    or refuses the token."""
+    from tritonfleet.cli.fleet import add_quarantine
+    from tritonfleet.fleet import probe
+
+    rig = quiet_rig
+    wrong = quarantine.write_token(tmp_path / "wrong")
+    for url, token in ((f"http://127.0.0.1:{free_port()}", rig.token_file), (rig.url, wrong)):
+        hosts = load_hosts(rig.inventory, data={"quarantine_url": url, "quarantine_token_file": str(token)})
+        rows = [probe.HostStatus(h, "127.0.0.1", None, reachable=True, unit_state="active") for h in HOSTS]
+        assert add_quarantine(hosts, rows) is False
+
+
+def test_release_of_a_host_not_in_the_inventory_is_a_usage_error(quiet_rig):
+    res = quiet_rig.cli("release", str(quiet_rig.inventory), "triton-t4-09")
+    assert res.returncode == 2 and "triton-t4-09 is not a host of" in res.stderr
+
+
+def test_the_unit_carries_the_token_file_and_alertmanager_as_serve_takes_them():
+    res = tritonfleet("quarantine", "unit", "inventories/prod.py", "--alertmanager", "127.0.0.1:9093",
+                      "--token-file", "/etc/tritonfleet/quarantine.token")
+    assert res.returncode == 0, res.stderr
+    start = [ln for ln in res.stdout.splitlines() if ln.startswith("ExecStart=")][0]
+    assert "--alertmanager=http://127.0.0.1:9093" in start
+    assert "--token-file=/etc/tritonfleet/quarantine.token" in start
