@@ -383,6 +383,8 @@ def test_alertmanager_sends_its_webhook_to_the_receiver(rig, tmp_path):
         state = rig.fetch()
         assert state["hosts"]["h4"]["reasons"] == ["GpuXidCritical: Xid 79 on h4"]
         assert state["firing"][0]["alert"] == "GpuXidCritical"
+        time.sleep(1)  # rounds read Alertmanager's API back: its answer is one the receiver can read
+        assert not rig.events("error") and rig.rec.noted.get("alertmanager") is None
     finally:
         rig.rec.alertmanager = ""
         proc.terminate()
