@@ -45,6 +45,12 @@ RETRY_MIN_SECONDS = 10.0
 QUEUE_MAX = 64
 
 
+#: what a bug in the receiver's own code raises (a payload or a state it did not expect): the
+#: worker logs it as an error event and goes on; anything else (MemoryError, the interpreter ending) ends it
+BUGS = (AttributeError, TypeError, LookupError, ValueError, ArithmeticError, RuntimeError, AssertionError,
+        TritonfleetError)
+
+
 class Busy(QuarantineError):
     """The worker's queue is full: the request was not taken (HTTP 503)."""
 
@@ -437,10 +443,10 @@ class Receiver:
 
     def _work(self) -> None:
         """The worker: requests and notifications as they come, a round every interval. A failure
-        of a known kind fails its request. Any other exception is a bug: its request fails, it is
-        an error event with its traceback on stdout, and the worker goes on (a receiver that ends
-        leaves the fleet unprotected while systemd restarts it; one bad input must not do that).
-        Only what is not an Exception (the interpreter ending) ends it."""
+        of a known kind fails its request. An exception of a bug (``BUGS``) fails its request too,
+        is an error event with its traceback on stdout, and the worker goes on (a receiver that
+        ends leaves the fleet unprotected while systemd restarts it; one bad input must not do
+        that). Anything else ends it, and ``serve`` with it."""
         while not self.stop.is_set():
             try:
                 kind, args, fut = self.queue.get(timeout=self.interval)
@@ -461,7 +467,7 @@ class Receiver:
                 if fut is not None:
                     fut.set_exception(e if isinstance(e, QuarantineError) else QuarantineError(str(e)))
                 continue
-            except Exception as e:  # noqa: BLE001 - a bug: logged, its request failed, the worker goes on
+            except BUGS as e:  # a bug: logged, its request failed, the worker goes on
                 self.echo(traceback.format_exc().rstrip())
                 self.event("error", "-", f"{kind} failed (a bug: {type(e).__name__}: {clean(e)}); "
                                          "the receiver goes on")
