@@ -548,6 +548,11 @@ def test_the_four_hold_attack_is_refused_without_a_token_and_held_within_the_bud
     held = rig.events("held")[0]
     assert held["caller"] == "operator" and "\n" not in held["text"]
     assert all("\n" not in line.strip() or line.startswith("Traceback") for line in rig.lines)
+    forged_path = "/v1/hosts/x%0A2026-01-01T00:00:00Z%20h4%20returned:%20forged/release"
+    assert raw(rig.listen, forged_path, b"{}", bearer(rig.token)) == 404
+    rig.notify("firing", "h9\n2026-01-01T00:00:00Z h4 returned: forged")
+    until(lambda: rig.events("unknown-host"), "the unknown host said")
+    assert not [line for line in rig.lines if "\n" in line and not line.startswith("Traceback")]
     refused = rig.events("over-budget")
     assert len(refused) == 3 and "hold by operator (says nobody\\n2026" in refused[0]["text"]
     # beyond the budget only with --force and a reason, recorded
@@ -766,6 +771,9 @@ def test_the_token_file_is_required_private_and_not_empty(tmp_path):
     path.chmod(0o600)
     res = tritonfleet("quarantine", "serve", "inventories/prod.py", "--token-file", str(path))
     assert res.returncode == 2 and "empty" in res.stderr
+    # newcomer-2 #49: an --alertmanager serve cannot read is refused, not logged every round
+    res = tritonfleet("quarantine", "serve", "inventories/prod.py", "--alertmanager", "am/api")
+    assert res.returncode == 2 and "expected HOST:PORT or http(s)://HOST:PORT" in res.stderr
 
 
 def test_status_fails_when_the_receiver_cannot_be_read(quiet_rig, tmp_path):

@@ -146,7 +146,7 @@ class Alert:
             return None
         fp = str(a.get("fingerprint") or "") or json.dumps(labels, sort_keys=True)
         notes = a.get("annotations") if isinstance(a.get("annotations"), dict) else {}
-        return cls(fp, clean(labels.get("alertname", "?")), str(labels["host"]), str(a.get("startsAt") or ""),
+        return cls(fp, clean(labels.get("alertname", "?")), clean(labels["host"]), str(a.get("startsAt") or ""),
                    clean(notes.get("summary") or ""), dict(labels))
 
 

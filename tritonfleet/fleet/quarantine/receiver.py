@@ -463,7 +463,7 @@ class Receiver:
                 if kind in ("alerts", "round"):
                     self.round()
             except (QuarantineError, drain.DrainError, OSError) as e:
-                self.event("error", "-", f"{kind} failed: {e}")
+                self.event("error", "-", f"{kind} failed: {clean(e, 500)}")
                 if fut is not None:
                     fut.set_exception(e if isinstance(e, QuarantineError) else QuarantineError(str(e)))
                 continue

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ...core.errors import UsageError
-from .planning import QuarantineError, now_iso, webhook_alerts
+from .planning import QuarantineError, clean, now_iso, webhook_alerts
 from .receiver import Busy, Receiver, UnknownHost
 
 MAX_BODY = 1 << 20
@@ -141,6 +141,9 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                 rec.submit("alerts", body, caller.name)
                 return self._send(200, {"ok": True, "alerts": len(good), "skipped": skipped})
             name, action = urllib.parse.unquote(m.group(1)), m.group(2)
+            if name not in rec.hosts:  # answered here: an unknown name never reaches a log line
+                return self._send(404, {"host": clean(name, 64), "ok": False,
+                                        "error": f"{clean(name, 64)} is not a host of the inventory"})
             for key in ("by", "reason"):
                 if not isinstance(body.get(key, ""), str):
                     raise Refused(400, f"{key} is not a string")
