@@ -732,7 +732,11 @@ def test_the_budget_counts_servers_haproxy_already_has_out(quiet_rig):
     until(lambda: rig.events("over-budget"), "over budget")
     assert rig.drained() == ["h4"] and rig.fetch()["hosts"] == {}
     assert raw(rig.listen, "/v1/hosts/h2/hold", b"{}", bearer(rig.token)) == 409
-    rig.hap.command("set server triton/h4 state ready")
+    # holding the server that is out already takes nothing more out: within the budget
+    assert raw(rig.listen, "/v1/hosts/h4/hold", b'{"reason": "operator drain"}', bearer(rig.token)) == 200
+    assert list(rig.fetch()["hosts"]) == ["h4"] and rig.drained() == ["h4"]
+    res = rig.cli("release", str(rig.inventory), "h4")
+    assert res.returncode == 0 and "h4: returned:" in res.stdout, res.stdout + res.stderr
     until(lambda: rig.drained() == ["h1"], "h1 drained once h4 is back")
 
 

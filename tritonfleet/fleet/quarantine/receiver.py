@@ -249,7 +249,7 @@ class Receiver:
         for fp, a in fresh.items():
             if fp not in self.alerts:
                 self.event("alert", a.host, a.reason)
-                self.alerts[fp] = a
+            self.alerts[fp] = a
 
     # -- the round --------------------------------------------------------------------------
 
@@ -285,14 +285,15 @@ class Receiver:
         self._save()
         self._publish()
 
-    def out_elsewhere(self, group: str) -> int | None:
+    def out_elsewhere(self, group: str, besides: str = "") -> int | None:
         """Servers of ``group`` that HAProxy does not serve and that the receiver does not hold
         (drained or in maintenance by an operator or a deploy, or down): they count against the
         budget. None when one of them cannot be read (no new drain on a guess). Hosts on the
-        hooks balancer cannot be read and count as in."""
+        hooks balancer cannot be read and count as in. ``besides``: a host not counted (the one
+        about to be held: holding a server that is out already takes nothing more out)."""
         n = 0
         for name, fh in self.hosts.items():
-            if name in self.records or group_of(fh) != group:
+            if name in self.records or name == besides or group_of(fh) != group:
                 continue
             lb = self._balancer(fh)
             if not isinstance(lb, drain.HAProxy):
@@ -409,7 +410,7 @@ class Receiver:
             ok = True
         else:
             g = group_of(self.hosts[name])
-            elsewhere = self.out_elsewhere(g)
+            elsewhere = self.out_elsewhere(g, besides=name)
             out = out_count(self.records, self.hosts).get(g, 0)
             within = elsewhere is not None and out + elsewhere < self.limits.get(g, 0)
             if not within and not force:
