@@ -431,6 +431,7 @@ def raw(listen: str, path: str, body: bytes = b"", headers: dict | None = None, 
     with socket.create_connection((host, int(port)), timeout=20) as s:
         try:
             s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+            s.shutdown(socket.SHUT_WR)  # all sent: a reader that reads to the end finds it
         except OSError:
             pass
         got = b""
@@ -566,6 +567,18 @@ def test_the_four_hold_attack_is_refused_without_a_token_and_held_within_the_bud
     # and without any token the state itself is not given away
     assert raw(rig.listen, "/v1/quarantine", method="GET", length=None) == 401
     assert raw(rig.listen, "/-/healthy", method="GET", length=None) == 200
+
+
+def test_the_reviews_negative_length_body_is_refused_unread(quiet_rig):
+    """finding 2: 5 MB with "Content-Length: -1" had been read to the end, held a host and put the
+    5 MB "by" into events.jsonl and state.json."""
+    rig = quiet_rig
+    body = json.dumps({"by": "x" * (5 << 20)}).encode()
+    status = raw(rig.listen, "/v1/hosts/h1/hold", body, bearer(rig.token), length="-1")
+    assert status in (400, 0)  # 400, or the connection reset under the unread body
+    assert rig._healthy() and rig.drained() == [] and rig.fetch()["hosts"] == {}
+    events = rig.tmp / "state" / "events.jsonl"
+    assert not events.exists() or events.stat().st_size < 100_000
 
 
 def test_a_malformed_webhook_gets_400_and_the_receiver_keeps_serving(quiet_rig):
