@@ -98,7 +98,8 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     """One row a host: reachable, GPUs, driver, toolkit, Docker, Triton image, unit, models ready,
     live release, last deploy, and drift from what the inventory asks for.
 
-    Read-only. Exit status 0 when every host is reachable and matches the inventory, 1 otherwise.
+    Read-only. Exit status 0 when every host is reachable and matches the inventory (and the
+    quarantine receiver of quarantine_url, when set, answers with its token), 1 otherwise.
     """
     hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
     if pull_origin:  # pull mode (tritonfleet.fleet.pull): what each host reported, read from the origin

@@ -60,7 +60,7 @@ def quarantine_cmd() -> None:
 @quarantine_cmd.command("serve")
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="ADDRESS:PORT",
-              help="Where the webhook and the API listen (whoever reaches it can drain hosts).")
+              help="Where the webhook and the API listen (every request but /-/healthy needs the token).")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(file_okay=False),
               help="state.json and events.jsonl (every action) live here.")
 @click.option("--alertmanager", default="", metavar="HOST:PORT|URL",
