@@ -667,7 +667,7 @@ def test_a_second_token_for_the_webhook_only(tmp_path):
     t = threading.Thread(target=quarantine.serve, args=(rec, listen, callers), daemon=True)
     t.start()
     try:
-        until(lambda: raw(listen, "/-/healthy", method="GET", length=None) == 200, "up")
+        until(lambda: _get(f"http://{listen}/-/healthy"), "up")
         bad = {"alerts": [{"labels": ["x"]}]}
         assert raw(listen, "/alerts", json.dumps(bad).encode(), bearer("am")) == 200
         assert raw(listen, "/v1/hosts/a/hold", b"{}", bearer("am")) == 401
