@@ -819,3 +819,53 @@ def test_the_unit_carries_the_token_file_and_alertmanager_as_serve_takes_them():
     start = [ln for ln in res.stdout.splitlines() if ln.startswith("ExecStart=")][0]
     assert "--alertmanager=http://127.0.0.1:9093" in start
     assert "--token-file=/etc/tritonfleet/quarantine.token" in start
+
+
+# ---- any JSON, read by the receiver ----------------------------------------------------------
+
+ALERTISH = st.fixed_dictionaries({"labels": st.one_of(JSON, st.dictionaries(
+    st.sampled_from(["alertname", "host", "quarantine"]), st.one_of(st.sampled_from(["a", "true"]), JSON))),
+    "status": st.one_of(JSON, st.fixed_dictionaries({"state": st.one_of(st.sampled_from(["active", "x"]), JSON)}))},
+    optional={"annotations": JSON, "fingerprint": JSON, "startsAt": JSON})
+
+
+def _receiver(tmp: Path) -> quarantine.Receiver:
+    hosts = [FleetHost("a", ["g"], {"quarantine_budget": 1, "lb": None, "quarantine_check_interval": 1,
+                                     "quarantine_gate_timeout": 5, "quarantine_resolve_grace": 60})]
+    rec = quarantine.Receiver(hosts, tmp, echo=lambda _: None, balancer_of=lambda fh: None)
+    rec.apply_notification({"alerts": [{"status": "firing", "labels": {"alertname": "X", "host": "a",
+                                                                        "quarantine": "true"}, "fingerprint": "f"}]})
+    return rec
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=st.one_of(JSON, st.fixed_dictionaries({"alerts": st.one_of(JSON, st.lists(
+    st.one_of(JSON, ALERTISH), max_size=4))})))
+def test_any_webhook_payload_is_taken_or_refused_never_a_crash(tmp_path_factory, payload):
+    rec = _receiver(tmp_path_factory.mktemp("any"))
+    try:
+        good, skipped = quarantine.webhook_alerts(payload)
+    except ValueError:
+        return
+    rec.apply_notification(payload)  # nothing else than ValueError, ever
+    assert len(good) + len(skipped) == len(payload["alerts"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(answer=st.one_of(JSON, st.lists(st.one_of(JSON, ALERTISH), max_size=4)))
+def test_no_alertmanager_answer_drops_an_alert_within_the_grace(tmp_path_factory, answer):
+    """Whatever Alertmanager answers (any JSON, alerts of any shape), the receiver's alert stays
+    within quarantine_resolve_grace, and the answer either counts or is an error event."""
+    import io
+    from unittest import mock
+
+    rec = _receiver(tmp_path_factory.mktemp("am"))
+    rec.alertmanager = "http://127.0.0.1:9"
+    body = json.dumps(answer).encode()
+    with mock.patch("urllib.request.urlopen", side_effect=lambda *a, **kw: io.BytesIO(body)):
+        rec.sync_alertmanager()
+        rec.sync_alertmanager()
+    assert "f" in rec.alerts
+    readable = isinstance(answer, list) and all(
+        quarantine.planning.alert_shape_error(a, api=True) is None for a in answer)
+    assert readable == (rec.noted.get("alertmanager") is None)
