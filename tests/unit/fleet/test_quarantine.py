@@ -6,6 +6,7 @@ switched to fail and back), the operator's commands and `status`'s column."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -16,6 +17,7 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from click.testing import CliRunner
@@ -856,9 +858,6 @@ def test_any_webhook_payload_is_taken_or_refused_never_a_crash(tmp_path_factory,
 def test_no_alertmanager_answer_drops_an_alert_within_the_grace(tmp_path_factory, answer):
     """Whatever Alertmanager answers (any JSON, alerts of any shape), the receiver's alert stays
     within quarantine_resolve_grace, and the answer either counts or is an error event."""
-    import io
-    from unittest import mock
-
     rec = _receiver(tmp_path_factory.mktemp("am"))
     rec.alertmanager = "http://127.0.0.1:9"
     body = json.dumps(answer).encode()
