@@ -2,7 +2,10 @@
 plan (generated fleets and alerts, hypothesis), and the receiver itself against real components:
 Debian's HAProxy in front of four inventory hosts served by one real tritonserver, Debian's
 Alertmanager sending its webhook, the warm inference gate against that tritonserver (its model
-switched to fail and back), the operator's commands and `status`'s column."""
+switched to fail and back), the operator's commands and `status`'s column; the API as an attacker
+meets it (generated requests without the token, of the wrong type or length or shape, the
+review's four-hold attack, a text/plain cross-site POST, slow requests, a full queue) and
+Alertmanager answers the receiver cannot read."""
 
 from __future__ import annotations
 
