@@ -16,6 +16,10 @@ through HAProxy while faults go into the hosts' own inputs, never this machine's
 * faults on 3 of 4 hosts (an Xid 79, an uncorrectable ECC error in the driver's answers, a broken
   model) with a 25% budget: exactly one drained, the other two alert only.
 
+The wiring is the documented one, authentication on: `tritonfleet quarantine token` writes the
+receiver's token, alertmanager.yml's webhook sends it (credentials_file), `serve --token-file`
+requires it and the commands read it from ``quarantine_token_file``.
+
 Every figure is printed (``quarantine figures: {...}``) and recorded in docs/operations.md.
 Intervals are shortened through settings (probe and driver query 1 s, scrape and evaluation 1 s,
 receiver rounds 1 s). The hosts are left as found: the telemetry is removed again
@@ -121,8 +125,13 @@ def until(fn, what: str, timeout: float = 90, interval: float = 0.1):
 
 
 class Fleet:
-    def __init__(self, hosts, hap: HAProxy, receiver: str, am: str):
+    def __init__(self, hosts, hap: HAProxy, receiver: str, am: str, token_file: Path):
         self.hosts, self.hap, self.receiver, self.am = hosts, hap, receiver, am
+        self.token_file = token_file
+
+    def state(self) -> dict:
+        """The receiver's state (GET /v1/quarantine, with its token)."""
+        return quarantine.fetch_state(self.receiver, token=quarantine.read_token(self.token_file))
 
     def lb(self, name: str) -> drain.ServerState:
         return drain.HAProxy([self.hap.socket], "triton", name).state()
@@ -136,7 +145,7 @@ class Fleet:
         return [h.name for h in self.hosts] + ["local"]
 
     def all_serving(self) -> bool:
-        return all(self.lb(n).serving for n in self.names) and not quarantine.fetch_state(self.receiver)["hosts"]
+        return all(self.lb(n).serving for n in self.names) and not self.state()["hosts"]
 
     def events(self, action: str, host: str | None = None) -> list[dict]:
         lines = (self.state_dir / "events.jsonl").read_text().splitlines()
@@ -203,8 +212,14 @@ def fleet(deployed, tmp_path_factory):
             with HAProxy(work, servers, inter="500ms") as hap:
                 q_port, am_port = free_port(), free_port()
                 receiver, am = f"http://127.0.0.1:{q_port}", f"http://127.0.0.1:{am_port}"
+                # the receiver's token: serve requires it, Alertmanager's webhook (alertmanager.yml's
+                # credentials_file) and the commands (quarantine_token_file) send it
+                token = work / "quarantine.token"
+                made = tritonfleet("quarantine", "token", "--out", str(token))
+                assert made.returncode == 0, made.stderr
                 common = {"lb": "haproxy", "lb_haproxy_sockets": [hap.socket], "quarantine_budget": "25%",
-                          "quarantine_check_interval": 1, "quarantine_url": receiver, **FAST}
+                          "quarantine_check_interval": 1, "quarantine_url": receiver,
+                          "quarantine_token_file": str(token), **FAST}
                 inv = write_fleet_inventory(work / "inv", local, common)
                 cfg = work / "prom"
                 gen = tritonfleet("prometheus", inv, "--out", str(cfg), "--scrape-interval", "1s", "--rate-window",
@@ -218,11 +233,11 @@ def fleet(deployed, tmp_path_factory):
                 stops.append(prom.stop)
                 state_dir = work / "quarantine"
                 stops.append(_stopper(_start([TRITONFLEET, "quarantine", "serve", inv, "--listen", f"127.0.0.1:{q_port}",
-                                     "--state-dir", str(state_dir), "--alertmanager", am],
+                                     "--state-dir", str(state_dir), "--alertmanager", am, "--token-file", str(token)],
                                     work / "receiver.log", cwd=ROOT, env=env())))
                 until(lambda: _ready(f"{am}/-/ready") and prom.ready() and _ready(f"{receiver}/-/healthy"),
                       "alertmanager, prometheus and the receiver up", timeout=60)
-                f = Fleet(hosts, hap, receiver, am)
+                f = Fleet(hosts, hap, receiver, am, token)
                 f.state_dir, f.prom, f.inventory, f.work = state_dir, prom, inv, work
                 until(f.all_serving, "every server up in HAProxy", timeout=60)
                 # every host's telemetry is scraped and its probe answers before any fault
@@ -256,7 +271,7 @@ def faults_cleared(fleet):
         reboot_log(h)
         fix_model(h)
         ecc_clear(h)
-    for name in quarantine.fetch_state(fleet.receiver)["hosts"]:
+    for name in fleet.state()["hosts"]:
         tritonfleet("quarantine", "release", fleet.inventory, name)
     until(lambda: not fleet.firing() and fleet.all_serving(), "every host back after the test", timeout=120)
 
@@ -291,7 +306,7 @@ def test_xid_79_drains_the_host_within_30s_and_the_warm_gate_returns_it(fleet):
     assert took <= LIMIT_S, took
     assert len(client.failed) <= 1, client.failed[:3]
     assert client.sent >= RATE * 5
-    q = quarantine.fetch_state(fleet.receiver)["hosts"][a.name]
+    q = fleet.state()["hosts"][a.name]
     assert q["reasons"][0].startswith("GpuXidCritical: Xid 79 on ") and q["state"] == "quarantined"
     assert fleet.drained() == [a.name]
     # the "reboot": the kernel log starts empty, the alert resolves, the warm gate runs, it serves
@@ -316,10 +331,11 @@ def test_ready_but_broken_is_caught_and_drained_within_30s(fleet):
     assert took <= LIMIT_S, took
     # still "ready" to HAProxy's health check: only the probe told
     assert _ready(f"http://{b.address}:8000/v2/health/ready"), triton_gone(b)
-    q = quarantine.fetch_state(fleet.receiver)["hosts"][b.name]
+    q = fleet.state()["hosts"][b.name]
     assert q["reasons"][0].startswith(f"TritonInferenceProbeFailing: {MODEL} on {b.name}")
     # status shows it (its own column and a drift line)
-    st = tritonfleet("status", INVENTORY, "--json", "--limit", b.name, "--data", f"quarantine_url={fleet.receiver}")
+    st = tritonfleet("status", INVENTORY, "--json", "--limit", b.name, "--data", f"quarantine_url={fleet.receiver}",
+                     "--data", f"quarantine_token_file={fleet.token_file}")
     row = json.loads(st.stdout)[0]
     assert st.returncode == 1 and row["quarantine"]["state"] == "quarantined"
     assert any(d.startswith("quarantined since ") for d in row["drift"])
@@ -350,7 +366,7 @@ def test_three_of_four_faulty_with_a_25_percent_budget_drains_exactly_one(fleet)
         assert drained == first and len(drained) == 1 and "local" not in drained
         assert over == sorted({a.name, b.name, c.name} - set(drained))
         assert fleet.lb("local").serving
-        state = quarantine.fetch_state(fleet.receiver)
+        state = fleet.state()
         assert state["budget"] == {"fleet": {"limit": 1, "out": 1}}
         reasons = {ev["host"]: ev["text"] for ev in fleet.events("over-budget")}
         assert all("quarantine budget of group fleet (1 host(s) at once) is spent: alert only" in t

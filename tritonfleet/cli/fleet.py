@@ -117,7 +117,8 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     """One row a host: reachable, GPUs, driver, toolkit, Docker, Triton image, unit, models ready,
     live release, last deploy, and drift from what the inventory asks for.
 
-    Read-only. Exit status 0 when every host is reachable and matches the inventory, 1 otherwise.
+    Read-only. Exit status 0 when every host is reachable and matches the inventory (and the
+    quarantine receiver of quarantine_url, when set, answers with its token), 1 otherwise.
     """
     hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
     if pull_origin:  # pull mode (tritonfleet.fleet.pull): what each host reported, read from the origin
@@ -127,7 +128,7 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     rows = workers.parallel(hosts, probe.probe)
     for h in hosts:
         fleet.disconnect(h)
-    add_quarantine(hosts, rows)
+    receiver_ok = add_quarantine(hosts, rows)
     from ..fleet import rollout_state
 
     rollout = rollout_state.host_column()  # the hosts' states in a running rollout (its state file)
@@ -138,7 +139,7 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
         for r in rows:  # the full report of a run that failed on the host (and nothing healthy since)
             if r.last_failure:
                 click.echo(f"\n{r.last_failure['text']}")
-    sys.exit(0 if all(r.reachable and not r.drift for r in rows) else 1)
+    sys.exit(0 if receiver_ok and all(r.reachable and not r.drift for r in rows) else 1)
 
 
 def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
@@ -161,25 +162,27 @@ def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
     return 0 if all(not r["drift"] for r in rows) else 1
 
 
-def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -> None:
+def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -> bool:
     """Hosts the quarantine receiver (quarantine_url) holds out of the load balancer: their row's
-    quarantine and a drift line (a host out of service is not as the inventory wants it)."""
+    quarantine and a drift line (a host out of service is not as the inventory wants it). False
+    (status exits 1) when the receiver cannot be read: not reached, or its token refused or unreadable."""
     from ..core.errors import TritonfleetError
-    from ..fleet.quarantine.client import fetch_state, status_line
+    from ..fleet.quarantine.client import fetch_state, read_token, status_line
 
     url = hosts[0].get("quarantine_url") if hosts else None
     if not url:
-        return
+        return True
     try:
-        state = fetch_state(str(url))
+        state = fetch_state(str(url), token=read_token(str(hosts[0].get("quarantine_token_file"))))
     except TritonfleetError as e:
-        click.echo(f"warning: {e}", err=True)
-        return
+        click.echo(f"error: {e}", err=True)
+        return False
     for st in rows:
         entry = (state.get("hosts") or {}).get(st.host)
         if entry:
             st.quarantine = entry
             st.drift.append(status_line(entry))
+    return True
 
 
 @click.command("rollout")

@@ -28,14 +28,18 @@ import click
                    "since it wrote them). Without it such files are left alone and nothing is written.")
 @click.option("--health-interval", default="5s", show_default=True,
               help="Scrape and rule evaluation interval of GPU health (node exporter textfiles).")
-@click.option("--alertmanager", default="", metavar="HOST:PORT",
-              help="The Alertmanager Prometheus sends its alerts to (prometheus.yml's alerting section).")
+@click.option("--alertmanager", default="", metavar="HOST:PORT|URL",
+              help="The Alertmanager Prometheus sends its alerts to (prometheus.yml's alerting section): "
+                   "HOST:PORT or http(s)://HOST:PORT, as `quarantine serve --alertmanager` takes it.")
 @click.option("--quarantine-url", default="", metavar="URL",
               help="The quarantine receiver (tritonfleet quarantine serve) as Alertmanager reaches it: "
-                   "writes alertmanager.yml routing quarantine alerts to it.")
+                   "writes alertmanager.yml routing quarantine alerts to it (needs --alertmanager).")
+@click.option("--quarantine-token-file", default="", metavar="PATH",
+              help="The receiver's token file as Alertmanager reads it (alertmanager.yml's credentials_file; "
+                   "default: quarantine_token_file of the inventory).")
 def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: str,
                    scrape_interval: str, rate_window: str, limit: tuple[str, ...], force: bool,
-                   health_interval: str, alertmanager: str, quarantine_url: str) -> None:
+                   health_interval: str, alertmanager: str, quarantine_url: str, quarantine_token_file: str) -> None:
     """Write Prometheus file_sd targets, the scrape job, recording and alerting rules and a
     Grafana dashboard for the inventory's Triton hosts.
 
@@ -57,7 +61,9 @@ def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: st
     opts = prometheus.Options(job=job, scrape_interval=scrape_interval, rate_window=rate_window,
                               prometheus_dir=prometheus_dir or str(out_dir.resolve()),
                               health_interval=health_interval, alertmanager=alertmanager,
-                              quarantine_url=quarantine_url)
+                              quarantine_url=quarantine_url,
+                              quarantine_token_file=quarantine_token_file or (
+                                  str(hosts[0].get("quarantine_token_file")) if hosts else ""))
     gen = gpu_health_rules.extend(prometheus.generate(hosts, opts, only), hosts, opts)
     for w in gen.warnings:
         click.echo(f"warning: {w}", err=True)

@@ -236,9 +236,18 @@ def rules(hosts: list[FleetHost], job: str, interval: str) -> dict:
     return {"name": f"{job}.gpu-health", "interval": interval, "rules": out}
 
 
-def alertmanager_config(quarantine_url: str, repeat: str = "5m", group_interval: str = "10s") -> dict:
+ALERTMANAGER_HEADER = (
+    "Alertmanager: quarantine alerts to tritonfleet's receiver, with its bearer token\n"
+    "(http_config: authorization: credentials_file, the file `tritonfleet quarantine token` wrote;\n"
+    "Alertmanager's user must be able to read it). The receiver 'default' has no notifier: every\n"
+    "alert that is not a quarantine alert goes nowhere until you give it one (email_configs,\n"
+    "webhook_configs, ...) or merge the 'tritonfleet-quarantine' route and receiver into yours.")
+
+
+def alertmanager_config(quarantine_url: str, token_file: str, repeat: str = "5m", group_interval: str = "10s") -> dict:
     """An Alertmanager configuration that sends quarantine alerts to the receiver's webhook
-    (``<quarantine_url>/alerts``) at once, resolved ones too."""
+    (``<quarantine_url>/alerts``) at once, resolved ones too, with the bearer token of
+    ``token_file`` (Alertmanager reads the file on every notification)."""
     return {
         "route": {
             "receiver": "default",
@@ -255,7 +264,9 @@ def alertmanager_config(quarantine_url: str, repeat: str = "5m", group_interval:
         "receivers": [
             {"name": "default"},
             {"name": "tritonfleet-quarantine",
-             "webhook_configs": [{"url": quarantine_url.rstrip("/") + "/alerts", "send_resolved": True}]},
+             "webhook_configs": [{"url": quarantine_url.rstrip("/") + "/alerts", "send_resolved": True,
+                                  "http_config": {"authorization": {"type": "Bearer",
+                                                                    "credentials_file": token_file}}}]},
         ],
     }
 
@@ -279,11 +290,12 @@ def extend(gen: Generated, hosts: list[FleetHost], opts: Options) -> Generated:
     if sd:
         config["scrape_configs"].append(job)
     if opts.alertmanager:
-        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [opts.alertmanager]}]}]}
+        scheme, _, address = opts.alertmanager_url().partition("://")
+        config["alerting"] = {"alertmanagers": [{**({"scheme": scheme} if scheme != "http" else {}),
+                                                 "static_configs": [{"targets": [address]}]}]}
     files["prometheus.yml"] = yaml_file(
         config, "A complete Prometheus configuration for the Triton fleet (or merge its parts into yours).")
     if opts.quarantine_url:
         files["alertmanager.yml"] = yaml_file(
-            alertmanager_config(opts.quarantine_url),
-            "Alertmanager: quarantine alerts to tritonfleet's receiver (merge the route into yours).")
+            alertmanager_config(opts.quarantine_url, opts.quarantine_token_file), ALERTMANAGER_HEADER)
     return dataclasses.replace(gen, files=files, health_rules=group)

@@ -21,10 +21,12 @@ class Options:
     #: where DIR lives on the Prometheus server (paths in the scrape job and prometheus.yml)
     prometheus_dir: str = ""
     #: GPU health (tritonfleet.observability.gpu_health_rules): scrape and evaluation interval,
-    #: the Alertmanager Prometheus sends alerts to (host:port), the quarantine receiver's URL
+    #: the Alertmanager Prometheus sends alerts to (HOST:PORT or http(s)://HOST:PORT), the
+    #: quarantine receiver's URL and the token file Alertmanager sends it (credentials_file)
     health_interval: str = "5s"
     alertmanager: str = ""
     quarantine_url: str = ""
+    quarantine_token_file: str = ""
 
     def check(self) -> None:
         if not JOB_NAME.match(self.job):
@@ -35,13 +37,31 @@ class Options:
                 raise InventoryError(f"{opt} {value!r} is not a Prometheus duration (e.g. 15s, 5m)")
         if not DURATION.match(self.health_interval):
             raise InventoryError(f"--health-interval {self.health_interval!r} is not a Prometheus duration (e.g. 5s)")
-        if self.alertmanager and not re.match(r"^[A-Za-z0-9_.\[\]:-]+:[0-9]+$", self.alertmanager):
-            raise InventoryError(f"--alertmanager {self.alertmanager!r}: expected host:port")
+        if self.alertmanager:
+            self.alertmanager_url()
         if self.quarantine_url and not re.match(r"^https?://[^\s/]+", self.quarantine_url):
             raise InventoryError(f"--quarantine-url {self.quarantine_url!r}: expected http://host:port")
+        if self.quarantine_url and not self.alertmanager:
+            raise InventoryError("--quarantine-url without --alertmanager: prometheus.yml would send no alert to "
+                                 "Alertmanager, so nothing is ever quarantined; add --alertmanager HOST:PORT")
+        if self.quarantine_url and not self.quarantine_token_file:
+            raise InventoryError("--quarantine-url needs the receiver's token file as Alertmanager reads it "
+                                 "(--quarantine-token-file PATH, or quarantine_token_file in group data)")
         if duration_seconds(self.rate_window) < 4 * duration_seconds(self.scrape_interval):
             raise InventoryError(f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
                              f"({self.scrape_interval}) for rate() to see enough samples")
+
+
+    def alertmanager_url(self) -> str:
+        """``alertmanager`` as a URL (tritonfleet.fleet.quarantine.client.alertmanager_url, the
+        form ``quarantine serve --alertmanager`` takes too)."""
+        from ..core.errors import UsageError
+        from ..fleet.quarantine.client import alertmanager_url
+
+        try:
+            return alertmanager_url(self.alertmanager)
+        except UsageError as e:
+            raise InventoryError(str(e)) from e
 
 
 def duration_seconds(d: str) -> float:

@@ -243,6 +243,8 @@ RULES: dict[str, Rule] = {
     "quarantine_url": http_url(none=True),
     "quarantine_check_interval": seconds(),
     "quarantine_gate_timeout": seconds(),
+    "quarantine_token_file": text(empty=False),
+    "quarantine_resolve_grace": seconds(lo_open=False),
     # the settings check itself
     "extra_host_data": name_list(),
     # pull mode

@@ -488,6 +488,15 @@ quarantine_check_interval = 5
 # Seconds the warm inference gate may take before a quarantined host goes back (live, ready,
 # every model ready, one inference per model).
 quarantine_gate_timeout = 60
+# The file with the quarantine receiver's bearer token (`tritonfleet quarantine token --out`
+# writes it, mode 0600): `serve` requires it on every request that changes state or reads the
+# fleet; `status`, `quarantine list|hold|release` send it.
+quarantine_token_file = "/etc/tritonfleet/quarantine.token"
+# Seconds a quarantine alert must be missing from Alertmanager's answers (and in two reads at
+# least) before the receiver counts it resolved: a restarted Alertmanager answers an empty list
+# until its rules fire again, which must not return every quarantined host. A webhook's explicit
+# "resolved" counts at once.
+quarantine_resolve_grace = 60
 # --- Settings check (tritonfleet/settings/check.py) ----------------------------------------
 # Names of host data that tritonfleet does not read (your own deploy code's): the settings check,
 # which refuses any other name that is no tunable, no gpu_class and no pyinfra setting (a

@@ -487,3 +487,63 @@ def test_monitoring_tunables_are_documented():
         used |= set(re.findall(r'"(monitor_[a-z0-9_]+)"', text))
     assert {"triton_metrics_port", "health_host", "monitor_latency_ms", "monitor_busy_utilization"} <= used
     assert used <= names, sorted(used - names)
+
+
+# ---- the quarantine wiring: Alertmanager, its webhook's token ----------------------------------
+
+AMTOOL = shutil.which("amtool") or "/usr/bin/amtool"
+
+
+def test_a_quarantine_url_without_alertmanager_is_refused(tmp_path):
+    """Without --alertmanager prometheus.yml has no alerting section: nothing would ever be
+    quarantined, so the command refuses (exit 2) and writes nothing."""
+    out = tmp_path / "out"
+    res = tritonfleet("prometheus", str(PROD), "--out", str(out), "--quarantine-url", "http://127.0.0.1:9095")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--quarantine-url without --alertmanager" in res.stderr and "add --alertmanager HOST:PORT" in res.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("given", "scheme", "target"), [
+    ("127.0.0.1:9093", None, "127.0.0.1:9093"), ("http://127.0.0.1:9093", None, "127.0.0.1:9093"),
+    ("https://am.internal:9443/", "https", "am.internal:9443")])
+def test_alertmanager_takes_host_port_or_a_url_and_the_webhook_sends_the_token(tmp_path, given, scheme, target):
+    out = tmp_path / "out"
+    res = tritonfleet("prometheus", str(PROD), "--out", str(out), "--alertmanager", given,
+                      "--quarantine-url", "http://127.0.0.1:9095", "--quarantine-token-file", "/etc/am/q.token")
+    assert res.returncode == 0, res.stderr
+    alerting = yaml.safe_load((out / "prometheus.yml").read_text())["alerting"]["alertmanagers"][0]
+    assert alerting.get("scheme") == scheme and alerting["static_configs"] == [{"targets": [target]}]
+    assert promtool("check", "config", str(out / "prometheus.yml")).returncode == 0
+    text = (out / "alertmanager.yml").read_text()
+    hook = yaml.safe_load(text)["receivers"][1]["webhook_configs"][0]
+    assert hook["http_config"] == {"authorization": {"type": "Bearer", "credentials_file": "/etc/am/q.token"}}
+    assert "The receiver 'default' has no notifier" in text
+    am = subprocess.run([AMTOOL, "check-config", str(out / "alertmanager.yml")], capture_output=True, text=True)
+    assert am.returncode == 0, am.stdout + am.stderr
+
+
+def test_the_token_file_defaults_to_the_inventorys(tmp_path):
+    out = tmp_path / "out"
+    res = tritonfleet("prometheus", str(PROD), "--out", str(out), "--alertmanager", "127.0.0.1:9093",
+                      "--quarantine-url", "http://127.0.0.1:9095")
+    assert res.returncode == 0, res.stderr
+    hook = yaml.safe_load((out / "alertmanager.yml").read_text())["receivers"][1]["webhook_configs"][0]
+    assert hook["http_config"]["authorization"]["credentials_file"] == "/etc/tritonfleet/quarantine.token"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_one_function_reads_alertmanager_addresses(value):
+    """Every --alertmanager (prometheus and quarantine serve) goes through alertmanager_url: an
+    address it takes comes back as http(s)://HOST:PORT, and reading that again changes nothing."""
+    from tritonfleet.core.errors import UsageError
+    from tritonfleet.fleet.quarantine.client import alertmanager_url
+
+    try:
+        url = alertmanager_url(value)
+    except UsageError as e:
+        assert "expected HOST:PORT or http(s)://HOST:PORT" in str(e)
+        return
+    assert re.match(r"^https?://[^/\s]+:[0-9]+$", url) and alertmanager_url(url) == url
+    assert alertmanager_url(url.split("://", 1)[1]) == url.replace("https://", "http://")

@@ -21,8 +21,8 @@ balancer, within a budget, and returns it only after the warm inference gate pas
   passes is the server set ready, and the receiver waits until the balancer serves it again. A
   host whose gate fails stays out and is tried again after ``quarantine_check_interval``.
 * **Hold and release** (``tritonfleet quarantine hold|release``): hold keeps a host out (draining
-  it now if it serves: an operator's decision, outside the budget) and never returns it by
-  itself; release acknowledges the host's firing alerts (they count again only once they fire
+  it now if it serves, within the budget unless ``--force`` with a reason) and never returns it
+  by itself; release acknowledges the host's firing alerts (they count again only once they fire
   anew) and returns the host through the same gate.
 * **Reconcile**: a quarantined host that the balancer serves again (a deploy's health gate puts a
   drained server back) is drained again, with a log line saying so.
@@ -33,8 +33,10 @@ rewritten atomically, so a restarted receiver knows what it did. ``GET /v1/quara
 it (``tritonfleet status`` and ``tritonfleet quarantine list`` read it from ``quarantine_url``).
 
 HTTP: ``POST /alerts`` (Alertmanager), ``GET /v1/quarantine``, ``POST /v1/hosts/<host>/release``,
-``POST /v1/hosts/<host>/hold`` (JSON ``{"reason": ...}``), ``GET /-/healthy``. It listens on
-loopback by default: whoever reaches it can drain hosts (docs/security.md).
+``POST /v1/hosts/<host>/hold`` (JSON ``{"reason": ..., "force": ...}``), ``GET /-/healthy``. Every
+request but the last needs the bearer token of ``--token-file`` (tritonfleet.fleet.quarantine.server);
+the budget also counts the servers HAProxy already has out, and an Alertmanager answer that is not
+a list of alerts changes nothing.
 
 The package: ``planning`` (the budget and what a round does, pure), ``actions`` (a host's balancer and
 its warm gate), ``receiver`` (the state and the worker), ``server`` (the HTTP API and ``serve``),
@@ -44,10 +46,20 @@ its warm gate), ``receiver`` (the state and the worker), ``server`` (the HTTP AP
 from __future__ import annotations
 
 from .actions import balancer, warm_gate
-from .client import ask, fetch_state, status_line
-from .planning import Alert, Plan, QuarantineError, Record, budget_limit, limits, plan
-from .receiver import Receiver
-from .server import handler_for, parse_listen, serve
+from .client import alertmanager_url, ask, fetch_state, read_token, status_line, write_token
+from .planning import (
+           Alert,
+           Plan,
+           QuarantineError,
+           Record,
+           budget_limit,
+           limits,
+           plan,
+           webhook_alerts,
+)
+from .receiver import Busy, Receiver
+from .server import Caller, handler_for, parse_listen, serve
 
-__all__ = ["Alert", "Plan", "QuarantineError", "Receiver", "Record", "ask", "balancer", "budget_limit",
-           "fetch_state", "handler_for", "limits", "parse_listen", "plan", "serve", "status_line", "warm_gate"]
+__all__ = ["Alert", "Busy", "Caller", "Plan", "QuarantineError", "Receiver", "Record", "alertmanager_url", "ask",
+           "balancer", "budget_limit", "fetch_state", "handler_for", "limits", "parse_listen", "plan", "read_token",
+           "serve", "status_line", "warm_gate", "webhook_alerts", "write_token"]

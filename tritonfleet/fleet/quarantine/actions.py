@@ -3,6 +3,8 @@ tritonfleet.serving.drain) and the deploy's warm inference gate (tritonfleet.ser
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
 
 import requests
@@ -10,6 +12,10 @@ import requests
 from ...serving import drain, triton_http
 from ..inventory import FleetHost
 from .planning import QuarantineError
+
+#: seconds a refused connection is retried before the gate gives up at once (a Triton that is
+#: down refuses; waiting the whole gate timeout for it tells nothing more)
+REFUSED_RETRY_SECONDS = 3.0
 
 
 def _metrics_reader(fh: FleetHost) -> Callable[[], str]:
@@ -30,10 +36,32 @@ def balancer(fh: FleetHost) -> drain.Balancer | None:
     return drain.from_settings(fh, fh.name, fh.get("health_host") or fh.address, _metrics_reader(fh), hold=True)
 
 
+def refused(address: str, port: int, within: float = REFUSED_RETRY_SECONDS) -> str:
+    """Why ``address:port`` refuses every connection for ``within`` seconds, or "" as soon as one
+    is accepted (or fails otherwise: a timeout is for the gate to judge)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=2).close()
+            return ""
+        except ConnectionRefusedError as e:
+            if time.monotonic() >= deadline:
+                return f"{address}:{port} refuses connections ({e.strerror}, for {within:.0f} s): Triton is not running"
+        except OSError:
+            return ""
+        time.sleep(0.5)
+
+
 def warm_gate(fh: FleetHost, timeout: float) -> tuple[bool, str]:
-    """The warm inference gate of the deploy, for one host: (passed, what it found)."""
+    """The warm inference gate of the deploy, for one host: (passed, what it found). A Triton
+    that refuses connections fails it after a few seconds, not the whole timeout."""
     from ...model_repo.render import host_repository, model_names
     from ...serving import health
+
+    if fh.get("health_via") != "ssh":
+        why = refused(fh.get("health_host") or fh.address, int(fh.get("triton_http_port")))
+        if why:
+            return False, why
 
     local, _, _ = host_repository(fh, gpus=1)
     models = model_names(local)

@@ -16,6 +16,8 @@ from ..inventory import FleetHost
 
 QUARANTINE_LABEL = ("quarantine", "true")
 BUDGET = re.compile(r"^\s*([0-9]+)\s*(%?)\s*$")
+#: the longest ``by``/``reason`` text a request may leave in the logs and the state
+MAX_TEXT = 200
 
 
 class QuarantineError(TritonfleetError):
@@ -24,6 +26,57 @@ class QuarantineError(TritonfleetError):
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def clean(value, limit: int = MAX_TEXT) -> str:
+    """A caller's text fit for a log line: at most ``limit`` characters, every control or other
+    unprintable character escaped (a newline cannot forge a second journal line)."""
+    text = str(value)
+    cut = len(text) > limit
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return text + ("..." if cut else "")
+
+
+def _strings(value, what: str) -> str | None:
+    if not isinstance(value, dict):
+        return f"{what} is {type(value).__name__}, not an object"
+    bad = [k for k, v in value.items() if not isinstance(v, str)]
+    return f"{what} {clean(bad[0], 40)!r} is not a string" if bad else None
+
+
+def alert_shape_error(a, api: bool = False) -> str | None:
+    """Why ``a`` is not an alert as Alertmanager sends it (its webhook's, or with ``api`` its API
+    v2's, where ``status`` is an object); None when it is one."""
+    if not isinstance(a, dict):
+        return f"an alert is {type(a).__name__}, not an object"
+    why = _strings(a.get("labels"), "labels") or (
+        _strings(a["annotations"], "annotations") if a.get("annotations") is not None else None)
+    if why:
+        return why
+    for key in ("fingerprint", "startsAt") + (() if api else ("status",)):
+        if a.get(key) is not None and not isinstance(a[key], str):
+            return f"{key} is {type(a[key]).__name__}, not a string"
+    if api and not (isinstance(a.get("status"), dict) and isinstance(a["status"].get("state"), str)):
+        return "status is not an object with a state"
+    return None
+
+
+def webhook_alerts(payload) -> tuple[list[dict], list[str]]:
+    """The alerts of an Alertmanager webhook payload and why any was skipped. ValueError (the
+    request is refused, nothing is queued) when the payload itself is not of that shape."""
+    if not isinstance(payload, dict):
+        raise ValueError("the body is not a JSON object")
+    alerts = payload.get("alerts")
+    if not isinstance(alerts, list):
+        raise ValueError(f"'alerts' is {type(alerts).__name__}, not a list (Alertmanager's webhook payload)")
+    good, skipped = [], []
+    for i, a in enumerate(alerts):
+        why = alert_shape_error(a)
+        if why:
+            skipped.append(f"alert {i}: {why}")
+        else:
+            good.append(a)
+    return good, skipped
 
 
 def budget_limit(value, size: int) -> int:
@@ -89,11 +142,12 @@ class Alert:
         """An alert of a webhook payload or of Alertmanager's API (None: not a quarantine alert
         of a host)."""
         labels = a.get("labels") or {}
-        if labels.get(QUARANTINE_LABEL[0]) != QUARANTINE_LABEL[1] or not labels.get("host"):
+        if not isinstance(labels, dict) or labels.get(QUARANTINE_LABEL[0]) != QUARANTINE_LABEL[1] or not labels.get("host"):
             return None
         fp = str(a.get("fingerprint") or "") or json.dumps(labels, sort_keys=True)
-        return cls(fp, str(labels.get("alertname", "?")), str(labels["host"]), str(a.get("startsAt") or ""),
-                   str((a.get("annotations") or {}).get("summary") or ""), dict(labels))
+        notes = a.get("annotations") if isinstance(a.get("annotations"), dict) else {}
+        return cls(fp, clean(labels.get("alertname", "?")), clean(labels["host"]), str(a.get("startsAt") or ""),
+                   clean(notes.get("summary") or ""), dict(labels))
 
 
 @dataclass
@@ -123,10 +177,13 @@ class Plan:
 
 
 def plan(alerts: dict[str, Alert], acked: dict[str, str], records: dict[str, Record],
-         hosts: dict[str, FleetHost], group_limits: dict[str, int], has_balancer: Callable[[FleetHost], bool]) -> Plan:
+         hosts: dict[str, FleetHost], group_limits: dict[str, int], has_balancer: Callable[[FleetHost], bool],
+         out_elsewhere: Callable[[str], int | None] = lambda g: 0) -> Plan:
     """What a round does (pure): hosts to take out (earliest alert first, while their group is
     within its budget), alerts beyond the budget, hosts to return (not held, no quarantine alert
-    firing that was not acknowledged)."""
+    firing that was not acknowledged). ``out_elsewhere(group)``: the group's servers out of the
+    balancer that are not the receiver's (an operator's drain, a deploy's); None when the balancer
+    cannot be read, which spends the group's budget (no new drain on a guess)."""
     p = Plan()
     live: dict[str, list[Alert]] = {}
     for fp, a in alerts.items():
@@ -136,22 +193,31 @@ def plan(alerts: dict[str, Alert], acked: dict[str, str], records: dict[str, Rec
             p.unknown.append(a)
             continue
         live.setdefault(a.host, []).append(a)
-    out = {g: 0 for g in group_limits}
-    for r in records.values():
-        if r.host in hosts:
-            g = group_of(hosts[r.host])
-            out[g] = out.get(g, 0) + 1
+    out = out_count(records, hosts)
     order = sorted((h for h in live if h not in records), key=lambda h: (min(a.starts_at for a in live[h]), h))
+    seen: dict[str, int | None] = {}
     for name in order:
         fh = hosts[name]
         if not has_balancer(fh):
             p.no_balancer.append((name, live[name]))
             continue
         g = group_of(fh)
-        if out.get(g, 0) < group_limits.get(g, 0):
+        if g not in seen:
+            seen[g] = out_elsewhere(g)
+        if seen[g] is not None and out.get(g, 0) + (seen[g] or 0) < group_limits.get(g, 0):
             p.quarantine.append((name, live[name]))
             out[g] = out.get(g, 0) + 1
         else:
             p.over_budget.append((name, live[name]))
     p.returns = sorted(name for name, r in records.items() if not r.held and name not in live)
     return p
+
+
+def out_count(records: dict[str, Record], hosts: dict[str, FleetHost]) -> dict[str, int]:
+    """{group: hosts the receiver holds out}."""
+    out: dict[str, int] = {}
+    for r in records.values():
+        if r.host in hosts:
+            g = group_of(hosts[r.host])
+            out[g] = out.get(g, 0) + 1
+    return out

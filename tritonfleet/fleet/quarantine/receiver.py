@@ -11,6 +11,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 import urllib.parse
 import urllib.request
 from collections import deque
@@ -28,13 +29,41 @@ from .planning import (
     Alert,
     QuarantineError,
     Record,
+    alert_shape_error,
+    clean,
     group_of,
     limits,
     now_iso,
+    out_count,
     plan,
+    webhook_alerts,
 )
 
 RETRY_MIN_SECONDS = 10.0
+#: requests and notifications waiting for the worker; beyond it the API answers 503 (a flood
+#: delays nothing for long and takes no memory without bound)
+QUEUE_MAX = 64
+
+
+#: what a bug in the receiver's own code raises (a payload or a state it did not expect): the
+#: worker logs it as an error event and goes on; anything else (MemoryError, the interpreter ending) ends it
+BUGS = (AttributeError, TypeError, LookupError, ValueError, ArithmeticError, RuntimeError, AssertionError,
+        TritonfleetError)
+
+
+class Busy(QuarantineError):
+    """The worker's queue is full: the request was not taken (HTTP 503)."""
+
+
+class UnknownHost(QuarantineError):
+    """A request names a host the inventory does not have (HTTP 404)."""
+
+
+def _who(caller: str, by: str) -> str:
+    """The audit trail's name of a request's author: the credential's (``caller``), with what the
+    body says (``by``, unverified, escaped) after it."""
+    by = clean(by, 64) if by else ""
+    return f"{caller or 'an operator'}" + (f" (says {by})" if by else "")
 
 
 class Receiver:
@@ -43,6 +72,7 @@ class Receiver:
 
     def __init__(self, hosts: list[FleetHost], state_dir: Path, alertmanager: str = "",
                  interval: float | None = None, gate_timeout: float | None = None,
+                 resolve_grace: float | None = None,
                  echo: Callable[[str], None] = print,
                  balancer_of: Callable[[FleetHost], drain.Balancer | None] = balancer,
                  gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate):
@@ -53,8 +83,11 @@ class Receiver:
         first = hosts[0]
         self.interval = float(interval if interval is not None else first.get("quarantine_check_interval"))
         self.gate_timeout = float(gate_timeout if gate_timeout is not None else first.get("quarantine_gate_timeout"))
-        if self.interval <= 0 or self.gate_timeout <= 0:
-            raise UsageError("quarantine_check_interval and quarantine_gate_timeout must be > 0 (group data)")
+        self.resolve_grace = float(resolve_grace if resolve_grace is not None
+                                   else first.get("quarantine_resolve_grace"))
+        if self.interval <= 0 or self.gate_timeout <= 0 or self.resolve_grace < 0:
+            raise UsageError("quarantine_check_interval and quarantine_gate_timeout must be > 0, "
+                             "quarantine_resolve_grace >= 0 (group data)")
         self.alertmanager = alertmanager.rstrip("/")
         self.echo, self.balancer_of, self.gate = echo, balancer_of, gate
         self.state_dir = Path(state_dir)
@@ -65,8 +98,9 @@ class Receiver:
         self.events: deque = deque(maxlen=200)
         self.noted: dict[str, str] = {}  # what was last said about a host or alert (said once, not each round)
         self.retry_at: dict[str, float] = {}
+        self.absent: dict[str, tuple[float, int]] = {}  # alerts missing from Alertmanager: since, reads
         self._balancers: dict[str, drain.Balancer | None] = {}
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_MAX)
         self.lock = threading.Lock()
         self.snapshot_cache: dict = {}
         self.stop = threading.Event()
@@ -143,15 +177,21 @@ class Receiver:
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def apply_notification(self, payload: dict) -> int:
+    def apply_notification(self, payload: dict, caller: str = "alertmanager") -> int:
         """Alertmanager's webhook payload: firing quarantine alerts are kept, resolved ones
-        dropped (with their acknowledgement). Returns how many quarantine alerts it carried."""
+        dropped (with their acknowledgement). An alert not of Alertmanager's shape is skipped (an
+        event says why); a payload not of that shape at all is a ValueError. Returns how many
+        quarantine alerts it carried."""
+        good, skipped = webhook_alerts(payload)
+        for why in skipped:
+            self.event("malformed", "-", f"a webhook alert from {caller} skipped: {why}", caller=caller)
         n = 0
-        for raw in payload.get("alerts") or []:
+        for raw in good:
             a = Alert.from_alertmanager(raw)
             if a is None:
                 continue
             n += 1
+            self.absent.pop(a.fingerprint, None)
             if raw.get("status") == "resolved":
                 if self.alerts.pop(a.fingerprint, None) is not None:
                     self.event("resolved", a.host, a.reason)
@@ -163,7 +203,11 @@ class Receiver:
         return n
 
     def sync_alertmanager(self) -> None:
-        """Replace the firing alerts with what Alertmanager reports active now."""
+        """Bring the firing alerts to what Alertmanager reports active now. Only a JSON list of
+        well-formed alerts is an answer: anything else changes nothing (an error event). An alert
+        missing from the answer is dropped only once it has been missing for
+        ``quarantine_resolve_grace`` seconds and two reads (a restarted Alertmanager answers an
+        empty list until the alerts are evaluated again)."""
         if not self.alertmanager:
             return
         query = urllib.parse.urlencode({"active": "true", "silenced": "false", "inhibited": "false",
@@ -171,25 +215,41 @@ class Receiver:
         url = f"{self.alertmanager}/api/v2/alerts?{query}"
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
-                data = json.loads(r.read())
+                data = json.loads(r.read(8 << 20))
+            if not isinstance(data, list):
+                raise ValueError(f"the answer is a JSON {type(data).__name__}, not a list of alerts: "
+                                 f"{clean(json.dumps(data), 120)}")
+            for raw in data:
+                why = alert_shape_error(raw, api=True)
+                if why:
+                    raise ValueError(f"the answer has an alert that is not one: {why}")
         except (OSError, ValueError, http.client.HTTPException) as e:
-            self._once("alertmanager", "alertmanager", "-", f"cannot read {url}: {e} (the webhook's alerts "
-                                                             "stand meanwhile)")
+            self._once("alertmanager", "error", "-", f"alertmanager: cannot read {url}: {e} (nothing changes: "
+                                                      "the alerts known stand meanwhile)")
             return
         self.noted.pop("alertmanager", None)
         fresh = {}
-        for raw in data if isinstance(data, list) else []:
+        for raw in data:
             a = Alert.from_alertmanager(raw)
-            if a is not None and (raw.get("status") or {}).get("state", "active") == "active":
+            if a is not None and raw["status"]["state"] == "active":
                 fresh[a.fingerprint] = a
-        for fp, a in self.alerts.items():
-            if fp not in fresh:
-                self.event("resolved", a.host, f"{a.reason} (no longer active in Alertmanager)")
+        now = time.monotonic()
+        for fp, a in list(self.alerts.items()):
+            if fp in fresh:
+                self.absent.pop(fp, None)
+                continue
+            since, reads = self.absent.get(fp, (now, 0))
+            self.absent[fp] = (since, reads + 1)
+            if reads + 1 >= 2 and now - since >= self.resolve_grace:
+                self.event("resolved", a.host, f"{a.reason} (no longer active in Alertmanager for "
+                                               f"{now - since:.0f} s)")
+                del self.alerts[fp]
+                self.absent.pop(fp, None)
+                self.acked.pop(fp, None)
         for fp, a in fresh.items():
             if fp not in self.alerts:
                 self.event("alert", a.host, a.reason)
-        self.alerts = fresh
-        self.acked = {fp: s for fp, s in self.acked.items() if fp in fresh}
+            self.alerts[fp] = a
 
     # -- the round --------------------------------------------------------------------------
 
@@ -205,7 +265,7 @@ class Receiver:
     def round(self) -> None:
         self.sync_alertmanager()
         p = plan(self.alerts, self.acked, self.records, self.hosts, self.limits,
-                 lambda fh: self._balancer(fh) is not None)
+                 lambda fh: self._balancer(fh) is not None, self.out_elsewhere)
         for a in p.unknown:
             self._once(f"unknown:{a.fingerprint}", "unknown-host", a.host, f"{a.reason}: not a host of the inventory")
         for name, alerts in p.no_balancer:
@@ -225,7 +285,31 @@ class Receiver:
         self._save()
         self._publish()
 
-    def _quarantine(self, name: str, alerts: list[Alert], held: bool = False, held_reason: str = "") -> str:
+    def out_elsewhere(self, group: str, besides: str = "") -> int | None:
+        """Servers of ``group`` that HAProxy does not serve and that the receiver does not hold
+        (drained or in maintenance by an operator or a deploy, or down): they count against the
+        budget. None when one of them cannot be read (no new drain on a guess). Hosts on the
+        hooks balancer cannot be read and count as in. ``besides``: a host not counted (the one
+        about to be held: holding a server that is out already takes nothing more out)."""
+        n = 0
+        for name, fh in self.hosts.items():
+            if name in self.records or name == besides or group_of(fh) != group:
+                continue
+            lb = self._balancer(fh)
+            if not isinstance(lb, drain.HAProxy):
+                continue
+            try:
+                serving = lb.state().serving
+            except drain.DrainError as e:
+                self._once(f"state:{name}", "balancer-unreadable", name,
+                           f"cannot read {lb.describe()}: {e} (no new drain in group {group} meanwhile)")
+                return None
+            self.noted.pop(f"state:{name}", None)
+            n += 0 if serving else 1
+        return n
+
+    def _quarantine(self, name: str, alerts: list[Alert], held: bool = False, held_reason: str = "",
+                    caller: str = "") -> str:
         fh = self.hosts[name]
         lb = self._balancer(fh)
         if lb is None:
@@ -240,7 +324,7 @@ class Receiver:
         self.noted.pop(f"budget:{name}", None)
         self.records[name] = Record(name, now_iso(), reasons, held, held_reason, lb.describe())
         self.event("held" if held else "quarantined", name, f"{'; '.join(reasons)}: {did}",
-                   reasons=reasons, group=group_of(fh))
+                   reasons=reasons, group=group_of(fh), **({"caller": caller} if caller else {}))
         return did
 
     def _return(self, name: str, by: str = "") -> tuple[bool, str]:
@@ -290,9 +374,9 @@ class Receiver:
 
     # -- operator requests ------------------------------------------------------------------
 
-    def release(self, name: str, by: str = "") -> dict:
+    def release(self, name: str, by: str = "", caller: str = "operator") -> dict:
         if name not in self.hosts:
-            raise QuarantineError(f"{name} is not a host of the inventory")
+            raise UnknownHost(f"{name} is not a host of the inventory")
         rec = self.records.get(name)
         if rec is None:
             return {"host": name, "ok": True, "result": "not quarantined: nothing to release"}
@@ -300,25 +384,47 @@ class Receiver:
             if a.host == name:
                 self.acked[fp] = a.starts_at
         rec.held = False
-        self.event("release", name, f"released by {by or 'an operator'} (its firing alerts acknowledged)")
-        ok, found = self._return(name, by=f"released by {by or 'an operator'}")
+        who = _who(caller, by)
+        self.event("release", name, f"released by {who} (its firing alerts acknowledged)", caller=caller)
+        ok, found = self._return(name, by=f"released by {who}")
         self._save()
         self._publish()
         return {"host": name, "ok": ok, "result": ("returned: " if ok else "stays out: warm inference gate failed: ")
                 + found}
 
-    def hold(self, name: str, reason: str = "", by: str = "") -> dict:
+    def hold(self, name: str, reason: str = "", by: str = "", caller: str = "operator", force: bool = False) -> dict:
+        """Keep ``name`` out until released: within its group's budget (its own holds and
+        quarantines, and the servers already out in HAProxy), or beyond it with ``force`` and a
+        reason (recorded)."""
         if name not in self.hosts:
-            raise QuarantineError(f"{name} is not a host of the inventory")
-        reason = reason or f"held by {by or 'an operator'}"
+            raise UnknownHost(f"{name} is not a host of the inventory")
+        if force and not reason:
+            raise QuarantineError("a forced hold needs a reason (--reason)")
+        who = _who(caller, by)
+        reason = reason or f"held by {who}"
         rec = self.records.get(name)
         if rec is not None:
             rec.held, rec.held_reason = True, reason
-            self.event("held", name, f"{reason} (stays out until released)")
+            self.event("held", name, f"{reason} (stays out until released; by {who})", caller=caller)
             result = f"held (was {', '.join(rec.reasons) or 'quarantined'} since {rec.since})"
             ok = True
         else:
-            did = self._quarantine(name, [], held=True, held_reason=reason)
+            g = group_of(self.hosts[name])
+            elsewhere = self.out_elsewhere(g, besides=name)
+            out = out_count(self.records, self.hosts).get(g, 0)
+            within = elsewhere is not None and out + elsewhere < self.limits.get(g, 0)
+            if not within and not force:
+                why = ("its balancer cannot be read" if elsewhere is None else
+                       f"{out + elsewhere} of the {self.limits.get(g, 0)} host(s) it may have out at once are out")
+                self.event("over-budget", name, f"hold by {who} refused: the quarantine budget of group {g} is "
+                                                f"spent ({why})", caller=caller)
+                self._publish()
+                return {"host": name, "ok": False,
+                        "result": f"not held: the quarantine budget of group {g} is spent ({why}); "
+                                  "--force --reason TEXT holds it all the same"}
+            if not within:
+                reason = f"{reason} (forced beyond the budget of group {g})"
+            did = self._quarantine(name, [], held=True, held_reason=reason, caller=caller)
             ok = name in self.records
             result = f"held: {did}" if ok else f"could not hold it: {did}"
         self._save()
@@ -328,14 +434,20 @@ class Receiver:
     # -- the worker -------------------------------------------------------------------------
 
     def submit(self, kind: str, *args) -> Future:
+        """Queue a request for the worker; Busy when the queue is full."""
         fut: Future = Future()
-        self.queue.put((kind, args, fut))
+        try:
+            self.queue.put_nowait((kind, args, fut))
+        except queue.Full:
+            raise Busy(f"the receiver is busy ({QUEUE_MAX} requests waiting): try again") from None
         return fut
 
     def _work(self) -> None:
         """The worker: requests and notifications as they come, a round every interval. A failure
-        of a known kind fails its request; anything else is a bug: it ends the worker (and with it
-        the receiver, which systemd restarts) with its traceback."""
+        of a known kind fails its request. An exception of a bug (``BUGS``) fails its request too,
+        is an error event with its traceback on stdout, and the worker goes on (a receiver that
+        ends leaves the fleet unprotected while systemd restarts it; one bad input must not do
+        that). Anything else ends it, and ``serve`` with it."""
         while not self.stop.is_set():
             try:
                 kind, args, fut = self.queue.get(timeout=self.interval)
@@ -352,9 +464,16 @@ class Receiver:
                 if kind in ("alerts", "round"):
                     self.round()
             except (QuarantineError, drain.DrainError, OSError) as e:
-                self.event("error", "-", f"{kind} failed: {e}")
+                self.event("error", "-", f"{kind} failed: {clean(e, 500)}")
                 if fut is not None:
                     fut.set_exception(e if isinstance(e, QuarantineError) else QuarantineError(str(e)))
+                continue
+            except BUGS as e:  # a bug: logged, its request failed, the worker goes on
+                self.echo(traceback.format_exc().rstrip())
+                self.event("error", "-", f"{kind} failed (a bug: {type(e).__name__}: {clean(e)}); "
+                                         "the receiver goes on")
+                if fut is not None:
+                    fut.set_exception(QuarantineError(f"the receiver failed: {type(e).__name__}: {e}"))
                 continue
             except BaseException as e:
                 self.crashed = e
@@ -371,7 +490,8 @@ class Receiver:
 
     def close(self) -> None:
         self.stop.set()
-        self.queue.put(("stop", (), None))
+        with contextlib.suppress(queue.Full):
+            self.queue.put_nowait(("stop", (), None))
         if self.worker is not None:
             self.worker.join(timeout=self.gate_timeout + 30)
 
