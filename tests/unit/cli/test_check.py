@@ -226,7 +226,10 @@ def prometheus_files(tmp_path: Path, *args: str) -> Path:
 
 def test_quarantine_url_without_alertmanager_is_the_silent_miswiring(tmp_path):
     """newcomer 48: alertmanager.yml routes to the receiver, prometheus.yml sends no alert."""
-    out = prometheus_files(tmp_path, "--quarantine-url", "http://127.0.0.1:9095")
+    out = prometheus_files(tmp_path, "--quarantine-url", "http://127.0.0.1:9095", "--alertmanager", "127.0.0.1:9093")
+    prom = yaml.safe_load((out / "prometheus.yml").read_text())
+    del prom["alerting"]  # `prometheus` refuses to write this now; a hand-edited or older file
+    (out / "prometheus.yml").write_text(yaml.safe_dump(prom))
     res = check(str(inventory(tmp_path)), "--prometheus-dir", str(out), "--json")
     assert res.returncode == 1
     bad = failed(res, "prometheus")
@@ -269,20 +272,54 @@ def test_an_unreachable_receiver(tmp_path):
     assert "does not answer" in bad["what"] and "quarantine unit" in bad["fix"]
 
 
-def test_a_receiver_without_a_token(tmp_path):
-    """Today's receiver answers anyone: the check says so."""
+def test_the_real_receiver_with_and_without_its_token(tmp_path):
+    """The receiver itself: with the inventory's token file the check passes and sees that the
+    receiver refuses requests without one; without the file it says the receiver wants one."""
+    token_file = tmp_path / "quarantine.token"
     hosts = [FleetHost(h, ["fleet"], {"quarantine_budget": 1, "lb": None, "quarantine_check_interval": 1,
-                                      "quarantine_gate_timeout": 5}) for h in HOSTS]
+                                      "quarantine_gate_timeout": 5, "quarantine_resolve_grace": 60}) for h in HOSTS]
     rec = quarantine.Receiver(hosts, tmp_path / "state", echo=lambda s: None, balancer_of=lambda fh: None)
     listen = f"127.0.0.1:{free_port()}"
-    thread = threading.Thread(target=quarantine.serve, args=(rec, listen), daemon=True)
+    thread = threading.Thread(target=quarantine.serve, args=(rec, listen, [quarantine.Caller("operator", "s3cr3t")]),
+                              daemon=True)
     thread.start()
     try:
         _until_answers(f"http://{listen}/-/healthy")
-        res = check(str(inventory(tmp_path, quarantine_url=f"http://{listen}")), "--json")
+        inv = _token_inventory(tmp_path, f"http://{listen}", token_file)
+        [bad] = failed(check(inv, "--json"), "quarantine")
+        assert "wants a token" in bad["what"]
+        token_file.write_text("s3cr3t\n")
+        os.chmod(token_file, 0o600)
+        res = check(inv, "--json")
     finally:
         rec.stop.set()
         thread.join(30)
+    assert res.returncode == 0 and "refuses requests without a token" in res.stdout, res.stdout
+
+
+class _OpenReceiver(BaseHTTPRequestHandler):
+    """A receiver of an older release: it answers anyone."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = json.dumps({"hosts": {}, "events": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_receiver_without_a_token(tmp_path):
+    """A receiver that answers anyone (an older release): the check says so."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _OpenReceiver)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        res = check(str(inventory(tmp_path, quarantine_url=f"http://127.0.0.1:{srv.server_address[1]}")), "--json")
+    finally:
+        srv.shutdown()
+        srv.server_close()
     assert res.returncode == 1
     [bad] = failed(res, "quarantine")
     assert "accepts requests without a token" in bad["what"] and "upgrade/restart it" in bad["fix"]
@@ -318,8 +355,7 @@ def token_receiver(token: str, events: list | None = None):
 
 
 def _token_inventory(tmp_path: Path, url: str, token_file: Path) -> str:
-    return str(inventory(tmp_path, quarantine_url=url, quarantine_token_file=str(token_file),
-                         extra_host_data=["quarantine_token_file"]))
+    return str(inventory(tmp_path, quarantine_url=url, quarantine_token_file=str(token_file)))
 
 
 def test_the_receivers_token(tmp_path):

@@ -743,10 +743,10 @@ def test_an_alertmanager_answer_it_cannot_read_changes_nothing_and_an_empty_list
 
 
 def test_the_budget_counts_servers_haproxy_already_has_out(quiet_rig):
-    """An operator's drain of h4 (not the receiver's) spends the group's budget of one: an alert
-    for h1 only alerts."""
+    """An operator's hold of h4 (MAINT, not the receiver's) spends the group's budget of one: an
+    alert for h1 only alerts."""
     rig = quiet_rig
-    rig.hap.command("set server triton/h4 state drain")
+    rig.hap.command("set server triton/h4 state maint")
     rig.notify("firing", "h1")
     until(lambda: rig.events("over-budget"), "over budget")
     assert rig.drained() == ["h4"] and rig.fetch()["hosts"] == {}
