@@ -71,7 +71,8 @@ def run(results, args, log) -> int:
         testbed_state,
     )
 
-    from tritonfleet.fleet import pull
+    from tritonfleet.fleet.pull.origin import RESULTS, Origin
+    from tritonfleet.fleet.pull.reports import Reports
     from tritonfleet_testbed import hosts as tb
     from tritonfleet_testbed.origin_server import OriginServer, agent_wheelhouse, build_wheel
 
@@ -94,7 +95,7 @@ def run(results, args, log) -> int:
         h = {x.name: x for x in testbed_state().hosts}[host.name]
         srv = OriginServer(work / "origin", work / f"nginx-{i}", addr=tb.GATEWAY)
         try:
-            origin = pull.Origin(work / "origin", srv.url)
+            origin = Origin(work / "origin", srv.url)
             data = ("--data", "pull_poll_interval=3")
             sh([TRITONFLEET, "bootstrap", INVENTORY, "--origin", str(origin.root), "--url", srv.url,
                 "--out", str(work / "boot"), "--wheel", str(wheel), "--wheelhouse", str(wheels),
@@ -110,12 +111,12 @@ def run(results, args, log) -> int:
             if handed.returncode != 0:
                 raise SystemExit(f"[bench] {h.name}: the bootstrap script failed ({handed.returncode}):\n"
                                  f"{handed.stdout[-2000:]}{handed.stderr[-3000:]}")
-            reports = pull.Reports(origin)
+            reports = Reports(origin)
             rep: dict = {}
             deadline = time.monotonic() + 1800
             while time.monotonic() < deadline:
                 rep = reports.read(h.name) or {}
-                if rep.get("release") == release and rep.get("result") in pull.RESULTS:
+                if rep.get("release") == release and rep.get("result") in RESULTS:
                     break
                 time.sleep(1)
             seconds = time.perf_counter() - t0

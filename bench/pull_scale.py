@@ -150,7 +150,8 @@ def agents(hosts: list[str], port: int, poll: float, run: float, keys: Path) -> 
 def run(n: int, poll: float = 2.0, run_s: float = 1.0) -> dict:
     import scale
 
-    from tritonfleet.fleet import pull
+    from tritonfleet.fleet.pull.origin import REPORT_NAMESPACE, Origin, write_atomic
+    from tritonfleet.fleet.pull.signing import enrol, make_key, publish_desired, sign
     from tritonfleet_testbed.origin_server import OriginServer
 
     work = WORK / str(n)
@@ -161,16 +162,16 @@ def run(n: int, poll: float = 2.0, run_s: float = 1.0) -> dict:
     key = work / "key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     names = [f"pull-{i:04d}" for i in range(1, n + 1)]
-    origin = pull.Origin(work / "origin")
+    origin = Origin(work / "origin")
     # before the rollout: every host has its report key (enrolled), runs release BEFORE and has
     # reported it (not measured)
     keys = work / "host-keys"
-    pull.enrol(origin, {h: pull.make_key(keys / h, f"report {h}") for h in names})
-    pull.publish_desired(origin, key, dict.fromkeys(names, BEFORE), "bench-setup")
+    enrol(origin, {h: make_key(keys / h, f"report {h}") for h in names})
+    publish_desired(origin, key, dict.fromkeys(names, BEFORE), "bench-setup")
     for h in names:
         payload = json.dumps({"host": h, "release": BEFORE, "generation": 1, "result": "ok"}, sort_keys=True)
-        sig = pull.sign(keys / h, {"r": payload.encode()}, namespace=pull.REPORT_NAMESPACE)["r"]
-        pull.write_atomic(origin.report(h), json.dumps({"payload": payload, "signature": sig}).encode())
+        sig = sign(keys / h, {"r": payload.encode()}, namespace=REPORT_NAMESPACE)["r"]
+        write_atomic(origin.report(h), json.dumps({"payload": payload, "signature": sig}).encode())
     srv = OriginServer(origin.root, work / "nginx", workers=1, access_log=False)
     fake = subprocess.Popen([sys.executable, __file__, "agents", "--port", str(srv.port), "--poll", str(poll),
                              "--run", str(run_s), "--keys", str(keys), *names], stdout=subprocess.PIPE, text=True,

@@ -120,7 +120,7 @@ def agent_wheelhouse(cache: Path = CACHE) -> Path:
     import hashlib
     import sys
 
-    from tritonfleet.fleet.bootstrap import runtime_closure
+    from tritonfleet.fleet.pull.bootstrap import runtime_closure
 
     closure = runtime_closure()
     closure.pop("tritonfleet", None)

@@ -31,7 +31,9 @@ import pytest
 
 from tests.support.testbed import TRITONFLEET, env, ssh
 from tritonfleet import ROOT
-from tritonfleet.fleet import pull
+from tritonfleet.fleet.pull.origin import RESULTS, Origin
+from tritonfleet.fleet.pull.reports import Reports
+from tritonfleet.fleet.pull.signing import read_pointer
 
 HOST, OTHER = "tb1-t4", "tb2-l4"  # the canary and the second wave
 POLL = 3  # seconds between a host's looks at its pointer (pull_poll_interval)
@@ -52,9 +54,9 @@ def tf(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 class PullFleet:
-    def __init__(self, origin: pull.Origin, key: Path, hosts: dict, boot: Path):
+    def __init__(self, origin: Origin, key: Path, hosts: dict, boot: Path):
         self.origin, self.key, self.hosts, self.boot = origin, key, hosts, boot
-        self.reports = pull.Reports(origin)
+        self.reports = Reports(origin)
 
     def publish(self, *limit: str, extra: tuple[str, ...] = ()) -> str:
         res = tf("pull", "publish", INVENTORY, "deploys/triton.py", "--origin", str(self.origin.root),
@@ -72,7 +74,7 @@ class PullFleet:
         while time.monotonic() < deadline:
             rep = self.report(host)
             if rep.get("release") == release and int(rep.get("generation") or 0) > after_generation and \
-                    rep.get("result") in pull.RESULTS:
+                    rep.get("result") in RESULTS:
                 return rep
             time.sleep(1)
         log = ssh(self.hosts[host], "tail -n 40 /var/lib/tritonfleet/pull/logs/*.log 2>/dev/null; "
@@ -99,7 +101,7 @@ def pull_fleet(deployed, tmp_path_factory):
     wheel = build_wheel(tmp / "dist")
     srv = OriginServer(tmp / "origin", tmp / "nginx", addr=hosts.GATEWAY)
     try:
-        origin = pull.Origin(tmp / "origin", srv.url)
+        origin = Origin(tmp / "origin", srv.url)
         res = tf("bootstrap", INVENTORY, "--origin", str(origin.root), "--url", srv.url, "--out", str(tmp / "boot"),
                  "--wheel", str(wheel), "--wheelhouse", str(wheels), "--sign-key", str(key), "--limit", HOST,
                  "--limit", OTHER, *DATA)
@@ -147,12 +149,12 @@ def test_hosts_converge_themselves_from_their_bootstrap_scripts(pull_fleet):
 def test_a_release_published_for_a_wave_reaches_exactly_that_wave(pull_fleet):
     before = {n: pull_fleet.report(n) for n in (HOST, OTHER)}
     assert all(r.get("result") == "ok" for r in before.values()), before
-    other_pointer = pull.read_pointer(pull_fleet.origin.pointer(OTHER))
+    other_pointer = read_pointer(pull_fleet.origin.pointer(OTHER))
     # other data, the same serving: the same release (it holds no host data), a new pointer for the wave
     new = pull_fleet.publish(HOST, extra=("--data", "pull_report_timeout=901"))
-    ptr = pull.read_pointer(pull_fleet.origin.pointer(HOST))
+    ptr = read_pointer(pull_fleet.origin.pointer(HOST))
     assert ptr["host_data"]["data"]["pull_report_timeout"] == 901 and ptr["generation"] > before[HOST]["generation"]
-    assert pull.read_pointer(pull_fleet.origin.pointer(OTHER)) == other_pointer
+    assert read_pointer(pull_fleet.origin.pointer(OTHER)) == other_pointer
     rep = pull_fleet.wait(HOST, new, after_generation=int(before[HOST]["generation"]))
     assert rep["result"] == "ok", rep
     time.sleep(3 * POLL)  # the other host looked at its own pointer meanwhile, and found it unchanged
@@ -170,7 +172,7 @@ def test_a_failing_host_is_reported_and_its_wave_halts(pull_fleet):
     why in the host's own words, points it back at what it ran (which it runs again), and never
     publishes the next wave."""
     was = {n: pull_fleet.report(n) for n in (HOST, OTHER)}
-    other_pointer = pull.read_pointer(pull_fleet.origin.pointer(OTHER))
+    other_pointer = read_pointer(pull_fleet.origin.pointer(OTHER))
     res = tf("pull", "rollout", INVENTORY, "deploys/triton.py", "--origin", str(pull_fleet.origin.root),
              "--sign-key", str(pull_fleet.key), "--limit", HOST, "--limit", OTHER, "--canary", "1", "--batch", "1",
              "--timeout", "300", "--json", *DATA, "--data", "nvidia_driver_branch=999")
@@ -187,7 +189,7 @@ def test_a_failing_host_is_reported_and_its_wave_halts(pull_fleet):
     state = pull_fleet.state(HOST)
     assert (state["release"], state["result"]) == (was[HOST]["release"], "ok")
     # the next wave was never published: the other host's pointer and report are as they were
-    assert pull.read_pointer(pull_fleet.origin.pointer(OTHER)) == other_pointer
+    assert read_pointer(pull_fleet.origin.pointer(OTHER)) == other_pointer
     assert pull_fleet.report(OTHER) == was[OTHER]
 
 

@@ -43,9 +43,10 @@ def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, 
     host of INVENTORY a plain script and cloud-init user-data that install it, write the host's
     pull configuration and start its systemd timer. The host then needs no command from here.
     """
-    from ..fleet import bootstrap, pull
+    from ..fleet.pull import bootstrap
+    from ..fleet.pull.origin import Origin
 
-    written = bootstrap.bootstrap(inventory, pull.Origin(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
+    written = bootstrap.bootstrap(inventory, Origin(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
                                   wheel=wheel, key=sign_key, release=release, reports_url=reports_url,
                                   limit=list(limit), data=_data(data), rekey=rekey,
                                   echo=lambda m: click.echo(m, err=True))
@@ -72,18 +73,20 @@ def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -
     """Publish the current directory's repository as a release; with --sign-key, point the hosts
     (--limit: a wave of them) at it, without waiting for them. Prints the release id."""
     from ..fleet import inventory as fleet
-    from ..fleet import pull
+    from ..fleet.pull.origin import INCLUDE, Origin
+    from ..fleet.pull.release import host_entries, publish_release
+    from ..fleet.pull.signing import check_sign_key, publish_desired
 
-    origin = pull.Origin(origin_dir)
+    origin = Origin(origin_dir)
     fleet.check_deploy_file(deploy)
     if sign_key:
-        pull.check_sign_key(sign_key)
+        check_sign_key(sign_key)
     hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
     with origin.lock("pull publish"):
-        sha = pull.publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or pull.INCLUDE)
+        sha = publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or INCLUDE)
         if sign_key:
-            entries, _ = pull.host_entries(hosts, Path.cwd())
-            gen = pull.publish_desired(origin, sign_key, {h.name: sha for h in hosts}, f"publish-{sha[:8]}", entries,
+            entries, _ = host_entries(hosts, Path.cwd())
+            gen = publish_desired(origin, sign_key, {h.name: sha for h in hosts}, f"publish-{sha[:8]}", entries,
                                        float(hosts[0].get("pull_pointer_ttl")) if hosts else None)
             click.echo(f"pointed {len(hosts)} host(s) at it (generation {gen})", err=True)
     click.echo(sha)
@@ -114,13 +117,14 @@ def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, ca
 
     Exit status: 0 when every host ends on the new release; 1 on any failure, rollback or halt.
     """
-    from ..fleet import pull
+    from ..fleet.pull.origin import INCLUDE, Origin
+    from ..fleet.pull.rollout import rollout
     from ..fleet.rollout.report import table
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
-    report = pull.rollout(inventory, deploy, pull.Origin(origin_dir), sign_key, limit=list(limit), canary=canary,
+    report = rollout(inventory, deploy, Origin(origin_dir), sign_key, limit=list(limit), canary=canary,
                           batch=batch, max_fail=max_fail, data=_data(data), timeout=timeout,
-                          include=tuple(include) or pull.INCLUDE, echo=echo, poll=poll)
+                          include=tuple(include) or INCLUDE, echo=echo, poll=poll)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
     sys.exit(0 if report.ok else 1)
 
@@ -133,11 +137,12 @@ def refresh_cmd(origin_dir, sign_key, ttl) -> None:
     """Re-sign every live pointer of the origin (the same release and host data, a new generation
     and expiry): run it from a timer well within pull_pointer_ttl, or the hosts report a stale
     origin and stop following."""
-    from ..fleet import pull
+    from ..fleet.pull.origin import Origin
+    from ..fleet.pull.signing import refresh
 
-    origin = pull.Origin(origin_dir)
+    origin = Origin(origin_dir)
     with origin.lock("pull refresh"):
-        gen, hosts = pull.refresh(origin, sign_key, ttl)
+        gen, hosts = refresh(origin, sign_key, ttl)
     click.echo(f"re-signed {len(hosts)} pointer(s) (generation {gen})")
 
 
@@ -152,14 +157,15 @@ def rotate_key_cmd(origin_dir, sign_key, new_key, retire) -> None:
     old key: both verify), then pointers signed by NEW (pull refresh --sign-key NEW), then
     --retire OLD (signed by NEW). Each host installs the list on its next converge."""
     from ..core.errors import UsageError
-    from ..fleet import pull
+    from ..fleet.pull.origin import SIGNERS_DOC, Origin
+    from ..fleet.pull.signing import rotate_key
 
     if not new_key and not retire:
         raise UsageError("give --new-key (add a signer) or --retire (remove one)")
-    origin = pull.Origin(origin_dir)
+    origin = Origin(origin_dir)
     with origin.lock("pull rotate-key"):
-        doc = pull.rotate_key(origin, sign_key, new_key, retire)
-    click.echo(f"signers generation {doc['generation']}: {len(doc['keys'])} key(s) published in {pull.SIGNERS_DOC}")
+        doc = rotate_key(origin, sign_key, new_key, retire)
+    click.echo(f"signers generation {doc['generation']}: {len(doc['keys'])} key(s) published in {SIGNERS_DOC}")
 
 
 @click.command("converge")
@@ -172,15 +178,15 @@ def converge_cmd(config_path, force, install, show_state) -> None:
     """On a self-converging host: converge it to its desired release when a run is due (new
     release or generation, the converge interval, --force), and report the result (state file,
     node exporter textfile, the origin's reports/). Its systemd timer runs this."""
-    from ..fleet import bootstrap, converge
+    from ..fleet.pull import bootstrap, host_fetch, host_run
 
-    path = config_path or converge.CONFIG
+    path = config_path or host_run.CONFIG
     if show_state:
-        click.echo(json.dumps(converge.load_state(), indent=1, sort_keys=True))
+        click.echo(json.dumps(host_fetch.load_state(), indent=1, sort_keys=True))
         return
-    cfg = converge.load_config(path)
+    cfg = host_run.load_config(path)
     if install:
         bootstrap.install(cfg)
         click.echo(f"{bootstrap.UNIT}.timer enabled; the first run started")
         return
-    sys.exit(converge.converge(path, force=force, echo=click.echo))
+    sys.exit(host_run.converge(path, force=force, echo=click.echo))

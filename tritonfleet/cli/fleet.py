@@ -121,7 +121,7 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     quarantine receiver of quarantine_url, when set, answers with its token), 1 otherwise.
     """
     hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
-    if pull_origin:  # pull mode (tritonfleet.fleet.pull): what each host reported, read from the origin
+    if pull_origin:  # pull mode (tritonfleet.fleet.pull.status): what each host reported, read from the origin
         sys.exit(pull_status(hosts, pull_origin, as_json))
     from ..fleet import workers  # the hosts spread over worker processes (fleet_workers)
 
@@ -145,16 +145,18 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
 def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
     """`tritonfleet status --pull ORIGIN`: the hosts' own reports (no SSH). Exit status 0 when
     every host ran its desired release successfully and recently."""
-    from ..fleet import pull
+    from ..fleet.pull.origin import Origin
+    from ..fleet.pull.reports import short
+    from ..fleet.pull.status import status
 
-    rows = pull.status(hosts, pull.Origin(origin_dir))
+    rows = status(hosts, Origin(origin_dir))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
         table = [("HOST", "DESIRED", "RUNS", "RESULT", "LAST RUN", "DRIFT")]
         for r in rows:
             age = "-" if r["age_seconds"] is None else f"{r['finished']} ({r['age_seconds'] // 60} min ago)"
-            table.append((r["host"], pull.short(r["desired"]), pull.short(r["release"]), r["result"] or "-", age,
+            table.append((r["host"], short(r["desired"]), short(r["release"]), r["result"] or "-", age,
                           "; ".join(r["drift"]) or "none"))
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
         for row in table:

@@ -68,7 +68,7 @@ FEATURES: dict[str, tuple[str, str]] = {
     "stream": (BEHAVIOUR, "the model transfer on the operation's connection (tritonfleet.pyinfra_ext.stream)"),
     "cli_args": (BEHAVIOUR, "--data values parsed as pyinfra parses them (tritonfleet.cli.fleet)"),
     "rollout_json": (BEHAVIOUR, "the rollout's and a self-converging host's reading of `pyinfra -y --json` "
-                                "(tritonfleet.fleet.rollout, tritonfleet.fleet.converge)"),
+                                "(tritonfleet.fleet.rollout, tritonfleet.fleet.pull.host_run)"),
     "self_connector": (BEHAVIOUR, "a self-converging host's run through pyinfra's local connector under its own "
                                   "inventory name (tritonfleet.pyinfra_ext.self_connector)"),
 }
@@ -216,7 +216,7 @@ INTERNALS: tuple[Internal, ...] = (
              "pyinfra runs they start read"),
     Internal("pyinfra_cli.prints:build_results_json", "rollout_json",
              "tritonfleet/fleet/rollout/pyinfra_run.py reads `-y --json`: results.operations[] (name, success, error, no_change) and "
-             "results.failed_hosts; tritonfleet/fleet/converge.py reads results.operations[] (name, success)"),
+             "results.failed_hosts; tritonfleet/fleet/pull/host_run.py reads results.operations[] (name, success)"),
     Internal("pyinfra.connectors.local:LocalConnector", "self_connector",
              "tritonfleet/pyinfra_ext/self_connector.py subclasses it and overrides only the static "
              "make_names_data(name) (yielding (name, data, groups)): the rest runs commands on this machine as @local"),

@@ -24,8 +24,11 @@ from hypothesis import strategies as st
 
 from tests.support.haproxy import HAProxy, ok_server
 from tests.unit.fleet.test_quarantine import tritonfleet
-from tritonfleet.fleet import bootstrap, pull, quarantine
+from tritonfleet.fleet import quarantine
 from tritonfleet.fleet.inventory import FleetHost
+from tritonfleet.fleet.pull import bootstrap
+from tritonfleet.fleet.pull.origin import Origin
+from tritonfleet.fleet.pull.signing import allowed_signers, publish_desired, read_pointer
 from tritonfleet_testbed.ports import free_port
 
 HOSTS = ("h1", "h2")
@@ -182,7 +185,7 @@ def test_a_pull_origin_whose_key_halves_do_not_match(tmp_path):
         (origin_dir / d).mkdir(parents=True)
     sha = "a" * 64
     (origin_dir / "releases" / f"{sha}.tar.gz").write_bytes(b"x")
-    pull.publish_desired(pull.Origin(origin_dir), key, dict.fromkeys(HOSTS, sha), "r1")
+    publish_desired(Origin(origin_dir), key, dict.fromkeys(HOSTS, sha), "r1")
     inv = str(inventory(tmp_path))
     res = check(inv, "--pull-origin", str(origin_dir), "--sign-key", str(key), "--json")
     assert not failed(res, "pull origin"), res.stdout
@@ -205,7 +208,7 @@ def test_a_pull_origin_whose_key_halves_do_not_match(tmp_path):
     for host, trusted in (("h1", key), ("h2", other)):
         (boot / host).mkdir(parents=True)
         (boot / host / "bootstrap.sh").write_text(bootstrap.script(
-            {"host": host, "origin": "http://127.0.0.1:1"}, "0" * 64, pull.allowed_signers(trusted)))
+            {"host": host, "origin": "http://127.0.0.1:1"}, "0" * 64, allowed_signers(trusted)))
     Path(f"{key}.pub").write_text(Path(f"{other}.pub").read_text())
     res = check(inv, "--pull-origin", str(origin_dir), "--sign-key", str(key), "--bootstrap-dir", str(boot), "--json")
     [bad] = [r for r in failed(res, "pull origin") if "bootstrap script" in r["what"]]
@@ -444,7 +447,7 @@ def test_generated_pointers_and_reports_are_rows_never_a_traceback(tmp_path, poi
     w = wiring.Wiring("inv.py", [FleetHost("h1", ["fleet"], {})], pull_origin=origin_dir)
     out = wiring.pull_origin_rows(w)
     assert all(r.status in ("ok", "warn", "fail") and r.check == "pull origin" for r in out)
-    payload = pull.read_pointer(origin_dir / "desired" / "h1.json")
+    payload = read_pointer(origin_dir / "desired" / "h1.json")
     if not (isinstance(payload, dict) and payload.get("host") == "h1"):
         assert any("desired/h1.json is not a release pointer" in r.what and r.status == "fail" for r in out)
 

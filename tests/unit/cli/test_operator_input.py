@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tests.unit.cli.test_bad_input import GEN, GOOD_INVENTORY, assert_usage_error, invoke
 from tritonfleet import ROOT, __version__
-from tritonfleet.fleet import bootstrap
+from tritonfleet.fleet.pull import bootstrap
 from tritonfleet.fleet.rollout import engine, plan
 from tritonfleet.fleet.rollout.pyinfra_run import PyinfraRun
 

@@ -18,7 +18,7 @@ from tritonfleet.core.exits import entry_point, exit_for
 
 #: modules that are not imported as a library: pull mode's inventory, which pyinfra loads as an
 #: inventory file in `tritonfleet converge` only (imported anywhere else it refuses, SystemExit)
-NOT_A_LIBRARY = {"tritonfleet.fleet.local_inventory"}
+NOT_A_LIBRARY = {"tritonfleet.fleet.pull.local_inventory"}
 
 
 def package_exceptions() -> dict[str, tuple[str, bool, bool]]:

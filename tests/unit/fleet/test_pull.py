@@ -1,11 +1,13 @@
 """Pull mode on this machine: releases, signed pointers, a host's converge run (through a real
 nginx origin and pyinfra's local connector), its Prometheus textfile read by the real node
 exporter, the bootstrap script and user-data, and the pull-mode rollout's decisions against
-agents that answer from the origin directory (tritonfleet.fleet.pull, .converge, .bootstrap)."""
+agents that answer from the origin directory (tritonfleet.fleet.pull: the control side, .host_fetch and
+.host_run, .bootstrap)."""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -22,7 +24,34 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tritonfleet.core.errors import UsageError
-from tritonfleet.fleet import bootstrap, converge, pull
+from tritonfleet.fleet.pull import bootstrap, host_fetch, host_run
+from tritonfleet.fleet.pull.origin import (
+    HOST_SIGNERS,
+    MANIFEST,
+    MAX_SMALL,
+    SIGNERS_DOC,
+    SIGNERS_NAMESPACE,
+    Origin,
+    PullError,
+    sha256_file,
+    write_atomic,
+)
+from tritonfleet.fleet.pull.release import build_release, host_entries, publish_release
+from tritonfleet.fleet.pull.reports import Reports
+from tritonfleet.fleet.pull.rollout import _PullRun, rollout
+from tritonfleet.fleet.pull.signing import (
+    allowed_signers,
+    enrol,
+    host_signers,
+    make_key,
+    publish_desired,
+    read_pointer,
+    refresh,
+    rotate_key,
+    sign,
+    verify,
+)
+from tritonfleet.fleet.pull.status import status
 from tritonfleet_testbed.origin_server import OriginServer, free_port
 
 BIN = Path(sys.executable).parent
@@ -74,19 +103,19 @@ HOST_NAMES = ["pull-1", "pull-2", "h1", "h2", "h3", "h4", "h5"]
 def host_keys(tmp_path_factory):
     """Each test host's report key, as tritonfleet bootstrap makes them: {host: private key path}."""
     d = tmp_path_factory.mktemp("host-keys")
-    return {h: (d / h, pull.make_key(d / h, f"report {h}"))[0] for h in HOST_NAMES}
+    return {h: (d / h, make_key(d / h, f"report {h}"))[0] for h in HOST_NAMES}
 
 
-def _enrol(origin: pull.Origin, host_keys: dict) -> None:
-    pull.enrol(origin, {h: Path(f"{k}.pub").read_text().strip() for h, k in host_keys.items()})
+def _enrol(origin: Origin, host_keys: dict) -> None:
+    enrol(origin, {h: Path(f"{k}.pub").read_text().strip() for h, k in host_keys.items()})
 
 
-def _put_report(origin: pull.Origin, host: str, report: dict, key: Path | None) -> None:
+def _put_report(origin: Origin, host: str, report: dict, key: Path | None) -> None:
     """A report on the origin as a host writes it: signed with ``key`` (None: unsigned)."""
-    pull.write_atomic(origin.report(host), converge.signed_report({"report_key": str(key or "/nonexistent")}, report))
+    write_atomic(origin.report(host), host_run.signed_report({"report_key": str(key or "/nonexistent")}, report))
 
 
-def _report_of(origin: pull.Origin, host: str) -> dict:
+def _report_of(origin: Origin, host: str) -> dict:
     """The payload of a host's report (its signature checked by the tests of Reports)."""
     return json.loads(json.loads(origin.report(host).read_text())["payload"])
 
@@ -103,7 +132,7 @@ def _manifest(data: bytes) -> dict:
     import tarfile
 
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as t:
-        return {"manifest": json.load(t.extractfile(pull.MANIFEST)), "names": sorted(t.getnames())}
+        return {"manifest": json.load(t.extractfile(MANIFEST)), "names": sorted(t.getnames())}
 
 
 def test_a_release_is_its_content_and_holds_no_hosts_data(repo):
@@ -111,14 +140,14 @@ def test_a_release_is_its_content_and_holds_no_hosts_data(repo):
     host's data (every host may fetch it); each host's entry is what differs from the defaults,
     without how the control machine connects."""
     hosts = _hosts(repo)
-    a, sha_a, _ = pull.build_release(hosts, "deploys/mark.py", repo)
+    a, sha_a, _ = build_release(hosts, "deploys/mark.py", repo)
     time.sleep(0.01)
     (repo / "deploys" / "mark.py").touch()
-    b, sha_b, _ = pull.build_release(hosts, "deploys/mark.py", repo)
+    b, sha_b, _ = build_release(hosts, "deploys/mark.py", repo)
     assert a == b and sha_a == sha_b
     got = _manifest(a)
     assert "hosts" not in got["manifest"] and b"blue" not in a and b"red" not in a
-    entries, _ = pull.host_entries(hosts, repo)
+    entries, _ = host_entries(hosts, repo)
     entry = entries["pull-1"]
     assert entry["groups"] == ["pulled"]
     assert entry["data"]["colour"] == "blue"
@@ -127,7 +156,7 @@ def test_a_release_is_its_content_and_holds_no_hosts_data(repo):
     assert "repo/deploys/mark.py" in got["names"] and "repo/files/model_repository/m/config.pbtxt" in got["names"]
     assert not [n for n in got["names"] if n.startswith("repo/inventories")]
     # another value is the same release: the data travels in each host's pointer
-    _, sha_c, _ = pull.build_release(_hosts(repo, colour="green"), "deploys/mark.py", repo)
+    _, sha_c, _ = build_release(_hosts(repo, colour="green"), "deploys/mark.py", repo)
     assert sha_c == sha_a
 
 
@@ -136,28 +165,28 @@ def test_image_archives_travel_as_blobs_and_outside_models_are_refused(repo, tmp
     archive.write_bytes(b"image bytes")
     hosts = _hosts(repo, image_archives={"nvcr.io/x:1": str(archive)})
     (tmp_path / "origin").mkdir()
-    origin = pull.Origin(tmp_path / "origin")
-    pull.publish_release(origin, hosts, "deploys/mark.py", repo)
-    ref = pull.host_entries(hosts, repo)[0]["pull-1"]["data"]["image_archives"]
-    blob = pull.sha256_file(archive)
+    origin = Origin(tmp_path / "origin")
+    publish_release(origin, hosts, "deploys/mark.py", repo)
+    ref = host_entries(hosts, repo)[0]["pull-1"]["data"]["image_archives"]
+    blob = sha256_file(archive)
     assert ref == {"nvcr.io/x:1": {"blob": blob, "name": "img.tar.gz", "size": 11}}
     assert origin.blob(blob).read_bytes() == b"image bytes"
     with pytest.raises(UsageError, match="outside the repository"):
-        pull.build_release(_hosts(repo, model_repository=str(tmp_path)), "deploys/mark.py", repo)
+        build_release(_hosts(repo, model_repository=str(tmp_path)), "deploys/mark.py", repo)
     with pytest.raises(UsageError, match="--include"):
-        pull.build_release(_hosts(repo, model_repository="elsewhere/models"), "deploys/mark.py", repo)
+        build_release(_hosts(repo, model_repository="elsewhere/models"), "deploys/mark.py", repo)
 
 
 def test_signatures_verify_only_for_the_payload_and_the_key(key, tmp_path):
     other = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     signers = tmp_path / "signers"
-    signers.write_text(pull.allowed_signers(key))
-    sigs = pull.sign(key, {"a": b'{"release": "1"}', "b": b'{"release": "2"}'}, batch=1)
-    assert pull.verify(signers, b'{"release": "1"}', sigs["a"]) == ""
-    assert pull.verify(signers, b'{"release": "2"}', sigs["a"]) != ""  # another payload
-    wrong = pull.sign(other, {"a": b'{"release": "1"}'})
-    assert pull.verify(signers, b'{"release": "1"}', wrong["a"]) != ""  # another key
+    signers.write_text(allowed_signers(key))
+    sigs = sign(key, {"a": b'{"release": "1"}', "b": b'{"release": "2"}'}, batch=1)
+    assert verify(signers, b'{"release": "1"}', sigs["a"]) == ""
+    assert verify(signers, b'{"release": "2"}', sigs["a"]) != ""  # another payload
+    wrong = sign(other, {"a": b'{"release": "1"}'})
+    assert verify(signers, b'{"release": "1"}', wrong["a"]) != ""  # another key
 
 
 # --- a host's run, through a real nginx origin ---------------------------------------------------
@@ -167,22 +196,22 @@ def served(repo, tmp_path, key, host_keys, monkeypatch):
     origin_dir = tmp_path / "origin"
     origin_dir.mkdir()
     srv = OriginServer(origin_dir, tmp_path / "nginx")
-    origin = pull.Origin(origin_dir, srv.url)
+    origin = Origin(origin_dir, srv.url)
     _enrol(origin, host_keys)
     signers = tmp_path / "signers"
-    signers.write_text(pull.allowed_signers(key))
+    signers.write_text(allowed_signers(key))
     state = tmp_path / "state"
     cfg = {"format": 1, "host": "pull-1", "origin": srv.url, "reports": f"{srv.url}/reports", "signers": str(signers),
            "release": None, "min_generation": 0, "report_key": str(host_keys["pull-1"]), "poll_interval": 5,
            "converge_interval": 600, "textfile": str(tmp_path / "tf" / "t.prom")}
     (tmp_path / "pull.json").write_text(json.dumps(cfg))
-    monkeypatch.setattr(converge, "STATE_DIR", state)
+    monkeypatch.setattr(host_fetch, "STATE_DIR", state)
     yield origin, tmp_path / "pull.json", tmp_path
     srv.stop()
 
 
 def _data(repo, **data) -> dict:
-    return pull.host_entries(_hosts(repo, **data), repo)[0]
+    return host_entries(_hosts(repo, **data), repo)[0]
 
 
 def _converge(cfg: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
@@ -193,8 +222,8 @@ def _converge(cfg: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_a_host_converges_to_its_pointer_and_reports_it(served, repo, key):
     origin, cfg, tmp = served
-    sha = pull.publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
-    gen = pull.publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
+    sha = publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
+    gen = publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
     res = _converge(cfg, tmp)
     assert res.returncode == 0, res.stdout + res.stderr
     # the deploy ran under the host's own name with its own data
@@ -212,15 +241,15 @@ def test_a_host_converges_to_its_pointer_and_reports_it(served, repo, key):
     assert _converge(cfg, tmp).returncode == 0
     assert not (tmp / "marks" / "1").exists() and origin.report("pull-1").stat().st_mtime_ns == before
     # a new generation of the same release is a run (a rollback re-published it)
-    gen2 = pull.publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
+    gen2 = publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
     assert _converge(cfg, tmp).returncode == 0
     assert (tmp / "marks" / "1").exists() and _report_of(origin, "pull-1")["generation"] == gen2
 
 
 def test_a_host_refuses_what_was_not_signed_for_it(served, repo, key, tmp_path):
     origin, cfg, tmp = served
-    sha = pull.publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
-    gen = pull.publish_desired(origin, key, {"pull-1": sha, "pull-2": sha}, "t", _data(repo))
+    sha = publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
+    gen = publish_desired(origin, key, {"pull-1": sha, "pull-2": sha}, "t", _data(repo))
     assert _converge(cfg, tmp).returncode == 0
     good = origin.pointer("pull-1").read_bytes()
     # another host's pointer served as this host's
@@ -236,7 +265,7 @@ def test_a_host_refuses_what_was_not_signed_for_it(served, repo, key, tmp_path):
     assert _converge(cfg, tmp).returncode == 1
     assert "signature does not verify" in _report_of(origin, "pull-1")["error"]
     # an older pointer served again
-    pull.publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
+    publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
     assert _converge(cfg, tmp).returncode == 0
     origin.pointer("pull-1").write_bytes(good)
     assert _converge(cfg, tmp).returncode == 1
@@ -246,18 +275,18 @@ def test_a_host_refuses_what_was_not_signed_for_it(served, repo, key, tmp_path):
 
 def test_a_release_whose_bytes_differ_is_refused_and_a_failing_deploy_reported(served, repo, key):
     origin, cfg, tmp = served
-    sha = pull.publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
+    sha = publish_release(origin, _hosts(repo), "deploys/mark.py", repo)
     data = origin.release(sha).read_bytes()
     origin.release(sha).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    pull.publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
+    publish_desired(origin, key, {"pull-1": sha}, "t", _data(repo))
     assert _converge(cfg, tmp).returncode == 1
     rep = _report_of(origin, "pull-1")
     assert rep["result"] == "refused" and "not the release" in rep["error"]
     assert not (tmp / "marks" / "1").exists()
     origin.release(sha).write_bytes(data)
-    bad = pull.publish_release(origin, _hosts(repo, fail_here=True), "deploys/mark.py", repo)
+    bad = publish_release(origin, _hosts(repo, fail_here=True), "deploys/mark.py", repo)
     assert bad == sha  # the same release: the data that fails travels in the host's own pointer
-    pull.publish_desired(origin, key, {"pull-1": bad}, "t", _data(repo, fail_here=True))
+    publish_desired(origin, key, {"pull-1": bad}, "t", _data(repo, fail_here=True))
     assert _converge(cfg, tmp).returncode == 1
     rep = _report_of(origin, "pull-1")
     assert rep["result"] == "failed" and rep["release"] == bad and rep["error"]
@@ -273,7 +302,7 @@ def test_the_textfile_is_what_the_node_exporter_reads(tmp_path):
     d.mkdir()
     state = {"release": "ab" * 32, "generation": 7, "result": "failed", "finished_ts": 1800000000.5,
              "checked_ts": 1800000100.0, "seconds": 12.5}
-    (d / "tritonfleet_pull.prom").write_text(converge.textfile(state))
+    (d / "tritonfleet_pull.prom").write_text(host_run.textfile(state))
     port = free_port()
     p = subprocess.Popen([exe, "--collector.disable-defaults", "--collector.textfile",
                           f"--collector.textfile.directory={d}", f"--web.listen-address=127.0.0.1:{port}"],
@@ -302,7 +331,7 @@ def test_the_bootstrap_script_and_its_user_data(key, tmp_path):
     cfg = {"format": 1, "host": "h-1", "origin": "http://10.0.0.1:8090", "reports": "http://10.0.0.1:8090/reports",
            "signers": bootstrap.SIGNERS, "release": None, "poll_interval": 60, "converge_interval": 1800,
            "textfile": ""}
-    signers = pull.allowed_signers(key)
+    signers = allowed_signers(key)
     text = bootstrap.script(cfg, "f" * 64, signers)
     assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
     assert f'echo "{"f" * 64}  $tmp/requirements.txt" | sha256sum -c --quiet -' in text
@@ -333,7 +362,7 @@ def test_the_agent_is_pinned_file_by_file(tmp_path, monkeypatch):
     fake_wheel = tmp_path / "tritonfleet-0.1.0-py3-none-any.whl"
     fake_wheel.write_bytes(b"wheel")
     (tmp_path / "o").mkdir()
-    origin = pull.Origin(tmp_path / "o")
+    origin = Origin(tmp_path / "o")
     with pytest.raises(UsageError, match=f"pip download .*six=={closure['six']}"):
         bootstrap.publish_agent(origin, wh, fake_wheel)
     other = tmp_path / "tritonfleet-0.0.9-py3-none-any.whl"
@@ -344,10 +373,10 @@ def test_the_agent_is_pinned_file_by_file(tmp_path, monkeypatch):
     six.write_bytes(b"six wheel")
     sha = bootstrap.publish_agent(origin, wh, fake_wheel)
     reqs = (tmp_path / "o" / "dist" / "requirements.txt").read_bytes()
-    assert pull.hashlib.sha256(reqs).hexdigest() == sha
+    assert hashlib.sha256(reqs).hexdigest() == sha
     lines = [ln for ln in reqs.decode().splitlines() if not ln.startswith("#")]
-    assert lines == [f"six=={closure['six']} --hash=sha256:{pull.sha256_file(six)}",
-                     f"tritonfleet==0.1.0 --hash=sha256:{pull.sha256_file(fake_wheel)}"]
+    assert lines == [f"six=={closure['six']} --hash=sha256:{sha256_file(six)}",
+                     f"tritonfleet==0.1.0 --hash=sha256:{sha256_file(fake_wheel)}"]
     index = (tmp_path / "o" / "dist" / "wheels" / "index.html").read_text()
     assert six.name in index and fake_wheel.name in index
 
@@ -358,12 +387,12 @@ class Agents:
     """Hosts that follow their pointers on the origin directory and report, as tritonfleet
     converge does: ``behaviour(host, release)`` -> "ok", "failed" or "silent"."""
 
-    def __init__(self, origin: pull.Origin, hosts: list[str], behaviour, initial: str | None, keys: dict):
+    def __init__(self, origin: Origin, hosts: list[str], behaviour, initial: str | None, keys: dict):
         self.origin, self.hosts, self.behaviour, self.keys = origin, hosts, behaviour, keys
         self.ran: dict[str, list[str]] = {h: [] for h in hosts}
         self.stop = threading.Event()
         # what they ran before the rollout: the pointers already there
-        self.gen = {h: (pull.read_pointer(origin.pointer(h)) or {}).get("generation", 0) for h in hosts}
+        self.gen = {h: (read_pointer(origin.pointer(h)) or {}).get("generation", 0) for h in hosts}
         if initial:
             for h in hosts:
                 self._report(h, initial, 0, "ok")
@@ -378,7 +407,7 @@ class Agents:
     def loop(self):
         while not self.stop.is_set():
             for h in self.hosts:
-                ptr = pull.read_pointer(self.origin.pointer(h))
+                ptr = read_pointer(self.origin.pointer(h))
                 if ptr and ptr["generation"] > self.gen[h]:
                     self.gen[h] = ptr["generation"]
                     how = self.behaviour(h, ptr["release"])
@@ -399,16 +428,16 @@ OLD = "0123456789abcdef" * 4  # the release the hosts ran before the rollout
 def _run(repo, key, host_keys, tmp_path, behaviour, n=5, initial=OLD, **kw):
     _rollout_repo(repo, n)
     (tmp_path / "origin").mkdir(exist_ok=True)
-    origin = pull.Origin(tmp_path / "origin")
+    origin = Origin(tmp_path / "origin")
     _enrol(origin, host_keys)
     names = [f"h{i}" for i in range(1, n + 1)]
     if initial:
-        pull.publish_desired(origin, key, dict.fromkeys(names, initial), "before",
+        publish_desired(origin, key, dict.fromkeys(names, initial), "before",
                              {h: {"groups": ["pulled"], "data": {"was": h}} for h in names})
     agents = Agents(origin, names, behaviour, initial, host_keys)
     lines = []
     try:
-        report = pull.rollout(str(repo / "inventories" / "many.py"), "deploys/mark.py", origin, key, echo=lines.append, poll=0.05,
+        report = rollout(str(repo / "inventories" / "many.py"), "deploys/mark.py", origin, key, echo=lines.append, poll=0.05,
                                  **kw)
     finally:
         agents.stop.set()
@@ -418,7 +447,7 @@ def _run(repo, key, host_keys, tmp_path, behaviour, n=5, initial=OLD, **kw):
 def test_rollout_canary_then_batches_all_on_the_new_release(repo, key, host_keys, tmp_path):
     report, agents, res, _ = _run(repo, key, host_keys, tmp_path, lambda h, r: "ok", batch="2", timeout=20)
     assert report.ok and report.batches == [["h1"], ["h2", "h3"], ["h4", "h5"]]
-    new = pull.read_pointer(agents.origin.pointer("h1"))["release"]
+    new = read_pointer(agents.origin.pointer("h1"))["release"]
     assert all(agents.ran[h] == [new] for h in agents.hosts)
     assert [res[h].batch for h in agents.hosts] == [1, 2, 2, 3, 3]
     assert all(res[h].result == "updated" and res[h].before == OLD[:12] and res[h].after == new[:12] for h in res)
@@ -434,7 +463,7 @@ def test_rollout_halts_on_a_failed_canary_and_rolls_it_back(repo, key, host_keys
     assert agents.ran["h1"] == [new, OLD]  # failed, then pointed back
     assert res["h1"].result == "rolled back" and "pre-flight failed" in res["h1"].detail
     assert all(agents.ran[h] == [] and res[h].result == "not touched" for h in ("h2", "h3", "h4", "h5"))
-    assert all(pull.read_pointer(agents.origin.pointer(h))["release"] == OLD for h in agents.hosts)
+    assert all(read_pointer(agents.origin.pointer(h))["release"] == OLD for h in agents.hosts)
 
 
 def test_rollout_failure_budget_silent_hosts_and_hosts_that_never_reported(repo, key, host_keys, tmp_path):
@@ -453,25 +482,25 @@ def test_rollout_failure_budget_silent_hosts_and_hosts_that_never_reported(repo,
 
 
 def test_one_publisher_at_a_time(tmp_path):
-    origin = pull.Origin(tmp_path)
-    with origin.lock("first"), pytest.raises(pull.PullError, match="first, pid"), origin.lock("second"):
+    origin = Origin(tmp_path)
+    with origin.lock("first"), pytest.raises(PullError, match="first, pid"), origin.lock("second"):
         pass
 
 
 def test_status_reads_the_reports(repo, key, host_keys, tmp_path):
     (tmp_path / "origin").mkdir()
-    origin = pull.Origin(tmp_path / "origin")
+    origin = Origin(tmp_path / "origin")
     _enrol(origin, host_keys)
     hosts = _hosts(repo)
-    pull.publish_desired(origin, key, {"pull-1": "a" * 64, "pull-2": "b" * 64}, "t")
+    publish_desired(origin, key, {"pull-1": "a" * 64, "pull-2": "b" * 64}, "t")
     now = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60))
     _put_report(origin, "pull-1", {"host": "pull-1", "release": "a" * 64, "result": "ok", "finished": stamp},
                 host_keys["pull-1"])
-    rows = {r["host"]: r for r in pull.status(hosts, origin, now)}
+    rows = {r["host"]: r for r in status(hosts, origin, now)}
     assert rows["pull-1"]["drift"] == [] and 55 <= rows["pull-1"]["age_seconds"] <= 65
     assert rows["pull-2"]["drift"] == ["no report (not converging itself: bootstrap it)"]
-    rows = {r["host"]: r for r in pull.status(hosts, origin, now + 10_000)}
+    rows = {r["host"]: r for r in status(hosts, origin, now + 10_000)}
     assert "no run for" in rows["pull-1"]["drift"][0]
 
 
@@ -481,19 +510,19 @@ NEW = "fedcba9876543210" * 4  # the release a rollout moves to
 GOOD = {"release": NEW, "generation": 0, "result": "ok", "error": "", "changed": 1, "finished": "2030-01-01T00:00:00Z"}
 
 
-def _pull_run(origin: pull.Origin, key: Path, hosts: list[str], wait: float = 0.3):
+def _pull_run(origin: Origin, key: Path, hosts: list[str], wait: float = 0.3):
     from tritonfleet.fleet.rollout.journal import Journal
     from tritonfleet.fleet.rollout.report import HostResult, Report
 
     report = Report("inv", "deploys/mark.py", [hosts], [HostResult(h) for h in hosts])
-    return pull._PullRun(origin, key, NEW, "t", report, Journal(origin.root / "journal.jsonl"), pull.Reports(origin),
+    return _PullRun(origin, key, NEW, "t", report, Journal(origin.root / "journal.jsonl"), Reports(origin),
                          lambda _: None, wait, 0.01, 10, 1)
 
 
 @pytest.fixture
 def bare_origin(tmp_path, host_keys):
     (tmp_path / "origin").mkdir()
-    origin = pull.Origin(tmp_path / "origin")
+    origin = Origin(tmp_path / "origin")
     _enrol(origin, host_keys)
     return origin
 
@@ -520,20 +549,20 @@ def test_finding_1_a_reported_release_is_never_signed_and_never_a_path(bare_orig
     assert run.was["h1"] is None and run.results["h1"].before == "b" * 12
     run.roll_back(["h1"], 1)
     assert not origin.pointer("h1").exists()
-    with pytest.raises(pull.PullError, match="not signed"):
-        pull.publish_desired(origin, key, {"h1": "../../x"}, "t")
+    with pytest.raises(PullError, match="not signed"):
+        publish_desired(origin, key, {"h1": "../../x"}, "t")
     # the host: a pointer signed with the real key but naming a path is refused, no path built
     payload = json.dumps({"host": "h1", "release": "../../x", "generation": 5, "expires": "2099-01-01T00:00:00Z"})
-    body = json.dumps({"payload": payload, "signature": pull.sign(key, {"p": payload.encode()})["p"]}).encode()
+    body = json.dumps({"payload": payload, "signature": sign(key, {"p": payload.encode()})["p"]}).encode()
     signers = tmp_path / "signers"
-    signers.write_text(pull.allowed_signers(key))
-    monkeypatch.setattr(converge, "STATE_DIR", tmp_path / "state")
-    monkeypatch.setattr(converge, "fetch", lambda url, headers=None, limit=0: (200, body, {}))
+    signers.write_text(allowed_signers(key))
+    monkeypatch.setattr(host_fetch, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(host_fetch, "fetch", lambda url, headers=None, limit=0: (200, body, {}))
     cfg = {"host": "h1", "origin": "http://127.0.0.1:1", "signers": str(signers)}
-    with pytest.raises(converge.Refused, match="not a release id"):
-        converge.desired(cfg, {})
-    with pytest.raises(converge.Refused, match="not a release id"):
-        converge.unpack(cfg, "../../x")
+    with pytest.raises(host_fetch.Refused, match="not a release id"):
+        host_fetch.desired(cfg, {})
+    with pytest.raises(host_fetch.Refused, match="not a release id"):
+        host_fetch.unpack(cfg, "../../x")
     assert not (tmp_path / "state" / "releases").exists()
 
 
@@ -541,13 +570,13 @@ def test_a_rollback_of_new_data_alone_restores_the_hosts_earlier_data(bare_origi
     """The same release with other inventory data (the release holds none): a failed host goes
     back to its own earlier pointer's data."""
     origin = bare_origin
-    pull.publish_desired(origin, key, {"h1": NEW}, "t", {"h1": {"groups": [], "data": {"branch": 550}}})
+    publish_desired(origin, key, {"h1": NEW}, "t", {"h1": {"groups": [], "data": {"branch": 550}}})
     run = _pull_run(origin, key, ["h1"])
     run.entries = {"h1": {"groups": [], "data": {"branch": 999}}}
     run.before()
-    pull.publish_desired(origin, key, {"h1": NEW}, "t", run.entries)
+    publish_desired(origin, key, {"h1": NEW}, "t", run.entries)
     run.roll_back(["h1"], 1)
-    assert pull.read_pointer(origin.pointer("h1"))["host_data"] == {"groups": [], "data": {"branch": 550}}
+    assert read_pointer(origin.pointer("h1"))["host_data"] == {"groups": [], "data": {"branch": 550}}
 
 
 def test_forged_unsigned_and_other_host_signed_reports_fail_that_host(bare_origin, key, host_keys):
@@ -556,7 +585,7 @@ def test_forged_unsigned_and_other_host_signed_reports_fail_that_host(bare_origi
     origin = bare_origin
     hosts = ["h1", "h2", "h3", "h4", "h5"]
     run = _pull_run(origin, key, hosts)
-    gen = pull.publish_desired(origin, key, dict.fromkeys(hosts, NEW), "t")
+    gen = publish_desired(origin, key, dict.fromkeys(hosts, NEW), "t")
     late = {**GOOD, "generation": 10 ** 18}
     _put_report(origin, "h1", {**late, "host": "h1"}, None)  # unsigned
     _put_report(origin, "h2", {**late, "host": "h2"}, host_keys["h3"])  # another host's key
@@ -569,7 +598,7 @@ def test_forged_unsigned_and_other_host_signed_reports_fail_that_host(bare_origi
     assert "report signature refused" in out["h2"][1]
     assert "report malformed: generation is not a whole number" in out["h3"][1]
     assert "report unreadable" in out["h4"][1]
-    rows = {r["host"]: r for r in pull.status(_hosts_named(hosts), origin)}
+    rows = {r["host"]: r for r in status(_hosts_named(hosts), origin)}
     assert "report not signed" in rows["h1"]["drift"][0] and rows["h5"]["drift"] == []
     assert "report unreadable" in rows["h4"]["drift"][0] and "bootstrap it" not in rows["h4"]["drift"][0]
 
@@ -618,9 +647,9 @@ def test_generated_malformed_reports_never_crash_and_never_pass(bare_origin, key
     if raw is not None:
         origin.report("h1").write_bytes(raw)
     else:
-        pull.write_atomic(origin.report("h1"), converge.signed_report(
+        write_atomic(origin.report("h1"), host_run.signed_report(
             {"report_key": str(host_keys["h1"] if signed else "/nonexistent")}, payload))
-    (row,) = pull.status(_hosts_named(["h1"]), origin)
+    (row,) = status(_hosts_named(["h1"]), origin)
     assert not any(c in "".join(row["drift"]) + row["error"] for c in "\x1b\n\r")
     run = _pull_run(origin, key, ["h1"], wait=0)
     ok, why, _ = run.await_reports(["h1"], 1, NEW)["h1"]
@@ -634,10 +663,10 @@ def test_a_garbage_pointer_shows_in_status(bare_origin, key, host_keys):
     """Newcomer item 27: an unreadable pointer is drift, named; item 29: a report whose finished
     is not the ISO form is malformed, not a traceback."""
     origin = bare_origin
-    pull.publish_desired(origin, key, {"h1": NEW, "h2": NEW}, "t")
+    publish_desired(origin, key, {"h1": NEW, "h2": NEW}, "t")
     origin.pointer("h1").write_text("garbage{")
     _put_report(origin, "h2", {**GOOD, "host": "h2", "finished": "2026-12-06 02:51:11"}, host_keys["h2"])
-    rows = {r["host"]: r for r in pull.status(_hosts_named(["h1", "h2"]), origin)}
+    rows = {r["host"]: r for r in status(_hosts_named(["h1", "h2"]), origin)}
     assert any("pointer desired/h1.json unreadable" in d for d in rows["h1"]["drift"])
     assert rows["h2"]["drift"] == ["report malformed: finished is not a time like 2026-01-02T03:04:05Z"]
 
@@ -648,20 +677,20 @@ def test_a_garbage_pointer_shows_in_status(bare_origin, key, host_keys):
 def host_side(tmp_path, key, host_keys, monkeypatch):
     """converge run in this process against pointers in a directory (no HTTP), reports captured."""
     (tmp_path / "origin").mkdir()
-    origin = pull.Origin(tmp_path / "origin")
+    origin = Origin(tmp_path / "origin")
     signers = tmp_path / "signers"
-    signers.write_text(pull.allowed_signers(key))
-    monkeypatch.setattr(converge, "STATE_DIR", tmp_path / "state")
+    signers.write_text(allowed_signers(key))
+    monkeypatch.setattr(host_fetch, "STATE_DIR", tmp_path / "state")
 
     def fetch(url, headers=None, limit=0):
         path = origin.root / url.split("127.0.0.1:1/", 1)[1]
         if not path.is_file():
-            raise converge.NotFound(f"{url}: HTTP 404")
+            raise host_fetch.NotFound(f"{url}: HTTP 404")
         return 200, path.read_bytes(), {}
 
-    monkeypatch.setattr(converge, "fetch", fetch)
+    monkeypatch.setattr(host_fetch, "fetch", fetch)
     sent: list[dict] = []
-    monkeypatch.setattr(converge, "send_report", lambda cfg, rep: sent.append(rep))
+    monkeypatch.setattr(host_run, "send_report", lambda cfg, rep: sent.append(rep))
     cfg = {"format": 1, "host": "h1", "origin": "http://127.0.0.1:1", "signers": str(signers), "release": None,
            "min_generation": 0, "report_key": str(host_keys["h1"]), "converge_interval": 600}
     path = tmp_path / "pull.json"
@@ -673,29 +702,29 @@ def test_a_rebuilt_host_refuses_a_pointer_below_its_floor(host_side, key):
     """Finding 4: a host with no state (rebuilt, or state.json wiped) refuses an older pointer:
     the bootstrap's min_generation, and the highest generation it accepted (its own file)."""
     origin, cfg, _, _ = host_side
-    pull.publish_desired(origin, key, {"h1": "a" * 64}, "t")
+    publish_desired(origin, key, {"h1": "a" * 64}, "t")
     old = origin.pointer("h1").read_bytes()
-    g2 = pull.publish_desired(origin, key, {"h1": "b" * 64}, "t")
-    assert converge.desired(cfg, {})["release"] == "b" * 64
+    g2 = publish_desired(origin, key, {"h1": "b" * 64}, "t")
+    assert host_fetch.desired(cfg, {})["release"] == "b" * 64
     origin.pointer("h1").write_bytes(old)
-    with pytest.raises(converge.Refused, match="older than"):
-        converge.desired(cfg, {})  # no state: the generation file holds
-    converge._generation_path().unlink()
-    with pytest.raises(converge.Refused, match="older than"):
-        converge.desired({**cfg, "min_generation": g2}, {})  # a new bootstrap: its floor holds
+    with pytest.raises(host_fetch.Refused, match="older than"):
+        host_fetch.desired(cfg, {})  # no state: the generation file holds
+    host_fetch._generation_path().unlink()
+    with pytest.raises(host_fetch.Refused, match="older than"):
+        host_fetch.desired({**cfg, "min_generation": g2}, {})  # a new bootstrap: its floor holds
 
 
 def test_unreadable_state_or_generation_fails_closed(host_side, key):
     origin, cfg, path, sent = host_side
-    pull.publish_desired(origin, key, {"h1": "a" * 64}, "t", {"h1": {"groups": [], "data": {}}})
-    converge.STATE_DIR.mkdir(parents=True)
-    (converge.STATE_DIR / "state.json").write_text("{not json")
-    assert converge.converge(path, echo=lambda _: None) == 1
+    publish_desired(origin, key, {"h1": "a" * 64}, "t", {"h1": {"groups": [], "data": {}}})
+    host_fetch.STATE_DIR.mkdir(parents=True)
+    (host_fetch.STATE_DIR / "state.json").write_text("{not json")
+    assert host_run.converge(path, echo=lambda _: None) == 1
     assert sent[-1]["result"] == "refused" and "unreadable" in sent[-1]["error"]
-    assert (converge.STATE_DIR / "state.json").read_text() == "{not json"  # left for the operator
-    (converge.STATE_DIR / "state.json").unlink()
-    converge._generation_path().write_text("x\n")
-    assert converge.converge(path, echo=lambda _: None) == 1
+    assert (host_fetch.STATE_DIR / "state.json").read_text() == "{not json"  # left for the operator
+    (host_fetch.STATE_DIR / "state.json").unlink()
+    host_fetch._generation_path().write_text("x\n")
+    assert host_run.converge(path, echo=lambda _: None) == 1
     assert sent[-1]["result"] == "refused" and "generation file" in sent[-1]["error"]
 
 
@@ -704,33 +733,33 @@ def test_an_expired_pointer_is_a_stale_origin(host_side, key):
     origin; `pull refresh` re-signs the same release, data, a new generation and expiry."""
     origin, cfg, path, sent = host_side
     data = {"h1": {"groups": ["g"], "data": {"colour": "blue"}}}
-    pull.publish_desired(origin, key, {"h1": "a" * 64}, "t", data, ttl=-1)
-    with pytest.raises(converge.Stale, match="stale origin: desired/h1.json expired at"):
-        converge.desired(cfg, {})
+    publish_desired(origin, key, {"h1": "a" * 64}, "t", data, ttl=-1)
+    with pytest.raises(host_fetch.Stale, match="stale origin: desired/h1.json expired at"):
+        host_fetch.desired(cfg, {})
     state = {"release": "a" * 64, "generation": 1, "result": "ok", "finished_ts": time.time()}
-    converge.save_state(state)
-    assert converge.converge(path, echo=lambda _: None) == 1
+    host_fetch.save_state(state)
+    assert host_run.converge(path, echo=lambda _: None) == 1
     assert sent[-1]["stale"].startswith("stale origin") and sent[-1]["release"] == "a" * 64
-    assert json.loads((converge.STATE_DIR / "state.json").read_text())["release"] == "a" * 64
-    before = pull.read_pointer(origin.pointer("h1"))
-    gen, hosts = pull.refresh(origin, key)
-    after = pull.read_pointer(origin.pointer("h1"))
+    assert json.loads((host_fetch.STATE_DIR / "state.json").read_text())["release"] == "a" * 64
+    before = read_pointer(origin.pointer("h1"))
+    gen, hosts = refresh(origin, key)
+    after = read_pointer(origin.pointer("h1"))
     assert hosts == ["h1"] and gen > before["generation"]
     assert (after["release"], after["host_data"]) == ("a" * 64, data["h1"])
-    assert converge.desired(cfg, {})["generation"] == gen
+    assert host_fetch.desired(cfg, {})["generation"] == gen
 
 
 def test_each_host_receives_only_its_own_data(repo, key, tmp_path):
     """Finding 12: the release holds no host's data; each pointer holds its own host's entry."""
     (tmp_path / "origin").mkdir()
-    origin = pull.Origin(tmp_path / "origin")
+    origin = Origin(tmp_path / "origin")
     hosts = _hosts(repo, lb_drain_command="curl -H 'Authorization: Bearer s3cr3t-lb'")
-    sha = pull.publish_release(origin, hosts, "deploys/mark.py", repo)
-    entries, _ = pull.host_entries(hosts, repo)
-    pull.publish_desired(origin, key, {"pull-1": sha, "pull-2": sha}, "t", entries)
+    sha = publish_release(origin, hosts, "deploys/mark.py", repo)
+    entries, _ = host_entries(hosts, repo)
+    publish_desired(origin, key, {"pull-1": sha, "pull-2": sha}, "t", entries)
     served_to_1 = origin.pointer("pull-1").read_bytes() + gzip.decompress(origin.release(sha).read_bytes())
     assert b"red" not in served_to_1 and b"/2" not in served_to_1  # pull-2's colour and mark file
-    assert pull.read_pointer(origin.pointer("pull-1"))["host_data"] == entries["pull-1"]
+    assert read_pointer(origin.pointer("pull-1"))["host_data"] == entries["pull-1"]
     unpacked = _manifest(origin.release(sha).read_bytes())
     assert "hosts" not in unpacked["manifest"] and "s3cr3t-lb" not in json.dumps(unpacked["manifest"])
 
@@ -741,14 +770,14 @@ def test_downloads_are_capped(served, key):
     origin, cfg_path, tmp = served
     cfg = json.loads(cfg_path.read_text())
     origin.pointer("pull-1").parent.mkdir(parents=True, exist_ok=True)
-    origin.pointer("pull-1").write_bytes(b" " * (pull.MAX_SMALL + 10))
-    with pytest.raises(converge.Refused, match="more than"):
-        converge.desired(cfg, {})
+    origin.pointer("pull-1").write_bytes(b" " * (MAX_SMALL + 10))
+    with pytest.raises(host_fetch.Refused, match="more than"):
+        host_fetch.desired(cfg, {})
     (origin.root / "blobs").mkdir()
     (origin.root / "blobs" / ("c" * 64)).write_bytes(b"x" * 5000)
     dest = tmp / "dl" / "blob"
-    with pytest.raises(converge.Refused, match="more than the 100 bytes"):
-        converge.fetch_to(f"{origin.url}/blobs/{'c' * 64}", dest, "c" * 64, 100)
+    with pytest.raises(host_fetch.Refused, match="more than the 100 bytes"):
+        host_fetch.fetch_to(f"{origin.url}/blobs/{'c' * 64}", dest, "c" * 64, 100)
     assert not dest.exists() and not list(dest.parent.iterdir())
 
 
@@ -757,25 +786,25 @@ def test_bootstrap_makes_keeps_and_enrols_each_hosts_report_key(tmp_path, key):
     public half enrolled for that host only; a second bootstrap keeps it, --rekey replaces it; a
     host enrolled with a key that is not in --out is refused."""
     (tmp_path / "origin").mkdir()
-    origin = pull.Origin(tmp_path / "origin")
+    origin = Origin(tmp_path / "origin")
     out = tmp_path / "boot"
     first = bootstrap.report_keys(["a", "b"], origin, out)
     assert (out / "a" / "report-key").stat().st_mode & 0o777 == 0o600
     assert (out / "a").stat().st_mode & 0o777 == 0o700
     assert not [p for p in origin.root.rglob("*") if "PRIVATE" in p.read_text()]
-    lines = (origin.root / pull.HOST_SIGNERS).read_text().splitlines()
+    lines = (origin.root / HOST_SIGNERS).read_text().splitlines()
     assert [ln.split(" ")[:2] for ln in lines] == [["a", 'namespaces="tritonfleet-report"'],
                                                    ["b", 'namespaces="tritonfleet-report"']]
     assert bootstrap.report_keys(["a", "b"], origin, out) == first
     again = bootstrap.report_keys(["a"], origin, out, rekey=True)
-    assert again["a"] != first["a"] and pull.host_signers(origin)["a"] in (out / "a" / "report-key.pub").read_text()
+    assert again["a"] != first["a"] and host_signers(origin)["a"] in (out / "a" / "report-key.pub").read_text()
     with pytest.raises(UsageError, match="give the --out it was bootstrapped with, or --rekey"):
         bootstrap.report_keys(["b"], origin, tmp_path / "elsewhere")
     with pytest.raises(UsageError, match="cannot hold a report key"):
         bootstrap.report_keys(["*"], origin, out)
     # the script writes the key root-only, and the config with the floor
     cfg = {"host": "a", "origin": "http://10.0.0.1:8090", "min_generation": 7, "report_key": bootstrap.REPORT_KEY}
-    text = bootstrap.script(cfg, "f" * 64, pull.allowed_signers(key), again["a"])
+    text = bootstrap.script(cfg, "f" * 64, allowed_signers(key), again["a"])
     assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
     assert text.index("umask 077") < text.index(f"cat > {bootstrap.REPORT_KEY}.tmp") and again["a"].strip() in text
     assert f"chmod 600 {bootstrap.CONFIG}.tmp" in text
@@ -790,36 +819,36 @@ def test_release_signers_rotate_with_an_overlap(host_side, key, tmp_path):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(k)], check=True)
 
     def follows(signer: Path) -> bool:
-        pull.publish_desired(origin, signer, {"h1": "a" * 64}, "t")
+        publish_desired(origin, signer, {"h1": "a" * 64}, "t")
         try:
-            converge.desired(cfg, {})
+            host_fetch.desired(cfg, {})
             return True
-        except converge.Refused:
+        except host_fetch.Refused:
             return False
 
     state: dict = {}
-    assert converge.update_signers(cfg, state) == ""  # no document: nothing to do
+    assert host_fetch.update_signers(cfg, state) == ""  # no document: nothing to do
     assert follows(key) and not follows(new)
-    pull.rotate_key(origin, key, new=new)  # overlap: [OLD, NEW], signed by OLD
-    assert "generation 1 installed (2 key(s))" in converge.update_signers(cfg, state)
+    rotate_key(origin, key, new=new)  # overlap: [OLD, NEW], signed by OLD
+    assert "generation 1 installed (2 key(s))" in host_fetch.update_signers(cfg, state)
     assert follows(key) and follows(new)
-    overlap = (origin.root / pull.SIGNERS_DOC).read_bytes()
-    pull.rotate_key(origin, new, retire=key)  # [NEW], signed by NEW
-    assert "generation 2 installed (1 key(s))" in converge.update_signers(cfg, state)
+    overlap = (origin.root / SIGNERS_DOC).read_bytes()
+    rotate_key(origin, new, retire=key)  # [NEW], signed by NEW
+    assert "generation 2 installed (1 key(s))" in host_fetch.update_signers(cfg, state)
     assert follows(new) and not follows(key)
-    (origin.root / pull.SIGNERS_DOC).write_bytes(overlap)  # the old document served again: OLD is retired
-    with pytest.raises(converge.Refused, match="signature does not verify"):
-        converge.update_signers(cfg, {})
+    (origin.root / SIGNERS_DOC).write_bytes(overlap)  # the old document served again: OLD is retired
+    with pytest.raises(host_fetch.Refused, match="signature does not verify"):
+        host_fetch.update_signers(cfg, {})
     doc = json.loads(overlap)
-    older = pull.sign(new, {"d": doc["payload"].encode()}, namespace=pull.SIGNERS_NAMESPACE)["d"]
-    (origin.root / pull.SIGNERS_DOC).write_text(json.dumps({"payload": doc["payload"], "signature": older}))
-    with pytest.raises(converge.Refused, match="older than the 2 installed"):  # signed by NEW, generation 1
-        converge.update_signers(cfg, {})
+    older = sign(new, {"d": doc["payload"].encode()}, namespace=SIGNERS_NAMESPACE)["d"]
+    (origin.root / SIGNERS_DOC).write_text(json.dumps({"payload": doc["payload"], "signature": older}))
+    with pytest.raises(host_fetch.Refused, match="older than the 2 installed"):  # signed by NEW, generation 1
+        host_fetch.update_signers(cfg, {})
     payload = doc["payload"].replace('"generation": 1', '"generation": 9')
-    sig = pull.sign(rogue, {"d": payload.encode()}, namespace=pull.SIGNERS_NAMESPACE)["d"]
-    (origin.root / pull.SIGNERS_DOC).write_text(json.dumps({"payload": payload, "signature": sig}))
-    with pytest.raises(converge.Refused, match="signature does not verify"):
-        converge.update_signers(cfg, {})
+    sig = sign(rogue, {"d": payload.encode()}, namespace=SIGNERS_NAMESPACE)["d"]
+    (origin.root / SIGNERS_DOC).write_text(json.dumps({"payload": payload, "signature": sig}))
+    with pytest.raises(host_fetch.Refused, match="signature does not verify"):
+        host_fetch.update_signers(cfg, {})
     assert follows(new) and not follows(key)  # the installed list is unchanged
     with pytest.raises(UsageError, match="not a signer the hosts trust now"):
-        pull.rotate_key(origin, rogue, new=rogue)
+        rotate_key(origin, rogue, new=rogue)

@@ -1,5 +1,5 @@
 """Pull mode's origin and signing key: the one place `tritonfleet check` reads tritonfleet.fleet.pull's
-files (its pointers, signatures and reports), kept apart so that it follows pull.py's changes."""
+files (its pointers, signatures and reports), kept apart so that it follows that package's changes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import tempfile
 from pathlib import Path
 
 from ...core.errors import UsageError
-from .. import pull
+from ..pull.origin import NAMESPACE, SIGNER, Origin
+from ..pull.reports import Reports
+from ..pull.signing import read_pointer, verify
 from .rows import (
     FAIL,
     OK,
@@ -30,7 +32,7 @@ def pull_origin_rows(w: Wiring) -> list[Row]:
         return []
     c = "pull origin"
     try:
-        origin = pull.Origin(w.pull_origin)
+        origin = Origin(w.pull_origin)
     except UsageError as e:
         return [Row(FAIL, c, str(e), "give the directory the hosts' origin URL serves")]
     rows = [Row(WARN, c, f"{w.pull_origin} has no {d}/", f"`tritonfleet {how}` writes it")
@@ -44,7 +46,7 @@ def pull_origin_rows(w: Wiring) -> list[Row]:
         if signers and w.bootstrap_dir is not None:
             trusted = signers.read_text().split()
             found += [_host_signers(w.bootstrap_dir, h.name, trusted, w.sign_key) for h in w.hosts or []]
-    reports = pull.Reports(origin)
+    reports = Reports(origin)
     try:
         for h in w.hosts or []:
             found += _pointer_findings(origin, h.name, signers, w.sign_key)
@@ -81,7 +83,7 @@ def _key_halves(key: Path) -> tuple[list[Row], Path | None]:
                         "half trust no pointer (bootstrap them again)"))
     fd, name = tempfile.mkstemp(prefix="tritonfleet-signers-")
     with os.fdopen(fd, "w") as f:
-        f.write(f'{pull.SIGNER} namespaces="{pull.NAMESPACE}" {" ".join(derived)}\n')
+        f.write(f'{SIGNER} namespaces="{NAMESPACE}" {" ".join(derived)}\n')
     return rows, Path(name)
 
 
@@ -101,12 +103,12 @@ def _host_signers(out: Path, host: str, trusted: list[str], key: Path) -> tuple[
     return host, OK, f"trusts {key}", ""
 
 
-def _pointer_findings(origin: pull.Origin, host: str, signers: Path | None,
+def _pointer_findings(origin: Origin, host: str, signers: Path | None,
                       key: Path | None) -> list[tuple[str, str, str, str]]:
     path = origin.pointer(host)
     if not path.exists():
         return [(host, WARN, "no pointer under desired/", "tritonfleet pull publish (or pull rollout) writes it")]
-    payload = pull.read_pointer(path)
+    payload = read_pointer(path)
     if not isinstance(payload, dict) or payload.get("host") != host or not payload.get("release"):
         return [(host, FAIL, f"desired/{host}.json is not a release pointer for this host",
                  "publish it again: tritonfleet pull publish")]
@@ -116,7 +118,7 @@ def _pointer_findings(origin: pull.Origin, host: str, signers: Path | None,
                     "releases/", "publish the release again (tritonfleet pull publish)"))
     if signers is not None:
         doc = json.loads(path.read_bytes())
-        why = pull.verify(signers, str(doc.get("payload", "")).encode(), str(doc.get("signature", "")))
+        why = verify(signers, str(doc.get("payload", "")).encode(), str(doc.get("signature", "")))
         if why:
             out.append((host, FAIL, f"its pointer's signature does not verify against {key}: {why.splitlines()[-1]}",
                         f"publish again with the key the hosts trust (tritonfleet pull publish --sign-key {key})"))

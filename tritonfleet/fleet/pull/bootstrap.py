@@ -41,9 +41,19 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from ..core.errors import UsageError
-from ..settings.defaults import DEFAULTS
-from . import pull
+from ...core.errors import UsageError
+from ...settings.defaults import DEFAULTS
+from .origin import FORMAT, HOST_SIGNERS, Origin, is_release_id, sha256_file, write_atomic
+from .release import host_entries
+from .signing import (
+    allowed_signers,
+    current_generation,
+    enrol,
+    host_signers,
+    make_key,
+    signers_doc,
+    signers_text,
+)
 
 AGENT = "/opt/tritonfleet/agent"
 CONFIG = "/etc/tritonfleet/pull.json"
@@ -93,7 +103,7 @@ def requirements_name(sha: str) -> str:
     return f"requirements-{sha}.txt"
 
 
-def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path,
+def publish_agent(origin: Origin, wheelhouse: Path, wheel: Path,
                   echo: Callable[[str], None] | None = None) -> str:
     """dist/ on the origin: tritonfleet's wheel (``wheel``: the one this machine installed, or
     `pip wheel --no-deps -w dist .` in a checkout) and its dependencies' wheels (from ``wheelhouse``:
@@ -107,7 +117,7 @@ def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path,
     closure = runtime_closure()
     dist = origin.root / DIST / "wheels"
     dist.mkdir(parents=True, exist_ok=True)
-    from .. import __version__
+    from ... import __version__
 
     project, found, *_ = parse_wheel_filename(wheel.name)
     if project != "tritonfleet" or str(found) != __version__:
@@ -126,7 +136,7 @@ def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path,
                          "(for the hosts' Python: --python-version/--platform)")
     # a wheel already on the origin stays as it is: earlier requirements files pin its hash
     clash = [p.name for ps in files.values() for p in ps
-             if (dist / p.name).is_file() and pull.sha256_file(dist / p.name) != pull.sha256_file(p)]
+             if (dist / p.name).is_file() and sha256_file(dist / p.name) != sha256_file(p)]
     if clash:
         raise UsageError(f"wheelhouse {wheelhouse}: {', '.join(clash)} differ from the files of the same name on the "
                          f"origin ({dist}), which earlier bootstrap scripts pin by sha256: use the origin's files, or "
@@ -139,12 +149,12 @@ def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path,
             if not dest.is_file():
                 shutil.copyfile(p, dest.with_name(f".{p.name}.tmp"))
                 os.replace(dest.with_name(f".{p.name}.tmp"), dest)
-            hashes.append(pull.sha256_file(dest))
+            hashes.append(sha256_file(dest))
         version = closure.get(name) or parse_wheel_filename(files[name][0].name)[1]
         lines.append(f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(set(hashes))))
     # every wheel on the origin, so the sets of earlier scripts are found too (pip --find-links)
     links = [f'<a href="{html.escape(w.name)}">{html.escape(w.name)}</a><br>' for w in sorted(dist.glob("*.whl"))]
-    pull.write_atomic(dist / "index.html", ("<!DOCTYPE html><html><body>\n" + "\n".join(links)
+    write_atomic(dist / "index.html", ("<!DOCTYPE html><html><body>\n" + "\n".join(links)
                                             + "\n</body></html>\n").encode())
     reqs = ("# the self-converging hosts' agent: every file pinned by sha256 (tritonfleet bootstrap)\n"
             + "\n".join(lines) + "\n").encode()
@@ -154,8 +164,8 @@ def publish_agent(origin: pull.Origin, wheelhouse: Path, wheel: Path,
         before = hashlib.sha256(newest.read_bytes()).hexdigest()
     except OSError:
         before = None
-    pull.write_atomic(origin.root / DIST / requirements_name(sha), reqs)
-    pull.write_atomic(newest, reqs)
+    write_atomic(origin.root / DIST / requirements_name(sha), reqs)
+    write_atomic(newest, reqs)
     if echo and before and before != sha:
         echo(f"the agent's requirements changed: {DIST}/{requirements_name(before)} -> {DIST}/{requirements_name(sha)} "
              "(scripts and user-data written before still install the earlier set, which stays on the origin; "
@@ -184,7 +194,7 @@ def host_config(fh, origin_url: str, reports_url: str, signers: bool, release: s
     Settings, the package's default where the inventory sets none). ``min_generation``: the
     origin's generation at bootstrap, below which the host follows no pointer; ``host_data``:
     the host's own entry, for a pinned release only (pointers carry it otherwise)."""
-    return {"format": pull.FORMAT, "host": fh.name, "origin": origin_url, "reports": reports_url,
+    return {"format": FORMAT, "host": fh.name, "origin": origin_url, "reports": reports_url,
             "signers": SIGNERS if signers else None, "release": release, "min_generation": min_generation,
             "host_data": host_data if release else None, "report_key": REPORT_KEY,
             "poll_interval": int(fh.get("pull_poll_interval")),
@@ -250,14 +260,14 @@ def user_data(host: str, text: str) -> str:
             + yaml.safe_dump(doc, sort_keys=False, default_style=None, width=10_000))
 
 
-def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
+def bootstrap(inventory: str, origin: Origin, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
               key: Path | None, release: str | None, reports_url: str | None = None,
               limit: list[str] | None = None, data: dict | None = None, rekey: bool = False,
               echo: Callable[[str], None] | None = None) -> list[Path]:
     """Publish the agent, make (or keep) every host's report key and enrol it on the origin, and
     write ``out``/<host>/{bootstrap.sh,user-data,report-key} (root's eyes only: 0600 in 0700
     directories) for every host; the directories written."""
-    from . import inventory as fleet
+    from .. import inventory as fleet
 
     check_url(url, "--url", "the address the hosts reach the origin at")
     if reports_url:
@@ -268,7 +278,7 @@ def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheel
     if not key and not release:
         raise UsageError("give --sign-key (hosts follow the release pointers it signs: pull-mode rollouts) or "
                          "--release SHA256 (hosts converge to that one release, pinned)")
-    if release and not pull.is_release_id(release):
+    if release and not is_release_id(release):
         raise UsageError(f"--release {release!r}: a release id is 64 lowercase hex digits (tritonfleet pull publish "
                          "prints it)")
     if release and not origin.release(release).is_file():
@@ -278,12 +288,12 @@ def bootstrap(inventory: str, origin: pull.Origin, url: str, out: Path, *, wheel
         hosts = fleet.load_inventory(inventory, data=data, limit=limit)
     except fleet.FleetError as e:
         raise UsageError(str(e)) from e
-    doc = pull.signers_doc(origin) if key else None  # after a key rotation: the current signers
-    signers = (pull.signers_text(doc["keys"], int(doc["generation"])) if doc else pull.allowed_signers(key)) if key else None
+    doc = signers_doc(origin) if key else None  # after a key rotation: the current signers
+    signers = (signers_text(doc["keys"], int(doc["generation"])) if doc else allowed_signers(key)) if key else None
     keys = report_keys([fh.name for fh in hosts], origin, out, rekey)
     reqs_sha = publish_agent(origin, wheelhouse, wheel, echo)
-    entries = pull.host_entries(hosts, Path.cwd())[0] if release else {}
-    floor = pull.current_generation(origin)
+    entries = host_entries(hosts, Path.cwd())[0] if release else {}
+    floor = current_generation(origin)
     written = []
     for fh in hosts:
         cfg = host_config(fh, url, reports_url if reports_url is not None else f"{url.rstrip('/')}/reports",
@@ -301,15 +311,15 @@ def _private(path: Path, text: str, mode: int) -> None:
     directory (the file holds the host's report key)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
-    pull.write_atomic(path, text.encode(), mode)
+    write_atomic(path, text.encode(), mode)
 
 
-def report_keys(hosts: list[str], origin: pull.Origin, out: Path, rekey: bool = False) -> dict[str, str]:
+def report_keys(hosts: list[str], origin: Origin, out: Path, rekey: bool = False) -> dict[str, str]:
     """Each host's private report key ({host: key text}): the one kept in ``out``/<host>/report-key,
     else a new one (``rekey``: new ones for all), enrolled in the origin's host-signers. A host
     enrolled with a key that is not in ``out`` is refused (its running agent would stop being
     believed): give the --out it was bootstrapped with, or rekey it."""
-    enrolled = pull.host_signers(origin)
+    enrolled = host_signers(origin)
     new, keys = {}, {}
     for host in hosts:
         path = out / host / "report-key"
@@ -318,14 +328,14 @@ def report_keys(hosts: list[str], origin: pull.Origin, out: Path, rekey: bool = 
             if enrolled.get(host) and enrolled[host].split(" ")[:2] != pub.split(" ")[:2]:
                 new[host] = pub  # kept here, enrolled differently: this key is the host's
         elif enrolled.get(host) and not rekey:
-            raise UsageError(f"{host}: its report key is enrolled in {origin.root / pull.HOST_SIGNERS} but not in {path}: "
+            raise UsageError(f"{host}: its report key is enrolled in {origin.root / HOST_SIGNERS} but not in {path}: "
                              "give the --out it was bootstrapped with, or --rekey (then give the host its new "
                              "bootstrap: its reports stop counting until it has it)")
         else:
-            new[host] = pull.make_key(path, f"tritonfleet-report {host}")
+            new[host] = make_key(path, f"tritonfleet-report {host}")
         keys[host] = path.read_text()
     if new:
-        pull.enrol(origin, new)
+        enrol(origin, new)
     return keys
 
 
@@ -356,7 +366,7 @@ def units(cfg: dict, agent: str = AGENT) -> dict[str, str]:
 def install(cfg: dict, unit_dir: Path = UNIT_DIR, run=subprocess.run) -> None:
     """Write the units, enable the timer, start the first run (not waited for)."""
     for name, text in units(cfg, str(Path(sys.executable).parent.parent)).items():
-        pull.write_atomic(unit_dir / name, text.encode())
+        write_atomic(unit_dir / name, text.encode())
     for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", f"{UNIT}.timer"],
                 ["systemctl", "start", "--no-block", f"{UNIT}.service"]):
         res = run(cmd, capture_output=True, text=True)

@@ -1,7 +1,8 @@
-# The inventory of a self-converging host's own run (tritonfleet converge): this host alone,
-# under its inventory name, through pyinfra's local connector (tritonfleet.fleet.converge
-# SelfConnector), in its groups, with the data its release holds for it. The file is named by
-# $TRITONFLEET_PULL_HOST_DATA (written by the run: {"name", "groups", "data"}).
+# The inventory of a self-converging host's own run (tritonfleet converge,
+# tritonfleet.fleet.pull.host_run): this host alone, under its inventory name, through pyinfra's
+# local connector (tritonfleet.pyinfra_ext.self_connector SelfConnector), in its groups, with the
+# data its release holds for it. The file is named by $TRITONFLEET_PULL_HOST_DATA (written by the
+# run: {"name", "groups", "data"}).
 import json as _json
 import os as _os
 
