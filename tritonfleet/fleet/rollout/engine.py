@@ -35,21 +35,21 @@ from .pyinfra_run import PyinfraRun
 from .report import HostResult, Report
 
 
-class Stopped(KeyboardInterrupt):
+class _Stopped(KeyboardInterrupt):
     """SIGTERM (a CI job cancelled or timed out): the rollout stops as on Ctrl-C, through every
     ``finally`` on the way (the canary's weights put back), its journal left for --resume."""
 
 
 @contextlib.contextmanager
 def _stop_on_sigterm():
-    """SIGTERM raises Stopped in the main thread while the block runs (the handler before it is
+    """SIGTERM raises _Stopped in the main thread while the block runs (the handler before it is
     put back after)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum, frame):
-        raise Stopped(f"stopped by signal {signum}")
+        raise _Stopped(f"stopped by signal {signum}")
 
     old = signal.signal(signal.SIGTERM, stop)
     try:
