@@ -149,3 +149,47 @@ def test_pause_and_continue_commands(base):
     run = CliRunner().invoke(main, ["rollout", "--pause", "inv.py"])  # bad input: exit status 2
     assert run.exit_code == 2 and "take no INVENTORY" in run.output
     st.close()
+
+
+def test_the_metrics_endpoint_changes_nothing_whatever_it_is_sent(base):
+    """The state endpoint is read only (docs/security.md, threat model): generated requests of any
+    method, path and body, oversized and half-sent ones, change no host's state and the endpoint
+    goes on answering."""
+    import socket
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as stn
+
+    d = base / "20260101-000001"
+    d.mkdir()
+    st = rs.HostStates(d, ["tb1", "tb2"], echo=lambda m: None)
+    port = free_port()
+    st.serve(f"127.0.0.1:{port}")
+    st.set(["tb1"], "gating")
+    before = st.snapshot()
+    url = f"http://127.0.0.1:{port}"
+    stuck = socket.create_connection(("127.0.0.1", port))  # a request that never ends
+    stuck.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{")
+    try:
+        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(method=stn.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+               path=stn.sampled_from(["/", "/metrics", "/pause", "/v1/hosts/tb1/state", "/../state.json"]),
+               body=stn.binary(max_size=2048))
+        def hostile(method, path, body):
+            try:
+                requests.request(method, url + path, data=body, timeout=5,
+                                 headers={"Content-Type": "application/json"})
+            except requests.RequestException:
+                pass
+            assert st.snapshot()["hosts"] == before["hosts"]
+
+        hostile()
+        big = requests.post(url + "/metrics", data=b"x" * (4 << 20), timeout=10)
+        assert big.status_code < 500 or big.status_code == 405
+        m = _metrics(url + "/metrics")
+        assert m[("tritonfleet_rollout_host_state", (("host", "tb1"), ("rollout", d.name), ("state", "gating")))] == 1.0
+        assert json.loads((d / rs.STATE_FILE).read_text())["hosts"] == before["hosts"]
+        assert not (d / rs.PAUSE_FILE).exists()
+    finally:
+        stuck.close()
+        st.close()
