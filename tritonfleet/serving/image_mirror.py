@@ -57,14 +57,20 @@ ACCEPT = ", ".join([
 
 # --------------------------------------------------------------------------- the mirror host
 
-def registry_config(port: int, storage: str, upstream: str, user: str | None = None, password: str | None = None,
+# the variable Distribution reads the upstream's password from (its configuration's environment
+# override of proxy.password: REGISTRY_<section>_<key>), set by the unit's EnvironmentFile
+PASSWORD_VAR = "REGISTRY_PROXY_PASSWORD"
+
+
+def registry_config(port: int, storage: str, upstream: str, user: str | None = None,
                     cert: str | None = None, key: str | None = None) -> str:
     """/etc/docker/registry/config.yml of a pull-through mirror (JSON, which YAML reads): the
-    upstream with its login, the cache's storage, TLS when given, JSON logs with each response's
-    size (``http.response.written``)."""
+    upstream with its login name (never its password: that is ``$REGISTRY_PROXY_PASSWORD`` in the
+    unit's environment, see :func:`secret_file_script`), the cache's storage, TLS when given, JSON
+    logs with each response's size (``http.response.written``)."""
     proxy = {"remoteurl": upstream}
     if user:
-        proxy.update(username=user, password=password or "")
+        proxy.update(username=user)
     http: dict = {"addr": f":{int(port)}", "headers": {"X-Content-Type-Options": ["nosniff"]}}
     if cert and key:
         http["tls"] = {"certificate": cert, "key": key}
@@ -76,6 +82,29 @@ def registry_config(port: int, storage: str, upstream: str, user: str | None = N
         "http": http,
         "proxy": proxy,
     }, indent=2, sort_keys=True) + "\n"
+
+
+def secret_file_script(path: str, service: str) -> str:
+    """Shell that writes the upstream password it reads on stdin (one line) to ``path`` as the
+    unit's environment file (``REGISTRY_PROXY_PASSWORD='<secret>'``, 0600 root: systemd reads it
+    before the registry drops to its user) and restarts ``service`` if it runs and the password
+    changed. The secret is in no command line, no pyinfra plan or diff; printed: ``secret same``,
+    ``secret changed`` or ``error <words>``. A value systemd's single quotes cannot hold (a quote,
+    a backslash) is refused."""
+    return "\n".join([
+        "set -u", "umask 077",
+        f"f={q(path)}; t=\"$f.tmp.$$\"",
+        "IFS= read -r s || [ -n \"$s\" ] || { echo 'error no registry secret arrived on stdin'; exit 2; }",
+        "case \"$s\" in *\\'*|*\\\\*|'') echo 'error the registry secret is empty or holds a quote or a backslash, "
+        "which the mirror'\"'\"'s environment file cannot hold'; exit 2;; esac",
+        "trap 'rm -f \"$t\"' EXIT",
+        f"mkdir -p \"$(dirname \"$f\")\" && printf \"{PASSWORD_VAR}='%s'\\n\" \"$s\" > \"$t\" && chown root:root \"$t\" "
+        "&& chmod 600 \"$t\" || { echo \"error cannot write $f\"; exit 1; }",
+        "if cmp -s \"$t\" \"$f\"; then echo 'secret same'; exit 0; fi",
+        "mv -f \"$t\" \"$f\" || { echo \"error cannot write $f\"; exit 1; }",
+        f"systemctl try-restart {q(service)} || {{ echo 'error {service} did not restart with the new secret'; exit 1; }}",
+        "echo 'secret changed'",
+    ]) + "\n"
 
 
 def manifest_command(url: str, path: str, reference: str, ca: str | None = None) -> str:
