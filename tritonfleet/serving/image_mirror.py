@@ -62,16 +62,34 @@ ACCEPT = ", ".join([
 PASSWORD_VAR = "REGISTRY_PROXY_PASSWORD"
 
 
-def registry_config(port: int, storage: str, upstream: str, user: str | None = None,
+def listen_address(mirror: str, listen: str | None, port: int) -> str:
+    """``address:port`` the mirror listens on: ``listen``, else the address the hosts pull
+    through (``mirror``'s host part), never every address (whoever reaches the mirror pulls through
+    its upstream login). ValueError for an address that is every one."""
+    host = listen or mirror
+    if not listen and not host.endswith("]") and host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]  # host:port
+    elif not listen and host.startswith("[") and "]:" in host:
+        host = host.rsplit(":", 1)[0]  # [v6]:port
+    if host.strip("[]") in ("", "0.0.0.0", "::", "*"):
+        raise ValueError(f"the mirror would listen on every address ({host!r}): set image_mirror_listen to "
+                         "the address the hosts reach it at")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{int(port)}"
+
+
+def registry_config(addr: str, storage: str, upstream: str, user: str | None = None,
                     cert: str | None = None, key: str | None = None) -> str:
     """/etc/docker/registry/config.yml of a pull-through mirror (JSON, which YAML reads): the
     upstream with its login name (never its password: that is ``$REGISTRY_PROXY_PASSWORD`` in the
     unit's environment, see :func:`secret_file_script`), the cache's storage, TLS when given, JSON
-    logs with each response's size (``http.response.written``)."""
+    logs with each response's size (``http.response.written``). ``addr``: ``address:port``
+    (:func:`listen_address`)."""
     proxy = {"remoteurl": upstream}
     if user:
         proxy.update(username=user)
-    http: dict = {"addr": f":{int(port)}", "headers": {"X-Content-Type-Options": ["nosniff"]}}
+    http: dict = {"addr": addr, "headers": {"X-Content-Type-Options": ["nosniff"]}}
     if cert and key:
         http["tls"] = {"certificate": cert, "key": key}
     return json.dumps({

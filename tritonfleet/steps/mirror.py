@@ -78,7 +78,12 @@ def image_mirror():
                                  f"registry_user {user!r}, but ${config.get('registry_password_env')} is empty on "
                                  "the control machine: export the registry secret there")
     pkgs = converged.packages(name="Debian's registry (docker-registry) and curl", packages=["docker-registry", "curl"])
-    text = mirror.registry_config(int(config.get("image_mirror_port")), config.get("image_mirror_storage"),
+    try:
+        addr = mirror.listen_address(config.get("image_mirror"), config.get("image_mirror_listen"),
+                                     int(config.get("image_mirror_port")))
+    except ValueError as e:
+        raise config.ConfigError(f"{host.name}: {e} (inventories/group_data/all.py)") from e
+    text = mirror.registry_config(addr, config.get("image_mirror_storage"),
                                   config.get("image_mirror_upstream"), user,
                                   CERT if cert and key else None, KEY if cert and key else None)
     changed = [converged.put(name=f"registry configuration {CONFIG} (proxy of {config.get('image_mirror_upstream')})",

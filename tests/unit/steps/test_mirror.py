@@ -42,6 +42,7 @@ def test_the_mirror_host_gets_debians_registry_as_a_proxy_of_the_upstream(monkey
     assert "docker-registry" in run and re.search(r"systemctl (re)?start docker-registry", run), run[-3000:]
     config = __import__("json").loads(host.connector.uploads[CONFIG])
     assert config["proxy"] == {"remoteurl": "https://nvcr.io", "username": "$oauthtoken"}  # the password: SECRET
+    assert config["http"]["addr"] == "mirror.local:5000"  # the address the hosts pull through, not every one
     assert config["http"]["tls"] == {"certificate": "/etc/docker/registry/mirror.crt",
                                      "key": "/etc/docker/registry/mirror.key"}
     assert "Restart=on-failure" in host.connector.uploads[DROP_IN]
