@@ -45,6 +45,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..core.errors import TritonfleetError, UsageError
+from ..model_repo.pull_publish import publish_models
 from ..settings.defaults import DEFAULTS
 
 FORMAT = 1
@@ -230,6 +231,7 @@ def publish_release(origin: Origin, hosts: list, deploy: str, repo_root: Path,
                     include: tuple[str, ...] = INCLUDE) -> str:
     """Build the release and put it (and its blobs) on the origin; its id (sha256)."""
     data, sha, blobs = build_release(hosts, deploy, repo_root, include)
+    publish_models(hosts, repo_root)  # a model origin's releases: the hosts only read it
     if not origin.release(sha).is_file():
         write_atomic(origin.release(sha), data)
     for bsha, local in blobs.items():

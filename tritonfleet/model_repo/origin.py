@@ -205,6 +205,15 @@ class S3Store:
         except self._errors() as e:
             raise self._fail(f"uploading {path}", e) from e
 
+    def has(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.origin.bucket, Key=key)
+            return True
+        except self._errors() as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise self._fail(f"reading {key}", e) from e
+
     def put_bytes(self, key: str, data: bytes) -> None:
         try:
             self.client.put_object(Bucket=self.origin.bucket, Key=key, Body=data,
@@ -267,14 +276,34 @@ class HttpStore:
         self.session = requests.Session()
         self.session.trust_env = False  # no proxy variables: the origin is addressed as configured
         self.upload = origin.upload_url or origin.base
-        self.auth = None
-        if origin.upload_user:
-            secret = os.environ.get(origin.upload_password_env or "")
+        self._auth: tuple[str, str] | None = None
+
+    @property
+    def auth(self) -> tuple[str, str] | None:
+        """The upload login, read from the environment when this machine first uploads (a
+        pull-mode host only reads, and holds no upload password)."""
+        if self.origin.upload_user and self._auth is None:
+            secret = os.environ.get(self.origin.upload_password_env or "")
             if not secret:
-                raise UsageError(f"model_origin_upload_user is {origin.upload_user!r} but "
-                                 f"${origin.upload_password_env} is empty on the control machine: export the "
+                raise UsageError(f"model_origin_upload_user is {self.origin.upload_user!r} but "
+                                 f"${self.origin.upload_password_env} is empty on the control machine: export the "
                                  "upload password there (model_origin_upload_password_env names the variable)")
-            self.auth = (origin.upload_user, secret)
+            self._auth = (self.origin.upload_user, secret)
+        return self._auth
+
+    def has(self, key: str) -> bool:
+        """Whether the origin holds ``key`` (a HEAD where the hosts read); OriginError for an answer
+        that is neither 200 nor 404."""
+        import requests
+
+        url = f"{self.origin.base}/{self._below(key)}"
+        try:
+            r = self.session.head(url, timeout=30)
+        except requests.RequestException as e:
+            raise self._fail(f"HEAD {url}", e) from e
+        if r.status_code in (200, 404):
+            return r.status_code == 200
+        raise self._fail(f"HEAD {url}", f"HTTP {r.status_code}: {_read_fix(r.status_code, False)}")
 
     def _fail(self, doing: str, e) -> OriginError:
         return OriginError(f"model origin {self.origin.url}: {doing} failed: {e}")
@@ -335,8 +364,13 @@ class HttpStore:
         with open(path, "rb") as f:
             self._put(self._object(self.upload, sha), f)
 
+    def _below(self, key: str) -> str:
+        """An origin key (which starts with the URL's path, as an S3 key starts with the prefix)
+        relative to the origin's URL."""
+        return key[len(self.origin.prefix):] if key.startswith(self.origin.prefix) else key
+
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._put(f"{self.upload}/{key}", data)
+        self._put(f"{self.upload}/{self._below(key)}", data)
 
     def urls(self, shas: list[str]) -> dict[str, str]:
         return {s: self._object(self.origin.base, s) for s in shas}
@@ -420,6 +454,18 @@ def publish(origin: Origin, root: Path, manifest: dict[str, list], release: str)
         result.seconds = time.monotonic() - t0
         _published[key] = result
         return result
+
+
+def published(origin: Origin, manifest: dict[str, list], release: str) -> Published:
+    """Where this run does not publish (a pull-mode host): the release's manifest must be at the
+    origin already (the control machine put it there at `tritonfleet pull publish`, after every
+    object). Reads only; OriginError naming the fix when it is not there."""
+    key = origin.manifest_key(release)
+    if not store_for(origin).has(key):
+        raise OriginError(f"model origin {origin.url}: model release {release} is not there ({key}): in pull mode "
+                          "the control machine publishes it with the repository release (`tritonfleet pull publish` "
+                          "or `tritonfleet pull rollout`, with this host in the inventory), and the host only reads it")
+    return Published(release, len(objects_of(manifest)))
 
 
 _checked: dict[Origin, OriginError | None] = {}

@@ -386,3 +386,70 @@ def test_the_check_names_a_typo_in_the_origin_path(tmp_path, monkeypatch):
             origins.check(origins.Origin("http", typo, upload_url=web.url))
     origins._checked.clear()
     origins._stores.clear()
+
+
+# --------------------------------------------------------------------------- pull mode: the host only reads
+
+def _methods(web: Nginx, since: int) -> list[str]:
+    with open(web.access, "rb") as f:
+        f.seek(since)
+        return [line.split(" ")[0] for line in f.read().decode().splitlines()]
+
+
+def test_in_pull_mode_the_control_machine_publishes_and_the_host_only_reads(tmp_path, origin_repo, monkeypatch,
+                                                                           caplog):
+    """security-review-2 finding 13: a self-converging host needed write access to the origin
+    (it uploaded and PUT the manifest). Now `pull publish` (publish_release) publishes the
+    model release from the control machine; the host's deploy finds the manifest there, fetches,
+    and sends no PUT; an unpublished release stops the host's run naming the fix, still without
+    a PUT. No test host: this machine plays the control machine, then the host (@local)."""
+    from tritonfleet.fleet import pull
+    from tritonfleet.fleet.inventory import FleetHost
+
+    base = tmp_path / "opt-triton"
+    with Nginx(tmp_path / "nginx") as web:
+        monkeypatch.delenv(origins.PULL_HOST_ENV, raising=False)
+        fleet_host = FleetHost("gpu1", ["t4"], {"model_origin": web.url, "model_repository": str(origin_repo)})
+        start = web.mark()
+        (tmp_path / "deploys").mkdir()
+        (tmp_path / "deploys" / "triton.py").write_text("# the deploy\n")
+        (tmp_path / "pull-origin").mkdir()
+        pull_origin = pull.Origin(tmp_path / "pull-origin")
+        pull.publish_release(pull_origin, [fleet_host], "deploys/triton.py", tmp_path, ("deploys", "repo"))
+        man = models.manifest(origin_repo)
+        rid = models.release_id(man)
+        assert (web.root / "models" / "releases" / f"{rid}.json").is_file()  # the one a 1-GPU host renders
+        assert "PUT" in _methods(web, start)
+
+        # the host: pull mode (the converge's environment), no upload credential anywhere
+        monkeypatch.setenv(origins.PULL_HOST_ENV, str(tmp_path / "host.json"))
+        origins._published.clear()
+        origins._checked.clear()
+        origins._stores.clear()
+        start = web.mark()
+        state, changed = sync_from(base, origin_repo, model_origin=web.url)
+        assert not state.failed_hosts and changed
+        assert_serves(base, origin_repo)
+        assert "PUT" not in _methods(web, start) and "GET" in _methods(web, start)
+
+        # a release the control machine did not publish: the host stops, names the fix, writes nothing
+        write(origin_repo, "a/config.pbtxt", b'name: "a"\nmax_batch_size: 8\n')
+        origins._checked.clear()
+        start = web.mark()
+        before = live(base)
+        state, _ = sync_from(base, origin_repo, model_origin=web.url)
+        assert state.failed_hosts and live(base) == before
+        assert "PUT" not in _methods(web, start)
+        assert "is not there" in caplog.text and "tritonfleet pull publish" in caplog.text, caplog.text[-3000:]
+
+
+def test_pull_mode_refuses_an_origin_only_the_control_machine_could_sign(tmp_path):
+    from types import SimpleNamespace
+
+    from tritonfleet.model_repo.pull_publish import gpu_counts, publish_models
+
+    h = SimpleNamespace(name="gpu1", groups=[], data={"model_origin": "s3://bucket/fleet"})
+    with pytest.raises(UsageError, match="gpu1: pull mode: .*model_origin_auth = 'host'"):
+        publish_models([h], tmp_path)
+    assert gpu_counts({"gpu_count": 4}) == [4] and gpu_counts({"triton_per_gpu": True, "gpu_count": 4}) == [1]
+    assert gpu_counts({}) == list(range(1, 9))
