@@ -108,11 +108,13 @@ def secret_file_script(path: str, service: str) -> str:
     before the registry drops to its user) and restarts ``service`` if it runs and the password
     changed. The secret is in no command line, no pyinfra plan or diff; printed: ``secret same``,
     ``secret changed`` or ``error <words>``. A value systemd's single quotes cannot hold (a quote,
-    a backslash) is refused."""
+    a backslash, a line break) is refused."""
     return "\n".join([
         "set -u", "umask 077",
         f"f={q(path)}; t=\"$f.tmp.$$\"",
         "IFS= read -r s || [ -n \"$s\" ] || { echo 'error no registry secret arrived on stdin'; exit 2; }",
+        "more=; IFS= read -r more || :",
+        "[ -z \"$more\" ] || { echo 'error the registry secret holds a line break'; exit 2; }",
         "case \"$s\" in *\\'*|*\\\\*|'') echo 'error the registry secret is empty or holds a quote or a backslash, "
         "which the mirror'\"'\"'s environment file cannot hold'; exit 2;; esac",
         "trap 'rm -f \"$t\"' EXIT",

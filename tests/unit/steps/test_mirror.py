@@ -143,7 +143,7 @@ def test_the_secret_file_is_written_root_only_and_restarts_only_on_a_change(tmp_
         assert path.read_text() == f"{PASSWORD_VAR}='{value}'\n"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == 0
     assert (tmp_path / "restarts").read_text().splitlines() == ["try-restart docker-registry"] * 2
-    for bad in ("a'b", "a\\b", ""):
+    for bad in ("a'b", "a\\b", "", "first\nsecond"):
         res = write(bad + "\n")
         assert res.returncode == 2 and res.stdout.startswith("error"), res
         assert path.read_text() == f"{PASSWORD_VAR}='nvapi-$(id)-`x` 2'\n"
