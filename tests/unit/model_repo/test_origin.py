@@ -427,6 +427,7 @@ def test_in_pull_mode_the_control_machine_publishes_and_the_host_only_reads(tmp_
         origins._checked.clear()
         origins._stores.clear()
         start = web.mark()
+        origins.check(origins.Origin("http", web.url))  # the host's pre-flight: reads what publishing put there
         state, changed = sync_from(base, origin_repo, model_origin=web.url)
         assert not state.failed_hosts and changed
         assert_serves(base, origin_repo)
