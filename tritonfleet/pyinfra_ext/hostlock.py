@@ -24,8 +24,8 @@ The holder ends, and the kernel releases the lock, when the run ends or can no l
   (tritonfleet.host.ops.reboot).
 
 The run checks before each command to a host that the host's holder still runs
-(:func:`check_held`): a holder that ended (its SSH connection died while pyinfra's survived) stops
-the run before its next command there, since another run may hold the lock by then.
+(:func:`check_held`): a holder that ended (its SSH connection died while pyinfra's survived) fails
+the host before its next command there, since another run may hold the lock by then.
 
 A second run waits up to ``deploy_lock_timeout`` seconds, saying whom it waits for; then it stops
 before anything changed on any host, naming the holder (user, control machine, pid, start time,
@@ -496,8 +496,10 @@ def gate_host_io() -> None:
             setattr(Host, name, _gated(method))
 
 
-class LockLost(TritonfleetError):
-    """A host's lock holder ended while the run went on: the host is no longer locked."""
+class LockLost(TritonfleetError, OSError):
+    """A host's lock holder ended while the run went on: the host is no longer locked. An
+    OSError, as a lost connection is: pyinfra fails that host at the command (and sends it
+    nothing more) while the other hosts go on."""
 
 
 def check_held(host) -> None:
@@ -506,10 +508,11 @@ def check_held(host) -> None:
     now, so this run must send nothing more."""
     lk = _held.get(getattr(host, "name", None))
     if lk is not None and not lk.ending and not lk.alive():
-        raise LockLost(f"tritonfleet: {host.name}: the deploy lock's holder on the host ended (its SSH "
-                       f"connection or its heartbeats stopped), so the host is no longer locked ({LOCK_FILE} on the host): the run stopped before its next "
-                       "command there. What it did so far is on the host; check the link to the host "
-                       "(ssh_keepalive_interval, ssh_keepalive_count), then run again")
+        raise LockLost(f"{host.name}: the deploy lock's holder on the host ended (its SSH connection or its "
+                       f"heartbeats stopped), so the host is no longer locked ({LOCK_FILE} on the host): the run "
+                       "failed the host before its next command there (the other hosts go on). What it did so far "
+                       "is on the host; check the link to the host (ssh_keepalive_interval, ssh_keepalive_count), "
+                       "then run again")
 
 
 def rebooting(host) -> None:
@@ -525,10 +528,7 @@ def _gated(method):
         if _pending or _refused:
             wait_or_exit()
         if _held:
-            try:
-                check_held(self)
-            except LockLost as e:
-                raise exit_for(e) from None
+            check_held(self)
         return method(self, *args, **kwargs)
 
     gated._tritonfleet_lock_gate = True  # type: ignore[attr-defined]

@@ -524,8 +524,9 @@ def test_the_lock_lives_in_a_root_only_directory_the_lock_command_makes(tmp_path
 
 def test_a_holder_that_ends_stops_the_run_before_its_next_command(own_lock_files):
     """The holder's SSH connection dies while pyinfra's own survives: the host's lock is gone, so
-    the run's next command to that host stops the run (SystemExit naming the host and why); a
-    holder whose end a reboot announced (rebooting) stops nothing until reacquire takes it again."""
+    the run's next command to that host fails it (an OSError, as a lost connection: pyinfra fails
+    that host alone), naming the host and why; the other host's commands go on; a holder whose
+    end a reboot announced (rebooting) stops nothing until reacquire takes it again."""
     hosts = [SimpleNamespace(name=f"gpu{i}", connected=True, data={}) for i in range(2)]
     sent = []
     gated = hostlock._gated(lambda host, text: sent.append((host.name, text)) or True)
@@ -534,16 +535,18 @@ def test_a_holder_that_ends_stops_the_run_before_its_next_command(own_lock_files
         assert gated(hosts[0], "before") is True
         hostlock._held["gpu0"].procs[0].kill()  # what a dead SSH connection does to the holder
         hostlock._held["gpu0"].procs[0].wait()
-        with pytest.raises(SystemExit) as stop:
+        with pytest.raises(OSError) as stop:
             gated(hosts[0], "after")
-        said = str(stop.value.code)
-        assert said.startswith("tritonfleet: gpu0: the deploy lock's holder on the host ended"), said
-        assert "stopped before its next command" in said and "run again" in said
-        assert sent == [("gpu0", "before")]
+        said = str(stop.value)
+        assert isinstance(stop.value, hostlock.LockLost)
+        assert said.startswith("gpu0: the deploy lock's holder on the host ended"), said
+        assert "before its next command" in said and "run again" in said
+        assert gated(hosts[1], "other") is True
+        assert sent == [("gpu0", "before"), ("gpu1", "other")]
         # a reboot: the holder of gpu1 ends, expected; commands go on until the lock is taken again
         hostlock.rebooting(hosts[1])
         hostlock._held["gpu1"].procs[0].kill()
         hostlock._held["gpu1"].procs[0].wait()
-        assert gated(hosts[1], "uptime") is True
+        assert gated(hosts[1], "uptime") is True and sent[-1] == ("gpu1", "uptime")
     finally:
         hostlock.release_all()
