@@ -200,9 +200,14 @@ class Registry:
     ``proxy`` (a URL); JSON logs, read back for the bytes each request was answered with."""
 
     def __init__(self, workdir: Path, address: str = "127.0.0.1", port: int | None = None,
-                 proxy: str | None = None):
+                 proxy: str | None = None, users: dict[str, str] | None = None, config: str | None = None,
+                 env: dict[str, str] | None = None):
+        """``users``: {name: password} it requires (htpasswd, bcrypt); ``config``: its configuration
+        as given (e.g. tritonfleet.serving.image_mirror.registry_config's), ``env`` added to its
+        environment."""
         self.dir = Path(workdir)
         self.address, self.port, self.proxy = address, port or free_port(address), proxy
+        self.users, self.config, self.env = users, config, env
         self.host = f"{address}:{self.port}"
         self.storage = self.dir / "data"
         self.proc: subprocess.Popen | None = None
@@ -218,12 +223,18 @@ class Registry:
                "http": {"addr": self.host, "secret": "tritonfleet-test"}}
         if self.proxy:
             cfg["proxy"] = {"remoteurl": self.proxy}
-        (self.dir / "config.yml").write_text(json.dumps(cfg))
+        if self.users:
+            import bcrypt
+
+            (self.dir / "htpasswd").write_text("".join(
+                f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=4)).decode()}\n" for u, p in self.users.items()))
+            cfg["auth"] = {"htpasswd": {"realm": "upstream", "path": str(self.dir / "htpasswd")}}
+        (self.dir / "config.yml").write_text(self.config or json.dumps(cfg))
         self.logfile = self.dir / "registry.log"
         self.out = open(self.logfile, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen([str(binary / "usr/bin/docker-registry"), "serve", str(self.dir / "config.yml")],
                                      stdin=subprocess.DEVNULL, stdout=self.out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **(self.env or {})})
         _wait(self.address, self.port, self.proc, self.logfile)
         return self
 
@@ -244,7 +255,7 @@ class Registry:
                     total += int(d.get("http.response.written", 0))
         return total
 
-    def push(self, archive: Path, ref: str) -> str:
+    def push(self, archive: Path, ref: str, creds: tuple[str, str] | None = None) -> str:
         """Push a docker-save archive (gzip) as <this registry>/<ref>; returns the manifest digest."""
         import gzip
 
@@ -254,6 +265,7 @@ class Registry:
         digest = self.dir / "digest"
         try:
             subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", "--digestfile", str(digest),
+                            *(["--dest-creds", ":".join(creds)] if creds else []),
                             f"docker-archive:{tar}", f"docker://{self.host}/{ref}"], check=True, timeout=300,
                            capture_output=True)
         finally:

@@ -55,6 +55,7 @@ def record_uploads(host) -> None:
 
     def recording_put_file(src, dest, *args, **kwargs):
         if hasattr(src, "read"):
+            src.seek(0)  # as pyinfra's get_file_io does (--diff has read it already)
             data = src.read()
             src.seek(0)
         else:

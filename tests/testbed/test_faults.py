@@ -38,6 +38,7 @@ from tests.support.testbed import (
     undrop_packets,
 )
 from tritonfleet import ROOT
+from tritonfleet.pyinfra_ext.hostlock import LOCK_FILE
 from tritonfleet_testbed import hosts
 
 
@@ -515,7 +516,7 @@ def test_a_host_whose_packets_vanish_fails_within_the_keepalive_bound(deployed, 
 # --------------------------------------------------------------------------- concurrent runs
 
 def lock_holder(h) -> str:
-    return ssh(h, "cat /run/lock/tritonfleet.lock 2>/dev/null; true").strip()
+    return ssh(h, f"cat {LOCK_FILE} 2>/dev/null; true").strip()
 
 
 def test_two_deploys_at_once_on_one_host(deployed):
@@ -539,7 +540,7 @@ def test_two_deploys_at_once_on_one_host(deployed):
         res, data = pyinfra("deploys/models.py", "--limit", h.name, "--data", "deploy_lock_timeout=3")
         assert res.returncode != 0 and time.monotonic() - t0 >= 3
         err = res.stderr
-        assert f"{h.name}: another run holds the deploy lock (/run/lock/tritonfleet.lock on the host): " in err
+        assert f"{h.name}: another run holds the deploy lock ({LOCK_FILE} on the host): " in err
         assert holder in err and "deploy_lock_timeout" in err and "no host was changed" in err
         assert "Beginning operation run" not in err
 

@@ -31,6 +31,8 @@ from ..core.shell import q
 from .release import OWN_PREFIX, incoming_dir
 
 OBJECTS_DIR = f"{OWN_PREFIX}objects"
+CREDENTIALS_FIX = ("write AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) there, or set "
+                   "model_origin_auth = 'presigned'")
 
 
 def fetch_list(objects: dict[str, tuple[int, str]], paths: dict[str, str]) -> str:
@@ -44,9 +46,8 @@ def _credentials(file: str, region: str) -> str:
     """Shell that adds the host's own S3 credentials to curl's config (never its command line):
     curl signs each request itself (``--aws-sigv4``)."""
     return "\n".join([
-        f"[ -r {q(file)} ] || {{ echo \"error the host's origin credentials {file} are missing on $(hostname): "
-        "write AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) there, or set "
-        "model_origin_auth = 'presigned'\"; exit 2; }",
+        f"[ -r {q(file)} ] || {{ printf 'error the origin credentials file %s is missing on %s: %s\\n' "
+        f"{q(file)} \"$(hostname)\" {q(CREDENTIALS_FIX)}; exit 2; }}",
         f". {q(file)}",
         f"printf 'aws-sigv4 = \"aws:amz:%s:s3\"\\n' {q(region)} >> \"$cfg\"",
         "printf 'user = \"%s:%s\"\\n' \"$AWS_ACCESS_KEY_ID\" \"$AWS_SECRET_ACCESS_KEY\" >> \"$cfg\"",
@@ -79,8 +80,17 @@ def fetch_script(base: str, release: str, run: str, parallel: int = 8, retries: 
         "(apt-get install curl), or push releases over SSH (model_origin = None)\"; exit 2; }",
         "[ -d \"$inc\" ] || { echo \"error $inc is missing on $(hostname): the release was not prepared\"; exit 2; }",
         "mkdir -p \"$obj\" && chmod 700 \"$obj\" || { echo \"error cannot make $obj\"; exit 2; }",
+        # what a fetch killed by SIGKILL left (its list and curl config hold URLs and credentials):
+        # removed when the process that wrote it is gone
+        "for f in \"$obj\"/list.* \"$obj\"/curl.* \"$obj\"/err.*; do [ -e \"$f\" ] || continue; "
+        "p=${f##*.}; kill -0 \"$p\" 2>/dev/null || rm -f \"$f\"; done",
+        # no globbing from here on: a presigned URL's '?', '*' or '[' stays literal where
+        # `set -- $line` splits a line
+        "set -f",
         "list=\"$obj/list.$$\"; cfg=\"$obj/curl.$$\"; err=\"$obj/err.$$\"",
+        # removed on exit and on the signals that end a run (a lost SSH link: HUP; Ctrl-C; kill)
         "trap 'rm -f \"$list\" \"$cfg\" \"$err\"' EXIT",
+        "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM; trap 'exit 141' PIPE",
         "cat > \"$list\"",
         ": > \"$cfg\"",
         *([_credentials(*credentials)] if credentials else []),

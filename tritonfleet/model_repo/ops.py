@@ -82,7 +82,9 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
     now = "the live model release is unchanged and Triton keeps serving it"
     step = "Model repository (fetch from the model origin)"
     try:
-        published = origins.publish(origin, Path(root), manifest, release)
+        # a pull-mode host only reads: the control machine published at `tritonfleet pull publish`
+        published = (origins.publish(origin, Path(root), manifest, release) if origins.publishes_here()
+                     else origins.published(origin, manifest, release))
         wanted = {p: manifest[p][1] for p in paths}
         sizes = {manifest[p][1]: int(manifest[p][0]) for p in paths}
         urls = origins.urls(origin, list(sizes))

@@ -21,6 +21,8 @@ origin, signed on the host with the credentials in ``model_origin_credentials_fi
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +44,9 @@ AUTHS = ("presigned", "host")
 OBJECTS = "objects/sha256"
 RELEASES = "releases"
 GROUP_DATA = "inventories/group_data"
+# set by tritonfleet.fleet.converge for the deploy a pull-mode host runs on itself
+PULL_HOST_ENV = "TRITONFLEET_PULL_HOST_DATA"
+EMPTY = hashlib.sha256(b"").hexdigest()  # the object of every empty file
 
 
 #: what to do when boto3 is missing: the locked, hashed install of README (requirements-s3.lock)
@@ -109,7 +114,7 @@ def from_settings(settings: Settings) -> Origin | None:
     if auth not in AUTHS:
         raise UsageError(f"model_origin_auth must be one of {', '.join(AUTHS)}, not {auth!r} {where}")
     if kind == "http" and auth == "presigned":
-        auth = "host"  # a plain HTTP server has no signed URLs: the site's network (or a .netrc) grants access
+        auth = "host"  # a plain HTTP server has no signed URLs: the site's network grants access (no .netrc is read)
     try:
         expiry = int(settings.get("model_origin_url_expiry"))
     except (TypeError, ValueError):
@@ -122,10 +127,24 @@ def from_settings(settings: Settings) -> Origin | None:
     for name, value in (("model_origin_endpoint", endpoint), ("model_origin_upload_url", upload)):
         if value and (urlsplit(str(value)).scheme not in ("http", "https") or not URL_SAFE.match(str(value))):
             raise UsageError(f"{name} {value!r} must be an http(s):// URL {where}")
+    user = settings.get("model_origin_upload_user")
+    why = clear_text_login(kind, user, upload or url)
+    if why:
+        raise UsageError(f"{why} {where}")
     return Origin(kind, url, auth, str(endpoint).rstrip("/") if endpoint else None,
                   settings.get("model_origin_region"), expiry, str(upload).rstrip("/") if upload else None,
-                  settings.get("model_origin_upload_user"), settings.get("model_origin_upload_password_env"),
+                  user, settings.get("model_origin_upload_password_env"),
                   str(settings.get("model_origin_credentials_file")))
+
+
+def clear_text_login(kind: str | None, user, upload) -> str | None:
+    """Why an upload login cannot be used (HTTP basic auth over plain http:// sends the password
+    in clear to anyone on the path), or None."""
+    if kind == "http" and user and urlsplit(str(upload)).scheme == "http":
+        return (f"model_origin_upload_user {user!r} would send its password in clear to {upload}: upload over "
+                "https:// (model_origin_upload_url), or upload without a login on a network that is the "
+                "origin's own")
+    return None
 
 
 # --------------------------------------------------------------------------- stores
@@ -158,7 +177,9 @@ class S3Store:
                            f"{f' (endpoint {self.origin.endpoint})' if self.origin.endpoint else ''}: {doing} "
                            f"failed: {e}")
 
-    def check(self) -> None:
+    def check(self, write: bool = True) -> None:
+        """One listing (the control machine's credentials read the bucket; an upload it is
+        refused shows at publishing, where nothing is left half-written: the manifest goes last)."""
         try:
             self.client.list_objects_v2(Bucket=self.origin.bucket, Prefix=self.origin.prefix, MaxKeys=1)
         except self._errors() as e:
@@ -189,6 +210,15 @@ class S3Store:
         except self._errors() as e:
             raise self._fail(f"uploading {path}", e) from e
 
+    def has(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.origin.bucket, Key=key)
+            return True
+        except self._errors() as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise self._fail(f"reading {key}", e) from e
+
     def put_bytes(self, key: str, data: bytes) -> None:
         try:
             self.client.put_object(Bucket=self.origin.bucket, Key=key, Body=data,
@@ -216,6 +246,30 @@ class S3Store:
             for s in shas}
 
 
+def _read_fix(status: int, wrote: bool) -> str:
+    if status == 404:
+        return ("nothing at that path: model_origin's path is not where the server keeps the objects "
+                + ("(or model_origin_upload_url writes elsewhere)" if wrote else
+                   "(or no release was published there yet: `tritonfleet pull publish`)"))
+    if status in (401, 403):
+        return ("the server refuses to read it: the hosts fetch with plain URLs and no login, so allow GET and "
+                "HEAD there for the hosts and this machine (the site's network decides who may)")
+    if status >= 500:
+        return "the server failed: see its error log"
+    return "expected 200: model_origin must be the URL the objects are read from"
+
+
+def _write_fix(status: int, origin: Origin) -> str:
+    if status in (401, 403):
+        return ("the server refuses the upload: check model_origin_upload_user and "
+                f"${origin.upload_password_env}, or the server's access rules for PUT")
+    if status in (404, 405, 409, 501):
+        return "the server does not accept PUT there: nginx `dav_methods PUT; create_full_put_path on;`"
+    if status >= 500:
+        return "the server failed: see its error log"
+    return "expected 200, 201 or 204"
+
+
 class HttpStore:
     """A plain HTTP(S) server: objects read with GET (HEAD to see what it has), written with PUT
     (nginx: ``dav_methods PUT; create_full_put_path on;`` on the upload location)."""
@@ -227,16 +281,34 @@ class HttpStore:
         self.session = requests.Session()
         self.session.trust_env = False  # no proxy variables: the origin is addressed as configured
         self.upload = origin.upload_url or origin.base
-        self.auth = None
-        if origin.upload_user:
-            import os
+        self._auth: tuple[str, str] | None = None
 
-            secret = os.environ.get(origin.upload_password_env or "")
+    @property
+    def auth(self) -> tuple[str, str] | None:
+        """The upload login, read from the environment when this machine first uploads (a
+        pull-mode host only reads, and holds no upload password)."""
+        if self.origin.upload_user and self._auth is None:
+            secret = os.environ.get(self.origin.upload_password_env or "")
             if not secret:
-                raise UsageError(f"model_origin_upload_user is {origin.upload_user!r} but "
-                                 f"${origin.upload_password_env} is empty on the control machine: export the "
+                raise UsageError(f"model_origin_upload_user is {self.origin.upload_user!r} but "
+                                 f"${self.origin.upload_password_env} is empty on the control machine: export the "
                                  "upload password there (model_origin_upload_password_env names the variable)")
-            self.auth = (origin.upload_user, secret)
+            self._auth = (self.origin.upload_user, secret)
+        return self._auth
+
+    def has(self, key: str) -> bool:
+        """Whether the origin holds ``key`` (a HEAD where the hosts read); OriginError for an answer
+        that is neither 200 nor 404."""
+        import requests
+
+        url = f"{self.origin.base}/{self._below(key)}"
+        try:
+            r = self.session.head(url, timeout=30)
+        except requests.RequestException as e:
+            raise self._fail(f"HEAD {url}", e) from e
+        if r.status_code in (200, 404):
+            return r.status_code == 200
+        raise self._fail(f"HEAD {url}", f"HTTP {r.status_code}: {_read_fix(r.status_code, False)}")
 
     def _fail(self, doing: str, e) -> OriginError:
         return OriginError(f"model origin {self.origin.url}: {doing} failed: {e}")
@@ -244,13 +316,25 @@ class HttpStore:
     def _object(self, base: str, sha: str) -> str:
         return f"{base}/{OBJECTS}/{sha}"
 
-    def check(self) -> None:
+    def check(self, write: bool = True) -> None:
+        """The origin reads and (``write``) accepts uploads. Writing: the empty object is PUT
+        (content-addressed, so it is what the origin holds for every empty file; nothing else is
+        left there), then read back with HEAD where the hosts read. Reading only: HEAD of the
+        empty object, which every publish puts there. OriginError naming the status and the fix."""
         import requests
 
+        target = self._object(self.origin.base, EMPTY)
         try:
-            self.session.head(f"{self.origin.base}/{RELEASES}/", timeout=10)
+            if write:
+                put = self._object(self.upload, EMPTY)
+                r = self.session.put(put, data=b"", auth=self.auth, timeout=10)
+                if r.status_code not in (200, 201, 204):
+                    raise self._fail(f"PUT {put}", f"HTTP {r.status_code}: {_write_fix(r.status_code, self.origin)}")
+            r = self.session.head(target, timeout=10)
         except requests.RequestException as e:
             raise self._fail("connecting", e) from e
+        if r.status_code != 200:
+            raise self._fail(f"HEAD {target}", f"HTTP {r.status_code}: {_read_fix(r.status_code, write)}")
 
     def sizes(self, shas: set[str]) -> dict[str, int]:
         import requests
@@ -285,10 +369,13 @@ class HttpStore:
         with open(path, "rb") as f:
             self._put(self._object(self.upload, sha), f)
 
+    def _below(self, key: str) -> str:
+        """An origin key (which starts with the URL's path, as an S3 key starts with the prefix)
+        relative to the origin's URL."""
+        return key[len(self.origin.prefix):] if key.startswith(self.origin.prefix) else key
+
     def put_bytes(self, key: str, data: bytes) -> None:
-        """``key`` as S3 names it (the prefix, then releases/...): below the upload URL, which
-        already ends in the prefix's path."""
-        self._put(f"{self.upload}/{key.removeprefix(self.origin.prefix)}", data)
+        self._put(f"{self.upload}/{self._below(key)}", data)
 
     def urls(self, shas: list[str]) -> dict[str, str]:
         return {s: self._object(self.origin.base, s) for s in shas}
@@ -374,15 +461,34 @@ def publish(origin: Origin, root: Path, manifest: dict[str, list], release: str)
         return result
 
 
+def published(origin: Origin, manifest: dict[str, list], release: str) -> Published:
+    """Where this run does not publish (a pull-mode host): the release's manifest must be at the
+    origin already (the control machine put it there at `tritonfleet pull publish`, after every
+    object). Reads only; OriginError naming the fix when it is not there."""
+    key = origin.manifest_key(release)
+    if not store_for(origin).has(key):
+        raise OriginError(f"model origin {origin.url}: model release {release} is not there ({key}): in pull mode "
+                          "the control machine publishes it with the repository release (`tritonfleet pull publish` "
+                          "or `tritonfleet pull rollout`, with this host in the inventory), and the host only reads it")
+    return Published(release, len(objects_of(manifest)))
+
+
 _checked: dict[Origin, OriginError | None] = {}
 
 
+def publishes_here() -> bool:
+    """Whether this run uploads releases to the origin: not on a pull-mode host, which only reads
+    it (the control machine published at `tritonfleet pull publish`)."""
+    return not os.environ.get(PULL_HOST_ENV)
+
+
 def check(origin: Origin) -> None:
-    """One cheap request to the origin (once per run): OriginError when it does not answer."""
+    """One cheap request to the origin (once per run): OriginError, naming the status and the fix,
+    when it does not read (or, where this run publishes, does not accept uploads)."""
     with _publish_lock:
         if origin not in _checked:
             try:
-                store_for(origin).check()
+                store_for(origin).check(write=publishes_here())
                 _checked[origin] = None
             except OriginError as e:
                 _checked[origin] = e

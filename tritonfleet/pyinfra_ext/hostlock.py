@@ -2,7 +2,7 @@
 
 Two operators' runs interleaving on one host (one switching the model release while the other
 builds it, one restarting Triton in the middle of the other's health gate) is prevented by an
-exclusive ``flock`` on ``/run/lock/tritonfleet.lock`` on the host. The lock is held by a small
+exclusive ``flock`` on ``/run/tritonfleet/deploy.lock`` on the host (a 0700 directory of root's own). The lock is held by a small
 remote process, started by the deploy file's ``pyinfra_patches.install()`` (pyinfra has
 connected to every host by then, and has read no fact yet). ``acquire_all(wait=False)`` starts
 every host's holder and returns; the deploy file goes on importing its steps while the holders
@@ -10,7 +10,8 @@ connect (about 70 ms for one host here, the whole wait a one-host no-op had spen
 :func:`wait_all` waits for them: called by pyinfra's every way to a host (``gate_host_io``) and
 by every step of the package, so no command reaches any host before every lock is held:
 
-    bash: exec 9>>LOCK; flock 9 (waiting up to deploy_lock_timeout); write who holds it;
+    bash: mkdir -p -m 700 /run/tritonfleet; exec 9>>LOCK; flock 9 (waiting up to
+          deploy_lock_timeout); write who holds it;
           then read heartbeats from the control machine, one every ssh_keepalive_interval
 
 The holder ends, and the kernel releases the lock, when the run ends or can no longer hold it:
@@ -21,6 +22,10 @@ The holder ends, and the kernel releases the lock, when the run ends or can no l
   ssh_keepalive_count seconds (``read -t``), whatever the TCP connection still believes;
 * the host reboots (/run is a tmpfs): the deploy takes the lock again after the reboot
   (tritonfleet.host.ops.reboot).
+
+The run checks before each command to a host that the host's holder still runs
+(:func:`check_held`): a holder that ended (its SSH connection died while pyinfra's survived) fails
+the host before its next command there, since another run may hold the lock by then.
 
 A second run waits up to ``deploy_lock_timeout`` seconds, saying whom it waits for; then it stops
 before anything changed on any host, naming the holder (user, control machine, pid, start time,
@@ -57,7 +62,10 @@ from ..settings.defaults import DEFAULTS
 from . import transfer
 from .connection import keepalive
 
-LOCK_FILE = "/run/lock/tritonfleet.lock"
+# in a directory of root's own (0700, made by the lock's command): in world-writable /run/lock,
+# any local user could open the file and flock it (flock works on a read-only descriptor) and so
+# block every deploy, or pre-create it; in /run (a tmpfs: gone at a reboot) only root creates it
+LOCK_FILE = "/run/tritonfleet/deploy.lock"
 BUSY, NO_FLOCK, NO_FILE = 75, 72, 71
 GROUP_DATA = "inventories/group_data/all.py"
 
@@ -74,8 +82,10 @@ def lock_script(holder: str, wait: int, dead: int) -> str:
     a heartbeat line arrives on stdin at least every ``dead`` seconds."""
     take = (f"flock -w {int(wait)} 9 || {{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}" if wait > 0
             else f"{{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}")
+    lock_dir = os.path.dirname(LOCK_FILE)
     return (
         f"command -v flock >/dev/null || {{ echo 'noflock'; exit {NO_FLOCK}; }}; "
+        f"umask 077; mkdir -p {q(lock_dir)} && chmod 700 {q(lock_dir)} || exit {NO_FILE}; "
         f"exec 9>>{LOCK_FILE} || exit {NO_FILE}; "
         f"if ! flock -n 9; then echo \"waiting $(head -n 1 {LOCK_FILE})\"; {take}; fi; "
         f"printf '%s\\n' {q(holder)} > {LOCK_FILE}; echo locked; "
@@ -102,6 +112,7 @@ class Holder:
         self.channel = None
         self.beat_fd: int | None = None
         self.waited_for = ""
+        self.ending = False  # the host reboots: its holder's end is expected (reacquire follows)
 
     def _script(self) -> str:
         return lock_script(self.holder, self.wait, self.interval * self.count)
@@ -193,6 +204,12 @@ class Holder:
         self.release()
         return (f"{self.host.name}: could not take the deploy lock ({LOCK_FILE} on the host): "
                 f"{err or 'the holder process ended'}")
+
+    def alive(self) -> bool:
+        """Whether the holder still runs (and so still holds the lock on the host)."""
+        if self.channel is not None:
+            return not (self.channel.closed or self.channel.exit_status_ready())
+        return bool(self.procs) and self.procs[0].poll() is None
 
     def end(self) -> None:
         """Send the holder's processes SIGKILL without waiting for them (release waits)."""
@@ -479,11 +496,39 @@ def gate_host_io() -> None:
             setattr(Host, name, _gated(method))
 
 
+class LockLost(TritonfleetError, OSError):
+    """A host's lock holder ended while the run went on: the host is no longer locked. An
+    OSError, as a lost connection is: pyinfra fails that host at the command (and sends it
+    nothing more) while the other hosts go on."""
+
+
+def check_held(host) -> None:
+    """LockLost when the holder of ``host``'s lock has ended (its SSH connection died, its
+    heartbeats stopped) while the run still holds it as taken: another run may hold the lock by
+    now, so this run must send nothing more."""
+    lk = _held.get(getattr(host, "name", None))
+    if lk is not None and not lk.ending and not lk.alive():
+        raise LockLost(f"{host.name}: the deploy lock's holder on the host ended (its SSH connection or its "
+                       f"heartbeats stopped), so the host is no longer locked ({LOCK_FILE} on the host): the run "
+                       "failed the host before its next command there (the other hosts go on). What it did so far "
+                       "is on the host; check the link to the host (ssh_keepalive_interval, ssh_keepalive_count), "
+                       "then run again")
+
+
+def rebooting(host) -> None:
+    """``host`` is about to reboot: the end of its holder is expected until :func:`reacquire`."""
+    lk = _held.get(host.name)
+    if lk is not None:
+        lk.ending = True
+
+
 def _gated(method):
     @functools.wraps(method)
     def gated(self, *args, **kwargs):
         if _pending or _refused:
             wait_or_exit()
+        if _held:
+            check_held(self)
         return method(self, *args, **kwargs)
 
     gated._tritonfleet_lock_gate = True  # type: ignore[attr-defined]

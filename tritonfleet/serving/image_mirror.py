@@ -57,15 +57,39 @@ ACCEPT = ", ".join([
 
 # --------------------------------------------------------------------------- the mirror host
 
-def registry_config(port: int, storage: str, upstream: str, user: str | None = None, password: str | None = None,
+# the variable Distribution reads the upstream's password from (its configuration's environment
+# override of proxy.password: REGISTRY_<section>_<key>), set by the unit's EnvironmentFile
+PASSWORD_VAR = "REGISTRY_PROXY_PASSWORD"
+
+
+def listen_address(mirror: str, listen: str | None, port: int) -> str:
+    """``address:port`` the mirror listens on: ``listen``, else the address the hosts pull
+    through (``mirror``'s host part), never every address (whoever reaches the mirror pulls through
+    its upstream login). ValueError for an address that is every one."""
+    host = listen or mirror
+    if not listen and not host.endswith("]") and host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]  # host:port
+    elif not listen and host.startswith("[") and "]:" in host:
+        host = host.rsplit(":", 1)[0]  # [v6]:port
+    if host.strip("[]") in ("", "0.0.0.0", "::", "*"):
+        raise ValueError(f"the mirror would listen on every address ({host!r}): set image_mirror_listen to "
+                         "the address the hosts reach it at")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{int(port)}"
+
+
+def registry_config(addr: str, storage: str, upstream: str, user: str | None = None,
                     cert: str | None = None, key: str | None = None) -> str:
     """/etc/docker/registry/config.yml of a pull-through mirror (JSON, which YAML reads): the
-    upstream with its login, the cache's storage, TLS when given, JSON logs with each response's
-    size (``http.response.written``)."""
+    upstream with its login name (never its password: that is ``$REGISTRY_PROXY_PASSWORD`` in the
+    unit's environment, see :func:`secret_file_script`), the cache's storage, TLS when given, JSON
+    logs with each response's size (``http.response.written``). ``addr``: ``address:port``
+    (:func:`listen_address`)."""
     proxy = {"remoteurl": upstream}
     if user:
-        proxy.update(username=user, password=password or "")
-    http: dict = {"addr": f":{int(port)}", "headers": {"X-Content-Type-Options": ["nosniff"]}}
+        proxy.update(username=user)
+    http: dict = {"addr": addr, "headers": {"X-Content-Type-Options": ["nosniff"]}}
     if cert and key:
         http["tls"] = {"certificate": cert, "key": key}
     return json.dumps({
@@ -76,6 +100,31 @@ def registry_config(port: int, storage: str, upstream: str, user: str | None = N
         "http": http,
         "proxy": proxy,
     }, indent=2, sort_keys=True) + "\n"
+
+
+def secret_file_script(path: str, service: str) -> str:
+    """Shell that writes the upstream password it reads on stdin (one line) to ``path`` as the
+    unit's environment file (``REGISTRY_PROXY_PASSWORD='<secret>'``, 0600 root: systemd reads it
+    before the registry drops to its user) and restarts ``service`` if it runs and the password
+    changed. The secret is in no command line, no pyinfra plan or diff; printed: ``secret same``,
+    ``secret changed`` or ``error <words>``. A value systemd's single quotes cannot hold (a quote,
+    a backslash, a line break) is refused."""
+    return "\n".join([
+        "set -u", "umask 077",
+        f"f={q(path)}; t=\"$f.tmp.$$\"",
+        "IFS= read -r s || [ -n \"$s\" ] || { echo 'error no registry secret arrived on stdin'; exit 2; }",
+        "more=; IFS= read -r more || :",
+        "[ -z \"$more\" ] || { echo 'error the registry secret holds a line break'; exit 2; }",
+        "case \"$s\" in *\\'*|*\\\\*|'') echo 'error the registry secret is empty or holds a quote or a backslash, "
+        "which the mirror'\"'\"'s environment file cannot hold'; exit 2;; esac",
+        "trap 'rm -f \"$t\"' EXIT",
+        f"mkdir -p \"$(dirname \"$f\")\" && printf \"{PASSWORD_VAR}='%s'\\n\" \"$s\" > \"$t\" && chown root:root \"$t\" "
+        "&& chmod 600 \"$t\" || { echo \"error cannot write $f\"; exit 1; }",
+        "if cmp -s \"$t\" \"$f\"; then echo 'secret same'; exit 0; fi",
+        "mv -f \"$t\" \"$f\" || { echo \"error cannot write $f\"; exit 1; }",
+        f"systemctl try-restart {q(service)} || {{ echo 'error {service} did not restart with the new secret'; exit 1; }}",
+        "echo 'secret changed'",
+    ]) + "\n"
 
 
 def manifest_command(url: str, path: str, reference: str, ca: str | None = None) -> str:

@@ -50,6 +50,7 @@ from .rules import (
     listen_address,
     mapping,
     name_list,
+    named_address,
     number,
     origin_url,
     seconds,
@@ -149,6 +150,7 @@ RULES: dict[str, Rule] = {
     "image_mirror_upstream": url("http", "https"),
     "image_mirror_group": text(empty=False),
     "image_mirror_port": PORT,
+    "image_mirror_listen": named_address(),
     "image_mirror_tls_cert": text(none=True, empty=False),
     "image_mirror_tls_key": text(none=True, empty=False),
     "image_mirror_ca": text(none=True, empty=False),
@@ -404,6 +406,13 @@ def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
                      "code reads goes into extra_host_data)")
         if why:
             out.append(Problem(name, key, value, where(key), why))
+    user, upload = data.get("model_origin_upload_user"), data.get("model_origin_upload_url") or data.get("model_origin")
+    http_origin = str(data.get("model_origin") or "").startswith(("http://", "https://"))
+    if user and http_origin and isinstance(upload, str) and upload.startswith("http://"):
+        key = "model_origin_upload_url" if data.get("model_origin_upload_url") else "model_origin"
+        out.append(Problem(name, key, upload, where(key),
+                           f"uploads with model_origin_upload_user {user!r}, whose password would cross the network "
+                           "in clear over http://: upload over https://"))
     ports = [k for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port")
              if is_int(data.get(k, DEFAULTS[k]))]
     values = [data.get(k, DEFAULTS[k]) for k in ports]

@@ -233,6 +233,10 @@ image_mirror_upstream = "https://nvcr.io"
 image_mirror_group = "image_mirror"
 # Port the mirror serves on.
 image_mirror_port = 5000
+# Address (no port) the mirror listens on, on its host; None: the address part of image_mirror.
+# Never every address: whoever reaches the mirror pulls through the upstream login
+# (registry_user), so it listens where the hosts reach it and nowhere else (docs/model-origin.md).
+image_mirror_listen = None
 # TLS certificate for the mirror (path on the control machine; put on the mirror host); None:
 # plain HTTP (then every Docker host needs the mirror in daemon.json's insecure-registries).
 image_mirror_tls_cert = None

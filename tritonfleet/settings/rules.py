@@ -270,6 +270,23 @@ def listen_address(none: bool = False) -> Rule:
     return Rule(what, test)
 
 
+EVERY_ADDRESS = ("", "0.0.0.0", "::", "[::]", "*")
+
+
+def named_address() -> Rule:
+    """One address (an IP address or a host name, no port) or None; never every address."""
+    what = "one address of the host (e.g. \"10.0.0.5\", no port) or None, never every address (0.0.0.0, ::)"
+
+    def test(v):
+        if v is None:
+            return None
+        if (not isinstance(v, str) or v.strip() in EVERY_ADDRESS or any(c.isspace() for c in v)
+                or not re.fullmatch(r"[A-Za-z0-9.\-]+|\[?[0-9A-Fa-f:.]+\]?", v)):
+            return f"must be {what}"
+        return None
+    return Rule(what, test)
+
+
 def url(*schemes: str, none: bool = False) -> Rule:
     """A URL of one of ``schemes`` with a server part, and no white space, quote or backslash
     (the host-side fetch writes URLs into curl's config file in double quotes: see

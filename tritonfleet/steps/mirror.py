@@ -19,13 +19,14 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
+from pyinfra.operations import files, systemd
 
 from ..host.ops import converged
 from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext.check import will_change
 from ..serving import image_mirror as mirror
 from ..serving.ops.image_mirror import fill
+from ..serving.ops.registry import secret_env_file
 from ..settings import access as config
 from ..settings import mirrored
 
@@ -34,9 +35,13 @@ CERT = "/etc/docker/registry/mirror.crt"
 KEY = "/etc/docker/registry/mirror.key"
 CA = "/etc/docker/registry/ca.crt"
 DROP_IN = "/etc/systemd/system/docker-registry.service.d/tritonfleet.conf"
+# the upstream's password, $REGISTRY_PROXY_PASSWORD for the registry (0600 root: systemd reads it
+# before the service drops to its user); written at run time from the control machine's
+# $registry_password_env on stdin, never part of config.yml or of pyinfra's plan
+SECRET = "/etc/docker/registry/upstream-password.env"
 # Distribution 2.8 exits when the upstream does not answer at its start (it pings it): systemd
 # starts it again until it does (Debian's unit has no Restart=)
-DROP_IN_TEXT = "[Service]\nRestart=on-failure\nRestartSec=5\n"
+DROP_IN_TEXT = f"[Service]\nRestart=on-failure\nRestartSec=5\nEnvironmentFile=-{SECRET}\n"
 
 
 def runs_mirror() -> bool:
@@ -67,14 +72,19 @@ def image_mirror():
                                  "inventories/group_data/all.py)")
     cert, key, ca = _local_file("image_mirror_tls_cert"), _local_file("image_mirror_tls_key"), _local_file("image_mirror_ca")
     user = config.get("registry_user")
-    secret = os.environ.get(config.get("registry_password_env") or "") if user else None
-    if user and not secret:
+    # only whether it is there: its value is read when the command that writes it runs
+    if user and not os.environ.get(config.get("registry_password_env") or ""):
         raise config.ConfigError(f"{host.name}: the mirror logs in to {config.get('image_mirror_upstream')} as "
                                  f"registry_user {user!r}, but ${config.get('registry_password_env')} is empty on "
                                  "the control machine: export the registry secret there")
     pkgs = converged.packages(name="Debian's registry (docker-registry) and curl", packages=["docker-registry", "curl"])
-    text = mirror.registry_config(int(config.get("image_mirror_port")), config.get("image_mirror_storage"),
-                                  config.get("image_mirror_upstream"), user, secret,
+    try:
+        addr = mirror.listen_address(config.get("image_mirror"), config.get("image_mirror_listen"),
+                                     int(config.get("image_mirror_port")))
+    except ValueError as e:
+        raise config.ConfigError(f"{host.name}: {e} (inventories/group_data/all.py)") from e
+    text = mirror.registry_config(addr, config.get("image_mirror_storage"),
+                                  config.get("image_mirror_upstream"), user,
                                   CERT if cert and key else None, KEY if cert and key else None)
     changed = [converged.put(name=f"registry configuration {CONFIG} (proxy of {config.get('image_mirror_upstream')})",
                              src=StringIO(text), dest=CONFIG, user="root", group="docker-registry", mode="640")]
@@ -84,10 +94,15 @@ def image_mirror():
                                      group="docker-registry", mode="640"))
     if ca:
         changed.append(converged.put(name=f"mirror CA {CA}", src=ca, dest=CA, mode="644"))
-    drop_in = converged.put(name=f"restart the registry when it fails ({DROP_IN})", src=StringIO(DROP_IN_TEXT),
-                            dest=DROP_IN, mode="644")
+    drop_in = converged.put(name=f"restart the registry when it fails, its upstream password from {SECRET} "
+                                 f"({DROP_IN})", src=StringIO(DROP_IN_TEXT), dest=DROP_IN, mode="644")
     if will_change(drop_in):
         systemd.daemon_reload(name="systemd daemon-reload (registry drop-in)")
+    if user:
+        secret_env_file(name=f"upstream password {SECRET} (from ${config.get('registry_password_env')}, on stdin)",
+                        path=SECRET, service="docker-registry", secret_env=config.get("registry_password_env"))
+    else:
+        files.file(name=f"no upstream password ({SECRET})", path=SECRET, present=False)
     if will_change(pkgs, drop_in, *changed):
         systemd.service(name="restart docker-registry (configuration changed)", service="docker-registry",
                         restarted=True)

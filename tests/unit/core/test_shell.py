@@ -26,6 +26,7 @@ from tritonfleet.fleet import probe
 from tritonfleet.host import facts
 from tritonfleet.host.ops.apt_repo import fetch_key_command
 from tritonfleet.model_repo import facts as release_facts
+from tritonfleet.model_repo import fetch
 from tritonfleet.model_repo import release as release_plan
 from tritonfleet.model_repo.validate import validate_repository
 from tritonfleet.serving import apikey, repository_api
@@ -239,6 +240,10 @@ BUILDERS = {
     "prepare": lambda v: release_plan.prepare_script(
         f"/srv/{v}", release_plan.Plan(v, link={f"m/{v}": f"r0/m/{v}"}, send=[f"m/s{v}"], remove=[v]),
         {f"m/{v}": [1, "c" * 64]}),
+    # the fetch from a model origin (fetch.py): the host's credentials file, its region, the base dir
+    "fetch credentials": lambda v: fetch.fetch_script("/opt/triton", "r1", "run1", credentials=(f"/etc/{v}", "eu-1")),
+    "fetch region": lambda v: fetch.fetch_script("/opt/triton", "r1", "run1", credentials=("/etc/c", v)),
+    "fetch base": lambda v: fetch.fetch_script(f"/srv/{v}", "r1", "run1"),
     # rollback (steps/rollback.py): what the host's history says
     "rollback unit": lambda v: rollback.restore_unit_command("/opt/triton", v, f"/etc/systemd/system/{v}.service"),
     "rollback switch": lambda v: release_plan.switch_back_script(f"/srv/{v}", v),

@@ -85,3 +85,80 @@ def test_fetch_from_an_origin_that_is_down_places_nothing(tmp_path):
     assert list(inc.iterdir()) == []
 
 
+
+
+def _one_object(tmp_path: Path, web: Nginx) -> tuple[Path, str, bytes]:
+    data = os.urandom(1000)
+    p = web.object_path(sha(data))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    base = tmp_path / "opt"
+    (base / "releases" / release_plan.incoming_dir("rel1", "run1")).mkdir(parents=True)
+    return base, sha(data), data
+
+
+def test_a_presigned_url_is_never_globbed(tmp_path):
+    """A URL's '?' and '*' are glob characters where the script splits its list: a path in the
+    fetch's working directory that matches must not replace the URL (``set -f``)."""
+    with Nginx(tmp_path / "nginx") as web:
+        base, s, data = _one_object(tmp_path, web)
+        url = f"{web.url}/objects/sha256/{s}?X-Amz-Signature=ab*"
+        cwd = tmp_path / "login"
+        decoy = cwd / url.split("?", 1)[0].replace("//", "/")
+        decoy.parent.mkdir(parents=True)
+        Path(f"{decoy}XX-Amz-Signature=abdecoy").write_text("")  # what the glob would pick
+        script = fetch.fetch_script(str(base), "rel1", "run1", retries=0, connect_timeout=3)
+        res = subprocess.run(["sh", "-c", script], input=fetch.fetch_list({s: (len(data), url)}, {"f": s}),
+                             capture_output=True, text=True, timeout=60, cwd=cwd)
+        out = fetch.parse_fetch(res.stdout.splitlines())
+        assert res.returncode == 0 and out.ok and out.placed == 1, res.stdout + res.stderr
+
+
+def test_a_hostile_credentials_file_name_is_printed_not_run(tmp_path):
+    """model_origin_credentials_file reaches the script's error message as data (printf '%s')."""
+    mark = tmp_path / "PWNED"
+    base = tmp_path / "opt"
+    (base / "releases" / release_plan.incoming_dir("rel1", "run1")).mkdir(parents=True)
+    file = f"/nonexistent/creds$(touch {mark})`touch {mark}`"
+    script = fetch.fetch_script(str(base), "rel1", "run1", credentials=(file, "us-east-1"))
+    res = subprocess.run(["sh", "-c", script], input="", capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and not mark.exists(), res
+    assert fetch.parse_fetch(res.stdout.splitlines()).errors == [
+        f"the origin credentials file {file} is missing on {os.uname().nodename}: {fetch.CREDENTIALS_FIX}"]
+
+
+def test_no_credentials_are_left_behind_by_a_killed_fetch(tmp_path):
+    """The curl config (presigned URLs, the host's S3 key) is removed when the fetch is ended by a
+    signal (a lost SSH link, Ctrl-C), and what a SIGKILLed fetch left is removed by the next one."""
+    import signal
+    import socket
+    import time
+
+    base = tmp_path / "opt"
+    (base / "releases" / release_plan.incoming_dir("rel1", "run1")).mkdir(parents=True)
+    objdir = base / "releases" / fetch.OBJECTS_DIR
+    objdir.mkdir(parents=True)
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout.strip()
+    for kind in ("curl", "list", "err"):
+        (objdir / f"{kind}.{dead}").write_text("user = \"AKIA:secret\"\n")  # a SIGKILLed fetch's
+    creds = tmp_path / "creds"
+    creds.write_text("AWS_ACCESS_KEY_ID=AKIA\nAWS_SECRET_ACCESS_KEY=secret\n")
+    with socket.socket() as hang:  # accepts, never answers
+        hang.bind(("127.0.0.1", 0))
+        hang.listen(8)
+        s = sha(b"x")
+        url = f"http://127.0.0.1:{hang.getsockname()[1]}/objects/sha256/{s}"
+        script = fetch.fetch_script(str(base), "rel1", "run1", retries=0, credentials=(str(creds), "us-east-1"))
+        proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, text=True)
+        proc.stdin.write(fetch.fetch_list({s: (1, url)}, {"f": s}))
+        proc.stdin.close()
+        for _ in range(200):
+            if (objdir / f"curl.{proc.pid}").exists() and not (objdir / f"curl.{dead}").exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # curl is connected and waiting
+        assert (objdir / f"curl.{proc.pid}").exists() and not (objdir / f"curl.{dead}").exists()
+        os.killpg(proc.pid, signal.SIGHUP)  # what the loss of the SSH session sends
+        proc.wait(timeout=20)
+    assert sorted(p.name for p in objdir.iterdir()) == [], proc.returncode

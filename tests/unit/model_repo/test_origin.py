@@ -51,10 +51,29 @@ def settings(**kw):
     ({"model_origin": "s3://b/p", "model_origin_auth": "token"}, "model_origin_auth must be one of"),
     ({"model_origin": "s3://b/p", "model_origin_url_expiry": 10}, "between 60 and 604800"),
     ({"model_origin": "s3://b/p", "model_origin_endpoint": "minio:9000"}, "must be an http(s):// URL"),
+    ({"model_origin": "http://m/p", "model_origin_upload_user": "up"}, "in clear to http://m/p"),
+    ({"model_origin": "https://m/p", "model_origin_upload_url": "http://m:81/p", "model_origin_upload_user": "up"},
+     "in clear to http://m:81/p"),
 ])
 def test_origin_settings_that_cannot_work_are_refused_naming_the_tunable(kw, words):
     with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
         origins.from_settings(settings(**kw))
+
+
+@given(st.sampled_from(["http://m/p", "https://m/p", "s3://b/p"]), st.sampled_from([None, "http://u/p", "https://u/p"]),
+       st.sampled_from([None, "uploader"]))
+def test_an_upload_login_over_plain_http_is_refused_at_load_and_by_the_origin(url, upload, user):
+    """Basic auth over http:// would send the upload password in clear: the settings check and the
+    origin refuse exactly the same combinations."""
+    kw = {"model_origin": url, "model_origin_upload_url": upload, "model_origin_upload_user": user}
+    at_load = [p for p in check.problems("h1", {k: v for k, v in kw.items() if v}, lambda k: "here", GPU_CLASSES)]
+    try:
+        origins.from_settings(settings(**kw))
+        refused = False
+    except UsageError:
+        refused = True
+    clear = bool(user) and not url.startswith("s3") and (upload or url).startswith("http://")
+    assert refused == clear == bool(at_load), (kw, at_load)
 
 
 def test_origin_settings():
@@ -275,3 +294,164 @@ def test_a_staged_release_is_on_disk_before_it_is_called_complete(tmp_path, orig
     assert len(synced) == len(set(synced))
     (where,) = cwd  # in the incoming directory, before it became releases/<rid>
     assert Path(where).parent == base / "releases" and Path(where).name != rid
+
+
+# --------------------------------------------------------------------------- the pre-flight check
+
+class _Answers:
+    """An HTTP origin on loopback that answers PUT and HEAD with the statuses a test sets."""
+
+    def __init__(self, put: int, head: int):
+        import http.server
+        import threading
+
+        outer = self
+        self.put, self.head, self.seen = put, head, []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_PUT(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.seen.append(("PUT", self.path))
+                self.send_response(outer.put)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_HEAD(self):
+                outer.seen.append(("HEAD", self.path))
+                self.send_response(outer.head)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/models"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+STATUSES = [200, 201, 204, 301, 401, 403, 404, 405, 409, 500, 501, 502, 503]
+
+
+@given(st.sampled_from(STATUSES), st.sampled_from(STATUSES), st.booleans())
+def test_the_check_passes_only_an_origin_that_reads_and_takes_uploads(put, head, pull_host):
+    """Pre-flight's one question: every status but a successful PUT (where this run publishes) and
+    a 200 on reading it back fails, naming the status; a pull-mode host only reads (no PUT)."""
+    server = _Answers(put, head)
+    try:
+        origin = origins.Origin("http", server.url)
+        origins._checked.clear()
+        origins._stores.clear()
+        env = {origins.PULL_HOST_ENV: "/run/host.json"} if pull_host else {}
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            if not pull_host:
+                mp.delenv(origins.PULL_HOST_ENV, raising=False)
+            try:
+                origins.check(origin)
+                error = None
+            except origins.OriginError as e:
+                error = str(e)
+        put_ok = pull_host or put in (200, 201, 204)
+        if put_ok and head == 200:
+            assert error is None
+        else:
+            failing = put if not put_ok else head
+            assert error and f"HTTP {failing}:" in error, error
+        empty = f"/models/objects/sha256/{origins.EMPTY}"
+        assert server.seen[:1] == [("HEAD" if pull_host else "PUT", empty)]
+        assert all(path == empty for _, path in server.seen)  # nothing else is written or read
+    finally:
+        origins._checked.clear()
+        origins._stores.clear()
+        server.close()
+
+
+def test_the_check_names_a_typo_in_the_origin_path(tmp_path, monkeypatch):
+    """newcomer-2 40: a typo'd path (nginx's 404) stops pre-flight; the right path and nginx's
+    PUT pass; what the check wrote is the empty object, which is what the origin holds anyway."""
+    monkeypatch.delenv(origins.PULL_HOST_ENV, raising=False)
+    with Nginx(tmp_path / "nginx") as web:
+        origins._checked.clear()
+        origins.check(origins.Origin("http", web.url))
+        assert web.object_path(origins.EMPTY).read_bytes() == b""
+        typo = web.url.replace("/models", "/tritn-typo")
+        with pytest.raises(origins.OriginError, match=r"HTTP (404|409): .*(does not accept PUT|nothing at)"):
+            origins._checked.clear()
+            origins.check(origins.Origin("http", typo, upload_url=web.url))
+    origins._checked.clear()
+    origins._stores.clear()
+
+
+# --------------------------------------------------------------------------- pull mode: the host only reads
+
+def _methods(web: Nginx, since: int) -> list[str]:
+    with open(web.access, "rb") as f:
+        f.seek(since)
+        return [line.split(" ")[0] for line in f.read().decode().splitlines()]
+
+
+def test_in_pull_mode_the_control_machine_publishes_and_the_host_only_reads(tmp_path, origin_repo, monkeypatch,
+                                                                           caplog):
+    """security-review-2 finding 13: a self-converging host needed write access to the origin
+    (it uploaded and PUT the manifest). Now `pull publish` (publish_release) publishes the
+    model release from the control machine; the host's deploy finds the manifest there, fetches,
+    and sends no PUT; an unpublished release stops the host's run naming the fix, still without
+    a PUT. No test host: this machine plays the control machine, then the host (@local)."""
+    from tritonfleet.fleet.inventory import FleetHost
+    from tritonfleet.fleet.pull.origin import Origin as PullOrigin
+    from tritonfleet.fleet.pull.release import publish_release
+
+    base = tmp_path / "opt-triton"
+    with Nginx(tmp_path / "nginx") as web:
+        monkeypatch.delenv(origins.PULL_HOST_ENV, raising=False)
+        fleet_host = FleetHost("gpu1", ["t4"], {"model_origin": web.url, "model_repository": str(origin_repo)})
+        start = web.mark()
+        (tmp_path / "deploys").mkdir()
+        (tmp_path / "deploys" / "triton.py").write_text("# the deploy\n")
+        (tmp_path / "pull-origin").mkdir()
+        pull_origin = PullOrigin(tmp_path / "pull-origin")
+        publish_release(pull_origin, [fleet_host], "deploys/triton.py", tmp_path, ("deploys", "repo"))
+        man = models.manifest(origin_repo)
+        rid = models.release_id(man)
+        assert (web.root / "models" / "releases" / f"{rid}.json").is_file()  # the one a 1-GPU host renders
+        assert "PUT" in _methods(web, start)
+
+        # the host: pull mode (the converge's environment), no upload credential anywhere
+        monkeypatch.setenv(origins.PULL_HOST_ENV, str(tmp_path / "host.json"))
+        origins._published.clear()
+        origins._checked.clear()
+        origins._stores.clear()
+        start = web.mark()
+        origins.check(origins.Origin("http", web.url))  # the host's pre-flight: reads what publishing put there
+        state, changed = sync_from(base, origin_repo, model_origin=web.url)
+        assert not state.failed_hosts and changed
+        assert_serves(base, origin_repo)
+        assert "PUT" not in _methods(web, start) and "GET" in _methods(web, start)
+
+        # a release the control machine did not publish: the host stops, names the fix, writes nothing
+        write(origin_repo, "a/config.pbtxt", b'name: "a"\nmax_batch_size: 8\n')
+        origins._checked.clear()
+        start = web.mark()
+        before = live(base)
+        state, _ = sync_from(base, origin_repo, model_origin=web.url)
+        assert state.failed_hosts and live(base) == before
+        assert "PUT" not in _methods(web, start)
+        assert "is not there" in caplog.text and "tritonfleet pull publish" in caplog.text, caplog.text[-3000:]
+
+
+def test_pull_mode_refuses_an_origin_only_the_control_machine_could_sign(tmp_path):
+    from types import SimpleNamespace
+
+    from tritonfleet.model_repo.pull_publish import gpu_counts, publish_models
+
+    h = SimpleNamespace(name="gpu1", groups=[], data={"model_origin": "s3://bucket/fleet"})
+    with pytest.raises(UsageError, match="gpu1: pull mode: .*model_origin_auth = 'host'"):
+        publish_models([h], tmp_path)
+    assert gpu_counts({"gpu_count": 4}) == [4] and gpu_counts({"triton_per_gpu": True, "gpu_count": 4}) == [1]
+    assert gpu_counts({}) == list(range(1, 9))

@@ -488,3 +488,65 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+# --------------------------------------------------------------------------- the lock's own directory
+
+def test_the_lock_lives_in_a_root_only_directory_the_lock_command_makes(tmp_path, monkeypatch):
+    """security-review-2 finding 15: in world-writable /run/lock any local user could flock the
+    file (a read-only descriptor suffices) and block every deploy. The lock's command makes its
+    directory 0700 (the file 0600); an unprivileged user can then neither open nor lock it."""
+    monkeypatch.setattr(transfer, "choose", lambda host, wanted: "local")
+    lock = tmp_path / "run" / "tritonfleet" / "deploy.lock"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run").chmod(0o755)
+    tmp_path.chmod(0o755)
+    monkeypatch.setattr(hostlock, "LOCK_FILE", str(lock))
+    assert hostlock.LOCK_FILE != "/run/lock/tritonfleet.lock"
+    first = hostlock.Holder(local_host(), 5, 1, 3, holder="ops@ctl1 pid 4242")
+    try:
+        assert first.acquire() == ""
+        assert oct(lock.parent.stat().st_mode & 0o777) == "0o700" and oct(lock.stat().st_mode & 0o777) == "0o600"
+        if os.geteuid() == 0:  # the attack of the review, as user nobody
+            res = subprocess.run(["runuser", "-u", "nobody", "--", "flock", "-n", str(lock), "-c", "sleep 5"],
+                                 capture_output=True, text=True, timeout=20)
+            assert res.returncode != 0 and "Permission denied" in res.stderr, res
+    finally:
+        first.release()
+    lock.parent.chmod(0o777)  # a directory someone loosened: the next lock command makes it 0700 again
+    second = hostlock.Holder(local_host(), 5, 1, 3, holder="ops@ctl1 pid 4243")
+    try:
+        assert second.acquire() == ""
+        assert oct(lock.parent.stat().st_mode & 0o777) == "0o700"
+    finally:
+        second.release()
+
+
+def test_a_holder_that_ends_stops_the_run_before_its_next_command(own_lock_files):
+    """The holder's SSH connection dies while pyinfra's own survives: the host's lock is gone, so
+    the run's next command to that host fails it (an OSError, as a lost connection: pyinfra fails
+    that host alone), naming the host and why; the other host's commands go on; a holder whose
+    end a reboot announced (rebooting) stops nothing until reacquire takes it again."""
+    hosts = [SimpleNamespace(name=f"gpu{i}", connected=True, data={}) for i in range(2)]
+    sent = []
+    gated = hostlock._gated(lambda host, text: sent.append((host.name, text)) or True)
+    try:
+        assert hostlock.acquire_all(SimpleNamespace(inventory=hosts), say=print) == 2
+        assert gated(hosts[0], "before") is True
+        hostlock._held["gpu0"].procs[0].kill()  # what a dead SSH connection does to the holder
+        hostlock._held["gpu0"].procs[0].wait()
+        with pytest.raises(OSError) as stop:
+            gated(hosts[0], "after")
+        said = str(stop.value)
+        assert isinstance(stop.value, hostlock.LockLost)
+        assert said.startswith("gpu0: the deploy lock's holder on the host ended"), said
+        assert "before its next command" in said and "run again" in said
+        assert gated(hosts[1], "other") is True
+        assert sent == [("gpu0", "before"), ("gpu1", "other")]
+        # a reboot: the holder of gpu1 ends, expected; commands go on until the lock is taken again
+        hostlock.rebooting(hosts[1])
+        hostlock._held["gpu1"].procs[0].kill()
+        hostlock._held["gpu1"].procs[0].wait()
+        assert gated(hosts[1], "uptime") is True and sent[-1] == ("gpu1", "uptime")
+    finally:
+        hostlock.release_all()

@@ -127,3 +127,102 @@ def test_a_fill_whose_upstream_hangs_asks_again_then_names_every_blob_it_lacks(t
             assert again.returncode == 0, again.stdout + again.stderr
             done = image_mirror.parse_fill(again.stdout.splitlines())
             assert sorted(done["filled"] + done["cached"]) == sorted(blobs)
+
+
+class _TokenUpstream:
+    """A registry upstream as NGC answers: /v2/ asks for a Bearer token, whose realm is asked with
+    the proxy's basic credentials; records the credentials each token request carried."""
+
+    def __init__(self):
+        import base64
+        import http.server
+
+        outer = self
+        self.logins: list[str] = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                if self.path.startswith("/token"):
+                    auth = self.headers.get("Authorization", "")
+                    outer.logins.append(base64.b64decode(auth[6:]).decode() if auth.startswith("Basic ") else auth)
+                    body = b'{"token": "t", "access_token": "t", "expires_in": 300}'
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                elif self.headers.get("Authorization") == "Bearer t":
+                    body = b'{"errors": [{"code": "MANIFEST_UNKNOWN", "message": "unknown"}]}'
+                    self.send_response(404)
+                    self.send_header("Content-Type", "application/json")
+                else:
+                    body = b'{"errors": [{"code": "UNAUTHORIZED", "message": "login"}]}'
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", f'Bearer realm="{outer.url}/token",service="up"')
+                    self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_HEAD = do_GET
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_mirror_logs_in_upstream_from_its_environment_and_listens_only_on_its_address(tmp_path):
+    """Debian's registry (2.8) with the configuration tritonfleet writes: no password in
+    config.yml; the upstream login (a token asked for with basic credentials, as NGC does) made
+    with the password from $REGISTRY_PROXY_PASSWORD, the unit's EnvironmentFile; and http.addr the
+    mirror's own address, so another address of the machine is refused (security-review-2
+    findings 8 and 9)."""
+    import socket
+
+    from tritonfleet_testbed.origin_servers import free_port
+
+    user, secret = "$oauthtoken", "nvapi-upstream-s3cr3t"
+    up = _TokenUpstream()
+    try:
+        port = free_port("127.0.0.1")
+        addr = image_mirror.listen_address(f"127.0.0.1:{port}", None, port)
+        config = image_mirror.registry_config(addr, str(tmp_path / "mirror" / "data"), up.url, user)
+        assert secret not in config and addr == f"127.0.0.1:{port}"
+        with Registry(tmp_path / "mirror", port=port, config=config, env={image_mirror.PASSWORD_VAR: secret}):
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.2", port), timeout=2).close()
+            subprocess.run(image_mirror.manifest_command(f"http://{addr}", "nvidia/tritonserver", "sha256:" + "a" * 64)
+                           .replace("--retry 30", "--retry 3"), shell=True, capture_output=True, timeout=60)
+        assert up.logins and set(up.logins) == {f"{user}:{secret}"}, up.logins
+    finally:
+        up.close()
+
+
+@pytest.mark.parametrize("mirror,listen,want", [
+    ("10.0.0.5:5000", None, "10.0.0.5:5000"), ("mirror.internal:5000", None, "mirror.internal:5000"),
+    ("[fd00::5]:5000", None, "[fd00::5]:5000"), ("mirror.internal:5000", "10.0.0.5", "10.0.0.5:5000"),
+    ("10.0.0.5:5000", "fd00::5", "[fd00::5]:5000"), ("0.0.0.0:5000", None, ValueError),
+    ("mirror:5000", "::", ValueError), ("mirror:5000", "0.0.0.0", ValueError),
+])
+def test_the_mirror_listens_on_a_named_address_never_on_every_one(mirror, listen, want):
+    if want is ValueError:
+        with pytest.raises(ValueError, match="every address"):
+            image_mirror.listen_address(mirror, listen, 5000)
+    else:
+        assert image_mirror.listen_address(mirror, listen, 5000) == want
+
+
+@pytest.mark.parametrize("listen,refused", [("10.0.0.5", False), ("mirror.internal", False), ("fd00::5", False),
+                                            ("0.0.0.0", True), ("::", True), ("[::]", True), ("", True),
+                                            ("10.0.0.5:5000 ", True), (5000, True)])
+def test_the_settings_check_refuses_every_address_for_the_mirror(listen, refused):
+    from tritonfleet.gpu.rules import GPU_CLASSES
+    from tritonfleet.settings import check
+
+    found = check.problems("m1", {"image_mirror_listen": listen}, lambda k: "here", GPU_CLASSES)
+    assert bool(found) == refused, found

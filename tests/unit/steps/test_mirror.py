@@ -41,13 +41,113 @@ def test_the_mirror_host_gets_debians_registry_as_a_proxy_of_the_upstream(monkey
     run = "\n".join(cmds)
     assert "docker-registry" in run and re.search(r"systemctl (re)?start docker-registry", run), run[-3000:]
     config = __import__("json").loads(host.connector.uploads[CONFIG])
-    assert config["proxy"] == {"remoteurl": "https://nvcr.io", "username": "$oauthtoken", "password": "s3cr3t"}
+    assert config["proxy"] == {"remoteurl": "https://nvcr.io", "username": "$oauthtoken"}  # the password: SECRET
+    assert config["http"]["addr"] == "mirror.local:5000"  # the address the hosts pull through, not every one
     assert config["http"]["tls"] == {"certificate": "/etc/docker/registry/mirror.crt",
                                      "key": "/etc/docker/registry/mirror.key"}
     assert "Restart=on-failure" in host.connector.uploads[DROP_IN]
     # a host outside the mirror group gets nothing of it
     _, cmds, _ = run_fake(image_mirror, {}, data)
     assert not any("docker-registry" in c for c in cmds)
+
+
+SECRET_VALUE = "nvapi-DEMO-SECRET-123"
+
+
+def _every_byte_of_a_mirror_run(monkeypatch, caplog, capfd):
+    """Run the mirror step on pyinfra's @fake connector as `pyinfra --diff -vvv` does (diffs,
+    input, output and facts printed); everything the run produced: its log at DEBUG, its stdout
+    and stderr, the commands, the uploads, every operation's names, arguments and global
+    arguments; and the stdin each command was given."""
+    import logging
+
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.operations import run_ops
+
+    from tests.support.fakehost import defaults, record_uploads
+    from tritonfleet.steps.mirror import image_mirror
+
+    monkeypatch.setenv("TRITONFLEET_REGISTRY_PASSWORD", SECRET_VALUE)
+    caplog.set_level(logging.DEBUG)
+    data = {**defaults("t4"), "fake_delay": 0, "fake_delay_jitter": 0, "image_mirror": "mirror.local:5000",
+            "registry_user": "$oauthtoken", "image_mirror_group": "t4"}
+    inventory = Inventory(([("@fake/mirror1", data)], {}), t4=(["@fake/mirror1"], {}))
+    host = inventory.get_host("@fake/mirror1")
+    state = State(inventory, Config(DIFF=True), check_for_changes=True)
+    state.print_output = state.print_input = state.print_fact_output = True
+    connect_all(state)
+    record_uploads(host)
+    stdin: list[str] = []
+    run = host.connector.run_shell_command
+
+    def recording(command, *a, **kw):
+        stdin.append(str(kw.get("_stdin") or ""))
+        return run(command, *a, **kw)
+
+    host.connector.run_shell_command = recording
+    add_deploy(state, image_mirror)
+    plan = []
+    for op_hash in state.get_op_order():
+        meta = state.get_op_meta(op_hash)
+        op = state.get_op_data_for_host(host, op_hash)
+        plan.append(repr((meta.names, meta.args, op.global_arguments)))
+    run_ops(state)
+    out = capfd.readouterr()
+    return state, host, stdin, "\n".join([
+        caplog.text, out.out, out.err, *host.connector.executed_commands, *host.connector.uploads.values(), *plan])
+
+
+def test_the_upstream_password_is_in_no_byte_of_the_plan_output_or_commands(monkeypatch, caplog, capfd):
+    """security-review-2 finding 9: the mirror's upstream password reached config.yml and so
+    pyinfra's --diff. Now config.yml has no password; the secret goes to the host on the stdin
+    of the one command that writes the registry's environment file, read when it runs."""
+    from tritonfleet.serving.image_mirror import PASSWORD_VAR
+    from tritonfleet.steps.mirror import DROP_IN, SECRET
+
+    state, host, stdin, everything = _every_byte_of_a_mirror_run(monkeypatch, caplog, capfd)
+    assert not state.failed_hosts
+    assert SECRET_VALUE not in everything
+    assert f"EnvironmentFile=-{SECRET}" in host.connector.uploads[DROP_IN]
+    given = [s for s in stdin if s]
+    assert given == [SECRET_VALUE]  # the one command that writes it, on its stdin
+    writer = host.connector.executed_commands[stdin.index(SECRET_VALUE)]
+    assert SECRET in writer and PASSWORD_VAR in writer and "try-restart docker-registry" in writer
+
+
+def test_the_secret_file_is_written_root_only_and_restarts_only_on_a_change(tmp_path):
+    """The environment file's writer, run by sh with the secret on stdin: 0600, the value as
+    systemd reads it, ``secret same`` the second time; a value the file cannot hold is refused."""
+    import os
+    import stat
+    import subprocess
+
+    from tritonfleet.serving.image_mirror import PASSWORD_VAR, secret_file_script
+
+    path = tmp_path / "etc" / "upstream.env"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/restarts\n")
+    (bindir / "systemctl").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+
+    def write(secret: str):
+        return subprocess.run(["sh", "-c", secret_file_script(str(path), "docker-registry")], input=secret,
+                              capture_output=True, text=True, env=env, timeout=30)
+
+    for value, said in ((SECRET_VALUE, "secret changed"), (SECRET_VALUE, "secret same"),
+                        ("nvapi-$(id)-`x` 2", "secret changed")):
+        res = write(value + "\n")
+        assert res.stdout.strip() == said, res
+        assert path.read_text() == f"{PASSWORD_VAR}='{value}'\n"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == 0
+    assert (tmp_path / "restarts").read_text().splitlines() == ["try-restart docker-registry"] * 2
+    for bad in ("a'b", "a\\b", "", "first\nsecond"):
+        res = write(bad + "\n")
+        assert res.returncode == 2 and res.stdout.startswith("error"), res
+        assert path.read_text() == f"{PASSWORD_VAR}='nvapi-$(id)-`x` 2'\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["upstream.env"]
 
 
 def test_an_unpinned_image_through_the_mirror_is_refused_by_preflight():

@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 from ...core.errors import UsageError
+from ...model_repo.pull_publish import publish_models
 from ...settings.defaults import DEFAULTS
 from .origin import (
     CONTROL_ONLY_PREFIXES,
@@ -130,6 +131,7 @@ def publish_release(origin: Origin, hosts: list, deploy: str, repo_root: Path,
                     include: tuple[str, ...] = INCLUDE) -> str:
     """Build the release and put it (and its blobs) on the origin; its id (sha256)."""
     data, sha, blobs = build_release(hosts, deploy, repo_root, include)
+    publish_models(hosts, repo_root)  # a model origin's releases: the hosts only read it
     if not origin.release(sha).is_file():
         write_atomic(origin.release(sha), data)
     for bsha, local in blobs.items():

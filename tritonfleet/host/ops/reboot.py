@@ -66,6 +66,7 @@ def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600, h
     def capture(state, host):
         remove_any_sudo_askpass_file(host)
         before.append(_boot_id(host))
+        hostlock.rebooting(host)  # the reboot ends the lock's holder: taken again after it
 
     yield FunctionCommand(capture, (), {})
     yield StringCommand("( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &")

@@ -13,6 +13,7 @@ import os
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from ...core.errors import TritonfleetError
+from ..image_mirror import secret_file_script
 
 
 class MissingSecret(TritonfleetError, RuntimeError):
@@ -44,3 +45,11 @@ def docker_login(registry: str, user: str, secret_env: str):
     control machine and reaches docker on stdin."""
     yield SecretStdinCommand("docker", "login", "--username", QuoteString(user), "--password-stdin",
                              QuoteString(registry), secret_env=secret_env)
+
+
+@operation(is_idempotent=False)
+def secret_env_file(path: str, service: str, secret_env: str):
+    """The registry secret (``$secret_env`` on the control machine, read when the command runs)
+    written on the host to ``path``, the environment file of ``service``, which restarts when the
+    secret changed; the secret reaches the host on stdin only (no plan, diff, argv or log holds it)."""
+    yield SecretStdinCommand(secret_file_script(path, service), secret_env=secret_env)
