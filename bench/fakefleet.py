@@ -434,6 +434,11 @@ class FakeFleet:
             def key() -> str:
                 return Answers.command_key(command, server.host, server.address, stdin)
 
+            if self.upstream is not None and HOLD.search(command):
+                status = self._forward_hold(server, channel, command)
+                self.received(server.host, "ssh", command, key, True, status)
+                channel.send_exit_status(status)
+                return
             if self.upstream is not None:
                 out, err, status = self._forward(server, command, stdin)
                 self.received(server.host, "ssh", command, key, True, status)
@@ -462,12 +467,7 @@ class FakeFleet:
                 pass
 
     def _forward(self, server: _Server, command: str, stdin: bytes | None = None) -> tuple[str, str, int]:
-        with self._lock:  # one upstream connection a fake host (Ansible runs commands on it at once)
-            if server.upstream is None:
-                c = paramiko.SSHClient()
-                c.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-                c.connect(**self.upstream)
-                server.upstream = c
+        self._forward_connect(server)
         si, so, se = server.upstream.exec_command(command)
         if stdin is not None:
             si.write(stdin)
@@ -479,6 +479,38 @@ class FakeFleet:
         out, err = out.replace(real, server.host), err.replace(real, server.host)
         self.answers.add(command, server.host, server.address, out, err, status, stdin)
         return out, err, status
+
+    def _forward_hold(self, server: _Server, channel: paramiko.Channel, command: str) -> int:
+        """A command that answers, then stays open (the deploy lock) in record mode: its answer up
+        to ``locked`` is recorded and sent, then the control side's stdin (the lock's heartbeats)
+        goes to the real host until the control side closes, as a replay holds it."""
+        self._forward_connect(server)
+        si, so, se = server.upstream.exec_command(command)
+        lines = []
+        while line := so.readline():
+            lines.append(line)
+            if line.strip() == "locked":
+                break
+        out = "".join(lines).replace(self.upstream_name or server.host, server.host)
+        channel.sendall(out.encode())
+        if not lines or lines[-1].strip() != "locked":  # busy, or no lock: it ended with its status
+            status = so.channel.recv_exit_status()
+            self.answers.add(command, server.host, server.address, out, se.read().decode(), status)
+            return status
+        self.answers.add(command, server.host, server.address, out, "", 0)
+        while data := channel.recv(4096):  # until the control side sends EOF or closes
+            si.write(data)
+        si.channel.shutdown_write()
+        so.channel.recv_exit_status()
+        return 0
+
+    def _forward_connect(self, server: _Server) -> None:
+        with self._lock:  # one upstream connection a fake host (Ansible runs commands on it at once)
+            if server.upstream is None:
+                c = paramiko.SSHClient()
+                c.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+                c.connect(**self.upstream)
+                server.upstream = c
 
     def stop(self) -> None:
         self._stop.set()
