@@ -6,18 +6,24 @@ module's dotted path under ``tritonfleet.<domain>``, e.g. ``host/op_cases/ops.co
 
     {"doc": "what the case shows", "args": {...}, "content": "file text (an op's src)",
      "responses": {"a command's substring": ["its output lines"]},
-     "state": {"module:dict": {key: value}}, "env": {"NAME": "value"},
-     "commands": ["...", ...], "uploads": {"remote path": "text"}, "noop_description": "..."}
+     "state": {"module:dict": {key: value}}, "env": {"NAME": "value"}, "patch": {"module:name": ...},
+     "dry": false, "commands": ["...", ...], "planned": ["..."], "uploads": {"remote path": "text"},
+     "noop_description": "...", "failed": ["@fake/gpu1"], "raises": "Type: message"}
 
 The operation runs once on pyinfra's @fake connector with ``-y`` (no change detection before
-execution, so every fact is read where a real run reads it). ``commands`` are the exact shell
-commands the host received, fact reads included, in order; a Python callback the operation
+execution, so every fact is read where a real run reads it), or with ``"dry": true`` is only
+planned (``pyinfra --dry``: what an operation that acts only while executing says then; its
+``planned`` commands are listed). ``commands`` are the exact shell commands the host received,
+fact reads included, in order; a Python callback the operation
 yields (``FunctionCommand``) is listed as ``python: <function>(<arguments>)`` and is not run
-(its own module tests it). ``uploads``: the files sent; ``noop_description``: what the
+(its own module tests it). ``uploads``: the files sent; ``failed``: the hosts that failed;
+``raises``: the error the run stopped with (``"Type: message"``), where one does; ``noop_description``: what the
 operation said when it had nothing to do (null when it changed something). An argument written
 ``{"$ref": "module:name"}`` is that Python object; ``state`` sets, for the case only, the
 entries of a module's per-host dict under the key ``"@host"`` (the fake host's name); ``env``
-sets environment variables on the control machine for the case.
+sets environment variables on the control machine for the case; ``patch`` replaces a module's
+attribute for the case (``{"module:name": {"$ref": "tests.support.cases:yes"}}``), only where
+the @fake host cannot be what the path needs (an SSH host).
 
 A fact case, ``tests/unit/<domain>/fact_cases/<module>.<Fact>/<case>.json``::
 
@@ -49,6 +55,8 @@ from typing import Any
 
 from pyinfra.api import FactBase, FunctionCommand, deploy
 from pyinfra.api.host import Host
+from pyinfra.connectors.fake import FakeConnector
+from pyinfra.context import ctx_host, ctx_state
 
 import tritonfleet
 from tests.support.fakehost import run_fake
@@ -130,6 +138,12 @@ def _name(obj: Any) -> str:
     return getattr(obj, "__qualname__", None) or type(obj).__name__
 
 
+def _command_text(command: Any) -> str:
+    if isinstance(command, FunctionCommand):
+        return _function_text(command)
+    return command.get_masked_value() if hasattr(command, "get_masked_value") else str(command)
+
+
 def _function_text(command: FunctionCommand) -> str:
     from tritonfleet.core.report import reported
 
@@ -141,9 +155,10 @@ def _function_text(command: FunctionCommand) -> str:
 
 
 @contextmanager
-def _recording(noops: list[str]) -> Iterator[None]:
-    """Python callbacks are listed in the host's commands instead of run; noops are kept."""
-    execute, noop = FunctionCommand.execute, Host.noop
+def _recording(noops: list[str], connectors: list) -> Iterator[None]:
+    """Python callbacks are listed in the host's commands instead of run; noops and the fake
+    connectors made are kept."""
+    execute, noop, init = FunctionCommand.execute, Host.noop, FakeConnector.__init__
 
     def record(self, state, host, connector_arguments):
         host.connector.executed_commands.append(_function_text(self))
@@ -153,15 +168,30 @@ def _recording(noops: list[str]) -> Iterator[None]:
         noops.append(description)
         return noop(self, description)
 
-    FunctionCommand.execute, Host.noop = record, keep  # type: ignore[method-assign]
+    def made(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        connectors.append(self)
+
+    FunctionCommand.execute, Host.noop, FakeConnector.__init__ = record, keep, made  # type: ignore[method-assign]
     try:
         yield
     finally:
-        FunctionCommand.execute, Host.noop = execute, noop  # type: ignore[method-assign]
+        FunctionCommand.execute, Host.noop, FakeConnector.__init__ = execute, noop, init  # type: ignore[method-assign]
+
+
+def yes(*args: Any, **kwargs: Any) -> bool:
+    """A stand-in that says yes (``"patch"``: e.g. the SSH test of a transfer on the @fake host)."""
+    return True
 
 
 @contextmanager
 def _case_state(case: dict) -> Iterator[None]:
+    patched = []
+    for ref, value in case.get("patch", {}).items():
+        module, _, name = ref.partition(":")
+        owner = importlib.import_module(module)
+        patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, _args(value))
     saved_env = {k: os.environ.get(k) for k in case.get("env", {})}
     os.environ.update(case.get("env", {}))
     touched = []
@@ -174,6 +204,8 @@ def _case_state(case: dict) -> Iterator[None]:
     try:
         yield
     finally:
+        for owner, name, value in patched:
+            setattr(owner, name, value)
         for table, key in touched:
             table.pop(key, None)
         for k, v in saved_env.items():
@@ -196,13 +228,26 @@ def run_operation(path: Path, case: dict) -> dict:
         op(name=case.get("doc", path.parent.name), **args)
 
     noops: list[str] = []
-    with _case_state(case), _recording(noops):
-        host, cmds, state = run_fake(one, case.get("responses", {}), yes=True)
+    connectors: list[FakeConnector] = []
+    dry, raised, planned, failed = bool(case.get("dry")), None, [], []
+    with _case_state(case), _recording(noops, connectors):
+        try:
+            host, _, state = run_fake(one, case.get("responses", {}), yes=not dry, dry=dry)
+        except Exception as e:  # noqa: BLE001 (what pyinfra lets through to the CLI: the case names it)
+            raised = f"{type(e).__name__}: {e}"
+        else:
+            failed = sorted(h.name for h in state.failed_hosts)
+            with ctx_state.use(state), ctx_host.use(host):
+                planned = [_command_text(c) for op_hash in state.get_op_order() if dry
+                           for c in state.get_op_data_for_host(host, op_hash).command_generator()]
+    connector = connectors[-1]
     return {
-        "commands": [str(c) for c in cmds if not str(c).startswith(TMPDIR_FACT)],
-        "uploads": dict(host.connector.uploads),
+        "commands": [str(c) for c in connector.executed_commands if not str(c).startswith(TMPDIR_FACT)],
+        "planned": planned,
+        "uploads": dict(getattr(connector, "uploads", {})),
         "noop_description": noops[0] if noops else None,
-        "failed": sorted(h.name for h in state.failed_hosts),
+        "failed": failed,
+        "raises": raised,
     }
 
 
@@ -210,8 +255,10 @@ def check_operation(path: Path) -> None:
     case = json.loads(path.read_text())
     did = run_operation(path, case)
     where = f"{path.relative_to(UNIT)}: {case.get('doc')}"
+    assert did["raises"] == case.get("raises"), where
     assert did["failed"] == case.get("failed", []), where
     assert did["commands"] == case["commands"], where
+    assert did["planned"] == case.get("planned", []), where
     assert did["uploads"] == case.get("uploads", {}), where
     assert did["noop_description"] == case.get("noop_description"), where
 
@@ -253,7 +300,7 @@ def completed(path: Path) -> dict:
         return case
     did = run_operation(path, case)
     case["commands"] = did["commands"]
-    for key in ("uploads", "failed"):
+    for key in ("planned", "uploads", "failed", "raises"):
         if did[key]:
             case[key] = did[key]
         else:

@@ -6,6 +6,8 @@ file; an operation or fact with fewer than two cases fails ``test_every_operatio
 
 from __future__ import annotations
 
+import inspect
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from tests.support.cases import (
     check_fact,
     check_operation,
     package_targets,
+    resolve,
     target_of,
 )
 
@@ -56,11 +59,11 @@ def test_every_operation_and_fact_has_cases():
 
 
 def test_op_cases_cover_both_paths():
-    """Each operation with cases has one that changes the host and, where it can have nothing to
-    do, one that does not (its noop)."""
+    """Each operation with cases has one that changes the host (or is refused) and, where it can
+    have nothing to do (it calls ``host.noop``), one where it has nothing to do."""
     changed, noop = set(), set()
-    import json
-
     for p in OPS:
         (noop if json.loads(p.read_text()).get("noop_description") else changed).add(target_of(p))
-    assert not {t for t in noop if t not in changed}, "an operation with no case that changes the host"
+    assert noop - changed == set(), "an operation with no case that changes the host"
+    can_noop = {t for t in changed | noop if "host.noop(" in inspect.getsource(resolve(t)._inner)}
+    assert can_noop - noop == set(), "an operation with a no-op path and no case for it"
