@@ -41,6 +41,7 @@ file is what a reviewer reads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
@@ -104,6 +105,7 @@ def _made_by(function: Any, module: Any) -> bool:
     return code is not None and Path(code.co_filename) == Path(module.__file__)
 
 
+@functools.cache
 def package_targets() -> tuple[set[str], set[str]]:
     """(every operation, every fact class) the package defines, as ``module:name``, found by
     importing each of its modules: a new one without cases is seen."""

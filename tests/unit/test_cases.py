@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.cases import (
     case_files,
@@ -67,3 +69,27 @@ def test_op_cases_cover_both_paths():
     assert noop - changed == set(), "an operation with no case that changes the host"
     can_noop = {t for t in changed | noop if "host.noop(" in inspect.getsource(resolve(t)._inner)}
     assert can_noop - noop == set(), "an operation with a no-op path and no case for it"
+
+
+# what the package's facts print, to mix with any text: each parser's own keys and markers
+MARKERS = ["@@tritonfleet-fact@@", "@@tritonfleet-fact-status@@", "@@tritonfleet-fact-status@@ 0",
+           "mode=644 user", "mode=644 user=root group=root", "SubState=running", "file=/usr/bin/x owner",
+           "runlog=", "running=true", "image=sha256:", "started=x", "/x.service=1", "unit=", "fpr=",
+           "trusted=yes", "error=", "##FILE /etc/apt/sources.list.d/x.sources", "##FILE /etc/apt/sources.list",
+           "Types: deb", "URIs: x", "deb [signed-by=x", "deb [a b] x", "rc=127", "rc=x", "fields=index,name",
+           "0, Tesla T4, GPU-1, 00000000:00:1E.0, 560.35.03, 7.5, 15360", "0, -, -, T4", "dpkg-journal=1",
+           "ii \tdkms\t1", "hF\tx\t1", '{"release": "r1"}', "[1]", "failure-recorded", "SecureBoot enabled",
+           "efivar=1", "Failed to initialize NVML: Driver/library version mismatch", "No devices were found"]
+OUTPUTS = st.lists(st.one_of(st.text(max_size=60), st.sampled_from(MARKERS),
+                             st.builds("".join, st.lists(st.sampled_from(MARKERS + [" ", "=", ",", "\t"]), max_size=4))),
+                   max_size=12)
+FACT_CLASSES = sorted(set(package_targets()[1]) - set(WITHOUT_CASES))
+
+
+@pytest.mark.parametrize("target", FACT_CLASSES)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(output=OUTPUTS)
+def test_fact_reads_any_output(target: str, output: list[str]):
+    """A fact reads whatever the host prints, never failing hard: a forged, cut or foreign answer
+    is data (the house rule "facts parse"), never an exception in the middle of a run."""
+    resolve(target)().process(output)
