@@ -68,6 +68,9 @@ HOST = "@fake/gpu1"
 # pyinfra's own lookup of the host's temporary directory (its TmpDir fact) is read or not
 # depending on what earlier runs in this process left in pyinfra's context: not the operation's
 TMPDIR_FACT = 'if [ -n "$TMPDIR" ]'
+# every case's pyinfra State stays referenced: tables the package keys by id(state) (the drains
+# planned in a run, tritonfleet.serving.ops.lb) never see its id again in a later test's run
+_STATES: list = []
 # files of the package that are not modules to import (they run as pyinfra reads them)
 NOT_MODULES = {"tritonfleet.fleet.pull.local_inventory"}  # the inventory of `tritonfleet converge`
 
@@ -238,6 +241,7 @@ def run_operation(path: Path, case: dict) -> dict:
         except Exception as e:  # noqa: BLE001 (what pyinfra lets through to the CLI: the case names it)
             raised = f"{type(e).__name__}: {e}"
         else:
+            _STATES.append(state)
             failed = sorted(h.name for h in state.failed_hosts)
             with ctx_state.use(state), ctx_host.use(host):
                 planned = [_command_text(c) for op_hash in state.get_op_order() if dry
