@@ -12,18 +12,21 @@ module's dotted path under ``tritonfleet.<domain>``, e.g. ``host/op_cases/ops.co
 
 The operation runs once on pyinfra's @fake connector with ``-y`` (no change detection before
 execution, so every fact is read where a real run reads it), or with ``"dry": true`` is only
-planned (``pyinfra --dry``: what an operation that acts only while executing says then; its
-``planned`` commands are listed). ``commands`` are the exact shell commands the host received,
-fact reads included, in order; a Python callback the operation
-yields (``FunctionCommand``) is listed as ``python: <function>(<arguments>)`` and is not run
-(its own module tests it). ``uploads``: the files sent; ``failed``: the hosts that failed;
-``raises``: the error the run stopped with (``"Type: message"``), where one does; ``noop_description``: what the
-operation said when it had nothing to do (null when it changed something). An argument written
-``{"$ref": "module:name"}`` is that Python object; ``state`` sets, for the case only, the
-entries of a module's per-host dict under the key ``"@host"`` (the fake host's name); ``env``
-sets environment variables on the control machine for the case; ``patch`` replaces a module's
-attribute for the case (``{"module:name": {"$ref": "tests.support.cases:yes"}}``), only where
-the @fake host cannot be what the path needs (an SSH host).
+planned (``pyinfra --dry``; its ``planned`` commands are listed).
+
+- ``commands``: the exact shell commands the host received, fact reads included, in order; a
+  Python callback the operation yields (``FunctionCommand``) is listed as
+  ``python: <function>(<arguments>)`` and is not run (its own module tests it);
+- ``uploads``: the files sent; ``failed``: the hosts that failed; ``raises``: the error the run
+  stopped with (``"Type: message"``), where one does;
+- ``noop_description``: what the operation said when it had nothing to do (null when it changed
+  something).
+
+Inputs besides ``args`` and ``responses``: an argument written ``{"$ref": "module:name"}`` is
+that Python object; ``state`` sets, for the case only, entries of a module's per-host dict
+(``"@host"``: the fake host's name); ``env`` sets environment variables on the control machine;
+``patch`` replaces a module's attribute (``{"module:name": {"$ref": "tests.support.cases:yes"}}``),
+only where the @fake host cannot be what the path needs (an SSH host).
 
 A fact case, ``tests/unit/<domain>/fact_cases/<module>.<Fact>/<case>.json``::
 
