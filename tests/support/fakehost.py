@@ -28,9 +28,9 @@ DEFAULT_RESPONSES = {"mokutil --sb-state": "SecureBoot disabled"}
 
 
 def run_fake(deploy_func, responses: dict, data: dict | None = None, groups=("t4",), yes: bool = False,
-             **kwargs):
+             dry: bool = False, **kwargs):
     """``yes``: no change detection before execution (`pyinfra -y`), so each fact is read as often
-    as a real run reads it."""
+    as a real run reads it; ``dry``: planned only, nothing executed (`pyinfra --dry`)."""
     responses = {**responses, **{k: v for k, v in DEFAULT_RESPONSES.items() if k not in responses}}
     host_data = {**defaults(*groups), "fake_delay": 0, "fake_delay_jitter": 0,
                  "fake_responses": responses, **(data or {})}
@@ -40,6 +40,8 @@ def run_fake(deploy_func, responses: dict, data: dict | None = None, groups=("t4
     connect_all(state)
     record_uploads(host)
     add_deploy(state, deploy_func, **kwargs)
+    if dry:
+        return host, host.connector.executed_commands, state
     try:
         run_ops(state)
     except PyinfraError:  # "No hosts remaining": the (only) host failed

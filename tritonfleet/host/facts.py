@@ -126,10 +126,11 @@ class FileState(FactBase):
         for line in output:
             line = line.strip()
             if line.startswith("mode="):
-                out.update(dict(kv.split("=", 1) for kv in line.split()))
+                out.update(kv.split("=", 1) for kv in line.split() if "=" in kv)
             elif len(line) == 64 and all(c in "0123456789abcdef" for c in line):
                 out["sha256"] = line
-        return out if "mode" in out and "sha256" in out else None
+        # an answer missing any of them (cut, or not stat's) is no file: the caller uploads again
+        return out if {"mode", "user", "group", "sha256"} <= out.keys() else None
 
 
 class UnitState(FactBase):

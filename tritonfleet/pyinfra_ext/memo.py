@@ -129,7 +129,10 @@ class FactBatch(FactBase):
             elif line.startswith(STATUS) and lines is not None:
                 if lines and lines[-1] == "":
                     lines.pop()  # the newline printed before the status line
-                results.append((int(line.split()[-1]), lines))
+                status = line[len(STATUS):].strip()
+                # not the number printed after each command (a command's own output imitating the
+                # line): no status, that fact is read on its own
+                results.append((int(status) if status.isascii() and status.isdigit() else -1, lines))
                 lines = None
             elif lines is not None:
                 lines.append(line)
