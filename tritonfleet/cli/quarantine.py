@@ -85,8 +85,9 @@ def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, to
     and model repository, which the warm inference gate builds its requests from). Refuses to
     start without its token file (missing, empty, or readable by others)."""
     from ..fleet import quarantine
-    from ..fleet.quarantine.client import alertmanager_url, read_token
+    from ..fleet.quarantine.client import read_token
     from ..fleet.quarantine.server import Caller
+    from ..observability.options import alertmanager_url
 
     am = alertmanager_url(alertmanager) if alertmanager else ""
     hosts = _hosts(inventory, data, limit)
@@ -137,7 +138,7 @@ def unit_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, tok
     args = [exe, "quarantine", "serve", str(Path(inventory).resolve()), f"--listen={listen}",
             f"--state-dir={(Path(workdir) / state_dir).resolve()}"]
     if alertmanager:
-        from ..fleet.quarantine.client import alertmanager_url
+        from ..observability.options import alertmanager_url
 
         args.append(f"--alertmanager={alertmanager_url(alertmanager)}")
     if token_file:

@@ -7,10 +7,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..core.errors import UsageError
 from ..fleet.inventory import InventoryError
 
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 JOB_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_-]*$")
+ALERTMANAGER = re.compile(r"^(?:(https?)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})/?$")
+
+
+def alertmanager_url(value: str, option: str = "--alertmanager") -> str:
+    """Alertmanager's address as every command takes it (``prometheus``, ``quarantine serve`` and
+    ``unit``), HOST:PORT or http(s)://HOST:PORT, as one URL (``http://`` when no scheme is
+    given). UsageError for anything else."""
+    m = ALERTMANAGER.match(value.strip())
+    if not m or not 0 < int(m.group(3)) < 65536:
+        raise UsageError(f"{option} {value!r}: expected HOST:PORT or http(s)://HOST:PORT (e.g. 127.0.0.1:9093)")
+    return f"{m.group(1) or 'http'}://{m.group(2)}:{int(m.group(3))}"
 
 
 @dataclass(frozen=True)
@@ -53,11 +65,8 @@ class Options:
 
 
     def alertmanager_url(self) -> str:
-        """``alertmanager`` as a URL (tritonfleet.fleet.quarantine.client.alertmanager_url, the
-        form ``quarantine serve --alertmanager`` takes too)."""
-        from ..core.errors import UsageError
-        from ..fleet.quarantine.client import alertmanager_url
-
+        """``alertmanager`` as a URL (alertmanager_url, the form ``quarantine serve
+        --alertmanager`` takes too)."""
         try:
             return alertmanager_url(self.alertmanager)
         except UsageError as e:

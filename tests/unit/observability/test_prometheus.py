@@ -538,7 +538,7 @@ def test_one_function_reads_alertmanager_addresses(value):
     """Every --alertmanager (prometheus and quarantine serve) goes through alertmanager_url: an
     address it takes comes back as http(s)://HOST:PORT, and reading that again changes nothing."""
     from tritonfleet.core.errors import UsageError
-    from tritonfleet.fleet.quarantine.client import alertmanager_url
+    from tritonfleet.observability.options import alertmanager_url
 
     try:
         url = alertmanager_url(value)

@@ -46,7 +46,7 @@ its warm gate), ``receiver`` (the state and the worker), ``server`` (the HTTP AP
 from __future__ import annotations
 
 from .actions import balancer, warm_gate
-from .client import alertmanager_url, ask, fetch_state, read_token, status_line, write_token
+from .client import ask, fetch_state, read_token, status_line, write_token
 from .planning import (
            Alert,
            Plan,
@@ -60,6 +60,6 @@ from .planning import (
 from .receiver import Busy, Receiver
 from .server import Caller, handler_for, parse_listen, serve
 
-__all__ = ["Alert", "Busy", "Caller", "Plan", "QuarantineError", "Receiver", "Record", "alertmanager_url", "ask",
+__all__ = ["Alert", "Busy", "Caller", "Plan", "QuarantineError", "Receiver", "Record", "ask",
            "balancer", "budget_limit", "fetch_state", "handler_for", "limits", "parse_listen", "plan", "read_token",
            "serve", "status_line", "warm_gate", "webhook_alerts", "write_token"]

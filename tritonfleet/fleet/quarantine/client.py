@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import secrets
 import stat
 import urllib.error
@@ -19,17 +18,7 @@ from ...core.errors import UsageError
 from ...settings.defaults import quarantine_token_file as DEFAULT_TOKEN_FILE
 from .planning import QuarantineError
 
-__all__ = ["DEFAULT_TOKEN_FILE", "alertmanager_url", "ask", "fetch_state", "read_token", "status_line", "write_token"]
-ALERTMANAGER = re.compile(r"^(?:(https?)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})/?$")
-
-
-def alertmanager_url(value: str, option: str = "--alertmanager") -> str:
-    """Alertmanager's address as every command takes it, HOST:PORT or http(s)://HOST:PORT, as
-    one URL (``http://`` when no scheme is given). UsageError for anything else."""
-    m = ALERTMANAGER.match(value.strip())
-    if not m or not 0 < int(m.group(3)) < 65536:
-        raise UsageError(f"{option} {value!r}: expected HOST:PORT or http(s)://HOST:PORT (e.g. 127.0.0.1:9093)")
-    return f"{m.group(1) or 'http'}://{m.group(2)}:{int(m.group(3))}"
+__all__ = ["DEFAULT_TOKEN_FILE", "ask", "fetch_state", "read_token", "status_line", "write_token"]
 
 
 def write_token(path: str | Path) -> Path:
