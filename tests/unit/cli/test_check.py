@@ -218,6 +218,27 @@ def test_a_pull_origin_whose_key_halves_do_not_match(tmp_path):
     assert "ssh-keygen -y cannot read it" in bad["what"] and f"({key}, not {key}.pub)" in bad["fix"]
 
 
+
+def test_a_bootstrap_script_written_after_a_key_rotation_is_read_whole(tmp_path):
+    """After `pull rotate-key`, bootstrap writes the signers list under a comment line: the key
+    is looked for in every line of it, not in the first."""
+    key, other = keypair(tmp_path / "release"), keypair(tmp_path / "other")
+    origin_dir = tmp_path / "origin"
+    for d in ("releases", "desired", "reports", "dist"):
+        (origin_dir / d).mkdir(parents=True)
+    boot = tmp_path / "bootstrap"
+    for host, trusted in (("h1", key), ("h2", other)):
+        (boot / host).mkdir(parents=True)
+        listed = f"# tritonfleet release signers, generation 2\n{allowed_signers(trusted)}"
+        (boot / host / "bootstrap.sh").write_text(bootstrap.script(
+            {"host": host, "origin": "http://127.0.0.1:1"}, "0" * 64, listed))
+    res = check(str(inventory(tmp_path)), "--pull-origin", str(origin_dir), "--sign-key", str(key),
+                "--bootstrap-dir", str(boot), "--json")
+    found = {r["what"] for r in rows(res) if r["check"] == "pull origin"}
+    assert f"trusts {key} (hosts: h1)" in found, res.stdout
+    [bad] = [r for r in failed(res, "pull origin") if "bootstrap script" in r["what"]]
+    assert "(hosts: h2)" in bad["what"]
+
 # ---- Prometheus and Alertmanager --------------------------------------------------------------
 
 def prometheus_files(tmp_path: Path, *args: str) -> Path:
