@@ -340,3 +340,49 @@ def test_model_origin(site, model_origin, tmp_path):
     for f in (repo / "files" / "model_repository").rglob("*"):
         if f.is_file():
             assert (live / f.relative_to(repo / "files" / "model_repository")).read_bytes() == f.read_bytes()
+
+
+# ---- the runner itself, on a page of shell builtins --------------------------------------------
+
+RUNNER_PAGE = """\
+## Demo: three commands
+
+1. Say something.
+
+```console
+$ echo "first  line"; echo 'second line, 42 s'
+first line
+second line, ... s
+```
+
+2. A command the suite cannot run.
+
+```console not-run
+$ pip wheel --no-deps -w dist .
+```
+
+3. Then this.
+
+```console
+$ printf 'done\\n'
+done
+```
+"""
+
+
+def test_the_runner_checks_exit_status_and_each_shown_line(tmp_path):
+    """What the walk-throughs rely on: a page run as written passes; a command that fails, or one
+    that prints other than the page shows, fails the test naming that command."""
+    [walk] = parse(RUNNER_PAGE)
+    assert [(c.text, c.run) for c in walk.commands] == [
+        ("echo \"first  line\"; echo 'second line, 42 s'", True), ("pip wheel --no-deps -w dist .", False),
+        ("printf 'done\\n'", True)]
+    env = {"PATH": os.environ["PATH"]}
+    run_walkthrough(walk, tmp_path, env)
+    with pytest.raises(AssertionError, match=r"; exit 3` failed \(exit status 3\)"):
+        run_walkthrough(parse(RUNNER_PAGE.replace("$ printf 'done\\n'", "$ printf 'done\\n'; exit 3"))[0],
+                        tmp_path, env)
+    with pytest.raises(AssertionError, match="did not print 'second line, ... min'"):
+        run_walkthrough(parse(RUNNER_PAGE.replace("... s\n", "... min\n"))[0], tmp_path, env)
+    with pytest.raises(AssertionError, match="not listed in NOT_RUN"):
+        script(parse(RUNNER_PAGE.replace("-w dist .", "-w build ."))[0])
