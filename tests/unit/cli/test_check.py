@@ -218,6 +218,27 @@ def test_a_pull_origin_whose_key_halves_do_not_match(tmp_path):
     assert "ssh-keygen -y cannot read it" in bad["what"] and f"({key}, not {key}.pub)" in bad["fix"]
 
 
+
+def test_a_bootstrap_script_written_after_a_key_rotation_is_read_whole(tmp_path):
+    """After `pull rotate-key`, bootstrap writes the signers list under a comment line: the key
+    is looked for in every line of it, not in the first."""
+    key, other = keypair(tmp_path / "release"), keypair(tmp_path / "other")
+    origin_dir = tmp_path / "origin"
+    for d in ("releases", "desired", "reports", "dist"):
+        (origin_dir / d).mkdir(parents=True)
+    boot = tmp_path / "bootstrap"
+    for host, trusted in (("h1", key), ("h2", other)):
+        (boot / host).mkdir(parents=True)
+        listed = f"# tritonfleet release signers, generation 2\n{allowed_signers(trusted)}"
+        (boot / host / "bootstrap.sh").write_text(bootstrap.script(
+            {"host": host, "origin": "http://127.0.0.1:1"}, "0" * 64, listed))
+    res = check(str(inventory(tmp_path)), "--pull-origin", str(origin_dir), "--sign-key", str(key),
+                "--bootstrap-dir", str(boot), "--json")
+    found = {r["what"] for r in rows(res) if r["check"] == "pull origin"}
+    assert f"trusts {key} (hosts: h1)" in found, res.stdout
+    [bad] = [r for r in failed(res, "pull origin") if "bootstrap script" in r["what"]]
+    assert "(hosts: h2)" in bad["what"]
+
 # ---- Prometheus and Alertmanager --------------------------------------------------------------
 
 def prometheus_files(tmp_path: Path, *args: str) -> Path:
@@ -466,3 +487,25 @@ def test_an_s3_origin_without_boto3_names_the_locked_install(monkeypatch):
     assert row.status == "fail" and "pip install --require-hashes --no-deps -r requirements-s3.lock" in row.what
     with pytest.raises(UsageError, match="requirements-s3.lock"):  # what pre-flight's check_model_origin says
         origins.S3Store(origins.from_settings(FleetHost("h1", [], data)))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(others=st.lists(st.text("ABCDEFabcdef0123456789+/", min_size=43, max_size=43), max_size=3),
+       listed=st.booleans(), comments=st.lists(st.sampled_from(["# tritonfleet release signers, generation 7", "#"]),
+                                                max_size=2),
+       at=st.integers(0, 3))
+def test_generated_signers_lists_pass_exactly_when_they_hold_the_key(tmp_path, others, listed, comments, at):
+    """Whatever the list's order and comment lines, a host's script passes iff it lists the key."""
+    from tritonfleet.fleet.wiring.pull_origin import _host_signers
+
+    key = ["ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAI" + "k" * 43]
+    lines = [f'tritonfleet-release namespaces="tritonfleet-release" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{o}'
+             for o in others if o != key[1][25:]]
+    if listed:
+        lines.insert(min(at, len(lines)), f'tritonfleet-release namespaces="tritonfleet-release" {" ".join(key)} new')
+    out = tmp_path / "boot"
+    (out / "h1").mkdir(parents=True, exist_ok=True)
+    (out / "h1" / "bootstrap.sh").write_text(bootstrap.script(
+        {"host": "h1", "origin": "http://127.0.0.1:1"}, "0" * 64, "\n".join(comments + lines) + "\n"))
+    _, status, what, _ = _host_signers(out, "h1", key, Path("keys/release"))
+    assert (status == "ok") == listed, what

@@ -97,7 +97,14 @@ def _host_signers(out: Path, host: str, trusted: list[str], key: Path) -> tuple[
     marks = [i for i, ln in enumerate(lines) if ln.startswith("cat > ") and "release-signers" in ln]
     if not marks or marks[0] + 1 >= len(lines):
         return host, OK, "pinned to a release (no signers file)", ""
-    if trusted[-1] not in lines[marks[0] + 1].split():  # the key's base64 (a comment may follow it)
+    # the heredoc's key lines: after a rotation it is the signers list, under a comment line
+    body = []
+    for ln in lines[marks[0] + 1:]:
+        if ln == "TRITONFLEET_EOF":
+            break
+        if not ln.startswith("#"):
+            body.append(ln)
+    if not any(trusted[-1] in ln.split() for ln in body):  # the key's base64 (a comment may follow it)
         return (host, FAIL, f"its bootstrap script trusts another key than {key}: the pointers {key} signs are "
                 "refused there", f"bootstrap the host again with --sign-key {key} (and replace its user-data)")
     return host, OK, f"trusts {key}", ""
