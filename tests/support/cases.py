@@ -58,12 +58,14 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra.api import FactBase, FunctionCommand, deploy
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
 from pyinfra.connectors.fake import FakeConnector
 from pyinfra.context import ctx_host, ctx_state
 
 import tritonfleet
 from tests.support.fakehost import run_fake
+from tritonfleet.core.errors import TritonfleetError
 
 OPERATION_MODULE = importlib.import_module("pyinfra.api.operation")  # what @operation wraps with
 UNIT = Path(__file__).resolve().parents[1] / "unit"
@@ -241,7 +243,8 @@ def run_operation(path: Path, case: dict) -> dict:
     with _case_state(case), _recording(noops, connectors):
         try:
             host, _, state = run_fake(one, case.get("responses", {}), yes=not dry, dry=dry)
-        except Exception as e:  # noqa: BLE001 (what pyinfra lets through to the CLI: the case names it)
+        except (PyinfraError, TritonfleetError, OSError, ValueError, RuntimeError) as e:  # what pyinfra lets
+            # through to its command line: the case names it
             raised = f"{type(e).__name__}: {e}"
         else:
             _STATES.append(state)

@@ -26,6 +26,7 @@ import os
 import pickle
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import traceback
@@ -169,7 +170,8 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, *, se
         try:
             runs[i] = pyinfra_run.run_pyinfra(inventory, deploy, parts[i], data, dry=dry, log_path=logs[i],
                                               timeout=timeout, failure_dir=failure_dir, on_start=on_start)
-        except Exception as e:  # noqa: BLE001 - whatever it was, the slice's hosts fail with its words
+        except (OSError, ValueError, RuntimeError, subprocess.SubprocessError, pickle.PickleError,
+                TritonfleetError) as e:  # a slice that could not run: its hosts fail with its words
             errors[i] = f"{type(e).__name__}: {e}"
 
     if k <= 1:

@@ -431,7 +431,7 @@ def _readable(body) -> bool:
     try:
         cn._per_host(body["data"]["result"])
         return body["data"].get("resultType", "matrix") == "matrix"
-    except Exception:  # noqa: BLE001
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError, cn.CanaryError):
         return False
 
 

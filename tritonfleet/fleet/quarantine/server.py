@@ -40,7 +40,7 @@ class Caller:
     webhook_only: bool = False
 
 
-class Refused(Exception):
+class _Refused(Exception):
     def __init__(self, status: int, error: str):
         super().__init__(error)
         self.status, self.error = status, error
@@ -77,30 +77,30 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                 if hmac.compare_digest(presented, c.token.encode()) and presented:
                     found = found or c
             if found is None or (found.webhook_only and not webhook):
-                raise Refused(401, "a valid bearer token is needed (Authorization: Bearer <token>)")
+                raise _Refused(401, "a valid bearer token is needed (Authorization: Bearer <token>)")
             return found
 
         def _body(self) -> dict:
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
             if ctype != "application/json":
-                raise Refused(415, f"Content-Type {ctype or 'none'}: only application/json is taken")
+                raise _Refused(415, f"Content-Type {ctype or 'none'}: only application/json is taken")
             length = self.headers.get("Content-Length")
             if length is None:
-                raise Refused(411, "Content-Length is required")
+                raise _Refused(411, "Content-Length is required")
             if not length.strip().isdigit():
-                raise Refused(400, "Content-Length is not a non-negative whole number")
+                raise _Refused(400, "Content-Length is not a non-negative whole number")
             n = int(length)
             if n > MAX_BODY:
-                raise Refused(413, f"a body of {n} bytes is too large (at most {MAX_BODY})")
+                raise _Refused(413, f"a body of {n} bytes is too large (at most {MAX_BODY})")
             raw = self.rfile.read(n)
             if len(raw) != n:
-                raise Refused(400, f"the body ended after {len(raw)} of {n} bytes")
+                raise _Refused(400, f"the body ended after {len(raw)} of {n} bytes")
             try:
                 data = json.loads(raw)
             except (ValueError, UnicodeDecodeError) as e:
-                raise Refused(400, f"the body is not JSON: {e}") from None
+                raise _Refused(400, f"the body is not JSON: {e}") from None
             if not isinstance(data, dict):
-                raise Refused(400, "the body is not a JSON object")
+                raise _Refused(400, "the body is not a JSON object")
             return data
 
         def do_GET(self):  # noqa: N802 - http.server's name
@@ -112,14 +112,14 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                         self._caller(webhook=False)
                     return self._send(200, rec.snapshot())
                 return self._send(404, {"error": f"no such path {self.path[:100]}"})
-            except Refused as e:
+            except _Refused as e:
                 return self._send(e.status, {"error": e.error}, {"WWW-Authenticate": "Bearer"}
                                   if e.status == 401 else None)
 
         def do_POST(self):  # noqa: N802 - http.server's name
             try:
                 self._post()
-            except Refused as e:
+            except _Refused as e:
                 self.close_connection = True
                 self._send(e.status, {"error": e.error}, {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
             except Busy as e:
@@ -130,14 +130,14 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
         def _post(self) -> None:
             m = re.match(r"^/v1/hosts/([^/]+)/(release|hold)$", self.path)
             if self.path != "/alerts" and not m:
-                raise Refused(404, f"no such path {self.path[:100]}")
+                raise _Refused(404, f"no such path {self.path[:100]}")
             caller = self._caller(webhook=self.path == "/alerts")
             body = self._body()
             if m is None:
                 try:
                     good, skipped = webhook_alerts(body)
                 except ValueError as e:
-                    raise Refused(400, str(e)) from None
+                    raise _Refused(400, str(e)) from None
                 rec.submit("alerts", body, caller.name)
                 return self._send(200, {"ok": True, "alerts": len(good), "skipped": skipped})
             name, action = urllib.parse.unquote(m.group(1)), m.group(2)
@@ -146,16 +146,16 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                                         "error": f"{clean(name, 64)} is not a host of the inventory"})
             for key in ("by", "reason"):
                 if not isinstance(body.get(key, ""), str):
-                    raise Refused(400, f"{key} is not a string")
+                    raise _Refused(400, f"{key} is not a string")
             force = body.get("force", False)
             if not isinstance(force, bool):
-                raise Refused(400, "force is not true or false")
+                raise _Refused(400, "force is not true or false")
             by, reason = body.get("by", ""), body.get("reason", "")
             if action == "release":
                 fut = rec.submit("release", name, by, caller.name)
             else:
                 if force and not reason.strip():
-                    raise Refused(400, "a forced hold needs a reason")
+                    raise _Refused(400, "a forced hold needs a reason")
                 fut = rec.submit("hold", name, reason, by, caller.name, force)
             try:
                 result = fut.result(timeout=request_timeout)

@@ -17,6 +17,8 @@ drain (hooks: every healthy run that did not drain, as there is no state to read
 
 from __future__ import annotations
 
+from typing import cast
+
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import state
@@ -186,8 +188,7 @@ def _readiable(lb: drain.Balancer) -> tuple[bool, str]:
     """(whether a deploy's drain took the host out, so this run puts it back; why not when not).
     HAProxy's state is read first: a serving server needs nothing (no command to the host)."""
     if lb.kind == "haproxy":
-        assert isinstance(lb, drain.HAProxy)
-        st = lb.state()
+        st = cast(drain.HAProxy, lb).state()
         if st.maintenance:
             if _key() in _TOOK_OUT:  # held since this run drained it: the holder's ready ends both
                 _TOOK_OUT.discard(_key())
