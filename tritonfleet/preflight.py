@@ -412,10 +412,16 @@ def check_per_gpu() -> None:
 
 # --------------------------------------------------------------------------- per deploy
 
+def _begin() -> None:
+    """What every pre-flight entry point does first, as the steps do (tritonfleet_step): the deploy
+    file installed the patches, so the deploy lock is held."""
+    pyinfra_patches.required("pre-flight")
+
+
 @entry_point
 def run_all() -> None:
     """deploys/triton.py: everything."""
-    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    _begin()
     check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
@@ -431,7 +437,7 @@ def run_all() -> None:
 @entry_point
 def host_layer() -> None:
     """deploys/host.py: driver, Docker, toolkit, GPU verification."""
-    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    _begin()
     check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
@@ -442,7 +448,7 @@ def host_layer() -> None:
 @entry_point
 def triton_layer() -> None:
     """deploys/models.py: image, models, unit, health gate."""
-    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    _begin()
     check_settings()
     check_host_key_policy()
     check_model_repository()

@@ -9,7 +9,6 @@ from fnmatch import fnmatchcase
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
 from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
@@ -55,9 +54,9 @@ from ..host.layer import (
 from ..host.ops import aptlock, converged
 from ..host.ops.apt_repo import vendor_source
 from ..host.ops.reboot import reboot
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check, will_change
+from ..pyinfra_ext.install import tritonfleet_step
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.ops import lb
 from ..settings import access as config
@@ -212,13 +211,12 @@ def debian_nonfree_text() -> str | None:
         + "\n\n".join(stanzas) + "\n"
 
 
-@deploy("NVIDIA driver")
+@tritonfleet_step("NVIDIA driver")
 def nvidia_driver():
     """The driver, one sub-step a line: refuse a host it cannot change safely, finish an interrupted
     dpkg run, remove another source's driver (migration), the repository, kernel headers and
     nouveau, the driver packages (pinned, switched, held), persistence, and the reboot when the
     loaded driver differs."""
-    pyinfra_patches.required("NVIDIA driver")  # the deploy file installed the patches (the deploy lock)
     memo.prefetch(*driver_facts())
     if _refused():
         return
@@ -435,9 +433,8 @@ def _check_persistence():
             "(nvidia_persistenced in inventories/group_data/all.py turns this step off)")
 
 
-@deploy("Docker Engine")
+@tritonfleet_step("Docker Engine")
 def docker_engine():
-    pyinfra_patches.required("Docker Engine")  # the deploy file installed the patches (the deploy lock)
     source = config.get("docker_source")
     memo.prefetch(*docker_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
@@ -499,9 +496,8 @@ def _check_docker_version(pattern: str):
                  "the deploy again")
 
 
-@deploy("NVIDIA Container Toolkit")
+@tritonfleet_step("NVIDIA Container Toolkit")
 def container_toolkit():
-    pyinfra_patches.required("NVIDIA Container Toolkit")  # the deploy file installed the patches (the deploy lock)
     memo.prefetch(*toolkit_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     vendor_source(vendor_repos.container_toolkit())

@@ -18,7 +18,6 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from ..host.ops import converged
@@ -56,9 +55,8 @@ def _local_file(name: str) -> str | None:
     return path
 
 
-@deploy("Image mirror (pull-through registry)")
+@pyinfra_patches.tritonfleet_step("Image mirror (pull-through registry)")
 def image_mirror():
-    pyinfra_patches.required("Image mirror (pull-through registry)")  # the deploy file installed the patches (the deploy lock)
     if not runs_mirror():
         return []
     if not config.get("image_mirror"):
@@ -96,9 +94,8 @@ def image_mirror():
     return changed
 
 
-@deploy("Trust the image mirror")
+@pyinfra_patches.tritonfleet_step("Trust the image mirror")
 def mirror_trust():
-    pyinfra_patches.required("Trust the image mirror")  # the deploy file installed the patches (the deploy lock)
     ca = _local_file("image_mirror_ca")
     if not config.get("image_mirror") or not ca or (runs_mirror() and not host.data.get("gpu_class")):
         return []
@@ -107,9 +104,8 @@ def mirror_trust():
                           create_remote_dir=True)]
 
 
-@deploy("Fill the image mirror")
+@pyinfra_patches.tritonfleet_step("Fill the image mirror")
 def mirror_filled():
-    pyinfra_patches.required("Fill the image mirror")  # the deploy file installed the patches (the deploy lock)
     if not runs_mirror() or not config.get("image_mirror"):
         return []
     out = []

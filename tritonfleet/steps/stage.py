@@ -15,11 +15,10 @@ then pulls the image only.
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import deploy
 
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
-from ..pyinfra_ext import install as pyinfra_patches
+from ..pyinfra_ext.install import tritonfleet_step
 from ..settings import access as config
 from .triton import ensure_image, model_origin
 
@@ -37,17 +36,15 @@ def preflight() -> None:
         triton_layer()
 
 
-@deploy("Stage the Triton image")
+@tritonfleet_step("Stage the Triton image")
 def stage_image():
-    pyinfra_patches.required("Stage the Triton image")  # the deploy file installed the patches (the deploy lock)
     if mirror_only():
         return []
     return ensure_image(config.get("triton_image"))
 
 
-@deploy("Stage the model release")
+@tritonfleet_step("Stage the model release")
 def stage_models():
-    pyinfra_patches.required("Stage the model release")  # the deploy file installed the patches (the deploy lock)
     if mirror_only():
         return []
     origin = model_origin()

@@ -20,7 +20,6 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
 from ..core.shell import q
@@ -29,9 +28,9 @@ from ..host.facts import FileState, UnitState
 from ..host.ops import converged
 from ..observability import telemetry_units as tu
 from ..observability.inference_probe import TEXTFILE as PROBE_TEXTFILE
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import will_change
+from ..pyinfra_ext.install import tritonfleet_step
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.per_gpu import host_instance_gets as instance_gets
 from ..settings import access as config
@@ -62,9 +61,8 @@ def _services() -> list[tuple[str, str]]:
     return [(tu.COLLECTOR_UNIT, tu.COLLECTOR), (tu.PROBE_UNIT, tu.PROBE)]
 
 
-@deploy("GPU telemetry")
+@tritonfleet_step("GPU telemetry")
 def gpu_telemetry():
-    pyinfra_patches.required("GPU telemetry")  # the deploy file installed the patches (the deploy lock)
     units = [f"{name}.service" for name, _ in _services()]
     paths = [tu.COLLECTOR, tu.PROBE] + [tu.unit_path(name) for name, _ in _services()]
     # what a converged host is asked, in one remote command

@@ -7,7 +7,6 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from ..core.report import HostFailure, in_rollout
@@ -19,9 +18,9 @@ from ..model_repo import render as models
 from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check, check_with_steps, will_change
+from ..pyinfra_ext.install import tritonfleet_step
 from ..pyinfra_ext.stream import docker_load, docker_pull
 from ..pyinfra_ext.transfer import TransferError
 from ..pyinfra_ext.transfer import choose as choose_transport
@@ -141,9 +140,8 @@ def container_fact_args(settings: Settings) -> dict:
             "link": f"{settings.get('triton_base_dir')}/model_repository"}
 
 
-@deploy("Triton image")
+@tritonfleet_step("Triton image")
 def triton_image():
-    pyinfra_patches.required("Triton image")  # the deploy file installed the patches (the deploy lock)
     # what the Triton steps read on a converged host, in one remote command
     memo.prefetch((DockerImageId, {"image": config.get("triton_image")}),
                   (ReleaseState, {"base": config.get("triton_base_dir")}),
@@ -156,9 +154,8 @@ def triton_image():
     return ensure_image(config.get("triton_image"))
 
 
-@deploy("Model repository")
+@tritonfleet_step("Model repository")
 def model_repository():
-    pyinfra_patches.required("Model repository")  # the deploy file installed the patches (the deploy lock)
     return sync_models()
 
 
@@ -205,9 +202,8 @@ def retire_units(keep: set[str]) -> bool:
     return bool(names)
 
 
-@deploy("Triton service")
+@tritonfleet_step("Triton service")
 def triton_service(image: list | None = None, models: list | None = None):
-    pyinfra_patches.required("Triton service")  # the deploy file installed the patches (the deploy lock)
     if pergpu.enabled(config.current()):
         return per_gpu_service(image, models)
     service = config.get("triton_service")
@@ -360,9 +356,8 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str 
         raise HealthError(report) from e
 
 
-@deploy("Health gate")
+@tritonfleet_step("Health gate")
 def health_gate(record: bool = True):
-    pyinfra_patches.required("Health gate")  # the deploy file installed the patches (the deploy lock)
     local, _, _ = current_host_repository()
     gate_check = check_with_steps if config.get("auto_rollback") else check
     gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",

@@ -8,7 +8,7 @@ least the configured minimum, and as many GPUs as gpu_count or the host's GPU re
 from __future__ import annotations
 
 from pyinfra import host, logger, state
-from pyinfra.api import deploy, operation
+from pyinfra.api import operation
 
 from ..core.report import Failure, HostFailure, trim
 from ..core.shell import q
@@ -17,8 +17,8 @@ from ..gpu.placement import RECORD, count_problems, expected_count, parse_record
 from ..gpu.rules import GPU_CLASSES, check_gpus
 from ..host import kernel_module as kmod
 from ..host.layer import smi_command
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext.check import check
+from ..pyinfra_ext.install import tritonfleet_step
 from ..settings import access as config
 from .triton import ensure_image
 
@@ -273,9 +273,8 @@ def record_gpus():
     yield record_command(lines)
 
 
-@deploy("GPU verification")
+@tritonfleet_step("GPU verification")
 def verify_gpus(load_image: bool = True):
-    pyinfra_patches.required("GPU verification")  # the deploy file installed the patches (the deploy lock)
     image = config.get("cuda_test_image")
     if load_image:
         ensure_image(image)
