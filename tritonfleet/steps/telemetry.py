@@ -64,7 +64,7 @@ def _services() -> list[tuple[str, str]]:
 @tritonfleet_step("GPU telemetry")
 def gpu_telemetry():
     units = [f"{name}.service" for name, _ in _services()]
-    paths = [tu.COLLECTOR, tu.PROBE] + [tu.unit_path(name) for name, _ in _services()]
+    paths = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS] + [tu.unit_path(name) for name, _ in _services()]
     # what a converged host is asked, in one remote command
     memo.prefetch(*[(FileState, {"path": p}) for p in paths], *[(UnitState, {"unit": u}) for u in units],
                   *([(UnitState, {"unit": f"{NODE_EXPORTER}.service"})] if config.get("telemetry_node_exporter")
@@ -78,7 +78,7 @@ def gpu_telemetry():
     textfiles = config.get("telemetry_textfile_dir")
     files.directory(name=f"node exporter textfile directory {textfiles}", path=textfiles, present=True)
     scripts = {p: converged.put(name=f"{p} (tritonfleet's own file)", src=StringIO(want[p]), dest=p, mode="644")
-               for p in (tu.COLLECTOR, tu.PROBE)}
+               for p in (tu.COLLECTOR, tu.PROBE, tu.SIGNALS)}
     unit_ops = {name: converged.put(name=f"systemd unit {name}.service", src=StringIO(want[tu.unit_path(name)]),
                                     dest=tu.unit_path(name), mode="644")
                 for name, _ in _services()}
@@ -88,7 +88,7 @@ def gpu_telemetry():
         systemd.daemon_reload(name="systemd daemon-reload (telemetry units changed)")
         guard_ops.note("telemetry units changed", *unit_ops.values())
     for name, script in _services():
-        if will_change(unit_ops[name], scripts[script]):
+        if will_change(unit_ops[name], scripts[script], scripts[tu.SIGNALS]):
             systemd.service(name=f"restart {name} (its unit or script changed)", service=f"{name}.service",
                             running=True, restarted=True, enabled=True)
         else:
@@ -111,7 +111,7 @@ def remove() -> None:
         return
     commands = [f"systemctl disable --now {q(name + '.service')} 2>/dev/null || true" for name in present]
     commands.append("rm -f " + " ".join(q(p) for p in (
-        *[tu.unit_path(n) for n, _ in _services()], tu.COLLECTOR, tu.PROBE,
+        *[tu.unit_path(n) for n, _ in _services()], tu.COLLECTOR, tu.PROBE, tu.SIGNALS,
         f"{textfiles}/{COLLECTOR_TEXTFILE}", f"{textfiles}/{PROBE_TEXTFILE}")))
     commands.append(f"rmdir {q(tu.LIB_DIR)} 2>/dev/null || true")
     gone = server.shell(name=f"stop, disable and remove {', '.join(present)} (gpu_telemetry is off)",
