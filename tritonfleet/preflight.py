@@ -1,4 +1,9 @@
-"""Checks that run before any host is touched.
+"""Operator API: the checks that run before any host is touched. A deploy file calls one entry
+point first, after ``pyinfra_patches.install()``: ``run_all`` (deploys/triton.py), ``host_layer``
+(deploys/host.py) or ``triton_layer`` (deploys/models.py); a deploy of your own may call single
+checks (``check_settings``, ``check_host_key_policy``, ...). This module is part of the public
+surface ``tritonfleet init`` writes into operators' repositories (docs/architecture.md, "Operator
+API"): its names stay.
 
 pyinfra runs every host's deploy code (and the facts it reads) before the first operation runs
 anywhere, so a problem found here stops the whole run with nothing changed on any host. Each
@@ -58,6 +63,32 @@ from .serving.facts import DockerImageId
 from .serving.images import login_registry, needs_login, pulls
 from .settings import access as config
 from .settings import check as settings_check
+
+__all__ = [
+    "PreflightError",
+    "check_daemon_json",
+    "check_driver_branch",
+    "check_driver_source",
+    "check_gpu_class_and_driver",
+    "check_gpu_found",
+    "check_host",
+    "check_host_key_policy",
+    "check_image_mirror",
+    "check_model_origin",
+    "check_model_repository",
+    "check_per_gpu",
+    "check_plan_compute_capability",
+    "check_registry_secret",
+    "check_secure_boot",
+    "check_settings",
+    "check_test_image",
+    "check_vendor_keys",
+    "host_layer",
+    "prefetch_host",
+    "run_all",
+    "triton_layer",
+    "where_from",
+]
 
 GROUP_DATA = "inventories/group_data"
 
