@@ -132,3 +132,74 @@ def test_the_tunables_command_has_one_name():
               *(PACKAGE / "skeleton").rglob("*"), *PACKAGE.rglob("*.py")]
     named = [str(p.relative_to(ROOT)) for p in places if p.is_file() and old in p.read_text()]
     assert sorted(named) == ["docs/architecture.md", "tritonfleet/settings/table.py", "tritonfleet/tunables.py"], named
+
+
+def public_steps_and_operations() -> list[tuple[str, ast.FunctionDef]]:
+    """(where, function) of every public ``@operation`` and step (``tritonfleet_step``, ``@deploy``)."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                decorators = [ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1]
+                              for d in node.decorator_list]
+                if {"operation", "deploy", "tritonfleet_step"} & set(decorators):
+                    out.append((f"{path.relative_to(ROOT)}:{node.lineno} {node.name}", node))
+    return out
+
+
+def docstring_problems(node: ast.FunctionDef) -> list[str]:
+    """What a pyinfra-style docstring lacks: a summary, a ``+ param:`` line per parameter, what it
+    changes, its tunables (real ones, or none) and an example."""
+    from tritonfleet.settings.defaults import DEFAULTS
+
+    doc = ast.get_docstring(node)
+    if not doc:
+        return ["no docstring"]
+    problems = []
+    if not doc.splitlines()[0].strip():
+        problems.append("no summary line")
+    params = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
+    problems += [f"no '+ {p}:' line" for p in params if not re.search(rf"^\+ {p}: \S", doc, re.M)]
+    problems += [f"no '{w}' paragraph" for w in ("Changes:", "Tunables:") if not re.search(rf"^{w} \S", doc, re.M)]
+    tunables = re.search(r"^Tunables: (.*?)(?:\n\n|\Z)", doc, re.M | re.S)
+    if tunables:
+        problems += [f"Tunables names {t!r}, no tunable" for t in re.findall(r"``(\w+)``", tunables.group(1))
+                     if t not in DEFAULTS]
+    if not re.search(r"^\*\*Example:\*\*\n\n\.\. code:: python\n\n    \S", doc, re.M):
+        problems.append("no **Example:** block")
+    return problems
+
+
+def test_every_public_step_and_operation_has_a_pyinfra_docstring():
+    found = public_steps_and_operations()
+    assert len([w for w, _ in found if "/steps/" in w and "record_" not in w]) >= 16, found
+    bad = [f"{where}: {p}" for where, node in found for p in docstring_problems(node)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_docstring_check_finds_what_is_missing():
+    def fn(src: str) -> ast.FunctionDef:
+        return ast.parse(src).body[0]
+
+    good = ('def step(load: bool = True):\n    """Summary.\n\n    + load: what\n\n    Changes: x.\n\n'
+            '    Tunables: ``triton_image``.\n\n    **Example:**\n\n    .. code:: python\n\n        step()\n    """\n')
+    assert docstring_problems(fn(good)) == []
+    assert docstring_problems(fn(good.replace("load: bool", "load: bool, other: int"))) == ["no '+ other:' line"]
+    assert docstring_problems(fn(good.replace("triton_image", "no_such_tunable"))) == [
+        "Tunables names 'no_such_tunable', no tunable"]
+    assert docstring_problems(fn(good.replace("**Example:**", "Example"))) == ["no **Example:** block"]
+    assert docstring_problems(fn("def step():\n    pass\n")) == ["no docstring"]
+
+
+def test_every_step_is_a_tritonfleet_step_and_required_is_called_once():
+    """The steps' refusal without install() lives in one decorator (tritonfleet.pyinfra_patches),
+    not in a copy per step: required( is called in it and in pre-flight's entry point only."""
+    steps = [where for where, node in public_steps_and_operations() if "/steps/" in where
+             and "tritonfleet_step" in ast.unparse(node.decorator_list[0])]
+    plain = [where for where, node in public_steps_and_operations()
+             if any(ast.unparse(d).startswith("deploy(") for d in node.decorator_list)]
+    assert len(steps) >= 16 and not plain, plain
+    calls = [f"{p.relative_to(ROOT)}:{n.lineno}" for p in sorted(PACKAGE.rglob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call)
+             and ast.unparse(n.func).split(".")[-1] == "required"]
+    assert [c.split(":")[0] for c in calls] == ["tritonfleet/preflight.py", "tritonfleet/pyinfra_ext/install.py"], calls

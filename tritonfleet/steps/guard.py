@@ -13,6 +13,21 @@ from ..serving.ops import lb
 
 @tritonfleet_step("GPU-loss guard")
 def gpu_guard():
+    """The GPU-loss guard as a step of its own: after a run that reloaded systemd, the
+    running Triton container must still see the host's GPUs.
+
+    Changes: nothing, or one Triton restart when its container lost its GPUs (drained first).
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.guard import gpu_guard
+
+        gpu_guard()  # last step of deploys/host.py
+    """
     reasons = guard_ops.pending()
     if reasons:
         guard_ops.guard(name="Triton's container still sees the host's GPUs after daemon-reload", reasons=reasons)

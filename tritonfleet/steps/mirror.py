@@ -57,6 +57,24 @@ def _local_file(name: str) -> str | None:
 
 @pyinfra_patches.tritonfleet_step("Image mirror (pull-through registry)")
 def image_mirror():
+    """The image mirror: a pull-through registry for the Triton image on the
+    ``image_mirror`` group's hosts.
+
+    Changes: Debian's ``docker-registry`` and curl, the registry's configuration (a proxy of the
+    upstream), its TLS certificate, key and CA, a restart-on-failure drop-in; the registry restarted
+    when its configuration changed, running and enabled.
+
+    Tunables: ``image_mirror``, ``image_mirror_upstream``, ``image_mirror_port``, ``image_mirror_tls_cert``,
+    ``image_mirror_tls_key``, ``image_mirror_storage``, ``registry_user``, ``registry_password_env``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.mirror import image_mirror
+
+        image_mirror()
+    """
     if not runs_mirror():
         return []
     if not config.get("image_mirror"):
@@ -96,6 +114,20 @@ def image_mirror():
 
 @pyinfra_patches.tritonfleet_step("Trust the image mirror")
 def mirror_trust():
+    """The hosts' trust in the image mirror: its CA for Docker's registry certificates.
+
+    Changes: /etc/docker/certs.d/<mirror>/ca.crt (nothing without ``image_mirror_ca``).
+
+    Tunables: ``image_mirror``, ``image_mirror_ca``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.mirror import mirror_trust
+
+        mirror_trust()
+    """
     ca = _local_file("image_mirror_ca")
     if not config.get("image_mirror") or not ca or (runs_mirror() and not host.data.get("gpu_class")):
         return []
@@ -106,6 +138,21 @@ def mirror_trust():
 
 @pyinfra_patches.tritonfleet_step("Fill the image mirror")
 def mirror_filled():
+    """The image mirror filled: every blob of the Triton image fetched once from the
+    upstream into the mirror's store.
+
+    Changes: the mirror's storage (on the mirror hosts only).
+
+    Tunables: ``image_mirror``, ``image_mirror_upstream``, ``image_mirror_storage``, ``image_mirror_ca``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.mirror import mirror_filled
+
+        mirror_filled()
+    """
     if not runs_mirror() or not config.get("image_mirror"):
         return []
     out = []

@@ -70,6 +70,22 @@ def _fail(message: str, expected: str = "an earlier healthy deployment to roll b
 
 @tritonfleet_step("Rollback")
 def rollback():
+    """Put the host back on an earlier healthy deployment recorded on the host: the
+    unit restored, the ``model_repository`` link switched back, Triton restarted, the health gate run.
+
+    Changes: the unit file, the live release link, a Triton restart (drained first), the history.
+    The target is ``rollback_to[<host>]`` or the newest recorded deployment that differs from now.
+
+    Tunables: ``rollback_to``, ``triton_base_dir``, ``triton_service``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.rollback import rollback
+
+        rollback()  # pyinfra -y inventories/prod.py deploys/rollback.py --limit <host>
+    """
     base = config.get("triton_base_dir")
     service = config.get("triton_service")
     if pergpu.enabled(config.current()):

@@ -38,6 +38,20 @@ def preflight() -> None:
 
 @tritonfleet_step("Stage the Triton image")
 def stage_image():
+    """The new Triton image on the host, nothing restarted (a rollout's ``--stage``).
+
+    Changes: the image in Docker's store; nothing on the image mirror's own hosts.
+
+    Tunables: ``triton_image``, ``image_mirror_group``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.stage import stage_image
+
+        stage_image()
+    """
     if mirror_only():
         return []
     return ensure_image(config.get("triton_image"))
@@ -45,6 +59,20 @@ def stage_image():
 
 @tritonfleet_step("Stage the model release")
 def stage_models():
+    """The new model release complete on the host, the live link left alone.
+
+    Changes: ``<triton_base_dir>/releases/<release>``; nothing on the image mirror's own hosts.
+
+    Tunables: ``triton_base_dir``, ``triton_keep_releases``, ``model_origin``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.stage import stage_models
+
+        stage_models()
+    """
     if mirror_only():
         return []
     origin = model_origin()

@@ -63,6 +63,25 @@ def _services() -> list[tuple[str, str]]:
 
 @tritonfleet_step("GPU telemetry")
 def gpu_telemetry():
+    """GPU health on the host: the node exporter, the GPU fault collector and the
+    inference probe as services (or, with ``gpu_telemetry = False``, all of it removed).
+
+    Changes: the packages (node exporter, python3), the textfile directory, the two scripts and the
+    health-signal spec under /usr/local/lib/tritonfleet, their units; a service restarts only when its
+    unit, its script or the spec changed.
+
+    Tunables: ``gpu_telemetry``, ``telemetry_node_exporter``, ``telemetry_textfile_dir``,
+    ``telemetry_interval``, ``telemetry_smi_timeout``, ``telemetry_kmsg_path``, ``probe_interval``,
+    ``probe_timeout``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.telemetry import gpu_telemetry
+
+        gpu_telemetry()
+    """
     units = [f"{name}.service" for name, _ in _services()]
     paths = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS] + [tu.unit_path(name) for name, _ in _services()]
     # what a converged host is asked, in one remote command
