@@ -8,8 +8,9 @@
 * ``tritonfleet-inference-probe.service``: tritonfleet/observability/inference_probe.py (one real
   inference per ready model every ``probe_interval`` seconds, on every Triton instance's port).
 
-The scripts are the package's own files, copied as they are; a service restarts only when its
-script or unit changed, and systemd is reloaded only when a unit file changed (noted for the
+The scripts are the package's own files, copied as they are, with the health-signal spec both
+read their metric names from (tritonfleet/gpu/signals.py, as gpu_signals.py next to them); a
+service restarts only when its script, the spec or its unit changed, and systemd is reloaded only when a unit file changed (noted for the
 GPU-loss guard, which deploys/telemetry.py runs after this step). ``gpu_telemetry = False``
 stops, disables and removes both services, their files and their textfiles (the node exporter
 package stays: it may serve other collectors).
