@@ -2,7 +2,8 @@
 
 This file is the collector itself: ``steps/telemetry.py`` copies it to the host as it is and
 runs it as ``tritonfleet-gpu-telemetry.service`` (python3, standard library only, Python 3.10+;
-no tritonfleet import). Every ``interval`` seconds it asks the driver for the health of each GPU
+of tritonfleet only the metric names, from the health-signal spec tritonfleet.gpu.signals that the
+step puts next to it, :func:`_spec`). Every ``interval`` seconds it asks the driver for the health of each GPU
 (one ``nvidia-smi --query-gpu`` call, :data:`FIELDS`), it follows the kernel's message buffer for
 the driver's Xid reports (``NVRM: Xid ...``), and it writes both into ``<textfile dir>/
 tritonfleet-gpu.prom`` (atomically: a temporary file renamed over it), which the node exporter's

@@ -20,7 +20,8 @@ inference every ``interval`` seconds, on the host itself, and writes the outcome
 The repository index and the configuration are restricted APIs on a tritonfleet host
 (``triton_restricted_apis``): the probe sends the host's key (``--key-file``, root-only) in the
 header Triton expects (tritonfleet.serving.apikey.HEADER). It runs ``python3`` with the standard library
-only (steps/telemetry.py copies this file to the host as it is).
+only (steps/telemetry.py copies this file to the host as it is, and next to it the health-signal
+spec, tritonfleet.gpu.signals, whose metric names it writes).
 
 Metrics (labels ``triton_port``, the instance's HTTP port, and ``model``):
 ``tritonfleet_inference_probe_success`` (1/0), ``..._latency_seconds``,
@@ -66,7 +67,7 @@ def _spec():
 S = _spec()
 
 TEXTFILE = "tritonfleet-inference-probe.prom"
-HEADER = "tritonfleet-api-key"  # tritonfleet.serving.apikey.HEADER (this file imports nothing of tritonfleet)
+HEADER = "tritonfleet-api-key"  # tritonfleet.serving.apikey.HEADER (not imported: a host script)
 PREFIX = S.PROBE_PREFIX
 
 # ModelConfig.DataType names (Triton's JSON config) -> the KServe v2 datatype of the HTTP protocol
