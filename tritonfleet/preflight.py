@@ -1,4 +1,9 @@
-"""Checks that run before any host is touched.
+"""Operator API: the checks that run before any host is touched. A deploy file calls one entry
+point first, after ``pyinfra_patches.install()``: ``run_all`` (deploys/triton.py), ``host_layer``
+(deploys/host.py) or ``triton_layer`` (deploys/models.py); a deploy of your own may call single
+checks (``check_settings``, ``check_host_key_policy``, ...). This module is part of the public
+surface ``tritonfleet init`` writes into operators' repositories (docs/architecture.md, "Operator
+API"): its names stay.
 
 pyinfra runs every host's deploy code (and the facts it reads) before the first operation runs
 anywhere, so a problem found here stops the whole run with nothing changed on any host. Each
@@ -58,6 +63,32 @@ from .serving.facts import DockerImageId
 from .serving.images import login_registry, needs_login, pulls
 from .settings import access as config
 from .settings import check as settings_check
+
+__all__ = [
+    "PreflightError",
+    "check_daemon_json",
+    "check_driver_branch",
+    "check_driver_source",
+    "check_gpu_class_and_driver",
+    "check_gpu_found",
+    "check_host",
+    "check_host_key_policy",
+    "check_image_mirror",
+    "check_model_origin",
+    "check_model_repository",
+    "check_per_gpu",
+    "check_plan_compute_capability",
+    "check_registry_secret",
+    "check_secure_boot",
+    "check_settings",
+    "check_test_image",
+    "check_vendor_keys",
+    "host_layer",
+    "prefetch_host",
+    "run_all",
+    "triton_layer",
+    "where_from",
+]
 
 GROUP_DATA = "inventories/group_data"
 
@@ -412,10 +443,16 @@ def check_per_gpu() -> None:
 
 # --------------------------------------------------------------------------- per deploy
 
+def _begin() -> None:
+    """What every pre-flight entry point does first, as the steps do (tritonfleet_step): the deploy
+    file installed the patches, so the deploy lock is held."""
+    pyinfra_patches.required("pre-flight")
+
+
 @entry_point
 def run_all() -> None:
     """deploys/triton.py: everything."""
-    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    _begin()
     check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
@@ -431,7 +468,7 @@ def run_all() -> None:
 @entry_point
 def host_layer() -> None:
     """deploys/host.py: driver, Docker, toolkit, GPU verification."""
-    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    _begin()
     check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
@@ -442,7 +479,7 @@ def host_layer() -> None:
 @entry_point
 def triton_layer() -> None:
     """deploys/models.py: image, models, unit, health gate."""
-    pyinfra_patches.required("pre-flight")  # the deploy file installed the patches (the deploy lock)
+    _begin()
     check_settings()
     check_host_key_policy()
     check_model_repository()

@@ -141,7 +141,7 @@ def defines_operations(path) -> bool:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in node.decorator_list:
                 name = ast.unparse(d.func if isinstance(d, ast.Call) else d)
-                if name.split(".")[-1] in ("operation", "deploy"):
+                if name.split(".")[-1] in ("operation", "deploy", "tritonfleet_step"):
                     return True
     return False
 

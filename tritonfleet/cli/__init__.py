@@ -5,7 +5,7 @@ import nothing from here; ``main`` adds them. Other installed packages add their
 ``tritonfleet.commands`` entry point group (the test tooling's ``testbed``).
 
 Errors meant for a person (``tritonfleet.core.errors.TritonfleetError``) become their message and
-exit status in one place, :class:`Main`: 2 for bad input (arguments, inventory, settings, files),
+exit status in one place, :class:`_Commands`: 2 for bad input (arguments, inventory, settings, files),
 1 for a run that failed; click's own usage errors exit 2 as well. Anything else is a bug and keeps
 its traceback."""
 

@@ -2,7 +2,8 @@
 
 This file is the collector itself: ``steps/telemetry.py`` copies it to the host as it is and
 runs it as ``tritonfleet-gpu-telemetry.service`` (python3, standard library only, Python 3.10+;
-no tritonfleet import). Every ``interval`` seconds it asks the driver for the health of each GPU
+of tritonfleet only the metric names, from the health-signal spec tritonfleet.gpu.signals that the
+step puts next to it, :func:`_spec`). Every ``interval`` seconds it asks the driver for the health of each GPU
 (one ``nvidia-smi --query-gpu`` call, :data:`FIELDS`), it follows the kernel's message buffer for
 the driver's Xid reports (``NVRM: Xid ...``), and it writes both into ``<textfile dir>/
 tritonfleet-gpu.prom`` (atomically: a temporary file renamed over it), which the node exporter's
@@ -43,6 +44,8 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
+import importlib.util
 import os
 import re
 import select
@@ -52,6 +55,26 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+
+def _spec():
+    """The health-signal spec (tritonfleet.gpu.signals): the package's module; run as a script, its
+    copy next to this file (on the host, where tritonfleet is not installed) or the package's file."""
+    if __package__:
+        return importlib.import_module("tritonfleet.gpu.signals")
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.join(here, "gpu_signals.py"), os.path.join(here, os.pardir, "gpu", "signals.py")]
+    path = next((p for p in paths if os.path.exists(p)), paths[0])
+    spec = importlib.util.spec_from_file_location("gpu_signals", path)
+    if spec is None or spec.loader is None or not os.path.exists(path):
+        raise ImportError(f"{path}: the health-signal spec is missing (the GPU telemetry step puts it there)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+S = _spec()
 
 TEXTFILE = "tritonfleet-gpu.prom"
 
@@ -63,60 +86,60 @@ FIELDS: tuple[tuple[str, str, str, dict, str], ...] = (
     ("index", "id", "", {}, ""),
     ("uuid", "id", "", {}, ""),
     ("pci.bus_id", "id", "", {}, ""),
-    ("temperature.gpu", "num", "temperature_celsius", {}, "Core GPU temperature (temperature.gpu)."),
-    ("temperature.memory", "num", "memory_temperature_celsius", {},
+    ("temperature.gpu", "num", S.TEMPERATURE, {}, "Core GPU temperature (temperature.gpu)."),
+    ("temperature.memory", "num", S.MEMORY_TEMPERATURE, {},
      "HBM memory temperature (temperature.memory; absent where the GPU does not report it)."),
-    ("power.draw", "num", "power_draw_watts", {}, "Power draw (power.draw)."),
-    ("power.limit", "num", "power_limit_watts", {}, "Software power limit (power.limit)."),
-    ("clocks.sm", "mhz", "sm_clock_hertz", {}, "Current SM clock (clocks.sm)."),
-    ("clocks.max.sm", "mhz", "sm_clock_max_hertz", {}, "Maximum SM clock (clocks.max.sm)."),
-    ("clocks_event_reasons.active", "mask", "clocks_event_reasons", {},
+    ("power.draw", "num", S.POWER_DRAW, {}, "Power draw (power.draw)."),
+    ("power.limit", "num", S.POWER_LIMIT, {}, "Software power limit (power.limit)."),
+    ("clocks.sm", "mhz", S.SM_CLOCK, {}, "Current SM clock (clocks.sm)."),
+    ("clocks.max.sm", "mhz", S.SM_CLOCK_MAX, {}, "Maximum SM clock (clocks.max.sm)."),
+    ("clocks_event_reasons.active", "mask", S.CLOCKS_EVENT_REASONS, {},
      "Bitmask of active clock event reasons (clocks_event_reasons.active, nvml.h's "
      "nvmlClocksEventReason* bits)."),
-    ("clocks_event_reasons.gpu_idle", "flag", "clocks_event_reason_active", {"reason": "gpu_idle"},
+    ("clocks_event_reasons.gpu_idle", "flag", S.CLOCKS_EVENT_REASON_ACTIVE, {"reason": "gpu_idle"},
      "1 while the clock event reason is active (clocks_event_reasons.<reason>)."),
-    ("clocks_event_reasons.hw_slowdown", "flag", "clocks_event_reason_active", {"reason": "hw_slowdown"}, ""),
-    ("clocks_event_reasons.hw_thermal_slowdown", "flag", "clocks_event_reason_active",
+    ("clocks_event_reasons.hw_slowdown", "flag", S.CLOCKS_EVENT_REASON_ACTIVE, {"reason": "hw_slowdown"}, ""),
+    ("clocks_event_reasons.hw_thermal_slowdown", "flag", S.CLOCKS_EVENT_REASON_ACTIVE,
      {"reason": "hw_thermal_slowdown"}, ""),
-    ("clocks_event_reasons.hw_power_brake_slowdown", "flag", "clocks_event_reason_active",
+    ("clocks_event_reasons.hw_power_brake_slowdown", "flag", S.CLOCKS_EVENT_REASON_ACTIVE,
      {"reason": "hw_power_brake_slowdown"}, ""),
-    ("clocks_event_reasons.sw_thermal_slowdown", "flag", "clocks_event_reason_active",
+    ("clocks_event_reasons.sw_thermal_slowdown", "flag", S.CLOCKS_EVENT_REASON_ACTIVE,
      {"reason": "sw_thermal_slowdown"}, ""),
-    ("clocks_event_reasons.sw_power_cap", "flag", "clocks_event_reason_active", {"reason": "sw_power_cap"}, ""),
-    ("pcie.link.gen.current", "num", "pcie_link_generation", {},
+    ("clocks_event_reasons.sw_power_cap", "flag", S.CLOCKS_EVENT_REASON_ACTIVE, {"reason": "sw_power_cap"}, ""),
+    ("pcie.link.gen.current", "num", S.PCIE_GENERATION, {},
      "Current PCIe link generation (may be reduced while the GPU is idle)."),
-    ("pcie.link.gen.max", "num", "pcie_link_generation_max", {},
+    ("pcie.link.gen.max", "num", S.PCIE_GENERATION_MAX, {},
      "Highest PCIe link generation of this GPU and system."),
-    ("pcie.link.width.current", "num", "pcie_link_width", {},
+    ("pcie.link.width.current", "num", S.PCIE_WIDTH, {},
      "Current PCIe link width (lanes; may be reduced while the GPU is idle)."),
-    ("pcie.link.width.max", "num", "pcie_link_width_max", {}, "Widest PCIe link of this GPU and system."),
-    ("ecc.mode.current", "flag", "ecc_mode_enabled", {}, "1 when ECC is on (ecc.mode.current)."),
-    ("ecc.errors.corrected.volatile.total", "num", "ecc_errors_total",
+    ("pcie.link.width.max", "num", S.PCIE_WIDTH_MAX, {}, "Widest PCIe link of this GPU and system."),
+    ("ecc.mode.current", "flag", S.ECC_MODE, {}, "1 when ECC is on (ecc.mode.current)."),
+    ("ecc.errors.corrected.volatile.total", "num", S.ECC_ERRORS,
      {"type": "corrected", "period": "volatile"},
      "ECC errors: volatile since the last driver load, aggregate over the GPU's life "
      "(ecc.errors.<type>.<period>.total)."),
-    ("ecc.errors.uncorrected.volatile.total", "num", "ecc_errors_total",
+    ("ecc.errors.uncorrected.volatile.total", "num", S.ECC_ERRORS,
      {"type": "uncorrected", "period": "volatile"}, ""),
-    ("ecc.errors.corrected.aggregate.total", "num", "ecc_errors_total",
+    ("ecc.errors.corrected.aggregate.total", "num", S.ECC_ERRORS,
      {"type": "corrected", "period": "aggregate"}, ""),
-    ("ecc.errors.uncorrected.aggregate.total", "num", "ecc_errors_total",
+    ("ecc.errors.uncorrected.aggregate.total", "num", S.ECC_ERRORS,
      {"type": "uncorrected", "period": "aggregate"}, ""),
-    ("retired_pages.single_bit_ecc.count", "num", "retired_pages", {"cause": "single_bit_ecc"},
+    ("retired_pages.single_bit_ecc.count", "num", S.RETIRED_PAGES, {"cause": "single_bit_ecc"},
      "Device memory pages retired (retired_pages.*; GPUs that remap rows retire none)."),
-    ("retired_pages.double_bit.count", "num", "retired_pages", {"cause": "double_bit_ecc"}, ""),
-    ("retired_pages.pending", "flag", "retired_pages_pending", {},
+    ("retired_pages.double_bit.count", "num", S.RETIRED_PAGES, {"cause": "double_bit_ecc"}, ""),
+    ("retired_pages.pending", "flag", S.RETIRED_PAGES_PENDING, {},
      "1 when pages are pending retirement at the next reboot (retired_pages.pending)."),
-    ("remapped_rows.correctable", "num", "remapped_rows", {"cause": "correctable"},
+    ("remapped_rows.correctable", "num", S.REMAPPED_ROWS, {"cause": "correctable"},
      "Memory rows remapped (remapped_rows.correctable, remapped_rows.uncorrectable)."),
-    ("remapped_rows.uncorrectable", "num", "remapped_rows", {"cause": "uncorrectable"}, ""),
-    ("remapped_rows.pending", "flag", "remapped_rows_pending", {},
+    ("remapped_rows.uncorrectable", "num", S.REMAPPED_ROWS, {"cause": "uncorrectable"}, ""),
+    ("remapped_rows.pending", "flag", S.REMAPPED_ROWS_PENDING, {},
      "1 when a row remapping waits for a GPU reset (remapped_rows.pending)."),
-    ("remapped_rows.failure", "flag", "remapped_rows_failure", {},
+    ("remapped_rows.failure", "flag", S.REMAPPED_ROWS_FAILURE, {},
      "1 when a row remapping failed in the GPU's life (remapped_rows.failure)."),
 )
 QUERY = ",".join(f[0] for f in FIELDS)
 FLAGS = {"active": 1.0, "not active": 0.0, "enabled": 1.0, "disabled": 0.0, "yes": 1.0, "no": 0.0}
-PREFIX = "tritonfleet_gpu_"
+PREFIX = S.GPU_PREFIX
 
 # The driver's Xid report (kernel_rc.c) and the older form without "PCI:" (NVIDIA's Xid document).
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
@@ -349,16 +372,16 @@ def _num(v: float) -> str:
 
 HELP = {f[2]: f[4] for f in FIELDS if f[2] and f[4]}
 HELP.update({
-    "info": "One series per GPU the driver reports, with its index, UUID and bus ids (pci: as Xid lines print it).",
-    "count": "GPUs the driver reports.",
-    "query_success": "1 when the last nvidia-smi query answered for every GPU, 0 when it failed.",
-    "query_duration_seconds": "Seconds the last nvidia-smi query took.",
-    "xid_errors_total": "Xid reports of the driver in the kernel log since the source began (labels: pci as "
+    S.GPU_INFO: "One series per GPU the driver reports, with its index, UUID and bus ids (pci: as Xid lines print it).",
+    S.GPU_COUNT: "GPUs the driver reports.",
+    S.QUERY_SUCCESS: "1 when the last nvidia-smi query answered for every GPU, 0 when it failed.",
+    S.QUERY_DURATION: "Seconds the last nvidia-smi query took.",
+    S.XID_ERRORS: "Xid reports of the driver in the kernel log since the source began (labels: pci as "
                         "printed, xid).",
-    "xid_last_timestamp_seconds": "When the last Xid report of this number was logged (seconds since the epoch).",
-    "kernel_log_readable": "1 while the kernel-message source can be read.",
+    S.XID_LAST: "When the last Xid report of this number was logged (seconds since the epoch).",
+    S.KERNEL_LOG_READABLE: "1 while the kernel-message source can be read.",
 })
-COUNTERS = {"ecc_errors_total", "xid_errors_total"}
+COUNTERS = {S.ECC_ERRORS, S.XID_ERRORS}
 
 
 def render(gpus: list[Gpu] | None, query_ok: bool, query_seconds: float, xids: dict[tuple[str, int], int],
@@ -371,22 +394,21 @@ def render(gpus: list[Gpu] | None, query_ok: bool, query_seconds: float, xids: d
 
     for g in gpus or []:
         ident = {"gpu": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
-        add("info", {**ident, "pci": g.pci}, 1)
+        add(S.GPU_INFO, {**ident, "pci": g.pci}, 1)
         for (metric, labels), v in sorted(g.values.items()):
             add(metric, {**ident, **dict(labels)}, v)
     if gpus is not None:
-        add("count", {}, len(gpus))
-    add("query_success", {}, 1 if query_ok else 0)
-    add("query_duration_seconds", {}, round(query_seconds, 3))
+        add(S.GPU_COUNT, {}, len(gpus))
+    add(S.QUERY_SUCCESS, {}, 1 if query_ok else 0)
+    add(S.QUERY_DURATION, {}, round(query_seconds, 3))
     for (pci, xid), n in sorted(xids.items()):
-        add("xid_errors_total", {"pci": pci, "xid": str(xid)}, n)
-        add("xid_last_timestamp_seconds", {"pci": pci, "xid": str(xid)}, round(xid_last[(pci, xid)], 3))
-    add("kernel_log_readable", {}, 1 if log_ok else 0)
+        add(S.XID_ERRORS, {"pci": pci, "xid": str(xid)}, n)
+        add(S.XID_LAST, {"pci": pci, "xid": str(xid)}, round(xid_last[(pci, xid)], 3))
+    add(S.KERNEL_LOG_READABLE, {}, 1 if log_ok else 0)
     out = []
-    for metric, rows in samples.items():
-        name = PREFIX + metric
-        out.append(f"# HELP {name} {HELP.get(metric, metric)}")
-        out.append(f"# TYPE {name} {'counter' if metric in COUNTERS else 'gauge'}")
+    for name, rows in samples.items():
+        out.append(f"# HELP {name} {HELP.get(name, name)}")
+        out.append(f"# TYPE {name} {'counter' if name in COUNTERS else 'gauge'}")
         out += [f"{name}{_labels(labels)} {_num(v)}" for labels, v in rows]
     return "\n".join(out) + "\n"
 

@@ -129,11 +129,31 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
 @operation(is_idempotent=True)
 def model_release(base: str, release: str, local: str, manifest: dict, keep: int,
                   transport: str = "auto", origin=None, switch: bool = True):
-    """Make ``release`` (the repository at ``local``, whose manifest is ``manifest``) the live
-    model repository below ``base``; keep ``keep`` earlier releases. ``origin``
+    """Make ``release`` (the repository at ``local``, whose manifest is ``manifest``) the live model
+    repository below ``base``; keep ``keep`` earlier releases. ``origin``
     (tritonfleet.model_repo.origin.Origin): the host fetches what it lacks from there instead of
-    receiving it over SSH. ``switch`` False: staging, the release is made complete on the host
-    and the live link is left alone."""
+    receiving it over SSH. ``switch`` False: staging, the release is made complete on the host and the
+    live link is left alone.
+
+    + base: the Triton base directory on the host
+    + release: the release id
+    + local: the repository on the control machine
+    + manifest: its manifest (path: digest)
+    + keep: how many earlier releases to keep
+    + transport: how files are sent (``auto``, ``sftp``, ``tar``)
+    + origin: the model origin the host fetches from instead
+    + switch: switch the live link (False: staging)
+
+    Changes: ``<base>/releases/<release>`` and, with ``switch``, the ``model_repository`` link.
+
+    Tunables: ``model_origin_parallel``, ``model_origin_retries``.
+
+    **Example:**
+
+    .. code:: python
+
+        model_release(name="model release", base="/opt/triton", release=rid, local=repo, manifest=man, keep=3)
+    """
     index = host.get_fact(ReleaseIndex, base=base, release=release)
     if not switch and release in index["releases"] and not index["drift"].get(release):
         host.noop(f"model release {release} is staged (complete on the host)")

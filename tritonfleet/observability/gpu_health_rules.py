@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from ..fleet.inventory import FleetHost, InventoryError
+from ..gpu import signals as S
 from .options import Options, duration_seconds
 from .prometheus import Generated
 from .rule_text import alert, host_regex, number, yaml_file
@@ -107,6 +108,13 @@ def _xids(h: FleetHost, v):
     return sorted(set(v))
 
 
+def _alert(name: str, expr: str, summary: str, description: str) -> dict:
+    """One alert of the spec (tritonfleet.gpu.signals.ALERTS): its severity, ``for`` and quarantine
+    label from there."""
+    spec = S.ALERT[name]
+    return alert(name, expr, spec.for_, spec.severity, summary, description, QUARANTINE if spec.quarantine else None)
+
+
 def rules(hosts: list[FleetHost], job: str, interval: str) -> dict:
     """The GPU health rule group (evaluated every ``interval``)."""
     hosts = [h for h in hosts if enabled(h)]
@@ -116,123 +124,118 @@ def rules(hosts: list[FleetHost], job: str, interval: str) -> dict:
         if not xids:
             continue
         alt = "|".join(str(x) for x in xids)
-        out.append(alert(
-            "GpuXidCritical", f'tritonfleet_gpu_xid_errors_total{{{j}, xid=~"{alt}"{sel}}} > 0', "0s", "critical",
+        out.append(_alert(
+            "GpuXidCritical", f'{S.XID_ERRORS}{{{j}, xid=~"{alt}"{sel}}} > 0',
             f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}): quarantined",
             "The NVIDIA driver reported an Xid that takes the GPU out of service in this boot (NVIDIA's Xid "
             "catalog: 48 double-bit ECC error, 64 row remapping or page retirement recording failure, 79 GPU has "
             "fallen off the bus, 95 uncontained ECC error). The count is since the kernel's message buffer "
             "began (this boot): reset the GPU or reboot the host, then `tritonfleet quarantine release`. "
-            "`journalctl -k | grep 'NVRM: Xid'` on the host shows the driver's words.",
-            QUARANTINE))
-        out.append(alert(
-            "GpuXid", f'time() - tritonfleet_gpu_xid_last_timestamp_seconds{{{j}, xid!~"{alt}"{sel}}} < 600', "0s",
-            "warning", f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}) in the last 10 minutes",
+            "`journalctl -k | grep 'NVRM: Xid'` on the host shows the driver's words."))
+        out.append(_alert(
+            "GpuXid", f'time() - {S.XID_LAST}{{{j}, xid!~"{alt}"{sel}}} < 600',
+            f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}) in the last 10 minutes",
             "The NVIDIA driver reported an Xid (13, 31, 43, 45 are mostly the application's: a graphics engine "
             "exception, a GPU memory page fault, a stopped or cleaned-up channel; see NVIDIA's Xid catalog). "
-            "A model that fails with it is caught by the inference probe.", None))
-    out.append(alert(
+            "A model that fails with it is caught by the inference probe."))
+    out.append(_alert(
         "GpuEccUncorrectable",
-        f'tritonfleet_gpu_ecc_errors_total{{{j}, type="uncorrected", period="volatile"}} > 0', "0s", "critical",
+        f'{S.ECC_ERRORS}{{{j}, type="uncorrected", period="volatile"}} > 0',
         f"GPU {{{{ $labels.gpu }}}} on {ON} had {{{{ $value }}}} uncorrectable ECC error(s) since the driver loaded: "
         "quarantined",
         "nvidia-smi's ecc.errors.uncorrected.volatile.total is above 0: double-bit errors are detected but "
-        "not corrected (nvidia-smi --help-query-gpu). Reset the GPU or reboot, then release the host.",
-        QUARANTINE))
-    out.append(alert(
-        "GpuRowRemapFailure", f"tritonfleet_gpu_remapped_rows_failure{{{j}}} == 1", "0s", "critical",
+        "not corrected (nvidia-smi --help-query-gpu). Reset the GPU or reboot, then release the host."))
+    out.append(_alert(
+        "GpuRowRemapFailure", f"{S.REMAPPED_ROWS_FAILURE}{{{j}}} == 1",
         f"GPU {{{{ $labels.gpu }}}} on {ON}: a memory row remapping failed: quarantined",
         "remapped_rows.failure is Yes: the GPU could not remap an unreliable memory row (NVIDIA's GPU memory "
-        "error management: Xid 64). The GPU needs a reset and, if it repeats, replacement.", QUARANTINE))
-    out.append(alert(
-        "GpuRowRemapPending", f"tritonfleet_gpu_remapped_rows_pending{{{j}}} == 1", "0s", "warning",
+        "error management: Xid 64). The GPU needs a reset and, if it repeats, replacement."))
+    out.append(_alert(
+        "GpuRowRemapPending", f"{S.REMAPPED_ROWS_PENDING}{{{j}}} == 1",
         f"GPU {{{{ $labels.gpu }}}} on {ON}: a memory row remapping waits for a GPU reset",
-        "remapped_rows.pending is Yes: reset the GPU (or reboot) when convenient to complete it.", None))
-    out.append(alert(
-        "GpuRetiredPagesPending", f"tritonfleet_gpu_retired_pages_pending{{{j}}} == 1", "0s", "warning",
+        "remapped_rows.pending is Yes: reset the GPU (or reboot) when convenient to complete it."))
+    out.append(_alert(
+        "GpuRetiredPagesPending", f"{S.RETIRED_PAGES_PENDING}{{{j}}} == 1",
         f"GPU {{{{ $labels.gpu }}}} on {ON}: memory pages are pending retirement",
         "retired_pages.pending is Yes: the pages are retired at the next reboot and can still be allocated "
-        "until then.", None))
-    out.append(alert(
+        "until then."))
+    out.append(_alert(
         "GpuHardwareSlowdown",
-        f'max without (reason) (tritonfleet_gpu_clocks_event_reason_active{{{j}, '
-        f'reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"}}) == 1', "5m", "warning",
+        f'max without (reason) ({S.CLOCKS_EVENT_REASON_ACTIVE}{{{j}, '
+        f'reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"}}) == 1',
         f"GPU {{{{ $labels.gpu }}}} on {ON}: hardware slowdown engaged",
         "A hardware slowdown (clocks cut by half or more: temperature too high, or an external power brake) "
-        "has been active for 5 minutes (clocks_event_reasons.hw_*).", None))
-    out.append(alert(
+        "has been active for 5 minutes (clocks_event_reasons.hw_*)."))
+    out.append(_alert(
         "GpuThermalSlowdown",
-        f'tritonfleet_gpu_clocks_event_reason_active{{{j}, reason="sw_thermal_slowdown"}} == 1', "5m", "warning",
+        f'{S.CLOCKS_EVENT_REASON_ACTIVE}{{{j}, reason="sw_thermal_slowdown"}} == 1',
         f"GPU {{{{ $labels.gpu }}}} on {ON}: clocks held down by temperature",
         "The software thermal slowdown has been active for 5 minutes: the GPU is hotter than its maximum "
-        "operating temperature.", None))
+        "operating temperature."))
     for temp, sel in _partition(hosts, "monitor_gpu_temperature_c", _at_least()):
-        out.append(alert(
-            "GpuTemperatureHigh", f"tritonfleet_gpu_temperature_celsius{{{j}{sel}}} > {number(temp)}", "5m", "warning",
+        out.append(_alert(
+            "GpuTemperatureHigh", f"{S.TEMPERATURE}{{{j}{sel}}} > {number(temp)}",
             f"GPU {{{{ $labels.gpu }}}} on {ON} is at {{{{ $value }}}} C",
-            f"The GPU's temperature has been above {number(temp)} C (monitor_gpu_temperature_c) for 5 minutes.",
-            None))
-    out.append(alert(
+            f"The GPU's temperature has been above {number(temp)} C (monitor_gpu_temperature_c) for 5 minutes."))
+    out.append(_alert(
         "GpuPcieLinkDegraded",
-        f"((tritonfleet_gpu_pcie_link_width{{{j}}} < tritonfleet_gpu_pcie_link_width_max) or "
-        f"(tritonfleet_gpu_pcie_link_generation{{{j}}} < tritonfleet_gpu_pcie_link_generation_max)) "
-        f'and on (job, instance, gpu) (tritonfleet_gpu_clocks_event_reason_active{{{j}, reason="gpu_idle"}} == 0)',
-        "10m", "warning",
+        f"(({S.PCIE_WIDTH}{{{j}}} < {S.PCIE_WIDTH_MAX}) or "
+        f"({S.PCIE_GENERATION}{{{j}}} < {S.PCIE_GENERATION_MAX})) "
+        f'and on (job, instance, gpu) ({S.CLOCKS_EVENT_REASON_ACTIVE}{{{j}, reason="gpu_idle"}} == 0)',
         f"GPU {{{{ $labels.gpu }}}} on {ON}: PCIe link below its maximum while busy",
         "The PCIe link runs narrower or at a lower generation than the GPU and system allow, while the GPU is "
-        "not idle (the driver lowers both when idle). Check the card's seating and the slot.", None))
-    out.append(alert(
-        "GpuQueryFailing", f"tritonfleet_gpu_query_success{{{j}}} == 0", "1m", "critical",
+        "not idle (the driver lowers both when idle). Check the card's seating and the slot."))
+    out.append(_alert(
+        "GpuQueryFailing", f"{S.QUERY_SUCCESS}{{{j}}} == 0",
         f"nvidia-smi cannot read the GPUs on {ON}",
         "The collector's driver query fails (its journal on the host has nvidia-smi's words: a GPU lost, a "
-        "driver/library mismatch after an upgrade, no driver).", None))
-    out.append(alert(
-        "GpuKernelLogUnreadable", f"tritonfleet_gpu_kernel_log_readable{{{j}}} == 0", "5m", "warning",
+        "driver/library mismatch after an upgrade, no driver)."))
+    out.append(_alert(
+        "GpuKernelLogUnreadable", f"{S.KERNEL_LOG_READABLE}{{{j}}} == 0",
         f"The GPU collector on {ON} cannot read the kernel's messages: no Xid is seen",
         "telemetry_kmsg_path cannot be read by tritonfleet-gpu-telemetry (journalctl -u "
-        "tritonfleet-gpu-telemetry).", None))
-    out.append(alert(
-        "GpuTelemetryDown", f"up{{{j}}} == 0", "2m", "warning",
+        "tritonfleet-gpu-telemetry)."))
+    out.append(_alert(
+        "GpuTelemetryDown", f"{S.SCRAPE_UP}{{{j}}} == 0",
         f"The node exporter on {ON} does not answer: no GPU telemetry",
-        "Prometheus cannot scrape the host's node exporter (telemetry_node_exporter_port).", None))
+        "Prometheus cannot scrape the host's node exporter (telemetry_node_exporter_port)."))
     for what, unit in (("gpu", "tritonfleet-gpu-telemetry"), ("probe", "tritonfleet-inference-probe")):
         name = "GpuTelemetryStale" if what == "gpu" else "TritonInferenceProbeStale"
         key = "telemetry_interval" if what == "gpu" else "probe_interval"
         file_re = f'.*/{re.escape(TEXTFILES[what])}'.replace("\\", "\\\\")
         for interval_s, sel in _partition(hosts, key, _at_least(0.001)):
             limit = max(60.0, 4 * float(interval_s) + 30)
-            out.append(alert(
+            out.append(_alert(
                 name,
-                f'(time() - node_textfile_mtime_seconds{{{j}, file=~"{file_re}"{sel}}} > {number(limit)}) or '
-                f'((up{{{j}{sel}}} == 1) unless on (instance) node_textfile_mtime_seconds{{{j}, file=~"{file_re}"}})',
-                "2m", "warning", f"{unit} on {ON} has not written its metrics",
+                f'(time() - {S.TEXTFILE_MTIME}{{{j}, file=~"{file_re}"{sel}}} > {number(limit)}) or '
+                f'(({S.SCRAPE_UP}{{{j}{sel}}} == 1) unless on (instance) {S.TEXTFILE_MTIME}{{{j}, file=~"{file_re}"}})',
+                f"{unit} on {ON} has not written its metrics",
                 f"Its textfile ({TEXTFILES[what]}) is older than {number(limit)} s, or missing: the service is "
-                f"stopped or stuck (systemctl status {unit} on the host).", None))
-    out.append(alert(
-        "TextfileUnreadable", f"node_textfile_scrape_error{{{j}}} == 1", "5m", "warning",
+                f"stopped or stuck (systemctl status {unit} on the host)."))
+    out.append(_alert(
+        "TextfileUnreadable", f"{S.TEXTFILE_SCRAPE_ERROR}{{{j}}} == 1",
         f"The node exporter on {ON} cannot read a textfile",
-        "node_textfile_scrape_error is 1: a file in the textfile directory is not valid text format "
-        "(the node exporter's log names it).", None))
+        f"{S.TEXTFILE_SCRAPE_ERROR} is 1: a file in the textfile directory is not valid text format "
+        "(the node exporter's log names it)."))
     for failures, sel in _partition(hosts, "monitor_probe_failures", _at_least(1)):
-        out.append(alert(
+        out.append(_alert(
             "TritonInferenceProbeFailing",
-            f"tritonfleet_inference_probe_consecutive_failures{{{j}{sel}}} >= {number(failures)}", "0s", "critical",
+            f"{S.PROBE_FAILURES}{{{j}{sel}}} >= {number(failures)}",
             f"{{{{ $labels.model }}}} on {ON} (port {{{{ $labels.triton_port }}}}) is ready but its inferences "
             "fail: quarantined",
             f"The inference probe's last {number(failures)} inferences of the model failed in a row "
             "(monitor_probe_failures) while Triton reports it ready. `journalctl -u tritonfleet-inference-probe` "
-            "on the host has Triton's answers.", QUARANTINE))
+            "on the host has Triton's answers."))
     for ms, sel in _partition(hosts, "monitor_latency_ms", _at_least()):
-        out.append(alert(
+        out.append(_alert(
             "TritonInferenceProbeSlow",
-            f"tritonfleet_inference_probe_latency_seconds{{{j}{sel}}} > {number(ms / 1000)}", "5m", "warning",
+            f"{S.PROBE_LATENCY}{{{j}{sel}}} > {number(ms / 1000)}",
             f"{{{{ $labels.model }}}} on {ON}: one probe inference takes {{{{ $value }}}} s",
-            f"The probe's single inference has taken more than {number(ms)} ms (monitor_latency_ms) for 5 minutes.",
-            None))
-    out.append(alert(
-        "TritonInferenceProbeNoAnswer", f"tritonfleet_inference_probe_up{{{j}}} == 0", "2m", "warning",
+            f"The probe's single inference has taken more than {number(ms)} ms (monitor_latency_ms) for 5 minutes."))
+    out.append(_alert(
+        "TritonInferenceProbeNoAnswer", f"{S.PROBE_UP}{{{j}}} == 0",
         f"Triton on {ON} (port {{{{ $labels.triton_port }}}}) does not answer the probe's repository index",
-        "The probe cannot list the models (Triton down or restarting, or the API key refused).", None))
+        "The probe cannot list the models (Triton down or restarting, or the API key refused)."))
     return {"name": f"{job}.gpu-health", "interval": interval, "rules": out}
 
 

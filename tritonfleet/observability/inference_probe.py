@@ -20,7 +20,8 @@ inference every ``interval`` seconds, on the host itself, and writes the outcome
 The repository index and the configuration are restricted APIs on a tritonfleet host
 (``triton_restricted_apis``): the probe sends the host's key (``--key-file``, root-only) in the
 header Triton expects (tritonfleet.serving.apikey.HEADER). It runs ``python3`` with the standard library
-only (steps/telemetry.py copies this file to the host as it is).
+only (steps/telemetry.py copies this file to the host as it is, and next to it the health-signal
+spec, tritonfleet.gpu.signals, whose metric names it writes).
 
 Metrics (labels ``triton_port``, the instance's HTTP port, and ``model``):
 ``tritonfleet_inference_probe_success`` (1/0), ``..._latency_seconds``,
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -43,9 +46,29 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+
+def _spec():
+    """The health-signal spec (tritonfleet.gpu.signals): the package's module; run as a script, its
+    copy next to this file (on the host, where tritonfleet is not installed) or the package's file."""
+    if __package__:
+        return importlib.import_module("tritonfleet.gpu.signals")
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.join(here, "gpu_signals.py"), os.path.join(here, os.pardir, "gpu", "signals.py")]
+    path = next((p for p in paths if os.path.exists(p)), paths[0])
+    spec = importlib.util.spec_from_file_location("gpu_signals", path)
+    if spec is None or spec.loader is None or not os.path.exists(path):
+        raise ImportError(f"{path}: the health-signal spec is missing (the GPU telemetry step puts it there)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+S = _spec()
+
 TEXTFILE = "tritonfleet-inference-probe.prom"
-HEADER = "tritonfleet-api-key"  # tritonfleet.serving.apikey.HEADER (this file imports nothing of tritonfleet)
-PREFIX = "tritonfleet_inference_probe_"
+HEADER = "tritonfleet-api-key"  # tritonfleet.serving.apikey.HEADER (not imported: a host script)
+PREFIX = S.PROBE_PREFIX
 
 # ModelConfig.DataType names (Triton's JSON config) -> the KServe v2 datatype of the HTTP protocol
 DATATYPES = {"TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8", "TYPE_UINT16": "UINT16", "TYPE_UINT32": "UINT32",
@@ -149,16 +172,16 @@ def _escape(v: str) -> str:
 def _sample(metric: str, labels: dict, v: float) -> str:
     inner = ",".join(f'{k}="{_escape(str(val))}"' for k, val in sorted(labels.items()))
     num = str(int(v)) if float(v).is_integer() else repr(float(v))
-    return f"{PREFIX}{metric}{{{inner}}} {num}" if inner else f"{PREFIX}{metric} {num}"
+    return f"{metric}{{{inner}}} {num}" if inner else f"{metric} {num}"
 
 
 HELP = {
-    "up": ("gauge", "1 when Triton answered its repository index on this port, 0 when not."),
-    "models": ("gauge", "Models the last round probed on this port (those Triton reports READY)."),
-    "success": ("gauge", "1 when the model's last probe inference succeeded (HTTP 200, outputs as configured)."),
-    "latency_seconds": ("gauge", "Seconds the model's last probe inference took."),
-    "consecutive_failures": ("gauge", "Probe inferences of the model that failed in a row, up to now."),
-    "last_success_timestamp_seconds": ("gauge", "When the model last answered a probe (seconds since the epoch)."),
+    S.PROBE_UP: ("gauge", "1 when Triton answered its repository index on this port, 0 when not."),
+    S.PROBE_MODELS: ("gauge", "Models the last round probed on this port (those Triton reports READY)."),
+    S.PROBE_SUCCESS: ("gauge", "1 when the model's last probe inference succeeded (HTTP 200, outputs as configured)."),
+    S.PROBE_LATENCY: ("gauge", "Seconds the model's last probe inference took."),
+    S.PROBE_FAILURES: ("gauge", "Probe inferences of the model that failed in a row, up to now."),
+    S.PROBE_LAST_SUCCESS: ("gauge", "When the model last answered a probe (seconds since the epoch)."),
 }
 
 
@@ -189,8 +212,8 @@ class Prober:
             except (OSError, ValueError, http.client.HTTPException) as e:
                 self._say((port, ""), f"Triton on port {port} does not answer its repository index: {e}")
                 models, up = [], 0
-            rows["up"].append(_sample("up", {"triton_port": port}, up))
-            rows["models"].append(_sample("models", {"triton_port": port}, len(models)))
+            rows[S.PROBE_UP].append(_sample(S.PROBE_UP, {"triton_port": port}, up))
+            rows[S.PROBE_MODELS].append(_sample(S.PROBE_MODELS, {"triton_port": port}, len(models)))
             for m in models:
                 k = (port, m)
                 seen.add(k)
@@ -205,12 +228,12 @@ class Prober:
                 else:
                     self.failures[k] = self.failures.get(k, 0) + 1
                 self._say(k, "" if ok else f"{m} on port {port}: probe inference failed: {why}")
-                rows["success"].append(_sample("success", labels, 1 if ok else 0))
-                rows["latency_seconds"].append(_sample("latency_seconds", labels, round(seconds, 4)))
-                rows["consecutive_failures"].append(_sample("consecutive_failures", labels, self.failures[k]))
+                rows[S.PROBE_SUCCESS].append(_sample(S.PROBE_SUCCESS, labels, 1 if ok else 0))
+                rows[S.PROBE_LATENCY].append(_sample(S.PROBE_LATENCY, labels, round(seconds, 4)))
+                rows[S.PROBE_FAILURES].append(_sample(S.PROBE_FAILURES, labels, self.failures[k]))
                 if k in self.last_ok:
-                    rows["last_success_timestamp_seconds"].append(
-                        _sample("last_success_timestamp_seconds", labels, round(self.last_ok[k], 3)))
+                    rows[S.PROBE_LAST_SUCCESS].append(
+                        _sample(S.PROBE_LAST_SUCCESS, labels, round(self.last_ok[k], 3)))
         for k in [k for k in self.failures if k not in seen]:  # models gone: their series go too
             del self.failures[k]
             self.last_ok.pop(k, None)
@@ -218,7 +241,7 @@ class Prober:
         for metric, lines in rows.items():
             if lines:
                 kind, text = HELP[metric]
-                out += [f"# HELP {PREFIX}{metric} {text}", f"# TYPE {PREFIX}{metric} {kind}", *lines]
+                out += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}", *lines]
         return "\n".join(out) + "\n"
 
     def _say(self, k: tuple[str, str], text: str) -> None:

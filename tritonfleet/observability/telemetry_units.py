@@ -14,12 +14,14 @@ from pathlib import Path
 
 from .. import resource
 from ..gpu.facts import smi_command
+from ..gpu.signals import SPEC_FILE
 from ..settings.access import ConfigError, Settings
 
-#: where the two scripts live on the host
+#: where the two scripts and the health-signal spec they read live on the host
 LIB_DIR = "/usr/local/lib/tritonfleet"
 COLLECTOR = f"{LIB_DIR}/gpu_telemetry.py"
 PROBE = f"{LIB_DIR}/inference_probe.py"
+SIGNALS = f"{LIB_DIR}/{SPEC_FILE}"
 COLLECTOR_UNIT = "tritonfleet-gpu-telemetry"
 PROBE_UNIT = "tritonfleet-inference-probe"
 PYTHON = "/usr/bin/python3"
@@ -32,10 +34,12 @@ class UnitError(ConfigError):
 
 
 def sources() -> dict[str, str]:
-    """{path on the host: the script's text}: the modules' own files, as they are."""
+    """{path on the host: the file's text}: the modules' own files, as they are (the two scripts
+    and tritonfleet.gpu.signals, which both load from their directory)."""
     here = Path(__file__).resolve().parent.parent
     return {COLLECTOR: (here / "gpu" / "telemetry.py").read_text(),
-            PROBE: (here / "observability" / "inference_probe.py").read_text()}
+            PROBE: (here / "observability" / "inference_probe.py").read_text(),
+            SIGNALS: (here / "gpu" / "signals.py").read_text()}
 
 
 def systemd_word(arg: str, setting: str) -> str:

@@ -25,7 +25,20 @@ from ..core.report import reported
 def check(function, *args, **kwargs):
     """Run ``function(*args, **kwargs)`` when the operations execute. It fails the host by raising
     ``tritonfleet.core.report.HostFailure`` (the report is printed, no traceback); anything else it
-    raises is reported as a bug (tritonfleet.core.report.reported)."""
+    raises is reported as a bug (tritonfleet.core.report.reported).
+
+    + function: the check, called with the remaining arguments when the operations run
+
+    Changes: nothing by itself: a verification.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        check(name="check: Triton ready", function=gate, timeout=60)
+    """
     if not state.is_executing:
         host.noop("verification: runs with the operations, never a planned change")
         return
@@ -35,7 +48,20 @@ def check(function, *args, **kwargs):
 @operation(is_idempotent=False, _set_in_op=False)
 def check_with_steps(function, *args, **kwargs):
     """``check`` whose function may run operations itself (executed at once, nested, as pyinfra's
-    python.call allows): the health gate's auto_rollback."""
+    python.call allows): the health gate's auto_rollback.
+
+    + function: the check, which may run operations itself
+
+    Changes: what the function's operations change (the health gate's rollback).
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        check_with_steps(name="check: health gate", function=gate_or_roll_back)
+    """
     if not state.is_executing:
         host.noop("verification: runs with the operations, never a planned change")
         return

@@ -37,8 +37,13 @@ call ``install()`` (:func:`required`): without it, no deploy lock would be taken
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
 from gevent.event import Event
 from pyinfra import logger
+from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
 from ..core import open_files as limits
@@ -160,3 +165,19 @@ def required(step: str) -> None:
         "deploy lock is held on the hosts (another run could change them at the same time), and neither the "
         "checks of pyinfra's internals nor Ctrl-C's exit status are in force. Add these two lines to the "
         f"deploy file, the call before its first step:\n    from tritonfleet import pyinfra_patches\n    {LINE}")))
+
+
+def tritonfleet_step(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The decorator of every public step: pyinfra's ``@deploy(name)``, whose body first calls
+    :func:`required` (the deploy file installed the patches, so the deploy lock is held). The
+    step's operations, their names and their order are those of a plain ``@deploy(name)``."""
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        @wraps(func)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            required(name)
+            return func(*args, **kwargs)
+
+        return deploy(name)(step)
+
+    return decorator

@@ -41,8 +41,22 @@ def _load(state, host, archive: str, remote: str, how: str) -> bool:
 
 @operation(is_idempotent=False)
 def docker_load(archive: str, transport: str = "auto"):
-    """`docker load` of a local image archive, streamed into the host's `docker load` (no copy
-    of the archive on the host's disk)."""
+    """`docker load` of a local image archive, streamed into the host's `docker load` (no copy of the
+    archive on the host's disk).
+
+    + archive: the image archive on the control machine
+    + transport: how it is streamed (``auto``, ``ssh``)
+
+    Changes: the image in Docker's store.
+
+    Tunables: none (the image step chooses the transport from ``bulk_transfer``).
+
+    **Example:**
+
+    .. code:: python
+
+        docker_load(name="load the Triton image", archive="images/triton.tar")
+    """
     how = transfer.choose(host, transport)
     yield FunctionCommand(_load, (archive, wrapped("docker load"), how), {})
 
@@ -73,5 +87,18 @@ def _pull(state, host, image: str, arguments: dict) -> bool:
 
 @operation(is_idempotent=False)
 def docker_pull(image: str):
-    """`docker pull`; a failure fails the host with Docker's words and what still serves."""
+    """`docker pull`; a failure fails the host with Docker's words and what still serves.
+
+    + image: the image reference (a digest pin is best)
+
+    Changes: the image in Docker's store.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        docker_pull(name="pull the Triton image", image=config.get("triton_image"))
+    """
     yield FunctionCommand(_pull, (image, connector_arguments()), {})

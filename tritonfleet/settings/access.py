@@ -49,7 +49,7 @@ def default(key: str, fallback: Any = _MISSING) -> Any:
     if fallback is not _MISSING:
         return fallback
     raise ConfigError(f"'{key}' is not set and is no tunable of tritonfleet (tritonfleet/settings/defaults.py "
-                      "lists every one; `python -m tritonfleet.settings.table` prints them)")
+                      "lists every one; `python -m tritonfleet.tunables` prints them)")
 
 
 def get(key: str, default_value: Any = _MISSING) -> Any:

@@ -402,7 +402,7 @@ def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
             near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
             why = ("is no setting of tritonfleet or pyinfra"
                    + (f": did you mean {near[0]}?" if near else "")
-                   + " (`python -m tritonfleet.settings.table` lists every tunable; data your own deploy "
+                   + " (`python -m tritonfleet.tunables` lists every tunable; data your own deploy "
                      "code reads goes into extra_host_data)")
         if why:
             out.append(Problem(name, key, value, where(key), why))

@@ -4,7 +4,7 @@
 # fleet commands' inventory).
 # Precedence (pyinfra): --data > host data > group_data/<group>.py > inventory group data >
 # group_data/all.py > these defaults.
-# docs/tunables.md lists the same names (`python -m tritonfleet.settings.table` writes that table; a
+# docs/tunables.md lists the same names (`python -m tritonfleet.tunables` writes that table; a
 # test keeps them in step).
 
 # --- SSH ----------------------------------------------------------------------------------

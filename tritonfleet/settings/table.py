@@ -1,6 +1,6 @@
 """The tunables in tritonfleet/settings/defaults.py, with their defaults and comments.
 
-Used for the table in docs/tunables.md (`python -m tritonfleet.settings.table`) and by the test that
+Used for the table in docs/tunables.md (`python -m tritonfleet.tunables`, tritonfleet.tunables) and by the test that
 keeps that table, the defaults and the code in step.
 """
 
@@ -50,13 +50,14 @@ def markdown() -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m tritonfleet.settings.table``: the table; ``--help`` says so (and any other argument
-    is refused with exit status 2, argparse's usage error)."""
+def main(argv: list[str] | None = None, prog: str = "python -m tritonfleet.settings.table") -> None:
+    """The table; ``--help`` says so (and any other argument is refused with exit status 2,
+    argparse's usage error). Operators run it as ``python -m tritonfleet.tunables``
+    (tritonfleet.tunables); ``python -m tritonfleet.settings.table`` is the same command."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m tritonfleet.settings.table",
+        prog=prog,
         description="Print every tunable of tritonfleet (tritonfleet/settings/defaults.py) with its default and what it "
                     "does, as the markdown table of docs/tunables.md. Group data sets only what differs.")
     parser.parse_args(argv)

@@ -5,17 +5,29 @@ where it is skipped when Triton restarts anyway."""
 
 from __future__ import annotations
 
-from pyinfra.api import deploy
-
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext.check import check
+from ..pyinfra_ext.install import tritonfleet_step
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.ops import lb
 
 
-@deploy("GPU-loss guard")
+@tritonfleet_step("GPU-loss guard")
 def gpu_guard():
-    pyinfra_patches.required("GPU-loss guard")  # the deploy file installed the patches (the deploy lock)
+    """The GPU-loss guard as a step of its own: after a run that reloaded systemd, the
+    running Triton container must still see the host's GPUs.
+
+    Changes: nothing, or one Triton restart when its container lost its GPUs (drained first).
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.guard import gpu_guard
+
+        gpu_guard()  # last step of deploys/host.py
+    """
     reasons = guard_ops.pending()
     if reasons:
         guard_ops.guard(name="Triton's container still sees the host's GPUs after daemon-reload", reasons=reasons)

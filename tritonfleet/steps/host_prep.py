@@ -9,7 +9,6 @@ from fnmatch import fnmatchcase
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
 from pyinfra.facts.server import Command, KernelVersion, LinuxDistribution
 from pyinfra.operations import files, server, systemd
 
@@ -55,9 +54,9 @@ from ..host.layer import (
 from ..host.ops import aptlock, converged
 from ..host.ops.apt_repo import vendor_source
 from ..host.ops.reboot import reboot
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check, will_change
+from ..pyinfra_ext.install import tritonfleet_step
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.ops import lb
 from ..settings import access as config
@@ -212,13 +211,30 @@ def debian_nonfree_text() -> str | None:
         + "\n\n".join(stanzas) + "\n"
 
 
-@deploy("NVIDIA driver")
+@tritonfleet_step("NVIDIA driver")
 def nvidia_driver():
-    """The driver, one sub-step a line: refuse a host it cannot change safely, finish an interrupted
-    dpkg run, remove another source's driver (migration), the repository, kernel headers and
-    nouveau, the driver packages (pinned, switched, held), persistence, and the reboot when the
-    loaded driver differs."""
-    pyinfra_patches.required("NVIDIA driver")  # the deploy file installed the patches (the deploy lock)
+    """The NVIDIA driver, one sub-step a line: refuse a host it cannot change safely,
+    finish an interrupted dpkg run, remove another source's driver (migration), the repository, kernel
+    headers and nouveau, the driver packages (pinned, switched, held), persistence, and the reboot
+    when the loaded driver differs.
+
+    Changes: NVIDIA's CUDA apt source and key (or Debian's non-free), kernel headers, the nouveau
+    blacklist, the driver packages and their pin and hold, the persistence daemon's drop-in; reboots
+    the host (drained first behind a load balancer) only when the loaded driver is not the installed one.
+
+    Tunables: ``nvidia_driver_source``, ``nvidia_driver_migrate``, ``nvidia_driver_branch``,
+    ``nvidia_driver_version``, ``nvidia_driver_packages``, ``nvidia_kernel_module``,
+    ``nvidia_kernel_packages``, ``nvidia_hold_packages``, ``nvidia_persistenced``,
+    ``nvidia_reboot_if_needed``, ``nvidia_reboot_timeout``, ``cuda_repo_url``, ``apt_lock_timeout``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.host_prep import nvidia_driver
+
+        nvidia_driver()
+    """
     memo.prefetch(*driver_facts())
     if _refused():
         return
@@ -435,9 +451,24 @@ def _check_persistence():
             "(nvidia_persistenced in inventories/group_data/all.py turns this step off)")
 
 
-@deploy("Docker Engine")
+@tritonfleet_step("Docker Engine")
 def docker_engine():
-    pyinfra_patches.required("Docker Engine")  # the deploy file installed the patches (the deploy lock)
+    """Docker Engine from Docker's repository (pinned key and version) or the distro's ``docker.io``.
+
+    Changes: Docker's apt source and key, the version pin, the packages (moved to the pinned version
+    when another is installed), the docker service running and enabled.
+
+    Tunables: ``docker_source``, ``docker_version``, ``docker_repo_url``, ``docker_repo_key_fingerprint``,
+    ``apt_lock_timeout``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.host_prep import docker_engine
+
+        docker_engine()
+    """
     source = config.get("docker_source")
     memo.prefetch(*docker_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
@@ -499,9 +530,26 @@ def _check_docker_version(pattern: str):
                  "the deploy again")
 
 
-@deploy("NVIDIA Container Toolkit")
+@tritonfleet_step("NVIDIA Container Toolkit")
 def container_toolkit():
-    pyinfra_patches.required("NVIDIA Container Toolkit")  # the deploy file installed the patches (the deploy lock)
+    """The NVIDIA Container Toolkit at a pinned version, with the nvidia runtime
+    registered in Docker's daemon.json without losing its other keys.
+
+    Changes: the toolkit's apt source and key, the version pin and packages, /etc/docker/daemon.json
+    (the nvidia runtime), a Docker restart when the runtime was registered or the toolkit's hook is
+    new, the udev rule for the /dev/char symlinks of the NVIDIA devices.
+
+    Tunables: ``container_toolkit_version``, ``container_toolkit_repo_url``, ``container_toolkit_key_url``,
+    ``container_toolkit_key_fingerprint``, ``apt_lock_timeout``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.host_prep import container_toolkit
+
+        container_toolkit()
+    """
     memo.prefetch(*toolkit_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     vendor_source(vendor_repos.container_toolkit())

@@ -18,7 +18,6 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from ..host.ops import converged
@@ -61,9 +60,26 @@ def _local_file(name: str) -> str | None:
     return path
 
 
-@deploy("Image mirror (pull-through registry)")
+@pyinfra_patches.tritonfleet_step("Image mirror (pull-through registry)")
 def image_mirror():
-    pyinfra_patches.required("Image mirror (pull-through registry)")  # the deploy file installed the patches (the deploy lock)
+    """The image mirror: a pull-through registry for the Triton image on the
+    ``image_mirror`` group's hosts.
+
+    Changes: Debian's ``docker-registry`` and curl, the registry's configuration (a proxy of the
+    upstream), its TLS certificate, key and CA, a restart-on-failure drop-in; the registry restarted
+    when its configuration changed, running and enabled.
+
+    Tunables: ``image_mirror``, ``image_mirror_upstream``, ``image_mirror_port``, ``image_mirror_tls_cert``,
+    ``image_mirror_tls_key``, ``image_mirror_storage``, ``registry_user``, ``registry_password_env``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.mirror import image_mirror
+
+        image_mirror()
+    """
     if not runs_mirror():
         return []
     if not config.get("image_mirror"):
@@ -111,9 +127,22 @@ def image_mirror():
     return changed
 
 
-@deploy("Trust the image mirror")
+@pyinfra_patches.tritonfleet_step("Trust the image mirror")
 def mirror_trust():
-    pyinfra_patches.required("Trust the image mirror")  # the deploy file installed the patches (the deploy lock)
+    """The hosts' trust in the image mirror: its CA for Docker's registry certificates.
+
+    Changes: /etc/docker/certs.d/<mirror>/ca.crt (nothing without ``image_mirror_ca``).
+
+    Tunables: ``image_mirror``, ``image_mirror_ca``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.mirror import mirror_trust
+
+        mirror_trust()
+    """
     ca = _local_file("image_mirror_ca")
     if not config.get("image_mirror") or not ca or (runs_mirror() and not host.data.get("gpu_class")):
         return []
@@ -122,9 +151,23 @@ def mirror_trust():
                           create_remote_dir=True)]
 
 
-@deploy("Fill the image mirror")
+@pyinfra_patches.tritonfleet_step("Fill the image mirror")
 def mirror_filled():
-    pyinfra_patches.required("Fill the image mirror")  # the deploy file installed the patches (the deploy lock)
+    """The image mirror filled: every blob of the Triton image fetched once from the
+    upstream into the mirror's store.
+
+    Changes: the mirror's storage (on the mirror hosts only).
+
+    Tunables: ``image_mirror``, ``image_mirror_upstream``, ``image_mirror_storage``, ``image_mirror_ca``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.mirror import mirror_filled
+
+        mirror_filled()
+    """
     if not runs_mirror() or not config.get("image_mirror"):
         return []
     out = []

@@ -14,7 +14,6 @@ from what the host has now.
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.operations import server, systemd
 
@@ -22,8 +21,8 @@ from ..core.report import fail
 from ..core.shell import q
 from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.release import switch_back_script
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext.check import check
+from ..pyinfra_ext.install import tritonfleet_step
 from ..serving import per_gpu as pergpu
 from ..serving.facts import DeployHistory, DockerImageId
 from ..serving.health import gate_current_host
@@ -69,9 +68,24 @@ def _fail(message: str, expected: str = "an earlier healthy deployment to roll b
                                 "deploy (pyinfra ... deploys/triton.py --limit <host>)")
 
 
-@deploy("Rollback")
+@tritonfleet_step("Rollback")
 def rollback():
-    pyinfra_patches.required("Rollback")  # the deploy file installed the patches (the deploy lock)
+    """Put the host back on an earlier healthy deployment recorded on the host: the
+    unit restored, the ``model_repository`` link switched back, Triton restarted, the health gate run.
+
+    Changes: the unit file, the live release link, a Triton restart (drained first), the history.
+    The target is ``rollback_to[<host>]`` or the newest recorded deployment that differs from now.
+
+    Tunables: ``rollback_to``, ``triton_base_dir``, ``triton_service``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.rollback import rollback
+
+        rollback()  # pyinfra -y inventories/prod.py deploys/rollback.py --limit <host>
+    """
     base = config.get("triton_base_dir")
     service = config.get("triton_service")
     if pergpu.enabled(config.current()):

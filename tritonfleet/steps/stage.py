@@ -15,11 +15,10 @@ then pulls the image only.
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import deploy
 
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
-from ..pyinfra_ext import install as pyinfra_patches
+from ..pyinfra_ext.install import tritonfleet_step
 from ..settings import access as config
 from .triton import ensure_image, model_origin
 
@@ -37,17 +36,43 @@ def preflight() -> None:
         triton_layer()
 
 
-@deploy("Stage the Triton image")
+@tritonfleet_step("Stage the Triton image")
 def stage_image():
-    pyinfra_patches.required("Stage the Triton image")  # the deploy file installed the patches (the deploy lock)
+    """The new Triton image on the host, nothing restarted (a rollout's ``--stage``).
+
+    Changes: the image in Docker's store; nothing on the image mirror's own hosts.
+
+    Tunables: ``triton_image``, ``image_mirror_group``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.stage import stage_image
+
+        stage_image()
+    """
     if mirror_only():
         return []
     return ensure_image(config.get("triton_image"))
 
 
-@deploy("Stage the model release")
+@tritonfleet_step("Stage the model release")
 def stage_models():
-    pyinfra_patches.required("Stage the model release")  # the deploy file installed the patches (the deploy lock)
+    """The new model release complete on the host, the live link left alone.
+
+    Changes: ``<triton_base_dir>/releases/<release>``; nothing on the image mirror's own hosts.
+
+    Tunables: ``triton_base_dir``, ``triton_keep_releases``, ``model_origin``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.stage import stage_models
+
+        stage_models()
+    """
     if mirror_only():
         return []
     origin = model_origin()

@@ -8,8 +8,9 @@
 * ``tritonfleet-inference-probe.service``: tritonfleet/observability/inference_probe.py (one real
   inference per ready model every ``probe_interval`` seconds, on every Triton instance's port).
 
-The scripts are the package's own files, copied as they are; a service restarts only when its
-script or unit changed, and systemd is reloaded only when a unit file changed (noted for the
+The scripts are the package's own files, copied as they are, with the health-signal spec both
+read their metric names from (tritonfleet/gpu/signals.py, as gpu_signals.py next to them); a
+service restarts only when its script, the spec or its unit changed, and systemd is reloaded only when a unit file changed (noted for the
 GPU-loss guard, which deploys/telemetry.py runs after this step). ``gpu_telemetry = False``
 stops, disables and removes both services, their files and their textfiles (the node exporter
 package stays: it may serve other collectors).
@@ -20,7 +21,6 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
 from ..core.shell import q
@@ -29,9 +29,9 @@ from ..host.facts import FileState, UnitState
 from ..host.ops import converged
 from ..observability import telemetry_units as tu
 from ..observability.inference_probe import TEXTFILE as PROBE_TEXTFILE
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import will_change
+from ..pyinfra_ext.install import tritonfleet_step
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.per_gpu import host_instance_gets as instance_gets
 from ..settings import access as config
@@ -62,11 +62,29 @@ def _services() -> list[tuple[str, str]]:
     return [(tu.COLLECTOR_UNIT, tu.COLLECTOR), (tu.PROBE_UNIT, tu.PROBE)]
 
 
-@deploy("GPU telemetry")
+@tritonfleet_step("GPU telemetry")
 def gpu_telemetry():
-    pyinfra_patches.required("GPU telemetry")  # the deploy file installed the patches (the deploy lock)
+    """GPU health on the host: the node exporter, the GPU fault collector and the
+    inference probe as services (or, with ``gpu_telemetry = False``, all of it removed).
+
+    Changes: the packages (node exporter, python3), the textfile directory, the two scripts and the
+    health-signal spec under /usr/local/lib/tritonfleet, their units; a service restarts only when its
+    unit, its script or the spec changed.
+
+    Tunables: ``gpu_telemetry``, ``telemetry_node_exporter``, ``telemetry_textfile_dir``,
+    ``telemetry_interval``, ``telemetry_smi_timeout``, ``telemetry_kmsg_path``, ``probe_interval``,
+    ``probe_timeout``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.telemetry import gpu_telemetry
+
+        gpu_telemetry()
+    """
     units = [f"{name}.service" for name, _ in _services()]
-    paths = [tu.COLLECTOR, tu.PROBE] + [tu.unit_path(name) for name, _ in _services()]
+    paths = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS] + [tu.unit_path(name) for name, _ in _services()]
     # what a converged host is asked, in one remote command
     memo.prefetch(*[(FileState, {"path": p}) for p in paths], *[(UnitState, {"unit": u}) for u in units],
                   *([(UnitState, {"unit": f"{NODE_EXPORTER}.service"})] if config.get("telemetry_node_exporter")
@@ -80,7 +98,7 @@ def gpu_telemetry():
     textfiles = config.get("telemetry_textfile_dir")
     files.directory(name=f"node exporter textfile directory {textfiles}", path=textfiles, present=True)
     scripts = {p: converged.put(name=f"{p} (tritonfleet's own file)", src=StringIO(want[p]), dest=p, mode="644")
-               for p in (tu.COLLECTOR, tu.PROBE)}
+               for p in (tu.COLLECTOR, tu.PROBE, tu.SIGNALS)}
     unit_ops = {name: converged.put(name=f"systemd unit {name}.service", src=StringIO(want[tu.unit_path(name)]),
                                     dest=tu.unit_path(name), mode="644")
                 for name, _ in _services()}
@@ -90,7 +108,7 @@ def gpu_telemetry():
         systemd.daemon_reload(name="systemd daemon-reload (telemetry units changed)")
         guard_ops.note("telemetry units changed", *unit_ops.values())
     for name, script in _services():
-        if will_change(unit_ops[name], scripts[script]):
+        if will_change(unit_ops[name], scripts[script], scripts[tu.SIGNALS]):
             systemd.service(name=f"restart {name} (its unit or script changed)", service=f"{name}.service",
                             running=True, restarted=True, enabled=True)
         else:
@@ -113,7 +131,7 @@ def remove() -> None:
         return
     commands = [f"systemctl disable --now {q(name + '.service')} 2>/dev/null || true" for name in present]
     commands.append("rm -f " + " ".join(q(p) for p in (
-        *[tu.unit_path(n) for n, _ in _services()], tu.COLLECTOR, tu.PROBE,
+        *[tu.unit_path(n) for n, _ in _services()], tu.COLLECTOR, tu.PROBE, tu.SIGNALS,
         f"{textfiles}/{COLLECTOR_TEXTFILE}", f"{textfiles}/{PROBE_TEXTFILE}")))
     commands.append(f"rmdir {q(tu.LIB_DIR)} 2>/dev/null || true")
     gone = server.shell(name=f"stop, disable and remove {', '.join(present)} (gpu_telemetry is off)",

@@ -7,7 +7,6 @@ from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from ..core.report import HostFailure, in_rollout
@@ -19,9 +18,9 @@ from ..model_repo import render as models
 from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check, check_with_steps, will_change
+from ..pyinfra_ext.install import tritonfleet_step
 from ..pyinfra_ext.stream import docker_load, docker_pull
 from ..pyinfra_ext.transfer import TransferError
 from ..pyinfra_ext.transfer import choose as choose_transport
@@ -141,10 +140,26 @@ def container_fact_args(settings: Settings) -> dict:
             "link": f"{settings.get('triton_base_dir')}/model_repository"}
 
 
-@deploy("Triton image")
+@tritonfleet_step("Triton image")
 def triton_image():
-    pyinfra_patches.required("Triton image")  # the deploy file installed the patches (the deploy lock)
     # what the Triton steps read on a converged host, in one remote command
+    """The Triton image on the host before any restart: pulled (logging in to a private
+    registry first) or loaded from a local archive; reads what the Triton steps need in one command.
+
+    Changes: the image in Docker's store (nothing when it is there); returns the operations, which
+    ``triton_service`` reads to decide a restart.
+
+    Tunables: ``triton_image``, ``image_archives``, ``bulk_transfer``, ``registry_user``,
+    ``registry_password_env``, ``registry_host``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.triton import triton_image
+
+        image = triton_image()
+    """
     memo.prefetch((DockerImageId, {"image": config.get("triton_image")}),
                   (ReleaseState, {"base": config.get("triton_base_dir")}),
                   (FileState, {"path": unit_path(config.current())}),
@@ -156,9 +171,25 @@ def triton_image():
     return ensure_image(config.get("triton_image"))
 
 
-@deploy("Model repository")
+@tritonfleet_step("Model repository")
 def model_repository():
-    pyinfra_patches.required("Model repository")  # the deploy file installed the patches (the deploy lock)
+    """The model repository as a new release on the host: sent by content (or fetched
+    by the host from the model origin), switched atomically; earlier releases kept.
+
+    Changes: ``<triton_base_dir>/releases/<release>`` and the ``model_repository`` link; returns the
+    operations, which ``triton_service`` reads to decide a restart or a reload.
+
+    Tunables: ``model_repository``, ``model_overrides``, ``triton_base_dir``, ``triton_keep_releases``,
+    ``model_origin``, ``gpu_placement``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.triton import model_repository
+
+        models = model_repository()
+    """
     return sync_models()
 
 
@@ -205,9 +236,30 @@ def retire_units(keep: set[str]) -> bool:
     return bool(names)
 
 
-@deploy("Triton service")
+@tritonfleet_step("Triton service")
 def triton_service(image: list | None = None, models: list | None = None):
-    pyinfra_patches.required("Triton service")  # the deploy file installed the patches (the deploy lock)
+    """The systemd unit running Triton's container (or one per GPU with
+    ``triton_per_gpu``); restarted, or its models reloaded, only on change, drained first behind a
+    load balancer.
+
+    + image: the operations ``triton_image`` returned (a changed image restarts Triton)
+    + models: the operations ``model_repository`` returned (a new release reloads or restarts)
+
+    Changes: the unit file(s), the API key file with restricted APIs, a daemon-reload when a unit
+    changed, a restart or a model reload; the GPU-loss guard after a reload.
+
+    Tunables: ``triton_service``, ``triton_container_name``, ``triton_http_port``, ``triton_grpc_port``,
+    ``triton_metrics_port``, ``triton_model_control_mode``, ``triton_per_gpu``, ``triton_restricted_apis``,
+    ``triton_api_key_file``, ``triton_extra_args``, ``lb``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.triton import model_repository, triton_image, triton_service
+
+        triton_service(image=triton_image(), models=model_repository())
+    """
     if pergpu.enabled(config.current()):
         return per_gpu_service(image, models)
     service = config.get("triton_service")
@@ -360,9 +412,28 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str 
         raise HealthError(report) from e
 
 
-@deploy("Health gate")
+@tritonfleet_step("Health gate")
 def health_gate(record: bool = True):
-    pyinfra_patches.required("Health gate")  # the deploy file installed the patches (the deploy lock)
+    """The health gate: live, ready, every model ready, metrics, one real inference per
+    model; then the deployment is recorded for rollback.
+
+    + record: record the healthy deployment (and put a drained host back in its load balancer); False
+      for a read-only check
+
+    Changes: with ``record``, ``<triton_base_dir>/history.jsonl`` and the unit's snapshot; with
+    ``auto_rollback``, a failed gate rolls the host back.
+
+    Tunables: ``health_via``, ``health_host``, ``health_timeout``, ``health_request_timeout``,
+    ``health_warm_inference``, ``auto_rollback``, ``lb``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.triton import health_gate
+
+        health_gate(record=False)  # read-only: deploys/verify.py
+    """
     local, _, _ = current_host_repository()
     gate_check = check_with_steps if config.get("auto_rollback") else check
     gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",

@@ -8,7 +8,7 @@ least the configured minimum, and as many GPUs as gpu_count or the host's GPU re
 from __future__ import annotations
 
 from pyinfra import host, logger, state
-from pyinfra.api import deploy, operation
+from pyinfra.api import operation
 
 from ..core.report import Failure, HostFailure, trim
 from ..core.shell import q
@@ -17,8 +17,8 @@ from ..gpu.placement import RECORD, count_problems, expected_count, parse_record
 from ..gpu.rules import GPU_CLASSES, check_gpus
 from ..host import kernel_module as kmod
 from ..host.layer import smi_command
-from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext.check import check
+from ..pyinfra_ext.install import tritonfleet_step
 from ..settings import access as config
 from .triton import ensure_image
 
@@ -247,9 +247,20 @@ def stamp_command(text: str) -> str:
 
 @operation(is_idempotent=False)
 def record_answer():
-    """Record the container check's answer on the host when the check just passed on a fresh one
-    (what it depends on changed, or there was none): a change only then. Never planned as a
-    change (the answer exists only once the check ran)."""
+    """Record the container check's answer on the host when the check just passed on a fresh one (what it
+    depends on changed, or there was none): a change only then. Never planned as a change (the answer
+    exists only once the check ran).
+
+    Changes: the recorded answer, only when the check just passed on a fresh one.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        record_answer(name="record the GPU check's answer")
+    """
     text = _new_answers.pop(host.name, None) if state.is_executing else None
     if not text:
         host.noop("the GPU check's recorded answer stays as it is")
@@ -264,8 +275,19 @@ def record_command(lines: list[str]) -> str:
 
 @operation(is_idempotent=False)
 def record_gpus():
-    """Record the GPUs the check found (tritonfleet.gpu.placement.RECORD) when the host had no record,
-    or reports more or other GPUs than it holds: what later runs and `tritonfleet status` expect."""
+    """Record the GPUs the check found (tritonfleet.gpu.placement.RECORD) when the host had no record, or
+    reports more or other GPUs than it holds: what later runs and `tritonfleet status` expect.
+
+    Changes: the host's GPU record, only when missing or other than found.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        record_gpus(name="record the host's GPUs")
+    """
     lines = _new_records.pop(host.name, None) if state.is_executing else None
     if not lines:
         host.noop("the GPU record stays as it is")
@@ -273,9 +295,28 @@ def record_gpus():
     yield record_command(lines)
 
 
-@deploy("GPU verification")
+@tritonfleet_step("GPU verification")
 def verify_gpus(load_image: bool = True):
-    pyinfra_patches.required("GPU verification")  # the deploy file installed the patches (the deploy lock)
+    """GPU verification: ``nvidia-smi`` on the host and in ``docker run --gpus all``
+    (model, compute capability, CUDA, as many GPUs as the host should have), then the answer and
+    the GPUs found recorded on the host.
+
+    + load_image: pull (or load) the CUDA test image first; False when the deploy already did
+
+    Changes: the CUDA test image on the host (with ``load_image``), the recorded check answer and GPU
+    record; a drained host is put back in its load balancer once Triton is ready again.
+
+    Tunables: ``cuda_test_image``, ``gpu_count``, ``gpu_min_compute_capability``, ``gpu_min_cuda_version``,
+    ``gpu_verify_container``, ``nvidia_driver_branch``, ``nvidia_kernel_module``.
+
+    **Example:**
+
+    .. code:: python
+
+        from tritonfleet.steps.verify import verify_gpus
+
+        verify_gpus(load_image=False)  # read-only: deploys/verify.py
+    """
     image = config.get("cuda_test_image")
     if load_image:
         ensure_image(image)

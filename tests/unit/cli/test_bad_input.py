@@ -10,7 +10,6 @@ gevent warning, which the entry point prevents; the exit status a shell sees).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -291,13 +290,16 @@ def test_a_usage_error_exits_2_in_the_shell(project):
         "(fix the line, or give another file)"]
 
 
-def test_python_m_tritonfleet_tunables_takes_help():
-    res = subprocess.run([sys.executable, "-m", "tritonfleet.settings.table", "--help"], capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 0 and res.stdout.startswith("usage: python -m tritonfleet.settings.table")
+@pytest.mark.parametrize("module", ["tritonfleet.tunables", "tritonfleet.settings.table"])
+def test_python_m_tritonfleet_tunables_takes_help(module):
+    """The operators' name (tritonfleet.tunables) and the module's own print the same table."""
+    res = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.startswith(f"usage: python -m {module}")
     assert "| tunable |" not in res.stdout
-    res = subprocess.run([sys.executable, "-m", "tritonfleet.settings.table", "--bogus"], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run([sys.executable, "-m", module, "--bogus"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "tritonfleet.settings.table"], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and json.dumps("x") and res.stdout.startswith("| tunable |")
+    res = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.startswith("| tunable |")
+    from tritonfleet.settings.table import markdown
+
+    assert res.stdout == markdown() + "\n"

@@ -62,16 +62,16 @@ def test_real_h200_answer():
     assert (g.index, g.uuid, g.pci_bus_id, g.pci) == ("0", "GPU-8214eaab-afa1-ccd4-70bb-d732ee7a8f14",
                                                      "00000000:00:06.0", "0000:00:06")
     v = {(m, lab): x for (m, lab), x in g.values.items()}
-    assert v[("temperature_celsius", ())] == 44 and v[("memory_temperature_celsius", ())] == 43
-    assert v[("power_draw_watts", ())] == 80.66 and v[("power_limit_watts", ())] == 700
-    assert v[("sm_clock_hertz", ())] == 345e6 and v[("sm_clock_max_hertz", ())] == 1980e6
-    assert v[("clocks_event_reasons", ())] == 1
-    assert v[("clocks_event_reason_active", (("reason", "gpu_idle"),))] == 1
-    assert v[("clocks_event_reason_active", (("reason", "hw_thermal_slowdown"),))] == 0
-    assert v[("pcie_link_generation", ())] == 5 and v[("pcie_link_width_max", ())] == 16
-    assert v[("ecc_mode_enabled", ())] == 1
-    assert v[("ecc_errors_total", (("period", "volatile"), ("type", "uncorrected")))] == 0
-    assert v[("remapped_rows_failure", ())] == 0 and v[("remapped_rows_pending", ())] == 0
+    assert v[(t.PREFIX + "temperature_celsius", ())] == 44 and v[(t.PREFIX + "memory_temperature_celsius", ())] == 43
+    assert v[(t.PREFIX + "power_draw_watts", ())] == 80.66 and v[(t.PREFIX + "power_limit_watts", ())] == 700
+    assert v[(t.PREFIX + "sm_clock_hertz", ())] == 345e6 and v[(t.PREFIX + "sm_clock_max_hertz", ())] == 1980e6
+    assert v[(t.PREFIX + "clocks_event_reasons", ())] == 1
+    assert v[(t.PREFIX + "clocks_event_reason_active", (("reason", "gpu_idle"),))] == 1
+    assert v[(t.PREFIX + "clocks_event_reason_active", (("reason", "hw_thermal_slowdown"),))] == 0
+    assert v[(t.PREFIX + "pcie_link_generation", ())] == 5 and v[(t.PREFIX + "pcie_link_width_max", ())] == 16
+    assert v[(t.PREFIX + "ecc_mode_enabled", ())] == 1
+    assert v[(t.PREFIX + "ecc_errors_total", (("period", "volatile"), ("type", "uncorrected")))] == 0
+    assert v[(t.PREFIX + "remapped_rows_failure", ())] == 0 and v[(t.PREFIX + "remapped_rows_pending", ())] == 0
     # the H200 retires no pages (it remaps rows): [N/A] is no sample, not a zero
     assert not [k for k in v if k[0].startswith("retired_pages")]
 
@@ -123,10 +123,10 @@ def test_standin_answers_the_query_like_the_driver(standin, shell):
                          capture_output=True, text=True, check=True).stdout
     (g,) = t.parse_query(out)
     assert g.pci == "0000:31:00" and g.uuid == standin_repo.GPU_PROFILES["L4"]["GPU_UUID"]
-    assert g.values[("ecc_errors_total", (("period", "volatile"), ("type", "uncorrected")))] == 2
-    assert g.values[("clocks_event_reason_active", (("reason", "hw_thermal_slowdown"),))] == 1
-    assert g.values[("clocks_event_reasons", ())] == 0x40  # nvml.h: nvmlClocksThrottleReasonHwThermalSlowdown
-    assert ("memory_temperature_celsius", ()) not in g.values  # [N/A] on a GDDR6 GPU
+    assert g.values[(t.PREFIX + "ecc_errors_total", (("period", "volatile"), ("type", "uncorrected")))] == 2
+    assert g.values[(t.PREFIX + "clocks_event_reason_active", (("reason", "hw_thermal_slowdown"),))] == 1
+    assert g.values[(t.PREFIX + "clocks_event_reasons", ())] == 0x40  # nvml.h: nvmlClocksThrottleReasonHwThermalSlowdown
+    assert (t.PREFIX + "memory_temperature_celsius", ()) not in g.values  # [N/A] on a GDDR6 GPU
     # with units and header, shaped like the real capture's header
     head = subprocess.run([*shell.split(), str(smi), f"--query-gpu={t.QUERY}", "--format=csv"], capture_output=True,
                           text=True, check=True).stdout.splitlines()[0]
@@ -354,24 +354,37 @@ def test_interval_settings_are_checked():
 
 
 def test_the_host_scripts_need_nothing_but_pythons_standard_library(tmp_path):
-    """They run with the host's python3 (3.10 or newer), where tritonfleet is not installed."""
+    """They run with the host's python3 (3.10 or newer), where tritonfleet is not installed; the
+    health-signal spec they read (tritonfleet.gpu.signals) is shipped next to them, stdlib-only too."""
     import ast
 
+    from tritonfleet.gpu import signals
     from tritonfleet.observability import inference_probe
 
-    for module in (t, inference_probe):
+    spec = "tritonfleet.gpu.signals"  # the one tritonfleet module they load (the host's copy: SPEC_FILE)
+    for module in (t, inference_probe, signals):
         tree = ast.parse(Path(module.__file__).read_text())
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module.split(".")[0] for n in ast.walk(tree)
                   if isinstance(n, ast.ImportFrom) and n.module and not n.level}
         assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], module.__name__
         assert names - {"__future__"} <= sys.stdlib_module_names, names - sys.stdlib_module_names
+        loaded = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  and getattr(n.func, "attr", "") == "import_module" and isinstance(n.args[0], ast.Constant)}
+        assert loaded <= {spec}, loaded
+    assert Path(tu.SIGNALS).name == signals.SPEC_FILE and tu.sources()[tu.SIGNALS] == Path(signals.__file__).read_text()
     # and they run from a copy alone, away from the package, with the system's python3 (as on a host)
     for path, text in tu.sources().items():
+        (tmp_path / Path(path).name).write_text(text)
+    for path in (tu.COLLECTOR, tu.PROBE):
         copy = tmp_path / Path(path).name
-        copy.write_text(text)
         res = subprocess.run(["/usr/bin/python3", "-I", str(copy), "--help"], capture_output=True, text=True)
         assert res.returncode == 0 and "--textfile-dir" in res.stdout, res.stderr
+    # without the spec's copy they stop, naming the file
+    (tmp_path / signals.SPEC_FILE).unlink()
+    res = subprocess.run(["/usr/bin/python3", "-I", str(tmp_path / Path(tu.COLLECTOR).name), "--help"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and signals.SPEC_FILE in res.stderr, res.stderr
 
 
 def test_systemd_accepts_the_units(tmp_path):

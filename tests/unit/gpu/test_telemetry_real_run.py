@@ -88,12 +88,12 @@ def test_the_textfile_is_the_collectors_text_format():
     for line in text.splitlines():
         if line.startswith("# HELP "):
             name, help_text = line[len("# HELP "):].split(" ", 1)
-            assert name.startswith(t.PREFIX) and help_text == t.HELP[name[len(t.PREFIX):]], line
+            assert name.startswith(t.PREFIX) and help_text == t.HELP[name], line
             names.append(name)
         elif line.startswith("# TYPE "):
             name, kind = line[len("# TYPE "):].split(" ")
             assert name == names[-1]
-            assert kind == ("counter" if name[len(t.PREFIX):] in t.COUNTERS else "gauge")
+            assert kind == ("counter" if name in t.COUNTERS else "gauge")
     assert len(names) == len(set(names)), "a metric family written twice"
     assert samples(text)  # prometheus_client reads it
 
@@ -127,7 +127,7 @@ def test_each_gpu_has_every_field_it_reports_and_none_it_does_not():
     for (name, kind, metric, labels, _), value in zip(t.FIELDS, raw, strict=True):
         if kind == "id":
             continue
-        key = (t.PREFIX + metric, tuple(sorted((*ident, *labels.items()))))
+        key = (metric, tuple(sorted((*ident, *labels.items()))))
         if value.startswith("["):
             assert key not in got, f"{name} is {value} on the H200: no series"
         else:

@@ -22,7 +22,7 @@ def test_every_tunable_has_a_comment_and_a_docs_row():
 def test_docs_table_is_the_generated_one():
     doc = DOC.read_text()
     table = "\n".join(line for line in doc.splitlines() if line.startswith("|"))
-    assert table == markdown(), "docs/tunables.md: paste the output of `python -m tritonfleet.settings.table`"
+    assert table == markdown(), "docs/tunables.md: paste the output of `python -m tritonfleet.tunables`"
 
 
 def test_defaults_are_the_documented_tunables():

@@ -18,7 +18,7 @@ from tritonfleet.settings.access import ConfigError
 from tritonfleet.settings.defaults import DEFAULTS
 from tritonfleet.steps.telemetry import gpu_telemetry
 
-PATHS = [tu.COLLECTOR, tu.PROBE, tu.unit_path(tu.COLLECTOR_UNIT), tu.unit_path(tu.PROBE_UNIT)]
+PATHS = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.unit_path(tu.COLLECTOR_UNIT), tu.unit_path(tu.PROBE_UNIT)]
 UNITS = [f"{tu.COLLECTOR_UNIT}.service", f"{tu.PROBE_UNIT}.service", "prometheus-node-exporter.service"]
 
 
@@ -85,6 +85,18 @@ def test_a_changed_script_restarts_only_its_service_without_a_daemon_reload():
     assert [c for c in run if c.startswith("systemctl")] == [f"systemctl restart {tu.PROBE_UNIT}.service"]
 
 
+def test_a_changed_signal_spec_restarts_both_services():
+    """Both scripts read the metric names from the spec's copy when they start."""
+    want = tu.files(DEFAULTS, [DEFAULTS["triton_http_port"]])
+    old = dict(want, **{tu.SIGNALS: want[tu.SIGNALS] + "# older\n"})
+    host, cmds, _ = run_fake(gpu_telemetry, converged(old))
+    run = changes(cmds)
+    assert host.connector.uploads.keys() == {tu.SIGNALS}
+    assert "systemctl daemon-reload" not in run
+    assert [c for c in run if c.startswith("systemctl")] == [f"systemctl restart {tu.COLLECTOR_UNIT}.service",
+                                                             f"systemctl restart {tu.PROBE_UNIT}.service"]
+
+
 def test_a_changed_setting_rewrites_the_unit_and_reloads_once():
     want = tu.files(DEFAULTS, [DEFAULTS["triton_http_port"]])
     host, cmds, _ = run_fake(gpu_telemetry, converged(want), {"telemetry_interval": 2})
@@ -114,6 +126,7 @@ def test_off_removes_what_is_there_and_nothing_else():
     run = changes(cmds)
     assert run[:2] == [f"systemctl disable --now {u} 2>/dev/null || true" for u in UNITS[:2]]
     assert run[2].startswith("rm -f") and "tritonfleet-gpu.prom" in run[2] and tu.COLLECTOR in run[2]
+    assert tu.SIGNALS in run[2]
     assert run[-1] == "systemctl daemon-reload" and "prometheus-node-exporter" not in "\n".join(run)
     _, cmds, _ = run_fake(gpu_telemetry, {}, {"gpu_telemetry": False})
     assert changes(cmds) == []

@@ -45,7 +45,23 @@ def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
 
 @operation()
 def signed_key(url: str, fingerprint: str, keyring: str):
-    """Install the key at ``url`` as ``keyring`` if it is missing or not the pinned key."""
+    """Install the key at ``url`` as ``keyring`` if it is missing or not the pinned key.
+
+    + url: where the key is fetched (by the host)
+    + fingerprint: the pinned fingerprint it must have
+    + keyring: the keyring file it is installed as
+
+    Changes: the keyring file, only when missing or not the pinned key.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        apt_repo.signed_key(name="CUDA repository key", url=KEY_URL, fingerprint=FPR,
+                            keyring="/usr/share/keyrings/cuda-archive-keyring.gpg")
+    """
     if keys.trusted(memo.fact(KeyringFingerprints, path=keyring), fingerprint):
         host.noop(f"{keyring} holds the pinned key")
         return

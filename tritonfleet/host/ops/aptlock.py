@@ -141,10 +141,23 @@ def wrap(command, seconds: int | None = None, *, require: str = "", setting: str
 
 @operation(is_idempotent=False)
 def update(source: str = ""):
-    """``apt-get update``, waiting for the lists lock (apt_lock_timeout). ``source``: the URL of
-    the repository the step just added; apt-get update only warns when it cannot read one (exit
-    status 0), and the install that follows would fail as "Unable to locate package": that
-    repository's warning fails the host here, with its cause."""
+    """``apt-get update``, waiting for the lists lock (apt_lock_timeout). ``source``: the URL of the
+    repository the step just added; apt-get update only warns when it cannot read one (exit status 0),
+    and the install that follows would fail as "Unable to locate package": that repository's warning
+    fails the host here, with its cause.
+
+    + source: the URL of the repository the step just added; its warning fails the host
+
+    Changes: apt's package lists.
+
+    Tunables: ``apt_lock_timeout``.
+
+    **Example:**
+
+    .. code:: python
+
+        aptlock.update(name="apt-get update", source=vendor_repos.docker().url)
+    """
     yield wrap("apt-get update", require=source)
 
 
@@ -166,11 +179,22 @@ fi"""
 
 @operation(is_idempotent=False)
 def repair_interrupted():
-    """``dpkg --configure -a`` when an earlier dpkg run was cut (a package left half-installed,
-    unpacked or half-configured, or dpkg's journal not folded in): apt refuses every install until
-    then ("dpkg was interrupted, you must manually run 'dpkg --configure -a'"). Each host-layer step
-    starts with it; once it ran, the facts are read again (facts.memo) and the later ones find
-    nothing to do. Waits for the locks like every apt command."""
+    """``dpkg --configure -a`` when an earlier dpkg run was cut (a package left half-installed, unpacked or
+    half-configured, or dpkg's journal not folded in): apt refuses every install until then ("dpkg was
+    interrupted, you must manually run 'dpkg --configure -a'"). Each host-layer step starts with it;
+    once it ran, the facts are read again (facts.memo) and the later ones find nothing to do. Waits for
+    the locks like every apt command.
+
+    Changes: dpkg's state, only after a cut dpkg run.
+
+    Tunables: ``apt_lock_timeout``.
+
+    **Example:**
+
+    .. code:: python
+
+        aptlock.repair_interrupted(name="finish an interrupted dpkg run")
+    """
     from pyinfra import logger
 
     from ...pyinfra_ext import memo

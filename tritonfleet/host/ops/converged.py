@@ -42,7 +42,24 @@ def _mode(mode) -> str | None:
 
 @operation()
 def put(src, dest: str, user: str | None = None, group: str | None = None, mode=None, **kwargs):
-    """``files.put``: no change when the remote file has the same sha256, mode, user and group."""
+    """``files.put``: no change when the remote file has the same sha256, mode, user and group.
+
+    + src: the local file or file-like object
+    + dest: the path on the host
+    + user: the owner
+    + group: the group
+    + mode: the mode (``"644"``)
+
+    Changes: the file, only when its content, mode or owner differ.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        converged.put(name="systemd unit", src=StringIO(text), dest=path, mode="644")
+    """
     digest = _local_sha256(src)
     if digest is not None and not kwargs and mode is not True:
         have = memo.fact(FileState, path=dest)
@@ -64,10 +81,28 @@ def _present(spec: str, installed: dict) -> bool:
 @operation()
 def packages(packages=None, present: bool = True, latest: bool = False, update: bool = False,
              upgrade: bool = False, setting: str = "", **kwargs):
-    """``apt.packages``: no change (and no command) when dpkg, read once per run, already has
-    every package (at the pinned version, where one is given) or, with present=False, none.
-    ``setting``: the group-data setting(s) that chose the packages or versions; a failed apt-get
-    names it in its report (tritonfleet.host.ops.aptlock)."""
+    """``apt.packages``: no change (and no command) when dpkg, read once per run, already has every package
+    (at the pinned version, where one is given) or, with present=False, none. ``setting``: the group-
+    data setting(s) that chose the packages or versions; a failed apt-get names it in its report
+    (tritonfleet.host.ops.aptlock).
+
+    + packages: the packages (``name=version`` to pin one)
+    + present: installed (True) or removed (False)
+    + latest: upgrade to the latest version
+    + update: run apt-get update first
+    + upgrade: run apt-get upgrade first
+    + setting: the group-data setting(s) that chose the packages, named in a failure report
+
+    Changes: the packages, only when dpkg does not already have them as asked.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        converged.packages(name="Docker Engine", packages=["docker.io", "apparmor"], setting="docker_source")
+    """
     specs = [packages] if isinstance(packages, str) else list(packages or [])
     if not (latest or update or upgrade):
         installed = memo.fact(DpkgState)["installed"]
@@ -87,7 +122,23 @@ def packages(packages=None, present: bool = True, latest: bool = False, update: 
 @operation()
 def service(service: str, running: bool = True, enabled: bool | None = None, restarted: bool = False,
             **kwargs):
-    """``systemd.service``: no change when the unit already runs (and is enabled) as asked."""
+    """``systemd.service``: no change when the unit already runs (and is enabled) as asked.
+
+    + service: the unit
+    + running: running or stopped
+    + enabled: enabled at boot (None: left as it is)
+    + restarted: restart it
+
+    Changes: the unit's state, only when it differs.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        converged.service(name="docker running", service="docker.service", enabled=True)
+    """
     if not restarted and not kwargs and running is not None:
         unit = service if "." in service else f"{service}.service"
         have = memo.fact(UnitState, unit=unit)

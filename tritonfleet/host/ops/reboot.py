@@ -51,11 +51,29 @@ def kernel_ready(state, host, header_packages: list[str], install_template: str)
 @operation(is_idempotent=False)
 def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600, header_packages: list | None = None,
            install_template: str | None = None, before_reboot: FunctionCommand | None = None):
-    """Reboot; wait (up to ``reboot_timeout`` seconds) until the host answers with a new boot id.
-    With ``install_template`` (an apt-get install command with ``@WORDS@`` for the packages), the
-    kernel that will boot is checked first (``kernel_ready``): no NVIDIA module, no reboot.
-    ``before_reboot``: runs after that check, right before the reboot (the driver step passes
-    the load balancer's drain: a reboot restarts Triton)."""
+    """Reboot; wait (up to ``reboot_timeout`` seconds) until the host answers with a new boot id. With
+    ``install_template`` (an apt-get install command with ``@WORDS@`` for the packages), the kernel that
+    will boot is checked first (``kernel_ready``): no NVIDIA module, no reboot. ``before_reboot``: runs
+    after that check, right before the reboot (the driver step passes the load balancer's drain: a
+    reboot restarts Triton).
+
+    + delay: seconds before the reboot
+    + interval: seconds between tries to reconnect
+    + reboot_timeout: seconds to wait for the host to answer with a new boot id
+    + header_packages: the kernel header packages the driver's module needs for the kernel that will boot
+    + install_template: an apt-get install command with ``@WORDS@`` for those packages (checks the kernel first)
+    + before_reboot: run right before the reboot (the load balancer's drain)
+
+    Changes: reboots the host.
+
+    Tunables: none (the driver step passes ``nvidia_reboot_timeout``).
+
+    **Example:**
+
+    .. code:: python
+
+        reboot(name="reboot into the new driver", reboot_timeout=600)
+    """
     before: list[str | None] = []
 
     if install_template is not None:

@@ -80,6 +80,19 @@ def guard_now(reasons: list[str]) -> None:
 
 @operation(is_idempotent=False)
 def guard(reasons: list[str]):
-    """Compare the running container's GPUs with the host's after a daemon-reload; restart once
-    if they differ (runs with the operations; planned only when a reload is)."""
+    """Compare the running container's GPUs with the host's after a daemon-reload; restart once if they
+    differ (runs with the operations; planned only when a reload is).
+
+    + reasons: what reloaded systemd in this run (named in the restart's reason)
+
+    Changes: one Triton restart when its container lost its GPUs.
+
+    Tunables: ``health_timeout``, ``triton_service``, ``triton_container_name``.
+
+    **Example:**
+
+    .. code:: python
+
+        guard(name="Triton still sees the GPUs", reasons=["driver installed"])
+    """
     yield FunctionCommand(reported, (guard_now, (reasons,), {}), {})

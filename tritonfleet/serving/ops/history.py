@@ -59,8 +59,25 @@ def append_record(base: str, release: str, unit: str, image: str, action: str,
 
 @operation(is_idempotent=False)
 def record_healthy(base: str, unit: str, image: str, record: dict, unit_files: list[str] | None = None):
-    """Append ``record`` to the host's history; when it runs, with the times of the first
-    inferences the health gate just sent (``first_inference_ms``, tritonfleet.serving.warmup)."""
+    """Append ``record`` to the host's history; when it runs, with the times of the first inferences the
+    health gate just sent (``first_inference_ms``, tritonfleet.serving.warmup).
+
+    + base: the Triton base directory on the host
+    + unit: the unit's path
+    + image: the image reference
+    + record: the deployment's record (release, image, unit digest)
+    + unit_files: the units' paths with one Triton per GPU
+
+    Changes: ``<base>/history.jsonl`` and the unit's snapshot in ``<base>/units/``.
+
+    Tunables: none.
+
+    **Example:**
+
+    .. code:: python
+
+        record_healthy(name="record the healthy deployment", base=base, unit=path, image=image, record=rec)
+    """
     from ..health import WARM_LATENCY
 
     warm = WARM_LATENCY.get(host.name) if state.is_executing else None

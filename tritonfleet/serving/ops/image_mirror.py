@@ -49,5 +49,23 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
 
 @operation(is_idempotent=False)
 def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, upstream: str = ""):
-    """Bring every blob of ``path@digest`` into the mirror's store (one fetch from the upstream)."""
+    """Bring every blob of ``path@digest`` into the mirror's store (one fetch from the upstream).
+
+    + url: the mirror's URL
+    + path: the repository path of the image
+    + digest: the manifest digest to fetch
+    + storage: the mirror's storage directory
+    + ca: the mirror's CA file (TLS)
+    + upstream: the upstream registry
+
+    Changes: the mirror's store (blobs fetched once from the upstream).
+
+    Tunables: none (the mirror step passes them from ``image_mirror_*``).
+
+    **Example:**
+
+    .. code:: python
+
+        fill(name="fill the mirror", url=url, path="nvidia/tritonserver", digest=digest, storage="/var/lib/registry")
+    """
     yield FunctionCommand(_fill, (url, path, digest, storage, ca, upstream, connector_arguments()), {})

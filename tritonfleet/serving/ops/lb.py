@@ -237,7 +237,20 @@ def ready_now() -> None:
 
 @operation(is_idempotent=False)
 def drain_host(why: str):
-    """Take the host out of its load balancer and wait until no request is in flight (runs on the
-    control machine when the operations execute; planned as a change: it is only added before a
-    restart that will happen)."""
+    """Take the host out of its load balancer and wait until no request is in flight (runs on the control
+    machine when the operations execute; planned as a change: it is only added before a restart that
+    will happen).
+
+    + why: why the host is drained (said in the log)
+
+    Changes: the host's weight in its load balancer (out, until the health gate puts it back).
+
+    Tunables: ``lb``, ``lb_drain_timeout``.
+
+    **Example:**
+
+    .. code:: python
+
+        drain_host(name="drain before the restart", why="image changed")
+    """
     yield drain_command(why)

@@ -41,8 +41,23 @@ class SecretStdinCommand(StringCommand):
 
 @operation(is_idempotent=False)
 def docker_login(registry: str, user: str, secret_env: str):
-    """`docker login` to ``registry`` as ``user``; the secret comes from ``$secret_env`` on the
-    control machine and reaches docker on stdin."""
+    """`docker login` to ``registry`` as ``user``; the secret comes from ``$secret_env`` on the control
+    machine and reaches docker on stdin.
+
+    + registry: the registry host
+    + user: the user name
+    + secret_env: the control machine's environment variable holding the secret
+
+    Changes: Docker's credentials on the host.
+
+    Tunables: none (the image step passes ``registry_user``, ``registry_password_env``).
+
+    **Example:**
+
+    .. code:: python
+
+        docker_login(name="log in to nvcr.io", registry="nvcr.io", user="$oauthtoken", secret_env="NGC_API_KEY")
+    """
     yield SecretStdinCommand("docker", "login", "--username", QuoteString(user), "--password-stdin",
                              QuoteString(registry), secret_env=secret_env)
 
