@@ -66,5 +66,21 @@ def docker_login(registry: str, user: str, secret_env: str):
 def secret_env_file(path: str, service: str, secret_env: str):
     """The registry secret (``$secret_env`` on the control machine, read when the command runs)
     written on the host to ``path``, the environment file of ``service``, which restarts when the
-    secret changed; the secret reaches the host on stdin only (no plan, diff, argv or log holds it)."""
+    secret changed; the secret reaches the host on stdin only (no plan, diff, argv or log holds it).
+
+    + path: the environment file on the host (``REGISTRY_PROXY_PASSWORD='...'``, 0600 root)
+    + service: the systemd unit that reads it, restarted only when the secret changed
+    + secret_env: the control machine's environment variable holding the secret
+
+    Changes: the environment file; restarts ``service`` when its content changed.
+
+    Tunables: none (the mirror step passes ``registry_password_env``).
+
+    **Example:**
+
+    .. code:: python
+
+        secret_env_file(name="the mirror's upstream secret", path="/etc/docker/registry/upstream-password.env",
+                        service="docker-registry", secret_env="NGC_API_KEY")
+    """
     yield SecretStdinCommand(secret_file_script(path, service), secret_env=secret_env)
