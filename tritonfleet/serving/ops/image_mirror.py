@@ -3,6 +3,8 @@ what the fill does and why: tritonfleet.serving.image_mirror)."""
 
 from __future__ import annotations
 
+import os
+
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, operation
 
@@ -12,7 +14,7 @@ from .. import image_mirror as mirror
 
 
 def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str | None, upstream: str,
-          arguments: dict) -> bool:
+          user: str | None, secret_env: str | None, arguments: dict) -> bool:
     step = f"Image mirror (fill with {path}@{digest[:19]})"
 
     def fail(found: str, words: list[str]) -> bool:
@@ -23,9 +25,15 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
             "again", cause=found[:200]))
         return False
 
+    if user:
+        # the mirror's client password, read now (never while pyinfra plans) and sent on stdin
+        secret = os.environ.get(secret_env or "")
+        if mirror.client_secret_problem(secret):
+            return fail(f"${secret_env} on the control machine {mirror.client_secret_problem(secret)}", [])
+        arguments = {**arguments, "_stdin": secret}
     reference, blobs = digest, []
     for _ in range(2):  # an index names the platform's manifest: one more step
-        ok, out = host.run_shell_command(mirror.manifest_command(url, path, reference, ca), print_output=False,
+        ok, out = host.run_shell_command(mirror.manifest_command(url, path, reference, ca, user), print_output=False,
                                          **arguments)
         if not ok:
             return fail(f"the mirror did not give the manifest {path}@{reference}", out.stderr_lines)
@@ -37,7 +45,7 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
             blobs = found
             break
         reference = found[0]
-    ok, out = host.run_shell_command(mirror.fill_script(url, path, blobs, storage, ca), print_output=False,
+    ok, out = host.run_shell_command(mirror.fill_script(url, path, blobs, storage, ca, user=user), print_output=False,
                                      **arguments)
     res = mirror.parse_fill(out.stdout_lines)
     if not ok or res["failed"]:
@@ -48,6 +56,10 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
 
 
 @operation(is_idempotent=False)
-def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, upstream: str = ""):
-    """Bring every blob of ``path@digest`` into the mirror's store (one fetch from the upstream)."""
-    yield FunctionCommand(_fill, (url, path, digest, storage, ca, upstream, connector_arguments()), {})
+def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, upstream: str = "",
+         user: str | None = None, secret_env: str | None = None):
+    """Bring every blob of ``path@digest`` into the mirror's store (one fetch from the upstream);
+    with ``user``, logged in to the mirror as that client, its password ``$secret_env`` on the
+    control machine (read when the fill runs, sent on stdin)."""
+    yield FunctionCommand(_fill, (url, path, digest, storage, ca, upstream, user, secret_env,
+                                  connector_arguments()), {})
