@@ -243,3 +243,52 @@ def test_an_unpinned_image_through_the_mirror_is_refused_by_preflight():
         preflight.check_image_mirror()  # pinned: passes
 
 
+
+
+def _fill_run(monkeypatch, secret: str | None):
+    """mirror_filled on the fake mirror host (its manifest and fill answered), with the client
+    password ``secret`` in the environment: (state, the commands, the stdin each was given)."""
+    import json
+
+    from tests.support.fakehost import run_fake
+    from tritonfleet.steps.mirror import mirror_filled
+
+    monkeypatch.delenv("TRITONFLEET_MIRROR_PASSWORD", raising=False)
+    if secret is not None:
+        monkeypatch.setenv("TRITONFLEET_MIRROR_PASSWORD", secret)
+    blobs = ["sha256:" + c * 64 for c in "de"]
+    manifest = json.dumps({"config": {"digest": blobs[0]}, "layers": [{"digest": blobs[1]}]})
+    stdin: list[str] = []
+    from pyinfra.connectors.fake import FakeConnector
+
+    run = FakeConnector.run_shell_command
+
+    def recording(self, command, *a, **kw):
+        stdin.append(str(kw.get("_stdin") or ""))
+        return run(self, command, *a, **kw)
+
+    monkeypatch.setattr(FakeConnector, "run_shell_command", recording)
+    data = {"image_mirror": "mirror.local:5000", "image_mirror_group": "t4",
+            "triton_image": f"nvcr.io/nvidia/tritonserver:24.08-py3@{DIGEST}"}
+    _, cmds, state = run_fake(mirror_filled, {"/manifests/": manifest,
+                                              "fill()": [f"cached {b}" for b in blobs]}, data)
+    return state, cmds, stdin
+
+
+def test_the_fill_logs_in_to_the_mirror_with_the_secret_on_stdin_only(monkeypatch, caplog, capfd):
+    """The mirror's own fill is a client too: its manifest request and its fill get the client
+    password on stdin (a header file the shell writes), in no command line or output; without
+    the password the fill fails naming the variable before it asks the mirror anything."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    state, cmds, stdin = _fill_run(monkeypatch, CLIENT_SECRET)
+    assert not state.failed_hosts
+    fills = [i for i, c in enumerate(cmds) if "/manifests/" in c or "fill()" in c]
+    assert len(fills) == 2 and all(stdin[i] == CLIENT_SECRET for i in fills)
+    assert all('-H "@$h"' in cmds[i] for i in fills)
+    out = capfd.readouterr()
+    assert CLIENT_SECRET not in "\n".join(cmds) + caplog.text + out.out + out.err
+    state, cmds, _ = _fill_run(monkeypatch, None)
+    assert state.failed_hosts and not any("/manifests/" in c for c in cmds)
+    assert "$TRITONFLEET_MIRROR_PASSWORD on the control machine is empty" in caplog.text + capfd.readouterr().err
