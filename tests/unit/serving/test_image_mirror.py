@@ -346,3 +346,30 @@ def test_the_htpasswd_file_is_bcrypt_0640_and_rewritten_only_when_the_secret_cha
                                        ("a\nb", False), ("a\r", False), ("x" * 73, False), ("é" * 37, False)])
 def test_the_client_secret_is_one_line_of_at_most_72_bytes(secret, ok):
     assert (image_mirror.client_secret_problem(secret) is None) == ok
+
+
+def test_the_htpasswd_writer_and_the_control_machine_agree_on_every_secret(tmp_path, htpasswd_env):
+    """Generated secrets (any characters, quotes, ``$``, backslashes, control characters, long
+    ones): the writer on the host refuses exactly what :func:`client_secret_problem` refuses on
+    the control machine (pre-flight), and what it takes verifies as it is."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    _, env = htpasswd_env
+    path = tmp_path / "htpasswd"
+    alphabet = st.sampled_from(list("aZ9 '\"$`\\;|&*?[]{}()#~!:=%-_é\t\r\x7f\x01"))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    # the length first (uniform up to 90 bytes' worth), then the characters: long secrets come often
+    @given(st.integers(0, 90).flatmap(lambda n: st.text(alphabet, min_size=n, max_size=n)))
+    def check(secret):
+        res = write_htpasswd(env, path, secret + "\n")
+        if image_mirror.client_secret_problem(secret):
+            assert res.returncode == 2 and res.stdout.startswith("error"), (secret, res)
+        else:
+            assert res.returncode == 0 and res.stdout.strip() in ("secret changed", "secret same"), (secret, res)
+            ok = subprocess.run(["htpasswd", "-v", "-i", str(path), "tritonfleet"], input=secret + "\n", env=env,
+                                text=True, capture_output=True)
+            assert ok.returncode == 0, (secret, ok)
+
+    check()
