@@ -373,3 +373,14 @@ def test_the_htpasswd_writer_and_the_control_machine_agree_on_every_secret(tmp_p
             assert ok.returncode == 0, (secret, ok)
 
     check()
+
+
+@pytest.mark.parametrize("user,refused", [("tritonfleet", False), ("fleet.pull-2@site", False), ("a:b", True),
+                                          ("two words", True), ("", True), (None, True), ("x\n", True),
+                                          ("x" * 65, True)])
+def test_the_settings_check_refuses_a_client_name_htpasswd_cannot_hold(user, refused):
+    from tritonfleet.gpu.rules import GPU_CLASSES
+    from tritonfleet.settings import check
+
+    found = check.problems("m1", {"mirror_client_user": user}, lambda k: "here", GPU_CLASSES)
+    assert bool(found) == refused, found
