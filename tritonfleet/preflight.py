@@ -60,7 +60,8 @@ from .model_repo.render import RepositoryError, current_host_repository
 from .pyinfra_ext import install as pyinfra_patches
 from .pyinfra_ext import memo
 from .serving.facts import DockerImageId
-from .serving.images import login_registry, needs_login, pulls
+from .serving.image_mirror import client_secret_problem
+from .serving.images import login_registry, needs_login, needs_mirror_login, pulls
 from .settings import access as config
 from .settings import check as settings_check
 
@@ -298,6 +299,16 @@ def check_registry_secret(images: list[str]) -> None:
                 f"{config.get('registry_user')!r}, but ${env} is empty on the control machine: export "
                 f"the registry secret in ${env} before running pyinfra (it is read only from the "
                 f"environment; registry_user and registry_password_env are set in {GROUP_DATA}/)")
+    env = config.get("mirror_client_password_env")
+    for image in pulls([i for i in images if needs_mirror_login(i)]):
+        why = client_secret_problem(os.environ.get(env))
+        if why:
+            raise PreflightError(
+                f"{host.name}: {image} is pulled through the image mirror {config.get('image_mirror')}, which asks "
+                f"its clients to log in as mirror_client_user {config.get('mirror_client_user')!r} "
+                f"(image_mirror_auth), but ${env} on the control machine {why}: export the mirror's client "
+                f"password there (the one the mirror's deploy hashed; or set image_mirror_auth = False in "
+                f"{GROUP_DATA}/all.py for an open mirror)")
 
 
 def check_model_origin() -> None:

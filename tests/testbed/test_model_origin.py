@@ -40,16 +40,20 @@ from tritonfleet_testbed.origin_servers import Nginx, RcloneS3, Registry, free_p
 @pytest.fixture(scope="module")
 def fleet(deployed, tmp_path_factory):
     """The servers on the bridge, the mirror set up on the last test host, an inventory that names
-    them (the other two hosts in their GPU groups, the last one in image_mirror only); afterwards
-    the rolled hosts on the session's deployment and the mirror removed."""
+    them (the other two hosts in their GPU groups, the last one in image_mirror only), which asks
+    its clients to log in (image_mirror_auth, the default: the client password exported here for
+    the module's runs); afterwards the rolled hosts on the session's deployment, logged out of the
+    mirror, and the mirror removed."""
     testbed, _, _ = deployed
     work = tmp_path_factory.mktemp("origin")
     gw = hosts.GATEWAY
     mirror_host = testbed.hosts[-1]
     rolled = [next(h for h in testbed.hosts[:-1] if h.gpu_class == c) for c in ("t4", "l4")]
     before = {h.name: (live_release(h), image_of(h)) for h in testbed.hosts}
-    with Nginx(work / "nginx", gw) as web, RcloneS3(work / "rclone", gw) as s3, \
+    with pytest.MonkeyPatch.context() as env, Nginx(work / "nginx", gw) as web, RcloneS3(work / "rclone", gw) as s3, \
             Registry(work / "upstream", gw) as upstream:
+        # the mirror's client password, for the mirror's deploy (its htpasswd file) and the hosts' login
+        env.setenv("TRITONFLEET_MIRROR_PASSWORD", f"mirror-client-{random.randrange(1 << 30)}")
         digest = upstream.push(Path(testbed.images["triton"]), "nvidia/tritonserver:24.08-py3")
         tls = tls_files(work / "tls", mirror_host.address)
         mirror = f"{mirror_host.address}:{free_port()}"
@@ -63,6 +67,10 @@ def fleet(deployed, tmp_path_factory):
         start = upstream.mark()  # the mirror's fill and every pull through it, from here on
         res, _ = pyinfra("deploys/mirror.py", inventory=inventory, timeout=900)
         assert res.returncode == 0, res.stderr[-5000:]
+        # whoever merely reaches the mirror is refused (security-review-2 finding 8)
+        code = ssh(rolled[0], f"curl -s -o /dev/null -w '%{{http_code}}' --cacert /etc/docker/certs.d/{mirror}/ca.crt "
+                              f"https://{mirror}/v2/nvidia/tritonserver/manifests/{digest}").strip()
+        assert code == "401", code
         try:
             yield {"testbed": testbed, "rolled": rolled, "web": web, "s3": s3, "upstream": upstream,
                    "digest": digest, "mirror": mirror, "mirror_host": mirror_host, "inventory": inventory,
@@ -75,11 +83,11 @@ def fleet(deployed, tmp_path_factory):
                 res, _ = pyinfra("deploys/models.py", "--limit", ",".join(h.name for h in rolled))
                 assert res.returncode == 0, res.stderr[-4000:]
             ssh(mirror_host, "systemctl stop docker-registry; DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "
-                             "docker-registry >/dev/null; rm -rf /var/lib/docker-registry /etc/docker/registry "
+                             "docker-registry apache2-utils >/dev/null; rm -rf /var/lib/docker-registry /etc/docker/registry "
                              "/etc/systemd/system/docker-registry.service.d; systemctl daemon-reload", check=False)
             for h in rolled:
-                ssh(h, f"rm -rf /etc/docker/certs.d/{mirror}; docker rmi -f {mirror}/nvidia/tritonserver@{digest} "
-                       ">/dev/null 2>&1", check=False)
+                ssh(h, f"docker logout {mirror} >/dev/null 2>&1; rm -rf /etc/docker/certs.d/{mirror}; "
+                       f"docker rmi -f {mirror}/nvidia/tritonserver@{digest} >/dev/null 2>&1", check=False)
             for h in testbed.hosts:
                 assert (live_release(h), image_of(h)) == before[h.name], h.name
 

@@ -60,6 +60,13 @@ def needs_login(image: str) -> bool:
             and registry_of(image) != config.get("image_mirror"))
 
 
+def needs_mirror_login(image: str) -> bool:
+    """Pulling ``image`` goes through the image mirror, which asks its clients to log in
+    (``image_mirror_auth``): the host logs in as ``mirror_client_user`` first."""
+    return (bool(config.get("image_mirror")) and bool(config.get("image_mirror_auth"))
+            and registry_of(image) == config.get("image_mirror"))
+
+
 def pulls(images: list[str]) -> list[str]:
     """Those of ``images`` this host will pull (no archive configured, not present yet)."""
     archives = config.get("image_archives") or {}

@@ -48,6 +48,7 @@ from .rules import (
     http_url,
     is_int,
     listen_address,
+    login_name,
     mapping,
     name_list,
     named_address,
@@ -155,6 +156,9 @@ RULES: dict[str, Rule] = {
     "image_mirror_tls_key": text(none=True, empty=False),
     "image_mirror_ca": text(none=True, empty=False),
     "image_mirror_storage": text(empty=False),
+    "image_mirror_auth": flag(),
+    "mirror_client_user": login_name(),
+    "mirror_client_password_env": text(empty=False),
     # Triton service
     "triton_service": text(empty=False),
     "triton_container_name": text(empty=False),

@@ -247,6 +247,17 @@ image_mirror_tls_key = None
 image_mirror_ca = None
 # Where the mirror keeps what it fetched (on the mirror host).
 image_mirror_storage = "/var/lib/docker-registry"
+# The mirror asks every client for its own credential (Distribution's htpasswd auth): the hosts
+# `docker login` to it as mirror_client_user before they pull through it, so whoever merely reaches
+# the mirror cannot pull through its upstream login. False: an open mirror (reach restricted by
+# the network alone; docs/model-origin.md).
+image_mirror_auth = True
+# The mirror's client login name (a mirror-only credential, not the upstream's registry_user).
+mirror_client_user = "tritonfleet"
+# Environment variable on the control machine holding the mirror's client password (read when
+# the commands run, sent on stdin: hashed on the mirror host, `docker login --password-stdin` on
+# the hosts). At most 72 bytes, one line.
+mirror_client_password_env = "TRITONFLEET_MIRROR_PASSWORD"
 
 # --- Triton service -----------------------------------------------------------------------
 # systemd unit name (triton.service).

@@ -287,6 +287,18 @@ def named_address() -> Rule:
     return Rule(what, test)
 
 
+def login_name() -> Rule:
+    """A registry login name as htpasswd files and Basic credentials hold it: a word of letters,
+    digits and ``._@-`` (no ':', which ends the name, no white space)."""
+    what = "a login name (letters, digits, '.', '_', '@', '-')"
+
+    def test(v):
+        if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9._@-]{1,64}", v):
+            return f"must be {what}"
+        return None
+    return Rule(what, test)
+
+
 def url(*schemes: str, none: bool = False) -> Rule:
     """A URL of one of ``schemes`` with a server part, and no white space, quote or backslash
     (the host-side fetch writes URLs into curl's config file in double quotes: see

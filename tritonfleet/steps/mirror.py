@@ -3,7 +3,9 @@ tritonfleet.serving.image_mirror and docs/model-origin.md).
 
 * ``image_mirror()``: on the hosts of the ``image_mirror_group`` inventory group, Debian's packaged
   registry (``docker-registry``) in proxy mode for ``image_mirror_upstream``, with TLS when given,
-  restarted only when its configuration changed.
+  restarted only when its configuration changed; with ``image_mirror_auth``, every client logs in
+  with the mirror-only credential (``mirror_client_user``, ``$mirror_client_password_env``), whose
+  bcrypt hash is written on the mirror host from stdin (``htpasswd -B -i``, apache2-utils).
 * ``mirror_trust()``: on every other host, Docker trusts the mirror's CA
   (``/etc/docker/certs.d/<image_mirror>/ca.crt``, read on each pull: no daemon restart).
 * ``mirror_filled()``: on the mirror's hosts, every blob of the fleet's pinned Triton image is
@@ -25,7 +27,7 @@ from ..pyinfra_ext import install as pyinfra_patches
 from ..pyinfra_ext.check import will_change
 from ..serving import image_mirror as mirror
 from ..serving.ops.image_mirror import fill
-from ..serving.ops.registry import secret_env_file
+from ..serving.ops.registry import mirror_htpasswd, secret_env_file
 from ..settings import access as config
 from ..settings import mirrored
 
@@ -38,6 +40,9 @@ DROP_IN = "/etc/systemd/system/docker-registry.service.d/tritonfleet.conf"
 # before the service drops to its user); written at run time from the control machine's
 # $registry_password_env on stdin, never part of config.yml or of pyinfra's plan
 SECRET = "/etc/docker/registry/upstream-password.env"
+# the mirror's clients (mirror_client_user and the bcrypt hash of $mirror_client_password_env),
+# 0640 root:docker-registry; written at run time from stdin, never part of pyinfra's plan
+HTPASSWD = "/etc/docker/registry/htpasswd"
 # Distribution 2.8 exits when the upstream does not answer at its start (it pings it): systemd
 # starts it again until it does (Debian's unit has no Restart=)
 DROP_IN_TEXT = f"[Service]\nRestart=on-failure\nRestartSec=5\nEnvironmentFile=-{SECRET}\n"
@@ -50,6 +55,24 @@ def runs_mirror() -> bool:
 def mirror_url() -> str:
     tls = config.get("image_mirror_tls_cert") and config.get("image_mirror_tls_key")
     return f"{'https' if tls else 'http'}://{config.get('image_mirror')}"
+
+
+def client_auth() -> bool:
+    """The mirror asks its clients to log in (``image_mirror_auth``)."""
+    return bool(config.get("image_mirror_auth"))
+
+
+def client_secret_problem() -> str | None:
+    """Why ``$mirror_client_password_env`` on the control machine cannot be the mirror's client
+    password, with the fix (None: it can, or the mirror is open). The value is never named."""
+    env = config.get("mirror_client_password_env")
+    why = client_auth() and mirror.client_secret_problem(os.environ.get(env))
+    if not why:
+        return None
+    return (f"the image mirror asks its clients to log in as mirror_client_user {config.get('mirror_client_user')!r} "
+            f"(image_mirror_auth), but ${env} on the control machine {why}: export the mirror's client password "
+            f"there (one line, at most {mirror.SECRET_MAX} bytes; or set image_mirror_auth = False in "
+            "inventories/group_data/all.py for an open mirror)")
 
 
 def _local_file(name: str) -> str | None:
@@ -93,7 +116,15 @@ def image_mirror():
         raise config.ConfigError(f"{host.name}: the mirror logs in to {config.get('image_mirror_upstream')} as "
                                  f"registry_user {user!r}, but ${config.get('registry_password_env')} is empty on "
                                  "the control machine: export the registry secret there")
-    pkgs = converged.packages(name="Debian's registry (docker-registry) and curl", packages=["docker-registry", "curl"])
+    problem = client_secret_problem()
+    if problem:
+        raise config.ConfigError(f"{host.name}: {problem}")
+    if client_auth():
+        pkgs = converged.packages(name="Debian's registry (docker-registry), curl and htpasswd (apache2-utils)",
+                                  packages=["docker-registry", "curl", "apache2-utils"])
+    else:
+        pkgs = converged.packages(name="Debian's registry (docker-registry) and curl",
+                                  packages=["docker-registry", "curl"])
     try:
         addr = mirror.listen_address(config.get("image_mirror"), config.get("image_mirror_listen"),
                                      int(config.get("image_mirror_port")))
@@ -101,7 +132,8 @@ def image_mirror():
         raise config.ConfigError(f"{host.name}: {e} (inventories/group_data/all.py)") from e
     text = mirror.registry_config(addr, config.get("image_mirror_storage"),
                                   config.get("image_mirror_upstream"), user,
-                                  CERT if cert and key else None, KEY if cert and key else None)
+                                  CERT if cert and key else None, KEY if cert and key else None,
+                                  HTPASSWD if client_auth() else None)
     changed = [converged.put(name=f"registry configuration {CONFIG} (proxy of {config.get('image_mirror_upstream')})",
                              src=StringIO(text), dest=CONFIG, user="root", group="docker-registry", mode="640")]
     if cert and key:
@@ -119,6 +151,14 @@ def image_mirror():
                         path=SECRET, service="docker-registry", secret_env=config.get("registry_password_env"))
     else:
         files.file(name=f"no upstream password ({SECRET})", path=SECRET, present=False)
+    if client_auth():
+        mirror_htpasswd(name=f"mirror client {config.get('mirror_client_user')} in {HTPASSWD} (bcrypt of "
+                             f"${config.get('mirror_client_password_env')}, on stdin)",
+                        path=HTPASSWD, user=config.get("mirror_client_user"), service="docker-registry",
+                        secret_env=config.get("mirror_client_password_env"))
+    else:
+        files.file(name=f"no mirror client logins ({HTPASSWD}; image_mirror_auth is off)", path=HTPASSWD,
+                   present=False)
     if will_change(pkgs, drop_in, *changed):
         systemd.service(name="restart docker-registry (configuration changed)", service="docker-registry",
                         restarted=True)
@@ -179,6 +219,8 @@ def mirror_filled():
                              f"{config.get('image_mirror_upstream')})",
                         url=mirror_url(), path=path, digest=digest, storage=config.get("image_mirror_storage"),
                         ca=CA if config.get("image_mirror_ca") else None,
-                        upstream=config.get("image_mirror_upstream")))
+                        upstream=config.get("image_mirror_upstream"),
+                        user=config.get("mirror_client_user") if client_auth() else None,
+                        secret_env=config.get("mirror_client_password_env")))
     return out
 

@@ -28,7 +28,7 @@ from ..serving import apikey
 from ..serving import per_gpu as pergpu
 from ..serving.facts import DeployHistory, DockerImageId, PerGpuUnits, TritonContainer
 from ..serving.health import HealthError, gate_current_host
-from ..serving.images import login_registry, needs_login
+from ..serving.images import login_registry, needs_login, needs_mirror_login
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.ops import lb
 from ..serving.ops.history import append_record
@@ -73,6 +73,12 @@ def ensure_image(image: str) -> list:
                                      f"(secret from ${config.get('registry_password_env')}, on stdin)",
                                 registry=login_registry(), user=config.get("registry_user"),
                                 secret_env=config.get("registry_password_env")))
+    if needs_mirror_login(image):
+        ops.append(docker_login(name=f"docker login {config.get('image_mirror')} (the image mirror) as "
+                                     f"{config.get('mirror_client_user')} (secret from "
+                                     f"${config.get('mirror_client_password_env')}, on stdin)",
+                                registry=config.get("image_mirror"), user=config.get("mirror_client_user"),
+                                secret_env=config.get("mirror_client_password_env")))
     ops.append(docker_pull(name=f"docker pull {image}", image=image))
     return ops
 

@@ -226,3 +226,161 @@ def test_the_settings_check_refuses_every_address_for_the_mirror(listen, refused
 
     found = check.problems("m1", {"image_mirror_listen": listen}, lambda k: "here", GPU_CLASSES)
     assert bool(found) == refused, found
+
+
+# --------------------------------------------------------------------------- client authentication
+
+CLIENT_SECRET = "mirror-cl1ent \"q'uo`$(id)`\\te"
+
+
+@pytest.fixture(scope="module")
+def htpasswd_env(tmp_path_factory):
+    """PATH and LD_LIBRARY_PATH with Debian's htpasswd (apache2-utils and its libraries, unpacked
+    here as the mirror host installs them) and a systemctl that records what it was asked."""
+    from tritonfleet_testbed.standin_repo import debian_package
+
+    root = tmp_path_factory.mktemp("htpasswd")
+    for name in ("apache2-utils", "libapr1", "libaprutil1"):
+        subprocess.run(["dpkg-deb", "-x", str(debian_package(name)), str(root)], check=True)
+    (root / "bin").mkdir()
+    (root / "bin" / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {root}/restarts\n")
+    (root / "bin" / "systemctl").chmod(0o755)
+    libs = [str(p) for p in root.glob("usr/lib/*-linux-gnu")]
+    return root, {**os.environ, "PATH": f"{root}/bin:{root}/usr/bin:{os.environ['PATH']}",
+                  "LD_LIBRARY_PATH": ":".join(libs)}
+
+
+def write_htpasswd(env, path: Path, secret: str, user: str = "tritonfleet"):
+    # group root here: the mirror host's is docker-registry, the user the registry runs as
+    return subprocess.run(["sh", "-c", image_mirror.htpasswd_script(str(path), user, "docker-registry", "root")],
+                          input=secret, capture_output=True, text=True, env=env, timeout=60)
+
+
+def status(url: str, *curl: str, stdin: str | None = None) -> str:
+    return subprocess.run(["sh", "-c", "curl -s -o /dev/null -w '%{http_code}' \"$@\"", "curl", *curl, url],
+                          input=stdin, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_the_mirror_refuses_a_client_without_its_login_and_fills_with_it(tmp_path, htpasswd_env):
+    """security-review-2 finding 8: whoever reached the mirror pulled through its upstream login.
+    Debian's registry (2.8) with the configuration tritonfleet writes and the htpasswd file its
+    script writes: /v2/ and a manifest asked without credentials, or with a wrong password, are
+    refused 401; the manifest and the fill with the client's password on stdin succeed."""
+    _, env = htpasswd_env
+    archive = small_image(tmp_path, 2)
+    with Registry(tmp_path / "up") as up:
+        digest = up.push(archive, "nvidia/tritonserver:24.08-py3")
+        from tritonfleet_testbed.origin_servers import free_port
+
+        port = free_port("127.0.0.1")
+        htpasswd = tmp_path / "mirror" / "htpasswd"
+        res = write_htpasswd(env, htpasswd, CLIENT_SECRET + "\n")
+        assert res.stdout.strip() == "secret changed", res
+        config = image_mirror.registry_config(f"127.0.0.1:{port}", str(tmp_path / "mirror" / "data"),
+                                              f"http://{up.host}", htpasswd=str(htpasswd))
+        assert CLIENT_SECRET not in config and CLIENT_SECRET not in htpasswd.read_text()
+        with Registry(tmp_path / "mirror", port=port, config=config) as mirror:
+            url = f"http://{mirror.host}"
+            manifest = f"{url}/v2/nvidia/tritonserver/manifests/{digest}"
+            assert status(f"{url}/v2/") == "401"
+            assert status(manifest) == "401"
+            assert status(manifest, "-u", "tritonfleet:wrong") == "401"
+            assert status(manifest, "-u", "other:" + CLIENT_SECRET) == "401"
+            assert up.blob_bytes() == 0
+            # the manifest and the fill as the mirror's client, the password on stdin
+            got = subprocess.run(["sh", "-c", image_mirror.manifest_command(url, "nvidia/tritonserver", digest,
+                                                                            user="tritonfleet")],
+                                 input=CLIENT_SECRET + "\n", capture_output=True, text=True, timeout=120)
+            assert got.returncode == 0, got.stderr
+            _, blobs = image_mirror.parse_manifest(got.stdout)
+            res = subprocess.run(["sh", "-c", image_mirror.fill_script(url, "nvidia/tritonserver", blobs,
+                                                                       str(mirror.storage), user="tritonfleet")],
+                                 input=CLIENT_SECRET + "\n", capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stdout + res.stderr
+            assert sorted(image_mirror.parse_fill(res.stdout.splitlines())["filled"]) == sorted(blobs)
+            # without the password the fill gets nothing through (a blob it lacks is asked for in vain)
+            nothing = subprocess.run(["sh", "-c", image_mirror.fill_script(url, "nvidia/tritonserver", blobs,
+                                                                           str(mirror.storage), user="tritonfleet")],
+                                     input="", capture_output=True, text=True, timeout=60)
+            assert nothing.returncode == 2 and "no mirror client secret" in nothing.stderr
+
+
+def test_the_htpasswd_file_is_bcrypt_0640_and_rewritten_only_when_the_secret_changes(tmp_path, htpasswd_env):
+    """The htpasswd writer run by sh with the secret on stdin: a bcrypt hash the secret verifies,
+    0640, ``secret same`` (no restart) the second time, rewritten for a new secret or user; a
+    secret with quotes, ``$(...)``, backquotes and backslashes is hashed as it is; an empty one, a
+    line break, a control character or more than bcrypt's 72 bytes are refused (exit 2) and the
+    file is left as it was."""
+    import stat
+
+    root, env = htpasswd_env
+    restarts = root / "restarts"
+    restarts.unlink(missing_ok=True)
+    path = tmp_path / "etc" / "htpasswd"
+
+    def verifies(secret: str, user: str = "tritonfleet") -> bool:
+        return subprocess.run(["htpasswd", "-v", "-i", str(path), user], input=secret + "\n", env=env, text=True,
+                              capture_output=True).returncode == 0
+
+    for secret, user, said in ((CLIENT_SECRET, "tritonfleet", "secret changed"),
+                               (CLIENT_SECRET, "tritonfleet", "secret same"),
+                               ("second", "tritonfleet", "secret changed"),
+                               ("second", "fleet2", "secret changed")):
+        res = write_htpasswd(env, path, secret + "\n", user)
+        assert res.stdout.strip() == said and res.returncode == 0, res
+        assert verifies(secret, user) and not verifies(secret + "x", user)
+        line = path.read_text()
+        assert line.startswith(f"{user}:$2y$") and line.count("\n") == 1 and secret not in line
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.stat().st_uid == 0
+    assert restarts.read_text().splitlines() == ["try-restart docker-registry"] * 3
+    before = path.read_text()
+    for bad in ("", "first\nsecond", "tab\there", "cr\r", "x" * 73, "é" * 37):
+        res = write_htpasswd(env, path, bad + "\n", "fleet2")
+        assert res.returncode == 2 and res.stdout.startswith("error"), (bad, res)
+        assert path.read_text() == before
+    assert write_htpasswd(env, path, "x" * 72, "fleet2").stdout.strip() == "secret changed"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["htpasswd"]
+
+
+@pytest.mark.parametrize("secret,ok", [(CLIENT_SECRET, True), ("x" * 72, True), ("", False), (None, False),
+                                       ("a\nb", False), ("a\r", False), ("x" * 73, False), ("é" * 37, False)])
+def test_the_client_secret_is_one_line_of_at_most_72_bytes(secret, ok):
+    assert (image_mirror.client_secret_problem(secret) is None) == ok
+
+
+def test_the_htpasswd_writer_and_the_control_machine_agree_on_every_secret(tmp_path, htpasswd_env):
+    """Generated secrets (any characters, quotes, ``$``, backslashes, control characters, long
+    ones): the writer on the host refuses exactly what :func:`client_secret_problem` refuses on
+    the control machine (pre-flight), and what it takes verifies as it is."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    _, env = htpasswd_env
+    path = tmp_path / "htpasswd"
+    alphabet = st.sampled_from(list("aZ9 '\"$`\\;|&*?[]{}()#~!:=%-_é\t\r\x7f\x01"))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    # the length first (uniform up to 90 bytes' worth), then the characters: long secrets come often
+    @given(st.integers(0, 90).flatmap(lambda n: st.text(alphabet, min_size=n, max_size=n)))
+    def check(secret):
+        res = write_htpasswd(env, path, secret + "\n")
+        if image_mirror.client_secret_problem(secret):
+            assert res.returncode == 2 and res.stdout.startswith("error"), (secret, res)
+        else:
+            assert res.returncode == 0 and res.stdout.strip() in ("secret changed", "secret same"), (secret, res)
+            ok = subprocess.run(["htpasswd", "-v", "-i", str(path), "tritonfleet"], input=secret + "\n", env=env,
+                                text=True, capture_output=True)
+            assert ok.returncode == 0, (secret, ok)
+
+    check()
+
+
+@pytest.mark.parametrize("user,refused", [("tritonfleet", False), ("fleet.pull-2@site", False), ("a:b", True),
+                                          ("two words", True), ("", True), (None, True), ("x\n", True),
+                                          ("x" * 65, True)])
+def test_the_settings_check_refuses_a_client_name_htpasswd_cannot_hold(user, refused):
+    from tritonfleet.gpu.rules import GPU_CLASSES
+    from tritonfleet.settings import check
+
+    found = check.problems("m1", {"mirror_client_user": user}, lambda k: "here", GPU_CLASSES)
+    assert bool(found) == refused, found

@@ -3,6 +3,8 @@ what the fill does and why: tritonfleet.serving.image_mirror)."""
 
 from __future__ import annotations
 
+import os
+
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, operation
 
@@ -12,7 +14,7 @@ from .. import image_mirror as mirror
 
 
 def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str | None, upstream: str,
-          arguments: dict) -> bool:
+          user: str | None, secret_env: str | None, arguments: dict) -> bool:
     step = f"Image mirror (fill with {path}@{digest[:19]})"
 
     def fail(found: str, words: list[str]) -> bool:
@@ -23,9 +25,15 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
             "again", cause=found[:200]))
         return False
 
+    if user:
+        # the mirror's client password, read now (never while pyinfra plans) and sent on stdin
+        secret = os.environ.get(secret_env or "")
+        if mirror.client_secret_problem(secret):
+            return fail(f"${secret_env} on the control machine {mirror.client_secret_problem(secret)}", [])
+        arguments = {**arguments, "_stdin": secret}
     reference, blobs = digest, []
     for _ in range(2):  # an index names the platform's manifest: one more step
-        ok, out = host.run_shell_command(mirror.manifest_command(url, path, reference, ca), print_output=False,
+        ok, out = host.run_shell_command(mirror.manifest_command(url, path, reference, ca, user), print_output=False,
                                          **arguments)
         if not ok:
             return fail(f"the mirror did not give the manifest {path}@{reference}", out.stderr_lines)
@@ -37,7 +45,7 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
             blobs = found
             break
         reference = found[0]
-    ok, out = host.run_shell_command(mirror.fill_script(url, path, blobs, storage, ca), print_output=False,
+    ok, out = host.run_shell_command(mirror.fill_script(url, path, blobs, storage, ca, user=user), print_output=False,
                                      **arguments)
     res = mirror.parse_fill(out.stdout_lines)
     if not ok or res["failed"]:
@@ -48,8 +56,10 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
 
 
 @operation(is_idempotent=False)
-def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, upstream: str = ""):
-    """Bring every blob of ``path@digest`` into the mirror's store (one fetch from the upstream).
+def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, upstream: str = "",
+         user: str | None = None, secret_env: str | None = None):
+    """Bring every blob of ``path@digest`` into the mirror's store (one fetch from the upstream);
+    with ``user``, logged in to the mirror as that client.
 
     + url: the mirror's URL
     + path: the repository path of the image
@@ -57,15 +67,20 @@ def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, 
     + storage: the mirror's storage directory
     + ca: the mirror's CA file (TLS)
     + upstream: the upstream registry
+    + user: the mirror's client login (``mirror_client_user``); None: the mirror has no client login
+    + secret_env: the control machine's variable holding that login's password, read when the fill
+      runs and sent on stdin
 
     Changes: the mirror's store (blobs fetched once from the upstream).
 
-    Tunables: none (the mirror step passes them from ``image_mirror_*``).
+    Tunables: none (the mirror step passes them from ``image_mirror_*``, ``mirror_client_*``).
 
     **Example:**
 
     .. code:: python
 
-        fill(name="fill the mirror", url=url, path="nvidia/tritonserver", digest=digest, storage="/var/lib/registry")
+        fill(name="fill the mirror", url=url, path="nvidia/tritonserver", digest=digest, storage="/var/lib/registry",
+             user="tritonfleet", secret_env="TRITONFLEET_MIRROR_PASSWORD")
     """
-    yield FunctionCommand(_fill, (url, path, digest, storage, ca, upstream, connector_arguments()), {})
+    yield FunctionCommand(_fill, (url, path, digest, storage, ca, upstream, user, secret_env,
+                                  connector_arguments()), {})

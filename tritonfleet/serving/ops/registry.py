@@ -13,7 +13,7 @@ import os
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from ...core.errors import TritonfleetError
-from ..image_mirror import secret_file_script
+from ..image_mirror import htpasswd_script, secret_file_script
 
 
 class MissingSecret(TritonfleetError, RuntimeError):
@@ -84,3 +84,11 @@ def secret_env_file(path: str, service: str, secret_env: str):
                         service="docker-registry", secret_env="NGC_API_KEY")
     """
     yield SecretStdinCommand(secret_file_script(path, service), secret_env=secret_env)
+
+
+@operation(is_idempotent=False)
+def mirror_htpasswd(path: str, user: str, service: str, secret_env: str):
+    """The image mirror's htpasswd file at ``path``: ``user`` with the bcrypt hash of
+    ``$secret_env`` (control machine, read when the command runs), hashed on the host from stdin;
+    ``service`` restarts when it changed (tritonfleet.serving.image_mirror.htpasswd_script)."""
+    yield SecretStdinCommand(htpasswd_script(path, user, service), secret_env=secret_env)
