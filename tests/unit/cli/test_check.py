@@ -159,7 +159,7 @@ def test_an_origin_that_refuses_uploads_fails(tmp_path):
         srv.shutdown()
         srv.server_close()
     [bad] = failed(res, "model origin")
-    assert "uploads are refused" in bad["what"] and "dav_methods PUT" in bad["fix"]
+    assert "HTTP 501" in bad["what"] and "does not accept PUT" in bad["what"] and "dav_methods PUT" in bad["fix"]
 
 
 # ---- the image mirror -------------------------------------------------------------------------

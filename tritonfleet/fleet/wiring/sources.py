@@ -11,7 +11,6 @@ from ...model_repo import origin as origins
 from ...settings.mirrored import unpinned_images
 from ..inventory import FleetHost
 from .rows import (
-    EMPTY_SHA,
     FAIL,
     GROUP_DATA,
     OK,
@@ -70,12 +69,7 @@ def _origin_rows(o: origins.Origin, hosts: list[FleetHost], timeout: float) -> l
             rows.append(Row(WARN, "model origin", f"{where}: the hosts sign their own requests with the credentials "
                             f"in {o.credentials_file}: not checked here (no SSH){names}",
                             "make sure every host has that file (a fetch names a missing one)"))
-    try:
-        st.check()
-    except origins.OriginError as e:
-        return [*rows, Row(FAIL, "model origin", f"{e}{names}", "make the model origin reachable from this machine "
-                           "and the hosts (or set model_origin = None to push releases over SSH)")]
-    if o.kind == "http":
+    if o.kind == "http":  # a typo in the path first: the upload probe would only say PUT is refused there
         status, body = http_get(f"{o.base}/", timeout, method="HEAD")
         if status in (404, 410) or (status or 0) >= 500:
             return [*rows, Row(FAIL, "model origin", f"{where}: HEAD {o.base}/ answers HTTP {status}: "
@@ -83,14 +77,11 @@ def _origin_rows(o: origins.Origin, hosts: list[FleetHost], timeout: float) -> l
                                "correct model_origin's path (the directory that holds objects/ and releases/), "
                                "or the server's configuration for it")]
     try:
-        if o.kind == "http":
-            st._put(st._object(st.upload, EMPTY_SHA), b"")
-        else:
-            st.put_bytes(o.object_key(EMPTY_SHA), b"")
+        st.check()  # reads, and takes uploads: the empty object PUT and read back (pre-flight's own check)
     except origins.OriginError as e:
-        return [*rows, Row(FAIL, "model origin", f"{where}: uploads are refused: {e}",
-                           "let this machine write objects/ and releases/ (nginx: dav_methods PUT; "
-                           "create_full_put_path on; S3: s3:PutObject on the prefix)")]
+        return [*rows, Row(FAIL, "model origin", f"{e}{names}",
+                           "as the message says; let this machine write objects/ and releases/ and the hosts read "
+                           "them (nginx: dav_methods PUT; create_full_put_path on; S3: s3:PutObject on the prefix)")]
     rows.append(Row(OK, "model origin", f"{where}: answers, and takes uploads{names}"))
     return rows + _published_rows(o, st, hosts, timeout)
 

@@ -90,5 +90,22 @@ def secret_env_file(path: str, service: str, secret_env: str):
 def mirror_htpasswd(path: str, user: str, service: str, secret_env: str):
     """The image mirror's htpasswd file at ``path``: ``user`` with the bcrypt hash of
     ``$secret_env`` (control machine, read when the command runs), hashed on the host from stdin;
-    ``service`` restarts when it changed (tritonfleet.serving.image_mirror.htpasswd_script)."""
+    ``service`` restarts when it changed (tritonfleet.serving.image_mirror.htpasswd_script).
+
+    + path: the htpasswd file the registry's ``auth: htpasswd`` reads (0640 root:docker-registry)
+    + user: the mirror's client login (``mirror_client_user``)
+    + service: the registry's systemd unit, restarted only when the file changed
+    + secret_env: the control machine's environment variable holding the client password
+
+    Changes: the htpasswd file; restarts ``service`` when it changed.
+
+    Tunables: none (the mirror step passes ``mirror_client_user``, ``mirror_client_password_env``).
+
+    **Example:**
+
+    .. code:: python
+
+        mirror_htpasswd(name="the mirror's client login", path="/etc/docker/registry/htpasswd",
+                        user="tritonfleet", service="docker-registry", secret_env="TRITONFLEET_MIRROR_PASSWORD")
+    """
     yield SecretStdinCommand(htpasswd_script(path, user, service), secret_env=secret_env)
