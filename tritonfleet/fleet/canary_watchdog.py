@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..core.procs import alive
+
 POLL_SECONDS = 0.5
 
 
@@ -92,20 +94,6 @@ def start(directory: Path, sockets: list[str], backend: str, original: dict[str,
     return Watchdog(spec, proc, heartbeat, ttl)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (the rollout died, its parent has not reaped it yet) is gone too
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def watch(spec: dict, say=print, clock=time.time, sleep=time.sleep) -> str:
     """Wait until the heartbeat is removed (the rollout finished: "stopped"), or the rollout is
     gone or silent for the TTL: then restore the weights ("restored" / "restore failed")."""
@@ -119,7 +107,7 @@ def watch(spec: dict, say=print, clock=time.time, sleep=time.sleep) -> str:
             age = clock() - beat.stat().st_mtime
         except FileNotFoundError:
             return "stopped"
-        if not _alive(pid):
+        if not alive(pid):
             why = f"the rollout (pid {pid}) is gone"
             break
         if age > ttl:
