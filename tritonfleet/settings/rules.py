@@ -114,6 +114,10 @@ def text(none: bool = False, empty: bool = True, digits_ok: bool = False, padded
             return None
         if digits_ok and is_int(v) and v >= 0:
             return None
+        if isinstance(v, (bool, int, float)):  # pyinfra's --data turns true, false and numbers into values
+            bare = str(v).lower() if isinstance(v, bool) else str(v)
+            kind = "a boolean" if isinstance(v, bool) else "a number"
+            return f"must be {what} (a bare {bare} is read as {kind}: quote it, in --data as NAME='\"{bare}\"')"
         if not isinstance(v, str):
             return f"must be {what}"
         if not empty and not v.strip():

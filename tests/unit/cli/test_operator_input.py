@@ -337,3 +337,13 @@ def test_readmes_cli_table_names_every_command():
             names.append(name)
     missing = [n for n in names if f"| `tritonfleet {n}" not in table]
     assert not missing, f"README's CLI table lacks: {missing}"
+
+
+def test_a_bare_true_in_data_gets_the_quoting_hint_and_the_quoted_one_passes(project):
+    """newcomer-2 #50: `--data lb_ready_command=true` is a boolean after pyinfra's --data parsing;
+    the refusal says how to write the string."""
+    res = invoke("status", "inventories/prod.py", "--data", "lb_ready_command=true")
+    assert_usage_error(res, "lb_ready_command = True (--data)", "a bare true is read as a boolean",
+                       "NAME='\"true\"'")
+    res = invoke("check", "inventories/prod.py", "--data", 'lb_ready_command="true"')
+    assert res.exit_code != 2 and "lb_ready_command" not in res.output, res.output
