@@ -48,14 +48,20 @@ class Report:
         return d
 
 
+DETAIL_WIDTH = 100  # characters of a host's detail in its row; a longer one is printed whole below the table
+
+
 def table(report: Report) -> str:
     rows = [("HOST", "BATCH", "RESULT", "TIME", "BEFORE", "AFTER", "DETAIL")]
+    cut = [r for r in report.hosts if len(r.detail) > DETAIL_WIDTH]
     for r in report.hosts:
+        detail = r.detail if len(r.detail) <= DETAIL_WIDTH else f"{r.detail[:DETAIL_WIDTH - 12]}... (below)"
         rows.append((r.host, str(r.batch or "-"), r.result, f"{r.seconds:.1f}s" if r.batch else "-",
-                     r.before, r.after, r.detail[:100]))
+                     r.before, r.after, detail))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
              for row in rows]
+    lines += [f"{r.host}: {r.detail}" for r in cut]
     lines += perfgate.lines(report.perf)
     lines += rollout_traffic.lines(report)
     verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
