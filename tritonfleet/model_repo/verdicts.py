@@ -7,7 +7,8 @@ What a run derives from a config.pbtxt by parsing it with Triton's schema is rem
 way (:func:`remembered_key`): a host's rendered config (render.apply_overrides), the TensorRT
 engines each model declares per compute capability (:func:`plan_cc_filenames`), the warm
 gate's view of a config (tritonfleet.serving.warmup). A converged host's no-op then does not
-import protobuf and the schema at all (25 ms of it, docs/scale.md).
+import protobuf and the schema at all (speed-only ``local_cache``, docs/scale.md; off with
+``TRITONFLEET_SPEED=off``: validated and parsed again).
 
 A verdict is kept only for a repository without problems, keyed by everything the validator's
 answer depends on: the files (names, sizes, sha256: tritonfleet.model_repo.render.manifest,

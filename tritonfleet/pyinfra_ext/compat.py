@@ -8,9 +8,9 @@ what tritonfleet assumes of it. :data:`RECORD` (``internals.json`` next to this 
 sha256 of each one's source in every pyinfra release it was checked against, and the sha256 of
 each module file that holds one.
 
-:func:`check` compares the installed pyinfra with that record in milliseconds (a module file whose
-bytes are a checked release's holds checked internals; only a file that differs has its internals'
-sources read, ~10 ms each: bench/pyinfra_compat.py). ``pyinfra_patches.install()`` runs it before
+:func:`check` compares the installed pyinfra with that record (a module file whose bytes are a
+checked release's holds checked internals; only a file that differs has its internals' sources
+read: bench/pyinfra_compat.py measures it). ``pyinfra_patches.install()`` runs it before
 it changes anything:
 
 * a **speed-only** feature (the faster operation order, the cached global arguments, paramiko's

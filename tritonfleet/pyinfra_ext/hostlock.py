@@ -6,7 +6,7 @@ exclusive ``flock`` on ``/run/tritonfleet/deploy.lock`` on the host (a 0700 dire
 remote process, started by the deploy file's ``pyinfra_patches.install()`` (pyinfra has
 connected to every host by then, and has read no fact yet). ``acquire_all(wait=False)`` starts
 every host's holder and returns; the deploy file goes on importing its steps while the holders
-connect (about 70 ms for one host here, the whole wait a one-host no-op had spent idle), and
+connect (speed-only ``lock_early``, docs/scale.md: time a run otherwise spends idle), and
 :func:`wait_all` waits for them: called by pyinfra's every way to a host (``gate_host_io``) and
 by every step of the package, so no command reaches any host before every lock is held:
 
@@ -33,8 +33,7 @@ run id, command). The heartbeats come from a separate process, not from the depl
 so a long CPU-bound phase of pyinfra (hashing a large model repository) never starves them: one
 process for all of a run's hosts (``start_beater``), writing a line down each holder's pipe; the
 holders are started with posix_spawn, not fork (``Child``). A run thus costs one OpenSSH client a
-host and one more process, not three processes a host (measured at 500 hosts: 1501 processes
-before, bench/run.py scale, docs/scale.md). The holder runs over the OpenSSH client when the host
+host and one more process, not three processes a host (docs/scale.md). The holder runs over the OpenSSH client when the host
 allows it (tritonfleet.pyinfra_ext.transfer's ``auto`` rule), else on pyinfra's own connection (heartbeats
 then come from the deploy process).
 
@@ -129,8 +128,8 @@ class Holder:
         argv = transfer.ssh_argv(self.host, remote) if how == "ssh" else ["sh", "-c", remote]
         read, self.beat_fd = os.pipe()
         # posix_spawn, not fork: the cost does not grow with this process's size (gevent's Popen,
-        # pyinfra's under its patching, forks: copying the page tables of a 500-host run took
-        # 12 ms a host, 6 s of the run's CPU). No die_with_parent (it needs fork): the holder ends
+        # pyinfra's under its patching, forks and copies the page tables: docs/scale.md,
+        # "Speed-only features"). No die_with_parent (it needs fork): the holder ends
         # with the run anyway, as the run's end ends its heartbeat process (PR_SET_PDEATHSIG) and
         # the holder reads end of input and lets go
         try:
@@ -357,7 +356,7 @@ def start_beater(fds: list[int], interval: int) -> Child:
     """One process sending heartbeats down every pipe end in ``fds`` (closed here once it has
     them): one process for a whole run's holders, instead of one per host. Started with
     posix_spawn, as the holders are (subprocess.Popen forked the run's process and ran a
-    preexec_fn: 9-14 ms of a one-host no-op, before the deploy's steps could load); it ends with
+    preexec_fn before the deploy's steps could load: docs/scale.md); it ends with
     the run's process (PR_SET_PDEATHSIG, set by the process itself, and its parent checked)."""
     try:
         for fd in fds:

@@ -23,7 +23,8 @@ def test_the_no_op_deploy_sends_the_same_with_the_speed_switch_on_and_off(tmp_pa
     sent = {}
     for speed in (True, False, True):  # on a second time: read back what the first run cached
         out = tmp_path / f"{speed}-{len(sent)}"
-        rc = scale.replay_check(1, out.with_suffix(".jsonl"), checks=("no-op deploy",), commands=out,
+        received = scale.WORK / f"test-speed-switch-{len(sent)}.jsonl"  # bench/.work: its log names it
+        rc = scale.replay_check(1, received, checks=("no-op deploy",), commands=out,
                                 speed=speed)
         assert rc == 0, f"the no-op deploy with the speed switch {'on' if speed else 'off'} sent a command " \
                         "the recording has no answer for, or failed (its log above)"

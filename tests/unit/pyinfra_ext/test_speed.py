@@ -135,3 +135,26 @@ def test_the_warm_body_is_the_same_bytes_with_the_switch_off(shape, value, name)
         if before is not None:
             os.environ[speed.ENV] = before
     assert fast == plain == json.dumps(body, allow_nan=False).encode()
+
+
+def test_the_warm_body_goes_through_json_dumps_when_off(off):
+    """A Repeated whose remembered value is not its contents: only the fast path would write it."""
+    from tritonfleet.serving import warmup
+
+    data = warmup.Repeated(0, 3)
+    data.value = 1
+    assert warmup.encode({"inputs": [{"name": "x", "shape": [3], "datatype": "INT32", "data": data}]}) == \
+        b'{"inputs": [{"name": "x", "shape": [3], "datatype": "INT32", "data": [0, 0, 0]}]}'
+
+
+def test_a_remembered_verdict_is_not_used_when_off(off, tmp_path, monkeypatch):
+    from tritonfleet.model_repo import render, validate, verdicts
+
+    monkeypatch.setattr(render, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(verdicts, "_key", lambda repo, gpus: "k")
+    (tmp_path / "validated").mkdir()
+    (tmp_path / "validated" / "k").write_text("remembered\n")
+    monkeypatch.setattr(validate, "validate_repository", lambda repo, gpus=None: ["a problem"])
+    assert verdicts.validate_repository(tmp_path / "repo") == ["a problem"]
+    monkeypatch.delenv(speed.ENV)
+    assert verdicts.validate_repository(tmp_path / "repo") == []
