@@ -10,8 +10,8 @@ docs/scale.md, "Speed-only features".
 
 Not here, because they change what a host is sent: the facts' memo and batched reads
 (tritonfleet.pyinfra_ext.memo: fewer, combined commands). Not switched either: TCP_NODELAY, set
-with the dead-link keepalives (tritonfleet.pyinfra_ext.connection, a behaviour), and the deploy
-lock holders' posix_spawn (hostlock.Child: the holder's process, not what it sends).
+with the dead-link keepalives (tritonfleet.pyinfra_ext.connection, a behaviour), and the model
+repository's stat-cached manifest (tritonfleet.model_repo.render).
 
 A feature whose pyinfra internal changed is off for the run too (tritonfleet.pyinfra_ext.compat,
 ``SPEED`` features): :func:`on` answers for the switch; compat's check answers for pyinfra.
@@ -42,6 +42,8 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             "tritonfleet.pyinfra_ext.connection.set_idle_poll, from pyinfra_ext.install"),
     Feature("lock_early", "install() waiting for every host's deploy lock before the deploy's steps load",
             "tritonfleet.pyinfra_ext.hostlock.gate_host_io, from pyinfra_ext.install"),
+    Feature("posix_spawn", "subprocess.Popen (a fork) for the deploy lock's holders and heartbeat process",
+            "tritonfleet.pyinfra_ext.hostlock.Child"),
     Feature("quick_exit", "the interpreter's last garbage collections at exit",
             "tritonfleet.pyinfra_ext.quick_exit"),
     Feature("jinja_bytecode", "compiling the unit template in every process (no bytecode cache)",

@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..core import runid
+from ..core import runid, speed
 from ..core.errors import TritonfleetError
 from ..core.exits import exit_for
 from ..core.shell import q
@@ -265,12 +265,24 @@ class Child:
     """A child process started with ``posix_spawn`` (the C library starts it the vfork way: the
     cost does not grow with this process's size, unlike fork), its stdin ``stdin`` (a file
     descriptor), its stdout and stderr pipes to this process. The subset of subprocess.Popen the
-    holder uses: poll, wait, kill, stdout, stderr."""
+    holder uses: poll, wait, kill, stdout, stderr. Speed-only (``posix_spawn``): with
+    ``TRITONFLEET_SPEED=off`` it is a subprocess.Popen, the same process with the same pipes."""
 
-    def __init__(self, argv: list[str], stdin: int | None):
+    def __init__(self, argv: list[str], stdin: int | None, keep: tuple[int, ...] = ()):
         """``stdin`` None: a child that reads nothing and writes nothing of interest (stdin and
-        stdout /dev/null, stderr this process's, as subprocess.Popen would leave it)."""
+        stdout /dev/null, stderr this process's, as subprocess.Popen would leave it). ``keep``:
+        file descriptors it inherits besides those (inheritable ones)."""
         self.stdout = self.stderr = None
+        self._popen: subprocess.Popen | None = None
+        self.returncode: int | None = None
+        self._pidfd: int | None = None
+        if not speed.on("posix_spawn"):  # the plain way: fork and exec
+            self._popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL if stdin is None else stdin,
+                stdout=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                stderr=None if stdin is None else subprocess.PIPE, pass_fds=keep)
+            self.pid, self.stdout, self.stderr = self._popen.pid, self._popen.stdout, self._popen.stderr
+            return
         if stdin is None:
             self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -290,16 +302,16 @@ class Child:
                 os.close(out_w)
                 os.close(err_w)
             self.stdout, self.stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 - closed in close()
-        self.returncode: int | None = None
         # a pidfd names this process, not whoever gets its pid once it is reaped (Linux >= 5.3)
-        self._pidfd: int | None = None
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
             pass
 
     def poll(self) -> int | None:
-        if self.returncode is None:
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+        elif self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:  # reaped by someone else (gevent's child watcher): gone
@@ -310,6 +322,9 @@ class Child:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        if self._popen is not None:
+            self.returncode = self._popen.wait(timeout)
+            return self.returncode
         end = None if timeout is None else time.monotonic() + timeout
         pause = 0.001  # a killed process is gone within a millisecond or two: look again soon,
         while self.poll() is None:  # then less often (a run's exit waited 20 ms for each holder)
@@ -321,6 +336,9 @@ class Child:
 
     def kill(self) -> None:
         if self.poll() is not None:
+            return
+        if self._popen is not None:
+            self._popen.kill()
             return
         try:
             if self._pidfd is not None:
@@ -362,7 +380,7 @@ def start_beater(fds: list[int], interval: int) -> Child:
         for fd in fds:
             os.set_inheritable(fd, True)  # closed here right after: only the beater keeps them
         return Child([sys.executable, "-I", "-S", "-c", BEAT, str(os.getpid()), str(interval), *map(str, fds)],
-                     stdin=None)
+                     stdin=None, keep=tuple(fds))
     finally:
         for fd in fds:
             os.close(fd)

@@ -158,3 +158,37 @@ def test_a_remembered_verdict_is_not_used_when_off(off, tmp_path, monkeypatch):
     assert verdicts.validate_repository(tmp_path / "repo") == ["a problem"]
     monkeypatch.delenv(speed.ENV)
     assert verdicts.validate_repository(tmp_path / "repo") == []
+
+
+def test_the_lock_processes_are_forked_by_popen_when_off(off):
+    """The holder's process (stdin a pipe, stdout and stderr to this process) and the heartbeat
+    process (inheriting its pipe ends), the plain way: the same lines, the same exit status."""
+    import os
+    import select
+    import subprocess
+
+    from tritonfleet.pyinfra_ext import hostlock
+
+    read, write = os.pipe()
+    try:
+        child = hostlock.Child(["sh", "-c", "read x; echo got $x; echo said >&2; exit 3"], stdin=read)
+    finally:
+        os.close(read)
+    assert isinstance(child._popen, subprocess.Popen)
+    os.write(write, b"hi\n")
+    os.close(write)
+    assert child.stdout.readline() == b"got hi\n"
+    assert child.wait(10) == 3 and child.poll() == 3 and child.stderr.read() == b"said\n"
+    child.close()
+
+    beat_r, beat_w = os.pipe()
+    beater = hostlock.start_beater([beat_w], 1)
+    try:
+        assert isinstance(beater._popen, subprocess.Popen)
+        assert select.select([beat_r], [], [], 15)[0] and os.read(beat_r, 1) == b"\n"  # its first beat
+        assert beater.poll() is None
+    finally:
+        beater.kill()
+        beater.wait(10)
+        os.close(beat_r)
+    assert beater.returncode == -9
