@@ -18,7 +18,8 @@ import scale  # noqa: E402
 def test_the_no_op_deploy_sends_the_same_with_the_speed_switch_on_and_off(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITONFLEET_LOCAL_CACHE", str(tmp_path / "cache"))  # the runs' own caches
     monkeypatch.delenv("TRITONFLEET_SPEED", raising=False)
-    if "TRITONFLEET_TESTBED" not in os.environ:  # the fake hosts' loopback block: 127.<100 + n>.x.y
+    if "TRITONFLEET_TESTBED" not in os.environ:  # the fake hosts' loopback block, 127.<100 + n>.x.y: one
+        # no other fake fleet here takes (the no-op deploy alone: the testbed CLI takes 0-9)
         monkeypatch.setenv("TRITONFLEET_TESTBED", "141")
     sent = {}
     for speed in (True, False, True):  # on a second time: read back what the first run cached
