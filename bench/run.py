@@ -24,6 +24,8 @@ to bench/results/<time>.{md,json}.
         # bench/.work/replay-check/<check>.commands (about 15 s)
         [--against TREE]   # and the same checks run by another checkout (the code before a change)
         # on the same recording: exit 1 unless both sent the same, byte for byte (docs/architecture.md)
+        [--speed on|off|both]   # with TRITONFLEET_SPEED=off too (both): exit 1 unless the
+        # speed-only features change nothing sent (docs/scale.md, Speed-only features)
     .venv/bin/python bench/run.py dataplane [--dataplane-hosts 1,3] [--dataplane-sizes 100,500]
         # push over SSH vs model origin vs origin + staging; the image through the mirror
     .venv/bin/python bench/run.py canary [--errors 10] [--latency 10] [--identical 20] [--capacity]
@@ -471,10 +473,19 @@ def bench_scale(results: Results, sizes: list[int], args) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
-def replay_check(scale, hosts: int, against: str | None) -> int:
+def replay_check(scale, hosts: int, against: str | None, speed: str = "on") -> int:
     """bench/scale.py replay_check on this tree; with ``against``, on that checkout too, and the
-    two trees' requests compared."""
-    rc = scale.replay_check(hosts, WORK / "replay-check.jsonl", commands=WORK / "replay-check")
+    two trees' requests compared. ``speed``: the runs with the speed-only features on, "off"
+    (TRITONFLEET_SPEED=off: pyinfra's own paths), or "both", and what each sent compared."""
+    rc = scale.replay_check(hosts, WORK / "replay-check.jsonl", commands=WORK / "replay-check",
+                            speed=speed != "off")
+    if speed == "both":
+        log("the same checks with TRITONFLEET_SPEED=off")
+        plain = scale.replay_check(hosts, WORK / "replay-check-speed-off.jsonl",
+                                   commands=WORK / "replay-check-speed-off", speed=False)
+        same = scale.compare_commands(WORK / "replay-check", WORK / "replay-check-speed-off",
+                                      "TRITONFLEET_SPEED=off")
+        rc = rc or plain or same
     if against is None:
         return rc
     tree = Path(against).resolve()
@@ -548,6 +559,9 @@ def main() -> int:
                     help="hosts for the parallel measurement (default 10) and replay-check (default 3)")
     ap.add_argument("--against", default=None, metavar="TREE",
                     help="replay-check: run the same checks with another checkout's code and compare what each sent")
+    ap.add_argument("--speed", default="on", choices=["on", "off", "both"],
+                    help="replay-check: with the speed-only features on, off (TRITONFLEET_SPEED=off) or both, "
+                    "and what each sent compared")
     ap.add_argument("--size-gb", type=float, default=10.0, help="model repository size for sync")
     ap.add_argument("--sync-runs", type=int, default=3, help="full 10 GB transfers per tool")
     ap.add_argument("--bare-runs", type=int, default=3)
@@ -570,7 +584,7 @@ def main() -> int:
         sys.path.insert(0, str(BENCH))
         import scale
 
-        return replay_check(scale, args.hosts or 3, args.against)
+        return replay_check(scale, args.hosts or 3, args.against, args.speed)
     if args.what == "dataplane":  # its own table in docs/scale.md (not part of all)
         return bench_dataplane(results, args)
     if args.what == "bare-pull":  # its own table (not part of all)

@@ -291,7 +291,7 @@ REPLAY_CHECKS = ("no-op deploy", "status", "rollout plan")
 
 
 def replay_check(n: int, received: Path, checks: tuple[str, ...] = REPLAY_CHECKS, tree: Path = ROOT,
-                 commands: Path | None = None) -> int:
+                 commands: Path | None = None, speed: bool = True) -> int:
     """The recorded answers (bench/fakefleet.json) checked against today's deploy on ``n`` fake
     hosts: the no-op deploy (which must change nothing), `tritonfleet status` and a rollout's plan
     step. Exit status 1 if any run failed or any host was sent a command or request the
@@ -302,7 +302,8 @@ def replay_check(n: int, received: Path, checks: tuple[str, ...] = REPLAY_CHECKS
     (another one than this: the code before a change, against this recording and fake fleet; its
     own installed package, since pyinfra loads every installed connector). ``commands``: a directory
     that gets each check's requests as matched, per host (``<check>.commands``, fakefleet.py
-    commands): two trees that send the same give the same files, byte for byte."""
+    commands): two trees that send the same give the same files, byte for byte. ``speed`` False:
+    the runs with ``TRITONFLEET_SPEED=off`` (tritonfleet.core.speed: pyinfra's own paths, no caches)."""
     WORK.mkdir(parents=True, exist_ok=True)
     bin_dir = BIN if tree == ROOT else tree / ".venv" / "bin"
     if not (bin_dir / "pyinfra").exists():
@@ -313,6 +314,9 @@ def replay_check(n: int, received: Path, checks: tuple[str, ...] = REPLAY_CHECKS
             "rollout plan": [py, str(tree / "bench" / "scale.py"), "plan", inv, "deploys/triton.py"]}
     bad = []
     fleet = Fleet(n, log=received)
+    env = {k: v for k, v in fleet.env.items() if k != "TRITONFLEET_SPEED"}
+    if not speed:
+        env["TRITONFLEET_SPEED"] = "off"
     if commands is not None:
         sys.path.insert(0, str(BENCH))
         import fakefleet
@@ -322,7 +326,7 @@ def replay_check(n: int, received: Path, checks: tuple[str, ...] = REPLAY_CHECKS
     try:
         for name in checks:
             t0 = time.perf_counter()
-            res = subprocess.run(cmds[name], cwd=tree, env=fleet.env, capture_output=True, text=True,
+            res = subprocess.run(cmds[name], cwd=tree, env=env, capture_output=True, text=True,
                                  timeout=TIMEOUT, stdin=subprocess.DEVNULL)
             _, _, unanswered = fleet.commands()  # the fake hosts wrote every request before answering it
             if commands is not None:

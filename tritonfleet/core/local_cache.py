@@ -5,7 +5,8 @@ repository's file hashes, the rendered copies, the validator's verdicts, what wa
 config.pbtxt by parsing it (tritonfleet.model_repo.verdicts) and the unit template compiled
 (tritonfleet.serving.unit). Everything there is kept under a key that covers all it was derived
 from, so a changed input is a new key, never a stale answer; a cache directory that cannot be
-written only costs the next run the work again.
+written only costs the next run the work again. ``TRITONFLEET_SPEED=off``
+(tritonfleet.core.speed, ``local_cache``): nothing is read or written, everything is derived again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+
+from . import speed
 
 CACHE_DIR = Path(os.environ.get("TRITONFLEET_LOCAL_CACHE", Path.home() / ".cache" / "tritonfleet"))
 
@@ -28,7 +31,10 @@ def digest(*parts: bytes | str) -> str:
 
 def read(path: Path) -> str | None:
     """The text remembered at ``path``; None when there is none, it cannot be read, or it is not
-    what :func:`write` wrote (its first line, the sha256 of the rest, does not match)."""
+    what :func:`write` wrote (its first line, the sha256 of the rest, does not match), or the
+    speed switch is off."""
+    if not speed.on("local_cache"):
+        return None
     try:  # bytes: text mode would read a "\r" back as "\n"
         seal, _, data = path.read_bytes().partition(b"\n")
     except OSError:
@@ -44,7 +50,9 @@ def read(path: Path) -> str | None:
 def write(path: Path, text: str) -> None:
     """Remember ``text`` at ``path``, after a line with its sha256: written whole under another
     name, then renamed (a concurrent run reads the old file, or none, or this one, never half of
-    one). An error is ignored."""
+    one). An error is ignored; nothing is written with the speed switch off."""
+    if not speed.on("local_cache"):
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -7,7 +7,8 @@ What a run derives from a config.pbtxt by parsing it with Triton's schema is rem
 way (:func:`remembered_key`): a host's rendered config (render.apply_overrides), the TensorRT
 engines each model declares per compute capability (:func:`plan_cc_filenames`), the warm
 gate's view of a config (tritonfleet.serving.warmup). A converged host's no-op then does not
-import protobuf and the schema at all (25 ms of it, docs/scale.md).
+import protobuf and the schema at all (speed-only ``local_cache``, docs/scale.md; off with
+``TRITONFLEET_SPEED=off``: validated and parsed again).
 
 A verdict is kept only for a repository without problems, keyed by everything the validator's
 answer depends on: the files (names, sizes, sha256: tritonfleet.model_repo.render.manifest,
@@ -25,7 +26,7 @@ import json
 from pathlib import Path
 
 from .. import __version__
-from ..core import local_cache
+from ..core import local_cache, speed
 from .derived import remembered_key, validator_source
 
 
@@ -67,6 +68,8 @@ def validate_repository(repo: Path, gpus: int | None = None) -> list:
     try:
         marker = CACHE_DIR / "validated" / _key(repo, gpus)
     except (RepositoryError, OSError, ValueError):  # unreadable as a release: the validator says why
+        marker = None
+    if not speed.on("local_cache"):
         marker = None
     if marker is not None and marker.is_file():
         return []

@@ -3,8 +3,8 @@
 Every operation call on every host pops pyinfra's global arguments (``_sudo``, ``_env``, ...)
 with ``pyinfra.api.arguments.pop_global_arguments``, which asks ``all_global_arguments()`` for
 their names and types, and that evaluates ``typing.get_type_hints`` on pyinfra's argument classes
-again each time. Measured on a 50-host no-op of deploys/triton.py (bench/run.py scale, profiled):
-about a fifth of the control machine's CPU, growing with hosts x operations. The answer is fixed
+again each time: a cost that grows with hosts x operations (speed-only ``argcache``:
+docs/scale.md, "Speed-only features"). The answer is fixed
 for a pyinfra release (class annotations), so ``install()`` hands pyinfra a function that
 returns the same list, computed on first use by pyinfra's own function.
 tests/unit/pyinfra_ext/test_internals.py checks that both callers look the name up in their module at call

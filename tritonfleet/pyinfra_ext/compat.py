@@ -8,13 +8,13 @@ what tritonfleet assumes of it. :data:`RECORD` (``internals.json`` next to this 
 sha256 of each one's source in every pyinfra release it was checked against, and the sha256 of
 each module file that holds one.
 
-:func:`check` compares the installed pyinfra with that record in milliseconds (a module file whose
-bytes are a checked release's holds checked internals; only a file that differs has its internals'
-sources read, ~10 ms each: bench/pyinfra_compat.py). ``pyinfra_patches.install()`` runs it before
+:func:`check` compares the installed pyinfra with that record (a module file whose bytes are a
+checked release's holds checked internals; only a file that differs has its internals' sources
+read: bench/pyinfra_compat.py measures it). ``pyinfra_patches.install()`` runs it before
 it changes anything:
 
 * a **speed-only** feature (the faster operation order, the cached global arguments, paramiko's
-  slower idle poll) whose internal differs is switched off for the run, with a warning naming the
+  slower idle poll, jinja2's bytecode read back; all of them: tritonfleet.core.speed) whose internal differs is switched off for the run, with a warning naming the
   internal and the pyinfra version: the run gives the same result, using more CPU;
 * a **behaviour** feature (Ctrl-C's exit status, the deploy lock's ``--dry`` test, the facts'
   memo and its callbacks, the converged operations, the failure reports, the ``--data`` parser,
@@ -55,6 +55,8 @@ FEATURES: dict[str, tuple[str, str]] = {
     "idle_poll": (SPEED, "paramiko's idle poll every 1 s instead of 0.1 s (tritonfleet.pyinfra_ext.connection)"),
     "lock_early": (SPEED, "the deploy lock taken while the deploy's steps load, pyinfra's first command to a "
                           "host waiting for it (tritonfleet.pyinfra_ext.hostlock; off: install() waits for it)"),
+    "jinja_bytecode": (SPEED, "the unit template's compiled code kept between runs in jinja2's bytecode "
+                              "cache, read without unpickling (tritonfleet.serving.unit)"),
     "interrupt": (BEHAVIOUR, "Ctrl-C exits with status 130 (tritonfleet.pyinfra_ext.interrupt)"),
     "dry_flag": (BEHAVIOUR, "the deploy lock is taken unless pyinfra's --dry is given (tritonfleet.pyinfra_ext.hostlock)"),
     "connection": (BEHAVIOUR, "dead-link bounds and TCP settings on pyinfra's SSH connections, the deploy "
@@ -139,6 +141,32 @@ def _host_io_only(host_cls) -> str:
     return f"Host calls its connector's {', '.join(other)} too" if other else ""
 
 
+def _jinja_bytecode_format(bucket_cls) -> str:
+    """jinja2 writes a cache entry as its magic, the template's checksum pickled (protocol 2), then
+    the code marshalled: tritonfleet.serving.unit reads that prefix back without unpickling."""
+    import io
+    import marshal
+    import pickle
+
+    from jinja2.bccache import bc_magic
+
+    bucket = bucket_cls(None, "k", "checksum")
+    bucket.code = compile("x = 1", "<check>", "exec")
+    f = io.BytesIO()
+    try:
+        bucket.write_bytecode(f)
+    except Exception as e:  # noqa: BLE001 - any way it no longer works is a difference
+        return f"Bucket.write_bytecode failed ({type(e).__name__}: {e})"
+    data, head = f.getvalue(), bc_magic + pickle.dumps("checksum", 2)
+    if not data.startswith(head):
+        return "a cache entry no longer begins with bc_magic and the checksum pickled with protocol 2"
+    try:
+        code = marshal.loads(data[len(head):])
+    except (EOFError, ValueError, TypeError):
+        code = None
+    return "" if code == bucket.code else "a cache entry's code is no longer the marshalled code after that"
+
+
 INTERNALS: tuple[Internal, ...] = (
     Internal("pyinfra.api.util:get_operation_order_from_stack", "oporder",
              "tritonfleet/pyinfra_ext/oporder.py computes the same line numbers from frames (deploy file, "
@@ -163,6 +191,9 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pyinfra.api.host:Host", "lock_early",
              "tritonfleet/pyinfra_ext/hostlock.py gate_host_io: every command, upload, download and rsync of a run "
              "goes through Host.run_shell_command, put_file, get_file and rsync", probe=_host_io_only),
+    Internal("jinja2.bccache:Bucket", "jinja_bytecode",
+             "tritonfleet/serving/unit.py _bytecode_cache reads an entry as bc_magic, the checksum pickled "
+             "with protocol 2, the code marshalled", probe=_jinja_bytecode_format),
     Internal("pyinfra_cli.main:main", "interrupt",
              "tritonfleet/pyinfra_ext/interrupt.py: pyinfra installs its SIGINT handler (exits 0) before it loads the "
              "deploy code, so the handler installed then (exit 130) is the one in force"),
@@ -260,7 +291,7 @@ class Result:
         return [m for m in self.mismatches if m.kind == BEHAVIOUR]
 
     def _release(self, package: str) -> str:
-        have = self.versions.get(package, "?")
+        have = self.versions.get(package) or _version(package)
         known = self.checked.get(package) or []
         return f"{package} {have}" + ("" if have in known else
                                       f" (tritonfleet was checked against {', '.join(known) or 'no release'})")
@@ -304,14 +335,15 @@ def load_record(path: Path = RECORD) -> dict:
     return json.loads(path.read_text())
 
 
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
+
+
 def installed_versions() -> dict[str, str]:
-    out = {}
-    for package in ("pyinfra", "paramiko"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = "?"
-    return out
+    return {package: _version(package) for package in ("pyinfra", "paramiko")}
 
 
 def _defined_in(obj, module: str) -> bool:

@@ -1,8 +1,8 @@
 """SSH connections tuned for many small remote commands.
 
 paramiko never sets TCP_NODELAY, so every remote command waits out Nagle's algorithm against the
-peer's delayed ACK: about 45 ms a command, measured on loopback (5 ms with it). A deploy runs
-dozens of commands per host, so this is most of a no-op run.
+peer's delayed ACK, and a deploy runs dozens of commands per host (docs/scale.md, "Speed-only
+features": why it is not behind the speed switch).
 
 ``tune_state()`` sets TCP_NODELAY on every connected SSH host of a pyinfra state and registers a
 callback that does the same for every later connection (reconnects after a reboot, hosts connected
@@ -21,7 +21,7 @@ hosts before it loads the deploy file); ``tritonfleet.fleet.inventory`` calls it
 paramiko's transport wakes up every 0.1 s on an idle connection (a socket timeout, to see whether
 it was closed and whether a keepalive is due): with hundreds of hosts connected for a whole run,
 thousands of wake-ups a second in the control process, a cost that grows with hosts x run time
-(measured with bench/run.py scale: ~15 % of the control CPU of a 500-host no-op). Tuned
+(speed-only ``idle_poll``: docs/scale.md, "Speed-only features"). Tuned
 connections wake up every ``IDLE_POLL`` s instead; closing one still returns at once (its
 transport's thread ends at its next wake-up), and keepalives (every ``ssh_keepalive_interval`` s)
 are still sent on time.

@@ -6,7 +6,7 @@ exclusive ``flock`` on ``/run/tritonfleet/deploy.lock`` on the host (a 0700 dire
 remote process, started by the deploy file's ``pyinfra_patches.install()`` (pyinfra has
 connected to every host by then, and has read no fact yet). ``acquire_all(wait=False)`` starts
 every host's holder and returns; the deploy file goes on importing its steps while the holders
-connect (about 70 ms for one host here, the whole wait a one-host no-op had spent idle), and
+connect (speed-only ``lock_early``, docs/scale.md: time a run otherwise spends idle), and
 :func:`wait_all` waits for them: called by pyinfra's every way to a host (``gate_host_io``) and
 by every step of the package, so no command reaches any host before every lock is held:
 
@@ -33,8 +33,7 @@ run id, command). The heartbeats come from a separate process, not from the depl
 so a long CPU-bound phase of pyinfra (hashing a large model repository) never starves them: one
 process for all of a run's hosts (``start_beater``), writing a line down each holder's pipe; the
 holders are started with posix_spawn, not fork (``Child``). A run thus costs one OpenSSH client a
-host and one more process, not three processes a host (measured at 500 hosts: 1501 processes
-before, bench/run.py scale, docs/scale.md). The holder runs over the OpenSSH client when the host
+host and one more process, not three processes a host (docs/scale.md). The holder runs over the OpenSSH client when the host
 allows it (tritonfleet.pyinfra_ext.transfer's ``auto`` rule), else on pyinfra's own connection (heartbeats
 then come from the deploy process).
 
@@ -54,7 +53,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..core import runid
+from ..core import runid, speed
 from ..core.errors import TritonfleetError
 from ..core.exits import exit_for
 from ..core.shell import q
@@ -129,8 +128,8 @@ class Holder:
         argv = transfer.ssh_argv(self.host, remote) if how == "ssh" else ["sh", "-c", remote]
         read, self.beat_fd = os.pipe()
         # posix_spawn, not fork: the cost does not grow with this process's size (gevent's Popen,
-        # pyinfra's under its patching, forks: copying the page tables of a 500-host run took
-        # 12 ms a host, 6 s of the run's CPU). No die_with_parent (it needs fork): the holder ends
+        # pyinfra's under its patching, forks and copies the page tables: docs/scale.md,
+        # "Speed-only features"). No die_with_parent (it needs fork): the holder ends
         # with the run anyway, as the run's end ends its heartbeat process (PR_SET_PDEATHSIG) and
         # the holder reads end of input and lets go
         try:
@@ -266,12 +265,24 @@ class Child:
     """A child process started with ``posix_spawn`` (the C library starts it the vfork way: the
     cost does not grow with this process's size, unlike fork), its stdin ``stdin`` (a file
     descriptor), its stdout and stderr pipes to this process. The subset of subprocess.Popen the
-    holder uses: poll, wait, kill, stdout, stderr."""
+    holder uses: poll, wait, kill, stdout, stderr. Speed-only (``posix_spawn``): with
+    ``TRITONFLEET_SPEED=off`` it is a subprocess.Popen, the same process with the same pipes."""
 
-    def __init__(self, argv: list[str], stdin: int | None):
+    def __init__(self, argv: list[str], stdin: int | None, keep: tuple[int, ...] = ()):
         """``stdin`` None: a child that reads nothing and writes nothing of interest (stdin and
-        stdout /dev/null, stderr this process's, as subprocess.Popen would leave it)."""
+        stdout /dev/null, stderr this process's, as subprocess.Popen would leave it). ``keep``:
+        file descriptors it inherits besides those (inheritable ones)."""
         self.stdout = self.stderr = None
+        self._popen: subprocess.Popen | None = None
+        self.returncode: int | None = None
+        self._pidfd: int | None = None
+        if not speed.on("posix_spawn"):  # the plain way: fork and exec
+            self._popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL if stdin is None else stdin,
+                stdout=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                stderr=None if stdin is None else subprocess.PIPE, pass_fds=keep)
+            self.pid, self.stdout, self.stderr = self._popen.pid, self._popen.stdout, self._popen.stderr
+            return
         if stdin is None:
             self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -291,16 +302,16 @@ class Child:
                 os.close(out_w)
                 os.close(err_w)
             self.stdout, self.stderr = open(out_r, "rb"), open(err_r, "rb")  # noqa: SIM115 - closed in close()
-        self.returncode: int | None = None
         # a pidfd names this process, not whoever gets its pid once it is reaped (Linux >= 5.3)
-        self._pidfd: int | None = None
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
             pass
 
     def poll(self) -> int | None:
-        if self.returncode is None:
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+        elif self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:  # reaped by someone else (gevent's child watcher): gone
@@ -311,6 +322,9 @@ class Child:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        if self._popen is not None:
+            self.returncode = self._popen.wait(timeout)
+            return self.returncode
         end = None if timeout is None else time.monotonic() + timeout
         pause = 0.001  # a killed process is gone within a millisecond or two: look again soon,
         while self.poll() is None:  # then less often (a run's exit waited 20 ms for each holder)
@@ -322,6 +336,9 @@ class Child:
 
     def kill(self) -> None:
         if self.poll() is not None:
+            return
+        if self._popen is not None:
+            self._popen.kill()
             return
         try:
             if self._pidfd is not None:
@@ -357,13 +374,13 @@ def start_beater(fds: list[int], interval: int) -> Child:
     """One process sending heartbeats down every pipe end in ``fds`` (closed here once it has
     them): one process for a whole run's holders, instead of one per host. Started with
     posix_spawn, as the holders are (subprocess.Popen forked the run's process and ran a
-    preexec_fn: 9-14 ms of a one-host no-op, before the deploy's steps could load); it ends with
+    preexec_fn before the deploy's steps could load: docs/scale.md); it ends with
     the run's process (PR_SET_PDEATHSIG, set by the process itself, and its parent checked)."""
     try:
         for fd in fds:
             os.set_inheritable(fd, True)  # closed here right after: only the beater keeps them
         return Child([sys.executable, "-I", "-S", "-c", BEAT, str(os.getpid()), str(interval), *map(str, fds)],
-                     stdin=None)
+                     stdin=None, keep=tuple(fds))
     finally:
         for fd in fds:
             os.close(fd)

@@ -31,7 +31,9 @@ of a run does all of it for every host, the others wait until it is done (and st
 First of all it checks the pyinfra internals these rely on (tritonfleet.pyinfra_ext.compat, in
 milliseconds): a speed-only patch whose internal changed is left off, with a warning; a changed
 internal a behaviour relies on stops the run before any host is changed, naming it and the
-pyinfra version. And every step of the package refuses to run in a run whose deploy file did not
+pyinfra version. ``TRITONFLEET_SPEED=off`` leaves every speed-only patch off (the operation order,
+the global arguments, the idle poll, the early lock, the quick exit: tritonfleet.core.speed), so
+pyinfra's own paths run. And every step of the package refuses to run in a run whose deploy file did not
 call ``install()`` (:func:`required`): without it, no deploy lock would be taken.
 """
 
@@ -48,6 +50,7 @@ from pyinfra.context import ctx_state
 
 from ..core import open_files as limits
 from ..core import report as failure
+from ..core import speed
 from ..core.errors import TritonfleetError
 from ..core.exits import entry_point, exit_for
 from . import argcache, compat, hostlock, interrupt, oporder, quick_exit
@@ -122,23 +125,25 @@ def _install() -> None:
         raise compat.PyinfraChanged(checked.refusal())
     for warning in checked.warnings():
         logger.warning(warning)
+    off = checked.off | {name for name in speed.FEATURES if not speed.on(name)}  # pyinfra's or the switch
     state = ctx_state.get() if ctx_state.isset() else None
     inventory = getattr(state, "inventory", None)  # a State not initialised yet has none
     limits.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
     quiet_relaxed_host_keys()
-    set_idle_poll("idle_poll" not in checked.off)
+    set_idle_poll("idle_poll" not in off)
     tune_state()
     if hostlock.enabled():
-        early = "lock_early" not in checked.off  # the holders connect while the deploy's steps load
+        early = "lock_early" not in off  # the holders connect while the deploy's steps load
         hostlock.acquire_all(wait=not early)
         if early:
             hostlock.gate_host_io()  # held before the first command reaches a host
-    if "oporder" not in checked.off:
+    if "oporder" not in off:
         oporder.install()
-    if "argcache" not in checked.off:
+    if "argcache" not in off:
         argcache.install()
     interrupt.install()
-    quick_exit.install()
+    if "quick_exit" not in off:
+        quick_exit.install()
     failure.report_operation_errors()
 
 

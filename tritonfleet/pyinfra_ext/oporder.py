@@ -4,16 +4,13 @@ pyinfra (CLI mode) identifies every operation call by the line numbers of the ca
 the deploy file. It gets them from ``inspect.stack()`` and ``inspect.getframeinfo()``, which look
 up every frame's module by scanning all of ``sys.modules``, and never find the deploy file (it is
 executed, not imported), so they scan again for every frame of every operation call on every
-host: measured here, 1.8 of the 3 s of control-machine CPU of a 10-host no-op run, growing with
-the number of hosts.
+host: a cost that grows with the hosts (speed-only ``oporder``: docs/scale.md, "Speed-only features").
 
 ``install()`` replaces that function in pyinfra with one that reads the same line numbers
 straight from the frames. It is installed only when pyinfra's function and its caller are the ones
 checked (tritonfleet.pyinfra_ext.compat hashes both; otherwise the run keeps pyinfra's own, with a
-warning), and tests/unit/pyinfra_ext/test_memo.py compares both answers on generated call stacks.
-It used to compare them once more on the first call of every run: that call of pyinfra's function
-looked up every one of the ~980 modules of the process (inspect.getmodule), 55 ms of a one-host
-no-op's 1.1 s, to check again what the hash already pins.
+warning), or when ``TRITONFLEET_SPEED=off``; tests/unit/pyinfra_ext/test_memo.py compares both
+answers on generated call stacks (no comparison at run time: the hash already pins it).
 """
 
 from __future__ import annotations

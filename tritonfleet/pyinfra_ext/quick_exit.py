@@ -1,11 +1,10 @@
 """The end of a pyinfra run without the interpreter's last garbage collections.
 
 When a run's work is done (its results printed, the deploy locks released by their exit handler,
-files closed by their ``with`` blocks), Python tears the process down: it clears ~980 modules and
-runs the cyclic garbage collector over every object still alive several times while it does. After
-a one-host no-op that is about 68,000 objects and 130-230 ms of CPU (measured on the 2-CPU
-control machine of docs/scale.md: finalisation 140-280 ms, 55-70 ms with this), 15 % of the run's
-wall time, spent after its last line was printed; a worker process of a large run holds far more.
+files closed by their ``with`` blocks), Python tears the process down: it clears every module and
+runs the cyclic garbage collector over every object still alive several times while it does,
+after the run's last line was printed (speed-only ``quick_exit``: docs/scale.md, "Speed-only
+features"; off with ``TRITONFLEET_SPEED=off``).
 
 ``install()`` registers ``gc.freeze`` as an exit handler of a pyinfra CLI run: the objects alive
 at that point are left out of the collections that follow, and go with the process. Objects no

@@ -14,7 +14,8 @@ import hashlib
 import os
 
 from .. import TEMPLATES
-from ..core import local_cache
+from ..core import local_cache, speed
+from ..pyinfra_ext import compat
 from ..settings import access as config
 from ..settings.access import Settings
 from . import apikey
@@ -80,15 +81,22 @@ def restricted_apis(settings: Settings) -> list[str]:
 
 @functools.cache
 def _templates():
-    """One jinja2 environment for the process: it compiles the unit template once (a new one per
-    render compiled it again for every host, ~20 ms each; it still reloads a changed file), and
-    keeps the compiled template for the next run (jinja2's bytecode cache in the control
-    machine's cache directory, keyed by the template's source and jinja2's version: 10 ms of a
-    one-host no-op, 0.7 ms read back)."""
+    """One jinja2 environment for the process: it compiles the unit template once, not once per
+    host (it still reloads a changed file), and, speed-only (``jinja_bytecode``), keeps the
+    compiled template for the next run in jinja2's bytecode cache in the control machine's cache
+    directory, keyed by the template's source and jinja2's version (docs/scale.md, "Speed-only
+    features"). With the speed switch off, plain jinja2 compiles it in every process."""
     import jinja2
 
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined, bytecode_cache=_bytecode_cache())
+                              undefined=jinja2.StrictUndefined,
+                              bytecode_cache=_bytecode_cache() if _bytecode_usable() else None)
+
+
+def _bytecode_usable() -> bool:
+    """The speed switch is on and jinja2 writes its cache entries as :func:`_bytecode_cache` reads
+    them (tritonfleet.pyinfra_ext.compat, ``jinja_bytecode``)."""
+    return speed.on("jinja_bytecode") and not compat.check({"jinja_bytecode"}).mismatches
 
 
 def _bytecode_cache():

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import requests
 
+from ..core import speed
 from . import triton_http
 
 # ModelConfig.DataType -> the KServe v2 datatype of the HTTP/REST protocol
@@ -149,10 +150,10 @@ def _prepared(path: str, _mtime_ns: int, _size: int):
 def encode(body: dict) -> bytes:
     """``json.dumps(body, allow_nan=False).encode()`` byte for byte, faster for request_for's
     bodies: an input's data is one value repeated (``Repeated``), so it is encoded once and
-    repeated (150,528 zeros: 2 ms instead of 13-17 ms, which a one-host run pays once). Anything
-    else goes through json.dumps. tests/unit/serving/test_warmup.py compares the two on generated
-    bodies."""
-    inputs = body.get("inputs") if list(body) == ["inputs"] else None
+    repeated (speed-only ``json_repeated``: docs/scale.md, "Speed-only features"). Anything else,
+    or everything with the speed switch off, goes through json.dumps.
+    tests/unit/serving/test_warmup.py compares the two on generated bodies."""
+    inputs = body.get("inputs") if list(body) == ["inputs"] and speed.on("json_repeated") else None
     if not isinstance(inputs, list):
         return json.dumps(body, allow_nan=False).encode("utf-8")
     parts = []

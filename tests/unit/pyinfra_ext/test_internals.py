@@ -124,7 +124,7 @@ def test_every_feature_is_speed_or_behaviour_and_has_internals():
     assert {i.feature for i in compat.INTERNALS} == set(compat.FEATURES)
     assert {kind for kind, _ in compat.FEATURES.values()} == {compat.SPEED, compat.BEHAVIOUR}
     assert {f for f, (kind, _) in compat.FEATURES.items() if kind == compat.SPEED} == {"oporder", "argcache", "lock_early",
-                                                                                       "idle_poll"}
+                                                                                       "idle_poll", "jinja_bytecode"}
 
 
 def test_operation_order_is_read_from_pyinfra_operation_module():
