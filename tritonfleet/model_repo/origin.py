@@ -37,6 +37,7 @@ from ..settings.access import Settings
 # file in double quotes, where a quote, a backslash or white space would change its meaning (the
 # settings check refuses a tunable's URL by the same rule)
 from ..settings.rules import URL_SAFE
+from ..settings.rules import url as url_rule
 from .http_store import HttpStore
 from .origin_store import AUTHS, EMPTY, OBJECTS, RELEASES, Finding, Origin, OriginError, OriginStore
 from .s3_store import S3Store
@@ -47,6 +48,8 @@ __all__ = ["AUTHS", "EMPTY", "OBJECTS", "RELEASES", "STORES", "Finding", "HttpSt
 GROUP_DATA = "inventories/group_data"
 # set by tritonfleet.fleet.converge for the deploy a pull-mode host runs on itself
 PULL_HOST_ENV = "TRITONFLEET_PULL_HOST_DATA"
+# model_origin_endpoint and model_origin_upload_url: the settings check's rule for them
+_HTTP_URL = url_rule("http", "https")
 
 
 def from_settings(settings: Settings) -> Origin | None:
@@ -76,7 +79,7 @@ def from_settings(settings: Settings) -> Origin | None:
     endpoint = settings.get("model_origin_endpoint")
     upload = settings.get("model_origin_upload_url")
     for name, value in (("model_origin_endpoint", endpoint), ("model_origin_upload_url", upload)):
-        if value and (urlsplit(str(value)).scheme not in ("http", "https") or not URL_SAFE.match(str(value))):
+        if value and _HTTP_URL.problem(str(value)):
             raise UsageError(f"{name} {value!r} must be an http(s):// URL {where}")
     user = settings.get("model_origin_upload_user")
     if kind.login_in_clear(user, upload or url):
