@@ -56,7 +56,7 @@ class HttpStore:
         return bool(user) and isinstance(upload, str) and urlsplit(upload).scheme == "http"
 
     @classmethod
-    def origin(cls, url: str, auth: str, expiry: int, settings: Settings) -> Origin:
+    def from_settings(cls, url: str, auth: str, expiry: int, settings: Settings) -> Origin:
         # a plain HTTP server has no signed URLs: the site's network grants access (no .netrc is read)
         return Origin(cls.kind, url, "host", expiry=expiry, upload_url=trimmed_url(settings.get("model_origin_upload_url")),
                       upload_user=settings.get("model_origin_upload_user"),

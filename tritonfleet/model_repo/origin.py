@@ -89,7 +89,7 @@ def from_settings(settings: Settings) -> Origin | None:
     why = kind.url_problem(url)
     if why:
         raise UsageError(f"model_origin {url!r} must be {kind.shape}: {why} {where}")
-    return kind.origin(url, auth, expiry, settings)
+    return kind.from_settings(url, auth, expiry, settings)
 
 
 #: URL scheme -> store: adding a kind of origin is its store class and its lines here. The table

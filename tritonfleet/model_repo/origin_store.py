@@ -87,7 +87,7 @@ class OriginStore(origin_stores.OriginKind, Protocol):
     def __init__(self, origin: Origin) -> None: ...
 
     @classmethod
-    def origin(cls, url: str, auth: str, expiry: int, settings: Settings) -> Origin:
+    def from_settings(cls, url: str, auth: str, expiry: int, settings: Settings) -> Origin:
         """The :class:`Origin` of ``url`` with this kind's own tunables read from ``settings``."""
         ...
 

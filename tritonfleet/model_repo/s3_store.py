@@ -50,7 +50,7 @@ class S3Store:
         return False  # no upload login: boto3's own credentials sign
 
     @classmethod
-    def origin(cls, url: str, auth: str, expiry: int, settings: Settings) -> Origin:
+    def from_settings(cls, url: str, auth: str, expiry: int, settings: Settings) -> Origin:
         return Origin(cls.kind, url, auth, trimmed_url(settings.get("model_origin_endpoint")),
                       settings.get("model_origin_region"), expiry,
                       credentials_file=str(settings.get("model_origin_credentials_file")))

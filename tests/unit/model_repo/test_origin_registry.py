@@ -47,7 +47,7 @@ class MemStore:
         return False
 
     @classmethod
-    def origin(cls, url, auth, expiry, settings) -> origins.Origin:
+    def from_settings(cls, url, auth, expiry, settings) -> origins.Origin:
         return origins.Origin(cls.kind, url, auth, expiry=expiry, region="mem-1",
                               credentials_file=str(settings.get("model_origin_credentials_file")))
 

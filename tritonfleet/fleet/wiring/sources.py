@@ -57,7 +57,7 @@ def _origin_rows(o: origins.Origin, hosts: list[FleetHost], timeout: float) -> l
         st = origins.store(o)
     except UsageError as e:
         return [Row(FAIL, "model origin", f"{where}: {e}", "as the message says")]
-    rows = []
+    rows: list[Row] = []
     for f in st.findings():  # what this machine can tell without asking the origin (its credentials)
         row = Row(FAIL if f.fatal else WARN, "model origin", f"{where}: {f.what}{names if f.hosts else ''}", f.fix)
         if f.fatal:
