@@ -328,6 +328,9 @@ def origin_url(none: bool = False) -> Rule:
     rule (an s3:// URL's bucket as S3 names buckets: refused at load, not at the first upload)."""
 
     def test(v):
+        if not origin_stores.STORES and v is not None:
+            return ("cannot be checked: no model origin store is loaded (tritonfleet.model_repo.origin fills "
+                    "tritonfleet.settings.origin_stores.STORES)")
         base = url(*origin_stores.schemes(), none=none)
         why = base.problem(v)
         if why is None and isinstance(v, str):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -171,6 +173,16 @@ def test_preflight_publishing_and_the_host_fetch_go_through_the_new_store(mem, t
     assert f"o {sha} 10 http://127.0.0.1:9/mem/{sha}" in sent["stdin"]
     assert ". /etc/tritonfleet/mem-credentials" in sent["script"] and "aws:amz:%s:s3" in sent["script"]
     assert "mem-1" in sent["script"]
+
+
+@pytest.mark.parametrize("loader", ["tritonfleet.fleet.inventory", "tritonfleet.preflight"])
+def test_the_modules_that_run_the_settings_check_fill_the_table(loader):
+    """The table is filled by tritonfleet.model_repo.origin, which the settings layer cannot
+    import: each module that runs the settings check imports it (a fresh interpreter)."""
+    code = (f"import {loader}; from tritonfleet.settings import origin_stores as t; "
+            "print(sorted((s, c.__name__) for s, c in t.STORES.items()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[('http', 'HttpStore'), ('https', 'HttpStore'), ('s3', 'S3Store')]"
 
 
 # --------------------------------------------------------------------------- no kind checks elsewhere
