@@ -56,6 +56,9 @@ from .host.layer import (
     host_layer_facts,
     secure_boot_problem,
 )
+
+# the model origin stores: also fills the table the settings check reads model_origin's URL rules from
+from .model_repo import origin as model_origin
 from .model_repo.render import RepositoryError, current_host_repository
 from .pyinfra_ext import install as pyinfra_patches
 from .pyinfra_ext import memo
@@ -315,17 +318,16 @@ def check_model_origin() -> None:
     """model_origin: its tunables can work, and the origin answers this machine (one request a
     run): a down origin stops the run before any host is touched."""
     from .core.errors import UsageError
-    from .model_repo import origin as origins
 
     try:
-        found = origins.from_settings(config.current())
+        found = model_origin.from_settings(config.current())
     except UsageError as e:
         raise PreflightError(f"{host.name}: {e}") from e
     if found is None:
         return
     try:
-        origins.check(found)
-    except (origins.OriginError, UsageError) as e:
+        model_origin.check(found)
+    except (model_origin.OriginError, UsageError) as e:
         raise PreflightError(f"{host.name}: {e}: make the model origin reachable from this machine and the "
                              "hosts (or set model_origin = None to push releases over SSH)") from e
 

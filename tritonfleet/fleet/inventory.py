@@ -22,6 +22,9 @@ from ..core import open_files as limits
 from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.errors import TritonfleetError, UsageError
 from ..gpu.rules import GPU_CLASSES
+
+# the model origin stores fill the table the settings check reads model_origin's URL rules from
+from ..model_repo import origin as _origin_stores  # noqa: F401
 from ..pyinfra_ext.connection import quiet_relaxed_host_keys, tune_state
 from ..settings import check as settings_check
 from ..settings import mirrored

@@ -99,8 +99,7 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
     stdin = fetch.fetch_list({s: (n, urls[s]) for s, n in sizes.items()}, wanted)
     script = fetch.fetch_script(
         base, release, runid.RUN_ID, parallel, retries,
-        credentials=((origin.credentials_file, origin.region or "us-east-1")
-                     if origin.kind == "s3" and origin.auth == "host" else None))
+        credentials=origins.store_for(origin).host_fetch_config())
     ok, out = host.run_shell_command(StringCommand(script), print_output=False,
                                      **{**connector_arguments(), "_stdin": stdin})
     res = fetch.parse_fetch(out.stdout_lines)

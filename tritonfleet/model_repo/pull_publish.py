@@ -43,10 +43,9 @@ def publish_models(hosts, repo_root: Path) -> list[origins.Published]:
             raise UsageError(f"{fh.name}: {e}") from None
         if origin is None:
             continue
-        if origin.kind == "s3" and origin.auth == "presigned":
-            raise UsageError(f"{fh.name}: pull mode: the host fetches from the model origin {origin.url} itself, and "
-                             "only the control machine could sign its URLs: set model_origin_auth = 'host' (the "
-                             "host's own read-only credentials) or use an HTTP origin")
+        why = origins.store_class(origin).pull_problem(origin)
+        if why:
+            raise UsageError(f"{fh.name}: {why}")
         origins.check(origin)  # and, on HTTP, the empty object the hosts' own check reads
         repo = Path(settings["model_repository"])
         settings["model_repository"] = str(repo if repo.is_absolute() else Path(repo_root) / repo)

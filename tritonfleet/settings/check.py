@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import UsageError
+from . import origin_stores
 from .defaults import DEFAULTS
 from .rules import (
     Rule,
@@ -135,7 +136,7 @@ RULES: dict[str, Rule] = {
     "triton_base_dir": text(empty=False),
     "triton_keep_releases": whole(0),
     # model origin (tritonfleet.model_repo.origin: AUTHS)
-    "model_origin": origin_url("s3", "http", "https", none=True),
+    "model_origin": origin_url(none=True),  # schemes and URL rules: origin_stores.STORES
     "model_origin_endpoint": url("http", "https", none=True),
     "model_origin_region": text(none=True, empty=False),
     "model_origin_auth": choice("presigned", "host"),
@@ -410,13 +411,12 @@ def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
                      "code reads goes into extra_host_data)")
         if why:
             out.append(Problem(name, key, value, where(key), why))
-    user, upload = data.get("model_origin_upload_user"), data.get("model_origin_upload_url") or data.get("model_origin")
-    http_origin = str(data.get("model_origin") or "").startswith(("http://", "https://"))
-    if user and http_origin and isinstance(upload, str) and upload.startswith("http://"):
-        key = "model_origin_upload_url" if data.get("model_origin_upload_url") else "model_origin"
+    clear = origin_stores.login_problem(data)
+    if clear:
+        key, upload = clear
         out.append(Problem(name, key, upload, where(key),
-                           f"uploads with model_origin_upload_user {user!r}, whose password would cross the network "
-                           "in clear over http://: upload over https://"))
+                           f"uploads with model_origin_upload_user {data.get('model_origin_upload_user')!r}, whose "
+                           "password would cross the network in clear over http://: upload over https://"))
     ports = [k for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port")
              if is_int(data.get(k, DEFAULTS[k]))]
     values = [data.get(k, DEFAULTS[k]) for k in ports]

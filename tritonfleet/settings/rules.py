@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import origin_stores
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -324,32 +326,22 @@ def url(*schemes: str, none: bool = False) -> Rule:
     return Rule(what, test)
 
 
-#: an S3 bucket name as S3 accepts it (AWS S3 user guide, "General purpose bucket naming rules"):
-#: 3-63 lower-case letters, digits, dots and hyphens, a letter or digit at each end
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_IP = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
-
-
-def bucket_problem(bucket: str) -> str | None:
-    """Why S3 would refuse ``bucket`` as a bucket name (None: it would not)."""
-    if not _BUCKET.match(bucket) or ".." in bucket or _IP.match(bucket):
-        return ("its bucket name must be 3 to 63 lower-case letters, digits, dots or hyphens, a letter or digit at "
-                "each end, not an IP address (S3's bucket naming rules)")
-    return None
-
-
-def origin_url(*schemes: str, none: bool = False) -> Rule:
-    """:func:`url`; an s3:// URL's bucket also as S3 names buckets (refused at load, not at the
-    first upload)."""
-    base = url(*schemes, none=none)
+def origin_url(none: bool = False) -> Rule:
+    """:func:`url` of a scheme in the table of model origin stores
+    (tritonfleet.settings.origin_stores, read when a value is checked), then that store's own URL
+    rule (an s3:// URL's bucket as S3 names buckets: refused at load, not at the first upload)."""
 
     def test(v):
+        if not origin_stores.STORES and v is not None:
+            return ("cannot be checked: no model origin store is loaded (tritonfleet.model_repo.origin fills "
+                    "tritonfleet.settings.origin_stores.STORES)")
+        base = url(*origin_stores.schemes(), none=none)
         why = base.problem(v)
-        if why is None and isinstance(v, str) and urlsplit(v).scheme == "s3":
-            bad = bucket_problem(urlsplit(v).netloc)
+        if why is None and isinstance(v, str):
+            bad = origin_stores.store_of(v).url_problem(v)
             return f"must be {base.what}: {bad}" if bad else None
         return why
-    return Rule(base.what, test)
+    return Rule("a URL of a model origin store" + (" or None" if none else ""), test)
 
 
 #: the characters tritonfleet.model_repo.origin lets through into curl's config file (in double quotes)

@@ -60,7 +60,7 @@ def test_origin_settings_that_cannot_work_are_refused_naming_the_tunable(kw, wor
         origins.from_settings(settings(**kw))
 
 
-@given(st.sampled_from(["http://m/p", "https://m/p", "s3://b/p"]), st.sampled_from([None, "http://u/p", "https://u/p"]),
+@given(st.sampled_from(["http://m/p", "https://m/p", "s3://bkt/p"]), st.sampled_from([None, "http://u/p", "https://u/p"]),
        st.sampled_from([None, "uploader"]))
 def test_an_upload_login_over_plain_http_is_refused_at_load_and_by_the_origin(url, upload, user):
     """Basic auth over http:// would send the upload password in clear: the settings check and the

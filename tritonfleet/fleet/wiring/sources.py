@@ -57,22 +57,17 @@ def _origin_rows(o: origins.Origin, hosts: list[FleetHost], timeout: float) -> l
         st = origins.store(o)
     except UsageError as e:
         return [Row(FAIL, "model origin", f"{where}: {e}", "as the message says")]
-    rows = []
-    if o.kind == "s3":
-        import boto3
-
-        if boto3.session.Session().get_credentials() is None:
-            return [Row(FAIL, "model origin", f"{where}: this machine has no S3 credentials (boto3 found none)",
-                        "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, write ~/.aws/credentials, or give "
-                        "this machine an instance role that may read and write the bucket")]
-        if o.auth == "host":
-            rows.append(Row(WARN, "model origin", f"{where}: the hosts sign their own requests with the credentials "
-                            f"in {o.credentials_file}: not checked here (no SSH){names}",
-                            "make sure every host has that file (a fetch names a missing one)"))
-    if o.kind == "http":  # a typo in the path first: the upload probe would only say PUT is refused there
-        status, body = http_get(f"{o.base}/", timeout, method="HEAD")
+    rows: list[Row] = []
+    for f in st.findings():  # what this machine can tell without asking the origin (its credentials)
+        row = Row(FAIL if f.fatal else WARN, "model origin", f"{where}: {f.what}{names if f.hosts else ''}", f.fix)
+        if f.fatal:
+            return [*rows, row]
+        rows.append(row)
+    root = st.root_url()  # a typo in the path first, where the store has a URL that says so
+    if root:
+        status, body = http_get(root, timeout, method="HEAD")
         if status in (404, 410) or (status or 0) >= 500:
-            return [*rows, Row(FAIL, "model origin", f"{where}: HEAD {o.base}/ answers HTTP {status}: "
+            return [*rows, Row(FAIL, "model origin", f"{where}: HEAD {root} answers HTTP {status}: "
                                f"{'no such path on the server' if status in (404, 410) else 'a server error'}{names}",
                                "correct model_origin's path (the directory that holds objects/ and releases/), "
                                "or the server's configuration for it")]
@@ -101,7 +96,7 @@ def _published_rows(o: origins.Origin, st: Any, hosts: list[FleetHost], timeout:
         releases.setdefault(rid, (manifest, []))[1].append(h.name)
     rows = []
     for rid, (manifest, names) in releases.items():
-        if not _has_manifest(o, st, rid, timeout):
+        if not _has_manifest(o, st, rid):
             rows.append(Row(WARN, "model origin", f"release {rid[:12]} of the local model repository is not on "
                             f"{o.url} yet (hosts: {hosts_text(names)})", "the next deploy uploads it"))
             continue
@@ -123,13 +118,10 @@ def _published_rows(o: origins.Origin, st: Any, hosts: list[FleetHost], timeout:
     return rows
 
 
-def _has_manifest(o: origins.Origin, st: Any, rid: str, timeout: float) -> bool:
-    if o.kind == "http":
-        return http_get(f"{o.base}/{origins.RELEASES}/{rid}.json", timeout, method="HEAD")[0] == 200
+def _has_manifest(o: origins.Origin, st: Any, rid: str) -> bool:
     try:
-        st.client.head_object(Bucket=o.bucket, Key=o.manifest_key(rid))
-        return True
-    except st._errors():
+        return bool(st.has(o.manifest_key(rid)))
+    except origins.OriginError:
         return False
 
 
