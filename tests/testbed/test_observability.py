@@ -19,8 +19,8 @@ import pytest
 import requests
 import yaml
 
+from tests.integration.observability.test_prometheus import promtool, substitute
 from tests.support.testbed import INVENTORY, infer_resnet, ssh, success_count, tritonfleet
-from tests.unit.observability.test_prometheus import promtool, substitute
 from tritonfleet import ROOT
 from tritonfleet.observability import dashboard
 from tritonfleet.serving import health
