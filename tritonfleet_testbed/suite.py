@@ -6,7 +6,7 @@ testbed instance of its own (``TRITONFLEET_TESTBED`` = base, base + 1 and base +
 bridge, subnet, NAT table), and the unit tier (pure, no server) and the integration tier (real
 servers on loopback, no test hosts) run next to them as two parts: the unit part ends in minutes
 and says so, and the integration part, which also mostly waits (on servers starting), overlaps
-the testbed parts. Every test is in exactly one part (tests/unit/testbed_tooling/test_suite_parts.py checks that against pytest's own collection).
+the testbed parts. Every test is in exactly one part (tests/integration/testbed_tooling/test_suite_parts.py checks that against pytest's own collection).
 
 Each part's output goes to a log file and is printed whole when the part ends (no interleaved
 lines); a line a minute says which parts still run. The exit status is the worst of the parts.

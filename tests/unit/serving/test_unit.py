@@ -13,7 +13,7 @@ BASE = dict(
     metrics_port=8002, http_bind="", grpc_bind="", metrics_bind="",
     model_repository="/opt/triton/model_repository", strict_model_config=True,
     model_control_mode="none", extra_args=[], start_timeout=600, base_dir="/opt/triton",
-    # the security defaults off (tests/unit/serving/test_hardening.py renders them)
+    # the security defaults off (tests/integration/serving/test_hardening.py renders them)
     user="", restricted_apis=[], api_key_file="", key_script="",
     **stop_timeouts(30),
 )
