@@ -270,51 +270,6 @@ def _marker_commands(cmds) -> list[str]:
     return [str(c) for c in cmds if MARKER in str(c)]
 
 
-def test_a_held_server_stays_out_after_a_deploys_gate_and_its_own_drain_is_readied(lb, caplog):
-    """HAProxy behind a @fake host: a server the quarantine holds (MAINT) is deployed and stays
-    out after the gate, the run saying who holds it; a server this run drained is readied, its
-    marker written and removed; an operator's drain stays; a cut run's marker is honoured; a
-    converged run on a serving server sends nothing for any of it."""
-    import logging
-
-    from tritonfleet.serving.ops.lb import MARKER
-
-    caplog.set_level(logging.INFO, logger="pyinfra")
-    hap, ha, a, b = lb
-    data = {"lb": "haproxy", "lb_haproxy_sockets": [hap.socket], "lb_haproxy_server": "a", "lb_drain_timeout": 10}
-    restart = {**data, "triton_stop_timeout": 40}
-    # 1. the quarantine's hold (the receiver's balancer is made with hold=True)
-    quarantine = drain.HAProxy([hap.socket], "triton", "a", hold=True)
-    assert "held in maintenance" in quarantine.drain()
-    _, cmds, state = run_fake(_restart_and_ready(), _service_responses(True), restart)
-    assert not state.failed_hosts and any(re.search(r"systemctl (re)?start triton", str(c)) for c in cmds)
-    st = ha.state()
-    assert st.maintenance and not st.serving
-    assert "held out of rotation by the quarantine or an operator" in caplog.text and "not readied" in caplog.text
-    assert _marker_commands(cmds) == []  # the deploy did not take it out
-    assert "set to ready" in quarantine.ready()  # the receiver's release puts it back
-    ha.wait_serving(10)
-    # 2. serving: this run drains it, restarts, and readies it
-    _, cmds, state = run_fake(_restart_and_ready(), _service_responses(True), restart)
-    assert not state.failed_hosts and ha.state().serving
-    marks = _marker_commands(cmds)
-    assert len(marks) == 2 and "umask 077" in marks[0] and "rm -f" in marks[1]
-    # 3. an operator's drain, a converged run: not readied (the marker is read: none)
-    assert hap.command("set server triton/a state drain").strip() == ""
-    caplog.clear()
-    _, cmds, state = run_fake(_restart_and_ready(), _service_responses(True), data)
-    assert ha.state().drained and "an operator's drain" in caplog.text
-    assert [c for c in _marker_commands(cmds) if "cat " in c]
-    # 4. the same with a cut run's marker on the host: readied, the marker removed
-    _, cmds, state = run_fake(_restart_and_ready(), {**_service_responses(True),
-                                                     f"cat {MARKER}": "20261206T040000-1-abcdef root@ctl"}, data)
-    assert ha.state().serving or ha.wait_serving(10)
-    assert any("rm -f" in c for c in _marker_commands(cmds))
-    # 5. converged and serving: nothing sent for the balancer
-    _, cmds, state = run_fake(_restart_and_ready(), _service_responses(True), data)
-    assert _marker_commands(cmds) == [] and ha.state().serving
-
-
 def test_hooks_ready_only_after_a_deploys_drain(tmp_path):
     """Hooks have no state to read: a healthy run that did not drain runs lb_ready_command only
     over a cut run's marker (a host the receiver took out with lb_drain_command stays out)."""
@@ -331,23 +286,3 @@ def test_hooks_ready_only_after_a_deploys_drain(tmp_path):
     assert log.read_text().splitlines() == ["drain", "ready"]
 
 
-def test_a_server_held_while_this_run_restarted_it_stays_out_and_loses_the_marker(lb, monkeypatch):
-    """The receiver holds the server after this run drained it: the gate's ready leaves it held,
-    and this run's marker goes (the holder's release readies it; no stale marker is left to
-    ready an operator's later drain)."""
-    from tritonfleet.serving.ops import lb as lb_ops
-
-    hap, ha, a, b = lb
-    real = drain.HAProxy.wait_idle
-
-    def held_meanwhile(self, *args, **kw):  # the receiver's hold lands during the restart
-        drain.HAProxy([hap.socket], "triton", "a", hold=True).drain()
-        return real(self, *args, **kw)
-
-    monkeypatch.setattr(drain.HAProxy, "wait_idle", held_meanwhile)
-    _, cmds, state = run_fake(_restart_and_ready(), _service_responses(True),
-                              {"lb": "haproxy", "lb_haproxy_sockets": [hap.socket], "lb_haproxy_server": "a",
-                               "lb_drain_timeout": 10, "triton_stop_timeout": 40})
-    assert not state.failed_hosts and ha.state().maintenance
-    marks = _marker_commands(cmds)
-    assert len(marks) == 2 and "umask 077" in marks[0] and marks[1] == f"rm -f {lb_ops.MARKER}"
