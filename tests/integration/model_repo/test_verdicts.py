@@ -4,10 +4,23 @@ interpreters of their own (the verdicts' rules: tests/unit/model_repo/test_verdi
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.unit.model_repo.test_verdicts import NO_OP
+from tritonfleet import ROOT
+from tritonfleet.model_repo import render as models
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    monkeypatch.setattr(models, "CACHE_DIR", tmp_path / "cache")
+    r = tmp_path / "repo"
+    shutil.copytree(ROOT / "files" / "model_repository", r)
+    return r
 
 
 def test_a_converged_hosts_pre_flight_and_warm_plans_parse_nothing_the_second_time(repo, tmp_path):
