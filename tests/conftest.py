@@ -1,9 +1,11 @@
 """The suite's layout and the session fixtures for tests on the local testbed (real hosts, real
 SSH, real Triton).
 
-Tests live like the source: ``tests/unit/<domain>/`` (no test host), ``tests/testbed/`` (every
-test there is marked ``testbed`` by its directory: it runs real hosts), ``tests/support/`` (the
-helpers).
+Tests live like the source: ``tests/unit/<domain>/`` (pure: no server, no heavy program, fast),
+``tests/integration/<domain>/`` (every test there is marked ``integration`` by its directory: it
+starts real servers or programs on loopback: tritonserver, HAProxy, nginx, Prometheus, the
+registry, the command line), ``tests/testbed/`` (every test there is marked ``testbed`` by its
+directory: it runs real hosts), ``tests/support/`` (the helpers).
 
 ``testbed``: the hosts, brought up bare once per session and removed at its end (the teardown
 checks that nothing is left behind). ``deployed``: the full deploy from bare on all of them,
@@ -40,13 +42,18 @@ settings.load_profile("tritonfleet")
 TESTBED_HOSTS = 3
 TIMINGS: dict[str, float] = {}
 TESTBED_DIR = Path(__file__).resolve().parent / "testbed"
+INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
 
 def pytest_collection_modifyitems(config, items):
-    """The ``testbed`` marker by directory: every test under tests/testbed/ has it, none else."""
+    """The tiers' markers by directory: every test under tests/testbed/ is marked ``testbed``,
+    every test under tests/integration/ ``integration``, none else."""
     for item in items:
-        if TESTBED_DIR in Path(str(item.path)).resolve().parents:
+        parents = Path(str(item.path)).resolve().parents
+        if TESTBED_DIR in parents:
             item.add_marker(pytest.mark.testbed)
+        elif INTEGRATION_DIR in parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,12 @@
-"""The whole test suite as four pytest runs side by side (``bash scripts/test``).
+"""The whole test suite as five pytest runs side by side (``bash scripts/test``).
 
 Most of the suite's time is spent waiting on test hosts (reboots, timeouts of the fault tests,
 apt inside the hosts), not computing. So the testbed tests are split in three parts, each with a
 testbed instance of its own (``TRITONFLEET_TESTBED`` = base, base + 1 and base + 2: own hosts,
-bridge, subnet, NAT table), and the fast tier (no test hosts) runs next to them. Every test is in exactly
-one part (tests/unit/testbed_tooling/test_suite_parts.py checks that against pytest's own collection).
+bridge, subnet, NAT table), and the unit tier (pure, no server) and the integration tier (real
+servers on loopback, no test hosts) run next to them as two parts: the unit part ends in minutes
+and says so, and the integration part, which also mostly waits (on servers starting), overlaps
+the testbed parts. Every test is in exactly one part (tests/integration/testbed_tooling/test_suite_parts.py checks that against pytest's own collection).
 
 Each part's output goes to a log file and is printed whole when the part ends (no interleaved
 lines); a line a minute says which parts still run. The exit status is the worst of the parts.
@@ -52,7 +54,8 @@ def parts(base: int) -> list[Part]:
         Part("testbed-a", ("-m", "testbed", *FIRST_PART_FILES), base),
         Part("testbed-b", ("-m", "testbed", "tests", *ignore), base + 1),
         Part("testbed-c", ("-m", "testbed", *THIRD_PART_FILES), base + 2),
-        Part("fast", ("-m", "not testbed", "tests"), None),
+        Part("unit", ("-m", "not testbed and not integration", "tests"), None),
+        Part("integration", ("-m", "integration", "tests"), None),
     ]
 
 

@@ -40,7 +40,7 @@ def _leave_the_parents_greenlets() -> None:
     Patched for gevent, the test process's threads are greenlets of its one OS thread, and a fork
     copies every one of them: a receiver's HTTP server and worker a test runs in a thread went on
     running in the child too, accepted the child's own request on the listening socket they share
-    and answered it from the child's copy of their state (tests/unit/fleet/test_quarantine.py's
+    and answered it from the child's copy of their state (tests/integration/fleet/test_quarantine.py's
     hold went to the child's receiver and was gone from the parent's: it failed most runs alone).
     Resuming them is never wanted, nor unwinding them (their ``finally`` would shut servers down
     from the child): they are kept referenced, so never collected, and their hub is dropped; the

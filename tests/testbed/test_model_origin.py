@@ -8,7 +8,7 @@ mirror; the rollouts go to the other two (one of each GPU class), the failure ca
 The last rollout, from nginx with the session's own inventory and repository, is also what puts
 the hosts back on the session's deployment (its release, its image), so no extra deploy runs at
 the end unless that rollout failed. (The same pieces on this machine alone, with more cases:
-tests/unit/model_repo/test_origin.py, test_fetch.py, tests/unit/serving/test_image_mirror.py.)"""
+tests/integration/model_repo/test_origin.py, test_fetch.py, tests/integration/serving/test_image_mirror.py.)"""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import subprocess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.integration.model_repo.test_release_sync import trees
 from tests.support.testbed import (
     INVENTORY,
     PYINFRA,
@@ -26,7 +27,6 @@ from tests.support.testbed import (
     pyinfra,
     ssh,
 )
-from tests.unit.model_repo.test_release_sync import trees
 from tritonfleet import ROOT
 from tritonfleet.model_repo import render as models
 from tritonfleet_testbed import hosts
@@ -191,7 +191,7 @@ def test_interrupted_transfer_keeps_triton_serving_and_resumes(deployed, tmp_pat
 def host_tree(h, base: str, dest) -> dict:
     """The host's live release as this machine sees it (streamed back as a tar archive), minus
     the release record at its top: {path: bytes} of files, {path/: None} of directories."""
-    from tests.unit.model_repo.test_release_sync import snapshot
+    from tests.integration.model_repo.test_release_sync import snapshot
 
     dest.mkdir()
     with subprocess.Popen(["tar", "-x", "-f", "-", "-C", str(dest)], stdin=subprocess.PIPE) as untar:
@@ -233,7 +233,7 @@ def test_generated_trees_arrive_exactly_over_ssh(deployed, tmp_path_factory, ext
     odd names, zero-byte files, a symlinked directory and file (followed), then renames,
     deletions and additions; over OpenSSH, the host's live release is the local repository as
     this host's class serves it (model_overrides applied), in paths, types and bytes."""
-    from tests.unit.model_repo.test_release_sync import changed, flat, snapshot
+    from tests.integration.model_repo.test_release_sync import changed, flat, snapshot
 
     testbed, _, _ = deployed
     h = testbed.hosts[-1]

@@ -19,8 +19,8 @@ import pytest
 import requests
 import yaml
 
+from tests.integration.observability.test_prometheus import promtool, substitute
 from tests.support.testbed import INVENTORY, infer_resnet, ssh, success_count, tritonfleet
-from tests.unit.observability.test_prometheus import promtool, substitute
 from tritonfleet import ROOT
 from tritonfleet.observability import dashboard
 from tritonfleet.serving import health
@@ -159,7 +159,7 @@ def test_rules_evaluate_on_the_fleet(deployed, prom, traffic):
         rules = [r for g in groups for r in g["rules"]]
         return rules if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else None
 
-    rules = until(evaluated, "every rule evaluated")  # GPU health's too (tests/unit/observability/test_gpu_health_rules.py)
+    rules = until(evaluated, "every rule evaluated")  # GPU health's too (tests/integration/observability/test_gpu_health_rules.py)
     assert len([r for g in prom.get("/api/v1/rules")["groups"] if g["file"].endswith("/triton.rules.yml")
                 for r in g["rules"]]) == 17
     bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]

@@ -12,7 +12,7 @@ nginx on the testbed bridge's address (the hosts' gateway), PUT allowed for repo
 A bare host from its bootstrap script alone to serving is `bench/run.py bare-pull`'s measurement
 (docs/scale.md: one deploy from bare, minutes, which the session's own deploy from bare already
 proves for push mode). What needs no real host stays on fast transports
-(tests/unit/fleet/test_pull.py): the deploy under the host's own name through the local connector
+(tests/integration/fleet/test_pull.py): the deploy under the host's own name through the local connector
 against a real nginx origin, refused pointers and releases, the textfile read by the real node
 exporter, the bootstrap script and user-data, and the pull rollout's waves (canary, batches, a
 failed canary halting the next wave, silent hosts, the failure budget) against agents answering

@@ -126,7 +126,7 @@ def test_a_stale_name_is_found():
 
 def test_the_tunables_command_has_one_name():
     """Operators read ``python -m tritonfleet.tunables``; tritonfleet.settings.table's own name
-    stays working (tests/unit/cli/test_bad_input.py) but is named only in that module."""
+    stays working (tests/integration/cli/test_bad_input.py) but is named only in that module."""
     old = "python -m tritonfleet.settings.table"
     places = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "inventories").rglob("*.py"),
               *(PACKAGE / "skeleton").rglob("*"), *PACKAGE.rglob("*.py")]

@@ -3,7 +3,7 @@
 invariants are checks that stay under ``python -O``.
 
 The drain's own cases are in tests/unit/serving/test_drain.py (unit and @fake) and tests/testbed/test_drain.py
-(behind a real HAProxy); the tunnel's and the unit watch's in tests/unit/serving/test_health.py.
+(behind a real HAProxy); the tunnel's and the unit watch's in tests/integration/serving/test_health.py.
 """
 
 from __future__ import annotations

@@ -175,17 +175,23 @@ def test_no_module_is_over_600_lines_but_data_tables():
 
 
 def test_tests_are_laid_out_like_the_source():
-    """tests/unit/<domain>/ for the fast tests of each package (and of the bench and the test
-    tooling), tests/testbed/ for those that run test hosts (marked by their directory:
-    tests/conftest.py), tests/support/ for the helpers; no test file elsewhere."""
+    """tests/unit/<domain>/ for the pure, fast tests of each package (and of the bench and the
+    test tooling), tests/integration/<domain>/ (the same domains) for those that start real servers
+    or programs, tests/testbed/ for those that run test hosts (the last two marked by their
+    directory: tests/conftest.py), tests/support/ for the helpers; no test file elsewhere, and
+    every test directory a package (a file of the same name in both tiers stays two modules)."""
     tests = ROOT / "tests"
     domains = {p.name for p in (ROOT / "tritonfleet").iterdir() if (p / "__init__.py").is_file()}
     misplaced = [str(p.relative_to(ROOT)) for p in tests.glob("test_*.py")]
-    misplaced += [str(p.relative_to(ROOT)) for p in (tests / "unit").iterdir()
-                  if p.is_dir() and p.name != "__pycache__" and p.name not in domains | {"bench", "testbed_tooling"}]
+    for tier in ("unit", "integration"):
+        misplaced += [str(p.relative_to(ROOT)) for p in (tests / tier).iterdir()
+                      if p.is_dir() and p.name != "__pycache__" and p.name not in domains | {"bench", "testbed_tooling"}]
+        misplaced += [f"{p.relative_to(ROOT)} (no __init__.py)" for p in [tests / tier, *(tests / tier).iterdir()]
+                      if p.is_dir() and p.name != "__pycache__" and not (p / "__init__.py").is_file()]
     misplaced += [str(p.relative_to(ROOT)) for p in (tests / "support").glob("test_*.py")]
-    assert not misplaced, f"test files outside tests/unit/<domain>/ and tests/testbed/: {misplaced}"
-    marker = "pytest" + ".mark." + "testbed"  # (not written out here: this file would match)
+    assert not misplaced, ("test files outside tests/unit/<domain>/, tests/integration/<domain>/ and "
+                           f"tests/testbed/: {misplaced}")
+    markers = ["pytest" + ".mark." + m for m in ("testbed", "integration")]  # (not written out: this file would match)
     marked = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py")
-              if marker in p.read_text() or "\npytestmark" in p.read_text()]
-    assert not marked, f"the testbed marker comes from the directory (tests/testbed/), not the file: {marked}"
+              if any(m in p.read_text() for m in markers) or "\npytestmark" in p.read_text()]
+    assert not marked, f"the tiers' markers come from the directory (tests/testbed/, tests/integration/), not the file: {marked}"

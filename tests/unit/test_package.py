@@ -9,8 +9,6 @@ from __future__ import annotations
 import filecmp
 import re
 import runpy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -210,20 +208,6 @@ def test_init_accepts_a_fresh_git_repository_and_refuses_a_file(tmp_path):
     f.write_text("")
     res = init(str(f))
     assert res.exit_code != 0
-
-
-def test_scaffolded_repository_loads_and_validates(tmp_path):
-    """The new repository's inventory loads with its group data (every host in a GPU class, the
-    host-key policy named), and its model repository is valid."""
-    dest = tmp_path / "repo"
-    assert init(str(dest)).exit_code == 0
-    res = subprocess.run([str(Path(sys.executable).parent / "tritonfleet"), "validate"], cwd=dest, capture_output=True,
-                         text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
-    hosts = fleet.load_inventory(dest / "inventories" / "prod.py")
-    assert [(h.name, h.gpu_class) for h in hosts] == [("triton-t4-01", "T4"), ("triton-t4-02", "T4"),
-                                                     ("triton-l4-01", "L4")]
-    assert all(h.get("ssh_strict_host_key_checking") == "yes" for h in hosts)
 
 
 def test_the_printed_rollback_command_names_an_entry_point_that_exists(tmp_path, monkeypatch):

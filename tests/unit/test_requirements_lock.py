@@ -73,7 +73,7 @@ def test_the_runtime_lock_is_the_installations_part_of_the_lock():
     """requirements-runtime.lock is what scripts/runtime_lock.py writes from requirements.lock, and
     it holds exactly the distributions the package requires, through their own requirements, as
     the installed packages' metadata says: no test tool, nothing missing."""
-    from tests.unit.test_wheel_dependencies import closure
+    from tests.integration.test_wheel_dependencies import closure
 
     assert RUNTIME.read_text() == _runtime_lock_module().runtime(LOCK.read_text(),
                                                                  (ROOT / "pyproject.toml").read_text()), \
@@ -113,7 +113,7 @@ def test_the_s3_lock_is_what_the_s3_part_adds():
     boto3 and what it needs beyond requirements-runtime.lock, hashed, at requirements.lock's
     versions, nothing of the runtime lock twice; README's Install names the line that installs
     it, and the error for a missing boto3 names the same line (no unpinned install)."""
-    from tests.unit.test_wheel_dependencies import closure
+    from tests.integration.test_wheel_dependencies import closure
     from tritonfleet.model_repo import origin
 
     pyproject = (ROOT / "pyproject.toml").read_text()

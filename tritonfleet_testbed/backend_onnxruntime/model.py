@@ -148,7 +148,7 @@ class TritonPythonModel:
             # raised, not returned as error responses: a batch of error responses returned from
             # execute() crashed the Python backend's library (signal 11 in
             # TRITONBACKEND_ModelInstanceExecute) within a second under CPU contention
-            # (tests/unit/testbed_tooling/test_backend_switch.py); a raised exception is how a
+            # (tests/integration/testbed_tooling/test_backend_switch.py); a raised exception is how a
             # failed run is reported, and Triton counts the requests as failed
             raise pb_utils.TritonModelException(f"testbed fault: inference of {self.name} switched to fail ({switch})")
         responses: list = [None] * len(requests)

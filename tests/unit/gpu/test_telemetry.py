@@ -1,8 +1,8 @@
 """The GPU fault collector (tritonfleet.gpu.telemetry): the driver query against real driver 580
 output (H200) and against the testbed's stand-in driver, Xid reports in every format the driver
 prints (generated), the kernel-message source followed as it grows, the textfile read back by
-the real node exporter (Debian's) and by prometheus_client's parser, and the collector run with
-exactly the command line of its unit."""
+prometheus_client's parser (by the real node exporter, and the collector run with exactly the
+command line of its unit: tests/integration/gpu/test_telemetry.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,10 +21,8 @@ from tritonfleet.gpu import telemetry as t
 from tritonfleet.observability import telemetry_units as tu
 from tritonfleet.settings.defaults import DEFAULTS
 from tritonfleet_testbed import standin_repo
-from tritonfleet_testbed.ports import free_port
 
 REAL = Path(__file__).parents[2] / "fixtures" / "nvidia-real-h200-580-health"
-NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 
 
 def answer(name: str) -> str:
@@ -209,7 +205,7 @@ def test_a_character_device_source_reads_records_until_none_is_left():
     assert log.read() == [] and log.device and log.readable
 
 
-# ---- the textfile, read back by the real node exporter ---------------------------------------
+# ---- the textfile, read back -----------------------------------------------------------------
 
 def collector(tmp_path, smi: str, kmsg: Path) -> t.Collector:
     out = tmp_path / "textfiles"
@@ -250,84 +246,6 @@ def test_a_failing_driver_query_is_reported_and_its_values_dropped(tmp_path, sta
     found = samples((Path(c.textfile_dir) / t.TEXTFILE).read_text())
     assert one(found, "tritonfleet_gpu_query_success") == 0 and one(found, "tritonfleet_gpu_count") == 0
     assert not [k for k in found if k[0] == "tritonfleet_gpu_temperature_celsius"]
-
-
-@pytest.fixture
-def node_exporter(tmp_path):
-    assert Path(NODE_EXPORTER).exists(), "prometheus-node-exporter is not installed (bash scripts/setup installs it)"
-    textfiles = tmp_path / "node-textfiles"
-    textfiles.mkdir()
-    port = free_port()
-    proc = subprocess.Popen([NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}",
-                             f"--collector.textfile.directory={textfiles}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def scrape() -> str:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?collect[]=textfile", timeout=5) as r:
-                    return r.read().decode()
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the node exporter does not answer"
-                time.sleep(0.2)
-
-    try:
-        yield textfiles, scrape
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def test_the_real_node_exporter_serves_the_textfile_as_written(tmp_path, node_exporter):
-    textfiles, scrape = node_exporter
-    gpus = t.parse_query(answer("query-telemetry.txt"))
-    text = t.render(gpus, True, 0.043, {("0000:00:06", 79): 1, ("0000:00:06", 13): 4},
-                    {("0000:00:06", 79): 1.7e9, ("0000:00:06", 13): 1.7e9 + 5}, True)
-    t.write_atomically(str(textfiles), t.TEXTFILE, text)
-    served = samples(scrape())
-    assert one(served, "node_textfile_scrape_error") == 0
-    ours = samples(text)
-    assert ours and {k: v for k, v in served.items() if k[0].startswith("tritonfleet_gpu_")} == ours
-
-
-def test_the_unit_command_line_runs_the_collector_as_the_host_would(tmp_path, standin, node_exporter):
-    """The collector's ExecStart (rendered from the tunables) run here, against the stand-in
-    driver and a kernel-message file; the node exporter serves what it writes."""
-    textfiles, scrape = node_exporter
-    smi = standin("T4")
-    kmsg = tmp_path / "kmsg"
-    kmsg.write_text(record(1, "NVRM: Xid (PCI:0000:00:1e): 48, pid=1, name=x, DBE"))
-    settings_ = {**DEFAULTS, "telemetry_textfile_dir": str(textfiles), "nvidia_smi_command": str(smi),
-                 "telemetry_kmsg_path": str(kmsg), "telemetry_interval": 0.5}
-    args = [a for a, _ in tu.collector_args(settings_)]
-    assert args[:2] == [tu.PYTHON, tu.COLLECTOR]
-    unit = tu.collector_unit(settings_)
-    assert f"ExecStart={tu.command_line(tu.collector_args(settings_))}" in unit.splitlines()
-    # run the same arguments with this checkout's file in place of the host's copy
-    argv = [sys.executable, str(Path(t.__file__)), *args[2:]]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 20
-        while not (textfiles / t.TEXTFILE).exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
-            time.sleep(0.1)
-        with open(kmsg, "a") as f:  # an Xid while it runs: written at once
-            f.write(record(2, "NVRM: Xid (PCI:0000:00:1e): 79, GPU has fallen off the bus."))
-        while True:
-            found = samples(scrape())
-            # the Xid is written at once; the driver's answer comes with the next query (later
-            # than the Xid on a loaded machine): both are waited for
-            if [k for k in found if k[0] == "tritonfleet_gpu_xid_errors_total" and ("xid", "79") in k[1]] and \
-                    [k for k in found if k[0] == "tritonfleet_gpu_temperature_celsius"]:
-                break
-            assert time.monotonic() < deadline, found
-            time.sleep(0.1)
-        assert one(found, "tritonfleet_gpu_xid_errors_total", xid="48") == 1
-        assert one(found, "tritonfleet_gpu_temperature_celsius") == 27
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @settings(max_examples=100, deadline=None)

@@ -4,7 +4,7 @@ and the run-time check of them (tritonfleet/pyinfra_ext/compat.py) does what it 
 compat.INTERNALS lists every such internal with the feature it serves; compat.RECORD
 (tritonfleet/pyinfra_ext/internals.json) holds the sha256 of each one's source, and of each
 module file holding one, in every release it was checked against. These tests run against the
-installed pyinfra; tests/unit/pyinfra_ext/test_releases.py runs them again against every pyinfra release
+installed pyinfra; tests/integration/pyinfra_ext/test_releases.py runs them again against every pyinfra release
 pyproject.toml allows, each in a scratch environment. After re-checking a new release, record it
 with `.venv/bin/python -m tritonfleet.pyinfra_ext.compat --record` and widen the pin.
 """
@@ -45,7 +45,7 @@ def test_the_pin_admits_only_checked_releases():
     assert not unchecked, (
         f"pyproject.toml pins pyinfra{spec}, which admits {', '.join(unchecked)}: tritonfleet was checked against "
         f"{', '.join(checked)} only (tritonfleet/pyinfra_ext/internals.json). Check a release "
-        "(tests/unit/pyinfra_ext/test_releases.py), record it, then widen the pin")
+        "(tests/integration/pyinfra_ext/test_releases.py), record it, then widen the pin")
 
 
 def test_the_installed_pyinfra_is_a_checked_one_and_passes_the_check():

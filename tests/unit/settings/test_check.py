@@ -1,7 +1,7 @@
 """Every setting checked once when the inventory is loaded (tritonfleet.settings.check): type,
 range, known name (with the nearest known name for a misspelling), known GPU class; refused with
 the host, the setting, its value and where it was set. The deploy's side (pre-flight) is in
-tests/unit/test_preflight.py; every command fed broken inventories in tests/unit/cli/test_bad_input.py."""
+tests/unit/test_preflight.py; every command fed broken inventories in tests/integration/cli/test_bad_input.py."""
 
 from __future__ import annotations
 

@@ -43,7 +43,10 @@ def test_every_test_is_in_exactly_one_part():
     # the testbed parts hold exactly the testbed-marked tests, on two instances
     assert {i.split("::")[0] for i in ids["testbed-a"]} == set(suite.FIRST_PART_FILES)
     assert {i.split("::")[0] for i in ids["testbed-c"]} == set(suite.THIRD_PART_FILES)
-    assert [p.instance for p in parts] == [0, 1, 2, None]
+    assert [p.instance for p in parts] == [0, 1, 2, None, None]
+    # the unit part holds tests/unit/ and nothing else, the integration part tests/integration/
+    assert {i.split("/")[1] for i in ids["unit"]} == {"unit"}
+    assert {i.split("/")[1] for i in ids["integration"]} == {"integration"}
 
 
 def test_the_base_instance_leaves_room_for_the_second(monkeypatch):

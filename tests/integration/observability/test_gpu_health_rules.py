@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.forked import forked
-from tests.support.testbed import tritonfleet
-from tests.unit.observability.test_prometheus import (
+from tests.integration.observability.test_prometheus import (
     GROUP,
     L4_1,
     PROD,
@@ -24,6 +22,8 @@ from tests.unit.observability.test_prometheus import (
     inventory,
     promtool,
 )
+from tests.support.forked import forked
+from tests.support.testbed import tritonfleet
 from tritonfleet.fleet.inventory import InventoryError, load_inventory
 from tritonfleet.observability import gpu_health_rules as ghr
 from tritonfleet.observability import prometheus

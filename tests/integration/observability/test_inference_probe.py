@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as pb
 
+from tests.integration.serving.test_warmup import model
 from tests.support.tritonproc import copy_repository, local_server
-from tests.unit.serving.test_warmup import model
 from tritonfleet.model_repo.validate.lines import parse_config
 from tritonfleet.observability import inference_probe as ip
 from tritonfleet.observability import telemetry_units as tu

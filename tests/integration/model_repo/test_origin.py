@@ -16,7 +16,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from tests.unit.model_repo.test_release_sync import assert_serves, live, write
+from tests.integration.model_repo.test_release_sync import assert_serves, live, write
 from tritonfleet.core.errors import UsageError
 from tritonfleet.gpu.rules import GPU_CLASSES
 from tritonfleet.model_repo import fetch

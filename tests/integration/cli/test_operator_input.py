@@ -2,7 +2,7 @@
 names the fix and exit status 2, before anything is published, written or run; and the habits
 tritonfleet takes over from pyinfra (-y, --dry, N or P% wherever a count is taken).
 
-Each command runs in-process in a forked child (tests/unit/cli/test_bad_input.py), no host contacted.
+Each command runs in-process in a forked child (tests/integration/cli/test_bad_input.py), no host contacted.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.cli.test_bad_input import GEN, GOOD_INVENTORY, assert_usage_error, invoke
+from tests.integration.cli.test_bad_input import GEN, GOOD_INVENTORY, assert_usage_error, invoke
 from tritonfleet import ROOT, __version__
 from tritonfleet.fleet.pull import bootstrap
 from tritonfleet.fleet.rollout import engine, plan
@@ -26,7 +26,7 @@ from tritonfleet.fleet.rollout.pyinfra_run import PyinfraRun
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    """The layout `tritonfleet init` writes, hosts that never answer (as tests/unit/cli/test_bad_input.py)."""
+    """The layout `tritonfleet init` writes, hosts that never answer (as tests/integration/cli/test_bad_input.py)."""
     for d in ("inventories/group_data", "files", "deploys"):
         shutil.copytree(ROOT / d, tmp_path / d)
     (tmp_path / "inventories" / "prod.py").write_text(GOOD_INVENTORY)

@@ -22,8 +22,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.integration.fleet.test_quarantine import tritonfleet
 from tests.support.haproxy import HAProxy, ok_server
-from tests.unit.fleet.test_quarantine import tritonfleet
 from tritonfleet.fleet import quarantine
 from tritonfleet.fleet.inventory import FleetHost
 from tritonfleet.fleet.pull import bootstrap
