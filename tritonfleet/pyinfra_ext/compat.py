@@ -155,7 +155,7 @@ def _jinja_bytecode_format(bucket_cls) -> str:
     f = io.BytesIO()
     try:
         bucket.write_bytecode(f)
-    except Exception as e:  # noqa: BLE001 - any way it no longer works is a difference
+    except (AttributeError, TypeError, ValueError, OSError, pickle.PickleError) as e:  # a changed bucket
         return f"Bucket.write_bytecode failed ({type(e).__name__}: {e})"
     data, head = f.getvalue(), bc_magic + pickle.dumps("checksum", 2)
     if not data.startswith(head):
