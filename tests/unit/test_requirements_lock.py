@@ -114,7 +114,7 @@ def test_the_s3_lock_is_what_the_s3_part_adds():
     versions, nothing of the runtime lock twice; README's Install names the line that installs
     it, and the error for a missing boto3 names the same line (no unpinned install)."""
     from tests.integration.test_wheel_dependencies import closure
-    from tritonfleet.model_repo import origin
+    from tritonfleet.model_repo import s3_store
 
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert S3.read_text() == _runtime_lock_module().optional(LOCK.read_text(), pyproject, "s3"), \
@@ -126,7 +126,7 @@ def test_the_s3_lock_is_what_the_s3_part_adds():
     assert S3.read_text().count("==") == S3.read_text().count("# via") and "--hash=sha256:" in S3.read_text()
     install = (ROOT / "README.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
     assert S3_INSTALL in install
-    assert S3_INSTALL in origin.BOTO3_MISSING and "tritonfleet[s3]" not in origin.BOTO3_MISSING
+    assert S3_INSTALL in s3_store.BOTO3_MISSING and "tritonfleet[s3]" not in s3_store.BOTO3_MISSING
 
 
 # ---- the Pythons README names ------------------------------------------------------------------
