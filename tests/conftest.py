@@ -34,6 +34,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tritonfleet_testbed import standin_repo
+
 # No test is a timing (speed is measured in bench/, never asserted in a test): hypothesis's
 # per-example deadline (200 ms) failed generated cases on a loaded machine with nothing wrong.
 settings.register_profile("tritonfleet", deadline=None)
@@ -101,3 +103,24 @@ def deployed(testbed):
     assert res.returncode == 0, res.stderr[-6000:]
     assert data.get("results", {}).get("failed_hosts") == [], res.stderr[-4000:]
     return testbed, res, data
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """The testbed's stand-in nvidia-smi with a T4 (its gpu.env: the "hardware"): the GPU telemetry
+    collector's tests, unit and integration, read it."""
+    root = tmp_path / "root"
+    (root / "etc/nvidia-standin").mkdir(parents=True)
+    (root / "run/nvidia-standin").mkdir(parents=True)
+    (root / "run/nvidia-standin/module-version").write_text("580.159.04\n")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(standin_repo.smi_answer("580.159.04"))
+    smi.chmod(0o755)
+    monkeypatch.setenv("NVIDIA_STANDIN_ROOT", str(root))
+
+    def gpu(cls: str = "T4", **faults: str) -> Path:
+        extra = "".join(f"{k}='{v}'\n" for k, v in faults.items())
+        (root / "etc/nvidia-standin/gpu.env").write_text(standin_repo.gpu_profile(cls) + extra)
+        return smi
+
+    return gpu

@@ -17,30 +17,11 @@ from tests.unit.gpu.test_telemetry import answer, one, record, samples
 from tritonfleet.gpu import telemetry as t
 from tritonfleet.observability import telemetry_units as tu
 from tritonfleet.settings.defaults import DEFAULTS
-from tritonfleet_testbed import standin_repo
 from tritonfleet_testbed.ports import free_port
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 
 
-@pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """The testbed's stand-in nvidia-smi with a T4 (its gpu.env: the "hardware")."""
-    root = tmp_path / "root"
-    (root / "etc/nvidia-standin").mkdir(parents=True)
-    (root / "run/nvidia-standin").mkdir(parents=True)
-    (root / "run/nvidia-standin/module-version").write_text("580.159.04\n")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(standin_repo.smi_answer("580.159.04"))
-    smi.chmod(0o755)
-    monkeypatch.setenv("NVIDIA_STANDIN_ROOT", str(root))
-
-    def gpu(cls: str = "T4", **faults: str) -> Path:
-        extra = "".join(f"{k}='{v}'\n" for k, v in faults.items())
-        (root / "etc/nvidia-standin/gpu.env").write_text(standin_repo.gpu_profile(cls) + extra)
-        return smi
-
-    return gpu
 
 
 @pytest.fixture

@@ -92,24 +92,6 @@ def test_an_error_instead_of_rows_is_refused():
 
 # ---- the stand-in driver answers the same query ---------------------------------------------
 
-@pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """The testbed's stand-in nvidia-smi with a T4 (its gpu.env: the "hardware")."""
-    root = tmp_path / "root"
-    (root / "etc/nvidia-standin").mkdir(parents=True)
-    (root / "run/nvidia-standin").mkdir(parents=True)
-    (root / "run/nvidia-standin/module-version").write_text("580.159.04\n")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(standin_repo.smi_answer("580.159.04"))
-    smi.chmod(0o755)
-    monkeypatch.setenv("NVIDIA_STANDIN_ROOT", str(root))
-
-    def gpu(cls: str = "T4", **faults: str) -> Path:
-        extra = "".join(f"{k}='{v}'\n" for k, v in faults.items())
-        (root / "etc/nvidia-standin/gpu.env").write_text(standin_repo.gpu_profile(cls) + extra)
-        return smi
-
-    return gpu
 
 
 @pytest.mark.parametrize("shell", ["dash", "busybox sh"])
