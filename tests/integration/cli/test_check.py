@@ -321,29 +321,10 @@ def test_the_real_receiver_with_and_without_its_token(tmp_path):
     assert res.returncode == 0 and "refuses requests without a token" in res.stdout, res.stdout
 
 
-class _OpenReceiver(BaseHTTPRequestHandler):
-    """A receiver of an older release: it answers anyone."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = json.dumps({"hosts": {}, "events": []}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_receiver_without_a_token(tmp_path):
     """A receiver that answers anyone (an older release): the check says so."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _OpenReceiver)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        res = check(str(inventory(tmp_path, quarantine_url=f"http://127.0.0.1:{srv.server_address[1]}")), "--json")
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with ok_server(json.dumps({"hosts": {}, "events": []}).encode()) as address:
+        res = check(str(inventory(tmp_path, quarantine_url=f"http://{address}")), "--json")
     assert res.returncode == 1
     [bad] = failed(res, "quarantine")
     assert "accepts requests without a token" in bad["what"] and "upgrade/restart it" in bad["fix"]
