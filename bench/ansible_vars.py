@@ -98,11 +98,11 @@ def keep_repository(v: dict, out: Path) -> dict:
 def main(argv: list[str]) -> int:
     from ansible_scale import config
 
-    from tritonfleet.fleet import inventory as fleet
+    from tritonfleet.inventory import roster
 
     inventory, out = argv[0], Path(argv[1])
     limit = argv[3].split(",") if len(argv) > 3 and argv[2] == "--limit" else None
-    hosts = fleet.load_inventory(inventory, limit=limit)
+    hosts = roster.load_inventory(inventory, limit=limit)
     (out / "host_vars").mkdir(parents=True, exist_ok=True)
     try:
         for fh in hosts:
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
                                                                           indent=1))
     finally:
         for fh in hosts:
-            fleet.disconnect(fh)
+            roster.disconnect(fh)
     (out / "inventory.ini").write_text("[gpu]\n" + "".join(f"{fh.name}\n" for fh in hosts))
     (out / "ansible.cfg").write_text(config(out / "inventory.ini"))
     print(f"wrote {out} for {len(hosts)} hosts")

@@ -81,7 +81,7 @@ def _calibrate(hap, prom, hosts, base_overrides: dict, mode: list[str], rate: fl
     load (dynamic batching), so it is measured rather than assumed. Up to four tries; the host
     goes back to the inventory's release after."""
     from tests.support.canary_load import Client, slower_overrides
-    from tritonfleet.fleet import canary as cn
+    from tritonfleet.fleet.rollout import canary as cn
     from tritonfleet.serving.haproxy_weights import Weights
 
     order = [h.name for h in hosts if h.gpu_class == "t4"] + [h.name for h in hosts if h.gpu_class != "t4"]

@@ -702,7 +702,7 @@ def record(args) -> int:
     import subprocess
 
     sys.path.insert(0, str(ROOT))
-    from tritonfleet.fleet.inventory import load_inventory
+    from tritonfleet.inventory.roster import load_inventory
 
     testbed = _testbed()
     real = [h for h in load_inventory("inventories/testbed.py") if not args.host or h.name == args.host]
@@ -738,7 +738,7 @@ def record(args) -> int:
              "deploys/triton.py"],
             [str(binp / "tritonfleet"), "status", "bench/fake_inventory.py"],
             # what the health gate asks while it waits (a host slow to answer): tritonfleet.serving.unit_watch
-            [sys.executable, "-c", "from tritonfleet.fleet import inventory as fleet; from tritonfleet.serving import unit_watch; h = fleet.load_inventory("
+            [sys.executable, "-c", "from tritonfleet.inventory import roster; from tritonfleet.serving import unit_watch; h = roster.load_inventory("
              "'bench/fake_inventory.py')[0]; g = h.get; print(fleet.run(h, unit_watch.watch_command("
              "g('triton_service'), g('triton_container_name'), g('triton_base_dir')))[0])"]]
     try:
@@ -767,7 +767,7 @@ def record_ansible(args) -> int:
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     import ansible_scale
 
-    from tritonfleet.fleet.inventory import load_inventory
+    from tritonfleet.inventory.roster import load_inventory
     from tritonfleet.settings.defaults import DEFAULTS
 
     if not ansible_scale.ANSIBLE.exists():

@@ -230,7 +230,7 @@ def run_scale(sizes: list[int] | None = None, ansible_forks: list[int] | None = 
     cpus = os.cpu_count() or 1
     tf = str(BIN / "tritonfleet")
     # one process (pyinfra runs on one core), then the same spread over one worker process per
-    # CPU (tritonfleet.fleet.workers) from WORKERS_FROM hosts on
+    # CPU (tritonfleet.fleet.runner.workers) from WORKERS_FROM hosts on
     spread = {f"no-op deploy, {cpus} workers", f"status, {cpus} workers", f"rollout plan, {cpus} workers"}
     what = {
         "no-op deploy": [py, str(BENCH / "cmdprofile.py"), "--", "-y", inv, "deploys/triton.py"],
@@ -487,16 +487,17 @@ def write_docs(rows: list[dict], meta: dict) -> None:
 def plan(inventory: str, deploy: str, k: int = 1) -> int:
     """A rollout's plan step alone: probe every target, then the `--dry` run of the deploy on the
     reachable ones (what `tritonfleet rollout` does before its first batch), over ``k`` worker
-    processes (tritonfleet.fleet.workers, as the rollout does)."""
+    processes (tritonfleet.fleet.runner.workers, as the rollout does)."""
     sys.path.insert(0, str(ROOT))
-    from tritonfleet.fleet import inventory as fleet
-    from tritonfleet.fleet import probe, workers
+    from tritonfleet.fleet import probe
     from tritonfleet.fleet.rollout.plan import _plan_error
+    from tritonfleet.fleet.runner import workers
+    from tritonfleet.inventory import roster
 
-    hosts = fleet.load_inventory(inventory)
+    hosts = roster.load_inventory(inventory)
     before = workers.parallel(hosts, probe.probe, workers=k)
     for h in hosts:
-        fleet.disconnect(h)
+        roster.disconnect(h)
     targets = [h.name for h, st in zip(hosts, before, strict=True) if st.reachable]
     if len(targets) != len(hosts):
         print(f"unreachable: {[h.name for h, st in zip(hosts, before, strict=True) if not st.reachable]}",

@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tritonfleet.fleet import inventory as fleet  # noqa: E402
 from tritonfleet.gpu.rules import GPU_CLASSES  # noqa: E402
+from tritonfleet.inventory import roster  # noqa: E402
 from tritonfleet.settings import check  # noqa: E402
 from tritonfleet.settings.defaults import DEFAULTS  # noqa: E402
 
@@ -59,11 +59,11 @@ def main() -> None:
 
             def load(inv=inv):
                 util.PYTHON_CODES.clear()
-                fleet.load_inventory(inv)
+                roster.load_inventory(inv)
 
             total = timed(load, args.runs)
             util.PYTHON_CODES.clear()
-            hosts = fleet.load_inventory(inv)
+            hosts = roster.load_inventory(inv)
             pyinfra_hosts = [h.pyinfra_host for h in hosts]
             origins = check.Origins(pyinfra_hosts[0].inventory, str(inv), check.group_dirs(str(inv)))
             alone = timed(lambda hs=pyinfra_hosts, o=origins: check.check_hosts(hs, o, GPU_CLASSES), args.runs)

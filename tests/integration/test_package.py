@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.unit.test_package import init
-from tritonfleet.fleet import inventory as fleet
+from tritonfleet.inventory import roster
 
 
 def test_scaffolded_repository_loads_and_validates(tmp_path):
@@ -20,7 +20,7 @@ def test_scaffolded_repository_loads_and_validates(tmp_path):
     res = subprocess.run([str(Path(sys.executable).parent / "tritonfleet"), "validate"], cwd=dest, capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stdout + res.stderr
-    hosts = fleet.load_inventory(dest / "inventories" / "prod.py")
+    hosts = roster.load_inventory(dest / "inventories" / "prod.py")
     assert [(h.name, h.gpu_class) for h in hosts] == [("triton-t4-01", "T4"), ("triton-t4-02", "T4"),
                                                      ("triton-l4-01", "L4")]
     assert all(h.get("ssh_strict_host_key_checking") == "yes" for h in hosts)

@@ -1,5 +1,5 @@
 """Run a function in a forked child of the test process, for tests that load inventories
-in-process (tritonfleet.fleet.inventory.load_inventory, a fleet command through click's CliRunner).
+in-process (tritonfleet.inventory.roster.load_inventory, a fleet command through click's CliRunner).
 
 Loading an inventory imports pyinfra_cli, whose ``__init__`` monkey-patches the whole process for
 gevent (sockets, threads, time.sleep). In the test process that would change every later test:

@@ -74,19 +74,19 @@ def test_deploy_and_fleet_connections_have_tcp_nodelay(deployed, monkeypatch):
     res, _ = pyinfra("tests/deploys/nodelay.py")
     assert res.returncode == 0, res.stderr[-3000:]
 
-    from tritonfleet.fleet import inventory as fleet
+    from tritonfleet.inventory import roster
     from tritonfleet.pyinfra_ext.connection import transport_of
 
     monkeypatch.chdir(ROOT)
-    hosts = fleet.load_inventory(INVENTORY)
+    hosts = roster.load_inventory(INVENTORY)
     try:
-        ok, out = fleet.run(hosts[0], "true")
+        ok, out = roster.run(hosts[0], "true")
         assert ok, out
         sock = transport_of(hosts[0].pyinfra_host).sock
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         for h in hosts:
-            fleet.disconnect(h)
+            roster.disconnect(h)
 
 
 def test_sync_changes_over_openssh_and_pyinfra_connection(deployed, tmp_path):

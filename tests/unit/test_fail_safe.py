@@ -19,7 +19,7 @@ import pytest
 
 from tritonfleet import ROOT
 from tritonfleet.fleet import probe
-from tritonfleet.fleet.inventory import FleetHost
+from tritonfleet.inventory.roster import FleetHost
 from tritonfleet.serving import drain, unit_watch
 
 PACKAGE = ROOT / "tritonfleet"

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tritonfleet.gpu",),  # GPU facts, rules, placement, the loss guard's rule
     ("tritonfleet.host", "tritonfleet.model_repo"),  # driver/Docker/toolkit; the model repository
     ("tritonfleet.serving",),  # Triton on one host
-    ("tritonfleet.fleet.inventory",),  # the inventory as the fleet commands read it
+    ("tritonfleet.inventory",),  # the inventory model: hosts, groups, their data, as the fleet commands read them
     ("tritonfleet.observability",),  # metrics, Prometheus, tune, load test
     ("tritonfleet.fleet",),  # status (probe), the rollout and its performance gate
     ("tritonfleet.preflight",),  # deploy-time read-only checks
@@ -44,7 +44,7 @@ def graph() -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for m, p in mods.items():
         found = [(line, name) for line, name in imported(p) if name in mods and name != m]
-        # `from tritonfleet.fleet import inventory` imports the module, not the package around it
+        # `from tritonfleet.inventory import roster` imports the module, not the package around it
         through = {(line, name.rpartition(".")[0]) for line, name in found}
         edges: dict[str, int] = {}
         for line, name in found:

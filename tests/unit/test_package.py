@@ -18,7 +18,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from tritonfleet import ROLLBACK_DEPLOY, ROOT, SKELETON, TEMPLATES, preflight
 from tritonfleet.cli import main, scaffold
-from tritonfleet.fleet import inventory as fleet
+from tritonfleet.inventory import roster
 from tritonfleet.settings import access as config
 from tritonfleet.settings.defaults import DEFAULTS
 
@@ -70,7 +70,7 @@ def test_fleet_inventory_has_the_defaults_under_its_data(tmp_path, monkeypatch):
     (d / "group_data" / "t4.py").write_text('gpu_class = "T4"\n')
     (d / "prod.py").write_text('t4 = [("h1", {"ssh_hostname": "192.0.2.1", "triton_grpc_port": 9001})]\n')
     monkeypatch.chdir(tmp_path)
-    (h,) = fleet.load_inventory(d / "prod.py")
+    (h,) = roster.load_inventory(d / "prod.py")
     assert h.get("triton_http_port") == 9000 and h.get("triton_grpc_port") == 9001
     assert h.get("triton_metrics_port") == DEFAULTS["triton_metrics_port"]
     assert h.gpu_class == "T4"

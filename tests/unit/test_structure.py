@@ -146,7 +146,7 @@ state = State()
 state.callback_handlers = []  # (State.init sets it up for a run)
 ctx_state.set(state)
 out = {"before": now()}
-import tritonfleet, tritonfleet.cli, tritonfleet.fleet.inventory, tritonfleet.fleet.probe, tritonfleet.fleet.rollout
+import tritonfleet, tritonfleet.cli, tritonfleet.inventory.roster, tritonfleet.fleet.probe, tritonfleet.fleet.rollout
 import tritonfleet.preflight, tritonfleet.steps.host_prep, tritonfleet.steps.rollback
 import tritonfleet.steps.triton, tritonfleet.steps.verify
 out["imported"] = now()

@@ -72,16 +72,16 @@ def pull_group() -> None:
 def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -> None:
     """Publish the current directory's repository as a release; with --sign-key, point the hosts
     (--limit: a wave of them) at it, without waiting for them. Prints the release id."""
-    from ..fleet import inventory as fleet
     from ..fleet.pull.origin import INCLUDE, Origin
     from ..fleet.pull.release import host_entries, publish_release
     from ..fleet.pull.signing import check_sign_key, publish_desired
+    from ..inventory import roster
 
     origin = Origin(origin_dir)
-    fleet.check_deploy_file(deploy)
+    roster.check_deploy_file(deploy)
     if sign_key:
         check_sign_key(sign_key)
-    hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
+    hosts = roster.load_inventory(inventory, data=_data(data), limit=list(limit))
     with origin.lock("pull publish"):
         sha = publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or INCLUDE)
         if sign_key:

@@ -42,8 +42,8 @@ def check_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_
     (the options, or an inventory or setting refused: its rows, then the one-line error).
     """
     from ..core.errors import TritonfleetError, UsageError
-    from ..fleet import inventory as fleet
     from ..fleet import wiring
+    from ..inventory import roster
 
     if sign_key and not pull_origin:
         raise click.BadParameter("goes with --pull-origin", param_hint="--sign-key")
@@ -51,7 +51,7 @@ def check_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_
         raise click.BadParameter("goes with --sign-key", param_hint="--bootstrap-dir")
     overrides = _data(data)
     try:
-        hosts, load_rows = fleet.load_inventory(inventory, data=overrides, limit=list(limit)), []
+        hosts, load_rows = roster.load_inventory(inventory, data=overrides, limit=list(limit)), []
     except TritonfleetError as e:
         hosts, load_rows = None, wiring.load_rows(inventory, e)
     w = wiring.Wiring(inventory, hosts, load_rows, Path(pull_origin) if pull_origin else None,

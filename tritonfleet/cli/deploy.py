@@ -1,4 +1,4 @@
-"""``tritonfleet deploy``: a deploy over every core of the control machine (tritonfleet.fleet.workers)."""
+"""``tritonfleet deploy``: a deploy over every core of the control machine (tritonfleet.fleet.runner.workers)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ def deploy_cmd(inventory: str, deploy: str, limit: tuple[str, ...], data: tuple[
     CPU (each its own share of the hosts, its own deploy locks), their results merged: one
     summary, the failure report of every failed host. Exit status: the worst of the processes.
     """
-    from ..fleet import inventory as fleet
-    from ..fleet import workers as spread
+    from ..fleet.runner import workers as spread
+    from ..inventory import roster
     from .fleet import _data
 
     values = _data(data)
-    fleet.check_deploy_file(deploy)
-    hosts = fleet.load_inventory(inventory, data=values, limit=list(limit))
+    roster.check_deploy_file(deploy)
+    hosts = roster.load_inventory(inventory, data=values, limit=list(limit))
     sys.exit(spread.deploy(inventory, deploy, [h.name for h in hosts], values, dry=dry, workers=workers,
                            settings=hosts[0] if hosts else None, echo=lambda m: click.echo(m, err=True),
                            limited=bool(limit)))

@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from ..fleet import inventory as fleet
 from ..fleet import probe
+from ..inventory import roster
 
 
 def _pyinfra_checked(*features: str) -> None:
@@ -49,7 +49,7 @@ def _drift_text(st: probe.HostStatus) -> str:
 
 
 def status_table(rows: list[probe.HostStatus], rollout: dict[str, str] | None = None) -> str:
-    """``rollout``: {host: its state in a running rollout} (tritonfleet.fleet.rollout_state); a
+    """``rollout``: {host: its state in a running rollout} (tritonfleet.fleet.rollout.state); a
     ROLLOUT column when any host has one."""
     head: tuple[str, ...] = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "SOURCE", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
             "RELEASE", "LAST DEPLOY", "REBOOT", "MODULE", "DRIFT")
@@ -120,16 +120,16 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     Read-only. Exit status 0 when every host is reachable and matches the inventory (and the
     quarantine receiver of quarantine_url, when set, answers with its token), 1 otherwise.
     """
-    hosts = fleet.load_inventory(inventory, data=_data(data), limit=list(limit))
+    hosts = roster.load_inventory(inventory, data=_data(data), limit=list(limit))
     if pull_origin:  # pull mode (tritonfleet.fleet.pull.status): what each host reported, read from the origin
         sys.exit(pull_status(hosts, pull_origin, as_json))
-    from ..fleet import workers  # the hosts spread over worker processes (fleet_workers)
+    from ..fleet.runner import workers  # the hosts spread over worker processes (fleet_workers)
 
     rows = workers.parallel(hosts, probe.probe)
     for h in hosts:
-        fleet.disconnect(h)
+        roster.disconnect(h)
     receiver_ok = add_quarantine(hosts, rows)
-    from ..fleet import rollout_state
+    from ..fleet.rollout import state as rollout_state
 
     rollout = rollout_state.host_column()  # the hosts' states in a running rollout (its state file)
     if as_json:
@@ -164,7 +164,7 @@ def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
     return 0 if all(not r["drift"] for r in rows) else 1
 
 
-def add_quarantine(hosts: list[fleet.FleetHost], rows: list[probe.HostStatus]) -> bool:
+def add_quarantine(hosts: list[roster.FleetHost], rows: list[probe.HostStatus]) -> bool:
     """Hosts the quarantine receiver (quarantine_url) holds out of the load balancer: their row's
     quarantine and a drift line (a host out of service is not as the inventory wants it). False
     (status exits 1) when the receiver cannot be read: not reached, or its token refused or unreadable."""
@@ -246,8 +246,8 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
     from ..fleet.rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
-    if pause or unpause:  # a running rollout's pause file (tritonfleet.fleet.rollout_state)
-        from ..fleet import rollout_state
+    if pause or unpause:  # a running rollout's pause file (tritonfleet.fleet.rollout.state)
+        from ..fleet.rollout import state as rollout_state
 
         if pause and unpause or inventory or deploy or resume:
             raise RolloutError("--pause and --continue take no INVENTORY, DEPLOY or --resume (only --journal)")

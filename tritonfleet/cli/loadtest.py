@@ -35,7 +35,7 @@ def loadtest_cmd(inventory: str, limit: tuple[str, ...], models: tuple[str, ...]
     or a request failed.
     """
     from ..core.errors import UsageError
-    from ..fleet.inventory import disconnect, load_inventory
+    from ..inventory.roster import disconnect, load_inventory
     from ..observability import loadtest
 
     try:

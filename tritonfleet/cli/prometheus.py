@@ -50,7 +50,7 @@ def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: st
     With --limit only the named hosts' target entries change; the rules and the dashboard always
     cover the whole inventory.
     """
-    from ..fleet.inventory import load_inventory, select
+    from ..inventory.roster import load_inventory, select
 
     out_dir = Path(out)
     hosts = load_inventory(inventory)

@@ -23,12 +23,12 @@ DEFAULT_STATE_DIR = ".tritonfleet/quarantine"
 
 
 def _hosts(inventory: str, data: tuple[str, ...], limit: tuple[str, ...] = ()):
-    from ..fleet import inventory as fleet
+    from ..inventory import roster
     from .fleet import _data
 
     try:
-        return fleet.load_inventory(inventory, data=_data(data), limit=list(limit) or None)
-    except fleet.FleetError as e:
+        return roster.load_inventory(inventory, data=_data(data), limit=list(limit) or None)
+    except roster.FleetError as e:
         raise UsageError(str(e)) from e
 
 

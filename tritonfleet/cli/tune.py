@@ -37,7 +37,7 @@ def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str
     load test's steps (host, model, concurrency) and every advice item cites the figures it used;
     a sweep adds where throughput levels off and which steps were limited by the load generator.
     """
-    from ..fleet.inventory import disconnect, load_inventory
+    from ..inventory.roster import disconnect, load_inventory
 
     if loadtest_file:
         _from_loadtest(inventory, loadtest_file, set(models), limit, as_json)
@@ -76,7 +76,7 @@ def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tu
     import fnmatch
 
     from ..core.errors import UsageError
-    from ..fleet.inventory import load_inventory
+    from ..inventory.roster import load_inventory
     from ..observability import tune
 
     hint = "give the file `tritonfleet loadtest --json` wrote"

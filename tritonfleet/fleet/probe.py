@@ -18,12 +18,12 @@ from ..gpu.facts import smi_command
 from ..gpu.rules import GPU_CLASSES
 from ..host import boot_kernel as kernel
 from ..host import driver_source, kernel_module
+from ..inventory import roster
 from ..model_repo.render import host_repository
 from ..serving import apikey
 from ..serving import per_gpu as pergpu
 from ..serving.unit import render_unit, unit_context, unit_digest, units_digest
 from ..settings.access import Settings
-from . import inventory as fleet
 
 SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models",
             "last", "failure", "kernel", "kmod", "driver_source", "instances")
@@ -163,7 +163,7 @@ class HostStatus:
         return d
 
 
-def interpret(fh: fleet.FleetHost, sections: dict[str, list[str]]) -> HostStatus:
+def interpret(fh: roster.FleetHost, sections: dict[str, list[str]]) -> HostStatus:
     st = HostStatus(fh.name, fh.address, fh.gpu_class, reachable=True)
     gpu_lines = sections["gpu"]
     if gpu_lines and "," in gpu_lines[0] and "failed" not in gpu_lines[0].lower():
@@ -290,7 +290,7 @@ def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
     return {**failure.to_json(), "time": report.get("time", "")}
 
 
-def intent(fh: fleet.FleetHost, st: HostStatus | None = None) -> dict:
+def intent(fh: roster.FleetHost, st: HostStatus | None = None) -> dict:
     """What the inventory asks of this host: image, model release (its instances placed on the
     GPUs ``st`` found), unit, driver branch, toolkit."""
     want = {"image": fh.get("triton_image"), "driver_branch": fh.get("nvidia_driver_branch"),
@@ -407,10 +407,10 @@ def image_drift(st: HostStatus, image: str) -> list[str]:
     return []
 
 
-def probe(fh: fleet.FleetHost, with_intent: bool = True, timeout: float = 30) -> HostStatus:
+def probe(fh: roster.FleetHost, with_intent: bool = True, timeout: float = 30) -> HostStatus:
     try:
-        _, text = fleet.run(fh, command(fh), timeout=timeout)
-    except (fleet.FleetError, *CONNECTION_ERRORS) as e:  # cannot reach it (a bug is raised, not hidden)
+        _, text = roster.run(fh, command(fh), timeout=timeout)
+    except (roster.FleetError, *CONNECTION_ERRORS) as e:  # cannot reach it (a bug is raised, not hidden)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return HostStatus(fh.name, fh.address, fh.gpu_class, reachable=False, error=msg[:160],
                           drift=["unreachable"])

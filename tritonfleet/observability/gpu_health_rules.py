@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from ..fleet.inventory import FleetHost, InventoryError
 from ..gpu import signals as S
+from ..inventory.roster import FleetHost, InventoryError
 from .options import Options, duration_seconds
 from .prometheus import Generated
 from .rule_text import alert, host_regex, number, yaml_file

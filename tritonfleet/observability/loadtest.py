@@ -40,7 +40,7 @@ import requests
 
 from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.errors import TritonfleetError
-from ..fleet.inventory import FleetError, FleetHost
+from ..inventory.roster import FleetError, FleetHost
 from ..serving import triton_http
 from ..settings.access import ConfigError
 from . import metrics

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from ..fleet.inventory import FleetError, FleetHost
+from ..inventory.roster import FleetError, FleetHost
 from ..serving import triton_http
 from ..serving.triton_http import Sample, parse
 from ..settings.access import ConfigError

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from ..core.errors import UsageError
-from ..fleet.inventory import InventoryError
+from ..inventory.roster import InventoryError
 
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 JOB_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_-]*$")

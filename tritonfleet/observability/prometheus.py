@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import UsageError
-from ..fleet.inventory import FleetHost, InventoryError
+from ..inventory.roster import FleetHost, InventoryError
 from . import metrics
 from .options import Options, duration_seconds
 from .rule_text import alert, host_regex, number, yaml_file

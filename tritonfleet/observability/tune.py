@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.connection_errors import CONNECTION_ERRORS
-from ..fleet import inventory as fleet
-from ..fleet.inventory import FleetHost, parallel
+from ..inventory import roster
+from ..inventory.roster import FleetHost, parallel
 from ..serving import apikey
 from . import metrics
 from .metrics import HostRead, ModelCounters
@@ -179,8 +179,8 @@ def api_key_header(h: FleetHost) -> dict:
     if not apis & {"statistics", "model-config", "model-repository"}:
         return {}
     try:
-        ok, text = fleet.run(h, apikey.read_command(h.get("triton_api_key_file")), timeout=30)
-    except (fleet.FleetError, *CONNECTION_ERRORS):  # no connection: the read reports it
+        ok, text = roster.run(h, apikey.read_command(h.get("triton_api_key_file")), timeout=30)
+    except (roster.FleetError, *CONNECTION_ERRORS):  # no connection: the read reports it
         return {}
     key = text.strip().splitlines()[0].strip() if ok and text.strip() else ""
     return {apikey.HEADER: key} if key else {}
@@ -201,7 +201,7 @@ def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = 
         for h in hosts:
             try:
                 urls[h.name] = stack.enter_context(metrics.endpoints(h))
-            except (fleet.FleetError, ValueError, *CONNECTION_ERRORS) as e:  # reported per host, the others go on
+            except (roster.FleetError, ValueError, *CONNECTION_ERRORS) as e:  # reported per host, the others go on
                 urls[h.name] = e
 
         keys = dict(zip([h.name for h in hosts], parallel(hosts, api_key_header), strict=True))

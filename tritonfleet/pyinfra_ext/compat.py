@@ -203,7 +203,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pyinfra_cli.cli:_main", "dry_flag",
              "tritonfleet/pyinfra_ext/hostlock.py: enabled(): a run given --dry executes no operation (print_run_json(dry=True), exit)"),
     Internal("pyinfra.connectors.ssh:SSHConnector.connect", "connection",
-             "tritonfleet/pyinfra_ext/connection.py, transfer.py and hostlock.py, tritonfleet/fleet/inventory.py "
+             "tritonfleet/pyinfra_ext/connection.py, transfer.py and hostlock.py, tritonfleet/inventory/roster.py "
              "(the fleet commands' tunnels: metrics, load test, performance gate), fleet/rollout/engine.py and "
              "serving/health.py (the gate's tunnels, tritonfleet/core/tunnel.py): connector.client is a "
              "paramiko SSHClient whose transport's socket is the TCP socket"),
@@ -246,7 +246,7 @@ INTERNALS: tuple[Internal, ...] = (
              "tritonfleet/cli/fleet.py parses `--data key=value` with it, so status and rollout read the values the "
              "pyinfra runs they start read"),
     Internal("pyinfra_cli.prints:build_results_json", "rollout_json",
-             "tritonfleet/fleet/rollout/pyinfra_run.py reads `-y --json`: results.operations[] (name, success, error, no_change) and "
+             "tritonfleet/fleet/runner/pyinfra_run.py reads `-y --json`: results.operations[] (name, success, error, no_change) and "
              "results.failed_hosts; tritonfleet/fleet/pull/host_run.py reads results.operations[] (name, success)"),
     Internal("pyinfra.connectors.local:LocalConnector", "self_connector",
              "tritonfleet/pyinfra_ext/self_connector.py subclasses it and overrides only the static "

@@ -16,7 +16,7 @@ keepalive probes at the same pace, and TCP_USER_TIMEOUT = interval x count, so d
 a transfer) unacknowledged that long closes the socket. paramiko then closes every channel of
 the connection: the command or transfer running on it fails, naming the host, within that bound.
 Every deploy file calls it through ``pyinfra_patches.install()`` (pyinfra connects to all
-hosts before it loads the deploy file); ``tritonfleet.fleet.inventory`` calls it for its own connections.
+hosts before it loads the deploy file); ``tritonfleet.inventory.roster`` calls it for its own connections.
 
 paramiko's transport wakes up every 0.1 s on an idle connection (a socket timeout, to see whether
 it was closed and whether a keepalive is due): with hundreds of hosts connected for a whole run,
@@ -139,7 +139,7 @@ def quiet_relaxed_host_keys() -> None:
     purpose (the testbed's hosts share one image's host keys), so the warning is dropped. Strict
     mode logs its refusal as an error and accept-new in other words: both still show. Added to
     pyinfra's logger by ``pyinfra_patches.install()`` and by tritonfleet's own fleet commands
-    (tritonfleet.fleet.inventory), never by importing tritonfleet."""
+    (tritonfleet.inventory.roster), never by importing tritonfleet."""
     import logging
 
     class RelaxedHostKeys(logging.Filter):

@@ -5,7 +5,7 @@ caller; none reaches for the current host on its own. What can be one:
 
 * ``current()``: the host pyinfra is deploying now (--data, host data, group data, else the
   package's default from tritonfleet/settings/defaults.py); a deploy step starts from it;
-* an inventory host of the fleet commands (``tritonfleet.fleet.inventory.FleetHost``: its data
+* an inventory host of the fleet commands (``tritonfleet.inventory.roster.FleetHost``: its data
   holds the package's defaults under the inventory's);
 * one Triton instance of a host with ``triton_per_gpu`` (:class:`Overlay`: its unit, container,
   ports and GPU over the host's settings, tritonfleet.serving.per_gpu);

@@ -1,7 +1,7 @@
 """Every setting of every host, checked once when the inventory is loaded.
 
 A fleet command (status, rollout, prometheus, loadtest, tune) checks the whole inventory right
-after loading it (``tritonfleet.fleet.inventory.load_inventory``); a deploy checks each host first thing in
+after loading it (``tritonfleet.inventory.roster.load_inventory``); a deploy checks each host first thing in
 its pre-flight (``tritonfleet.preflight.check_settings``), before it reads a fact. What is
 refused, with the host, the setting, its value and where it was set (``--data``, the host's data
 in the inventory, ``group_data/<group>.py``, an inventory group, ``group_data/all.py``):

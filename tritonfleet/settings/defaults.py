@@ -327,7 +327,7 @@ fleet_parallel = 100
 # Worker processes a run spreads its hosts over (tritonfleet deploy, status, every phase of
 # rollout: each its own share of the hosts, in its own pyinfra or forked process; one process
 # uses one core). 0: one per CPU of the control machine. Runs of fewer than 20 hosts a worker
-# stay in fewer processes (tritonfleet/fleet/workers.py).
+# stay in fewer processes (tritonfleet/fleet/runner/workers.py).
 fleet_workers = 0
 
 # --- Rollout: capacity, traffic canary, host states (docs/fleet-operations.md) --------------

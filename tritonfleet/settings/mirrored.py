@@ -2,7 +2,7 @@
 to ``image_mirror`` when it is set (docs/model-origin.md).
 
 A rule of how tunables combine, so it lives with the accessor: the deploy's settings
-(tritonfleet.settings.access.get) and the fleet commands' (tritonfleet.fleet.inventory) both
+(tritonfleet.settings.access.get) and the fleet commands' (tritonfleet.inventory.roster) both
 give every reader the rewritten reference, so the unit, the image facts, the history and the
 status all name the image the host really runs. The mirror itself (its registry configuration,
 the fill) is tritonfleet.serving.image_mirror. Pure: imports nothing of tritonfleet but the

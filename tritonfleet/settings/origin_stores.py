@@ -5,7 +5,7 @@ shape of its URL for messages and its URL rule; ``tritonfleet.model_repo.origin`
 :data:`STORES` when it is imported. The table sits in the settings layer so that the settings
 check (``model_origin``, checked at load) reads the allowed schemes and each store's URL rule
 from it without importing the model repository: one rule, written once, in the store. The
-modules that run the settings check (tritonfleet.fleet.inventory, tritonfleet.preflight) import
+modules that run the settings check (tritonfleet.inventory.roster, tritonfleet.preflight) import
 tritonfleet.model_repo.origin, so the table is full wherever a check runs.
 
 Adding a store: its class (the :class:`OriginKind` part here, the rest in

@@ -234,7 +234,7 @@ def budget() -> Rule:
 
 
 #: a rollout's capacity limit: "N" hosts or "P%" of a backend's servers (P may have decimals;
-#: tritonfleet.fleet.capacity.parse_limit reads the same forms)
+#: tritonfleet.fleet.rollout.capacity.parse_limit reads the same forms)
 _LIMIT = re.compile(r"^\s*[0-9]+\s*$")
 _LIMIT_PERCENT = re.compile(r"^\s*([0-9]+(\.[0-9]+)?)%\s*$")
 

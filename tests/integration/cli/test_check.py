@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from tests.integration.fleet.test_quarantine import tritonfleet
 from tests.support.haproxy import HAProxy, ok_server
 from tritonfleet.fleet import quarantine
-from tritonfleet.fleet.inventory import FleetHost
 from tritonfleet.fleet.pull import bootstrap
 from tritonfleet.fleet.pull.origin import Origin
 from tritonfleet.fleet.pull.signing import allowed_signers, publish_desired, read_pointer
+from tritonfleet.inventory.roster import FleetHost
 from tritonfleet_testbed.ports import free_port
 
 HOSTS = ("h1", "h2")

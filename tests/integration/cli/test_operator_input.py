@@ -21,7 +21,7 @@ from tests.integration.cli.test_bad_input import GEN, GOOD_INVENTORY, assert_usa
 from tritonfleet import ROOT, __version__
 from tritonfleet.fleet.pull import bootstrap
 from tritonfleet.fleet.rollout import engine, plan
-from tritonfleet.fleet.rollout.pyinfra_run import PyinfraRun
+from tritonfleet.fleet.runner.pyinfra_run import PyinfraRun
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The traffic canary's decision statistics (tritonfleet.fleet.canary), without hosts.
+"""The traffic canary's decision statistics (tritonfleet.fleet.rollout.canary), without hosts.
 
 The two tests are checked against independent exact computations: Fisher's one-sided p from the
 hypergeometric tail in exact integer arithmetic, Mann-Whitney's exact p by enumerating every way of
@@ -25,7 +25,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tritonfleet.core.errors import UsageError
-from tritonfleet.fleet import canary as cn
+from tritonfleet.fleet.rollout import canary as cn
 
 # ---- Fisher ----------------------------------------------------------------------------------------
 

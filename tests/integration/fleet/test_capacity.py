@@ -1,4 +1,4 @@
-"""A rollout's capacity rules (tritonfleet.fleet.capacity): the arithmetic on generated backends
+"""A rollout's capacity rules (tritonfleet.fleet.rollout.capacity): the arithmetic on generated backends
 (hypothesis), and the backend's state read from Debian's real HAProxy 2.6 on loopback (servers
 up, down by their checks, drained, in maintenance, at weight 0); a batch that waits for a server
 to come back, and one that gives up."""
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.haproxy import HAProxy, ok_server
-from tritonfleet.fleet import capacity as cap
+from tritonfleet.fleet.rollout import capacity as cap
 from tritonfleet.serving.drain import DrainError
 from tritonfleet.serving.drain import HAProxy as Runtime
 

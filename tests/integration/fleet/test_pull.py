@@ -121,10 +121,10 @@ def _report_of(origin: Origin, host: str) -> dict:
 
 
 def _hosts(repo, **data):
-    from tritonfleet.fleet import inventory as fleet
+    from tritonfleet.inventory import roster
 
     # by its absolute path: pyinfra keeps an inventory's code by file name for the process
-    return fleet.load_inventory(str(repo / "inventories" / "inv.py"), data=data or None)
+    return roster.load_inventory(str(repo / "inventories" / "inv.py"), data=data or None)
 
 
 def _manifest(data: bytes) -> dict:

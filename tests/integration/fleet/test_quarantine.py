@@ -33,7 +33,7 @@ from tests.support.tritonproc import copy_repository, local_server
 from tritonfleet.cli import main
 from tritonfleet.core.errors import UsageError
 from tritonfleet.fleet import quarantine
-from tritonfleet.fleet.inventory import FleetHost, load_inventory
+from tritonfleet.inventory.roster import FleetHost, load_inventory
 from tritonfleet.serving import drain
 from tritonfleet_testbed.ports import free_port
 

@@ -1,4 +1,4 @@
-"""The rollout's traffic calls (tritonfleet.fleet.rollout_traffic) without test hosts: settings that
+"""The rollout's traffic calls (tritonfleet.fleet.rollout.traffic) without test hosts: settings that
 cannot work are refused before anything is written, a batch that can never pass is refused with
 the numbers (against Debian's HAProxy on loopback), the canary's share and the matched baseline
 host are set and put back, states follow the batch, and the report's lines."""
@@ -12,9 +12,9 @@ import pytest
 
 from tests.support.haproxy import HAProxy, ok_server
 from tritonfleet.core.errors import UsageError
-from tritonfleet.fleet import rollout_traffic
-from tritonfleet.fleet.inventory import FleetHost
 from tritonfleet.fleet.rollout import Journal, Report, plan_batches
+from tritonfleet.fleet.rollout import traffic as rollout_traffic
+from tritonfleet.inventory.roster import FleetHost
 from tritonfleet.serving.drain import HAProxy as Runtime
 from tritonfleet.serving.haproxy_weights import Weights
 from tritonfleet.settings.defaults import DEFAULTS
@@ -152,16 +152,17 @@ import sys, time
 from types import SimpleNamespace
 sys.path.insert(0, sys.argv[2])
 from tritonfleet import ROOT
-from tritonfleet.fleet import inventory as fleet, probe
+from tritonfleet.fleet import probe
+from tritonfleet.inventory import roster
 from tritonfleet.fleet import rollout as ro
-from tritonfleet.fleet.inventory import FleetHost
+from tritonfleet.inventory.roster import FleetHost
 from tritonfleet.fleet.rollout import engine
 from tritonfleet.settings.defaults import DEFAULTS
 
 data = {**DEFAULTS, "lb": "haproxy", "lb_haproxy_sockets": [sys.argv[1]], "rollout_metrics_listen": None,
         "canary_prometheus_url": "http://127.0.0.1:1", "fleet_workers": 1, "canary_watchdog_ttl": float(sys.argv[3])}
 hosts = [FleetHost(n, ["t4"], dict(data)) for n in ("h1", "h2", "h3")]
-fleet.load_inventory = lambda *a, **k: hosts
+roster.load_inventory = lambda *a, **k: hosts
 probe.probe = lambda h, **k: SimpleNamespace(reachable=True, release="r0", unit="u0", version="v0", error="")
 
 
@@ -315,7 +316,7 @@ def test_an_exception_in_a_batch_puts_the_weights_back(hap, tmp_path, monkeypatc
 def test_a_promoted_canary_is_still_judged_on_haproxys_counters(hap, tmp_path, monkeypatch):
     """Prometheus says promote; HAProxy's counters decide too: failures only HAProxy saw, or
     counters it cannot read, roll the canary back (out of the traffic at once)."""
-    from tritonfleet.fleet import canary as cn
+    from tritonfleet.fleet.rollout import canary as cn
 
     data = lb(hap.socket, canary_prometheus_url="http://127.0.0.1:1")
     hosts = [host(n, **data) for n in ("h1", "h2", "h3")]
@@ -345,15 +346,15 @@ def test_a_rollout_row_says_a_quarantined_host_was_deployed_but_left_out(hap, tm
     """A batch with a host the quarantine holds: deployed (its pyinfra ran), left out of rotation,
     its report row saying so; the other hosts' rows say nothing of it."""
     from tritonfleet import ROOT
-    from tritonfleet.fleet import inventory as fleet
     from tritonfleet.fleet import probe
     from tritonfleet.fleet import rollout as ro
     from tritonfleet.fleet.rollout import engine
+    from tritonfleet.inventory import roster
     from tritonfleet.serving.drain import HAProxy as Balancer
 
     hosts = [host(n, **lb(hap.socket, fleet_workers=1)) for n in ("h1", "h2", "h3")]
     monkeypatch.setenv("TRITONFLEET_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.setattr(fleet, "load_inventory", lambda *a, **k: hosts)
+    monkeypatch.setattr(roster, "load_inventory", lambda *a, **k: hosts)
     monkeypatch.setattr(probe, "probe", lambda h, **k: SimpleNamespace(
         reachable=True, release="r0", unit="u0", version="v0", error=""))
     monkeypatch.setattr(engine, "_gate_all", lambda run, names: {})

@@ -403,9 +403,9 @@ def test_in_pull_mode_the_control_machine_publishes_and_the_host_only_reads(tmp_
     model release from the control machine; the host's deploy finds the manifest there, fetches,
     and sends no PUT; an unpublished release stops the host's run naming the fix, still without
     a PUT. No test host: this machine plays the control machine, then the host (@local)."""
-    from tritonfleet.fleet.inventory import FleetHost
     from tritonfleet.fleet.pull.origin import Origin as PullOrigin
     from tritonfleet.fleet.pull.release import publish_release
+    from tritonfleet.inventory.roster import FleetHost
 
     base = tmp_path / "opt-triton"
     with Nginx(tmp_path / "nginx") as web:

@@ -24,7 +24,7 @@ from tests.integration.observability.test_prometheus import (
 )
 from tests.support.forked import forked
 from tests.support.testbed import tritonfleet
-from tritonfleet.fleet.inventory import InventoryError, load_inventory
+from tritonfleet.inventory.roster import InventoryError, load_inventory
 from tritonfleet.observability import gpu_health_rules as ghr
 from tritonfleet.observability import prometheus
 from tritonfleet.settings.check import SettingsError

@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from tests.support.testbed import tritonfleet
 from tests.support.tritonproc import copy_repository
 from tritonfleet import ROOT
-from tritonfleet.fleet.inventory import FleetHost
+from tritonfleet.inventory.roster import FleetHost
 from tritonfleet.observability import metrics, tune
 from tritonfleet.observability.metrics import ModelCounters
 from tritonfleet.observability.tune import Row, Settings, Thresholds

@@ -53,7 +53,7 @@ def test_every_error_of_the_package_has_the_one_base_and_none_is_a_system_exit()
 def test_the_old_bases_still_catch_them():
     """``except ValueError`` around a setting's check, ``except RuntimeError`` around a fleet
     read: code that caught the old bases still does."""
-    from tritonfleet.fleet.inventory import FleetError
+    from tritonfleet.inventory.roster import FleetError
     from tritonfleet.settings.access import ConfigError
 
     assert issubclass(ConfigError, ValueError) and issubclass(ConfigError, UsageError)

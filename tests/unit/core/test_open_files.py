@@ -58,10 +58,10 @@ def test_fleet_commands_refuse_with_the_inventory_named(tmp_path):
     res = _py(f"""
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1024))
-        from tritonfleet.fleet import inventory as fleet
+        from tritonfleet.inventory import roster
         try:
-            fleet.load_inventory({str(inv)!r})
-        except fleet.FleetError as e:
+            roster.load_inventory({str(inv)!r})
+        except roster.FleetError as e:
             print("refused:", e)
     """)
     assert res.stdout.startswith("refused: reading 400 host(s) of " + str(inv)), res.stdout + res.stderr
@@ -71,9 +71,9 @@ def test_fleet_parallel_bounds_the_hosts_read_at_once():
     import threading
     import time
 
-    from tritonfleet.fleet import inventory as fleet
+    from tritonfleet.inventory import roster
 
-    hosts = [fleet.FleetHost(f"h{i}", ["t4"], {"fleet_parallel": 3}, None) for i in range(10)]
+    hosts = [roster.FleetHost(f"h{i}", ["t4"], {"fleet_parallel": 3}, None) for i in range(10)]
     lock, now, peak = threading.Lock(), [0], [0]
 
     def read(h):
@@ -85,8 +85,8 @@ def test_fleet_parallel_bounds_the_hosts_read_at_once():
             now[0] -= 1
         return h.name
 
-    assert fleet.parallel(hosts, read) == [h.name for h in hosts]
+    assert roster.parallel(hosts, read) == [h.name for h in hosts]
     assert peak[0] == 3
     for bad in (0, "many", 2.5):
-        with pytest.raises(fleet.FleetError, match="fleet_parallel must be a whole number"):
-            fleet.parallel([fleet.FleetHost("h", [], {"fleet_parallel": bad}, None)], read)
+        with pytest.raises(roster.FleetError, match="fleet_parallel must be a whole number"):
+            roster.parallel([roster.FleetHost("h", [], {"fleet_parallel": bad}, None)], read)

@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tritonfleet.fleet import perfgate
-from tritonfleet.fleet.perfgate import Limits, Measurement
-from tritonfleet.fleet.rollout import RolloutError, rollout
+from tritonfleet.fleet.rollout import RolloutError, perfgate, rollout
+from tritonfleet.fleet.rollout.perfgate import Limits, Measurement
 
 rates = st.floats(1.0, 5000.0)
 p95s = st.floats(0.5, 5000.0)

@@ -13,10 +13,10 @@ def fake_rollout(monkeypatch, tmp_path, failed_stage: list[str], max_fail: int, 
     from types import SimpleNamespace
 
     from tritonfleet import ROOT
-    from tritonfleet.fleet import inventory as fleet
     from tritonfleet.fleet import probe
     from tritonfleet.fleet import rollout as ro
     from tritonfleet.fleet.rollout import engine
+    from tritonfleet.inventory import roster
 
     names = ["a", "b", "c"]
     from tritonfleet.settings.defaults import DEFAULTS
@@ -25,7 +25,7 @@ def fake_rollout(monkeypatch, tmp_path, failed_stage: list[str], max_fail: int, 
     settings = {**DEFAULTS, "fleet_parallel": 10, "fleet_workers": 1, "rollout_metrics_listen": None}
     hosts = [SimpleNamespace(name=n, get=lambda k, d=None: settings.get(k, d)) for n in names]
     monkeypatch.setenv("TRITONFLEET_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.setattr(fleet, "load_inventory", lambda *a, **k: hosts)
+    monkeypatch.setattr(roster, "load_inventory", lambda *a, **k: hosts)
     monkeypatch.setattr(probe, "probe", lambda h, **k: SimpleNamespace(
         reachable=True, release="r0", unit="u0", version="v0", error=""))
     monkeypatch.setattr(engine, "_gate_all", lambda run, names: {})
@@ -71,7 +71,7 @@ def test_hosts_of_a_pyinfra_run_that_raised_are_failed_not_unchanged(monkeypatch
     """A batch whose pyinfra process could not run (ENOSPC writing its log) gives no result: its
     hosts are reported failed with the reason, never "unchanged" because the old release still
     passes the gate."""
-    from tritonfleet.fleet.rollout import pyinfra_run
+    from tritonfleet.fleet.runner import pyinfra_run
 
     fake = {}
 

@@ -1,4 +1,4 @@
-"""Each host's state in a running rollout (tritonfleet.fleet.rollout_state): the state file, the
+"""Each host's state in a running rollout (tritonfleet.fleet.rollout.state): the state file, the
 metrics it serves (parsed with prometheus_client's own parser, and scraped by Debian's Prometheus
 in tests/testbed/test_canary.py), pause and continue, and what `tritonfleet status` shows."""
 
@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tritonfleet.cli import fleet as cli_fleet
 from tritonfleet.core.errors import TritonfleetError, UsageError
-from tritonfleet.fleet import rollout_state as rs
+from tritonfleet.fleet.rollout import state as rs
 from tritonfleet_testbed.ports import free_port
 
 

@@ -1,4 +1,4 @@
-"""Runs spread over worker processes (tritonfleet.fleet.workers): every host in exactly one
+"""Runs spread over worker processes (tritonfleet.fleet.runner.workers): every host in exactly one
 share, results back in host order from several processes, an error or an interruption in any
 worker reported and no worker left running, pyinfra runs' results merged into one."""
 
@@ -17,9 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tritonfleet.core.procs import alive
-from tritonfleet.fleet import workers
-from tritonfleet.fleet.rollout import pyinfra_run
-from tritonfleet.fleet.rollout.pyinfra_run import PyinfraRun
+from tritonfleet.fleet.runner import pyinfra_run, workers
+from tritonfleet.fleet.runner.pyinfra_run import PyinfraRun
 
 
 @dataclass

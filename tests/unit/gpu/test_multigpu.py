@@ -17,9 +17,9 @@ from tritonclient.grpc import model_config_pb2
 
 from tritonfleet.cli.fleet import status_table
 from tritonfleet.fleet import probe
-from tritonfleet.fleet.inventory import FleetHost
 from tritonfleet.gpu import facts as gpufacts
 from tritonfleet.gpu import placement as gpucount
+from tritonfleet.inventory.roster import FleetHost
 from tritonfleet.model_repo import render as models
 from tritonfleet.model_repo.validate import validate_repository
 from tritonfleet_testbed.standin_repo import MULTI_GPU_BUS_IDS, gpu_profile, multi_gpu_uuid

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tritonfleet.fleet.inventory import load_inventory
 from tritonfleet.gpu import signals as S
 from tritonfleet.gpu import telemetry as t
+from tritonfleet.inventory.roster import load_inventory
 from tritonfleet.observability import gpu_health_rules as ghr
 from tritonfleet.observability import inference_probe as ip
 

@@ -188,7 +188,7 @@ def test_verification_fails_a_host_with_the_other_flavour():
 
 def test_status_shows_the_flavour_and_drift():
     from tritonfleet.fleet import probe
-    from tritonfleet.fleet.inventory import FleetHost
+    from tritonfleet.inventory.roster import FleetHost
 
     text = "@gpu\nTesla T4, 580.159.04\n@kmod\n" + "\n".join(kmod_answer("NVIDIA", PROP_PROC)) + "\n"
     fh = FleetHost("h1", ["t4"], {"gpu_class": "T4", "ssh_hostname": "10.0.0.1"})

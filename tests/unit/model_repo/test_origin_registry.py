@@ -175,7 +175,7 @@ def test_preflight_publishing_and_the_host_fetch_go_through_the_new_store(mem, t
     assert "mem-1" in sent["script"]
 
 
-@pytest.mark.parametrize("loader", ["tritonfleet.fleet.inventory", "tritonfleet.preflight"])
+@pytest.mark.parametrize("loader", ["tritonfleet.inventory.roster", "tritonfleet.preflight"])
 def test_the_modules_that_run_the_settings_check_fill_the_table(loader):
     """The table is filled by tritonfleet.model_repo.origin, which the settings layer cannot
     import: each module that runs the settings check imports it (a fresh interpreter)."""

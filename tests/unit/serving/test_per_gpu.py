@@ -17,8 +17,8 @@ from tests.support.fakehost import defaults, run_fake
 from tritonfleet import TEMPLATES
 from tritonfleet.cli.fleet import status_table
 from tritonfleet.fleet import probe
-from tritonfleet.fleet.inventory import FleetError, FleetHost
 from tritonfleet.gpu import placement as gpucount
+from tritonfleet.inventory.roster import FleetError, FleetHost
 from tritonfleet.observability import metrics, prometheus
 from tritonfleet.serving import per_gpu as pergpu
 from tritonfleet.serving.unit import (

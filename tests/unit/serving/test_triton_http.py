@@ -127,7 +127,7 @@ def _calls(path: Path) -> list[tuple[int, str]]:
 #: modules that open sessions to servers that are not Triton (and why)
 NOT_TRITON = {
     "tritonfleet/model_repo/http_store.py": "the model origin (an HTTP server the release is uploaded to)",
-    "tritonfleet/fleet/canary.py": "Prometheus's HTTP API (the canary analysis reads Triton's counters from there)",
+    "tritonfleet/fleet/rollout/canary.py": "Prometheus's HTTP API (the canary analysis reads Triton's counters from there)",
 }
 
 

@@ -10,7 +10,7 @@ import ast
 import pytest
 
 from tritonfleet import ROOT
-from tritonfleet.fleet.inventory import FleetHost
+from tritonfleet.inventory.roster import FleetHost
 from tritonfleet.serving import per_gpu
 from tritonfleet.settings import access
 

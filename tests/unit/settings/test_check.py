@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from tests.support.forked import forked
 from tritonfleet import ROOT
-from tritonfleet.fleet import inventory as fleet
 from tritonfleet.gpu.rules import GPU_CLASSES
+from tritonfleet.inventory import roster
 from tritonfleet.settings import check
 from tritonfleet.settings.check import RULES, SettingsError
 from tritonfleet.settings.defaults import DEFAULTS
@@ -183,7 +183,7 @@ def _load(data, limit):
     message, exit status)). Run in a forked child (tests/support/forked.py: loading an inventory patches
     the process for gevent)."""
     try:
-        return [h.name for h in fleet.load_inventory("inventories/prod.py", data=data, limit=limit)], None
+        return [h.name for h in roster.load_inventory("inventories/prod.py", data=data, limit=limit)], None
     except SettingsError as e:
         return None, (type(e).__name__, str(e), e.exit_status)
 
@@ -219,7 +219,7 @@ def test_host_data_and_inventory_groups_are_named(project):
 
 
 def _first_port():
-    return fleet.load_inventory("inventories/prod.py")[0].get("triton_http_port")
+    return roster.load_inventory("inventories/prod.py")[0].get("triton_http_port")
 
 
 def test_a_good_inventory_loads(project):

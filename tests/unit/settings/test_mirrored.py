@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tritonfleet.fleet.inventory import FleetHost
+from tritonfleet.inventory.roster import FleetHost
 from tritonfleet.serving.images import registry_of, split_image
 from tritonfleet.settings import access, mirrored
 

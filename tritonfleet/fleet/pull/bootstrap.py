@@ -267,7 +267,7 @@ def bootstrap(inventory: str, origin: Origin, url: str, out: Path, *, wheelhouse
     """Publish the agent, make (or keep) every host's report key and enrol it on the origin, and
     write ``out``/<host>/{bootstrap.sh,user-data,report-key} (root's eyes only: 0600 in 0700
     directories) for every host; the directories written."""
-    from .. import inventory as fleet
+    from ...inventory import roster
 
     check_url(url, "--url", "the address the hosts reach the origin at")
     if reports_url:
@@ -285,8 +285,8 @@ def bootstrap(inventory: str, origin: Origin, url: str, out: Path, *, wheelhouse
         raise UsageError(f"release {release} is not on the origin ({origin.release(release)}): publish it first "
                          "(tritonfleet pull publish)")
     try:
-        hosts = fleet.load_inventory(inventory, data=data, limit=limit)
-    except fleet.FleetError as e:
+        hosts = roster.load_inventory(inventory, data=data, limit=limit)
+    except roster.FleetError as e:
         raise UsageError(str(e)) from e
     doc = signers_doc(origin) if key else None  # after a key rotation: the current signers
     signers = (signers_text(doc["keys"], int(doc["generation"])) if doc else allowed_signers(key)) if key else None

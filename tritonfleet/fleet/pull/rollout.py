@@ -10,8 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ...core.errors import UsageError
+from ...inventory import roster
 from ...settings.defaults import DEFAULTS
-from .. import inventory as fleet
 from ..rollout.journal import JOURNAL, Journal
 from ..rollout.plan import RolloutError, parse_max_fail, plan_batches
 from ..rollout.report import HostResult, Report
@@ -35,10 +35,10 @@ def rollout(inventory: str, deploy: str, origin: Origin, key: Path, *, limit: li
     check_sign_key(key)
     t_start = time.monotonic()
     try:
-        hosts = fleet.load_inventory(inventory, data=data, limit=limit)
+        hosts = roster.load_inventory(inventory, data=data, limit=limit)
         batches = plan_batches([h.name for h in hosts], canary, batch)
         max_fail = parse_max_fail(max_fail, len(hosts))  # P%: of the targets, rounded down
-    except (fleet.FleetError, RolloutError) as e:
+    except (roster.FleetError, RolloutError) as e:
         raise UsageError(str(e)) from e
     names = [h.name for h in hosts]
     wait = float(timeout if timeout is not None else hosts[0].get("pull_report_timeout", DEFAULTS["pull_report_timeout"]))

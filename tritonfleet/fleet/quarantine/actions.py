@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import requests
 
+from ...inventory.roster import FleetHost
 from ...serving import drain, triton_http
-from ..inventory import FleetHost
 from .planning import QuarantineError
 
 #: seconds a refused connection is retried before the gate gives up at once (a Triton that is

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ...core.errors import TritonfleetError, UsageError
-from ..inventory import FleetHost
+from ...inventory.roster import FleetHost
 
 QUARANTINE_LABEL = ("quarantine", "true")
 BUDGET = re.compile(r"^\s*([0-9]+)\s*(%?)\s*$")

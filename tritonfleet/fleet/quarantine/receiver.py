@@ -21,8 +21,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ...core.errors import TritonfleetError, UsageError
+from ...inventory.roster import FleetHost
 from ...serving import drain
-from ..inventory import FleetHost
 from .actions import balancer, warm_gate
 from .planning import (
     QUARANTINE_LABEL,

@@ -2,7 +2,7 @@
 
 pyinfra alone cannot do this safely (``--serial`` ignores ``--fail-percent``, orders hosts at
 random, ``--no-wait`` exits 0 on failure). Here each batch is one ``pyinfra --limit`` run of the
-deploy (a large batch split over worker processes: tritonfleet.fleet.workers); after it, every
+deploy (a large batch split over worker processes: tritonfleet.fleet.runner.workers); after it, every
 host of the batch must pass the health gate. A host that fails is rolled back
 (``deploys/rollback.py``) to what it served before the rollout; once more hosts have failed than
 ``max_fail`` allows, the rollout halts and the hosts not reached yet are left exactly as they
@@ -18,10 +18,10 @@ for ``--resume``), ``report`` (the table), ``engine`` (the rollout itself).
 
 from __future__ import annotations
 
+from ..runner.pyinfra_run import PyinfraRun, pyinfra_command, run_pyinfra
 from .engine import resume, rollout
 from .journal import Journal, latest_journal
 from .plan import RolloutError, parse_batch, plan_batches
-from .pyinfra_run import PyinfraRun, pyinfra_command, run_pyinfra
 from .report import HostResult, Report, table
 
 __all__ = ["HostResult", "Journal", "PyinfraRun", "Report", "RolloutError", "latest_journal", "parse_batch",

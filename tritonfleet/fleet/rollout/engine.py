@@ -1,7 +1,7 @@
 """The rollout's engine: probe and plan, then each batch (pyinfra, the health gate, the
 performance gate on the canary, rollbacks), halting past ``max_fail``; ``resume`` goes on from
 the journal after a crash. Every phase's hosts are spread over worker processes
-(tritonfleet.fleet.workers); the failure budget, the journal and the decisions stay here. Ctrl-C,
+(tritonfleet.fleet.runner.workers); the failure budget, the journal and the decisions stay here. Ctrl-C,
 SIGTERM and any error in the batches put the traffic canary's weights back before the rollout
 stops (its journal left open for --resume)."""
 
@@ -24,14 +24,16 @@ from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.procs import alive
 from ...core.report import Failure, read_channel
 from ...gpu import placement as gpucount
+from ...inventory import roster
 from ...serving import health, unit_watch
 from ...serving import per_gpu as pergpu
 from ...settings.access import Settings
-from .. import inventory as fleet
-from .. import perfgate, probe, rollout_traffic, workers
+from .. import probe
+from ..runner import workers
+from ..runner.pyinfra_run import PyinfraRun
+from . import perfgate, traffic
 from .journal import JOURNAL, Journal, _log_dir, latest_journal
 from .plan import RolloutError, _plan_error, parse_max_fail, plan_batches
-from .pyinfra_run import PyinfraRun
 from .report import HostResult, Report
 
 
@@ -96,7 +98,7 @@ class _Run:
     unreachable: list[str] = field(default_factory=list)
     failures: int = 0
     perf_gate: bool = False  # --perf-gate: the canary measured before and after its update
-    traffic: rollout_traffic.Traffic | None = None  # capacity, traffic canary, host states
+    traffic: traffic.Traffic | None = None  # capacity, traffic canary, host states
 
     @property
     def results(self) -> dict[str, HostResult]:
@@ -119,11 +121,11 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     """``max_fail``: N hosts or P% of the targets; ``plan_only`` (--dry): probe and plan only (pyinfra --dry on
     every reachable target), then stop: no host is changed."""
     data = dict(data or {})
-    fleet.check_deploy_file(deploy)
-    if Path(inventory).is_file() and fleet.deploy_imports(inventory) and not fleet.deploy_imports(deploy):
+    roster.check_deploy_file(deploy)
+    if Path(inventory).is_file() and roster.deploy_imports(inventory) and not roster.deploy_imports(deploy):
         raise RolloutError(f"the arguments are the wrong way round: {inventory} is a deploy file and {deploy} "
                            f"is not; the inventory comes first: tritonfleet rollout {deploy} {inventory}")
-    if fleet.looks_like_inventory(deploy):
+    if roster.looks_like_inventory(deploy):
         raise RolloutError(f"{deploy} is an inventory (it defines host groups and imports no steps), not a deploy: "
                            "tritonfleet rollout INVENTORY DEPLOY, e.g. tritonfleet rollout inventories/prod.py "
                            "deploys/models.py")
@@ -133,11 +135,11 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     if perf_gate and canary < 1:
         raise RolloutError("--perf-gate measures the canary before and after its update: give --canary 1 or more")
     t_start = time.monotonic()
-    hosts = fleet.load_inventory(inventory, data=data, limit=limit)
+    hosts = roster.load_inventory(inventory, data=data, limit=limit)
     names = [h.name for h in hosts]
     max_fail = parse_max_fail(max_fail, len(names))
     batches = plan_batches(names, canary, batch)
-    traffic = rollout_traffic.prepare(hosts, batches, canary, canary_weight)  # refused before anything is written
+    lb = traffic.prepare(hosts, batches, canary, canary_weight)  # refused before anything is written
     report = Report(inventory, deploy, batches, [HostResult(n) for n in names])
     logs = _log_dir()
     report.log_dir = str(logs)
@@ -146,11 +148,11 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
                   batch=str(batch), max_fail=max_fail, data=data, gate_timeout=gate_timeout, batches=batches,
                   hosts=names, cwd=os.getcwd(), pid=os.getpid(), holder=runid.holder(), canary_weight=canary_weight)
     run = _Run(inventory, deploy, data, batches, canary, max_fail, gate_timeout, report, logs, journal, echo,
-               by_name={h.name: h for h in hosts}, perf_gate=perf_gate, traffic=traffic)
+               by_name={h.name: h for h in hosts}, perf_gate=perf_gate, traffic=lb)
     echo(f"rollout of {deploy} to {len(names)} host(s) of {inventory}: "
          f"{len(batches)} batch(es) {[len(b) for b in batches]}, canary {min(canary, len(names))}, "
          f"max {max_fail} failure(s); logs and journal in {logs}")
-    report.halted = traffic.start(logs, journal, echo, names)  # the states served; every batch against capacity
+    report.halted = lb.start(logs, journal, echo, names)  # the states served; every batch against capacity
     if report.halted:
         return _finish(run, t_start)
 
@@ -230,7 +232,7 @@ def _batches(run: _Run, first: int) -> None:
             if run.report.halted:
                 return
         perf = perfgate.Gate(run.echo) if run.perf_gate and i == 1 and run.canary else None
-        if perf:  # the canary's performance before its update (tritonfleet/fleet/perfgate.py)
+        if perf:  # the canary's performance before its update (tritonfleet/fleet/rollout/perfgate.py)
             try:
                 perf.measure_before([run.by_name[n] for n in todo])
             except perfgate.PerfGateError as e:
@@ -312,8 +314,8 @@ def _mirror_hosts(run: _Run) -> list[str]:
         return []
     group = next(iter(run.by_name.values())).get("image_mirror_group")
     try:
-        return [fh.name for fh in fleet.load_inventory(run.inventory, data=run.data, limit=[group])]
-    except fleet.FleetError:
+        return [fh.name for fh in roster.load_inventory(run.inventory, data=run.data, limit=[group])]
+    except roster.FleetError:
         return []  # no such group: a mirror tritonfleet does not manage
 
 
@@ -397,17 +399,17 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     t_start = time.monotonic()
     inventory, deploy, data = start["inventory"], start["deploy"], start.get("data") or {}
     batches = start["batches"]
-    hosts = fleet.load_inventory(inventory, data=data, limit=start.get("limit") or None)
+    hosts = roster.load_inventory(inventory, data=data, limit=start.get("limit") or None)
     by_name = {h.name: h for h in hosts}
     missing = [n for b in batches for n in b if n not in by_name]
     if missing:
         raise RolloutError(f"{path}: hosts of the journal are no longer in {inventory}: {', '.join(missing)}")
     report = Report(inventory, deploy, batches, [HostResult(n) for n in start["hosts"]])
     report.log_dir = str(path.parent)
-    rollout_traffic.restore_from_journal(events, echo)  # a canary share the crash left set
-    traffic = rollout_traffic.prepare(hosts, batches, int(start["canary"]), start.get("canary_weight"))
+    traffic.restore_from_journal(events, echo)  # a canary share the crash left set
+    lb = traffic.prepare(hosts, batches, int(start["canary"]), start.get("canary_weight"))
     run = _Run(inventory, deploy, data, batches, int(start["canary"]), int(start["max_fail"]),
-               start.get("gate_timeout"), report, path.parent, journal, echo, by_name=by_name, traffic=traffic)
+               start.get("gate_timeout"), report, path.parent, journal, echo, by_name=by_name, traffic=lb)
     results = run.results
     before_ev = next((e for e in events if e["event"] == "before"), None)
     if before_ev is None:
@@ -460,15 +462,15 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     if run.failures > run.max_fail:
         run.report.halted = f"{run.failures} failure(s) before the crash, more than --max-fail {run.max_fail}"
         return _finish(run, t_start)
-    run.report.halted = traffic.start(path.parent, journal, echo, [n for n in by_name if n not in run.unreachable])
+    run.report.halted = lb.start(path.parent, journal, echo, [n for n in by_name if n not in run.unreachable])
     if run.report.halted:
         return _finish(run, t_start)
-    traffic.after_batch(0, {n: r for n, r in results.items() if r.batch})  # the states of the batches done
+    lb.after_batch(0, {n: r for n, r in results.items() if r.batch})  # the states of the batches done
     _guarded_batches(run, first)
     return _finish(run, t_start)
 
 
-def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResult, Failure | None]:
+def _gate(fh: roster.FleetHost, timeout: float | None) -> tuple[health.HealthResult, Failure | None]:
     """The health gate after a batch (watching the unit, as the deploy's own gate does), with the
     failure report when it fails."""
     want = probe.intent(fh)
@@ -476,29 +478,29 @@ def _gate(fh: fleet.FleetHost, timeout: float | None) -> tuple[health.HealthResu
     transport = None
     gets: list[Settings] = [fh]
     limit = float(fh.get("health_timeout") if timeout is None else timeout)
-    watch = unit_watch.watch_instance(fh, lambda cmd: fleet.run(fh, cmd)[1])
+    watch = unit_watch.watch_instance(fh, lambda cmd: roster.run(fh, cmd)[1])
     try:
         if pergpu.enabled(fh):  # one Triton per GPU: every instance gated, the host as one unit
             st = probe.probe(fh, with_intent=False)
             gets = pergpu.instance_gets(fh, gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded,
                                                                          len(st.gpus) or None))
         if fh.get("health_via") == "ssh":
-            fleet.run(fh, "true")
+            roster.run(fh, "true")
             transport = fh.pyinfra_host.connector.client.get_transport()
         for g in gets:
-            watch = unit_watch.watch_instance(g, lambda cmd: fleet.run(fh, cmd)[1])
+            watch = unit_watch.watch_instance(g, lambda cmd: roster.run(fh, cmd)[1])
             res = health.gate(g, fh.address, models, transport, limit, watch)
             if not res.ok:
                 return res, health.instance_failure(health.failure_of(res, fh.name, models, watch, limit,
                                                                       rollout=True), g)
-    except (fleet.FleetError, ValueError, *CONNECTION_ERRORS) as e:  # a gate that cannot run is a failed gate
+    except (roster.FleetError, ValueError, *CONNECTION_ERRORS) as e:  # a gate that cannot run is a failed gate
         res = health.HealthResult(False, [health.Check(fh.address, False, str(e)[:200])])
     if res.ok:
         return res, None
     return res, health.failure_of(res, fh.name, models, watch, limit, rollout=True)
 
 
-def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, results: dict, data: dict,
+def _roll_back(inventory: str, failed: list[roster.FleetHost], before: dict, results: dict, data: dict,
                log_path: Path, run: PyinfraRun, echo) -> None:
     targets, wanted = [], {}
     now = dict(zip([fh.name for fh in failed], workers.parallel(failed, lambda h: probe.probe(h, with_intent=False)),
@@ -537,7 +539,7 @@ def _roll_back(inventory: str, failed: list[fleet.FleetHost], before: dict, resu
             r.result = "rolled back"
 
 
-def _versions(hosts: list[fleet.FleetHost], results: dict) -> None:
+def _versions(hosts: list[roster.FleetHost], results: dict) -> None:
     for fh, st in zip(hosts, workers.parallel(hosts, lambda h: probe.probe(h, with_intent=False)), strict=True):
         results[fh.name].after = st.version if st.reachable else "unreachable"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .. import perfgate, rollout_traffic
+from . import perfgate, traffic
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Report:
     log_dir: str = ""
     perf: dict = field(default_factory=dict)  #: --perf-gate: per canary, before, after, verdict
     staged: dict = field(default_factory=dict)  #: --stage: {"seconds", "hosts", "failed"}
-    capacity: list = field(default_factory=list)  #: capacity checks per batch (tritonfleet.fleet.rollout_traffic)
+    capacity: list = field(default_factory=list)  #: capacity checks per batch (tritonfleet.fleet.rollout.traffic)
     canary: dict = field(default_factory=dict)  #: the traffic canary's share, looks and verdict
 
     @property
@@ -63,7 +63,7 @@ def table(report: Report) -> str:
              for row in rows]
     lines += [f"{r.host}: {r.detail}" for r in cut]
     lines += perfgate.lines(report.perf)
-    lines += rollout_traffic.lines(report)
+    lines += traffic.lines(report)
     verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
     lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
                  f"version in {report.seconds:.1f}s")

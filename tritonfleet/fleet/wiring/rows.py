@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import TritonfleetError
-from ..inventory import FleetHost
+from ...inventory.roster import FleetHost
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 #: the quarantine receiver's bearer token, where the tunable quarantine_token_file is not set
@@ -90,7 +90,7 @@ def http_get(url: str, timeout: float, headers: dict[str, str] | None = None,
 # --------------------------------------------------------------------------- inventory
 
 def inventory_rows(w: Wiring) -> list[Row]:
-    """The inventory and every setting load (tritonfleet.fleet.inventory, tritonfleet.settings.check):
+    """The inventory and every setting load (tritonfleet.inventory.roster, tritonfleet.settings.check):
     one row a refusal, from the loader's own message."""
     if w.hosts is None:
         return w.load_rows

@@ -7,9 +7,9 @@ import socket
 from typing import Any
 
 from ...core.errors import TritonfleetError, UsageError
+from ...inventory.roster import FleetHost
 from ...model_repo import origin as origins
 from ...settings.mirrored import unpinned_images
-from ..inventory import FleetHost
 from .rows import (
     FAIL,
     GROUP_DATA,

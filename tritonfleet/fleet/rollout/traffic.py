@@ -1,7 +1,7 @@
 """What a rollout does about traffic, as the few calls the rollout engine (tritonfleet.fleet.rollout.engine) makes:
-capacity rules against HAProxy's real state (tritonfleet.fleet.capacity), the traffic-weighted
-canary (HAProxy weights: tritonfleet.serving.haproxy_weights; analysis: tritonfleet.fleet.canary)
-and each host's state as metrics (tritonfleet.fleet.rollout_state).
+capacity rules against HAProxy's real state (tritonfleet.fleet.rollout.capacity), the traffic-weighted
+canary (HAProxy weights: tritonfleet.serving.haproxy_weights; analysis: tritonfleet.fleet.rollout.canary)
+and each host's state as metrics (tritonfleet.fleet.rollout.state).
 
 The engine calls, per rollout: :func:`prepare` (settings checked before anything is written),
 :meth:`Traffic.start` (states served; capacity checked for every batch with every server serving:
@@ -12,7 +12,7 @@ around the deploy (the backend read every second: draining, the largest number o
 :meth:`Traffic.held` (hosts deployed but held out of rotation by the quarantine or an operator),
 :meth:`Traffic.after_batch` (states, weights put back); at the end :meth:`Traffic.finish`, or
 :meth:`Traffic.abort` when the rollout stops on a signal or an error (the weights put back; a
-watchdog process, tritonfleet.fleet.canary_watchdog, does it when the rollout dies unseen).
+watchdog process, tritonfleet.fleet.rollout.canary_watchdog, does it when the rollout dies unseen).
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import UsageError
-from ..serving import haproxy_weights
-from ..serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError, RuntimeAPI, parse_stat
-from . import canary as canary_mod
-from . import canary_watchdog, capacity
-from .rollout_state import HostStates
+from ...core.errors import UsageError
+from ...serving import haproxy_weights
+from ...serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError, RuntimeAPI, parse_stat
+from . import canary, canary_watchdog, capacity
+from .state import HostStates
+
+CanarySettings = canary.Settings  # (``canary`` is also the number of canary hosts in a batch plan)
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Traffic:
         self.models: dict[str, list[str]] = {}
         # the traffic canary
         self.share = canary_share
-        self.settings: canary_mod.Settings | None = None
+        self.settings: CanarySettings | None = None
         self.canary_pool: _PoolInfo | None = None
         if canary_share is not None:
             self._check_canary()
@@ -150,7 +151,7 @@ class Traffic:
             raise UsageError("a traffic canary is compared with baseline hosts of the rollout in the same "
                              f"backend ({self.canary_pool.pool.backend}): the rollout has none beside the canary")
         fh = self.by_name[canaries[0]]
-        self.settings = canary_mod.Settings.from_settings(fh, f"{fh.name}'s data")
+        self.settings = canary.Settings.from_settings(fh, f"{fh.name}'s data")
 
     @property
     def active(self) -> bool:
@@ -327,10 +328,10 @@ class Traffic:
         try:
             for sock in info.pool.sockets:
                 rows = parse_stat(RuntimeAPI(sock).command("show stat"))
-                for sv, (n, f) in canary_mod.lb_counters(rows, info.pool.backend).items():
+                for sv, (n, f) in canary.lb_counters(rows, info.pool.backend).items():
                     have = total.get(sv, (0, 0))
                     total[sv] = (have[0] + n, have[1] + f)
-        except (DrainError, canary_mod.CanaryError) as e:
+        except (DrainError, canary.CanaryError) as e:
             return f"{info.pool.describe()}: {e}"
         return total
 
@@ -351,27 +352,27 @@ class Traffic:
         self.echo(f"[canary analysis] {', '.join(canaries)} against {', '.join(baseline)} from "
                   f"{s.prometheus_url}: {s.analysis_seconds:g}s windows, up to {s.max_extensions} extension(s)")
         lb_before = self._lb_counters()
-        res = canary_mod.analyse(canary_mod.Prometheus(s.prometheus_url), s, canaries, baseline, start, self.echo,
+        res = canary.analyse(canary.Prometheus(s.prometheus_url), s, canaries, baseline, start, self.echo,
                                  hold=lambda: self.states.hold("before the canary's verdict"),
                                  matched=self.matched)
-        if res.verdict == canary_mod.PROMOTE:  # what Triton never counts: HAProxy's failures per server
+        if res.verdict == canary.PROMOTE:  # what Triton never counts: HAProxy's failures per server
             try:
                 if isinstance(lb_before, str):
-                    raise canary_mod.CanaryError(lb_before)
+                    raise canary.CanaryError(lb_before)
                 after = self._lb_counters()
                 if isinstance(after, str):
-                    raise canary_mod.CanaryError(after)
-                back, why = canary_mod.lb_verdict(lb_before, after, [server_name(self.by_name[n]) for n in canaries],
+                    raise canary.CanaryError(after)
+                back, why = canary.lb_verdict(lb_before, after, [server_name(self.by_name[n]) for n in canaries],
                                                   [server_name(self.by_name[n]) for n in baseline], s)
-            except canary_mod.CanaryError as e:
+            except canary.CanaryError as e:
                 back, why = True, f"the analysis could not read HAProxy's counters: {e}"
             if back:
-                res = canary_mod.Result(canary_mod.ROLL_BACK, why, res.looks, res.started, time.time())
+                res = canary.Result(canary.ROLL_BACK, why, res.looks, res.started, time.time())
         self.result.update(res.to_json(), canaries=canaries, baseline=baseline, analysis_start=start,
                            settings={k: v for k, v in vars(s).items()})
         if self.journal:
             self.journal.write("canary", verdict=res.verdict, why=res.why, looks=[f.to_json() for f in res.looks])
-        if res.verdict == canary_mod.PROMOTE:
+        if res.verdict == canary.PROMOTE:
             self.echo(f"[canary] promote: {res.why}")
             return {}
         try:
@@ -507,7 +508,7 @@ def prepare(hosts: list, batches: list[list[str]], canary: int, canary_weight: f
     def models_of() -> dict[str, list[str]]:
         """{server: models its host serves (its model repository)} for the rollout's hosts behind
         HAProxy; servers of hosts outside the rollout count for no model."""
-        from . import probe
+        from .. import probe
 
         return {server_name(fh): probe.intent(fh).get("models", []) for fh in hosts if _pool_key(fh) is not None}
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import TritonfleetError, UsageError
-from ..core.procs import alive
+from ...core.errors import TritonfleetError, UsageError
+from ...core.procs import alive
 
 STATES = ("pending", "draining", "updating", "gating", "analysing", "done", "failed", "rolled back")
 STATE_FILE = "state.json"

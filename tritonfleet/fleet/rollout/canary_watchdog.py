@@ -11,7 +11,7 @@ through HAProxy's runtime API and exits when the rollout's process is gone, or w
 is older than ``canary_watchdog_ttl``. A clean finish removes the heartbeat: the watchdog then
 exits without touching anything.
 
-``python -m tritonfleet.fleet.canary_watchdog SPEC``: SPEC is a JSON file (0600, in the rollout's
+``python -m tritonfleet.fleet.rollout.canary_watchdog SPEC``: SPEC is a JSON file (0600, in the rollout's
 log directory) {"pid", "sockets", "backend", "original", "heartbeat", "ttl"}; what it did goes to
 ``watchdog.log`` beside it.
 """
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..core.procs import alive
+from ...core.procs import alive
 
 POLL_SECONDS = 0.5
 
@@ -88,7 +88,7 @@ def start(directory: Path, sockets: list[str], backend: str, original: dict[str,
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
     with open(directory / "watchdog.log", "a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tritonfleet.fleet.canary_watchdog", str(spec)],
+        proc = subprocess.Popen([sys.executable, "-m", "tritonfleet.fleet.rollout.canary_watchdog", str(spec)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=env)
     return Watchdog(spec, proc, heartbeat, ttl)
@@ -97,8 +97,8 @@ def start(directory: Path, sockets: list[str], backend: str, original: dict[str,
 def watch(spec: dict, say=print, clock=time.time, sleep=time.sleep) -> str:
     """Wait until the heartbeat is removed (the rollout finished: "stopped"), or the rollout is
     gone or silent for the TTL: then restore the weights ("restored" / "restore failed")."""
-    from ..serving.drain import DrainError
-    from ..serving.haproxy_weights import Weights
+    from ...serving.drain import DrainError
+    from ...serving.haproxy_weights import Weights
 
     beat = Path(spec["heartbeat"])
     pid, ttl = int(spec["pid"]), float(spec["ttl"])

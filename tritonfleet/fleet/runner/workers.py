@@ -34,10 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..core.errors import TritonfleetError
-from ..settings.access import Settings, default
-from .rollout import pyinfra_run
-from .rollout.pyinfra_run import PyinfraRun
+from ...core.errors import TritonfleetError
+from ...settings.access import Settings, default
+from . import pyinfra_run
+from .pyinfra_run import PyinfraRun
 
 T = TypeVar("T")
 MIN_HOSTS_PER_WORKER = 20
@@ -50,7 +50,7 @@ class WorkerError(TritonfleetError):
 def configured(settings: Settings | None) -> int:
     """The number of workers asked for: the fleet_workers tunable of ``settings`` (a run's first
     host; None: the package's default), 0 meaning one per CPU."""
-    from ..settings.table import whole_number
+    from ...settings.table import whole_number
 
     value = settings.get("fleet_workers") if settings is not None else default("fleet_workers")
     if str(value).strip() in ("0", ""):
@@ -76,16 +76,16 @@ def slices(items: list[T], k: int) -> list[list[T]]:
 # --- forked workers -------------------------------------------------------------------------------
 
 def parallel(hosts: list, fn: Callable[[Any], T], workers: int | None = None) -> list[T]:
-    """``fn(host)`` for every host, results in host order: in this process (tritonfleet.fleet.inventory's
+    """``fn(host)`` for every host, results in host order: in this process (tritonfleet.inventory.roster's
     parallel) when one worker is enough, else in forked workers, each running its share the same
     way. ``fn``'s results must pickle. An error in a worker is raised here, naming it."""
-    from . import inventory as fleet
+    from ...inventory import roster
 
     k = count(len(hosts), workers, hosts[0] if hosts else None)
     if k <= 1:
-        return fleet.parallel(hosts, fn)
+        return roster.parallel(hosts, fn)
     for h in hosts:  # a connection belongs to one process: each worker makes its own
-        fleet.disconnect(h)
+        roster.disconnect(h)
     parts = slices(list(range(len(hosts))), k)
     tmp = Path(tempfile.mkdtemp(prefix="tritonfleet-workers-"))
     pids: list[int] = []
@@ -121,15 +121,15 @@ def parallel(hosts: list, fn: Callable[[Any], T], workers: int | None = None) ->
 
 
 def _child(out: Path, hosts: list, fn) -> None:
-    from ..core.procs import die_with_parent
-    from . import inventory as fleet
+    from ...core.procs import die_with_parent
+    from ...inventory import roster
 
     code = 0
     payload: tuple = ("error", "it ended without a result", "")
     try:
         try:
             die_with_parent(os.getppid())()
-            payload = ("ok", fleet.parallel(hosts, fn))
+            payload = ("ok", roster.parallel(hosts, fn))
         except BaseException as e:  # reported to the parent, whatever it is; the raise ends at os._exit
             payload, code = ("error", f"{type(e).__name__}: {e}", traceback.format_exc()), 1
             raise
@@ -154,7 +154,7 @@ def _status(status: int) -> str:
 def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, *, settings: Settings | None, dry: bool = False,
                 log_path: Path | None = None, timeout: float = 7200, failure_dir: Path | None = None,
                 on_start: Callable[[int], None] | None = None, workers: int | None = None) -> PyinfraRun:
-    """tritonfleet.fleet.rollout.pyinfra_run.run_pyinfra over ``workers`` pyinfra processes (each a slice of
+    """tritonfleet.fleet.runner.pyinfra_run.run_pyinfra over ``workers`` pyinfra processes (each a slice of
     ``hosts``), merged into one PyinfraRun. ``on_start`` is called with each process's pid.
     ``log_path``: each process logs to <stem>.<n><suffix> beside it; ``log_path`` itself lists
     them, then holds their logs one after the other. A process that cannot start, dies or gives
@@ -282,8 +282,8 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
     import subprocess
     import sys
 
-    from ..core.procs import die_with_parent
-    from ..core.report import CHANNEL_ENV, read_channel
+    from ...core.procs import die_with_parent
+    from ...core.report import CHANNEL_ENV, read_channel
 
     k = count(len(hosts), workers, settings)
     parts = slices(hosts, k)

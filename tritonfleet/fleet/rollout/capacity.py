@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ..core.errors import UsageError
-from ..serving.drain import (
+from ...core.errors import UsageError
+from ...serving.drain import (
     ADMIN_DRAIN,
     ADMIN_MAINT,
     DrainError,

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from ..core.connection_errors import CONNECTION_ERRORS
-from ..core.errors import TritonfleetError
-from ..observability import loadtest
-from .inventory import FleetError, FleetHost
+from ...core.connection_errors import CONNECTION_ERRORS
+from ...core.errors import TritonfleetError
+from ...inventory.roster import FleetError, FleetHost
+from ...observability import loadtest
 
 
 class PerfGateError(TritonfleetError, RuntimeError):

@@ -52,9 +52,9 @@ from dataclasses import asdict, dataclass, field
 
 import requests
 
-from ..core.errors import TritonfleetError, UsageError
-from ..observability.rule_text import host_regex
-from ..settings import access
+from ...core.errors import TritonfleetError, UsageError
+from ...observability.rule_text import host_regex
+from ...settings import access
 
 MIN_INTERVALS = 5  # steps a side needs before the latency test counts
 EXACT_MWU_LIMIT = 2500  # m * n up to which Mann-Whitney's p is exact (no ties)
