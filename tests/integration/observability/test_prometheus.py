@@ -42,8 +42,8 @@ def inventory(tmp_path: Path, body: str, group_data: dict[str, str] | None = Non
     for name, extra in (group_data or {}).items():
         f = d / "group_data" / name
         f.write_text(f.read_text() + extra)
-    (d / "roster.py").write_text(body)
-    return d / "roster.py"
+    (d / "fleet.py").write_text(body)
+    return d / "fleet.py"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def generated(tmp_path_factory):
 def test_generated_files_pass_promtool(generated):
     out, res = generated
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
-        ".tritonfleet-prometheus.json", "grafana/triton-roster.json", "prometheus.yml",
+        ".tritonfleet-prometheus.json", "grafana/triton-fleet.json", "prometheus.yml",
         "rules/triton-health.rules.yml", "rules/triton.rules.yml", "scrape-triton-health.yml", "scrape-triton.yml",
         "targets/health/triton-l4.json", "targets/health/triton-t4.json", "targets/triton-l4.json",
         "targets/triton-t4.json"]
@@ -348,7 +348,7 @@ def test_generated_runs_keep_foreign_files_and_every_host_monitored(tmp_path_fac
     inventory has exactly one entry; after a --limit run the named hosts have theirs as the
     inventory says and every other host keeps the entry the first run gave it."""
     tmp = tmp_path_factory.mktemp("gen")
-    out, inv = tmp / "out", tmp / "roster.py"
+    out, inv = tmp / "out", tmp / "fleet.py"
     (tmp / "models").mkdir()
     (tmp / "models" / "m").mkdir()
     foreign = {"notes.txt": b"mine\n", "targets/other-job.json": b"[]\n", "targets/triton-manual.json": b"[]\n"}
@@ -436,7 +436,7 @@ def substitute(expr: str, window: str = "1m") -> str:
 
 
 def test_dashboard_queries_parse(generated, tmp_path):
-    dash = json.loads((generated[0] / "grafana/triton-roster.json").read_text())
+    dash = json.loads((generated[0] / "grafana/triton-fleet.json").read_text())
     qs = dashboard.queries(dash)
     assert len(qs) >= 15
     rules = {"groups": [{"name": "dashboard", "rules": [
@@ -452,7 +452,7 @@ def test_dashboard_queries_parse(generated, tmp_path):
 
 
 def test_dashboard_structure(generated):
-    dash = json.loads((generated[0] / "grafana/triton-roster.json").read_text())
+    dash = json.loads((generated[0] / "grafana/triton-fleet.json").read_text())
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     titles = {p["title"] for p in dash["panels"]}
