@@ -51,6 +51,7 @@ gives "Driver/library version mismatch", as on a real host.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -399,6 +400,17 @@ def _package_version(distro: str, upstream: str) -> str:
     return v
 
 
+def _libcuda(driver_version: str) -> Path:
+    """The stand-in libcuda.so.1 of driver ``driver_version`` (standin/libcuda-standin.c, built with the
+    control machine's C compiler): what tritonfleet.gpu.cuda_check's program calls in a container."""
+    build = Path(tempfile.mkdtemp(prefix=f"libcuda-{driver_version}-"))
+    atexit.register(shutil.rmtree, build, ignore_errors=True)
+    out = build / "libcuda.so.1"
+    _run(["gcc", "-shared", "-fPIC", "-O2", f'-DSTANDIN_DRIVER_VERSION="{driver_version}"',
+          "-o", str(out), str(STANDIN / "libcuda-standin.c")])
+    return out
+
+
 def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12") -> list[dict]:
     """NVIDIA's driver package graph for ``distro``, from its facts: the real package names and
     set, the distro's version shapes, metapackages with lower bounds only (apt takes the newest
@@ -426,6 +438,7 @@ def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12")
         drivers = {f: _for_flavour(roles["driver"], f, flavour_of, twin) for f in ("proprietary", "open")}
         dkms_pkgs = {f: _for_flavour(roles["dkms"], f, flavour_of, twin) for f in ("proprietary", "open")}
         smi = _template("nvidia-smi.sh", DRIVER_VERSION=upstream, CUDA_VERSION=cuda)
+        libcuda = _libcuda(upstream)
         persistenced = _template("nvidia-persistenced.sh", DRIVER_VERSION=upstream)
         for name in members:
             kw: dict = {"description": f"NVIDIA driver {upstream}: {name}\nTestbed stand-in (package set of "
@@ -437,6 +450,7 @@ def _cuda_packages(out_dir: Path, kernel_release: str, distro: str = "debian12")
                 # with the driver's boot-time binding: udev's rules for it run at every boot
                 kw.update(depends=f"{roles['nvml']} (= {v})", files=[
                     ("/usr/bin/nvidia-smi", smi, 0o755),
+                    ("/usr/lib/nvidia-standin/libcuda.so.1", libcuda, 0o755),
                     ("/usr/lib/nvidia-standin/bind", (STANDIN / "nvidia-standin-bind.sh").read_text(), 0o755),
                     ("/usr/lib/nvidia-standin/load-module", (STANDIN / "nvidia-standin-load-module.sh").read_text(),
                      0o755),

@@ -38,7 +38,7 @@ FIRST_PART_FILES = ("tests/testbed/test_faults.py", "tests/testbed/test_fleet_op
 THIRD_PART_FILES = ("tests/testbed/test_deploy_lock.py", "tests/testbed/test_drain.py",
                     "tests/testbed/test_operator_repository.py", "tests/testbed/test_wheel.py",
                     "tests/testbed/test_quarantine.py", "tests/testbed/test_canary.py",
-                    "tests/testbed/test_pull.py")
+                    "tests/testbed/test_pull.py", "tests/testbed/test_driver_rollout.py")
 
 
 @dataclass(frozen=True)

@@ -222,11 +222,14 @@ def add_quarantine(hosts: list[roster.FleetHost], rows: list[probe.HostStatus]) 
 @click.option("--pause", "pause", is_flag=True,
               help="hold the running rollout (the newest, or --journal) before its next batch or canary verdict")
 @click.option("--continue", "unpause", is_flag=True, help="let a paused rollout go on")
+@click.option("--release-holds", "release_holds", is_flag=True,
+              help="remove the driver holds of the targets first (a failed driver change's hold: "
+                   "`tritonfleet status` shows it), so this rollout may move their driver again")
 def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...], canary: int, batch: str,
                 max_fail: str, dry: bool, gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, stage: bool,
                 as_json: bool, resume: bool,
                 journal: str | None, roll_back: bool, canary_weight: float | None = None, pause: bool = False,
-                unpause: bool = False) -> None:
+                unpause: bool = False, release_holds: bool = False) -> None:
     """Roll DEPLOY out over INVENTORY: canary first, then batches in inventory order, each gated on
     health. A failed host is rolled back to what it served before; more failures than --max-fail
     halt the rollout, leaving the hosts not reached yet untouched.
@@ -234,6 +237,10 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
     The rollout writes a journal as it goes (.tritonfleet/rollouts/<time>/journal.jsonl); its
     pyinfra runs die with it. After a crash, `tritonfleet rollout --resume` runs the cut batch
     again and goes on, or with --roll-back returns every host it reached to what it served before.
+
+    A change of nvidia_driver_branch (or container_toolkit_version) runs a CUDA kernel on every GPU
+    of each host it moved after its batch; a host that fails goes back to its branch and is held
+    there (--release-holds lets a later rollout try again).
 
     Behind HAProxy, rollout_max_unavailable / rollout_min_available hold a batch until the backend
     can spare it; --canary-weight gives the canary a share of the traffic and judges it from
@@ -268,7 +275,8 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
             raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
         report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
                          max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
-                         perf_gate=perf_gate, stage=stage, canary_weight=canary_weight, plan_only=dry)
+                         perf_gate=perf_gate, stage=stage, canary_weight=canary_weight, plan_only=dry,
+                         release_holds=release_holds)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -17,7 +17,7 @@ from ..gpu import placement as gpucount
 from ..gpu.facts import smi_command
 from ..gpu.rules import GPU_CLASSES
 from ..host import boot_kernel as kernel
-from ..host import driver_source, kernel_module
+from ..host import driver_hold, driver_source, kernel_module
 from ..inventory import roster
 from ..model_repo.render import host_repository
 from ..serving import apikey
@@ -26,7 +26,7 @@ from ..serving.unit import render_unit, unit_context, unit_digest, units_digest
 from ..settings.access import Settings
 
 SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models",
-            "last", "failure", "kernel", "kmod", "driver_source", "instances")
+            "last", "failure", "kernel", "kmod", "driver_source", "driver_hold", "instances")
 
 
 def command(settings: Settings) -> str:
@@ -61,6 +61,8 @@ def command(settings: Settings) -> str:
         "kmod": f"( {kernel_module.COMMAND} )",
         # where the driver came from (CUDA repository, distro packages, .run installer)
         "driver_source": f"( {driver_source.PROBE_COMMAND} )",
+        # the branch a failed driver change left the host held on (tritonfleet.fleet.rollout.driver)
+        "driver_hold": f"head -c 4096 {driver_hold.HOLD_FILE} 2>/dev/null",
     }
     if pergpu.enabled(settings):
         parts.update(per_gpu_parts(settings, addr))
@@ -145,6 +147,7 @@ class HostStatus:
     #: looks like an answer (no models, no failure, no count); each one is drift
     unknown: dict[str, str] = field(default_factory=dict)
     drift: list[str] = field(default_factory=list)
+    driver_hold: dict | None = None  # tritonfleet.host.driver_hold: the branch a failed driver change left it on
     # out of the load balancer by the quarantine receiver (tritonfleet.fleet.quarantine): since, reasons, held
     quarantine: dict | None = None
 
@@ -223,6 +226,7 @@ def interpret(fh: roster.FleetHost, sections: dict[str, list[str]]) -> HostStatu
         st.unknown["last failure"] = str(e)
     found = driver_source.parse_probe(sections["driver_source"])
     st.driver_source = "+".join(found.sources) or None
+    st.driver_hold = driver_hold.parse_hold(sections.get("driver_hold") or [])
     if sections["kernel"]:
         ks = kernel.parse(sections["kernel"])
         st.kernel, st.reboot = asdict(ks), ks.summary()
@@ -320,6 +324,8 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     out = []
     if not st.reachable:
         return ["unreachable"]
+    if st.driver_hold:
+        out.append(driver_hold.describe(st.driver_hold))
     if st.last_failure:
         out.append(f"last run failed ({st.last_failure.get('time', '?')}): {st.last_failure.get('short', '')}")
     out += [f"{what} unknown: {why[:160]}" for what, why in st.unknown.items()]

@@ -24,6 +24,10 @@ import sys
 ROOT = os.environ.get("NVIDIA_STANDIN_ROOT", "")
 HOST_SMI = [ROOT + "/usr/lib/nvidia-standin/answer/nvidia-smi", ROOT + "/usr/bin/nvidia-smi", ROOT + "/bin/nvidia-smi"]
 GPU_ENV = "/etc/nvidia-standin/gpu.env"
+# the driver's libcuda.so.1 (the stand-in driver packages' build of libcuda-standin.c), mounted where
+# the real hook mounts the driver's libraries, and its fault switch
+HOST_LIBCUDA = [ROOT + "/usr/lib/nvidia-standin/answer/libcuda.so.1", ROOT + "/usr/lib/nvidia-standin/libcuda.so.1"]
+CUDA_FAULT = "/etc/nvidia-standin/cuda-fault"
 MODULE_FILE = "/run/nvidia-standin/module-version"
 GPU_CONTAINERS = "/run/nvidia-standin/gpu-containers"
 
@@ -97,6 +101,11 @@ def prestart() -> int:
         return fail("initialization error: nvml error: driver not loaded")
     install(smi, rootfs, "/usr/bin/nvidia-smi", 0o755)
     install(gpu_env, rootfs, GPU_ENV, 0o644)
+    libcuda = next((p for p in HOST_LIBCUDA if os.path.isfile(p)), None)
+    if libcuda:
+        install(libcuda, rootfs, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", 0o755)
+    if os.path.isfile(ROOT + CUDA_FAULT):
+        install(ROOT + CUDA_FAULT, rootfs, CUDA_FAULT, 0o644)
     if os.path.isfile(ROOT + MODULE_FILE):
         install(ROOT + MODULE_FILE, rootfs, MODULE_FILE, 0o644)
     # remembered for the stand-in of systemd's device rules (nvidia-standin-device-rules)

@@ -24,6 +24,7 @@ from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.procs import alive
 from ...core.report import Failure, read_channel
 from ...gpu import placement as gpucount
+from ...host import driver_hold
 from ...inventory import roster
 from ...serving import health, unit_watch
 from ...serving import per_gpu as pergpu
@@ -31,7 +32,7 @@ from ...settings.access import Settings
 from .. import probe
 from ..runner import workers
 from ..runner.pyinfra_run import PyinfraRun
-from . import perfgate, traffic
+from . import driver, perfgate, traffic
 from .journal import JOURNAL, Journal, _log_dir, latest_journal
 from .plan import RolloutError, _plan_error, parse_max_fail, plan_batches
 from .report import HostResult, Report
@@ -99,6 +100,7 @@ class _Run:
     failures: int = 0
     perf_gate: bool = False  # --perf-gate: the canary measured before and after its update
     traffic: traffic.Traffic | None = None  # capacity, traffic canary, host states
+    driver: driver.DriverChange | None = None  # a driver branch / toolkit change: CUDA validation, the way back
 
     @property
     def results(self) -> dict[str, HostResult]:
@@ -110,14 +112,15 @@ class _Run:
 
 def _before_record(st: probe.HostStatus) -> dict:
     return {"release": st.release, "unit": st.unit, "version": st.version, "reachable": st.reachable,
-            "error": st.error}
+            "error": st.error, "driver": getattr(st, "driver", None), "toolkit": getattr(st, "toolkit", None),
+            "hold": getattr(st, "driver_hold", None)}
 
 
 def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, canary: int = 1,
             batch: str | int = "25%", max_fail: str | int = 0, data: dict | None = None,
             gate_timeout: float | None = None, echo: Callable[[str], None] = print,
             perf_gate: bool = False, stage: bool = False, canary_weight: float | None = None,
-            plan_only: bool = False) -> Report:
+            plan_only: bool = False, release_holds: bool = False) -> Report:
     """``max_fail``: N hosts or P% of the targets; ``plan_only`` (--dry): probe and plan only (pyinfra --dry on
     every reachable target), then stop: no host is changed."""
     data = dict(data or {})
@@ -172,6 +175,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     if run.failures > max_fail:
         report.halted = f"{run.failures} host(s) unreachable before the start (max {max_fail} failure(s))"
         return _finish(run, t_start)
+    _driver_plan(run, [h for h in hosts if h.name not in run.unreachable], before, release_holds)
 
     # 2. plan on every reachable target: a pre-flight error stops here, with no host touched
     targets = [n for n in names if n not in run.unreachable]
@@ -196,6 +200,30 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     # 3. batches
     _guarded_batches(run, 1)
     return _finish(run, t_start)
+
+
+def _driver_plan(run: _Run, hosts: list[roster.FleetHost], before: dict[str, probe.HostStatus],
+                 release_holds: bool) -> None:
+    """Held hosts (a failed driver change's hold) that this rollout would move again: left out and
+    named, unless ``release_holds`` (their holds removed first); then the driver change, if any."""
+    holds = {n: run.before[n].get("hold") for n in before}
+    if release_holds:
+        for fh in hosts:
+            if holds.get(fh.name) is not None:
+                roster.run(fh, driver_hold.RELEASE_COMMAND)
+                run.echo(f"{fh.name}: hold released ({driver_hold.describe(holds[fh.name])})")
+                holds[fh.name] = None
+                run.before[fh.name]["hold"] = None
+    for n, why in driver.held_out(hosts, holds).items():
+        run.unreachable.append(n)  # left out of every batch, as an unreachable host is
+        run.results[n].result, run.results[n].detail = "held", why
+        run.echo(f"{n}: {why}")
+    run.driver = driver.DriverChange.detect(run.data, [h for h in hosts if h.name not in run.unreachable],
+                                            run.before, run.echo)
+    if run.driver:
+        moves = ", ".join(f"{n} {run.driver.before.get(n)} -> {b}" for n, b in run.driver.wanted.items())
+        run.echo(f"driver change: {moves}; each host is validated with a CUDA kernel after its batch")
+        run.journal.write("driver", wanted=run.driver.wanted, before=run.driver.before)
 
 
 def _show_plan(run: _Run, plan: PyinfraRun) -> None:
@@ -264,6 +292,8 @@ def _batches(run: _Run, first: int) -> None:
         for n, report_ in _gate_all(run, ok_names).items():
             reports[n] = report_
             failed[n] = report_.short(240)
+        if run.driver:  # a driver change: a real CUDA kernel on every GPU of each host it moved
+            failed.update(run.driver.validate([run.by_name[n] for n in ok_names if n not in failed]))
         if perf:
             failed.update(perf.measure_after([run.by_name[n] for n in ok_names if n not in failed]))
             run.report.perf = perf.report()
@@ -285,8 +315,13 @@ def _batches(run: _Run, first: int) -> None:
             for n in failed:
                 if n in reports:
                     run.echo(reports[n].text())
+            if run.driver:  # the branch they ran before, validated again, held there
+                run.driver.revert(run.inventory, run.deploy, run.data, [run.by_name[n] for n in failed], results,
+                                  run.logs, label)
             _roll_back(run.inventory, [run.by_name[n] for n in failed], run.before, results, run.data,
                        run.logs / f"rollback-{i}.log", pyi, run.echo)
+            if run.driver:
+                run.driver.settle(results)
             if run.traffic:  # when the canary serves the old release again
                 run.traffic.rolled_back(i, {n: results[n] for n in failed})
         _versions([run.by_name[n] for n in todo], results)
@@ -411,6 +446,11 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     run = _Run(inventory, deploy, data, batches, int(start["canary"]), int(start["max_fail"]),
                start.get("gate_timeout"), report, path.parent, journal, echo, by_name=by_name, traffic=lb)
     results = run.results
+    driver_ev = next((e for e in events if e["event"] == "driver"), None)
+    if driver_ev:  # a driver change: its validation and way back go on for the batches left
+        run.driver = driver.DriverChange(driver_ev["wanted"], driver_ev["before"],
+                                         {n: str(by_name[n].get("triton_image")) for n in driver_ev["wanted"]
+                                          if n in by_name}, echo)
     before_ev = next((e for e in events if e["event"] == "before"), None)
     if before_ev is None:
         raise RolloutError(f"{path}: the rollout died before it had probed the hosts, so it changed "
@@ -554,5 +594,7 @@ def _finish(run: _Run, t_start: float) -> Report:
         echo(f"HALTED: {report.halted}")
     if run.traffic:
         run.traffic.finish(report)
+    if run.driver:
+        report.driver = run.driver.report()
     run.journal.write("end", ok=report.ok, halted=report.halted)
     return report

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import perfgate, traffic
+from . import driver, perfgate, traffic
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Report:
     staged: dict = field(default_factory=dict)  #: --stage: {"seconds", "hosts", "failed"}
     capacity: list = field(default_factory=list)  #: capacity checks per batch (tritonfleet.fleet.rollout.traffic)
     canary: dict = field(default_factory=dict)  #: the traffic canary's share, looks and verdict
+    driver: dict = field(default_factory=dict)  #: a driver change: per host, from, to, validations, hold
 
     @property
     def ok(self) -> bool:
@@ -64,6 +65,7 @@ def table(report: Report) -> str:
     lines += [f"{r.host}: {r.detail}" for r in cut]
     lines += perfgate.lines(report.perf)
     lines += traffic.lines(report)
+    lines += driver.lines(report.driver)
     verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
     lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
                  f"version in {report.seconds:.1f}s")
