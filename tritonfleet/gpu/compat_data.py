@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from .. import resource
+import tomllib
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from .. import resource
 
 DATA = resource("data", "compat")
 FILES = ("triton_images", "driver_branches", "container_toolkit")

@@ -140,3 +140,10 @@ def test_a_full_version_is_judged_as_its_branch_from_the_first_release_on(releas
         assert ok is compat.judge(image, branch, cls)[0]
     if ok:
         assert compat.judge(image, f"{branch}.{minor + 1}.{patch:02d}{revision}", cls)[0]
+
+
+def test_docs_show_the_current_table():
+    doc = (ROOT / "docs" / "driver-sources.md").read_text()
+    assert compat.markdown() in doc, "docs/driver-sources.md: paste the output of `python -m tritonfleet.gpu.compat`"
+    for row in compat_data.images():
+        assert f"| {row['release']} | {row['server']} | {row['cuda']} |" in doc, row["release"]
