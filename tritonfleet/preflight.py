@@ -266,6 +266,8 @@ def check_driver_branch() -> None:
         raise PreflightError(f"{host.name}: {e}") from e
     image = config.get("triton_image")
     gpu_class = host.data.get("gpu_class")
+    if str(gpu_class or "").upper() not in GPU_CLASSES:
+        gpu_class = next(iter(GPU_CLASSES))  # no class to judge by (a deploy of its own calling this alone)
     working = [b for b in available if compat.judge(image, b, gpu_class)[0]]
     alternatives = (f"branches there that {image} supports: {', '.join(working)}" if working
                     else f"none of its branches ({', '.join(available)}) supports {image}")

@@ -430,3 +430,13 @@ def test_image_the_branch_cannot_run_is_refused_naming_host_image_branch_and_fix
     msg, _ = preflight_fake(KEYS, {"triton_image": image, "nvidia_driver_branch_default": {"ubuntu2204": "570"}})
     assert msg and "driver 570 (NVIDIA's ubuntu2204 repository) with GPU class T4" in msg
     assert "branches there that nvcr.io/nvidia/tritonserver:26.07-py3 supports: 580" in msg
+
+
+def test_ubuntu2604_host_defaults_to_r595_and_refuses_r580():
+    """NVIDIA's ubuntu2604 repository has only R595 (tritonfleet/data/nvidia_repos/ubuntu2604.toml)."""
+    resolute = {"ls -pdL *-release": ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="26.04"',
+                                      "VERSION_CODENAME=resolute", "---"]}
+    assert preflight_fake({**KEYS, **resolute, "docker image inspect": "sha256:" + "b" * 64})[0] is None
+    msg, _ = preflight_fake({**KEYS, **resolute}, {"nvidia_driver_branch": "580"})
+    assert msg and "driver branch 580 is not in NVIDIA's ubuntu2604 repository (it has 595)" in msg
+    assert "supports: 595" in msg
