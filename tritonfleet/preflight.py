@@ -27,6 +27,7 @@ from pyinfra import host, logger
 
 from .core.errors import TritonfleetError
 from .core.exits import entry_point
+from .gpu import compat
 from .gpu.facts import (
     STATUS_NO_GPU,
     STATUS_OK,
@@ -39,7 +40,6 @@ from .gpu.rules import (
     GPU_CLASSES,
     class_compute_capability,
     compute_capability_problem,
-    driver_supported,
     plan_compute_capability_problem,
 )
 from .host import nvidia_repos as vendorfacts
@@ -243,11 +243,13 @@ def check_gpu_class_and_driver() -> None:
     if not branch:
         return  # the distro's default: checked with the host's distro (check_driver_branch)
     version = config.get("nvidia_driver_version") or str(branch)
-    ok, reason = driver_supported(version, config.get("triton_image"))
-    if not ok:
-        raise PreflightError(f"{host.name}: driver {version}: {reason} (set nvidia_driver_branch in "
-                             f"{GROUP_DATA}/{str(gpu_class).lower()}.py or the inventory to a supported "
-                             "branch, or pick a triton_image that supports it)")
+    image = config.get("triton_image")
+    found = compat.verdict(image, version, gpu_class)
+    if not found.ok:
+        raise PreflightError(f"{host.name}: {image} on driver {version} with GPU class {str(gpu_class).upper()}: "
+                             f"{found.reason}. Fix: {found.fix or 'pick a triton_image and branch from docs/driver-sources.md'} "
+                             f"(nvidia_driver_branch, triton_image: {GROUP_DATA}/{str(gpu_class).lower()}.py or the "
+                             "inventory)")
 
 
 def check_driver_branch() -> None:
@@ -263,7 +265,10 @@ def check_driver_branch() -> None:
     except vendorfacts.UnknownDistro as e:
         raise PreflightError(f"{host.name}: {e}") from e
     image = config.get("triton_image")
-    working = [b for b in available if driver_supported(b, image)[0]]
+    gpu_class = host.data.get("gpu_class")
+    if str(gpu_class or "").upper() not in GPU_CLASSES:
+        gpu_class = next(iter(GPU_CLASSES))  # no class to judge by (a deploy of its own calling this alone)
+    working = [b for b in available if compat.judge(image, b, gpu_class)[0]]
     alternatives = (f"branches there that {image} supports: {', '.join(working)}" if working
                     else f"none of its branches ({', '.join(available)}) supports {image}")
     if branch not in available:
@@ -271,9 +276,11 @@ def check_driver_branch() -> None:
             f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
             f"{', '.join(available)}); {alternatives}. Set {where} to one of them "
             "(docs/nvidia-repositories.md lists the sources)")
-    ok, reason = driver_supported(config.get("nvidia_driver_version") or branch, image)
-    if not ok:
-        raise PreflightError(f"{host.name}: driver {branch}: {reason}; {alternatives}. Set {where}")
+    found = compat.verdict(image, config.get("nvidia_driver_version") or branch, gpu_class)
+    if not found.ok:
+        raise PreflightError(f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
+                             f"{str(gpu_class).upper()}: {found.reason}; {alternatives}. Set {where}"
+                             + (f", or use {found.fix.split('; or ', 1)[-1]}" if "triton_image" in found.fix else ""))
     problem = driver_version_problem(distro, branch)
     if problem:
         raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")

@@ -4,7 +4,7 @@ Layout below ``dest`` (the URL paths the deploy uses for NVIDIA's real repositor
 
 * ``cuda/<distro>/x86_64/``: CUDA driver repository (flat, ``deb [...] <url>/ /``), signed, with
   its key as ``<key_name>`` (ASCII-armored, like NVIDIA's ``3bf863cc.pub``), one per distro
-  (debian12, ubuntu2204, ubuntu2404), each generated from that distro's facts
+  (debian12, ubuntu2204, ubuntu2404, ubuntu2604), each generated from that distro's facts
   (tritonfleet/data/nvidia_repos/<distro>.toml): the branches and real releases the facts name,
   the real package set and names (Debian: ``nvidia-driver``, ``nvidia-smi``, ``libcuda1``,
   ``firmware-nvidia-gsp``, ... for every branch; Ubuntu: ``nvidia-driver-<branch>``,
@@ -73,8 +73,8 @@ KEY_UID = "tritonfleet testbed vendor repository <testbed@tritonfleet.invalid>"
 # "CUDA Toolkit and Corresponding Driver Versions"; 535/570/580 also in tests/fixtures/nvidia).
 CUDA_OF_BRANCH = {"515": "11.7", "520": "11.8", "525": "12.0", "530": "12.1", "535": "12.2", "545": "12.3",
                   "550": "12.4", "555": "12.5", "560": "12.6", "565": "12.7", "570": "12.8", "575": "12.9",
-                  "580": "13.0"}
-STANDIN_DISTROS = ("debian12", "ubuntu2204", "ubuntu2404")
+                  "580": "13.0", "595": "13.2"}  # 595: nvidia-smi 595.71.05 reports CUDA 13.2 (docs/driver-sources.md)
+STANDIN_DISTROS = ("debian12", "ubuntu2204", "ubuntu2404", "ubuntu2604")
 TOOLKIT_VERSION = "1.17.8"
 DEB_REVISION = "1"
 CUDA_REPO_LABEL = "NVIDIA CUDA"
@@ -393,8 +393,10 @@ def _for_flavour(name: str, flavour: str, flavour_of: dict, twin: dict) -> str:
 
 
 def _package_version(distro: str, upstream: str) -> str:
-    """The driver packages' version in ``distro``'s shape (Debian <v>-1, Ubuntu <v>-0ubuntu1)."""
-    v = f"{upstream}-1" if vendorfacts.family(distro) == "debian" else f"{upstream}-0ubuntu1"
+    """The driver packages' version in ``distro``'s shape: the revision of the facts' example
+    (Debian <v>-1, Ubuntu 22.04/24.04 <v>-0ubuntu1, Ubuntu 26.04 <v>-1ubuntu1)."""
+    revision = vendorfacts.version_shape(distro)["example"].split("-", 1)[1]
+    v = f"{upstream}-{revision}"
     if not vendorfacts.version_matches(distro, v, "driver"):
         raise ValueError(f"{distro}: {v} does not have the repository's version shape")
     return v

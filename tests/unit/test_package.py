@@ -117,7 +117,7 @@ def test_shipped_files_are_found_through_the_package():
 
     assert tunables.DEFAULTS_FILE.is_file()
     assert sorted(p.stem for p in vendorfacts.DATA.glob("*.toml")) == ["common", "debian12", "ubuntu2204",
-                                                                      "ubuntu2404"]
+                                                                      "ubuntu2404", "ubuntu2604"]
 
 
 def test_no_package_module_reads_through_the_checkout_root():

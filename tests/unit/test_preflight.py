@@ -412,3 +412,31 @@ def test_plan_without_declared_capabilities_is_not_judged(tmp_path):
     msg, _ = preflight_fake({}, {"model_repository": str(repo), "gpu_class": "L4"}, groups=("l4",),
                             deploy_name="triton")
     assert msg is None
+
+
+def test_image_the_branch_cannot_run_is_refused_naming_host_image_branch_and_fix():
+    """tritonfleet/data/compat/: Triton 26.07 (CUDA 13.3) needs R580; R570 is refused on the host
+    with both ways out (a newer branch, an older image); R580 passes."""
+    image = "nvcr.io/nvidia/tritonserver:26.07-py3"
+    msg, _ = preflight_fake(KEYS, {"triton_image": image, "nvidia_driver_branch": "570"})
+    assert msg and "@fake/gpu1: " in msg and image in msg and "driver 570 with GPU class T4" in msg
+    assert "needs driver >= 580" in msg
+    assert "Fix: a driver branch that runs Triton 26.07 on T4: 580" in msg
+    assert "Triton 25.03 (nvcr.io/nvidia/tritonserver:25.03-py3) or older" in msg
+    assert "inventories/group_data/t4.py" in msg
+    assert preflight_fake({**KEYS, "docker image inspect": "sha256:" + "b" * 64},
+                          {"triton_image": image, "nvidia_driver_branch": "580"})[0] is None
+    # the distro's default branch is judged the same way, naming the branches there that would work
+    msg, _ = preflight_fake(KEYS, {"triton_image": image, "nvidia_driver_branch_default": {"ubuntu2204": "570"}})
+    assert msg and "driver 570 (NVIDIA's ubuntu2204 repository) with GPU class T4" in msg
+    assert "branches there that nvcr.io/nvidia/tritonserver:26.07-py3 supports: 580" in msg
+
+
+def test_ubuntu2604_host_defaults_to_r595_and_refuses_r580():
+    """NVIDIA's ubuntu2604 repository has only R595 (tritonfleet/data/nvidia_repos/ubuntu2604.toml)."""
+    resolute = {"ls -pdL *-release": ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="26.04"',
+                                      "VERSION_CODENAME=resolute", "---"]}
+    assert preflight_fake({**KEYS, **resolute, "docker image inspect": "sha256:" + "b" * 64})[0] is None
+    msg, _ = preflight_fake({**KEYS, **resolute}, {"nvidia_driver_branch": "580"})
+    assert msg and "driver branch 580 is not in NVIDIA's ubuntu2604 repository (it has 595)" in msg
+    assert "supports: 595" in msg

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from . import compat_data
+
 GPU_CLASSES = {
     "T4": {"names": ["Tesla T4", "NVIDIA T4"], "compute_capability": "7.5"},
     "L4": {"names": ["NVIDIA L4"], "compute_capability": "8.9"},
@@ -16,20 +18,17 @@ GPU_CLASSES = {
 
 # Triton container release -> CUDA it is built on, the driver that CUDA needs, and the older
 # data-center branches that CUDA's forward-compatibility package supports (branch -> minimum).
-# From NVIDIA's Triton Inference Server release notes ("Driver Requirements"):
-#   24.08: "based on CUDA 12.6 which requires NVIDIA Driver release 560 or later. However, if you
-#   are running on a data center GPU (for example, T4 or any other data center GPU), you can use
-#   NVIDIA driver release 470.57 (or later R470), 525.85 (or later R525), 535.86 (or later R535),
-#   or 545.23 (or later R545)."  R550 and R555 are in neither list, so they are refused for 24.08.
-#   (The same notes also list R545 among the branches to "upgrade from"; the explicit list above
-#   is what is applied here.)
+# From NVIDIA's Triton Inference Server release notes ("Driver Requirements"), one row a release
+# with its sources in tritonfleet/data/compat/triton_images.toml; e.g. 24.08: "based on CUDA 12.6
+# which requires NVIDIA Driver release 560 or later. However, if you are running on a data center
+# GPU (for example, T4 or any other data center GPU), you can use NVIDIA driver release 470.57 (or
+# later R470), 525.85 (or later R525), 535.86 (or later R535), or 545.23 (or later R545)."  R550 and
+# R555 are in neither list, so they are refused for 24.08. min_driver is the stricter of the notes'
+# branch and the first branch of the CUDA major version (CUDA 13: R580; compat_data.min_driver).
 TRITON_DRIVER_REQUIREMENTS = {
-    "24.07": {"cuda": "12.5.1", "min_driver": "555",
-              "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
-    "24.08": {"cuda": "12.6", "min_driver": "560",
-              "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
-    "24.10": {"cuda": "12.6.2", "min_driver": "560",
-              "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
+    row["release"]: {"cuda": row["cuda"], "min_driver": compat_data.min_driver(row),
+                     "datacenter": dict(row["datacenter"])}
+    for row in compat_data.images()
 }
 
 # Triton container release -> the lowest CUDA compute capability it supports, from the release notes'
@@ -177,7 +176,7 @@ def driver_supported(branch_or_version, triton_image, datacenter: bool = True) -
         known = ", ".join(sorted(TRITON_DRIVER_REQUIREMENTS))
         return False, (f"no driver requirements known for Triton release {tag or triton_image!r} "
                        f"(known: {known}); add them from NVIDIA's release notes to "
-                       "tritonfleet/gpu/rules.py TRITON_DRIVER_REQUIREMENTS"
+                       "tritonfleet/data/compat/triton_images.toml"
                        + ("; an image pinned by digest keeps its tag: name:<tag>@sha256:<digest>"
                           if "@" in str(triton_image) and tag is None else ""))
     req = TRITON_DRIVER_REQUIREMENTS[tag]

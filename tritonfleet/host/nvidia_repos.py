@@ -23,7 +23,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 DATA = resource("data", "nvidia_repos")
-DISTROS = ("ubuntu2204", "ubuntu2404", "debian12")
+DISTROS = ("ubuntu2204", "ubuntu2404", "ubuntu2604", "debian12")
 # a distro's own archive as a driver source (nvidia_driver_source = "debian"): same questions,
 # answered from data/distro_archives/<name>.toml
 ARCHIVES = resource("data", "distro_archives")

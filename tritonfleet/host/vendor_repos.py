@@ -68,7 +68,7 @@ def cuda_distro() -> str:
         return f"debian{major}"
     raise config.ConfigError(
         f"{host.name}: unsupported OS {d.get('name')} {d.get('major')}; "
-        "supported: Ubuntu 22.04/24.04, Debian 12 (or set cuda_distro)"
+        "supported: Ubuntu 22.04/24.04/26.04, Debian 12 (or set cuda_distro)"
     )
 
 

@@ -84,7 +84,7 @@ RULES: dict[str, Rule] = {
     "ssh_keepalive_count": whole(1),
     "deploy_lock_timeout": seconds(lo_open=False),
     # target OS
-    "cuda_distro": choice(None, "ubuntu2204", "ubuntu2404", "debian12"),
+    "cuda_distro": choice(None, "ubuntu2204", "ubuntu2404", "ubuntu2604", "debian12"),
     "apt_lock_timeout": seconds(lo_open=False),
     # NVIDIA driver
     "cuda_repo_url": text(empty=False),

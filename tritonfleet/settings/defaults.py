@@ -27,7 +27,7 @@ ssh_keepalive_count = 3
 deploy_lock_timeout = 600
 
 # --- Target OS ---------------------------------------------------------------------------
-# Distro codename used in NVIDIA's CUDA repository path (ubuntu2204, ubuntu2404, debian12).
+# Distro codename used in NVIDIA's CUDA repository path (ubuntu2204, ubuntu2404, ubuntu2604, debian12).
 # None: derived from the host's /etc/os-release.
 cuda_distro = None
 # Seconds an apt/dpkg command waits while another process (unattended-upgrades, an operator's apt)
@@ -59,7 +59,8 @@ nvidia_driver_branch = None
 # branch and has NVIDIA's pinning package (nvidia-driver-pinning-580). Debian 12's repository has no R535.
 # "debian12-archive": Debian 12's own packages (nvidia_driver_source = "debian"), which have only
 # R535 (a data-center branch Triton 24.08 supports through forward compatibility, from 535.86).
-nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "debian12": "580", "debian12-archive": "535"}
+# "ubuntu2604": NVIDIA's repository for Ubuntu 26.04 has only R595 (a production branch, CUDA 13).
+nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "ubuntu2604": "595", "debian12": "580", "debian12-archive": "535"}
 # Exact driver release to pin: the upstream version (e.g. "580.159.04"; every package of the
 # driver at that release, in the distro's own version shape: 580.159.04-1 on Debian, -0ubuntu1 on
 # Ubuntu) or a full package version of the metapackage; None: newest of the branch.

@@ -96,7 +96,7 @@ def dearmored(repo, tmp_path) -> Path:
 
 def test_layout_and_keys(repo):
     cuda = repo.root / "cuda/debian12/x86_64"
-    assert repo.cuda_dirs == {d: repo.root / f"cuda/{d}/x86_64" for d in ("debian12", "ubuntu2204", "ubuntu2404")}
+    assert repo.cuda_dirs == {d: repo.root / f"cuda/{d}/x86_64" for d in ("debian12", "ubuntu2204", "ubuntu2404", "ubuntu2604")}
     assert repo.toolkit_dir == repo.root / "libnvidia-container/stable/deb/amd64"
     assert repo.cuda_key == cuda / repo.cuda_key_name
     assert repo.cuda_key_name == repo.fingerprint[-8:].lower() + ".pub"
@@ -157,20 +157,21 @@ def test_rebuild_reuses_repo_and_key(repo, docker_io, tmp_path):
 
 # ---------------------------------------------------------------- package metadata
 
-@pytest.mark.parametrize("distro", ["debian12", "ubuntu2204", "ubuntu2404"])
+@pytest.mark.parametrize("distro", ["debian12", "ubuntu2204", "ubuntu2404", "ubuntu2604"])
 def test_cuda_packages_follow_the_facts(repo, distro):
     """Generated from tritonfleet/data/nvidia_repos/<distro>.toml: the real package set and names,
     the distro's version shapes, lower bounds only, the pinning package where there is one."""
     d = repo.cuda_dirs[distro]
     for branch, (version, _) in _standin_branches(distro).items():
         names = vendorfacts.driver_packages(distro, branch)
-        v = f"{version}-1" if distro == "debian12" else f"{version}-0ubuntu1"
+        # the revision of the facts' example: -1 (Debian), -0ubuntu1 (22.04/24.04), -1ubuntu1 (26.04)
+        v = f"{version}-{vendorfacts.version_shape(distro)['example'].split('-', 1)[1]}"
         for name in names[1:]:
             c = control(d / f"{name}_{v}_amd64.deb")
             assert vendorfacts.version_matches(distro, c["Version"], "driver")
         meta = control(d / f"{names[0]}_{version}-1_amd64.deb")
         assert vendorfacts.version_matches(distro, meta["Version"], "metapackage")
-        driver = "nvidia-driver" if distro == "debian12" else f"nvidia-driver-{branch}"
+        driver = names[1]  # nvidia-driver (Debian; Ubuntu from 590), nvidia-driver-<branch> before
         # a lower bound only, as NVIDIA's (Ubuntu's takes the driver of either flavour)
         want = f"{driver} (>= {version})" + ("" if distro == "debian12" else f" | {driver}-open (>= {version})")
         assert meta["Depends"] == want
@@ -179,14 +180,14 @@ def test_cuda_packages_follow_the_facts(repo, distro):
         # flavour has conflicts with its twin of the other (apt cannot keep both)
         opn = vendorfacts.flavour_packages(distro, branch, "open")
         prop = vendorfacts.flavour_packages(distro, branch, "proprietary")
-        assert opn[0] == f"nvidia-open-{branch}"
+        assert opn[0] == vendorfacts.metapackage(distro, branch, "open")
         open_meta = control(d / f"{opn[0]}_{version}-1_amd64.deb")["Depends"]
         assert f"{opn[1]} (>= {version})" in open_meta
         for o, p_ in zip(opn[1:], prop[1:], strict=True):
             assert control(d / f"{o}_{v}_amd64.deb")["Conflicts"] == p_
             assert control(d / f"{p_}_{v}_amd64.deb")["Conflicts"] == o
         pin = vendorfacts.pinning_package(distro, branch)
-        assert bool(pin) == (branch == "580")
+        assert bool(pin) == (int(branch) >= 580)
         if pin:
             deb = next(d.glob(f"{pin}_*_all.deb"))
             assert control(deb)["Version"].startswith(f"{branch}-")  # 580-1 / 580-2ubuntu1: no release

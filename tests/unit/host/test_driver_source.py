@@ -42,18 +42,27 @@ def driver_of(draw, source: str):
         branch = draw(st.sampled_from(vendorfacts.branches("ubuntu2204")))
         version = f"{branch}.{a}.{b:02d}-0ubuntu1"
         names = [f"nvidia-driver-{branch}", f"libnvidia-compute-{branch}", f"cuda-drivers-{branch}"]
+    elif source == "cuda-ubuntu2604":  # R595 only, unversioned names, <upstream>-1ubuntu1 (ubuntu2604.toml)
+        branch = draw(st.sampled_from(vendorfacts.branches("ubuntu2604")))
+        version = f"{branch}.{a}.{b:02d}-1ubuntu1"
+        # (nvidia-kernel-common is also the name of Debian's helper package in NOISE: one or the other)
+        names = draw(st.lists(st.sampled_from([p for p in vendorfacts.driver_packages("ubuntu2604", branch)[1:]
+                                               if p not in NOISE]), min_size=1, unique=True))
+        if draw(st.booleans()):
+            names.append(vendorfacts.metapackage("ubuntu2604", branch))
     elif source == "debian":
         branch = draw(st.sampled_from(ds.DEBIAN_ONLY_BRANCHES))
         version = f"{branch}.{a}.{b:02d}-" + draw(st.sampled_from(["0+deb12u1", "1~deb12u1", "2~deb12u3", "1"]))
         names = draw(st.lists(st.sampled_from(DEBIAN_NAMES), min_size=1, unique=True))
     else:  # ubuntu
         branch = draw(st.sampled_from(["535", "550", "570"]))
-        version = f"{branch}.{a}.{b:02d}-0ubuntu0.{draw(st.sampled_from(['22.04', '24.04']))}.{draw(st.integers(1, 9))}"
+        version = f"{branch}.{a}.{b:02d}-0ubuntu0.{draw(st.sampled_from(['22.04', '24.04', '26.04']))}.{draw(st.integers(1, 9))}"
         names = [n.format(b=branch) for n in draw(st.lists(st.sampled_from(UBUNTU_NAMES), min_size=1, unique=True))]
     return {n: [version] for n in names}, sorted(names), version.split("-")[0]
 
 
-SOURCES = {"cuda-debian": "cuda", "cuda-ubuntu": "cuda", "debian": "debian", "ubuntu": "ubuntu"}
+SOURCES = {"cuda-debian": "cuda", "cuda-ubuntu": "cuda", "cuda-ubuntu2604": "cuda", "debian": "debian",
+           "ubuntu": "ubuntu"}
 
 
 @settings(max_examples=300, deadline=None)

@@ -38,7 +38,7 @@ def test_every_fact_names_a_source(name):
 
 def test_every_distro_answers_the_same_questions():
     keys = [set(vendorfacts.load(d)["facts"]) for d in DISTROS]
-    assert keys[0] == keys[1] == keys[2]
+    assert all(k == keys[0] for k in keys)
 
 
 def test_debian12_has_no_r535_ubuntu2204_starts_at_515():
@@ -69,10 +69,22 @@ def test_version_shapes():
     assert not vendorfacts.version_matches("ubuntu2204", "535.183.01-1", "driver")
     assert vendorfacts.version_matches("ubuntu2204", "535.104.12-0ubuntu1", "driver")
     assert vendorfacts.version_matches("ubuntu2204", "535.104.12-1", "metapackage")
+    # Ubuntu 26.04: NVIDIA builds <upstream>-1ubuntu1 there (595.71.05-1ubuntu1)
+    assert vendorfacts.version_matches("ubuntu2604", "595.71.05-1ubuntu1", "driver")
+    assert vendorfacts.version_shape("ubuntu2604")["example"] == "595.71.05-1ubuntu1"
+
+
+def test_ubuntu2604_has_only_r595_with_unversioned_names():
+    assert vendorfacts.branches("ubuntu2604") == ["595"]
+    assert vendorfacts.release("ubuntu2604", "595") == "595.71.05"
+    pkgs = vendorfacts.driver_packages("ubuntu2604", "595")
+    assert pkgs[0] == "cuda-drivers" and {"libnvidia-compute", "libnvidia-cfg1", "nvidia-firmware"} <= set(pkgs)
+    assert not any("595" in p for p in pkgs)
+    assert vendorfacts.driver_packages("ubuntu2604", "595", "open")[:2] == ["nvidia-open", "nvidia-driver-open"]
 
 
 def test_unknown_distro_names_the_known_ones():
-    with pytest.raises(vendorfacts.UnknownDistro, match="ubuntu2204, ubuntu2404, debian12"):
+    with pytest.raises(vendorfacts.UnknownDistro, match="ubuntu2204, ubuntu2404, ubuntu2604, debian12"):
         vendorfacts.load("ubuntu1804")
 
 

@@ -220,13 +220,15 @@ OS_RELEASE = {
                    "VERSION_CODENAME=jammy", "---"],
     "ubuntu2404": ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="24.04"',
                    "VERSION_CODENAME=noble", "---"],
+    "ubuntu2604": ["/etc/os-release", "ID=ubuntu", 'NAME="Ubuntu"', 'VERSION_ID="26.04"',
+                   "VERSION_CODENAME=resolute", "---"],
     "debian12": ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="12"',
                  "VERSION_CODENAME=bookworm", "---"],
 }
 
 
 @pytest.mark.parametrize("distro,codename", [("ubuntu2204", "jammy"), ("ubuntu2404", "noble"),
-                                             ("debian12", "bookworm")])
+                                             ("ubuntu2604", "resolute"), ("debian12", "bookworm")])
 @pytest.mark.parametrize("machine,cuda_arch,deb_arch", [("aarch64", "sbsa", "arm64"),
                                                         ("x86_64", "x86_64", "amd64")])
 def test_repository_paths_per_architecture_and_distro(distro, codename, machine, cuda_arch, deb_arch):
@@ -414,6 +416,22 @@ def test_default_branch_installs_with_nvidias_pinning_package(distro):
     else:
         assert {"nvidia-driver-580", "libnvidia-compute-580", "nvidia-dkms-580"} <= names
         assert nonfree is None and "firmware-misc-nonfree" not in installs[0]
+
+
+def test_ubuntu2604_default_branch_is_r595_with_unversioned_names():
+    """NVIDIA's ubuntu2604 repository has only R595 (tritonfleet/data/nvidia_repos/ubuntu2604.toml):
+    the default branch there, its pinning package, the open metapackage and the set held, all
+    without the branch in their names."""
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "ls -pdL *-release": OS_RELEASE["ubuntu2604"]}, {})
+    assert not state.failed_hosts
+    installs = [c for c in cmds if "apt-get" in c and " install " in c]
+    assert re.search(r"install nvidia-driver-pinning-595\b", installs[1]), installs
+    assert re.search(r"install nvidia-open\b", installs[2]) and "nvidia-open-" not in installs[2], installs
+    hold = next(c for c in cmds if "xargs -r apt-mark hold" in c)
+    names = set(re.findall(r"-e '?([a-z0-9.+-]+)'?", hold))
+    assert {"nvidia-driver", "libnvidia-compute", "nvidia-dkms", "nvidia-firmware"} <= names
+    assert not any(n.endswith("-595") or n.endswith("-580") for n in names), names
+    assert "nvidia-container-toolkit-base" not in names
 
 
 def test_ubuntu_branch_without_pinning_package_gets_our_pin_over_the_whole_set():
