@@ -18,7 +18,7 @@ from tritonfleet.settings.access import ConfigError
 from tritonfleet.settings.defaults import DEFAULTS
 from tritonfleet.steps.telemetry import gpu_telemetry
 
-PATHS = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.unit_path(tu.COLLECTOR_UNIT), tu.unit_path(tu.PROBE_UNIT)]
+PATHS = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.XIDS, tu.XID_CATALOG, tu.unit_path(tu.COLLECTOR_UNIT), tu.unit_path(tu.PROBE_UNIT)]
 UNITS = [f"{tu.COLLECTOR_UNIT}.service", f"{tu.PROBE_UNIT}.service", "prometheus-node-exporter.service"]
 
 
