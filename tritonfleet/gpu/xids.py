@@ -65,10 +65,12 @@ class Catalog:
 
 
 def catalog_path() -> str:
-    """The catalog's copy next to this file (on a host), else the package's data file."""
+    """The catalog's copy next to this file's (on a host, as ``gpu_xids.py``), else the package's
+    data file."""
     here = os.path.dirname(os.path.abspath(__file__))
-    beside = os.path.join(here, CATALOG_FILE)
-    return beside if os.path.exists(beside) else os.path.join(here, os.pardir, "data", CATALOG_FILE)
+    if os.path.basename(__file__) == MODULE_FILE:
+        return os.path.join(here, CATALOG_FILE)
+    return os.path.normpath(os.path.join(here, os.pardir, "data", CATALOG_FILE))
 
 
 def read_catalog(path: str | None = None) -> dict:

@@ -9,8 +9,9 @@
   inference per ready model every ``probe_interval`` seconds, on every Triton instance's port).
 
 The scripts are the package's own files, copied as they are, with the health-signal spec both
-read their metric names from (tritonfleet/gpu/signals.py, as gpu_signals.py next to them); a
-service restarts only when its script, the spec or its unit changed, and systemd is reloaded only when a unit file changed (noted for the
+read their metric names from (tritonfleet/gpu/signals.py, as gpu_signals.py next to them) and the
+collector's Xid ledger with NVIDIA's Xid catalog (gpu_xids.py, xid_catalog.json); a service
+restarts only when its script, a file it reads or its unit changed, and systemd is reloaded only when a unit file changed (noted for the
 GPU-loss guard, which deploys/telemetry.py runs after this step). ``gpu_telemetry = False``
 stops, disables and removes both services, their files and their textfiles (the node exporter
 package stays: it may serve other collectors).

@@ -110,7 +110,7 @@ def _a(name: str, host: str, severity: str, quarantine: bool = False, gpu: bool 
 #   t4-01: Xid 79 on its GPU (RESTART_BM: quarantines), an Xid 13 logged at minute 10 (RESTART_APP:
 #          warning), an Xid 43 at minute 0 (IGNORE: nothing)
 #   t4-02: Xid 31 twice on each of two GPUs (the application's: no escalation), Xid 2 (unused on
-#          these GPUs: CONTACT_SUPPORT), Xid 163 from minute 10, cancelled by a 162 at minute 20
+#          these GPUs: CONTACT_SUPPORT), Xid 163 at minute 10, cancelled by a 162 at minute 15
 #   l4-01: Xid 119 (RESET_GPU: quarantines; it only warned before the catalog), Xid 31 on its one
 #          GPU, a second distinct one at minute 10 (WORKFLOW_XID_31: escalates, quarantines)
 #   t4-02: an uncorrectable ECC error; its text_classifier fails probe after probe (1, 2, 3...);
@@ -128,7 +128,7 @@ SERIES = (
     + _x(T4_2, "0000:00:1e", 31, "RESTART_APP", "1x40", "2x40", "-1000x40")
     + _x(T4_2, "0000:00:1f", 31, "RESTART_APP", "1x40", "2x40", "-1000x40")
     + _x(T4_2, "0000:00:1e", 2, "CONTACT_SUPPORT", "1x40", "1x40", "-1000x40")
-    + _x(T4_2, "0000:00:1e", 163, "NONE_GIVEN", "_x10 1x10 0x20", "_x10 1x30", "_x10 -1000x30")
+    + _x(T4_2, "0000:00:1e", 163, "NONE_GIVEN", "_x10 1x5 0x25", "_x10 1x30", "_x10 600x30")
     + _x(L4_1, "0000:31:00", 119, "RESET_GPU", "1x40", "1x40", "-1000x40")
     + _x(L4_1, "0000:31:00", 31, "RESTART_APP", "1x40", "1x10 2x30", "-1000x10 -500x30")
     + [_g(h, "tritonfleet_gpu_ecc_errors_total", v, type="uncorrected", period="volatile")
@@ -173,6 +173,7 @@ EXPECTED = {
     "GpuXid": [("8m", []), ("15m", [
         _a("GpuXid", T4_1, "warning", gpu=False, pci="0000:00:1e", xid="13", action="RESTART_APP"),
         _a("GpuXid", T4_2, "warning", gpu=False, pci="0000:00:1e", xid="163", action="NONE_GIVEN")]),
+        ("17m", [_a("GpuXid", T4_1, "warning", gpu=False, pci="0000:00:1e", xid="13", action="RESTART_APP")]),
         ("21m", [])],
     "GpuXidSupport": [("1m", [_a("GpuXidSupport", T4_2, "critical", gpu=False, pci="0000:00:1e", xid="2",
                                  action="CONTACT_SUPPORT")])],

@@ -97,6 +97,16 @@ def test_a_changed_signal_spec_restarts_both_services():
                                                              f"systemctl restart {tu.PROBE_UNIT}.service"]
 
 
+def test_a_changed_xid_catalog_restarts_only_the_collector():
+    """The collector reads NVIDIA's Xid catalog (and its Xid ledger) when it starts; the probe reads neither."""
+    want = tu.files(DEFAULTS, [DEFAULTS["triton_http_port"]])
+    old = dict(want, **{tu.XID_CATALOG: want[tu.XID_CATALOG].replace("RESET_GPU", "RESTART_BM", 1)})
+    host, cmds, _ = run_fake(gpu_telemetry, converged(old))
+    run = changes(cmds)
+    assert host.connector.uploads.keys() == {tu.XID_CATALOG}
+    assert [c for c in run if c.startswith("systemctl")] == [f"systemctl restart {tu.COLLECTOR_UNIT}.service"]
+
+
 def test_a_changed_setting_rewrites_the_unit_and_reloads_once():
     want = tu.files(DEFAULTS, [DEFAULTS["triton_http_port"]])
     host, cmds, _ = run_fake(gpu_telemetry, converged(want), {"telemetry_interval": 2})
