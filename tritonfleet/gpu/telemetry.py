@@ -407,11 +407,11 @@ def render(gpus: list[Gpu] | None, query_ok: bool, query_seconds: float, xids: l
     add(S.QUERY_SUCCESS, {}, 1 if query_ok else 0)
     add(S.QUERY_DURATION, {}, round(query_seconds, 3))
     for pci, xid, action, lines, events, last, standing in xids:
-        labels = {"pci": pci, "xid": str(xid), "action": action}
-        add(S.XID_ERRORS, labels, lines)
-        add(S.XID_EVENTS, labels, events)
-        add(S.XID_STANDING, labels, 1 if standing else 0)
-        add(S.XID_LAST, labels, round(last, 3))
+        xid_labels = {"pci": pci, "xid": str(xid), "action": action}
+        add(S.XID_ERRORS, xid_labels, lines)
+        add(S.XID_EVENTS, xid_labels, events)
+        add(S.XID_STANDING, xid_labels, 1 if standing else 0)
+        add(S.XID_LAST, xid_labels, round(last, 3))
     add(S.KERNEL_LOG_READABLE, {}, 1 if log_ok else 0)
     out = []
     for name, rows in samples.items():
