@@ -210,3 +210,23 @@ def test_a_read_takes_at_most_its_bound_and_says_more_is_there(tmp_path, monkeyp
     while log.more:
         got += log.read()
     assert len(got) == 100 and not log.more
+
+
+def test_a_read_of_the_kernels_device_takes_at_most_its_bound_of_records(monkeypatch):
+    """/dev/kmsg gives one record a read() for as long as the kernel has some: a read stops at
+    READ_RECORDS and says more is there."""
+    monkeypatch.setattr(t, "READ_RECORDS", 5)
+    log = t.KernelLog("/dev/null")  # a character device
+    assert log.read() == [] and log.device and not log.more
+    records = iter([b"3,1,1000,-;NVRM: Xid (PCI:0000:00:1e): 95, Uncontained\n"] * 20)
+
+    def read(fd, n):
+        try:
+            return next(records)
+        except StopIteration:
+            raise BlockingIOError from None
+
+    monkeypatch.setattr(t.os, "read", read)
+    assert len(log.read()) == 5 and log.more
+    assert len(log.read()) == 5 and len(log.read()) == 5 and len(log.read()) == 5
+    assert log.read() == [] and not log.more
