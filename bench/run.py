@@ -28,6 +28,9 @@ to bench/results/<time>.{md,json}.
         # speed-only features change nothing sent (docs/scale.md, Speed-only features)
     .venv/bin/python bench/run.py dataplane [--dataplane-hosts 1,3] [--dataplane-sizes 100,500]
         # push over SSH vs model origin vs origin + staging; the image through the mirror
+    .venv/bin/python bench/run.py xid-noise [--xid-lines 800000] [--xid-distinct 29] [--runs 3]
+        # the GPU fault collector under an Xid flood: CPU per line, memory (bench/xid_noise.py;
+        # no test host, no TRITONFLEET_TESTBED) [--against TREE]: another checkout's collector too
     .venv/bin/python bench/run.py canary [--errors 10] [--latency 10] [--identical 20] [--capacity]
         # traffic canary and capacity rules (bench/canary.py; not part of all)
 
@@ -528,7 +531,7 @@ def bench_dataplane(results: Results, args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "scale", "replay-check", "dataplane",
-                                       "canary", "mirror-fill", "noop-installed", "all"])
+                                       "canary", "mirror-fill", "noop-installed", "xid-noise", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
@@ -569,7 +572,15 @@ def main() -> int:
     ap.add_argument("--fill-layers", type=int, default=4, help="mirror-fill: its layers")
     ap.add_argument("--fill-runs", type=int, default=3, help="mirror-fill: fills of an empty mirror per client")
     ap.add_argument("--keep", action="store_true", help="keep the generated model repository")
+    ap.add_argument("--xid-lines", type=int, default=800_000, help="xid-noise: Xid lines in the flood")
+    ap.add_argument("--xid-distinct", type=int, default=29, help="xid-noise: distinct texts among them")
+    ap.add_argument("--xid-batch", type=int, default=50_000, help="xid-noise: lines the file grows by between reads")
     args = ap.parse_args()
+    if args.what == "xid-noise":  # the collector alone on this machine: no test host (not part of all)
+        results = Results()
+        results.meta = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+                        "load": os.getloadavg(), "args": vars(args), "python": sys.version.split()[0]}
+        return bench_module(results, args, "xid-noise", "xid_noise")
     if "TRITONFLEET_TESTBED" not in os.environ:
         raise SystemExit("[bench] export TRITONFLEET_TESTBED=<instance> first (see docs/performance.md)")
     os.chdir(ROOT)

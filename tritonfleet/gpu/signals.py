@@ -51,6 +51,8 @@ QUERY_SUCCESS = GPU_PREFIX + "query_success"
 QUERY_DURATION = GPU_PREFIX + "query_duration_seconds"
 # ... and the kernel's messages (Xid reports)
 XID_ERRORS = GPU_PREFIX + "xid_errors_total"
+XID_EVENTS = GPU_PREFIX + "xid_events_total"
+XID_STANDING = GPU_PREFIX + "xid_standing"
 XID_LAST = GPU_PREFIX + "xid_last_timestamp_seconds"
 KERNEL_LOG_READABLE = GPU_PREFIX + "kernel_log_readable"
 
@@ -73,8 +75,8 @@ WRITERS: dict[str, str] = {
         GPU_INFO, GPU_COUNT, TEMPERATURE, MEMORY_TEMPERATURE, POWER_DRAW, POWER_LIMIT, SM_CLOCK, SM_CLOCK_MAX,
         CLOCKS_EVENT_REASONS, CLOCKS_EVENT_REASON_ACTIVE, PCIE_GENERATION, PCIE_GENERATION_MAX, PCIE_WIDTH,
         PCIE_WIDTH_MAX, ECC_MODE, ECC_ERRORS, RETIRED_PAGES, RETIRED_PAGES_PENDING, REMAPPED_ROWS,
-        REMAPPED_ROWS_PENDING, REMAPPED_ROWS_FAILURE, QUERY_SUCCESS, QUERY_DURATION, XID_ERRORS, XID_LAST,
-        KERNEL_LOG_READABLE)},
+        REMAPPED_ROWS_PENDING, REMAPPED_ROWS_FAILURE, QUERY_SUCCESS, QUERY_DURATION, XID_ERRORS, XID_EVENTS,
+        XID_STANDING, XID_LAST, KERNEL_LOG_READABLE)},
     **{m: PROBE for m in (PROBE_UP, PROBE_MODELS, PROBE_SUCCESS, PROBE_LATENCY, PROBE_FAILURES,
                           PROBE_LAST_SUCCESS)},
     TEXTFILE_MTIME: NODE_EXPORTER,
@@ -95,9 +97,43 @@ class Alert:
     quarantine: bool = False
 
 
+# What the health rules do with an Xid, by the immediate action NVIDIA's Xid catalog recommends
+# for it (the collector's ``action`` label, from tritonfleet/data/xid_catalog.json): the alert it
+# raises, or None (the catalog says to ignore it).
+XID_QUARANTINE, XID_SUPPORT, XID_WARNING = "GpuXidCritical", "GpuXidSupport", "GpuXid"
+XID_ACTIONS: dict[str, str | None] = {
+    # the GPU is out of service until it is reset, the machine rebooted or its hardware seen to
+    "RESET_GPU": XID_QUARANTINE,
+    "RESTART_BM": XID_QUARANTINE,            # reboot the bare-metal machine
+    "RESTART_VM": XID_QUARANTINE,
+    "WORKFLOW_XID_48": XID_QUARANTINE,       # double-bit ECC: "a GPU reset or node reboot is needed"
+    "WORKFLOW_NVLINK_ERR": XID_QUARANTINE,   # Xid 74: "a GPU reset or node reboot is needed"
+    "CHECK_MECHANICALS": XID_QUARANTINE,     # Xid 54: auxiliary power not connected
+    # an Xid NVIDIA lists as unused on these GPUs, or says to take to support
+    "CONTACT_SUPPORT": XID_SUPPORT,
+    # the application's, or advice the rules cannot follow by themselves
+    "RESTART_APP": XID_WARNING,
+    "WORKFLOW_XID_45": XID_WARNING,          # a breadcrumb of another Xid's teardown
+    "WORKFLOW_NVLINK5_ERR": XID_WARNING,     # its action depends on a subcode the rules do not decode
+    "UPDATE_SWFW": XID_WARNING,
+    "CHECK_UVM": XID_WARNING,
+    "XID_154": XID_WARNING,                  # names the recovery action of another Xid
+    "NONE_GIVEN": XID_WARNING,               # the catalog's row has no resolution bucket
+    "UNKNOWN": XID_WARNING,                  # not in the catalog (a newer driver's Xid)
+    "IGNORE": None,
+}
+
+
+def xid_actions(alert: str) -> list[str]:
+    """The catalog actions whose Xids raise ``alert``, sorted."""
+    return sorted(a for a, name in XID_ACTIONS.items() if name == alert)
+
+
 ALERTS: tuple[Alert, ...] = (
-    Alert("GpuXidCritical", (XID_ERRORS,), "critical", "0s", quarantine=True),
-    Alert("GpuXid", (XID_LAST,), "warning", "0s"),
+    Alert("GpuXidCritical", (XID_STANDING,), "critical", "0s", quarantine=True),
+    Alert("GpuXidRepeated", (XID_EVENTS, XID_LAST), "critical", "0s", quarantine=True),
+    Alert("GpuXidSupport", (XID_STANDING,), "critical", "0s"),
+    Alert("GpuXid", (XID_LAST, XID_STANDING), "warning", "0s"),
     Alert("GpuEccUncorrectable", (ECC_ERRORS,), "critical", "0s", quarantine=True),
     Alert("GpuRowRemapFailure", (REMAPPED_ROWS_FAILURE,), "critical", "0s", quarantine=True),
     Alert("GpuRowRemapPending", (REMAPPED_ROWS_PENDING,), "warning", "0s"),

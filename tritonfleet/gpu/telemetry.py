@@ -34,6 +34,12 @@ Sources of every format read here:
   kmsg.txt); each read() returns one record, EAGAIN when there is none (O_NONBLOCK), EPIPE when
   records were overwritten before they were read.
 
+Noise: the Xid reports go through a ledger (tritonfleet.gpu.xids, shipped next to this file as
+``gpu_xids.py`` with NVIDIA's Xid catalog as ``xid_catalog.json``): a repeated identical line
+costs a dictionary look-up and a count, is logged once with a summary of its repeats a minute,
+and the reads are bounded, so memory stays flat however many lines a failing GPU logs. Each Xid
+series carries the ``action`` NVIDIA's catalog recommends for it, which the health rules select on.
+
 The kernel-message source is a setting (``--kmsg``, tunable ``telemetry_kmsg_path``): the
 default is the real ``/dev/kmsg``; a regular file in that format is followed like ``tail -f``
 (the test hosts' fault injection writes one, never the machine's kernel log). Counters count
@@ -57,24 +63,32 @@ import time
 from dataclasses import dataclass, field
 
 
-def _spec():
-    """The health-signal spec (tritonfleet.gpu.signals): the package's module; run as a script, its
-    copy next to this file (on the host, where tritonfleet is not installed) or the package's file."""
+def _sibling(module: str, copy: str, what: str):
+    """A stdlib-only module of the package (tritonfleet.gpu.<module>): the package's module; run as
+    a script, its ``copy`` next to this file (on the host, where tritonfleet is not installed) or
+    the package's file."""
     if __package__:
-        return importlib.import_module("tritonfleet.gpu.signals")
+        return importlib.import_module(f"tritonfleet.gpu.{module}")
     here = os.path.dirname(os.path.abspath(__file__))
-    paths = [os.path.join(here, "gpu_signals.py"), os.path.join(here, os.pardir, "gpu", "signals.py")]
+    paths = [os.path.join(here, copy), os.path.join(here, os.pardir, "gpu", f"{module}.py")]
     path = next((p for p in paths if os.path.exists(p)), paths[0])
-    spec = importlib.util.spec_from_file_location("gpu_signals", path)
+    spec = importlib.util.spec_from_file_location(copy[:-3], path)
     if spec is None or spec.loader is None or not os.path.exists(path):
-        raise ImportError(f"{path}: the health-signal spec is missing (the GPU telemetry step puts it there)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+        raise ImportError(f"{path}: {what} is missing (the GPU telemetry step puts it there)")
+    module_ = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module_  # its dataclasses look their module up
+    spec.loader.exec_module(module_)
+    return module_
 
 
-S = _spec()
+S = _sibling("signals", "gpu_signals.py", "the health-signal spec")
+X = _sibling("xids", "gpu_xids.py", "the Xid ledger")
+XID, XidEvent, parse_xid = X.XID, X.XidEvent, X.parse_xid
+#: at most this much of a file source, and this many records of /dev/kmsg, in one read
+READ_BYTES = 1 << 20
+READ_RECORDS = 8192
+#: seconds between two log lines that sum up repeated Xid reports
+REPEAT_SUMMARY_S = 60.0
 
 TEXTFILE = "tritonfleet-gpu.prom"
 
@@ -141,9 +155,6 @@ QUERY = ",".join(f[0] for f in FIELDS)
 FLAGS = {"active": 1.0, "not active": 0.0, "enabled": 1.0, "disabled": 0.0, "yes": 1.0, "no": 0.0}
 PREFIX = S.GPU_PREFIX
 
-# The driver's Xid report (kernel_rc.c) and the older form without "PCI:" (NVIDIA's Xid document).
-XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
-                 r"(?P<mig>[^)]*)\): (?P<xid>\d+),\s?(?P<rest>.*)")
 KMSG_RECORD = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),(?P<flags>[^;]*);(?P<text>.*)$")
 
 
@@ -211,22 +222,6 @@ def parse_query(text: str) -> list[Gpu]:
 
 # ---- kernel messages ----------------------------------------------------------------------
 
-@dataclass
-class XidEvent:
-    pci: str       # domain:bus:device, lower case, as the driver prints it
-    xid: int
-    text: str      # the whole message
-    usec: int = 0  # microseconds since boot (the record's timestamp)
-
-
-def parse_xid(text: str) -> XidEvent | None:
-    """An Xid report in one kernel message (None for any other message)."""
-    m = XID.search(text)
-    if not m:
-        return None
-    return XidEvent(m.group("pci").lower(), int(m.group("xid")), text.strip())
-
-
 def parse_kmsg_record(record: str) -> tuple[int, str] | None:
     """(microseconds since boot, message) of one ``/dev/kmsg`` record; its dictionary lines
     (after the first line) are not part of the message. None when it is not a record."""
@@ -250,6 +245,7 @@ class KernelLog:
         self.pending = b""
         self.error = ""
         self.restarted = False  # the source started over (a replaced file): counts start over too
+        self.more = False  # the last read stopped at its bound: more is there now
 
     def _open(self) -> bool:
         if self.fd is not None:
@@ -281,8 +277,12 @@ class KernelLog:
         return self._read_device() if self.device else self._read_file()
 
     def _read_device(self) -> list[tuple[int, str]]:
-        out = []
+        out: list[tuple[int, str]] = []
+        self.more = False
         while True:
+            if len(out) >= READ_RECORDS:
+                self.more = True
+                break
             try:
                 chunk = os.read(self.fd, 16384)
             except BlockingIOError:
@@ -317,8 +317,10 @@ class KernelLog:
                 return []
             size = os.fstat(self.fd).st_size
         if size == self.offset:
+            self.more = False
             return []
-        data = os.pread(self.fd, size - self.offset, self.offset)
+        data = os.pread(self.fd, min(size - self.offset, READ_BYTES), self.offset)
+        self.more = self.offset + len(data) < size
         self.offset += len(data)
         text = self.pending + data
         lines = text.split(b"\n")
@@ -376,17 +378,20 @@ HELP.update({
     S.GPU_COUNT: "GPUs the driver reports.",
     S.QUERY_SUCCESS: "1 when the last nvidia-smi query answered for every GPU, 0 when it failed.",
     S.QUERY_DURATION: "Seconds the last nvidia-smi query took.",
-    S.XID_ERRORS: "Xid reports of the driver in the kernel log since the source began (labels: pci as "
-                        "printed, xid).",
+    S.XID_ERRORS: "Xid reports of the driver in the kernel log since the source began, every line (labels: "
+                  "pci as printed, xid, action: the immediate action NVIDIA's Xid catalog recommends).",
+    S.XID_EVENTS: "Distinct Xid reports (a repeated identical line counts once) since the source began.",
+    S.XID_STANDING: "1 while the Xid stands, 0 once a later Xid on the same GPU cancelled it (the catalog's "
+                    "cancelling pairs).",
     S.XID_LAST: "When the last Xid report of this number was logged (seconds since the epoch).",
     S.KERNEL_LOG_READABLE: "1 while the kernel-message source can be read.",
 })
-COUNTERS = {S.ECC_ERRORS, S.XID_ERRORS}
+COUNTERS = {S.ECC_ERRORS, S.XID_ERRORS, S.XID_EVENTS}
 
 
-def render(gpus: list[Gpu] | None, query_ok: bool, query_seconds: float, xids: dict[tuple[str, int], int],
-           xid_last: dict[tuple[str, int], float], log_ok: bool) -> str:
-    """The textfile (Prometheus text format 0.0.4). ``gpus`` None: no query answered yet."""
+def render(gpus: list[Gpu] | None, query_ok: bool, query_seconds: float, xids: list[tuple], log_ok: bool) -> str:
+    """The textfile (Prometheus text format 0.0.4). ``gpus`` None: no query answered yet; ``xids``:
+    the ledger's rows (tritonfleet.gpu.xids.Ledger.rows)."""
     samples: dict[str, list[tuple[dict, float]]] = {}
 
     def add(metric: str, labels: dict, v: float) -> None:
@@ -401,9 +406,12 @@ def render(gpus: list[Gpu] | None, query_ok: bool, query_seconds: float, xids: d
         add(S.GPU_COUNT, {}, len(gpus))
     add(S.QUERY_SUCCESS, {}, 1 if query_ok else 0)
     add(S.QUERY_DURATION, {}, round(query_seconds, 3))
-    for (pci, xid), n in sorted(xids.items()):
-        add(S.XID_ERRORS, {"pci": pci, "xid": str(xid)}, n)
-        add(S.XID_LAST, {"pci": pci, "xid": str(xid)}, round(xid_last[(pci, xid)], 3))
+    for pci, xid, action, lines, events, last, standing in xids:
+        xid_labels = {"pci": pci, "xid": str(xid), "action": action}
+        add(S.XID_ERRORS, xid_labels, lines)
+        add(S.XID_EVENTS, xid_labels, events)
+        add(S.XID_STANDING, xid_labels, 1 if standing else 0)
+        add(S.XID_LAST, xid_labels, round(last, 3))
     add(S.KERNEL_LOG_READABLE, {}, 1 if log_ok else 0)
     out = []
     for name, rows in samples.items():
@@ -426,14 +434,15 @@ def write_atomically(directory: str, name: str, text: str) -> None:
 # ---- the collector ------------------------------------------------------------------------
 
 class Collector:
-    def __init__(self, textfile_dir: str, smi: str, kmsg: str, interval: float, timeout: float):
+    def __init__(self, textfile_dir: str, smi: str, kmsg: str, interval: float, timeout: float,
+                 catalog: str | None = None):
         self.textfile_dir, self.smi, self.interval, self.timeout = textfile_dir, smi, interval, timeout
         self.log = KernelLog(kmsg)
         self.btime = boot_time()
         self.gpus: list[Gpu] | None = None
         self.query_ok, self.query_seconds = False, 0.0
-        self.xids: dict[tuple[str, int], int] = {}
-        self.xid_last: dict[tuple[str, int], float] = {}
+        self.xids = X.Ledger(X.load_catalog(catalog))
+        self.summarised = time.monotonic()
         self.lock = threading.Lock()
         self.dirty = threading.Event()
 
@@ -460,24 +469,30 @@ class Collector:
             self.log.restarted = False
             with self.lock:
                 self.xids.clear()
-                self.xid_last.clear()
             changed = True
-        for usec, text in records:
+        new = []
+        with self.lock:  # once a batch: a repeated line costs a look-up and a count
+            for usec, text in records:
+                kind = self.xids.add(text, self.btime + usec / 1e6)
+                if kind is None:
+                    continue
+                changed = True
+                if kind == X.NEW:
+                    new.append(text)
+        for text in new:
             ev = parse_xid(text)
-            if ev is None:
-                continue
-            say(f"Xid {ev.xid} on {ev.pci}: {ev.text[:300]}")
-            key = (ev.pci, ev.xid)
+            say(f"Xid {ev.xid} on {ev.pci} ({self.xids.catalog.action(ev.xid)}): {ev.text[:300]}")
+        if time.monotonic() - self.summarised >= REPEAT_SUMMARY_S:
+            self.summarised = time.monotonic()
             with self.lock:
-                self.xids[key] = self.xids.get(key, 0) + 1
-                self.xid_last[key] = self.btime + usec / 1e6
-            changed = True
+                repeats = self.xids.said()
+            for (pci, xid), n in sorted(repeats.items()):
+                say(f"Xid {xid} on {pci}: {n} more identical report(s) in the last {REPEAT_SUMMARY_S:g} s")
         return changed
 
     def write(self) -> None:
         with self.lock:
-            text = render(self.gpus, self.query_ok, self.query_seconds, self.xids, self.xid_last,
-                          self.log.readable)
+            text = render(self.gpus, self.query_ok, self.query_seconds, self.xids.rows(), self.log.readable)
         try:
             write_atomically(self.textfile_dir, TEXTFILE, text)
         except OSError as e:
@@ -491,6 +506,8 @@ class Collector:
 
     def once(self) -> None:
         self.read_log()
+        while self.log.more:
+            self.read_log()
         self.query()
         self.write()
 
@@ -510,7 +527,8 @@ class Collector:
             if self.dirty.is_set():
                 self.dirty.clear()
                 self.write()
-            self.log.wait(0.5)
+            if not self.log.more:
+                self.log.wait(0.5)
 
 
 def say(text: str) -> None:
@@ -530,7 +548,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--interval and --timeout must be > 0")
     if not os.path.isdir(args.textfile_dir):
         p.error(f"--textfile-dir {args.textfile_dir} is not a directory")
-    c = Collector(args.textfile_dir, args.nvidia_smi, args.kmsg, args.interval, args.timeout)
+    try:
+        c = Collector(args.textfile_dir, args.nvidia_smi, args.kmsg, args.interval, args.timeout)
+    except (OSError, ValueError, KeyError) as e:
+        p.error(f"{X.catalog_path()}: cannot read NVIDIA's Xid catalog ({e}); the GPU telemetry step puts "
+                f"it next to {X.MODULE_FILE}")
     if args.once:
         c.once()
         return 0 if c.query_ok else 1

@@ -29,6 +29,7 @@ import yaml
 
 from ..gpu import signals as S
 from ..inventory.roster import FleetHost, InventoryError
+from ..gpu import xids as X
 from .options import Options, duration_seconds
 from .prometheus import Generated
 from .rule_text import alert, host_regex, number, yaml_file
@@ -115,29 +116,72 @@ def _alert(name: str, expr: str, summary: str, description: str) -> dict:
     return alert(name, expr, spec.for_, spec.severity, summary, description, QUARANTINE if spec.quarantine else None)
 
 
+def _alternation(values) -> str:
+    return "|".join(str(v) for v in values)
+
+
+def xid_rules(hosts: list[FleetHost], j: str) -> list[dict]:
+    """The Xid alerts, keyed on the ``action`` label the collector writes from NVIDIA's Xid catalog
+    (tritonfleet.gpu.signals.XID_ACTIONS says which action raises which alert), the catalog's
+    repeated-Xid correlations, and ``quarantine_xids``: Xid numbers that quarantine whatever their
+    action (per host, like the other tunables)."""
+    catalog = X.read_catalog()
+    quarantine = _alternation(S.xid_actions(S.XID_QUARANTINE))
+    warning = _alternation(S.xid_actions(S.XID_WARNING))
+    support = _alternation(S.xid_actions(S.XID_SUPPORT))
+    cancellable = _alternation(sorted({c["xid"] for c in catalog.get("cancels", [])}))
+    out = []
+    for extra, sel in _partition(hosts, "quarantine_xids", _xids):
+        alt = _alternation(extra)
+        expr = f'{S.XID_STANDING}{{{j}, action=~"{quarantine}"{sel}}} == 1'
+        if extra:
+            expr = f'({expr}) or ({S.XID_STANDING}{{{j}, xid=~"{alt}"{sel}}} == 1)'
+        out.append(_alert(
+            "GpuXidCritical", expr,
+            f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}, {{{{ $labels.action }}}}): quarantined",
+            "The NVIDIA driver reported an Xid whose recommended immediate action in NVIDIA's Xid catalog takes "
+            f"the GPU out of service until it is reset, the machine rebooted or its hardware seen to ({quarantine}; "
+            "docs/operations.md). The count is since the kernel's message buffer began (this boot): reset the "
+            "GPU or reboot the host, then `tritonfleet quarantine release`. `journalctl -k | grep 'NVRM: Xid'` on "
+            "the host shows the driver's words."))
+        not_extra = f', xid!~"{alt}"' if extra else ""
+        recent = f'(time() - {S.XID_LAST}{{{j}, action=~"{warning}"{not_extra}{sel}}}) < 600'
+        if cancellable:
+            recent = (f'({recent}) or ({S.XID_STANDING}{{{j}, action=~"{warning}", xid=~"{cancellable}"'
+                      f'{not_extra}{sel}}} == 1)')
+        out.append(_alert(
+            "GpuXid", f"({recent}) unless on (instance, pci, xid) ({S.XID_STANDING}{{{j}}} == 0)",
+            f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}, {{{{ $labels.action }}}}) in the last "
+            "10 minutes",
+            "The NVIDIA driver reported an Xid that NVIDIA's Xid catalog does not take the GPU out of service for "
+            "(mostly the application's: restart it; or advice to follow by hand). A model that fails with it is "
+            "caught by the inference probe. An Xid the catalog pairs with a later one that cancels it (Power "
+            "Smoothing disengaged, then re-engaged) warns until the later one comes."))
+    out.append(_alert(
+        "GpuXidSupport", f'{S.XID_STANDING}{{{j}, action=~"{support}"}} == 1',
+        f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}): NVIDIA's catalog says to contact support",
+        "The driver reported an Xid that NVIDIA's Xid catalog lists as unused on current GPUs or whose "
+        "recommended action is CONTACT_SUPPORT: collect `nvidia-bug-report.sh` on the host for NVIDIA."))
+    for c in catalog.get("correlations", []):
+        xid, n, window = c["xid"], c["at_least"], c["within_s"]
+        events = f'{S.XID_EVENTS}{{{j}, xid="{xid}"}}'
+        out.append(_alert(
+            "GpuXidRepeated",
+            f'({events} >= {n} and on (instance, pci, xid) (time() - {S.XID_LAST}{{{j}, xid="{xid}"}}) < '
+            f"{window}) unless on (instance) (count by (instance) ({events}) > 1)",
+            f"Xid {xid} repeated on GPU {{{{ $labels.pci }}}} of {ON} ({{{{ $value }}}} distinct reports): quarantined "
+            "for diagnostics",
+            f"{c['name']} of NVIDIA's Xid catalog: {c['rule']}. The GPU is taken out until `dcgmi diag` (then "
+            "field diagnostics) clears it; `tritonfleet quarantine release` returns it."))
+    return out
+
+
 def rules(hosts: list[FleetHost], job: str, interval: str) -> dict:
     """The GPU health rule group (evaluated every ``interval``)."""
     hosts = [h for h in hosts if enabled(h)]
     j = f'job="{job}-health"'
     out: list[dict] = []
-    for xids, sel in _partition(hosts, "quarantine_xids", _xids):
-        if not xids:
-            continue
-        alt = "|".join(str(x) for x in xids)
-        out.append(_alert(
-            "GpuXidCritical", f'{S.XID_ERRORS}{{{j}, xid=~"{alt}"{sel}}} > 0',
-            f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}): quarantined",
-            "The NVIDIA driver reported an Xid that takes the GPU out of service in this boot (NVIDIA's Xid "
-            "catalog: 48 double-bit ECC error, 64 row remapping or page retirement recording failure, 79 GPU has "
-            "fallen off the bus, 95 uncontained ECC error). The count is since the kernel's message buffer "
-            "began (this boot): reset the GPU or reboot the host, then `tritonfleet quarantine release`. "
-            "`journalctl -k | grep 'NVRM: Xid'` on the host shows the driver's words."))
-        out.append(_alert(
-            "GpuXid", f'time() - {S.XID_LAST}{{{j}, xid!~"{alt}"{sel}}} < 600',
-            f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}) in the last 10 minutes",
-            "The NVIDIA driver reported an Xid (13, 31, 43, 45 are mostly the application's: a graphics engine "
-            "exception, a GPU memory page fault, a stopped or cleaned-up channel; see NVIDIA's Xid catalog). "
-            "A model that fails with it is caught by the inference probe."))
+    out += xid_rules(hosts, j)
     out.append(_alert(
         "GpuEccUncorrectable",
         f'{S.ECC_ERRORS}{{{j}, type="uncorrected", period="volatile"}} > 0',

@@ -15,6 +15,7 @@ from pathlib import Path
 from .. import resource
 from ..gpu.facts import smi_command
 from ..gpu.signals import SPEC_FILE
+from ..gpu.xids import CATALOG_FILE, MODULE_FILE
 from ..settings.access import ConfigError, Settings
 
 #: where the two scripts and the health-signal spec they read live on the host
@@ -22,6 +23,9 @@ LIB_DIR = "/usr/local/lib/tritonfleet"
 COLLECTOR = f"{LIB_DIR}/gpu_telemetry.py"
 PROBE = f"{LIB_DIR}/inference_probe.py"
 SIGNALS = f"{LIB_DIR}/{SPEC_FILE}"
+#: the collector's Xid ledger (tritonfleet.gpu.xids) and NVIDIA's Xid catalog it reads
+XIDS = f"{LIB_DIR}/{MODULE_FILE}"
+XID_CATALOG = f"{LIB_DIR}/{CATALOG_FILE}"
 COLLECTOR_UNIT = "tritonfleet-gpu-telemetry"
 PROBE_UNIT = "tritonfleet-inference-probe"
 PYTHON = "/usr/bin/python3"
@@ -34,12 +38,15 @@ class UnitError(ConfigError):
 
 
 def sources() -> dict[str, str]:
-    """{path on the host: the file's text}: the modules' own files, as they are (the two scripts
-    and tritonfleet.gpu.signals, which both load from their directory)."""
+    """{path on the host: the file's text}: the modules' own files, as they are (the two scripts,
+    tritonfleet.gpu.signals, which both load from their directory, and the collector's
+    tritonfleet.gpu.xids with NVIDIA's Xid catalog)."""
     here = Path(__file__).resolve().parent.parent
     return {COLLECTOR: (here / "gpu" / "telemetry.py").read_text(),
             PROBE: (here / "observability" / "inference_probe.py").read_text(),
-            SIGNALS: (here / "gpu" / "signals.py").read_text()}
+            SIGNALS: (here / "gpu" / "signals.py").read_text(),
+            XIDS: (here / "gpu" / "xids.py").read_text(),
+            XID_CATALOG: (here / "data" / CATALOG_FILE).read_text()}
 
 
 def systemd_word(arg: str, setting: str) -> str:

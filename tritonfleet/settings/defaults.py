@@ -487,10 +487,11 @@ probe_timeout = 10
 monitor_probe_failures = 2
 # Alert (warning) when a GPU's temperature stays above this many degrees C for 5 minutes.
 monitor_gpu_temperature_c = 85
-# Xid numbers whose report quarantines the host (NVIDIA's Xid catalog: 48 double-bit ECC error,
-# 64 row remapping / page retirement recording failure, 79 GPU has fallen off the bus, 95
-# uncontained ECC error); every other Xid raises a warning only.
-quarantine_xids = [48, 64, 79, 95]
+# Xid numbers whose report quarantines the host whatever NVIDIA's Xid catalog recommends for them.
+# Without them the rules follow the catalog: an Xid whose immediate action is a GPU reset, a reboot
+# or a hardware check (48, 64, 79, 95 among them) quarantines, one the catalog leaves to the
+# application warns, one it says to ignore raises nothing (docs/operations.md, "Xid reports").
+quarantine_xids = []
 # At most this many hosts of an inventory group quarantined at once: a number, or "P%" of the
 # group's hosts (rounded down); beyond it a quarantine alert only alerts. The strictest value of
 # the group's hosts counts.

@@ -9,8 +9,9 @@
   inference per ready model every ``probe_interval`` seconds, on every Triton instance's port).
 
 The scripts are the package's own files, copied as they are, with the health-signal spec both
-read their metric names from (tritonfleet/gpu/signals.py, as gpu_signals.py next to them); a
-service restarts only when its script, the spec or its unit changed, and systemd is reloaded only when a unit file changed (noted for the
+read their metric names from (tritonfleet/gpu/signals.py, as gpu_signals.py next to them) and the
+collector's Xid ledger with NVIDIA's Xid catalog (gpu_xids.py, xid_catalog.json); a service
+restarts only when its script, a file it reads or its unit changed, and systemd is reloaded only when a unit file changed (noted for the
 GPU-loss guard, which deploys/telemetry.py runs after this step). ``gpu_telemetry = False``
 stops, disables and removes both services, their files and their textfiles (the node exporter
 package stays: it may serve other collectors).
@@ -38,6 +39,9 @@ from ..settings import access as config
 from ..settings.access import Settings
 
 NODE_EXPORTER = "prometheus-node-exporter"
+#: the files the step puts under /usr/local/lib/tritonfleet, and what each script reads of them
+SHIPPED = (tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.XIDS, tu.XID_CATALOG)
+READS = {tu.COLLECTOR: (tu.SIGNALS, tu.XIDS, tu.XID_CATALOG), tu.PROBE: (tu.SIGNALS,)}
 
 
 def enabled(settings: Settings) -> bool:
@@ -67,9 +71,10 @@ def gpu_telemetry():
     """GPU health on the host: the node exporter, the GPU fault collector and the
     inference probe as services (or, with ``gpu_telemetry = False``, all of it removed).
 
-    Changes: the packages (node exporter, python3), the textfile directory, the two scripts and the
-    health-signal spec under /usr/local/lib/tritonfleet, their units; a service restarts only when its
-    unit, its script or the spec changed.
+    Changes: the packages (node exporter, python3), the textfile directory, the two scripts, the
+    health-signal spec, the collector's Xid ledger and NVIDIA's Xid catalog under
+    /usr/local/lib/tritonfleet, their units; a service restarts only when its unit, its script or a
+    file it reads changed.
 
     Tunables: ``gpu_telemetry``, ``telemetry_node_exporter``, ``telemetry_textfile_dir``,
     ``telemetry_interval``, ``telemetry_smi_timeout``, ``telemetry_kmsg_path``, ``probe_interval``,
@@ -84,7 +89,7 @@ def gpu_telemetry():
         gpu_telemetry()
     """
     units = [f"{name}.service" for name, _ in _services()]
-    paths = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS] + [tu.unit_path(name) for name, _ in _services()]
+    paths = [*SHIPPED] + [tu.unit_path(name) for name, _ in _services()]
     # what a converged host is asked, in one remote command
     memo.prefetch(*[(FileState, {"path": p}) for p in paths], *[(UnitState, {"unit": u}) for u in units],
                   *([(UnitState, {"unit": f"{NODE_EXPORTER}.service"})] if config.get("telemetry_node_exporter")
@@ -98,7 +103,7 @@ def gpu_telemetry():
     textfiles = config.get("telemetry_textfile_dir")
     files.directory(name=f"node exporter textfile directory {textfiles}", path=textfiles, present=True)
     scripts = {p: converged.put(name=f"{p} (tritonfleet's own file)", src=StringIO(want[p]), dest=p, mode="644")
-               for p in (tu.COLLECTOR, tu.PROBE, tu.SIGNALS)}
+               for p in SHIPPED}
     unit_ops = {name: converged.put(name=f"systemd unit {name}.service", src=StringIO(want[tu.unit_path(name)]),
                                     dest=tu.unit_path(name), mode="644")
                 for name, _ in _services()}
@@ -108,7 +113,7 @@ def gpu_telemetry():
         systemd.daemon_reload(name="systemd daemon-reload (telemetry units changed)")
         guard_ops.note("telemetry units changed", *unit_ops.values())
     for name, script in _services():
-        if will_change(unit_ops[name], scripts[script], scripts[tu.SIGNALS]):
+        if will_change(unit_ops[name], scripts[script], *[scripts[p] for p in READS[script]]):
             systemd.service(name=f"restart {name} (its unit or script changed)", service=f"{name}.service",
                             running=True, restarted=True, enabled=True)
         else:
@@ -131,7 +136,7 @@ def remove() -> None:
         return
     commands = [f"systemctl disable --now {q(name + '.service')} 2>/dev/null || true" for name in present]
     commands.append("rm -f " + " ".join(q(p) for p in (
-        *[tu.unit_path(n) for n, _ in _services()], tu.COLLECTOR, tu.PROBE, tu.SIGNALS,
+        *[tu.unit_path(n) for n, _ in _services()], *SHIPPED,
         f"{textfiles}/{COLLECTOR_TEXTFILE}", f"{textfiles}/{PROBE_TEXTFILE}")))
     commands.append(f"rmdir {q(tu.LIB_DIR)} 2>/dev/null || true")
     gone = server.shell(name=f"stop, disable and remove {', '.join(present)} (gpu_telemetry is off)",

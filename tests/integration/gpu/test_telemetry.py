@@ -54,8 +54,8 @@ def node_exporter(tmp_path):
 def test_the_real_node_exporter_serves_the_textfile_as_written(tmp_path, node_exporter):
     textfiles, scrape = node_exporter
     gpus = t.parse_query(answer("query-telemetry.txt"))
-    text = t.render(gpus, True, 0.043, {("0000:00:06", 79): 1, ("0000:00:06", 13): 4},
-                    {("0000:00:06", 79): 1.7e9, ("0000:00:06", 13): 1.7e9 + 5}, True)
+    text = t.render(gpus, True, 0.043, [("0000:00:06", 13, "RESTART_APP", 4, 2, 1.7e9 + 5, True),
+                                        ("0000:00:06", 79, "RESTART_BM", 1, 1, 1.7e9, True)], True)
     t.write_atomically(str(textfiles), t.TEXTFILE, text)
     served = samples(scrape())
     assert one(served, "node_textfile_scrape_error") == 0

@@ -90,6 +90,15 @@ def _g(host: str, name: str, values: str, **more: str) -> dict:
     return _s(name, _target(host, **_gpu(host), **more), values)
 
 
+def _x(host: str, pci: str, xid: int, action: str, standing: str, events: str, last: str) -> list[dict]:
+    """An Xid's four series as the collector writes them (every line, distinct events, standing,
+    when last logged), with the action NVIDIA's catalog gives it."""
+    labels = _target(host, pci=pci, xid=str(xid), action=action)
+    return [_s("tritonfleet_gpu_xid_errors_total", labels, events), _s("tritonfleet_gpu_xid_events_total", labels, events),
+            _s("tritonfleet_gpu_xid_standing", labels, standing),
+            _s("tritonfleet_gpu_xid_last_timestamp_seconds", labels, last)]
+
+
 def _a(name: str, host: str, severity: str, quarantine: bool = False, gpu: bool = True, **more: str) -> dict:
     labels = {"alertname": name, "severity": severity, **_target(host, **(_gpu(host) if gpu else {})), **more}
     if quarantine:
@@ -98,7 +107,12 @@ def _a(name: str, host: str, severity: str, quarantine: bool = False, gpu: bool 
 
 
 # A fleet at minute 0..40 (1 sample a minute; time() = minutes since 0):
-#   t4-01: Xid 79 on its GPU (critical, quarantines), an Xid 13 logged at minute 10 (warning)
+#   t4-01: Xid 79 on its GPU (RESTART_BM: quarantines), an Xid 13 logged at minute 10 (RESTART_APP:
+#          warning), an Xid 43 at minute 0 (IGNORE: nothing)
+#   t4-02: Xid 31 twice on each of two GPUs (the application's: no escalation), Xid 2 (unused on
+#          these GPUs: CONTACT_SUPPORT), Xid 163 at minute 10, cancelled by a 162 at minute 15
+#   l4-01: Xid 119 (RESET_GPU: quarantines; it only warned before the catalog), Xid 31 on its one
+#          GPU, a second distinct one at minute 10 (WORKFLOW_XID_31: escalates, quarantines)
 #   t4-02: an uncorrectable ECC error; its text_classifier fails probe after probe (1, 2, 3...);
 #          its probe takes 2 s; hardware thermal slowdown; 90 C; PCIe x8 of x16 while busy
 #   l4-01: a failed and a pending row remapping, pages pending retirement, software thermal
@@ -108,10 +122,15 @@ def _a(name: str, host: str, severity: str, quarantine: bool = False, gpu: bool 
 PROBE_T4_2 = {"triton_port": "8000", "model": "text_classifier_onnx"}
 SERIES = (
     [_s("up", _target(h), "1x40") for h in (T4_1, T4_2, L4_1)]
-    + [_s("tritonfleet_gpu_xid_errors_total", _target(T4_1, pci="0000:00:1e", xid="79"), "1x40"),
-       _s("tritonfleet_gpu_xid_last_timestamp_seconds", _target(T4_1, pci="0000:00:1e", xid="79"), "0x40"),
-       _s("tritonfleet_gpu_xid_errors_total", _target(T4_1, pci="0000:00:1e", xid="13"), "1x40"),
-       _s("tritonfleet_gpu_xid_last_timestamp_seconds", _target(T4_1, pci="0000:00:1e", xid="13"), "_x10 600x29")]
+    + _x(T4_1, "0000:00:1e", 79, "RESTART_BM", "1x40", "1x40", "0x40")
+    + _x(T4_1, "0000:00:1e", 13, "RESTART_APP", "1x40", "1x40", "_x10 600x29")
+    + _x(T4_1, "0000:00:1e", 43, "IGNORE", "1x40", "1x40", "0x40")
+    + _x(T4_2, "0000:00:1e", 31, "RESTART_APP", "1x40", "2x40", "-1000x40")
+    + _x(T4_2, "0000:00:1f", 31, "RESTART_APP", "1x40", "2x40", "-1000x40")
+    + _x(T4_2, "0000:00:1e", 2, "CONTACT_SUPPORT", "1x40", "1x40", "-1000x40")
+    + _x(T4_2, "0000:00:1e", 163, "NONE_GIVEN", "_x10 1x5 0x25", "_x10 1x30", "_x10 600x30")
+    + _x(L4_1, "0000:31:00", 119, "RESET_GPU", "1x40", "1x40", "-1000x40")
+    + _x(L4_1, "0000:31:00", 31, "RESTART_APP", "1x40", "1x10 2x30", "-1000x10 -500x30")
     + [_g(h, "tritonfleet_gpu_ecc_errors_total", v, type="uncorrected", period="volatile")
        for h, v in ((T4_1, "0x40"), (T4_2, "2x40"), (L4_1, "0x40"))]
     + [_g(h, "tritonfleet_gpu_ecc_errors_total", "5x40", type="corrected", period="volatile") for h in (T4_1, T4_2)]
@@ -148,9 +167,18 @@ SERIES = (
 
 # alert -> [(eval time, expected alerts)]
 EXPECTED = {
-    "GpuXidCritical": [("1m", [_a("GpuXidCritical", T4_1, "critical", True, gpu=False, pci="0000:00:1e", xid="79")])],
-    "GpuXid": [("8m", []), ("15m", [_a("GpuXid", T4_1, "warning", gpu=False, pci="0000:00:1e", xid="13")]),
-               ("21m", [])],
+    "GpuXidCritical": [("1m", [
+        _a("GpuXidCritical", T4_1, "critical", True, gpu=False, pci="0000:00:1e", xid="79", action="RESTART_BM"),
+        _a("GpuXidCritical", L4_1, "critical", True, gpu=False, pci="0000:31:00", xid="119", action="RESET_GPU")])],
+    "GpuXid": [("8m", []), ("15m", [
+        _a("GpuXid", T4_1, "warning", gpu=False, pci="0000:00:1e", xid="13", action="RESTART_APP"),
+        _a("GpuXid", T4_2, "warning", gpu=False, pci="0000:00:1e", xid="163", action="NONE_GIVEN")]),
+        ("17m", [_a("GpuXid", T4_1, "warning", gpu=False, pci="0000:00:1e", xid="13", action="RESTART_APP")]),
+        ("21m", [])],
+    "GpuXidSupport": [("1m", [_a("GpuXidSupport", T4_2, "critical", gpu=False, pci="0000:00:1e", xid="2",
+                                 action="CONTACT_SUPPORT")])],
+    "GpuXidRepeated": [("5m", []), ("11m", [_a("GpuXidRepeated", L4_1, "critical", True, gpu=False, pci="0000:31:00",
+                                               xid="31", action="RESTART_APP")])],
     "GpuEccUncorrectable": [("1m", [_a("GpuEccUncorrectable", T4_2, "critical", True, type="uncorrected",
                                        period="volatile")])],
     "GpuRowRemapFailure": [("1m", [_a("GpuRowRemapFailure", L4_1, "critical", True)])],
@@ -199,7 +227,7 @@ def test_every_rule_fires_exactly_as_intended(generated, tmp_path):
     names = {r["alert"] for r in group["rules"]}
     assert names == set(EXPECTED), "every rule has a case here"
     quarantining = {r["alert"] for r in group["rules"] if r["labels"].get("quarantine") == "true"}
-    assert quarantining == {"GpuXidCritical", "GpuEccUncorrectable", "GpuRowRemapFailure",
+    assert quarantining == {"GpuXidCritical", "GpuXidRepeated", "GpuEccUncorrectable", "GpuRowRemapFailure",
                             "TritonInferenceProbeFailing"}
     rules = _no_annotations(group, tmp_path / "health.rules.yml")
     alerts = [{"eval_time": at, "alertname": name, "exp_alerts": exp}
@@ -224,7 +252,7 @@ def test_a_wrong_expectation_fails(generated, tmp_path):
     group = yaml.safe_load((generated[0] / "rules/triton-health.rules.yml").read_text())["groups"][0]
     rules = _no_annotations(group, tmp_path / "health.rules.yml")
     res = _test(tmp_path, rules, SERIES, [{"eval_time": "1m", "alertname": "GpuXidCritical", "exp_alerts": [
-        _a("GpuXidCritical", T4_2, "critical", True, gpu=False, pci="0000:00:1e", xid="79")]}])
+        _a("GpuXidCritical", T4_2, "critical", True, gpu=False, pci="0000:00:1e", xid="79", action="RESTART_BM")]}])
     assert res.returncode != 0
 
 
@@ -252,14 +280,15 @@ def test_thresholds_per_group_and_telemetry_off(tmp_path):
     """quarantine_xids and monitor_probe_failures set for the L4 group only: a rule of their own,
     restricted to its hosts; a host with gpu_telemetry off is no target."""
     inv = inventory(tmp_path, (PROD.read_text()), {
-        "l4.py": "\nquarantine_xids = [79]\nmonitor_probe_failures = 5\n",
+        "l4.py": "\nquarantine_xids = [43]\nmonitor_probe_failures = 5\n",
         "t4.py": "\n"})
     group, _ = forked(_rules_and_targets, inv)
     xid = [r for r in group["rules"] if r["alert"] == "GpuXidCritical"]
+    actions = "CHECK_MECHANICALS|RESET_GPU|RESTART_BM|RESTART_VM|WORKFLOW_NVLINK_ERR|WORKFLOW_XID_48"
     assert sorted(r["expr"] for r in xid) == sorted([
-        'tritonfleet_gpu_xid_errors_total{job="triton-health", xid=~"48|64|79|95", '
-        f'host=~`{T4_1}|{T4_2}`}} > 0',
-        f'tritonfleet_gpu_xid_errors_total{{job="triton-health", xid=~"79", host=~`{L4_1}`}} > 0'])
+        f'tritonfleet_gpu_xid_standing{{job="triton-health", action=~"{actions}", host=~`{T4_1}|{T4_2}`}} == 1',
+        f'(tritonfleet_gpu_xid_standing{{job="triton-health", action=~"{actions}", host=~`{L4_1}`}} == 1) or '
+        f'(tritonfleet_gpu_xid_standing{{job="triton-health", xid=~"43", host=~`{L4_1}`}} == 1)'])
     probe = sorted(r["expr"] for r in group["rules"] if r["alert"] == "TritonInferenceProbeFailing")
     assert probe == sorted([
         f'tritonfleet_inference_probe_consecutive_failures{{job="triton-health", host=~`{T4_1}|{T4_2}`}} >= 2',

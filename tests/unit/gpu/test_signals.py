@@ -32,9 +32,8 @@ def collector_writes() -> set[str]:
     pages would give it (the H200 answers [N/A]: it remaps rows), an Xid, a failed query."""
     answer = (FIXTURE / "query-telemetry.txt").read_text().split("rc=")[0]
     gpus = t.parse_query(answer.replace("[N/A], [N/A], [N/A]", "0, 0, No"))
-    xid = {("0000:00:06", 79): 1}
-    return _names(t.render(gpus, True, 0.2, xid, {("0000:00:06", 79): 1.0}, True)) | _names(
-        t.render(None, False, 0.0, {}, {}, False))
+    xid = [("0000:00:06", 79, "RESTART_BM", 1, 1, 1.0, True)]
+    return _names(t.render(gpus, True, 0.2, xid, True)) | _names(t.render(None, False, 0.0, [], False))
 
 
 def probe_writes(monkeypatch) -> set[str]:

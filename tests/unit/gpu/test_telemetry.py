@@ -255,14 +255,15 @@ def test_interval_settings_are_checked():
 
 def test_the_host_scripts_need_nothing_but_pythons_standard_library(tmp_path):
     """They run with the host's python3 (3.10 or newer), where tritonfleet is not installed; the
-    health-signal spec they read (tritonfleet.gpu.signals) is shipped next to them, stdlib-only too."""
+    health-signal spec they read (tritonfleet.gpu.signals) and the collector's Xid ledger
+    (tritonfleet.gpu.xids, with NVIDIA's Xid catalog) are shipped next to them, stdlib-only too."""
     import ast
 
-    from tritonfleet.gpu import signals
+    from tritonfleet.gpu import signals, xids
     from tritonfleet.observability import inference_probe
 
     spec = "tritonfleet.gpu.signals"  # the one tritonfleet module they load (the host's copy: SPEC_FILE)
-    for module in (t, inference_probe, signals):
+    for module in (t, inference_probe, signals, xids):
         tree = ast.parse(Path(module.__file__).read_text())
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module.split(".")[0] for n in ast.walk(tree)
@@ -272,6 +273,9 @@ def test_the_host_scripts_need_nothing_but_pythons_standard_library(tmp_path):
         loaded = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
                   and getattr(n.func, "attr", "") == "import_module" and isinstance(n.args[0], ast.Constant)}
         assert loaded <= {spec}, loaded
+        siblings = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
+                    and getattr(n.func, "id", "") == "_sibling"}
+        assert siblings <= {"signals", "xids"}, siblings
     assert Path(tu.SIGNALS).name == signals.SPEC_FILE and tu.sources()[tu.SIGNALS] == Path(signals.__file__).read_text()
     # and they run from a copy alone, away from the package, with the system's python3 (as on a host)
     for path, text in tu.sources().items():
@@ -280,6 +284,19 @@ def test_the_host_scripts_need_nothing_but_pythons_standard_library(tmp_path):
         copy = tmp_path / Path(path).name
         res = subprocess.run(["/usr/bin/python3", "-I", str(copy), "--help"], capture_output=True, text=True)
         assert res.returncode == 0 and "--textfile-dir" in res.stdout, res.stderr
+    # the collector runs once from the copies, reading the catalog's copy beside them
+    textfiles = tmp_path / "textfiles"
+    textfiles.mkdir()
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(record(1, "NVRM: Xid (PCI:0000:00:1e): 119, Timeout after 6s of waiting for RPC response"))
+    once = ["/usr/bin/python3", "-I", str(tmp_path / Path(tu.COLLECTOR).name), f"--textfile-dir={textfiles}",
+            f"--kmsg={kmsg}", "--nvidia-smi=false", "--once"]
+    res = subprocess.run(once, capture_output=True, text=True)
+    assert 'xid="119"' in (textfiles / t.TEXTFILE).read_text() and "(RESET_GPU)" in res.stderr, res.stderr
+    # without the catalog's copy the collector stops, naming the file
+    (tmp_path / xids.CATALOG_FILE).unlink()
+    res = subprocess.run(once, capture_output=True, text=True)
+    assert res.returncode == 2 and f"{tmp_path}/{xids.CATALOG_FILE}: cannot read" in res.stderr, res.stderr
     # without the spec's copy they stop, naming the file
     (tmp_path / signals.SPEC_FILE).unlink()
     res = subprocess.run(["/usr/bin/python3", "-I", str(tmp_path / Path(tu.COLLECTOR).name), "--help"],

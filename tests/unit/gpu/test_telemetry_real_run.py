@@ -102,7 +102,7 @@ def test_every_series_the_collector_makes_of_the_real_answer_is_there_and_nothin
     gpus = real_gpus()
     got = samples(textfile())
     # the collector's own rendering of the driver's answer: the same series, one GPU, healthy
-    want = samples(t.render(gpus, True, got[("tritonfleet_gpu_query_duration_seconds", ())], {}, {}, True))
+    want = samples(t.render(gpus, True, got[("tritonfleet_gpu_query_duration_seconds", ())], [], True))
     assert set(got) == set(want)
     for key, v in want.items():
         metric = key[0][len(t.PREFIX):]

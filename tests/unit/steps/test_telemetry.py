@@ -18,7 +18,7 @@ from tritonfleet.settings.access import ConfigError
 from tritonfleet.settings.defaults import DEFAULTS
 from tritonfleet.steps.telemetry import gpu_telemetry
 
-PATHS = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.unit_path(tu.COLLECTOR_UNIT), tu.unit_path(tu.PROBE_UNIT)]
+PATHS = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.XIDS, tu.XID_CATALOG, tu.unit_path(tu.COLLECTOR_UNIT), tu.unit_path(tu.PROBE_UNIT)]
 UNITS = [f"{tu.COLLECTOR_UNIT}.service", f"{tu.PROBE_UNIT}.service", "prometheus-node-exporter.service"]
 
 
@@ -95,6 +95,16 @@ def test_a_changed_signal_spec_restarts_both_services():
     assert "systemctl daemon-reload" not in run
     assert [c for c in run if c.startswith("systemctl")] == [f"systemctl restart {tu.COLLECTOR_UNIT}.service",
                                                              f"systemctl restart {tu.PROBE_UNIT}.service"]
+
+
+def test_a_changed_xid_catalog_restarts_only_the_collector():
+    """The collector reads NVIDIA's Xid catalog (and its Xid ledger) when it starts; the probe reads neither."""
+    want = tu.files(DEFAULTS, [DEFAULTS["triton_http_port"]])
+    old = dict(want, **{tu.XID_CATALOG: want[tu.XID_CATALOG].replace("RESET_GPU", "RESTART_BM", 1)})
+    host, cmds, _ = run_fake(gpu_telemetry, converged(old))
+    run = changes(cmds)
+    assert host.connector.uploads.keys() == {tu.XID_CATALOG}
+    assert [c for c in run if c.startswith("systemctl")] == [f"systemctl restart {tu.COLLECTOR_UNIT}.service"]
 
 
 def test_a_changed_setting_rewrites_the_unit_and_reloads_once():
