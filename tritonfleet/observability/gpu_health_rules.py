@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from ..gpu import signals as S
-from ..inventory.roster import FleetHost, InventoryError
 from ..gpu import xids as X
+from ..inventory.roster import FleetHost, InventoryError
 from .options import Options, duration_seconds
 from .prometheus import Generated
 from .rule_text import alert, host_regex, number, yaml_file

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritonfleet.fleet.inventory import load_inventory
 from tritonfleet.gpu import signals as S
 from tritonfleet.gpu import telemetry as t
 from tritonfleet.gpu import xids as X
+from tritonfleet.inventory.roster import load_inventory
 from tritonfleet.observability import gpu_health_rules as ghr
 
 CATALOG = json.loads((Path(X.__file__).parents[1] / "data" / X.CATALOG_FILE).read_text())
