@@ -45,7 +45,9 @@ def main(argv: list[str]) -> int:
     phases: dict = {"connect": [], "commands": [], "http": []}
     connections = [0]
     original = SSHConnector.run_shell_command
-    original_connect = SSHConnector.connect
+    import paramiko
+
+    original_connect = paramiko.SSHClient.connect  # the handshake (pyinfra's connect wraps it)
 
     def timed_connect(self, *args, **kwargs):
         start = _at()
@@ -67,7 +69,7 @@ def main(argv: list[str]) -> int:
                 print(f"[cmd] {self.host.name} {dt * 1000:7.1f} ms  {text[:150]}", file=sys.stderr)
 
     SSHConnector.run_shell_command = timed
-    SSHConnector.connect = timed_connect
+    paramiko.SSHClient.connect = timed_connect
     import requests
     import urllib3.connectionpool
 
