@@ -243,14 +243,17 @@ def phase_rows(runs: list[dict]) -> list[Row]:
     each remote command (its round trip: the host's time and one network round trip), the time
     between (the control side's own work: facts parsed, operations planned and run), each HTTP
     request through the tunnel, and the exit after the CLI's last line."""
-    def med(values: list[float]) -> list[float]:
+    def med(values: list[float]) -> list[float]:  # one figure: the median of the runs
         return [statistics.median(values)] if values else []
 
     rows = [Row("  phase: interpreter start + imports (pyinfra, tritonfleet)", med([r["start"] for r in runs])),
             Row("  phase: SSH handshake", med([sum(b - a for a, b in r["connect"]) for r in runs]))]
+    for row in rows:
+        row.note = f"median of {len(runs)} runs"
     n_cmds = min(len(r["commands"]) for r in runs)
     for i in range(n_cmds):
-        rows.append(Row(f"  phase: remote command {i + 1} ({runs[0]['commands'][i][2][:40]}...)",
+        text = " ".join(runs[0]["commands"][i][2].split())[:40]
+        rows.append(Row(f"  phase: remote command {i + 1} ({text}...)",
                         med([r["commands"][i][1] - r["commands"][i][0] for r in runs])))
     n_http = min(len(r["http"]) for r in runs)
     for i in range(n_http):
