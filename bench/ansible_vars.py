@@ -56,6 +56,8 @@ def host_vars(fh) -> dict:
             "tf_kernel_packages": [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")],
             "tf_nouveau_text": host_layer.NOUVEAU_TEXT,
             "tf_driver_pin_text": host_prep.driver_pin_text(),
+            # NVIDIA's pinning package pins the branch: the deploy then removes its own pin file
+            "tf_driver_own_pin": host_prep.uses_own_pin(),
             "tf_driver_packages": host_prep.driver_packages(),
             "tf_held_packages": host.get_fact(DpkgState)["held"],
             "tf_unattended_text": host_layer.UNATTENDED_TEXT,

@@ -3,15 +3,26 @@
     python bench/cmdprofile.py [--out FILE.json] -- -y inventories/testbed.py deploys/triton.py
 
 Prints (to stderr) one line per remote command (host, seconds, command) when --verbose, and a
-summary; --out writes {host: [[seconds, command], ...]} as JSON. Measures only; changes nothing
-in pyinfra's behaviour.
+summary; --out writes {host: [[seconds, command], ...]} as JSON, with the run's phases
+(``phases``: seconds from TRITONFLEET_BENCH_T0, the launcher's clock when it started this
+process: ``start`` pyinfra's CLI about to run (interpreter and imports), ``connect`` each SSH
+handshake, ``commands`` each remote command, ``http`` each HTTP request to a host's Triton,
+``main_done`` the CLI's end) and the HTTP connections opened (``http_connections``). Measures
+only; changes nothing in pyinfra's behaviour.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+
+T0 = float(os.environ.get("TRITONFLEET_BENCH_T0") or time.time())
+
+
+def _at() -> float:
+    return round(time.time() - T0, 4)
 
 
 def main(argv: list[str]) -> int:
@@ -31,20 +42,53 @@ def main(argv: list[str]) -> int:
     from pyinfra.connectors.ssh import SSHConnector
 
     log: dict[str, list] = {}
+    phases: dict = {"connect": [], "commands": [], "http": []}
+    connections = [0]
     original = SSHConnector.run_shell_command
+    import paramiko
+
+    original_connect = paramiko.SSHClient.connect  # the handshake (pyinfra's connect wraps it)
+
+    def timed_connect(self, *args, **kwargs):
+        start = _at()
+        try:
+            return original_connect(self, *args, **kwargs)
+        finally:
+            phases["connect"].append([start, _at()])
 
     def timed(self, command, *args, **kwargs):
-        t0 = time.perf_counter()
+        t0, start = time.perf_counter(), _at()
         try:
             return original(self, command, *args, **kwargs)
         finally:
             dt = time.perf_counter() - t0
             text = str(command.get_raw_value() if hasattr(command, "get_raw_value") else command)
             log.setdefault(self.host.name, []).append([round(dt, 4), text])
+            phases["commands"].append([start, _at(), text[:80]])
             if verbose:
                 print(f"[cmd] {self.host.name} {dt * 1000:7.1f} ms  {text[:150]}", file=sys.stderr)
 
     SSHConnector.run_shell_command = timed
+    paramiko.SSHClient.connect = timed_connect
+    import requests
+    import urllib3.connectionpool
+
+    original_request, original_new_conn = requests.Session.request, urllib3.connectionpool.HTTPConnectionPool._new_conn
+
+    def timed_request(self, method, url, *args, **kwargs):
+        start = _at()
+        try:
+            return original_request(self, method, url, *args, **kwargs)
+        finally:
+            phases["http"].append([start, _at(), f"{method} {url.split('/', 3)[-1]}"])
+
+    def counted_new_conn(self, *args, **kwargs):
+        connections[0] += 1
+        return original_new_conn(self, *args, **kwargs)
+
+    requests.Session.request = timed_request
+    urllib3.connectionpool.HTTPConnectionPool._new_conn = counted_new_conn
+    phases["start"] = _at()
     sys.argv = ["pyinfra", *argv]
     t0 = time.perf_counter()
     try:
@@ -52,13 +96,15 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 1
     wall = time.perf_counter() - t0
+    phases["main_done"] = _at()
     counts = {h: len(v) for h, v in log.items()}
     busy = {h: round(sum(c[0] for c in v), 2) for h, v in log.items()}
     print(f"[cmdprofile] wall {wall:.2f}s commands per host {counts} seconds in commands {busy}",
           file=sys.stderr)
     if out:
         with open(out, "w") as f:
-            json.dump({"wall": wall, "rc": rc, "hosts": log}, f)
+            json.dump({"wall": wall, "rc": rc, "hosts": log, "phases": phases,
+                       "http_connections": connections[0]}, f)
     return rc or 0
 
 

@@ -46,6 +46,7 @@ from .host import nvidia_repos as vendorfacts
 from .host import signing_keys as keys
 from .host import vendor_repos
 from .host.facts import DockerDaemonJson, KeyringFingerprints, RemoteKeyFingerprints
+from .host.gpu_probe import GpuProbe
 from .host.kernel_module import FLAVOURS
 from .host.layer import (
     DAEMON_JSON_HELP,
@@ -65,6 +66,7 @@ from .pyinfra_ext import memo
 from .serving.facts import DockerImageId
 from .serving.image_mirror import client_secret_problem
 from .serving.images import login_registry, needs_login, needs_mirror_login, pulls
+from .serving.reads import triton_facts
 from .settings import access as config
 from .settings import check as settings_check
 
@@ -353,11 +355,16 @@ def check_image_mirror() -> None:
 
 # --------------------------------------------------------------------------- host (read-only)
 
-def prefetch_host() -> None:
+def prefetch_host(triton: bool = False) -> None:
     """One remote command for what pre-flight, the host layer's steps and the placement of model
-    instances on the host's GPUs (its GPU record) read."""
-    memo.prefetch((NvidiaGpus, nvidia_gpus_args()), (GpuRecord, {}), *host_layer_facts(),
-                  (DockerImageId, {"image": config.get("cuda_test_image")}))
+    instances on the host's GPUs (its GPU record) read; with ``triton``, what the GPU check and the
+    Triton steps read too (deploys/triton.py: a converged host is asked once). In the GPU check's
+    mode "changes" its host side (GpuProbe) answers the nvidia-smi facts from one query."""
+    gpu = [(GpuProbe, {"image": config.get("cuda_test_image"), **nvidia_gpus_args()})] \
+        if triton and (config.get("gpu_verify_container") or "changes") == "changes" \
+        else [(NvidiaGpus, nvidia_gpus_args()), (GpuRecord, {})]
+    memo.prefetch(*gpu, *host_layer_facts(), (DockerImageId, {"image": config.get("cuda_test_image")}),
+                  *(triton_facts(config.current()) if triton else []))
 
 
 def check_host() -> None:
@@ -476,7 +483,7 @@ def run_all() -> None:
     check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
-    prefetch_host()  # the GPU record places model instances (check_model_repository)
+    prefetch_host(triton=True)  # the GPU record places model instances (check_model_repository)
     check_model_repository()
     check_model_origin()
     check_image_mirror()

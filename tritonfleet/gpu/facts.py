@@ -376,6 +376,11 @@ def host_gpus() -> int:
     return placement_count(None, recorded, len(live.gpus) if live is not None and live.ok else None)
 
 
+def driver_version_command(smi: str = "nvidia-smi") -> str:
+    """The driver version of each GPU, or nvidia-smi's error (the driver step's reboot decision)."""
+    return f"{smi} --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
+
+
 def smi_command(settings: Settings) -> str:
     """The command that asks a host's driver (nvidia_smi_command; "nvidia-smi" when it is empty)."""
     return str(settings.get("nvidia_smi_command") or "nvidia-smi")

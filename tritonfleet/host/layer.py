@@ -72,7 +72,7 @@ def smi_command() -> str:
 
 
 def driver_version_command() -> str:
-    return f"{smi_command()} --query-gpu=driver_version --format=csv,noheader 2>&1 || true"
+    return gpu_facts.driver_version_command(smi_command())
 
 
 def persistence_command() -> str:
@@ -101,6 +101,7 @@ def driver_facts() -> list[tuple]:
             (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
             (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
             (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}), (DriverFiles, {}),
+            (FileState, {"path": NONFREE_FILE}),
             (Command, {"command": driver_version_command()}), (Command, {"command": persistence_command()}),
             (Command, {"command": KERNEL_MODULE_COMMAND})]
 

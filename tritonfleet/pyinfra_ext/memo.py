@@ -12,6 +12,10 @@ this project's convention (tritonfleet.core.checks.is_check) and forget nothing.
 instead of one per fact: what a converged host costs over a WAN link); each answer is processed
 by its own fact class, exactly as pyinfra would. A fact whose command fails is left out and read
 again on its own, so failures behave as pyinfra's do.
+
+A fact class may also answer other facts from its own output (``derived(value, **kwargs)``: [(fact
+class, kwargs, value)]; tritonfleet.host.gpu_probe.GpuProbe answers the nvidia-smi facts from its
+one query): those are remembered with it, unless already read, and forgotten with it.
 """
 
 from __future__ import annotations
@@ -99,7 +103,23 @@ def fact(cls, **kwargs):
     key = (cls, _freeze(kwargs))
     if key not in facts:
         facts[key] = host.get_fact(cls, **kwargs)
+        _derive(facts, cls, facts[key], kwargs)
     return facts[key]
+
+
+def known(cls, **kwargs):
+    """The remembered answer of ``cls`` for the current host (read by a prefetch, nothing changed
+    since), else None; never reads the host."""
+    _, facts = _facts()
+    return facts.get((cls, _freeze(kwargs)))
+
+
+def _derive(facts: dict, cls, value, kwargs: dict) -> None:
+    derived = getattr(cls, "derived", None)
+    if derived is None:
+        return
+    for other, other_kwargs, other_value in derived(value, **kwargs):
+        facts.setdefault((other, _freeze(other_kwargs)), other_value)
 
 
 SECTION = "@@tritonfleet-fact@@"
@@ -150,14 +170,15 @@ def prefetch(*specs: tuple) -> None:
         fact_obj = cls()
         if fact_obj.requires_command(**kwargs):
             continue  # pyinfra wraps those in its own guard: read on their own
-        todo.append((key, (fact_obj, _command_text(fact_obj.command(**kwargs)))))
+        todo.append((key, (fact_obj, _command_text(fact_obj.command(**kwargs)), kwargs)))
     if len(todo) < 2:
         return
-    answers = host.get_fact(FactBatch, commands=tuple(c for _, (_, c) in todo))
-    for (key, (fact_obj, _)), (status, lines) in zip(todo, answers, strict=False):
+    answers = host.get_fact(FactBatch, commands=tuple(c for _, (_, c, _) in todo))
+    for (key, (fact_obj, _, kwargs)), (status, lines) in zip(todo, answers, strict=False):
         if status != 0:
             continue
         try:
             facts[key] = fact_obj.process(lines) if lines else fact_obj.default()
+            _derive(facts, type(fact_obj), facts[key], kwargs)
         except (ValueError, LookupError, TypeError, AttributeError):  # an answer its parser refuses:
             continue  # read on its own later, where pyinfra reports it

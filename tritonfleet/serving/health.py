@@ -53,7 +53,11 @@ def _get(session: requests.Session, url: str, timeout: float) -> tuple[bool, str
     return r.status_code == 200, f"HTTP {r.status_code} {body}".strip()
 
 
-def check_once(http_url: str, metrics_url: str, models: list[str], timeout: float = 5) -> HealthResult:
+def check_once(http_url: str, metrics_url: str, models: list[str], timeout: float = 5,
+               session: requests.Session | None = None) -> HealthResult:
+    """One pass over every endpoint; on ``session`` (its kept-alive connections) when given."""
+    if session is not None:
+        return _check(session, http_url, metrics_url, models, timeout)
     with triton_http.session() as s:
         return _check(s, http_url, metrics_url, models, timeout)
 
@@ -82,14 +86,21 @@ def _check(s: requests.Session, http_url: str, metrics_url: str, models: list[st
 
 def wait_healthy(http_url: str, metrics_url: str, models: list[str], timeout: float = 180,
                  request_timeout: float = 5, interval: float = 1.0, watch=None,
-                 watch_every: float = 2.0) -> HealthResult:
+                 watch_every: float = 2.0, session: requests.Session | None = None) -> HealthResult:
     """Retry until everything answers or ``timeout`` seconds pass. ``watch()`` (the unit and the
     container, see UnitWatch) is asked every ``watch_every`` seconds meanwhile; a Verdict from it
-    ends the wait at once (a start that only takes long never gives one)."""
+    ends the wait at once (a start that only takes long never gives one). Every attempt on one
+    session (``session``, else one of its own): one kept-alive connection a port, so through an
+    SSH tunnel one channel a port rather than one a request (a connection the server closed, as a
+    restarting Triton does, is opened again by the session)."""
+    if session is None:
+        with triton_http.session() as s:
+            return wait_healthy(http_url, metrics_url, models, timeout, request_timeout, interval, watch,
+                                watch_every, s)
     t0 = time.monotonic()
     last_watch = None
     while True:
-        res = check_once(http_url, metrics_url, models, request_timeout)
+        res = check_once(http_url, metrics_url, models, request_timeout, session)
         res.seconds = time.monotonic() - t0
         if res.ok or res.seconds >= timeout:
             return res
@@ -107,18 +118,20 @@ def gate(settings: Settings, address: str, models: list[str], transport=None, ti
          watch=None, warm=None) -> HealthResult:
     """Wait until the host whose tunables ``settings`` holds is healthy (or ``timeout`` passes, or
     ``watch`` finds a definitive cause). ``address``: its SSH address; ``transport``: its open
-    paramiko transport (health_via ssh). ``warm(http_url)``: run once healthy (the warm inference
-    gate, tritonfleet.serving.warmup); a Verdict it returns fails the gate."""
+    paramiko transport (health_via ssh). ``warm(http_url, session)``: run once healthy (the warm inference
+    gate, tritonfleet.serving.warmup); a Verdict it returns fails the gate. One HTTP session for
+    the whole gate, the warm inferences included: a request a kept-alive connection (one SSH
+    channel a port with health_via ssh)."""
     links = triton_http.endpoints(settings, address, (lambda: transport) if transport is not None else None)
-    with links as at:
+    with links as at, triton_http.session() as s:
         http_url, metrics_url = at.http_url, at.metrics_url
         res = wait_healthy(http_url, metrics_url, models, settings.get("health_timeout") if timeout is None else timeout,
-                           settings.get("health_request_timeout"), watch=watch)
+                           settings.get("health_request_timeout"), watch=watch, session=s)
         said = at.tunnel_error
         if not res.ok and said and res.first_failure is not None:  # why the tunnel's requests failed
             res.first_failure.detail += f" ({said})"
         if res.ok and warm is not None:
-            verdict = warm(http_url)
+            verdict = warm(http_url, s)
             if verdict is not None:
                 res.ok, res.verdict = False, verdict
                 res.checks.append(Check(f"{http_url}/v2/models/.../infer", False, verdict.short))
@@ -180,8 +193,8 @@ def warm_check(repo: str, models: list[str], timeout: float, say, keep=None):
 
     from .warmup import warm
 
-    def run(http_url: str) -> Verdict | None:
-        res = warm(http_url, Path(repo), models, timeout)
+    def run(http_url: str, session=None) -> Verdict | None:
+        res = warm(http_url, Path(repo), models, timeout, session)
         if res.ok:
             done = ", ".join(f"{m} {ms:.0f} ms" for m, ms in res.latency_ms.items())
             skipped = "; ".join(f"{m} not warmed: {why}" for m, why in res.skipped.items())

@@ -11,7 +11,7 @@ from pyinfra.operations import server, systemd
 
 from ..core.report import HostFailure, in_rollout
 from ..core.shell import q
-from ..host.facts import FileState, UnitState
+from ..host.facts import FileState
 from ..host.ops import converged
 from ..model_repo import release as release_plan
 from ..model_repo import render as models
@@ -34,6 +34,7 @@ from ..serving.ops import lb
 from ..serving.ops.history import append_record
 from ..serving.ops.registry import docker_login
 from ..serving.per_gpu import host_instance_gets as instance_gets
+from ..serving.reads import container_fact_args, triton_facts
 from ..serving.repository_api import model_diff, repository_api_commands
 from ..serving.unit import render_unit, restricted_apis, unit_context, unit_path, units_digest
 from ..settings import access as config
@@ -139,13 +140,6 @@ def model_origin():
         raise config.ConfigError(f"{host.name}: {e}") from e
 
 
-def container_fact_args(settings: Settings) -> dict:
-    """TritonContainer's arguments (one memo key for the prefetch and the Triton service step);
-    ``settings``: the host's or a per-GPU instance's (tritonfleet.serving.per_gpu)."""
-    return {"container": settings.get("triton_container_name"), "unit": unit_path(settings),
-            "link": f"{settings.get('triton_base_dir')}/model_repository"}
-
-
 @tritonfleet_step("Triton image")
 def triton_image():
     # what the Triton steps read on a converged host, in one remote command
@@ -166,14 +160,7 @@ def triton_image():
 
         image = triton_image()
     """
-    memo.prefetch((DockerImageId, {"image": config.get("triton_image")}),
-                  (ReleaseState, {"base": config.get("triton_base_dir")}),
-                  (FileState, {"path": unit_path(config.current())}),
-                  *([(FileState, {"path": config.get("triton_api_key_file")})] if restricted_apis(config.current()) else []),
-                  (UnitState, {"unit": f"{config.get('triton_service')}.service"}),
-                  (DeployHistory, {"base": config.get("triton_base_dir")}),
-                  (TritonContainer, container_fact_args(config.current())),
-                  (PerGpuUnits, {"service": config.get("triton_service")}))
+    memo.prefetch(*triton_facts(config.current()))  # read by pre-flight already unless something changed
     return ensure_image(config.get("triton_image"))
 
 

@@ -16,86 +16,35 @@ from ..gpu import facts as gpufacts
 from ..gpu.placement import RECORD, count_problems, expected_count, parse_record, record_update
 from ..gpu.rules import GPU_CLASSES, check_gpus
 from ..host import kernel_module as kmod
+from ..host.gpu_probe import (  # noqa: F401  (the check's command, as the bench's Ansible playbook runs it)
+    QUERY,
+    RECORD_PREFIX,
+    SECTION,
+    STAMP,
+    GpuProbe,
+    container_prefix,
+    depends_command,
+    probe_command,
+    split_sections,
+)
 from ..host.layer import smi_command
+from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check
 from ..pyinfra_ext.install import tritonfleet_step
 from ..settings import access as config
 from .triton import ensure_image
-
-QUERY = gpufacts.QUERY_COMMAND
 
 
 class GpuVerificationError(HostFailure):
     pass
 
 
-SECTION = "@@tritonfleet-section@@"
-# the host's GPU record (tritonfleet.gpu.placement.RECORD) comes first in the probe's output, each line
-# behind this prefix
-RECORD_PREFIX = "@@tritonfleet-gpu-record@@ "
-
-
-# the container check's last passing answer, and what it depended on (gpu_verify_container)
-STAMP = "/var/lib/tritonfleet/gpu-verified"
 VERIFY_MODES = ("changes", "always")
 # host name -> the stamp's new text, left by a check that passed on a fresh container answer for
 # its own operation (record_answer) to write
 _new_answers: dict[str, str] = {}
 # host name -> the GPU record's new lines (tritonfleet.gpu.placement), left by a check that passed
 _new_records: dict[str, list[str]] = {}
-
-
-def container_prefix(image: str) -> str:
-    """The check's container (no network: it only runs nvidia-smi), before the command it runs."""
-    return f"docker run --rm --gpus all --network none {q(image)} "
-
-
-def depends_command(image: str) -> str:
-    """Shell printing a digest of what the container check's answer depends on: this boot, the
-    host's GPUs and driver (the query's output in $q), the toolkit, Docker and containerd
-    packages, daemon.json and the test image."""
-    return (
-        "{ echo \"$q\"; cat /proc/sys/kernel/random/boot_id; "
-        "dpkg-query -W -f '${Package}=${Version}\\n' 'nvidia-container-*' 'libnvidia-container*' "
-        "docker-ce docker.io 'containerd*' 2>/dev/null; cat /etc/docker/daemon.json 2>/dev/null; "
-        f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null; }} "
-        "| sha256sum | cut -c1-32"
-    )
-
-
-def probe_command(image: str, query: str = QUERY, mode: str = "always", smi: str = "nvidia-smi") -> str:
-    """One remote command for the whole check: the query and the summary (for the CUDA version)
-    from nvidia-smi on the host, then both again inside one `docker run --gpus all` (no network:
-    the container only runs nvidia-smi). Sections are separated by SECTION lines; the last one is
-    ``key=<digest>`` after a container run, or ``cached`` when mode "changes" found the last
-    passing answer still valid (nothing it depends on changed) and printed that instead. ``smi``:
-    the command that asks the driver on the host (nvidia_smi_command; the query given for the host
-    then starts with it too); inside the container, the nvidia-smi the Container Toolkit put there."""
-    host_query = query if smi == "nvidia-smi" or not query.startswith("nvidia-smi ") \
-        else smi + query[len("nvidia-smi"):]
-    inner = q(f"{query} 2>&1; echo {SECTION}; nvidia-smi 2>&1")
-    run = f"{container_prefix(image)}sh -c {inner} 2>&1"
-    # the host's part also reads the GPU record and the kernel module's flavour (installed: modinfo;
-    # loaded: /proc)
-    host_part = (f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({host_query} 2>&1); echo \"$q\"; "
-                 f"echo {SECTION}; {smi} 2>&1; {kmod.COMMAND}; echo {SECTION}; ")
-    if mode == "always":
-        return f"{host_part}{run}"
-    return (f"{host_part}k=$({depends_command(image)}); "
-            f"if [ \"$(head -n 1 {STAMP} 2>/dev/null)\" = \"key=$k\" ]; then tail -n +2 {STAMP}; "
-            f"echo {SECTION}; echo cached; else {run}; echo {SECTION}; echo \"key=$k\"; fi")
-
-
-def split_sections(lines: list[str], count: int) -> list[list[str]]:
-    parts: list[list[str]] = [[]]
-    for line in lines:
-        if line.strip() == SECTION:
-            parts.append([])
-        else:
-            parts[-1].append(line)
-    if len(parts) < count:  # e.g. docker failed before the container printed anything
-        parts += [[] for _ in range(count - len(parts))]
-    return parts
 
 
 def verify_mode() -> str:
@@ -112,15 +61,21 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     one), and the container's raw sections."""
     mode = verify_mode()
     smi = smi_command()
-    _, out = host.run_shell_command(probe_command(image, mode=mode, smi=smi))
-    stdout, tail = list(out.stdout_lines), None
+    # mode "changes": pre-flight's batch read the host's part (GpuProbe); while nothing changed
+    # since and the recorded container answer is valid, that is the whole check's answer
+    known = memo.known(GpuProbe, image=image, smi=smi) if mode == "changes" else None
+    if known and known[-1] == "cached":
+        stdout, stderr, tail = list(known), [], None
+    else:
+        _, out = host.run_shell_command(probe_command(image, mode=mode, smi=smi))
+        stdout, stderr, tail = list(out.stdout_lines), list(out.stderr_lines), None
     if mode != "always" and stdout and (stdout[-1].startswith("key=") or stdout[-1] == "cached"):
         tail = stdout.pop()
         if stdout and stdout[-1].strip() == SECTION:
             stdout.pop()
     record = [ln[len(RECORD_PREFIX):] for ln in stdout if ln.startswith(RECORD_PREFIX)]
     stdout = [ln for ln in stdout if not ln.startswith(RECORD_PREFIX)]
-    lines = stdout + out.stderr_lines
+    lines = stdout + stderr
     parts = split_sections(lines, 4)
     host_q, (host_sum, kmod_lines) = parts[0], kmod.split(parts[1])
     if meta is not None:

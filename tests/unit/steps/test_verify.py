@@ -113,3 +113,39 @@ def test_the_answer_is_recorded_by_its_own_operation_a_change_only_when_new():
     # planned (--dry): no change, not even a conditional one
     host, _, state = run_fake(verify_gpus, {SECTION: fresh}, load_image=False)
     assert not any(state.get_op_data_for_host(host, h).operation_meta.will_change for h in state.op_meta)
+
+
+def _probe_then_verify(answer_lines):
+    """Pre-flight's read of the check's host side (GpuProbe), then the check; what each sent."""
+    from tritonfleet.gpu.facts import GpuRecord, NvidiaGpus
+    from tritonfleet.host.gpu_probe import GpuProbe
+    from tritonfleet.pyinfra_ext import memo
+    from tritonfleet.pyinfra_ext.install import tritonfleet_step
+
+    seen = {}
+
+    @tritonfleet_step("probe then verify")
+    def deploy():
+        seen["probe"] = memo.fact(GpuProbe, image="nvidia/cuda:12.8.1-base-ubuntu22.04", smi="nvidia-smi")
+        seen["gpus"] = memo.fact(NvidiaGpus, smi="nvidia-smi")
+        seen["record"] = memo.fact(GpuRecord)
+        verify_gpus(load_image=False)
+
+    _, cmds, state = run_fake(deploy, {"echo stale": answer_lines,
+                                       SECTION: answer(QUERY_T4, SUMMARY, QUERY_T4, SUMMARY)}, yes=True)
+    return [c for c in cmds if "nvidia-smi" in c], state, seen
+
+
+def test_a_valid_recorded_answer_read_by_preflight_is_the_whole_check():
+    cached = [*QUERY_T4, SECTION, *SUMMARY, SECTION, *QUERY_T4, SECTION, *SUMMARY, SECTION, "cached"]
+    probes, state, seen = _probe_then_verify(cached)
+    assert not state.failed_hosts
+    # one nvidia-smi query for the probe, the GPUs fact and the check: no query of their own, no container
+    assert len(probes) == 1 and "echo stale" in probes[0] and "docker run" not in probes[0], probes
+    assert seen["gpus"].ok and [g.name for g in seen["gpus"].gpus] == ["Tesla T4"] and seen["record"] == []
+
+
+def test_a_stale_answer_runs_the_check_with_its_container():
+    probes, state, _ = _probe_then_verify([*QUERY_T4, SECTION, *SUMMARY, SECTION, "stale"])
+    assert not state.failed_hosts
+    assert len(probes) == 2 and probes[1] == probe_command("nvidia/cuda:12.8.1-base-ubuntu22.04", mode="changes")
