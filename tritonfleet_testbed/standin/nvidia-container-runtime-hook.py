@@ -25,7 +25,9 @@ ROOT = os.environ.get("NVIDIA_STANDIN_ROOT", "")
 HOST_SMI = [ROOT + "/usr/lib/nvidia-standin/answer/nvidia-smi", ROOT + "/usr/bin/nvidia-smi", ROOT + "/bin/nvidia-smi"]
 GPU_ENV = "/etc/nvidia-standin/gpu.env"
 # the driver's libcuda.so.1 (the stand-in driver packages' build of libcuda-standin.c), mounted where
-# the real hook mounts the driver's libraries, and its fault switch
+# the real hook mounts the driver's libraries, and its fault switch. Not into a container that runs
+# tritonserver: the stand-in image's tritonserver is a CPU build whose CUDA runtime would take the
+# stand-in for a GPU it cannot use (it answers only what tritonfleet.gpu.cuda_check's program calls)
 HOST_LIBCUDA = [ROOT + "/usr/lib/nvidia-standin/answer/libcuda.so.1", ROOT + "/usr/lib/nvidia-standin/libcuda.so.1"]
 CUDA_FAULT = "/etc/nvidia-standin/cuda-fault"
 MODULE_FILE = "/run/nvidia-standin/module-version"
@@ -102,7 +104,8 @@ def prestart() -> int:
     install(smi, rootfs, "/usr/bin/nvidia-smi", 0o755)
     install(gpu_env, rootfs, GPU_ENV, 0o644)
     libcuda = next((p for p in HOST_LIBCUDA if os.path.isfile(p)), None)
-    if libcuda:
+    args = (spec.get("process") or {}).get("args") or []
+    if libcuda and not any(os.path.basename(str(a)) == "tritonserver" for a in args):
         install(libcuda, rootfs, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", 0o755)
     if os.path.isfile(ROOT + CUDA_FAULT):
         install(ROOT + CUDA_FAULT, rootfs, CUDA_FAULT, 0o644)
