@@ -1,7 +1,9 @@
 """The layers of the package (docs/architecture.md), read from every import of every module with
 ``ast``, a function's own imports included: imports point down only, no module imports another
-of its own layer's domains, there is no import cycle, and only operations and steps import a
-module that defines pyinfra operations (the read side never does)."""
+of its own layer's domains, there is no import cycle (between modules or between packages), only
+operations and steps import a module that defines pyinfra operations (the read side never does),
+and only steps, operations and pre-flight read the host being deployed (the rest is given a
+``Settings``)."""
 
 from __future__ import annotations
 
