@@ -31,10 +31,10 @@ def host_vars(fh) -> dict:
     from tritonfleet.steps import host_prep, verify
 
     with ctx_host.use(fh.pyinfra_host):
-        cuda, toolkit = vendor_repos.cuda(), vendor_repos.container_toolkit()
+        cuda, toolkit = vendor_repos.cuda(config.current()), vendor_repos.container_toolkit(config.current())
         kernel = host.get_fact(KernelVersion)
         version = config.get("container_toolkit_version")
-        local, _, rid = models.current_host_repository()
+        local, _, rid = models.current_host_repository(config.current())
         image = config.get("triton_image")
         archive = (config.get("image_archives") or {}).get(image)
         gpu_class = str(config.get("gpu_class")).upper()

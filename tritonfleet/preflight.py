@@ -67,7 +67,7 @@ from .serving.facts import DockerImageId
 from .serving.image_mirror import client_secret_problem
 from .serving.images import login_registry, needs_login, needs_mirror_login, pulls
 from .serving.reads import triton_facts
-from .settings import access as config
+from .settings import access
 from .settings import check as settings_check
 
 __all__ = [
@@ -146,11 +146,11 @@ def check_model_repository() -> None:
     # when the repository changed since it was last found valid (tritonfleet.model_repo.verdicts)
     from .model_repo.verdicts import validate_repository
 
-    src = Path(config.get("model_repository"))
+    src = Path(access.get("model_repository"))
     if not src.is_dir():
         raise PreflightError(f"{host.name}: model_repository {src} is not a directory "
                              f"(set model_repository in {GROUP_DATA}/, relative to where pyinfra runs)")
-    base = str(config.get("triton_base_dir"))
+    base = str(access.get("triton_base_dir"))
     if not base.startswith("/") or ".." in PurePosixPath(base).parts:
         raise PreflightError(f"{host.name}: triton_base_dir {base!r} must be an absolute path without '..' "
                              f"(set it in {GROUP_DATA}/all.py or the inventory)")
@@ -166,7 +166,7 @@ def check_model_repository() -> None:
 
     validated(src)  # first as it is: nothing is read through a link out of it
     try:
-        local, man, _ = current_host_repository()
+        local, man, _ = current_host_repository(access.current())
     except RepositoryError as e:  # something a release cannot reproduce on the host
         raise PreflightError(f"{host.name}: {e}") from e
     except ValueError as e:
@@ -174,7 +174,7 @@ def check_model_repository() -> None:
         raise PreflightError(f"{host.name}: {e}{where}") from e
     if local.resolve() != src.resolve():
         # then as this host serves it (model_overrides applied, instances placed on its GPUs)
-        gpus = placement_gpus()
+        gpus = placement_gpus(access.current())
         validated(local, gpus if gpus > 1 else None)
     check_plan_compute_capability(local, man)
 
@@ -206,7 +206,7 @@ def check_plan_compute_capability(repo: Path, man: dict | None = None) -> None:
         if problem:
             example = json.dumps({model: {"cc_model_filenames": {cc: f"model_{cls.lower()}.plan"}}})
             raise PreflightError(
-                f"{host.name}: {problem} ({config.get('model_repository')}/{model}/config.pbtxt). Build the "
+                f"{host.name}: {problem} ({access.get('model_repository')}/{model}/config.pbtxt). Build the "
                 f"engine on a GPU of class {cls} and add `cc_model_filenames {{ key: \"{cc}\" value: "
                 f"\"<its file>\" }}` with the file in each version directory, or give class {cls} its own "
                 f"model through model_overrides in {GROUP_DATA}/{cls.lower()}.py (e.g. model_overrides = "
@@ -227,11 +227,11 @@ def check_gpu_class_and_driver() -> None:
         raise PreflightError(f"{host.name}: unknown gpu_class {gpu_class!r}; known: {', '.join(GPU_CLASSES)} "
                              f"(put the host in one of the groups {groups} of the inventory, or add the class "
                              "to tritonfleet/gpu/rules.py GPU_CLASSES with a group_data file)")
-    problem = compute_capability_problem(gpu_class, config.get("triton_image"))
+    problem = compute_capability_problem(gpu_class, access.get("triton_image"))
     if problem:
         raise PreflightError(f"{host.name}: {problem}: pick a triton_image of an earlier release for this class "
                              f"({GROUP_DATA}/{str(gpu_class).lower()}.py) or move these hosts to other GPUs")
-    flavour = config.get("nvidia_kernel_module")
+    flavour = access.get("nvidia_kernel_module")
     if flavour is not None and flavour not in FLAVOURS:
         raise PreflightError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} or None "
                              f"(NVIDIA's default for the branch), not {flavour!r} (set it in "
@@ -241,11 +241,11 @@ def check_gpu_class_and_driver() -> None:
         raise PreflightError(f"{host.name}: nvidia_kernel_module = \"open\", but GPU class {gpu_class} (compute "
                              f"capability {cc}) is older than Turing: NVIDIA's open kernel modules do not support it; "
                              f"set nvidia_kernel_module = \"proprietary\" in {GROUP_DATA}/{str(gpu_class).lower()}.py")
-    branch = config.get("nvidia_driver_branch")
+    branch = access.get("nvidia_driver_branch")
     if not branch:
         return  # the distro's default: checked with the host's distro (check_driver_branch)
-    version = config.get("nvidia_driver_version") or str(branch)
-    image = config.get("triton_image")
+    version = access.get("nvidia_driver_version") or str(branch)
+    image = access.get("triton_image")
     found = compat.verdict(image, version, gpu_class)
     if not found.ok:
         raise PreflightError(f"{host.name}: {image} on driver {version} with GPU class {str(gpu_class).upper()}: "
@@ -258,15 +258,15 @@ def check_driver_branch() -> None:
     """The branch (set, or the distro's default) exists in NVIDIA's repository for the host's
     distro and the Triton image can use it; nvidia_driver_version has that repository's shape.
     Refused naming the branches that would work."""
-    distro = driver_repo()
-    branch = driver_branch()
-    where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if config.get("nvidia_driver_branch")
+    distro = driver_repo(access.current())
+    branch = driver_branch(access.current())
+    where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if access.get("nvidia_driver_branch")
              else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
     try:
         available = vendorfacts.branches(distro)
     except vendorfacts.UnknownDistro as e:
         raise PreflightError(f"{host.name}: {e}") from e
-    image = config.get("triton_image")
+    image = access.get("triton_image")
     gpu_class = host.data.get("gpu_class")
     if str(gpu_class or "").upper() not in GPU_CLASSES:
         gpu_class = next(iter(GPU_CLASSES))  # no class to judge by (a deploy of its own calling this alone)
@@ -278,7 +278,7 @@ def check_driver_branch() -> None:
             f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
             f"{', '.join(available)}); {alternatives}. Set {where} to one of them "
             "(docs/nvidia-repositories.md lists the sources)")
-    found = compat.verdict(image, config.get("nvidia_driver_version") or branch, gpu_class)
+    found = compat.verdict(image, access.get("nvidia_driver_version") or branch, gpu_class)
     if not found.ok:
         raise PreflightError(f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
                              f"{str(gpu_class).upper()}: {found.reason}; {alternatives}. Set {where}"
@@ -294,8 +294,8 @@ def where_from(distro: str) -> str:
 
 def check_test_image() -> None:
     """Say which CUDA test image the GPU verification will pull (when the host does not have it)."""
-    image = config.get("cuda_test_image")
-    if not memo.fact(DockerImageId, image=image) and not (config.get("image_archives") or {}).get(image):
+    image = access.get("cuda_test_image")
+    if not memo.fact(DockerImageId, image=image) and not (access.get("image_archives") or {}).get(image):
         logger.info(f"{host.name}: the GPU verification will pull {image} (cuda_test_image, "
                     f"{GROUP_DATA}/all.py); NVIDIA deletes end-of-life CUDA tags: if the pull fails, "
                     "pick a current tag whose CUDA the driver supports")
@@ -303,21 +303,21 @@ def check_test_image() -> None:
 
 def check_registry_secret(images: list[str]) -> None:
     """A pull that needs the registry login has its secret in the environment."""
-    env = config.get("registry_password_env")
-    for image in pulls([i for i in images if needs_login(i)]):
+    env = access.get("registry_password_env")
+    for image in pulls(access.current(), [i for i in images if needs_login(access.current(), i)]):
         if not os.environ.get(env):
             raise PreflightError(
-                f"{host.name}: {image} is pulled from {login_registry()} as registry_user "
-                f"{config.get('registry_user')!r}, but ${env} is empty on the control machine: export "
+                f"{host.name}: {image} is pulled from {login_registry(access.current())} as registry_user "
+                f"{access.get('registry_user')!r}, but ${env} is empty on the control machine: export "
                 f"the registry secret in ${env} before running pyinfra (it is read only from the "
                 f"environment; registry_user and registry_password_env are set in {GROUP_DATA}/)")
-    env = config.get("mirror_client_password_env")
-    for image in pulls([i for i in images if needs_mirror_login(i)]):
+    env = access.get("mirror_client_password_env")
+    for image in pulls(access.current(), [i for i in images if needs_mirror_login(access.current(), i)]):
         why = client_secret_problem(os.environ.get(env))
         if why:
             raise PreflightError(
-                f"{host.name}: {image} is pulled through the image mirror {config.get('image_mirror')}, which asks "
-                f"its clients to log in as mirror_client_user {config.get('mirror_client_user')!r} "
+                f"{host.name}: {image} is pulled through the image mirror {access.get('image_mirror')}, which asks "
+                f"its clients to log in as mirror_client_user {access.get('mirror_client_user')!r} "
                 f"(image_mirror_auth), but ${env} on the control machine {why}: export the mirror's client "
                 f"password there (the one the mirror's deploy hashed; or set image_mirror_auth = False in "
                 f"{GROUP_DATA}/all.py for an open mirror)")
@@ -329,7 +329,7 @@ def check_model_origin() -> None:
     from .core.errors import UsageError
 
     try:
-        found = model_origin.from_settings(config.current())
+        found = model_origin.from_settings(access.current())
     except UsageError as e:
         raise PreflightError(f"{host.name}: {e}") from e
     if found is None:
@@ -346,9 +346,9 @@ def check_image_mirror() -> None:
     the same bytes to every host whatever the tag does upstream; tritonfleet.settings.mirrored)."""
     from .settings.mirrored import unpinned_images
 
-    for key, _, upstream in unpinned_images(config.current())[:1]:
+    for key, _, upstream in unpinned_images(access.current())[:1]:
         raise PreflightError(
-            f"{host.name}: {key} goes through the image mirror {config.get('image_mirror')} but is not pinned by "
+            f"{host.name}: {key} goes through the image mirror {access.get('image_mirror')} but is not pinned by "
             f"digest: set {key} = \"{upstream}@sha256:<digest>\" in {GROUP_DATA}/all.py (`skopeo inspect "
             f"docker://{upstream}` prints the digest)")
 
@@ -360,11 +360,11 @@ def prefetch_host(triton: bool = False) -> None:
     instances on the host's GPUs (its GPU record) read; with ``triton``, what the GPU check and the
     Triton steps read too (deploys/triton.py: a converged host is asked once). In the GPU check's
     mode "changes" its host side (GpuProbe) answers the nvidia-smi facts from one query."""
-    gpu = [(GpuProbe, {"image": config.get("cuda_test_image"), **nvidia_gpus_args()})] \
-        if triton and (config.get("gpu_verify_container") or "changes") == "changes" \
+    gpu = [(GpuProbe, {"image": access.get("cuda_test_image"), **nvidia_gpus_args()})] \
+        if triton and (access.get("gpu_verify_container") or "changes") == "changes" \
         else [(NvidiaGpus, nvidia_gpus_args()), (GpuRecord, {})]
-    memo.prefetch(*gpu, *host_layer_facts(), (DockerImageId, {"image": config.get("cuda_test_image")}),
-                  *(triton_facts(config.current()) if triton else []))
+    memo.prefetch(*gpu, *host_layer_facts(), (DockerImageId, {"image": access.get("cuda_test_image")}),
+                  *(triton_facts(access.current()) if triton else []))
 
 
 def check_host() -> None:
@@ -378,7 +378,7 @@ def check_host() -> None:
         check_daemon_json()
         check_vendor_keys()
         check_test_image()
-    except config.ConfigError as e:  # e.g. an OS without a CUDA or Docker repository
+    except access.ConfigError as e:  # e.g. an OS without a CUDA or Docker repository
         raise PreflightError(str(e)) from e
 
 
@@ -386,13 +386,13 @@ def check_driver_source() -> None:
     """A driver from another source than nvidia_driver_source (CUDA repository, Debian's or
     Ubuntu's packages, the .run installer) is refused with what is there and how to migrate,
     unless nvidia_driver_migrate (tritonfleet.host.driver_source)."""
-    problem = driver_source_problem()
+    problem = driver_source_problem(access.current())
     if problem:
         raise PreflightError(problem)
 
 
 def check_secure_boot() -> None:
-    problem = secure_boot_problem()
+    problem = secure_boot_problem(access.current())
     if problem:
         raise PreflightError(problem + " (nvidia_secure_boot_ok, nvidia_secure_boot_unknown_ok: host data "
                              f"in the inventory, or {GROUP_DATA}/)")
@@ -401,10 +401,10 @@ def check_secure_boot() -> None:
 def check_gpu_found() -> None:
     """A host whose driver already answers must show the GPU model of its inventory class. (On a
     bare host there is no driver to ask yet: the GPU verification after the driver step catches it.)"""
-    info = memo.fact(NvidiaGpus, **nvidia_gpus_args())
+    info = memo.fact(NvidiaGpus, **nvidia_gpus_args(access.current()))
     if info is None or info.status not in (STATUS_OK, STATUS_NO_GPU):
         return
-    cls = str(config.get("gpu_class")).upper()
+    cls = str(access.get("gpu_class")).upper()
     spec = GPU_CLASSES[cls]
     wrong = [g for g in info.gpus if g.name not in spec["names"]]
     if info.gpus and not wrong:
@@ -424,7 +424,7 @@ def check_daemon_json() -> None:
 
 
 def check_vendor_keys() -> None:
-    for repo in vendor_repos.repos():
+    for repo in vendor_repos.repos(access.current()):
         what, url, tunable = repo.what, repo.key_url, repo.fingerprint_tunable
         pinned = keys.normalize_fingerprint(str(repo.fingerprint))
         if keys.trusted(memo.fact(KeyringFingerprints, path=repo.keyring), pinned):
@@ -453,17 +453,17 @@ def check_per_gpu() -> None:
     """triton_per_gpu: the instances' ports do not collide (tritonfleet.serving.per_gpu)."""
     from .serving import per_gpu as pergpu
 
-    if not pergpu.enabled(config.current()):
+    if not pergpu.enabled(access.current()):
         return
     from .gpu.facts import host_gpus
 
-    if config.get("lb"):
-        raise PreflightError(f"{host.name}: triton_per_gpu with a load balancer (lb = {config.get('lb')!r}) is not "
+    if access.get("lb"):
+        raise PreflightError(f"{host.name}: triton_per_gpu with a load balancer (lb = {access.get('lb')!r}) is not "
                              "built: the drain and the backends know one Triton port set per host; set "
                              f"triton_per_gpu = False or lb = None for this host ({GROUP_DATA}/all.py, or the "
                              "host's inventory data; docs/multi-gpu.md)")
     try:
-        pergpu.check_layout(config.current(), host_gpus())
+        pergpu.check_layout(access.current(), host_gpus(access.current()))
     except ValueError as e:
         raise PreflightError(f"{host.name}: {e} ({GROUP_DATA}/all.py, or the host's inventory data)") from e
 
@@ -488,7 +488,7 @@ def run_all() -> None:
     check_model_origin()
     check_image_mirror()
     check_per_gpu()
-    check_registry_secret([config.get("cuda_test_image"), config.get("triton_image")])
+    check_registry_secret([access.get("cuda_test_image"), access.get("triton_image")])
     check_host()
 
 
@@ -499,7 +499,7 @@ def host_layer() -> None:
     check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
-    check_registry_secret([config.get("cuda_test_image")])
+    check_registry_secret([access.get("cuda_test_image")])
     check_host()
 
 
@@ -513,4 +513,4 @@ def triton_layer() -> None:
     check_model_origin()
     check_image_mirror()
     check_per_gpu()
-    check_registry_secret([config.get("triton_image")])
+    check_registry_secret([access.get("triton_image")])

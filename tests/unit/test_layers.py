@@ -1,7 +1,9 @@
 """The layers of the package (docs/architecture.md), read from every import of every module with
 ``ast``, a function's own imports included: imports point down only, no module imports another
-of its own layer's domains, there is no import cycle, and only operations and steps import a
-module that defines pyinfra operations (the read side never does)."""
+of its own layer's domains, there is no import cycle (between modules or between packages), only
+operations and steps import a module that defines pyinfra operations (the read side never does),
+and only steps, operations and pre-flight read the host being deployed (the rest is given a
+``Settings``)."""
 
 from __future__ import annotations
 
@@ -134,6 +136,124 @@ def test_no_import_cycle():
 
 def test_the_cycle_finder_finds_one():
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
+
+
+#: where a function may read the host pyinfra is deploying now (``access.get``,
+#: ``access.current``): the deploy steps, the operations and pre-flight start there and pass a
+#: ``Settings`` down; the accessor defines them.
+AMBIENT_READERS = ("tritonfleet.steps", "tritonfleet.preflight", "tritonfleet.settings.access")
+
+
+def reads_ambient_allowed(module: str) -> bool:
+    return (any(module == a or module.startswith(a + ".") for a in AMBIENT_READERS)
+            or "ops" in module.split("."))  # an operations module or package: */ops/, model_repo.ops
+
+
+def ambient_reads(path, name: str | None = None) -> list[tuple[int, str]]:
+    """(line, call) of every read of the current host in ``path``: ``access.get(...)`` or
+    ``access.current()`` through the module ``tritonfleet.settings.access`` under any name, or
+    ``get``/``current`` imported from it; and (line, "access as NAME") for the module imported
+    under another name. ``name``: the module's dotted name (else from ``path``)."""
+    name = name or module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    modules_as: set[str] = set()
+    functions_as: set[str] = set()
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for a in node.names:
+                if source == "tritonfleet.settings" and a.name == "access":
+                    modules_as.add(a.asname or a.name)
+                    if a.asname and a.asname != "access":
+                        found.append((node.lineno, f"access as {a.asname}"))
+                elif source == "tritonfleet.settings.access" and a.name in ("get", "current"):
+                    functions_as.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "tritonfleet.settings.access" and a.asname:
+                    modules_as.add(a.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if ((isinstance(f, ast.Attribute) and f.attr in ("get", "current") and isinstance(f.value, ast.Name)
+                 and f.value.id in modules_as) or (isinstance(f, ast.Name) and f.id in functions_as)):
+                found.append((node.lineno, ast.unparse(f)))
+    return found
+
+
+def test_settings_are_passed_explicitly():
+    """A function outside the steps, the operations and pre-flight takes a ``settings: Settings``
+    from its caller instead of reading the host pyinfra is deploying now: so it serves a
+    ``FleetHost`` (status, the rollout) or a per-GPU ``Overlay`` as well, with no pyinfra State.
+    The accessor is called by its name (no ``access as config``)."""
+    bad = []
+    for m, p in modules().items():
+        for line, what in sorted(ambient_reads(p)):
+            if what.startswith("access as ") or not reads_ambient_allowed(m):
+                bad.append(f"{p.relative_to(ROOT)}:{line}: {what}")
+    assert not bad, ("the current host read outside the steps, operations and pre-flight (take a "
+                     "`settings: Settings` parameter; the caller passes access.current() or a FleetHost), or "
+                     "the accessor under another name:\n" + "\n".join(bad))
+
+
+def test_the_ambient_read_finder_finds_them(tmp_path):
+    mod = tmp_path / "probe.py"
+    mod.write_text("from ..settings import access as config\nfrom ..settings.access import current\n\n"
+                   "def f():\n    return config.get('x'), current()\n")
+    assert [w for _, w in ambient_reads(mod, "tritonfleet.serving.probe")] == [
+        "access as config", "config.get", "current"]
+    assert reads_ambient_allowed("tritonfleet.serving.ops.lb") and reads_ambient_allowed("tritonfleet.model_repo.ops")
+    assert not reads_ambient_allowed("tritonfleet.serving.images")
+
+
+def package_of(module: str, path) -> str:
+    """The package ``module`` belongs to: itself for a package's __init__, else its parent; a
+    module at the top of tritonfleet (``preflight``, the operator API) stands for itself."""
+    if path.name == "__init__.py":
+        return module
+    parent = module.rpartition(".")[0]
+    return module if parent == "tritonfleet" else parent
+
+
+def package_graph() -> dict[str, dict[str, str]]:
+    """package -> {package it imports: "module:line -> module", the first such import}. A package
+    and its own subpackages are one: a subpackage may use its parent's modules (``validate`` reads
+    ``model_repo.contents``, which the deploy side reads too) and the parent its subpackages."""
+    mods = modules()
+    out: dict[str, dict[str, str]] = {}
+    for m, edges in graph().items():
+        a = package_of(m, mods[m])
+        for t, line in edges.items():
+            b = package_of(t, mods[t])
+            if a == b or a.startswith(b + ".") or b.startswith(a + "."):
+                continue
+            out.setdefault(a, {}).setdefault(b, f"{m}:{line} -> {t}")
+    return out
+
+
+def test_no_package_level_import_cycle():
+    """No two packages import each other, even through other packages (``fleet.rollout`` ->
+    ``fleet.runner`` -> ``fleet.rollout`` would be one): each package can be read, tested and moved
+    with only what is below it."""
+    g = package_graph()
+    found = cycles(g)
+    where = [f"{a}: {v}" for c in found for a in c for b, v in g.get(a, {}).items() if b in c]
+    assert found == [], "package-level import cycles:\n" + "\n".join(where)
+
+
+def test_the_package_graph_sees_a_cycle_between_sibling_packages(monkeypatch):
+    real = graph()
+    assert "tritonfleet.fleet.runner" in package_graph().get("tritonfleet.fleet.rollout", {})
+    with_back_edge = {**real, "tritonfleet.fleet.runner.workers": {
+        **real["tritonfleet.fleet.runner.workers"], "tritonfleet.fleet.rollout.plan": 1}}
+    monkeypatch.setitem(globals(), "graph", lambda: with_back_edge)
+    assert ["tritonfleet.fleet.rollout", "tritonfleet.fleet.runner"] in cycles(package_graph())
 
 
 def defines_operations(path) -> bool:

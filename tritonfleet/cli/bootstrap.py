@@ -119,14 +119,14 @@ def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, ca
     """
     from ..fleet.pull.origin import INCLUDE, Origin
     from ..fleet.pull.rollout import rollout
-    from ..fleet.rollout.report import table
+    from ..fleet.rollout.report import exit_status, table
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     report = rollout(inventory, deploy, Origin(origin_dir), sign_key, limit=list(limit), canary=canary,
                           batch=batch, max_fail=max_fail, data=_data(data), timeout=timeout,
                           include=tuple(include) or INCLUDE, echo=echo, poll=poll)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
-    sys.exit(0 if report.ok else 1)
+    sys.exit(exit_status(report))
 
 
 @pull_group.command("refresh")

@@ -249,7 +249,7 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
 
     Exit status: 0 when every host ends on the new version; 1 on any failure, rollback or halt.
     """
-    from ..fleet.rollout import RolloutError, rollout, table
+    from ..fleet.rollout import RolloutError, exit_status, rollout, table
     from ..fleet.rollout import resume as resume_rollout
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
@@ -281,4 +281,4 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         click.echo(table(report))
-    sys.exit(0 if report.ok or dry and not report.halted else 1)
+    sys.exit(exit_status(report, plan_only=dry))

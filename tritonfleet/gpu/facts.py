@@ -339,40 +339,36 @@ class GpuRecord(FactBase):
         return parse_record(output)
 
 
-def nvidia_gpus_args() -> dict:
-    """The NvidiaGpus fact's arguments for the current host: the command that asks the driver
+def nvidia_gpus_args(settings: Settings) -> dict:
+    """The NvidiaGpus fact's arguments for a host: the command that asks the driver
     (nvidia_smi_command)."""
-    from ..settings import access as config
-
-    return {"smi": smi_command(config.current())}
+    return {"smi": smi_command(settings)}
 
 
-def placement_gpus() -> int:
+def placement_gpus(settings: Settings) -> int:
     """The number of GPUs the current host's instance groups are placed on
     (tritonfleet.gpu.placement.placement_count): gpu_count, else the host's record, else what
     nvidia-smi reports now, else 1. With triton_per_gpu 1: each Triton sees one GPU."""
-    from ..settings import access as config
     from .placement import per_gpu_enabled
 
-    if per_gpu_enabled(config.current()):
+    if per_gpu_enabled(settings):
         return 1
-    return host_gpus()
+    return host_gpus(settings)
 
 
-def host_gpus() -> int:
+def host_gpus(settings: Settings) -> int:
     """The number of GPUs the current host has (tritonfleet.gpu.placement.placement_count): gpu_count,
     else the host's record, else what nvidia-smi reports now, else 1. With triton_per_gpu, the
     number of Triton instances."""
     from ..pyinfra_ext import memo
-    from ..settings import access as config
     from .placement import placement_count
 
-    gpu_count = config.get("gpu_count")
+    gpu_count = settings.get("gpu_count")
     if gpu_count not in (None, ""):
         return placement_count(gpu_count, [], None)
-    memo.prefetch((GpuRecord, {}), (NvidiaGpus, nvidia_gpus_args()))
+    memo.prefetch((GpuRecord, {}), (NvidiaGpus, nvidia_gpus_args(settings)))
     recorded = memo.fact(GpuRecord)
-    live = memo.fact(NvidiaGpus, **nvidia_gpus_args())
+    live = memo.fact(NvidiaGpus, **nvidia_gpus_args(settings))
     return placement_count(None, recorded, len(live.gpus) if live is not None and live.ok else None)
 
 

@@ -17,7 +17,7 @@ from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 from ..gpu import facts as gpu_facts
 from ..gpu import guard as gpuguard
 from ..pyinfra_ext import memo
-from ..settings import access as config
+from ..settings.access import ConfigError, Settings
 from . import driver_source
 from . import nvidia_repos as vendorfacts
 from .facts import (
@@ -66,17 +66,17 @@ PERSISTENCE_DROPIN_TEXT = (
 NO_DRIVER = "couldn't communicate with the nvidia driver"
 
 
-def smi_command() -> str:
-    """The command the deploy asks the current host's driver with (tritonfleet.gpu.facts.smi_command)."""
-    return gpu_facts.smi_command(config.current())
+def smi_command(settings: Settings) -> str:
+    """The command the deploy asks a host's driver with (tritonfleet.gpu.facts.smi_command)."""
+    return gpu_facts.smi_command(settings)
 
 
-def driver_version_command() -> str:
-    return gpu_facts.driver_version_command(smi_command())
+def driver_version_command(settings: Settings) -> str:
+    return gpu_facts.driver_version_command(smi_command(settings))
 
 
-def persistence_command() -> str:
-    return f"{smi_command()} -q 2>&1 | grep -i 'Persistence Mode' || true"
+def persistence_command(settings: Settings) -> str:
+    return f"{smi_command(settings)} -q 2>&1 | grep -i 'Persistence Mode' || true"
 
 
 _PERSISTENCE_LINE = re.compile(r"^\s*Persistence Mode\s*:\s*(\S+)", re.IGNORECASE | re.MULTILINE)
@@ -94,7 +94,7 @@ HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
 KERNEL_MODULE_COMMAND = KMOD_COMMAND
 
 
-def driver_facts() -> list[tuple]:
+def driver_facts(settings: Settings) -> list[tuple]:
     """What the driver step reads on a converged host: one remote command (memo.prefetch)."""
     return [(SecureBoot, {}), (LinuxDistribution, {}), (Arch, {}), (KernelVersion, {}), (DpkgState, {}),
             (KeyringFingerprints, {"path": CUDA_KEYRING}), (FileState, {"path": source_path("cuda")}),
@@ -102,15 +102,16 @@ def driver_facts() -> list[tuple]:
             (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
             (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}), (DriverFiles, {}),
             (FileState, {"path": NONFREE_FILE}),
-            (Command, {"command": driver_version_command()}), (Command, {"command": persistence_command()}),
+            (Command, {"command": driver_version_command(settings)}),
+            (Command, {"command": persistence_command(settings)}),
             (Command, {"command": KERNEL_MODULE_COMMAND})]
 
 
-def docker_facts() -> list[tuple]:
+def docker_facts(settings: Settings) -> list[tuple]:
     """What the Docker step reads on a converged host."""
     return [(DpkgState, {}), (UnitState, {"unit": "docker.service"}), (LinuxDistribution, {}), (Arch, {}),
             *([(KeyringFingerprints, {"path": DOCKER_KEYRING}), (FileState, {"path": source_path("docker")}),
-               (FileState, {"path": DOCKER_PIN_FILE})] if config.get("docker_source") == "docker" else [])]
+               (FileState, {"path": DOCKER_PIN_FILE})] if settings.get("docker_source") == "docker" else [])]
 
 
 def toolkit_facts() -> list[tuple]:
@@ -122,10 +123,10 @@ def toolkit_facts() -> list[tuple]:
             (Command, {"command": gpuguard.DEVCHAR_COMMAND})]
 
 
-def host_layer_facts() -> list[tuple]:
+def host_layer_facts(settings: Settings) -> list[tuple]:
     """Everything the host layer reads on a converged host: pre-flight reads it in one remote
     command (memo.prefetch), and the steps find it there."""
-    return [*driver_facts(), *docker_facts(), *toolkit_facts()]
+    return [*driver_facts(settings), *docker_facts(settings), *toolkit_facts()]
 
 
 # --------------------------------------------------------------------------- driver source
@@ -136,82 +137,82 @@ def existing_driver() -> driver_source.Found:
     return driver_source.detect(dpkg["installed"], dpkg["held"], memo.fact(DriverFiles))
 
 
-def wanted_source() -> str:
+def wanted_source(settings: Settings) -> str:
     """nvidia_driver_source, checked."""
-    source = config.get("nvidia_driver_source")
+    source = settings.get("nvidia_driver_source")
     if source not in driver_source.SUPPORTED:
-        raise config.ConfigError(
+        raise ConfigError(
             f"{host.name}: nvidia_driver_source must be \"cuda\" (NVIDIA's CUDA repository) or \"debian\" "
             f"(Debian 12's own packages), not {source!r} (inventory or inventories/group_data/)")
     return source
 
 
-def driver_repo() -> str:
+def driver_repo(settings: Settings) -> str:
     """The facts (tritonfleet/host/nvidia_repos.py) of where the driver comes from: NVIDIA's CUDA
     repository for the host's distro, or Debian 12's own archive (nvidia_driver_source = "debian")."""
-    if wanted_source() == "debian":
-        distro = cuda_distro()
+    if wanted_source(settings) == "debian":
+        distro = cuda_distro(settings)
         if distro != "debian12":
-            raise config.ConfigError(
+            raise ConfigError(
                 f"{host.name}: nvidia_driver_source = \"debian\" installs Debian 12's own nvidia-driver, but this "
                 f"host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or inventories/group_data/)")
         return vendorfacts.DEBIAN_ARCHIVE
-    return cuda_distro()
+    return cuda_distro(settings)
 
 
-def driver_source_problem() -> str | None:
+def driver_source_problem(settings: Settings) -> str | None:
     """Why the driver step must not run on this host (another source, no migration), or None."""
-    source = wanted_source()
+    source = wanted_source(settings)
     found = existing_driver()
-    if driver_source.conflict(found, source) and not config.get("nvidia_driver_migrate"):
-        return driver_source.migration_help(host.name, found, source, driver_branch())
+    if driver_source.conflict(found, source) and not settings.get("nvidia_driver_migrate"):
+        return driver_source.migration_help(host.name, found, source, driver_branch(settings))
     return None
 
 
 # --------------------------------------------------------------------------- driver branch
 
-def driver_branch() -> str:
+def driver_branch(settings: Settings) -> str:
     """The driver branch for this host: nvidia_driver_branch, else the distro's default."""
-    branch = config.get("nvidia_driver_branch")
+    branch = settings.get("nvidia_driver_branch")
     if branch:
         return str(branch)
-    distro = driver_repo()
-    defaults = config.get("nvidia_driver_branch_default") or {}
+    distro = driver_repo(settings)
+    defaults = settings.get("nvidia_driver_branch_default") or {}
     if distro not in defaults:
-        raise config.ConfigError(
+        raise ConfigError(
             f"{host.name}: no driver branch for {distro}: set nvidia_driver_branch (inventory or "
             f"inventories/group_data/<class>.py), or add {distro} to nvidia_driver_branch_default "
             "(inventories/group_data/all.py)")
     return str(defaults[distro])
 
 
-def kernel_module() -> str:
+def kernel_module(settings: Settings) -> str:
     """The kernel module flavour for this host: nvidia_kernel_module, else NVIDIA's default for the
     driver branch (open from R560)."""
-    flavour = config.get("nvidia_kernel_module")
+    flavour = settings.get("nvidia_kernel_module")
     if flavour:
         if flavour not in FLAVOURS:
-            raise config.ConfigError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} "
+            raise ConfigError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} "
                                      f"or None, not {flavour!r} (inventories/group_data/<class>.py)")
         return str(flavour)
-    return default_flavour(driver_branch())
+    return default_flavour(driver_branch(settings))
 
 
-def driver_upstream_version() -> str | None:
+def driver_upstream_version(settings: Settings) -> str | None:
     """nvidia_driver_version as the upstream release ('580.159.04'), or None (newest of the branch)."""
-    version = config.get("nvidia_driver_version")
+    version = settings.get("nvidia_driver_version")
     if not version:
         return None
     return str(version).split(":", 1)[-1].split("-", 1)[0]
 
 
-def driver_version_problem(distro: str, branch: str) -> str | None:
+def driver_version_problem(settings: Settings, distro: str, branch: str) -> str | None:
     """Why nvidia_driver_version cannot pin anything in ``distro``'s repository (None: it can)."""
-    version = config.get("nvidia_driver_version")
+    version = settings.get("nvidia_driver_version")
     if not version:
         return None
     version = str(version)
-    upstream = driver_upstream_version()
+    upstream = driver_upstream_version(settings)
     shape = vendorfacts.version_shape(distro)
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", upstream or ""):
         return f"nvidia_driver_version {version!r} is not a driver version (e.g. {shape['example'].split('-')[0]})"
@@ -253,11 +254,11 @@ DAEMON_JSON_HELP = (
 )
 
 
-def secure_boot_problem() -> str | None:
+def secure_boot_problem(settings: Settings) -> str | None:
     """The message that stops the driver step, from the SecureBoot fact and the two opt-ins."""
     state = memo.fact(SecureBoot)
-    if state is True and not config.get("nvidia_secure_boot_ok"):
+    if state is True and not settings.get("nvidia_secure_boot_ok"):
         return SECURE_BOOT_HELP.format(host=host.name)
-    if state is None and not (config.get("nvidia_secure_boot_unknown_ok") or config.get("nvidia_secure_boot_ok")):
+    if state is None and not (settings.get("nvidia_secure_boot_unknown_ok") or settings.get("nvidia_secure_boot_ok")):
         return SECURE_BOOT_UNKNOWN_HELP.format(host=host.name)
     return None

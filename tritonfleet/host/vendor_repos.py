@@ -20,7 +20,7 @@ from pyinfra import host
 from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ..pyinfra_ext import memo
-from ..settings import access as config
+from ..settings.access import ConfigError, Settings
 
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -55,8 +55,8 @@ class VendorRepo:
         return next(w for w in self.line.split() if "://" in w)
 
 
-def cuda_distro() -> str:
-    wanted = config.get("cuda_distro")
+def cuda_distro(settings: Settings) -> str:
+    wanted = settings.get("cuda_distro")
     if wanted:
         return wanted
     d = memo.fact(LinuxDistribution)
@@ -66,7 +66,7 @@ def cuda_distro() -> str:
         return f"ubuntu{major}{minor or 0:02d}" if isinstance(minor, int) else f"ubuntu{major}04"
     if name == "debian":
         return f"debian{major}"
-    raise config.ConfigError(
+    raise ConfigError(
         f"{host.name}: unsupported OS {d.get('name')} {d.get('major')}; "
         "supported: Ubuntu 22.04/24.04/26.04, Debian 12 (or set cuda_distro)"
     )
@@ -88,50 +88,51 @@ def docker_distro() -> tuple[str, str]:
     distro = (d.get("name") or "").lower()
     codename = (d.get("release_meta") or {}).get("VERSION_CODENAME") or ""
     if distro not in ("ubuntu", "debian") or not codename:
-        raise config.ConfigError(
+        raise ConfigError(
             f"{host.name}: Docker's repository needs Ubuntu or Debian with a VERSION_CODENAME in "
             f"/etc/os-release (found {d.get('name')!r} {codename!r}); or set docker_source = \"distro\"")
     return distro, codename
 
 
-def cuda_base_url() -> str:
+def cuda_base_url(settings: Settings) -> str:
     """The CUDA repository for this host's distro and architecture."""
-    return f"{config.get('cuda_repo_url').rstrip('/')}/{cuda_distro()}/{cuda_arch()}"
+    return f"{settings.get('cuda_repo_url').rstrip('/')}/{cuda_distro(settings)}/{cuda_arch()}"
 
 
-def cuda_key_url() -> str:
-    return f"{cuda_base_url()}/{config.get('cuda_repo_key_name')}"
+def cuda_key_url(settings: Settings) -> str:
+    return f"{cuda_base_url(settings)}/{settings.get('cuda_repo_key_name')}"
 
 
-def docker_key_url() -> str:
+def docker_key_url(settings: Settings) -> str:
     distro, _ = docker_distro()
-    return f"{config.get('docker_repo_url').rstrip('/')}/{distro}/gpg"
+    return f"{settings.get('docker_repo_url').rstrip('/')}/{distro}/gpg"
 
 
-def cuda() -> VendorRepo:
+def cuda(settings: Settings) -> VendorRepo:
     return VendorRepo("CUDA repository", "CUDA repository signing key (fingerprint checked)", "cuda",
-                      f"deb [signed-by={CUDA_KEYRING}] {cuda_base_url()}/ /", CUDA_KEYRING, cuda_key_url(),
-                      config.get("cuda_repo_key_fingerprint"), "cuda_repo_key_fingerprint")
+                      f"deb [signed-by={CUDA_KEYRING}] {cuda_base_url(settings)}/ /", CUDA_KEYRING, cuda_key_url(settings),
+                      settings.get("cuda_repo_key_fingerprint"), "cuda_repo_key_fingerprint")
 
 
-def docker() -> VendorRepo:
+def docker(settings: Settings) -> VendorRepo:
     distro, codename = docker_distro()
-    url = config.get("docker_repo_url").rstrip("/")
+    url = settings.get("docker_repo_url").rstrip("/")
     return VendorRepo("Docker repository", "Docker repository signing key (fingerprint checked)", "docker",
                       f"deb [arch={deb_arch()} signed-by={DOCKER_KEYRING}] {url}/{distro} {codename} stable",
-                      DOCKER_KEYRING, docker_key_url(), config.get("docker_repo_key_fingerprint"),
+                      DOCKER_KEYRING, docker_key_url(settings), settings.get("docker_repo_key_fingerprint"),
                       "docker_repo_key_fingerprint")
 
 
-def container_toolkit() -> VendorRepo:
-    url = config.get("container_toolkit_repo_url").rstrip("/")
+def container_toolkit(settings: Settings) -> VendorRepo:
+    url = settings.get("container_toolkit_repo_url").rstrip("/")
     return VendorRepo("Container Toolkit repository", "Container Toolkit signing key (fingerprint checked)",
                       "nvidia-container-toolkit", f"deb [signed-by={TOOLKIT_KEYRING}] {url}/{deb_arch()} /",
-                      TOOLKIT_KEYRING, config.get("container_toolkit_key_url"),
-                      config.get("container_toolkit_key_fingerprint"), "container_toolkit_key_fingerprint")
+                      TOOLKIT_KEYRING, settings.get("container_toolkit_key_url"),
+                      settings.get("container_toolkit_key_fingerprint"), "container_toolkit_key_fingerprint")
 
 
-def repos() -> list[VendorRepo]:
+def repos(settings: Settings) -> list[VendorRepo]:
     """Every vendor repository this host trusts, in the order the deploy installs them."""
-    driver = [] if config.get("nvidia_driver_source") == "debian" else [cuda()]  # Debian's own keyring
-    return [*driver, *([docker()] if config.get("docker_source") == "docker" else []), container_toolkit()]
+    driver = [] if settings.get("nvidia_driver_source") == "debian" else [cuda(settings)]  # Debian's own keyring
+    return [*driver, *([docker(settings)] if settings.get("docker_source") == "docker" else []),
+            container_toolkit(settings)]

@@ -147,7 +147,6 @@ class FetchResult:
     resumed: dict[str, int] = field(default_factory=dict)  # sha -> bytes there before this run
     fetched_bytes: int = 0  # what curl received in this run
     transfers: list[tuple[int, int, int, str]] = field(default_factory=list)  # (exit, http code, bytes, file)
-    curl_exit: int | None = None
     curl_said: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     placed: int = 0
@@ -181,8 +180,6 @@ def parse_fetch(lines) -> FetchResult:
                 continue
             res.transfers.append(t)
             res.fetched_bytes += t[2]
-        elif kind == "curl" and rest.isdigit():
-            res.curl_exit = int(rest)
         elif kind == "curlerr":
             res.curl_said.append(rest)
         elif kind == "error":

@@ -19,7 +19,7 @@ from ..core import runid
 from ..core.shell import q
 from ..pyinfra_ext import transfer
 from ..pyinfra_ext.stream import wrapped
-from ..settings import access as config
+from ..settings import access
 from . import release as release_plan
 
 # a prepare script above this size is uploaded (SFTP) instead of sent as the command line
@@ -177,8 +177,8 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         yield StringCommand(f"sh {q(path)}; rc=$?; rm -f {q(path)}; exit $rc")
     if plan.send and origin is not None:
         yield FunctionCommand(_fetch_objects, (local, manifest, plan.send, origin),
-                              {"base": base, "release": release, "parallel": int(config.get("model_origin_parallel")),
-                               "retries": int(config.get("model_origin_retries"))})
+                              {"base": base, "release": release, "parallel": int(access.get("model_origin_parallel")),
+                               "retries": int(access.get("model_origin_retries"))})
     elif plan.send:
         remote = wrapped(release_plan.receive_command(base, release, runid.RUN_ID))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})

@@ -29,7 +29,6 @@ from .render import MARKER, is_dir_entry
 STAT = ".tritonfleet-stat"
 EXPECT = ".tritonfleet-expect"
 FOUND = ".tritonfleet-found"
-PLAN = ".tritonfleet-plan.sh"
 INCOMING = ".incoming-"
 REPAIR = ".repair-"
 # every file of ours is at the top of a release and starts with this; find skips them when it

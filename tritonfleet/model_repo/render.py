@@ -334,10 +334,9 @@ def host_repository(settings: Settings, gpus: int | None = None) -> tuple[Path, 
     return Path(path), json.loads(man), rid
 
 
-def current_host_repository() -> tuple[Path, dict, str]:
-    """``host_repository`` of the host being deployed, its instance groups placed on its GPUs
-    (tritonfleet.gpu.facts.placement_gpus)."""
+def current_host_repository(settings: Settings) -> tuple[Path, dict, str]:
+    """``host_repository`` of the host being deployed (its settings: ``settings``), its instance
+    groups placed on its GPUs (tritonfleet.gpu.facts.placement_gpus)."""
     from ..gpu.facts import placement_gpus
-    from ..settings import access as config
 
-    return host_repository(config.current(), placement_gpus())
+    return host_repository(settings, placement_gpus(settings))

@@ -41,7 +41,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..core.errors import TritonfleetError
 from ..core.shell import q
@@ -149,7 +149,6 @@ class ServerState:
     status: str           # show stat's status: UP, DOWN, DRAIN, MAINT, "no check", "UP 1/2", ...
     sessions: int         # current sessions (scur), summed
     admin: int            # srv_admin_state bits, or-ed
-    per_instance: dict = field(default_factory=dict)
 
     @property
     def maintenance(self) -> bool:
@@ -246,7 +245,7 @@ class HAProxy(Balancer):
         return f"haproxy {self.backend}/{self.server}"
 
     def state(self) -> ServerState:
-        status, sessions, admin, per = [], 0, 0, {}
+        status, sessions, admin = [], 0, 0
         for api in self.apis:
             rows = [r for r in parse_stat(api.command("show stat"))
                     if r.get("pxname") == self.backend and r.get("svname") == self.server]
@@ -269,9 +268,8 @@ class HAProxy(Balancer):
             status.append(row.get("status", ""))
             sessions += scur
             admin |= adm
-            per[api.address] = {"status": row.get("status", ""), "scur": scur, "admin": adm}
         worst = next((s for s in status if not s.startswith("UP") and s != "no check"), status[0])
-        return ServerState(worst, sessions, admin, per)
+        return ServerState(worst, sessions, admin)
 
     def _set(self, state: str) -> None:
         for api in self.apis:

@@ -208,19 +208,21 @@ def warm_check(repo: str, models: list[str], timeout: float, say, keep=None):
     return run
 
 
-def gate_current_host(models: list[str], clear_failure: bool = False, repo: str | None = None) -> HealthResult:
-    """pyinfra callback: health-gate the host being deployed; fail it with the report. Once
-    healthy, ``clear_failure`` removes the report an earlier failed run left on the host (for
-    `tritonfleet status`): part of the check, so a healthy re-run still changes nothing. With
+def gate_current_host(settings: Settings, models: list[str], clear_failure: bool = False,
+                      repo: str | None = None) -> HealthResult:
+    """pyinfra callback: health-gate the host being deployed (its settings: ``settings``); fail it
+    with the report. Once healthy, ``clear_failure`` removes the report an earlier failed run left
+    on the host (for `tritonfleet status`): part of the check, so a healthy re-run still changes
+    nothing. With
     ``repo`` (the rendered repository the deploy sent) and health_warm_inference, each model then
     answers one real inference (tritonfleet.serving.warmup)."""
     from pyinfra import host, logger
 
     from ..core.report import in_rollout
-    from ..settings import access as config
+    from ..settings.access import ConfigError
 
     transport = None
-    if config.get("health_via") == "ssh":
+    if settings.get("health_via") == "ssh":
         transport = host.connector.client.get_transport()
 
     def run(command: str) -> str:
@@ -229,28 +231,28 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
 
     from .per_gpu import host_instance_gets as instance_gets
 
-    timeout = float(config.get("health_timeout"))
-    gets = instance_gets()
+    timeout = float(settings.get("health_timeout"))
+    gets = instance_gets(settings)
     seconds = 0.0
     for i, g in enumerate(gets):
         watch = watch_instance(g, run)
         warm = None
-        if repo and config.get("health_warm_inference"):
+        if repo and settings.get("health_warm_inference"):
             who = ": ".join(filter(None, (host.name, pergpu.label(g))))
-            warm = warm_check(repo, models, max(float(config.get("health_request_timeout")), 30.0),
+            warm = warm_check(repo, models, max(float(settings.get("health_request_timeout")), 30.0),
                               lambda text, who=who: logger.info(f"{who}: {text}"),
                               (lambda ms: WARM_LATENCY.__setitem__(host.name, ms)) if i == 0 else None)
         try:
             res = gate(g, host.data.get("ssh_hostname") or host.name, models, transport, timeout, watch, warm)
-        except config.ConfigError as e:
-            raise config.ConfigError(f"{host.name}: {e}") from e
+        except ConfigError as e:
+            raise ConfigError(f"{host.name}: {e}") from e
         if not res.ok:
             raise HealthError(instance_failure(failure_of(res, host.name, models, watch, timeout,
                                                           rollout=in_rollout()), g))
         seconds += res.seconds
     res.seconds = seconds
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
-                + (f", {len(gets)} Triton instances, one per GPU)" if pergpu.enabled(config.current()) else ")"))
+                + (f", {len(gets)} Triton instances, one per GPU)" if pergpu.enabled(settings) else ")"))
     if clear_failure:
         from ..core.report import HOST_RECORD
 

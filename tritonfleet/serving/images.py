@@ -12,7 +12,7 @@ import tarfile
 from pathlib import Path
 
 from ..pyinfra_ext import memo
-from ..settings import access as config
+from ..settings.access import Settings
 from .facts import DockerImageId
 
 
@@ -48,28 +48,28 @@ def registry_of(image: str) -> str:
     return "docker.io"
 
 
-def login_registry() -> str:
+def login_registry(settings: Settings) -> str:
     """The registry the login (registry_user) is for: registry_host, or triton_image's registry."""
-    return config.get("registry_host") or registry_of(config.get("triton_image"))
+    return settings.get("registry_host") or registry_of(settings.get("triton_image"))
 
 
-def needs_login(image: str) -> bool:
+def needs_login(settings: Settings, image: str) -> bool:
     """Pulling ``image`` needs the registry login (never through the image mirror: the mirror
     logs in to its upstream itself)."""
-    return (bool(config.get("registry_user")) and registry_of(image) == login_registry()
-            and registry_of(image) != config.get("image_mirror"))
+    return (bool(settings.get("registry_user")) and registry_of(image) == login_registry(settings)
+            and registry_of(image) != settings.get("image_mirror"))
 
 
-def needs_mirror_login(image: str) -> bool:
+def needs_mirror_login(settings: Settings, image: str) -> bool:
     """Pulling ``image`` goes through the image mirror, which asks its clients to log in
     (``image_mirror_auth``): the host logs in as ``mirror_client_user`` first."""
-    return (bool(config.get("image_mirror")) and bool(config.get("image_mirror_auth"))
-            and registry_of(image) == config.get("image_mirror"))
+    return (bool(settings.get("image_mirror")) and bool(settings.get("image_mirror_auth"))
+            and registry_of(image) == settings.get("image_mirror"))
 
 
-def pulls(images: list[str]) -> list[str]:
-    """Those of ``images`` this host will pull (no archive configured, not present yet)."""
-    archives = config.get("image_archives") or {}
+def pulls(settings: Settings, images: list[str]) -> list[str]:
+    """Those of ``images`` the current host will pull (no archive configured, not present yet)."""
+    archives = settings.get("image_archives") or {}
     return [i for i in images if i not in archives and not memo.fact(DockerImageId, image=i)]
 
 

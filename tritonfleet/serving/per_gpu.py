@@ -115,18 +115,18 @@ def indexes(settings: Settings, names) -> list[int]:
     return sorted({int(m.group(1)) for n in names if (m := pat.match(str(n).strip()))})
 
 
-def host_instance_gets() -> list[Settings]:
-    """The settings of each Triton instance of the current host (pyinfra's): [config.current()]
-    (the single unit), or with triton_per_gpu one per GPU (the count from tritonfleet.gpu.facts.host_gpus).
-    A layout that cannot work is a ConfigError naming the host."""
+def host_instance_gets(settings: Settings) -> list[Settings]:
+    """The settings of each Triton instance of the current host (pyinfra's), whose settings are
+    ``settings``: [settings] (the single unit), or with triton_per_gpu one per GPU (the count from
+    tritonfleet.gpu.facts.host_gpus). A layout that cannot work is a ConfigError naming the host."""
     from pyinfra import host
 
     from ..gpu.facts import host_gpus
-    from ..settings import access as config
+    from ..settings.access import ConfigError
 
-    if not enabled(config.current()):
-        return [config.current()]
+    if not enabled(settings):
+        return [settings]
     try:
-        return instance_gets(config.current(), host_gpus())
+        return instance_gets(settings, host_gpus(settings))
     except PerGpuError as e:
-        raise config.ConfigError(f"{host.name}: {e}") from e
+        raise ConfigError(f"{host.name}: {e}") from e

@@ -5,7 +5,7 @@ the restricted-API key. Used by the Triton service step and by the rollback."""
 from __future__ import annotations
 
 from ..core.shell import q, url_segment
-from ..settings import access as config
+from ..settings.access import Settings
 from . import apikey
 
 
@@ -22,19 +22,19 @@ def model_diff(old_man: dict, new_man: dict) -> tuple[list[str], list[str]]:
     return [m for m in sorted(new) if new[m] != old.get(m)], [m for m in sorted(old) if m not in new]
 
 
-def repository_api_commands(load: list[str], unload: list[str], port: int | None = None) -> str:
+def repository_api_commands(settings: Settings, load: list[str], unload: list[str], port: int | None = None) -> str:
     """curl calls to Triton's repository API on the host; the first failure stops with Triton's
     answer (a failed load leaves the model that was loaded serving). ``port``: a per-GPU
     instance's HTTP port (default triton_http_port)."""
-    url = f"http://{api_address()}:{port or config.get('triton_http_port')}/v2/repository/models"
-    repo = f"{config.get('triton_base_dir')}/model_repository"
+    url = f"http://{api_address(settings)}:{port or settings.get('triton_http_port')}/v2/repository/models"
+    repo = f"{settings.get('triton_base_dir')}/model_repository"
     calls = [(m, "unload") for m in unload] + [(m, "load") for m in load]
     return "; ".join(
         # Triton reloads a loaded model (and each version of it) only when its directories look
         # newer than at the last load; a release switched back to is older, so the model's
         # directories (never its files: files are shared with other releases) are touched first.
         (f"find {q(repo + '/' + m)} -type d -exec touch -c {{}} + && " if verb == "load" else "")
-        + apikey.curl(config.get("triton_api_key_file"),
+        + apikey.curl(settings.get("triton_api_key_file"),
                       f"-sS -m 600 --fail-with-body -X POST {q(url + '/' + url_segment(m) + '/' + verb)}") + " >&2 "
         f"|| {{ echo {q(f'repository API: {verb} of {m} failed (the model that was loaded keeps serving)')} >&2; "
         "exit 1; }"
@@ -42,6 +42,6 @@ def repository_api_commands(load: list[str], unload: list[str], port: int | None
     ) or "true"
 
 
-def api_address() -> str:
-    bind = config.get("triton_http_bind")
+def api_address(settings: Settings) -> str:
+    bind = settings.get("triton_http_bind")
     return bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"

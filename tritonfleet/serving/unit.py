@@ -16,8 +16,7 @@ import os
 from .. import TEMPLATES
 from ..core import local_cache, speed
 from ..pyinfra_ext import compat
-from ..settings import access as config
-from ..settings.access import Settings
+from ..settings.access import ConfigError, Settings
 from . import apikey
 
 MODEL_CONTROL_MODES = ("none", "explicit")
@@ -32,7 +31,7 @@ def unit_context(settings: Settings) -> dict:
     base = settings.get("triton_base_dir")
     mode = settings.get("triton_model_control_mode") or "none"
     if mode not in MODEL_CONTROL_MODES:
-        raise config.ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
+        raise ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
                                  f"not {mode!r} (group data; poll mode is not for production)")
     apis = restricted_apis(settings)
     return {
@@ -57,7 +56,7 @@ def stop_context(settings: Settings) -> dict:
     try:
         return stop_timeouts(settings.get("triton_stop_timeout"))
     except (TypeError, ValueError) as e:
-        raise config.ConfigError(f"triton_stop_timeout must be a whole number of seconds >= 0, not "
+        raise ConfigError(f"triton_stop_timeout must be a whole number of seconds >= 0, not "
                                  f"{settings.get('triton_stop_timeout')!r} (group data)") from e
 
 
@@ -67,13 +66,13 @@ def restricted_apis(settings: Settings) -> list[str]:
     apis = list(settings.get("triton_restricted_apis", []) or [])
     unknown = [a for a in apis if a not in apikey.CATEGORIES]
     if unknown:
-        raise config.ConfigError(f"triton_restricted_apis: {', '.join(map(repr, unknown))} is not a Triton API "
+        raise ConfigError(f"triton_restricted_apis: {', '.join(map(repr, unknown))} is not a Triton API "
                                  f"category (known: {', '.join(apikey.CATEGORIES)}); fix it in group data "
                                  "(inventories/group_data/all.py)")
     if apis:
         key, base = str(settings.get("triton_api_key_file") or ""), str(settings.get("triton_base_dir")).rstrip("/")
         if not key.startswith("/") or ".." in key or key.startswith(base + "/") or any(c in key for c in " %$'\\\n\""):
-            raise config.ConfigError(f"triton_api_key_file {key!r} must be a plain absolute path outside "
+            raise ConfigError(f"triton_api_key_file {key!r} must be a plain absolute path outside "
                                      f"triton_base_dir ({base}: the container sees that directory); fix it in "
                                      "group data (inventories/group_data/all.py)")
     return apis

@@ -59,7 +59,7 @@ from ..pyinfra_ext.check import check, will_change
 from ..pyinfra_ext.install import tritonfleet_step
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.ops import lb
-from ..settings import access as config
+from ..settings import access
 
 TOOLKIT_PACKAGES = [
     "nvidia-container-toolkit",
@@ -69,25 +69,27 @@ TOOLKIT_PACKAGES = [
 ]
 def driver_pinning_package() -> str | None:
     """NVIDIA's pinning package for the branch, where the repository has one."""
-    return vendorfacts.pinning_package(driver_repo(), driver_branch())
+    settings = access.current()
+    return vendorfacts.pinning_package(driver_repo(settings), driver_branch(settings))
 
 
 def driver_packages() -> list[str]:
     """What the driver install names: the metapackage of the branch and kernel module flavour (at
     the pinned version, if any), and the packages only that flavour has (so apt takes them, not the
     other flavour's, where a package accepts either)."""
-    distro, branch, flavour = driver_repo(), driver_branch(), kernel_module()
-    upstream = driver_upstream_version()
-    own = config.get("nvidia_driver_packages")
+    settings = access.current()
+    distro, branch, flavour = driver_repo(settings), driver_branch(settings), kernel_module(settings)
+    upstream = driver_upstream_version(settings)
+    own = access.get("nvidia_driver_packages")
     if own:  # the operator's own list (e.g. signed precompiled modules)
         own = [p.format(branch=branch) for p in own]
-        version = config.get("nvidia_driver_version")
+        version = access.get("nvidia_driver_version")
         return [f"{p}={version}" for p in own] if version else own
     meta, *own_flavour = vendorfacts.flavour_packages(distro, branch, flavour)
     own_flavour += vendorfacts.install_with(distro)  # a distro archive's tools, next to its metapackage
     if not upstream:
         return [meta, *own_flavour]
-    version = str(config.get("nvidia_driver_version"))
+    version = str(access.get("nvidia_driver_version"))
     # metapackages are <upstream>-1 in every CUDA repository (vendorfacts: version_shape)
     meta_version = version if vendorfacts.version_matches(distro, version, "metapackage") else f"{upstream}-1"
     return [f"{meta}={meta_version}", *own_flavour]
@@ -96,7 +98,8 @@ def driver_packages() -> list[str]:
 def other_flavour_packages(installed: dict) -> list[str]:
     """Installed packages that only the other kernel module flavour has (any branch): removed in
     the same apt run that installs this flavour's (they conflict: apt cannot have both)."""
-    distro, flavour = driver_repo(), kernel_module()
+    settings = access.current()
+    distro, flavour = driver_repo(settings), kernel_module(settings)
     other = "proprietary" if flavour == "open" else "open"
     names: dict[str, None] = {}
     for b in vendorfacts.branches(distro):
@@ -114,7 +117,7 @@ def all_metapackages(distro: str) -> set[str]:
 def uses_own_pin() -> bool:
     """Our apt preferences are written where NVIDIA has no pinning package for the branch, and for
     an exact version (NVIDIA's package pins the branch, not a release)."""
-    return driver_pinning_package() is None or bool(config.get("nvidia_driver_version"))
+    return driver_pinning_package() is None or bool(access.get("nvidia_driver_version"))
 
 
 def driver_pin_text() -> str:
@@ -123,8 +126,9 @@ def driver_pin_text() -> str:
     set of names: without a pin apt takes the newest branch, silently. The pin names every package
     of the driver's set (tritonfleet/data/nvidia_repos/), of every branch, at priority 1001 (so a
     switch back to an older branch downgrades)."""
-    distro, branch = driver_repo(), driver_branch()
-    upstream = driver_upstream_version()
+    settings = access.current()
+    distro, branch = driver_repo(settings), driver_branch(settings)
+    upstream = driver_upstream_version(settings)
     pin = f"{upstream}-*" if upstream else f"{branch}.*"
     names = " ".join(vendorfacts.all_driver_packages(distro))
     return (
@@ -135,7 +139,7 @@ def driver_pin_text() -> str:
 
 def driver_package_set() -> list[str]:
     """Every package name that belongs to the driver in this host's repository (any branch)."""
-    return vendorfacts.all_driver_packages(driver_repo())
+    return vendorfacts.all_driver_packages(driver_repo(access.current()))
 
 
 def _hold_missing(installed: dict) -> list[str]:
@@ -166,9 +170,9 @@ def _reboot_needed() -> bool:
     """At execution time: the loaded driver does not match the installed one, or the driver is
     installed but not loaded (nouveau held the GPU, or no module yet): read again when an
     operation before changed the host."""
-    if not config.get("nvidia_reboot_if_needed"):
+    if not access.get("nvidia_reboot_if_needed"):
         return False
-    raw = memo.fact(Command, command=driver_version_command()) or ""
+    raw = memo.fact(Command, command=driver_version_command(access.current())) or ""
     text = raw.lower()
     if "version mismatch" in text:
         logger.warning(f"{host.name}: loaded NVIDIA module does not match the installed driver; rebooting")
@@ -176,7 +180,7 @@ def _reboot_needed() -> bool:
     if NO_DRIVER in text:
         said = next((line.strip() for line in raw.splitlines() if NO_DRIVER in line.lower()), NO_DRIVER)
         logger.warning(f"{host.name}: the NVIDIA driver is installed but not loaded (nouveau bound to the "
-                       f"GPU, or no module yet; `{smi_command()}` said: {said[:160]}); rebooting once")
+                       f"GPU, or no module yet; `{smi_command(access.current())}` said: {said[:160]}); rebooting once")
         return True
     state = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
     if state.loaded and state.installed and state.loaded != state.installed:
@@ -190,7 +194,7 @@ def debian_nonfree_text() -> str | None:
     """deb822 source adding the components NVIDIA's driver needs from the distro's own archive
     (Debian: contrib non-free non-free-firmware), for each archive source that lacks them; None
     when nothing is missing (or the distro needs none)."""
-    needed = vendorfacts.apt_components(driver_repo())["needed"]
+    needed = vendorfacts.apt_components(driver_repo(access.current()))["needed"]
     if not needed:
         return None
     codename = ((memo.fact(LinuxDistribution).get("release_meta") or {}).get("VERSION_CODENAME") or "")
@@ -235,7 +239,7 @@ def nvidia_driver():
 
         nvidia_driver()
     """
-    memo.prefetch(*driver_facts())
+    memo.prefetch(*driver_facts(access.current()))
     if _refused():
         return
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
@@ -257,7 +261,7 @@ def _refused() -> bool:
         (driver_source_problem, "the host's driver comes from another source: stop before mixing two",
          "no driver, or one from nvidia_driver_source (or nvidia_driver_migrate = True)"),
     ):
-        problem = read()  # in order: the second is read only when the first found nothing
+        problem = read(access.current())  # in order: the second is read only when the first found nothing
         if problem:
             check(name=f"check: {what}", function=_fail, message=problem, expected=expected)
             return True
@@ -268,7 +272,7 @@ def _remove_other_source() -> tuple[list[str], set[str]]:
     """nvidia_driver_migrate: the other source goes first, cleanly (holds lifted, purged, the .run
     uninstaller run); ours is installed as on a bare host, and the host reboots once. Returns the
     other sources and the packages they had."""
-    found, source = existing_driver(), wanted_source()
+    found, source = existing_driver(), wanted_source(access.current())
     others = driver_source.conflict(found, source)
     if others:
         server.shell(name=f"remove the driver from {', '.join(driver_source.NAMES[s] for s in others)} "
@@ -281,7 +285,8 @@ def _remove_other_source() -> tuple[list[str], set[str]]:
 def _driver_repository() -> None:
     """Where the driver comes from: NVIDIA's CUDA repository (with the distro components its
     packages need), or Debian's own archive."""
-    source, distro = wanted_source(), driver_repo()
+    settings = access.current()
+    source, distro = wanted_source(settings), driver_repo(settings)
     components = vendorfacts.apt_components(distro)
     nonfree = debian_nonfree_text()
     if source == "debian":
@@ -297,7 +302,7 @@ def _driver_repository() -> None:
         if will_change(*changed):
             aptlock.update(name="apt update (Debian's contrib non-free non-free-firmware)")
     else:
-        vendor_source(vendor_repos.cuda(), also=[
+        vendor_source(vendor_repos.cuda(access.current()), also=[
             (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
         ] if nonfree else [])
 
@@ -305,9 +310,9 @@ def _driver_repository() -> None:
 def _kernel_headers_and_nouveau() -> None:
     """Headers and DKMS for the running kernel (the module is built against them); nouveau
     blacklisted, the initramfs rebuilt when that changed."""
-    components = vendorfacts.apt_components(driver_repo())
+    components = vendorfacts.apt_components(driver_repo(access.current()))
     kernel = memo.fact(KernelVersion)
-    kernel_pkgs = [p.format(kernel=kernel) for p in config.get("nvidia_kernel_packages")]
+    kernel_pkgs = [p.format(kernel=kernel) for p in access.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
     if kernel_pkgs:
         guard_ops.note("kernel headers and DKMS installed",
@@ -327,7 +332,8 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
     """The driver packages of the wanted branch and kernel module flavour: pinned (NVIDIA's
     pinning package, or our own pin), moved from another branch, flavour or release, installed,
     held. Returns (the flavour, whether the driver changes in this run)."""
-    distro, branch = driver_repo(), driver_branch()
+    settings = access.current()
+    distro, branch = driver_repo(settings), driver_branch(settings)
     installed = {p: v for p, v in memo.fact(DpkgState)["installed"].items() if p not in removed}
     pinning = driver_pinning_package()
     other_pins = [p for p in vendorfacts.pinning_packages(distro) if p in installed and p != pinning]
@@ -341,11 +347,11 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
     # Changing branch: the old branch's held packages would block apt ("held broken packages"),
     # and another branch's pinning package would pin the old branch.
     other = sorted(installed_branches(installed) - {branch})
-    flavour = kernel_module()
+    flavour = kernel_module(access.current())
     # the other kernel module flavour's packages (switching open <-> proprietary)
-    other_kmod = [] if config.get("nvidia_driver_packages") else other_flavour_packages(installed)
+    other_kmod = [] if access.get("nvidia_driver_packages") else other_flavour_packages(installed)
     # the pinned release (nvidia_driver_version) differs from what is installed: moved the same way
-    upstream = driver_upstream_version()
+    upstream = driver_upstream_version(access.current())
     moving = bool(upstream) and not other and any(
         not v.split(":", 1)[-1].startswith(f"{upstream}-")
         for p in vendorfacts.driver_packages(distro, branch, flavour)[1:] for v in installed.get(p, []))
@@ -385,7 +391,7 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
         driver = converged.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
     driver_changes = bool(switching or others) or will_change(driver)
     guard_ops.note("driver packages installed", driver)
-    if config.get("nvidia_hold_packages"):
+    if access.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
             server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
         converged.put(name="keep driver packages out of unattended-upgrades",
@@ -397,7 +403,7 @@ def _persistence_dropin() -> bool:
     """The packaged nvidia-persistenced unit runs --no-persistence-mode: a drop-in turns
     persistence mode on. True when the drop-in changes in this run."""
     persistence_changed = False
-    if config.get("nvidia_persistenced"):
+    if access.get("nvidia_persistenced"):
         dropin = converged.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
                                src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
         persistence_changed = will_change(dropin)
@@ -413,14 +419,14 @@ def _reboot_if_needed(driver_changes: bool, flavour: str) -> None:
     (also: installed but not loaded, e.g. nouveau bound to the GPU). Once: a later run reboots
     again only for a version mismatch. Before the daemon starts: it cannot reach the driver
     until then."""
-    loaded = memo.fact(Command, command=driver_version_command()) or ""
+    loaded = memo.fact(Command, command=driver_version_command(access.current())) or ""
     module = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
     if driver_changes or "version mismatch" in loaded.lower() or (module.loaded and module.loaded != flavour):
         reboot(
             name="reboot if the loaded driver does not match the installed one (or is not loaded)",
-            reboot_timeout=config.get("nvidia_reboot_timeout"),
+            reboot_timeout=access.get("nvidia_reboot_timeout"),
             # the kernel that will boot must have the NVIDIA module (built now if it can be)
-            header_packages=[p for p in config.get("nvidia_kernel_packages") if "{kernel}" in p],
+            header_packages=[p for p in access.get("nvidia_kernel_packages") if "{kernel}" in p],
             install_template=aptlock.wrap("DEBIAN_FRONTEND=noninteractive apt-get install -y -q @WORDS@")
             .get_raw_value(),
             # a reboot restarts Triton: out of the load balancer first
@@ -431,22 +437,22 @@ def _reboot_if_needed(driver_changes: bool, flavour: str) -> None:
 
 def _persistence(persistence_changed: bool) -> None:
     """nvidia-persistenced running (restarted when its drop-in changed), persistence mode on."""
-    if config.get("nvidia_persistenced"):
+    if access.get("nvidia_persistenced"):
         if persistence_changed and memo.fact(UnitState, unit="nvidia-persistenced.service")["running"]:
             server.shell(name="restart nvidia-persistenced (persistence mode)",
                          commands=["systemctl restart nvidia-persistenced.service"])
         converged.service(name="nvidia-persistenced running and enabled",
                           service="nvidia-persistenced", running=True, enabled=True)
-        check(name=f"check: persistence mode is on ({smi_command()} -q)", function=_check_persistence)
+        check(name=f"check: persistence mode is on ({smi_command(access.current())} -q)", function=_check_persistence)
 
 
 def _check_persistence():
-    raw = memo.fact(Command, command=persistence_command()) or ""
+    raw = memo.fact(Command, command=persistence_command(access.current())) or ""
     text = " ".join(raw.split())
     modes = persistence_modes(raw)
     if not modes or any(m.lower() != "enabled" for m in modes):  # every GPU's, not any line's
         raise RuntimeError(
-            f"{host.name}: {smi_command()} -q shows {text or 'no Persistence Mode line'}, expected Persistence Mode "
+            f"{host.name}: {smi_command(access.current())} -q shows {text or 'no Persistence Mode line'}, expected Persistence Mode "
             f"Enabled: check `systemctl status nvidia-persistenced` and {PERSISTENCE_DROPIN} on the host "
             "(nvidia_persistenced in inventories/group_data/all.py turns this step off)")
 
@@ -469,16 +475,16 @@ def docker_engine():
 
         docker_engine()
     """
-    source = config.get("docker_source")
-    memo.prefetch(*docker_facts())
+    source = access.get("docker_source")
+    memo.prefetch(*docker_facts(access.current()))
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     if source == "distro":
         # apparmor: without it docker.io cannot start containers on AppArmor kernels
         engine = converged.packages(name="Docker Engine (distro docker.io)",
                                     packages=["docker.io", "apparmor"], update=False)
     elif source == "docker":
-        vendor_source(vendor_repos.docker())
-        version = config.get("docker_version")
+        vendor_source(vendor_repos.docker(access.current()))
+        version = access.get("docker_version")
         if version:
             pin = converged.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
                                 dest=DOCKER_PIN_FILE, mode="644")
@@ -501,7 +507,7 @@ def docker_engine():
             check(name=f"check: docker-ce is {version}", function=_check_docker_version,
                   pattern=docker_version_pattern(version))
     else:
-        raise config.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
+        raise access.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
                                  "(group data, inventories/group_data/all.py)")
     guard_ops.note("Docker Engine installed", engine)
     converged.service(name="docker running and enabled", service="docker", running=True, enabled=True)
@@ -552,8 +558,8 @@ def container_toolkit():
     """
     memo.prefetch(*toolkit_facts())
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
-    vendor_source(vendor_repos.container_toolkit())
-    version = config.get("container_toolkit_version")
+    vendor_source(vendor_repos.container_toolkit(access.current()))
+    version = access.get("container_toolkit_version")
     pin_text = "".join(
         f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
     )

@@ -28,8 +28,7 @@ from ..pyinfra_ext.check import will_change
 from ..serving import image_mirror as mirror
 from ..serving.ops.image_mirror import fill
 from ..serving.ops.registry import mirror_htpasswd, secret_env_file
-from ..settings import access as config
-from ..settings import mirrored
+from ..settings import access, mirrored
 
 CONFIG = "/etc/docker/registry/config.yml"
 CERT = "/etc/docker/registry/mirror.crt"
@@ -49,36 +48,36 @@ DROP_IN_TEXT = f"[Service]\nRestart=on-failure\nRestartSec=5\nEnvironmentFile=-{
 
 
 def runs_mirror() -> bool:
-    return config.get("image_mirror_group") in host.groups
+    return access.get("image_mirror_group") in host.groups
 
 
 def mirror_url() -> str:
-    tls = config.get("image_mirror_tls_cert") and config.get("image_mirror_tls_key")
-    return f"{'https' if tls else 'http'}://{config.get('image_mirror')}"
+    tls = access.get("image_mirror_tls_cert") and access.get("image_mirror_tls_key")
+    return f"{'https' if tls else 'http'}://{access.get('image_mirror')}"
 
 
 def client_auth() -> bool:
     """The mirror asks its clients to log in (``image_mirror_auth``)."""
-    return bool(config.get("image_mirror_auth"))
+    return bool(access.get("image_mirror_auth"))
 
 
 def client_secret_problem() -> str | None:
     """Why ``$mirror_client_password_env`` on the control machine cannot be the mirror's client
     password, with the fix (None: it can, or the mirror is open). The value is never named."""
-    env = config.get("mirror_client_password_env")
+    env = access.get("mirror_client_password_env")
     why = client_auth() and mirror.client_secret_problem(os.environ.get(env))
     if not why:
         return None
-    return (f"the image mirror asks its clients to log in as mirror_client_user {config.get('mirror_client_user')!r} "
+    return (f"the image mirror asks its clients to log in as mirror_client_user {access.get('mirror_client_user')!r} "
             f"(image_mirror_auth), but ${env} on the control machine {why}: export the mirror's client password "
             f"there (one line, at most {mirror.SECRET_MAX} bytes; or set image_mirror_auth = False in "
             "inventories/group_data/all.py for an open mirror)")
 
 
 def _local_file(name: str) -> str | None:
-    path = config.get(name)
+    path = access.get(name)
     if path and not Path(path).is_file():
-        raise config.ConfigError(f"{host.name}: {name} {path} is not a file on this machine "
+        raise access.ConfigError(f"{host.name}: {name} {path} is not a file on this machine "
                                  "(inventories/group_data/all.py)")
     return path
 
@@ -105,20 +104,20 @@ def image_mirror():
     """
     if not runs_mirror():
         return []
-    if not config.get("image_mirror"):
-        raise config.ConfigError(f"{host.name} is in the {config.get('image_mirror_group')} group but image_mirror "
+    if not access.get("image_mirror"):
+        raise access.ConfigError(f"{host.name} is in the {access.get('image_mirror_group')} group but image_mirror "
                                  "is not set: set it to the address the hosts pull through (host:port, "
                                  "inventories/group_data/all.py)")
     cert, key, ca = _local_file("image_mirror_tls_cert"), _local_file("image_mirror_tls_key"), _local_file("image_mirror_ca")
-    user = config.get("registry_user")
+    user = access.get("registry_user")
     # only whether it is there: its value is read when the command that writes it runs
-    if user and not os.environ.get(config.get("registry_password_env") or ""):
-        raise config.ConfigError(f"{host.name}: the mirror logs in to {config.get('image_mirror_upstream')} as "
-                                 f"registry_user {user!r}, but ${config.get('registry_password_env')} is empty on "
+    if user and not os.environ.get(access.get("registry_password_env") or ""):
+        raise access.ConfigError(f"{host.name}: the mirror logs in to {access.get('image_mirror_upstream')} as "
+                                 f"registry_user {user!r}, but ${access.get('registry_password_env')} is empty on "
                                  "the control machine: export the registry secret there")
     problem = client_secret_problem()
     if problem:
-        raise config.ConfigError(f"{host.name}: {problem}")
+        raise access.ConfigError(f"{host.name}: {problem}")
     if client_auth():
         pkgs = converged.packages(name="Debian's registry (docker-registry), curl and htpasswd (apache2-utils)",
                                   packages=["docker-registry", "curl", "apache2-utils"])
@@ -126,15 +125,15 @@ def image_mirror():
         pkgs = converged.packages(name="Debian's registry (docker-registry) and curl",
                                   packages=["docker-registry", "curl"])
     try:
-        addr = mirror.listen_address(config.get("image_mirror"), config.get("image_mirror_listen"),
-                                     int(config.get("image_mirror_port")))
+        addr = mirror.listen_address(access.get("image_mirror"), access.get("image_mirror_listen"),
+                                     int(access.get("image_mirror_port")))
     except ValueError as e:
-        raise config.ConfigError(f"{host.name}: {e} (inventories/group_data/all.py)") from e
-    text = mirror.registry_config(addr, config.get("image_mirror_storage"),
-                                  config.get("image_mirror_upstream"), user,
+        raise access.ConfigError(f"{host.name}: {e} (inventories/group_data/all.py)") from e
+    text = mirror.registry_config(addr, access.get("image_mirror_storage"),
+                                  access.get("image_mirror_upstream"), user,
                                   CERT if cert and key else None, KEY if cert and key else None,
                                   HTPASSWD if client_auth() else None)
-    changed = [converged.put(name=f"registry configuration {CONFIG} (proxy of {config.get('image_mirror_upstream')})",
+    changed = [converged.put(name=f"registry configuration {CONFIG} (proxy of {access.get('image_mirror_upstream')})",
                              src=StringIO(text), dest=CONFIG, user="root", group="docker-registry", mode="640")]
     if cert and key:
         changed.append(converged.put(name=f"mirror TLS certificate {CERT}", src=cert, dest=CERT, mode="644"))
@@ -147,15 +146,15 @@ def image_mirror():
     if will_change(drop_in):
         systemd.daemon_reload(name="systemd daemon-reload (registry drop-in)")
     if user:
-        secret_env_file(name=f"upstream password {SECRET} (from ${config.get('registry_password_env')}, on stdin)",
-                        path=SECRET, service="docker-registry", secret_env=config.get("registry_password_env"))
+        secret_env_file(name=f"upstream password {SECRET} (from ${access.get('registry_password_env')}, on stdin)",
+                        path=SECRET, service="docker-registry", secret_env=access.get("registry_password_env"))
     else:
         files.file(name=f"no upstream password ({SECRET})", path=SECRET, present=False)
     if client_auth():
-        mirror_htpasswd(name=f"mirror client {config.get('mirror_client_user')} in {HTPASSWD} (bcrypt of "
-                             f"${config.get('mirror_client_password_env')}, on stdin)",
-                        path=HTPASSWD, user=config.get("mirror_client_user"), service="docker-registry",
-                        secret_env=config.get("mirror_client_password_env"))
+        mirror_htpasswd(name=f"mirror client {access.get('mirror_client_user')} in {HTPASSWD} (bcrypt of "
+                             f"${access.get('mirror_client_password_env')}, on stdin)",
+                        path=HTPASSWD, user=access.get("mirror_client_user"), service="docker-registry",
+                        secret_env=access.get("mirror_client_password_env"))
     else:
         files.file(name=f"no mirror client logins ({HTPASSWD}; image_mirror_auth is off)", path=HTPASSWD,
                    present=False)
@@ -184,9 +183,9 @@ def mirror_trust():
         mirror_trust()
     """
     ca = _local_file("image_mirror_ca")
-    if not config.get("image_mirror") or not ca or (runs_mirror() and not host.data.get("gpu_class")):
+    if not access.get("image_mirror") or not ca or (runs_mirror() and not host.data.get("gpu_class")):
         return []
-    dest = f"/etc/docker/certs.d/{config.get('image_mirror')}/ca.crt"
+    dest = f"/etc/docker/certs.d/{access.get('image_mirror')}/ca.crt"
     return [converged.put(name=f"Docker trusts the image mirror ({dest})", src=ca, dest=dest, mode="644",
                           create_remote_dir=True)]
 
@@ -208,19 +207,19 @@ def mirror_filled():
 
         mirror_filled()
     """
-    if not runs_mirror() or not config.get("image_mirror"):
+    if not runs_mirror() or not access.get("image_mirror"):
         return []
     out = []
-    for image in dict.fromkeys(config.get(k) for k in mirrored.MIRRORED):
+    for image in dict.fromkeys(access.get(k) for k in mirrored.MIRRORED):
         registry, path, _, digest = mirrored.parse_reference(image)
-        if registry != config.get("image_mirror") or not digest:
+        if registry != access.get("image_mirror") or not digest:
             continue  # not through this mirror (pre-flight refuses an unpinned one)
         out.append(fill(name=f"image mirror holds {path}@{digest[:19]} (fetched once from "
-                             f"{config.get('image_mirror_upstream')})",
-                        url=mirror_url(), path=path, digest=digest, storage=config.get("image_mirror_storage"),
-                        ca=CA if config.get("image_mirror_ca") else None,
-                        upstream=config.get("image_mirror_upstream"),
-                        user=config.get("mirror_client_user") if client_auth() else None,
-                        secret_env=config.get("mirror_client_password_env")))
+                             f"{access.get('image_mirror_upstream')})",
+                        url=mirror_url(), path=path, digest=digest, storage=access.get("image_mirror_storage"),
+                        ca=CA if access.get("image_mirror_ca") else None,
+                        upstream=access.get("image_mirror_upstream"),
+                        user=access.get("mirror_client_user") if client_auth() else None,
+                        secret_env=access.get("mirror_client_password_env")))
     return out
 

@@ -30,7 +30,7 @@ from ..serving.ops import lb
 from ..serving.ops.history import append_record
 from ..serving.repository_api import model_diff, repository_api_commands
 from ..serving.unit import unit_path
-from ..settings import access as config
+from ..settings import access
 
 
 def pick_target(records: list[dict], current: tuple[str | None, str | None], releases: list[str],
@@ -86,17 +86,17 @@ def rollback():
 
         rollback()  # pyinfra -y inventories/prod.py deploys/rollback.py --limit <host>
     """
-    base = config.get("triton_base_dir")
-    service = config.get("triton_service")
-    if pergpu.enabled(config.current()):
+    base = access.get("triton_base_dir")
+    service = access.get("triton_service")
+    if pergpu.enabled(access.current()):
         check(name="check: an earlier deployment to roll back to", function=_fail,
               message=f"{host.name}: rollback of a host with one Triton per GPU (triton_per_gpu) is not built; "
                       "deploy the earlier release and image with deploys/triton.py instead (docs/multi-gpu.md)")
         return
     history = host.get_fact(DeployHistory, base=base)
     state = host.get_fact(ReleaseState, base=base)
-    unit_now = (host.get_fact(Sha256File, path=unit_path(config.current())) or "")[:16] or None
-    wanted = (config.get("rollback_to") or {}).get(host.name)
+    unit_now = (host.get_fact(Sha256File, path=unit_path(access.current())) or "")[:16] or None
+    wanted = (access.get("rollback_to") or {}).get(host.name)
     target, why = pick_target(history["records"], (state["current"], unit_now), state["releases"],
                               history["units"], wanted)
     if target is None:
@@ -115,18 +115,18 @@ def rollback():
     if not unit_changes and not link_changes:
         host.noop(f"already on release {rid} with unit {digest}")
     if unit_changes:
-        server.shell(name=f"restore unit {digest} ({image})", commands=[restore_unit_command(base, digest, unit_path(config.current()))])
+        server.shell(name=f"restore unit {digest} ({image})", commands=[restore_unit_command(base, digest, unit_path(access.current()))])
         systemd.daemon_reload(name="systemd daemon-reload (unit restored)")
     if link_changes:
         server.shell(name=f"switch live model repository back to release {rid}",
                      commands=[switch_back_script(base, rid)])
-    explicit = bool(host.get_fact(FindInFile, path=unit_path(config.current()), pattern="--model-control-mode=explicit"))
+    explicit = bool(host.get_fact(FindInFile, path=unit_path(access.current()), pattern="--model-control-mode=explicit"))
     if explicit and not unit_changes and link_changes:
         # same unit in explicit model-control mode: the earlier models are loaded through the
         # repository API while the others serve (no restart)
         load, unload = _model_diff(base, state["current"], rid)
         server.shell(name=f"load the earlier models without a restart ({', '.join(load + unload) or 'none'})",
-                     commands=[repository_api_commands(load, unload)])
+                     commands=[repository_api_commands(access.current(), load, unload)])
     elif unit_changes or link_changes:
         if lb.enabled():
             lb.drain_host(name=f"drain {host.name} in the load balancer before the restart",
@@ -135,7 +135,7 @@ def rollback():
                         restarted=True, running=True)
     systemd.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
     names = sorted({p.split("/", 1)[0] for p in host.get_fact(ReleaseManifest, base=base, release=rid)})
-    check(name="check: health gate after rollback", function=gate_current_host, models=names,
+    check(name="check: health gate after rollback", function=gate_current_host, settings=access.current(), models=names,
           clear_failure=bool(history.get("failure")))
     if lb.enabled():
         check(name="check: back in the load balancer once healthy", function=lb.ready_now)

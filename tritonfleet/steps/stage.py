@@ -19,13 +19,13 @@ from pyinfra import host
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
 from ..pyinfra_ext.install import tritonfleet_step
-from ..settings import access as config
+from ..settings import access
 from .triton import ensure_image, model_origin
 
 
 def mirror_only() -> bool:
     """This host runs the image mirror and no Triton (no GPU class): staging leaves it alone."""
-    return config.get("image_mirror_group") in host.groups and not host.data.get("gpu_class")
+    return access.get("image_mirror_group") in host.groups and not host.data.get("gpu_class")
 
 
 def preflight() -> None:
@@ -54,7 +54,7 @@ def stage_image():
     """
     if mirror_only():
         return []
-    return ensure_image(config.get("triton_image"))
+    return ensure_image(access.get("triton_image"))
 
 
 @tritonfleet_step("Stage the model release")
@@ -79,8 +79,8 @@ def stage_models():
     if origin is None:
         host.noop("no model_origin: the deploy pushes the release over SSH itself")
         return []
-    base = config.get("triton_base_dir")
-    local, man, rid = current_host_repository()
+    base = access.get("triton_base_dir")
+    local, man, rid = current_host_repository(access.current())
     return [model_release(name=f"stage model release {rid} from {origin.url}", base=base, release=rid,
-                          local=str(local), manifest=man, keep=int(config.get("triton_keep_releases")),
+                          local=str(local), manifest=man, keep=int(access.get("triton_keep_releases")),
                           origin=origin, switch=False)]

@@ -35,7 +35,7 @@ from ..pyinfra_ext.check import will_change
 from ..pyinfra_ext.install import tritonfleet_step
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.per_gpu import host_instance_gets as instance_gets
-from ..settings import access as config
+from ..settings import access
 from ..settings.access import Settings
 
 NODE_EXPORTER = "prometheus-node-exporter"
@@ -51,14 +51,14 @@ def enabled(settings: Settings) -> bool:
 
 def http_ports() -> list[int]:
     """Every Triton instance's HTTP port on the current host (one per GPU with triton_per_gpu)."""
-    return [int(g.get("triton_http_port")) for g in instance_gets()]
+    return [int(g.get("triton_http_port")) for g in instance_gets(access.current())]
 
 
 def wanted_files() -> dict[str, str]:
     try:
-        return tu.files(config.current(), http_ports())
+        return tu.files(access.current(), http_ports())
     except tu.UnitError as e:
-        raise config.ConfigError(f"{host.name}: {e}") from e
+        raise access.ConfigError(f"{host.name}: {e}") from e
 
 
 def _services() -> list[tuple[str, str]]:
@@ -92,15 +92,15 @@ def gpu_telemetry():
     paths = [*SHIPPED] + [tu.unit_path(name) for name, _ in _services()]
     # what a converged host is asked, in one remote command
     memo.prefetch(*[(FileState, {"path": p}) for p in paths], *[(UnitState, {"unit": u}) for u in units],
-                  *([(UnitState, {"unit": f"{NODE_EXPORTER}.service"})] if config.get("telemetry_node_exporter")
+                  *([(UnitState, {"unit": f"{NODE_EXPORTER}.service"})] if access.get("telemetry_node_exporter")
                     else []))
-    if not enabled(config.current()):
+    if not enabled(access.current()):
         return remove()
     want = wanted_files()
-    packages = [NODE_EXPORTER, "python3"] if config.get("telemetry_node_exporter") else ["python3"]
+    packages = [NODE_EXPORTER, "python3"] if access.get("telemetry_node_exporter") else ["python3"]
     converged.packages(name=f"{' and '.join(packages)} (no recommends)", packages=packages, no_recommends=True,
                        setting="telemetry_node_exporter")
-    textfiles = config.get("telemetry_textfile_dir")
+    textfiles = access.get("telemetry_textfile_dir")
     files.directory(name=f"node exporter textfile directory {textfiles}", path=textfiles, present=True)
     scripts = {p: converged.put(name=f"{p} (tritonfleet's own file)", src=StringIO(want[p]), dest=p, mode="644")
                for p in SHIPPED}
@@ -119,7 +119,7 @@ def gpu_telemetry():
         else:
             converged.service(name=f"{name} running and enabled", service=f"{name}.service", running=True,
                               enabled=True)
-    if config.get("telemetry_node_exporter"):
+    if access.get("telemetry_node_exporter"):
         converged.service(name=f"{NODE_EXPORTER} running and enabled", service=f"{NODE_EXPORTER}.service",
                           running=True, enabled=True)
 
@@ -127,7 +127,7 @@ def gpu_telemetry():
 def remove() -> None:
     """gpu_telemetry = False: stop, disable and remove what the step put on the host, when it is
     there (a host that never had it changes nothing)."""
-    textfiles = config.get("telemetry_textfile_dir")
+    textfiles = access.get("telemetry_textfile_dir")
     present = [name for name, script in _services()
                if memo.fact(FileState, path=tu.unit_path(name)) or memo.fact(FileState, path=script)
                or memo.fact(UnitState, unit=f"{name}.service")["running"]]

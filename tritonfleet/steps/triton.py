@@ -37,7 +37,7 @@ from ..serving.per_gpu import host_instance_gets as instance_gets
 from ..serving.reads import container_fact_args, triton_facts
 from ..serving.repository_api import model_diff, repository_api_commands
 from ..serving.unit import render_unit, restricted_apis, unit_context, unit_path, units_digest
-from ..settings import access as config
+from ..settings import access
 from ..settings.access import Settings
 
 
@@ -52,34 +52,34 @@ def ensure_image(image: str) -> list:
     """Make ``image`` present: `docker load` of a configured archive, or a pull. Returns the ops
     that changed something (for restart gating). Runs before any restart, so a failed pull or load
     leaves the running container serving."""
-    archives = config.get("image_archives") or {}
+    archives = access.get("image_archives") or {}
     have = memo.fact(DockerImageId, image=image)
     if image in archives:
         archive = archives[image]
         if not Path(archive).is_file():
-            raise config.ConfigError(f"{host.name}: image archive for {image} not found: {archive}")
+            raise access.ConfigError(f"{host.name}: image archive for {image} not found: {archive}")
         want = _archive_image_id(archive)
         if have == want:
             return []
         # streamed into `docker load` on the host (bulk_transfer): no copy on the host's disk
-        transport = config.get("bulk_transfer")
+        transport = access.get("bulk_transfer")
         _check_transport(transport)
         return [docker_load(name=f"docker load {image} from {Path(archive).name}", archive=str(archive),
                             transport=transport)]
     if have:
         return []
     ops = []
-    if needs_login(image):
-        ops.append(docker_login(name=f"docker login {login_registry()} as {config.get('registry_user')} "
-                                     f"(secret from ${config.get('registry_password_env')}, on stdin)",
-                                registry=login_registry(), user=config.get("registry_user"),
-                                secret_env=config.get("registry_password_env")))
-    if needs_mirror_login(image):
-        ops.append(docker_login(name=f"docker login {config.get('image_mirror')} (the image mirror) as "
-                                     f"{config.get('mirror_client_user')} (secret from "
-                                     f"${config.get('mirror_client_password_env')}, on stdin)",
-                                registry=config.get("image_mirror"), user=config.get("mirror_client_user"),
-                                secret_env=config.get("mirror_client_password_env")))
+    if needs_login(access.current(), image):
+        ops.append(docker_login(name=f"docker login {login_registry(access.current())} as {access.get('registry_user')} "
+                                     f"(secret from ${access.get('registry_password_env')}, on stdin)",
+                                registry=login_registry(access.current()), user=access.get("registry_user"),
+                                secret_env=access.get("registry_password_env")))
+    if needs_mirror_login(access.current(), image):
+        ops.append(docker_login(name=f"docker login {access.get('image_mirror')} (the image mirror) as "
+                                     f"{access.get('mirror_client_user')} (secret from "
+                                     f"${access.get('mirror_client_password_env')}, on stdin)",
+                                registry=access.get("image_mirror"), user=access.get("mirror_client_user"),
+                                secret_env=access.get("mirror_client_password_env")))
     ops.append(docker_pull(name=f"docker pull {image}", image=image))
     return ops
 
@@ -89,7 +89,7 @@ def _check_transport(transport: str) -> None:
     try:
         choose_transport(host, transport)
     except TransferError as e:
-        raise config.ConfigError(str(e)) from e
+        raise access.ConfigError(str(e)) from e
 
 
 def sync_models() -> list:
@@ -97,8 +97,8 @@ def sync_models() -> list:
     when it already is (no file on the host is read: sizes and mtimes are compared with the
     release's stat record). Otherwise only files no release on the host holds travel, in one
     stream; Triton only ever sees a complete release."""
-    base = config.get("triton_base_dir")
-    local, man, rid = current_host_repository()
+    base = access.get("triton_base_dir")
+    local, man, rid = current_host_repository(access.current())
     live = memo.fact(ReleaseState, base=base)
     if live["current"] == rid and not live["drift"]:
         host.noop(f"model release {rid} is live" + ("" if live["verified"] else " (no stat record)"))
@@ -116,15 +116,15 @@ def sync_models() -> list:
         # the hosts fetch from the model origin (tritonfleet.model_repo): every host stages the
         # release (complete, not live) before any host switches to it
         args = {"base": base, "release": rid, "local": str(local), "manifest": man,
-                "keep": int(config.get("triton_keep_releases")), "origin": origin}
+                "keep": int(access.get("triton_keep_releases")), "origin": origin}
         return [model_release(name=f"stage model release {rid} from {origin.url} ({why})", switch=False, **args),
                 model_release(name=f"model release {rid} ({why})", **args)]
-    transport = config.get("bulk_transfer")
+    transport = access.get("bulk_transfer")
     _check_transport(transport)
     return [model_release(
         name=f"model release {rid} ({why})",
         base=base, release=rid, local=str(local), manifest=man,
-        keep=int(config.get("triton_keep_releases")), transport=transport,
+        keep=int(access.get("triton_keep_releases")), transport=transport,
     )]
 
 
@@ -135,9 +135,9 @@ def model_origin():
     from ..model_repo.origin import from_settings
 
     try:
-        return from_settings(config.current())
+        return from_settings(access.current())
     except UsageError as e:
-        raise config.ConfigError(f"{host.name}: {e}") from e
+        raise access.ConfigError(f"{host.name}: {e}") from e
 
 
 @tritonfleet_step("Triton image")
@@ -160,8 +160,8 @@ def triton_image():
 
         image = triton_image()
     """
-    memo.prefetch(*triton_facts(config.current()))  # read by pre-flight already unless something changed
-    return ensure_image(config.get("triton_image"))
+    memo.prefetch(*triton_facts(access.current()))  # read by pre-flight already unless something changed
+    return ensure_image(access.get("triton_image"))
 
 
 @tritonfleet_step("Model repository")
@@ -188,8 +188,8 @@ def model_repository():
 
 def model_changes() -> tuple[list[str], list[str]]:
     """(models to load, models to unload) between the live release and this host's release."""
-    base = config.get("triton_base_dir")
-    _, man, rid = current_host_repository()
+    base = access.get("triton_base_dir")
+    _, man, rid = current_host_repository(access.current())
     old = memo.fact(ReleaseState, base=base)["current"]
     if old == rid:
         return [], []
@@ -199,9 +199,9 @@ def model_changes() -> tuple[list[str], list[str]]:
 def api_key() -> tuple[list, str]:
     """The host's key for Triton's restricted APIs, made on the host when missing (and its mode
     and owner put right). Returns (the ops, why Triton must restart to take it, or "")."""
-    if not restricted_apis(config.current()):
+    if not restricted_apis(access.current()):
         return [], ""
-    path = config.get("triton_api_key_file")
+    path = access.get("triton_api_key_file")
     have = memo.fact(FileState, path=path)
     if have and have.get("mode") == "600" and have.get("user") == "root":
         host.noop(f"Triton API key {path} is there (0600 root)")
@@ -216,14 +216,14 @@ def retire_units(keep: set[str]) -> bool:
     ``keep`` (GPUs the host no longer has, or all of them after triton_per_gpu was turned off),
     and the single unit when per-GPU units replace it. Before any unit starts: instance 0 serves
     on the single unit's ports. Returns whether a unit was removed (a daemon-reload is due)."""
-    names = [n for n in memo.fact(PerGpuUnits, service=config.get("triton_service")) if n not in keep]
-    single = unit_path(config.current()).rsplit("/", 1)[1]
-    if pergpu.enabled(config.current()) and memo.fact(FileState, path=unit_path(config.current())):
+    names = [n for n in memo.fact(PerGpuUnits, service=access.get("triton_service")) if n not in keep]
+    single = unit_path(access.current()).rsplit("/", 1)[1]
+    if pergpu.enabled(access.current()) and memo.fact(FileState, path=unit_path(access.current())):
         names.insert(0, single)
     for name in names:
         path = f"/etc/systemd/system/{name}"
         why = ("one Triton per GPU replaces it" if name == single
-               else "triton_per_gpu is off" if not pergpu.enabled(config.current()) else "its GPU is gone")
+               else "triton_per_gpu is off" if not pergpu.enabled(access.current()) else "its GPU is gone")
         server.shell(name=f"stop, disable and remove {name} ({why})",
                      commands=[f"systemctl disable --now {q(name)} 2>/dev/null; rm -f {q(path)}"])
     return bool(names)
@@ -253,22 +253,22 @@ def triton_service(image: list | None = None, models: list | None = None):
 
         triton_service(image=triton_image(), models=model_repository())
     """
-    if pergpu.enabled(config.current()):
+    if pergpu.enabled(access.current()):
         return per_gpu_service(image, models)
-    service = config.get("triton_service")
+    service = access.get("triton_service")
     _, key_new = api_key()
     if retire_units(set()):
         systemd.daemon_reload(name="systemd daemon-reload (per-GPU units removed)")
-    text = render_unit(unit_context(config.current()))
-    unit = converged.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(config.current()), mode="644")
+    text = render_unit(unit_context(access.current()))
+    unit = converged.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(access.current()), mode="644")
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     if will_change(unit):
         systemd.daemon_reload(name="systemd daemon-reload (unit changed)")
     image, models = list(image or []), list(models or [])
-    explicit = config.get("triton_model_control_mode") == "explicit"
+    explicit = access.get("triton_model_control_mode") == "explicit"
     # what an earlier run changed but stopped before Triton took it (Ctrl-C, a lost link)
-    behind = running_behind(explicit, config.current())
+    behind = running_behind(explicit, access.current())
     restart = restart_reason(explicit, unit, image, models, behind, key_new)
     if restart:
         if lb.enabled():  # out of the load balancer, nothing in flight, before Triton stops
@@ -280,7 +280,7 @@ def triton_service(image: list | None = None, models: list | None = None):
     if not restart and explicit and (will_change(models) or behind["models"]):
         load, unload = model_changes() if will_change(models) else behind["models"]
         server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
-                     commands=[repository_api_commands(load, unload)])
+                     commands=[repository_api_commands(access.current(), load, unload)])
     converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
@@ -299,7 +299,7 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
     """triton_per_gpu: one unit per GPU (tritonfleet.serving.per_gpu), each written, restarted on a change
     of its unit, the image or the models, and running and enabled; the units of GPUs the host no
     longer has, and the single unit, stopped and removed first."""
-    gets = instance_gets()
+    gets = instance_gets(access.current())
     _, key_new = api_key()
     retired = retire_units({unit_path(g).rsplit("/", 1)[1] for g in gets})
     units = []
@@ -311,7 +311,7 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
     if retired or will_change(*units):
         systemd.daemon_reload(name="systemd daemon-reload (per-GPU units changed)")
     image, models = list(image or []), list(models or [])
-    explicit = config.get("triton_model_control_mode") == "explicit"
+    explicit = access.get("triton_model_control_mode") == "explicit"
     drained = False
     for g, unit in zip(gets, units, strict=True):
         service = g.get("triton_service")
@@ -325,7 +325,7 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
         if not restart and explicit and (will_change(models) or behind["models"]):
             load, unload = model_changes() if will_change(models) else behind["models"]
             server.shell(name=f"{service}: load changed models without a restart ({', '.join(load + unload) or 'none'})",
-                         commands=[repository_api_commands(load, unload, g.get("triton_http_port"))])
+                         commands=[repository_api_commands(access.current(), load, unload, g.get("triton_http_port"))])
         converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
@@ -338,10 +338,10 @@ def running_behind(explicit: bool, settings: Settings) -> dict:
     out: dict = {"restart": "", "models": None}
     if not run["running"]:
         return out  # nothing runs: "running and enabled" starts it with everything in place
-    want = memo.fact(DockerImageId, image=config.get("triton_image"))
+    want = memo.fact(DockerImageId, image=access.get("triton_image"))
     reasons = []
     if want and run["image_id"] and run["image_id"] != want:
-        reasons.append(f"it runs image {run['image_id'][7:19]}, {config.get('triton_image')} is {want[7:19]}")
+        reasons.append(f"it runs image {run['image_id'][7:19]}, {access.get('triton_image')} is {want[7:19]}")
     if run["unit_mtime"] > run["started"]:
         reasons.append("the unit changed after it started")
     if not explicit and run["link_mtime"] > run["started"]:
@@ -349,7 +349,7 @@ def running_behind(explicit: bool, settings: Settings) -> dict:
     if reasons:
         out["restart"] = "an earlier run stopped before the restart: " + "; ".join(reasons)
     elif explicit:
-        base = config.get("triton_base_dir")
+        base = access.get("triton_base_dir")
         records = memo.fact(DeployHistory, base=base)["records"]
         live = memo.fact(ReleaseState, base=base)["current"]
         loaded = records[-1].get("release") if records else None
@@ -362,16 +362,16 @@ def running_behind(explicit: bool, settings: Settings) -> dict:
 def record_deployment(action: str = "deploy") -> None:
     """Append (release, image, unit) to the host's deploy history once it is healthy, with a
     snapshot of the unit: what a rollback returns to, kept on the host itself."""
-    base = config.get("triton_base_dir")
-    _, _, rid = current_host_repository()
-    gets = instance_gets()  # [config.current()]: the single unit, whose digest units_digest is too
-    append_record(base, rid, units_digest(config.current(), len(gets)), config.get("triton_image"), action,
-                  unit_files=[unit_path(g) for g in gets] if pergpu.enabled(config.current()) else None)
+    base = access.get("triton_base_dir")
+    _, _, rid = current_host_repository(access.current())
+    gets = instance_gets(access.current())  # [access.current()]: the single unit, whose digest units_digest is too
+    append_record(base, rid, units_digest(access.current(), len(gets)), access.get("triton_image"), action,
+                  unit_files=[unit_path(g) for g in gets] if pergpu.enabled(access.current()) else None)
 
 
 def failure_recorded() -> bool:
     """The report of a failed run is left on the host (the gate removes it once healthy)."""
-    return bool(memo.fact(DeployHistory, base=config.get("triton_base_dir")).get("failure"))
+    return bool(memo.fact(DeployHistory, base=access.get("triton_base_dir")).get("failure"))
 
 
 def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str | None = None):
@@ -379,12 +379,12 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str 
     host that fails it and served before is put back on its last healthy deployment at once (the
     rollback steps, run as nested operations); the host still fails, and its report says so."""
     try:
-        return gate_current_host(models, clear_failure, repo)
+        return gate_current_host(access.current(), models, clear_failure, repo)
     except HealthError as e:
-        if not config.get("auto_rollback") or in_rollout():
+        if not access.get("auto_rollback") or in_rollout():
             raise
         report = e.failure
-        history = host.get_fact(DeployHistory, base=config.get("triton_base_dir"))["records"]
+        history = host.get_fact(DeployHistory, base=access.get("triton_base_dir"))["records"]
         if not history:
             raise
         from pyinfra import logger
@@ -427,8 +427,8 @@ def health_gate(record: bool = True):
 
         health_gate(record=False)  # read-only: deploys/verify.py
     """
-    local, _, _ = current_host_repository()
-    gate_check = check_with_steps if config.get("auto_rollback") else check
+    local, _, _ = current_host_repository(access.current())
+    gate_check = check_with_steps if access.get("auto_rollback") else check
     gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",
                function=gate_or_roll_back, models=models.model_names(local), clear_failure=failure_recorded(),
                repo=str(local))

@@ -31,7 +31,7 @@ from ..host.layer import smi_command
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.check import check
 from ..pyinfra_ext.install import tritonfleet_step
-from ..settings import access as config
+from ..settings import access
 from .triton import ensure_image
 
 
@@ -48,9 +48,9 @@ _new_records: dict[str, list[str]] = {}
 
 
 def verify_mode() -> str:
-    mode = config.get("gpu_verify_container") or "changes"
+    mode = access.get("gpu_verify_container") or "changes"
     if mode not in VERIFY_MODES:
-        raise config.ConfigError(f"{host.name}: gpu_verify_container must be one of {', '.join(VERIFY_MODES)}, "
+        raise access.ConfigError(f"{host.name}: gpu_verify_container must be one of {', '.join(VERIFY_MODES)}, "
                                  f"not {mode!r} (group data, inventories/group_data/all.py)")
     return mode
 
@@ -60,7 +60,7 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     digest to record once the check passed) or "cached" (the container answer was the recorded
     one), and the container's raw sections."""
     mode = verify_mode()
-    smi = smi_command()
+    smi = smi_command(access.current())
     # mode "changes": pre-flight's batch read the host's part (GpuProbe); while nothing changed
     # since and the recorded container answer is valid, that is the whole check's answer
     known = memo.known(GpuProbe, image=image, smi=smi) if mode == "changes" else None
@@ -103,18 +103,18 @@ def min_compute_capability() -> str:
     """gpu_min_compute_capability, or the Triton release's own minimum when that is higher."""
     from ..gpu.rules import _vtuple, triton_min_compute_capability
 
-    own = str(config.get("gpu_min_compute_capability") or "0")
-    triton = triton_min_compute_capability(config.get("triton_image")) or "0"
+    own = str(access.get("gpu_min_compute_capability") or "0")
+    triton = triton_min_compute_capability(access.get("triton_image")) or "0"
     return own if _vtuple(own) >= _vtuple(triton) else triton
 
 
 def wanted_flavour(driver_version: str | None) -> str:
     """nvidia_kernel_module, else NVIDIA's default for the branch the host's driver belongs to (the
     configured branch when the host reports none)."""
-    flavour = config.get("nvidia_kernel_module")
+    flavour = access.get("nvidia_kernel_module")
     if flavour:
         return str(flavour)
-    branch = (driver_version or "").split(".")[0] or config.get("nvidia_driver_branch") or ""
+    branch = (driver_version or "").split(".")[0] or access.get("nvidia_driver_branch") or ""
     return kmod.default_flavour(branch)
 
 
@@ -123,19 +123,19 @@ def verify_current_host(image: str) -> dict:
     fresh answer that passed is left for ``record_answer`` to write."""
     _new_answers.pop(host.name, None)
     _new_records.pop(host.name, None)
-    gpu_class = str(config.get("gpu_class")).upper()
+    gpu_class = str(access.get("gpu_class")).upper()
     rows, errors, meta, drivers = [], [], {}, []
     probed = _probe_all(image, meta)
     recorded = parse_record(meta.get("record") or [])
     try:
-        expected = expected_count(config.get("gpu_count"), recorded)
+        expected = expected_count(access.get("gpu_count"), recorded)
     except ValueError as e:
-        raise config.ConfigError(f"{host.name}: {e}") from e
-    source = "gpu_count" if config.get("gpu_count") not in (None, "") else f"recorded in {RECORD}"
+        raise access.ConfigError(f"{host.name}: {e}") from e
+    source = "gpu_count" if access.get("gpu_count") not in (None, "") else f"recorded in {RECORD}"
     host_gpus = []
     for where, info, summary in probed:
         errs = check_gpus(f"{host.name} ({where})", gpu_class, info.gpus, summary.get("cuda_version"),
-                          min_compute_capability(), config.get("gpu_min_cuda_version"))
+                          min_compute_capability(), access.get("gpu_min_cuda_version"))
         if info.status == "ok" or info.gpus:
             errs += count_problems(f"{host.name} ({where})", info.gpus, expected, recorded, source)
         if where == "host":
@@ -174,7 +174,7 @@ def verify_current_host(image: str) -> dict:
             f"GPU class {gpu_class} ({' or '.join(GPU_CLASSES.get(gpu_class, {}).get('names', [])) or '?'}), "
             + (f"{expected} GPU(s) ({source}), " if expected else "")
             + f"compute capability >= {min_compute_capability()}, CUDA >= "
-            f"{config.get('gpu_min_cuda_version')}, on the host and in `{container_prefix(image).strip()}`",
+            f"{access.get('gpu_min_cuda_version')}, on the host and in `{container_prefix(image).strip()}`",
             "; ".join(found), trim(rows + [ln for ln in cont_q if ln.strip() and "," not in ln][:6]),
             "nvidia-smi (host and container, as the check read it)",
             "the GPU check runs before the Triton image, models and service are touched: Triton was not "
@@ -272,7 +272,7 @@ def verify_gpus(load_image: bool = True):
 
         verify_gpus(load_image=False)  # read-only: deploys/verify.py
     """
-    image = config.get("cuda_test_image")
+    image = access.get("cuda_test_image")
     if load_image:
         ensure_image(image)
     check(name=f"check: nvidia-smi on the host and in {image} with --gpus all",

@@ -146,7 +146,7 @@ def test_unauthenticated_load_and_unload_are_refused(restricted_triton):
     assert requests.get(f"{t.http_url}/v2/models/{m}/ready", timeout=10).status_code == 200
 
 
-def test_deploys_own_load_gets_through(restricted_triton, tmp_path, monkeypatch):
+def test_deploys_own_load_gets_through(restricted_triton, tmp_path):
     """repository_api_commands, run by sh: the header comes from the key file."""
     t = restricted_triton
     m = _model(t)
@@ -156,13 +156,12 @@ def test_deploys_own_load_gets_through(restricted_triton, tmp_path, monkeypatch)
     port = int(t.http_url.rsplit(":", 1)[1])
     data = {"triton_http_bind": "127.0.0.1", "triton_http_port": port, "triton_base_dir": str(tmp_path),
             "triton_api_key_file": str(key_file)}
-    monkeypatch.setattr(config, "get", lambda k, default=None: data.get(k, default))
     # (find -exec touch on the model's directories: a copy, the corpus stays as it is)
     repo = tmp_path / "repo"
     subprocess.run(["cp", "-r", str(REPO), str(repo)], check=True)
     (tmp_path / "model_repository").unlink()
     (tmp_path / "model_repository").symlink_to(repo)
-    cmd = repository_api.repository_api_commands([m], [])
+    cmd = repository_api.repository_api_commands(data, [m], [])
     ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     key_file.write_text("wrong\n")

@@ -223,8 +223,8 @@ MANIFEST = {"m/config.pbtxt": [10, "a" * 64], "m/1/model.onnx": [20, "b" * 64]}
 
 BUILDERS = {
     # explicit-mode loads and unloads (steps/triton.py, rollback), the model name and the base dir
-    "load": lambda v: repository_api.repository_api_commands([v], []),
-    "unload": lambda v: repository_api.repository_api_commands([], [v]),
+    "load": lambda v: repository_api.repository_api_commands(_tunable_get(), [v], []),
+    "unload": lambda v: repository_api.repository_api_commands(_tunable_get(), [], [v]),
     "record image": lambda v: history.record_command("/opt/triton", "0123abcd", v, {"image": v}),
     "record unit": lambda v: history.record_command("/opt/triton", v, "img", {"unit": v}),
     "record base": lambda v: history.record_command(f"/srv/{v}", "0123abcd", "img", {}),
@@ -287,7 +287,7 @@ def test_hostile_value_stays_one_word(tunables, name, value):
 def test_load_command_splits_back_to_its_words(tunables):
     """The explicit-mode load of the reviewer's model name: the curl call's words as intended."""
     name = "x';id;'"
-    cmd = repository_api.repository_api_commands([name], [])
+    cmd = repository_api.repository_api_commands(tunables, [name], [])
     assert "id;" not in [text(w) for w in lex(cmd)]
     curl = "curl " + cmd.split(" | curl ", 1)[1].split(" || ", 1)[0]
     assert shlex.split(curl) == ["curl", "-H", "@-", "-sS", "-m", "600", "--fail-with-body", "-X", "POST",

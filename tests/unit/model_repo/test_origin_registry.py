@@ -143,7 +143,7 @@ def test_the_load_check_and_the_origin_agree_on_the_new_stores_urls(box):
 def test_preflight_publishing_and_the_host_fetch_go_through_the_new_store(mem, tmp_path, monkeypatch):
     data = settings(model_origin="mem://box/fleet")
     # pre-flight's check asks the store (this machine publishes: write=True)
-    monkeypatch.setattr(preflight.config, "current", lambda: data)
+    monkeypatch.setattr(preflight.access, "current", lambda: data)
     monkeypatch.setattr(preflight, "host", SimpleNamespace(name="gpu1"))
     preflight.check_model_origin()
     assert CALLS == ["check write=True"]

@@ -61,3 +61,26 @@ def test_every_kind_of_settings_answers_get(monkeypatch):
     assert current.get("not_a_tunable", None) is None
     with pytest.raises(access.ConfigError, match="h1: 'not_a_tunable' is not set and is no tunable"):
         current.get("not_a_tunable")
+
+
+def test_serving_helpers_answer_for_an_inventory_host_without_pyinfra_state():
+    """The registry login and the repository API's calls are worked out from a ``FleetHost`` (the
+    fleet commands' host) as from the host being deployed: no pyinfra State or current host."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    from tritonfleet.serving import images, repository_api
+    from tritonfleet.settings.defaults import DEFAULTS
+
+    fh = FleetHost("h1", ["t4"], {**DEFAULTS, "triton_image": "nvcr.io/nvidia/tritonserver:25.01-py3",
+                                  "registry_user": "ci", "triton_http_port": 8100, "triton_base_dir": "/srv/triton",
+                                  "triton_http_bind": "10.0.0.7"})
+    with ctx_state.use(None), ctx_host.use(None):
+        assert not ctx_state.isset() and not ctx_host.isset()
+        assert images.login_registry(fh) == "nvcr.io"
+        assert images.needs_login(fh, "nvcr.io/nvidia/tritonserver:25.01-py3")
+        assert not images.needs_login(fh, "docker.io/library/busybox")
+        assert images.login_registry(FleetHost("h2", ["t4"], {**fh.data, "registry_host": "r.example"})) == "r.example"
+        cmd = repository_api.repository_api_commands(fh, ["m"], ["old"])
+    assert "http://10.0.0.7:8100/v2/repository/models/old/unload" in cmd
+    assert "find /srv/triton/model_repository/m -type d -exec touch -c {} + && " in cmd
+    assert cmd.index("/old/unload") < cmd.index("/m/load")

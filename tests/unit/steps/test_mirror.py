@@ -181,15 +181,15 @@ def test_preflight_refuses_a_pull_through_the_mirror_without_its_client_secret(m
     inventory = Inventory(([("@fake/h1", data)], {}))
     h = inventory.get_host("@fake/h1")
     with ctx_state.use(State(inventory, Config())), ctx_host.use(h):
-        monkeypatch.setattr(preflight, "pulls", lambda images: images)
+        monkeypatch.setattr(preflight, "pulls", lambda settings, images: images)
         with pytest.raises(preflight.PreflightError, match=r"pulled through the image mirror mirror.local:5000.*"
                                                            r"\$TRITONFLEET_MIRROR_PASSWORD"):
-            preflight.check_registry_secret([preflight.config.get("triton_image")])
+            preflight.check_registry_secret([preflight.access.get("triton_image")])
         monkeypatch.setenv("TRITONFLEET_MIRROR_PASSWORD", CLIENT_SECRET)
-        preflight.check_registry_secret([preflight.config.get("triton_image")])  # passes
+        preflight.check_registry_secret([preflight.access.get("triton_image")])  # passes
         monkeypatch.delenv("TRITONFLEET_MIRROR_PASSWORD")
         h.data.image_mirror_auth = False
-        preflight.check_registry_secret([preflight.config.get("triton_image")])  # an open mirror: no login
+        preflight.check_registry_secret([preflight.access.get("triton_image")])  # an open mirror: no login
 
 
 def test_the_secret_file_is_written_root_only_and_restarts_only_on_a_change(tmp_path):

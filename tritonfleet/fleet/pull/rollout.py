@@ -14,7 +14,7 @@ from ...inventory import roster
 from ...settings.defaults import DEFAULTS
 from ..rollout.journal import JOURNAL, Journal
 from ..rollout.plan import RolloutError, parse_max_fail, plan_batches
-from ..rollout.report import HostResult, Report
+from ..rollout.report import HostResult, Report, finish
 from .origin import INCLUDE, RESULTS, Origin, is_release_id
 from .release import host_entries, publish_release
 from .reports import Reports, describe, short
@@ -70,14 +70,9 @@ def rollout(inventory: str, deploy: str, origin: Origin, key: Path, *, limit: li
         except KeyboardInterrupt:
             report.halted = (f"interrupted (Ctrl-C) during {run.current or 'the start'}: the pointers published so far "
                              "stay; `tritonfleet status --pull ORIGIN` shows where each host is")
-        report.seconds = time.monotonic() - t_start
-        for r in report.hosts:
-            if r.result == "not touched" and r.after == "-":
-                r.after = r.before
-        if report.halted:
-            echo(f"HALTED: {report.halted}")
-        journal.write("end", ok=report.ok, halted=report.halted,
-                      results={r.host: asdict(r) for r in report.hosts if r.batch})
+        # the hosts it reached (a batch): the ending fills in only those it did not reach
+        results = {r.host: asdict(r) for r in report.hosts if r.batch}
+        finish(report, journal, t_start, echo, results=results)
     return report
 
 

@@ -13,7 +13,8 @@ planned with ``pyinfra --dry`` on all of them, so a pre-flight error stops the r
 host is touched.
 
 The package: ``plan`` (batches), ``pyinfra_run`` (one run of the deploy), ``journal`` (what it did,
-for ``--resume``), ``report`` (the table), ``engine`` (the rollout itself).
+for ``--resume``), ``report`` (the table; ``finish``, the ending the pull rollout shares),
+``engine`` (the rollout itself).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ..runner.pyinfra_run import PyinfraRun, pyinfra_command, run_pyinfra
 from .engine import resume, rollout
 from .journal import Journal, latest_journal
 from .plan import RolloutError, parse_batch, plan_batches
-from .report import HostResult, Report, table
+from .report import HostResult, Report, exit_status, finish, table
 
-__all__ = ["HostResult", "Journal", "PyinfraRun", "Report", "RolloutError", "latest_journal", "parse_batch",
-           "plan_batches", "pyinfra_command", "resume", "rollout", "run_pyinfra", "table"]
+__all__ = ["HostResult", "Journal", "PyinfraRun", "Report", "RolloutError", "exit_status", "finish",
+           "latest_journal", "parse_batch", "plan_batches", "pyinfra_command", "resume", "rollout", "run_pyinfra",
+           "table"]

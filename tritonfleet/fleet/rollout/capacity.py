@@ -29,7 +29,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ...core.errors import UsageError
 from ...serving.drain import (
@@ -293,7 +293,3 @@ def wait_for(pool: Pool, batch: list[str], rules: Rules, models_of: dict[str, li
                  f"rollout_capacity_wait): {v.why}")
             said = True
         sleep(SAMPLE_SECONDS)
-
-
-def verdict_json(v: Verdict) -> dict:
-    return asdict(v)

@@ -35,7 +35,7 @@ from ..runner.pyinfra_run import PyinfraRun
 from . import driver, perfgate, traffic
 from .journal import JOURNAL, Journal, _log_dir, latest_journal
 from .plan import RolloutError, _plan_error, parse_max_fail, plan_batches
-from .report import HostResult, Report
+from .report import HostResult, Report, finish
 
 
 class _Stopped(KeyboardInterrupt):
@@ -585,16 +585,6 @@ def _versions(hosts: list[roster.FleetHost], results: dict) -> None:
 
 
 def _finish(run: _Run, t_start: float) -> Report:
-    report, echo = run.report, run.echo
-    report.seconds = time.monotonic() - t_start
-    for r in report.hosts:
-        if r.result == "not touched" and r.after == "-":
-            r.after = r.before
-    if report.halted:
-        echo(f"HALTED: {report.halted}")
-    if run.traffic:
-        run.traffic.finish(report)
     if run.driver:
-        report.driver = run.driver.report()
-    run.journal.write("end", ok=report.ok, halted=report.halted)
-    return report
+        run.report.driver = run.driver.report()
+    return finish(run.report, run.journal, t_start, run.echo, run.traffic.finish if run.traffic else None)

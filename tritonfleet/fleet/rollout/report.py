@@ -1,11 +1,15 @@
-"""The rollout's report: a row a host (batch, result, version before and after, why it failed)
-and the table ``tritonfleet rollout`` prints."""
+"""The rollout's report: a row a host (batch, result, version before and after, why it failed),
+the table ``tritonfleet rollout`` prints, and the rollout's ending, one for the push and the pull
+rollouts (tritonfleet.fleet.pull.rollout): its time, the journal's end, the exit status."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from . import driver, perfgate, traffic
+from .journal import Journal
 
 
 @dataclass
@@ -70,3 +74,27 @@ def table(report: Report) -> str:
     lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
                  f"version in {report.seconds:.1f}s")
     return "\n".join(lines)
+
+
+def finish(report: Report, journal: Journal, started: float, echo: Callable[[str], None],
+           wind_down: Callable[[Report], None] | None = None, **end) -> Report:
+    """The end of a rollout, push or pull: its time since ``started`` (time.monotonic), the hosts
+    it never reached keep the version they had, the HALTED line, then ``wind_down`` (the push
+    rollout's traffic: weights back, its capacity and canary rows) and the journal's ``end``
+    (with ``end``'s fields): from there on ``--resume`` has nothing to go on with."""
+    report.seconds = time.monotonic() - started
+    for r in report.hosts:
+        if r.result == "not touched" and r.after == "-":
+            r.after = r.before
+    if report.halted:
+        echo(f"HALTED: {report.halted}")
+    if wind_down is not None:
+        wind_down(report)
+    journal.write("end", ok=report.ok, halted=report.halted, **end)
+    return report
+
+
+def exit_status(report: Report, plan_only: bool = False) -> int:
+    """The rollout command's exit status: 0 when every host ended on the new version (a plan
+    only: when nothing halted it), else 1."""
+    return 0 if report.ok or plan_only and not report.halted else 1

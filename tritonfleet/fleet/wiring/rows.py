@@ -16,8 +16,6 @@ from ...inventory.roster import FleetHost
 OK, WARN, FAIL = "ok", "warn", "fail"
 #: the quarantine receiver's bearer token, where the tunable quarantine_token_file is not set
 DEFAULT_TOKEN_FILE = "/etc/tritonfleet/quarantine.token"
-#: sha256 of no bytes: the object the origin's write check puts (any release may hold it)
-EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 GROUP_DATA = "inventories/group_data/all.py"
 
 

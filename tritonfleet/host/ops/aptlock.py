@@ -26,7 +26,7 @@ from pyinfra.connectors.util import CommandOutput
 from ...core import report as failure_lib
 from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.shell import q
-from ...settings import access as config
+from ...settings import access
 from .. import apt_diagnosis, apt_messages, apt_report
 
 LOCK_ERRORS = apt_messages.LOCK_ERRORS
@@ -108,14 +108,14 @@ def report(state, host, diagnosis: apt_diagnosis.AptDiagnosis, command: AptComma
 
 
 def timeout() -> int:
-    value = config.get("apt_lock_timeout")
+    value = access.get("apt_lock_timeout")
     try:
         value = int(value)
     except (TypeError, ValueError):
         value = -1
     if value < 0:
-        raise config.ConfigError(f"{host.name}: apt_lock_timeout must be a number of seconds >= 0, not "
-                                 f"{config.get('apt_lock_timeout')!r} (group data, inventories/group_data/all.py)")
+        raise access.ConfigError(f"{host.name}: apt_lock_timeout must be a number of seconds >= 0, not "
+                                 f"{access.get('apt_lock_timeout')!r} (group data, inventories/group_data/all.py)")
     return value
 
 

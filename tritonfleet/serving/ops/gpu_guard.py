@@ -16,7 +16,7 @@ from ...core.shell import q
 from ...gpu import guard as gpuguard
 from ...host.layer import smi_command
 from ...pyinfra_ext.check import will_change
-from ...settings import access as config
+from ...settings import access
 from . import lb
 
 _RELOADS: dict[tuple[int, str], list[str]] = {}  # (pyinfra state, host) -> why
@@ -34,7 +34,7 @@ def pending() -> list[str]:
 
 
 def _read() -> dict:
-    _, out = host.run_shell_command(gpuguard.compare_command(config.get("triton_container_name"), smi=smi_command()),
+    _, out = host.run_shell_command(gpuguard.compare_command(access.get("triton_container_name"), smi=smi_command(access.current())),
                                     print_output=False, print_input=False)
     return gpuguard.parse("\n".join(out.stdout_lines))
 
@@ -45,7 +45,7 @@ def guard_now(reasons: list[str]) -> None:
     if kind in ("ok", "not-running"):
         logger.info(f"{host.print_prefix}after daemon-reload ({why}): {say}")
         return
-    service = config.get("triton_service")
+    service = access.get("triton_service")
     expected = "the running Triton container sees the host's GPUs (docker exec ... nvidia-smi -L)"
     if kind == "host-failed":
         fail(expected, say, fix="look at the driver on the host (nvidia-smi, dmesg), then run the deploy again",
@@ -58,7 +58,7 @@ def guard_now(reasons: list[str]) -> None:
     if not ok:
         fail(expected, f"systemctl restart {service} failed: " + " / ".join(out.stderr_lines[-3:]),
              fix=f"journalctl -u {service} on the host", step="GPU-loss guard")
-    deadline = time.monotonic() + float(config.get("health_timeout"))
+    deadline = time.monotonic() + float(access.get("health_timeout"))
     while True:
         kind, say = gpuguard.verdict(_read())
         if kind == "ok" or time.monotonic() > deadline:
@@ -74,7 +74,7 @@ def guard_now(reasons: list[str]) -> None:
     if lb.enabled():
         from ..health import gate_current_host
 
-        gate_current_host([])
+        gate_current_host(access.current(), [])
         lb.ready_now()
 
 

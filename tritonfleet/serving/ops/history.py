@@ -20,7 +20,7 @@ from ... import __version__
 from ...core.report import HOST_RECORD as FAILURE_RECORD
 from ...core.shell import q
 from ...pyinfra_ext import memo
-from ...settings import access as config
+from ...settings import access
 from ..facts import DeployHistory
 from ..unit import unit_path
 
@@ -88,7 +88,7 @@ def record_healthy(base: str, unit: str, image: str, record: dict, unit_files: l
 def record_command(base: str, unit: str, image: str, record: dict, unit_files: list[str] | None = None) -> str:
     unit_file = q(f"{base}/units/{unit}.service")
     snapshot = (f"cat {' '.join(q(f) for f in unit_files)} > {unit_file} && chmod 644 {unit_file}" if unit_files
-                else f"install -m 644 {q(unit_path(config.current()))} {unit_file}")
+                else f"install -m 644 {q(unit_path(access.current()))} {unit_file}")
     return RECORD_SCRIPT.format(b=q(base), snapshot=snapshot, unit_file=unit_file,
                                 image=q(image),
                                 record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP,

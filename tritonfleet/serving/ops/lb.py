@@ -27,7 +27,7 @@ from ...core import runid
 from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.report import fail, reported
 from ...core.shell import q
-from ...settings import access as config
+from ...settings import access
 from ...settings.access import Settings
 from .. import drain
 from .. import per_gpu as pergpu
@@ -39,7 +39,7 @@ MARKER = "/var/lib/tritonfleet/lb-drained"
 
 
 def enabled() -> bool:
-    return bool(config.get("lb"))
+    return bool(access.get("lb"))
 
 
 def note_drain() -> None:
@@ -67,7 +67,7 @@ def _instances() -> list[tuple[str, str]]:
     """(systemd service, metrics URL) of every Triton on the host: the single unit, or with
     triton_per_gpu each per-GPU unit the host has (listed on the host: the drain runs when the
     operations execute, after the units were written)."""
-    settings = config.current()
+    settings = access.current()
     if not pergpu.enabled(settings):
         return [(settings.get("triton_service"), _metrics_url(settings))]
     _, out = host.run_shell_command(pergpu.list_units_command(settings), print_output=False, print_input=False)
@@ -126,17 +126,17 @@ def _key() -> tuple[int, str]:
 
 def balancer() -> drain.Balancer | None:
     try:
-        return drain.from_settings(config.current(), host.name, host.data.get("ssh_hostname") or host.name,
+        return drain.from_settings(access.current(), host.name, host.data.get("ssh_hostname") or host.name,
                                    _metrics_reader())
     except drain.DrainError as e:
-        raise config.ConfigError(f"{host.name}: {e}") from e
+        raise access.ConfigError(f"{host.name}: {e}") from e
 
 
 def drain_now(why: str) -> None:
     lb = balancer()
     if lb is None:
         return
-    timeout = float(config.get("lb_drain_timeout"))
+    timeout = float(access.get("lb_drain_timeout"))
     drained = False
     try:
         did = lb.drain()
@@ -156,7 +156,7 @@ def drain_now(why: str) -> None:
         except drain.DrainError as e2:
             back = f"putting it back failed too: {e2}"
         if isinstance(e, drain.InFlightUnknown):
-            fix = ("make Triton's metrics readable on the host (`curl -sf " + _metrics_url(config.current()) + "`: "
+            fix = ("make Triton's metrics readable on the host (`curl -sf " + _metrics_url(access.current()) + "`: "
                    "triton_metrics_port, triton_metrics_bind), then run the deploy again; a host whose requests in "
                    "flight cannot be read is never restarted under them")
         else:
@@ -173,7 +173,7 @@ def gate_and_ready() -> None:
     back in the load balancer."""
     from ..health import gate_current_host
 
-    gate_current_host([])
+    gate_current_host(access.current(), [])
     ready_now()
 
 
@@ -212,7 +212,7 @@ def ready_now() -> None:
     lb = balancer()
     if lb is None:
         return
-    timeout = float(config.get("lb_drain_timeout"))
+    timeout = float(access.get("lb_drain_timeout"))
     try:
         ours, why = _readiable(lb)
         if not ours:
