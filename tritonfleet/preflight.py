@@ -283,7 +283,7 @@ def check_driver_branch() -> None:
         raise PreflightError(f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
                              f"{str(gpu_class).upper()}: {found.reason}; {alternatives}. Set {where}"
                              + (f", or use {found.fix.split('; or ', 1)[-1]}" if "triton_image" in found.fix else ""))
-    problem = driver_version_problem(distro, branch)
+    problem = driver_version_problem(access.current(), distro, branch)
     if problem:
         raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")
 
@@ -360,10 +360,10 @@ def prefetch_host(triton: bool = False) -> None:
     instances on the host's GPUs (its GPU record) read; with ``triton``, what the GPU check and the
     Triton steps read too (deploys/triton.py: a converged host is asked once). In the GPU check's
     mode "changes" its host side (GpuProbe) answers the nvidia-smi facts from one query."""
-    gpu = [(GpuProbe, {"image": access.get("cuda_test_image"), **nvidia_gpus_args()})] \
+    gpu = [(GpuProbe, {"image": access.get("cuda_test_image"), **nvidia_gpus_args(access.current())})] \
         if triton and (access.get("gpu_verify_container") or "changes") == "changes" \
-        else [(NvidiaGpus, nvidia_gpus_args()), (GpuRecord, {})]
-    memo.prefetch(*gpu, *host_layer_facts(), (DockerImageId, {"image": access.get("cuda_test_image")}),
+        else [(NvidiaGpus, nvidia_gpus_args(access.current())), (GpuRecord, {})]
+    memo.prefetch(*gpu, *host_layer_facts(access.current()), (DockerImageId, {"image": access.get("cuda_test_image")}),
                   *(triton_facts(access.current()) if triton else []))
 
 

@@ -82,7 +82,7 @@ def test_summary():
 
 # ---------------------------------------------------------------- packages per repository layout
 
-@pytest.mark.parametrize("distro", vendorfacts.DISTROS)
+@pytest.mark.parametrize("distro", [d for d in vendorfacts.DISTROS if "580" in vendorfacts.branches(d)])
 def test_flavour_packages(distro):
     opn, prop = (vendorfacts.flavour_packages(distro, "580", f) for f in ("open", "proprietary"))
     assert opn[0] == "nvidia-open-580" and prop[0] == "cuda-drivers-580"
@@ -98,6 +98,16 @@ def test_flavour_packages(distro):
     assert set(opn) | set(prop) <= every
     shared = set(vendorfacts.driver_packages(distro, "580", "open")) & set(vendorfacts.driver_packages(distro, "580"))
     assert not shared & (set(opn) | set(prop))
+
+
+@pytest.mark.parametrize("distro", [d for d in vendorfacts.DISTROS if "580" not in vendorfacts.branches(d)])
+def test_flavour_packages_of_a_repository_without_580(distro):
+    """A repository whose oldest branch is newer (Ubuntu 26.04: R595 only): each of its branches'
+    flavours are in the driver's set, unversioned names from R590."""
+    every = set(vendorfacts.all_driver_packages(distro))
+    for branch in vendorfacts.branches(distro):
+        opn, prop = (vendorfacts.flavour_packages(distro, branch, f) for f in ("open", "proprietary"))
+        assert opn[0] == "nvidia-open" and set(opn) | set(prop) <= every
 
 
 # ---------------------------------------------------------------- the driver step (@fake)
