@@ -42,7 +42,7 @@ def test_a_canary_failing_cuda_validation_comes_back_holds_and_touches_no_other_
                                   "--data", "nvidia_driver_branch=570")
         assert rc == 1, err[-4000:]
         by = {r["host"]: r for r in report["hosts"]}
-        assert by[a.name]["result"] == "rolled back", by[a.name]
+        assert by[a.name]["result"] == "rolled back", (by[a.name], err[-6000:])
         assert "driver held at 580: 570 failed its validation" in by[a.name]["detail"]
         assert "CUDA_ERROR_LAUNCH_FAILED" in by[a.name]["detail"]
         assert by[b.name]["result"] == "not touched" and report["halted"], report["halted"]
