@@ -23,7 +23,12 @@ GPU_CLASSES = {
 #   or 545.23 (or later R545)."  R550 and R555 are in neither list, so they are refused for 24.08.
 #   (The same notes also list R545 among the branches to "upgrade from"; the explicit list above
 #   is what is applied here.)
+#   24.05: "based on NVIDIA CUDA 12.4, which requires NVIDIA Driver release 545 or later", the same
+#   data-center list (docs.nvidia.com/deeplearning/triton-inference-server/release-notes/rel-24-05.html):
+#   the newest release Debian 13's own driver (R550) runs.
 TRITON_DRIVER_REQUIREMENTS = {
+    "24.05": {"cuda": "12.4", "min_driver": "545",
+              "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
     "24.07": {"cuda": "12.5.1", "min_driver": "555",
               "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
     "24.08": {"cuda": "12.6", "min_driver": "560",

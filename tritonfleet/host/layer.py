@@ -141,21 +141,33 @@ def wanted_source() -> str:
     if source not in driver_source.SUPPORTED:
         raise config.ConfigError(
             f"{host.name}: nvidia_driver_source must be \"cuda\" (NVIDIA's CUDA repository) or \"debian\" "
-            f"(Debian 12's own packages), not {source!r} (inventory or inventories/group_data/)")
+            f"(Debian's own packages), not {source!r} (inventory or inventories/group_data/)")
     return source
 
 
 def driver_repo() -> str:
     """The facts (tritonfleet/host/nvidia_repos.py) of where the driver comes from: NVIDIA's CUDA
-    repository for the host's distro, or Debian 12's own archive (nvidia_driver_source = "debian")."""
+    repository for the host's distro, or the distro's own archive (nvidia_driver_source = "debian":
+    tritonfleet/data/distro_archives/<distro>-archive.toml, Debian 12 and 13)."""
+    distro = cuda_distro()
     if wanted_source() == "debian":
-        distro = cuda_distro()
-        if distro != "debian12":
+        archive = vendorfacts.archive_of(distro)
+        if archive is None or vendorfacts.family(archive) != "debian":
+            known = ", ".join(a.removesuffix("-archive") for a in vendorfacts.archives())
             raise config.ConfigError(
-                f"{host.name}: nvidia_driver_source = \"debian\" installs Debian 12's own nvidia-driver, but this "
-                f"host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or inventories/group_data/)")
-        return vendorfacts.DEBIAN_ARCHIVE
-    return cuda_distro()
+                f"{host.name}: nvidia_driver_source = \"debian\" installs Debian's own nvidia-driver ({known}), "
+                f"but this host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or "
+                "inventories/group_data/)")
+        return archive
+    if distro not in vendorfacts.DISTROS:
+        own = vendorfacts.archive_of(distro)
+        raise config.ConfigError(
+            f"{host.name}: tritonfleet has no facts of NVIDIA's CUDA repository for {distro} (known: "
+            f"{', '.join(vendorfacts.DISTROS)}; docs/driver-sources.md says what is known of it)"
+            + (f": set nvidia_driver_source = \"debian\" for this host (its distro's own driver, "
+               f"{vendorfacts.release(own, vendorfacts.branches(own)[-1])}) in the inventory or "
+               "inventories/group_data/" if own else ""))
+    return distro
 
 
 def driver_source_problem() -> str | None:
