@@ -51,6 +51,10 @@ RUN_LOG = "/var/lib/nvidia/log"
 # from data/distro_archives/: trixie's 550). NVIDIA's debian12 repository starts at 545 and has 550
 # too (debian12.toml: branches): its 550 without a CUDA metapackage or pinning package is taken for
 # Debian's (docs/driver-sources.md)
+# packages Debian builds from a source of their own with a driver-like version of another branch
+# (helper_packages of data/distro_archives/)
+HELPERS = frozenset(p for a in vendorfacts.archives() if "helper_packages" in vendorfacts.load(a)["facts"]
+                    for p in vendorfacts.value(a, "helper_packages"))
 DEBIAN_ONLY_BRANCHES = tuple(sorted({"525", *(b for a in vendorfacts.archives() for b in vendorfacts.branches(a))}))
 
 _DRIVER_VERSION = re.compile(r"^(\d+:)?(\d{3})\.\d+(\.\d+)?(-|$)")
@@ -141,6 +145,13 @@ def detect(installed: dict[str, list[str]], held=(), files: dict | None = None) 
     files = files or {"files": {}, "runlog": None}
     driver = {n: vs for n, vs in installed.items() if any(is_driver_package(n, v) for v in vs)}
     cuda_meta = any(n.startswith(("cuda-drivers", "nvidia-driver-pinning")) for n in installed)
+    # a helper Debian builds from its own source (trixie's nvidia-modprobe 570.133.07-1 next to the
+    # 550 driver: data/distro_archives/, helper_packages) is not a driver of its own branch
+    branches = [upstream(v).split(".")[0] for n, vs in driver.items() if n not in HELPERS for v in vs]
+    if branches:
+        lead = max(set(branches), key=branches.count)
+        driver = {n: vs for n, vs in driver.items()
+                  if n not in HELPERS or any(upstream(v).split(".")[0] == lead for v in vs)}
     by_source: dict[str, list[str]] = {}
     versions: dict[str, list[str]] = {}
     for name in sorted(driver):

@@ -170,6 +170,20 @@ def driver_repo() -> str:
     return distro
 
 
+# the distro's Docker Engine (docker_source = "distro") where its archive's facts name no other
+# packages (tritonfleet/data/distro_archives/<distro>-archive.toml: docker_packages); apparmor:
+# without it docker.io cannot start containers on AppArmor kernels
+DOCKER_DISTRO_PACKAGES = ("docker.io", "apparmor")
+
+
+def docker_distro_packages() -> list[str]:
+    """The packages of the distro's own Docker Engine on this host (Debian 13 splits the client
+    out of docker.io: docker-cli)."""
+    archive = vendorfacts.archive_of(cuda_distro())
+    facts = vendorfacts.load(archive)["facts"] if archive else {}
+    return list(facts["docker_packages"]["value"] if "docker_packages" in facts else DOCKER_DISTRO_PACKAGES)
+
+
 def driver_source_problem() -> str | None:
     """Why the driver step must not run on this host (another source, no migration), or None."""
     source = wanted_source()

@@ -277,13 +277,18 @@ TRIXIE_SOURCES = ["##FILE /etc/apt/sources.list.d/debian.sources", "Types: deb",
 TRIXIE_DRIVER = {"nvidia-driver": ["550.163.01-2"], "nvidia-kernel-dkms": ["550.163.01-2"],
                  "nvidia-smi": ["550.163.01-2"], "libcuda1": ["550.163.01-2"], "libnvidia-gpucomp": ["550.163.01-2"],
                  "nvidia-persistenced": ["550.163.01-1"], "nvidia-kernel-common": ["20240109+1"],
-                 "dkms": ["3.2.2-1~deb13u1"]}
+                 "dkms": ["3.2.2-1~deb13u1"], "nvidia-modprobe": ["570.133.07-1"]}
 
 
 def test_trixies_own_driver_is_debians():
     found = ds.detect(TRIXIE_DRIVER, ["nvidia-driver"])
     assert found.source == "debian" and found.version == "550.163.01" and found.others == ()
     assert "nvidia-kernel-common" not in found.packages["debian"] and "dkms" not in found.packages["debian"]
+    # trixie's nvidia-modprobe (its own source, 570) is a helper, not NVIDIA's 570 next to Debian's 550;
+    # at the driver's branch (bookworm's, or NVIDIA's own) it counts with the driver as before
+    assert "nvidia-modprobe" not in found.packages["debian"]
+    same = ds.detect({**TRIXIE_DRIVER, "nvidia-modprobe": ["550.163.01-1"]})
+    assert same.sources == ("debian",) and "nvidia-modprobe" in same.packages["debian"]
     # NVIDIA's 550 (its debian12 repository has the branch too) is told by its metapackage
     cuda = {**TRIXIE_DRIVER, "cuda-drivers-550": ["550.163.01-1"]}
     assert ds.detect(cuda).source == "cuda"
