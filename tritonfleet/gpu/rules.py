@@ -25,7 +25,7 @@ GPU_CLASSES = {
 #   is what is applied here.)
 #   24.05: "based on NVIDIA CUDA 12.4, which requires NVIDIA Driver release 545 or later", the same
 #   data-center list (docs.nvidia.com/deeplearning/triton-inference-server/release-notes/rel-24-05.html):
-#   the newest release Debian 13's own driver (R550) runs.
+#   of the releases here, the one Debian 13's own driver (R550) runs (24.07 and 24.08 need 555 and 560).
 TRITON_DRIVER_REQUIREMENTS = {
     "24.05": {"cuda": "12.4", "min_driver": "545",
               "datacenter": {"470": "470.57", "525": "525.85", "535": "535.86", "545": "545.23"}},
