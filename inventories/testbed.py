@@ -37,3 +37,7 @@ _test_data = {
 
 t4 = [(h.name, {"ssh_hostname": h.address, **_test_data}) for h in _state.hosts if h.gpu_class == "t4"]
 l4 = [(h.name, {"ssh_hostname": h.address, **_test_data}) for h in _state.hosts if h.gpu_class == "l4"]
+# one group per Debian release the testbed runs (`tritonfleet testbed up --distro trixie`): no data of
+# their own, the deploy tells the releases apart from the hosts' facts
+debian12 = [h.name for h in _state.hosts if h.suite == "bookworm"]
+debian13 = [h.name for h in _state.hosts if h.suite == "trixie"]

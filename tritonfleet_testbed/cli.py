@@ -19,7 +19,7 @@ import click
 
 from tritonfleet.core.procs import alive
 
-from . import hosts
+from . import hosts, rootfs
 
 
 def _serve_repo(state: hosts.State, directory: Path) -> None:
@@ -45,8 +45,9 @@ def _serve_repo(state: hosts.State, directory: Path) -> None:
     raise hosts.TestbedError("the stand-in vendor repository server did not start")
 
 
-def bring_up(n_hosts: int) -> hosts.State:
-    """Hosts, stand-in vendor repository and stand-in images: everything a deploy needs."""
+def bring_up(n_hosts: int, suite: str = rootfs.SUITE) -> hosts.State:
+    """Hosts of Debian ``suite``, stand-in vendor repository and stand-in images: everything a
+    deploy needs."""
     from .standin_images import build_cuda_image, build_triton_image
     from .standin_repo import build_vendor_repo, debian_package, gpu_profile
 
@@ -56,7 +57,7 @@ def bring_up(n_hosts: int) -> hosts.State:
                              docker_io_deb=debian_package("docker.io"))
     triton = build_triton_image()
     cuda = build_cuda_image()
-    state = hosts.up(n_hosts, gpu_env_for=gpu_profile)
+    state = hosts.up(n_hosts, gpu_env_for=gpu_profile, suite=suite)
     state.repo = {
         "url": f"http://{hosts.GATEWAY}:{hosts.REPO_PORT}",
         "fingerprint": repo.fingerprint,
@@ -71,15 +72,18 @@ def bring_up(n_hosts: int) -> hosts.State:
 
 @click.group()
 def testbed() -> None:
-    """Local test hosts (systemd-nspawn, root, Debian 12)."""
+    """Local test hosts (systemd-nspawn, root, Debian 12 or 13)."""
 
 
 @testbed.command("up")
 @click.option("--hosts", "n_hosts", default=2, show_default=True, help="number of hosts")
-def up_cmd(n_hosts: int) -> None:
+@click.option("--distro", "suite", default=rootfs.SUITE, show_default=True, type=click.Choice(list(rootfs.SUITES)),
+              help="the Debian release of these hosts (bookworm: 12, numbered tb1..; trixie: 13, numbered "
+                   "tb21..); hosts of both can run side by side")
+def up_cmd(n_hosts: int, suite: str) -> None:
     """Start N hosts (half T4, half L4), the stand-in vendor repo and images."""
     try:
-        bring_up(n_hosts)
+        bring_up(n_hosts, suite)
     except hosts.TestbedError as e:
         raise click.ClickException(str(e)) from e
 
@@ -107,7 +111,7 @@ def list_cmd(as_json: bool) -> None:
     """Show the running hosts."""
     state = hosts.State.load()
     rows = [
-        {"name": h.name, "address": h.address, "gpu_class": h.gpu_class,
+        {"name": h.name, "address": h.address, "gpu_class": h.gpu_class, "distro": h.suite,
          "running": bool(h.pid and alive(h.pid))}
         for h in state.hosts
     ]
@@ -117,5 +121,5 @@ def list_cmd(as_json: bool) -> None:
     if not rows:
         click.echo("no testbed hosts")
     for r in rows:
-        click.echo(f"{r['name']:<10} {r['address']:<12} {r['gpu_class']:<4} "
+        click.echo(f"{r['name']:<10} {r['address']:<12} {r['gpu_class']:<4} {r['distro']:<9} "
                    f"{'running' if r['running'] else 'stopped'}")

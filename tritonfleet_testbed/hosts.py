@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -63,6 +64,9 @@ VETH_PREFIX = f"tf{INSTANCE if INSTANCE else ''}v"
 SYSCTLS = {"/proc/sys/net/ipv4/ip_forward": 1, "/proc/sys/fs/inotify/max_user_instances": 1024}
 SYSCTLS_BEFORE = Path("/var/lib/tritonfleet/sysctl.before.json")
 GPU_CLASSES = ("t4", "l4")
+# Hosts of each Debian release side by side: a release's hosts are numbered from its own first
+# index (tb1.. Debian 12, tb21.. Debian 13), so `up` of one release never replaces the other's.
+FIRST_INDEX = {"bookworm": 1, "trixie": 21}
 
 BASE_PACKAGES = [
     "systemd-sysv", "udev", "dbus", "openssh-server", "sudo", "python3", "iproute2",
@@ -84,6 +88,7 @@ class Host:
     netns: str
     veth: str
     pid: int | None = None
+    suite: str = rootfs.SUITE  # the Debian release it runs (rootfs.SUITES)
 
     @property
     def dir(self) -> Path:
@@ -145,8 +150,8 @@ def ssh_key() -> Path:
     return key
 
 
-def _prepare_base(root: Path) -> None:
-    rootfs.debootstrap(root, BASE_PACKAGES)
+def _prepare_base(root: Path, suite: str = rootfs.SUITE) -> None:
+    rootfs.debootstrap(root, BASE_PACKAGES, suite=suite)
     # No background apt on test hosts: it would race the deploys under test.
     for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"):
         link = root / "etc/systemd/system" / unit
@@ -165,14 +170,17 @@ def _prepare_base(root: Path) -> None:
         p.unlink()
 
 
-def base_tarball() -> Path:
-    recipe = f"{BASE_RECIPE_VERSION} {rootfs.SUITE} {' '.join(BASE_PACKAGES)} {rootfs.debian_mirror()}"
-    return rootfs.cached_tarball("testbed-base", recipe, _prepare_base)
+def base_tarball(suite: str = rootfs.SUITE) -> Path:
+    if suite not in rootfs.SUITES:
+        raise TestbedError(f"no testbed hosts of Debian {suite!r}: known {', '.join(rootfs.SUITES)}")
+    recipe = f"{BASE_RECIPE_VERSION} {suite} {' '.join(BASE_PACKAGES)} {rootfs.debian_mirror(suite)}"
+    return rootfs.cached_tarball("testbed-base", recipe, functools.partial(_prepare_base, suite=suite))
 
 
-def base_dir() -> Path:
-    """The base root filesystem, extracted once next to the state (read-only lower layer)."""
-    tar = base_tarball()
+def base_dir(suite: str = rootfs.SUITE) -> Path:
+    """The base root filesystem of ``suite``, extracted once next to the state (read-only lower
+    layer)."""
+    tar = base_tarball(suite)
     lower = STATE_DIR / ("base-" + tar.name.removesuffix(".tar.zst"))
     if not (lower / ".complete").exists():
         if lower.exists():
@@ -418,7 +426,7 @@ def _host_down(h: Host) -> None:
         shutil.rmtree(h.dir, ignore_errors=True)
 
 
-def make_host(index: int) -> Host:
+def make_host(index: int, suite: str = rootfs.SUITE) -> Host:
     gpu_class = GPU_CLASSES[(index - 1) % len(GPU_CLASSES)]
     return Host(
         name=f"tb{index}-{gpu_class}",
@@ -427,11 +435,13 @@ def make_host(index: int) -> Host:
         address=f"{SUBNET}.{10 + index}",
         netns=f"{NETNS_PREFIX}{index}",
         veth=f"{VETH_PREFIX}{index}",
+        suite=suite,
     )
 
 
-def up(n_hosts: int = 2, gpu_env_for=None) -> State:
-    """Bring up ``n_hosts`` hosts (already-running ones are kept). Returns the state."""
+def up(n_hosts: int = 2, gpu_env_for=None, suite: str = rootfs.SUITE) -> State:
+    """Bring up ``n_hosts`` hosts of Debian ``suite`` (already-running ones are kept; the other
+    releases' hosts are left alone). Returns the state."""
     if os.geteuid() != 0:
         raise TestbedError("the testbed needs root (network namespaces, mounts, nspawn)")
     for tool in ("systemd-nspawn", "debootstrap", "nft", "ip"):
@@ -440,9 +450,10 @@ def up(n_hosts: int = 2, gpu_env_for=None) -> State:
     state = State.load()
     t0 = time.monotonic()
     ssh_key()
-    lower = base_dir()
+    lower = base_dir(suite)
     _net_up(state)
-    wanted = [make_host(i) for i in range(1, n_hosts + 1)]
+    first = FIRST_INDEX[suite]
+    wanted = [make_host(i, suite) for i in range(first, first + n_hosts)]
     known = {h.name: h for h in state.hosts}
     started: list[Host] = []
     for h in wanted:

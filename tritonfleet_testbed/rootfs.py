@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CACHE = Path(os.environ.get("TRITONFLEET_CACHE", "/var/cache/tritonfleet"))
-SUITE = "bookworm"
+SUITE = "bookworm"  # the default: `tritonfleet testbed up` without --distro
+# The Debian releases the testbed builds hosts of: suite -> the release's name in tritonfleet's
+# data (tritonfleet/data/distro_archives/<name>-archive.toml) and the testbed inventory's group.
+SUITES = {"bookworm": "debian12", "trixie": "debian13"}
 
 
 @dataclass(frozen=True)
@@ -78,15 +81,47 @@ def read_apt_sources(root: Path = Path("/")) -> dict[str, str]:
     return out
 
 
+def _archive(m: Mirror) -> bool:
+    """A Debian main archive source of a release itself (not -updates, -security, -backports)."""
+    return "main" in m.components and "security" not in m.uri and "-" not in m.suite
+
+
 def debian_mirror(suite: str = SUITE) -> Mirror:
-    """The mirror this machine's apt uses for Debian ``suite`` (main archive, not security)."""
-    for m in parse_apt_sources(read_apt_sources()):
+    """The mirror this machine's apt uses for Debian ``suite`` (main archive, not security). A
+    suite the machine's apt does not name is taken from the same archive as the release it does
+    name (one Debian archive serves every release: dists/<suite>/)."""
+    mirrors = parse_apt_sources(read_apt_sources())
+    for m in mirrors:
         if m.suite == suite and "main" in m.components and "security" not in m.uri:
             return m
+    for m in mirrors:
+        if _archive(m):
+            return Mirror(m.uri, suite, m.components)
     raise RuntimeError(
         f"no apt source for Debian {suite} main found in /etc/apt/sources.list(.d); "
         "the testbed uses this machine's own Debian mirror"
     )
+
+
+def machine_suite() -> str | None:
+    """The Debian release this machine's own apt sources name (its main archive's suite)."""
+    return next((m.suite for m in parse_apt_sources(read_apt_sources()) if _archive(m)), None)
+
+
+def retarget_suites(text: str, name: str, old: str, new: str) -> str:
+    """apt source text ``name`` (one-line .list or deb822 .sources) with release ``old``'s suites
+    (``old``, ``old-updates``, ``old-security``, ...) renamed to ``new``'s; other lines unchanged."""
+    word = re.compile(rf"(?<![\w.-]){re.escape(old)}(?=(-[a-z]+)?(\s|$))")
+    out = []
+    for line in text.splitlines(keepends=True):
+        if name.endswith(".sources"):
+            if line.lower().startswith("suites:"):
+                key, _, rest = line.partition(":")
+                line = f"{key}:{word.sub(new, rest)}"
+        elif line.lstrip().startswith("deb"):
+            line = word.sub(new, line)
+        out.append(line)
+    return "".join(out)
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -94,26 +129,27 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, **kw)
 
 
-def debootstrap(target: Path, include: list[str], variant: str = "minbase") -> None:
-    """debootstrap ``SUITE`` into ``target`` from this machine's mirror, then copy its apt setup."""
-    mirror = debian_mirror()
+def debootstrap(target: Path, include: list[str], variant: str = "minbase", suite: str = SUITE) -> None:
+    """debootstrap ``suite`` into ``target`` from this machine's mirror, then copy its apt setup."""
+    mirror = debian_mirror(suite)
     target.mkdir(parents=True, exist_ok=True)
     run(
         [
             "debootstrap",
             f"--variant={variant}",
             "--include=" + ",".join(include),
-            SUITE,
+            suite,
             str(target),
             mirror.uri,
         ],
         stdout=subprocess.DEVNULL,
     )
-    copy_apt_config(target)
+    copy_apt_config(target, suite)
 
 
-def copy_apt_config(target: Path) -> None:
-    """Give ``target`` this machine's apt sources and apt.conf.d (same mirror, same options)."""
+def copy_apt_config(target: Path, suite: str = SUITE) -> None:
+    """Give ``target`` this machine's apt sources and apt.conf.d (same mirror, same options); for
+    another release than the machine's own, its sources name ``suite``'s suites instead."""
     for sub in ("etc/apt/sources.list.d", "etc/apt/apt.conf.d"):
         src = Path("/") / sub
         if src.is_dir():
@@ -130,6 +166,10 @@ def copy_apt_config(target: Path) -> None:
         shutil.copy2(main, dst)
     elif dst.exists() and (target / "etc/apt/sources.list.d").glob("*.sources"):
         dst.unlink()
+    own = machine_suite()
+    if own and own != suite:
+        for name, text in read_apt_sources(target).items():
+            Path(name).write_text(retarget_suites(text, name, own, suite))
     # keyrings named by Signed-By in the copied sources
     for text in read_apt_sources(target).values():
         for m in re.finditer(r"(?:Signed-By:|signed-by=)\s*(/\S+?)(?:\]|\s|$)", text):

@@ -23,9 +23,9 @@ Layout below ``dest`` (the URL paths the deploy uses for NVIDIA's real repositor
   nvidia-container-runtime-hook), key at ``libnvidia-container/gpgkey``.
 
 * ``docker/debian/``: Docker's apt repository, laid out like ``download.docker.com/linux/debian``:
-  the key at ``docker/debian/gpg``, ``dists/bookworm/{InRelease,Release,Release.gpg}``, component
-  ``stable`` (``dists/bookworm/stable/binary-amd64/Packages``), pool
-  ``dists/bookworm/pool/stable/amd64/``; ``docker-ce`` and ``docker-ce-cli`` in two versions
+  the key at ``docker/debian/gpg``, ``dists/<suite>/{InRelease,Release,Release.gpg}`` for bookworm
+  and trixie (``DOCKER_SUITES``), component ``stable`` (``dists/<suite>/stable/binary-amd64/Packages``),
+  pool ``dists/<suite>/pool/stable/amd64/``; ``docker-ce`` and ``docker-ce-cli`` in two versions
   (``DOCKER_CE_VERSIONS``, so a pin can be told from "newest"), ``containerd.io``,
   ``docker-buildx-plugin``, ``docker-compose-plugin`` with Docker's package names and version
   scheme.  The engine inside is Debian's own docker.io, repacked (its package conflicts with
@@ -78,9 +78,12 @@ STANDIN_DISTROS = ("debian12", "ubuntu2204", "ubuntu2404", "ubuntu2604")
 TOOLKIT_VERSION = "1.17.8"
 DEB_REVISION = "1"
 CUDA_REPO_LABEL = "NVIDIA CUDA"
-# Docker's repository (Debian 12): versions as Docker numbers its packages.
+# Docker's repository (Debian 12 and 13): versions as Docker numbers its packages. Docker lists
+# Debian 13 among its releases (docker/docs#22635, "Debian Trixie 13"); its trixie suffix is taken
+# from the bookworm one's scheme (not read from Docker's repository).
 DOCKER_SUITE = "bookworm"
 DOCKER_DEB_SUFFIX = "-1~debian.12~bookworm"
+DOCKER_SUITES = {DOCKER_SUITE: DOCKER_DEB_SUFFIX, "trixie": "-1~debian.13~trixie"}
 DOCKER_CE_VERSIONS = ("27.3.1", "27.4.0")  # docker-ce, docker-ce-cli (epoch 5)
 CONTAINERD_IO_VERSION = "1.7.22-1"
 DOCKER_PLUGINS = {  # package: (plugin, command, version, description, `version` output)
@@ -641,8 +644,9 @@ def debian_package(name: str, cache: Path | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _docker_packages(pool: Path, docker_io_deb: Path) -> list[dict]:
-    """Docker's package set, the engine repacked from Debian's docker.io (see the module doc)."""
+def _docker_packages(pool: Path, docker_io_deb: Path, suffix: str = DOCKER_DEB_SUFFIX) -> list[dict]:
+    """Docker's package set for one suite (``suffix``: its version suffix), the engine repacked
+    from Debian's docker.io (see the module doc)."""
     built = []
     with tempfile.TemporaryDirectory(prefix="docker-io-") as tmp:
         src = Path(tmp)
@@ -668,7 +672,7 @@ def _docker_packages(pool: Path, docker_io_deb: Path) -> list[dict]:
             cli.append(("/usr/share/bash-completion/completions/docker", completion, 0o644))
         plugins = ", ".join(DOCKER_PLUGINS)
         for upstream in DOCKER_CE_VERSIONS:
-            v = f"5:{upstream}{DOCKER_DEB_SUFFIX}"
+            v = f"5:{upstream}{suffix}"
             built.append(_deb(pool, "docker-ce-cli", v, section="admin",
                               depends=", ".join(d for d in deps if d.split()[0] == "libc6"),
                               recommends=plugins,
@@ -692,7 +696,7 @@ def _docker_packages(pool: Path, docker_io_deb: Path) -> list[dict]:
         for package, (plugin, command, upstream, title, line) in DOCKER_PLUGINS.items():
             script = _template("docker-cli-plugin.sh", PLUGIN=plugin, PACKAGE=package, VERSION=upstream,
                                COMMAND=command, DESCRIPTION=title, VERSION_LINE=line)
-            built.append(_deb(pool, package, f"{upstream}{DOCKER_DEB_SUFFIX}", section="admin",
+            built.append(_deb(pool, package, f"{upstream}{suffix}", section="admin",
                               description=f"{title} CLI plugin\nTestbed stand-in: answers `docker {command} "
                                           "version` only.",
                               files=[(f"/usr/libexec/docker/cli-plugins/{plugin}", script, 0o755)]))
@@ -766,7 +770,8 @@ def build_vendor_repo(dest: Path, kernel_release: str, gnupg_home: Path | None =
                     and all((d / "InRelease").is_file() for d in repo.cuda_dirs.values())
                     and repo.toolkit_dir and (repo.toolkit_dir / "InRelease").is_file()
                     and repo.cuda_key.is_file() and repo.toolkit_key.is_file()
-                    and (docker_io_deb is None or (repo.docker_dir / "dists" / DOCKER_SUITE / "InRelease").is_file())):
+                    and (docker_io_deb is None or all((repo.docker_dir / "dists" / suite / "InRelease").is_file()
+                                                      for suite in DOCKER_SUITES))):
                 return repo
         except (ValueError, KeyError, TypeError):
             pass
@@ -810,10 +815,12 @@ def _build(dest: Path, gnupg_home: Path, key_name: str | None, distros: tuple, d
     docker_dir = docker_key = None
     if docker_io_deb:
         docker_dir = dest / "docker" / "debian"
-        pool = docker_dir / "dists" / DOCKER_SUITE / "pool" / "stable" / "amd64"
-        pool.mkdir(parents=True)
-        packages["docker"] = _docker_packages(pool, docker_io_deb)
-        _index_and_sign_dists(docker_dir, DOCKER_SUITE, "stable", gnupg_home, fingerprint, "Docker", "Docker CE")
+        packages["docker"] = []
+        for suite, suffix in DOCKER_SUITES.items():
+            pool = docker_dir / "dists" / suite / "pool" / "stable" / "amd64"
+            pool.mkdir(parents=True)
+            packages["docker"] += [dict(b, suite=suite) for b in _docker_packages(pool, docker_io_deb, suffix)]
+            _index_and_sign_dists(docker_dir, suite, "stable", gnupg_home, fingerprint, "Docker", "Docker CE")
         docker_key = docker_dir / "gpg"
         docker_key.write_text(armored)
 

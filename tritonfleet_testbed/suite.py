@@ -34,11 +34,13 @@ FIRST_PART_FILES = ("tests/testbed/test_faults.py", "tests/testbed/test_fleet_op
 # real HAProxy, GPU health's quarantine, the traffic canary and capacity rules behind HAProxy and
 # Prometheus), pull mode on two session hosts, and the operator-facing checks, each bringing up
 # only what it needs, so that no part runs much past the others (the second part alone had grown
-# to over 25 minutes; the third took 14.6).
+# to over 25 minutes; the third took 14.6), and the Debian 13 host from bare to serving (one host
+# of its own, tb21: docs/driver-sources.md).
 THIRD_PART_FILES = ("tests/testbed/test_deploy_lock.py", "tests/testbed/test_drain.py",
                     "tests/testbed/test_operator_repository.py", "tests/testbed/test_wheel.py",
                     "tests/testbed/test_quarantine.py", "tests/testbed/test_canary.py",
-                    "tests/testbed/test_pull.py", "tests/testbed/test_driver_rollout.py")
+                    "tests/testbed/test_pull.py", "tests/testbed/test_driver_rollout.py",
+                    "tests/testbed/test_debian13.py")
 
 
 @dataclass(frozen=True)

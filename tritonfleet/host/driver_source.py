@@ -19,8 +19,8 @@ How a package's source is told (docs/driver-sources.md, with what could not be c
   ``535.*-1~deb12u*``); NVIDIA's Debian repository builds ``<upstream>-1`` with the same names
   (debian12.toml: version_shape, package_scheme).
 * A plain revision (``-1``, ``-0ubuntu1``): NVIDIA's repository, unless no CUDA metapackage
-  (``cuda-drivers*``) or pinning package is installed and the branch is one NVIDIA's repository
-  for Debian 12 does not have (its first is 545): then Debian's own (bookworm's first 525).
+  (``cuda-drivers*``) or pinning package is installed and the branch is one Debian's own archives
+  carry (bookworm's 525 and 535, trixie's 550: ``DEBIAN_ONLY_BRANCHES``): then Debian's own.
 * ``.run``: ``/usr/bin/nvidia-uninstall`` (or ``nvidia-installer``) that no package owns, or the
   installer's backup log ``/var/lib/nvidia/log`` (first line: the installed version) - the paths
   of NVIDIA's nvidia-installer (backup.c: BACKUP_DIRECTORY "/var/lib/nvidia").
@@ -36,6 +36,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from . import nvidia_repos as vendorfacts
+
 SOURCES = ("cuda", "debian", "ubuntu")  # detected package sources
 SUPPORTED = ("cuda", "debian")  # what nvidia_driver_source can install
 RUNFILE = "runfile"
@@ -45,9 +47,15 @@ NAMES = {"cuda": "NVIDIA's CUDA repository", "debian": "Debian's own packages (n
 RUN_UNINSTALLER = "/usr/bin/nvidia-uninstall"
 RUN_FILES = (RUN_UNINSTALLER, "/usr/bin/nvidia-installer")
 RUN_LOG = "/var/lib/nvidia/log"
-# branches Debian 12's own archive has carried (bookworm: 525 at release, 535 from 12.x updates);
-# NVIDIA's debian12 repository starts at 545 (debian12.toml: branches)
-DEBIAN_ONLY_BRANCHES = ("525", "535")
+# branches Debian's own archives carry (bookworm: 525 at release, 535 from 12.x updates; the rest
+# from data/distro_archives/: trixie's 550). NVIDIA's debian12 repository starts at 545 and has 550
+# too (debian12.toml: branches): its 550 without a CUDA metapackage or pinning package is taken for
+# Debian's (docs/driver-sources.md)
+DEBIAN_ONLY_BRANCHES = tuple(sorted({"525", *(b for a in vendorfacts.archives() for b in vendorfacts.branches(a))}))
+# packages Debian builds from a source of their own with a driver-like version of another branch
+# (helper_packages of data/distro_archives/)
+HELPERS = frozenset(p for a in vendorfacts.archives() if "helper_packages" in vendorfacts.load(a)["facts"]
+                    for p in vendorfacts.value(a, "helper_packages"))
 
 _DRIVER_VERSION = re.compile(r"^(\d+:)?(\d{3})\.\d+(\.\d+)?(-|$)")
 _NOT_DRIVER = re.compile(r"^(nvidia-container-|libnvidia-container|libnvidia-egl-)")
@@ -137,6 +145,13 @@ def detect(installed: dict[str, list[str]], held=(), files: dict | None = None) 
     files = files or {"files": {}, "runlog": None}
     driver = {n: vs for n, vs in installed.items() if any(is_driver_package(n, v) for v in vs)}
     cuda_meta = any(n.startswith(("cuda-drivers", "nvidia-driver-pinning")) for n in installed)
+    # a helper Debian builds from its own source (trixie's nvidia-modprobe 570.133.07-1 next to the
+    # 550 driver: data/distro_archives/, helper_packages) is not a driver of its own branch
+    branches = [upstream(v).split(".")[0] for n, vs in driver.items() if n not in HELPERS for v in vs]
+    if branches:
+        lead = max(set(branches), key=branches.count)
+        driver = {n: vs for n, vs in driver.items()
+                  if n not in HELPERS or any(upstream(v).split(".")[0] == lead for v in vs)}
     by_source: dict[str, list[str]] = {}
     versions: dict[str, list[str]] = {}
     for name in sorted(driver):

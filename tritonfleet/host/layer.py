@@ -143,21 +143,47 @@ def wanted_source(settings: Settings) -> str:
     if source not in driver_source.SUPPORTED:
         raise ConfigError(
             f"{host.name}: nvidia_driver_source must be \"cuda\" (NVIDIA's CUDA repository) or \"debian\" "
-            f"(Debian 12's own packages), not {source!r} (inventory or inventories/group_data/)")
+            f"(Debian's own packages), not {source!r} (inventory or inventories/group_data/)")
     return source
 
 
 def driver_repo(settings: Settings) -> str:
     """The facts (tritonfleet/host/nvidia_repos.py) of where the driver comes from: NVIDIA's CUDA
-    repository for the host's distro, or Debian 12's own archive (nvidia_driver_source = "debian")."""
+    repository for the host's distro, or the distro's own archive (nvidia_driver_source = "debian":
+    tritonfleet/data/distro_archives/<distro>-archive.toml, Debian 12 and 13)."""
+    distro = cuda_distro(settings)
     if wanted_source(settings) == "debian":
-        distro = cuda_distro(settings)
-        if distro != "debian12":
+        archive = vendorfacts.archive_of(distro)
+        if archive is None or vendorfacts.family(archive) != "debian":
+            known = ", ".join(a.removesuffix("-archive") for a in vendorfacts.archives())
             raise ConfigError(
-                f"{host.name}: nvidia_driver_source = \"debian\" installs Debian 12's own nvidia-driver, but this "
-                f"host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or inventories/group_data/)")
-        return vendorfacts.DEBIAN_ARCHIVE
-    return cuda_distro(settings)
+                f"{host.name}: nvidia_driver_source = \"debian\" installs Debian's own nvidia-driver ({known}), "
+                f"but this host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or "
+                "inventories/group_data/)")
+        return archive
+    if distro not in vendorfacts.DISTROS:
+        own = vendorfacts.archive_of(distro)
+        raise ConfigError(
+            f"{host.name}: tritonfleet has no facts of NVIDIA's CUDA repository for {distro} (known: "
+            f"{', '.join(vendorfacts.DISTROS)}; docs/driver-sources.md says what is known of it)"
+            + (f": set nvidia_driver_source = \"debian\" for this host (its distro's own driver, "
+               f"{vendorfacts.release(own, vendorfacts.branches(own)[-1])}) in the inventory or "
+               "inventories/group_data/" if own else ""))
+    return distro
+
+
+# the distro's Docker Engine (docker_source = "distro") where its archive's facts name no other
+# packages (tritonfleet/data/distro_archives/<distro>-archive.toml: docker_packages); apparmor:
+# without it docker.io cannot start containers on AppArmor kernels
+DOCKER_DISTRO_PACKAGES = ("docker.io", "apparmor")
+
+
+def docker_distro_packages(settings: Settings) -> list[str]:
+    """The packages of the distro's own Docker Engine on this host (Debian 13 splits the client
+    out of docker.io: docker-cli)."""
+    archive = vendorfacts.archive_of(cuda_distro(settings))
+    facts = vendorfacts.load(archive)["facts"] if archive else {}
+    return list(facts["docker_packages"]["value"] if "docker_packages" in facts else DOCKER_DISTRO_PACKAGES)
 
 
 def driver_source_problem(settings: Settings) -> str | None:

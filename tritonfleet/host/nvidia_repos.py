@@ -30,6 +30,18 @@ ARCHIVES = resource("data", "distro_archives")
 DEBIAN_ARCHIVE = "debian12-archive"
 
 
+def archives() -> tuple[str, ...]:
+    """Every distro archive tritonfleet has facts of ("debian12-archive", "debian13-archive")."""
+    return tuple(sorted(p.stem for p in ARCHIVES.glob("*.toml")))
+
+
+def archive_of(distro: str) -> str | None:
+    """The facts of ``distro``'s own archive as a driver source ("debian13" -> "debian13-archive"),
+    or None where tritonfleet has none."""
+    name = f"{distro}-archive"
+    return name if name in archives() else None
+
+
 class UnknownDistro(UsageError, ValueError):
     pass
 
@@ -173,6 +185,6 @@ def table() -> str:
 
 if __name__ == "__main__":
     print(table())
-    for name in (*DISTROS, "common"):
+    for name in (*DISTROS, *archives(), "common"):
         for key, note in unconfirmed(name):
             print(f"- {name} {key}: {' '.join(note.split())}")

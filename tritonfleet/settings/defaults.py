@@ -42,9 +42,9 @@ cuda_repo_url = "https://developer.download.nvidia.com/compute/cuda/repos"
 cuda_repo_key_name = "3bf863cc.pub"
 # Pinned fingerprint of the CUDA repository key (NVIDIA's 3bf863cc key).
 cuda_repo_key_fingerprint = "EB693B3035CD5710E231E123A4B469963BF863CC"
-# Where the driver comes from: "cuda" (NVIDIA's CUDA repository) or "debian" (Debian 12's own
-# nvidia-driver from contrib/non-free, branch 535, with DKMS; pinned and held the same way;
-# docs/driver-sources.md). Pre-flight refuses a host whose driver came from another source (the
+# Where the driver comes from: "cuda" (NVIDIA's CUDA repository) or "debian" (Debian's own
+# nvidia-driver from contrib/non-free: branch 535 on Debian 12, 550 on Debian 13, with DKMS; pinned
+# and held the same way; docs/driver-sources.md). Pre-flight refuses a host whose driver came from another source (the
 # other of these, Ubuntu's packages, the .run installer) unless nvidia_driver_migrate.
 nvidia_driver_source = "cuda"
 # Remove a driver from another source (holds lifted, packages purged, the .run uninstaller run)
@@ -58,9 +58,11 @@ nvidia_driver_branch = None
 # repository and Triton 24.08 supports it on T4/L4 (>= 560); R580 is NVIDIA's long-term support
 # branch and has NVIDIA's pinning package (nvidia-driver-pinning-580). Debian 12's repository has no R535.
 # "debian12-archive": Debian 12's own packages (nvidia_driver_source = "debian"), which have only
-# R535 (a data-center branch Triton 24.08 supports through forward compatibility, from 535.86).
+# R535 (a data-center branch Triton 24.08 supports through forward compatibility, from 535.86);
+# "debian13-archive": Debian 13's, R550 only (Triton 24.05 runs on it, 24.08 does not: pre-flight says so).
 # "ubuntu2604": NVIDIA's repository for Ubuntu 26.04 has only R595 (a production branch, CUDA 13).
-nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "ubuntu2604": "595", "debian12": "580", "debian12-archive": "535"}
+nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "ubuntu2604": "595", "debian12": "580",
+                                "debian12-archive": "535", "debian13-archive": "550"}
 # Exact driver release to pin: the upstream version (e.g. "580.159.04"; every package of the
 # driver at that release, in the distro's own version shape: 580.159.04-1 on Debian, -0ubuntu1 on
 # Ubuntu) or a full package version of the metapackage; None: newest of the branch.

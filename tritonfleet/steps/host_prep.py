@@ -35,6 +35,7 @@ from ..host.layer import (
     TOOLKIT_PIN_FILE,
     UNATTENDED_FILE,
     UNATTENDED_TEXT,
+    docker_distro_packages,
     docker_facts,
     driver_branch,
     driver_facts,
@@ -479,9 +480,9 @@ def docker_engine():
     memo.prefetch(*docker_facts(access.current()))
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     if source == "distro":
-        # apparmor: without it docker.io cannot start containers on AppArmor kernels
+        # docker.io and what goes with it on this distro (apparmor; Debian 13: docker-cli)
         engine = converged.packages(name="Docker Engine (distro docker.io)",
-                                    packages=["docker.io", "apparmor"], update=False)
+                                    packages=docker_distro_packages(access.current()), update=False)
     elif source == "docker":
         vendor_source(vendor_repos.docker(access.current()))
         version = access.get("docker_version")

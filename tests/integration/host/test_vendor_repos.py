@@ -228,11 +228,13 @@ def test_package_contents(extracted):
     assert os.readlink(headers / f"lib/modules/{KERNEL}/build") == f"/usr/src/linux-headers-{KERNEL}"
 
 
-def test_docker_repository_like_dockers(repo, docker_io):
-    """Docker's layout (dists/<codename>/stable, pool below dists), names and version scheme."""
-    dist = repo.docker_dir / "dists/bookworm"
+@pytest.mark.parametrize("suite,suffix", [("bookworm", "-1~debian.12~bookworm"), ("trixie", "-1~debian.13~trixie")])
+def test_docker_repository_like_dockers(repo, docker_io, suite, suffix):
+    """Docker's layout (dists/<codename>/stable, pool below dists), names and version scheme, for
+    Debian 12 and 13."""
+    dist = repo.docker_dir / f"dists/{suite}"
     release = (dist / "Release").read_text()
-    for field in ("Origin: Docker", "Label: Docker CE", "Suite: bookworm", "Codename: bookworm",
+    for field in ("Origin: Docker", "Label: Docker CE", f"Suite: {suite}", f"Codename: {suite}",
                   "Components: stable", "Architectures: amd64"):
         assert field in release
     assert "stable/binary-amd64/Packages" in release and ".deb" not in release
@@ -242,12 +244,12 @@ def test_docker_repository_like_dockers(repo, docker_io):
     versions = sorted((st["Package"], st["Version"]) for st in stanzas)
     assert versions == sorted([
         ("containerd.io", "1.7.22-1"),
-        ("docker-buildx-plugin", "0.17.1-1~debian.12~bookworm"),
-        ("docker-compose-plugin", "2.29.7-1~debian.12~bookworm"),
-        *[(p, f"5:{v}-1~debian.12~bookworm") for v in DOCKER_CE_VERSIONS for p in ("docker-ce", "docker-ce-cli")],
+        ("docker-buildx-plugin", f"0.17.1{suffix}"),
+        ("docker-compose-plugin", f"2.29.7{suffix}"),
+        *[(p, f"5:{v}{suffix}") for v in DOCKER_CE_VERSIONS for p in ("docker-ce", "docker-ce-cli")],
     ])
     for st in stanzas:
-        assert st["Filename"].startswith("dists/bookworm/pool/stable/amd64/") and "5:" not in st["Filename"]
+        assert st["Filename"].startswith(f"dists/{suite}/pool/stable/amd64/") and "5:" not in st["Filename"]
     ce = next(st for st in stanzas if st["Package"] == "docker-ce")
     assert "containerd.io (>= 1.6.24)" in ce["Depends"] and "docker-ce-cli" in ce["Depends"]
     assert "tini" in ce["Depends"] and "containerd (" not in ce["Depends"] and "docker.io" in ce["Conflicts"]

@@ -36,7 +36,8 @@ def driver_of(draw, source: str):
         branch = draw(st.sampled_from(vendorfacts.branches("debian12")))
         version = f"{branch}.{a}.{b:02d}-1"
         names = draw(st.lists(st.sampled_from(DEBIAN_NAMES), min_size=1, unique=True))
-        if draw(st.booleans()):
+        # a branch Debian's own archives carry too (550: trixie) is told by NVIDIA's metapackage
+        if branch in ds.DEBIAN_ONLY_BRANCHES or draw(st.booleans()):
             names.append(f"cuda-drivers-{branch}")
     elif source == "cuda-ubuntu":
         branch = draw(st.sampled_from(vendorfacts.branches("ubuntu2204")))
@@ -263,9 +264,73 @@ def test_migration_from_cuda_to_debian_purges_nvidias_packages_and_its_repositor
     assert "Pin: version 535.*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
 
 
-def test_debian_source_only_on_debian_12():
+def test_debian_source_only_on_debian():
     import pytest
 
     from tritonfleet.settings import access as config
-    with pytest.raises(config.ConfigError, match='nvidia_driver_source = "debian" installs Debian 12'):
+    with pytest.raises(config.ConfigError, match=r'nvidia_driver_source = "debian" installs Debian\'s own '
+                                                 r'nvidia-driver \(debian12, debian13\), but this host is ubuntu2204'):
         run_fake(nvidia_driver, BASE, {"cuda_distro": "ubuntu2204", "nvidia_driver_source": "debian"})
+
+
+# ---------------------------------------------------------------- Debian 13 (trixie): the same step, other data
+
+TRIXIE = ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="13"', "VERSION_CODENAME=trixie", "---"]
+TRIXIE_SOURCES = ["##FILE /etc/apt/sources.list.d/debian.sources", "Types: deb",
+                  "URIs: http://mirror.example/debian", "Suites: trixie trixie-updates", "Components: main",
+                  "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg", "",
+                  "Types: deb", "URIs: http://mirror.example/debian-security", "Suites: trixie-security",
+                  "Components: main", "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg", ""]
+# trixie's nvidia-driver and what it pulls in (its mirror's index: source nvidia-graphics-drivers
+# 550.163.01-2; nvidia-persistenced has its own source and revision)
+TRIXIE_DRIVER = {"nvidia-driver": ["550.163.01-2"], "nvidia-kernel-dkms": ["550.163.01-2"],
+                 "nvidia-smi": ["550.163.01-2"], "libcuda1": ["550.163.01-2"], "libnvidia-gpucomp": ["550.163.01-2"],
+                 "nvidia-persistenced": ["550.163.01-1"], "nvidia-kernel-common": ["20240109+1"],
+                 "dkms": ["3.2.2-1~deb13u1"], "nvidia-modprobe": ["570.133.07-1"]}
+
+
+def test_trixies_own_driver_is_debians():
+    found = ds.detect(TRIXIE_DRIVER, ["nvidia-driver"])
+    assert found.source == "debian" and found.version == "550.163.01" and found.others == ()
+    assert "nvidia-kernel-common" not in found.packages["debian"] and "dkms" not in found.packages["debian"]
+    # trixie's nvidia-modprobe (its own source, 570) is a helper, not NVIDIA's 570 next to Debian's 550;
+    # at the driver's branch (bookworm's, or NVIDIA's own) it counts with the driver as before
+    assert "nvidia-modprobe" not in found.packages["debian"]
+    same = ds.detect({**TRIXIE_DRIVER, "nvidia-modprobe": ["550.163.01-1"]})
+    assert same.sources == ("debian",) and "nvidia-modprobe" in same.packages["debian"]
+    # NVIDIA's 550 (its debian12 repository has the branch too) is told by its metapackage
+    cuda = {**TRIXIE_DRIVER, "cuda-drivers-550": ["550.163.01-1"]}
+    assert ds.detect(cuda).source == "cuda"
+
+
+def test_debian_source_on_debian_13_installs_trixies_550_from_its_own_sources():
+    from tritonfleet.host.layer import NONFREE_FILE
+
+    host, cmds, state = run_fake(nvidia_driver, {**BASE, "ls -pdL *-release": TRIXIE,
+                                                 "for f in /etc/apt/sources.list": TRIXIE_SOURCES},
+                                 {"nvidia_kernel_module": "proprietary", "nvidia_driver_source": "debian"})
+    assert not state.failed_hosts
+    run = "\n".join(acts(cmds))
+    assert "3bf863cc.pub" not in run and "cuda-drivers" not in run
+    # the components are added to the host's own trixie sources (deb822), mirror and key as they are
+    nonfree = host.connector.uploads[NONFREE_FILE]
+    assert "Suites: trixie trixie-updates" in nonfree and "Suites: trixie-security" in nonfree
+    assert "URIs: http://mirror.example/debian\n" in nonfree and "bookworm" not in nonfree
+    assert "Components: contrib non-free non-free-firmware" in nonfree
+    driver = next(c for c in acts(cmds) if "apt-get" in c and " install " in c and "nvidia-driver" in c)
+    for p in ("nvidia-driver", "nvidia-smi", "nvidia-persistenced", "libcuda1"):
+        assert re.search(rf"\b{p}\b", driver), driver
+    pin = host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
+    assert "Pin: version 550.*" in pin and " libnvidia-gpucomp " in pin and "cuda-drivers" not in pin
+
+
+def test_cuda_source_on_debian_13_is_refused_naming_the_host_and_the_way_on():
+    import pytest
+
+    from tritonfleet.settings import access as config
+    with pytest.raises(config.ConfigError) as e:
+        run_fake(nvidia_driver, {**BASE, "ls -pdL *-release": TRIXIE}, {"nvidia_kernel_module": "proprietary"})
+    text = str(e.value)
+    assert "tritonfleet has no facts of NVIDIA's CUDA repository for debian13" in text, text
+    assert 'set nvidia_driver_source = "debian" for this host (its distro\'s own driver, 550.163.01)' in text, text
+    assert text.startswith("@fake/gpu1: ") and "docs/driver-sources.md" in text

@@ -37,3 +37,21 @@ def test_instances_share_nothing():
 def test_out_of_range_instance_is_refused():
     with pytest.raises(subprocess.CalledProcessError):
         _constants("12")
+
+
+def test_each_debian_release_has_its_own_hosts(tmp_path, monkeypatch):
+    from tritonfleet_testbed import hosts
+
+    old = hosts.make_host(1)
+    new = [hosts.make_host(i, "trixie") for i in (hosts.FIRST_INDEX["trixie"], hosts.FIRST_INDEX["trixie"] + 1)]
+    assert old.suite == "bookworm" and [h.suite for h in new] == ["trixie", "trixie"]
+    names = {old.name, *(h.name for h in new)}
+    assert len(names) == 3 and len({old.address, *(h.address for h in new)}) == 3
+    assert len({old.netns, *(h.netns for h in new)}) == 3 and len({old.veth, *(h.veth for h in new)}) == 3
+    # a state file from before releases were recorded: its hosts are Debian 12's
+    monkeypatch.setattr(hosts, "STATE_FILE", tmp_path / "state.json")
+    raw = {"hosts": [{k: v for k, v in vars(old).items() if k != "suite"}]}
+    (tmp_path / "state.json").write_text(json.dumps(raw))
+    assert hosts.State.load().hosts[0].suite == "bookworm"
+    with pytest.raises(hosts.TestbedError, match="no testbed hosts of Debian 'sid'"):
+        hosts.base_tarball("sid")
