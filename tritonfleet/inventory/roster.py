@@ -306,10 +306,19 @@ def run(fh: FleetHost, command: str, timeout: float = 60) -> tuple[bool, str]:
     """Run ``command`` on the host over pyinfra's own SSH connector (the inventory's user, key,
     host-key policy and sudo). Returns (exit status 0, stdout+stderr)."""
     h = fh.pyinfra_host
+    stale = h.connected  # a connection from before: the host may have rebooted since (a driver change)
     if not h.connected:
         h.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
-    ok, out = h.run_shell_command(command, _timeout=timeout, _sudo=bool(fh.get("_sudo")),
-                                  print_output=False, print_input=False)
+    try:
+        ok, out = h.run_shell_command(command, _timeout=timeout, _sudo=bool(fh.get("_sudo")),
+                                      print_output=False, print_input=False)
+    except CONNECTION_ERRORS:
+        if not stale:
+            raise
+        disconnect(fh)  # that connection died with the host's reboot: one new one, once
+        h.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
+        ok, out = h.run_shell_command(command, _timeout=timeout, _sudo=bool(fh.get("_sudo")),
+                                      print_output=False, print_input=False)
     return ok, "\n".join(out.stdout_lines + out.stderr_lines)
 
 
