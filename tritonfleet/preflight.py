@@ -1,5 +1,5 @@
 """Operator API: the checks that run before any host is touched. A deploy file calls one entry
-point first, after ``pyinfra_patches.install()``: ``run_all`` (deploys/triton.py), ``host_layer``
+point first, after ``install.install()``: ``run_all`` (deploys/triton.py), ``host_layer``
 (deploys/host.py) or ``triton_layer`` (deploys/models.py); a deploy of your own may call single
 checks (``check_settings``, ``check_host_key_policy``, ...). This module is part of the public
 surface ``tritonfleet init`` writes into operators' repositories (docs/architecture.md, "Operator
@@ -42,9 +42,7 @@ from .gpu.rules import (
     driver_supported,
     plan_compute_capability_problem,
 )
-from .host import nvidia_repos as vendorfacts
-from .host import signing_keys as keys
-from .host import vendor_repos
+from .host import nvidia_repos, signing_keys, vendor_repos
 from .host.facts import DockerDaemonJson, KeyringFingerprints, RemoteKeyFingerprints
 from .host.kernel_module import FLAVOURS
 from .host.layer import (
@@ -60,8 +58,7 @@ from .host.layer import (
 # the model origin stores: also fills the table the settings check reads model_origin's URL rules from
 from .model_repo import origin as model_origin
 from .model_repo.render import RepositoryError, current_host_repository
-from .pyinfra_ext import install as pyinfra_patches
-from .pyinfra_ext import memo
+from .pyinfra_ext import install, memo
 from .serving.facts import DockerImageId
 from .serving.image_mirror import client_secret_problem
 from .serving.images import login_registry, needs_login, needs_mirror_login, pulls
@@ -259,8 +256,8 @@ def check_driver_branch() -> None:
     where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if config.get("nvidia_driver_branch")
              else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
     try:
-        available = vendorfacts.branches(distro)
-    except vendorfacts.UnknownDistro as e:
+        available = nvidia_repos.branches(distro)
+    except nvidia_repos.UnknownDistro as e:
         raise PreflightError(f"{host.name}: {e}") from e
     image = config.get("triton_image")
     working = [b for b in available if driver_supported(b, image)[0]]
@@ -280,7 +277,7 @@ def check_driver_branch() -> None:
 
 
 def where_from(distro: str) -> str:
-    return "Debian 12's own archive" if distro == vendorfacts.DEBIAN_ARCHIVE else f"NVIDIA's {distro} repository"
+    return "Debian 12's own archive" if distro == nvidia_repos.DEBIAN_ARCHIVE else f"NVIDIA's {distro} repository"
 
 
 def check_test_image() -> None:
@@ -412,8 +409,8 @@ def check_daemon_json() -> None:
 def check_vendor_keys() -> None:
     for repo in vendor_repos.repos():
         what, url, tunable = repo.what, repo.key_url, repo.fingerprint_tunable
-        pinned = keys.normalize_fingerprint(str(repo.fingerprint))
-        if keys.trusted(memo.fact(KeyringFingerprints, path=repo.keyring), pinned):
+        pinned = signing_keys.normalize_fingerprint(str(repo.fingerprint))
+        if signing_keys.trusted(memo.fact(KeyringFingerprints, path=repo.keyring), pinned):
             continue  # the pinned key is what the host trusts already
         remote = host.get_fact(RemoteKeyFingerprints, url=url, fingerprint=pinned)
         if remote["error"]:
@@ -425,7 +422,7 @@ def check_vendor_keys() -> None:
             if len(found) > 1:
                 raise PreflightError(
                     f"{host.name}: the {what} signing key file at {url} holds {len(found)} primary keys "
-                    f"({', '.join(found)}); {tunable} pins {pinned}: {keys.RULE}, so the file is not "
+                    f"({', '.join(found)}); {tunable} pins {pinned}: {signing_keys.RULE}, so the file is not "
                     "trusted and nothing was installed. Ask the vendor, or serve a file with only the "
                     f"pinned key (and point the URL tunable next to {tunable} in {GROUP_DATA}/all.py at it)")
             raise PreflightError(
@@ -437,9 +434,9 @@ def check_vendor_keys() -> None:
 
 def check_per_gpu() -> None:
     """triton_per_gpu: the instances' ports do not collide (tritonfleet.serving.per_gpu)."""
-    from .serving import per_gpu as pergpu
+    from .serving import per_gpu
 
-    if not pergpu.enabled(config.current()):
+    if not per_gpu.enabled(config.current()):
         return
     from .gpu.facts import host_gpus
 
@@ -449,7 +446,7 @@ def check_per_gpu() -> None:
                              f"triton_per_gpu = False or lb = None for this host ({GROUP_DATA}/all.py, or the "
                              "host's inventory data; docs/multi-gpu.md)")
     try:
-        pergpu.check_layout(config.current(), host_gpus())
+        per_gpu.check_layout(config.current(), host_gpus())
     except ValueError as e:
         raise PreflightError(f"{host.name}: {e} ({GROUP_DATA}/all.py, or the host's inventory data)") from e
 
@@ -459,7 +456,7 @@ def check_per_gpu() -> None:
 def _begin() -> None:
     """What every pre-flight entry point does first, as the steps do (tritonfleet_step): the deploy
     file installed the patches, so the deploy lock is held."""
-    pyinfra_patches.required("pre-flight")
+    install.required("pre-flight")
 
 
 @entry_point

@@ -195,3 +195,26 @@ def test_tests_are_laid_out_like_the_source():
     marked = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py")
               if any(m in p.read_text() for m in markers) or "\npytestmark" in p.read_text()]
     assert not marked, f"the tiers' markers come from the directory (tests/testbed/, tests/integration/), not the file: {marked}"
+
+
+#: the modules' names before the move to the layers, kept as aliases (``import X as Y``): a reader
+#: of ``pergpu.enabled`` had to go back to the import block to find ``serving.per_gpu``. A module
+#: is called by its own name; where a local name collides, the local is renamed (or the few names
+#: used are imported). ``access as config`` joins this list once the settings are passed
+#: explicitly everywhere (its sites read the current host).
+PRE_MOVE_ALIASES = {
+    ("inventory", "fleet"), ("install", "pyinfra_patches"), ("per_gpu", "pergpu"), ("report", "failure"),
+    ("report", "failure_lib"), ("nvidia_repos", "vendorfacts"), ("guard", "gpuguard"), ("release", "release_plan"),
+    ("placement", "gpucount"), ("open_files", "limits"), ("boot_kernel", "kernel"), ("signing_keys", "keys"),
+    ("render", "models"), ("traffic", "rollout_traffic"), ("state", "rollout_state"), ("canary", "canary_mod"),
+}
+
+
+def test_no_pre_move_alias():
+    found = []
+    for m, p in modules().items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [f"{m}:{node.lineno}: {a.name} as {a.asname}" for a in node.names
+                          if (a.name.rpartition(".")[2], a.asname) in PRE_MOVE_ALIASES]
+    assert not found, "modules imported under their names before the move (call them by their own):\n" + "\n".join(found)

@@ -129,9 +129,9 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     for h in hosts:
         roster.disconnect(h)
     receiver_ok = add_quarantine(hosts, rows)
-    from ..fleet.rollout import state as rollout_state
+    from ..fleet.rollout import state
 
-    rollout = rollout_state.host_column()  # the hosts' states in a running rollout (its state file)
+    rollout = state.host_column()  # the hosts' states in a running rollout (its state file)
     if as_json:
         click.echo(json.dumps([{**r.to_json(), "rollout": rollout.get(r.host)} for r in rows], indent=2))
     else:
@@ -247,11 +247,11 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     if pause or unpause:  # a running rollout's pause file (tritonfleet.fleet.rollout.state)
-        from ..fleet.rollout import state as rollout_state
+        from ..fleet.rollout import state
 
         if pause and unpause or inventory or deploy or resume:
             raise RolloutError("--pause and --continue take no INVENTORY, DEPLOY or --resume (only --journal)")
-        click.echo(rollout_state.pause(journal) if pause else rollout_state.unpause(journal))
+        click.echo(state.pause(journal) if pause else state.unpause(journal))
         return
     _pyinfra_checked("rollout_json")
     if resume:

@@ -15,11 +15,10 @@ from pyinfra import host
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 
 from ..gpu import facts as gpu_facts
-from ..gpu import guard as gpuguard
+from ..gpu import guard
 from ..pyinfra_ext import memo
 from ..settings import access as config
-from . import driver_source
-from . import nvidia_repos as vendorfacts
+from . import driver_source, nvidia_repos
 from .facts import (
     AptSources,
     DockerDaemonJson,
@@ -117,8 +116,8 @@ def toolkit_facts() -> list[tuple]:
     return [(Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
             (FileState, {"path": source_path("nvidia-container-toolkit")}),
             (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
-            (Command, {"command": HOOK_COMMAND}), (FileState, {"path": gpuguard.UDEV_RULE_PATH}),
-            (Command, {"command": gpuguard.DEVCHAR_COMMAND})]
+            (Command, {"command": HOOK_COMMAND}), (FileState, {"path": guard.UDEV_RULE_PATH}),
+            (Command, {"command": guard.DEVCHAR_COMMAND})]
 
 
 def host_layer_facts() -> list[tuple]:
@@ -154,7 +153,7 @@ def driver_repo() -> str:
             raise config.ConfigError(
                 f"{host.name}: nvidia_driver_source = \"debian\" installs Debian 12's own nvidia-driver, but this "
                 f"host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or inventories/group_data/)")
-        return vendorfacts.DEBIAN_ARCHIVE
+        return nvidia_repos.DEBIAN_ARCHIVE
     return cuda_distro()
 
 
@@ -211,14 +210,14 @@ def driver_version_problem(distro: str, branch: str) -> str | None:
         return None
     version = str(version)
     upstream = driver_upstream_version()
-    shape = vendorfacts.version_shape(distro)
+    shape = nvidia_repos.version_shape(distro)
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", upstream or ""):
         return f"nvidia_driver_version {version!r} is not a driver version (e.g. {shape['example'].split('-')[0]})"
     if upstream.split(".")[0] != branch:
         return (f"nvidia_driver_version {version} is not a release of branch {branch} "
                 f"(set nvidia_driver_branch = \"{upstream.split('.')[0]}\", or a {branch}.x version)")
-    if "-" in version and not (vendorfacts.version_matches(distro, version, "metapackage")
-                               or vendorfacts.version_matches(distro, version, "driver")):
+    if "-" in version and not (nvidia_repos.version_matches(distro, version, "metapackage")
+                               or nvidia_repos.version_matches(distro, version, "driver")):
         return (f"nvidia_driver_version {version} does not have the shape of {distro}'s package versions "
                 f"(driver packages like {shape['example']}): it would pin nothing there; give the upstream "
                 f"release {upstream} and the deploy pins every package of that release")

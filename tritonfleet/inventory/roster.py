@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..core import open_files as limits
+from ..core import open_files
 from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.errors import TritonfleetError, UsageError
 from ..gpu.rules import GPU_CLASSES
@@ -204,8 +204,8 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
         groups = [g for g in h.groups if g != own]
         out.append(FleetHost(h.name, groups, mirrored.apply(dict(h.data.dict())), h))
     try:
-        limits.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
-    except limits.LimitError as e:
+        open_files.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
+    except open_files.LimitError as e:
         raise FleetError(str(e)) from e
     return out
 

@@ -48,9 +48,7 @@ from pyinfra import logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
-from ..core import open_files as limits
-from ..core import report as failure
-from ..core import speed
+from ..core import open_files, report, speed
 from ..core.errors import TritonfleetError
 from ..core.exits import entry_point, exit_for
 from . import argcache, compat, hostlock, interrupt, oporder, quick_exit
@@ -128,7 +126,7 @@ def _install() -> None:
     off = checked.off | {name for name in speed.FEATURES if not speed.on(name)}  # pyinfra's or the switch
     state = ctx_state.get() if ctx_state.isset() else None
     inventory = getattr(state, "inventory", None)  # a State not initialised yet has none
-    limits.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
+    open_files.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
     quiet_relaxed_host_keys()
     set_idle_poll("idle_poll" not in off)
     tune_state()
@@ -144,7 +142,7 @@ def _install() -> None:
     interrupt.install()
     if "quick_exit" not in off:
         quick_exit.install()
-    failure.report_operation_errors()
+    report.report_operation_errors()
 
 
 def required(step: str) -> None:

@@ -16,8 +16,7 @@ import requests
 
 from ..core.report import Failure, HostFailure
 from ..settings.access import Settings
-from . import per_gpu as pergpu
-from . import triton_http
+from . import per_gpu, triton_http
 from .unit_watch import UnitWatch, Verdict, error_words, serving_now, watch_instance
 
 
@@ -127,7 +126,7 @@ def gate(settings: Settings, address: str, models: list[str], transport=None, ti
 
 def instance_failure(failure: Failure, settings: Settings) -> Failure:
     """A failed gate's report naming the per-GPU instance (tritonfleet.serving.per_gpu) it was of."""
-    name = pergpu.label(settings)
+    name = per_gpu.label(settings)
     if name:
         failure.expected = f"{name}: {failure.expected}"
         failure.found = f"{name}: {failure.found}"
@@ -223,7 +222,7 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
         watch = watch_instance(g, run)
         warm = None
         if repo and config.get("health_warm_inference"):
-            who = ": ".join(filter(None, (host.name, pergpu.label(g))))
+            who = ": ".join(filter(None, (host.name, per_gpu.label(g))))
             warm = warm_check(repo, models, max(float(config.get("health_request_timeout")), 30.0),
                               lambda text, who=who: logger.info(f"{who}: {text}"),
                               (lambda ms: WARM_LATENCY.__setitem__(host.name, ms)) if i == 0 else None)
@@ -237,7 +236,7 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
         seconds += res.seconds
     res.seconds = seconds
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
-                + (f", {len(gets)} Triton instances, one per GPU)" if pergpu.enabled(config.current()) else ")"))
+                + (f", {len(gets)} Triton instances, one per GPU)" if per_gpu.enabled(config.current()) else ")"))
     if clear_failure:
         from ..core.report import HOST_RECORD
 

@@ -13,8 +13,7 @@ from ..core.report import HostFailure, in_rollout
 from ..core.shell import q
 from ..host.facts import FileState, UnitState
 from ..host.ops import converged
-from ..model_repo import release as release_plan
-from ..model_repo import render as models
+from ..model_repo import release, render
 from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
@@ -24,8 +23,7 @@ from ..pyinfra_ext.install import tritonfleet_step
 from ..pyinfra_ext.stream import docker_load, docker_pull
 from ..pyinfra_ext.transfer import TransferError
 from ..pyinfra_ext.transfer import choose as choose_transport
-from ..serving import apikey
-from ..serving import per_gpu as pergpu
+from ..serving import apikey, per_gpu
 from ..serving.facts import DeployHistory, DockerImageId, PerGpuUnits, TritonContainer
 from ..serving.health import HealthError, gate_current_host
 from ..serving.images import login_registry, needs_login, needs_mirror_login
@@ -106,7 +104,7 @@ def sync_models() -> list:
             # a transfer of another release was cut (Ctrl-C, lost link, halted rollout) and the
             # host went back to this one: what it left only takes disk space
             server.shell(name=f"remove interrupted transfers of other releases ({', '.join(stale)})",
-                         commands=[release_plan.discard_incoming_script(base, stale)])
+                         commands=[release.discard_incoming_script(base, stale)])
         return []
     why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
            if live["current"] == rid else f"live: {live['current'] or 'none'}")
@@ -231,12 +229,12 @@ def retire_units(keep: set[str]) -> bool:
     on the single unit's ports. Returns whether a unit was removed (a daemon-reload is due)."""
     names = [n for n in memo.fact(PerGpuUnits, service=config.get("triton_service")) if n not in keep]
     single = unit_path(config.current()).rsplit("/", 1)[1]
-    if pergpu.enabled(config.current()) and memo.fact(FileState, path=unit_path(config.current())):
+    if per_gpu.enabled(config.current()) and memo.fact(FileState, path=unit_path(config.current())):
         names.insert(0, single)
     for name in names:
         path = f"/etc/systemd/system/{name}"
         why = ("one Triton per GPU replaces it" if name == single
-               else "triton_per_gpu is off" if not pergpu.enabled(config.current()) else "its GPU is gone")
+               else "triton_per_gpu is off" if not per_gpu.enabled(config.current()) else "its GPU is gone")
         server.shell(name=f"stop, disable and remove {name} ({why})",
                      commands=[f"systemctl disable --now {q(name)} 2>/dev/null; rm -f {q(path)}"])
     return bool(names)
@@ -266,7 +264,7 @@ def triton_service(image: list | None = None, models: list | None = None):
 
         triton_service(image=triton_image(), models=model_repository())
     """
-    if pergpu.enabled(config.current()):
+    if per_gpu.enabled(config.current()):
         return per_gpu_service(image, models)
     service = config.get("triton_service")
     _, key_new = api_key()
@@ -379,7 +377,7 @@ def record_deployment(action: str = "deploy") -> None:
     _, _, rid = current_host_repository()
     gets = instance_gets()  # [config.current()]: the single unit, whose digest units_digest is too
     append_record(base, rid, units_digest(config.current(), len(gets)), config.get("triton_image"), action,
-                  unit_files=[unit_path(g) for g in gets] if pergpu.enabled(config.current()) else None)
+                  unit_files=[unit_path(g) for g in gets] if per_gpu.enabled(config.current()) else None)
 
 
 def failure_recorded() -> bool:
@@ -443,7 +441,7 @@ def health_gate(record: bool = True):
     local, _, _ = current_host_repository()
     gate_check = check_with_steps if config.get("auto_rollback") else check
     gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",
-               function=gate_or_roll_back, models=models.model_names(local), clear_failure=failure_recorded(),
+               function=gate_or_roll_back, models=render.model_names(local), clear_failure=failure_recorded(),
                repo=str(local))
     if record:
         if lb.enabled():  # healthy: back in the load balancer (a drain of this or a cut run)

@@ -23,10 +23,9 @@ from ...core.checks import is_check
 from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.procs import alive
 from ...core.report import Failure, read_channel
-from ...gpu import placement as gpucount
+from ...gpu import placement
 from ...inventory import roster
-from ...serving import health, unit_watch
-from ...serving import per_gpu as pergpu
+from ...serving import health, per_gpu, unit_watch
 from ...settings.access import Settings
 from .. import probe
 from ..runner import workers
@@ -480,9 +479,9 @@ def _gate(fh: roster.FleetHost, timeout: float | None) -> tuple[health.HealthRes
     limit = float(fh.get("health_timeout") if timeout is None else timeout)
     watch = unit_watch.watch_instance(fh, lambda cmd: roster.run(fh, cmd)[1])
     try:
-        if pergpu.enabled(fh):  # one Triton per GPU: every instance gated, the host as one unit
+        if per_gpu.enabled(fh):  # one Triton per GPU: every instance gated, the host as one unit
             st = probe.probe(fh, with_intent=False)
-            gets = pergpu.instance_gets(fh, gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded,
+            gets = per_gpu.instance_gets(fh, placement.placement_count(fh.get("gpu_count"), st.gpu_recorded,
                                                                          len(st.gpus) or None))
         if fh.get("health_via") == "ssh":
             roster.run(fh, "true")
