@@ -218,3 +218,22 @@ def test_no_pre_move_alias():
                 found += [f"{m}:{node.lineno}: {a.name} as {a.asname}" for a in node.names
                           if (a.name.rpartition(".")[2], a.asname) in PRE_MOVE_ALIASES]
     assert not found, "modules imported under their names before the move (call them by their own):\n" + "\n".join(found)
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A name with a leading underscore stays in its module: a name other modules use is public
+    (no underscore), or it moves. A private module (``_name.py``) may be imported by the modules
+    of its own package, as community.docker's ``module_utils/_*.py`` are."""
+    found = []
+    for m, p in modules().items():
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for line, name in imported(p):
+            private = [part for part in name.split(".") if part.startswith("_") and not part.startswith("__")]
+            if not private:
+                continue
+            owner = name.rpartition(".")[0]
+            if owner in modules() and not owner.rpartition(".")[2].startswith("_") and owner != m:
+                found.append(f"{m}:{line}: {name}")  # a private name of another module
+            elif name in modules() and name.rpartition(".")[0] != package:
+                found.append(f"{m}:{line}: {name} (a private module of another package)")
+    assert not found, "private names imported across modules (drop the underscore, or move the name):\n" + "\n".join(found)

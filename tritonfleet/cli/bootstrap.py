@@ -9,13 +9,9 @@ from pathlib import Path
 
 import click
 
+from .fleet import parse_data
+
 ORIGIN_HELP = "the origin directory (served to the hosts over HTTP(S))"
-
-
-def _data(pairs: tuple[str, ...]) -> dict:
-    from .fleet import _data as parse
-
-    return parse(pairs)
 
 
 @click.command("bootstrap")
@@ -48,7 +44,7 @@ def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, 
 
     written = bootstrap.bootstrap(inventory, Origin(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
                                   wheel=wheel, key=sign_key, release=release, reports_url=reports_url,
-                                  limit=list(limit), data=_data(data), rekey=rekey,
+                                  limit=list(limit), data=parse_data(data), rekey=rekey,
                                   echo=lambda m: click.echo(m, err=True))
     click.echo(f"bootstrap for {len(written)} host(s) in {out}/<host>/: bootstrap.sh (run as root) and "
                "user-data (cloud-init)")
@@ -81,7 +77,7 @@ def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -
     roster.check_deploy_file(deploy)
     if sign_key:
         check_sign_key(sign_key)
-    hosts = roster.load_inventory(inventory, data=_data(data), limit=list(limit))
+    hosts = roster.load_inventory(inventory, data=parse_data(data), limit=list(limit))
     with origin.lock("pull publish"):
         sha = publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or INCLUDE)
         if sign_key:
@@ -123,7 +119,7 @@ def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, ca
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     report = rollout(inventory, deploy, Origin(origin_dir), sign_key, limit=list(limit), canary=canary,
-                          batch=batch, max_fail=max_fail, data=_data(data), timeout=timeout,
+                          batch=batch, max_fail=max_fail, data=parse_data(data), timeout=timeout,
                           include=tuple(include) or INCLUDE, echo=echo, poll=poll)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
     sys.exit(0 if report.ok else 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .fleet import _data
+from .fleet import parse_data
 
 
 @click.command("check")
@@ -49,7 +49,7 @@ def check_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_
         raise click.BadParameter("goes with --pull-origin", param_hint="--sign-key")
     if bootstrap_dir and not sign_key:
         raise click.BadParameter("goes with --sign-key", param_hint="--bootstrap-dir")
-    overrides = _data(data)
+    overrides = parse_data(data)
     try:
         hosts, load_rows = roster.load_inventory(inventory, data=overrides, limit=list(limit)), []
     except TritonfleetError as e:

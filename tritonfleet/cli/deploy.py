@@ -25,9 +25,9 @@ def deploy_cmd(inventory: str, deploy: str, limit: tuple[str, ...], data: tuple[
     """
     from ..fleet.runner import workers as spread
     from ..inventory import roster
-    from .fleet import _data
+    from .fleet import parse_data
 
-    values = _data(data)
+    values = parse_data(data)
     roster.check_deploy_file(deploy)
     hosts = roster.load_inventory(inventory, data=values, limit=list(limit))
     sys.exit(spread.deploy(inventory, deploy, [h.name for h in hosts], values, dry=dry, workers=workers,

@@ -20,7 +20,7 @@ def _pyinfra_checked(*features: str) -> None:
     compat.ensure(*features)
 
 
-def _data(pairs: tuple[str, ...]) -> dict:
+def parse_data(pairs: tuple[str, ...]) -> dict:
     """--data key=value, parsed the way pyinfra parses it (JSON, numbers, booleans)."""
     from pyinfra_cli.util import parse_cli_arg
 
@@ -120,7 +120,7 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     Read-only. Exit status 0 when every host is reachable and matches the inventory (and the
     quarantine receiver of quarantine_url, when set, answers with its token), 1 otherwise.
     """
-    hosts = roster.load_inventory(inventory, data=_data(data), limit=list(limit))
+    hosts = roster.load_inventory(inventory, data=parse_data(data), limit=list(limit))
     if pull_origin:  # pull mode (tritonfleet.fleet.pull.status): what each host reported, read from the origin
         sys.exit(pull_status(hosts, pull_origin, as_json))
     from ..fleet.runner import workers  # the hosts spread over worker processes (fleet_workers)
@@ -267,7 +267,7 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
         if not inventory or not deploy:
             raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
         report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
-                         max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
+                         max_fail=max_fail, data=parse_data(data), gate_timeout=gate_timeout, echo=echo,
                          perf_gate=perf_gate, stage=stage, canary_weight=canary_weight, plan_only=dry)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))

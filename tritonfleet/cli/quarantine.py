@@ -24,10 +24,10 @@ DEFAULT_STATE_DIR = ".tritonfleet/quarantine"
 
 def _hosts(inventory: str, data: tuple[str, ...], limit: tuple[str, ...] = ()):
     from ..inventory import roster
-    from .fleet import _data
+    from .fleet import parse_data
 
     try:
-        return roster.load_inventory(inventory, data=_data(data), limit=list(limit) or None)
+        return roster.load_inventory(inventory, data=parse_data(data), limit=list(limit) or None)
     except roster.FleetError as e:
         raise UsageError(str(e)) from e
 

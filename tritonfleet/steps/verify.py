@@ -146,11 +146,11 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
 
 def min_compute_capability() -> str:
     """gpu_min_compute_capability, or the Triton release's own minimum when that is higher."""
-    from ..gpu.rules import _vtuple, triton_min_compute_capability
+    from ..gpu.rules import triton_min_compute_capability, version_tuple
 
     own = str(config.get("gpu_min_compute_capability") or "0")
     triton = triton_min_compute_capability(config.get("triton_image")) or "0"
-    return own if _vtuple(own) >= _vtuple(triton) else triton
+    return own if version_tuple(own) >= version_tuple(triton) else triton
 
 
 def wanted_flavour(driver_version: str | None) -> str:

@@ -31,8 +31,8 @@ from .. import probe
 from ..runner import workers
 from ..runner.pyinfra_run import PyinfraRun
 from . import perfgate, traffic
-from .journal import JOURNAL, Journal, _log_dir, latest_journal
-from .plan import RolloutError, _plan_error, parse_max_fail, plan_batches
+from .journal import JOURNAL, Journal, latest_journal, log_dir
+from .plan import RolloutError, parse_max_fail, plan_batches, plan_error
 from .report import HostResult, Report
 
 
@@ -140,7 +140,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     batches = plan_batches(names, canary, batch)
     lb = traffic.prepare(hosts, batches, canary, canary_weight)  # refused before anything is written
     report = Report(inventory, deploy, batches, [HostResult(n) for n in names])
-    logs = _log_dir()
+    logs = log_dir()
     report.log_dir = str(logs)
     journal = Journal(logs / JOURNAL)
     journal.write("start", inventory=inventory, deploy=deploy, limit=list(limit or []), canary=canary,
@@ -177,7 +177,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     dry = workers.run_pyinfra(inventory, deploy, targets, data, dry=True, log_path=logs / "plan.log",
                               settings=hosts[0])
     if dry.rc != 0:
-        report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(_plan_error(dry.log))
+        report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(plan_error(dry.log))
         return _finish(run, t_start)
     journal.write("planned")
     if plan_only:
