@@ -113,7 +113,7 @@ def check_settings() -> None:
     from pyinfra.context import ctx_state
 
     state = ctx_state.get() if ctx_state.isset() else None
-    origins = settings_check.Origins(host.inventory, None, settings_check.group_dirs(cwd=getattr(state, "cwd", None)))
+    origins = settings_check.ValueSources(host.inventory, None, settings_check.group_dirs(cwd=getattr(state, "cwd", None)))
     try:
         settings_check.check_hosts([host], origins, GPU_CLASSES)
     except settings_check.SettingsError as e:

@@ -237,3 +237,17 @@ def test_no_private_name_is_imported_across_modules():
             elif name in modules() and name.rpartition(".")[0] != package:
                 found.append(f"{m}:{line}: {name} (a private module of another package)")
     assert not found, "private names imported across modules (drop the underscore, or move the name):\n" + "\n".join(found)
+
+
+def test_no_class_name_is_defined_twice():
+    """One meaning per name: two classes of one name (three ``Origin``s, three ``Settings`` once)
+    make a reader, a traceback and a type annotation ambiguous. A class names what it is
+    (``PullSite``, ``CanaryPolicy``, ``TuneThresholds``, ``ValueSources``)."""
+    where: dict[str, list[str]] = {}
+    for m, p in modules().items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{m}:{node.lineno}")
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, "class names defined more than once (rename all but one):\n" + "\n".join(
+        f"{name}: {', '.join(places)}" for name, places in sorted(twice.items()))

@@ -193,7 +193,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
                              "(name, data) pairs, e.g. t4 = [(\"triton-t4-01\", {\"ssh_hostname\": \"10.0.0.11\"})]")
     check_groups(inv, str(inventory))
     targets = select(list(inv), limit, str(inventory))
-    settings_check.check_hosts(targets, settings_check.Origins(inv, str(inventory), settings_check.group_dirs(
+    settings_check.check_hosts(targets, settings_check.ValueSources(inv, str(inventory), settings_check.group_dirs(
         str(path))), GPU_CLASSES)
     inv.data = {**copy.deepcopy(DEFAULTS), **(inv.data or {})}
     state.init(inv, state.config)

@@ -265,7 +265,7 @@ class PyinfraChanged(TritonfleetError):
 
 
 @dataclass
-class Mismatch:
+class InternalMismatch:
     internal: Internal
     why: str  # "its source differs", "it is gone (...)", or the probe's words
 
@@ -275,10 +275,10 @@ class Mismatch:
 
 
 @dataclass
-class Result:
+class CheckResult:
     versions: dict[str, str]         # package -> installed version
     checked: dict[str, list[str]]    # package -> releases recorded
-    mismatches: list[Mismatch]
+    mismatches: list[InternalMismatch]
     seconds: float = 0.0
 
     @property
@@ -287,7 +287,7 @@ class Result:
         return {m.internal.feature for m in self.mismatches if m.kind == SPEED}
 
     @property
-    def refused(self) -> list[Mismatch]:
+    def refused(self) -> list[InternalMismatch]:
         return [m for m in self.mismatches if m.kind == BEHAVIOUR]
 
     def _release(self, package: str) -> str:
@@ -362,7 +362,7 @@ def file_hash(module: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else ""
 
 
-def check(features: set[str] | None = None, record: dict | None = None) -> Result:
+def check(features: set[str] | None = None, record: dict | None = None) -> CheckResult:
     """The installed pyinfra against the record: every internal of ``features`` (None: all)."""
     import time
 
@@ -378,7 +378,7 @@ def check(features: set[str] | None = None, record: dict | None = None) -> Resul
         try:
             obj = resolve(internal.name)
         except (ImportError, AttributeError) as e:
-            mismatches.append(Mismatch(internal, f"it is gone ({type(e).__name__}: {e})"))
+            mismatches.append(InternalMismatch(internal, f"it is gone ({type(e).__name__}: {e})"))
             continue
         module = internal.name.split(":", 1)[0]
         if module not in same_file:
@@ -396,11 +396,11 @@ def check(features: set[str] | None = None, record: dict | None = None) -> Resul
         except (OSError, TypeError) as e:  # no source to read (a compiled or generated object)
             why = f"its source cannot be read ({type(e).__name__}: {e})"
         if why:
-            mismatches.append(Mismatch(internal, why))
-    return Result(installed_versions(), record.get("checked", {}), mismatches, time.perf_counter() - t0)
+            mismatches.append(InternalMismatch(internal, why))
+    return CheckResult(installed_versions(), record.get("checked", {}), mismatches, time.perf_counter() - t0)
 
 
-def ensure(*features: str) -> Result:
+def ensure(*features: str) -> CheckResult:
     """Raise PyinfraChanged when an internal of a behaviour feature among ``features`` differs."""
     res = check(set(features))
     if res.refused:

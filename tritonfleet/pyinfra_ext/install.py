@@ -58,7 +58,7 @@ _MARK = "_tritonfleet_patches"
 LINE = "pyinfra_patches.install()"
 
 
-class Refused(TritonfleetError):
+class PatchesRefused(TritonfleetError):
     """Stops the run while pyinfra loads the deploy file (before any operation ran): the error
     without a traceback (as hostlock.LockError does; tritonfleet.core.exits ends the run)."""
 
@@ -95,7 +95,7 @@ def install() -> None:
     try:
         _install()
     except compat.PyinfraChanged as e:  # pyinfra changed what tritonfleet relies on: refused
-        first.error = Refused(e)
+        first.error = PatchesRefused(e)
         raise first.error from e
     except BaseException as e:  # the deploy lock refused (LockError): every host stops with it
         first.error = e
@@ -163,7 +163,7 @@ def required(step: str) -> None:
     deploy = getattr(state, "current_deploy_filename", None) or getattr(state, "current_exec_filename", None) \
         or "the deploy file"
     # a step is no entry point (tritonfleet.core.exits): it ends the run itself, as install() would
-    raise exit_for(Refused(NotInstalled(
+    raise exit_for(PatchesRefused(NotInstalled(
         f"{deploy}: the step {step!r} runs, but the deploy file did not call {LINE} before it: without it no "
         "deploy lock is held on the hosts (another run could change them at the same time), and neither the "
         "checks of pyinfra's internals nor Ctrl-C's exit status are in force. Add these two lines to the "

@@ -26,7 +26,7 @@ from tests.integration.fleet.test_quarantine import tritonfleet
 from tests.support.haproxy import HAProxy, ok_server
 from tritonfleet.fleet import quarantine
 from tritonfleet.fleet.pull import bootstrap
-from tritonfleet.fleet.pull.origin import Origin
+from tritonfleet.fleet.pull.origin import PullSite
 from tritonfleet.fleet.pull.signing import allowed_signers, publish_desired, read_pointer
 from tritonfleet.inventory.roster import FleetHost
 from tritonfleet_testbed.ports import free_port
@@ -132,7 +132,7 @@ def test_the_origin_holds_the_local_release_or_says_what_it_lacks(tmp_path):
         assert res.returncode == 0, res.stdout
         mo = [r for r in rows(res) if r["check"] == "model origin"]
         assert "takes uploads" in mo[0]["what"] and mo[1]["status"] == "warn" and "not on" in mo[1]["what"]
-        o = origins.Origin("http", f"{url}/triton", "host")
+        o = origins.PullSite("http", f"{url}/triton", "host")
         root, man, rid = render.host_repository(FleetHost("h1", [], {"model_repository": "files/model_repository",
                                                                      "model_overrides": {}}))
         origins.publish(o, root, man, rid)  # as a deploy does: the objects, then the manifest
@@ -185,7 +185,7 @@ def test_a_pull_origin_whose_key_halves_do_not_match(tmp_path):
         (origin_dir / d).mkdir(parents=True)
     sha = "a" * 64
     (origin_dir / "releases" / f"{sha}.tar.gz").write_bytes(b"x")
-    publish_desired(Origin(origin_dir), key, dict.fromkeys(HOSTS, sha), "r1")
+    publish_desired(PullSite(origin_dir), key, dict.fromkeys(HOSTS, sha), "r1")
     inv = str(inventory(tmp_path))
     res = check(inv, "--pull-origin", str(origin_dir), "--sign-key", str(key), "--json")
     assert not failed(res, "pull origin"), res.stdout

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from ...core.errors import UsageError
 from ...settings.defaults import DEFAULTS
-from .origin import FORMAT, HOST_SIGNERS, Origin, is_release_id, sha256_file, write_atomic
+from .origin import FORMAT, HOST_SIGNERS, PullSite, is_release_id, sha256_file, write_atomic
 from .release import host_entries
 from .signing import (
     allowed_signers,
@@ -103,7 +103,7 @@ def requirements_name(sha: str) -> str:
     return f"requirements-{sha}.txt"
 
 
-def publish_agent(origin: Origin, wheelhouse: Path, wheel: Path,
+def publish_agent(origin: PullSite, wheelhouse: Path, wheel: Path,
                   echo: Callable[[str], None] | None = None) -> str:
     """dist/ on the origin: tritonfleet's wheel (``wheel``: the one this machine installed, or
     `pip wheel --no-deps -w dist .` in a checkout) and its dependencies' wheels (from ``wheelhouse``:
@@ -260,7 +260,7 @@ def user_data(host: str, text: str) -> str:
             + yaml.safe_dump(doc, sort_keys=False, default_style=None, width=10_000))
 
 
-def bootstrap(inventory: str, origin: Origin, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
+def bootstrap(inventory: str, origin: PullSite, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
               key: Path | None, release: str | None, reports_url: str | None = None,
               limit: list[str] | None = None, data: dict | None = None, rekey: bool = False,
               echo: Callable[[str], None] | None = None) -> list[Path]:
@@ -314,7 +314,7 @@ def _private(path: Path, text: str, mode: int) -> None:
     write_atomic(path, text.encode(), mode)
 
 
-def report_keys(hosts: list[str], origin: Origin, out: Path, rekey: bool = False) -> dict[str, str]:
+def report_keys(hosts: list[str], origin: PullSite, out: Path, rekey: bool = False) -> dict[str, str]:
     """Each host's private report key ({host: key text}): the one kept in ``out``/<host>/report-key,
     else a new one (``rekey``: new ones for all), enrolled in the origin's host-signers. A host
     enrolled with a key that is not in ``out`` is refused (its running agent would stop being

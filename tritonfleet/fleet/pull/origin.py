@@ -95,7 +95,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-class Origin:
+class PullSite:
     """The origin directory (``root``) and the URL the hosts reach it at (``url``)."""
 
     def __init__(self, root: str | os.PathLike, url: str = ""):

@@ -31,7 +31,7 @@ from ...serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError, RuntimeAPI, p
 from . import canary, canary_watchdog, capacity
 from .state import HostStates
 
-CanarySettings = canary.Settings  # (``canary`` is also the number of canary hosts in a batch plan)
+CanarySettings = canary.CanaryPolicy  # (``canary`` is also the number of canary hosts in a batch plan)
 
 
 @dataclass
@@ -151,7 +151,7 @@ class Traffic:
             raise UsageError("a traffic canary is compared with baseline hosts of the rollout in the same "
                              f"backend ({self.canary_pool.pool.backend}): the rollout has none beside the canary")
         fh = self.by_name[canaries[0]]
-        self.settings = canary.Settings.from_settings(fh, f"{fh.name}'s data")
+        self.settings = canary.CanaryPolicy.from_settings(fh, f"{fh.name}'s data")
 
     @property
     def active(self) -> bool:
