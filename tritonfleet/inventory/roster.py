@@ -287,14 +287,15 @@ def select(hosts: list, limit: Iterable[str] | None, inventory: str) -> list:
 
 
 def _pyinfra_checked() -> None:
-    """The pyinfra and paramiko internals the fleet's own connections rely on (pyinfra's SSH
-    connector: refused when changed; paramiko's idle poll: its tuning off, with a warning)."""
+    """The pyinfra and paramiko internals the fleet's own inventory and connections rely on
+    (pyinfra's inventory loader, its context and SSH connector: refused when changed; paramiko's
+    idle poll: its tuning off, with a warning)."""
     import logging
 
     from ..pyinfra_ext import compat
     from ..pyinfra_ext.connection import set_idle_poll
 
-    res = compat.check({"connection", "idle_poll"})
+    res = compat.check({"connection", "idle_poll", "inventory", "context"})
     if res.refused:
         raise FleetError(res.refusal())
     set_idle_poll("idle_poll" not in res.off)

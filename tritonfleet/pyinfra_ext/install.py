@@ -105,13 +105,14 @@ def install() -> None:
 
 
 def _features() -> set[str]:
-    """What a deploy relies on: everything but the fleet commands' own (--data, pyinfra's JSON) and
+    """What a deploy relies on: everything but the fleet commands' own (--data, pyinfra's JSON, its
+    inventory loader) and
     a self-converging host's run (its connector: tritonfleet converge checks it before the run);
     outside pyinfra's CLI (the Python API) neither Ctrl-C's handler nor the lock's --dry test is
     in force, and pyinfra_cli is not imported for them (importing it monkey-patches the process)."""
     import pyinfra
 
-    features = set(compat.FEATURES) - {"cli_args", "rollout_json", "self_connector"}
+    features = set(compat.FEATURES) - {"cli_args", "rollout_json", "self_connector", "inventory"}
     if not pyinfra.is_cli:
         features -= {"interrupt", "dry_flag"}
     return features

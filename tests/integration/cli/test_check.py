@@ -132,7 +132,7 @@ def test_the_origin_holds_the_local_release_or_says_what_it_lacks(tmp_path):
         assert res.returncode == 0, res.stdout
         mo = [r for r in rows(res) if r["check"] == "model origin"]
         assert "takes uploads" in mo[0]["what"] and mo[1]["status"] == "warn" and "not on" in mo[1]["what"]
-        o = origins.PullSite("http", f"{url}/triton", "host")
+        o = origins.Origin("http", f"{url}/triton", "host")
         root, man, rid = render.host_repository(FleetHost("h1", [], {"model_repository": "files/model_repository",
                                                                      "model_overrides": {}}))
         origins.publish(o, root, man, rid)  # as a deploy does: the objects, then the manifest
