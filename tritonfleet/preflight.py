@@ -24,14 +24,16 @@ import os
 from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
+from pyinfra.context import ctx_state
 
-from .core.errors import TritonfleetError
+from .core.errors import TritonfleetError, UsageError
 from .core.exits import entry_point
 from .gpu.facts import (
     STATUS_NO_GPU,
     STATUS_OK,
     GpuRecord,
     NvidiaGpus,
+    host_gpus,
     nvidia_gpus_args,
     placement_gpus,
 )
@@ -58,12 +60,16 @@ from .host.layer import (
 # the model origin stores: also fills the table the settings check reads model_origin's URL rules from
 from .model_repo import origin as model_origin
 from .model_repo.render import RepositoryError, current_host_repository
+from .model_repo.verdicts import plan_cc_filenames, validate_repository
 from .pyinfra_ext import install, memo
+from .pyinfra_ext.transfer import is_ssh_host
+from .serving import per_gpu
 from .serving.facts import DockerImageId
 from .serving.image_mirror import client_secret_problem
 from .serving.images import login_registry, needs_login, needs_mirror_login, pulls
 from .settings import access as config
 from .settings import check as settings_check
+from .settings.mirrored import unpinned_images
 
 __all__ = [
     "PreflightError",
@@ -110,8 +116,6 @@ _validated: dict[str, list] = {}
 def check_settings() -> None:
     """Every setting of this host: type, range, known name, known GPU class, refused naming the
     value and where it was set (tritonfleet.settings.check). First: no other check reads one before."""
-    from pyinfra.context import ctx_state
-
     state = ctx_state.get() if ctx_state.isset() else None
     origins = settings_check.ValueSources(host.inventory, None, settings_check.group_dirs(cwd=getattr(state, "cwd", None)))
     try:
@@ -124,8 +128,6 @@ def check_host_key_policy() -> None:
     """pyinfra connects before any tritonfleet code runs and takes the host-key policy from the
     host's data alone: without ssh_strict_host_key_checking there, it used its own accept-new
     (an unknown key trusted on first contact) instead of tritonfleet's default."""
-    from .pyinfra_ext.transfer import is_ssh_host
-
     if is_ssh_host(host) and host.data.get("ssh_strict_host_key_checking") is None:
         raise PreflightError(
             f"{host.name}: ssh_strict_host_key_checking is not set for this host, so pyinfra connected "
@@ -139,8 +141,6 @@ def check_host_key_policy() -> None:
 def check_model_repository() -> None:
     # Triton's config schema (protobuf): loaded only by the deploys that have models, and only
     # when the repository changed since it was last found valid (tritonfleet.model_repo.verdicts)
-    from .model_repo.verdicts import validate_repository
-
     src = Path(config.get("model_repository"))
     if not src.is_dir():
         raise PreflightError(f"{host.name}: model_repository {src} is not a directory "
@@ -179,8 +179,6 @@ def check_plan_compute_capability(repo: Path, man: dict | None = None) -> None:
     per compute capability (cc_model_filenames) has one for the host's GPU class
     (tritonfleet.gpu.rules.plan_compute_capability_problem). Read on the control machine only;
     ``man``: the repository's manifest, where the caller has it."""
-    from .model_repo.verdicts import plan_cc_filenames
-
     key = str(repo.resolve())
     if key not in _plans:
         _plans[key] = plan_cc_filenames(repo, man)
@@ -314,8 +312,6 @@ def check_registry_secret(images: list[str]) -> None:
 def check_model_origin() -> None:
     """model_origin: its tunables can work, and the origin answers this machine (one request a
     run): a down origin stops the run before any host is touched."""
-    from .core.errors import UsageError
-
     try:
         found = model_origin.from_settings(config.current())
     except UsageError as e:
@@ -332,8 +328,6 @@ def check_model_origin() -> None:
 def check_image_mirror() -> None:
     """image_mirror: every image pulled through it is pinned by digest (the mirror then serves
     the same bytes to every host whatever the tag does upstream; tritonfleet.settings.mirrored)."""
-    from .settings.mirrored import unpinned_images
-
     for key, _, upstream in unpinned_images(config.current())[:1]:
         raise PreflightError(
             f"{host.name}: {key} goes through the image mirror {config.get('image_mirror')} but is not pinned by "
@@ -434,12 +428,8 @@ def check_vendor_keys() -> None:
 
 def check_per_gpu() -> None:
     """triton_per_gpu: the instances' ports do not collide (tritonfleet.serving.per_gpu)."""
-    from .serving import per_gpu
-
     if not per_gpu.enabled(config.current()):
         return
-    from .gpu.facts import host_gpus
-
     if config.get("lb"):
         raise PreflightError(f"{host.name}: triton_per_gpu with a load balancer (lb = {config.get('lb')!r}) is not "
                              "built: the drain and the backends know one Triton port set per host; set "

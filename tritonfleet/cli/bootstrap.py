@@ -9,6 +9,9 @@ from pathlib import Path
 
 import click
 
+from ..core.errors import UsageError
+from ..fleet.pull.origin import INCLUDE, SIGNERS_DOC, PullSite
+from ..inventory import roster
 from .fleet import parse_data
 
 ORIGIN_HELP = "the origin directory (served to the hosts over HTTP(S))"
@@ -40,8 +43,6 @@ def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, 
     pull configuration and start its systemd timer. The host then needs no command from here.
     """
     from ..fleet.pull import bootstrap
-    from ..fleet.pull.origin import PullSite
-
     written = bootstrap.bootstrap(inventory, PullSite(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
                                   wheel=wheel, key=sign_key, release=release, reports_url=reports_url,
                                   limit=list(limit), data=parse_data(data), rekey=rekey,
@@ -68,11 +69,8 @@ def pull_group() -> None:
 def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -> None:
     """Publish the current directory's repository as a release; with --sign-key, point the hosts
     (--limit: a wave of them) at it, without waiting for them. Prints the release id."""
-    from ..fleet.pull.origin import INCLUDE, PullSite
     from ..fleet.pull.release import host_entries, publish_release
     from ..fleet.pull.signing import check_sign_key, publish_desired
-    from ..inventory import roster
-
     origin = PullSite(origin_dir)
     roster.check_deploy_file(deploy)
     if sign_key:
@@ -113,7 +111,6 @@ def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, ca
 
     Exit status: 0 when every host ends on the new release; 1 on any failure, rollback or halt.
     """
-    from ..fleet.pull.origin import INCLUDE, PullSite
     from ..fleet.pull.rollout import rollout
     from ..fleet.rollout.report import table
 
@@ -133,7 +130,6 @@ def refresh_cmd(origin_dir, sign_key, ttl) -> None:
     """Re-sign every live pointer of the origin (the same release and host data, a new generation
     and expiry): run it from a timer well within pull_pointer_ttl, or the hosts report a stale
     origin and stop following."""
-    from ..fleet.pull.origin import PullSite
     from ..fleet.pull.signing import refresh
 
     origin = PullSite(origin_dir)
@@ -152,8 +148,6 @@ def rotate_key_cmd(origin_dir, sign_key, new_key, retire) -> None:
     """Change the release signers the hosts trust, with an overlap: --new-key NEW (signed by the
     old key: both verify), then pointers signed by NEW (pull refresh --sign-key NEW), then
     --retire OLD (signed by NEW). Each host installs the list on its next converge."""
-    from ..core.errors import UsageError
-    from ..fleet.pull.origin import SIGNERS_DOC, PullSite
     from ..fleet.pull.signing import rotate_key
 
     if not new_key and not retire:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from ..core.errors import TritonfleetError, UsageError
+from ..inventory import roster
 from .fleet import parse_data
 
 
@@ -41,10 +43,7 @@ def check_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_
     Exit status: 0 when nothing failed (warnings allowed), 1 when a check failed, 2 for bad input
     (the options, or an inventory or setting refused: its rows, then the one-line error).
     """
-    from ..core.errors import TritonfleetError, UsageError
     from ..fleet import wiring
-    from ..inventory import roster
-
     if sign_key and not pull_origin:
         raise click.BadParameter("goes with --pull-origin", param_hint="--sign-key")
     if bootstrap_dir and not sign_key:

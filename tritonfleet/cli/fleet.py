@@ -8,15 +8,16 @@ import sys
 
 import click
 
+from ..core.errors import TritonfleetError
 from ..fleet import probe
+from ..fleet.pull.origin import PullSite
 from ..inventory import roster
+from ..pyinfra_ext import compat
 
 
 def _pyinfra_checked(*features: str) -> None:
     """The pyinfra internals these commands rely on are the checked ones (tritonfleet.pyinfra_ext.compat):
     a changed one is a PyinfraChanged, a TritonfleetError that ends the command (tritonfleet.cli.main)."""
-    from ..pyinfra_ext import compat
-
     compat.ensure(*features)
 
 
@@ -145,11 +146,10 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
 def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
     """`tritonfleet status --pull ORIGIN`: the hosts' own reports (no SSH). Exit status 0 when
     every host ran its desired release successfully and recently."""
-    from ..fleet.pull.origin import Origin
     from ..fleet.pull.reports import short
     from ..fleet.pull.status import status
 
-    rows = status(hosts, Origin(origin_dir))
+    rows = status(hosts, PullSite(origin_dir))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
@@ -168,7 +168,6 @@ def add_quarantine(hosts: list[roster.FleetHost], rows: list[probe.HostStatus]) 
     """Hosts the quarantine receiver (quarantine_url) holds out of the load balancer: their row's
     quarantine and a drift line (a host out of service is not as the inventory wants it). False
     (status exits 1) when the receiver cannot be read: not reached, or its token refused or unreadable."""
-    from ..core.errors import TritonfleetError
     from ..fleet.quarantine.client import fetch_state, read_token, status_line
 
     url = hosts[0].get("quarantine_url") if hosts else None

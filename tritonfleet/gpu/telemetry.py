@@ -50,6 +50,7 @@ import os
 import re
 import select
 import shlex
+import stat
 import subprocess
 import sys
 import threading
@@ -259,8 +260,6 @@ class KernelLog:
         except OSError as e:
             self.error = f"cannot open {self.path}: {e.strerror}"
             return False
-        import stat
-
         self.device = stat.S_ISCHR(os.fstat(self.fd).st_mode)
         self.offset, self.pending, self.error = 0, b"", ""
         return True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 
 from ..core.report import LINE_WIDTH, Failure, trim
+from ..core.shell import q
 from .apt_diagnosis import APT_LOG, AptDiagnosis, joined, output_lines
 
 
@@ -101,8 +102,6 @@ def failure(d: AptDiagnosis, *, host: str, step: str, command: str, setting: str
 
 
 def madison_command(packages: list[str]) -> str:
-    from ..core.shell import q
-
     return "apt-cache madison " + " ".join(q(p) for p in packages[:6]) + " 2>/dev/null | head -n 40"
 
 
@@ -120,8 +119,6 @@ def parse_madison(output) -> dict[str, list[str]]:
 
 def sources_command(urls: list[str]) -> str:
     """The sources files on the host that name any of ``urls``."""
-    from ..core.shell import q
-
     pats = " ".join(f"-e {q(u)}" for u in urls[:6] if u)
     return (f"grep -lsF {pats} /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources "
             "2>/dev/null; true")

@@ -16,7 +16,7 @@ from pyinfra.api.facts import FactBase
 
 from ..core import report, runid
 from ..core.shell import q
-from ..pyinfra_ext import transfer
+from ..pyinfra_ext import stream, transfer
 from ..pyinfra_ext.stream import wrapped
 from ..settings import access as config
 from .release import (
@@ -85,7 +85,6 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
                    base: str = "", release: str = "", parallel: int = 8, retries: int = 3) -> bool:
     """Make the origin hold ``release`` (uploads what it lacks, once a run), then have the host
     fetch, verify and place the objects of ``paths``; a failure is reported naming each object."""
-    from ..pyinfra_ext.stream import connector_arguments
     from . import fetch
     from . import origin as origins
 
@@ -111,7 +110,7 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
         base, release, runid.RUN_ID, parallel, retries,
         credentials=origins.store_for(origin).host_fetch_config())
     ok, out = host.run_shell_command(StringCommand(script), print_output=False,
-                                     **{**connector_arguments(), "_stdin": stdin})
+                                     **{**stream.connector_arguments(), "_stdin": stdin})
     res = fetch.parse_fetch(out.stdout_lines)
     if ok and res.ok:
         resumed = sum(res.resumed.values())

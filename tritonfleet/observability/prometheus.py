@@ -38,7 +38,8 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 from ..inventory.roster import FleetHost, InventoryError
-from . import metrics
+from ..model_repo.validate import list_models
+from . import dashboard, metrics
 from .options import Options, duration_seconds
 from .rule_text import alert, host_regex, number, yaml_file
 
@@ -251,8 +252,6 @@ def rules_file(opts: Options, hosts: list[FleetHost], models: dict[str, list[str
 
 def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
     """model -> hosts that serve it: the models of each host's model_repository."""
-    from ..model_repo.validate import list_models
-
     out: dict[str, list[str]] = {}
     for h in hosts:
         repo = Path(str(h.get("model_repository")))
@@ -282,8 +281,6 @@ def generate(hosts: list[FleetHost], opts: Options, only: set[str] | None = None
     """Everything :func:`write` writes, in memory (nothing is written when this raises).
     ``hosts``: the whole inventory (the rules and the endpoint check cover every host); ``only``:
     the host names whose target entries are written (--limit), None for all."""
-    from . import dashboard
-
     opts.check()
     if not hosts:
         raise InventoryError("the inventory has no hosts")

@@ -30,6 +30,7 @@ from ..core.connection_errors import CONNECTION_ERRORS
 from ..inventory import roster
 from ..inventory.roster import FleetHost, parallel
 from ..serving import apikey
+from ..settings.defaults import DEFAULTS as d
 from . import metrics
 from .metrics import HostRead, ModelCounters
 
@@ -295,8 +296,6 @@ CLIENT_BUSY = 0.8
 
 def default_thresholds() -> Thresholds:
     """The thresholds' defaults (tritonfleet/settings/defaults.py)."""
-    from ..settings.defaults import DEFAULTS as d
-
     return Thresholds(float(d["monitor_queue_compute_ratio"]), float(d["monitor_low_utilization"]),
                       float(d["monitor_busy_utilization"]))
 

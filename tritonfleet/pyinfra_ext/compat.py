@@ -36,12 +36,21 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import io
 import json
+import marshal
+import pickle
+import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from jinja2.bccache import bc_magic
+from paramiko.packet import Packetizer
+from pyinfra.context import ContextManager
 
 from ..core.errors import TritonfleetError
 
@@ -120,8 +129,6 @@ def _inner_takes(*params: str) -> Callable[[object], str]:
 def _context_manager(obj) -> str:
     """``pyinfra.context.ctx_*``: a ContextManager (its source is recorded on its own) with the
     methods tritonfleet calls."""
-    from pyinfra.context import ContextManager
-
     if not isinstance(obj, ContextManager):
         return f"it is a {type(obj).__name__}, not a pyinfra.context.ContextManager"
     missing = [m for m in ("get", "set", "isset", "use") if not callable(getattr(obj, m, None))]
@@ -140,8 +147,6 @@ def _paramiko_idle_poll(transport_cls) -> str:
     """paramiko's transport sets its socket's timeout to ``_active_check_timeout`` once, in
     ``__init__``, and its packetizer sends keepalives from the read loop's timeouts: so a longer
     timeout means fewer idle wake-ups and keepalives still on time (tritonfleet.pyinfra_ext.connection)."""
-    from paramiko.packet import Packetizer
-
     if not isinstance(getattr(transport_cls, "_active_check_timeout", None), (int, float)):
         return "Transport has no _active_check_timeout"
     if "self.sock.settimeout(self._active_check_timeout)" not in inspect.getsource(transport_cls.__init__):
@@ -155,8 +160,6 @@ def _paramiko_idle_poll(transport_cls) -> str:
 def _host_io_only(host_cls) -> str:
     """pyinfra's Host reaches its host through four methods, each handing its arguments to the
     connector (hostlock.gate_host_io makes those wait for the deploy lock): none other calls one."""
-    import re
-
     from .hostlock import HOST_IO
 
     for name in HOST_IO:
@@ -172,12 +175,6 @@ def _host_io_only(host_cls) -> str:
 def _jinja_bytecode_format(bucket_cls) -> str:
     """jinja2 writes a cache entry as its magic, the template's checksum pickled (protocol 2), then
     the code marshalled: tritonfleet.serving.unit reads that prefix back without unpickling."""
-    import io
-    import marshal
-    import pickle
-
-    from jinja2.bccache import bc_magic
-
     bucket = bucket_cls(None, "k", "checksum")
     bucket.code = compile("x = 1", "<check>", "exec")
     f = io.BytesIO()
@@ -434,8 +431,6 @@ def file_hash(module: str) -> str:
 
 def check(features: set[str] | None = None, record: dict | None = None) -> CheckResult:
     """The installed pyinfra against the record: every internal of ``features`` (None: all)."""
-    import time
-
     t0 = time.perf_counter()
     record = load_record() if record is None else record
     sources: dict[str, list[str]] = record.get("sources", {})

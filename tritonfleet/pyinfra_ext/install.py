@@ -43,6 +43,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+import pyinfra
 from gevent.event import Event
 from pyinfra import logger
 from pyinfra.api import deploy
@@ -110,8 +111,6 @@ def _features() -> set[str]:
     a self-converging host's run (its connector: tritonfleet converge checks it before the run);
     outside pyinfra's CLI (the Python API) neither Ctrl-C's handler nor the lock's --dry test is
     in force, and pyinfra_cli is not imported for them (importing it monkey-patches the process)."""
-    import pyinfra
-
     features = set(compat.FEATURES) - {"cli_args", "rollout_json", "self_connector", "inventory"}
     if not pyinfra.is_cli:
         features -= {"interrupt", "dry_flag"}
@@ -153,8 +152,6 @@ def required(step: str) -> None:
     API (tests with the @fake connector, tritonfleet's own fleet commands) takes no lock and is
     left alone. A run whose locks install() started waits here until every host's is held (or
     stops, naming the hosts whose lock another run keeps)."""
-    import pyinfra
-
     hostlock.wait_or_exit()  # no step runs before the run holds every host's deploy lock
     if not pyinfra.is_cli:
         return

@@ -12,6 +12,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.connectors.util import make_unix_command, make_unix_command_for_host
 
 from ..core import report
+from ..core.shell import q
 from . import transfer
 
 
@@ -68,8 +69,6 @@ def connector_arguments() -> dict:
 
 
 def _pull(state, host, image: str, arguments: dict) -> bool:
-    from ..core.shell import q
-
     ok, out = host.run_shell_command(f"docker pull {q(image)}", print_output=False, **arguments)
     if ok:
         return True

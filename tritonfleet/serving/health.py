@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
+from pyinfra import host, logger
 
-from ..core.report import Failure, HostFailure
+from ..core.report import HOST_RECORD, Failure, HostFailure, in_rollout
 from ..settings.access import Settings
 from . import per_gpu, triton_http
+from .per_gpu import host_instance_gets as instance_gets
 from .unit_watch import UnitWatch, Verdict, error_words, serving_now, watch_instance
 
 
@@ -175,8 +178,6 @@ WARM_LATENCY: dict[str, dict[str, float]] = {}
 def warm_check(repo: str, models: list[str], timeout: float, say, keep=None):
     """The warm inference gate as gate()'s ``warm``: one inference per model (tritonfleet.serving.warmup);
     a Verdict with Triton's answer when one fails. ``keep(latencies)`` when all passed."""
-    from pathlib import Path
-
     from .warmup import warm
 
     def run(http_url: str) -> Verdict | None:
@@ -200,9 +201,6 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
     `tritonfleet status`): part of the check, so a healthy re-run still changes nothing. With
     ``repo`` (the rendered repository the deploy sent) and health_warm_inference, each model then
     answers one real inference (tritonfleet.serving.warmup)."""
-    from pyinfra import host, logger
-
-    from ..core.report import in_rollout
     from ..settings import access as config
 
     transport = None
@@ -213,7 +211,6 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
         _, out = host.run_shell_command(command, print_output=False, print_input=False)
         return "\n".join(out.stdout_lines)
 
-    from .per_gpu import host_instance_gets as instance_gets
 
     timeout = float(config.get("health_timeout"))
     gets = instance_gets()
@@ -238,7 +235,5 @@ def gate_current_host(models: list[str], clear_failure: bool = False, repo: str 
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
                 + (f", {len(gets)} Triton instances, one per GPU)" if per_gpu.enabled(config.current()) else ")"))
     if clear_failure:
-        from ..core.report import HOST_RECORD
-
         run(f"rm -f {HOST_RECORD}")
     return res

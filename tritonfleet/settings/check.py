@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyinfra.api.arguments import all_global_arguments
+from pyinfra.api.connectors import get_all_connectors
+
 from ..core.errors import UsageError
 from . import origin_stores
 from .defaults import DEFAULTS
@@ -277,9 +280,6 @@ def _pyinfra_names() -> frozenset[str]:
     """Names pyinfra itself reads from host data: every installed connector's settings
     (``data_meta``: ssh_hostname, ssh_port, ...) and the global arguments (_sudo, _env, ...).
     Once a process: a deploy's pre-flight asks for every host."""
-    from pyinfra.api.arguments import all_global_arguments
-    from pyinfra.api.connectors import get_all_connectors
-
     names = {name for name, _ in all_global_arguments() if name.startswith("_")}
     for connector in get_all_connectors().values():
         names |= set(getattr(connector, "data_meta", {}) or {})

@@ -6,9 +6,11 @@ from functools import cache
 from io import StringIO
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, logger
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import server, systemd
 
+from ..core.errors import UsageError
 from ..core.report import HostFailure, in_rollout
 from ..core.shell import q
 from ..host.facts import FileState, UnitState
@@ -26,7 +28,7 @@ from ..pyinfra_ext.transfer import choose as choose_transport
 from ..serving import apikey, per_gpu
 from ..serving.facts import DeployHistory, DockerImageId, PerGpuUnits, TritonContainer
 from ..serving.health import HealthError, gate_current_host
-from ..serving.images import login_registry, needs_login, needs_mirror_login
+from ..serving.images import image_id, login_registry, needs_login, needs_mirror_login
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.ops import lb
 from ..serving.ops.history import append_record
@@ -40,8 +42,6 @@ from ..settings.access import Settings
 
 @cache
 def _archive_image_id(path: str) -> str:
-    from ..serving.images import image_id
-
     return image_id(Path(path))
 
 
@@ -128,7 +128,6 @@ def sync_models() -> list:
 def model_origin():
     """The model origin hosts fetch releases from (tritonfleet.model_repo.origin), or None: the
     push over SSH."""
-    from ..core.errors import UsageError
     from ..model_repo.origin import from_settings
 
     try:
@@ -398,9 +397,6 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str 
         history = host.get_fact(DeployHistory, base=config.get("triton_base_dir"))["records"]
         if not history:
             raise
-        from pyinfra import logger
-        from pyinfra.api.exceptions import PyinfraError
-
         from .rollback import rollback
 
         logger.warning(f"{host.name}: {report.short(200)}; auto_rollback: back to release "

@@ -1,6 +1,6 @@
 """Pull mode's origin: what the control side and the hosts share (the origin's file names, the
 signature namespaces, release ids, the times reports and pointers carry), writing a file so that
-a server never serves it half-written, and the origin directory itself (``Origin``)."""
+a server never serves it half-written, and the origin directory itself (``PullSite``)."""
 
 from __future__ import annotations
 

@@ -11,13 +11,14 @@ import contextlib
 import functools
 import os
 import signal
+import socket as _socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import ROLLBACK_DEPLOY
+from ... import ROLLBACK_DEPLOY, STAGE_DEPLOY
 from ...core import runid
 from ...core.checks import is_check
 from ...core.connection_errors import CONNECTION_ERRORS
@@ -321,8 +322,6 @@ def _mirror_hosts(run: _Run) -> list[str]:
 def _stage(run: _Run, targets: list[str]) -> None:
     """One run of the staging deploy (tritonfleet.STAGE_DEPLOY) on every reachable target and the
     mirror's hosts; a target that fails it is reported and left out of the batches."""
-    from ... import STAGE_DEPLOY
-
     mirrors = [n for n in _mirror_hosts(run) if n not in targets]
     hosts = targets + mirrors
     where = f" (image mirror: {', '.join(mirrors)})" if mirrors else ""
@@ -385,8 +384,6 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
         raise RolloutError(f"{path}: the journal has no start record: nothing to resume")
     if any(e["event"] == "end" for e in events):
         raise RolloutError(f"{path}: that rollout ended; start a new one instead")
-    import socket as _socket
-
     if start.get("holder", "").split(" ", 1)[0].endswith("@" + _socket.gethostname()) and \
             start.get("pid") != os.getpid() and alive(int(start.get("pid", 0))) and \
             b"tritonfleet" in Path(f"/proc/{start['pid']}/cmdline").read_bytes():

@@ -28,6 +28,7 @@ from pathlib import Path
 from ...core.errors import UsageError
 from ...serving import haproxy_weights
 from ...serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError, RuntimeAPI, parse_stat
+from .. import probe
 from . import canary, canary_watchdog, capacity
 from .state import HostStates
 
@@ -508,8 +509,6 @@ def prepare(hosts: list, batches: list[list[str]], canary: int, canary_weight: f
     def models_of() -> dict[str, list[str]]:
         """{server: models its host serves (its model repository)} for the rollout's hosts behind
         HAProxy; servers of hosts outside the rollout count for no model."""
-        from .. import probe
-
         return {server_name(fh): probe.intent(fh).get("models", []) for fh in hosts if _pool_key(fh) is not None}
 
     return Traffic(hosts, batches, canary, share, models_of)

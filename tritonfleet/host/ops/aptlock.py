@@ -26,8 +26,10 @@ from pyinfra.connectors.util import CommandOutput
 from ...core import report
 from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.shell import q
+from ...pyinfra_ext import memo
 from ...settings import access as config
 from .. import apt_diagnosis, apt_messages, apt_report
+from ..facts import DpkgState
 
 LOCK_ERRORS = apt_messages.LOCK_ERRORS
 
@@ -195,10 +197,6 @@ def repair_interrupted():
 
         aptlock.repair_interrupted(name="finish an interrupted dpkg run")
     """
-    from pyinfra import logger
-
-    from ...pyinfra_ext import memo
-    from ..facts import DpkgState
 
     what = memo.fact(DpkgState).get("interrupted") or []
     if not what:

@@ -17,6 +17,7 @@ from ...gpu.guard import compare_command, parse, verdict
 from ...host.layer import smi_command
 from ...pyinfra_ext.check import will_change
 from ...settings import access as config
+from ..health import gate_current_host
 from . import lb
 
 _RELOADS: dict[tuple[int, str], list[str]] = {}  # (pyinfra state, host) -> why
@@ -72,8 +73,6 @@ def guard_now(reasons: list[str]) -> None:
              step="GPU-loss guard")
     logger.warning(f"{host.print_prefix}{service} restarted: {say}")
     if lb.enabled():
-        from ..health import gate_current_host
-
         gate_current_host([])
         lb.ready_now()
 

@@ -30,6 +30,7 @@ from ...core.shell import q
 from ...settings import access as config
 from ...settings.access import Settings
 from .. import drain, per_gpu
+from ..health import gate_current_host
 
 _DRAINS: set[tuple[int, str]] = set()  # (pyinfra state, host) planned to be drained in this run
 _TOOK_OUT: set[tuple[int, str]] = set()  # (pyinfra state, host) this run's drain took out of the balancer
@@ -170,8 +171,6 @@ def drain_now(why: str) -> None:
 def gate_and_ready() -> None:
     """Where no health gate step follows a restart (deploys/host.py): Triton live and ready, then
     back in the load balancer."""
-    from ..health import gate_current_host
-
     gate_current_host([])
     ready_now()
 
