@@ -189,7 +189,7 @@ class CanaryPolicy:
     watchdog_ttl: float = 60.0
 
     @classmethod
-    def from_settings(cls, settings: access.CanaryPolicy, where: str) -> CanaryPolicy:
+    def from_settings(cls, settings: access.Settings, where: str) -> CanaryPolicy:
         """The canary_* tunables of ``settings`` (a host's), checked together; UsageError naming the
         tunable otherwise (each one alone is checked when the inventory is loaded:
         tritonfleet.settings.check)."""
