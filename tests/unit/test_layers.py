@@ -296,6 +296,11 @@ LAZY_EDGES = {
     ("tritonfleet.steps.triton", "tritonfleet.model_repo.origin"): "D: only a release from a model origin",
     ("tritonfleet.serving.health", "tritonfleet.serving.warmup"): "D: only a gate that warms models up",
     ("tritonfleet.steps.triton", "tritonfleet.steps.rollback"): "D: only auto_rollback after a failed gate",
+    ("tritonfleet.model_repo.verdicts", "tritonfleet.model_repo.validate"):
+        "D: a converged host's pre-flight answers from the verdict, without the validator and protobuf "
+        "(tests/integration/model_repo/test_verdicts.py)",
+    ("tritonfleet.serving.warmup", "tritonfleet.model_repo.validate"):
+        "D: the warm-up plan is remembered: the validator and protobuf only when it is not (the same test)",
 }
 
 #: the functions that still read the current host's settings for themselves import the accessor

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..core import local_cache, speed
-from . import render, validate
+from . import render
 from .derived import remembered_key, validator_source
 from .render import RepositoryError, manifest
 
@@ -43,7 +43,9 @@ def plan_cc_filenames(repo: Path, man: dict | None = None) -> dict[str, dict[str
     text = local_cache.read(path) if path is not None else None
     if text is not None:
         return json.loads(text)
-    out = validate.tensorrt_cc_model_filenames(repo)
+    from .validate import tensorrt_cc_model_filenames
+
+    out = tensorrt_cc_model_filenames(repo)
     if path is not None:
         local_cache.write(path, json.dumps(out, sort_keys=True))
     return out
@@ -67,7 +69,9 @@ def validate_repository(repo: Path, gpus: int | None = None) -> list:
         marker = None
     if marker is not None and marker.is_file():
         return []
-    problems = validate.validate_repository(repo, gpus=gpus)
+    from .validate import validate_repository as validate
+
+    problems = validate(repo, gpus=gpus)
     if not problems and marker is not None:
         try:
             marker.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,6 @@ import requests
 from ..core import local_cache, speed
 from ..model_repo import render
 from ..model_repo.derived import remembered_key
-from ..model_repo.validate import parse_config
 from . import triton_http
 
 # ModelConfig.DataType -> the KServe v2 datatype of the HTTP/REST protocol
@@ -138,6 +137,8 @@ def _prepared(path: str, _mtime_ns: int, _size: int):
     remembered = local_cache.read(where)
     plan = None if remembered is None else json.loads(remembered)
     if plan is None:
+        from ..model_repo.validate import parse_config
+
         plan = plan_for(parse_config(text))
         local_cache.write(where, json.dumps(plan))
     body = request_from(plan)
