@@ -71,7 +71,7 @@ def run(results, args, log) -> int:
         testbed_state,
     )
 
-    from tritonfleet.fleet.pull.origin import RESULTS, Origin
+    from tritonfleet.fleet.pull.origin import RESULTS, PullSite
     from tritonfleet.fleet.pull.reports import Reports
     from tritonfleet_testbed import hosts as tb
     from tritonfleet_testbed.origin_server import OriginServer, agent_wheelhouse, build_wheel
@@ -95,7 +95,7 @@ def run(results, args, log) -> int:
         h = {x.name: x for x in testbed_state().hosts}[host.name]
         srv = OriginServer(work / "origin", work / f"nginx-{i}", addr=tb.GATEWAY)
         try:
-            origin = Origin(work / "origin", srv.url)
+            origin = PullSite(work / "origin", srv.url)
             data = ("--data", "pull_poll_interval=3")
             sh([TRITONFLEET, "bootstrap", INVENTORY, "--origin", str(origin.root), "--url", srv.url,
                 "--out", str(work / "boot"), "--wheel", str(wheel), "--wheelhouse", str(wheels),

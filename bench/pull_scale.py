@@ -150,7 +150,7 @@ def agents(hosts: list[str], port: int, poll: float, run: float, keys: Path) -> 
 def run(n: int, poll: float = 2.0, run_s: float = 1.0) -> dict:
     import scale
 
-    from tritonfleet.fleet.pull.origin import REPORT_NAMESPACE, Origin, write_atomic
+    from tritonfleet.fleet.pull.origin import REPORT_NAMESPACE, PullSite, write_atomic
     from tritonfleet.fleet.pull.signing import enrol, make_key, publish_desired, sign
     from tritonfleet_testbed.origin_server import OriginServer
 
@@ -162,7 +162,7 @@ def run(n: int, poll: float = 2.0, run_s: float = 1.0) -> dict:
     key = work / "key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     names = [f"pull-{i:04d}" for i in range(1, n + 1)]
-    origin = Origin(work / "origin")
+    origin = PullSite(work / "origin")
     # before the rollout: every host has its report key (enrolled), runs release BEFORE and has
     # reported it (not measured)
     keys = work / "host-keys"

@@ -490,7 +490,7 @@ def plan(inventory: str, deploy: str, k: int = 1) -> int:
     processes (tritonfleet.fleet.runner.workers, as the rollout does)."""
     sys.path.insert(0, str(ROOT))
     from tritonfleet.fleet import probe
-    from tritonfleet.fleet.rollout.plan import _plan_error
+    from tritonfleet.fleet.rollout.plan import plan_error
     from tritonfleet.fleet.runner import workers
     from tritonfleet.inventory import roster
 
@@ -506,7 +506,7 @@ def plan(inventory: str, deploy: str, k: int = 1) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     dry = workers.run_pyinfra(inventory, deploy, targets, {}, settings=None, dry=True, log_path=WORK / "scale-plan.log", workers=k)
     if dry.rc != 0:
-        print("\n".join(_plan_error(dry.log)), file=sys.stderr)
+        print("\n".join(plan_error(dry.log)), file=sys.stderr)
     return dry.rc
 
 

@@ -65,7 +65,7 @@ def main() -> None:
             util.PYTHON_CODES.clear()
             hosts = roster.load_inventory(inv)
             pyinfra_hosts = [h.pyinfra_host for h in hosts]
-            origins = check.Origins(pyinfra_hosts[0].inventory, str(inv), check.group_dirs(str(inv)))
+            origins = check.ValueSources(pyinfra_hosts[0].inventory, str(inv), check.group_dirs(str(inv)))
             alone = timed(lambda hs=pyinfra_hosts, o=origins: check.check_hosts(hs, o, GPU_CLASSES), args.runs)
         print(f"| {n} | {total * 1000:.0f} ms | {alone * 1000:.1f} ms | {alone / n * 1000:.3f} ms |")
     data = {**DEFAULTS, "ssh_hostname": "a", "gpu_class": "T4"}

@@ -1,5 +1,5 @@
 """Operator API: the checks that run before any host is touched. A deploy file calls one entry
-point first, after ``pyinfra_patches.install()``: ``run_all`` (deploys/triton.py), ``host_layer``
+point first, after ``install.install()``: ``run_all`` (deploys/triton.py), ``host_layer``
 (deploys/host.py) or ``triton_layer`` (deploys/models.py); a deploy of your own may call single
 checks (``check_settings``, ``check_host_key_policy``, ...). This module is part of the public
 surface ``tritonfleet init`` writes into operators' repositories (docs/architecture.md, "Operator
@@ -24,8 +24,9 @@ import os
 from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
+from pyinfra.context import ctx_state
 
-from .core.errors import TritonfleetError
+from .core.errors import TritonfleetError, UsageError
 from .core.exits import entry_point
 from .gpu import compat
 from .gpu.facts import (
@@ -33,6 +34,7 @@ from .gpu.facts import (
     STATUS_OK,
     GpuRecord,
     NvidiaGpus,
+    host_gpus,
     nvidia_gpus_args,
     placement_gpus,
 )
@@ -42,9 +44,7 @@ from .gpu.rules import (
     compute_capability_problem,
     plan_compute_capability_problem,
 )
-from .host import nvidia_repos as vendorfacts
-from .host import signing_keys as keys
-from .host import vendor_repos
+from .host import nvidia_repos, signing_keys, vendor_repos
 from .host.facts import DockerDaemonJson, KeyringFingerprints, RemoteKeyFingerprints
 from .host.gpu_probe import GpuProbe
 from .host.kernel_module import FLAVOURS
@@ -61,14 +61,17 @@ from .host.layer import (
 # the model origin stores: also fills the table the settings check reads model_origin's URL rules from
 from .model_repo import origin as model_origin
 from .model_repo.render import RepositoryError, current_host_repository
-from .pyinfra_ext import install as pyinfra_patches
-from .pyinfra_ext import memo
+from .model_repo.verdicts import plan_cc_filenames, validate_repository
+from .pyinfra_ext import install, memo
+from .pyinfra_ext.transfer import is_ssh_host
+from .serving import per_gpu
 from .serving.facts import DockerImageId
 from .serving.image_mirror import client_secret_problem
 from .serving.images import login_registry, needs_login, needs_mirror_login, pulls
 from .serving.reads import triton_facts
 from .settings import access
 from .settings import check as settings_check
+from .settings.mirrored import unpinned_images
 
 __all__ = [
     "PreflightError",
@@ -115,10 +118,8 @@ _validated: dict[str, list] = {}
 def check_settings() -> None:
     """Every setting of this host: type, range, known name, known GPU class, refused naming the
     value and where it was set (tritonfleet.settings.check). First: no other check reads one before."""
-    from pyinfra.context import ctx_state
-
     state = ctx_state.get() if ctx_state.isset() else None
-    origins = settings_check.Origins(host.inventory, None, settings_check.group_dirs(cwd=getattr(state, "cwd", None)))
+    origins = settings_check.ValueSources(host.inventory, None, settings_check.group_dirs(cwd=getattr(state, "cwd", None)))
     try:
         settings_check.check_hosts([host], origins, GPU_CLASSES)
     except settings_check.SettingsError as e:
@@ -129,8 +130,6 @@ def check_host_key_policy() -> None:
     """pyinfra connects before any tritonfleet code runs and takes the host-key policy from the
     host's data alone: without ssh_strict_host_key_checking there, it used its own accept-new
     (an unknown key trusted on first contact) instead of tritonfleet's default."""
-    from .pyinfra_ext.transfer import is_ssh_host
-
     if is_ssh_host(host) and host.data.get("ssh_strict_host_key_checking") is None:
         raise PreflightError(
             f"{host.name}: ssh_strict_host_key_checking is not set for this host, so pyinfra connected "
@@ -144,7 +143,6 @@ def check_host_key_policy() -> None:
 def check_model_repository() -> None:
     # Triton's config schema (protobuf): loaded only by the deploys that have models, and only
     # when the repository changed since it was last found valid (tritonfleet.model_repo.verdicts)
-    from .model_repo.verdicts import validate_repository
 
     src = Path(access.get("model_repository"))
     if not src.is_dir():
@@ -184,8 +182,6 @@ def check_plan_compute_capability(repo: Path, man: dict | None = None) -> None:
     per compute capability (cc_model_filenames) has one for the host's GPU class
     (tritonfleet.gpu.rules.plan_compute_capability_problem). Read on the control machine only;
     ``man``: the repository's manifest, where the caller has it."""
-    from .model_repo.verdicts import plan_cc_filenames
-
     key = str(repo.resolve())
     if key not in _plans:
         _plans[key] = plan_cc_filenames(repo, man)
@@ -263,8 +259,8 @@ def check_driver_branch() -> None:
     where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if access.get("nvidia_driver_branch")
              else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
     try:
-        available = vendorfacts.branches(distro)
-    except vendorfacts.UnknownDistro as e:
+        available = nvidia_repos.branches(distro)
+    except nvidia_repos.UnknownDistro as e:
         raise PreflightError(f"{host.name}: {e}") from e
     image = access.get("triton_image")
     gpu_class = host.data.get("gpu_class")
@@ -289,7 +285,7 @@ def check_driver_branch() -> None:
 
 
 def where_from(distro: str) -> str:
-    return "Debian 12's own archive" if distro == vendorfacts.DEBIAN_ARCHIVE else f"NVIDIA's {distro} repository"
+    return "Debian 12's own archive" if distro == nvidia_repos.DEBIAN_ARCHIVE else f"NVIDIA's {distro} repository"
 
 
 def check_test_image() -> None:
@@ -326,8 +322,6 @@ def check_registry_secret(images: list[str]) -> None:
 def check_model_origin() -> None:
     """model_origin: its tunables can work, and the origin answers this machine (one request a
     run): a down origin stops the run before any host is touched."""
-    from .core.errors import UsageError
-
     try:
         found = model_origin.from_settings(access.current())
     except UsageError as e:
@@ -344,7 +338,6 @@ def check_model_origin() -> None:
 def check_image_mirror() -> None:
     """image_mirror: every image pulled through it is pinned by digest (the mirror then serves
     the same bytes to every host whatever the tag does upstream; tritonfleet.settings.mirrored)."""
-    from .settings.mirrored import unpinned_images
 
     for key, _, upstream in unpinned_images(access.current())[:1]:
         raise PreflightError(
@@ -426,8 +419,8 @@ def check_daemon_json() -> None:
 def check_vendor_keys() -> None:
     for repo in vendor_repos.repos(access.current()):
         what, url, tunable = repo.what, repo.key_url, repo.fingerprint_tunable
-        pinned = keys.normalize_fingerprint(str(repo.fingerprint))
-        if keys.trusted(memo.fact(KeyringFingerprints, path=repo.keyring), pinned):
+        pinned = signing_keys.normalize_fingerprint(str(repo.fingerprint))
+        if signing_keys.trusted(memo.fact(KeyringFingerprints, path=repo.keyring), pinned):
             continue  # the pinned key is what the host trusts already
         remote = host.get_fact(RemoteKeyFingerprints, url=url, fingerprint=pinned)
         if remote["error"]:
@@ -439,7 +432,7 @@ def check_vendor_keys() -> None:
             if len(found) > 1:
                 raise PreflightError(
                     f"{host.name}: the {what} signing key file at {url} holds {len(found)} primary keys "
-                    f"({', '.join(found)}); {tunable} pins {pinned}: {keys.RULE}, so the file is not "
+                    f"({', '.join(found)}); {tunable} pins {pinned}: {signing_keys.RULE}, so the file is not "
                     "trusted and nothing was installed. Ask the vendor, or serve a file with only the "
                     f"pinned key (and point the URL tunable next to {tunable} in {GROUP_DATA}/all.py at it)")
             raise PreflightError(
@@ -451,11 +444,9 @@ def check_vendor_keys() -> None:
 
 def check_per_gpu() -> None:
     """triton_per_gpu: the instances' ports do not collide (tritonfleet.serving.per_gpu)."""
-    from .serving import per_gpu as pergpu
 
-    if not pergpu.enabled(access.current()):
+    if not per_gpu.enabled(access.current()):
         return
-    from .gpu.facts import host_gpus
 
     if access.get("lb"):
         raise PreflightError(f"{host.name}: triton_per_gpu with a load balancer (lb = {access.get('lb')!r}) is not "
@@ -463,7 +454,7 @@ def check_per_gpu() -> None:
                              f"triton_per_gpu = False or lb = None for this host ({GROUP_DATA}/all.py, or the "
                              "host's inventory data; docs/multi-gpu.md)")
     try:
-        pergpu.check_layout(access.current(), host_gpus(access.current()))
+        per_gpu.check_layout(access.current(), host_gpus(access.current()))
     except ValueError as e:
         raise PreflightError(f"{host.name}: {e} ({GROUP_DATA}/all.py, or the host's inventory data)") from e
 
@@ -473,7 +464,7 @@ def check_per_gpu() -> None:
 def _begin() -> None:
     """What every pre-flight entry point does first, as the steps do (tritonfleet_step): the deploy
     file installed the patches, so the deploy lock is held."""
-    pyinfra_patches.required("pre-flight")
+    install.required("pre-flight")
 
 
 @entry_point

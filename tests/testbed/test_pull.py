@@ -31,7 +31,7 @@ import pytest
 
 from tests.support.testbed import TRITONFLEET, env, ssh
 from tritonfleet import ROOT
-from tritonfleet.fleet.pull.origin import RESULTS, Origin
+from tritonfleet.fleet.pull.origin import RESULTS, PullSite
 from tritonfleet.fleet.pull.reports import Reports
 from tritonfleet.fleet.pull.signing import read_pointer
 
@@ -54,7 +54,7 @@ def tf(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 class PullFleet:
-    def __init__(self, origin: Origin, key: Path, hosts: dict, boot: Path):
+    def __init__(self, origin: PullSite, key: Path, hosts: dict, boot: Path):
         self.origin, self.key, self.hosts, self.boot = origin, key, hosts, boot
         self.reports = Reports(origin)
 
@@ -101,7 +101,7 @@ def pull_fleet(deployed, tmp_path_factory):
     wheel = build_wheel(tmp / "dist")
     srv = OriginServer(tmp / "origin", tmp / "nginx", addr=hosts.GATEWAY)
     try:
-        origin = Origin(tmp / "origin", srv.url)
+        origin = PullSite(tmp / "origin", srv.url)
         res = tf("bootstrap", INVENTORY, "--origin", str(origin.root), "--url", srv.url, "--out", str(tmp / "boot"),
                  "--wheel", str(wheel), "--wheelhouse", str(wheels), "--sign-key", str(key), "--limit", HOST,
                  "--limit", OTHER, *DATA)

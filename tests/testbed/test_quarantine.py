@@ -52,7 +52,7 @@ from tests.testbed.test_drain import RATE, Client
 from tests.testbed.test_observability import Prometheus
 from tritonfleet import ROOT
 from tritonfleet.fleet import quarantine
-from tritonfleet.gpu.telemetry import Gpu
+from tritonfleet.gpu.telemetry import GpuReading
 from tritonfleet.serving import drain
 from tritonfleet_testbed.ports import free_port
 from tritonfleet_testbed.standin_repo import GPU_PROFILES
@@ -73,7 +73,7 @@ def data_args(d: dict) -> list[str]:
 
 
 def xid_line(h, xid: int, text: str) -> str:
-    pci = Gpu("0", "", GPU_PROFILES[h.gpu_class.upper()]["PCI_BUS_ID"]).pci
+    pci = GpuReading("0", "", GPU_PROFILES[h.gpu_class.upper()]["PCI_BUS_ID"]).pci
     return f"NVRM: Xid (PCI:{pci}): {xid}, pid=4242, name=tritonserver, {text}"
 
 

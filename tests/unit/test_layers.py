@@ -315,3 +315,188 @@ def test_tests_are_laid_out_like_the_source():
     marked = [str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py")
               if any(m in p.read_text() for m in markers) or "\npytestmark" in p.read_text()]
     assert not marked, f"the tiers' markers come from the directory (tests/testbed/, tests/integration/), not the file: {marked}"
+
+
+#: the modules' names before the move to the layers, kept as aliases (``import X as Y``): a reader
+#: of ``pergpu.enabled`` had to go back to the import block to find ``serving.per_gpu``. A module
+#: is called by its own name; where a local name collides, the local is renamed (or the few names
+#: used are imported). ``access as config`` joins this list once the settings are passed
+#: explicitly everywhere (its sites read the current host).
+PRE_MOVE_ALIASES = {
+    ("inventory", "fleet"), ("install", "pyinfra_patches"), ("per_gpu", "pergpu"), ("report", "failure"),
+    ("report", "failure_lib"), ("nvidia_repos", "vendorfacts"), ("guard", "gpuguard"), ("release", "release_plan"),
+    ("placement", "gpucount"), ("open_files", "limits"), ("boot_kernel", "kernel"), ("signing_keys", "keys"),
+    ("render", "models"), ("traffic", "rollout_traffic"), ("state", "rollout_state"), ("canary", "canary_mod"),
+    ("access", "config"),
+}
+
+
+def test_no_pre_move_alias():
+    found = []
+    for m, p in modules().items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [f"{m}:{node.lineno}: {a.name} as {a.asname}" for a in node.names
+                          if (a.name.rpartition(".")[2], a.asname) in PRE_MOVE_ALIASES]
+    assert not found, "modules imported under their names before the move (call them by their own):\n" + "\n".join(found)
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A name with a leading underscore stays in its module: a name other modules use is public
+    (no underscore), or it moves. A private module (``_name.py``) may be imported by the modules
+    of its own package, as community.docker's ``module_utils/_*.py`` are."""
+    found = []
+    for m, p in modules().items():
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for line, name in imported(p):
+            private = [part for part in name.split(".") if part.startswith("_") and not part.startswith("__")]
+            if not private:
+                continue
+            owner = name.rpartition(".")[0]
+            if owner in modules() and not owner.rpartition(".")[2].startswith("_") and owner != m:
+                found.append(f"{m}:{line}: {name}")  # a private name of another module
+            elif name in modules() and name.rpartition(".")[0] != package:
+                found.append(f"{m}:{line}: {name} (a private module of another package)")
+    assert not found, "private names imported across modules (drop the underscore, or move the name):\n" + "\n".join(found)
+
+
+def test_no_class_name_is_defined_twice():
+    """One meaning per name: two classes of one name (three ``Origin``s, three ``Settings`` once)
+    make a reader, a traceback and a type annotation ambiguous. A class names what it is
+    (``PullSite``, ``CanaryPolicy``, ``TuneThresholds``, ``ValueSources``)."""
+    where: dict[str, list[str]] = {}
+    for m, p in modules().items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{m}:{node.lineno}")
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, "class names defined more than once (rename all but one):\n" + "\n".join(
+        f"{name}: {', '.join(places)}" for name, places in sorted(twice.items()))
+
+
+# ------------------------------------------------- imports at module level, but for a listed set
+
+#: third-party packages a function may import for itself: optional, or heavy for the commands and
+#: deploys that never use them (figures: docs/scale.md, "What start-up imports")
+LAZY_PACKAGES = {
+    "boto3": "optional extra (s3): only an s3:// model origin needs it",
+    "botocore": "boto3's: the same extra",
+    "matplotlib": "optional extra (plot): only `tritonfleet loadtest --plot`",
+    "onnx": "heavy: only validate's ONNX signature check reads a model.onnx",
+    "google.protobuf": "protobuf's formats: only where a model config is parsed or written",
+    "tritonclient": "heavy (gRPC stubs): only where a model config is parsed, and the load test's clients",
+    "aiohttp": "the load test's HTTP client",
+    "grpc": "the load test's gRPC client",
+    "prometheus_client": "only tune's parser, the rollout's exporter and the metrics reads",
+    "requests": "not loaded by `tritonfleet --help`: only a model origin over HTTP uses it on the control side",
+    "gevent": "gevent.fileobject only for the deploy lock's pipe; the canary watchdog runs without gevent too",
+    "pyinfra_cli": "importing pyinfra_cli patches the process for gevent (its __init__): only commands that "
+                   "load an inventory through pyinfra's loader import it",
+}
+
+#: modules whose functions may import anything (they import what a command runs)
+LAZY_MODULES = {
+    "tritonfleet.cli": "the command bodies: `tritonfleet --help` and each command import only what they run",
+    "tritonfleet.__main__": "gevent patches the standard library before the command line is imported",
+}
+
+#: (module, the module it imports inside a function): measured start-up costs. Each one at module
+#: level would add modules to what `tritonfleet --help` imports (H) or to what a deploy file's
+#: steps import for a host's no-op (D): bench/run.py noop-installed, docs/scale.md
+LAZY_EDGES = {
+    ("tritonfleet.fleet.probe", "tritonfleet.serving.images"): "H: images and its requests",
+    ("tritonfleet.gpu.facts", "tritonfleet.pyinfra_ext.memo"): "H: the facts' memo and pyinfra's state",
+    ("tritonfleet.gpu.placement", "tritonfleet.core.triton_schema"): "H, D: Triton's config schema (protobuf)",
+    ("tritonfleet.model_repo.render", "tritonfleet.core.triton_schema"): "H, D: Triton's config schema (protobuf)",
+    ("tritonfleet.model_repo.render", "tritonfleet.model_repo.derived"): "H, D: the remembered keys (protobuf)",
+    ("tritonfleet.model_repo.origin", "tritonfleet.model_repo.release"): "H: the release layout",
+    ("tritonfleet.pyinfra_ext.compat", "tritonfleet.pyinfra_ext.hostlock"): "H: the deploy lock and gevent's pipe",
+    ("tritonfleet.serving.unit", "tritonfleet.serving.drain"): "H: the drain and its requests",
+    ("tritonfleet.model_repo.ops", "tritonfleet.model_repo.fetch"): "D: only a release from a model origin",
+    ("tritonfleet.model_repo.ops", "tritonfleet.model_repo.origin"): "D: only a release from a model origin",
+    ("tritonfleet.steps.triton", "tritonfleet.model_repo.origin"): "D: only a release from a model origin",
+    ("tritonfleet.serving.health", "tritonfleet.serving.warmup"): "D: only a gate that warms models up",
+    ("tritonfleet.steps.triton", "tritonfleet.steps.rollback"): "D: only auto_rollback after a failed gate",
+    ("tritonfleet.model_repo.verdicts", "tritonfleet.model_repo.validate"):
+        "D: a converged host's pre-flight answers from the verdict, without the validator and protobuf "
+        "(tests/integration/model_repo/test_verdicts.py)",
+    ("tritonfleet.serving.warmup", "tritonfleet.model_repo.validate"):
+        "D: the warm-up plan is remembered: the validator and protobuf only when it is not (the same test)",
+}
+
+#: the functions that still read the current host's settings for themselves import the accessor
+#: where they read it; they go with those reads (settings passed explicitly: docs/architecture.md)
+CURRENT_HOST_READS = {("tritonfleet.gpu.facts", "tritonfleet.settings.access"),
+                      ("tritonfleet.model_repo.render", "tritonfleet.settings.access"),
+                      ("tritonfleet.serving.health", "tritonfleet.settings.access"),
+                      ("tritonfleet.serving.per_gpu", "tritonfleet.settings.access")}
+
+
+def function_imports(path) -> tuple[list[tuple[int, str, list[str]]], set[tuple[str, str]]]:
+    """(line, source module, [module.name for each name]) of every import inside a function of
+    ``path``, and the (module, name) pairs its module level imports."""
+    m = module_name(path)
+    package = m if path.name == "__init__.py" else m.rpartition(".")[0]
+
+    def source(node) -> str:
+        if isinstance(node, ast.Import):
+            return node.names[0].name
+        if node.level:
+            return ".".join(package.split(".")[: len(package.split(".")) - (node.level - 1)] + ([node.module] if node.module else []))
+        return node.module or ""
+
+    tree = ast.parse(path.read_text())
+    top = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top |= {(a.name, a.asname or "") for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            top |= {(source(node), f"{a.name} as {a.asname or a.name}") for a in node.names}
+    inner = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    src = source(node)
+                    again = all((a.name, a.asname or "") in top for a in node.names) if isinstance(node, ast.Import) \
+                        else all((src, f"{a.name} as {a.asname or a.name}") in top for a in node.names)
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                        [src] + [f"{src}.{a.name}" for a in node.names]
+                    inner.append((node.lineno, src, names, again))
+    return [(line, src, names) for line, src, names, again in inner if not again], \
+        {(m, src) for line, src, names, again in inner if again}
+
+
+def lazy_reason(m: str, src: str, names: list[str], mods) -> str | None:
+    """Why ``m`` may import ``src`` (``names``) inside a function (None: it may not)."""
+    for pkg, why in LAZY_PACKAGES.items():
+        if any(n == pkg or n.startswith(pkg + ".") for n in [src, *names]):
+            return why
+    for prefix, why in LAZY_MODULES.items():
+        if m == prefix or m.startswith(prefix + "."):
+            return why
+    targets = [n for n in names[1:] if n in mods] or [src]  # `from package import module`: the module
+    if all((m, t) in LAZY_EDGES or (m, t) in CURRENT_HOST_READS for t in targets):
+        return "listed"
+    return None
+
+
+def test_imports_are_at_module_level_but_a_listed_set():
+    """A module's dependencies are in its import block: a function imports for itself only an
+    optional or heavy package, a command body of the CLI, or what a measured start-up cost keeps
+    out of `tritonfleet --help` and a deploy's no-op (the lists above, each with its reason). No
+    function imports again what its module imports at the top."""
+    mods = modules()
+    bad, again, used = [], [], set()
+    for m, p in mods.items():
+        inner, reimports = function_imports(p)
+        again += [f"{m}: {src} again inside a function" for m, src in sorted(reimports)]
+        for line, src, names in inner:
+            if lazy_reason(m, src, names, mods) is None:
+                bad.append(f"{m}:{line}: {src} ({', '.join(names[1:]) or names[0]})")
+            used |= {(m, t) for t in names} | {(m, src)}
+    stale = sorted(f"{m} -> {t}" for m, t in LAZY_EDGES if (m, t) not in used)
+    assert not bad, "imports inside functions (move them to the module's import block, or list them with " \
+                    "the reason):\n" + "\n".join(bad)
+    assert not again, "\n".join(again)
+    assert not stale, f"LAZY_EDGES lists imports no function makes any more: {stale}"

@@ -11,6 +11,8 @@ its traceback."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import click
 
 from .. import __version__
@@ -53,9 +55,7 @@ def _add_installed_commands() -> None:
     """The commands other installed packages declare in the ``tritonfleet.commands`` entry point
     group. One whose package is not installed (a declaration left without its package) is left
     out; any other error while loading it is raised, naming it."""
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=COMMANDS_GROUP):
+    for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP):
         try:
             command = ep.load()
         except ModuleNotFoundError as e:

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import click
 
+from ..core.errors import UsageError
+from ..fleet.pull.origin import INCLUDE, SIGNERS_DOC, PullSite
+from ..inventory import roster
+from .fleet import parse_data
+
 ORIGIN_HELP = "the origin directory (served to the hosts over HTTP(S))"
-
-
-def _data(pairs: tuple[str, ...]) -> dict:
-    from .fleet import _data as parse
-
-    return parse(pairs)
 
 
 @click.command("bootstrap")
@@ -44,11 +43,9 @@ def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, 
     pull configuration and start its systemd timer. The host then needs no command from here.
     """
     from ..fleet.pull import bootstrap
-    from ..fleet.pull.origin import Origin
-
-    written = bootstrap.bootstrap(inventory, Origin(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
+    written = bootstrap.bootstrap(inventory, PullSite(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
                                   wheel=wheel, key=sign_key, release=release, reports_url=reports_url,
-                                  limit=list(limit), data=_data(data), rekey=rekey,
+                                  limit=list(limit), data=parse_data(data), rekey=rekey,
                                   echo=lambda m: click.echo(m, err=True))
     click.echo(f"bootstrap for {len(written)} host(s) in {out}/<host>/: bootstrap.sh (run as root) and "
                "user-data (cloud-init)")
@@ -72,16 +69,13 @@ def pull_group() -> None:
 def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -> None:
     """Publish the current directory's repository as a release; with --sign-key, point the hosts
     (--limit: a wave of them) at it, without waiting for them. Prints the release id."""
-    from ..fleet.pull.origin import INCLUDE, Origin
     from ..fleet.pull.release import host_entries, publish_release
     from ..fleet.pull.signing import check_sign_key, publish_desired
-    from ..inventory import roster
-
-    origin = Origin(origin_dir)
+    origin = PullSite(origin_dir)
     roster.check_deploy_file(deploy)
     if sign_key:
         check_sign_key(sign_key)
-    hosts = roster.load_inventory(inventory, data=_data(data), limit=list(limit))
+    hosts = roster.load_inventory(inventory, data=parse_data(data), limit=list(limit))
     with origin.lock("pull publish"):
         sha = publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or INCLUDE)
         if sign_key:
@@ -117,13 +111,12 @@ def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, ca
 
     Exit status: 0 when every host ends on the new release; 1 on any failure, rollback or halt.
     """
-    from ..fleet.pull.origin import INCLUDE, Origin
     from ..fleet.pull.rollout import rollout
     from ..fleet.rollout.report import exit_status, table
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
-    report = rollout(inventory, deploy, Origin(origin_dir), sign_key, limit=list(limit), canary=canary,
-                          batch=batch, max_fail=max_fail, data=_data(data), timeout=timeout,
+    report = rollout(inventory, deploy, PullSite(origin_dir), sign_key, limit=list(limit), canary=canary,
+                          batch=batch, max_fail=max_fail, data=parse_data(data), timeout=timeout,
                           include=tuple(include) or INCLUDE, echo=echo, poll=poll)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
     sys.exit(exit_status(report))
@@ -137,10 +130,9 @@ def refresh_cmd(origin_dir, sign_key, ttl) -> None:
     """Re-sign every live pointer of the origin (the same release and host data, a new generation
     and expiry): run it from a timer well within pull_pointer_ttl, or the hosts report a stale
     origin and stop following."""
-    from ..fleet.pull.origin import Origin
     from ..fleet.pull.signing import refresh
 
-    origin = Origin(origin_dir)
+    origin = PullSite(origin_dir)
     with origin.lock("pull refresh"):
         gen, hosts = refresh(origin, sign_key, ttl)
     click.echo(f"re-signed {len(hosts)} pointer(s) (generation {gen})")
@@ -156,13 +148,11 @@ def rotate_key_cmd(origin_dir, sign_key, new_key, retire) -> None:
     """Change the release signers the hosts trust, with an overlap: --new-key NEW (signed by the
     old key: both verify), then pointers signed by NEW (pull refresh --sign-key NEW), then
     --retire OLD (signed by NEW). Each host installs the list on its next converge."""
-    from ..core.errors import UsageError
-    from ..fleet.pull.origin import SIGNERS_DOC, Origin
     from ..fleet.pull.signing import rotate_key
 
     if not new_key and not retire:
         raise UsageError("give --new-key (add a signer) or --retire (remove one)")
-    origin = Origin(origin_dir)
+    origin = PullSite(origin_dir)
     with origin.lock("pull rotate-key"):
         doc = rotate_key(origin, sign_key, new_key, retire)
     click.echo(f"signers generation {doc['generation']}: {len(doc['keys'])} key(s) published in {SIGNERS_DOC}")

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import click
 
-from .fleet import _data
+from ..core.errors import TritonfleetError, UsageError
+from ..inventory import roster
+from .fleet import parse_data
 
 
 @click.command("check")
@@ -41,15 +43,12 @@ def check_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_
     Exit status: 0 when nothing failed (warnings allowed), 1 when a check failed, 2 for bad input
     (the options, or an inventory or setting refused: its rows, then the one-line error).
     """
-    from ..core.errors import TritonfleetError, UsageError
     from ..fleet import wiring
-    from ..inventory import roster
-
     if sign_key and not pull_origin:
         raise click.BadParameter("goes with --pull-origin", param_hint="--sign-key")
     if bootstrap_dir and not sign_key:
         raise click.BadParameter("goes with --sign-key", param_hint="--bootstrap-dir")
-    overrides = _data(data)
+    overrides = parse_data(data)
     try:
         hosts, load_rows = roster.load_inventory(inventory, data=overrides, limit=list(limit)), []
     except TritonfleetError as e:

@@ -6,6 +6,9 @@ import sys
 
 import click
 
+from ..inventory import roster
+from .fleet import parse_data
+
 
 @click.command("deploy")
 @click.argument("inventory")
@@ -24,10 +27,7 @@ def deploy_cmd(inventory: str, deploy: str, limit: tuple[str, ...], data: tuple[
     summary, the failure report of every failed host. Exit status: the worst of the processes.
     """
     from ..fleet.runner import workers as spread
-    from ..inventory import roster
-    from .fleet import _data
-
-    values = _data(data)
+    values = parse_data(data)
     roster.check_deploy_file(deploy)
     hosts = roster.load_inventory(inventory, data=values, limit=list(limit))
     sys.exit(spread.deploy(inventory, deploy, [h.name for h in hosts], values, dry=dry, workers=workers,

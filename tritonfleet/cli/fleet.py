@@ -8,19 +8,20 @@ import sys
 
 import click
 
+from ..core.errors import TritonfleetError
 from ..fleet import probe
+from ..fleet.pull.origin import PullSite
 from ..inventory import roster
+from ..pyinfra_ext import compat
 
 
 def _pyinfra_checked(*features: str) -> None:
     """The pyinfra internals these commands rely on are the checked ones (tritonfleet.pyinfra_ext.compat):
     a changed one is a PyinfraChanged, a TritonfleetError that ends the command (tritonfleet.cli.main)."""
-    from ..pyinfra_ext import compat
-
     compat.ensure(*features)
 
 
-def _data(pairs: tuple[str, ...]) -> dict:
+def parse_data(pairs: tuple[str, ...]) -> dict:
     """--data key=value, parsed the way pyinfra parses it (JSON, numbers, booleans)."""
     from pyinfra_cli.util import parse_cli_arg
 
@@ -120,7 +121,7 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     Read-only. Exit status 0 when every host is reachable and matches the inventory (and the
     quarantine receiver of quarantine_url, when set, answers with its token), 1 otherwise.
     """
-    hosts = roster.load_inventory(inventory, data=_data(data), limit=list(limit))
+    hosts = roster.load_inventory(inventory, data=parse_data(data), limit=list(limit))
     if pull_origin:  # pull mode (tritonfleet.fleet.pull.status): what each host reported, read from the origin
         sys.exit(pull_status(hosts, pull_origin, as_json))
     from ..fleet.runner import workers  # the hosts spread over worker processes (fleet_workers)
@@ -129,9 +130,9 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
     for h in hosts:
         roster.disconnect(h)
     receiver_ok = add_quarantine(hosts, rows)
-    from ..fleet.rollout import state as rollout_state
+    from ..fleet.rollout import state
 
-    rollout = rollout_state.host_column()  # the hosts' states in a running rollout (its state file)
+    rollout = state.host_column()  # the hosts' states in a running rollout (its state file)
     if as_json:
         click.echo(json.dumps([{**r.to_json(), "rollout": rollout.get(r.host)} for r in rows], indent=2))
     else:
@@ -145,11 +146,10 @@ def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as
 def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
     """`tritonfleet status --pull ORIGIN`: the hosts' own reports (no SSH). Exit status 0 when
     every host ran its desired release successfully and recently."""
-    from ..fleet.pull.origin import Origin
     from ..fleet.pull.reports import short
     from ..fleet.pull.status import status
 
-    rows = status(hosts, Origin(origin_dir))
+    rows = status(hosts, PullSite(origin_dir))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
@@ -168,7 +168,6 @@ def add_quarantine(hosts: list[roster.FleetHost], rows: list[probe.HostStatus]) 
     """Hosts the quarantine receiver (quarantine_url) holds out of the load balancer: their row's
     quarantine and a drift line (a host out of service is not as the inventory wants it). False
     (status exits 1) when the receiver cannot be read: not reached, or its token refused or unreadable."""
-    from ..core.errors import TritonfleetError
     from ..fleet.quarantine.client import fetch_state, read_token, status_line
 
     url = hosts[0].get("quarantine_url") if hosts else None
@@ -254,11 +253,11 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
     if pause or unpause:  # a running rollout's pause file (tritonfleet.fleet.rollout.state)
-        from ..fleet.rollout import state as rollout_state
+        from ..fleet.rollout import state
 
         if pause and unpause or inventory or deploy or resume:
             raise RolloutError("--pause and --continue take no INVENTORY, DEPLOY or --resume (only --journal)")
-        click.echo(rollout_state.pause(journal) if pause else rollout_state.unpause(journal))
+        click.echo(state.pause(journal) if pause else state.unpause(journal))
         return
     _pyinfra_checked("rollout_json")
     if resume:
@@ -274,7 +273,7 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
         if not inventory or not deploy:
             raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
         report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
-                         max_fail=max_fail, data=_data(data), gate_timeout=gate_timeout, echo=echo,
+                         max_fail=max_fail, data=parse_data(data), gate_timeout=gate_timeout, echo=echo,
                          perf_gate=perf_gate, stage=stage, canary_weight=canary_weight, plan_only=dry,
                          release_holds=release_holds)
     if as_json:

@@ -7,6 +7,9 @@ import sys
 
 import click
 
+from ..core.errors import UsageError
+from ..inventory.roster import disconnect, load_inventory
+
 
 @click.command("loadtest")
 @click.argument("inventory", type=click.Path(dir_okay=False))
@@ -34,8 +37,6 @@ def loadtest_cmd(inventory: str, limit: tuple[str, ...], models: tuple[str, ...]
     progress line per second goes to stderr. Exit status 1 when a host could not be measured
     or a request failed.
     """
-    from ..core.errors import UsageError
-    from ..inventory.roster import disconnect, load_inventory
     from ..observability import loadtest
 
     try:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from ..inventory.roster import load_inventory, select
+
 
 @click.command("prometheus")
 @click.argument("inventory", type=click.Path(dir_okay=False))
@@ -50,8 +52,6 @@ def prometheus_cmd(inventory: str, out: str, prometheus_dir: str | None, job: st
     With --limit only the named hosts' target entries change; the rules and the dashboard always
     cover the whole inventory.
     """
-    from ..inventory.roster import load_inventory, select
-
     out_dir = Path(out)
     hosts = load_inventory(inventory)
     only = {h.name for h in select(hosts, limit, inventory)} if limit else None

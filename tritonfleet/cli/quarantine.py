@@ -16,18 +16,18 @@ from pathlib import Path
 import click
 
 from ..core.errors import UsageError
+from ..inventory import roster
+from ..observability.options import alertmanager_url
 from ..settings.defaults import quarantine_token_file as DEFAULT_TOKEN_FILE
+from .fleet import parse_data
 
 DEFAULT_LISTEN = "127.0.0.1:9095"
 DEFAULT_STATE_DIR = ".tritonfleet/quarantine"
 
 
 def _hosts(inventory: str, data: tuple[str, ...], limit: tuple[str, ...] = ()):
-    from ..inventory import roster
-    from .fleet import _data
-
     try:
-        return roster.load_inventory(inventory, data=_data(data), limit=list(limit) or None)
+        return roster.load_inventory(inventory, data=parse_data(data), limit=list(limit) or None)
     except roster.FleetError as e:
         raise UsageError(str(e)) from e
 
@@ -87,8 +87,6 @@ def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, to
     from ..fleet import quarantine
     from ..fleet.quarantine.client import read_token
     from ..fleet.quarantine.server import Caller
-    from ..observability.options import alertmanager_url
-
     am = alertmanager_url(alertmanager) if alertmanager else ""
     hosts = _hosts(inventory, data, limit)
     callers = [Caller("operator", read_token(token_file or str(hosts[0].get("quarantine_token_file"))))]
@@ -138,8 +136,6 @@ def unit_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, tok
     args = [exe, "quarantine", "serve", str(Path(inventory).resolve()), f"--listen={listen}",
             f"--state-dir={(Path(workdir) / state_dir).resolve()}"]
     if alertmanager:
-        from ..observability.options import alertmanager_url
-
         args.append(f"--alertmanager={alertmanager_url(alertmanager)}")
     if token_file:
         args.append(f"--token-file={Path(token_file).resolve()}")

@@ -3,10 +3,14 @@ utilization and the runbook's advice on dynamic batching, from the fleet's live 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import sys
 
 import click
+
+from ..core.errors import UsageError
+from ..inventory.roster import disconnect, load_inventory
 
 
 @click.command("tune")
@@ -37,8 +41,6 @@ def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str
     load test's steps (host, model, concurrency) and every advice item cites the figures it used;
     a sweep adds where throughput levels off and which steps were limited by the load generator.
     """
-    from ..inventory.roster import disconnect, load_inventory
-
     if loadtest_file:
         _from_loadtest(inventory, loadtest_file, set(models), limit, as_json)
         return
@@ -73,10 +75,6 @@ def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str
 
 def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tuple[str, ...],
                    as_json: bool) -> None:
-    import fnmatch
-
-    from ..core.errors import UsageError
-    from ..inventory.roster import load_inventory
     from ..observability import tune
 
     hint = "give the file `tritonfleet loadtest --json` wrote"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from ..core.errors import UsageError
+
 DEFAULT_REPOSITORY = "files/model_repository"
 
 
@@ -27,7 +29,6 @@ def validate_cmd(repo: str, as_json: bool, gpus: int | None, backends: tuple[str
 
     REPO defaults to files/model_repository. Exit status: 0 valid, 1 invalid, 2 usage error.
     """
-    from ..core.errors import UsageError
     from ..model_repo.validate import list_models, validate_repository
 
     path = Path(repo)

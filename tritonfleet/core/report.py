@@ -27,6 +27,12 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pyinfra
+from pyinfra import logger
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ContextObject, ctx_config, ctx_host, ctx_state
+
+from .. import ROLLBACK_DEPLOY
 from .connection_errors import CONNECTION_ERRORS
 from .errors import TritonfleetError, UsageError
 from .shell import q
@@ -103,8 +109,7 @@ def fail(expected: str, found: str, *, fix: str = "", words=(), source: str = ""
          cause: str = "", step: str = ""):
     """Fail the current host (a pyinfra check) with a report; ``step`` defaults to the running
     operation's name."""
-    from pyinfra import host, state
-
+    host, state = pyinfra.host, pyinfra.state
     raise HostFailure(Failure(host.name, step or step_name(state, host), expected,
                               without_host(found, host.name), trim(words), source, now, fix, cause))
 
@@ -137,8 +142,6 @@ def inventory_arg(argv: list[str] | None = None) -> str:
 def rollback_command(host_name: str, argv: list[str] | None = None) -> str:
     """The command that rolls ``host_name`` back: the repository's own deploys/rollback.py where
     pyinfra runs (what `tritonfleet init` writes), else the package's."""
-    from .. import ROLLBACK_DEPLOY
-
     deploy = Path("deploys/rollback.py")
     if not deploy.is_file():
         deploy = ROLLBACK_DEPLOY
@@ -154,8 +157,6 @@ def in_rollout() -> bool:
 def emit(host, failure: Failure) -> None:
     """Print the report for ``host`` (a pyinfra host), hand it to a rollout waiting for it, and
     leave it on the host for `tritonfleet status`."""
-    from pyinfra import logger
-
     failure.time = failure.time or now_utc()
     # pyinfra indents the first line of what is logged while operations run: the others alike
     logger.error(failure.text().replace("\n", "\n    "))
@@ -219,9 +220,6 @@ def reported(state, host, function, args, kwargs) -> bool:
     """Run ``function(*args, **kwargs)`` for ``host`` as a pyinfra FunctionCommand: True when it
     returns; on HostFailure (or a configuration error) the report is printed and False fails the
     host without a traceback; anything else prints the traceback and says it is a bug."""
-    from pyinfra import logger
-    from pyinfra.context import ContextObject, ctx_config, ctx_host
-
     while isinstance(host, ContextObject):  # a nested operation is handed pyinfra's host proxy
         host = host._get_module()
     step = step_name(state, host)
@@ -258,9 +256,6 @@ def report_operation_errors(state=None) -> bool:
     in the channel too, naming the operation and quoting the end of its output. They are written
     when the run ends (pyinfra completes an operation's output only after its callbacks ran).
     True when registered."""
-    from pyinfra.api.state import BaseStateCallback
-    from pyinfra.context import ctx_state
-
     if not in_rollout():
         return False
     if state is None:

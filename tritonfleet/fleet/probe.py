@@ -13,15 +13,13 @@ from dataclasses import asdict, dataclass, field
 from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.report import HOST_RECORD, Failure
 from ..core.shell import q
-from ..gpu import placement as gpucount
+from ..gpu import placement
 from ..gpu.facts import smi_command
 from ..gpu.rules import GPU_CLASSES
-from ..host import boot_kernel as kernel
-from ..host import driver_hold, driver_source, kernel_module
+from ..host import boot_kernel, driver_hold, driver_source, kernel_module
 from ..inventory import roster
 from ..model_repo.render import host_repository
-from ..serving import apikey
-from ..serving import per_gpu as pergpu
+from ..serving import apikey, per_gpu
 from ..serving.unit import render_unit, unit_context, unit_digest, units_digest
 from ..settings.access import Settings
 
@@ -40,7 +38,7 @@ def command(settings: Settings) -> str:
         # the command the deploy asks the driver with (nvidia_smi_command)
         "gpu": f"{smi_command(settings)} --query-gpu=name,driver_version,index,pci.bus_id,uuid "
                "--format=csv,noheader 2>&1 | head -n 16",
-        "gpu_record": f"cat {gpucount.RECORD} 2>/dev/null",
+        "gpu_record": f"cat {placement.RECORD} 2>/dev/null",
         "toolkit": "dpkg-query -W -f '${Version}' nvidia-container-toolkit 2>/dev/null",
         "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null",
         "active": f"systemctl is-active {q(service)} 2>/dev/null",
@@ -56,7 +54,7 @@ def command(settings: Settings) -> str:
         "last": f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
         "failure": f"cat {HOST_RECORD} 2>/dev/null",
         # a pending reboot, the kernel it boots and whether that kernel has the NVIDIA module
-        "kernel": f"( {kernel.status_command()} )",
+        "kernel": f"( {boot_kernel.status_command()} )",
         # the NVIDIA kernel module's flavour: installed (modinfo's licence) and loaded (/proc)
         "kmod": f"( {kernel_module.COMMAND} )",
         # where the driver came from (CUDA repository, distro packages, .run installer)
@@ -64,7 +62,7 @@ def command(settings: Settings) -> str:
         # the branch a failed driver change left the host held on (tritonfleet.fleet.rollout.driver)
         "driver_hold": f"head -c 4096 {driver_hold.HOLD_FILE} 2>/dev/null",
     }
-    if pergpu.enabled(settings):
+    if per_gpu.enabled(settings):
         parts.update(per_gpu_parts(settings, addr))
     return "; ".join(f"echo @{k}; {v}; echo" for k, v in parts.items()) + "; true"
 
@@ -73,9 +71,9 @@ def per_gpu_parts(settings: Settings, addr: str) -> dict[str, str]:
     """The probe's sections for a host with one Triton per GPU (tritonfleet.serving.per_gpu): each per-GPU
     unit on the host as ``<index> <is-active> <HTTP code of /v2/health/ready>``, the digest of the
     units one after the other by index (units_digest), the image of GPU 0's container."""
-    step = pergpu.port_step(settings)
-    first = pergpu.instance_get(settings, 0)
-    units = f"$({pergpu.list_units_command(settings)})"
+    step = per_gpu.port_step(settings)
+    first = per_gpu.instance_get(settings, 0)
+    units = f"$({per_gpu.list_units_command(settings)})"
     return {
         "active": "true",
         "instances": (f"for u in {units}; do i=${{u##*-gpu}}; i=${{i%.service}}; "
@@ -178,11 +176,11 @@ def interpret(fh: roster.FleetHost, sections: dict[str, list[str]]) -> HostStatu
                 st.gpu_ids.append({"index": int(ids[0]), "pci_bus_id": ids[1], "uuid": ids[2], "name": name})
     elif gpu_lines:
         st.error = gpu_lines[0][:120]
-    st.gpu_recorded = gpucount.parse_record(sections["gpu_record"])
+    st.gpu_recorded = placement.parse_record(sections["gpu_record"])
     try:
         settings = fh if hasattr(fh, "get") else None  # a FleetHost; bare name/address holders: the record's count
         gpu_count = settings.get("gpu_count") if settings else None
-        st.gpu_expected = gpucount.expected_count(gpu_count, st.gpu_recorded)
+        st.gpu_expected = placement.expected_count(gpu_count, st.gpu_recorded)
         st.gpu_expected_from = "gpu_count" if gpu_count not in (None, "") else "recorded"
     except ValueError as e:  # gpu_count that is not a count: said, not taken for "none expected"
         st.gpu_expected = None
@@ -190,7 +188,7 @@ def interpret(fh: roster.FleetHost, sections: dict[str, list[str]]) -> HostStatu
     st.toolkit = (sections["toolkit"] or [None])[0]
     st.docker = (sections["docker"] or [None])[0]
     st.unit_state = (sections["active"] or ["unknown"])[0]
-    if settings and pergpu.enabled(settings):
+    if settings and per_gpu.enabled(settings):
         per_gpu_state(st, settings, sections["instances"])
     st.unit = (sections["unit"] or [None])[0]
     for line in sections["image"]:
@@ -228,7 +226,7 @@ def interpret(fh: roster.FleetHost, sections: dict[str, list[str]]) -> HostStatu
     st.driver_source = "+".join(found.sources) or None
     st.driver_hold = driver_hold.parse_hold(sections.get("driver_hold") or [])
     if sections["kernel"]:
-        ks = kernel.parse(sections["kernel"])
+        ks = boot_kernel.parse(sections["kernel"])
         st.kernel, st.reboot = asdict(ks), ks.summary()
     if sections["kmod"]:
         ms = kernel_module.parse(sections["kmod"])
@@ -244,7 +242,7 @@ def per_gpu_state(st: HostStatus, settings: Settings, lines: list[str]) -> None:
         if len(parts) == 3 and parts[0].isdigit():
             st.instances.append({"index": int(parts[0]), "state": parts[1], "ready": parts[2] == "200"})
     try:
-        st.instances_expected = gpucount.placement_count(settings.get("gpu_count"), st.gpu_recorded, len(st.gpus) or None)
+        st.instances_expected = placement.placement_count(settings.get("gpu_count"), st.gpu_recorded, len(st.gpus) or None)
     except ValueError as e:
         st.instances_expected = None
         st.unknown["Triton instances"] = str(e)
@@ -301,16 +299,16 @@ def intent(fh: roster.FleetHost, st: HostStatus | None = None) -> dict:
             "toolkit": fh.get("container_toolkit_version"), "kernel_module": fh.get("nvidia_kernel_module"),
             "driver_source": fh.get("nvidia_driver_source")}
     try:
-        gpus = 1 if pergpu.enabled(fh) else gpucount.placement_count(
+        gpus = 1 if per_gpu.enabled(fh) else placement.placement_count(
             fh.get("gpu_count"), st.gpu_recorded if st else [], len(st.gpus) if st else None)
         _, man, rid = host_repository(fh, gpus=gpus)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
     except (ValueError, OSError) as e:  # an unrenderable repository is shown, not fatal here
         want["release_error"] = str(e)
-    if pergpu.enabled(fh):
+    if per_gpu.enabled(fh):
         try:
-            count = gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded if st else [],
+            count = placement.placement_count(fh.get("gpu_count"), st.gpu_recorded if st else [],
                                              len(st.gpus) if st and st.gpus else None)
             want["unit"] = units_digest(fh, count)
         except ValueError as e:
@@ -367,7 +365,7 @@ def drift(st: HostStatus, want: dict) -> list[str]:
         out.append(f"{'pending reboot' if k.get('reboot_required') else 'next boot'} into kernel {k['boot']}, which "
                    "has no NVIDIA module (the host would come back without its GPU)")
     if st.gpu_expected and (st.gpus or not st.error):
-        out += [p.split(": ", 1)[1] for p in gpucount.count_problems(
+        out += [p.split(": ", 1)[1] for p in placement.count_problems(
             "GPUs", st.gpu_ids or [{"name": g} for g in st.gpus], st.gpu_expected, st.gpu_recorded,
             st.gpu_expected_from)]
     names = GPU_CLASSES.get(st.gpu_class or "", {}).get("names", [])

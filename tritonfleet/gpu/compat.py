@@ -30,7 +30,7 @@ from .rules import (
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CompatVerdict:
     """``ok``: the image runs; ``reason``: why (the requirement and what was found); ``fix``: what
     would run instead ("" when ok, or when nothing known would)."""
 
@@ -110,10 +110,10 @@ def fix(image: str, branch_or_version, gpu_class) -> str:
     return "; or ".join(parts)
 
 
-def verdict(image: str, branch_or_version, gpu_class) -> Verdict:
+def verdict(image: str, branch_or_version, gpu_class) -> CompatVerdict:
     """The rule's answer for one host: runs or not, why, and (when not) the fix."""
     ok, reason = judge(image, branch_or_version, gpu_class)
-    return Verdict(ok, reason, "" if ok else fix(image, branch_or_version, gpu_class))
+    return CompatVerdict(ok, reason, "" if ok else fix(image, branch_or_version, gpu_class))
 
 
 def table() -> list[tuple[str, str, str, bool, str]]:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pyinfra.api import FactBase
 
 from ..settings.access import Settings
+from .placement import RECORD, parse_record, per_gpu_enabled, placement_count
 
 STATUS_OK = "ok"
 STATUS_NO_DRIVER = "no_driver"
@@ -329,13 +330,9 @@ class GpuRecord(FactBase):
     default = list
 
     def command(self) -> str:
-        from .placement import RECORD
-
         return f"cat {RECORD} 2>/dev/null; true"
 
     def process(self, output):
-        from .placement import parse_record
-
         return parse_record(output)
 
 
@@ -349,7 +346,6 @@ def placement_gpus(settings: Settings) -> int:
     """The number of GPUs the current host's instance groups are placed on
     (tritonfleet.gpu.placement.placement_count): gpu_count, else the host's record, else what
     nvidia-smi reports now, else 1. With triton_per_gpu 1: each Triton sees one GPU."""
-    from .placement import per_gpu_enabled
 
     if per_gpu_enabled(settings):
         return 1
@@ -361,7 +357,6 @@ def host_gpus(settings: Settings) -> int:
     else the host's record, else what nvidia-smi reports now, else 1. With triton_per_gpu, the
     number of Triton instances."""
     from ..pyinfra_ext import memo
-    from .placement import placement_count
 
     gpu_count = settings.get("gpu_count")
     if gpu_count not in (None, ""):

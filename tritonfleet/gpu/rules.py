@@ -48,7 +48,7 @@ def triton_min_compute_capability(image_or_tag: str) -> str | None:
         return None
     out = None
     for since, cc in TRITON_MIN_COMPUTE_CAPABILITY:
-        if _vtuple(rel) >= _vtuple(since):
+        if version_tuple(rel) >= version_tuple(since):
             out = cc
     return out
 
@@ -67,7 +67,7 @@ def compute_capability_problem(gpu_class: str, image: str) -> str | None:
     if not need or not spec:
         return None
     have = class_compute_capability(gpu_class)
-    if _vtuple(have) >= _vtuple(need):
+    if version_tuple(have) >= version_tuple(need):
         return None
     return (f"{image} (Triton {triton_release(image)}) needs compute capability {need} or later, but GPU class "
             f"{str(gpu_class).upper()} ({' or '.join(spec['names'])}) is {have}")
@@ -93,7 +93,7 @@ def plan_compute_capability_problem(model: str, cc_model_filenames, gpu_class) -
     cc = class_compute_capability(gpu_class)
     if not declared or cc is None or cc in declared:
         return None
-    have = ", ".join(sorted(declared, key=_vtuple))
+    have = ", ".join(sorted(declared, key=version_tuple))
     cls = str(gpu_class).upper()
     return (f"TensorRT model {model!r} declares engines (cc_model_filenames) for compute capability "
             f"{have} only, but GPU class {cls} ({' or '.join(GPU_CLASSES[cls]['names'])}) is compute "
@@ -101,7 +101,7 @@ def plan_compute_capability_problem(model: str, cc_model_filenames, gpu_class) -
             "which the config does not declare for it")
 
 
-def _vtuple(v) -> tuple[int, ...]:
+def version_tuple(v) -> tuple[int, ...]:
     parts = re.findall(r"\d+", str(v))
     return tuple(int(p) for p in parts)
 
@@ -140,7 +140,7 @@ def check_gpus(host_name: str, gpu_class: str, gpus, cuda_version, min_cc="6.0",
             errors.append(f"{host_name}: GPU {index} ({name}) reports no compute capability, "
                           f"expected {spec['compute_capability']} (>= {min_cc})")
             continue
-        if _vtuple(cc) < _vtuple(min_cc):
+        if version_tuple(cc) < version_tuple(min_cc):
             errors.append(f"{host_name}: GPU {index} ({name}) has compute capability {cc}, "
                           f"expected >= {min_cc}")
         elif str(cc) != spec["compute_capability"]:
@@ -148,7 +148,7 @@ def check_gpus(host_name: str, gpu_class: str, gpus, cuda_version, min_cc="6.0",
                           f"expected {spec['compute_capability']} for class {key}")
     if not cuda_version:
         errors.append(f"{host_name}: nvidia-smi shows no CUDA version, expected CUDA >= {min_cuda}")
-    elif _vtuple(cuda_version) < _vtuple(min_cuda):
+    elif version_tuple(cuda_version) < version_tuple(min_cuda):
         errors.append(f"{host_name}: driver supports CUDA {cuda_version}, expected CUDA >= {min_cuda}")
     return errors
 
@@ -183,21 +183,21 @@ def driver_supported(branch_or_version, triton_image, datacenter: bool = True) -
     version = _upstream(branch_or_version)
     if not re.fullmatch(r"\d+(\.\d+){0,2}", version):
         return False, f"{branch_or_version!r} is not a driver branch or version"
-    parts = _vtuple(version)
+    parts = version_tuple(version)
     branch = str(parts[0])
     branch_only = len(parts) == 1
     compat = req["datacenter"] if datacenter else {}
     allowed = ", ".join(f"R{b} >= {m}" for b, m in compat.items())
     needs = (f"Triton {tag} (CUDA {req['cuda']}) needs driver >= {req['min_driver']}"
              + (f", or on data-center GPUs {allowed}" if allowed else ""))
-    if parts >= _vtuple(req["min_driver"]):
+    if parts >= version_tuple(req["min_driver"]):
         return True, f"driver {version} >= {req['min_driver']}: {needs}"
     if branch in compat:
         minimum = compat[branch]
         if branch_only:
             return True, (f"branch R{branch} is supported from {minimum} on (its current releases "
                           f"are newer); {needs}")
-        if parts >= _vtuple(minimum):
+        if parts >= version_tuple(minimum):
             return True, f"driver {version} >= {minimum} (R{branch} forward compatibility): {needs}"
         return False, f"driver {version} is older than {minimum}, the first R{branch} release Triton {tag} supports; {needs}"
     return False, f"driver {'branch R' + branch if branch_only else version} is not supported: {needs}"

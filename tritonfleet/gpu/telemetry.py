@@ -56,6 +56,7 @@ import os
 import re
 import select
 import shlex
+import stat
 import subprocess
 import sys
 import threading
@@ -181,7 +182,7 @@ def value(raw: str, kind: str) -> float | None:
 
 
 @dataclass
-class Gpu:
+class GpuReading:
     index: str
     uuid: str
     pci_bus_id: str
@@ -199,7 +200,7 @@ class Gpu:
             return ""
 
 
-def parse_query(text: str) -> list[Gpu]:
+def parse_query(text: str) -> list[GpuReading]:
     """The csv answer (noheader, nounits), one line a GPU. A line with another number of fields
     than :data:`FIELDS` (an error message) raises ValueError with the line."""
     gpus = []
@@ -209,7 +210,7 @@ def parse_query(text: str) -> list[Gpu]:
         parts = [p.strip() for p in line.split(", ")]
         if len(parts) != len(FIELDS) or not parts[0].isdigit():
             raise ValueError(f"unexpected nvidia-smi answer: {line.strip()[:300]}")
-        gpu = Gpu(parts[0], parts[1], parts[2])
+        gpu = GpuReading(parts[0], parts[1], parts[2])
         for (_field, kind, metric, labels, _), raw in zip(FIELDS, parts, strict=True):
             if kind == "id":
                 continue
@@ -255,8 +256,6 @@ class KernelLog:
         except OSError as e:
             self.error = f"cannot open {self.path}: {e.strerror}"
             return False
-        import stat
-
         self.device = stat.S_ISCHR(os.fstat(self.fd).st_mode)
         self.offset, self.pending, self.error = 0, b"", ""
         return True
@@ -389,7 +388,7 @@ HELP.update({
 COUNTERS = {S.ECC_ERRORS, S.XID_ERRORS, S.XID_EVENTS}
 
 
-def render(gpus: list[Gpu] | None, query_ok: bool, query_seconds: float, xids: list[tuple], log_ok: bool) -> str:
+def render(gpus: list[GpuReading] | None, query_ok: bool, query_seconds: float, xids: list[tuple], log_ok: bool) -> str:
     """The textfile (Prometheus text format 0.0.4). ``gpus`` None: no query answered yet; ``xids``:
     the ledger's rows (tritonfleet.gpu.xids.Ledger.rows)."""
     samples: dict[str, list[tuple[dict, float]]] = {}
@@ -439,7 +438,7 @@ class Collector:
         self.textfile_dir, self.smi, self.interval, self.timeout = textfile_dir, smi, interval, timeout
         self.log = KernelLog(kmsg)
         self.btime = boot_time()
-        self.gpus: list[Gpu] | None = None
+        self.gpus: list[GpuReading] | None = None
         self.query_ok, self.query_seconds = False, 0.0
         self.xids = X.Ledger(X.load_catalog(catalog))
         self.summarised = time.monotonic()

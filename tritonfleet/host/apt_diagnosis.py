@@ -81,7 +81,7 @@ class AptDiagnosis:
     files: list[str] = field(default_factory=list)
 
 
-def _lines(output) -> list[str]:
+def output_lines(output) -> list[str]:
     text = output if isinstance(output, str) else "\n".join(output or [])
     out = []
     for raw in text.replace("\r\n", "\n").split("\n"):
@@ -120,7 +120,7 @@ def _uniq(seq):
     return out
 
 
-def _joined(items: list[str], most: int = 4) -> str:
+def joined(items: list[str], most: int = 4) -> str:
     items = list(items)
     if len(items) > most:
         return ", ".join(items[:most]) + f" and {len(items) - most} more"
@@ -154,7 +154,7 @@ def classify(output, rc: int = 100, *, waited: int | None = None, require: str =
     bound it gave up at). ``require``: a repository URL the command must have read (the deploy's
     own ``apt-get update`` after it added that repository): apt-get update only warns, and exits 0,
     when a repository cannot be fetched; then that repository's warning is the failure."""
-    lines = _lines(output)
+    lines = output_lines(output)
     seen = _Seen(lines)
     if rc == 0:
         if not require:
@@ -223,7 +223,7 @@ def _lock(s: _Seen, waited: int | None) -> AptDiagnosis | None:
         _uniq([next(g for g in m.groups() if g) for _, m in s.find(LOCK_FILE_RE)])
     for _, m in s.find(WAITED_RE, want_all=False):
         waited = int(m.group(1)) if waited is None else waited
-    what = f"the apt/dpkg lock ({_joined(files)})" if files else "the apt/dpkg lock"
+    what = f"the apt/dpkg lock ({joined(files)})" if files else "the apt/dpkg lock"
     by = f"held by {holder}" if holder else "held by another process"
     found = (f"{what} stayed {by} for more than {waited} s (apt_lock_timeout)" if waited is not None
              else f"{what} is {by}")
@@ -273,7 +273,7 @@ def _sources(s: _Seen, waited) -> AptDiagnosis | None:
         return None
     s.mark(unreadable)
     files, urls = _uniq(files), _uniq(urls)
-    where = _joined(files) if files else "the file that lists it (found below)" if urls else \
+    where = joined(files) if files else "the file that lists it (found below)" if urls else \
         "/etc/apt/sources.list or /etc/apt/sources.list.d/"
     return AptDiagnosis(
         "apt sources unreadable", "apt cannot read the host's sources: " + ("; ".join(entries) or
@@ -350,8 +350,8 @@ def _gpg(s: _Seen, waited) -> AptDiagnosis | None:
     else:
         why = "apt found no valid signature for it"
     return AptDiagnosis(
-        "repository signature", f"repository {_joined(urls) or '(named below)'} is not signed by a key the host trusts"
-        + (f" ({_joined(sigs)})" if sigs else ""),
+        "repository signature", f"repository {joined(urls) or '(named below)'} is not signed by a key the host trusts"
+        + (f" ({joined(sigs)})" if sigs else ""),
         f"apt refuses a repository it cannot verify; {why}",
         "compare the key the vendor publishes now with the fingerprint pinned for that repository "
         f"({KEY_SETTINGS} in {GROUP_DATA}) and with the keyring the source's signed-by names (file below); then run "
@@ -377,8 +377,8 @@ def _missing_repository(s: _Seen, waited) -> AptDiagnosis | None:
     urls = _uniq([repo_base(m.group(1)) for _, m in norel] + [repo_base(u) for _, u, _ in index404])
     said = _uniq([" ".join(HTTP_STATUS_RE.match(w).group(1, 2)) for _, _, w in index404])
     return AptDiagnosis(
-        "repository not found", f"there is no repository at {_joined(urls)}"
-        + (f" ({_joined(said)})" if said else " (no Release file)"),
+        "repository not found", f"there is no repository at {joined(urls)}"
+        + (f" ({joined(said)})" if said else " (no Release file)"),
         "the server answers, but has no apt repository at that URL: a wrong distro or architecture in the URL, or "
         "a repository the vendor moved or removed",
         f"correct the URL ({REPO_SETTINGS} in {GROUP_DATA}, or the entry in the sources file below), then run the "
@@ -398,8 +398,8 @@ def _unreachable(s: _Seen, waited) -> AptDiagnosis | None:
     detail = [s.lines[i] for i, _, _ in fetch[:1]] or [s.lines[i] for i, _ in other[:1]]
     said = re.search(r"\((\d+: [^)]*)\)", detail[0]) if detail else None
     return AptDiagnosis(
-        "repository unreachable", f"the host cannot reach {_joined(hosts) or 'a repository'}"
-        + f" ({said.group(1) if said else _joined(reasons)})",
+        "repository unreachable", f"the host cannot reach {joined(hosts) or 'a repository'}"
+        + f" ({said.group(1) if said else joined(reasons)})",
         "the network between the host and that repository, a proxy, a firewall or DNS failed, or the mirror is down; "
         "nothing was installed",
         "check from the host (`apt-get update`; `curl -sI <the URL above>`); behind a proxy or air-gapped, point apt "
@@ -418,7 +418,7 @@ def _download(s: _Seen, waited) -> AptDiagnosis | None:
     why = fetch[0][2] if fetch else (s.lines[mismatch[0][0]].strip() if mismatch else "")
     why = " ".join(re.sub(r"\s*\[IP: [^\]]*\]", "", why).split())
     return AptDiagnosis(
-        "package download failed", f"downloading {_joined(files) or 'packages'} failed" + (f" ({why})" if why else ""),
+        "package download failed", f"downloading {joined(files) or 'packages'} failed" + (f" ({why})" if why else ""),
         "the package lists on the host name a file the mirror no longer has, or that differs from what the lists "
         "say (the lists are older than the mirror, a mirror is in the middle of a sync, or a proxy cache is stale)",
         "run `apt-get update` on the host (or wait a few minutes for a mirror that is syncing), then run the deploy "
@@ -455,7 +455,7 @@ def _held(s: _Seen, waited) -> AptDiagnosis | None:
             "a pinned version older than the installed one", "allow the downgrade for that step, or pin the installed "
             "version; then run the deploy again")
     if changed or broken:
-        found = (f"installing would change held packages ({_joined(held)})" if changed
+        found = (f"installing would change held packages ({joined(held)})" if changed
                  else "apt cannot satisfy the dependencies without changing held packages"
                  + (f": {shown}" if shown else ""))
         return AptDiagnosis(
@@ -489,7 +489,7 @@ def _version(s: _Seen, waited) -> AptDiagnosis | None:
             by_version[(m.group(1), m.group(2))].append(m.group(3))
     # one package: "p=v"; several at one version (a pinned set): "v of p1, p2, ..."
     asked = [(f"{names[0]}={v}" if kind == "Version" else f"{names[0]}/{v}") if len(names) == 1
-             else f"{'release' if kind == 'Release' else 'version'} {v} of {_joined(names)}"
+             else f"{'release' if kind == 'Release' else 'version'} {v} of {joined(names)}"
              for (kind, v), names in by_version.items()]
     return AptDiagnosis(
         "version not available", f"{'; '.join(asked)}: not in the host's package lists",
@@ -509,9 +509,9 @@ def _unknown_package(s: _Seen, waited) -> AptDiagnosis | None:
     nocands = _uniq([m.group(1) for _, m in nocand])
     parts = []
     if missing:
-        parts.append(f"no repository of the host offers {_joined(missing)}")
+        parts.append(f"no repository of the host offers {joined(missing)}")
     if nocands:
-        parts.append(f"{_joined(nocands)} {'has' if len(nocands) == 1 else 'have'} no installation candidate "
+        parts.append(f"{joined(nocands)} {'has' if len(nocands) == 1 else 'have'} no installation candidate "
                      "(only other packages refer to it)")
     return AptDiagnosis(
         "package not available", "; ".join(parts),
@@ -545,7 +545,7 @@ def _dpkg(s: _Seen, waited) -> AptDiagnosis | None:
             j -= 1
         s.key += own
     if pkgs:
-        found = f"dpkg failed on {_joined(pkgs)}" + (f": {reasons[0]}" if reasons else "")
+        found = f"dpkg failed on {joined(pkgs)}" + (f": {reasons[0]}" if reasons else "")
     else:
         found = " ".join(s.lines[(processing + sub + errors)[0][0]].split())
     return AptDiagnosis(

@@ -7,7 +7,8 @@ from __future__ import annotations
 import shlex
 
 from ..core.report import LINE_WIDTH, Failure, trim
-from .apt_diagnosis import APT_LOG, AptDiagnosis, _joined, _lines
+from ..core.shell import q
+from .apt_diagnosis import APT_LOG, AptDiagnosis, joined, output_lines
 
 
 def describe(command: str) -> str:
@@ -19,12 +20,12 @@ def describe(command: str) -> str:
             return "apt-get update reads every repository in the host's sources"
         if verb in ("install", "remove", "purge") and args:
             done = {"install": "installed", "remove": "removed", "purge": "removed"}[verb]
-            return f"packages {_joined(args, 6)} {done} (apt-get {verb})"
+            return f"packages {joined(args, 6)} {done} (apt-get {verb})"
         if verb:
             return f"apt-get {verb} to succeed"
     if "apt-mark" in words:
         verb, args = _verb_args(words[words.index("apt-mark") + 1:])
-        return f"apt-mark {verb} on {_joined(args, 6)}" if args else f"apt-mark {verb} on the driver's packages"
+        return f"apt-mark {verb} on {joined(args, 6)}" if args else f"apt-mark {verb} on the driver's packages"
     if "dpkg" in words and "--configure" in words:
         return "dpkg --configure -a finishes the interrupted dpkg run"
     return "the package manager command to succeed"
@@ -101,15 +102,13 @@ def failure(d: AptDiagnosis, *, host: str, step: str, command: str, setting: str
 
 
 def madison_command(packages: list[str]) -> str:
-    from ..core.shell import q
-
     return "apt-cache madison " + " ".join(q(p) for p in packages[:6]) + " 2>/dev/null | head -n 40"
 
 
 def parse_madison(output) -> dict[str, list[str]]:
     """``apt-cache madison`` lines ("pkg | version | source") -> versions per package, newest first."""
     out: dict[str, list[str]] = {}
-    for ln in _lines(output):
+    for ln in output_lines(output):
         parts = [p.strip() for p in ln.split("|")]
         if len(parts) >= 3 and parts[0] and parts[1]:
             out.setdefault(parts[0], [])
@@ -120,8 +119,6 @@ def parse_madison(output) -> dict[str, list[str]]:
 
 def sources_command(urls: list[str]) -> str:
     """The sources files on the host that name any of ``urls``."""
-    from ..core.shell import q
-
     pats = " ".join(f"-e {q(u)}" for u in urls[:6] if u)
     return (f"grep -lsF {pats} /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources "
             "2>/dev/null; true")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from . import nvidia_repos as vendorfacts
+from . import nvidia_repos
 
 SOURCES = ("cuda", "debian", "ubuntu")  # detected package sources
 SUPPORTED = ("cuda", "debian")  # what nvidia_driver_source can install
@@ -51,11 +51,11 @@ RUN_LOG = "/var/lib/nvidia/log"
 # from data/distro_archives/: trixie's 550). NVIDIA's debian12 repository starts at 545 and has 550
 # too (debian12.toml: branches): its 550 without a CUDA metapackage or pinning package is taken for
 # Debian's (docs/driver-sources.md)
-DEBIAN_ONLY_BRANCHES = tuple(sorted({"525", *(b for a in vendorfacts.archives() for b in vendorfacts.branches(a))}))
+DEBIAN_ONLY_BRANCHES = tuple(sorted({"525", *(b for a in nvidia_repos.archives() for b in nvidia_repos.branches(a))}))
 # packages Debian builds from a source of their own with a driver-like version of another branch
 # (helper_packages of data/distro_archives/)
-HELPERS = frozenset(p for a in vendorfacts.archives() if "helper_packages" in vendorfacts.load(a)["facts"]
-                    for p in vendorfacts.value(a, "helper_packages"))
+HELPERS = frozenset(p for a in nvidia_repos.archives() if "helper_packages" in nvidia_repos.load(a)["facts"]
+                    for p in nvidia_repos.value(a, "helper_packages"))
 
 _DRIVER_VERSION = re.compile(r"^(\d+:)?(\d{3})\.\d+(\.\d+)?(-|$)")
 _NOT_DRIVER = re.compile(r"^(nvidia-container-|libnvidia-container|libnvidia-egl-)")

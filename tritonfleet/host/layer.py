@@ -15,11 +15,10 @@ from pyinfra import host
 from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 
 from ..gpu import facts as gpu_facts
-from ..gpu import guard as gpuguard
+from ..gpu import guard
 from ..pyinfra_ext import memo
 from ..settings.access import ConfigError, Settings
-from . import driver_source
-from . import nvidia_repos as vendorfacts
+from . import driver_source, nvidia_repos
 from .facts import (
     AptSources,
     DockerDaemonJson,
@@ -119,8 +118,8 @@ def toolkit_facts() -> list[tuple]:
     return [(Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
             (FileState, {"path": source_path("nvidia-container-toolkit")}),
             (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
-            (Command, {"command": HOOK_COMMAND}), (FileState, {"path": gpuguard.UDEV_RULE_PATH}),
-            (Command, {"command": gpuguard.DEVCHAR_COMMAND})]
+            (Command, {"command": HOOK_COMMAND}), (FileState, {"path": guard.UDEV_RULE_PATH}),
+            (Command, {"command": guard.DEVCHAR_COMMAND})]
 
 
 def host_layer_facts(settings: Settings) -> list[tuple]:
@@ -153,21 +152,21 @@ def driver_repo(settings: Settings) -> str:
     tritonfleet/data/distro_archives/<distro>-archive.toml, Debian 12 and 13)."""
     distro = cuda_distro(settings)
     if wanted_source(settings) == "debian":
-        archive = vendorfacts.archive_of(distro)
-        if archive is None or vendorfacts.family(archive) != "debian":
-            known = ", ".join(a.removesuffix("-archive") for a in vendorfacts.archives())
+        archive = nvidia_repos.archive_of(distro)
+        if archive is None or nvidia_repos.family(archive) != "debian":
+            known = ", ".join(a.removesuffix("-archive") for a in nvidia_repos.archives())
             raise ConfigError(
                 f"{host.name}: nvidia_driver_source = \"debian\" installs Debian's own nvidia-driver ({known}), "
                 f"but this host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or "
                 "inventories/group_data/)")
         return archive
-    if distro not in vendorfacts.DISTROS:
-        own = vendorfacts.archive_of(distro)
+    if distro not in nvidia_repos.DISTROS:
+        own = nvidia_repos.archive_of(distro)
         raise ConfigError(
             f"{host.name}: tritonfleet has no facts of NVIDIA's CUDA repository for {distro} (known: "
-            f"{', '.join(vendorfacts.DISTROS)}; docs/driver-sources.md says what is known of it)"
+            f"{', '.join(nvidia_repos.DISTROS)}; docs/driver-sources.md says what is known of it)"
             + (f": set nvidia_driver_source = \"debian\" for this host (its distro's own driver, "
-               f"{vendorfacts.release(own, vendorfacts.branches(own)[-1])}) in the inventory or "
+               f"{nvidia_repos.release(own, nvidia_repos.branches(own)[-1])}) in the inventory or "
                "inventories/group_data/" if own else ""))
     return distro
 
@@ -181,8 +180,8 @@ DOCKER_DISTRO_PACKAGES = ("docker.io", "apparmor")
 def docker_distro_packages(settings: Settings) -> list[str]:
     """The packages of the distro's own Docker Engine on this host (Debian 13 splits the client
     out of docker.io: docker-cli)."""
-    archive = vendorfacts.archive_of(cuda_distro(settings))
-    facts = vendorfacts.load(archive)["facts"] if archive else {}
+    archive = nvidia_repos.archive_of(cuda_distro(settings))
+    facts = nvidia_repos.load(archive)["facts"] if archive else {}
     return list(facts["docker_packages"]["value"] if "docker_packages" in facts else DOCKER_DISTRO_PACKAGES)
 
 
@@ -239,14 +238,14 @@ def driver_version_problem(settings: Settings, distro: str, branch: str) -> str 
         return None
     version = str(version)
     upstream = driver_upstream_version(settings)
-    shape = vendorfacts.version_shape(distro)
+    shape = nvidia_repos.version_shape(distro)
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", upstream or ""):
         return f"nvidia_driver_version {version!r} is not a driver version (e.g. {shape['example'].split('-')[0]})"
     if upstream.split(".")[0] != branch:
         return (f"nvidia_driver_version {version} is not a release of branch {branch} "
                 f"(set nvidia_driver_branch = \"{upstream.split('.')[0]}\", or a {branch}.x version)")
-    if "-" in version and not (vendorfacts.version_matches(distro, version, "metapackage")
-                               or vendorfacts.version_matches(distro, version, "driver")):
+    if "-" in version and not (nvidia_repos.version_matches(distro, version, "metapackage")
+                               or nvidia_repos.version_matches(distro, version, "driver")):
         return (f"nvidia_driver_version {version} does not have the shape of {distro}'s package versions "
                 f"(driver packages like {shape['example']}): it would pin nothing there; give the upstream "
                 f"release {upstream} and the deploy pins every package of that release")

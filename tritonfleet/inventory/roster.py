@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import copy
 import fnmatch
+import logging
 import os
 import traceback
 from collections.abc import Callable, Iterable
@@ -18,14 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..core import open_files as limits
+from pyinfra.api import Config, State
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.context import ctx_config, ctx_state
+
+from ..core import open_files
 from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.errors import TritonfleetError, UsageError
 from ..gpu.rules import GPU_CLASSES
 
 # the model origin stores fill the table the settings check reads model_origin's URL rules from
 from ..model_repo import origin as _origin_stores  # noqa: F401
-from ..pyinfra_ext.connection import quiet_relaxed_host_keys, tune_state
+from ..pyinfra_ext import compat
+from ..pyinfra_ext.connection import quiet_relaxed_host_keys, set_idle_poll, tune_state
 from ..settings import check as settings_check
 from ..settings import mirrored
 from ..settings.defaults import DEFAULTS
@@ -143,9 +149,6 @@ class FleetHost:
 
 
 def _state():
-    from pyinfra.api import Config, State
-    from pyinfra.context import ctx_config, ctx_state
-
     state = State()
     state.config = Config()
     ctx_state.set(state)
@@ -162,7 +165,6 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     ``limit``: host or group names (globs allowed). Every setting of the hosts ``limit`` selects
     is checked (tritonfleet.settings.check); a mistake in the inventory, its group data, --data or
     --limit raises InventoryError or SettingsError (exit status 2), naming the file and line."""
-    from pyinfra.api.exceptions import PyinfraError
     from pyinfra_cli.exceptions import CliError, UnexpectedExternalError
     from pyinfra_cli.inventory import make_inventory
 
@@ -193,7 +195,7 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
                              "(name, data) pairs, e.g. t4 = [(\"triton-t4-01\", {\"ssh_hostname\": \"10.0.0.11\"})]")
     check_groups(inv, str(inventory))
     targets = select(list(inv), limit, str(inventory))
-    settings_check.check_hosts(targets, settings_check.Origins(inv, str(inventory), settings_check.group_dirs(
+    settings_check.check_hosts(targets, settings_check.ValueSources(inv, str(inventory), settings_check.group_dirs(
         str(path))), GPU_CLASSES)
     inv.data = {**copy.deepcopy(DEFAULTS), **(inv.data or {})}
     state.init(inv, state.config)
@@ -204,8 +206,8 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
         groups = [g for g in h.groups if g != own]
         out.append(FleetHost(h.name, groups, mirrored.apply(dict(h.data.dict())), h))
     try:
-        limits.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
-    except limits.LimitError as e:
+        open_files.check_nofile(len(out), f"reading {len(out)} host(s) of {inventory}")
+    except open_files.LimitError as e:
         raise FleetError(str(e)) from e
     return out
 
@@ -287,14 +289,11 @@ def select(hosts: list, limit: Iterable[str] | None, inventory: str) -> list:
 
 
 def _pyinfra_checked() -> None:
-    """The pyinfra and paramiko internals the fleet's own connections rely on (pyinfra's SSH
-    connector: refused when changed; paramiko's idle poll: its tuning off, with a warning)."""
-    import logging
+    """The pyinfra and paramiko internals the fleet's own inventory and connections rely on
+    (pyinfra's inventory loader, its context and SSH connector: refused when changed; paramiko's
+    idle poll: its tuning off, with a warning)."""
 
-    from ..pyinfra_ext import compat
-    from ..pyinfra_ext.connection import set_idle_poll
-
-    res = compat.check({"connection", "idle_poll"})
+    res = compat.check({"connection", "idle_poll", "inventory", "context"})
     if res.refused:
         raise FleetError(res.refusal())
     set_idle_poll("idle_poll" not in res.off)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from .. import __version__, resource
-from ..core import local_cache
+from ..core import local_cache, triton_schema
 
 
 def validator_source() -> str:
@@ -28,8 +28,7 @@ def remembered_key(kind: str, *parts: bytes | str) -> str:
     ships (its file) and protobuf's version. Any of them changed is another key."""
     from google import protobuf  # the package's __init__ only: its version
 
-    from ..core.triton_schema import schema_file
 
-    schema = schema_file()
+    schema = triton_schema.schema_file()
     return local_cache.digest(kind, *parts, validator_source(), __version__,
                               schema.read_bytes() if schema is not None else b"", protobuf.__version__)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..core.triton_schema import mc
 
 #: ONNX's TensorProto.DataType -> Triton's data type name (the backend's ConvertFromOnnxDataType)
 ONNX_TO_TRITON = {
@@ -230,8 +231,6 @@ def _control_tensors(cfg, mc) -> list[tuple[str, str, str]]:
 def check(cfg, io: ModelIO, file: str) -> list[Mismatch]:
     """Every reason the onnxruntime backend refuses model ``io`` (the model file ``file``) with
     configuration ``cfg`` (Triton's ModelConfig). The backend stops at the first; all are given."""
-    from ..core.triton_schema import mc  # the schema without tritonclient.grpc's client
-
     out: list[Mismatch] = []
     mbs = cfg.max_batch_size
     for kind, tensors in (("input", io.inputs), ("output", io.outputs), ("input", io.overridable)):
@@ -292,8 +291,6 @@ def check(cfg, io: ModelIO, file: str) -> list[Mismatch]:
 
 def _one(t, i: int, kind: str, provided: dict[str, Tensor], mbs: int, file: str, compare_exact: bool,
          dims: bool = True) -> list[Mismatch]:
-    from ..core.triton_schema import mc  # the schema without tritonclient.grpc's client
-
     model = provided.get(t.name)
     if model is None:
         return [Mismatch((kind, i, "name"), f"{kind} '{t.name}' is not in {file} (its {kind}s: "

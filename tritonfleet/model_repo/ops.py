@@ -14,13 +14,23 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.facts import FactBase
 
-from ..core import report as failure
-from ..core import runid
+from ..core import report, runid
 from ..core.shell import q
-from ..pyinfra_ext import transfer
+from ..pyinfra_ext import stream, transfer
 from ..pyinfra_ext.stream import wrapped
 from ..settings import access
-from . import release as release_plan
+from .release import (
+    INCOMING,
+    OWN_PREFIX,
+    finish_script,
+    incoming_dir,
+    index_command,
+    make_plan,
+    parse_index,
+    prepare_script,
+    receive_command,
+    switch_script,
+)
 
 # a prepare script above this size is uploaded (SFTP) instead of sent as the command line
 INLINE_SCRIPT_MAX = 64 * 1024
@@ -34,10 +44,10 @@ class ReleaseIndex(FactBase):
         return {"releases": {}, "drift": {}, "incoming": {}}
 
     def command(self, base: str, release: str) -> str:
-        return release_plan.index_command(base, release)
+        return index_command(base, release)
 
     def process(self, output):
-        return release_plan.parse_index(output)
+        return parse_index(output)
 
 
 DISK_FULL_HELP = (
@@ -53,17 +63,17 @@ def _send_files(state, host, root: str, paths: list[str], remote: str, transport
     try:
         sent = transfer.send(host, Path(root), paths, remote, transport)
     except (transfer.TransferError, OSError) as e:
-        text = failure.without_host(str(e), host.name).splitlines() or [type(e).__name__]
+        text = report.without_host(str(e), host.name).splitlines() or [type(e).__name__]
         now = (f"the live model release is unchanged and Triton keeps serving it; what was sent stays in "
-               f"{base}/releases/{release_plan.INCOMING}{release} and the next run sends only the rest")
+               f"{base}/releases/{INCOMING}{release} and the next run sends only the rest")
         fix = "restore the link to the host, then run the deploy again"
         # tar on the host: "Cannot write: No space left on device", or a short write ("Wrote
         # only 4608 of 10240 bytes") when the disk fills in the middle of a block
         if re.search(r"No space left on device|Disk quota exceeded|tar: .*: Wrote only \d+ of \d+ bytes", str(e)):
-            fix = DISK_FULL_HELP.format(host=host.name, base=base, incoming=release_plan.incoming_dir(release, runid.RUN_ID))
-        failure.emit(host, failure.Failure(
+            fix = DISK_FULL_HELP.format(host=host.name, base=base, incoming=incoming_dir(release, runid.RUN_ID))
+        report.emit(host, report.Failure(
             host.name, "Model repository (transfer)", f"release {release} sent to {base}/releases",
-            text[0], failure.trim(text[1:]), "the transfer's own words (ssh, tar)", now, fix, cause=text[0]))
+            text[0], report.trim(text[1:]), "the transfer's own words (ssh, tar)", now, fix, cause=text[0]))
         return False
     logger.info(f"{host.print_prefix}model release: {sent}")
     return True
@@ -75,7 +85,6 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
                    base: str = "", release: str = "", parallel: int = 8, retries: int = 3) -> bool:
     """Make the origin hold ``release`` (uploads what it lacks, once a run), then have the host
     fetch, verify and place the objects of ``paths``; a failure is reported naming each object."""
-    from ..pyinfra_ext.stream import connector_arguments
     from . import fetch
     from . import origin as origins
 
@@ -89,7 +98,7 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
         sizes = {manifest[p][1]: int(manifest[p][0]) for p in paths}
         urls = origins.urls(origin, list(sizes))
     except origins.OriginError as e:
-        failure.emit(host, failure.Failure(
+        report.emit(host, report.Failure(
             host.name, step, f"release {release} at the model origin {origin.url}", str(e), [],
             "", now + "; nothing was fetched",
             "make the origin reachable from this machine (model_origin, model_origin_endpoint, credentials), "
@@ -101,7 +110,7 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
         base, release, runid.RUN_ID, parallel, retries,
         credentials=origins.store_for(origin).host_fetch_config())
     ok, out = host.run_shell_command(StringCommand(script), print_output=False,
-                                     **{**connector_arguments(), "_stdin": stdin})
+                                     **{**stream.connector_arguments(), "_stdin": stdin})
     res = fetch.parse_fetch(out.stdout_lines)
     if ok and res.ok:
         resumed = sum(res.resumed.values())
@@ -117,9 +126,9 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
            "from this machine) and run the deploy again" if corrupt else
            "make the origin reachable from the host (curl on the host, its network, the URL's expiry: "
            "model_origin_url_expiry), then run the deploy again: what arrived is kept and resumes")
-    failure.emit(host, failure.Failure(
+    report.emit(host, report.Failure(
         host.name, step, f"every object of release {release} fetched from {origin.url} and its sha256 verified",
-        lines[0], failure.trim(lines[1:] + said), "the fetch's own words (curl, sha256sum)",
+        lines[0], report.trim(lines[1:] + said), "the fetch's own words (curl, sha256sum)",
         now + ("; the refused objects were deleted on the host" if corrupt else
                f"; what arrived stays in {base}/releases/{fetch.OBJECTS_DIR}"), fix, cause=lines[0][:200]))
     return False
@@ -160,18 +169,18 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
     if release in index["releases"] and not index["drift"].get(release):
         # complete and untouched on the host (an earlier release, or one built by a run that
         # stopped before the switch): switching is all there is to do
-        yield StringCommand(release_plan.switch_script(base, release, keep, runid.RUN_ID))
+        yield StringCommand(switch_script(base, release, keep, runid.RUN_ID))
         return
-    plan = release_plan.make_plan(release, manifest, index)
+    plan = make_plan(release, manifest, index)
     how = transfer.choose(host, transport) if plan.send and origin is None else None
     logger.info(f"{host.print_prefix}model release {release}"
                 f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
                 f"{f' over {how}' if how else ''}{f' from {origin.url}' if origin and plan.send else ''}")
-    script = release_plan.prepare_script(base, plan, manifest, runid.RUN_ID)
+    script = prepare_script(base, plan, manifest, runid.RUN_ID)
     if len(script) <= INLINE_SCRIPT_MAX:
         yield StringCommand(script)
     else:
-        path = f"{base}/releases/{release_plan.OWN_PREFIX}plan-{release}.{runid.RUN_ID}.sh"
+        path = f"{base}/releases/{OWN_PREFIX}plan-{release}.{runid.RUN_ID}.sh"
         yield StringCommand(f"mkdir -p {q(base + '/releases')}")
         yield FileUploadCommand(StringIO(script), path)
         yield StringCommand(f"sh {q(path)}; rc=$?; rm -f {q(path)}; exit $rc")
@@ -180,6 +189,6 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
                               {"base": base, "release": release, "parallel": int(access.get("model_origin_parallel")),
                                "retries": int(access.get("model_origin_retries"))})
     elif plan.send:
-        remote = wrapped(release_plan.receive_command(base, release, runid.RUN_ID))
+        remote = wrapped(receive_command(base, release, runid.RUN_ID))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})
-    yield StringCommand(release_plan.finish_script(base, release, keep, manifest, runid.RUN_ID, switch=switch))
+    yield StringCommand(finish_script(base, release, keep, manifest, runid.RUN_ID, switch=switch))

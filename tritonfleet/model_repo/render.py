@@ -18,6 +18,8 @@ from pathlib import Path
 
 from ..core import local_cache, runid
 from ..core.errors import UsageError
+from ..gpu.facts import placement_gpus
+from ..gpu.placement import POLICIES, place, policy_for
 from ..settings.access import Settings
 from . import contents
 
@@ -215,8 +217,6 @@ def _placed(text: str, model: str, placement: dict | None) -> str:
     (tritonfleet.gpu.placement.place; ``placement``: {"gpus": N, "policy": ..., "models": {...}})."""
     if not placement or int(placement.get("gpus") or 1) <= 1:
         return text
-    from ..gpu.placement import place, policy_for
-
     return place(text, int(placement["gpus"]), policy_for(model, placement.get("policy") or "spread",
                                                           placement.get("models")))
 
@@ -310,8 +310,6 @@ def _rendered(src: str, overrides_json: str, placement_json: str = "null") -> tu
 
 def placement_of(settings: Settings, gpus: int) -> dict:
     """The placement for a host with ``gpus`` GPUs whose tunables ``settings`` holds."""
-    from ..gpu.placement import POLICIES
-
     policy = settings.get("gpu_placement") or "spread"
     per_model = dict(settings.get("gpu_placement_models") or {})
     for name, p in [("*", policy), *per_model.items()]:
@@ -337,6 +335,5 @@ def host_repository(settings: Settings, gpus: int | None = None) -> tuple[Path, 
 def current_host_repository(settings: Settings) -> tuple[Path, dict, str]:
     """``host_repository`` of the host being deployed (its settings: ``settings``), its instance
     groups placed on its GPUs (tritonfleet.gpu.facts.placement_gpus)."""
-    from ..gpu.facts import placement_gpus
 
     return host_repository(settings, placement_gpus(settings))

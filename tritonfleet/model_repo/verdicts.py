@@ -27,17 +27,17 @@ from pathlib import Path
 
 from .. import __version__
 from ..core import local_cache, speed
+from . import render
 from .derived import remembered_key, validator_source
+from .render import RepositoryError, manifest
 
 
 def plan_cc_filenames(repo: Path, man: dict | None = None) -> dict[str, dict[str, str]]:
     """validate.tensorrt_cc_model_filenames(repo), remembered by the repository's content (its
     manifest, ``man`` where the caller has it) as a verdict is."""
-    from .render import CACHE_DIR, RepositoryError, manifest
-
     try:
         content = json.dumps(manifest(repo) if man is None else man, sort_keys=True)
-        path = CACHE_DIR / "plans" / f"{remembered_key('plans', content)}.json"
+        path = render.CACHE_DIR / "plans" / f"{remembered_key('plans', content)}.json"
     except (RepositoryError, OSError, ValueError):  # unreadable as a release: read as it is
         path = None
     text = local_cache.read(path) if path is not None else None
@@ -52,8 +52,6 @@ def plan_cc_filenames(repo: Path, man: dict | None = None) -> dict[str, dict[str
 
 
 def _key(repo: Path, gpus: int | None) -> str:
-    from .render import manifest
-
     validator = validator_source()
     onnx = importlib.util.find_spec("onnx") is not None
     blob = json.dumps([manifest(repo), gpus, __version__, validator, onnx], sort_keys=True)
@@ -63,10 +61,8 @@ def _key(repo: Path, gpus: int | None) -> str:
 def validate_repository(repo: Path, gpus: int | None = None) -> list:
     """tritonfleet.model_repo.validate.validate_repository's problems for ``repo`` ([] when it is
     valid), answered from an earlier run's verdict when nothing it depends on changed."""
-    from .render import CACHE_DIR, RepositoryError
-
     try:
-        marker = CACHE_DIR / "validated" / _key(repo, gpus)
+        marker = render.CACHE_DIR / "validated" / _key(repo, gpus)
     except (RepositoryError, OSError, ValueError):  # unreadable as a release: the validator says why
         marker = None
     if not speed.on("local_cache"):

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import resource
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +47,7 @@ from ..serving import triton_http
 from ..settings.access import ConfigError
 from . import metrics
 from .metrics import ModelCounters
+from .tune import TuneThresholds, api_key_header
 
 PROTOCOLS = ("http", "grpc")
 
@@ -242,8 +245,6 @@ class Target:
 def target(fh: FleetHost) -> Iterator[Target]:
     """The host's endpoints: direct, or SSH tunnels (``health_via = "ssh"``), closed on exit
     (tritonfleet.serving.triton_http, with the host's dead-link bound on every tunnel)."""
-    from .tune import api_key_header
-
     with contextlib.ExitStack() as stack:
         try:
             at = stack.enter_context(triton_http.endpoints(fh, fh.address, fh.transport, grpc=True))
@@ -303,9 +304,7 @@ def run_step(t: Target, model: str, config: dict, concurrency: int, duration: fl
              *, echo: Callable[[str], None] | None = None, timeout: float = 60,
              settle: float = 2.0, label: str = "") -> Step:
     """One step of load on one model of one host, with Triton's counters read around it."""
-    from .tune import Settings
-
-    settings = Settings.from_config(config)
+    settings = TuneThresholds.from_config(config)
     specs = input_specs(config)
     mod = client_module(protocol)
     inputs = make_inputs(specs, protocol)
@@ -533,9 +532,6 @@ def stderr_echo(msg: str) -> None:
 def run_child(t: Target, models: list[str] | None, concurrencies: list[int], duration: float,
               protocol: str, warmup: int, progress: bool, label: str = "") -> list[Step]:
     """:func:`run_target` in a fresh interpreter; its progress lines go to this stderr."""
-    import json
-    import subprocess
-
     job = {"target": asdict(t), "models": models, "concurrencies": concurrencies, "duration": duration,
            "protocol": protocol, "warmup": warmup, "progress": progress, "label": label}
     # generous bound: every step, its warm-up and its counter reads, plus start-up
@@ -563,8 +559,6 @@ def _child_errors() -> tuple[type[BaseException], ...]:
 
 
 def _child_main() -> None:
-    import json
-
     job = json.loads(sys.stdin.read())
     t = Target(**job["target"])
     try:

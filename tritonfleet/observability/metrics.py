@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import requests
 
+from ..gpu.placement import expected_count
 from ..inventory.roster import FleetError, FleetHost
-from ..serving import triton_http
+from ..serving import per_gpu, triton_http
 from ..serving.triton_http import Sample, parse
 from ..settings.access import ConfigError
 
@@ -54,19 +55,15 @@ def metrics_target(fh: FleetHost) -> str:
 def metrics_targets(fh: FleetHost) -> list[tuple[str, int | None]]:
     """``(address:port, GPU index)`` of each of the host's metrics endpoints: the one of its single
     Triton (index None), or with triton_per_gpu one per GPU (gpu_count GPUs: tritonfleet.serving.per_gpu)."""
-    from ..serving import per_gpu as pergpu
-
-    if not pergpu.enabled(fh):
+    if not per_gpu.enabled(fh):
         return [(metrics_target(fh), None)]
     count = fh.get("gpu_count")
     try:
-        from ..gpu.placement import expected_count
-
         n = expected_count(count, [])
         if n is None:
             raise ValueError("gpu_count is not set")
-        pergpu.check_layout(fh, n)
-        return [(f"{address(fh)}:{pergpu.ports(fh, i)['triton_metrics_port']}", i) for i in range(n)]
+        per_gpu.check_layout(fh, n)
+        return [(f"{address(fh)}:{per_gpu.ports(fh, i)['triton_metrics_port']}", i) for i in range(n)]
     except ValueError as e:
         raise FleetError(f"{fh.name}: triton_per_gpu needs the host's gpu_count for one target per GPU ({e}); "
                          "set gpu_count in its inventory host data or group data") from e

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 from ..inventory.roster import FleetHost, InventoryError
-from . import metrics
+from ..model_repo.validate import list_models
+from . import dashboard, metrics
 from .options import Options, duration_seconds
 from .rule_text import alert, host_regex, number, yaml_file
 
@@ -51,16 +52,16 @@ TARGET_DIRS = ("targets", "targets/health")
 # ---- targets ---------------------------------------------------------------------------------
 
 @dataclass
-class Target:
+class ScrapeTarget:
     host: FleetHost
     target: str
     labels: dict[str, str]
 
 
-def targets(hosts: list[FleetHost]) -> tuple[list[Target], list[str]]:
+def targets(hosts: list[FleetHost]) -> tuple[list[ScrapeTarget], list[str]]:
     """Scrape targets of every host (inventory order), and warnings about hosts Prometheus may
     not reach."""
-    out: list[Target] = []
+    out: list[ScrapeTarget] = []
     warnings: list[str] = []
     seen: dict[str, str] = {}
     for h in hosts:
@@ -76,7 +77,7 @@ def targets(hosts: list[FleetHost]) -> tuple[list[Target], list[str]]:
                 labels["group"] = h.group
             if gpu is not None:  # one Triton per GPU (triton_per_gpu): the instance's GPU
                 labels["gpu"] = str(gpu)
-            out.append(Target(h, target, labels))
+            out.append(ScrapeTarget(h, target, labels))
         bind = h.get("triton_metrics_bind")
         if bind and bind.startswith("127."):
             warnings.append(f"{h.name}: triton_metrics_bind={bind}: the metrics port listens on "
@@ -87,7 +88,7 @@ def targets(hosts: list[FleetHost]) -> tuple[list[Target], list[str]]:
     return out, warnings
 
 
-def file_sd(ts: list[Target], job: str) -> dict[str, list[dict]]:
+def file_sd(ts: list[ScrapeTarget], job: str) -> dict[str, list[dict]]:
     """file name -> file_sd content (one file per group, one entry per host)."""
     files: dict[str, list[dict]] = {}
     for t in ts:
@@ -251,8 +252,6 @@ def rules_file(opts: Options, hosts: list[FleetHost], models: dict[str, list[str
 
 def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
     """model -> hosts that serve it: the models of each host's model_repository."""
-    from ..model_repo.validate import list_models
-
     out: dict[str, list[str]] = {}
     for h in hosts:
         repo = Path(str(h.get("model_repository")))
@@ -269,7 +268,7 @@ def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
 @dataclass
 class Generated:
     files: dict[str, str]  #: path relative to DIR -> content
-    targets: list[Target]  #: the targets of the hosts written (all, or those of ``only``)
+    targets: list[ScrapeTarget]  #: the targets of the hosts written (all, or those of ``only``)
     warnings: list[str]
     rules: dict
     job: str = "triton"
@@ -282,8 +281,6 @@ def generate(hosts: list[FleetHost], opts: Options, only: set[str] | None = None
     """Everything :func:`write` writes, in memory (nothing is written when this raises).
     ``hosts``: the whole inventory (the rules and the endpoint check cover every host); ``only``:
     the host names whose target entries are written (--limit), None for all."""
-    from . import dashboard
-
     opts.check()
     if not hosts:
         raise InventoryError("the inventory has no hosts")
@@ -352,7 +349,7 @@ def _owned(out: Path, rel: str, record: dict[str, list[str]]) -> bool | None:
 
 
 @dataclass
-class Plan:
+class ConfigPlan:
     write: dict[str, str] = field(default_factory=dict)  #: relative path -> content
     remove: list[str] = field(default_factory=list)  #: our own files no longer wanted
     replaced: list[str] = field(default_factory=list)  #: foreign files written over (--force)
@@ -360,7 +357,7 @@ class Plan:
 
 
 def _plan_targets(gen: Generated, out: Path, folder: str, record: dict[str, list[str]],
-                  wanted: dict[str, str], p: Plan, force: bool) -> None:
+                  wanted: dict[str, str], p: ConfigPlan, force: bool) -> None:
     """The target files of one folder (``targets/``, ``targets/health/``) in :func:`plan`: with
     --limit the named hosts' entries merged into what is there, else this command's own files of
     groups that are gone removed (a foreign one kept, with a warning)."""
@@ -405,11 +402,11 @@ def _plan_targets(gen: Generated, out: Path, folder: str, record: dict[str, list
                               f"{prefix}*.json); remove it if its targets are gone")
 
 
-def plan(gen: Generated, out: Path, force: bool = False) -> Plan:
+def plan(gen: Generated, out: Path, force: bool = False) -> ConfigPlan:
     """What :func:`write` does in DIR ``out``; raises ForeignFiles (nothing written) when a file
     it would write is not its own, unless ``force``."""
     record = read_record(out)
-    p = Plan()
+    p = ConfigPlan()
     wanted = dict(gen.files)
     for folder in TARGET_DIRS:
         _plan_targets(gen, out, folder, record, wanted, p, force)
@@ -438,7 +435,7 @@ def plan(gen: Generated, out: Path, force: bool = False) -> Plan:
     return p
 
 
-def write(gen: Generated, out: Path, force: bool = False) -> Plan:
+def write(gen: Generated, out: Path, force: bool = False) -> ConfigPlan:
     """Write the files (each replaced atomically), remove this command's own target files of
     groups that are gone, and keep the record of what it wrote. Files it did not write are
     never removed, and never replaced unless ``force`` (:func:`plan`)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import jinja2
+
 from .. import resource
 from ..gpu.facts import smi_command
 from ..gpu.signals import SPEC_FILE
@@ -105,8 +107,6 @@ def command_line(args: list[tuple[str, str]]) -> str:
 
 
 def _render(template: str, **values) -> str:
-    import jinja2
-
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(resource("templates"))),
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
     return env.get_template(template).render(**values)

@@ -30,6 +30,7 @@ from ..core.connection_errors import CONNECTION_ERRORS
 from ..inventory import roster
 from ..inventory.roster import FleetHost, parallel
 from ..serving import apikey
+from ..settings.defaults import DEFAULTS as d
 from . import metrics
 from .metrics import HostRead, ModelCounters
 
@@ -48,7 +49,7 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
-class Settings:
+class TuneThresholds:
     """The batching settings of a model's live configuration."""
 
     max_batch_size: int = 0
@@ -58,7 +59,7 @@ class Settings:
     device: str = "gpu"  #: "cpu" when every instance group is KIND_CPU
 
     @classmethod
-    def from_config(cls, cfg: dict) -> Settings:
+    def from_config(cls, cfg: dict) -> TuneThresholds:
         db = cfg.get("dynamic_batching")
         kinds = {g.get("kind", "KIND_AUTO") for g in cfg.get("instance_group") or []}
         return cls(
@@ -71,12 +72,12 @@ class Settings:
 
 
 @dataclass
-class Row:
+class TuneRow:
     name: str  #: group or host
     model: str
     hosts: list[str]
     counters: ModelCounters
-    settings: Settings
+    settings: TuneThresholds
     utilization: float | None
     seconds: float | None  #: the window; None: totals since each server started
     advice: list[str] = field(default_factory=list)
@@ -129,7 +130,7 @@ def _pct(u: float) -> str:
     return f"{u * 100:.0f}%"
 
 
-def advise(row: Row, t: Thresholds) -> list[str]:
+def advise(row: TuneRow, t: Thresholds) -> list[str]:
     """The runbook's advice for one row (an empty list: nothing to change, or no traffic)."""
     s, u, dev = row.settings, row.utilization, row.settings.device.upper()
     if not row.requests or row.batch is None:
@@ -227,11 +228,11 @@ def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = 
 
 
 def rows(reads: list[tuple[HostRead, HostRead | None]], seconds: float | None,
-         per_host: bool = False) -> tuple[list[Row], list[str]]:
+         per_host: bool = False) -> tuple[list[TuneRow], list[str]]:
     """Rows per (group or host, model) in inventory order, and errors (one per host). A row's
     settings and thresholds are its first host's."""
     errors: list[str] = []
-    acc: dict[tuple[str, str], tuple[Row, list[float], Thresholds]] = {}
+    acc: dict[tuple[str, str], tuple[TuneRow, list[float], Thresholds]] = {}
     for first, second in reads:
         bad = first.error or (second.error if second else None)
         if bad:
@@ -242,11 +243,11 @@ def rows(reads: list[tuple[HostRead, HostRead | None]], seconds: float | None,
         for model, now in (second or first).models.items():
             if model not in first.models or model not in first.configs:
                 continue  # loaded between the two reads: no configuration read
-            settings = Settings.from_config(first.configs[model])
+            settings = TuneThresholds.from_config(first.configs[model])
             attr = "cpu_utilization" if settings.device == "cpu" else "gpu_utilization"
             us = [getattr(r, attr) for r in (first, second) if r and getattr(r, attr) is not None]
             if (name, model) not in acc:
-                acc[(name, model)] = (Row(name, model, [], ModelCounters(), settings, None, seconds),
+                acc[(name, model)] = (TuneRow(name, model, [], ModelCounters(), settings, None, seconds),
                                       [], Thresholds.of(h))
             row, utils, _ = acc[(name, model)]
             row.hosts.append(h.name)
@@ -267,7 +268,7 @@ def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def table(rs: list[Row], per_host: bool = False) -> str:
+def table(rs: list[TuneRow], per_host: bool = False) -> str:
     """The rows as an aligned text table; advice items on lines of their own under each row."""
     head = ["HOST" if per_host else "GROUP", "MODEL", "HOSTS", "REQUESTS", "REQ/S", "QUEUE MS",
             "COMPUTE MS", "BATCH", "LARGEST", "UTIL", "QUEUE DELAY US", "ADVICE"]
@@ -295,8 +296,6 @@ CLIENT_BUSY = 0.8
 
 def default_thresholds() -> Thresholds:
     """The thresholds' defaults (tritonfleet/settings/defaults.py)."""
-    from ..settings.defaults import DEFAULTS as d
-
     return Thresholds(float(d["monitor_queue_compute_ratio"]), float(d["monitor_low_utilization"]),
                       float(d["monitor_busy_utilization"]))
 
@@ -310,7 +309,7 @@ def _cite(r: dict, source: str) -> str:
             f"per request, mean batch {_fmt(r.get('batch_avg'), '.2f')}, utilization {util}]")
 
 
-def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds]) -> list[Row]:
+def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds]) -> list[TuneRow]:
     """Rows from a ``tritonfleet loadtest --json`` document: one per host, model and concurrency
     (name ``<host> c=<n>``), judged by :func:`advise` on the step's Triton figures, plus what only
     a sweep shows (throughput levelling off, a client-bound step). Every advice item ends with
@@ -318,8 +317,8 @@ def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds
     results = doc.get("results")
     if not isinstance(results, list):
         raise ValueError("no 'results' list: not the output of tritonfleet loadtest --json")
-    out: list[Row] = []
-    by_series: dict[tuple[str, str], list[tuple[dict, Row]]] = {}
+    out: list[TuneRow] = []
+    by_series: dict[tuple[str, str], list[tuple[dict, TuneRow]]] = {}
     for r in results:
         n = float(r.get("triton_requests") or r["requests"])
         q, c, b = r.get("queue_us_avg"), r.get("compute_us_avg"), r.get("batch_avg")
@@ -328,12 +327,12 @@ def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds
             queue_us=(q or 0) * n, compute_infer_us=(c or 0) * n, inferences=n,
             executions=n / b if b else 0.0,
             batches=Counter({int(k): v for k, v in (r.get("batch_sizes") or {}).items()}))
-        settings = Settings(max_batch_size=int(r.get("max_batch_size") or 0),
+        settings = TuneThresholds(max_batch_size=int(r.get("max_batch_size") or 0),
                             dynamic_batching=bool(r.get("dynamic_batching")),
                             max_queue_delay_us=int(r.get("max_queue_delay_us") or 0),
                             preferred=tuple(sorted(r.get("preferred_batch_size") or [])),
                             device=r.get("device") or "gpu")
-        row = Row(f"{r['host']} c={r['concurrency']}", r["model"], [r["host"]], counters, settings,
+        row = TuneRow(f"{r['host']} c={r['concurrency']}", r["model"], [r["host"]], counters, settings,
                   r.get("utilization"), float(r.get("duration_s") or 0) or None)
         cite = _cite(r, source)
         row.advice = [f"{a} {cite}" for a in advise(row, thresholds(r["host"]))]

@@ -1,6 +1,7 @@
 """Every pyinfra (and paramiko) internal tritonfleet relies on, in one list, checked at run time.
 
-tritonfleet patches or leans on parts of pyinfra that are not its public API: the operation order,
+tritonfleet patches or leans on parts of pyinfra that are not its public API (wherever in the
+package they are used: tests/unit/pyinfra_ext/test_internals.py fails on one not listed here): the operation order,
 the global-argument list, the Ctrl-C handler, state callbacks, the inner generators of three
 operations, its CLI's ``--data`` parser and ``--dry`` flag, its JSON results, paramiko's idle poll.
 Each is listed in :data:`INTERNALS` with the tritonfleet feature it serves (:data:`FEATURES`) and
@@ -18,7 +19,8 @@ it changes anything:
   internal and the pyinfra version: the run gives the same result, using more CPU;
 * a **behaviour** feature (Ctrl-C's exit status, the deploy lock's ``--dry`` test, the facts'
   memo and its callbacks, the converged operations, the failure reports, the ``--data`` parser,
-  the rollout's reading of pyinfra's JSON) whose internal differs refuses the run before any host
+  the rollout's reading of pyinfra's JSON, the fleet commands' inventory loader, pyinfra's
+  context objects, the reboot's askpass file) whose internal differs refuses the run before any host
   is changed, naming the internal, the pyinfra version and the releases it was checked against.
 
 A pyinfra release that is not in the record therefore runs only when everything tritonfleet relies
@@ -34,12 +36,21 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import io
 import json
+import marshal
+import pickle
+import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from jinja2.bccache import bc_magic
+from paramiko.packet import Packetizer
+from pyinfra.context import ContextManager
 
 from ..core.errors import TritonfleetError
 
@@ -73,6 +84,13 @@ FEATURES: dict[str, tuple[str, str]] = {
                                 "(tritonfleet.fleet.rollout, tritonfleet.fleet.pull.host_run)"),
     "self_connector": (BEHAVIOUR, "a self-converging host's run through pyinfra's local connector under its own "
                                   "inventory name (tritonfleet.pyinfra_ext.self_connector)"),
+    "inventory": (BEHAVIOUR, "the fleet commands load an inventory as pyinfra's command line does: its hosts, "
+                             "groups, data and errors (tritonfleet.inventory.roster)"),
+    "context": (BEHAVIOUR, "pyinfra's current state, host and config (pyinfra.context) read and set outside an "
+                           "operation: the failure reports, pre-flight, the fleet commands' own State, the "
+                           "connection tuning, the deploy lock and the patches' install"),
+    "reboot": (BEHAVIOUR, "the reboot operation forgets the host's sudo askpass file, which the reboot removes, "
+                          "as pyinfra's own server.reboot does (tritonfleet.host.ops.reboot)"),
 }
 
 
@@ -108,12 +126,27 @@ def _inner_takes(*params: str) -> Callable[[object], str]:
     return probe
 
 
+def _context_manager(obj) -> str:
+    """``pyinfra.context.ctx_*``: a ContextManager (its source is recorded on its own) with the
+    methods tritonfleet calls."""
+    if not isinstance(obj, ContextManager):
+        return f"it is a {type(obj).__name__}, not a pyinfra.context.ContextManager"
+    missing = [m for m in ("get", "set", "isset", "use") if not callable(getattr(obj, m, None))]
+    return f"it has no {', '.join(missing)}" if missing else ""
+
+
+def _argument_names(keys) -> str:
+    """``CONNECTOR_ARGUMENT_KEYS``: the names of the global arguments that reach the connector,
+    each one a ``_``-prefixed string (tritonfleet.pyinfra_ext.stream hands them on by name)."""
+    if not isinstance(keys, (list, tuple, set, frozenset)) or not all(isinstance(k, str) and k.startswith("_") for k in keys):
+        return "it is no longer a collection of the connector arguments' names"
+    return "" if {"_sudo", "_sudo_user", "_env", "_chdir"} <= set(keys) else "it lost _sudo, _sudo_user, _env or _chdir"
+
+
 def _paramiko_idle_poll(transport_cls) -> str:
     """paramiko's transport sets its socket's timeout to ``_active_check_timeout`` once, in
     ``__init__``, and its packetizer sends keepalives from the read loop's timeouts: so a longer
     timeout means fewer idle wake-ups and keepalives still on time (tritonfleet.pyinfra_ext.connection)."""
-    from paramiko.packet import Packetizer
-
     if not isinstance(getattr(transport_cls, "_active_check_timeout", None), (int, float)):
         return "Transport has no _active_check_timeout"
     if "self.sock.settimeout(self._active_check_timeout)" not in inspect.getsource(transport_cls.__init__):
@@ -127,8 +160,6 @@ def _paramiko_idle_poll(transport_cls) -> str:
 def _host_io_only(host_cls) -> str:
     """pyinfra's Host reaches its host through four methods, each handing its arguments to the
     connector (hostlock.gate_host_io makes those wait for the deploy lock): none other calls one."""
-    import re
-
     from .hostlock import HOST_IO
 
     for name in HOST_IO:
@@ -144,12 +175,6 @@ def _host_io_only(host_cls) -> str:
 def _jinja_bytecode_format(bucket_cls) -> str:
     """jinja2 writes a cache entry as its magic, the template's checksum pickled (protocol 2), then
     the code marshalled: tritonfleet.serving.unit reads that prefix back without unpickling."""
-    import io
-    import marshal
-    import pickle
-
-    from jinja2.bccache import bc_magic
-
     bucket = bucket_cls(None, "k", "checksum")
     bucket.code = compile("x = 1", "<check>", "exec")
     f = io.BytesIO()
@@ -242,6 +267,14 @@ INTERNALS: tuple[Internal, ...] = (
              probe=_inner_takes("service", "running", "enabled", "restarted")),
     Internal("pyinfra.api.arguments:ConnectorArguments", "stream",
              "tritonfleet/pyinfra_ext/stream.py passes the connector arguments of the current operation on"),
+    Internal("pyinfra.api.arguments:CONNECTOR_ARGUMENT_KEYS", "stream",
+             "tritonfleet/pyinfra_ext/stream.py wrapped(): the current operation's global arguments that are "
+             "connector arguments, by name", probe=_argument_names),
+    Internal("pyinfra.connectors.util:make_unix_command", "stream",
+             "tritonfleet/pyinfra_ext/stream.py wrapped(): its keyword parameters are the arguments it takes"),
+    Internal("pyinfra.connectors.util:make_unix_command_for_host", "stream",
+             "tritonfleet/pyinfra_ext/stream.py wrapped(): (state, host, command, **connector arguments) -> the "
+             "command as pyinfra would run it (sudo, su, env, shell)"),
     Internal("pyinfra_cli.util:parse_cli_arg", "cli_args",
              "tritonfleet/cli/fleet.py parses `--data key=value` with it, so status and rollout read the values the "
              "pyinfra runs they start read"),
@@ -257,6 +290,40 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pyinfra.api.inventory:Inventory.make_hosts_and_groups", "self_connector",
              "`@tritonfleet-self/<name>` in an inventory: the connector named before the slash gets the rest as "
              "make_names_data's argument, and the host takes the name it yields"),
+    Internal("pyinfra_cli.inventory:make_inventory", "inventory",
+             "tritonfleet/inventory/roster.py load_inventory: make_inventory(path, override_data=, cwd=) returns the "
+             "Inventory pyinfra's command line would run (group data files, precedence, host order)"),
+    Internal("pyinfra_cli.exceptions:CliError", "inventory",
+             "tritonfleet/inventory/roster.py: a mistake pyinfra's command line reports while it loads an inventory"),
+    Internal("pyinfra_cli.exceptions:UnexpectedExternalError", "inventory",
+             "tritonfleet/inventory/roster.py: an error raised by the inventory's or a group data file's own code, "
+             "with .filename and .exception"),
+    Internal("pyinfra.context:ContextManager", "context",
+             "get/set/isset/use of the current state, host and config (the ctx_* objects below)"),
+    Internal("pyinfra.context:ctx_state", "context",
+             "tritonfleet/core/report.py, preflight.py, inventory/roster.py (its own State), pyinfra_ext/connection.py, "
+             "hostlock.py and install.py read (or set) the current State", probe=_context_manager),
+    Internal("pyinfra.context:ctx_config", "context",
+             "tritonfleet/core/report.py (a failure's rollback command under a copy of the config) and "
+             "inventory/roster.py (its own Config)", probe=_context_manager),
+    Internal("pyinfra.context:ctx_host", "context",
+             "tritonfleet/core/report.py: the rollback command built with the failed host as the current one",
+             probe=_context_manager),
+    Internal("pyinfra.context:ContextObject", "context",
+             "tritonfleet/core/report.py: a nested operation is handed pyinfra's host proxy, a ContextObject, "
+             "whose real host is found through it"),
+    Internal("pyinfra.context:ContextObject._get_module", "context",
+             "the object behind pyinfra's host or state proxy: tritonfleet/core/report.py (the failed host), "
+             "serving/ops/lb.py and gpu_guard.py (one run's State, as a key of what it already did)"),
+    Internal("pyinfra.connectors.util:remove_any_sudo_askpass_file", "reboot",
+             "tritonfleet/host/ops/reboot.py, before the reboot (as pyinfra's server.reboot): the askpass file "
+             "is removed while the host is still reachable"),
+    Internal("pyinfra.connectors.util:clear_askpass_cache", "reboot",
+             "tritonfleet/host/ops/reboot.py, after the reboot (as pyinfra's server.reboot): the next sudo "
+             "command uploads the askpass file again"),
+    Internal("pyinfra.connectors.util:CommandOutput", "failure",
+             "tritonfleet/host/ops/aptlock.py: a failed apt command returns (False, CommandOutput([])), as a "
+             "connector's run_shell_command does, once its report holds apt's lines"),
 )
 
 
@@ -265,7 +332,7 @@ class PyinfraChanged(TritonfleetError):
 
 
 @dataclass
-class Mismatch:
+class InternalMismatch:
     internal: Internal
     why: str  # "its source differs", "it is gone (...)", or the probe's words
 
@@ -275,10 +342,10 @@ class Mismatch:
 
 
 @dataclass
-class Result:
+class CheckResult:
     versions: dict[str, str]         # package -> installed version
     checked: dict[str, list[str]]    # package -> releases recorded
-    mismatches: list[Mismatch]
+    mismatches: list[InternalMismatch]
     seconds: float = 0.0
 
     @property
@@ -287,7 +354,7 @@ class Result:
         return {m.internal.feature for m in self.mismatches if m.kind == SPEED}
 
     @property
-    def refused(self) -> list[Mismatch]:
+    def refused(self) -> list[InternalMismatch]:
         return [m for m in self.mismatches if m.kind == BEHAVIOUR]
 
     def _release(self, package: str) -> str:
@@ -362,10 +429,8 @@ def file_hash(module: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else ""
 
 
-def check(features: set[str] | None = None, record: dict | None = None) -> Result:
+def check(features: set[str] | None = None, record: dict | None = None) -> CheckResult:
     """The installed pyinfra against the record: every internal of ``features`` (None: all)."""
-    import time
-
     t0 = time.perf_counter()
     record = load_record() if record is None else record
     sources: dict[str, list[str]] = record.get("sources", {})
@@ -378,7 +443,7 @@ def check(features: set[str] | None = None, record: dict | None = None) -> Resul
         try:
             obj = resolve(internal.name)
         except (ImportError, AttributeError) as e:
-            mismatches.append(Mismatch(internal, f"it is gone ({type(e).__name__}: {e})"))
+            mismatches.append(InternalMismatch(internal, f"it is gone ({type(e).__name__}: {e})"))
             continue
         module = internal.name.split(":", 1)[0]
         if module not in same_file:
@@ -396,11 +461,11 @@ def check(features: set[str] | None = None, record: dict | None = None) -> Resul
         except (OSError, TypeError) as e:  # no source to read (a compiled or generated object)
             why = f"its source cannot be read ({type(e).__name__}: {e})"
         if why:
-            mismatches.append(Mismatch(internal, why))
-    return Result(installed_versions(), record.get("checked", {}), mismatches, time.perf_counter() - t0)
+            mismatches.append(InternalMismatch(internal, why))
+    return CheckResult(installed_versions(), record.get("checked", {}), mismatches, time.perf_counter() - t0)
 
 
-def ensure(*features: str) -> Result:
+def ensure(*features: str) -> CheckResult:
     """Raise PyinfraChanged when an internal of a behaviour feature among ``features`` differs."""
     res = check(set(features))
     if res.refused:

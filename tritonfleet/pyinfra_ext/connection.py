@@ -29,10 +29,12 @@ are still sent on time.
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Any
 
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_state
 
 from ..settings.defaults import DEFAULTS
 from ..settings.table import whole_number
@@ -119,8 +121,6 @@ def tune_state(state: Any = None) -> int:
     """Tune every connected host of ``state`` (default: pyinfra's current state) now and every
     host that connects later. Safe to call many times. Returns how many hosts were tuned now."""
     if state is None:
-        from pyinfra.context import ctx_state
-
         if not ctx_state.isset():
             return 0
         state = ctx_state.get()
@@ -140,8 +140,6 @@ def quiet_relaxed_host_keys() -> None:
     mode logs its refusal as an error and accept-new in other words: both still show. Added to
     pyinfra's logger by ``pyinfra_patches.install()`` and by tritonfleet's own fleet commands
     (tritonfleet.inventory.roster), never by importing tritonfleet."""
-    import logging
-
     class RelaxedHostKeys(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             return not (record.levelno == logging.WARNING

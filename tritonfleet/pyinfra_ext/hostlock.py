@@ -53,6 +53,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import pyinfra
+from gevent.monkey import is_module_patched
+from pyinfra import logger
+from pyinfra.api.host import Host
+from pyinfra.context import ctx_state
+
 from ..core import runid, speed
 from ..core.errors import TritonfleetError
 from ..core.exits import exit_for
@@ -364,7 +370,6 @@ def _cooperative(f):
     this one waits, when the run is under gevent's patching; else ``f`` itself."""
     try:
         from gevent.fileobject import FileObjectPosix
-        from gevent.monkey import is_module_patched
     except ImportError:  # pragma: no cover
         return f
     return FileObjectPosix(f.fileno(), "rb", close=False) if is_module_patched("threading") else f
@@ -391,8 +396,6 @@ _held: dict[str, Holder] = {}
 
 def enabled() -> bool:
     """Locks are taken by pyinfra's CLI runs that change hosts (not --dry, not the API)."""
-    import pyinfra
-
     return bool(pyinfra.is_cli) and "--dry" not in sys.argv[1:]
 
 
@@ -419,14 +422,10 @@ def acquire_all(state=None, say=None, wait: bool = True) -> int:
     many locks are held. ``wait=False``: start every holder and return at once (the holders
     connect while the deploy file goes on loading); :func:`wait_all` waits for them."""
     if state is None:
-        from pyinfra.context import ctx_state
-
         if not ctx_state.isset():
             return 0
         state = ctx_state.get()
     if say is None:
-        from pyinfra import logger
-
         say = logger.warning
     todo, errors = [], []
     started_already = {lk.host.name for pending, _ in _pending for lk in pending}
@@ -505,8 +504,6 @@ def gate_host_io() -> None:
     by ``acquire_all(wait=False)`` are held before the run's first command reaches any host, and a
     lock another run keeps stops the run there (SystemExit, as pre-flight's refusals do) with
     nothing sent. Once per process; a no-op call once the locks are held."""
-    from pyinfra.api.host import Host
-
     for name in HOST_IO:
         method = getattr(Host, name)
         if not getattr(method, "_tritonfleet_lock_gate", False):

@@ -43,14 +43,13 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+import pyinfra
 from gevent.event import Event
 from pyinfra import logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
-from ..core import open_files as limits
-from ..core import report as failure
-from ..core import speed
+from ..core import open_files, report, speed
 from ..core.errors import TritonfleetError
 from ..core.exits import entry_point, exit_for
 from . import argcache, compat, hostlock, interrupt, oporder, quick_exit
@@ -60,7 +59,7 @@ _MARK = "_tritonfleet_patches"
 LINE = "pyinfra_patches.install()"
 
 
-class Refused(TritonfleetError):
+class PatchesRefused(TritonfleetError):
     """Stops the run while pyinfra loads the deploy file (before any operation ran): the error
     without a traceback (as hostlock.LockError does; tritonfleet.core.exits ends the run)."""
 
@@ -97,7 +96,7 @@ def install() -> None:
     try:
         _install()
     except compat.PyinfraChanged as e:  # pyinfra changed what tritonfleet relies on: refused
-        first.error = Refused(e)
+        first.error = PatchesRefused(e)
         raise first.error from e
     except BaseException as e:  # the deploy lock refused (LockError): every host stops with it
         first.error = e
@@ -107,13 +106,12 @@ def install() -> None:
 
 
 def _features() -> set[str]:
-    """What a deploy relies on: everything but the fleet commands' own (--data, pyinfra's JSON) and
+    """What a deploy relies on: everything but the fleet commands' own (--data, pyinfra's JSON, its
+    inventory loader) and
     a self-converging host's run (its connector: tritonfleet converge checks it before the run);
     outside pyinfra's CLI (the Python API) neither Ctrl-C's handler nor the lock's --dry test is
     in force, and pyinfra_cli is not imported for them (importing it monkey-patches the process)."""
-    import pyinfra
-
-    features = set(compat.FEATURES) - {"cli_args", "rollout_json", "self_connector"}
+    features = set(compat.FEATURES) - {"cli_args", "rollout_json", "self_connector", "inventory"}
     if not pyinfra.is_cli:
         features -= {"interrupt", "dry_flag"}
     return features
@@ -128,7 +126,7 @@ def _install() -> None:
     off = checked.off | {name for name in speed.FEATURES if not speed.on(name)}  # pyinfra's or the switch
     state = ctx_state.get() if ctx_state.isset() else None
     inventory = getattr(state, "inventory", None)  # a State not initialised yet has none
-    limits.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
+    open_files.check_nofile(len(inventory) if inventory is not None else 0, "this deploy")
     quiet_relaxed_host_keys()
     set_idle_poll("idle_poll" not in off)
     tune_state()
@@ -144,7 +142,7 @@ def _install() -> None:
     interrupt.install()
     if "quick_exit" not in off:
         quick_exit.install()
-    failure.report_operation_errors()
+    report.report_operation_errors()
 
 
 def required(step: str) -> None:
@@ -154,8 +152,6 @@ def required(step: str) -> None:
     API (tests with the @fake connector, tritonfleet's own fleet commands) takes no lock and is
     left alone. A run whose locks install() started waits here until every host's is held (or
     stops, naming the hosts whose lock another run keeps)."""
-    import pyinfra
-
     hostlock.wait_or_exit()  # no step runs before the run holds every host's deploy lock
     if not pyinfra.is_cli:
         return
@@ -165,7 +161,7 @@ def required(step: str) -> None:
     deploy = getattr(state, "current_deploy_filename", None) or getattr(state, "current_exec_filename", None) \
         or "the deploy file"
     # a step is no entry point (tritonfleet.core.exits): it ends the run itself, as install() would
-    raise exit_for(Refused(NotInstalled(
+    raise exit_for(PatchesRefused(NotInstalled(
         f"{deploy}: the step {step!r} runs, but the deploy file did not call {LINE} before it: without it no "
         "deploy lock is held on the hosts (another run could change them at the same time), and neither the "
         "checks of pyinfra's internals nor Ctrl-C's exit status are in force. Add these two lines to the "

@@ -12,6 +12,8 @@ import os
 import signal
 import sys
 
+import pyinfra
+
 MESSAGE = (
     "Interrupted (Ctrl-C): the operations in flight were cut. Nothing half-written goes live: a model "
     "release is switched to only once complete (a cut transfer resumes on the next run), and Triton "
@@ -31,8 +33,6 @@ def _handler(signum, frame):
 def install() -> bool:
     """Use this handler for SIGINT in pyinfra's CLI; False (nothing changed) elsewhere (the API,
     tests) or outside the main thread."""
-    import pyinfra
-
     if not pyinfra.is_cli:
         return False
     try:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import atexit
 import gc
 
+import pyinfra
+
 _installed = {"on": False}
 
 
 def install() -> None:
     """Freeze the garbage collector's objects at exit (once a process; pyinfra's CLI only)."""
-    import pyinfra
-
     if _installed["on"] or not pyinfra.is_cli:
         return
     atexit.register(gc.freeze)

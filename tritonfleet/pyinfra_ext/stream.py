@@ -11,7 +11,8 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.connectors.util import make_unix_command, make_unix_command_for_host
 
-from ..core import report as failure
+from ..core import report
+from ..core.shell import q
 from . import transfer
 
 
@@ -27,10 +28,10 @@ def _load(state, host, archive: str, remote: str, how: str) -> bool:
     try:
         sent = transfer.send_file(host, Path(archive), remote, how)
     except (transfer.TransferError, OSError) as e:
-        text = failure.without_host(str(e), host.name).splitlines() or [type(e).__name__]
-        failure.emit(host, failure.Failure(
+        text = report.without_host(str(e), host.name).splitlines() or [type(e).__name__]
+        report.emit(host, report.Failure(
             host.name, "Triton image (docker load)", f"image archive {Path(archive).name} loaded into Docker",
-            text[0], failure.trim(text[1:]), "the transfer's and docker load's own words",
+            text[0], report.trim(text[1:]), "the transfer's and docker load's own words",
             "the image is loaded before any restart: the running Triton container and its unit are unchanged",
             "check the archive and the link to the host (and `docker load` on the host by hand: "
             f"ssh {host.name} docker load < {archive}), then run the deploy again", cause=text[0]))
@@ -68,16 +69,14 @@ def connector_arguments() -> dict:
 
 
 def _pull(state, host, image: str, arguments: dict) -> bool:
-    from ..core.shell import q
-
     ok, out = host.run_shell_command(f"docker pull {q(image)}", print_output=False, **arguments)
     if ok:
         return True
     said = [ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()]
     first = next((ln for ln in said if "rror" in ln), said[-1] if said else "docker pull failed")
-    failure.emit(host, failure.Failure(
+    report.emit(host, report.Failure(
         host.name, f"docker pull {image}", f"image {image} on the host before Triton is restarted",
-        first.strip(), failure.trim(said), "Docker's own words",
+        first.strip(), report.trim(said), "Docker's own words",
         "the image is pulled before any restart: the running Triton container, its unit and the live model "
         "release are unchanged (no later step ran)",
         f"check the image name and the registry (reachable from the host? logged in? `docker pull {image}` on the "

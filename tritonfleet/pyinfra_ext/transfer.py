@@ -33,6 +33,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from paramiko.ssh_exception import SSHException
+from pyinfra.connectors.local import LocalConnector
+from pyinfra.connectors.ssh import SSHConnector
+
 from ..core.errors import TritonfleetError
 from ..core.procs import die_with_parent
 from .connection import keepalive
@@ -63,14 +67,10 @@ def _connector_data(host) -> dict:
 
 
 def is_ssh_host(host) -> bool:
-    from pyinfra.connectors.ssh import SSHConnector
-
     return isinstance(getattr(host, "connector", None), SSHConnector)
 
 
 def is_local_host(host) -> bool:
-    from pyinfra.connectors.local import LocalConnector
-
     return isinstance(getattr(host, "connector", None), LocalConnector)
 
 
@@ -284,8 +284,6 @@ def _send_all(channel, data: bytes, bound: float) -> None:
 
 
 def _over_connection(host, source, remote_command: str) -> tuple[int, bytes]:
-    from paramiko.ssh_exception import SSHException
-
     interval, count = _keepalive(host)
     bound = interval * count
     transport = host.connector.client.get_transport()

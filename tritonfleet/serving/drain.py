@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from ..core.errors import TritonfleetError
 from ..core.shell import q
 from ..settings.access import Settings
+from .triton_http import parse
 
 # Hooks: Triton's request counters must stay still this long (and its queue be empty) before the
 # host counts as idle.
@@ -344,8 +345,6 @@ def triton_busy(metrics_text: str | list[str]) -> tuple[float, float]:
     summed, and ``nv_inference_request_success`` + ``nv_inference_request_failure`` summed over
     models. ValueError for an answer that is not Triton's metrics (no ``nv_`` family: another
     service on that port, an error page) or not Prometheus's text format."""
-    from .triton_http import parse
-
     pending = done = 0.0
     for text in [metrics_text] if isinstance(metrics_text, str) else metrics_text:
         if not _TRITON_FAMILY.search(text):

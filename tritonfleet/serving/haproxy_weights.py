@@ -36,7 +36,7 @@ MAX_WEIGHT = 256  # HAProxy's largest server weight
 
 
 @dataclass(frozen=True)
-class Plan:
+class WeightPlan:
     """Weights for a share: every canary server and every matched baseline server gets
     ``canary``, each other server its weight times ``factor``. ``share`` is the canary servers'
     resulting part of the traffic (the matched servers get as much)."""
@@ -47,7 +47,7 @@ class Plan:
     weights: dict[str, int]  # server -> weight to set
 
 
-def plan(share: float, canaries: list[str], others: dict[str, int], matched: list[str] | None = None) -> Plan:
+def plan(share: float, canaries: list[str], others: dict[str, int], matched: list[str] | None = None) -> WeightPlan:
     """The weights that give ``canaries`` (together) ``share`` (0 < share < 1) of the traffic
     next to ``others`` ({server: its weight now}, servers that take traffic). ``matched``: servers
     of ``others`` that get the canaries' weight too (a baseline under the same load as the
@@ -83,7 +83,7 @@ def plan(share: float, canaries: list[str], others: dict[str, int], matched: lis
     _, factor, c = best
     weights = {s: c for s in [*canaries, *matched]}
     weights.update({s: w * factor for s, w in live.items()})
-    return Plan(c, factor, len(canaries) * c / (n * c + factor * total), weights)
+    return WeightPlan(c, factor, len(canaries) * c / (n * c + factor * total), weights)
 
 
 def share_of(weights: dict[str, int], servers: list[str]) -> float:

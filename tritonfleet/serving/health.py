@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
+from pyinfra import host, logger
 
-from ..core.report import Failure, HostFailure
+from ..core.report import HOST_RECORD, Failure, HostFailure, in_rollout
 from ..settings.access import Settings
-from . import per_gpu as pergpu
-from . import triton_http
+from . import per_gpu, triton_http
+from .per_gpu import host_instance_gets as instance_gets
 from .unit_watch import UnitWatch, Verdict, error_words, serving_now, watch_instance
 
 
@@ -140,7 +142,7 @@ def gate(settings: Settings, address: str, models: list[str], transport=None, ti
 
 def instance_failure(failure: Failure, settings: Settings) -> Failure:
     """A failed gate's report naming the per-GPU instance (tritonfleet.serving.per_gpu) it was of."""
-    name = pergpu.label(settings)
+    name = per_gpu.label(settings)
     if name:
         failure.expected = f"{name}: {failure.expected}"
         failure.found = f"{name}: {failure.found}"
@@ -189,8 +191,6 @@ WARM_LATENCY: dict[str, dict[str, float]] = {}
 def warm_check(repo: str, models: list[str], timeout: float, say, keep=None):
     """The warm inference gate as gate()'s ``warm``: one inference per model (tritonfleet.serving.warmup);
     a Verdict with Triton's answer when one fails. ``keep(latencies)`` when all passed."""
-    from pathlib import Path
-
     from .warmup import warm
 
     def run(http_url: str, session=None) -> Verdict | None:
@@ -216,9 +216,7 @@ def gate_current_host(settings: Settings, models: list[str], clear_failure: bool
     nothing. With
     ``repo`` (the rendered repository the deploy sent) and health_warm_inference, each model then
     answers one real inference (tritonfleet.serving.warmup)."""
-    from pyinfra import host, logger
 
-    from ..core.report import in_rollout
     from ..settings.access import ConfigError
 
     transport = None
@@ -229,7 +227,6 @@ def gate_current_host(settings: Settings, models: list[str], clear_failure: bool
         _, out = host.run_shell_command(command, print_output=False, print_input=False)
         return "\n".join(out.stdout_lines)
 
-    from .per_gpu import host_instance_gets as instance_gets
 
     timeout = float(settings.get("health_timeout"))
     gets = instance_gets(settings)
@@ -238,7 +235,7 @@ def gate_current_host(settings: Settings, models: list[str], clear_failure: bool
         watch = watch_instance(g, run)
         warm = None
         if repo and settings.get("health_warm_inference"):
-            who = ": ".join(filter(None, (host.name, pergpu.label(g))))
+            who = ": ".join(filter(None, (host.name, per_gpu.label(g))))
             warm = warm_check(repo, models, max(float(settings.get("health_request_timeout")), 30.0),
                               lambda text, who=who: logger.info(f"{who}: {text}"),
                               (lambda ms: WARM_LATENCY.__setitem__(host.name, ms)) if i == 0 else None)
@@ -252,9 +249,7 @@ def gate_current_host(settings: Settings, models: list[str], clear_failure: bool
         seconds += res.seconds
     res.seconds = seconds
     logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
-                + (f", {len(gets)} Triton instances, one per GPU)" if pergpu.enabled(settings) else ")"))
+                + (f", {len(gets)} Triton instances, one per GPU)" if per_gpu.enabled(settings) else ")"))
     if clear_failure:
-        from ..core.report import HOST_RECORD
-
         run(f"rm -f {HOST_RECORD}")
     return res

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -79,8 +80,6 @@ DIGEST_RE = r"sha256:[0-9a-f]{64}"
 def split_image(image: str) -> tuple[str, str | None, str | None]:
     """Docker's image reference grammar, the parts tritonfleet needs: ``name[:tag][@digest]`` ->
     (name, tag or None, digest or None). A ':' before the last '/' belongs to a registry port."""
-    import re
-
     ref, _, digest = str(image).partition("@")
     name, tag = ref, None
     slash = ref.rfind("/")

@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import re
 
+from pyinfra import host
+
 from ..core.errors import UsageError
+from ..core.shell import q
+from ..gpu.facts import host_gpus
 from ..gpu.placement import per_gpu_enabled as enabled
 from ..settings.access import Overlay, Settings
 from ..settings.table import whole_number
@@ -104,8 +108,6 @@ def unit_file_re(settings: Settings) -> re.Pattern:
 
 def list_units_command(settings: Settings) -> str:
     """Lists the per-GPU unit files on the host, one name a line, by index."""
-    from ..core.shell import q
-
     return (f"ls -1 /etc/systemd/system 2>/dev/null | grep -E {q(unit_file_re(settings).pattern)} | sort -V; true")
 
 
@@ -119,9 +121,7 @@ def host_instance_gets(settings: Settings) -> list[Settings]:
     """The settings of each Triton instance of the current host (pyinfra's), whose settings are
     ``settings``: [settings] (the single unit), or with triton_per_gpu one per GPU (the count from
     tritonfleet.gpu.facts.host_gpus). A layout that cannot work is a ConfigError naming the host."""
-    from pyinfra import host
 
-    from ..gpu.facts import host_gpus
     from ..settings.access import ConfigError
 
     if not enabled(settings):

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import marshal
 import os
+import pickle
+
+import jinja2
+from jinja2.bccache import bc_magic
 
 from .. import TEMPLATES
 from ..core import local_cache, speed
 from ..pyinfra_ext import compat
 from ..settings.access import ConfigError, Settings
 from . import apikey
+from .per_gpu import instance_gets
 
 MODEL_CONTROL_MODES = ("none", "explicit")
 # unit template values that are the tunable triton_<name> as it is
@@ -85,8 +91,6 @@ def _templates():
     compiled template for the next run in jinja2's bytecode cache in the control machine's cache
     directory, keyed by the template's source and jinja2's version (docs/scale.md, "Speed-only
     features"). With the speed switch off, plain jinja2 compiles it in every process."""
-    import jinja2
-
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
                               undefined=jinja2.StrictUndefined,
                               bytecode_cache=_bytecode_cache() if _bytecode_usable() else None)
@@ -101,19 +105,12 @@ def _bytecode_usable() -> bool:
 def _bytecode_cache():
     """jinja2's FileSystemBytecodeCache in CACHE_DIR/jinja, where a cache it cannot use (a
     directory it cannot write, a file it cannot read back) only costs a compilation."""
-    import jinja2
-
     class Cache(jinja2.FileSystemBytecodeCache):
         def load_bytecode(self, bucket) -> None:
             """jinja2's own file (its magic, the pickled checksum of the template's source, the
             marshalled code), read without unpickling it: an entry that does not begin with the
             bytes this template's checksum gives is not this template's (compiled again, and
             written anew); a code part that cannot be read back is as good as none."""
-            import marshal
-            import pickle
-
-            from jinja2.bccache import bc_magic
-
             try:
                 with open(os.path.join(self.directory, self.pattern % bucket.key), "rb") as f:
                     data = f.read()
@@ -154,8 +151,6 @@ def unit_path(settings: Settings) -> str:
 def wanted_units(settings: Settings, count: int) -> list[tuple[str, str]]:
     """(path, text) of every unit the host should have: the single unit, or with triton_per_gpu
     one per GPU of ``count`` (tritonfleet.serving.per_gpu), by index."""
-    from .per_gpu import instance_gets
-
     return [(unit_path(g), render_unit(unit_context(g))) for g in instance_gets(settings, count)]
 
 

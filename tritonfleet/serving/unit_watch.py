@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..core.connection_errors import CONNECTION_ERRORS
 from ..core.errors import TritonfleetError
-from ..core.report import trim
+from ..core.report import rollback_command, trim
 from ..core.shell import q
 from ..settings.access import Settings
 
@@ -31,8 +31,6 @@ class Verdict:
 
 def journal_excerpt(lines: list[str], keep: int = 15) -> list[str]:
     """The unit journal's error lines (Triton's E-level log lines, failures), else its tail."""
-    import re
-
     bad = [ln for ln in lines if re.search(r"\]: E\d{4} |\bE\d{4} \d|error|failed|unavailable", ln, re.I)
            and "| " not in ln]
     return (bad or lines)[-keep:]
@@ -320,8 +318,6 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
         if rollout:
             fix = "the rollout rolls this host back to what it served before"
         else:
-            from ..core.report import rollback_command
-
             fix = (("the host served before this deploy; put that deployment back with: "
                     if differs else "to return to the last healthy deployment: ") + rollback_command(host_name))
     elif snap.last_error:

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import requests
 
-from ..core import speed
+from ..core import local_cache, speed
+from ..model_repo import render
+from ..model_repo.derived import remembered_key
 from . import triton_http
 
 # ModelConfig.DataType -> the KServe v2 datatype of the HTTP/REST protocol
@@ -130,12 +132,8 @@ def prepared(repo: Path, model: str):
 
 @functools.lru_cache(maxsize=256)
 def _prepared(path: str, _mtime_ns: int, _size: int):
-    from ..core import local_cache
-    from ..model_repo.derived import remembered_key
-    from ..model_repo.render import CACHE_DIR
-
     text = Path(path).read_text()
-    where = CACHE_DIR / "warm" / f"{remembered_key('warm', text, Path(__file__).read_bytes())}.json"
+    where = render.CACHE_DIR / "warm" / f"{remembered_key('warm', text, Path(__file__).read_bytes())}.json"
     remembered = local_cache.read(where)
     plan = None if remembered is None else json.loads(remembered)
     if plan is None:

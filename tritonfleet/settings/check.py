@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyinfra.api.arguments import all_global_arguments
+from pyinfra.api.connectors import get_all_connectors
+
 from ..core.errors import UsageError
 from . import origin_stores
 from .defaults import DEFAULTS
@@ -277,9 +280,6 @@ def _pyinfra_names() -> frozenset[str]:
     """Names pyinfra itself reads from host data: every installed connector's settings
     (``data_meta``: ssh_hostname, ssh_port, ...) and the global arguments (_sudo, _env, ...).
     Once a process: a deploy's pre-flight asks for every host."""
-    from pyinfra.api.arguments import all_global_arguments
-    from pyinfra.api.connectors import get_all_connectors
-
     names = {name for name, _ in all_global_arguments() if name.startswith("_")}
     for connector in get_all_connectors().values():
         names |= set(getattr(connector, "data_meta", {}) or {})
@@ -309,7 +309,7 @@ def _assigns(path: Path, key: str) -> bool:
     return False
 
 
-class Origins:
+class ValueSources:
     """Where each value of an inventory's hosts was set, in pyinfra's precedence: --data, host
     data, group data (the host's last group first), the inventory's ``all`` data. ``group_dirs``:
     the group_data directories pyinfra read (the working directory's and the inventory's)."""
@@ -365,7 +365,7 @@ def group_dirs(inventory_file: str | None = None, cwd: str | Path | None = None)
 # ---- the check -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Problem:
+class SettingProblem:
     host: str
     key: str
     value: Any
@@ -383,11 +383,11 @@ def _short(value: Any) -> str:
 
 
 def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
-             gpu_classes: Iterable[str], known: set[str] | None = None) -> list[Problem]:
+             gpu_classes: Iterable[str], known: set[str] | None = None) -> list[SettingProblem]:
     """Every refused setting of one host (``data``: its merged host data, without the package's
     defaults; ``where(key)``: where the value was set)."""
     known = known_names() if known is None else known
-    out: list[Problem] = []
+    out: list[SettingProblem] = []
     extra = data.get("extra_host_data", [])
     extra_ok = RULES["extra_host_data"].problem(extra) is None
     own = set(extra) if extra_ok else set()
@@ -410,11 +410,11 @@ def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
                    + " (`python -m tritonfleet.tunables` lists every tunable; data your own deploy "
                      "code reads goes into extra_host_data)")
         if why:
-            out.append(Problem(name, key, value, where(key), why))
+            out.append(SettingProblem(name, key, value, where(key), why))
     clear = origin_stores.login_problem(data)
     if clear:
         key, upload = clear
-        out.append(Problem(name, key, upload, where(key),
+        out.append(SettingProblem(name, key, upload, where(key),
                            f"uploads with model_origin_upload_user {data.get('model_origin_upload_user')!r}, whose "
                            "password would cross the network in clear over http://: upload over https://"))
     ports = [k for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port")
@@ -422,7 +422,7 @@ def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
     values = [data.get(k, DEFAULTS[k]) for k in ports]
     if len(ports) == 3 and len(set(values)) < 3:
         k = next(k for k in ports if k in data and values.count(data[k]) > 1)
-        out.append(Problem(name, k, data[k], where(k),
+        out.append(SettingProblem(name, k, data[k], where(k),
                            "triton_http_port, triton_grpc_port and triton_metrics_port must differ "
                            f"(they are {', '.join(str(v) for v in values)})"))
     return out
@@ -443,13 +443,13 @@ def _gpu_class_problem(value: Any, gpu_classes: Iterable[str]) -> str | None:
               "GPU_CLASSES")
 
 
-def check_hosts(hosts: Iterable[Any], origins: Origins, gpu_classes: Iterable[str]) -> None:
+def check_hosts(hosts: Iterable[Any], origins: ValueSources, gpu_classes: Iterable[str]) -> None:
     """Check every pyinfra host of an inventory (their data as pyinfra merged it, without the
     package's defaults); raise SettingsError with one line per refused setting, hosts that share
     one (group data) on one line."""
     known = known_names()
     found: dict[tuple, list[str]] = {}
-    first: dict[tuple, Problem] = {}
+    first: dict[tuple, SettingProblem] = {}
     for h in hosts:
 
         def where(key: str, h: Any = h) -> str:

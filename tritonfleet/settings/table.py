@@ -6,6 +6,7 @@ keeps that table, the defaults and the code in step.
 
 from __future__ import annotations
 
+import argparse
 import ast
 from pathlib import Path
 
@@ -54,8 +55,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonfleet.setti
     """The table; ``--help`` says so (and any other argument is refused with exit status 2,
     argparse's usage error). Operators run it as ``python -m tritonfleet.tunables``
     (tritonfleet.tunables); ``python -m tritonfleet.settings.table`` is the same command."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Print every tunable of tritonfleet (tritonfleet/settings/defaults.py) with its default and what it "

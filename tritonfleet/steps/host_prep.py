@@ -14,10 +14,9 @@ from pyinfra.operations import files, server, systemd
 
 from ..core.report import fail
 from ..core.shell import q
-from ..gpu import guard as gpuguard
-from ..host import driver_source, vendor_repos
+from ..gpu import guard
+from ..host import driver_source, nvidia_repos, vendor_repos
 from ..host import kernel_module as kmod
-from ..host import nvidia_repos as vendorfacts
 from ..host.facts import AptSources, DockerDaemonJson, DpkgState, FileState, UnitState
 from ..host.layer import (
     DAEMON_JSON_HELP,
@@ -71,7 +70,7 @@ TOOLKIT_PACKAGES = [
 def driver_pinning_package() -> str | None:
     """NVIDIA's pinning package for the branch, where the repository has one."""
     settings = access.current()
-    return vendorfacts.pinning_package(driver_repo(settings), driver_branch(settings))
+    return nvidia_repos.pinning_package(driver_repo(settings), driver_branch(settings))
 
 
 def driver_packages() -> list[str]:
@@ -86,13 +85,13 @@ def driver_packages() -> list[str]:
         own = [p.format(branch=branch) for p in own]
         version = access.get("nvidia_driver_version")
         return [f"{p}={version}" for p in own] if version else own
-    meta, *own_flavour = vendorfacts.flavour_packages(distro, branch, flavour)
-    own_flavour += vendorfacts.install_with(distro)  # a distro archive's tools, next to its metapackage
+    meta, *own_flavour = nvidia_repos.flavour_packages(distro, branch, flavour)
+    own_flavour += nvidia_repos.install_with(distro)  # a distro archive's tools, next to its metapackage
     if not upstream:
         return [meta, *own_flavour]
     version = str(access.get("nvidia_driver_version"))
     # metapackages are <upstream>-1 in every CUDA repository (vendorfacts: version_shape)
-    meta_version = version if vendorfacts.version_matches(distro, version, "metapackage") else f"{upstream}-1"
+    meta_version = version if nvidia_repos.version_matches(distro, version, "metapackage") else f"{upstream}-1"
     return [f"{meta}={meta_version}", *own_flavour]
 
 
@@ -103,16 +102,16 @@ def other_flavour_packages(installed: dict) -> list[str]:
     distro, flavour = driver_repo(settings), kernel_module(settings)
     other = "proprietary" if flavour == "open" else "open"
     names: dict[str, None] = {}
-    for b in vendorfacts.branches(distro):
-        mine = set(vendorfacts.driver_packages(distro, b, flavour))  # a metapackage both share stays
-        for p in vendorfacts.flavour_packages(distro, b, other):
+    for b in nvidia_repos.branches(distro):
+        mine = set(nvidia_repos.driver_packages(distro, b, flavour))  # a metapackage both share stays
+        for p in nvidia_repos.flavour_packages(distro, b, other):
             if p in installed and p not in mine:
                 names.setdefault(p)
     return list(names)
 
 
 def all_metapackages(distro: str) -> set[str]:
-    return {vendorfacts.metapackage(distro, b, f) for b in vendorfacts.branches(distro) for f in kmod.FLAVOURS}
+    return {nvidia_repos.metapackage(distro, b, f) for b in nvidia_repos.branches(distro) for f in kmod.FLAVOURS}
 
 
 def uses_own_pin() -> bool:
@@ -131,7 +130,7 @@ def driver_pin_text() -> str:
     distro, branch = driver_repo(settings), driver_branch(settings)
     upstream = driver_upstream_version(settings)
     pin = f"{upstream}-*" if upstream else f"{branch}.*"
-    names = " ".join(vendorfacts.all_driver_packages(distro))
+    names = " ".join(nvidia_repos.all_driver_packages(distro))
     return (
         "# Managed by tritonfleet: driver packages stay on the configured branch.\n"
         f"Package: {names}\nPin: version {pin}\nPin-Priority: 1001\n"
@@ -140,7 +139,7 @@ def driver_pin_text() -> str:
 
 def driver_package_set() -> list[str]:
     """Every package name that belongs to the driver in this host's repository (any branch)."""
-    return vendorfacts.all_driver_packages(driver_repo(access.current()))
+    return nvidia_repos.all_driver_packages(driver_repo(access.current()))
 
 
 def _hold_missing(installed: dict) -> list[str]:
@@ -195,7 +194,7 @@ def debian_nonfree_text() -> str | None:
     """deb822 source adding the components NVIDIA's driver needs from the distro's own archive
     (Debian: contrib non-free non-free-firmware), for each archive source that lacks them; None
     when nothing is missing (or the distro needs none)."""
-    needed = vendorfacts.apt_components(driver_repo(access.current()))["needed"]
+    needed = nvidia_repos.apt_components(driver_repo(access.current()))["needed"]
     if not needed:
         return None
     codename = ((memo.fact(LinuxDistribution).get("release_meta") or {}).get("VERSION_CODENAME") or "")
@@ -288,7 +287,7 @@ def _driver_repository() -> None:
     packages need), or Debian's own archive."""
     settings = access.current()
     source, distro = wanted_source(settings), driver_repo(settings)
-    components = vendorfacts.apt_components(distro)
+    components = nvidia_repos.apt_components(distro)
     nonfree = debian_nonfree_text()
     if source == "debian":
         # Debian's own archive, signed with Debian's keyring (the archive source's own Signed-By);
@@ -311,7 +310,7 @@ def _driver_repository() -> None:
 def _kernel_headers_and_nouveau() -> None:
     """Headers and DKMS for the running kernel (the module is built against them); nouveau
     blacklisted, the initramfs rebuilt when that changed."""
-    components = vendorfacts.apt_components(driver_repo(access.current()))
+    components = nvidia_repos.apt_components(driver_repo(access.current()))
     kernel = memo.fact(KernelVersion)
     kernel_pkgs = [p.format(kernel=kernel) for p in access.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
@@ -337,7 +336,7 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
     distro, branch = driver_repo(settings), driver_branch(settings)
     installed = {p: v for p, v in memo.fact(DpkgState)["installed"].items() if p not in removed}
     pinning = driver_pinning_package()
-    other_pins = [p for p in vendorfacts.pinning_packages(distro) if p in installed and p != pinning]
+    other_pins = [p for p in nvidia_repos.pinning_packages(distro) if p in installed and p != pinning]
     if uses_own_pin():
         converged.put(name=f"pin driver packages to branch {branch}",
                       src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
@@ -355,7 +354,7 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
     upstream = driver_upstream_version(access.current())
     moving = bool(upstream) and not other and any(
         not v.split(":", 1)[-1].startswith(f"{upstream}-")
-        for p in vendorfacts.driver_packages(distro, branch, flavour)[1:] for v in installed.get(p, []))
+        for p in nvidia_repos.driver_packages(distro, branch, flavour)[1:] for v in installed.get(p, []))
     switching = bool(other or other_pins or moving or other_kmod)
     if switching:
         # Held packages are never moved as dependencies: release them for this switch only
@@ -380,7 +379,7 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
         # each to its pinned candidate (apt itself, not a check that skips installed packages).
         # The other flavour's packages go in the same apt run ("<package>-": remove), so the host is
         # never without a driver and apt does not stop at their conflicts.
-        wanted = set(vendorfacts.driver_packages(distro, branch, flavour)[1:])
+        wanted = set(nvidia_repos.driver_packages(distro, branch, flavour)[1:])
         move = [p for p in driver_package_set() if p in installed and p in wanted and p not in pkgs]
         remove = [f"{p}-" for p in other_kmod]
         also = f", removing {', '.join(p[:-1] for p in remove)}" if remove else ""
@@ -591,10 +590,10 @@ def container_toolkit():
     # /dev/char symlinks for the NVIDIA device nodes, now and at every boot (udev): a daemon-reload
     # then no longer costs running containers their GPUs (tritonfleet.gpu.guard)
     rule = converged.put(name="udev rule: /dev/char symlinks for NVIDIA devices (nvidia-ctk)",
-                         src=StringIO(gpuguard.UDEV_RULE), dest=gpuguard.UDEV_RULE_PATH, mode="644")
-    if will_change(rule) or not memo.fact(Command, command=gpuguard.DEVCHAR_COMMAND):
+                         src=StringIO(guard.UDEV_RULE), dest=guard.UDEV_RULE_PATH, mode="644")
+    if will_change(rule) or not memo.fact(Command, command=guard.DEVCHAR_COMMAND):
         server.shell(name="create the /dev/char symlinks now (nvidia-ctk system create-dev-char-symlinks --create-all)",
-                     commands=[gpuguard.CREATE_COMMAND])
+                     commands=[guard.CREATE_COMMAND])
 
 
 def _fail(message: str, expected: str = "a host this step can change safely"):

@@ -23,7 +23,7 @@ from pyinfra import host
 from pyinfra.operations import files, systemd
 
 from ..host.ops import converged
-from ..pyinfra_ext import install as pyinfra_patches
+from ..pyinfra_ext import install
 from ..pyinfra_ext.check import will_change
 from ..serving import image_mirror as mirror
 from ..serving.ops.image_mirror import fill
@@ -82,7 +82,7 @@ def _local_file(name: str) -> str | None:
     return path
 
 
-@pyinfra_patches.tritonfleet_step("Image mirror (pull-through registry)")
+@install.tritonfleet_step("Image mirror (pull-through registry)")
 def image_mirror():
     """The image mirror: a pull-through registry for the Triton image on the
     ``image_mirror`` group's hosts.
@@ -166,7 +166,7 @@ def image_mirror():
     return changed
 
 
-@pyinfra_patches.tritonfleet_step("Trust the image mirror")
+@install.tritonfleet_step("Trust the image mirror")
 def mirror_trust():
     """The hosts' trust in the image mirror: its CA for Docker's registry certificates.
 
@@ -190,7 +190,7 @@ def mirror_trust():
                           create_remote_dir=True)]
 
 
-@pyinfra_patches.tritonfleet_step("Fill the image mirror")
+@install.tritonfleet_step("Fill the image mirror")
 def mirror_filled():
     """The image mirror filled: every blob of the Triton image fetched once from the
     upstream into the mirror's store.

@@ -23,7 +23,7 @@ from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.release import switch_back_script
 from ..pyinfra_ext.check import check
 from ..pyinfra_ext.install import tritonfleet_step
-from ..serving import per_gpu as pergpu
+from ..serving import per_gpu
 from ..serving.facts import DeployHistory, DockerImageId
 from ..serving.health import gate_current_host
 from ..serving.ops import lb
@@ -88,7 +88,7 @@ def rollback():
     """
     base = access.get("triton_base_dir")
     service = access.get("triton_service")
-    if pergpu.enabled(access.current()):
+    if per_gpu.enabled(access.current()):
         check(name="check: an earlier deployment to roll back to", function=_fail,
               message=f"{host.name}: rollback of a host with one Triton per GPU (triton_per_gpu) is not built; "
                       "deploy the earlier release and image with deploys/triton.py instead (docs/multi-gpu.md)")

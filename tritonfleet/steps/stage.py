@@ -18,6 +18,7 @@ from pyinfra import host
 
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
+from ..preflight import triton_layer
 from ..pyinfra_ext.install import tritonfleet_step
 from ..settings import access
 from .triton import ensure_image, model_origin
@@ -30,8 +31,6 @@ def mirror_only() -> bool:
 
 def preflight() -> None:
     """The Triton layer's pre-flight, on the hosts that serve Triton."""
-    from ..preflight import triton_layer
-
     if not mirror_only():
         triton_layer()
 

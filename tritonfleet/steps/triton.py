@@ -6,15 +6,16 @@ from functools import cache
 from io import StringIO
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, logger
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import server, systemd
 
+from ..core.errors import UsageError
 from ..core.report import HostFailure, in_rollout
 from ..core.shell import q
 from ..host.facts import FileState
 from ..host.ops import converged
-from ..model_repo import release as release_plan
-from ..model_repo import render as models
+from ..model_repo import release, render
 from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
@@ -24,11 +25,10 @@ from ..pyinfra_ext.install import tritonfleet_step
 from ..pyinfra_ext.stream import docker_load, docker_pull
 from ..pyinfra_ext.transfer import TransferError
 from ..pyinfra_ext.transfer import choose as choose_transport
-from ..serving import apikey
-from ..serving import per_gpu as pergpu
+from ..serving import apikey, per_gpu
 from ..serving.facts import DeployHistory, DockerImageId, PerGpuUnits, TritonContainer
 from ..serving.health import HealthError, gate_current_host
-from ..serving.images import login_registry, needs_login, needs_mirror_login
+from ..serving.images import image_id, login_registry, needs_login, needs_mirror_login
 from ..serving.ops import gpu_guard as guard_ops
 from ..serving.ops import lb
 from ..serving.ops.history import append_record
@@ -43,8 +43,6 @@ from ..settings.access import Settings
 
 @cache
 def _archive_image_id(path: str) -> str:
-    from ..serving.images import image_id
-
     return image_id(Path(path))
 
 
@@ -107,7 +105,7 @@ def sync_models() -> list:
             # a transfer of another release was cut (Ctrl-C, lost link, halted rollout) and the
             # host went back to this one: what it left only takes disk space
             server.shell(name=f"remove interrupted transfers of other releases ({', '.join(stale)})",
-                         commands=[release_plan.discard_incoming_script(base, stale)])
+                         commands=[release.discard_incoming_script(base, stale)])
         return []
     why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
            if live["current"] == rid else f"live: {live['current'] or 'none'}")
@@ -131,7 +129,6 @@ def sync_models() -> list:
 def model_origin():
     """The model origin hosts fetch releases from (tritonfleet.model_repo.origin), or None: the
     push over SSH."""
-    from ..core.errors import UsageError
     from ..model_repo.origin import from_settings
 
     try:
@@ -218,12 +215,12 @@ def retire_units(keep: set[str]) -> bool:
     on the single unit's ports. Returns whether a unit was removed (a daemon-reload is due)."""
     names = [n for n in memo.fact(PerGpuUnits, service=access.get("triton_service")) if n not in keep]
     single = unit_path(access.current()).rsplit("/", 1)[1]
-    if pergpu.enabled(access.current()) and memo.fact(FileState, path=unit_path(access.current())):
+    if per_gpu.enabled(access.current()) and memo.fact(FileState, path=unit_path(access.current())):
         names.insert(0, single)
     for name in names:
         path = f"/etc/systemd/system/{name}"
         why = ("one Triton per GPU replaces it" if name == single
-               else "triton_per_gpu is off" if not pergpu.enabled(access.current()) else "its GPU is gone")
+               else "triton_per_gpu is off" if not per_gpu.enabled(access.current()) else "its GPU is gone")
         server.shell(name=f"stop, disable and remove {name} ({why})",
                      commands=[f"systemctl disable --now {q(name)} 2>/dev/null; rm -f {q(path)}"])
     return bool(names)
@@ -253,7 +250,7 @@ def triton_service(image: list | None = None, models: list | None = None):
 
         triton_service(image=triton_image(), models=model_repository())
     """
-    if pergpu.enabled(access.current()):
+    if per_gpu.enabled(access.current()):
         return per_gpu_service(image, models)
     service = access.get("triton_service")
     _, key_new = api_key()
@@ -366,7 +363,7 @@ def record_deployment(action: str = "deploy") -> None:
     _, _, rid = current_host_repository(access.current())
     gets = instance_gets(access.current())  # [access.current()]: the single unit, whose digest units_digest is too
     append_record(base, rid, units_digest(access.current(), len(gets)), access.get("triton_image"), action,
-                  unit_files=[unit_path(g) for g in gets] if pergpu.enabled(access.current()) else None)
+                  unit_files=[unit_path(g) for g in gets] if per_gpu.enabled(access.current()) else None)
 
 
 def failure_recorded() -> bool:
@@ -387,9 +384,6 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str 
         history = host.get_fact(DeployHistory, base=access.get("triton_base_dir"))["records"]
         if not history:
             raise
-        from pyinfra import logger
-        from pyinfra.api.exceptions import PyinfraError
-
         from .rollback import rollback
 
         logger.warning(f"{host.name}: {report.short(200)}; auto_rollback: back to release "
@@ -430,7 +424,7 @@ def health_gate(record: bool = True):
     local, _, _ = current_host_repository(access.current())
     gate_check = check_with_steps if access.get("auto_rollback") else check
     gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",
-               function=gate_or_roll_back, models=models.model_names(local), clear_failure=failure_recorded(),
+               function=gate_or_roll_back, models=render.model_names(local), clear_failure=failure_recorded(),
                repo=str(local))
     if record:
         if lb.enabled():  # healthy: back in the load balancer (a drain of this or a cut run)

@@ -14,7 +14,7 @@ from ..core.report import Failure, HostFailure, trim
 from ..core.shell import q
 from ..gpu import facts as gpufacts
 from ..gpu.placement import RECORD, count_problems, expected_count, parse_record, record_update
-from ..gpu.rules import GPU_CLASSES, check_gpus
+from ..gpu.rules import GPU_CLASSES, check_gpus, triton_min_compute_capability, version_tuple
 from ..host import kernel_module as kmod
 from ..host.gpu_probe import (  # noqa: F401  (the check's command, as the bench's Ansible playbook runs it)
     QUERY,
@@ -101,11 +101,10 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
 
 def min_compute_capability() -> str:
     """gpu_min_compute_capability, or the Triton release's own minimum when that is higher."""
-    from ..gpu.rules import _vtuple, triton_min_compute_capability
 
     own = str(access.get("gpu_min_compute_capability") or "0")
     triton = triton_min_compute_capability(access.get("triton_image")) or "0"
-    return own if _vtuple(own) >= _vtuple(triton) else triton
+    return own if version_tuple(own) >= version_tuple(triton) else triton
 
 
 def wanted_flavour(driver_version: str | None) -> str:

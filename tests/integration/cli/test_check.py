@@ -26,7 +26,7 @@ from tests.integration.fleet.test_quarantine import tritonfleet
 from tests.support.haproxy import HAProxy, ok_server
 from tritonfleet.fleet import quarantine
 from tritonfleet.fleet.pull import bootstrap
-from tritonfleet.fleet.pull.origin import Origin
+from tritonfleet.fleet.pull.origin import PullSite
 from tritonfleet.fleet.pull.signing import allowed_signers, publish_desired, read_pointer
 from tritonfleet.inventory.roster import FleetHost
 from tritonfleet_testbed.ports import free_port
@@ -185,7 +185,7 @@ def test_a_pull_origin_whose_key_halves_do_not_match(tmp_path):
         (origin_dir / d).mkdir(parents=True)
     sha = "a" * 64
     (origin_dir / "releases" / f"{sha}.tar.gz").write_bytes(b"x")
-    publish_desired(Origin(origin_dir), key, dict.fromkeys(HOSTS, sha), "r1")
+    publish_desired(PullSite(origin_dir), key, dict.fromkeys(HOSTS, sha), "r1")
     inv = str(inventory(tmp_path))
     res = check(inv, "--pull-origin", str(origin_dir), "--sign-key", str(key), "--json")
     assert not failed(res, "pull origin"), res.stdout

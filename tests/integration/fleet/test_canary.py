@@ -131,7 +131,7 @@ def test_mann_whitney_with_ties_and_edges():
 
 # ---- the decision ------------------------------------------------------------------------------------
 
-S = cn.Settings("http://prometheus", min_requests=100, alpha=0.01, max_error_increase=0.005, max_latency_rise=0.2)
+S = cn.CanaryPolicy("http://prometheus", min_requests=100, alpha=0.01, max_error_increase=0.005, max_latency_rise=0.2)
 
 
 def figures(c_ok, c_fail, b_ok, b_fail, c_steps, b_steps) -> cn.Figures:
@@ -208,8 +208,8 @@ def test_settings_are_checked(key, value, words):
 
     data = {**DEFAULTS, "canary_prometheus_url": "http://127.0.0.1:9090", key: value}
     with pytest.raises(UsageError, match=words):
-        cn.Settings.from_settings(data, "tb1's data")
-    assert cn.Settings.from_settings({**DEFAULTS, "canary_prometheus_url": "http://p:9090/"}, "x").prometheus_url == \
+        cn.CanaryPolicy.from_settings(data, "tb1's data")
+    assert cn.CanaryPolicy.from_settings({**DEFAULTS, "canary_prometheus_url": "http://p:9090/"}, "x").prometheus_url == \
         "http://p:9090"
 
 
@@ -308,7 +308,7 @@ def backfilled(tmp_path_factory):
 
 def test_figures_from_prometheus(backfilled):
     url, start = backfilled
-    s = cn.Settings(url, step_seconds=5, min_requests=10)
+    s = cn.CanaryPolicy(url, step_seconds=5, min_requests=10)
     f = cn.collect(cn.Prometheus(url), s, ["c"], ["b1", "b2"], start + 10, start + 70)
     ok, fail, dur = _expected(["c"], 10, 70, 5)
     assert (f.canary.success, f.canary.failures, f.canary.duration_us) == (ok, fail, dur)
@@ -324,7 +324,7 @@ def test_figures_from_prometheus(backfilled):
     verdict, why = cn.decide(f, s, final=False)
     assert verdict == cn.ROLL_BACK and "error ratio" in why and "+50%" in why, why
     # one model only
-    f2 = cn.collect(cn.Prometheus(url), cn.Settings(url, step_seconds=5, model="n"), ["c"], ["b1", "b2"],
+    f2 = cn.collect(cn.Prometheus(url), cn.CanaryPolicy(url, step_seconds=5, model="n"), ["c"], ["b1", "b2"],
                     start + 10, start + 70)
     assert f2.canary.success == 0 and f2.baseline.success == _expected(["b1", "b2"], 10, 70, 5, "n")[0] == 600
     assert json.dumps(f.to_json())  # the report can hold it
@@ -349,14 +349,14 @@ def test_analyse_looks_until_a_verdict(backfilled):
     url, start = backfilled
     clock = {"t": start + 10.0}
     said = []
-    res = cn.analyse(cn.Prometheus(url), cn.Settings(url, analysis_seconds=30, step_seconds=5, min_requests=10),
+    res = cn.analyse(cn.Prometheus(url), cn.CanaryPolicy(url, analysis_seconds=30, step_seconds=5, min_requests=10),
                      ["c"], ["b1", "b2"], start + 10, said.append, sleep=lambda s: clock.update(t=clock["t"] + s),
                      now=lambda: clock["t"])
     assert res.verdict == cn.ROLL_BACK and len(res.looks) == 1
     assert res.looks[0].seconds == 30 and "look 1" in said[0]
     # not enough requests in any look: two extensions, then inconclusive
     clock["t"] = start + 10.0
-    res = cn.analyse(cn.Prometheus(url), cn.Settings(url, analysis_seconds=25, step_seconds=5, min_requests=10 ** 6,
+    res = cn.analyse(cn.Prometheus(url), cn.CanaryPolicy(url, analysis_seconds=25, step_seconds=5, min_requests=10 ** 6,
                                                      max_extensions=2, max_latency_rise=10, max_error_increase=1),
                      ["c"], ["b1", "b2"], start + 10, said.append, sleep=lambda s: clock.update(t=clock["t"] + s),
                      now=lambda: clock["t"])
@@ -442,7 +442,7 @@ def test_an_answer_the_analysis_cannot_read_rolls_back(body):
     is a CanaryError, so analyse() rolls back: never an exception out of it, never a promotion."""
     prom = cn.Prometheus("http://127.0.0.1:1")
     prom.http = _Http(body)
-    s = cn.Settings("http://127.0.0.1:1", analysis_seconds=30, step_seconds=5, min_requests=1)
+    s = cn.CanaryPolicy("http://127.0.0.1:1", analysis_seconds=30, step_seconds=5, min_requests=1)
     res = cn.analyse(prom, s, ["c"], ["b"], 1000.0, lambda m: None, sleep=lambda t: None, now=lambda: 1031.0)
     if not _readable(body):
         assert res.verdict == cn.ROLL_BACK and "could not read" in res.why
@@ -495,7 +495,7 @@ def test_failures_only_haproxy_counts_roll_the_canary_back(tmp_path):
 
     bad = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
     threading.Thread(target=bad.serve_forever, daemon=True).start()
-    s = cn.Settings("http://127.0.0.1:1")
+    s = cn.CanaryPolicy("http://127.0.0.1:1")
     try:
         with ok_server() as good, HAProxy(tmp_path, [("c", f"127.0.0.1:{bad.server_address[1]}"), ("b1", good),
                                                      ("b2", good)], inter="200ms") as hap:

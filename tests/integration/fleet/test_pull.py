@@ -31,8 +31,8 @@ from tritonfleet.fleet.pull.origin import (
     MAX_SMALL,
     SIGNERS_DOC,
     SIGNERS_NAMESPACE,
-    Origin,
     PullError,
+    PullSite,
     sha256_file,
     write_atomic,
 )
@@ -106,16 +106,16 @@ def host_keys(tmp_path_factory):
     return {h: (d / h, make_key(d / h, f"report {h}"))[0] for h in HOST_NAMES}
 
 
-def _enrol(origin: Origin, host_keys: dict) -> None:
+def _enrol(origin: PullSite, host_keys: dict) -> None:
     enrol(origin, {h: Path(f"{k}.pub").read_text().strip() for h, k in host_keys.items()})
 
 
-def _put_report(origin: Origin, host: str, report: dict, key: Path | None) -> None:
+def _put_report(origin: PullSite, host: str, report: dict, key: Path | None) -> None:
     """A report on the origin as a host writes it: signed with ``key`` (None: unsigned)."""
     write_atomic(origin.report(host), host_run.signed_report({"report_key": str(key or "/nonexistent")}, report))
 
 
-def _report_of(origin: Origin, host: str) -> dict:
+def _report_of(origin: PullSite, host: str) -> dict:
     """The payload of a host's report (its signature checked by the tests of Reports)."""
     return json.loads(json.loads(origin.report(host).read_text())["payload"])
 
@@ -165,7 +165,7 @@ def test_image_archives_travel_as_blobs_and_outside_models_are_refused(repo, tmp
     archive.write_bytes(b"image bytes")
     hosts = _hosts(repo, image_archives={"nvcr.io/x:1": str(archive)})
     (tmp_path / "origin").mkdir()
-    origin = Origin(tmp_path / "origin")
+    origin = PullSite(tmp_path / "origin")
     publish_release(origin, hosts, "deploys/mark.py", repo)
     ref = host_entries(hosts, repo)[0]["pull-1"]["data"]["image_archives"]
     blob = sha256_file(archive)
@@ -196,7 +196,7 @@ def served(repo, tmp_path, key, host_keys, monkeypatch):
     origin_dir = tmp_path / "origin"
     origin_dir.mkdir()
     srv = OriginServer(origin_dir, tmp_path / "nginx")
-    origin = Origin(origin_dir, srv.url)
+    origin = PullSite(origin_dir, srv.url)
     _enrol(origin, host_keys)
     signers = tmp_path / "signers"
     signers.write_text(allowed_signers(key))
@@ -362,7 +362,7 @@ def test_the_agent_is_pinned_file_by_file(tmp_path, monkeypatch):
     fake_wheel = tmp_path / "tritonfleet-0.1.0-py3-none-any.whl"
     fake_wheel.write_bytes(b"wheel")
     (tmp_path / "o").mkdir()
-    origin = Origin(tmp_path / "o")
+    origin = PullSite(tmp_path / "o")
     with pytest.raises(UsageError, match=f"pip download .*six=={closure['six']}"):
         bootstrap.publish_agent(origin, wh, fake_wheel)
     other = tmp_path / "tritonfleet-0.0.9-py3-none-any.whl"
@@ -387,7 +387,7 @@ class Agents:
     """Hosts that follow their pointers on the origin directory and report, as tritonfleet
     converge does: ``behaviour(host, release)`` -> "ok", "failed" or "silent"."""
 
-    def __init__(self, origin: Origin, hosts: list[str], behaviour, initial: str | None, keys: dict):
+    def __init__(self, origin: PullSite, hosts: list[str], behaviour, initial: str | None, keys: dict):
         self.origin, self.hosts, self.behaviour, self.keys = origin, hosts, behaviour, keys
         self.ran: dict[str, list[str]] = {h: [] for h in hosts}
         self.stop = threading.Event()
@@ -428,7 +428,7 @@ OLD = "0123456789abcdef" * 4  # the release the hosts ran before the rollout
 def _run(repo, key, host_keys, tmp_path, behaviour, n=5, initial=OLD, **kw):
     _rollout_repo(repo, n)
     (tmp_path / "origin").mkdir(exist_ok=True)
-    origin = Origin(tmp_path / "origin")
+    origin = PullSite(tmp_path / "origin")
     _enrol(origin, host_keys)
     names = [f"h{i}" for i in range(1, n + 1)]
     if initial:
@@ -482,14 +482,14 @@ def test_rollout_failure_budget_silent_hosts_and_hosts_that_never_reported(repo,
 
 
 def test_one_publisher_at_a_time(tmp_path):
-    origin = Origin(tmp_path)
+    origin = PullSite(tmp_path)
     with origin.lock("first"), pytest.raises(PullError, match="first, pid"), origin.lock("second"):
         pass
 
 
 def test_status_reads_the_reports(repo, key, host_keys, tmp_path):
     (tmp_path / "origin").mkdir()
-    origin = Origin(tmp_path / "origin")
+    origin = PullSite(tmp_path / "origin")
     _enrol(origin, host_keys)
     hosts = _hosts(repo)
     publish_desired(origin, key, {"pull-1": "a" * 64, "pull-2": "b" * 64}, "t")
@@ -510,7 +510,7 @@ NEW = "fedcba9876543210" * 4  # the release a rollout moves to
 GOOD = {"release": NEW, "generation": 0, "result": "ok", "error": "", "changed": 1, "finished": "2030-01-01T00:00:00Z"}
 
 
-def _pull_run(origin: Origin, key: Path, hosts: list[str], wait: float = 0.3):
+def _pull_run(origin: PullSite, key: Path, hosts: list[str], wait: float = 0.3):
     from tritonfleet.fleet.rollout.journal import Journal
     from tritonfleet.fleet.rollout.report import HostResult, Report
 
@@ -522,7 +522,7 @@ def _pull_run(origin: Origin, key: Path, hosts: list[str], wait: float = 0.3):
 @pytest.fixture
 def bare_origin(tmp_path, host_keys):
     (tmp_path / "origin").mkdir()
-    origin = Origin(tmp_path / "origin")
+    origin = PullSite(tmp_path / "origin")
     _enrol(origin, host_keys)
     return origin
 
@@ -677,7 +677,7 @@ def test_a_garbage_pointer_shows_in_status(bare_origin, key, host_keys):
 def host_side(tmp_path, key, host_keys, monkeypatch):
     """converge run in this process against pointers in a directory (no HTTP), reports captured."""
     (tmp_path / "origin").mkdir()
-    origin = Origin(tmp_path / "origin")
+    origin = PullSite(tmp_path / "origin")
     signers = tmp_path / "signers"
     signers.write_text(allowed_signers(key))
     monkeypatch.setattr(host_fetch, "STATE_DIR", tmp_path / "state")
@@ -752,7 +752,7 @@ def test_an_expired_pointer_is_a_stale_origin(host_side, key):
 def test_each_host_receives_only_its_own_data(repo, key, tmp_path):
     """Finding 12: the release holds no host's data; each pointer holds its own host's entry."""
     (tmp_path / "origin").mkdir()
-    origin = Origin(tmp_path / "origin")
+    origin = PullSite(tmp_path / "origin")
     hosts = _hosts(repo, lb_drain_command="curl -H 'Authorization: Bearer s3cr3t-lb'")
     sha = publish_release(origin, hosts, "deploys/mark.py", repo)
     entries, _ = host_entries(hosts, repo)
@@ -786,7 +786,7 @@ def test_bootstrap_makes_keeps_and_enrols_each_hosts_report_key(tmp_path, key):
     public half enrolled for that host only; a second bootstrap keeps it, --rekey replaces it; a
     host enrolled with a key that is not in --out is refused."""
     (tmp_path / "origin").mkdir()
-    origin = Origin(tmp_path / "origin")
+    origin = PullSite(tmp_path / "origin")
     out = tmp_path / "boot"
     first = bootstrap.report_keys(["a", "b"], origin, out)
     assert (out / "a" / "report-key").stat().st_mode & 0o777 == 0o600

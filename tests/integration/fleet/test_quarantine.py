@@ -81,7 +81,7 @@ def test_a_round_never_takes_a_group_beyond_its_budget(data, groups):
     out_now = data.draw(st.lists(st.sampled_from(names), unique=True, max_size=len(names)))
     records = {n: quarantine.Record(n, "t", held=data.draw(st.booleans())) for n in out_now}
     alerting = data.draw(st.lists(st.sampled_from(names), max_size=10))
-    alerts = {f"fp{i}": quarantine.Alert(f"fp{i}", "A", h, f"2026-01-01T00:00:{i:02d}Z")
+    alerts = {f"fp{i}": quarantine.FiringAlert(f"fp{i}", "A", h, f"2026-01-01T00:00:{i:02d}Z")
               for i, h in enumerate(alerting)}
     acked = {fp: a.starts_at for fp, a in alerts.items() if data.draw(st.booleans())}
     p = quarantine.plan(alerts, acked, records, hosts, limits, lambda fh: True)
@@ -100,9 +100,9 @@ def test_a_round_never_takes_a_group_beyond_its_budget(data, groups):
 
 def test_the_earliest_alert_goes_first():
     hosts = fleet([4], ["25%"])
-    alerts = {"a": quarantine.Alert("a", "X", "g0-3", "2026-01-01T00:00:05Z"),
-              "b": quarantine.Alert("b", "X", "g0-1", "2026-01-01T00:00:01Z"),
-              "c": quarantine.Alert("c", "X", "g0-2", "2026-01-01T00:00:03Z")}
+    alerts = {"a": quarantine.FiringAlert("a", "X", "g0-3", "2026-01-01T00:00:05Z"),
+              "b": quarantine.FiringAlert("b", "X", "g0-1", "2026-01-01T00:00:01Z"),
+              "c": quarantine.FiringAlert("c", "X", "g0-2", "2026-01-01T00:00:03Z")}
     p = quarantine.plan(alerts, {}, {}, hosts, quarantine.limits(list(hosts.values())), lambda fh: True)
     assert [n for n, _ in p.quarantine] == ["g0-1"] and [n for n, _ in p.over_budget] == ["g0-2", "g0-3"]
 
@@ -761,7 +761,7 @@ def test_the_budget_counts_servers_haproxy_already_has_out(quiet_rig):
 
 def test_an_unreadable_balancer_spends_the_budget():
     hosts = fleet([2], [1])
-    alerts = {"a": quarantine.Alert("a", "X", "g0-0", "2026-01-01T00:00:01Z")}
+    alerts = {"a": quarantine.FiringAlert("a", "X", "g0-0", "2026-01-01T00:00:01Z")}
     limits = quarantine.limits(list(hosts.values()))
     p = quarantine.plan(alerts, {}, {}, hosts, limits, lambda fh: True, lambda g: None)
     assert p.quarantine == [] and [n for n, _ in p.over_budget] == ["g0-0"]

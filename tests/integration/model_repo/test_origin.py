@@ -403,7 +403,7 @@ def test_in_pull_mode_the_control_machine_publishes_and_the_host_only_reads(tmp_
     model release from the control machine; the host's deploy finds the manifest there, fetches,
     and sends no PUT; an unpublished release stops the host's run naming the fix, still without
     a PUT. No test host: this machine plays the control machine, then the host (@local)."""
-    from tritonfleet.fleet.pull.origin import Origin as PullOrigin
+    from tritonfleet.fleet.pull.origin import PullSite
     from tritonfleet.fleet.pull.release import publish_release
     from tritonfleet.inventory.roster import FleetHost
 
@@ -415,7 +415,7 @@ def test_in_pull_mode_the_control_machine_publishes_and_the_host_only_reads(tmp_
         (tmp_path / "deploys").mkdir()
         (tmp_path / "deploys" / "triton.py").write_text("# the deploy\n")
         (tmp_path / "pull-origin").mkdir()
-        pull_origin = PullOrigin(tmp_path / "pull-origin")
+        pull_origin = PullSite(tmp_path / "pull-origin")
         publish_release(pull_origin, [fleet_host], "deploys/triton.py", tmp_path, ("deploys", "repo"))
         man = models.manifest(origin_repo)
         rid = models.release_id(man)

@@ -21,23 +21,23 @@ from tritonfleet import ROOT
 from tritonfleet.inventory.roster import FleetHost
 from tritonfleet.observability import metrics, tune
 from tritonfleet.observability.metrics import ModelCounters
-from tritonfleet.observability.tune import Row, Settings, Thresholds
+from tritonfleet.observability.tune import Thresholds, TuneRow, TuneThresholds
 from tritonfleet.settings.table import read
 from tritonfleet_testbed import standin_images as images
 from tritonfleet_testbed.localtriton import LocalTriton
 
 T = Thresholds(queue_compute_ratio=1.0, low_utilization=0.4, busy_utilization=0.8)
-BATCHER = Settings(max_batch_size=64, dynamic_batching=True, max_queue_delay_us=5000,
+BATCHER = TuneThresholds(max_batch_size=64, dynamic_batching=True, max_queue_delay_us=5000,
                    preferred=(8, 16, 32, 64), device="gpu")
 
 
 def row(requests_: int, queue_ms: float, compute_ms: float, batch: float, util: float | None,
-        batches: dict[int, int] | None = None, settings: Settings = BATCHER) -> Row:
+        batches: dict[int, int] | None = None, settings: TuneThresholds = BATCHER) -> TuneRow:
     executions = requests_ / batch
     c = ModelCounters(requests=requests_, queue_us=requests_ * queue_ms * 1000,
                       compute_infer_us=requests_ * compute_ms * 1000, inferences=requests_,
                       executions=executions, batches=Counter(batches or {}))
-    return Row("t4", "resnet50_onnx", ["h1"], c, settings, util, 10.0)
+    return TuneRow("t4", "resnet50_onnx", ["h1"], c, settings, util, 10.0)
 
 
 # ---- the advice rules ----------------------------------------------------------------------------
@@ -67,13 +67,13 @@ def test_small_batches_on_an_idle_gpu_are_fine():
 
 
 def test_no_dynamic_batching_on_a_busy_gpu():
-    s = Settings(max_batch_size=32, dynamic_batching=False, device="gpu")
+    s = TuneThresholds(max_batch_size=32, dynamic_batching=False, device="gpu")
     assert tune.advise(row(100, 0.1, 3.0, 1.0, 0.9, {1: 100}, settings=s), T) == [
         "enable dynamic_batching: the GPU is 90% busy running batches of 1.0 on average"]
 
 
 def test_queue_without_a_queue_delay_on_an_idle_gpu_adds_instances():
-    s = Settings(max_batch_size=32, dynamic_batching=True, max_queue_delay_us=0, device="gpu")
+    s = TuneThresholds(max_batch_size=32, dynamic_batching=True, max_queue_delay_us=0, device="gpu")
     advice = tune.advise(row(100, 9.0, 3.0, 1.0, 0.1, {1: 100}, settings=s), T)
     assert advice == ["add instances (instance_group count): requests wait 9.0 ms in the queue "
                       "against 3.0 ms of compute while the GPU is 10% busy, with no queue delay set"]
@@ -87,16 +87,16 @@ def test_without_utilization_only_the_figures_are_told():
 
 
 def test_no_requests_no_advice():
-    assert tune.advise(Row("t4", "m", ["h1"], ModelCounters(), BATCHER, 0.1, 10.0), T) == []
+    assert tune.advise(TuneRow("t4", "m", ["h1"], ModelCounters(), BATCHER, 0.1, 10.0), T) == []
 
 
 def test_settings_from_a_live_configuration():
     cfg = {"max_batch_size": 64, "dynamic_batching": {"preferred_batch_size": [16, 8],
                                                       "max_queue_delay_microseconds": 5000},
            "instance_group": [{"kind": "KIND_CPU", "count": 2}]}
-    assert Settings.from_config(cfg) == Settings(64, True, 5000, (8, 16), "cpu")
-    assert Settings.from_config({"max_batch_size": 0}).dynamic_batching is False
-    assert Settings.from_config({"instance_group": [{"kind": "KIND_GPU"}]}).device == "gpu"
+    assert TuneThresholds.from_config(cfg) == TuneThresholds(64, True, 5000, (8, 16), "cpu")
+    assert TuneThresholds.from_config({"max_batch_size": 0}).dynamic_batching is False
+    assert TuneThresholds.from_config({"instance_group": [{"kind": "KIND_GPU"}]}).device == "gpu"
 
 
 def test_counter_differences_and_restarts():

@@ -48,7 +48,7 @@ def query_answer() -> str:
     return text
 
 
-def real_gpus() -> list[t.Gpu]:
+def real_gpus() -> list[t.GpuReading]:
     return t.parse_query(query_answer())
 
 
@@ -137,7 +137,7 @@ def test_each_gpu_has_every_field_it_reports_and_none_it_does_not():
     assert {f[0] for f in t.FIELDS if f[0].startswith("remapped_rows")} <= {f[0] for f in reported}
 
 
-def value_of(got, metric: str, gpu: t.Gpu, **labels: str) -> float:
+def value_of(got, metric: str, gpu: t.GpuReading, **labels: str) -> float:
     ident = {"gpu": gpu.index, "pci_bus_id": gpu.pci_bus_id, "uuid": gpu.uuid, **labels}
     return got[(t.PREFIX + metric, tuple(sorted(ident.items())))]
 

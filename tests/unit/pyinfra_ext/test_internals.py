@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import re
 import sys
@@ -332,3 +333,90 @@ def test_the_dry_flag_probe():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------- every internal used anywhere is listed
+
+#: pyinfra's public API, as its docs (docs/api/, the operations' and facts' references) name it:
+#: the context proxies and the logger at the top, what ``pyinfra.api`` exports, its exceptions,
+#: the operations and the facts. Anything else of pyinfra (and all of pyinfra_cli, its command
+#: line) is an internal: listed in compat.INTERNALS, checked at run time.
+PUBLIC_TOP = {"host", "state", "inventory", "config", "logger"}
+
+
+def public(module: str, name: str | None) -> bool:
+    import pyinfra.api
+
+    if module in ("pyinfra", "pyinfra.context") and name in PUBLIC_TOP:
+        return True
+    if module.startswith(("pyinfra.operations", "pyinfra.facts", "pyinfra.api.exceptions")):
+        return not (name or "").startswith("_")
+    if module == "pyinfra" and name in ("api", "operations", "facts"):
+        return True
+    if module.startswith("pyinfra.api") and name is not None and not name.startswith("_"):
+        try:
+            obj = getattr(importlib.import_module(module), name)
+        except AttributeError:
+            return False
+        return getattr(pyinfra.api, name, None) is obj  # what pyinfra.api exports, wherever imported from
+    return False
+
+
+def pyinfra_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, ``module:name``) of every pyinfra name ``path`` imports that is not public, and of
+    every private attribute (``files.put._inner``) reached through a pyinfra name it imports."""
+    tree = ast.parse(path.read_text())
+    out, bound = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in ("pyinfra", "pyinfra_cli"):
+            for a in node.names:
+                if node.module in ("pyinfra", "pyinfra.context") and a.name in PUBLIC_TOP - {"logger"}:
+                    bound[a.asname or a.name] = "pyinfra.context:ContextObject"  # the proxy of the current one
+                elif importlib.util.find_spec(node.module).submodule_search_locations and \
+                        importlib.util.find_spec(f"{node.module}.{a.name}"):
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}:"  # a module
+                else:
+                    bound[a.asname or a.name] = f"{node.module}:{a.name}"
+                if node.module.startswith("pyinfra_cli") or not public(node.module, a.name):
+                    out.append((node.lineno, f"{node.module}:{a.name}"))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in ("pyinfra", "pyinfra_cli"):
+                    bound[a.asname or a.name.split(".")[0]] = a.name
+                    if a.name.startswith("pyinfra_cli") or not (a.name == "pyinfra" or public(*a.name.rsplit(".", 1))):
+                        out.append((node.lineno, f"{a.name}:"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.insert(0, base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                module, _, name = bound[base.id].partition(":")
+                out.append((node.lineno, f"{module}:{'.'.join([name, *chain] if name else chain)}"))
+    return out
+
+
+def test_every_pyinfra_internal_the_package_uses_is_listed_in_the_check():
+    """Wherever in the package a pyinfra internal is used (pyinfra_ext/ holds most), it is in
+    compat.INTERNALS, so a pyinfra release that changes it is caught at run time."""
+    listed = {i.name for i in compat.INTERNALS}
+    root = Path(compat.__file__).parents[2]
+    missing = []
+    for path in sorted((root / "tritonfleet").rglob("*.py")):
+        for line, name in pyinfra_uses(path):
+            if not any(n == name or n.startswith(name + ".") or name.endswith(":") and n.startswith(name)
+                       for n in listed):
+                missing.append(f"{path.relative_to(root)}:{line}: {name}")
+    assert not missing, ("pyinfra internals used but not in tritonfleet/pyinfra_ext/compat.py INTERNALS (list "
+                         "each with its feature and what tritonfleet assumes, then record: python -m "
+                         "tritonfleet.pyinfra_ext.compat --record):\n" + "\n".join(missing))
+
+
+def test_the_internals_scan_sees_an_unlisted_internal(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("from pyinfra import host, logger\nfrom pyinfra.api import StringCommand\n"
+                 "from pyinfra.api.util import get_file_sha1\nfrom pyinfra_cli.util import parse_cli_arg\n"
+                 "from pyinfra.operations import files\nfiles.put._inner\nfrom pyinfra.facts.server import Arch\n")
+    assert pyinfra_uses(p) == [(3, "pyinfra.api.util:get_file_sha1"), (4, "pyinfra_cli.util:parse_cli_arg"),
+                               (6, "pyinfra.operations.files:put._inner")]

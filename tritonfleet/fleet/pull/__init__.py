@@ -31,7 +31,7 @@ Signatures are OpenSSH's (``ssh-keygen -Y sign`` / ``-Y verify``, OpenSSH 8.1 an
 ssh-keygen(1) manual page, "-Y sign" and "ALLOWED SIGNERS"): every host already has ssh-keygen
 (openssh-client), the key is an ordinary SSH key, and an ssh-agent can hold it.
 
-The control side: ``origin`` (the names both sides share, ``Origin``), ``release`` (building and
+The control side: ``origin`` (the names both sides share, ``PullSite``), ``release`` (building and
 publishing a release), ``signing`` (signed pointers, the signers' rotation, the hosts' report
 keys), ``reports`` (reading the hosts' reports), ``rollout`` and ``status``; ``bootstrap`` (the
 agent on the origin, each host's script and user-data, the timer). The host side: ``host_fetch``

@@ -41,9 +41,15 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from ... import __version__
 from ...core.errors import UsageError
+from ...inventory import roster
 from ...settings.defaults import DEFAULTS
-from .origin import FORMAT, HOST_SIGNERS, Origin, is_release_id, sha256_file, write_atomic
+from .origin import FORMAT, HOST_SIGNERS, PullSite, is_release_id, sha256_file, write_atomic
 from .release import host_entries
 from .signing import (
     allowed_signers,
@@ -70,9 +76,6 @@ def runtime_closure(top: str = "tritonfleet") -> dict[str, str]:
     """Every distribution ``top`` needs at run time, as installed here ({canonical name:
     version}): its requirements and theirs, extras followed, environment markers evaluated for
     this machine (the hosts run the same distro family and Python)."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     out: dict[str, str] = {}
     todo: list[tuple[str, frozenset[str]]] = [(top, frozenset())]
     seen: set[tuple[str, frozenset[str]]] = set()
@@ -103,7 +106,7 @@ def requirements_name(sha: str) -> str:
     return f"requirements-{sha}.txt"
 
 
-def publish_agent(origin: Origin, wheelhouse: Path, wheel: Path,
+def publish_agent(origin: PullSite, wheelhouse: Path, wheel: Path,
                   echo: Callable[[str], None] | None = None) -> str:
     """dist/ on the origin: tritonfleet's wheel (``wheel``: the one this machine installed, or
     `pip wheel --no-deps -w dist .` in a checkout) and its dependencies' wheels (from ``wheelhouse``:
@@ -112,13 +115,9 @@ def publish_agent(origin: Origin, wheelhouse: Path, wheel: Path,
     sha256 (dist/requirements-<sha256>.txt, and a copy as dist/requirements.txt: the newest).
     ``echo`` is told when the set differs from the newest one before. Returns the sha256 (what
     the bootstrap script fetches and checks)."""
-    from packaging.utils import parse_wheel_filename
-
     closure = runtime_closure()
     dist = origin.root / DIST / "wheels"
     dist.mkdir(parents=True, exist_ok=True)
-    from ... import __version__
-
     project, found, *_ = parse_wheel_filename(wheel.name)
     if project != "tritonfleet" or str(found) != __version__:
         raise UsageError(f"--wheel {wheel}: not tritonfleet {__version__}'s wheel (this machine runs {__version__}: "
@@ -251,8 +250,6 @@ def script(cfg: dict, requirements_sha256: str, signers_text: str | None, report
 
 def user_data(host: str, text: str) -> str:
     """cloud-init user-data running ``text`` (the plain script) once, at first boot."""
-    import yaml
-
     path = "/var/lib/tritonfleet/bootstrap.sh"
     doc = {"write_files": [{"path": path, "permissions": "0700", "owner": "root:root", "content": text}],
            "runcmd": [["sh", path]]}
@@ -260,15 +257,13 @@ def user_data(host: str, text: str) -> str:
             + yaml.safe_dump(doc, sort_keys=False, default_style=None, width=10_000))
 
 
-def bootstrap(inventory: str, origin: Origin, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
+def bootstrap(inventory: str, origin: PullSite, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
               key: Path | None, release: str | None, reports_url: str | None = None,
               limit: list[str] | None = None, data: dict | None = None, rekey: bool = False,
               echo: Callable[[str], None] | None = None) -> list[Path]:
     """Publish the agent, make (or keep) every host's report key and enrol it on the origin, and
     write ``out``/<host>/{bootstrap.sh,user-data,report-key} (root's eyes only: 0600 in 0700
     directories) for every host; the directories written."""
-    from ...inventory import roster
-
     check_url(url, "--url", "the address the hosts reach the origin at")
     if reports_url:
         check_url(reports_url, "--reports", "where the hosts PUT their reports ('' for none)")
@@ -314,7 +309,7 @@ def _private(path: Path, text: str, mode: int) -> None:
     write_atomic(path, text.encode(), mode)
 
 
-def report_keys(hosts: list[str], origin: Origin, out: Path, rekey: bool = False) -> dict[str, str]:
+def report_keys(hosts: list[str], origin: PullSite, out: Path, rekey: bool = False) -> dict[str, str]:
     """Each host's private report key ({host: key text}): the one kept in ``out``/<host>/report-key,
     else a new one (``rekey``: new ones for all), enrolled in the origin's host-signers. A host
     enrolled with a key that is not in ``out`` is refused (its running agent would stop being

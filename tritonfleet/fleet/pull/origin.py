@@ -1,6 +1,6 @@
 """Pull mode's origin: what the control side and the hosts share (the origin's file names, the
 signature namespaces, release ids, the times reports and pointers carry), writing a file so that
-a server never serves it half-written, and the origin directory itself (``Origin``)."""
+a server never serves it half-written, and the origin directory itself (``PullSite``)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-class Origin:
+class PullSite:
     """The origin directory (``root``) and the URL the hosts reach it at (``url``)."""
 
     def __init__(self, root: str | os.PathLike, url: str = ""):

@@ -21,7 +21,7 @@ from .origin import (
     INCLUDE,
     MANIFEST,
     REPO,
-    Origin,
+    PullSite,
     sha256_file,
     write_atomic,
 )
@@ -127,7 +127,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def publish_release(origin: Origin, hosts: list, deploy: str, repo_root: Path,
+def publish_release(origin: PullSite, hosts: list, deploy: str, repo_root: Path,
                     include: tuple[str, ...] = INCLUDE) -> str:
     """Build the release and put it (and its blobs) on the origin; its id (sha256)."""
     data, sha, blobs = build_release(hosts, deploy, repo_root, include)

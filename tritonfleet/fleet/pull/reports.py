@@ -12,7 +12,7 @@ from .origin import (
     MAX_SMALL,
     REPORT_NAMESPACE,
     RESULTS,
-    Origin,
+    PullSite,
     is_release_id,
     parse_iso,
     printable,
@@ -24,7 +24,7 @@ class Reports:
     """The hosts' signed reports on the origin, read and verified again only when a file changed
     (a stat a host). A report counts only when its host's report key signed it (host-signers)."""
 
-    def __init__(self, origin: Origin):
+    def __init__(self, origin: PullSite):
         self.origin = origin
         self._seen: dict[str, tuple[int, int, dict | None, str]] = {}
 

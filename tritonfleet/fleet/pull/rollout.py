@@ -15,13 +15,13 @@ from ...settings.defaults import DEFAULTS
 from ..rollout.journal import JOURNAL, Journal
 from ..rollout.plan import RolloutError, parse_max_fail, plan_batches
 from ..rollout.report import HostResult, Report, finish
-from .origin import INCLUDE, RESULTS, Origin, is_release_id
+from .origin import INCLUDE, RESULTS, PullSite, is_release_id
 from .release import host_entries, publish_release
 from .reports import Reports, describe, short
 from .signing import check_sign_key, pointer_release, publish_desired
 
 
-def rollout(inventory: str, deploy: str, origin: Origin, key: Path, *, limit: list[str] | None = None,
+def rollout(inventory: str, deploy: str, origin: PullSite, key: Path, *, limit: list[str] | None = None,
             canary: int = 1, batch: str | int = "25%", max_fail: str | int = 0, data: dict | None = None,
             timeout: float | None = None, include: tuple[str, ...] = INCLUDE,
             echo: Callable[[str], None] = print, poll: float = 1.0):

@@ -23,8 +23,8 @@ from .origin import (
     SIGNER,
     SIGNERS_DOC,
     SIGNERS_NAMESPACE,
-    Origin,
     PullError,
+    PullSite,
     is_release_id,
     iso,
     printable,
@@ -128,7 +128,7 @@ def pointer_release(path: Path) -> tuple[dict | None, str]:
     return ptr, ""
 
 
-def current_generation(origin: Origin) -> int:
+def current_generation(origin: PullSite) -> int:
     """The generation of the origin's newest pointers (0 before any)."""
     try:
         return int((origin.root / "desired" / ".generation").read_text().strip())
@@ -136,7 +136,7 @@ def current_generation(origin: Origin) -> int:
         return 0
 
 
-def publish_desired(origin: Origin, key: Path, desired: dict[str, str], rollout_id: str,
+def publish_desired(origin: PullSite, key: Path, desired: dict[str, str], rollout_id: str,
                     host_data: dict[str, dict] | None = None, ttl: float | None = None) -> int:
     """Point each host of ``desired`` at its release, with its own inventory entry (``host_data``:
     {groups, data}; a host receives only its own) and an expiry ``ttl`` seconds ahead; the
@@ -165,7 +165,7 @@ def publish_desired(origin: Origin, key: Path, desired: dict[str, str], rollout_
     return generation
 
 
-def refresh(origin: Origin, key: Path, ttl: float | None = None) -> tuple[int, list[str]]:
+def refresh(origin: PullSite, key: Path, ttl: float | None = None) -> tuple[int, list[str]]:
     """Re-sign every live pointer of the origin: the same release and host data, a new generation
     and expiry (run from a timer well within pull_pointer_ttl, so hosts can tell a live origin
     from a frozen one). Returns (the generation, the hosts); a pointer that names no release id
@@ -185,7 +185,7 @@ def refresh(origin: Origin, key: Path, ttl: float | None = None) -> tuple[int, l
 
 # --- the release signers: rotation with an overlap ---------------------------------------------------
 
-def signers_doc(origin: Origin) -> dict | None:
+def signers_doc(origin: PullSite) -> dict | None:
     """The origin's current signers document payload (its own file), None when there is none."""
     try:
         doc = json.loads(json.loads((origin.root / SIGNERS_DOC).read_bytes())["payload"])
@@ -194,7 +194,7 @@ def signers_doc(origin: Origin) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def rotate_key(origin: Origin, key: Path, new: Path | None = None, retire: Path | None = None) -> dict:
+def rotate_key(origin: PullSite, key: Path, new: Path | None = None, retire: Path | None = None) -> dict:
     """Publish the hosts' next release-signers list, signed by ``key`` (a key they trust now):
     the current list (or ``key`` alone) plus ``new``, less ``retire``. A host installs it on its
     next converge, after checking it against the signers it has; so a rotation is two steps: add
@@ -244,7 +244,7 @@ def make_key(path: Path, comment: str) -> str:
     return Path(f"{path}.pub").read_text().split("\n")[0].strip()
 
 
-def host_signers(origin: Origin) -> dict[str, str]:
+def host_signers(origin: PullSite) -> dict[str, str]:
     """The enrolled report keys: {host: public key}."""
     out: dict[str, str] = {}
     try:
@@ -258,7 +258,7 @@ def host_signers(origin: Origin) -> dict[str, str]:
     return out
 
 
-def enrol(origin: Origin, keys: dict[str, str]) -> None:
+def enrol(origin: PullSite, keys: dict[str, str]) -> None:
     """``keys`` ({host: public key}) into the origin's host-signers, replacing those hosts' keys."""
     odd = [h for h in keys if not _PRINCIPAL_RE.fullmatch(h)]
     if odd:  # a principal is a pattern in an allowed-signers file: '*' or ',' would match other hosts

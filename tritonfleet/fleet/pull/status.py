@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 
 from ...settings.defaults import DEFAULTS
-from .origin import Origin, parse_iso, printable
+from .origin import PullSite, parse_iso, printable
 from .reports import Reports, short
 from .signing import pointer_release
 
 
-def status(hosts: list, origin: Origin, now: float | None = None) -> list[dict]:
+def status(hosts: list, origin: PullSite, now: float | None = None) -> list[dict]:
     """Each host as its own signed report says (no SSH): the release it should run (its pointer),
     the one it ran last, the result, when; ``drift`` says what is not right (no report, an
     unsigned, forged or malformed one, an unreadable pointer, a failed run, a stale origin, not on

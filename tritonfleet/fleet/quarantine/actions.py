@@ -8,9 +8,11 @@ import time
 from collections.abc import Callable
 
 import requests
+from pyinfra.api.exceptions import PyinfraError
 
 from ...inventory.roster import FleetHost
-from ...serving import drain, triton_http
+from ...model_repo.render import host_repository, model_names
+from ...serving import drain, health, triton_http
 from .planning import QuarantineError
 
 #: seconds a refused connection is retried before the gate gives up at once (a Triton that is
@@ -55,9 +57,6 @@ def refused(address: str, port: int, within: float = REFUSED_RETRY_SECONDS) -> s
 def warm_gate(fh: FleetHost, timeout: float) -> tuple[bool, str]:
     """The warm inference gate of the deploy, for one host: (passed, what it found). A Triton
     that refuses connections fails it after a few seconds, not the whole timeout."""
-    from ...model_repo.render import host_repository, model_names
-    from ...serving import health
-
     if fh.get("health_via") != "ssh":
         why = refused(fh.get("health_host") or fh.address, int(fh.get("triton_http_port")))
         if why:
@@ -67,8 +66,6 @@ def warm_gate(fh: FleetHost, timeout: float) -> tuple[bool, str]:
     models = model_names(local)
     transport = None
     if fh.get("health_via") == "ssh":
-        from pyinfra.api.exceptions import PyinfraError
-
         h = fh.pyinfra_host
         try:
             if not h.connected:

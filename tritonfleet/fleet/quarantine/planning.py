@@ -123,7 +123,7 @@ def limits(hosts: list[FleetHost]) -> dict[str, int]:
 
 
 @dataclass
-class Alert:
+class FiringAlert:
     """One firing quarantine alert, as Alertmanager reports it."""
 
     fingerprint: str
@@ -138,7 +138,7 @@ class Alert:
         return f"{self.name}: {self.summary}" if self.summary else self.name
 
     @classmethod
-    def from_alertmanager(cls, a: dict) -> Alert | None:
+    def from_alertmanager(cls, a: dict) -> FiringAlert | None:
         """An alert of a webhook payload or of Alertmanager's API (None: not a quarantine alert
         of a host)."""
         labels = a.get("labels") or {}
@@ -168,24 +168,24 @@ class Record:
 
 
 @dataclass
-class Plan:
-    quarantine: list[tuple[str, list[Alert]]] = field(default_factory=list)
-    over_budget: list[tuple[str, list[Alert]]] = field(default_factory=list)
-    unknown: list[Alert] = field(default_factory=list)
-    no_balancer: list[tuple[str, list[Alert]]] = field(default_factory=list)
+class RoundPlan:
+    quarantine: list[tuple[str, list[FiringAlert]]] = field(default_factory=list)
+    over_budget: list[tuple[str, list[FiringAlert]]] = field(default_factory=list)
+    unknown: list[FiringAlert] = field(default_factory=list)
+    no_balancer: list[tuple[str, list[FiringAlert]]] = field(default_factory=list)
     returns: list[str] = field(default_factory=list)
 
 
-def plan(alerts: dict[str, Alert], acked: dict[str, str], records: dict[str, Record],
+def plan(alerts: dict[str, FiringAlert], acked: dict[str, str], records: dict[str, Record],
          hosts: dict[str, FleetHost], group_limits: dict[str, int], has_balancer: Callable[[FleetHost], bool],
-         out_elsewhere: Callable[[str], int | None] = lambda g: 0) -> Plan:
+         out_elsewhere: Callable[[str], int | None] = lambda g: 0) -> RoundPlan:
     """What a round does (pure): hosts to take out (earliest alert first, while their group is
     within its budget), alerts beyond the budget, hosts to return (not held, no quarantine alert
     firing that was not acknowledged). ``out_elsewhere(group)``: the group's servers out of the
     balancer that are not the receiver's (an operator's drain, a deploy's); None when the balancer
     cannot be read, which spends the group's budget (no new drain on a guess)."""
-    p = Plan()
-    live: dict[str, list[Alert]] = {}
+    p = RoundPlan()
+    live: dict[str, list[FiringAlert]] = {}
     for fp, a in alerts.items():
         if acked.get(fp) == a.starts_at:
             continue

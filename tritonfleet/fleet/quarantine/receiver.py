@@ -26,7 +26,7 @@ from ...serving import drain
 from .actions import balancer, warm_gate
 from .planning import (
     QUARANTINE_LABEL,
-    Alert,
+    FiringAlert,
     QuarantineError,
     Record,
     alert_shape_error,
@@ -92,7 +92,7 @@ class Receiver:
         self.echo, self.balancer_of, self.gate = echo, balancer_of, gate
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.alerts: dict[str, Alert] = {}
+        self.alerts: dict[str, FiringAlert] = {}
         self.acked: dict[str, str] = {}
         self.records: dict[str, Record] = {}
         self.events: deque = deque(maxlen=200)
@@ -128,7 +128,7 @@ class Receiver:
             raise UsageError(f"{self.state_file}: cannot read the receiver's state ({e}); move it away to "
                              "start without it") from e
         self.records = {h: Record(**r) for h, r in (data.get("hosts") or {}).items()}
-        self.alerts = {fp: Alert(**a) for fp, a in (data.get("alerts") or {}).items()}
+        self.alerts = {fp: FiringAlert(**a) for fp, a in (data.get("alerts") or {}).items()}
         self.acked = dict(data.get("acked") or {})
         for r in list(self.records.values()):
             if r.host not in self.hosts:
@@ -187,7 +187,7 @@ class Receiver:
             self.event("malformed", "-", f"a webhook alert from {caller} skipped: {why}", caller=caller)
         n = 0
         for raw in good:
-            a = Alert.from_alertmanager(raw)
+            a = FiringAlert.from_alertmanager(raw)
             if a is None:
                 continue
             n += 1
@@ -230,7 +230,7 @@ class Receiver:
         self.noted.pop("alertmanager", None)
         fresh = {}
         for raw in data:
-            a = Alert.from_alertmanager(raw)
+            a = FiringAlert.from_alertmanager(raw)
             if a is not None and raw["status"]["state"] == "active":
                 fresh[a.fingerprint] = a
         now = time.monotonic()
@@ -308,7 +308,7 @@ class Receiver:
             n += 0 if serving else 1
         return n
 
-    def _quarantine(self, name: str, alerts: list[Alert], held: bool = False, held_reason: str = "",
+    def _quarantine(self, name: str, alerts: list[FiringAlert], held: bool = False, held_reason: str = "",
                     caller: str = "") -> str:
         fh = self.hosts[name]
         lb = self._balancer(fh)

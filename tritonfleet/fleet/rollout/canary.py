@@ -175,7 +175,7 @@ def mann_whitney_greater(x: list[float], y: list[float]) -> float:
 # ---- settings ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Settings:
+class CanaryPolicy:
     prometheus_url: str
     job: str = "triton"
     model: str | None = None
@@ -189,7 +189,7 @@ class Settings:
     watchdog_ttl: float = 60.0
 
     @classmethod
-    def from_settings(cls, settings: access.Settings, where: str) -> Settings:
+    def from_settings(cls, settings: access.Settings, where: str) -> CanaryPolicy:
         """The canary_* tunables of ``settings`` (a host's), checked together; UsageError naming the
         tunable otherwise (each one alone is checked when the inventory is loaded:
         tritonfleet.settings.check)."""
@@ -296,7 +296,7 @@ class Figures:
 PROMOTE, EXTEND, ROLL_BACK = "promote", "extend", "roll back"
 
 
-def decide(f: Figures, s: Settings, final: bool) -> tuple[str, str]:
+def decide(f: Figures, s: CanaryPolicy, final: bool) -> tuple[str, str]:
     """(verdict, why) for one look; ``final``: no extension left."""
     c, b, r = f.canary, f.baseline, f.latency_ref
     if f.down:
@@ -367,7 +367,7 @@ class Prometheus:
         return result
 
 
-def _selector(s: Settings, hosts: list[str]) -> str:
+def _selector(s: CanaryPolicy, hosts: list[str]) -> str:
     model = f', model="{s.model}"' if s.model else ""
     return f'{{job="{s.job}", host=~`{host_regex(sorted(hosts))}`{model}}}'
 
@@ -408,7 +408,7 @@ def _deltas(points: dict[float, float], times: list[float]) -> dict[float, float
     return out
 
 
-def collect(prom: Prometheus, s: Settings, canaries: list[str], baseline: list[str], start: float,
+def collect(prom: Prometheus, s: CanaryPolicy, canaries: list[str], baseline: list[str], start: float,
             end: float, matched: list[str] | None = None) -> Figures:
     """Both sides' counters over [start, end] (whole steps of canary_step_seconds) and the tests;
     ``matched``: the baseline hosts the latency is compared with (None: every baseline host)."""
@@ -457,7 +457,7 @@ class Result:
                 "started": self.started, "decided": self.decided}
 
 
-def analyse(prom: Prometheus, s: Settings, canaries: list[str], baseline: list[str], start: float,
+def analyse(prom: Prometheus, s: CanaryPolicy, canaries: list[str], baseline: list[str], start: float,
             echo: Callable[[str], None], hold: Callable[[], None] = lambda: None, matched: list[str] | None = None,
             sleep: Callable[[float], None] | None = None, now: Callable[[], float] = time.time) -> Result:
     """Look after each window (canary_analysis_seconds from ``start``, then once more per
@@ -511,7 +511,7 @@ def lb_counters(rows: list[dict], backend: str) -> dict[str, tuple[int, int]]:
 
 
 def lb_verdict(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], canaries: list[str],
-               baseline: list[str], s: Settings) -> tuple[bool, str]:
+               baseline: list[str], s: CanaryPolicy) -> tuple[bool, str]:
     """(roll back?, why) from HAProxy's counters over the analysis: the canary servers' failure
     ratio (5xx, response and connection errors per session) against the baseline servers', with
     the same limits as Triton's errors (canary_max_error_increase, Fisher's test at canary_alpha)."""

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 from ...core.procs import alive
+from ...serving.drain import DrainError
+from ...serving.haproxy_weights import Weights
 
 POLL_SECONDS = 0.5
 
@@ -97,9 +99,6 @@ def start(directory: Path, sockets: list[str], backend: str, original: dict[str,
 def watch(spec: dict, say=print, clock=time.time, sleep=time.sleep) -> str:
     """Wait until the heartbeat is removed (the rollout finished: "stopped"), or the rollout is
     gone or silent for the TTL: then restore the weights ("restored" / "restore failed")."""
-    from ...serving.drain import DrainError
-    from ...serving.haproxy_weights import Weights
-
     beat = Path(spec["heartbeat"])
     pid, ttl = int(spec["pid"]), float(spec["ttl"])
     while True:

@@ -103,7 +103,7 @@ class Rules:
 
 
 @dataclass
-class Verdict:
+class CapacityVerdict:
     """Whether a batch may go out now, and the figures that say so."""
 
     ok: bool
@@ -130,7 +130,7 @@ class Verdict:
 
 
 def judge(serving: dict[str, bool], batch: list[str], rules: Rules,
-          models_of: dict[str, list[str]] | None = None) -> Verdict:
+          models_of: dict[str, list[str]] | None = None) -> CapacityVerdict:
     """The rules against a backend's state (``serving``: {server: HAProxy sends it requests now})
     with ``batch`` (servers) about to go out. ``models_of``: {server: models its host serves}."""
     models_of = models_of or {}
@@ -157,7 +157,7 @@ def judge(serving: dict[str, bool], batch: list[str], rules: Rules,
         if after < need:
             why.append(f"{after} of the {len(having)} server(s) serving {model} would serve, "
                        f"rollout_min_available_models[{model!r}] = {limit.text} needs {need}")
-    return Verdict(not why, total, out, sorted(batch), unavailable, mx, mn, available, per_model, "; ".join(why))
+    return CapacityVerdict(not why, total, out, sorted(batch), unavailable, mx, mn, available, per_model, "; ".join(why))
 
 
 # ---- the backend as HAProxy reports it ---------------------------------------------------------
@@ -212,7 +212,7 @@ class Pool:
 
 
 @dataclass
-class Sample:
+class CapacitySample:
     time: float
     out: int
 
@@ -223,7 +223,7 @@ class Watch:
 
     pool: str
     total: int = 0
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[CapacitySample] = field(default_factory=list)
     errors: int = 0
 
     @property
@@ -255,7 +255,7 @@ class Sampler:
                 self.watch.errors += 1
             else:
                 self.watch.total = len(state)
-                self.watch.samples.append(Sample(time.time(), sum(1 for v in state.values() if not v["serving"])))
+                self.watch.samples.append(CapacitySample(time.time(), sum(1 for v in state.values() if not v["serving"])))
                 if self.on_read:
                     self.on_read(state)
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
@@ -277,7 +277,7 @@ class Sampler:
 
 def wait_for(pool: Pool, batch: list[str], rules: Rules, models_of: dict[str, list[str]], timeout: float,
              echo: Callable[[str], None], label: str, sleep: Callable[[float], None] | None = None,
-             clock=time.monotonic) -> tuple[Verdict, float]:
+             clock=time.monotonic) -> tuple[CapacityVerdict, float]:
     """Read the pool until the batch may go (returns its verdict and the seconds waited) or
     ``timeout`` passed (the last verdict, not ok). ``sleep``: time.sleep as it is at the call
     (gevent's cooperative one in a rollout, so the metrics endpoint answers meanwhile)."""

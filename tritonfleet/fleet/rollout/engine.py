@@ -11,30 +11,30 @@ import contextlib
 import functools
 import os
 import signal
+import socket as _socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import ROLLBACK_DEPLOY
+from ... import ROLLBACK_DEPLOY, STAGE_DEPLOY
 from ...core import runid
 from ...core.checks import is_check
 from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.procs import alive
 from ...core.report import Failure, read_channel
-from ...gpu import placement as gpucount
+from ...gpu import placement
 from ...host import driver_hold
 from ...inventory import roster
-from ...serving import health, unit_watch
-from ...serving import per_gpu as pergpu
+from ...serving import health, per_gpu, unit_watch
 from ...settings.access import Settings
 from .. import probe
 from ..runner import workers
 from ..runner.pyinfra_run import PyinfraRun
 from . import driver, perfgate, traffic
-from .journal import JOURNAL, Journal, _log_dir, latest_journal
-from .plan import RolloutError, _plan_error, parse_max_fail, plan_batches
+from .journal import JOURNAL, Journal, latest_journal, log_dir
+from .plan import RolloutError, parse_max_fail, plan_batches, plan_error
 from .report import HostResult, Report, finish
 
 
@@ -144,7 +144,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     batches = plan_batches(names, canary, batch)
     lb = traffic.prepare(hosts, batches, canary, canary_weight)  # refused before anything is written
     report = Report(inventory, deploy, batches, [HostResult(n) for n in names])
-    logs = _log_dir()
+    logs = log_dir()
     report.log_dir = str(logs)
     journal = Journal(logs / JOURNAL)
     journal.write("start", inventory=inventory, deploy=deploy, limit=list(limit or []), canary=canary,
@@ -182,7 +182,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     dry = workers.run_pyinfra(inventory, deploy, targets, data, dry=True, log_path=logs / "plan.log",
                               settings=hosts[0])
     if dry.rc != 0:
-        report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(_plan_error(dry.log))
+        report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(plan_error(dry.log))
         return _finish(run, t_start)
     journal.write("planned")
     if plan_only:
@@ -357,8 +357,6 @@ def _mirror_hosts(run: _Run) -> list[str]:
 def _stage(run: _Run, targets: list[str]) -> None:
     """One run of the staging deploy (tritonfleet.STAGE_DEPLOY) on every reachable target and the
     mirror's hosts; a target that fails it is reported and left out of the batches."""
-    from ... import STAGE_DEPLOY
-
     mirrors = [n for n in _mirror_hosts(run) if n not in targets]
     hosts = targets + mirrors
     where = f" (image mirror: {', '.join(mirrors)})" if mirrors else ""
@@ -421,8 +419,6 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
         raise RolloutError(f"{path}: the journal has no start record: nothing to resume")
     if any(e["event"] == "end" for e in events):
         raise RolloutError(f"{path}: that rollout ended; start a new one instead")
-    import socket as _socket
-
     if start.get("holder", "").split(" ", 1)[0].endswith("@" + _socket.gethostname()) and \
             start.get("pid") != os.getpid() and alive(int(start.get("pid", 0))) and \
             b"tritonfleet" in Path(f"/proc/{start['pid']}/cmdline").read_bytes():
@@ -520,9 +516,9 @@ def _gate(fh: roster.FleetHost, timeout: float | None) -> tuple[health.HealthRes
     limit = float(fh.get("health_timeout") if timeout is None else timeout)
     watch = unit_watch.watch_instance(fh, lambda cmd: roster.run(fh, cmd)[1])
     try:
-        if pergpu.enabled(fh):  # one Triton per GPU: every instance gated, the host as one unit
+        if per_gpu.enabled(fh):  # one Triton per GPU: every instance gated, the host as one unit
             st = probe.probe(fh, with_intent=False)
-            gets = pergpu.instance_gets(fh, gpucount.placement_count(fh.get("gpu_count"), st.gpu_recorded,
+            gets = per_gpu.instance_gets(fh, placement.placement_count(fh.get("gpu_count"), st.gpu_recorded,
                                                                          len(st.gpus) or None))
         if fh.get("health_via") == "ssh":
             roster.run(fh, "true")

@@ -11,7 +11,7 @@ from pathlib import Path
 from .plan import RolloutError
 
 
-def _log_dir() -> Path:
+def log_dir() -> Path:
     base = Path(os.environ.get("TRITONFLEET_LOG_DIR", ".tritonfleet/rollouts"))
     d = base / time.strftime("%Y%m%d-%H%M%S")
     if d.exists():  # two rollouts started in the same second: each keeps its own directory

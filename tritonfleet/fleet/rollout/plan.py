@@ -61,7 +61,7 @@ def plan_batches(names: list[str], canary: int, batch: str | int) -> list[list[s
     return out
 
 
-def _plan_error(log: str) -> list[str]:
+def plan_error(log: str) -> list[str]:
     """The part of a failed plan's output that says why (pre-flight message, without tracebacks)."""
     lines = [ln for ln in log.strip().splitlines() if ln.strip()]
     start = next((i for i, ln in enumerate(lines) if "pre-flight failed" in ln), max(0, len(lines) - 12))

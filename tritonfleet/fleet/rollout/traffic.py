@@ -28,10 +28,11 @@ from pathlib import Path
 from ...core.errors import UsageError
 from ...serving import haproxy_weights
 from ...serving.drain import ADMIN_DRAIN, ADMIN_MAINT, DrainError, RuntimeAPI, parse_stat
+from .. import probe
 from . import canary, canary_watchdog, capacity
 from .state import HostStates
 
-CanarySettings = canary.Settings  # (``canary`` is also the number of canary hosts in a batch plan)
+CanarySettings = canary.CanaryPolicy  # (``canary`` is also the number of canary hosts in a batch plan)
 
 
 @dataclass
@@ -151,7 +152,7 @@ class Traffic:
             raise UsageError("a traffic canary is compared with baseline hosts of the rollout in the same "
                              f"backend ({self.canary_pool.pool.backend}): the rollout has none beside the canary")
         fh = self.by_name[canaries[0]]
-        self.settings = canary.Settings.from_settings(fh, f"{fh.name}'s data")
+        self.settings = canary.CanaryPolicy.from_settings(fh, f"{fh.name}'s data")
 
     @property
     def active(self) -> bool:
@@ -508,8 +509,6 @@ def prepare(hosts: list, batches: list[list[str]], canary: int, canary_weight: f
     def models_of() -> dict[str, list[str]]:
         """{server: models its host serves (its model repository)} for the rollout's hosts behind
         HAProxy; servers of hosts outside the rollout count for no model."""
-        from .. import probe
-
         return {server_name(fh): probe.intent(fh).get("models", []) for fh in hosts if _pool_key(fh) is not None}
 
     return Traffic(hosts, batches, canary, share, models_of)

@@ -22,11 +22,13 @@ more than it saves.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import traceback
@@ -35,7 +37,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...core.errors import TritonfleetError
+from ...core.procs import die_with_parent
+from ...core.report import CHANNEL_ENV, read_channel
+from ...inventory import roster
 from ...settings.access import Settings, default
+from ...settings.table import whole_number
 from . import pyinfra_run
 from .pyinfra_run import PyinfraRun
 
@@ -50,8 +56,6 @@ class WorkerError(TritonfleetError):
 def configured(settings: Settings | None) -> int:
     """The number of workers asked for: the fleet_workers tunable of ``settings`` (a run's first
     host; None: the package's default), 0 meaning one per CPU."""
-    from ...settings.table import whole_number
-
     value = settings.get("fleet_workers") if settings is not None else default("fleet_workers")
     if str(value).strip() in ("0", ""):
         return os.cpu_count() or 1
@@ -79,8 +83,6 @@ def parallel(hosts: list, fn: Callable[[Any], T], workers: int | None = None) ->
     """``fn(host)`` for every host, results in host order: in this process (tritonfleet.inventory.roster's
     parallel) when one worker is enough, else in forked workers, each running its share the same
     way. ``fn``'s results must pickle. An error in a worker is raised here, naming it."""
-    from ...inventory import roster
-
     k = count(len(hosts), workers, hosts[0] if hosts else None)
     if k <= 1:
         return roster.parallel(hosts, fn)
@@ -121,9 +123,6 @@ def parallel(hosts: list, fn: Callable[[Any], T], workers: int | None = None) ->
 
 
 def _child(out: Path, hosts: list, fn) -> None:
-    from ...core.procs import die_with_parent
-    from ...inventory import roster
-
     code = 0
     payload: tuple = ("error", "it ended without a result", "")
     try:
@@ -278,12 +277,6 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
     progress goes to this process's stderr as pyinfra writes it, their results are merged into one
     summary. ``limited``: ``hosts`` are not the whole inventory (one process then gets them as
     --limit too). Exit status: the worst of the processes (130 when interrupted)."""
-    import json
-    import subprocess
-    import sys
-
-    from ...core.procs import die_with_parent
-    from ...core.report import CHANNEL_ENV, read_channel
 
     k = count(len(hosts), workers, settings)
     parts = slices(hosts, k)

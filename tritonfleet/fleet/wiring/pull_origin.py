@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ...core.errors import UsageError
-from ..pull.origin import NAMESPACE, SIGNER, Origin
+from ..pull.origin import NAMESPACE, SIGNER, PullSite
 from ..pull.reports import Reports
 from ..pull.signing import read_pointer, verify
 from .rows import (
@@ -32,7 +32,7 @@ def pull_origin_rows(w: Wiring) -> list[Row]:
         return []
     c = "pull origin"
     try:
-        origin = Origin(w.pull_origin)
+        origin = PullSite(w.pull_origin)
     except UsageError as e:
         return [Row(FAIL, c, str(e), "give the directory the hosts' origin URL serves")]
     rows = [Row(WARN, c, f"{w.pull_origin} has no {d}/", f"`tritonfleet {how}` writes it")
@@ -110,7 +110,7 @@ def _host_signers(out: Path, host: str, trusted: list[str], key: Path) -> tuple[
     return host, OK, f"trusts {key}", ""
 
 
-def _pointer_findings(origin: Origin, host: str, signers: Path | None,
+def _pointer_findings(origin: PullSite, host: str, signers: Path | None,
                       key: Path | None) -> list[tuple[str, str, str, str]]:
     path = origin.pointer(host)
     if not path.exists():

@@ -11,6 +11,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from ...serving import drain
 from .rows import (
     DEFAULT_TOKEN_FILE,
@@ -35,8 +37,6 @@ def prometheus_rows(w: Wiring) -> list[Row]:
     in prometheus.yml and the webhook a URL in alertmanager.yml, and each answers."""
     if w.prometheus_dir is None:
         return []
-    import yaml
-
     c, d = "prometheus", w.prometheus_dir
     prom, am = d / "prometheus.yml", d / "alertmanager.yml"
     if not prom.is_file():

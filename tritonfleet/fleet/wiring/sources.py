@@ -9,6 +9,7 @@ from typing import Any
 from ...core.errors import TritonfleetError, UsageError
 from ...inventory.roster import FleetHost
 from ...model_repo import origin as origins
+from ...model_repo import render
 from ...settings.mirrored import unpinned_images
 from .rows import (
     FAIL,
@@ -84,8 +85,6 @@ def _origin_rows(o: origins.Origin, hosts: list[FleetHost], timeout: float) -> l
 def _published_rows(o: origins.Origin, st: Any, hosts: list[FleetHost], timeout: float) -> list[Row]:
     """The local model repository's release for each host: when its manifest is on the origin,
     every object it names is there with its size."""
-    from ...model_repo import render
-
     releases: dict[str, tuple[dict, list[str]]] = {}
     for h in hosts:
         try:

@@ -12,7 +12,7 @@ from pyinfra.api import operation
 from ...core.shell import q
 from ...pyinfra_ext import memo
 from ...pyinfra_ext.check import will_change
-from .. import signing_keys as keys
+from .. import signing_keys
 from ..facts import KeyringFingerprints
 from ..signing_keys import normalize_fingerprint
 from ..vendor_repos import VendorRepo, source_path
@@ -25,18 +25,18 @@ def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
     it made the same way. Nothing is trusted on a mismatch."""
     fpr = normalize_fingerprint(fingerprint)
     key, made = '"$t/key"', '"$t/keyring"'
-    refuse = (f"not trusted ({keys.RULE}). If the vendor rotated its key, check the new fingerprint "
+    refuse = (f"not trusted ({signing_keys.RULE}). If the vendor rotated its key, check the new fingerprint "
               "against the vendor's documentation and set it in group data.")
     return (
         "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
         f"curl -fsSL --retry 3 -o \"$t/key\" {q(url)}; "
-        f"if ! {{ {keys.trusted_shell(key, fpr)}; }}; then "
+        f"if ! {{ {signing_keys.trusted_shell(key, fpr)}; }}; then "
         f"echo {q(f'signing key at {url} has primary key(s) ')}\"${{found:-none}}\"{q(f', pinned {fpr}: ' + refuse)} >&2; "
         "exit 1; fi; "
         "if head -c 5 \"$t/key\" | grep -q -- '-----'; then "
         "gpg --batch --yes --dearmor -o \"$t/keyring\" \"$t/key\"; "
         "else cp \"$t/key\" \"$t/keyring\"; fi; "
-        f"if ! {{ {keys.trusted_shell(made, fpr)}; }}; then "
+        f"if ! {{ {signing_keys.trusted_shell(made, fpr)}; }}; then "
         f"echo {q(f'the keyring made from the signing key at {url} holds primary key(s) ')}\"${{found:-none}}\"{q(f', pinned {fpr}: ' + refuse)} >&2; "
         "exit 1; fi; "
         f"install -D -m 0644 \"$t/keyring\" {q(keyring)}"
@@ -62,7 +62,7 @@ def signed_key(url: str, fingerprint: str, keyring: str):
         apt_repo.signed_key(name="CUDA repository key", url=KEY_URL, fingerprint=FPR,
                             keyring="/usr/share/keyrings/cuda-archive-keyring.gpg")
     """
-    if keys.trusted(memo.fact(KeyringFingerprints, path=keyring), fingerprint):
+    if signing_keys.trusted(memo.fact(KeyringFingerprints, path=keyring), fingerprint):
         host.noop(f"{keyring} holds the pinned key")
         return
     yield fetch_key_command(url, fingerprint, keyring)

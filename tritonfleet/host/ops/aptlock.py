@@ -23,11 +23,13 @@ from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
 from pyinfra.connectors.util import CommandOutput
 
-from ...core import report as failure_lib
+from ...core import report
 from ...core.connection_errors import CONNECTION_ERRORS
 from ...core.shell import q
+from ...pyinfra_ext import memo
 from ...settings import access
 from .. import apt_diagnosis, apt_messages, apt_report
+from ..facts import DpkgState
 
 LOCK_ERRORS = apt_messages.LOCK_ERRORS
 
@@ -69,7 +71,7 @@ class AptCommand(StringCommand):
             if status:
                 warn_unread(host, lines)
             return status, output
-        report(state, host, diagnosis, self, connector_arguments)
+        report_failure(state, host, diagnosis, self, connector_arguments)
         # the report holds apt's key lines (and the host all of them): no second dump of the output
         return False, CommandOutput([])
 
@@ -80,10 +82,10 @@ def warn_unread(host, lines: list[str]) -> None:
     said = [ln for ln in lines if ln.startswith("W: ") and ("Failed to fetch" in ln or "GPG error" in ln)]
     if said:
         logger.warning(f"{host.name}: apt-get update could not read every repository; packages only they carry cannot "
-                       "be installed until they can:\n    " + "\n    ".join(failure_lib.trim(said, 6)))
+                       "be installed until they can:\n    " + "\n    ".join(report.trim(said, 6)))
 
 
-def report(state, host, diagnosis: apt_diagnosis.AptDiagnosis, command: AptCommand, connector_arguments) -> None:
+def report_failure(state, host, diagnosis: apt_diagnosis.AptDiagnosis, command: AptCommand, connector_arguments) -> None:
     """Print the report of a failed apt command, hand it to a rollout and leave it on the host; what
     the host's package lists carry of a missing version, and which sources file names a repository
     in question, are read from the host (best effort: one command each, only now)."""
@@ -102,8 +104,8 @@ def report(state, host, diagnosis: apt_diagnosis.AptDiagnosis, command: AptComma
             ok, out = host.run_shell_command(apt_report.sources_command(diagnosis.urls), print_output=False,
                                              print_input=False, **args)
             sources = [ln.strip() for ln in out.stdout_lines if ln.strip().startswith("/")] if ok else []
-    failure_lib.emit(host, apt_report.failure(
-        diagnosis, host=host.name, step=failure_lib.step_name(state, host), command=command.command,
+    report.emit(host, apt_report.failure(
+        diagnosis, host=host.name, step=report.step_name(state, host), command=command.command,
         setting=command.setting, available=available, sources=sources))
 
 
@@ -195,10 +197,6 @@ def repair_interrupted():
 
         aptlock.repair_interrupted(name="finish an interrupted dpkg run")
     """
-    from pyinfra import logger
-
-    from ...pyinfra_ext import memo
-    from ..facts import DpkgState
 
     what = memo.fact(DpkgState).get("interrupted") or []
     if not what:

@@ -15,9 +15,9 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
 
-from ...core import report as failure
+from ...core import report
 from ...pyinfra_ext import hostlock
-from .. import boot_kernel as kernel
+from .. import boot_kernel
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
@@ -30,18 +30,18 @@ def _boot_id(host) -> str | None:
 def kernel_ready(state, host, header_packages: list[str], install_template: str) -> bool:
     """Before the reboot: the kernel that will boot must have the NVIDIA module (built now when it
     can be: tritonfleet.host.boot_kernel). False (the host fails, not rebooted) when it cannot."""
-    _, out = host.run_shell_command(kernel.ensure_command(header_packages, install_template), print_output=False,
+    _, out = host.run_shell_command(boot_kernel.ensure_command(header_packages, install_template), print_output=False,
                                     print_input=False)
-    st = kernel.parse(out.stdout_lines)
+    st = boot_kernel.parse(out.stdout_lines)
     if st.module == "built":
         logger.info(f"{host.print_prefix}NVIDIA module built for {st.boot}, the kernel that will boot "
                     f"({'; '.join(st.steps)})")
     if st.has_module:
         return True
-    found, now, fix = kernel.refusal(st, header_packages)
+    found, now, fix = boot_kernel.refusal(st, header_packages)
     if not st.boot:  # the check itself gave no answer
         found = "could not tell which kernel will boot: " + (" / ".join(out.stderr_lines[-3:]) or "no answer")
-    failure.emit(host, failure.Failure(
+    report.emit(host, report.Failure(
         host.name, "NVIDIA driver (reboot)", f"an NVIDIA module for the kernel that will boot ({st.boot})", found,
         words=st.output, source="what was tried (" + ("; ".join(st.steps) or "nothing could be") + ")",
         now=now, fix=fix, cause=f"reboot refused: kernel {st.boot} has no NVIDIA module"))
@@ -105,7 +105,7 @@ def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600, h
                     return
                 host.disconnect()  # still the old boot: shutting down
             if time.monotonic() > deadline:
-                failure.emit(host, failure.Failure(
+                report.emit(host, report.Failure(
                     host.name, "NVIDIA driver (reboot)",
                     f"the host answers SSH with a new boot id within {reboot_timeout:.0f}s (nvidia_reboot_timeout)",
                     f"no answer with a new boot id after {reboot_timeout:.0f}s (boot id before: {before[0]})",

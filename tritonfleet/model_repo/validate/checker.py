@@ -12,8 +12,8 @@ from google.protobuf import text_format
 from .config_rules import ConfigRules
 from .ensemble import EnsembleRules
 from .files import FileRules
-from .lines import _Lines, _newer_fields, parse_config
-from .model_dirs import _autocomplete, _Entry
+from .lines import Lines, newer_fields, parse_config
+from .model_dirs import ModelEntry, autocomplete
 from .tables import ENSEMBLE, PLATFORM_BACKEND, RULES, TYPED_BACKENDS, Problem
 
 
@@ -29,7 +29,7 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
         self.backends = backends
         self.onnx_signatures = onnx_signatures
         self.problems: list[Problem] = []
-        self.entries: dict[str, _Entry] = {}
+        self.entries: dict[str, ModelEntry] = {}
 
     def add(self, model: str, file: str, line: int | None, rule: str, message: str) -> None:
         if rule not in RULES:  # every rule is listed (and documented) in RULES
@@ -37,8 +37,8 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
         self.problems.append(Problem(model, file, line, rule, message))
 
     # -- parsing -------------------------------------------------------------------------------
-    def load(self, name: str, model_dir: Path | None, text: str | bytes | None) -> _Entry:
-        entry = _Entry(name, model_dir)
+    def load(self, name: str, model_dir: Path | None, text: str | bytes | None) -> ModelEntry:
+        entry = ModelEntry(name, model_dir)
         self.entries[name] = entry
         if text is None:
             return entry
@@ -58,11 +58,11 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
             self.add(name, "config.pbtxt", e.GetLine() or None, "parse",
                      (m.group(3) if m else msg).strip())
             return entry
-        entry.cfg, entry.lines = cfg, _Lines(text)
+        entry.cfg, entry.lines = cfg, Lines(text)
         return entry
 
     # -- one model -----------------------------------------------------------------------------
-    def check(self, entry: _Entry) -> None:
+    def check(self, entry: ModelEntry) -> None:
         cfg, lines, model = entry.cfg, entry.lines, entry.name
         if cfg is None or lines is None:  # the caller checks only a model whose config parsed
             raise ValueError(f"{model}: check() needs a parsed config")
@@ -71,7 +71,7 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
         def p(rule, message, *path):
             self.add(model, cf, lines.line(*path) if path else None, rule, message)
 
-        for field, line in _newer_fields(cfg, lines):
+        for field, line in newer_fields(cfg, lines):
             self.add(model, cf, line, "newer-field",
                      f"'{field}' is newer than the fleet's Triton, which refuses the whole file "
                      "(\"has no field named\"): remove it")
@@ -79,7 +79,7 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
             p("name", f"name \"{cfg.name}\" must equal the directory name \"{model}\" (or leave "
                       "name out)", "name")
 
-        platform, backend, err = _autocomplete(cfg, entry.dir, model)
+        platform, backend, err = autocomplete(cfg, entry.dir, model)
         entry.platform, entry.backend = platform, backend
         if err:
             p("platform", err)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...core.triton_schema import mc
-from .model_dirs import _Entry
+from .model_dirs import ModelEntry
 from .tables import ENSEMBLE
 
 
@@ -21,7 +21,7 @@ class ConfigRules:
     gpus: int | None
     backends: frozenset[str]
     onnx_signatures: bool
-    entries: dict[str, _Entry]
+    entries: dict[str, ModelEntry]
     add: Callable[[str, str, int | None, str, str], None]
 
     def _batching(self, cfg, p) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...core.triton_schema import mc
-from .model_dirs import _Entry
+from .model_dirs import ModelEntry
 from .tables import ENSEMBLE
 
 
@@ -20,11 +20,11 @@ class EnsembleRules:
     gpus: int | None
     backends: frozenset[str]
     onnx_signatures: bool
-    entries: dict[str, _Entry]
+    entries: dict[str, ModelEntry]
     add: Callable[[str, str, int | None, str, str], None]
 
     # -- ensembles -----------------------------------------------------------------------------
-    def check_ensemble(self, entry: _Entry) -> None:
+    def check_ensemble(self, entry: ModelEntry) -> None:
         cfg, lines, model = entry.cfg, entry.lines, entry.name
         es = cfg.ensemble_scheduling
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ...core.triton_schema import mc
 from .. import onnx_io
-from .model_dirs import _Entry, _version_dirs, _versions_to_load
+from .model_dirs import ModelEntry, list_version_dirs, versions_to_load
 from .tables import (
     ENSEMBLE,
     MODEL_DIRECTORY_VAR,
@@ -29,16 +29,16 @@ class FileRules:
     gpus: int | None
     backends: frozenset[str]
     onnx_signatures: bool
-    entries: dict[str, _Entry]
+    entries: dict[str, ModelEntry]
     add: Callable[[str, str, int | None, str, str], None]
 
     # -- files on disk -------------------------------------------------------------------------
-    def _files(self, entry: _Entry, p) -> None:
+    def _files(self, entry: ModelEntry, p) -> None:
         cfg, model, model_dir = entry.cfg, entry.name, entry.dir
-        versions, odd = _version_dirs(model_dir)
+        versions, odd = list_version_dirs(model_dir)
         for name, why in odd:
             self.add(model, name, None, "version-dir", why)
-        load, absent = _versions_to_load(cfg, versions)
+        load, absent = versions_to_load(cfg, versions)
         for v in absent:
             p("version-policy", f"version_policy names version {v}, but there is no {v}/ directory",
               "version_policy")
@@ -101,7 +101,7 @@ class FileRules:
                     onnx_path = onnx_path / "model.onnx"
                 self._onnx_signature(entry, f"{versions[v]}/{wanted[0]}", onnx_path, p)
 
-    def _referenced_files(self, entry: _Entry, p, version_dirs: list[str]) -> None:
+    def _referenced_files(self, entry: ModelEntry, p, version_dirs: list[str]) -> None:
         """Files the configuration names by name: Triton opens each when it loads the model and
         refuses the model when one is missing (labels: Model::Init; warmup data: the instance's
         warmup; cc_model_filenames and EXECUTION_ENV_PATH: the backend)."""
@@ -182,7 +182,7 @@ class FileRules:
         except ValueError as e:
             self.add(model, f"{vname}/{path.name}", None, "python-syntax", str(e))
 
-    def _onnx_signature(self, entry: _Entry, rel: str, path: Path, p) -> None:
+    def _onnx_signature(self, entry: ModelEntry, rel: str, path: Path, p) -> None:
         """Inputs and outputs against the ONNX model, as the onnxruntime backend checks them at
         load (tritonfleet.model_repo.onnx_io: CompareDimsSupported, ValidateInputs,
         ValidateOutputs, the sequence controls). Without the ``onnx`` package (a dependency of

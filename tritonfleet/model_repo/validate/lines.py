@@ -1,6 +1,6 @@
 """A config.pbtxt's text read twice: parsed with Triton's schema (``parse_config``), and walked
-for the line each field is on (``_Lines``), so every problem names its line; the fields newer
-than the fleet's server (``_newer_fields``)."""
+for the line each field is on (``Lines``), so every problem names its line; the fields newer
+than the fleet's server (``newer_fields``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def parse_config(text: str) -> mc.ModelConfig:
     return text_format.Parse(text, mc.ModelConfig())
 
 
-class _Lines:
+class Lines:
     """Field path -> first line (1-based) in a text-format message that parsed cleanly.
 
     Paths are tuples like ``("input", 1, "dims")``: a message field carries the index of its
@@ -103,7 +103,7 @@ def _repeated(field) -> bool:
     return flag if isinstance(flag, bool) else field.label == field.LABEL_REPEATED
 
 
-def _newer_fields(cfg: mc.ModelConfig, lines: _Lines) -> list[tuple[str, int | None]]:
+def newer_fields(cfg: mc.ModelConfig, lines: Lines) -> list[tuple[str, int | None]]:
     """Fields set in ``cfg`` that the fleet's tritonserver does not know."""
     found = []
 

@@ -1,6 +1,6 @@
 """The model directories as tritonserver reads them: a repository's models, a model's version
 directories and the versions its policy loads, and the backend a model resolves to without
-auto-complete (``_Entry``: one model as the checker sees it)."""
+auto-complete (``ModelEntry``: one model as the checker sees it)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.triton_schema import mc
-from .lines import _Lines
+from .lines import Lines
 from .tables import (
-    _CANONICAL_VERSION,
-    _STOLL_PREFIX,
+    CANONICAL_VERSION,
     INT64_MAX,
     NOT_VERSIONS,
+    STOLL_PREFIX,
 )
 
 
@@ -32,14 +32,14 @@ def _subdirs(path: Path) -> list[str]:
         return []
 
 
-def _version_dirs(model_dir: Path) -> tuple[dict[int, str], list[tuple[str, str]]]:
+def list_version_dirs(model_dir: Path) -> tuple[dict[int, str], list[tuple[str, str]]]:
     """({version: dir name} as Triton reads them, [(dir name, why it is a problem)])."""
     versions: dict[int, str] = {}
     odd: list[tuple[str, str]] = []
     for name in _subdirs(model_dir):
         if name in NOT_VERSIONS:
             continue
-        if _CANONICAL_VERSION.fullmatch(name):
+        if CANONICAL_VERSION.fullmatch(name):
             if int(name) > INT64_MAX:
                 odd.append((name, f"version {name} is beyond a 64-bit integer; Triton cannot read it"))
             else:
@@ -51,7 +51,7 @@ def _version_dirs(model_dir: Path) -> tuple[dict[int, str], list[tuple[str, str]
                 odd.append((name, f"'{name}' has leading zeros: Triton ignores it (rename it "
                                   f"{int(name)})"))
             continue
-        m = _STOLL_PREFIX.match(name)
+        m = STOLL_PREFIX.match(name)
         if m:
             # std::stoll reads the leading number and ignores the rest: '1abc' is version 1,
             # '-1' version -1; either clashes with or hides the intended version.
@@ -61,7 +61,7 @@ def _version_dirs(model_dir: Path) -> tuple[dict[int, str], list[tuple[str, str]
     return versions, odd
 
 
-def _versions_to_load(cfg: mc.ModelConfig, versions: dict[int, str]) -> tuple[list[int], list[int]]:
+def versions_to_load(cfg: mc.ModelConfig, versions: dict[int, str]) -> tuple[list[int], list[int]]:
     """(versions Triton loads under the version policy, specific versions that are absent)."""
     policy = cfg.version_policy
     which = policy.WhichOneof("policy_choice")
@@ -75,17 +75,17 @@ def _versions_to_load(cfg: mc.ModelConfig, versions: dict[int, str]) -> tuple[li
 
 
 @dataclass
-class _Entry:
+class ModelEntry:
     name: str
     dir: Path | None
     cfg: mc.ModelConfig | None = None
-    lines: _Lines | None = None
+    lines: Lines | None = None
     platform: str = ""
     backend: str = ""
     loaded_versions: tuple[int, ...] = ()
 
 
-def _autocomplete(cfg: mc.ModelConfig, model_dir: Path | None, model_name: str) -> tuple[str, str, str | None]:
+def autocomplete(cfg: mc.ModelConfig, model_dir: Path | None, model_name: str) -> tuple[str, str, str | None]:
     """(platform, backend, error) as Triton's AutoCompleteBackendFields leaves them.
 
     It looks into the first sub-directory only (byte order), whatever its name.

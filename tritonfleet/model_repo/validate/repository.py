@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from .. import contents
 from .checker import Checker
 from .lines import parse_config
-from .model_dirs import _autocomplete, list_models
+from .model_dirs import autocomplete, list_models
 from .tables import ENSEMBLE, KNOWN_BACKENDS, Problem
 
 # ---- what the repository may contain --------------------------------------------------------
@@ -140,7 +140,7 @@ def validate_config_text(
 def tensorrt_cc_model_filenames(repo: str | os.PathLike) -> dict[str, dict[str, str]]:
     """{model: its cc_model_filenames} for every TensorRT model of ``repo`` (platform
     tensorrt_plan, backend tensorrt, default_model_filename model.plan, or a model.plan Triton
-    tells the backend from: as :func:`_autocomplete` decides), the map empty where the config
+    tells the backend from: as :func:`autocomplete` decides), the map empty where the config
     declares none. Models whose config cannot be read are left out: validate_repository reports
     them."""
     repo = Path(repo)
@@ -151,7 +151,7 @@ def tensorrt_cc_model_filenames(repo: str | os.PathLike) -> dict[str, dict[str, 
             cfg = parse_config((model_dir / "config.pbtxt").read_text())
         except (OSError, UnicodeDecodeError, text_format.ParseError):
             continue
-        _, backend, err = _autocomplete(cfg, model_dir, name)
+        _, backend, err = autocomplete(cfg, model_dir, name)
         if err is None and backend == "tensorrt":
             out[name] = dict(cfg.cc_model_filenames)
     return out

@@ -117,8 +117,8 @@ PLATFORM_FILE = {
 NOT_VERSIONS = {"warmup", "initial_state", "configs"}
 INT64_MAX = 2**63 - 1
 
-_CANONICAL_VERSION = re.compile(r"0|[1-9][0-9]*")
-_STOLL_PREFIX = re.compile(r"\s*[+-]?[0-9]+")  # what std::stoll accepts at the start of a name
+CANONICAL_VERSION = re.compile(r"0|[1-9][0-9]*")
+STOLL_PREFIX = re.compile(r"\s*[+-]?[0-9]+")  # what std::stoll accepts at the start of a name
 
 # bytes per element (Triton's GetDataTypeByteSize); TYPE_STRING has no fixed size
 TYPE_BYTES = {

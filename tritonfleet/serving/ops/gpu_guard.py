@@ -13,10 +13,11 @@ from pyinfra.context import state
 
 from ...core.report import fail, reported
 from ...core.shell import q
-from ...gpu import guard as gpuguard
+from ...gpu.guard import compare_command, parse, verdict
 from ...host.layer import smi_command
 from ...pyinfra_ext.check import will_change
 from ...settings import access
+from ..health import gate_current_host
 from . import lb
 
 _RELOADS: dict[tuple[int, str], list[str]] = {}  # (pyinfra state, host) -> why
@@ -34,13 +35,13 @@ def pending() -> list[str]:
 
 
 def _read() -> dict:
-    _, out = host.run_shell_command(gpuguard.compare_command(access.get("triton_container_name"), smi=smi_command(access.current())),
+    _, out = host.run_shell_command(compare_command(access.get("triton_container_name"), smi=smi_command(access.current())),
                                     print_output=False, print_input=False)
-    return gpuguard.parse("\n".join(out.stdout_lines))
+    return parse("\n".join(out.stdout_lines))
 
 
 def guard_now(reasons: list[str]) -> None:
-    kind, say = gpuguard.verdict(_read())
+    kind, say = verdict(_read())
     why = "; ".join(reasons)
     if kind in ("ok", "not-running"):
         logger.info(f"{host.print_prefix}after daemon-reload ({why}): {say}")
@@ -60,7 +61,7 @@ def guard_now(reasons: list[str]) -> None:
              fix=f"journalctl -u {service} on the host", step="GPU-loss guard")
     deadline = time.monotonic() + float(access.get("health_timeout"))
     while True:
-        kind, say = gpuguard.verdict(_read())
+        kind, say = verdict(_read())
         if kind == "ok" or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -72,8 +73,6 @@ def guard_now(reasons: list[str]) -> None:
              step="GPU-loss guard")
     logger.warning(f"{host.print_prefix}{service} restarted: {say}")
     if lb.enabled():
-        from ..health import gate_current_host
-
         gate_current_host(access.current(), [])
         lb.ready_now()
 

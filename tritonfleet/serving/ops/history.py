@@ -10,7 +10,10 @@ its last line.
 
 from __future__ import annotations
 
+import getpass
 import json
+import re
+import socket
 
 from pyinfra import host
 from pyinfra.api import operation
@@ -22,6 +25,7 @@ from ...core.shell import q
 from ...pyinfra_ext import memo
 from ...settings import access
 from ..facts import DeployHistory
+from ..health import WARM_LATENCY
 from ..unit import unit_path
 
 # Healthy deployments remembered on each host for rollback.
@@ -78,8 +82,6 @@ def record_healthy(base: str, unit: str, image: str, record: dict, unit_files: l
 
         record_healthy(name="record the healthy deployment", base=base, unit=path, image=image, record=rec)
     """
-    from ..health import WARM_LATENCY
-
     warm = WARM_LATENCY.get(host.name) if state.is_executing else None
     yield record_command(base, unit, image, {**record, **({"first_inference_ms": warm} if warm else {})},
                          unit_files)
@@ -96,10 +98,6 @@ def record_command(base: str, unit: str, image: str, record: dict, unit_files: l
 
 
 def _operator() -> str:
-    import getpass
-    import re
-    import socket
-
     try:
         who = f"{getpass.getuser()}@{socket.gethostname()}"
     except (OSError, KeyError):  # no user name (no passwd entry, no LOGNAME) is no reason to fail a deploy

@@ -8,7 +8,7 @@ import os
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, operation
 
-from ...core import report as failure
+from ...core import report
 from ...pyinfra_ext.stream import connector_arguments
 from .. import image_mirror as mirror
 
@@ -18,8 +18,8 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
     step = f"Image mirror (fill with {path}@{digest[:19]})"
 
     def fail(found: str, words: list[str]) -> bool:
-        failure.emit(host, failure.Failure(
-            host.name, step, f"every blob of {path}@{digest} in the mirror's store", found, failure.trim(words),
+        report.emit(host, report.Failure(
+            host.name, step, f"every blob of {path}@{digest} in the mirror's store", found, report.trim(words),
             "the mirror's and curl's own words", "the hosts still serve their image; nothing was pulled",
             f"check the mirror ({url}) and its upstream (journalctl -u docker-registry on {host.name}), then run "
             "again", cause=found[:200]))

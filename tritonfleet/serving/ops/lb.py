@@ -29,8 +29,8 @@ from ...core.report import fail, reported
 from ...core.shell import q
 from ...settings import access
 from ...settings.access import Settings
-from .. import drain
-from .. import per_gpu as pergpu
+from .. import drain, per_gpu
+from ..health import gate_current_host
 
 _DRAINS: set[tuple[int, str]] = set()  # (pyinfra state, host) planned to be drained in this run
 _TOOK_OUT: set[tuple[int, str]] = set()  # (pyinfra state, host) this run's drain took out of the balancer
@@ -68,10 +68,10 @@ def _instances() -> list[tuple[str, str]]:
     triton_per_gpu each per-GPU unit the host has (listed on the host: the drain runs when the
     operations execute, after the units were written)."""
     settings = access.current()
-    if not pergpu.enabled(settings):
+    if not per_gpu.enabled(settings):
         return [(settings.get("triton_service"), _metrics_url(settings))]
-    _, out = host.run_shell_command(pergpu.list_units_command(settings), print_output=False, print_input=False)
-    instances = [pergpu.instance_get(settings, i) for i in pergpu.indexes(settings, out.stdout_lines)]
+    _, out = host.run_shell_command(per_gpu.list_units_command(settings), print_output=False, print_input=False)
+    instances = [per_gpu.instance_get(settings, i) for i in per_gpu.indexes(settings, out.stdout_lines)]
     return [(i.get("triton_service"), _metrics_url(i)) for i in instances] or [
         (settings.get("triton_service"), _metrics_url(settings))]
 
@@ -171,7 +171,6 @@ def drain_now(why: str) -> None:
 def gate_and_ready() -> None:
     """Where no health gate step follows a restart (deploys/host.py): Triton live and ready, then
     back in the load balancer."""
-    from ..health import gate_current_host
 
     gate_current_host(access.current(), [])
     ready_now()
