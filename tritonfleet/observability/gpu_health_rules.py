@@ -108,6 +108,14 @@ def _xids(h: FleetHost, v):
     return sorted(set(v))
 
 
+#: the quarantine receiver's ``fault_seen`` annotation: when the collector saw the Xid (its own
+#: timestamp, seconds since the epoch), so each event's latency is measured from the fault on the
+#: host, not from the alert (Prometheus's template ``query``:
+#: https://prometheus.io/docs/prometheus/latest/configuration/template_reference/)
+FAULT_SEEN = ('{{ with printf "max(' + S.XID_LAST + '{host=%q,pci=%q,xid=%q})" $labels.host $labels.pci $labels.xid'
+              ' | query }}{{ . | first | value | printf "%.3f" }}{{ end }}')
+
+
 def _alert(name: str, expr: str, summary: str, description: str) -> dict:
     """One alert of the spec (tritonfleet.gpu.signals.ALERTS): its severity, ``for`` and quarantine
     label from there."""
@@ -132,6 +140,7 @@ def rules(hosts: list[FleetHost], job: str, interval: str) -> dict:
             "fallen off the bus, 95 uncontained ECC error). The count is since the kernel's message buffer "
             "began (this boot): reset the GPU or reboot the host, then `tritonfleet quarantine release`. "
             "`journalctl -k | grep 'NVRM: Xid'` on the host shows the driver's words."))
+        out[-1]["annotations"]["fault_seen"] = FAULT_SEEN
         out.append(_alert(
             "GpuXid", f'time() - {S.XID_LAST}{{{j}, xid!~"{alt}"{sel}}} < 600',
             f"Xid {{{{ $labels.xid }}}} on {ON} (GPU {{{{ $labels.pci }}}}) in the last 10 minutes",

@@ -24,8 +24,10 @@ class QuarantineError(TritonfleetError):
     """The receiver could not be asked, or refused a request."""
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_iso(at: float | None = None) -> str:
+    """``at`` (epoch seconds; now when None) as the receiver writes times."""
+    t = datetime.now(timezone.utc) if at is None else datetime.fromtimestamp(at, timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def clean(value, limit: int = MAX_TEXT) -> str:
@@ -132,6 +134,7 @@ class Alert:
     starts_at: str
     summary: str = ""
     labels: dict = field(default_factory=dict)
+    fault_seen: str = ""  # the collector's time of the fault (the rule's annotation), "" when none
 
     @property
     def reason(self) -> str:
@@ -147,7 +150,7 @@ class Alert:
         fp = str(a.get("fingerprint") or "") or json.dumps(labels, sort_keys=True)
         notes = a.get("annotations") if isinstance(a.get("annotations"), dict) else {}
         return cls(fp, clean(labels.get("alertname", "?")), clean(labels["host"]), str(a.get("startsAt") or ""),
-                   clean(notes.get("summary") or ""), dict(labels))
+                   clean(notes.get("summary") or ""), dict(labels), clean(notes.get("fault_seen") or "", 40))
 
 
 @dataclass
@@ -161,6 +164,12 @@ class Record:
     held_reason: str = ""
     balancer: str = ""
     last_gate: str = ""  # why the last warm gate failed ("" when none ran or it passed)
+    # the event's times, epoch seconds (0: not known): the fault seen on the host (the collector's
+    # timestamp, else the alert's start), the alert received, the host drained, reset or rebooted
+    fault_at: float = 0.0
+    alert_at: float = 0.0
+    drained_at: float = 0.0
+    remedied_at: float = 0.0
 
     @property
     def state(self) -> str:
@@ -174,16 +183,20 @@ class Plan:
     unknown: list[Alert] = field(default_factory=list)
     no_balancer: list[tuple[str, list[Alert]]] = field(default_factory=list)
     returns: list[str] = field(default_factory=list)
+    breaker: list[tuple[str, list[Alert]]] = field(default_factory=list)
 
 
 def plan(alerts: dict[str, Alert], acked: dict[str, str], records: dict[str, Record],
          hosts: dict[str, FleetHost], group_limits: dict[str, int], has_balancer: Callable[[FleetHost], bool],
-         out_elsewhere: Callable[[str], int | None] = lambda g: 0) -> Plan:
+         out_elsewhere: Callable[[str], int | None] = lambda g: 0,
+         tripped: frozenset[str] | set[str] = frozenset()) -> Plan:
     """What a round does (pure): hosts to take out (earliest alert first, while their group is
     within its budget), alerts beyond the budget, hosts to return (not held, no quarantine alert
     firing that was not acknowledged). ``out_elsewhere(group)``: the group's servers out of the
     balancer that are not the receiver's (an operator's drain, a deploy's); None when the balancer
-    cannot be read, which spends the group's budget (no new drain on a guess)."""
+    cannot be read, which spends the group's budget (no new drain on a guess). ``tripped``: the
+    groups whose circuit breaker is open (tritonfleet.fleet.quarantine.breaker): none of their
+    hosts is taken out (``breaker``: alert only), their hosts still return."""
     p = Plan()
     live: dict[str, list[Alert]] = {}
     for fp, a in alerts.items():
@@ -202,6 +215,9 @@ def plan(alerts: dict[str, Alert], acked: dict[str, str], records: dict[str, Rec
             p.no_balancer.append((name, live[name]))
             continue
         g = group_of(fh)
+        if g in tripped:
+            p.breaker.append((name, live[name]))
+            continue
         if g not in seen:
             seen[g] = out_elsewhere(g)
         if seen[g] is not None and out.get(g, 0) + (seen[g] or 0) < group_limits.get(g, 0):
