@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...core.errors import TritonfleetError, UsageError
 from ...serving import drain
+from ...settings.defaults import DEFAULTS
 from ..inventory import FleetHost
 from .actions import balancer, warm_gate
 from .breaker import Breaker, fault_time
@@ -90,7 +91,8 @@ class Receiver:
         if self.interval <= 0 or self.gate_timeout <= 0 or self.resolve_grace < 0:
             raise UsageError("quarantine_check_interval and quarantine_gate_timeout must be > 0, "
                              "quarantine_resolve_grace >= 0 (group data)")
-        fraction, window = float(first.get("quarantine_breaker_fraction")), float(first.get("quarantine_breaker_window"))
+        fraction = float(first.get("quarantine_breaker_fraction", DEFAULTS["quarantine_breaker_fraction"]))
+        window = float(first.get("quarantine_breaker_window", DEFAULTS["quarantine_breaker_window"]))
         if not 0 < fraction <= 1 or window <= 0:
             raise UsageError("quarantine_breaker_fraction must be in (0, 1], quarantine_breaker_window > 0 (group data)")
         self.breaker = Breaker(fraction, window)
@@ -284,7 +286,8 @@ class Receiver:
 
     def _breaker(self) -> None:
         """Open or close each group's circuit breaker for the faults of the alerts not
-        acknowledged; a group's alerts older than the window when it closes are acknowledged (not
+        acknowledged, at the end of a round (the hosts of a burst that the budget let out in it
+        stay out; from the next round on, no more); a group's alerts older than the window when it closes are acknowledged (not
         replayed), each with an event: those of hosts not taken out (a quarantined host's stays
         out until its own alert resolves)."""
         live = [a for fp, a in self.alerts.items() if self.acked.get(fp) != a.starts_at]
@@ -317,7 +320,6 @@ class Receiver:
     def round(self) -> None:
         self.sync_alertmanager()
         self._states.clear()
-        self._breaker()
         p = plan(self.alerts, self.acked, self.records, self.hosts, self.limits,
                  lambda fh: self._balancer(fh) is not None, self.out_elsewhere, set(self.breaker.open_since))
         for a in p.unknown:
@@ -340,6 +342,7 @@ class Receiver:
             if time.monotonic() >= self.retry_at.get(name, 0):
                 self._return(name)
         self._reconcile()
+        self._breaker()  # after the round's drains: the budget's first hosts of a burst go out
         self._save()
         self._publish()
 
