@@ -522,6 +522,10 @@ quarantine_breaker_fraction = 0.5
 # Seconds of the breaker's window: the faults counted are those seen within it; once the breaker
 # closes, an alert whose fault is older than it is not acted on (acknowledged, with an event).
 quarantine_breaker_window = 300
+# Seconds after a host came back from a GPU reset or a reboot within which a new fault holds it
+# for an operator (its evidence collected: the driver's bug report, else the kernel log) instead
+# of remediating it again (docs/operations.md, "Remediation").
+quarantine_refault_window = 3600
 # --- Settings check (tritonfleet/settings/check.py) ----------------------------------------
 # Names of host data that tritonfleet does not read (your own deploy code's): the settings check,
 # which refuses any other name that is no tunable, no gpu_class and no pyinfra setting (a
