@@ -526,6 +526,12 @@ quarantine_breaker_window = 300
 # for an operator (its evidence collected: the driver's bug report, else the kernel log) instead
 # of remediating it again (docs/operations.md, "Remediation").
 quarantine_refault_window = 3600
+# True: the quarantine receiver remediates a host whose fault's recommended action is a GPU
+# reset (drain, stop Triton's unit, `nvidia-smi -r` with persistence mode handled, start it,
+# warm gate, return), over SSH as the inventory reaches the host (root, or `_sudo` in its data);
+# a fault the reset does not clear, or one that asks for a reboot, is said and the host stays out.
+# False: quarantined hosts wait for their alerts to resolve or an operator (docs/operations.md).
+quarantine_remediate = False
 # --- Settings check (tritonfleet/settings/check.py) ----------------------------------------
 # Names of host data that tritonfleet does not read (your own deploy code's): the settings check,
 # which refuses any other name that is no tunable, no gpu_class and no pyinfra setting (a

@@ -19,7 +19,7 @@ from tritonfleet.fleet.inventory import FleetHost
 from tritonfleet.fleet.quarantine import breaker as br
 from tritonfleet.fleet.quarantine import receiver as receiver_mod
 from tritonfleet.fleet.quarantine.client import latency_note
-from tritonfleet.fleet.quarantine.planning import Alert, group_of
+from tritonfleet.fleet.quarantine.planning import Alert, acknowledged, group_of
 
 T0 = 1_800_000_000.0
 WINDOW = 300.0
@@ -121,7 +121,7 @@ def test_budget_and_breaker_hold_over_any_sequence_of_events(groups, budget, fra
             sizes = {}
             for h in rec.hosts.values():
                 sizes[group_of(h)] = sizes.get(group_of(h), 0) + 1
-            live = [a for fp, a in rec.alerts.items() if rec.acked.get(fp) != a.starts_at]
+            live = [a for fp, a in rec.alerts.items() if not acknowledged(a, rec.acked.get(fp))]
             faulting = rec.breaker.faulting(live, rec.hosts, now)
             for g, limit in rec.limits.items():
                 members = {h for h in rec.records if group_of(rec.hosts[h]) == g}

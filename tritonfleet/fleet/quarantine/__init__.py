@@ -48,7 +48,8 @@ a list of alerts changes nothing.
 
 The package: ``planning`` (the budget and what a round does, pure), ``breaker`` (the circuit
 breaker, pure), ``latency`` (the histograms), ``remedy`` (a GPU reset, a reboot or a hold decided for a
-quarantined host, and the reset's commands: the receiver does not run them yet), ``actions`` (a host's balancer and
+quarantined host, and the reset's commands), ``remediation`` (the receiver running them over SSH
+with ``quarantine_remediate``), ``actions`` (a host's balancer and
 its warm gate), ``receiver`` (the state and the worker), ``server`` (the HTTP API and ``serve``),
 ``client`` (what ``status`` and ``tritonfleet quarantine`` ask the receiver).
 """

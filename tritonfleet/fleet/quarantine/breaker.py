@@ -11,43 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
 from ..inventory import FleetHost
-from .planning import Alert, group_of
+from .planning import Alert, epoch, fault_time, group_of
 
-
-def epoch(text: str) -> float | None:
-    """Seconds since the epoch of an RFC 3339 time as Alertmanager writes it (nanoseconds, ``Z``
-    or an offset), or of a number of seconds; None when ``text`` is neither."""
-    text = (text or "").strip()
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    if "." in text:  # Python reads at most microseconds: the fraction is cut to six digits
-        head, _, rest = text.partition(".")
-        digits = "".join(c for c in rest if c.isdigit())
-        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
-    try:
-        t = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return t.timestamp()
-
-
-def fault_time(a: Alert) -> float | None:
-    """When the fault behind ``a`` was seen: the collector's own timestamp (the rule's
-    ``fault_seen`` annotation) when it has one, else when the alert started (``startsAt``:
-    Prometheus's first evaluation that found it)."""
-    seen = epoch(a.fault_seen)
-    return seen if seen and seen > 0 else epoch(a.starts_at)
+__all__ = ["Breaker", "epoch", "fault_time"]
 
 
 @dataclass

@@ -153,6 +153,54 @@ class Alert:
                    clean(notes.get("summary") or ""), dict(labels), clean(notes.get("fault_seen") or "", 40))
 
 
+def epoch(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as Alertmanager writes it (nanoseconds, ``Z``
+    or an offset), or of a number of seconds; None when ``text`` is neither."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    if "." in text:  # Python reads at most microseconds: the fraction is cut to six digits
+        head, _, rest = text.partition(".")
+        digits = "".join(c for c in rest if c.isdigit())
+        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.timestamp()
+
+
+def fault_time(a: Alert) -> float | None:
+    """When the fault behind ``a`` was seen: the collector's own timestamp (the rule's
+    ``fault_seen`` annotation) when it has one, else when the alert started (``startsAt``:
+    Prometheus's first evaluation that found it)."""
+    seen = epoch(a.fault_seen)
+    return seen if seen and seen > 0 else epoch(a.starts_at)
+
+
+def acknowledged(a: Alert, ack: str | None) -> bool:
+    """Whether ``a`` is acknowledged by ``ack``: its ``startsAt`` (an operator's release: until
+    it fires anew), or ``startsAt@T`` (a GPU reset at T, epoch seconds: until it fires anew or its
+    fault is seen after T)."""
+    if not ack:
+        return False
+    starts, _, until = ack.partition("@")
+    if starts != a.starts_at:
+        return False
+    if not until:
+        return True
+    seen = fault_time(a)
+    return seen is None or seen <= float(until)
+
+
 @dataclass
 class Record:
     """A host out of its load balancer: since when, why, held by an operator or not."""
@@ -200,7 +248,7 @@ def plan(alerts: dict[str, Alert], acked: dict[str, str], records: dict[str, Rec
     p = Plan()
     live: dict[str, list[Alert]] = {}
     for fp, a in alerts.items():
-        if acked.get(fp) == a.starts_at:
+        if acknowledged(a, acked.get(fp)):
             continue
         if a.host not in hosts:
             p.unknown.append(a)

@@ -32,6 +32,7 @@ from .planning import (
     Alert,
     QuarantineError,
     Record,
+    acknowledged,
     alert_shape_error,
     clean,
     group_of,
@@ -41,6 +42,7 @@ from .planning import (
     plan,
     webhook_alerts,
 )
+from .remediation import Remedies, Runner, ssh_runner
 
 RETRY_MIN_SECONDS = 10.0
 #: requests and notifications waiting for the worker; beyond it the API answers 503 (a flood
@@ -69,7 +71,7 @@ def _who(caller: str, by: str) -> str:
     return f"{caller or 'an operator'}" + (f" (says {by})" if by else "")
 
 
-class Receiver:
+class Receiver(Remedies):
     """State, the worker that acts on it (one thread: every change to the state happens there),
     and the HTTP API in front of it."""
 
@@ -78,7 +80,7 @@ class Receiver:
                  resolve_grace: float | None = None,
                  echo: Callable[[str], None] = print,
                  balancer_of: Callable[[FleetHost], drain.Balancer | None] = balancer,
-                 gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate):
+                 gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate, runner: Runner = ssh_runner):
         if not hosts:
             raise UsageError("the inventory has no hosts")
         self.hosts = {h.name: h for h in hosts}
@@ -96,6 +98,9 @@ class Receiver:
         if not 0 < fraction <= 1 or window <= 0:
             raise UsageError("quarantine_breaker_fraction must be in (0, 1], quarantine_breaker_window > 0 (group data)")
         self.breaker = Breaker(fraction, window)
+        self.remediate = bool(first.get("quarantine_remediate", DEFAULTS["quarantine_remediate"]))
+        self.refault_window = float(first.get("quarantine_refault_window", DEFAULTS["quarantine_refault_window"]))
+        self.runner, self.history = runner, {}
         self.latency = Latency()
         self.alert_at: dict[str, float] = {}  # when each alert reached the receiver (epoch seconds)
         self._states: dict[tuple, dict[str, drain.ServerState]] = {}  # a round's reads of HAProxy
@@ -172,7 +177,7 @@ class Receiver:
             "time": now_iso(),
             "hosts": {h: {**asdict(r), "state": r.state} for h, r in sorted(self.records.items())},
             "firing": sorted(({"host": a.host, "alert": a.name, "summary": a.summary, "since": a.starts_at,
-                               "acknowledged": self.acked.get(fp) == a.starts_at}
+                               "acknowledged": acknowledged(a, self.acked.get(fp))}
                               for fp, a in self.alerts.items()), key=lambda x: (x["host"], x["alert"])),
             "budget": {g: {"limit": n, "out": sum(1 for r in self.records.values()
                                                   if r.host in self.hosts and group_of(self.hosts[r.host]) == g)}
@@ -290,7 +295,7 @@ class Receiver:
         stay out; from the next round on, no more); a group's alerts older than the window when it closes are acknowledged (not
         replayed), each with an event: those of hosts not taken out (a quarantined host's stays
         out until its own alert resolves)."""
-        live = [a for fp, a in self.alerts.items() if self.acked.get(fp) != a.starts_at]
+        live = [a for fp, a in self.alerts.items() if not acknowledged(a, self.acked.get(fp))]
         now = time.time()
         opened, closed = self.breaker.step(live, self.hosts, now)
         faulting = self.breaker.faulting(live, self.hosts, now)
@@ -338,6 +343,7 @@ class Receiver:
             self._once(f"budget:{name}", "breaker", name,
                        f"{'; '.join(a.reason for a in alerts)}: not taken out, the circuit breaker of group "
                        f"{group_of(self.hosts[name])} is open: alert only")
+        self._remedy_all()
         for name in p.returns:
             if time.monotonic() >= self.retry_at.get(name, 0):
                 self._return(name)
@@ -430,6 +436,7 @@ class Receiver:
             return False, rec.last_gate
         del self.records[name]
         self.retry_at.pop(name, None)
+        self._came_back(name)
         took = self.latency.observe("returned", rec.fault_at, time.time())
         self.event("returned", name, f"warm gate passed ({found}); {did or 'it was not drained'}"
                                      + (f", serving ({seen})" if seen else "")
