@@ -174,10 +174,10 @@ def backend_states(apis: list[RuntimeAPI], backend: str) -> dict[str, ServerStat
         stat = {r.get("svname", ""): r for r in parse_stat(api.command("show stat")) if r.get("pxname") == backend}
         for st in parse_servers_state(api.command(f"show servers state {backend}")):
             row = stat.get(st.get("srv_name", ""))
-            adm = str(st.get("srv_admin_state", ""))
-            if row is None or not adm.isdigit() or not str(row.get("scur", "")).isdigit():
+            admin_text = str(st.get("srv_admin_state", ""))
+            if row is None or not admin_text.isdigit() or not str(row.get("scur", "")).isdigit():
                 continue
-            per.setdefault(st["srv_name"], []).append((api.address, row, int(adm), int(row["scur"])))
+            per.setdefault(st["srv_name"], []).append((api.address, row, int(admin_text), int(row["scur"])))
     out = {}
     for name, seen in per.items():
         if len(seen) != len(apis):
