@@ -178,6 +178,7 @@ def test_the_breaker_trips_stops_draining_lets_recovered_hosts_return_and_drops_
         clock.t += WINDOW + 1
         rec.round()
         assert not rec.breaker.open_since and out == {names[1]}
+        assert any("breaker-closed: circuit breaker closed for group g0 (open since 2027-" in line for line in lines)
         stale = [line for line in lines if " stale: " in line]
         assert len(stale) == 6
         assert "tritonfleet_quarantine_stale_alerts_total{group=\"g0\"} 6.0" in rec.latency.text().decode()

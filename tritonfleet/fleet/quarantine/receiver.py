@@ -292,11 +292,12 @@ class Receiver(Remedies):
     def _breaker(self) -> None:
         """Open or close each group's circuit breaker for the faults of the alerts not
         acknowledged, at the end of a round (the hosts of a burst that the budget let out in it
-        stay out; from the next round on, no more); a group's alerts older than the window when it closes are acknowledged (not
-        replayed), each with an event: those of hosts not taken out (a quarantined host's stays
-        out until its own alert resolves)."""
+        stay out; from the next round on, no more). As it closes, the group's waiting alerts older
+        than the window are acknowledged (not replayed), each with an event; a quarantined host's
+        own alert is not (it stays out until that alert resolves)."""
         live = [a for fp, a in self.alerts.items() if not acknowledged(a, self.acked.get(fp))]
         now = time.time()
+        was_open = dict(self.breaker.open_since)
         opened, closed = self.breaker.step(live, self.hosts, now)
         faulting = self.breaker.faulting(live, self.hosts, now)
         for g in opened:
@@ -312,8 +313,7 @@ class Receiver(Remedies):
         for g in closed:
             self.latency.breaker_open.labels(g).set(0)
             self.event("breaker-closed", "-", f"circuit breaker closed for group {g} (open since "
-                                              f"{self.snapshot().get('breaker', {}).get(g, {}).get('open_since', '?')})",
-                       group=g)
+                                              f"{now_iso(was_open[g])})", group=g)
         waiting = [a for a in live if a.host not in self.records]  # a quarantined host's alert is acted on
         for a in self.breaker.stale(waiting, self.hosts, closed, now):
             self.acked[a.fingerprint] = a.starts_at
