@@ -24,6 +24,7 @@ the client's failed requests, recovered hosts back in service. No timing is asse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -174,64 +175,80 @@ def run(results, args, log) -> int:
     faults = work / "faults"
     faults.mkdir(parents=True)
     procs: list[subprocess.Popen] = []
+    stack = contextlib.ExitStack()
 
-    def start(cmd: list[str], name: str) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                             stdin=subprocess.DEVNULL, start_new_session=True)
-        procs.append(p)
-        return p
+    def stop_procs() -> None:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
 
-    ports_file = work / "ports.json"
-    start([sys.executable, __file__, "backends", str(n), str(ports_file), str(faults)], "backends")
-    ports = _until(lambda: json.loads(ports_file.read_text()) if ports_file.exists() else None, "fake hosts", 60)
-    names = [f"h{i:03d}" for i in range(n)]
-    (work / "hap").mkdir()
-    hap = HAProxy(work / "hap", [(h, f"127.0.0.1:{ports[2 * i]}") for i, h in enumerate(names)],
-                  inter=args.storm_check_inter)
-    token_file = quarantine.write_token(work / "token")
-    rport, amport, pport = free_port(), free_port(), free_port()
-    url = f"http://127.0.0.1:{rport}"
-    common = {"ssh_hostname": "127.0.0.1", "health_host": "127.0.0.1", "lb": "haproxy",
-              "lb_haproxy_sockets": [hap.socket], "lb_drain_timeout": 30, "quarantine_budget": budget,
-              "quarantine_token_file": str(token_file), "quarantine_url": url, "ssh_strict_host_key_checking": "off"}
-    data = {h: {**common, "triton_http_port": ports[2 * i], "triton_metrics_port": ports[2 * i + 1],
-                "telemetry_node_exporter_port": ports[2 * i]} for i, h in enumerate(names)}
-    inv = work / "storm_inventory.py"
-    inv.write_text("fleet = [" + ", ".join(f"({h!r}, {d!r})" for h, d in data.items()) + "]\n")
-    cfg = work / "prom"
-    res = subprocess.run([str(Path(sys.executable).parent / "tritonfleet"), "prometheus", str(inv), "--out", str(cfg),
-                          "--alertmanager", f"127.0.0.1:{amport}", "--quarantine-url", url], cwd=ROOT,
-                         capture_output=True, text=True)
-    if res.returncode:
-        raise SystemExit(f"[storm] tritonfleet prometheus: {res.stderr}")
-    settings_used = {"health scrape and evaluation": "5s (tritonfleet prometheus --health-interval default)",
-                     "alertmanager": "group_wait 0s, group_interval 10s (the generated quarantine route)",
-                     "receiver rounds": "5 s (quarantine_check_interval), and one a notification",
-                     "haproxy check inter": args.storm_check_inter, "budget": budget,
-                     "breaker": "quarantine_breaker_fraction 0.5, quarantine_breaker_window 300 s (defaults)"}
-    start([PROMETHEUS, f"--config.file={cfg / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
-           f"--web.listen-address=127.0.0.1:{pport}", "--log.level=warn"], "prometheus")
-    start([ALERTMANAGER, f"--config.file={cfg / 'alertmanager.yml'}", f"--storage.path={work / 'am'}",
-           f"--web.listen-address=127.0.0.1:{amport}", "--cluster.listen-address=", "--log.level=warn"],
-          "alertmanager")
-    hosts = [FleetHost(h, [], {**DEFAULTS, **d}) for h, d in data.items()]  # as the inventory loads them
-    lines: list[str] = []
-    events = open(work / "receiver.log", "w")  # noqa: SIM115 - closed below
+    stack.callback(stop_procs)  # whatever was started, however the run ends
+    with stack:
 
-    def echo(line: str) -> None:
-        lines.append(line)
-        events.write(line + "\n")
+        def start(cmd: list[str], name: str) -> subprocess.Popen:
+            p = subprocess.Popen(cmd, stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            procs.append(p)
+            return p
 
-    def gate(fh, timeout: float) -> tuple[bool, str]:
-        ok = _get(f"http://127.0.0.1:{fh.get('triton_http_port')}/v2/health/ready") is not None
-        return ok, "ready" if ok else "not ready"
+        ports_file = work / "ports.json"
+        start([sys.executable, __file__, "backends", str(n), str(ports_file), str(faults)], "backends")
+        ports = _until(lambda: json.loads(ports_file.read_text()) if ports_file.exists() else None, "fake hosts", 60)
+        names = [f"h{i:03d}" for i in range(n)]
+        (work / "hap").mkdir()
+        hap = HAProxy(work / "hap", [(h, f"127.0.0.1:{ports[2 * i]}") for i, h in enumerate(names)],
+                      inter=args.storm_check_inter)
+        stack.callback(hap.stop)
+        token_file = quarantine.write_token(work / "token")
+        rport, amport, pport = free_port(), free_port(), free_port()
+        url = f"http://127.0.0.1:{rport}"
+        common = {"ssh_hostname": "127.0.0.1", "health_host": "127.0.0.1", "lb": "haproxy",
+                  "lb_haproxy_sockets": [hap.socket], "lb_drain_timeout": 30, "quarantine_budget": budget,
+                  "quarantine_token_file": str(token_file), "quarantine_url": url, "ssh_strict_host_key_checking": "off"}
+        data = {h: {**common, "triton_http_port": ports[2 * i], "triton_metrics_port": ports[2 * i + 1],
+                    "telemetry_node_exporter_port": ports[2 * i]} for i, h in enumerate(names)}
+        inv = work / "storm_inventory.py"
+        inv.write_text("fleet = [" + ", ".join(f"({h!r}, {d!r})" for h, d in data.items()) + "]\n")
+        cfg = work / "prom"
+        res = subprocess.run([str(Path(sys.executable).parent / "tritonfleet"), "prometheus", str(inv), "--out", str(cfg),
+                              "--alertmanager", f"127.0.0.1:{amport}", "--quarantine-url", url], cwd=ROOT,
+                             capture_output=True, text=True)
+        if res.returncode:
+            raise SystemExit(f"[storm] tritonfleet prometheus: {res.stderr}")
+        settings_used = {"health scrape and evaluation": "5s (tritonfleet prometheus --health-interval default)",
+                         "alertmanager": "group_wait 0s, group_interval 10s (the generated quarantine route)",
+                         "receiver rounds": "5 s (quarantine_check_interval), and one a notification",
+                         "haproxy check inter": args.storm_check_inter, "budget": budget,
+                         "breaker": "quarantine_breaker_fraction 0.5, quarantine_breaker_window 300 s (defaults)"}
+        start([PROMETHEUS, f"--config.file={cfg / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
+               f"--web.listen-address=127.0.0.1:{pport}", "--log.level=warn"], "prometheus")
+        start([ALERTMANAGER, f"--config.file={cfg / 'alertmanager.yml'}", f"--storage.path={work / 'am'}",
+               f"--web.listen-address=127.0.0.1:{amport}", "--cluster.listen-address=", "--log.level=warn"],
+              "alertmanager")
+        hosts = [FleetHost(h, [], {**DEFAULTS, **d}) for h, d in data.items()]  # as the inventory loads them
+        lines: list[str] = []
+        events = stack.enter_context(open(work / "receiver.log", "w"))  # noqa: SIM115 - closed with the stack
 
-    rec = quarantine.Receiver(hosts, work / "state", alertmanager=f"http://127.0.0.1:{amport}", echo=echo, gate=gate)
-    server = threading.Thread(target=quarantine.serve, daemon=True,
-                              args=(rec, f"127.0.0.1:{rport}",
-                                    [quarantine.Caller("operator", quarantine.read_token(token_file))]))
-    rc = 0
-    try:
+        def echo(line: str) -> None:
+            lines.append(line)
+            events.write(line + "\n")
+
+        def gate(fh, timeout: float) -> tuple[bool, str]:
+            ok = _get(f"http://127.0.0.1:{fh.get('triton_http_port')}/v2/health/ready") is not None
+            return ok, "ready" if ok else "not ready"
+
+        rec = quarantine.Receiver(hosts, work / "state", alertmanager=f"http://127.0.0.1:{amport}", echo=echo, gate=gate)
+        stack.callback(rec.stop.set)
+        server = threading.Thread(target=quarantine.serve, daemon=True,
+                                  args=(rec, f"127.0.0.1:{rport}",
+                                        [quarantine.Caller("operator", quarantine.read_token(token_file))]))
+
+        rc = 0
         _until(lambda: _get(f"http://127.0.0.1:{pport}/-/ready"), "prometheus", 60)
         _until(lambda: _get(f"http://127.0.0.1:{amport}/-/ready"), "alertmanager", 60)
         server.start()
@@ -268,18 +285,6 @@ def run(results, args, log) -> int:
             still_open = bool(rec.snapshot().get("breaker"))
             time.sleep(2)
         metrics = rec.latency.text().decode()
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        rec.stop.set()
-        hap.stop()
-        events.close()
     drained = [r["drained_at"] - r["fault_at"] for r in out.values() if r.get("fault_at") and r.get("drained_at")]
     over = n - len(out)
     trip = next((i for i, line in enumerate(lines) if "CIRCUIT BREAKER OPEN" in line), len(lines))
