@@ -31,6 +31,9 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py xid-noise [--xid-lines 800000] [--xid-distinct 29] [--runs 3]
         # the GPU fault collector under an Xid flood: CPU per line, memory (bench/xid_noise.py;
         # no test host, no TRITONFLEET_TESTBED) [--against TREE]: another checkout's collector too
+    .venv/bin/python bench/run.py storm [--storm-hosts 200] [--storm-budget 10%] [--storm-recover 5]
+        # 200 hosts fault at once behind a real HAProxy, Prometheus, Alertmanager and the quarantine
+        # receiver (bench/storm.py; no test host; not part of all)
     .venv/bin/python bench/run.py canary [--errors 10] [--latency 10] [--identical 20] [--capacity]
         # traffic canary and capacity rules (bench/canary.py; not part of all)
 
@@ -571,7 +574,7 @@ def bench_dataplane(results: Results, args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "scale", "replay-check", "dataplane",
-                                       "canary", "mirror-fill", "noop-installed", "xid-noise", "all"])
+                                       "canary", "mirror-fill", "noop-installed", "xid-noise", "storm", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
@@ -611,6 +614,13 @@ def main() -> int:
     ap.add_argument("--fill-mb", type=int, default=200, help="mirror-fill: the synthetic image's size (MB)")
     ap.add_argument("--fill-layers", type=int, default=4, help="mirror-fill: its layers")
     ap.add_argument("--fill-runs", type=int, default=3, help="mirror-fill: fills of an empty mirror per client")
+    ap.add_argument("--storm-hosts", type=int, default=200, help="storm: hosts (HAProxy servers) that fault at once")
+    ap.add_argument("--storm-budget", default="10%", help="storm: quarantine_budget of their group")
+    ap.add_argument("--storm-recover", type=int, default=5, help="storm: drained hosts whose fault then clears")
+    ap.add_argument("--storm-rate", type=float, default=100, help="storm: the client's requests a second")
+    ap.add_argument("--storm-check-inter", default="2s", help="storm: HAProxy's health check interval")
+    ap.add_argument("--storm-settle", type=float, default=15,
+                    help="storm: seconds after the last alert before the recovered hosts' faults clear")
     ap.add_argument("--keep", action="store_true", help="keep the generated model repository")
     ap.add_argument("--xid-lines", type=int, default=800_000, help="xid-noise: Xid lines in the flood")
     ap.add_argument("--xid-distinct", type=int, default=29, help="xid-noise: distinct texts among them")
@@ -642,6 +652,8 @@ def main() -> int:
         return bench_module(results, args, "bare-pull", "pull_bare")
     if args.what == "mirror-fill":  # no testbed host; its own table (not part of all)
         return bench_module(results, args, "mirror-fill", "mirror_fill")
+    if args.what == "storm":  # no testbed host; its own table (not part of all)
+        return bench_module(results, args, "storm", "storm")
     if args.what == "noop-installed":  # no testbed host; its own table (not part of all)
         return bench_module(results, args, "noop-installed", "noop_installed")
     if args.what == "canary":  # about an hour of rollouts under a client's load (not part of all)

@@ -14,7 +14,11 @@ through HAProxy while faults go into the hosts' own inputs, never this machine's
   it stays READY: caught by the probe and drained within 30 s; a release while it still fails is
   refused by the warm gate; fixed, it returns by itself;
 * faults on 3 of 4 hosts (an Xid 79, an uncorrectable ECC error in the driver's answers, a broken
-  model) with a 25% budget: exactly one drained, the other two alert only.
+  model) with a 25% budget: exactly one drained, the other two alert only;
+* a reset-eligible Xid (63, "reset gpu to activate"; in ``quarantine_xids`` here) with
+  ``quarantine_remediate``: drained, Triton stopped, the stand-in GPU reset over SSH (persistence
+  mode off and back), Triton started, back through the warm gate, without a reboot (last: the
+  host's remediation history would hold it at a next fault within the hour).
 
 The wiring is the documented one, authentication on: `tritonfleet quarantine token` writes the
 receiver's token, alertmanager.yml's webhook sends it (credentials_file), `serve --token-file`
@@ -219,7 +223,8 @@ def fleet(deployed, tmp_path_factory):
                 assert made.returncode == 0, made.stderr
                 common = {"lb": "haproxy", "lb_haproxy_sockets": [hap.socket], "quarantine_budget": "25%",
                           "quarantine_check_interval": 1, "quarantine_url": receiver,
-                          "quarantine_token_file": str(token), **FAST}
+                          "quarantine_token_file": str(token), "quarantine_remediate": True,
+                          "quarantine_xids": [48, 63, 64, 79, 95], **FAST}
                 inv = write_fleet_inventory(work / "inv", local, common)
                 cfg = work / "prom"
                 gen = tritonfleet("prometheus", inv, "--out", str(cfg), "--scrape-interval", "1s", "--rate-window",
@@ -376,3 +381,29 @@ def test_three_of_four_faulty_with_a_25_percent_budget_drains_exactly_one(fleet)
         ecc_clear(b)
         fix_model(c)
     until(lambda: not fleet.firing() and fleet.all_serving(), "every host back", timeout=120)
+
+
+def test_a_reset_eligible_xid_is_reset_and_the_host_returns_without_a_reboot(fleet):
+    a = fleet.hosts[0]
+    boot = ssh(a, "cat /proc/sys/kernel/random/boot_id").strip()
+    pm = ssh(a, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader").strip()
+    t0 = time.monotonic()
+    inject_xid(a, 63, "Row Remapper: New row marked for remapping, reset gpu to activate.")
+    try:
+        drained = fleet.time_to_drain(a.name, t0)
+        until(lambda: fleet.events("reset-done", a.name) or fleet.events("reset-failed", a.name), "the GPU reset",
+              timeout=120)
+        assert fleet.events("reset-done", a.name), fleet.events("reset-failed", a.name)
+        until(fleet.all_serving, f"{a.name} back", timeout=180)
+        back = round(time.monotonic() - t0, 1)
+        returned = fleet.events("returned", a.name)[-1]
+        FIGURES["xid63_reset"] = {"drained_s": drained, "back_s": back,
+                                  **{k: v for k, v in returned.items() if k.startswith("fault_to_")}}
+        assert "warm gate passed (first inference:" in returned["text"]
+        assert ssh(a, "cat /proc/sys/kernel/random/boot_id").strip() == boot  # no reboot
+        assert ssh(a, "test -s /run/nvidia-standin/last-reset && systemctl is-active triton").strip() == "active"
+        assert ssh(a, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader").strip() == pm
+        [reset] = fleet.events("reset", a.name)
+        assert "its fault's recommended action is a GPU reset (RESET_GPU)" in reset["text"]
+    finally:
+        ssh(a, "rm -f /run/nvidia-standin/reset.env /run/nvidia-standin/last-reset")

@@ -145,14 +145,17 @@ def unit_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, tok
 
 
 def _table(state: dict) -> str:
-    from ..fleet.quarantine.client import status_line
+    from ..fleet.quarantine.client import latency_note, status_line
 
     rows = [("HOST", "STATE")]
-    rows += [(h, status_line(e)) for h, e in state.get("hosts", {}).items()]
+    rows += [(h, status_line(e) + latency_note(e)) for h, e in state.get("hosts", {}).items()]
     if len(rows) == 1:
         rows.append(("-", "no host is quarantined"))
     width = max(len(r[0]) for r in rows)
-    out = [f"{r[0].ljust(width)}  {r[1]}" for r in rows]
+    out = [f"CIRCUIT BREAKER OPEN for group {g} since {b['open_since']} (more than {b['fraction']:.0%} of its hosts "
+           f"faulted within {b['window']:g} s): no host of it is taken out; recovered hosts still return"
+           for g, b in (state.get("breaker") or {}).items()]
+    out += [f"{r[0].ljust(width)}  {r[1]}" for r in rows]
     budget = state.get("budget") or {}
     if budget:
         out.append("budget: " + ", ".join(f"{g} {b['out']}/{b['limit']} out" for g, b in budget.items()))

@@ -109,6 +109,14 @@ def _xids(h: FleetHost, v):
     return sorted(set(v))
 
 
+#: the quarantine receiver's ``fault_seen`` annotation: when the collector saw the Xid (its own
+#: timestamp, seconds since the epoch), so each event's latency is measured from the fault on the
+#: host, not from the alert (Prometheus's template ``query``:
+#: https://prometheus.io/docs/prometheus/latest/configuration/template_reference/)
+FAULT_SEEN = ('{{ with printf "max(' + S.XID_LAST + '{host=%q,pci=%q,xid=%q})" $labels.host $labels.pci $labels.xid'
+              ' | query }}{{ . | first | value | printf "%.3f" }}{{ end }}')
+
+
 def _alert(name: str, expr: str, summary: str, description: str) -> dict:
     """One alert of the spec (tritonfleet.gpu.signals.ALERTS): its severity, ``for`` and quarantine
     label from there."""
@@ -144,6 +152,7 @@ def xid_rules(hosts: list[FleetHost], j: str) -> list[dict]:
             "docs/operations.md). The count is since the kernel's message buffer began (this boot): reset the "
             "GPU or reboot the host, then `tritonfleet quarantine release`. `journalctl -k | grep 'NVRM: Xid'` on "
             "the host shows the driver's words."))
+        out[-1]["annotations"]["fault_seen"] = FAULT_SEEN  # each event's clock starts at the fault on the host
         not_extra = f', xid!~"{alt}"' if extra else ""
         recent = f'(time() - {S.XID_LAST}{{{j}, action=~"{warning}"{not_extra}{sel}}}) < 600'
         if cancellable:

@@ -165,6 +165,32 @@ class ServerState:
         return not self.admin and (self.status.startswith("UP") or self.status == "no check")
 
 
+def backend_states(apis: list[RuntimeAPI], backend: str) -> dict[str, ServerState]:
+    """Every server of ``backend`` as ``HAProxy.state`` reads one, in two runtime API commands an
+    instance (a receiver's round over hundreds of servers); a server any instance does not report
+    whole is left out (its own ``state()`` says why)."""
+    per: dict[str, list[tuple[str, dict, int, int]]] = {}
+    for api in apis:
+        stat = {r.get("svname", ""): r for r in parse_stat(api.command("show stat")) if r.get("pxname") == backend}
+        for st in parse_servers_state(api.command(f"show servers state {backend}")):
+            row = stat.get(st.get("srv_name", ""))
+            admin_text = str(st.get("srv_admin_state", ""))
+            if row is None or not admin_text.isdigit() or not str(row.get("scur", "")).isdigit():
+                continue
+            per.setdefault(st["srv_name"], []).append((api.address, row, int(admin_text), int(row["scur"])))
+    out = {}
+    for name, seen in per.items():
+        if len(seen) != len(apis):
+            continue
+        status = [row.get("status", "") for _, row, _, _ in seen]
+        admin = 0
+        for _, _, adm, _ in seen:
+            admin |= adm
+        worst = next((s for s in status if not s.startswith("UP") and s != "no check"), status[0])
+        out[name] = ServerState(worst, sum(n for *_, n in seen), admin)
+    return out
+
+
 class Balancer:
     """What a restart needs from a load balancer."""
 

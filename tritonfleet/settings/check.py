@@ -255,6 +255,10 @@ RULES: dict[str, Rule] = {
     "quarantine_gate_timeout": seconds(),
     "quarantine_token_file": text(empty=False),
     "quarantine_resolve_grace": seconds(lo_open=False),
+    "quarantine_breaker_fraction": number(0, 1, lo_open=True),
+    "quarantine_breaker_window": seconds(),
+    "quarantine_refault_window": seconds(),
+    "quarantine_remediate": flag(),
     # the settings check itself
     "extra_host_data": name_list(),
     # pull mode

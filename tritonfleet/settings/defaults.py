@@ -516,6 +516,26 @@ quarantine_token_file = "/etc/tritonfleet/quarantine.token"
 # until its rules fire again, which must not return every quarantined host. A webhook's explicit
 # "resolved" counts at once.
 quarantine_resolve_grace = 60
+# The quarantine's circuit breaker (docs/operations.md, "The circuit breaker"): when more than
+# this share of an inventory group's hosts report a quarantine fault within
+# quarantine_breaker_window seconds, the fault is taken for the fleet's (a driver, a model, a
+# rack), not each host's: no more host of the group is taken out (the alerts only alert, and the
+# receiver says so in its log, its metrics and `quarantine list`); recovered hosts still return.
+# 0.5 with 300 s is NVSentinel's default (more than 50% of the nodes in 5 minutes); 1 never trips.
+quarantine_breaker_fraction = 0.5
+# Seconds of the breaker's window: the faults counted are those seen within it; once the breaker
+# closes, an alert whose fault is older than it is not acted on (acknowledged, with an event).
+quarantine_breaker_window = 300
+# Seconds after a host came back from a GPU reset or a reboot within which a new fault holds it
+# for an operator (its evidence collected: the driver's bug report, else the kernel log) instead
+# of remediating it again (docs/operations.md, "Remediation").
+quarantine_refault_window = 3600
+# True: the quarantine receiver remediates a host whose fault's recommended action is a GPU
+# reset (drain, stop Triton's unit, `nvidia-smi -r` with persistence mode handled, start it,
+# warm gate, return), over SSH as the inventory reaches the host (root, or `_sudo` in its data);
+# a fault the reset does not clear, or one that asks for a reboot, is said and the host stays out.
+# False: quarantined hosts wait for their alerts to resolve or an operator (docs/operations.md).
+quarantine_remediate = False
 # --- Settings check (tritonfleet/settings/check.py) ----------------------------------------
 # Names of host data that tritonfleet does not read (your own deploy code's): the settings check,
 # which refuses any other name that is no tunable, no gpu_class and no pyinfra setting (a

@@ -47,6 +47,13 @@ ECC_UNCORRECTED_AGGREGATE=0 RETIRED_SBE=0 RETIRED_DBE=0 RETIRED_PENDING=No
 REMAPPED_CORRECTABLE='[N/A]' REMAPPED_UNCORRECTABLE='[N/A]' REMAPPED_PENDING='[N/A]' REMAPPED_FAILURE='[N/A]'
 # shellcheck disable=SC1090
 . "$GPU_ENV"
+# A GPU reset (`nvidia-smi -r`, below) clears the volatile ECC counts and activates a pending
+# row remapping (nvidia-smi's manual page, -r; NVIDIA's Xid catalog, Xid 63 "reset gpu to
+# activate"): what it cleared is RESET_ENV, read while it is newer than gpu.env (a fault injected
+# after the reset counts again).
+RESET_ENV="$ROOT/run/nvidia-standin/reset.env"
+# shellcheck disable=SC1090
+if [ -r "$RESET_ENV" ] && [ "$RESET_ENV" -nt "$GPU_ENV" ]; then . "$RESET_ENV"; fi
 # persistence mode: what the running nvidia-persistenced set (it writes the file)
 PERSISTENCE_FILE="$ROOT/run/nvidia-standin/persistence-mode"
 if [ -r "$PERSISTENCE_FILE" ]; then
@@ -299,9 +306,46 @@ q_gpu() {
     printf "    %-$((QW - 4))s: %s\n" "GPU UUID" "$CUR_UUID"
 }
 
-fields='' format='csv' mode=table
+# -r / --gpu-reset and -pm 0|1 (nvidia-smi's manual page: both need root; the reset needs no
+# process on the GPU: here, persistence mode off, as NVIDIA's own reset workflow turns it off
+# first, NVIDIA/NVSentinel gpu-reset/gpu_reset.sh). Their output, one line a GPU ending with "."
+# and then "All done.", is the form that workflow filters (`sed -e '/All done\./d' -e 's/\.$//'`);
+# the lines' exact words and the refusals' messages are not confirmed from NVIDIA's own text. Exit
+# status: 4 no permission, 15 the GPU fell off the bus, 255 other (RETURN VALUE).
+reset_gpus() {
+    [ "$(id -u)" = 0 ] || { echo "Unable to reset GPU: Insufficient Permissions"; exit 4; }
+    if [ -n "$GPU_MISSING" ]; then echo "Unable to reset GPU: GPU is lost."; exit 15; fi
+    if [ "$PERSISTENCE_MODE" = On ]; then
+        echo "Unable to reset this GPU because it's being used by some other process (persistence mode is on)."
+        exit 255
+    fi
+    mkdir -p "${RESET_ENV%/*}"
+    {
+        echo "ECC_CORRECTED_VOLATILE=0 ECC_UNCORRECTED_VOLATILE=0"
+        [ "$REMAPPED_PENDING" = '[N/A]' ] || echo "REMAPPED_PENDING=No"
+        [ "$RETIRED_PENDING" = No ] || echo "RETIRED_PENDING=No"
+    } > "$RESET_ENV"
+    date +%s > "${RESET_ENV%/*}/last-reset"
+    each_gpu reset_line
+    echo "All done."
+}
+reset_line() { echo "GPU $CUR_BUS was successfully reset."; }
+set_pm() {
+    [ "$(id -u)" = 0 ] || { echo "Unable to set persistence mode: Insufficient Permissions"; exit 4; }
+    mkdir -p "${PERSISTENCE_FILE%/*}"
+    if [ "$1" = 1 ]; then echo Enabled > "$PERSISTENCE_FILE"; w=Enabled; else echo Disabled > "$PERSISTENCE_FILE"; w=Disabled; fi
+    each_gpu pm_line
+    echo "All done."
+}
+pm_line() { echo "$w persistence mode for GPU $CUR_BUS."; }
+
+fields='' format='csv' mode=table pm_value='' prev=''
 for arg in "$@"; do
+    if [ "$prev" = pm ]; then pm_value=$arg; prev=''; continue; fi
     case "$arg" in
+        -r|--gpu-reset) mode=reset ;;
+        -pm|--persistence-mode) mode=pm; prev=pm ;;
+        --persistence-mode=*) mode=pm; pm_value=${arg#--persistence-mode=} ;;
         --query-gpu=*) fields=${arg#--query-gpu=}; mode=query ;;
         --format=*) format=${arg#--format=} ;;
         -L|--list-gpus) mode=list ;;
@@ -323,6 +367,8 @@ case "$mode" in
         printf "\n%-${QW}s: %s\n" "Attached GPUs" "$N_GPUS"
         each_gpu q_gpu ;;
     query) query "$fields" "$format" ;;
+    reset) reset_gpus ;;
+    pm) case "$pm_value" in 0|1) set_pm "$pm_value" ;; *) echo "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."; echo; exit 2 ;; esac ;;
     version)
         echo "NVIDIA-SMI version  : $DRIVER_VERSION"
         echo "NVML version        : ${DRIVER_VERSION%.*}"

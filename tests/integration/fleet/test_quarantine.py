@@ -17,6 +17,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -740,6 +741,35 @@ def test_an_alertmanager_answer_it_cannot_read_changes_nothing_and_an_empty_list
     finally:
         rig.rec.alertmanager = ""
         am.close()
+
+
+def test_each_event_s_times_are_histograms_on_metrics_and_in_quarantine_list(quiet_rig):
+    """The alert's fault_seen (the collector's timestamp) starts the event's clock: the drain's
+    time since the fault is a histogram on GET /metrics (the token needed) and in `quarantine list`."""
+    rig = quiet_rig
+    fault = time.time() - 0.5
+    body = {"version": "4", "status": "firing", "alerts": [{
+        "status": "firing", "labels": {"alertname": "GpuXidCritical", "host": "h1", "quarantine": "true", "xid": "79"},
+        "annotations": {"summary": "Xid 79 on h1", "fault_seen": f"{fault:.3f}"},
+        "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "fp-h1"}]}
+    req = urllib.request.Request(rig.url + "/alerts", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {rig.token}"})
+    urllib.request.urlopen(req, timeout=5).close()
+    until(lambda: rig.drained() == ["h1"], "h1 drained")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(rig.url + "/metrics", timeout=5)
+    assert refused.value.code == 401
+    req = urllib.request.Request(rig.url + "/metrics", headers={"Authorization": f"Bearer {rig.token}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        text = r.read().decode()
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert 'tritonfleet_quarantine_event_seconds_count{stage="drained"} 1.0' in text
+    assert 'tritonfleet_quarantine_event_seconds_count{stage="alert"} 1.0' in text
+    entry = rig.fetch()["hosts"]["h1"]
+    assert entry["fault_at"] == pytest.approx(fault, abs=0.001) and entry["drained_at"] - fault >= 0.5
+    res = rig.cli("list", str(rig.inventory))
+    assert res.returncode == 0 and re.search(r"h1 +quarantined since .*\(fault -> alert [0-9.]+ s, out [0-9.]+ s\)",
+                                             res.stdout), res.stdout
 
 
 def test_the_budget_counts_servers_haproxy_already_has_out(quiet_rig):

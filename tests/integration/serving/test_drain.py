@@ -215,3 +215,31 @@ def test_a_server_held_while_this_run_restarted_it_stays_out_and_loses_the_marke
     assert not state.failed_hosts and ha.state().maintenance
     marks = _marker_commands(cmds)
     assert len(marks) == 2 and "umask 077" in marks[0] and marks[1] == f"rm -f {lb_ops.MARKER}"
+
+
+def test_a_backend_read_at_once_is_each_server_as_its_own_read(tmp_path):
+    """drain.backend_states (the quarantine receiver's one read a round) gives every server exactly
+    the state HAProxy.state reads for it alone: serving, drained, in maintenance, down."""
+    from tests.support.haproxy import ok_server
+
+    with ok_server() as up:
+        servers = [("a", up), ("b", up), ("c", up), ("d", "127.0.0.1:1")]
+        with HAProxy(tmp_path, servers, check="/", inter="100ms") as hap:
+            one = {n: drain.HAProxy([hap.socket], "triton", n) for n, _ in servers}
+            one["a"].wait_serving(20)
+            one["b"]._set("drain")
+            one["c"]._set("maint")
+            deadline = time.monotonic() + 20
+            while not one["d"].state().status.startswith("DOWN") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            apis = [drain.RuntimeAPI(hap.socket)]
+            at_once = drain.backend_states(apis, "triton")
+            assert set(at_once) == {"a", "b", "c", "d"}
+            for n, lb in one.items():
+                alone = lb.state()
+                assert (at_once[n].status, at_once[n].admin, at_once[n].sessions) == \
+                    (alone.status, alone.admin, alone.sessions), n
+            assert at_once["a"].serving and at_once["b"].drained and at_once["c"].maintenance
+            assert not at_once["d"].serving
+            with pytest.raises(drain.DrainError, match="Can't find backend"):  # as its own read says
+                drain.backend_states(apis, "nosuch")

@@ -24,6 +24,14 @@ balancer, within a budget, and returns it only after the warm inference gate pas
   it now if it serves, within the budget unless ``--force`` with a reason) and never returns it
   by itself; release acknowledges the host's firing alerts (they count again only once they fire
   anew) and returns the host through the same gate.
+* **Circuit breaker** (``breaker``): when more than ``quarantine_breaker_fraction`` of a group's
+  hosts report a fault within ``quarantine_breaker_window`` seconds, no host of the group is taken
+  out (an event in capitals, ``tritonfleet_quarantine_breaker_open``, the first line of
+  ``quarantine list``); recovered hosts still return; once it closes, alerts whose fault is older
+  than the window are acknowledged, not acted on.
+* **Latency** (``latency``): each event's times from the fault seen on the host (the collector's
+  timestamp in the alert's ``fault_seen`` annotation, else its start) to the alert, the drain, a
+  reset and the return, as histograms on ``GET /metrics`` and per host in ``quarantine list``.
 * **Reconcile**: a quarantined host that the balancer serves again (a deploy's health gate puts a
   drained server back) is drained again, with a log line saying so.
 
@@ -32,13 +40,16 @@ Every action is one line on stdout (the journal) and one JSON line in ``events.j
 rewritten atomically, so a restarted receiver knows what it did. ``GET /v1/quarantine`` returns
 it (``tritonfleet status`` and ``tritonfleet quarantine list`` read it from ``quarantine_url``).
 
-HTTP: ``POST /alerts`` (Alertmanager), ``GET /v1/quarantine``, ``POST /v1/hosts/<host>/release``,
+HTTP: ``POST /alerts`` (Alertmanager), ``GET /v1/quarantine``, ``GET /metrics``, ``POST /v1/hosts/<host>/release``,
 ``POST /v1/hosts/<host>/hold`` (JSON ``{"reason": ..., "force": ...}``), ``GET /-/healthy``. Every
 request but the last needs the bearer token of ``--token-file`` (tritonfleet.fleet.quarantine.server);
 the budget also counts the servers HAProxy already has out, and an Alertmanager answer that is not
 a list of alerts changes nothing.
 
-The package: ``planning`` (the budget and what a round does, pure), ``actions`` (a host's balancer and
+The package: ``planning`` (the budget and what a round does, pure), ``breaker`` (the circuit
+breaker, pure), ``latency`` (the histograms), ``remedy`` (a GPU reset, a reboot or a hold decided for a
+quarantined host, and the reset's commands), ``remediation`` (the receiver running them over SSH
+with ``quarantine_remediate``), ``actions`` (a host's balancer and
 its warm gate), ``receiver`` (the state and the worker), ``server`` (the HTTP API and ``serve``),
 ``client`` (what ``status`` and ``tritonfleet quarantine`` ask the receiver).
 """

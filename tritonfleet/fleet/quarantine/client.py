@@ -16,9 +16,10 @@ from pathlib import Path
 
 from ...core.errors import UsageError
 from ...settings.defaults import quarantine_token_file as DEFAULT_TOKEN_FILE
+from .latency import since_fault
 from .planning import QuarantineError
 
-__all__ = ["DEFAULT_TOKEN_FILE", "ask", "fetch_state", "read_token", "status_line", "write_token"]
+__all__ = ["DEFAULT_TOKEN_FILE", "ask", "fetch_state", "latency_note", "read_token", "status_line", "write_token"]
 
 
 def write_token(path: str | Path) -> Path:
@@ -108,3 +109,12 @@ def status_line(entry: dict) -> str:
     if entry.get("held") and entry.get("held_reason"):
         why = f"{entry['held_reason']}" + (f" ({why})" if why and why != entry["held_reason"] else "")
     return f"{state} since {since}: {why}".strip()
+
+
+def latency_note(entry: dict) -> str:
+    """A host's times since its fault for a table cell: `` (fault -> alert 0.9 s, out 1.2 s)``, ""
+    when its fault's time is not known."""
+    parts = [f"{label} {took:.1f} s" for stage, label in (("alert", "alert"), ("drained", "out"),
+                                                           ("remedied", "reset"))
+             if (took := since_fault(entry, stage)) is not None]
+    return f" (fault -> {', '.join(parts)})" if parts else ""

@@ -24,8 +24,10 @@ class QuarantineError(TritonfleetError):
     """The receiver could not be asked, or refused a request."""
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_iso(at: float | None = None) -> str:
+    """``at`` (epoch seconds; now when None) as the receiver writes times."""
+    t = datetime.now(timezone.utc) if at is None else datetime.fromtimestamp(at, timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def clean(value, limit: int = MAX_TEXT) -> str:
@@ -132,6 +134,7 @@ class FiringAlert:
     starts_at: str
     summary: str = ""
     labels: dict = field(default_factory=dict)
+    fault_seen: str = ""  # the collector's time of the fault (the rule's annotation), "" when none
 
     @property
     def reason(self) -> str:
@@ -147,7 +150,55 @@ class FiringAlert:
         fp = str(a.get("fingerprint") or "") or json.dumps(labels, sort_keys=True)
         notes = a.get("annotations") if isinstance(a.get("annotations"), dict) else {}
         return cls(fp, clean(labels.get("alertname", "?")), clean(labels["host"]), str(a.get("startsAt") or ""),
-                   clean(notes.get("summary") or ""), dict(labels))
+                   clean(notes.get("summary") or ""), dict(labels), clean(notes.get("fault_seen") or "", 40))
+
+
+def epoch(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as Alertmanager writes it (nanoseconds, ``Z``
+    or an offset), or of a number of seconds; None when ``text`` is neither."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    if "." in text:  # Python reads at most microseconds: the fraction is cut to six digits
+        head, _, rest = text.partition(".")
+        digits = "".join(c for c in rest if c.isdigit())
+        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.timestamp()
+
+
+def fault_time(a: FiringAlert) -> float | None:
+    """When the fault behind ``a`` was seen: the collector's own timestamp (the rule's
+    ``fault_seen`` annotation) when it has one, else when the alert started (``startsAt``:
+    Prometheus's first evaluation that found it)."""
+    seen = epoch(a.fault_seen)
+    return seen if seen and seen > 0 else epoch(a.starts_at)
+
+
+def acknowledged(a: FiringAlert, ack: str | None) -> bool:
+    """Whether ``a`` is acknowledged by ``ack``: its ``startsAt`` (an operator's release: until
+    it fires anew), or ``startsAt@T`` (a GPU reset at T, epoch seconds: until it fires anew or its
+    fault is seen after T)."""
+    if not ack:
+        return False
+    starts, _, until = ack.partition("@")
+    if starts != a.starts_at:
+        return False
+    if not until:
+        return True
+    seen = fault_time(a)
+    return seen is None or seen <= float(until)
 
 
 @dataclass
@@ -161,6 +212,12 @@ class Record:
     held_reason: str = ""
     balancer: str = ""
     last_gate: str = ""  # why the last warm gate failed ("" when none ran or it passed)
+    # the event's times, epoch seconds (0: not known): the fault seen on the host (the collector's
+    # timestamp, else the alert's start), the alert received, the host drained, reset or rebooted
+    fault_at: float = 0.0
+    alert_at: float = 0.0
+    drained_at: float = 0.0
+    remedied_at: float = 0.0
 
     @property
     def state(self) -> str:
@@ -174,20 +231,24 @@ class RoundPlan:
     unknown: list[FiringAlert] = field(default_factory=list)
     no_balancer: list[tuple[str, list[FiringAlert]]] = field(default_factory=list)
     returns: list[str] = field(default_factory=list)
+    breaker: list[tuple[str, list[FiringAlert]]] = field(default_factory=list)
 
 
 def plan(alerts: dict[str, FiringAlert], acked: dict[str, str], records: dict[str, Record],
          hosts: dict[str, FleetHost], group_limits: dict[str, int], has_balancer: Callable[[FleetHost], bool],
-         out_elsewhere: Callable[[str], int | None] = lambda g: 0) -> RoundPlan:
+         out_elsewhere: Callable[[str], int | None] = lambda g: 0,
+         tripped: frozenset[str] | set[str] = frozenset()) -> RoundPlan:
     """What a round does (pure): hosts to take out (earliest alert first, while their group is
     within its budget), alerts beyond the budget, hosts to return (not held, no quarantine alert
     firing that was not acknowledged). ``out_elsewhere(group)``: the group's servers out of the
     balancer that are not the receiver's (an operator's drain, a deploy's); None when the balancer
-    cannot be read, which spends the group's budget (no new drain on a guess)."""
+    cannot be read, which spends the group's budget (no new drain on a guess). ``tripped``: the
+    groups whose circuit breaker is open (tritonfleet.fleet.quarantine.breaker): none of their
+    hosts is taken out (``breaker``: alert only), their hosts still return."""
     p = RoundPlan()
     live: dict[str, list[FiringAlert]] = {}
     for fp, a in alerts.items():
-        if acked.get(fp) == a.starts_at:
+        if acknowledged(a, acked.get(fp)):
             continue
         if a.host not in hosts:
             p.unknown.append(a)
@@ -202,6 +263,9 @@ def plan(alerts: dict[str, FiringAlert], acked: dict[str, str], records: dict[st
             p.no_balancer.append((name, live[name]))
             continue
         g = group_of(fh)
+        if g in tripped:
+            p.breaker.append((name, live[name]))
+            continue
         if g not in seen:
             seen[g] = out_elsewhere(g)
         if seen[g] is not None and out.get(g, 0) + (seen[g] or 0) < group_limits.get(g, 0):

@@ -23,12 +23,16 @@ from pathlib import Path
 from ...core.errors import TritonfleetError, UsageError
 from ...inventory.roster import FleetHost
 from ...serving import drain
+from ...settings.defaults import DEFAULTS
 from .actions import balancer, warm_gate
+from .breaker import Breaker, fault_time
+from .latency import Latency, since_fault
 from .planning import (
     QUARANTINE_LABEL,
     FiringAlert,
     QuarantineError,
     Record,
+    acknowledged,
     alert_shape_error,
     clean,
     group_of,
@@ -38,6 +42,7 @@ from .planning import (
     plan,
     webhook_alerts,
 )
+from .remediation import Remedies, Runner, ssh_runner
 
 RETRY_MIN_SECONDS = 10.0
 #: requests and notifications waiting for the worker; beyond it the API answers 503 (a flood
@@ -66,7 +71,7 @@ def _who(caller: str, by: str) -> str:
     return f"{caller or 'an operator'}" + (f" (says {by})" if by else "")
 
 
-class Receiver:
+class Receiver(Remedies):
     """State, the worker that acts on it (one thread: every change to the state happens there),
     and the HTTP API in front of it."""
 
@@ -75,7 +80,7 @@ class Receiver:
                  resolve_grace: float | None = None,
                  echo: Callable[[str], None] = print,
                  balancer_of: Callable[[FleetHost], drain.Balancer | None] = balancer,
-                 gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate):
+                 gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate, runner: Runner = ssh_runner):
         if not hosts:
             raise UsageError("the inventory has no hosts")
         self.hosts = {h.name: h for h in hosts}
@@ -88,6 +93,17 @@ class Receiver:
         if self.interval <= 0 or self.gate_timeout <= 0 or self.resolve_grace < 0:
             raise UsageError("quarantine_check_interval and quarantine_gate_timeout must be > 0, "
                              "quarantine_resolve_grace >= 0 (group data)")
+        fraction = float(first.get("quarantine_breaker_fraction", DEFAULTS["quarantine_breaker_fraction"]))
+        window = float(first.get("quarantine_breaker_window", DEFAULTS["quarantine_breaker_window"]))
+        if not 0 < fraction <= 1 or window <= 0:
+            raise UsageError("quarantine_breaker_fraction must be in (0, 1], quarantine_breaker_window > 0 (group data)")
+        self.breaker = Breaker(fraction, window)
+        self.remediate = bool(first.get("quarantine_remediate", DEFAULTS["quarantine_remediate"]))
+        self.refault_window = float(first.get("quarantine_refault_window", DEFAULTS["quarantine_refault_window"]))
+        self.runner, self.history = runner, {}
+        self.latency = Latency()
+        self.alert_at: dict[str, float] = {}  # when each alert reached the receiver (epoch seconds)
+        self._states: dict[tuple, dict[str, drain.ServerState]] = {}  # a round's reads of HAProxy
         self.alertmanager = alertmanager.rstrip("/")
         self.echo, self.balancer_of, self.gate = echo, balancer_of, gate
         self.state_dir = Path(state_dir)
@@ -161,11 +177,13 @@ class Receiver:
             "time": now_iso(),
             "hosts": {h: {**asdict(r), "state": r.state} for h, r in sorted(self.records.items())},
             "firing": sorted(({"host": a.host, "alert": a.name, "summary": a.summary, "since": a.starts_at,
-                               "acknowledged": self.acked.get(fp) == a.starts_at}
+                               "acknowledged": acknowledged(a, self.acked.get(fp))}
                               for fp, a in self.alerts.items()), key=lambda x: (x["host"], x["alert"])),
             "budget": {g: {"limit": n, "out": sum(1 for r in self.records.values()
                                                   if r.host in self.hosts and group_of(self.hosts[r.host]) == g)}
                        for g, n in sorted(self.limits.items())},
+            "breaker": {g: {"open_since": now_iso(t), "fraction": self.breaker.fraction,
+                            "window": self.breaker.window} for g, t in sorted(self.breaker.open_since.items())},
             "events": list(self.events)[-50:],
         }
         with self.lock:
@@ -196,9 +214,10 @@ class Receiver:
                 if self.alerts.pop(a.fingerprint, None) is not None:
                     self.event("resolved", a.host, a.reason)
                 self.acked.pop(a.fingerprint, None)
+                self.alert_at.pop(a.fingerprint, None)
             else:
                 if a.fingerprint not in self.alerts:
-                    self.event("alert", a.host, a.reason)
+                    self._arrived(a)
                 self.alerts[a.fingerprint] = a
         return n
 
@@ -246,10 +265,18 @@ class Receiver:
                 del self.alerts[fp]
                 self.absent.pop(fp, None)
                 self.acked.pop(fp, None)
+                self.alert_at.pop(fp, None)
         for fp, a in fresh.items():
             if fp not in self.alerts:
-                self.event("alert", a.host, a.reason)
+                self._arrived(a)
             self.alerts[fp] = a
+
+    def _arrived(self, a: FiringAlert) -> None:
+        """A new alert: when it came, how long after its fault (the histogram's ``alert`` stage)."""
+        now = time.time()
+        self.alert_at[a.fingerprint] = now
+        took = self.latency.observe("alert", fault_time(a) or 0, now)
+        self.event("alert", a.host, a.reason + (f" (fault seen {took:.2f} s before)" if took is not None else ""))
 
     # -- the round --------------------------------------------------------------------------
 
@@ -262,10 +289,44 @@ class Receiver:
                 self._balancers[fh.name] = None
         return self._balancers[fh.name]
 
+    def _breaker(self) -> None:
+        """Open or close each group's circuit breaker for the faults of the alerts not
+        acknowledged, at the end of a round (the hosts of a burst that the budget let out in it
+        stay out; from the next round on, no more). As it closes, the group's waiting alerts older
+        than the window are acknowledged (not replayed), each with an event; a quarantined host's
+        own alert is not (it stays out until that alert resolves)."""
+        live = [a for fp, a in self.alerts.items() if not acknowledged(a, self.acked.get(fp))]
+        now = time.time()
+        was_open = dict(self.breaker.open_since)
+        opened, closed = self.breaker.step(live, self.hosts, now)
+        faulting = self.breaker.faulting(live, self.hosts, now)
+        for g in opened:
+            size = sum(1 for h in self.hosts.values() if group_of(h) == g)
+            self.latency.breaker_open.labels(g).set(1)
+            self.latency.breaker_trips.labels(g).inc()
+            self.event("breaker-open", "-", f"CIRCUIT BREAKER OPEN for group {g}: {len(faulting.get(g, ()))} of its "
+                                            f"{size} hosts report a quarantine fault within "
+                                            f"{self.breaker.window:.0f} s (more than "
+                                            f"{self.breaker.fraction:.0%}): no host of it is taken out until it "
+                                            "closes (the alerts only alert; recovered hosts still return)",
+                       group=g)
+        for g in closed:
+            self.latency.breaker_open.labels(g).set(0)
+            self.event("breaker-closed", "-", f"circuit breaker closed for group {g} (open since "
+                                              f"{now_iso(was_open[g])})", group=g)
+        waiting = [a for a in live if a.host not in self.records]  # a quarantined host's alert is acted on
+        for a in self.breaker.stale(waiting, self.hosts, closed, now):
+            self.acked[a.fingerprint] = a.starts_at
+            self.latency.stale.labels(group_of(self.hosts[a.host])).inc()
+            self.event("stale", a.host, f"{a.reason}: its fault is older than the breaker's window "
+                                        f"({self.breaker.window:.0f} s) as the breaker closes: not acted on "
+                                        "(acknowledged; it counts again when it fires anew)")
+
     def round(self) -> None:
         self.sync_alertmanager()
+        self._states.clear()
         p = plan(self.alerts, self.acked, self.records, self.hosts, self.limits,
-                 lambda fh: self._balancer(fh) is not None, self.out_elsewhere)
+                 lambda fh: self._balancer(fh) is not None, self.out_elsewhere, set(self.breaker.open_since))
         for a in p.unknown:
             self._once(f"unknown:{a.fingerprint}", "unknown-host", a.host, f"{a.reason}: not a host of the inventory")
         for name, alerts in p.no_balancer:
@@ -278,10 +339,16 @@ class Receiver:
             self._once(f"budget:{name}", "over-budget", name,
                        f"{'; '.join(a.reason for a in alerts)}: not taken out, the quarantine budget of group {g} "
                        f"({self.limits.get(g, 0)} host(s) at once) is spent: alert only")
+        for name, alerts in p.breaker:
+            self._once(f"budget:{name}", "breaker", name,
+                       f"{'; '.join(a.reason for a in alerts)}: not taken out, the circuit breaker of group "
+                       f"{group_of(self.hosts[name])} is open: alert only")
+        self._remedy_all()
         for name in p.returns:
             if time.monotonic() >= self.retry_at.get(name, 0):
                 self._return(name)
         self._reconcile()
+        self._breaker()  # after the round's drains: the budget's first hosts of a burst go out
         self._save()
         self._publish()
 
@@ -299,7 +366,7 @@ class Receiver:
             if not isinstance(lb, drain.HAProxy):
                 continue
             try:
-                serving = lb.state().serving
+                serving = self._state(lb).serving
             except drain.DrainError as e:
                 self._once(f"state:{name}", "balancer-unreadable", name,
                            f"cannot read {lb.describe()}: {e} (no new drain in group {group} meanwhile)")
@@ -307,6 +374,15 @@ class Receiver:
             self.noted.pop(f"state:{name}", None)
             n += 0 if serving else 1
         return n
+
+    def _state(self, lb: drain.HAProxy) -> drain.ServerState:
+        """``lb``'s server as HAProxy reported it in this round: each backend's servers read once
+        a round (two runtime API commands), not two commands a host."""
+        key = (tuple(api.address for api in lb.apis), lb.backend)
+        if key not in self._states:
+            self._states[key] = drain.backend_states(lb.apis, lb.backend)
+        got = self._states[key].get(lb.server)
+        return got if got is not None else lb.state()  # not there: the single read says why
 
     def _quarantine(self, name: str, alerts: list[FiringAlert], held: bool = False, held_reason: str = "",
                     caller: str = "") -> str:
@@ -322,9 +398,18 @@ class Receiver:
             return f"could not take it out: {e}"
         self.noted.pop(f"drain:{name}", None)
         self.noted.pop(f"budget:{name}", None)
-        self.records[name] = Record(name, now_iso(), reasons, held, held_reason, lb.describe())
-        self.event("held" if held else "quarantined", name, f"{'; '.join(reasons)}: {did}",
-                   reasons=reasons, group=group_of(fh), **({"caller": caller} if caller else {}))
+        self._states.clear()
+        now = time.time()
+        faults = [t for t in (fault_time(a) for a in alerts) if t]
+        rec = self.records[name] = Record(name, now_iso(), reasons, held, held_reason, lb.describe(),
+                                          fault_at=min(faults, default=0.0), drained_at=now,
+                                          alert_at=min((self.alert_at.get(a.fingerprint, now) for a in alerts),
+                                                       default=0.0))
+        took = self.latency.observe("drained", rec.fault_at, now)
+        self.event("held" if held else "quarantined", name, f"{'; '.join(reasons)}: {did}"
+                   + (f" ({took:.2f} s after the fault)" if took is not None else ""),
+                   reasons=reasons, group=group_of(fh), **({"caller": caller} if caller else {}),
+                   **({"fault_to_drained": round(took, 3)} if took is not None else {}))
         return did
 
     def _return(self, name: str, by: str = "") -> tuple[bool, str]:
@@ -351,8 +436,14 @@ class Receiver:
             return False, rec.last_gate
         del self.records[name]
         self.retry_at.pop(name, None)
+        self._came_back(name)
+        took = self.latency.observe("returned", rec.fault_at, time.time())
         self.event("returned", name, f"warm gate passed ({found}); {did or 'it was not drained'}"
-                                     + (f", serving ({seen})" if seen else ""), quarantined_since=rec.since)
+                                     + (f", serving ({seen})" if seen else "")
+                                     + (f"; {took:.1f} s after the fault" if took is not None else ""),
+                   quarantined_since=rec.since, **({"fault_to_returned": round(took, 3)} if took is not None else {}),
+                   **{f"fault_to_{s}": v for s in ("alert", "drained", "remedied")
+                      if (v := since_fault(asdict(rec), s)) is not None})
         return True, found
 
     def _reconcile(self) -> None:
@@ -362,7 +453,7 @@ class Receiver:
             if not isinstance(lb, drain.HAProxy):
                 continue
             try:
-                st = lb.state()
+                st = self._state(lb)
                 if st.serving:
                     lb.drain()
                     self.event("drained-again", name, f"{rec.state} since {rec.since}, but {lb.describe()} served it "

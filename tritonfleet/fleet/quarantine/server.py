@@ -59,10 +59,12 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
 
         def _send(self, status: int, body: dict | str, extra: dict | None = None) -> None:
             data = (json.dumps(body, indent=2) if isinstance(body, dict) else body).encode()
+            extra = dict(extra or {})
             self.send_response(status)
-            self.send_header("Content-Type", "application/json" if isinstance(body, dict) else "text/plain")
+            self.send_header("Content-Type", extra.pop("Content-Type", None)
+                             or ("application/json" if isinstance(body, dict) else "text/plain"))
             self.send_header("Content-Length", str(len(data)))
-            for k, v in (extra or {}).items():
+            for k, v in extra.items():
                 self.send_header(k, v)
             self.end_headers()
             self.wfile.write(data)
@@ -111,6 +113,11 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                     if not public_read:
                         self._caller(webhook=False)
                     return self._send(200, rec.snapshot())
+                if self.path == "/metrics":  # the event latency histograms and the breaker
+                    if not public_read:
+                        self._caller(webhook=False)
+                    return self._send(200, rec.latency.text().decode(),
+                                      {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
                 return self._send(404, {"error": f"no such path {self.path[:100]}"})
             except _Refused as e:
                 return self._send(e.status, {"error": e.error}, {"WWW-Authenticate": "Bearer"}
