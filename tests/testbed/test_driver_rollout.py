@@ -53,7 +53,8 @@ def test_a_canary_failing_cuda_validation_comes_back_holds_and_touches_no_other_
         assert ssh(b, "cat /proc/sys/kernel/random/boot_id") == boot_b
         hold = json.loads(ssh(a, f"cat {HOLD_FILE}"))
         assert hold["branch"] == "580" and hold["tried"] == "570"
-        assert "cuda-drivers-580" in ssh(a, "apt-mark showhold").split()
+        held = set(ssh(a, "apt-mark showhold").split())  # the branch's metapackage (either flavour) held again
+        assert {"nvidia-open-580", "cuda-drivers-580"} & held and not {"nvidia-open-570", "cuda-drivers-570"} & held
         # status shows the hold as drift
         res = tritonfleet("status", INV, "--json", "--limit", a.name)
         row = json.loads(res.stdout)[0]
