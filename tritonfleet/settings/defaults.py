@@ -61,8 +61,7 @@ nvidia_driver_branch = None
 # R535 (a data-center branch Triton 24.08 supports through forward compatibility, from 535.86);
 # "debian13-archive": Debian 13's, R550 only (Triton 24.05 runs on it, 24.08 does not: pre-flight says so).
 # "ubuntu2604": NVIDIA's repository for Ubuntu 26.04 has only R595 (a production branch, CUDA 13).
-nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "ubuntu2604": "595", "debian12": "580",
-                                "debian12-archive": "535", "debian13-archive": "550"}
+nvidia_driver_branch_default = {"ubuntu2204": "580", "ubuntu2404": "580", "ubuntu2604": "595", "debian12": "580", "debian12-archive": "535", "debian13-archive": "550"}
 # Exact driver release to pin: the upstream version (e.g. "580.159.04"; every package of the
 # driver at that release, in the distro's own version shape: 580.159.04-1 on Debian, -0ubuntu1 on
 # Ubuntu) or a full package version of the metapackage; None: newest of the branch.
