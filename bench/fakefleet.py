@@ -739,7 +739,7 @@ def record(args) -> int:
             [str(binp / "tritonfleet"), "status", "bench/fake_inventory.py"],
             # what the health gate asks while it waits (a host slow to answer): tritonfleet.serving.unit_watch
             [sys.executable, "-c", "from tritonfleet.inventory import roster; from tritonfleet.serving import unit_watch; h = roster.load_inventory("
-             "'bench/fake_inventory.py')[0]; g = h.get; print(fleet.run(h, unit_watch.watch_command("
+             "'bench/fake_inventory.py')[0]; g = h.get; print(roster.run(h, unit_watch.watch_command("
              "g('triton_service'), g('triton_container_name'), g('triton_base_dir')))[0])"]]
     try:
         for cmd in runs:
