@@ -1,7 +1,7 @@
 """The GPU check's host side, as one command and as a fact (tritonfleet.steps.verify runs the check).
 
 ``probe_command`` is the whole check in one remote command: the host's GPU record, the
-``nvidia-smi`` query and table, the kernel module's flavour, then both nvidia-smi answers again
+``nvidia-smi`` query and ``-q`` report's header, the kernel module's flavour, then both nvidia-smi answers again
 inside ``docker run --gpus all`` (or, in mode "changes", the last passing container answer when
 nothing it depends on changed: :data:`STAMP`).
 
@@ -9,7 +9,7 @@ nothing it depends on changed: :data:`STAMP`).
 reads (the recorded answer is still valid), in a section of pre-flight's one batched command
 (tritonfleet.pyinfra_ext.memo.prefetch). It also answers, from that one ``nvidia-smi`` query, the
 facts that would each run nvidia-smi again (``derived``): the GPUs (NvidiaGpus), the driver
-version, the kernel module and the GPU record. Where its answer is not "cached" the check runs
+version, the persistence check's ``nvidia-smi -q`` lines, the kernel module and the GPU record. Where its answer is not "cached" the check runs
 ``probe_command`` itself.
 """
 
@@ -55,10 +55,11 @@ def depends_command(image: str) -> str:
 def _host_part(query: str, smi: str) -> str:
     host_query = query if smi == "nvidia-smi" or not query.startswith("nvidia-smi ") \
         else smi + query[len("nvidia-smi"):]
-    # the host's part also reads the GPU record and the kernel module's flavour (installed: modinfo;
-    # loaded: /proc)
+    # the host's part also reads the GPU record, nvidia-smi -q (the CUDA version, each GPU's
+    # persistence mode: gpufacts.summary_command) and the kernel module's flavour (installed:
+    # modinfo; loaded: /proc)
     return (f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({host_query} 2>&1); echo \"$q\"; "
-            f"echo {SECTION}; {smi} 2>&1; {kmod.COMMAND}; echo {SECTION}; ")
+            f"echo {SECTION}; {gpufacts.summary_command(smi)}; {kmod.COMMAND}; echo {SECTION}; ")
 
 
 def _cached(image: str, otherwise: str) -> str:
@@ -68,8 +69,8 @@ def _cached(image: str, otherwise: str) -> str:
 
 
 def probe_command(image: str, query: str = QUERY, mode: str = "always", smi: str = "nvidia-smi") -> str:
-    """One remote command for the whole check: the query and the summary (for the CUDA version)
-    from nvidia-smi on the host, then both again inside one `docker run --gpus all` (no network:
+    """One remote command for the whole check: the query and ``nvidia-smi -q``'s header (for the
+    CUDA version) on the host, then the query and the table inside one `docker run --gpus all` (no network:
     the container only runs nvidia-smi). Sections are separated by SECTION lines; the last one is
     ``key=<digest>`` after a container run, or ``cached`` when mode "changes" found the last
     passing answer still valid (nothing it depends on changed) and printed that instead. ``smi``:
@@ -97,16 +98,27 @@ class GpuProbe(FactBase):
         return list(output)
 
     @staticmethod
+    def derives(image: str, smi: str = "nvidia-smi") -> list[tuple]:
+        """[(fact class, kwargs)] that ``derived`` may answer: a batch with this fact leaves them
+        out (memo.prefetch); one it did not answer is read on its own later."""
+        return [(gpufacts.GpuRecord, {}), (Command, {"command": kmod.COMMAND}),
+                (Command, {"command": gpufacts.persistence_command(smi)}),
+                (gpufacts.NvidiaGpus, {"smi": smi}), (Command, {"command": gpufacts.driver_version_command(smi)})]
+
+    @staticmethod
     def derived(lines: list[str], image: str, smi: str = "nvidia-smi") -> list[tuple]:
-        """[(fact class, kwargs, value)] read from the same answer: the GPU record and the kernel
-        module always; NvidiaGpus and the driver version when the query answered (an old driver
-        without compute_cap, or one that fails, is read on its own, as before)."""
+        """[(fact class, kwargs, value)] read from the same answer: the GPU record, the kernel
+        module and the persistence check's lines of ``nvidia-smi -q`` always; NvidiaGpus and the
+        driver version when the query answered (an old driver without compute_cap, or one that
+        fails, is read on its own, as before)."""
         record = [ln[len(RECORD_PREFIX):] for ln in lines if ln.startswith(RECORD_PREFIX)]
         rest = [ln for ln in lines if not ln.startswith(RECORD_PREFIX)]
         parts = split_sections(rest, 2)
-        query_lines, (_, kmod_lines) = parts[0], kmod.split(parts[1])
+        query_lines, (summary_lines, kmod_lines) = parts[0], kmod.split(parts[1])
         out: list[tuple] = [(gpufacts.GpuRecord, {}, parse_record(record)),
-                            (Command, {"command": kmod.COMMAND}, "\n".join(kmod_lines) or None)]
+                            (Command, {"command": kmod.COMMAND}, "\n".join(kmod_lines) or None),
+                            (Command, {"command": gpufacts.persistence_command(smi)},
+                             "\n".join(gpufacts.persistence_lines(summary_lines)) or None)]
         info = gpufacts.parse_query(query_lines)
         if info.ok:
             out += [(gpufacts.NvidiaGpus, {"smi": smi}, info),
