@@ -7,6 +7,7 @@ counts its runs; each derived answer compared with pyinfra reading that fact on 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -19,13 +20,24 @@ from pyinfra.facts.server import Command
 
 from tritonfleet.gpu import facts as gpufacts
 from tritonfleet.host import kernel_module as kmod
-from tritonfleet.host.gpu_probe import GpuProbe
+from tritonfleet.host.facts import DockerImageId
+from tritonfleet.host.gpu_probe import (
+    IMAGE_PREFIX,
+    GpuProbe,
+    depends_command,
+    image_ids,
+    images_command,
+    probe_args,
+    probe_images,
+)
 from tritonfleet.host.layer import persistence_modes
 from tritonfleet.pyinfra_ext import memo
 
 FIX = Path(__file__).parents[2] / "fixtures"
 REAL = FIX / "nvidia-real-h200-580"
 IMAGE = "tritonfleet-test/no-such-image:0"
+# how GpuProbe feeds the test image's ID line to the digest (GpuProbe.command)
+PROBE_ID = "printf '%s\\n' \"$ids\" | head -n 1"
 
 
 def without_rc(name: str, root: Path = REAL) -> list[str]:
@@ -128,3 +140,70 @@ def test_the_q_header_without_a_cuda_version_and_nvidia_smis_failures():
                          ("smi_version_mismatch_570.124.txt", "version_mismatch")):
         assert gpufacts.parse_summary(filtered(without_rc(name, FIX / "nvidia")))["status"] == status
     assert gpufacts.parse_summary(["Timestamp : x"])["status"] == "error"
+
+
+TEST_IMAGE, TRITON_IMAGE = "nvidia/cuda:12.8.1-base-ubuntu22.04", "nvcr.io/nvidia/tritonserver:24.08-py3"
+IDS = {TEST_IMAGE: "sha256:" + "1" * 64, TRITON_IMAGE: "sha256:" + "2" * 64}
+
+
+def fake_docker(bin_dir: Path, have: dict[str, str]) -> Path:
+    """A docker whose ``image inspect --format '{{.Id}}' NAME...`` does what docker/cli's does
+    (cli/command/inspect/inspector.go, Inspect, commit e0dfb46e22c4): the found images' IDs, one
+    line each in the order asked; a missing one's error on stderr and exit status 1; an empty line
+    when none was found. Its runs, one line each, in bin_dir/docker-calls."""
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "docker"
+    cases = "".join(f"    {name}) echo {image_id}; found=1 ;;\n" for name, image_id in have.items())
+    script.write_text(
+        "#!/bin/sh\n"
+        f"echo \"$*\" >> {bin_dir / 'docker-calls'}\n"
+        "[ \"$1 $2 $3\" = 'image inspect --format' ] || exit 2\n"
+        "shift 4; rc=0; found=0\n"
+        "for name in \"$@\"; do\n"
+        "  case \"$name\" in\n"
+        f"{cases}"
+        "    *) echo \"Error: No such image: $name\" >&2; rc=1 ;;\n"
+        "  esac\n"
+        "done\n"
+        "[ $found = 1 ] || echo\n"
+        "exit $rc\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("have", [IDS, {TEST_IMAGE: IDS[TEST_IMAGE]}, {TRITON_IMAGE: IDS[TRITON_IMAGE]}, {}, None])
+def test_one_docker_image_inspect_for_both_images_and_the_same_digest(tmp_path, have):
+    """The probe's one inspect gives each image its own line and feeds the recorded answer's
+    digest exactly what the test image's own inspect did (an answer recorded before stays valid)."""
+    bin_dir = tmp_path / "bin"
+    if have is not None:  # None: no docker at all
+        fake_docker(bin_dir, have)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    images = probe_images(TEST_IMAGE, (TRITON_IMAGE,))
+    shell = (f"q=query; {images_command(images)}; printf '%s\\n' \"$ids\" | sed 's/^/{IMAGE_PREFIX}/'; "
+             f"echo \"new=$({depends_command(TEST_IMAGE, image_id=PROBE_ID)})\"; "
+             f"echo \"old=$({depends_command(TEST_IMAGE)})\"")
+    out = subprocess.run(["sh", "-c", shell], env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    keys = dict(ln.split("=", 1) for ln in out if ln[:4] in ("new=", "old="))
+    # where the test image is there (an answer can only have been recorded so), the same digest;
+    # without docker at all the old one hashed no line, the new one an empty line: stale either way
+    assert (keys["new"] == keys["old"]) == (have is not None), keys
+    ids = image_ids(out)
+    assert [DockerImageId().process([line]) for line in ids + [""] * (2 - len(ids))] == \
+        [(have or {}).get(TEST_IMAGE), (have or {}).get(TRITON_IMAGE)]
+    if have == IDS:  # a converged host: one inspect (then the old digest's own)
+        assert len((bin_dir / "docker-calls").read_text().splitlines()) == 2
+
+
+def test_the_batch_answers_both_image_facts_from_the_probe(local, smi, tmp_path, monkeypatch):
+    host, commands = local
+    path, _ = smi
+    fake_docker(tmp_path / "bin", IDS)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    images = [(DockerImageId, {"image": TEST_IMAGE}), (DockerImageId, {"image": TRITON_IMAGE})]
+    memo.prefetch((GpuProbe, probe_args(TEST_IMAGE, path, TRITON_IMAGE)), *images, (Command, {"command": "true"}))
+    # one command, docker asked once (the images' facts left out of the batch), the digest's own
+    # inspect answered by it too
+    assert len(commands) == 1 and len((tmp_path / "bin" / "docker-calls").read_text().splitlines()) == 1
+    assert [memo.known(cls, **kw) for cls, kw in images] == [IDS[TEST_IMAGE], IDS[TRITON_IMAGE]]
+    assert [memo.known(cls, **kw) for cls, kw in images] == [host.get_fact(cls, **kw) for cls, kw in images]
