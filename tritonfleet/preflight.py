@@ -45,8 +45,8 @@ from .gpu.rules import (
     plan_compute_capability_problem,
 )
 from .host import nvidia_repos, signing_keys, vendor_repos
-from .host.facts import DockerDaemonJson, KeyringFingerprints, RemoteKeyFingerprints
-from .host.gpu_probe import GpuProbe
+from .host.facts import DockerDaemonJson, DockerImageId, KeyringFingerprints, RemoteKeyFingerprints
+from .host.gpu_probe import GpuProbe, probe_args
 from .host.kernel_module import FLAVOURS
 from .host.layer import (
     DAEMON_JSON_HELP,
@@ -65,7 +65,6 @@ from .model_repo.verdicts import plan_cc_filenames, validate_repository
 from .pyinfra_ext import install, memo
 from .pyinfra_ext.transfer import is_ssh_host
 from .serving import per_gpu
-from .serving.facts import DockerImageId
 from .serving.image_mirror import client_secret_problem
 from .serving.images import login_registry, needs_login, needs_mirror_login, pulls
 from .serving.reads import triton_facts
@@ -352,8 +351,10 @@ def prefetch_host(triton: bool = False) -> None:
     """One remote command for what pre-flight, the host layer's steps and the placement of model
     instances on the host's GPUs (its GPU record) read; with ``triton``, what the GPU check and the
     Triton steps read too (deploys/triton.py: a converged host is asked once). In the GPU check's
-    mode "changes" its host side (GpuProbe) answers the nvidia-smi facts from one query."""
-    gpu = [(GpuProbe, {"image": access.get("cuda_test_image"), **nvidia_gpus_args(access.current())})] \
+    mode "changes" its host side (GpuProbe) answers the nvidia-smi facts from one query and ``-q``
+    report, and both images' IDs from one ``docker image inspect``."""
+    smi = nvidia_gpus_args(access.current())["smi"]
+    gpu = [(GpuProbe, probe_args(access.get("cuda_test_image"), smi, access.get("triton_image")))] \
         if triton and (access.get("gpu_verify_container") or "changes") == "changes" \
         else [(NvidiaGpus, nvidia_gpus_args(access.current())), (GpuRecord, {})]
     memo.prefetch(*gpu, *host_layer_facts(access.current()), (DockerImageId, {"image": access.get("cuda_test_image")}),

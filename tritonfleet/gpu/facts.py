@@ -254,8 +254,36 @@ _GPU_ROW = re.compile(
 _MEM_ROW = re.compile(r"(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB")
 
 
+# ``nvidia-smi -q``'s header lines: "Driver Version  : 580.159.04", "CUDA Version  : 13.0" (printed
+# by every driver the deploy supports: 525.89.02, tests/fixtures/nvidia/smi_q_t4_525.89.02_excerpt.txt;
+# 535, 570 and 580: tests/fixtures/nvidia/SOURCES.md, "nvidia-smi -q"); a vGPU host driver prints
+# "CUDA Version : Not Found" (no version, as the table's "N/A")
+_Q_HEADER = re.compile(r"^(?P<key>Driver Version|CUDA Version)\s*:\s*(?P<value>.*?)\s*$")
+_VERSION = re.compile(r"\d+(\.\d+)+")
+
+
+def summary_command(smi: str = "nvidia-smi") -> str:
+    """``nvidia-smi -q`` cut to what :func:`parse_summary` and the persistence check read: the
+    unindented lines (the header with the driver and CUDA versions, the GPUs' bus ids, any error
+    nvidia-smi prints) and each GPU's "Persistence Mode" line; the rest of the report (hundreds of
+    lines a GPU) stays on the host."""
+    return f"{smi} -q 2>&1 | grep -i -e '^[^ ]' -e '^ *persistence mode'"
+
+
+def persistence_command(smi: str = "nvidia-smi") -> str:
+    """Each GPU's "Persistence Mode" line of ``nvidia-smi -q`` (the persistence check's own read)."""
+    return f"{smi} -q 2>&1 | grep -i 'Persistence Mode' || true"
+
+
+def persistence_lines(lines) -> list[str]:
+    """The lines :func:`persistence_command` prints, from ``nvidia-smi -q``'s (or
+    :func:`summary_command`'s) lines."""
+    return [line for line in (lines or []) if line is not None and "persistence mode" in line.lower()]
+
+
 def parse_summary(lines) -> dict:
-    """Driver and CUDA version (and the GPU rows) from the plain ``nvidia-smi`` table.
+    """Driver and CUDA version (and the GPU rows) from the plain ``nvidia-smi`` table, or the
+    driver and CUDA version from ``nvidia-smi -q`` (:func:`summary_command`; no GPU rows).
 
     Returns {"status", "message", "nvidia_smi_version", "driver_version", "cuda_version",
     "gpus": [{"index", "name", "persistence_mode", "pci_bus_id", "memory_used_mib",
@@ -289,9 +317,17 @@ def parse_summary(lines) -> dict:
                 gpu["memory_total_mib"] = int(mm.group("total"))
             out["gpus"].append(gpu)
     if out["driver_version"] is None:
+        heads: dict[str, str] = {}
+        for m in filter(None, map(_Q_HEADER.match, stripped)):
+            heads.setdefault(m.group("key"), m.group("value"))  # the report's header: the first
+        if _VERSION.fullmatch(heads.get("Driver Version", "")):
+            cuda = heads.get("CUDA Version", "")
+            out.update(driver_version=heads["Driver Version"],
+                       cuda_version=cuda if _VERSION.fullmatch(cuda) else None)
+            return out
         out["status"] = STATUS_ERROR
         text = "\n".join(stripped).strip()
-        out["message"] = ("no nvidia-smi table in the output" + (f" (exit {rc})" if rc else "")
+        out["message"] = ("no nvidia-smi table or -q header in the output" + (f" (exit {rc})" if rc else "")
                           + (f": {text[:300]}" if text else ""))
     return out
 

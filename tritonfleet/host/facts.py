@@ -271,3 +271,18 @@ class DriverFiles(FactBase):
 
     def process(self, output):
         return parse_files(output)
+
+
+class DockerImageId(FactBase):
+    """The local image ID of a tag (None when the image or docker is missing)."""
+
+    def command(self, image: str) -> str:
+        return (
+            f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null || true"
+        )
+
+    def process(self, output):
+        for line in output:
+            if line.startswith("sha256:"):
+                return line.strip()
+        return None

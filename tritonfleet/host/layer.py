@@ -75,7 +75,7 @@ def driver_version_command(settings: Settings) -> str:
 
 
 def persistence_command(settings: Settings) -> str:
-    return f"{smi_command(settings)} -q 2>&1 | grep -i 'Persistence Mode' || true"
+    return gpu_facts.persistence_command(smi_command(settings))
 
 
 _PERSISTENCE_LINE = re.compile(r"^\s*Persistence Mode\s*:\s*(\S+)", re.IGNORECASE | re.MULTILINE)

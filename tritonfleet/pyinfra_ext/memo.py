@@ -15,7 +15,8 @@ again on its own, so failures behave as pyinfra's do.
 
 A fact class may also answer other facts from its own output (``derived(value, **kwargs)``: [(fact
 class, kwargs, value)]; tritonfleet.host.gpu_probe.GpuProbe answers the nvidia-smi facts from its
-one query): those are remembered with it, unless already read, and forgotten with it.
+one query): those are remembered with it, unless already read, and forgotten with it. What it
+may answer so (``derives(**kwargs)``: [(fact class, kwargs)]) a batch with it leaves out.
 """
 
 from __future__ import annotations
@@ -163,9 +164,12 @@ def prefetch(*specs: tuple) -> None:
     """Read every ``(FactClass, kwargs)`` of ``specs`` not remembered yet, in one remote command."""
     host, facts = _facts()
     todo = []
+    # answered by another fact of the batch (its ``derived``), or read on its own if it was not
+    covered = {(other, _freeze(other_kwargs)) for cls, kwargs in specs if hasattr(cls, "derives")
+               for other, other_kwargs in cls.derives(**kwargs)}
     for cls, kwargs in specs:
         key = (cls, _freeze(kwargs))
-        if key in facts or any(k == key for k, _ in todo):
+        if key in facts or key in covered or any(k == key for k, _ in todo):
             continue
         fact_obj = cls()
         if fact_obj.requires_command(**kwargs):

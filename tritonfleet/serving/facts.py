@@ -1,4 +1,4 @@
-"""What a host runs of Triton: the image IDs Docker has, the Triton container, the per-GPU units,
+"""What a host runs of Triton: the Triton container, the per-GPU units,
 and the deploy history (the healthy deployments a rollback returns to). Each reads, never fails
 hard."""
 
@@ -24,21 +24,6 @@ class PerGpuUnits(FactBase):
 
     def process(self, output):
         return [line.strip() for line in output if line.strip()]
-
-
-class DockerImageId(FactBase):
-    """The local image ID of a tag (None when the image or docker is missing)."""
-
-    def command(self, image: str) -> str:
-        return (
-            f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null || true"
-        )
-
-    def process(self, output):
-        for line in output:
-            if line.startswith("sha256:"):
-                return line.strip()
-        return None
 
 
 class TritonContainer(FactBase):

@@ -12,9 +12,9 @@ import re
 import tarfile
 from pathlib import Path
 
+from ..host.facts import DockerImageId
 from ..pyinfra_ext import memo
 from ..settings.access import Settings
-from .facts import DockerImageId
 
 
 def read_metadata(archive: Path) -> dict[str, bytes]:

@@ -5,10 +5,10 @@ reads them again only when something changed since (the memo forgot them)."""
 
 from __future__ import annotations
 
-from ..host.facts import FileState, UnitState
+from ..host.facts import DockerImageId, FileState, UnitState
 from ..model_repo.facts import ReleaseState
 from ..settings.access import Settings
-from .facts import DeployHistory, DockerImageId, PerGpuUnits, TritonContainer
+from .facts import DeployHistory, PerGpuUnits, TritonContainer
 from .unit import restricted_apis, unit_path
 
 

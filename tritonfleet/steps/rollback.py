@@ -19,12 +19,13 @@ from pyinfra.operations import server, systemd
 
 from ..core.report import fail
 from ..core.shell import q
+from ..host.facts import DockerImageId
 from ..model_repo.facts import ReleaseManifest, ReleaseState
 from ..model_repo.release import switch_back_script
 from ..pyinfra_ext.check import check
 from ..pyinfra_ext.install import tritonfleet_step
 from ..serving import per_gpu
-from ..serving.facts import DeployHistory, DockerImageId
+from ..serving.facts import DeployHistory
 from ..serving.health import gate_current_host
 from ..serving.ops import lb
 from ..serving.ops.history import append_record

@@ -13,7 +13,7 @@ from pyinfra.operations import server, systemd
 from ..core.errors import UsageError
 from ..core.report import HostFailure, in_rollout
 from ..core.shell import q
-from ..host.facts import FileState
+from ..host.facts import DockerImageId, FileState
 from ..host.ops import converged
 from ..model_repo import release, render
 from ..model_repo.facts import ReleaseManifest, ReleaseState
@@ -26,7 +26,7 @@ from ..pyinfra_ext.stream import docker_load, docker_pull
 from ..pyinfra_ext.transfer import TransferError
 from ..pyinfra_ext.transfer import choose as choose_transport
 from ..serving import apikey, per_gpu
-from ..serving.facts import DeployHistory, DockerImageId, PerGpuUnits, TritonContainer
+from ..serving.facts import DeployHistory, PerGpuUnits, TritonContainer
 from ..serving.health import HealthError, gate_current_host
 from ..serving.images import image_id, login_registry, needs_login, needs_mirror_login
 from ..serving.ops import gpu_guard as guard_ops

@@ -24,8 +24,10 @@ from ..host.gpu_probe import (  # noqa: F401  (the check's command, as the bench
     GpuProbe,
     container_prefix,
     depends_command,
+    probe_args,
     probe_command,
     split_sections,
+    without_ids,
 )
 from ..host.layer import smi_command
 from ..pyinfra_ext import memo
@@ -63,7 +65,8 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     smi = smi_command(access.current())
     # mode "changes": pre-flight's batch read the host's part (GpuProbe); while nothing changed
     # since and the recorded container answer is valid, that is the whole check's answer
-    known = memo.known(GpuProbe, image=image, smi=smi) if mode == "changes" else None
+    known = memo.known(GpuProbe, **probe_args(image, smi, access.get("triton_image"))) \
+        if mode == "changes" else None
     if known and known[-1] == "cached":
         stdout, stderr, tail = list(known), [], None
     else:
@@ -74,7 +77,7 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
         if stdout and stdout[-1].strip() == SECTION:
             stdout.pop()
     record = [ln[len(RECORD_PREFIX):] for ln in stdout if ln.startswith(RECORD_PREFIX)]
-    stdout = [ln for ln in stdout if not ln.startswith(RECORD_PREFIX)]
+    stdout = without_ids([ln for ln in stdout if not ln.startswith(RECORD_PREFIX)])
     lines = stdout + stderr
     parts = split_sections(lines, 4)
     host_q, (host_sum, kmod_lines) = parts[0], kmod.split(parts[1])

@@ -262,7 +262,7 @@ BUILDERS = {
     "fact file": lambda v: facts.FileState().command(v),
     "fact unit": lambda v: facts.UnitState().command(v),
     "fact daemon.json": lambda v: facts.DockerDaemonJson().command(v),
-    "fact image": lambda v: serving_facts.DockerImageId().command(v),
+    "fact image": lambda v: facts.DockerImageId().command(v),
     "fact container": lambda v: serving_facts.TritonContainer().command(v, f"/etc/{v}", f"/srv/{v}"),
     "fact manifest": lambda v: release_facts.ReleaseManifest().command(f"/srv/{v}", v),
     "fact history": lambda v: serving_facts.DeployHistory().command(f"/srv/{v}"),

@@ -34,7 +34,7 @@ SUMMARIES = {
     "smi_version_mismatch_570.124.txt": ("version_mismatch", None, None, []),
     "smi_no_devices.txt": ("no_gpu", None, None, []),
     "smi_L_l4.txt": ("error", None, None, []),
-    "smi_q_t4_525.89.02_excerpt.txt": ("error", None, None, []),
+    "smi_q_t4_525.89.02_excerpt.txt": ("ok", "525.89.02", "12.0", []),  # -q: its header, no GPU rows
 }
 
 

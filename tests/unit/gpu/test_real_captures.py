@@ -257,6 +257,13 @@ def test_standin_query_report_puts_its_fields_where_the_real_one_does(standin):
     seen = [order.index(label) for label, _ in mine if label in ("Product Name", "Persistence Mode", "GPU UUID")]
     assert seen == sorted(seen)
     assert persistence_modes("\n".join(ln for ln in lines if "Persistence Mode" in ln)) == ["Enabled"]
+    # the GPU check's host side reads -q cut by gpufacts.summary_command: both answer alike
+    for report in (lines, real_lines):
+        cut = subprocess.run("f() { cat; }; " + gpu.summary_command("f"), shell=True, input="\n".join(report) + "\n",
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+        summary = gpu.parse_summary(cut)
+        assert (summary["status"], summary["driver_version"], summary["cuda_version"]) == ("ok", DRIVER, CUDA)
+        assert persistence_modes("\n".join(gpu.persistence_lines(cut))) == ["Enabled"]
 
 
 def test_standin_module_line_is_the_real_format(tmp_path):

@@ -24,7 +24,7 @@ def test_the_gpu_verification_asks_the_host_with_the_command_and_the_container_w
     probe = next(c for c in cmds if SECTION in c)
     assert probe == probe_command(image, mode="changes", smi=SMI)
     host_part, container = probe.split("docker run", 1)
-    assert f"q=$({gpufacts.query_command(smi=SMI)} 2>&1)" in host_part and f"; {SMI} 2>&1;" in host_part
+    assert f"q=$({gpufacts.query_command(smi=SMI)} 2>&1)" in host_part and f"; {SMI} -q 2>&1 | grep " in host_part
     assert "nvidia-smi" not in host_part.replace(f"{SMI}", "")
     assert SMI not in container and f"{gpufacts.QUERY_COMMAND} 2>&1" in container
     # the default: nvidia-smi on both sides, as before

@@ -9,6 +9,7 @@ from pathlib import Path
 from tests.support.fakehost import run_fake
 from tritonfleet.core.report import HOST_RECORD
 from tritonfleet.steps.verify import SECTION, STAMP, probe_command, split_sections, verify_gpus
+from tritonfleet.settings import access
 
 FIX = Path(__file__).parents[2] / "fixtures" / "nvidia"
 SUMMARY = (FIX / "smi_t4_550.54.15.txt").read_text().splitlines()
@@ -118,7 +119,7 @@ def test_the_answer_is_recorded_by_its_own_operation_a_change_only_when_new():
 def _probe_then_verify(answer_lines):
     """Pre-flight's read of the check's host side (GpuProbe), then the check; what each sent."""
     from tritonfleet.gpu.facts import GpuRecord, NvidiaGpus
-    from tritonfleet.host.gpu_probe import GpuProbe
+    from tritonfleet.host.gpu_probe import GpuProbe, probe_args
     from tritonfleet.pyinfra_ext import memo
     from tritonfleet.pyinfra_ext.install import tritonfleet_step
 
@@ -126,7 +127,8 @@ def _probe_then_verify(answer_lines):
 
     @tritonfleet_step("probe then verify")
     def deploy():
-        seen["probe"] = memo.fact(GpuProbe, image="nvidia/cuda:12.8.1-base-ubuntu22.04", smi="nvidia-smi")
+        seen["probe"] = memo.fact(GpuProbe, **probe_args("nvidia/cuda:12.8.1-base-ubuntu22.04", "nvidia-smi",
+                                                         access.get("triton_image")))
         seen["gpus"] = memo.fact(NvidiaGpus, smi="nvidia-smi")
         seen["record"] = memo.fact(GpuRecord)
         verify_gpus(load_image=False)
