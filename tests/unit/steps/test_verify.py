@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tests.support.fakehost import run_fake
 from tritonfleet.core.report import HOST_RECORD
-from tritonfleet.steps.verify import SECTION, STAMP, probe_command, split_sections, verify_gpus
 from tritonfleet.settings import access
+from tritonfleet.steps.verify import SECTION, STAMP, probe_command, split_sections, verify_gpus
 
 FIX = Path(__file__).parents[2] / "fixtures" / "nvidia"
 SUMMARY = (FIX / "smi_t4_550.54.15.txt").read_text().splitlines()
