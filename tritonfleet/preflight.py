@@ -238,8 +238,8 @@ def check_gpu_class_and_driver() -> None:
                              f"capability {cc}) is older than Turing: NVIDIA's open kernel modules do not support it; "
                              f"set nvidia_kernel_module = \"proprietary\" in {GROUP_DATA}/{str(gpu_class).lower()}.py")
     branch = access.get("nvidia_driver_branch")
-    if not branch:
-        return  # the distro's default: checked with the host's distro (check_driver_branch)
+    if not branch or access.get("nvidia_driver_source") == "debian":
+        return  # the distro's default, or its own archive's branches: judged with the host's distro (check_driver_branch)
     version = access.get("nvidia_driver_version") or str(branch)
     image = access.get("triton_image")
     found = compat.verdict(image, version, gpu_class)
@@ -252,8 +252,9 @@ def check_gpu_class_and_driver() -> None:
 
 def check_driver_branch() -> None:
     """The branch (set, or the distro's default) exists in NVIDIA's repository for the host's
-    distro and the Triton image can use it; nvidia_driver_version has that repository's shape.
-    Refused naming the branches that would work."""
+    distro (or its own archive) and the Triton image can use it; nvidia_driver_version has that
+    repository's shape. Refused naming what would work: the branches there that run the image, else
+    an older image the branch runs and whether the other nvidia_driver_source is a way on."""
     distro = driver_repo(access.current())
     branch = driver_branch(access.current())
     where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if access.get("nvidia_driver_branch")
@@ -267,25 +268,60 @@ def check_driver_branch() -> None:
     if str(gpu_class or "").upper() not in GPU_CLASSES:
         gpu_class = next(iter(GPU_CLASSES))  # no class to judge by (a deploy of its own calling this alone)
     working = [b for b in available if compat.judge(image, b, gpu_class)[0]]
-    alternatives = (f"branches there that {image} supports: {', '.join(working)}" if working
-                    else f"none of its branches ({', '.join(available)}) supports {image}")
-    if branch not in available:
-        raise PreflightError(
-            f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
-            f"{', '.join(available)}); {alternatives}. Set {where} to one of them "
-            "(docs/nvidia-repositories.md lists the sources)")
     found = compat.verdict(image, access.get("nvidia_driver_version") or branch, gpu_class)
+    if branch not in available:
+        head = (f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
+                f"{', '.join(available)}); ")
+        if working:
+            raise PreflightError(head + f"branches there that {image} supports: {', '.join(working)}. Set "
+                                 f"{where} to one of them (docs/nvidia-repositories.md lists the sources)")
+        raise PreflightError(head + f"none of them supports {image}. " + no_branch_runs(image, available[-1],
+                                                                                       gpu_class, distro))
     if not found.ok:
-        raise PreflightError(f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
-                             f"{str(gpu_class).upper()}: {found.reason}; {alternatives}. Set {where}"
-                             + (f", or use {found.fix.split('; or ', 1)[-1]}" if "triton_image" in found.fix else ""))
+        head = (f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
+                f"{str(gpu_class).upper()}: {found.reason}; ")
+        if working:
+            raise PreflightError(head + f"branches there that {image} supports: {', '.join(working)}. Set {where}"
+                                 + (f", or use {found.fix.split('; or ', 1)[-1]}" if "triton_image" in found.fix
+                                    else ""))
+        raise PreflightError(head + f"none of its branches ({', '.join(available)}) supports {image}. "
+                             + no_branch_runs(image, branch, gpu_class, distro))
     problem = driver_version_problem(access.current(), distro, branch)
     if problem:
         raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")
 
 
+def no_branch_runs(image: str, branch: str, gpu_class, distro: str) -> str:
+    """The ways on when no branch of the host's driver source runs ``image``: an older image that
+    ``branch`` runs, and the other nvidia_driver_source (or why it is none)."""
+    cls = str(gpu_class).upper()
+    older = compat.older_image(branch, cls)
+    ways = [f"Use {older} (triton_image: {GROUP_DATA}/{cls.lower()}.py or the inventory)"
+            + (f" and nvidia_driver_branch = \"{branch}\"" if access.get("nvidia_driver_branch") not in (None, "", branch)
+               else "")
+            if older else f"No known triton_image runs on R{branch} with GPU class {cls}"]
+    if distro in nvidia_repos.archives():  # nvidia_driver_source = "debian": NVIDIA's CUDA repository instead?
+        own = vendor_repos.cuda_distro(access.current())
+        if own not in nvidia_repos.DISTROS:
+            ways.append(f"nvidia_driver_source = \"cuda\" is refused on {own} too: tritonfleet has no facts of "
+                        f"NVIDIA's CUDA repository for {own} (docs/driver-sources.md)")
+        else:
+            cuda = [b for b in nvidia_repos.branches(own) if compat.judge(image, b, cls)[0]]
+            ways.append(f"or set nvidia_driver_source = \"cuda\" with a branch of NVIDIA's {own} repository "
+                        f"that runs it: {', '.join(cuda)}" if cuda else
+                        f"nvidia_driver_source = \"cuda\" is no way on: no branch of NVIDIA's {own} repository "
+                        f"runs {image} either")
+    return "; ".join(ways)
+
+
 def where_from(distro: str) -> str:
-    return "Debian 12's own archive" if distro == nvidia_repos.DEBIAN_ARCHIVE else f"NVIDIA's {distro} repository"
+    """Where the driver's branches come from, in words: "NVIDIA's debian12 repository" (NVIDIA's CUDA
+    repository), "Debian 13's own archive" (nvidia_driver_source = "debian")."""
+    if distro in nvidia_repos.archives():
+        name = distro.removesuffix("-archive")
+        family = nvidia_repos.family(distro)
+        return f"{family.capitalize()} {name.removeprefix(family)}'s own archive"
+    return f"NVIDIA's {distro} repository"
 
 
 def check_test_image() -> None:

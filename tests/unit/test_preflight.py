@@ -440,3 +440,38 @@ def test_ubuntu2604_host_defaults_to_r595_and_refuses_r580():
     msg, _ = preflight_fake({**KEYS, **resolute}, {"nvidia_driver_branch": "580"})
     assert msg and "driver branch 580 is not in NVIDIA's ubuntu2604 repository (it has 595)" in msg
     assert "supports: 595" in msg
+
+
+TRIXIE = {"ls -pdL *-release": ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="13"',
+                                "VERSION_CODENAME=trixie", "---"]}
+DEBIAN_SOURCE = {"nvidia_driver_source": "debian"}
+
+
+def test_debian13_refusals_name_the_archive_and_what_the_operator_can_do():
+    """Debian 13's own archive has R550 only (tritonfleet/data/distro_archives/debian13-archive.toml),
+    which Triton 24.08 does not support, and tritonfleet has no facts of NVIDIA's debian13 repository:
+    the way on is an older image, and the message says so (not another default branch, nor NVIDIA's
+    repository of a name that does not exist)."""
+    older = "Use a triton_image that R550 runs on T4: Triton 24.05 (nvcr.io/nvidia/tritonserver:24.05-py3) or older"
+    cuda_too = 'nvidia_driver_source = "cuda" is refused on debian13 too'
+    for data in (DEBIAN_SOURCE, {**DEBIAN_SOURCE, "nvidia_driver_branch": "550"}):  # the default, or set
+        msg, _ = preflight_fake({**KEYS, **TRIXIE}, data)
+        assert msg and "@fake/gpu1: driver 550 (Debian 13's own archive) with GPU class T4" in msg, msg
+        assert "needs driver >= 560" in msg and older in msg and cuda_too in msg
+        assert "debian13-archive" not in msg and "560 (or 565" not in msg, msg
+    # a branch the archive does not have: the one it has, with the image that runs on it
+    msg, _ = preflight_fake({**KEYS, **TRIXIE}, {**DEBIAN_SOURCE, "nvidia_driver_branch": "580"})
+    assert msg and "driver branch 580 is not in Debian 13's own archive (it has 550)" in msg, msg
+    assert older in msg and 'nvidia_driver_branch = "550"' in msg and cuda_too in msg
+    assert "debian13-archive" not in msg
+    # what the message proposes passes
+    assert preflight_fake({**KEYS, **TRIXIE, "docker image inspect": "sha256:" + "b" * 64},
+                          {**DEBIAN_SOURCE, "triton_image": "nvcr.io/nvidia/tritonserver:24.05-py3"})[0] is None
+
+
+def test_debian12_archive_refusal_names_nvidias_repository_as_the_way_on():
+    """Debian 12's own archive has R535; NVIDIA's debian12 repository has the branch a newer image needs."""
+    msg, _ = preflight_fake({**KEYS, **DEBIAN12}, {**DEBIAN_SOURCE, "triton_image": "nvcr.io/nvidia/tritonserver:26.07-py3"})
+    assert msg and "driver 535 (Debian 12's own archive) with GPU class T4" in msg, msg
+    assert ('or set nvidia_driver_source = "cuda" with a branch of NVIDIA\'s debian12 repository that runs it: 580'
+            in msg), msg

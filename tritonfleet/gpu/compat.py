@@ -103,11 +103,21 @@ def fix(image: str, branch_or_version, gpu_class) -> str:
         if newer:
             parts.append(f"a driver branch that runs Triton {release} on {cls}: {newer[0]}"
                          + (f" (or {', '.join(newer[1:])})" if newer[1:] else ""))
-    older = [r for r in image_releases() if branch and judge(_image(r), branch_or_version, cls)[0]]
+    older = older_image(branch_or_version, cls)
     if older:
-        parts.append(f"a triton_image that R{branch} runs on {cls}: Triton {older[-1]} ({_image(older[-1])}) "
-                     "or older")
+        parts.append(older)
     return "; or ".join(parts)
+
+
+def older_image(branch_or_version, gpu_class) -> str:
+    """The newest known Triton image ``branch_or_version`` runs on ``gpu_class``, as a fix says it
+    ("a triton_image that R550 runs on T4: Triton 24.05 (...) or older"); "" when none is known."""
+    cls = str(gpu_class or "").upper()
+    branch = _branch_of(branch_or_version)
+    runs = [r for r in image_releases() if branch and judge(_image(r), branch_or_version, cls)[0]]
+    if not runs:
+        return ""
+    return f"a triton_image that R{branch} runs on {cls}: Triton {runs[-1]} ({_image(runs[-1])}) or older"
 
 
 def verdict(image: str, branch_or_version, gpu_class) -> CompatVerdict:
