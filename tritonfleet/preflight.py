@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import date
 from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
@@ -77,6 +78,7 @@ __all__ = [
     "PreflightError",
     "check_daemon_json",
     "check_driver_branch",
+    "check_driver_lifecycle",
     "check_driver_source",
     "check_gpu_class_and_driver",
     "check_gpu_found",
@@ -91,6 +93,7 @@ __all__ = [
     "check_secure_boot",
     "check_settings",
     "check_test_image",
+    "check_toolkit_version",
     "check_vendor_keys",
     "host_layer",
     "prefetch_host",
@@ -291,6 +294,42 @@ def check_driver_branch() -> None:
         raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")
 
 
+def check_driver_lifecycle(today: date | None = None) -> None:
+    """Warn of a driver branch past its end of life (tritonfleet/data/compat/driver_branches.toml):
+    NVIDIA no longer fixes it. Names the branches of the host's driver source that run the Triton
+    image and are not past theirs. A warning: a host may have to stay on one for a while."""
+    today = today or date.today()
+    distro = driver_repo(access.current())
+    branch = driver_branch(access.current())
+    past = compat.end_of_life(access.get("nvidia_driver_version") or branch, today)
+    if not past:
+        return
+    image = access.get("triton_image")
+    gpu_class = str(host.data.get("gpu_class") or next(iter(GPU_CLASSES))).upper()
+    better = [b for b in nvidia_repos.branches(distro)
+              if compat.judge(image, b, gpu_class)[0] and not compat.end_of_life(b, today)]
+    where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/{gpu_class.lower()}.py)"
+             if access.get("nvidia_driver_branch") else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
+    logger.warning(
+        f"{host.name}: driver branch {branch} ({where_from(distro)}): {past} (tritonfleet/data/compat/"
+        "driver_branches.toml): NVIDIA no longer fixes it; "
+        + (f"branches there that run {image} and are supported: {', '.join(better)} (set {where}; "
+           "`tritonfleet rollout ... --data nvidia_driver_branch=N` moves hosts with a canary)" if better
+           else f"no branch of {where_from(distro)} that runs {image} is supported"))
+
+
+def check_toolkit_version() -> None:
+    """Warn when container_toolkit_version is no Container Toolkit release tritonfleet has a row of
+    (tritonfleet/data/compat/container_toolkit.toml): what that version changes is unchecked."""
+    version = access.get("container_toolkit_version")
+    if not version or compat.toolkit_known(version):
+        return
+    logger.warning(
+        f"{host.name}: container_toolkit_version {version!r} is not a Container Toolkit release tritonfleet "
+        f"knows (known: {', '.join(compat.toolkit_versions())}; tritonfleet/data/compat/container_toolkit.toml): "
+        f"pick one of them as <version>-1 (inventory or {GROUP_DATA}/all.py), or add its row with its sources")
+
+
 def no_branch_runs(image: str, branch: str, gpu_class, distro: str) -> str:
     """The ways on when no branch of the host's driver source runs ``image``: an older image that
     ``branch`` runs, and the other nvidia_driver_source (or why it is none)."""
@@ -401,6 +440,8 @@ def check_host() -> None:
     prefetch_host()
     try:
         check_driver_branch()
+        check_driver_lifecycle()
+        check_toolkit_version()
         check_driver_source()
         check_secure_boot()
         check_gpu_found()
