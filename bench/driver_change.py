@@ -17,8 +17,9 @@ timed from outside, from:
   Triton container's first line and "Started HTTPService" (models loaded, serving), and the
   containers the deploy and the rollout ran after it (the last one: the CUDA validation).
 
-The host is left on the branch it started on. Takes about a minute a move on the loaded 2-CPU
-machine once the host is converged (a deploy from bare first: minutes).
+The host is left on the branch it started on. Takes about 25 s a move on the loaded 2-CPU machine
+once the host is converged (a deploy from bare first: minutes); the figures are in
+docs/fleet-operations.md.
 """
 
 from __future__ import annotations
