@@ -34,6 +34,9 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py storm [--storm-hosts 200] [--storm-budget 10%] [--storm-recover 5]
         # 200 hosts fault at once behind a real HAProxy, Prometheus, Alertmanager and the quarantine
         # receiver (bench/storm.py; no test host; not part of all)
+    .venv/bin/python bench/run.py driver-change [--driver-runs 1] [--driver-branches 570,580]
+        # a converged host's driver branch moved by `tritonfleet rollout` and back, each move's
+        # reboot-to-serving time by its parts (bench/driver_change.py; not part of all)
     .venv/bin/python bench/run.py canary [--errors 10] [--latency 10] [--identical 20] [--capacity]
         # traffic canary and capacity rules (bench/canary.py; not part of all)
 
@@ -573,7 +576,7 @@ def bench_dataplane(results: Results, args) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "scale", "replay-check", "dataplane",
+    ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "driver-change", "scale", "replay-check", "dataplane",
                                        "canary", "mirror-fill", "noop-installed", "xid-noise", "storm", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
@@ -581,6 +584,9 @@ def main() -> int:
     ap.add_argument("--dataplane-image-mb", type=int, default=400, help="dataplane: size of the image through the mirror")
     ap.add_argument("--dataplane-runs", type=int, default=2, help="dataplane: rollout runs per mode")
     ap.add_argument("--dataplane-parts", default="models,rollout,image", help="dataplane: which parts")
+    ap.add_argument("--driver-runs", type=int, default=1, help="driver-change: round trips of the branch moves")
+    ap.add_argument("--driver-branches", default=None,
+                    help="driver-change: the branches moved to in turn (default: 570, then the host's own)")
     ap.add_argument("--errors", type=int, default=10, help="canary: runs of a release with 2%% errors")
     ap.add_argument("--latency", type=int, default=10, help="canary: runs of a release 50%% slower")
     ap.add_argument("--identical", type=int, default=20, help="canary: runs of a release that serves the same")
@@ -650,6 +656,8 @@ def main() -> int:
         return bench_dataplane(results, args)
     if args.what == "bare-pull":  # its own table (not part of all)
         return bench_module(results, args, "bare-pull", "pull_bare")
+    if args.what == "driver-change":  # a test host's driver branch moved and back; its own table (not part of all)
+        return bench_module(results, args, "driver-change", "driver_change")
     if args.what == "mirror-fill":  # no testbed host; its own table (not part of all)
         return bench_module(results, args, "mirror-fill", "mirror_fill")
     if args.what == "storm":  # no testbed host; its own table (not part of all)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import date
 from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
@@ -76,6 +77,7 @@ __all__ = [
     "PreflightError",
     "check_daemon_json",
     "check_driver_branch",
+    "check_driver_lifecycle",
     "check_driver_source",
     "check_gpu_class_and_driver",
     "check_gpu_found",
@@ -90,6 +92,7 @@ __all__ = [
     "check_secure_boot",
     "check_settings",
     "check_test_image",
+    "check_toolkit_version",
     "check_vendor_keys",
     "host_layer",
     "prefetch_host",
@@ -237,8 +240,8 @@ def check_gpu_class_and_driver() -> None:
                              f"capability {cc}) is older than Turing: NVIDIA's open kernel modules do not support it; "
                              f"set nvidia_kernel_module = \"proprietary\" in {GROUP_DATA}/{str(gpu_class).lower()}.py")
     branch = access.get("nvidia_driver_branch")
-    if not branch:
-        return  # the distro's default: checked with the host's distro (check_driver_branch)
+    if not branch or access.get("nvidia_driver_source") == "debian":
+        return  # the distro's default, or its own archive's branches: judged with the host's distro (check_driver_branch)
     version = access.get("nvidia_driver_version") or str(branch)
     image = access.get("triton_image")
     found = compat.verdict(image, version, gpu_class)
@@ -251,8 +254,9 @@ def check_gpu_class_and_driver() -> None:
 
 def check_driver_branch() -> None:
     """The branch (set, or the distro's default) exists in NVIDIA's repository for the host's
-    distro and the Triton image can use it; nvidia_driver_version has that repository's shape.
-    Refused naming the branches that would work."""
+    distro (or its own archive) and the Triton image can use it; nvidia_driver_version has that
+    repository's shape. Refused naming what would work: the branches there that run the image, else
+    an older image the branch runs and whether the other nvidia_driver_source is a way on."""
     distro = driver_repo(access.current())
     branch = driver_branch(access.current())
     where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if access.get("nvidia_driver_branch")
@@ -266,25 +270,96 @@ def check_driver_branch() -> None:
     if str(gpu_class or "").upper() not in GPU_CLASSES:
         gpu_class = next(iter(GPU_CLASSES))  # no class to judge by (a deploy of its own calling this alone)
     working = [b for b in available if compat.judge(image, b, gpu_class)[0]]
-    alternatives = (f"branches there that {image} supports: {', '.join(working)}" if working
-                    else f"none of its branches ({', '.join(available)}) supports {image}")
-    if branch not in available:
-        raise PreflightError(
-            f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
-            f"{', '.join(available)}); {alternatives}. Set {where} to one of them "
-            "(docs/nvidia-repositories.md lists the sources)")
     found = compat.verdict(image, access.get("nvidia_driver_version") or branch, gpu_class)
+    if branch not in available:
+        head = (f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
+                f"{', '.join(available)}); ")
+        if working:
+            raise PreflightError(head + f"branches there that {image} supports: {', '.join(working)}. Set "
+                                 f"{where} to one of them (docs/nvidia-repositories.md lists the sources)")
+        raise PreflightError(head + f"none of them supports {image}. " + no_branch_runs(image, available[-1],
+                                                                                       gpu_class, distro))
     if not found.ok:
-        raise PreflightError(f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
-                             f"{str(gpu_class).upper()}: {found.reason}; {alternatives}. Set {where}"
-                             + (f", or use {found.fix.split('; or ', 1)[-1]}" if "triton_image" in found.fix else ""))
+        head = (f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
+                f"{str(gpu_class).upper()}: {found.reason}; ")
+        if working:
+            raise PreflightError(head + f"branches there that {image} supports: {', '.join(working)}. Set {where}"
+                                 + (f", or use {found.fix.split('; or ', 1)[-1]}" if "triton_image" in found.fix
+                                    else ""))
+        raise PreflightError(head + f"none of its branches ({', '.join(available)}) supports {image}. "
+                             + no_branch_runs(image, branch, gpu_class, distro))
     problem = driver_version_problem(access.current(), distro, branch)
     if problem:
         raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")
 
 
+def check_driver_lifecycle(today: date | None = None) -> None:
+    """Warn of a driver branch past its end of life (tritonfleet/data/compat/driver_branches.toml):
+    NVIDIA no longer fixes it. Names the branches of the host's driver source that run the Triton
+    image and are not past theirs. A warning: a host may have to stay on one for a while."""
+    today = today or date.today()
+    distro = driver_repo(access.current())
+    branch = driver_branch(access.current())
+    past = compat.end_of_life(access.get("nvidia_driver_version") or branch, today)
+    if not past:
+        return
+    image = access.get("triton_image")
+    gpu_class = str(host.data.get("gpu_class") or next(iter(GPU_CLASSES))).upper()
+    better = [b for b in nvidia_repos.branches(distro)
+              if compat.judge(image, b, gpu_class)[0] and not compat.end_of_life(b, today)]
+    where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/{gpu_class.lower()}.py)"
+             if access.get("nvidia_driver_branch") else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
+    logger.warning(
+        f"{host.name}: driver branch {branch} ({where_from(distro)}): {past} (tritonfleet/data/compat/"
+        "driver_branches.toml): NVIDIA no longer fixes it; "
+        + (f"branches there that run {image} and are supported: {', '.join(better)} (set {where}; "
+           "`tritonfleet rollout ... --data nvidia_driver_branch=N` moves hosts with a canary)" if better
+           else f"no branch of {where_from(distro)} that runs {image} is supported"))
+
+
+def check_toolkit_version() -> None:
+    """Warn when container_toolkit_version is no Container Toolkit release tritonfleet has a row of
+    (tritonfleet/data/compat/container_toolkit.toml): what that version changes is unchecked."""
+    version = access.get("container_toolkit_version")
+    if not version or compat.toolkit_known(version):
+        return
+    logger.warning(
+        f"{host.name}: container_toolkit_version {version!r} is not a Container Toolkit release tritonfleet "
+        f"knows (known: {', '.join(compat.toolkit_versions())}; tritonfleet/data/compat/container_toolkit.toml): "
+        f"pick one of them as <version>-1 (inventory or {GROUP_DATA}/all.py), or add its row with its sources")
+
+
+def no_branch_runs(image: str, branch: str, gpu_class, distro: str) -> str:
+    """The ways on when no branch of the host's driver source runs ``image``: an older image that
+    ``branch`` runs, and the other nvidia_driver_source (or why it is none)."""
+    cls = str(gpu_class).upper()
+    older = compat.older_image(branch, cls)
+    ways = [f"Use {older} (triton_image: {GROUP_DATA}/{cls.lower()}.py or the inventory)"
+            + (f" and nvidia_driver_branch = \"{branch}\"" if access.get("nvidia_driver_branch") not in (None, "", branch)
+               else "")
+            if older else f"No known triton_image runs on R{branch} with GPU class {cls}"]
+    if distro in nvidia_repos.archives():  # nvidia_driver_source = "debian": NVIDIA's CUDA repository instead?
+        own = vendor_repos.cuda_distro(access.current())
+        if own not in nvidia_repos.DISTROS:
+            ways.append(f"nvidia_driver_source = \"cuda\" is refused on {own} too: tritonfleet has no facts of "
+                        f"NVIDIA's CUDA repository for {own} (docs/driver-sources.md)")
+        else:
+            cuda = [b for b in nvidia_repos.branches(own) if compat.judge(image, b, cls)[0]]
+            ways.append(f"or set nvidia_driver_source = \"cuda\" with a branch of NVIDIA's {own} repository "
+                        f"that runs it: {', '.join(cuda)}" if cuda else
+                        f"nvidia_driver_source = \"cuda\" is no way on: no branch of NVIDIA's {own} repository "
+                        f"runs {image} either")
+    return "; ".join(ways)
+
+
 def where_from(distro: str) -> str:
-    return "Debian 12's own archive" if distro == nvidia_repos.DEBIAN_ARCHIVE else f"NVIDIA's {distro} repository"
+    """Where the driver's branches come from, in words: "NVIDIA's debian12 repository" (NVIDIA's CUDA
+    repository), "Debian 13's own archive" (nvidia_driver_source = "debian")."""
+    if distro in nvidia_repos.archives():
+        name = distro.removesuffix("-archive")
+        family = nvidia_repos.family(distro)
+        return f"{family.capitalize()} {name.removeprefix(family)}'s own archive"
+    return f"NVIDIA's {distro} repository"
 
 
 def check_test_image() -> None:
@@ -366,6 +441,8 @@ def check_host() -> None:
     prefetch_host()
     try:
         check_driver_branch()
+        check_driver_lifecycle()
+        check_toolkit_version()
         check_driver_source()
         check_secure_boot()
         check_gpu_found()

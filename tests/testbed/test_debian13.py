@@ -122,7 +122,11 @@ def test_bare_debian13_host_reaches_serving_with_debians_own_driver_and_docker_i
     res = pyinfra_raw("-y", "--limit", h.name, *DEBIAN, "inventories/testbed.py", "deploys/triton.py")
     out = " ".join((res.stdout + res.stderr).decode(errors="replace").split())
     assert res.returncode != 0 and REFUSED in out, out[-3000:]
-    assert f"{h.name}: driver {BRANCH}: driver branch R{BRANCH} is not supported: Triton 24.08" in out, out[-3000:]
+    assert (f"{h.name}: driver {BRANCH} (Debian 13's own archive) with GPU class T4: driver branch R{BRANCH} is not "
+            "supported: Triton 24.08") in out, out[-3000:]
+    # the ways on: an older image, and not NVIDIA's CUDA repository (refused on Debian 13 too)
+    assert f"Use a triton_image that R{BRANCH} runs on T4: Triton 24.05" in out, out[-3000:]
+    assert 'nvidia_driver_source = "cuda" is refused on debian13 too' in out, out[-3000:]
     assert "Starting operation" not in out
     assert host_state(h) == before
 

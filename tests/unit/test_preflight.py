@@ -6,11 +6,15 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import date
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tritonfleet import ROOT
+from tritonfleet.gpu import compat, compat_data
 
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 
@@ -293,9 +297,6 @@ def test_compute_capability_per_triton_release(monkeypatch):
 
 # ------------------------------------------- TensorRT engines and the host's compute capability
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 CAPABILITIES = ["5.2", "6.1", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0"]
 
 
@@ -440,3 +441,81 @@ def test_ubuntu2604_host_defaults_to_r595_and_refuses_r580():
     msg, _ = preflight_fake({**KEYS, **resolute}, {"nvidia_driver_branch": "580"})
     assert msg and "driver branch 580 is not in NVIDIA's ubuntu2604 repository (it has 595)" in msg
     assert "supports: 595" in msg
+
+
+TRIXIE = {"ls -pdL *-release": ["/etc/os-release", "ID=debian", 'NAME="Debian GNU/Linux"', 'VERSION_ID="13"',
+                                "VERSION_CODENAME=trixie", "---"]}
+DEBIAN_SOURCE = {"nvidia_driver_source": "debian"}
+
+
+def test_debian13_refusals_name_the_archive_and_what_the_operator_can_do():
+    """Debian 13's own archive has R550 only (tritonfleet/data/distro_archives/debian13-archive.toml),
+    which Triton 24.08 does not support, and tritonfleet has no facts of NVIDIA's debian13 repository:
+    the way on is an older image, and the message says so (not another default branch, nor NVIDIA's
+    repository of a name that does not exist)."""
+    older = "Use a triton_image that R550 runs on T4: Triton 24.05 (nvcr.io/nvidia/tritonserver:24.05-py3) or older"
+    cuda_too = 'nvidia_driver_source = "cuda" is refused on debian13 too'
+    for data in (DEBIAN_SOURCE, {**DEBIAN_SOURCE, "nvidia_driver_branch": "550"}):  # the default, or set
+        msg, _ = preflight_fake({**KEYS, **TRIXIE}, data)
+        assert msg and "@fake/gpu1: driver 550 (Debian 13's own archive) with GPU class T4" in msg, msg
+        assert "needs driver >= 560" in msg and older in msg and cuda_too in msg
+        assert "debian13-archive" not in msg and "560 (or 565" not in msg, msg
+    # a branch the archive does not have: the one it has, with the image that runs on it
+    msg, _ = preflight_fake({**KEYS, **TRIXIE}, {**DEBIAN_SOURCE, "nvidia_driver_branch": "580"})
+    assert msg and "driver branch 580 is not in Debian 13's own archive (it has 550)" in msg, msg
+    assert older in msg and 'nvidia_driver_branch = "550"' in msg and cuda_too in msg
+    assert "debian13-archive" not in msg
+    # what the message proposes passes
+    assert preflight_fake({**KEYS, **TRIXIE, "docker image inspect": "sha256:" + "b" * 64},
+                          {**DEBIAN_SOURCE, "triton_image": "nvcr.io/nvidia/tritonserver:24.05-py3"})[0] is None
+
+
+def test_debian12_archive_refusal_names_nvidias_repository_as_the_way_on():
+    """Debian 12's own archive has R535; NVIDIA's debian12 repository has the branch a newer image needs."""
+    msg, _ = preflight_fake({**KEYS, **DEBIAN12}, {**DEBIAN_SOURCE, "triton_image": "nvcr.io/nvidia/tritonserver:26.07-py3"})
+    assert msg and "driver 535 (Debian 12's own archive) with GPU class T4" in msg, msg
+    assert ('or set nvidia_driver_source = "cuda" with a branch of NVIDIA\'s debian12 repository that runs it: 580'
+            in msg), msg
+
+
+# ---------------------------------------------------------------- lifecycle and toolkit (warnings)
+
+def warnings_of(caplog, responses, data) -> str:
+    import logging
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pyinfra"):
+        assert preflight_fake(responses, data)[0] is None  # a warning, never a refusal
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+def test_driver_branch_past_its_end_of_life_is_warned_naming_the_supported_branches(caplog):
+    """driver_branches.toml: R570's end of life was 2026-02; R580 is supported to 2028-06."""
+    text = warnings_of(caplog, KEYS, {"nvidia_driver_branch": "570"})
+    assert ("@fake/gpu1: driver branch 570 (NVIDIA's ubuntu2204 repository): R570, a production branch, reached "
+            "its end of life in 2026-02 (tritonfleet/data/compat/driver_branches.toml)") in text, text
+    assert "branches there that run nvcr.io/nvidia/tritonserver:24.08-py3 and are supported: 580 (set " \
+           "nvidia_driver_branch (inventory or inventories/group_data/t4.py)" in text, text
+    assert "end of life" not in warnings_of(caplog, KEYS, {"nvidia_driver_branch": "580"})
+    # Debian 13's own archive: R550 is end of life, and nothing there replaces it
+    text = warnings_of(caplog, {**KEYS, **TRIXIE, "docker image inspect": "sha256:" + "b" * 64},
+                       {**DEBIAN_SOURCE, "triton_image": "nvcr.io/nvidia/tritonserver:24.05-py3"})
+    assert "driver branch 550 (Debian 13's own archive): R550 is an end-of-life branch" in text, text
+    assert "no branch of Debian 13's own archive that runs nvcr.io/nvidia/tritonserver:24.05-py3 is supported" in text
+
+
+@given(day=st.dates(min_value=date(2020, 1, 1), max_value=date(2035, 12, 31)),
+       row=st.sampled_from([r for r in compat_data.branches() if r.get("end_of_life")]))
+def test_a_branch_is_past_its_end_of_life_after_its_month(day, row):
+    year, month = (int(p) for p in row["end_of_life"].split("-"))
+    past = compat.end_of_life(row["branch"], day)
+    assert (past is not None) == ((day.year, day.month) > (year, month) or row["status"] == "end of life"), past
+    assert compat.end_of_life(row["branch"] + ".10.01", day) == past  # a release of the branch: the same
+
+
+def test_unknown_container_toolkit_version_is_warned_naming_the_host_and_the_known_versions(caplog):
+    text = warnings_of(caplog, KEYS, {"container_toolkit_version": "1.16.2-1"})
+    assert "@fake/gpu1: container_toolkit_version '1.16.2-1' is not a Container Toolkit release" in text, text
+    assert "known: 1.17.8, 1.18.0" in text and "1.20.1; tritonfleet/data/compat/container_toolkit.toml" in text
+    for known in ("1.17.8-1", "1.20.0-1", "1.19.1-1"):  # the default, and rows of the file
+        assert "container_toolkit_version" not in warnings_of(caplog, KEYS, {"container_toolkit_version": known})

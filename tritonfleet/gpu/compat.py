@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
+from datetime import date
 
 from . import compat_data
 from .rules import (
@@ -103,17 +104,58 @@ def fix(image: str, branch_or_version, gpu_class) -> str:
         if newer:
             parts.append(f"a driver branch that runs Triton {release} on {cls}: {newer[0]}"
                          + (f" (or {', '.join(newer[1:])})" if newer[1:] else ""))
-    older = [r for r in image_releases() if branch and judge(_image(r), branch_or_version, cls)[0]]
+    older = older_image(branch_or_version, cls)
     if older:
-        parts.append(f"a triton_image that R{branch} runs on {cls}: Triton {older[-1]} ({_image(older[-1])}) "
-                     "or older")
+        parts.append(older)
     return "; or ".join(parts)
+
+
+def older_image(branch_or_version, gpu_class) -> str:
+    """The newest known Triton image ``branch_or_version`` runs on ``gpu_class``, as a fix says it
+    ("a triton_image that R550 runs on T4: Triton 24.05 (...) or older"); "" when none is known."""
+    cls = str(gpu_class or "").upper()
+    branch = _branch_of(branch_or_version)
+    runs = [r for r in image_releases() if branch and judge(_image(r), branch_or_version, cls)[0]]
+    if not runs:
+        return ""
+    return f"a triton_image that R{branch} runs on {cls}: Triton {runs[-1]} ({_image(runs[-1])}) or older"
 
 
 def verdict(image: str, branch_or_version, gpu_class) -> CompatVerdict:
     """The rule's answer for one host: runs or not, why, and (when not) the fix."""
     ok, reason = judge(image, branch_or_version, gpu_class)
     return CompatVerdict(ok, reason, "" if ok else fix(image, branch_or_version, gpu_class))
+
+
+def end_of_life(branch_or_version, today: date) -> str | None:
+    """Why ``branch_or_version``'s branch is past its end of life on ``today`` ("R570, a production
+    branch, reached its end of life in 2026-02"), or None: not past it, or a branch without a row.
+    A branch is past it when its row says so ("status = end of life") or its end_of_life month is over."""
+    branch = _branch_of(branch_or_version)
+    row = _branch_row(branch) if branch else None
+    if row is None:
+        return None
+    until = row.get("end_of_life")
+    if until and (today.year, today.month) > tuple(int(p) for p in until.split("-")):
+        return f"R{branch}, a {row['status']} branch, reached its end of life in {until}"
+    if row["status"] == "end of life":
+        return f"R{branch} is an end-of-life branch" + (f" (since {until})" if until else "")
+    return None
+
+
+def toolkit_versions() -> list[str]:
+    """Every Container Toolkit release with a row (upstream versions, oldest first)."""
+    return [r["version"] for r in compat_data.toolkit_releases()]
+
+
+def toolkit_upstream(version) -> str:
+    """The upstream release of a Container Toolkit package version ("1.17.8-1" -> "1.17.8")."""
+    return re.sub(r"^\d+:", "", str(version).strip()).split("-", 1)[0].split("~", 1)[0]
+
+
+def toolkit_known(version) -> bool:
+    """``version`` (a package version, "1.17.8-1", or an upstream one) is a release with a row."""
+    return toolkit_upstream(version) in toolkit_versions()
 
 
 def table() -> list[tuple[str, str, str, bool, str]]:
