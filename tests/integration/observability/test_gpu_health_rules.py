@@ -274,18 +274,16 @@ def test_a_critical_xid_carries_the_collector_s_time_of_the_fault(generated, tmp
     ``fault_seen`` annotation is the collector's timestamp of that Xid (Prometheus's template
     ``query``), and nothing when the collector has none."""
     rules = generated[0] / "rules/triton-health.rules.yml"
-    fault = [_s("tritonfleet_gpu_xid_errors_total", _target(T4_1, pci="0000:00:1e", xid="79"), "1x40"),
-             _s("tritonfleet_gpu_xid_last_timestamp_seconds", _target(T4_1, pci="0000:00:1e", xid="79"),
-                "1800000000.25x40")]
-    exp = _a("GpuXidCritical", T4_1, "critical", True, gpu=False, pci="0000:00:1e", xid="79")
+    fault = _x(T4_1, "0000:00:1e", 79, "RESTART_BM", "1x40", "1x40", "1800000000.25x40")
+    exp = _a("GpuXidCritical", T4_1, "critical", True, gpu=False, pci="0000:00:1e", xid="79", action="RESTART_BM")
     group = yaml.safe_load(rules.read_text())["groups"][0]
     notes = next(r for r in group["rules"] if r["alert"] == "GpuXidCritical")["annotations"]
     exp["exp_annotations"] = {**notes, "fault_seen": "1800000000.250"}
-    exp["exp_annotations"]["summary"] = f"Xid 79 on {T4_1} (GPU 0000:00:1e): quarantined"
+    exp["exp_annotations"]["summary"] = f"Xid 79 on {T4_1} (GPU 0000:00:1e, RESTART_BM): quarantined"
     res = _test(tmp_path, rules, fault, [{"eval_time": "1m", "alertname": "GpuXidCritical", "exp_alerts": [exp]}])
     assert res.returncode == 0, res.stdout + res.stderr
     exp["exp_annotations"]["fault_seen"] = ""
-    res = _test(tmp_path, rules, fault[:1], [{"eval_time": "1m", "alertname": "GpuXidCritical", "exp_alerts": [exp]}],
+    res = _test(tmp_path, rules, fault[:3], [{"eval_time": "1m", "alertname": "GpuXidCritical", "exp_alerts": [exp]}],
                 "no-time.test.yml")
     assert res.returncode == 0, res.stdout + res.stderr
 
