@@ -141,3 +141,58 @@ def parse_swarm(lines) -> SwarmResult:
         elif kind == "swarm-miss" and parts[0]:
             res.missed.append(parts[0])
     return res
+
+
+# --- the wave: who is in it, who seeds, where the tracker is --------------------------------------
+
+TRACKER_WHITELIST = "/etc/opentracker/whitelist.txt"  # Debian's opentracker.conf: access.whitelist
+TRACKER_PORT = 6969  # opentracker's own default, which Debian's configuration keeps
+
+
+@dataclass
+class Wave:
+    """The hosts of one staging run, filled while the deploy's operations are made (one entry a
+    host: its release's info hash, zone and seed wish) and read when they run, by then complete."""
+
+    members: dict[str, tuple[str, str | None, bool | None]] = field(default_factory=dict)
+
+    def add(self, name: str, info_hash: str, zone: str | None, seed: bool | None) -> None:
+        self.members[name] = (info_hash, zone, seed)
+
+    def info_hashes(self) -> set[str]:
+        return {ih for ih, _, _ in self.members.values()}
+
+    def seeds(self) -> set[str]:
+        """The seeds of each swarm (hosts of another release are another swarm): one per zone
+        unless the inventory names them (tritonfleet.model_repo.torrent.seeds)."""
+        from .torrent import seeds
+
+        out: set[str] = set()
+        for ih in self.info_hashes():
+            out |= seeds([(n, z, s) for n, (h, z, s) in self.members.items() if h == ih])
+        return out
+
+
+@dataclass
+class Fanout:
+    """What a host's staging needs of the fan-out (tritonfleet.model_repo.ops.model_release)."""
+
+    torrent: object  # tritonfleet.model_repo.torrent.Torrent
+    origin: object  # tritonfleet.model_repo.origin_store.Origin
+    web_seed: str  # the origin's objects/ URL
+    tracker: str  # announce URL
+    tracker_host: str | None  # the host that runs the tracker for this run (None: the operator's)
+    wave: Wave
+    port: int
+    seed_minutes: float
+    stall_seconds: int
+    wait_seconds: int
+
+
+def tracker_script(info_hashes: set[str]) -> str:
+    """Shell that makes Debian's opentracker on this host answer for ``info_hashes`` (its
+    whitelist, read at its start)."""
+    lines = "".join(f"{h}\\n" for h in sorted(info_hashes))
+    return (f"command -v opentracker >/dev/null 2>&1 || {{ echo 'opentracker is not installed'; exit 1; }}\n"
+            f"printf '{lines}' > {TRACKER_WHITELIST}.new && mv {TRACKER_WHITELIST}.new {TRACKER_WHITELIST} "
+            "&& systemctl restart opentracker\n")
