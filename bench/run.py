@@ -28,6 +28,8 @@ to bench/results/<time>.{md,json}.
         # speed-only features change nothing sent (docs/scale.md, Speed-only features)
     .venv/bin/python bench/run.py dataplane [--dataplane-hosts 1,3] [--dataplane-sizes 100,500]
         # push over SSH vs model origin vs origin + staging; the image through the mirror
+    .venv/bin/python bench/run.py fanout [--fanout-hosts 6] [--fanout-mb 150] [--fanout-mbit 100]
+        # a release to a wave with every link capped: direct from the origin vs the fan-out
     .venv/bin/python bench/run.py canary [--errors 10] [--latency 10] [--identical 20] [--capacity]
         # traffic canary and capacity rules (bench/canary.py; not part of all)
 
@@ -525,16 +527,32 @@ def bench_dataplane(results: Results, args) -> int:
     return 0
 
 
+def bench_fanout(results: Results, args) -> int:
+    sys.path.insert(0, str(BENCH))
+    import fanout
+
+    rows = fanout.run(args)
+    results.meta["fanout"] = rows
+    results.meta["paper_500"] = fanout.paper(rows, args.fanout_mbit, args.fanout_hosts)
+    stamp = _save_results("fanout", results.meta, fanout.table(rows, args.fanout_mbit))
+    print(json.dumps(results.meta["paper_500"], indent=1))
+    log(f"table in bench/results/fanout-{stamp}.md")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "scale", "replay-check", "dataplane",
-                                       "canary", "mirror-fill", "noop-installed", "all"])
+                                       "fanout", "canary", "mirror-fill", "noop-installed", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
     ap.add_argument("--dataplane-image-mb", type=int, default=400, help="dataplane: size of the image through the mirror")
     ap.add_argument("--dataplane-runs", type=int, default=2, help="dataplane: rollout runs per mode")
     ap.add_argument("--dataplane-parts", default="models,rollout,image", help="dataplane: which parts")
+    ap.add_argument("--fanout-hosts", type=int, default=6, help="fanout: hosts of the wave")
+    ap.add_argument("--fanout-mb", type=int, default=150, help="fanout: the release's size (MB)")
+    ap.add_argument("--fanout-mbit", type=int, default=100, help="fanout: every link's cap (Mbit/s)")
     ap.add_argument("--errors", type=int, default=10, help="canary: runs of a release with 2%% errors")
     ap.add_argument("--latency", type=int, default=10, help="canary: runs of a release 50%% slower")
     ap.add_argument("--identical", type=int, default=20, help="canary: runs of a release that serves the same")
@@ -587,6 +605,8 @@ def main() -> int:
         return replay_check(scale, args.hosts or 3, args.against, args.speed)
     if args.what == "dataplane":  # its own table in docs/scale.md (not part of all)
         return bench_dataplane(results, args)
+    if args.what == "fanout":  # its own table (not part of all)
+        return bench_fanout(results, args)
     if args.what == "bare-pull":  # its own table (not part of all)
         return bench_module(results, args, "bare-pull", "pull_bare")
     if args.what == "mirror-fill":  # no testbed host; its own table (not part of all)

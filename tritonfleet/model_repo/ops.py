@@ -6,6 +6,7 @@ the same release already there (switch only), an interrupted transfer (resume), 
 from __future__ import annotations
 
 import re
+import time
 from io import StringIO
 from pathlib import Path
 
@@ -100,14 +101,16 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
     script = fetch.fetch_script(
         base, release, runid.RUN_ID, parallel, retries,
         credentials=origins.store_for(origin).host_fetch_config())
+    t0 = time.monotonic()
     ok, out = host.run_shell_command(StringCommand(script), print_output=False,
                                      **{**connector_arguments(), "_stdin": stdin})
     res = fetch.parse_fetch(out.stdout_lines)
+    took = time.monotonic() - t0
     if ok and res.ok:
         resumed = sum(res.resumed.values())
         logger.info(f"{host.print_prefix}model release: fetched {len(res.verified)} objects "
                     f"({res.fetched_bytes / 1e6:.1f} MB this run{f', {resumed / 1e6:.1f} MB resumed' if resumed else ''}) "
-                    f"from {origin.url}, every sha256 verified")
+                    f"from {origin.url} in {took:.1f} s, every sha256 verified")
         return True
     lines = fetch.problems(res, wanted, origin.url, origin.object_key) or [
         ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()][-5:] or ["the fetch failed"]
@@ -164,15 +167,17 @@ def _swarm_objects(state, host, root: str, manifest: dict, paths: list[str], fan
     script = swarm.swarm_script(base, fan.torrent.info_hash, [fan.torrent.files.index(s) + 1 for s in want],
                                 port=fan.port, seed_minutes=fan.seed_minutes, stall_seconds=fan.stall_seconds,
                                 wait_seconds=fan.wait_seconds)
+    t0 = time.monotonic()
     _, out = host.run_shell_command(StringCommand(script), print_output=False,
                                     **{**connector_arguments(), "_stdin": swarm.swarm_input(meta, want)})
     res = swarm.parse_swarm(out.stdout_lines)
+    took = time.monotonic() - t0
     role = "seed, from the origin's web seed and peers" if seed else "from peers"
     if res.skipped:
         logger.warning(f"{host.print_prefix}fan-out skipped: {res.skipped}; fetching from the origin")
     else:
         logger.info(f"{host.print_prefix}fan-out ({role}, swarm {fan.torrent.info_hash[:12]}): {len(res.got)} objects "
-                    f"({res.bytes / 1e6:.1f} MB) verified, {len(res.missed)} left to the origin ({res.end})")
+                    f"({res.bytes / 1e6:.1f} MB) verified, {len(res.missed)} left to the origin ({res.end}) in {took:.1f} s")
     return True
 
 
