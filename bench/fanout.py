@@ -186,7 +186,7 @@ def table(rows: list[dict], mbit: int) -> str:
     out = ["| mode | hosts | release | wall (staging run) | slowest host's transfer | origin sent (x release) "
            "| each host received |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['mode']} | {r['hosts']} | {r['release_mb']} MB | {r['seconds']:.1f} s | "
+        out.append(f"| {r['mode']} | {r['hosts']} | {r['release_mb']} MB | {r['seconds']:.1f} s | {r['data_seconds']:.1f} s | "
                    f"{r['origin_bytes'] / 1e6:.1f} MB ({r['origin_ratio']}x) | "
                    f"{r['host_rx_mb_min']}-{r['host_rx_mb_max']} MB |")
     return "\n".join(out) + f"\n\nEvery link (each host's, both ways, and the origin's) capped at {mbit} Mbit/s.\n"

@@ -90,7 +90,7 @@ def test_a_wave_with_no_topology_data_takes_the_release_from_the_origin_once(tes
     assert res.stderr.count("fan-out (seed") == 1, res.stderr[-3000:]
     assert res.stderr.count("fan-out (from peers") == len(targets) - 1
     size = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file())
-    assert sum(origin.served(mark).values()) <= 1.1 * size
+    assert sum(origin.served(mark).values()) <= 1.1 * size, [ln for ln in res.stderr.splitlines() if "fan-out" in ln]
     clean(targets)
 
 

@@ -69,10 +69,15 @@ def swarm_script(base: str, info_hash: str, select: list[int], *, port: int, see
         f"obj={q(rel + '/' + OBJECTS_DIR)}",
         "command -v aria2c >/dev/null 2>&1 || { echo 'swarm-skip aria2c is not installed'; cat > /dev/null; exit 0; }",
         "mkdir -p \"$sw\" \"$obj\" && chmod 700 \"$obj\" || { echo \"swarm-skip cannot make $sw\"; exit 0; }",
+        # a swarm stopped: its process group (aria2c with it), TERM then KILL after 5 s
+        "stop() { kill -s TERM -- \"-$1\" 2>/dev/null || return 0; n=0; "
+        "while kill -0 -- \"-$1\" 2>/dev/null && [ $n -lt 10 ]; do sleep 0.5; n=$((n + 1)); done; "
+        "kill -s KILL -- \"-$1\" 2>/dev/null; return 0; }",
+        # the swarms of earlier releases: one still seeding holds the port, and this wave is the
+        # one its peers wait for, so it is stopped, then removed
+        f"for d in {q(rel + '/' + SWARM_DIR)}/*; do [ -d \"$d\" ] && [ \"$d\" != \"$sw\" ] || continue; "
+        "p=$(cat \"$d/pid\" 2>/dev/null); [ -n \"$p\" ] && [ ! -e \"$d/exit\" ] && stop \"$p\"; rm -rf \"$d\"; done",
         "set -f",
-        # the swarms of earlier releases whose aria2c has ended
-        f"for d in {q(rel + '/' + SWARM_DIR)}/*; do [ \"$d\" = \"$sw\" ] && continue; "
-        "p=$(cat \"$d/pid\" 2>/dev/null); [ -n \"$p\" ] && kill -0 \"$p\" 2>/dev/null && continue; rm -rf \"$d\"; done",
         "list=\"$sw/list\"; : > \"$sw/t.b64\"",
         "while IFS= read -r line; do [ \"$line\" = -- ] && break; printf '%s\\n' \"$line\" >> \"$sw/t.b64\"; done",
         "cat > \"$list\"",
@@ -99,7 +104,7 @@ def swarm_script(base: str, info_hash: str, select: list[int], *, port: int, see
         # an unfinished download is stopped before its files are read: nothing writes them then,
         # and a host serves nothing but complete, checked pieces of a finished one
         "if [ \"$end\" != done ] && [ ! -e \"$sw/exit\" ]; then",
-        "  kill -s TERM -- \"-$p\" 2>/dev/null; sleep 1; kill -s KILL -- \"-$p\" 2>/dev/null; echo 143 > \"$sw/exit\"",
+        "  stop \"$p\"; echo 143 > \"$sw/exit\"",
         "fi",
         "echo \"swarm-end $end\"",
         "while IFS= read -r line; do",

@@ -7,9 +7,11 @@ origin's direct fetch."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -41,20 +43,36 @@ def origin(tmp_path):
             p.write_bytes(d)
         t = torrent.make({s: len(d) for s, d in blobs.items()}, lambda s: open(web.object_path(s), "rb"), PIECE)
         tracker.allow(t.info_hash)
-        yield web, tracker, blobs, t
+        try:
+            yield web, tracker, blobs, t
+        finally:  # no swarm outlives its test, passed or not
+            for pid in tmp_path.rglob(f"{swarm.SWARM_DIR}/*/pid"):
+                with contextlib.suppress(OSError, ValueError):
+                    os.killpg(int(pid.read_text()), signal.SIGKILL)
 
 
 def run_swarm(tmp_path: Path, name: str, t, meta: bytes, want: dict[str, int], stall: int = 6,
-              wait: int = 60, seed_minutes: float = 0.3, log_level: str = "notice") -> swarm.SwarmResult:
+              wait: int = 60, seed_minutes: float = 0.3, log_level: str = "notice",
+              port: int | None = None) -> swarm.SwarmResult:
     base = tmp_path / name
     (base / "releases").mkdir(parents=True, exist_ok=True)
-    script = swarm.swarm_script(str(base), t.info_hash, [t.files.index(s) + 1 for s in want], port=free_port(),
+    script = swarm.swarm_script(str(base), t.info_hash, [t.files.index(s) + 1 for s in want], port=port or free_port(),
                                 seed_minutes=seed_minutes, stall_seconds=stall, wait_seconds=wait,
                                 log_level=log_level)
     res = subprocess.run(["sh", "-c", script], input=swarm.swarm_input(meta, want), capture_output=True, text=True,
                          timeout=wait + 30, env=aria2_env(tmp_path.parent / "aria2"))
     assert res.returncode == 0, res.stderr
     return swarm.parse_swarm(res.stdout.splitlines())
+
+
+def gone(group: int) -> bool:
+    """No live process is left in the process group (a zombie not yet reaped does not count)."""
+    for _ in range(20):
+        ps = subprocess.run(["ps", "-o", "stat=", "-g", str(group)], capture_output=True, text=True).stdout.split()
+        if not [s for s in ps if not s.startswith("Z")]:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def objects(tmp_path: Path, name: str) -> Path:
@@ -115,7 +133,7 @@ def test_a_peer_serving_corrupt_bytes_is_refused_and_the_origin_fetch_takes_over
     assert not any(objects(tmp_path, "h1").iterdir())  # nothing of the peer's was linked
     # the unfinished swarm was stopped, aria2c with it: the host serves nothing of it
     pid = int((tmp_path / "h1" / "releases" / swarm.SWARM_DIR / t.info_hash / "pid").read_text())
-    assert subprocess.run(["pgrep", "-g", str(pid)], capture_output=True).returncode == 1
+    assert gone(pid)
     # the origin's fetch then takes every object, checked
     paths = {f"m/{i}": s for i, s in enumerate(sorted(want))}
     inc = tmp_path / "h1" / "releases" / release_plan.incoming_dir("rel1", "run1")
@@ -172,3 +190,22 @@ def test_the_torrent_is_the_one_debians_mktorrent_makes(tmp_path):
     t = torrent.make({s: len(d) for s, d in blobs.items()}, lambda s: open(tmp_path / "sha256" / s, "rb"), 1 << 16)
     meta = (tmp_path / "m.torrent").read_bytes()
     assert torrent.bencode(t.info) in meta
+
+
+def test_a_new_release_stops_the_swarm_of_the_last_one_still_seeding(tmp_path, origin):
+    """The last release's aria2c seeds on for model_fanout_seed_minutes, on the port the new one
+    needs: the new swarm stops it (its whole process group) and starts on that port."""
+    web, tracker, blobs, _ = origin
+    first, second = sorted(blobs)[:2], sorted(blobs)[2:]
+    port = free_port()
+    for part in (first, second):
+        t = torrent.make({s: len(blobs[s]) for s in part}, lambda s: open(web.object_path(s), "rb"), PIECE)
+        tracker.allow(t.info_hash)
+        r = run_swarm(tmp_path, "h1", t, t.metainfo(tracker.url, f"{web.url}/objects/"),
+                      {s: len(blobs[s]) for s in part}, seed_minutes=5, port=port)
+        assert r.end == "done" and set(r.got) == set(part), r
+        if part is first:
+            old = int((tmp_path / "h1" / "releases" / swarm.SWARM_DIR / t.info_hash / "pid").read_text())
+            assert not gone(old)  # seeding on
+    assert gone(old)
+    assert [d.name for d in (tmp_path / "h1" / "releases" / swarm.SWARM_DIR).iterdir()] == [t.info_hash]
