@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import threading
 import time
@@ -129,10 +130,10 @@ def test_a_peer_and_the_seed_going_away_mid_wave_the_wave_completes_from_the_ori
     targets = testbed.hosts[:3]
     clean(targets)
     repo = release(tmp_path / "repo", mb=30)
-    hosts.sh("tc", "qdisc", "replace", "dev", hosts.BRIDGE, "root", "tbf", "rate", "40mbit", "burst", "64kb", "latency", "100ms")
+    hosts.sh("tc", "qdisc", "replace", "dev", hosts.BRIDGE, "root", "tbf", "rate", "8mbit", "burst", "64kb", "latency", "100ms")
 
     def stop_swarms():
-        time.sleep(12)
+        time.sleep(10)
         for h in targets[:2]:  # the seed (the first by name) and a peer
             ssh(h, f"for f in {SCRATCH}/releases/.tritonfleet-swarm/*/pid; do kill -s KILL -- \"-$(cat \"$f\")\"; done",
                 check=False)
@@ -145,7 +146,8 @@ def test_a_peer_and_the_seed_going_away_mid_wave_the_wave_completes_from_the_ori
         killer.join()
         hosts.sh("tc", "qdisc", "del", "dev", hosts.BRIDGE, "root", check=False)
     assert res.returncode == 0, res.stderr[-4000:]
-    assert "left to the origin" in res.stderr
+    # the swarm stopped short on some host, and the origin's fetch brought the rest
+    assert re.search(r"fan-out \(.*, [1-9]\d* left to the origin", res.stderr), res.stderr[-3000:]
     for h in targets:
         assert staged(h, repo) == want(repo)
     clean(targets)

@@ -69,6 +69,8 @@ def swarm_script(base: str, info_hash: str, select: list[int], *, port: int, see
         f"obj={q(rel + '/' + OBJECTS_DIR)}",
         "command -v aria2c >/dev/null 2>&1 || { echo 'swarm-skip aria2c is not installed'; cat > /dev/null; exit 0; }",
         "mkdir -p \"$sw\" \"$obj\" && chmod 700 \"$obj\" || { echo \"swarm-skip cannot make $sw\"; exit 0; }",
+        # a process that is there and not a zombie (this shell reaps its child only now and then)
+        "alive() { kill -0 \"$1\" 2>/dev/null && ! grep -q '^State:.*Z' \"/proc/$1/status\" 2>/dev/null; }",
         # a swarm stopped: its process group (aria2c with it), TERM then KILL after 5 s
         "stop() { kill -s TERM -- \"-$1\" 2>/dev/null || return 0; n=0; "
         "while kill -0 -- \"-$1\" 2>/dev/null && [ $n -lt 10 ]; do sleep 0.5; n=$((n + 1)); done; "
@@ -98,7 +100,9 @@ def swarm_script(base: str, info_hash: str, select: list[int], *, port: int, see
         "end=timeout; waited=0",
         f"while [ \"$waited\" -lt {int(wait_seconds)} ]; do",
         "  [ -e \"$sw/done\" ] && { end=done; break; }",
+        # ended by itself (no byte for the stall time), or killed (nothing wrote its exit)
         "  [ -e \"$sw/exit\" ] && { end=stalled; break; }",
+        "  alive \"$p\" || { end=stalled; break; }",
         "  sleep 1; waited=$((waited + 1))",
         "done",
         # an unfinished download is stopped before its files are read: nothing writes them then,

@@ -209,3 +209,26 @@ def test_a_new_release_stops_the_swarm_of_the_last_one_still_seeding(tmp_path, o
             assert not gone(old)  # seeding on
     assert gone(old)
     assert [d.name for d in (tmp_path / "h1" / "releases" / swarm.SWARM_DIR).iterdir()] == [t.info_hash]
+
+
+def test_a_swarm_killed_outright_is_seen_gone_at_once(tmp_path, origin):
+    """aria2c killed with its group (SIGKILL: the OOM killer, an operator) writes no exit status:
+    the host sees it gone and leaves everything to the origin, rather than waiting out
+    model_fanout_wait_seconds."""
+    _, tracker, blobs, t = origin
+    want = {s: len(d) for s, d in blobs.items()}
+    pid = tmp_path / "h1" / "releases" / swarm.SWARM_DIR / t.info_hash / "pid"
+
+    def kill():
+        for _ in range(100):
+            if pid.exists() and pid.read_text().strip():
+                time.sleep(1)
+                os.killpg(int(pid.read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    r = run_swarm(tmp_path, "h1", t, t.metainfo(tracker.url), want, stall=60, wait=20)
+    killer.join()
+    assert r.end == "stalled" and sorted(r.missed) == sorted(want), r
