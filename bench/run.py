@@ -37,6 +37,8 @@ to bench/results/<time>.{md,json}.
     .venv/bin/python bench/run.py driver-change [--driver-runs 1] [--driver-branches 570,580]
         # a converged host's driver branch moved by `tritonfleet rollout` and back, each move's
         # reboot-to-serving time by its parts (bench/driver_change.py; not part of all)
+    .venv/bin/python bench/run.py fanout [--fanout-hosts 6] [--fanout-mb 150] [--fanout-mbit 100]
+        # a release to a wave with every link capped: direct from the origin vs the fan-out
     .venv/bin/python bench/run.py canary [--errors 10] [--latency 10] [--identical 20] [--capacity]
         # traffic canary and capacity rules (bench/canary.py; not part of all)
 
@@ -574,10 +576,23 @@ def bench_dataplane(results: Results, args) -> int:
     return 0
 
 
+def bench_fanout(results: Results, args) -> int:
+    sys.path.insert(0, str(BENCH))
+    import fanout
+
+    rows = fanout.run(args)
+    results.meta["fanout"] = rows
+    results.meta["paper_500"] = fanout.paper(rows, args.fanout_mbit, args.fanout_hosts)
+    stamp = _save_results("fanout", results.meta, fanout.table(rows, args.fanout_mbit))
+    print(json.dumps(results.meta["paper_500"], indent=1))
+    log(f"table in bench/results/fanout-{stamp}.md")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "driver-change", "scale", "replay-check", "dataplane",
-                                       "canary", "mirror-fill", "noop-installed", "xid-noise", "storm", "all"])
+                                       "canary", "mirror-fill", "noop-installed", "xid-noise", "storm", "fanout", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
@@ -587,6 +602,9 @@ def main() -> int:
     ap.add_argument("--driver-runs", type=int, default=1, help="driver-change: round trips of the branch moves")
     ap.add_argument("--driver-branches", default=None,
                     help="driver-change: the branches moved to in turn (default: 570, then the host's own)")
+    ap.add_argument("--fanout-hosts", type=int, default=6, help="fanout: hosts of the wave")
+    ap.add_argument("--fanout-mb", type=int, default=150, help="fanout: the release's size (MB)")
+    ap.add_argument("--fanout-mbit", type=int, default=100, help="fanout: every link's cap (Mbit/s)")
     ap.add_argument("--errors", type=int, default=10, help="canary: runs of a release with 2%% errors")
     ap.add_argument("--latency", type=int, default=10, help="canary: runs of a release 50%% slower")
     ap.add_argument("--identical", type=int, default=20, help="canary: runs of a release that serves the same")
@@ -654,6 +672,8 @@ def main() -> int:
         return replay_check(scale, args.hosts or 3, args.against, args.speed)
     if args.what == "dataplane":  # its own table in docs/scale.md (not part of all)
         return bench_dataplane(results, args)
+    if args.what == "fanout":  # its own table (not part of all)
+        return bench_fanout(results, args)
     if args.what == "bare-pull":  # its own table (not part of all)
         return bench_module(results, args, "bare-pull", "pull_bare")
     if args.what == "driver-change":  # a test host's driver branch moved and back; its own table (not part of all)

@@ -6,6 +6,7 @@ the same release already there (switch only), an interrupted transfer (resume), 
 from __future__ import annotations
 
 import re
+import time
 from io import StringIO
 from pathlib import Path
 
@@ -109,14 +110,16 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
     script = fetch.fetch_script(
         base, release, runid.RUN_ID, parallel, retries,
         credentials=origins.store_for(origin).host_fetch_config())
+    t0 = time.monotonic()
     ok, out = host.run_shell_command(StringCommand(script), print_output=False,
                                      **{**stream.connector_arguments(), "_stdin": stdin})
     res = fetch.parse_fetch(out.stdout_lines)
+    took = time.monotonic() - t0
     if ok and res.ok:
         resumed = sum(res.resumed.values())
         logger.info(f"{host.print_prefix}model release: fetched {len(res.verified)} objects "
                     f"({res.fetched_bytes / 1e6:.1f} MB this run{f', {resumed / 1e6:.1f} MB resumed' if resumed else ''}) "
-                    f"from {origin.url}, every sha256 verified")
+                    f"from {origin.url} in {took:.1f} s, every sha256 verified")
         return True
     lines = fetch.problems(res, wanted, origin.url, origin.object_key) or [
         ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()][-5:] or ["the fetch failed"]
@@ -134,9 +137,62 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
     return False
 
 
+_torrents_published: set[tuple[str, str]] = set()
+
+
+def _swarm_objects(state, host, root: str, manifest: dict, paths: list[str], fan, base: str = "",
+                   release: str = "") -> bool:
+    """Take what the wave's hosts can serve of ``paths`` before the origin's fetch
+    (tritonfleet.model_repo.swarm). Never fails the host: what the swarm did not bring, the fetch
+    from the origin takes (and reports, when the origin fails too)."""
+    from ..pyinfra_ext.stream import connector_arguments
+    from . import origin as origins
+    from . import swarm
+
+    try:
+        # the seeds read the origin as the web seed: it holds the release first (once a run)
+        if origins.publishes_here():
+            origins.publish(fan.origin, Path(root), manifest, release)
+            key = fan.origin.manifest_key(release).removesuffix(".json") + ".torrent"
+            if (fan.origin.url, key) not in _torrents_published:  # next to the manifest, for the record
+                origins.store_for(fan.origin).put_bytes(key, fan.torrent.metainfo(fan.tracker))
+                _torrents_published.add((fan.origin.url, key))
+    except origins.OriginError as e:
+        logger.warning(f"{host.print_prefix}fan-out skipped: {e}")
+        return True
+
+    if fan.tracker_host == host.name:
+        ok, out = host.run_shell_command(StringCommand(swarm.tracker_script(fan.wave.info_hashes())),
+                                         print_output=False, **connector_arguments())
+        if not ok:
+            logger.warning(f"{host.print_prefix}fan-out: the tracker did not start ({' '.join(out.stdout_lines[-2:])}); "
+                           "the wave's hosts fetch from the origin")
+    want = {manifest[p][1]: int(manifest[p][0]) for p in paths if int(manifest[p][0]) > 0}
+    want = {s: n for s, n in want.items() if s in fan.torrent.files}
+    if not want:
+        return True
+    seed = host.name in fan.wave.seeds()
+    meta = fan.torrent.metainfo(fan.tracker, fan.web_seed if seed else None)
+    script = swarm.swarm_script(base, fan.torrent.info_hash, [fan.torrent.files.index(s) + 1 for s in want],
+                                port=fan.port, seed_minutes=fan.seed_minutes, stall_seconds=fan.stall_seconds,
+                                wait_seconds=fan.wait_seconds)
+    t0 = time.monotonic()
+    _, out = host.run_shell_command(StringCommand(script), print_output=False,
+                                    **{**connector_arguments(), "_stdin": swarm.swarm_input(meta, want)})
+    res = swarm.parse_swarm(out.stdout_lines)
+    took = time.monotonic() - t0
+    role = "seed, from the origin's web seed and peers" if seed else "from peers"
+    if res.skipped:
+        logger.warning(f"{host.print_prefix}fan-out skipped: {res.skipped}; fetching from the origin")
+    else:
+        logger.info(f"{host.print_prefix}fan-out ({role}, swarm {fan.torrent.info_hash[:12]}): {len(res.got)} objects "
+                    f"({res.bytes / 1e6:.1f} MB) verified, {len(res.missed)} left to the origin ({res.end}) in {took:.1f} s")
+    return True
+
+
 @operation(is_idempotent=True)
 def model_release(base: str, release: str, local: str, manifest: dict, keep: int,
-                  transport: str = "auto", origin=None, switch: bool = True):
+                  transport: str = "auto", origin=None, switch: bool = True, fanout=None):
     """Make ``release`` (the repository at ``local``, whose manifest is ``manifest``) the live model
     repository below ``base``; keep ``keep`` earlier releases. ``origin``
     (tritonfleet.model_repo.origin.Origin): the host fetches what it lacks from there instead of
@@ -151,6 +207,7 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
     + transport: how files are sent (``auto``, ``sftp``, ``tar``)
     + origin: the model origin the host fetches from instead
     + switch: switch the live link (False: staging)
+    + fanout: take what the wave's other hosts hold first (tritonfleet.model_repo.swarm.Fanout)
 
     Changes: ``<base>/releases/<release>`` and, with ``switch``, the ``model_repository`` link.
 
@@ -184,6 +241,8 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         yield StringCommand(f"mkdir -p {q(base + '/releases')}")
         yield FileUploadCommand(StringIO(script), path)
         yield StringCommand(f"sh {q(path)}; rc=$?; rm -f {q(path)}; exit $rc")
+    if plan.send and origin is not None and fanout is not None:
+        yield FunctionCommand(_swarm_objects, (local, manifest, plan.send, fanout), {"base": base, "release": release})
     if plan.send and origin is not None:
         yield FunctionCommand(_fetch_objects, (local, manifest, plan.send, origin),
                               {"base": base, "release": release, "parallel": int(access.get("model_origin_parallel")),

@@ -150,6 +150,16 @@ RULES: dict[str, Rule] = {
     "model_origin_upload_password_env": text(empty=False),
     "model_origin_parallel": whole(1),
     "model_origin_retries": whole(0),
+    # model fan-out
+    "model_fanout": flag(),
+    "model_fanout_tracker": url("http", "https", none=True),
+    "model_fanout_port": PORT,
+    "model_fanout_piece_kb": choice(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+    "model_fanout_seed_minutes": whole(0),
+    "model_fanout_stall_seconds": whole(1),
+    "model_fanout_wait_seconds": whole(1),
+    "fanout_zone": text(none=True, empty=False),
+    "fanout_seed": choice(None, True, False),
     # image mirror
     "image_mirror": text(none=True, empty=False),
     "image_mirror_upstream": url("http", "https"),

@@ -221,6 +221,39 @@ model_origin_parallel = 8
 # byte for 60 s fails (and resumes on the next run).
 model_origin_retries = 3
 
+# --- Model fan-out: a wave's hosts serve each other a release (docs/model-origin.md#fan-out) -------
+# Staging (deploys/stage.py, `rollout --stage`) with a model origin takes the release's objects from
+# the wave's other hosts (BitTorrent: aria2c, Debian's package, installed on the hosts by staging)
+# before asking the origin for what is still missing. The seeds take it from the origin as their
+# web seed, every other host from its peers, so the origin sends each byte about once whatever the
+# number of hosts. Every object is still checked by its SHA-256 before use; a host whose swarm
+# fails fetches from the origin directly. Needs an origin the hosts read with plain URLs (an HTTP
+# origin): with presigned S3 URLs staging fetches directly. The push deploy is unchanged.
+model_fanout = False
+# The tracker's announce URL ("http://tracker:6969/announce": an opentracker the operator runs,
+# whose whitelist must hold each release's info hash, which staging logs). None: the wave's first
+# host by name runs Debian's opentracker (installed by staging; its own service on TCP 6969, the
+# whitelist written with the run's releases before any host joins the swarm).
+model_fanout_tracker = None
+# Port each host's aria2c listens on for its peers (TCP, the hosts' network).
+model_fanout_port = 6881
+# Piece size of the release's torrent in KiB (a power of two, at least 16): what one SHA-1 covers,
+# what a peer asks for at once.
+model_fanout_piece_kb = 1024
+# Minutes a host keeps serving the release to the rest of the wave after its own download.
+model_fanout_seed_minutes = 10
+# Seconds the swarm may bring no byte before the host gives up on it (its peers and seeds are
+# gone) and fetches the rest from the origin.
+model_fanout_stall_seconds = 30
+# Seconds a host waits for the swarm at most before it fetches the rest from the origin.
+model_fanout_wait_seconds = 1800
+# Per host (host data): its zone or rack (None: one zone for the whole wave). Each zone has a
+# seed that takes the release from the origin; so the origin sends it once per zone.
+fanout_zone = None
+# Per host: True makes it a seed, False never one; None: the zone's first host by name seeds when
+# no host of the zone says True.
+fanout_seed = None
+
 # --- Image mirror: a pull-through cache for the Triton image (docs/model-origin.md) ------------
 # "host:port" of a pull-through registry the hosts pull through (None: pull from the image's own
 # registry). Images of image_mirror_upstream's registry are rewritten to it and must be pinned by

@@ -10,12 +10,23 @@ that cannot stage fails this run and is left out of the rollout before any host 
 
 Without a model origin the release is pushed over SSH by the deploy itself, as always: staging
 then pulls the image only.
+
+With ``model_fanout`` the release's objects travel as one BitTorrent swarm (its torrent made here,
+once a release; the wave's seeds read the origin as its web seed, every other host reads its
+peers) before each host fetches from the origin whatever the swarm did not bring
+(docs/model-origin.md#fan-out).
 """
 
 from __future__ import annotations
 
-from pyinfra import host
+from pathlib import Path
 
+from pyinfra import host
+from pyinfra.operations import server
+
+from ..host.ops import aptlock
+from ..model_repo import origin as origins
+from ..model_repo import swarm, torrent
 from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
 from ..preflight import triton_layer
@@ -27,6 +38,53 @@ from .triton import ensure_image, model_origin
 def mirror_only() -> bool:
     """This host runs the image mirror and no Triton (no GPU class): staging leaves it alone."""
     return access.get("image_mirror_group") in host.groups and not host.data.get("gpu_class")
+
+
+# the hosts of this staging run (filled as each host's operations are made, read when they run)
+WAVE = swarm.Wave()
+_TORRENTS: dict[tuple[str, str, int], torrent.Torrent] = {}
+
+
+def _release_torrent(local, manifest: dict, release: str, piece: int) -> torrent.Torrent:
+    """The release's torrent, made once a run (every host of a release shares it)."""
+    key = (str(local), release, piece)
+    if key not in _TORRENTS:
+        shas = {sha for size, sha in manifest.values() if int(size) > 0}
+        _TORRENTS[key] = torrent.from_repository(Path(local), manifest, shas, piece)
+    return _TORRENTS[key]
+
+
+def _wave_hosts() -> list:
+    """The hosts of this run that stage a release (the image mirror's own hosts do not)."""
+    group = access.get("image_mirror_group")
+    return sorted((h for h in host.state.inventory.iter_activated_hosts()
+                   if not (group in h.groups and not h.data.get("gpu_class"))), key=lambda h: h.name)
+
+
+def fanout_for(origin, local, manifest: dict, release: str) -> swarm.Fanout | None:
+    """This host's part of the wave's swarm, or None: no fan-out (off, an origin read through
+    signed URLs, or a release of empty files only)."""
+    if not access.get("model_fanout"):
+        return None
+    shas = sorted({sha for size, sha in manifest.values() if int(size) > 0})
+    if not shas:
+        return None
+    seed_url = torrent.web_seed(origins.urls(origin, shas[:1])[shas[0]], shas[0])
+    if seed_url is None:
+        host.noop("model_fanout: the origin's URLs are signed (no web seed): the host fetches from the origin")
+        return None
+    t = _release_torrent(local, manifest, release, int(access.get("model_fanout_piece_kb")) * 1024)
+    WAVE.add(host.name, t.info_hash, access.get("fanout_zone"), access.get("fanout_seed"))
+    tracker, tracker_host = access.get("model_fanout_tracker"), None
+    if tracker is None:
+        first = _wave_hosts()[0] if _wave_hosts() else host
+        tracker_host = first.name
+        tracker = f"http://{first.data.get('ssh_hostname') or first.name}:{swarm.TRACKER_PORT}/announce"
+    return swarm.Fanout(torrent=t, origin=origin, web_seed=seed_url, tracker=tracker, tracker_host=tracker_host, wave=WAVE,
+                        port=int(access.get("model_fanout_port")),
+                        seed_minutes=float(access.get("model_fanout_seed_minutes")),
+                        stall_seconds=int(access.get("model_fanout_stall_seconds")),
+                        wait_seconds=int(access.get("model_fanout_wait_seconds")))
 
 
 def preflight() -> None:
@@ -62,7 +120,8 @@ def stage_models():
 
     Changes: ``<triton_base_dir>/releases/<release>``; nothing on the image mirror's own hosts.
 
-    Tunables: ``triton_base_dir``, ``triton_keep_releases``, ``model_origin``.
+    Tunables: ``triton_base_dir``, ``triton_keep_releases``, ``model_origin``, ``model_fanout`` (and the
+    other ``model_fanout_*``), ``fanout_zone``, ``fanout_seed``.
 
     **Example:**
 
@@ -80,6 +139,13 @@ def stage_models():
         return []
     base = access.get("triton_base_dir")
     local, man, rid = current_host_repository(access.current())
-    return [model_release(name=f"stage model release {rid} from {origin.url}", base=base, release=rid,
+    fan = fanout_for(origin, local, man, rid)
+    ops = []
+    if fan is not None:
+        need = ["aria2"] + (["opentracker"] if fan.tracker_host == host.name else [])
+        ops.append(server.shell(name=f"fan-out: {', '.join(need)} installed", commands=aptlock.wrapped([
+            " && ".join(f"{{ dpkg -s {p} >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                        f"--no-install-recommends {p}; }}" for p in need)])))
+    return ops + [model_release(name=f"stage model release {rid} from {origin.url}", base=base, release=rid,
                           local=str(local), manifest=man, keep=int(access.get("triton_keep_releases")),
-                          origin=origin, switch=False)]
+                          origin=origin, switch=False, fanout=fan)]
