@@ -20,6 +20,7 @@ from ..core.shell import q
 from ..pyinfra_ext import stream, transfer
 from ..pyinfra_ext.stream import wrapped
 from ..settings import access
+from . import swarm
 from .release import (
     INCOMING,
     OWN_PREFIX,
@@ -145,9 +146,7 @@ def _swarm_objects(state, host, root: str, manifest: dict, paths: list[str], fan
     """Take what the wave's hosts can serve of ``paths`` before the origin's fetch
     (tritonfleet.model_repo.swarm). Never fails the host: what the swarm did not bring, the fetch
     from the origin takes (and reports, when the origin fails too)."""
-    from ..pyinfra_ext.stream import connector_arguments
     from . import origin as origins
-    from . import swarm
 
     try:
         # the seeds read the origin as the web seed: it holds the release first (once a run)
@@ -163,7 +162,7 @@ def _swarm_objects(state, host, root: str, manifest: dict, paths: list[str], fan
 
     if fan.tracker_host == host.name:
         ok, out = host.run_shell_command(StringCommand(swarm.tracker_script(fan.wave.info_hashes())),
-                                         print_output=False, **connector_arguments())
+                                         print_output=False, **stream.connector_arguments())
         if not ok:
             logger.warning(f"{host.print_prefix}fan-out: the tracker did not start ({' '.join(out.stdout_lines[-2:])}); "
                            "the wave's hosts fetch from the origin")
@@ -178,7 +177,7 @@ def _swarm_objects(state, host, root: str, manifest: dict, paths: list[str], fan
                                 wait_seconds=fan.wait_seconds)
     t0 = time.monotonic()
     _, out = host.run_shell_command(StringCommand(script), print_output=False,
-                                    **{**connector_arguments(), "_stdin": swarm.swarm_input(meta, want)})
+                                    **{**stream.connector_arguments(), "_stdin": swarm.swarm_input(meta, want)})
     res = swarm.parse_swarm(out.stdout_lines)
     took = time.monotonic() - t0
     role = "seed, from the origin's web seed and peers" if seed else "from peers"

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from ..core.shell import q
 from .fetch import OBJECTS_DIR
 from .release import OWN_PREFIX
+from .torrent import seeds
 
 SWARM_DIR = f"{OWN_PREFIX}swarm"
 # aria2c's options that never change: no DHT or local discovery (the tracker names the peers), no
@@ -174,8 +175,6 @@ class Wave:
     def seeds(self) -> set[str]:
         """The seeds of each swarm (hosts of another release are another swarm): one per zone
         unless the inventory names them (tritonfleet.model_repo.torrent.seeds)."""
-        from .torrent import seeds
-
         out: set[str] = set()
         for ih in self.info_hashes():
             out |= seeds([(n, z, s) for n, (h, z, s) in self.members.items() if h == ih])
