@@ -285,12 +285,13 @@ def test_every_domain_is_a_package(domain):
     assert (ROOT / "tritonfleet" / domain / "__init__.py").is_file()
 
 
-def test_no_module_is_over_600_lines_but_data_tables():
-    """A module that grows past ~600 lines mixes concerns: split it along its seams. Data tables
-    (the tunables, apt's messages) may be longer."""
+def test_no_module_is_over_750_lines_but_data_tables():
+    """A module that grows past ~600 lines of the compact style (750 as ``ruff format`` wraps them:
+    the formatter added about a fifth) mixes concerns: split it along its seams. Data tables (the
+    tunables, apt's messages) may be longer."""
     tables = {"tritonfleet/settings/defaults.py"}
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted((ROOT / "tritonfleet").rglob("*.py"))
-            if (n := len(p.read_text().splitlines())) > 600 and p.relative_to(ROOT).as_posix() not in tables]
+            if (n := len(p.read_text().splitlines())) > 750 and p.relative_to(ROOT).as_posix() not in tables]
     assert not long, "\n".join(long)
 
 

@@ -49,7 +49,7 @@ def depends_command(image: str, image_id: str | None = None) -> str:
     ``docker image inspect`` would, where the caller already asked Docker)."""
     inspect = image_id or f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null"
     return (
-        "{ echo \"$q\"; cat /proc/sys/kernel/random/boot_id; "
+        '{ echo "$q"; cat /proc/sys/kernel/random/boot_id; '
         "dpkg-query -W -f '${Package}=${Version}\\n' 'nvidia-container-*' 'libnvidia-container*' "
         "docker-ce docker.io 'containerd*' 2>/dev/null; cat /etc/docker/daemon.json 2>/dev/null; "
         f"{inspect}; }} "
@@ -58,13 +58,16 @@ def depends_command(image: str, image_id: str | None = None) -> str:
 
 
 def _host_part(query: str, smi: str) -> str:
-    host_query = query if smi == "nvidia-smi" or not query.startswith("nvidia-smi ") \
-        else smi + query[len("nvidia-smi"):]
+    host_query = (
+        query if smi == "nvidia-smi" or not query.startswith("nvidia-smi ") else smi + query[len("nvidia-smi") :]
+    )
     # the host's part also reads the GPU record, nvidia-smi -q (the CUDA version, each GPU's
     # persistence mode: gpufacts.summary_command) and the kernel module's flavour (installed:
     # modinfo; loaded: /proc)
-    return (f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({host_query} 2>&1); echo \"$q\"; "
-            f"echo {SECTION}; {gpufacts.summary_command(smi)}; {kmod.COMMAND}; echo {SECTION}; ")
+    return (
+        f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({host_query} 2>&1); echo \"$q\"; "
+        f"echo {SECTION}; {gpufacts.summary_command(smi)}; {kmod.COMMAND}; echo {SECTION}; "
+    )
 
 
 def images_command(images: tuple[str, ...]) -> str:
@@ -74,9 +77,11 @@ def images_command(images: tuple[str, ...]) -> str:
     cli/command/inspect/inspector.go, ``Inspect``; commit e0dfb46e22c4); then, and only then,
     one inspect each, so that the lines keep their places."""
     names = " ".join(q(i) for i in images)
-    return (f"ids=$(docker image inspect --format '{{{{.Id}}}}' {names} 2>/dev/null) || "
-            f"ids=$(for i in {names}; do printf '%s\\n' \"$(docker image inspect --format '{{{{.Id}}}}' \"$i\" "
-            "2>/dev/null)\"; done)")
+    return (
+        f"ids=$(docker image inspect --format '{{{{.Id}}}}' {names} 2>/dev/null) || "
+        f"ids=$(for i in {names}; do printf '%s\\n' \"$(docker image inspect --format '{{{{.Id}}}}' \"$i\" "
+        '2>/dev/null)"; done)'
+    )
 
 
 def probe_args(image: str, smi: str, triton_image: str | None) -> dict:
@@ -91,9 +96,11 @@ def probe_images(image: str, also) -> tuple[str, ...]:
 
 
 def _cached(image: str, otherwise: str, image_id: str | None = None) -> str:
-    return (f"k=$({depends_command(image, image_id)}); "
-            f"if [ \"$(head -n 1 {STAMP} 2>/dev/null)\" = \"key=$k\" ]; then tail -n +2 {STAMP}; "
-            f"echo {SECTION}; echo cached; else {otherwise}; fi")
+    return (
+        f"k=$({depends_command(image, image_id)}); "
+        f'if [ "$(head -n 1 {STAMP} 2>/dev/null)" = "key=$k" ]; then tail -n +2 {STAMP}; '
+        f"echo {SECTION}; echo cached; else {otherwise}; fi"
+    )
 
 
 def probe_command(image: str, query: str = QUERY, mode: str = "always", smi: str = "nvidia-smi") -> str:
@@ -108,7 +115,7 @@ def probe_command(image: str, query: str = QUERY, mode: str = "always", smi: str
     run = f"{container_prefix(image)}sh -c {inner} 2>&1"
     if mode == "always":
         return f"{_host_part(query, smi)}{run}"
-    return _host_part(query, smi) + _cached(image, f"{run}; echo {SECTION}; echo \"key=$k\"")
+    return _host_part(query, smi) + _cached(image, f'{run}; echo {SECTION}; echo "key=$k"')
 
 
 class GpuProbe(FactBase):
@@ -121,9 +128,11 @@ class GpuProbe(FactBase):
     default = list
 
     def command(self, image: str, smi: str = "nvidia-smi", also: tuple[str, ...] = ()) -> str:
-        return (f"{images_command(probe_images(image, also))}; printf '%s\\n' \"$ids\" | sed 's/^/{IMAGE_PREFIX}/'; "
-                + _host_part(QUERY, smi)
-                + _cached(image, f"echo {STALE}", image_id="printf '%s\\n' \"$ids\" | head -n 1"))
+        return (
+            f"{images_command(probe_images(image, also))}; printf '%s\\n' \"$ids\" | sed 's/^/{IMAGE_PREFIX}/'; "
+            + _host_part(QUERY, smi)
+            + _cached(image, f"echo {STALE}", image_id="printf '%s\\n' \"$ids\" | head -n 1")
+        )
 
     def process(self, output):
         return list(output)
@@ -132,10 +141,14 @@ class GpuProbe(FactBase):
     def derives(image: str, smi: str = "nvidia-smi", also: tuple[str, ...] = ()) -> list[tuple]:
         """[(fact class, kwargs)] that ``derived`` may answer: a batch with this fact leaves them
         out (memo.prefetch); one it did not answer is read on its own later."""
-        return [(gpufacts.GpuRecord, {}), (Command, {"command": kmod.COMMAND}),
-                (Command, {"command": gpufacts.persistence_command(smi)}),
-                (gpufacts.NvidiaGpus, {"smi": smi}), (Command, {"command": gpufacts.driver_version_command(smi)}),
-                *((DockerImageId, {"image": i}) for i in probe_images(image, also))]
+        return [
+            (gpufacts.GpuRecord, {}),
+            (Command, {"command": kmod.COMMAND}),
+            (Command, {"command": gpufacts.persistence_command(smi)}),
+            (gpufacts.NvidiaGpus, {"smi": smi}),
+            (Command, {"command": gpufacts.driver_version_command(smi)}),
+            *((DockerImageId, {"image": i}) for i in probe_images(image, also)),
+        ]
 
     @staticmethod
     def derived(lines: list[str], image: str, smi: str = "nvidia-smi", also: tuple[str, ...] = ()) -> list[tuple]:
@@ -143,29 +156,41 @@ class GpuProbe(FactBase):
         module and the persistence check's lines of ``nvidia-smi -q`` always; NvidiaGpus and the
         driver version when the query answered (an old driver without compute_cap, or one that
         fails, is read on its own, as before)."""
-        record = [ln[len(RECORD_PREFIX):] for ln in lines if ln.startswith(RECORD_PREFIX)]
+        record = [ln[len(RECORD_PREFIX) :] for ln in lines if ln.startswith(RECORD_PREFIX)]
         ids = image_ids(lines)
         rest = without_ids([ln for ln in lines if not ln.startswith(RECORD_PREFIX)])
         parts = split_sections(rest, 2)
         query_lines, (summary_lines, kmod_lines) = parts[0], kmod.split(parts[1])
-        out: list[tuple] = [(gpufacts.GpuRecord, {}, parse_record(record)),
-                            (Command, {"command": kmod.COMMAND}, "\n".join(kmod_lines) or None),
-                            (Command, {"command": gpufacts.persistence_command(smi)},
-                             "\n".join(gpufacts.persistence_lines(summary_lines)) or None),
-                            *((DockerImageId, {"image": i}, DockerImageId().process(ids[n:n + 1]))
-                              for n, i in enumerate(probe_images(image, also)))]
+        out: list[tuple] = [
+            (gpufacts.GpuRecord, {}, parse_record(record)),
+            (Command, {"command": kmod.COMMAND}, "\n".join(kmod_lines) or None),
+            (
+                Command,
+                {"command": gpufacts.persistence_command(smi)},
+                "\n".join(gpufacts.persistence_lines(summary_lines)) or None,
+            ),
+            *(
+                (DockerImageId, {"image": i}, DockerImageId().process(ids[n : n + 1]))
+                for n, i in enumerate(probe_images(image, also))
+            ),
+        ]
         info = gpufacts.parse_query(query_lines)
         if info.ok:
-            out += [(gpufacts.NvidiaGpus, {"smi": smi}, info),
-                    (Command, {"command": gpufacts.driver_version_command(smi)},
-                     "\n".join(g.driver_version or "" for g in info.gpus))]
+            out += [
+                (gpufacts.NvidiaGpus, {"smi": smi}, info),
+                (
+                    Command,
+                    {"command": gpufacts.driver_version_command(smi)},
+                    "\n".join(g.driver_version or "" for g in info.gpus),
+                ),
+            ]
         return out
 
 
 def image_ids(lines: list[str]) -> list[str]:
     """GpuProbe's image ID lines, in the order asked ("" where the image is not there)."""
     mark = IMAGE_PREFIX.rstrip()
-    return [ln[len(mark):].strip() for ln in lines if ln.startswith(mark)]
+    return [ln[len(mark) :].strip() for ln in lines if ln.startswith(mark)]
 
 
 def without_ids(lines: list[str]) -> list[str]:

@@ -60,22 +60,36 @@ DISK_FULL_HELP = (
 )
 
 
-def _send_files(state, host, root: str, paths: list[str], remote: str, transport: str,
-                base: str = "", release: str = "") -> bool:
+def _send_files(
+    state, host, root: str, paths: list[str], remote: str, transport: str, base: str = "", release: str = ""
+) -> bool:
     try:
         sent = transfer.send(host, Path(root), paths, remote, transport)
     except (transfer.TransferError, OSError) as e:
         text = report.without_host(str(e), host.name).splitlines() or [type(e).__name__]
-        now = (f"the live model release is unchanged and Triton keeps serving it; what was sent stays in "
-               f"{base}/releases/{INCOMING}{release} and the next run sends only the rest")
+        now = (
+            f"the live model release is unchanged and Triton keeps serving it; what was sent stays in "
+            f"{base}/releases/{INCOMING}{release} and the next run sends only the rest"
+        )
         fix = "restore the link to the host, then run the deploy again"
         # tar on the host: "Cannot write: No space left on device", or a short write ("Wrote
         # only 4608 of 10240 bytes") when the disk fills in the middle of a block
         if re.search(r"No space left on device|Disk quota exceeded|tar: .*: Wrote only \d+ of \d+ bytes", str(e)):
             fix = DISK_FULL_HELP.format(host=host.name, base=base, incoming=incoming_dir(release, runid.RUN_ID))
-        report.emit(host, report.Failure(
-            host.name, "Model repository (transfer)", f"release {release} sent to {base}/releases",
-            text[0], report.trim(text[1:]), "the transfer's own words (ssh, tar)", now, fix, cause=text[0]))
+        report.emit(
+            host,
+            report.Failure(
+                host.name,
+                "Model repository (transfer)",
+                f"release {release} sent to {base}/releases",
+                text[0],
+                report.trim(text[1:]),
+                "the transfer's own words (ssh, tar)",
+                now,
+                fix,
+                cause=text[0],
+            ),
+        )
         return False
     logger.info(f"{host.print_prefix}model release: {sent}")
     return True
@@ -83,8 +97,19 @@ def _send_files(state, host, root: str, paths: list[str], remote: str, transport
 
 # --- model origin: the host fetches the objects itself (tritonfleet.model_repo) -------------
 
-def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], origin,
-                   base: str = "", release: str = "", parallel: int = 8, retries: int = 3) -> bool:
+
+def _fetch_objects(
+    state,
+    host,
+    root: str,
+    manifest: dict,
+    paths: list[str],
+    origin,
+    base: str = "",
+    release: str = "",
+    parallel: int = 8,
+    retries: int = 3,
+) -> bool:
     """Make the origin hold ``release`` (uploads what it lacks, once a run), then have the host
     fetch, verify and place the objects of ``paths``; a failure is reported naming each object."""
     from . import fetch
@@ -94,55 +119,92 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
     step = "Model repository (fetch from the model origin)"
     try:
         # a pull-mode host only reads: the control machine published at `tritonfleet pull publish`
-        published = (origins.publish(origin, Path(root), manifest, release) if origins.publishes_here()
-                     else origins.published(origin, manifest, release))
+        published = (
+            origins.publish(origin, Path(root), manifest, release)
+            if origins.publishes_here()
+            else origins.published(origin, manifest, release)
+        )
         wanted = {p: manifest[p][1] for p in paths}
         sizes = {manifest[p][1]: int(manifest[p][0]) for p in paths}
         urls = origins.urls(origin, list(sizes))
     except origins.OriginError as e:
-        report.emit(host, report.Failure(
-            host.name, step, f"release {release} at the model origin {origin.url}", str(e), [],
-            "", now + "; nothing was fetched",
-            "make the origin reachable from this machine (model_origin, model_origin_endpoint, credentials), "
-            "then run the deploy again", cause=str(e)[:200]))
+        report.emit(
+            host,
+            report.Failure(
+                host.name,
+                step,
+                f"release {release} at the model origin {origin.url}",
+                str(e),
+                [],
+                "",
+                now + "; nothing was fetched",
+                "make the origin reachable from this machine (model_origin, model_origin_endpoint, credentials), "
+                "then run the deploy again",
+                cause=str(e)[:200],
+            ),
+        )
         return False
     logger.info(f"{host.print_prefix}{published}")
     stdin = fetch.fetch_list({s: (n, urls[s]) for s, n in sizes.items()}, wanted)
     script = fetch.fetch_script(
-        base, release, runid.RUN_ID, parallel, retries,
-        credentials=origins.store_for(origin).host_fetch_config())
+        base, release, runid.RUN_ID, parallel, retries, credentials=origins.store_for(origin).host_fetch_config()
+    )
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(StringCommand(script), print_output=False,
-                                     **{**stream.connector_arguments(), "_stdin": stdin})
+    ok, out = host.run_shell_command(
+        StringCommand(script), print_output=False, **{**stream.connector_arguments(), "_stdin": stdin}
+    )
     res = fetch.parse_fetch(out.stdout_lines)
     took = time.monotonic() - t0
     if ok and res.ok:
         resumed = sum(res.resumed.values())
-        logger.info(f"{host.print_prefix}model release: fetched {len(res.verified)} objects "
-                    f"({res.fetched_bytes / 1e6:.1f} MB this run{f', {resumed / 1e6:.1f} MB resumed' if resumed else ''}) "
-                    f"from {origin.url} in {took:.1f} s, every sha256 verified")
+        logger.info(
+            f"{host.print_prefix}model release: fetched {len(res.verified)} objects "
+            f"({res.fetched_bytes / 1e6:.1f} MB this run{f', {resumed / 1e6:.1f} MB resumed' if resumed else ''}) "
+            f"from {origin.url} in {took:.1f} s, every sha256 verified"
+        )
         return True
-    lines = fetch.problems(res, wanted, origin.url, origin.object_key) or [
-        ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()][-5:] or ["the fetch failed"]
+    lines = (
+        fetch.problems(res, wanted, origin.url, origin.object_key)
+        or [ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()][-5:]
+        or ["the fetch failed"]
+    )
     said = res.curl_said + [ln for ln in out.stderr_lines if ln.strip()]
     corrupt = bool(res.corrupt)
-    fix = ("an object at the origin is not what its name says: delete it there (the next run uploads it again "
-           "from this machine) and run the deploy again" if corrupt else
-           "make the origin reachable from the host (curl on the host, its network, the URL's expiry: "
-           "model_origin_url_expiry), then run the deploy again: what arrived is kept and resumes")
-    report.emit(host, report.Failure(
-        host.name, step, f"every object of release {release} fetched from {origin.url} and its sha256 verified",
-        lines[0], report.trim(lines[1:] + said), "the fetch's own words (curl, sha256sum)",
-        now + ("; the refused objects were deleted on the host" if corrupt else
-               f"; what arrived stays in {base}/releases/{fetch.OBJECTS_DIR}"), fix, cause=lines[0][:200]))
+    fix = (
+        "an object at the origin is not what its name says: delete it there (the next run uploads it again "
+        "from this machine) and run the deploy again"
+        if corrupt
+        else "make the origin reachable from the host (curl on the host, its network, the URL's expiry: "
+        "model_origin_url_expiry), then run the deploy again: what arrived is kept and resumes"
+    )
+    report.emit(
+        host,
+        report.Failure(
+            host.name,
+            step,
+            f"every object of release {release} fetched from {origin.url} and its sha256 verified",
+            lines[0],
+            report.trim(lines[1:] + said),
+            "the fetch's own words (curl, sha256sum)",
+            now
+            + (
+                "; the refused objects were deleted on the host"
+                if corrupt
+                else f"; what arrived stays in {base}/releases/{fetch.OBJECTS_DIR}"
+            ),
+            fix,
+            cause=lines[0][:200],
+        ),
+    )
     return False
 
 
 _torrents_published: set[tuple[str, str]] = set()
 
 
-def _swarm_objects(state, host, root: str, manifest: dict, paths: list[str], fan, base: str = "",
-                   release: str = "") -> bool:
+def _swarm_objects(
+    state, host, root: str, manifest: dict, paths: list[str], fan, base: str = "", release: str = ""
+) -> bool:
     """Take what the wave's hosts can serve of ``paths`` before the origin's fetch
     (tritonfleet.model_repo.swarm). Never fails the host: what the swarm did not bring, the fetch
     from the origin takes (and reports, when the origin fails too)."""
@@ -161,37 +223,62 @@ def _swarm_objects(state, host, root: str, manifest: dict, paths: list[str], fan
         return True
 
     if fan.tracker_host == host.name:
-        ok, out = host.run_shell_command(StringCommand(swarm.tracker_script(fan.wave.info_hashes())),
-                                         print_output=False, **stream.connector_arguments())
+        ok, out = host.run_shell_command(
+            StringCommand(swarm.tracker_script(fan.wave.info_hashes())),
+            print_output=False,
+            **stream.connector_arguments(),
+        )
         if not ok:
-            logger.warning(f"{host.print_prefix}fan-out: the tracker did not start ({' '.join(out.stdout_lines[-2:])}); "
-                           "the wave's hosts fetch from the origin")
+            logger.warning(
+                f"{host.print_prefix}fan-out: the tracker did not start ({' '.join(out.stdout_lines[-2:])}); "
+                "the wave's hosts fetch from the origin"
+            )
     want = {manifest[p][1]: int(manifest[p][0]) for p in paths if int(manifest[p][0]) > 0}
     want = {s: n for s, n in want.items() if s in fan.torrent.files}
     if not want:
         return True
     seed = host.name in fan.wave.seeds()
     meta = fan.torrent.metainfo(fan.tracker, fan.web_seed if seed else None)
-    script = swarm.swarm_script(base, fan.torrent.info_hash, [fan.torrent.files.index(s) + 1 for s in want],
-                                port=fan.port, seed_minutes=fan.seed_minutes, stall_seconds=fan.stall_seconds,
-                                wait_seconds=fan.wait_seconds)
+    script = swarm.swarm_script(
+        base,
+        fan.torrent.info_hash,
+        [fan.torrent.files.index(s) + 1 for s in want],
+        port=fan.port,
+        seed_minutes=fan.seed_minutes,
+        stall_seconds=fan.stall_seconds,
+        wait_seconds=fan.wait_seconds,
+    )
     t0 = time.monotonic()
-    _, out = host.run_shell_command(StringCommand(script), print_output=False,
-                                    **{**stream.connector_arguments(), "_stdin": swarm.swarm_input(meta, want)})
+    _, out = host.run_shell_command(
+        StringCommand(script),
+        print_output=False,
+        **{**stream.connector_arguments(), "_stdin": swarm.swarm_input(meta, want)},
+    )
     res = swarm.parse_swarm(out.stdout_lines)
     took = time.monotonic() - t0
     role = "seed, from the origin's web seed and peers" if seed else "from peers"
     if res.skipped:
         logger.warning(f"{host.print_prefix}fan-out skipped: {res.skipped}; fetching from the origin")
     else:
-        logger.info(f"{host.print_prefix}fan-out ({role}, swarm {fan.torrent.info_hash[:12]}): {len(res.got)} objects "
-                    f"({res.bytes / 1e6:.1f} MB) verified, {len(res.missed)} left to the origin ({res.end}) in {took:.1f} s")
+        logger.info(
+            f"{host.print_prefix}fan-out ({role}, swarm {fan.torrent.info_hash[:12]}): {len(res.got)} objects "
+            f"({res.bytes / 1e6:.1f} MB) verified, {len(res.missed)} left to the origin ({res.end}) in {took:.1f} s"
+        )
     return True
 
 
 @operation(is_idempotent=True)
-def model_release(base: str, release: str, local: str, manifest: dict, keep: int,
-                  transport: str = "auto", origin=None, switch: bool = True, fanout=None):
+def model_release(
+    base: str,
+    release: str,
+    local: str,
+    manifest: dict,
+    keep: int,
+    transport: str = "auto",
+    origin=None,
+    switch: bool = True,
+    fanout=None,
+):
     """Make ``release`` (the repository at ``local``, whose manifest is ``manifest``) the live model
     repository below ``base``; keep ``keep`` earlier releases. ``origin``
     (tritonfleet.model_repo.origin.Origin): the host fetches what it lacks from there instead of
@@ -229,9 +316,11 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         return
     plan = make_plan(release, manifest, index)
     how = transfer.choose(host, transport) if plan.send and origin is None else None
-    logger.info(f"{host.print_prefix}model release {release}"
-                f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
-                f"{f' over {how}' if how else ''}{f' from {origin.url}' if origin and plan.send else ''}")
+    logger.info(
+        f"{host.print_prefix}model release {release}"
+        f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
+        f"{f' over {how}' if how else ''}{f' from {origin.url}' if origin and plan.send else ''}"
+    )
     script = prepare_script(base, plan, manifest, runid.RUN_ID)
     if len(script) <= INLINE_SCRIPT_MAX:
         yield StringCommand(script)
@@ -243,9 +332,16 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
     if plan.send and origin is not None and fanout is not None:
         yield FunctionCommand(_swarm_objects, (local, manifest, plan.send, fanout), {"base": base, "release": release})
     if plan.send and origin is not None:
-        yield FunctionCommand(_fetch_objects, (local, manifest, plan.send, origin),
-                              {"base": base, "release": release, "parallel": int(access.get("model_origin_parallel")),
-                               "retries": int(access.get("model_origin_retries"))})
+        yield FunctionCommand(
+            _fetch_objects,
+            (local, manifest, plan.send, origin),
+            {
+                "base": base,
+                "release": release,
+                "parallel": int(access.get("model_origin_parallel")),
+                "retries": int(access.get("model_origin_retries")),
+            },
+        )
     elif plan.send:
         remote = wrapped(receive_command(base, release, runid.RUN_ID))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})

@@ -39,10 +39,12 @@ from .torrent import seeds
 SWARM_DIR = f"{OWN_PREFIX}swarm"
 # aria2c's options that never change: no DHT or local discovery (the tracker names the peers), no
 # preallocation (a file's size says nothing of its content anyway), peer exchange on
-FIXED = ("--enable-dht=false --enable-dht6=false --bt-enable-lpd=false --enable-peer-exchange=true "
-         "--file-allocation=none --check-integrity=true --bt-hash-check-seed=true --bt-seed-unverified=false "
-         "--follow-torrent=mem --auto-file-renaming=false --allow-overwrite=true --summary-interval=0 "
-         "--console-log-level=warn --bt-tracker-interval=5 --seed-ratio=0.0")
+FIXED = (
+    "--enable-dht=false --enable-dht6=false --bt-enable-lpd=false --enable-peer-exchange=true "
+    "--file-allocation=none --check-integrity=true --bt-hash-check-seed=true --bt-seed-unverified=false "
+    "--follow-torrent=mem --auto-file-renaming=false --allow-overwrite=true --summary-interval=0 "
+    "--console-log-level=warn --bt-tracker-interval=5 --seed-ratio=0.0"
+)
 
 
 def swarm_input(torrent: bytes, objects: dict[str, int]) -> str:
@@ -51,8 +53,17 @@ def swarm_input(torrent: bytes, objects: dict[str, int]) -> str:
     return lines + "".join(f"o {sha} {int(size)}\n" for sha, size in sorted(objects.items()))
 
 
-def swarm_script(base: str, info_hash: str, select: list[int], *, port: int, seed_minutes: float,
-                 stall_seconds: int, wait_seconds: int, log_level: str = "notice") -> str:
+def swarm_script(
+    base: str,
+    info_hash: str,
+    select: list[int],
+    *,
+    port: int,
+    seed_minutes: float,
+    stall_seconds: int,
+    wait_seconds: int,
+    log_level: str = "notice",
+) -> str:
     """Shell (sh) that takes what it can of the objects its stdin lists from the swarm
     ``info_hash`` (``select``: their 1-based indices in the torrent) into the objects directory
     of the fetch below ``base``."""
@@ -60,69 +71,75 @@ def swarm_script(base: str, info_hash: str, select: list[int], *, port: int, see
     sw = f"{rel}/{SWARM_DIR}/{info_hash}"
     life = int(wait_seconds + seed_minutes * 60 + 60)
     files = ",".join(str(i) for i in sorted(select))
-    aria = (f"aria2c --dir=\"$sw\" {FIXED} --listen-port={int(port)} --seed-time={float(seed_minutes)} "
-            f"--bt-stop-timeout={int(stall_seconds)} --select-file={files} "
-            f"--on-bt-download-complete=\"$sw/hook\" --log=\"$sw/log\" --log-level={log_level} \"$sw/t.torrent\"")
-    return "\n".join([
-        "set -u",
-        "umask 022",
-        f"sw={q(sw)}",
-        f"obj={q(rel + '/' + OBJECTS_DIR)}",
-        "command -v aria2c >/dev/null 2>&1 || { echo 'swarm-skip aria2c is not installed'; cat > /dev/null; exit 0; }",
-        "mkdir -p \"$sw\" \"$obj\" && chmod 700 \"$obj\" || { echo \"swarm-skip cannot make $sw\"; exit 0; }",
-        # a process that is there and not a zombie (this shell reaps its child only now and then)
-        "alive() { kill -0 \"$1\" 2>/dev/null && ! grep -q '^State:.*Z' \"/proc/$1/status\" 2>/dev/null; }",
-        # a swarm stopped: its process group (aria2c with it), TERM then KILL after 5 s
-        "stop() { kill -s TERM -- \"-$1\" 2>/dev/null || return 0; n=0; "
-        "while kill -0 -- \"-$1\" 2>/dev/null && [ $n -lt 10 ]; do sleep 0.5; n=$((n + 1)); done; "
-        "kill -s KILL -- \"-$1\" 2>/dev/null; return 0; }",
-        # the swarms of earlier releases: one still seeding holds the port, and this wave is the
-        # one its peers wait for, so it is stopped, then removed
-        f"for d in {q(rel + '/' + SWARM_DIR)}/*; do [ -d \"$d\" ] && [ \"$d\" != \"$sw\" ] || continue; "
-        "p=$(cat \"$d/pid\" 2>/dev/null); [ -n \"$p\" ] && [ ! -e \"$d/exit\" ] && stop \"$p\"; rm -rf \"$d\"; done",
-        "set -f",
-        "list=\"$sw/list\"; : > \"$sw/t.b64\"",
-        "while IFS= read -r line; do [ \"$line\" = -- ] && break; printf '%s\\n' \"$line\" >> \"$sw/t.b64\"; done",
-        "cat > \"$list\"",
-        "base64 -d \"$sw/t.b64\" > \"$sw/t.torrent\" || { echo 'swarm-skip the torrent did not decode'; exit 0; }",
-        "printf '#!/bin/sh\\n: > \"%s/done\"\\n' \"$sw\" > \"$sw/hook\"; chmod 755 \"$sw/hook\"",
-        # a swarm of this release still running (a run again while it seeds) is used as it is
-        "p=$(cat \"$sw/pid\" 2>/dev/null)",
-        "if [ -n \"$p\" ] && [ ! -e \"$sw/exit\" ] && kill -0 \"$p\" 2>/dev/null; then :; else",
-        "  rm -f \"$sw/done\" \"$sw/exit\"",
-        "  cat > \"$sw/run\" <<EOF",
-        f"timeout --foreground {life} {aria}",
-        "echo \\$? > \"$sw/exit\"",
-        "EOF",
-        # its own session: it outlives this command, and the group is stopped as one
-        "  setsid sh \"$sw/run\" < /dev/null > \"$sw/out\" 2>&1 &",
-        "  p=$!; echo \"$p\" > \"$sw/pid\"",
-        "fi",
-        "end=timeout; waited=0",
-        f"while [ \"$waited\" -lt {int(wait_seconds)} ]; do",
-        "  [ -e \"$sw/done\" ] && { end=done; break; }",
-        # ended by itself (no byte for the stall time), or killed (nothing wrote its exit)
-        "  [ -e \"$sw/exit\" ] && { end=stalled; break; }",
-        "  alive \"$p\" || { end=stalled; break; }",
-        "  sleep 1; waited=$((waited + 1))",
-        "done",
-        # an unfinished download is stopped before its files are read: nothing writes them then,
-        # and a host serves nothing but complete, checked pieces of a finished one
-        "if [ \"$end\" != done ] && [ ! -e \"$sw/exit\" ]; then",
-        "  stop \"$p\"; echo 143 > \"$sw/exit\"",
-        "fi",
-        "echo \"swarm-end $end\"",
-        "while IFS= read -r line; do",
-        "  case \"$line\" in o\\ *) ;; *) continue;; esac",
-        "  set -- $line; f=\"$sw/sha256/$2\"",
-        "  have=$(stat -c %s \"$f\" 2>/dev/null || echo -1)",
-        "  if [ \"$have\" = \"$3\" ] && [ \"$(sha256sum < \"$f\" | cut -d' ' -f1)\" = \"$2\" ]; then",
-        "    ln -f \"$f\" \"$obj/$2\" && echo \"swarm $2 $3\" && continue",
-        "  fi",
-        "  echo \"swarm-miss $2\"",
-        "done < \"$list\"",
-    ]) + "\n"
-
+    aria = (
+        f'aria2c --dir="$sw" {FIXED} --listen-port={int(port)} --seed-time={float(seed_minutes)} '
+        f"--bt-stop-timeout={int(stall_seconds)} --select-file={files} "
+        f'--on-bt-download-complete="$sw/hook" --log="$sw/log" --log-level={log_level} "$sw/t.torrent"'
+    )
+    return (
+        "\n".join(
+            [
+                "set -u",
+                "umask 022",
+                f"sw={q(sw)}",
+                f"obj={q(rel + '/' + OBJECTS_DIR)}",
+                "command -v aria2c >/dev/null 2>&1 || { echo 'swarm-skip aria2c is not installed'; cat > /dev/null; exit 0; }",
+                'mkdir -p "$sw" "$obj" && chmod 700 "$obj" || { echo "swarm-skip cannot make $sw"; exit 0; }',
+                # a process that is there and not a zombie (this shell reaps its child only now and then)
+                'alive() { kill -0 "$1" 2>/dev/null && ! grep -q \'^State:.*Z\' "/proc/$1/status" 2>/dev/null; }',
+                # a swarm stopped: its process group (aria2c with it), TERM then KILL after 5 s
+                'stop() { kill -s TERM -- "-$1" 2>/dev/null || return 0; n=0; '
+                'while kill -0 -- "-$1" 2>/dev/null && [ $n -lt 10 ]; do sleep 0.5; n=$((n + 1)); done; '
+                'kill -s KILL -- "-$1" 2>/dev/null; return 0; }',
+                # the swarms of earlier releases: one still seeding holds the port, and this wave is the
+                # one its peers wait for, so it is stopped, then removed
+                f'for d in {q(rel + "/" + SWARM_DIR)}/*; do [ -d "$d" ] && [ "$d" != "$sw" ] || continue; '
+                'p=$(cat "$d/pid" 2>/dev/null); [ -n "$p" ] && [ ! -e "$d/exit" ] && stop "$p"; rm -rf "$d"; done',
+                "set -f",
+                'list="$sw/list"; : > "$sw/t.b64"',
+                'while IFS= read -r line; do [ "$line" = -- ] && break; printf \'%s\\n\' "$line" >> "$sw/t.b64"; done',
+                'cat > "$list"',
+                'base64 -d "$sw/t.b64" > "$sw/t.torrent" || { echo \'swarm-skip the torrent did not decode\'; exit 0; }',
+                'printf \'#!/bin/sh\\n: > "%s/done"\\n\' "$sw" > "$sw/hook"; chmod 755 "$sw/hook"',
+                # a swarm of this release still running (a run again while it seeds) is used as it is
+                'p=$(cat "$sw/pid" 2>/dev/null)',
+                'if [ -n "$p" ] && [ ! -e "$sw/exit" ] && kill -0 "$p" 2>/dev/null; then :; else',
+                '  rm -f "$sw/done" "$sw/exit"',
+                '  cat > "$sw/run" <<EOF',
+                f"timeout --foreground {life} {aria}",
+                'echo \\$? > "$sw/exit"',
+                "EOF",
+                # its own session: it outlives this command, and the group is stopped as one
+                '  setsid sh "$sw/run" < /dev/null > "$sw/out" 2>&1 &',
+                '  p=$!; echo "$p" > "$sw/pid"',
+                "fi",
+                "end=timeout; waited=0",
+                f'while [ "$waited" -lt {int(wait_seconds)} ]; do',
+                '  [ -e "$sw/done" ] && { end=done; break; }',
+                # ended by itself (no byte for the stall time), or killed (nothing wrote its exit)
+                '  [ -e "$sw/exit" ] && { end=stalled; break; }',
+                '  alive "$p" || { end=stalled; break; }',
+                "  sleep 1; waited=$((waited + 1))",
+                "done",
+                # an unfinished download is stopped before its files are read: nothing writes them then,
+                # and a host serves nothing but complete, checked pieces of a finished one
+                'if [ "$end" != done ] && [ ! -e "$sw/exit" ]; then',
+                '  stop "$p"; echo 143 > "$sw/exit"',
+                "fi",
+                'echo "swarm-end $end"',
+                "while IFS= read -r line; do",
+                '  case "$line" in o\\ *) ;; *) continue;; esac',
+                '  set -- $line; f="$sw/sha256/$2"',
+                '  have=$(stat -c %s "$f" 2>/dev/null || echo -1)',
+                '  if [ "$have" = "$3" ] && [ "$(sha256sum < "$f" | cut -d\' \' -f1)" = "$2" ]; then',
+                '    ln -f "$f" "$obj/$2" && echo "swarm $2 $3" && continue',
+                "  fi",
+                '  echo "swarm-miss $2"',
+                'done < "$list"',
+            ]
+        )
+        + "\n"
+    )
 
 
 @dataclass
@@ -201,6 +218,8 @@ def tracker_script(info_hashes: set[str]) -> str:
     """Shell that makes Debian's opentracker on this host answer for ``info_hashes`` (its
     whitelist, read at its start)."""
     lines = "".join(f"{h}\\n" for h in sorted(info_hashes))
-    return (f"command -v opentracker >/dev/null 2>&1 || {{ echo 'opentracker is not installed'; exit 1; }}\n"
-            f"printf '{lines}' > {TRACKER_WHITELIST}.new && mv {TRACKER_WHITELIST}.new {TRACKER_WHITELIST} "
-            "&& systemctl restart opentracker\n")
+    return (
+        f"command -v opentracker >/dev/null 2>&1 || {{ echo 'opentracker is not installed'; exit 1; }}\n"
+        f"printf '{lines}' > {TRACKER_WHITELIST}.new && mv {TRACKER_WHITELIST}.new {TRACKER_WHITELIST} "
+        "&& systemctl restart opentracker\n"
+    )

@@ -81,8 +81,12 @@ def make(objects: dict[str, int], open_object, piece_bytes: int) -> Torrent:
     if not files:
         raise ValueError("a torrent needs at least one non-empty object")
     pieces = b"".join(_chunks(files, open_object, piece_bytes))
-    info = {"name": NAME, "piece length": piece_bytes, "pieces": pieces,
-            "files": [{"length": size, "path": [sha]} for sha, size in files]}
+    info = {
+        "name": NAME,
+        "piece length": piece_bytes,
+        "pieces": pieces,
+        "files": [{"length": size, "path": [sha]} for sha, size in files],
+    }
     return Torrent(info, hashlib.sha1(bencode(info)).hexdigest(), tuple(sha for sha, _ in files))
 
 

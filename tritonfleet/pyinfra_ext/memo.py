@@ -139,8 +139,9 @@ class FactBatch(FactBase):
     def command(self, commands: tuple[str, ...]) -> str:
         # each command in its own subshell, on its own lines (a trailing comment cannot swallow
         # the rest); the status line starts on a new line whatever the output ended with
-        return "\n".join(f"echo '{SECTION}'\n(\n{c}\n) 2>/dev/null\nprintf '\\n{STATUS} %s\\n' \"$?\""
-                         for c in commands)
+        return "\n".join(
+            f"echo '{SECTION}'\n(\n{c}\n) 2>/dev/null\nprintf '\\n{STATUS} %s\\n' \"$?\"" for c in commands
+        )
 
     def process(self, output):
         results, lines = [], None
@@ -150,7 +151,7 @@ class FactBatch(FactBase):
             elif line.startswith(STATUS) and lines is not None:
                 if lines and lines[-1] == "":
                     lines.pop()  # the newline printed before the status line
-                status = line[len(STATUS):].strip()
+                status = line[len(STATUS) :].strip()
                 # not the number printed after each command (a command's own output imitating the
                 # line): no status, that fact is read on its own
                 results.append((int(status) if status.isascii() and status.isdigit() else -1, lines))
@@ -165,8 +166,12 @@ def prefetch(*specs: tuple) -> None:
     host, facts = _facts()
     todo = []
     # answered by another fact of the batch (its ``derived``), or read on its own if it was not
-    covered = {(other, _freeze(other_kwargs)) for cls, kwargs in specs if hasattr(cls, "derives")
-               for other, other_kwargs in cls.derives(**kwargs)}
+    covered = {
+        (other, _freeze(other_kwargs))
+        for cls, kwargs in specs
+        if hasattr(cls, "derives")
+        for other, other_kwargs in cls.derives(**kwargs)
+    }
     for cls, kwargs in specs:
         key = (cls, _freeze(kwargs))
         if key in facts or key in covered or any(k == key for k, _ in todo):

@@ -57,8 +57,14 @@ def _release_torrent(local, manifest: dict, release: str, piece: int) -> torrent
 def _wave_hosts() -> list:
     """The hosts of this run that stage a release (the image mirror's own hosts do not)."""
     group = access.get("image_mirror_group")
-    return sorted((h for h in host.state.inventory.iter_activated_hosts()
-                   if not (group in h.groups and not h.data.get("gpu_class"))), key=lambda h: h.name)
+    return sorted(
+        (
+            h
+            for h in host.state.inventory.iter_activated_hosts()
+            if not (group in h.groups and not h.data.get("gpu_class"))
+        ),
+        key=lambda h: h.name,
+    )
 
 
 def fanout_for(origin, local, manifest: dict, release: str) -> swarm.Fanout | None:
@@ -80,11 +86,18 @@ def fanout_for(origin, local, manifest: dict, release: str) -> swarm.Fanout | No
         first = _wave_hosts()[0] if _wave_hosts() else host
         tracker_host = first.name
         tracker = f"http://{first.data.get('ssh_hostname') or first.name}:{swarm.TRACKER_PORT}/announce"
-    return swarm.Fanout(torrent=t, origin=origin, web_seed=seed_url, tracker=tracker, tracker_host=tracker_host, wave=WAVE,
-                        port=int(access.get("model_fanout_port")),
-                        seed_minutes=float(access.get("model_fanout_seed_minutes")),
-                        stall_seconds=int(access.get("model_fanout_stall_seconds")),
-                        wait_seconds=int(access.get("model_fanout_wait_seconds")))
+    return swarm.Fanout(
+        torrent=t,
+        origin=origin,
+        web_seed=seed_url,
+        tracker=tracker,
+        tracker_host=tracker_host,
+        wave=WAVE,
+        port=int(access.get("model_fanout_port")),
+        seed_minutes=float(access.get("model_fanout_seed_minutes")),
+        stall_seconds=int(access.get("model_fanout_stall_seconds")),
+        wait_seconds=int(access.get("model_fanout_wait_seconds")),
+    )
 
 
 def preflight() -> None:
@@ -143,9 +156,30 @@ def stage_models():
     ops = []
     if fan is not None:
         need = ["aria2"] + (["opentracker"] if fan.tracker_host == host.name else [])
-        ops.append(server.shell(name=f"fan-out: {', '.join(need)} installed", commands=aptlock.wrapped([
-            " && ".join(f"{{ dpkg -s {p} >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
-                        f"--no-install-recommends {p}; }}" for p in need)])))
-    return ops + [model_release(name=f"stage model release {rid} from {origin.url}", base=base, release=rid,
-                          local=str(local), manifest=man, keep=int(access.get("triton_keep_releases")),
-                          origin=origin, switch=False, fanout=fan)]
+        ops.append(
+            server.shell(
+                name=f"fan-out: {', '.join(need)} installed",
+                commands=aptlock.wrapped(
+                    [
+                        " && ".join(
+                            f"{{ dpkg -s {p} >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                            f"--no-install-recommends {p}; }}"
+                            for p in need
+                        )
+                    ]
+                ),
+            )
+        )
+    return ops + [
+        model_release(
+            name=f"stage model release {rid} from {origin.url}",
+            base=base,
+            release=rid,
+            local=str(local),
+            manifest=man,
+            keep=int(access.get("triton_keep_releases")),
+            origin=origin,
+            switch=False,
+            fanout=fan,
+        )
+    ]
