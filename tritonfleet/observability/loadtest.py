@@ -418,10 +418,13 @@ async def _tick(p: Progress, host: str, model: str, c: int, duration: float, ech
         )
 
 
-def warm_up(t: Target, model: str, config: dict, protocol: str, requests_: int = 8) -> None:
-    """A few requests before the first measured step (model and connection warm); not counted."""
+def warm_up(t: Target, model: str, config: dict, protocol: str, requests_: int = 8, settle: float = 2.0) -> None:
+    """A few requests before the first measured step (model and connection warm); not counted:
+    the first step starts once Triton's counter has them all (it counts a request when its response
+    is released, a moment after the client has it; bounded by ``settle`` seconds)."""
     mod = client_module(protocol)
     inputs = make_inputs(input_specs(config), protocol)
+    base = snapshot(t, model)
 
     async def main() -> None:
         client = (
@@ -436,6 +439,14 @@ def warm_up(t: Target, model: str, config: dict, protocol: str, requests_: int =
             await client.close()
 
     asyncio.run(main())
+    if base.counters is None:
+        return
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline:
+        now = snapshot(t, model)
+        if now.counters is None or now.counters.requests - base.counters.requests >= requests_:
+            return
+        time.sleep(0.05)
 
 
 @dataclass
