@@ -74,11 +74,15 @@ def quarantine_cmd() -> None:
                    "names 'alertmanager' and 'operator' apart.")
 @click.option("--public-read", is_flag=True, help="GET /v1/quarantine without a token (it names the fleet's "
                                                   "hosts and why they are out).")
+@click.option("--push-secret-file", default=None, metavar="PATH",
+              help="The direct path: the hosts' collectors POST critical Xids to /v1/hosts/HOST/fault, each "
+                   "with the HMAC of its name under this secret (quarantine_push_secret_file; the telemetry "
+                   "step gives each host its token).")
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
 def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, token_file: str | None,
-              alertmanager_token_file: str | None, public_read: bool, limit: tuple[str, ...],
-              data: tuple[str, ...]) -> None:
+              alertmanager_token_file: str | None, public_read: bool, push_secret_file: str | None,
+              limit: tuple[str, ...], data: tuple[str, ...]) -> None:
     """Run the receiver: Alertmanager's webhook (POST /alerts) in, drains and returns out.
 
     Runs until stopped (SIGTERM, Ctrl-C), in the operator's repository (its inventory, group data
@@ -92,9 +96,10 @@ def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, to
     callers = [Caller("operator", read_token(token_file or str(hosts[0].get("quarantine_token_file"))))]
     if alertmanager_token_file:
         callers.append(Caller("alertmanager", read_token(alertmanager_token_file), webhook_only=True))
+    push_secret = read_token(push_secret_file) if push_secret_file else ""
     rec = quarantine.Receiver(hosts, Path(state_dir), alertmanager=am, echo=lambda text: click.echo(text, nl=True))
     with contextlib.suppress(KeyboardInterrupt):
-        quarantine.serve(rec, listen, callers, public_read)
+        quarantine.serve(rec, listen, callers, public_read, push_secret)
 
 
 @quarantine_cmd.command("token")
@@ -121,10 +126,11 @@ def token_cmd(out: str) -> None:
 @click.option("--alertmanager", default="", metavar="HOST:PORT|URL")
 @click.option("--token-file", default="", metavar="PATH", help="written into the unit's serve line")
 @click.option("--alertmanager-token-file", default="", metavar="PATH", help="written into the unit's serve line")
+@click.option("--push-secret-file", default="", metavar="PATH", help="written into the unit's serve line")
 @click.option("--user", default="", help="User= of the unit (default: root; any user who can read the "
                                          "inventory's SSH key and reach the load balancer's API)")
 def unit_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, token_file: str,
-             alertmanager_token_file: str, user: str) -> None:
+             alertmanager_token_file: str, push_secret_file: str, user: str) -> None:
     """Print a systemd unit that runs `tritonfleet quarantine serve` from this directory.
 
     tritonfleet quarantine unit inventories/prod.py > /etc/systemd/system/tritonfleet-quarantine.service
@@ -141,6 +147,8 @@ def unit_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, tok
         args.append(f"--token-file={Path(token_file).resolve()}")
     if alertmanager_token_file:
         args.append(f"--alertmanager-token-file={Path(alertmanager_token_file).resolve()}")
+    if push_secret_file:
+        args.append(f"--push-secret-file={Path(push_secret_file).resolve()}")
     click.echo(quarantine_unit(args, workdir, user), nl=False)  # a UnitError ends it in the group (exit 2)
 
 

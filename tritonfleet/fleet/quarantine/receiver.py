@@ -42,6 +42,7 @@ from .planning import (
     plan,
     webhook_alerts,
 )
+from .push import Pushes, is_pushed
 from .remediation import Remedies, Runner, ssh_runner
 
 RETRY_MIN_SECONDS = 10.0
@@ -71,7 +72,7 @@ def _who(caller: str, by: str) -> str:
     return f"{caller or 'an operator'}" + (f" (says {by})" if by else "")
 
 
-class Receiver(Remedies):
+class Receiver(Remedies, Pushes):
     """State, the worker that acts on it (one thread: every change to the state happens there),
     and the HTTP API in front of it."""
 
@@ -102,6 +103,7 @@ class Receiver(Remedies):
         self.refault_window = float(first.get("quarantine_refault_window", DEFAULTS["quarantine_refault_window"]))
         self.runner, self.history = runner, {}
         self.latency = Latency()
+        self._init_pushes(first)
         self.alert_at: dict[str, float] = {}  # when each alert reached the receiver (epoch seconds)
         self._states: dict[tuple, dict[str, drain.ServerState]] = {}  # a round's reads of HAProxy
         self.alertmanager = alertmanager.rstrip("/")
@@ -254,7 +256,7 @@ class Receiver(Remedies):
                 fresh[a.fingerprint] = a
         now = time.monotonic()
         for fp, a in list(self.alerts.items()):
-            if fp in fresh:
+            if fp in fresh or is_pushed(a):  # a pushed alert is not Alertmanager's: settle_pushes
                 self.absent.pop(fp, None)
                 continue
             since, reads = self.absent.get(fp, (now, 0))
@@ -324,6 +326,7 @@ class Receiver(Remedies):
 
     def round(self) -> None:
         self.sync_alertmanager()
+        self.settle_pushes()
         self._states.clear()
         p = plan(self.alerts, self.acked, self.records, self.hosts, self.limits,
                  lambda fh: self._balancer(fh) is not None, self.out_elsewhere, set(self.breaker.open_since))
@@ -548,11 +551,13 @@ class Receiver(Remedies):
                 result: int | dict | None = None
                 if kind == "alerts":
                     result = self.apply_notification(*args)
+                elif kind == "faults":
+                    result = self.apply_pushes()
                 elif kind == "release":
                     result = self.release(*args)
                 elif kind == "hold":
                     result = self.hold(*args)
-                if kind in ("alerts", "round"):
+                if kind in ("alerts", "faults", "round"):
                     self.round()
             except (QuarantineError, drain.DrainError, OSError) as e:
                 self.event("error", "-", f"{kind} failed: {clean(e, 500)}")
