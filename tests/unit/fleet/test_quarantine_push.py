@@ -148,3 +148,17 @@ def test_a_push_refused_for_good_is_not_tried_again_and_a_busy_receiver_is():
     with mock.patch.object(fault_push.urllib.request, "urlopen", refuse(503)):
         t0 = time.monotonic()
         assert p.send(b"{}")[0] is False and len(calls) == 3 and time.monotonic() - t0 < 5
+
+
+def test_a_new_fault_after_a_release_is_pushed_again_past_the_acknowledged_alerts(tmp_path):
+    """A released host's alerts are acknowledged (its Prometheus alert too, while it still fires):
+    neither keeps a later fault's push from taking it out again."""
+    clock = Clock()
+    with mock.patch.object(receiver_mod, "time", clock), mock.patch.object(push_mod, "time", clock):
+        rec, out, _ = rig([4], 1, 1.0, tmp_path)
+        pushed(rec, "g0-0")
+        prometheus_alert(rec, "g0-0")
+        assert rec.release("g0-0")["ok"] and out == set()
+        clock.t += 30
+        pushed(rec, "g0-0", seen=clock.t)
+        assert out == {"g0-0"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from ...settings.defaults import DEFAULTS
-from .planning import QUARANTINE_LABEL, FiringAlert, clean, now_iso
+from .planning import QUARANTINE_LABEL, FiringAlert, acknowledged, clean, now_iso
 
 #: reports stored for the worker at most (beyond it the API answers 503 and the collector retries)
 PENDING_MAX = 4096
@@ -79,14 +79,21 @@ class Pushes:
             taken, self.pending, self.woken = self.pending, {}, False
         n = 0
         for fp, (host, body, _caller) in taken.items():
-            if fp in self.alerts or any(a.host == host and not is_pushed(a) for a in self.alerts.values()):
+            old = self.alerts.get(fp)
+            if (old is not None and not acknowledged(old, self.acked.get(fp))) or self._standing(host):
                 continue  # known already, or the Prometheus path's alert of the host stands
             a = pushed_alert(host, body)
+            self.acked.pop(fp, None)  # a new fault of an acknowledged (released, reset) one counts
             self.pushed_at[fp] = time.monotonic()
             self.alerts[fp] = a
             self._arrived(a)
             n += 1
         return n
+
+    def _standing(self, host: str) -> bool:
+        """Whether the Prometheus path has an alert of ``host`` that is not acknowledged."""
+        return any(b.host == host and not is_pushed(b) and not acknowledged(b, self.acked.get(f))
+                   for f, b in self.alerts.items())
 
     def settle_pushes(self) -> None:
         """Each round: a pushed alert gives way to the Prometheus path's alert of its host, and one
@@ -95,7 +102,7 @@ class Pushes:
         for fp, a in list(self.alerts.items()):
             if not is_pushed(a):
                 continue
-            confirmed = any(b.host == a.host and not is_pushed(b) for b in self.alerts.values())
+            confirmed = self._standing(a.host)
             if not confirmed and now - self.pushed_at.setdefault(fp, now) < self.push_ttl:
                 continue
             del self.alerts[fp]
