@@ -78,11 +78,14 @@ def quarantine_cmd() -> None:
               help="The direct path: the hosts' collectors POST critical Xids to /v1/hosts/HOST/fault, each "
                    "with the HMAC of its name under this secret (quarantine_push_secret_file; the telemetry "
                    "step gives each host its token).")
+@click.option("--reboot-deploy", default="deploys/reboot.py", show_default=True, metavar="PATH",
+              help="With quarantine_remediate: the deploy file run (pyinfra, one host) to reboot a host whose GPU "
+                   "fault a reset did not clear; when it is not there, the receiver only says `needs-reboot`.")
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
 def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, token_file: str | None,
               alertmanager_token_file: str | None, public_read: bool, push_secret_file: str | None,
-              limit: tuple[str, ...], data: tuple[str, ...]) -> None:
+              reboot_deploy: str, limit: tuple[str, ...], data: tuple[str, ...]) -> None:
     """Run the receiver: Alertmanager's webhook (POST /alerts) in, drains and returns out.
 
     Runs until stopped (SIGTERM, Ctrl-C), in the operator's repository (its inventory, group data
@@ -90,6 +93,7 @@ def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, to
     start without its token file (missing, empty, or readable by others)."""
     from ..fleet import quarantine
     from ..fleet.quarantine.client import read_token
+    from ..fleet.quarantine.remediation import pyinfra_rebooter
     from ..fleet.quarantine.server import Caller
     am = alertmanager_url(alertmanager) if alertmanager else ""
     hosts = _hosts(inventory, data, limit)
@@ -97,7 +101,14 @@ def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, to
     if alertmanager_token_file:
         callers.append(Caller("alertmanager", read_token(alertmanager_token_file), webhook_only=True))
     push_secret = read_token(push_secret_file) if push_secret_file else ""
-    rec = quarantine.Receiver(hosts, Path(state_dir), alertmanager=am, echo=lambda text: click.echo(text, nl=True))
+    rebooter = None
+    if Path(reboot_deploy).is_file():
+        overrides = dict(d.split("=", 1) for d in data if "=" in d)
+        rebooter = pyinfra_rebooter(str(Path(inventory).resolve()), str(Path(reboot_deploy).resolve()),
+                                    Path(state_dir) / "reboots", overrides,
+                                    timeout=float(hosts[0].get("nvidia_reboot_timeout")) + 600)
+    rec = quarantine.Receiver(hosts, Path(state_dir), alertmanager=am, echo=lambda text: click.echo(text, nl=True),
+                              rebooter=rebooter)
     with contextlib.suppress(KeyboardInterrupt):
         quarantine.serve(rec, listen, callers, public_read, push_secret)
 

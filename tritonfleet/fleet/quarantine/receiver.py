@@ -43,7 +43,7 @@ from .planning import (
     webhook_alerts,
 )
 from .push import Pushes, is_pushed
-from .remediation import Remedies, Runner, ssh_runner
+from .remediation import Rebooter, Remedies, Runner, ssh_runner
 
 RETRY_MIN_SECONDS = 10.0
 #: requests and notifications waiting for the worker; beyond it the API answers 503 (a flood
@@ -81,7 +81,8 @@ class Receiver(Remedies, Pushes):
                  resolve_grace: float | None = None,
                  echo: Callable[[str], None] = print,
                  balancer_of: Callable[[FleetHost], drain.Balancer | None] = balancer,
-                 gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate, runner: Runner = ssh_runner):
+                 gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate, runner: Runner = ssh_runner,
+                 rebooter: Rebooter | None = None):
         if not hosts:
             raise UsageError("the inventory has no hosts")
         self.hosts = {h.name: h for h in hosts}
@@ -101,7 +102,7 @@ class Receiver(Remedies, Pushes):
         self.breaker = Breaker(fraction, window)
         self.remediate = bool(first.get("quarantine_remediate", DEFAULTS["quarantine_remediate"]))
         self.refault_window = float(first.get("quarantine_refault_window", DEFAULTS["quarantine_refault_window"]))
-        self.runner, self.history = runner, {}
+        self.runner, self.history, self.rebooter, self.rebooting = runner, {}, rebooter, {}
         self.latency = Latency()
         self._init_pushes(first)
         self.alert_at: dict[str, float] = {}  # when each alert reached the receiver (epoch seconds)

@@ -8,6 +8,7 @@ for a reboot, is said (``needs-reboot``) and the host stays out; a host that fau
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +17,14 @@ from pyinfra.api import StringCommand
 
 from ...core.errors import TritonfleetError
 from ...inventory.roster import FleetHost
+from ..runner.pyinfra_run import run_pyinfra
 from .latency import Latency
 from .planning import FiringAlert, QuarantineError, Record, acknowledged, clean, fault_time, now_iso
 from .remedy import EVIDENCE_SCRIPT, Decision, History, action_of, decide, reset_script
 
 Runner = Callable[[FleetHost, str], tuple[bool, str]]
+#: reboots a host and waits for it (True, "") or says why it failed (False, why)
+Rebooter = Callable[[FleetHost], tuple[bool, str]]
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
 
 
@@ -47,6 +51,20 @@ def ssh_runner(fh: FleetHost, script: str) -> tuple[bool, str]:
     return bool(ok), "\n".join([*out.stdout_lines, *out.stderr_lines])
 
 
+def pyinfra_rebooter(inventory: str, deploy: str, logs: Path, data: dict | None = None,
+                     timeout: float = 3600) -> Rebooter:
+    """The reboot as the fleet commands run a deploy: ``pyinfra -y --json --limit HOST INVENTORY
+    DEPLOY`` (tritonfleet.fleet.runner.pyinfra_run: a child that dies with the receiver), the
+    deploy file the reboot step's (deploys/reboot.py); its output kept in ``logs``."""
+    def reboot(fh: FleetHost) -> tuple[bool, str]:
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"reboot-{fh.name}-{now_iso().replace(':', '')}.log"
+        res = run_pyinfra(inventory, deploy, [fh.name], dict(data or {}), log_path=log, timeout=timeout)
+        ok = res.rc == 0 and res.reached(fh.name) and fh.name not in res.failed()
+        return ok, "" if ok else res.reason(fh.name)
+    return reboot
+
+
 class Remedies:
     """The remediation part of the Receiver (mixed into it: its records, alerts, events)."""
 
@@ -60,6 +78,8 @@ class Remedies:
     acked: dict[str, str]
     state_dir: Path
     latency: Latency
+    rebooter: Rebooter | None
+    rebooting: dict[str, tuple[threading.Thread, float, list]]
     event: Callable[..., None]
     _once: Callable[[str, str, str, str], None]
 
@@ -68,6 +88,9 @@ class Remedies:
         if not self.remediate:
             return
         for name, rec in list(self.records.items()):
+            if name in self.rebooting:
+                self._reboot_over(name, rec)
+                continue
             if rec.held:
                 continue
             live = [a for fp, a in self.alerts.items() if a.host == name and not acknowledged(a, self.acked.get(fp))]
@@ -80,9 +103,12 @@ class Remedies:
                 self._reset(name, rec, live, hist, d)
             elif d.step == "hold":
                 self._hold_with_evidence(name, rec, d)
+            elif d.step == "reboot" and self.rebooter is not None:
+                self._reboot(name, hist, d)
             elif d.step == "reboot":
                 self._once(f"remedy:{name}", "needs-reboot", name,
-                           f"{d.why}: reboot it, then `tritonfleet quarantine release` (it stays out meanwhile)")
+                           f"{d.why}: reboot it, then `tritonfleet quarantine release` (it stays out meanwhile; "
+                           "with deploys/reboot.py in the receiver's directory it reboots the host itself)")
             else:
                 self._once(f"remedy:{name}", "no-remedy", name, d.why)
 
@@ -114,6 +140,44 @@ class Remedies:
                 self.acked[fp] = f"{a.starts_at}@{now:.3f}"
         self.event("reset-done", name, f"GPU {', '.join(pcis)} reset in {now - t0:.1f} s"
                    + (f" ({took:.1f} s after the fault)" if took is not None else "")
+                   + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate")
+
+    def _reboot(self, name: str, hist: History, d: Decision) -> None:
+        """The reboot in a thread of its own (minutes on a real machine: the rounds go on); each
+        round looks whether it is over (``_reboot_over``). Once only: ``hist.reboots``."""
+        fh, result, t0 = self.hosts[name], [], time.time()
+        hist.reboots.append(t0)
+        rebooter = self.rebooter
+        assert rebooter is not None
+
+        def run() -> None:
+            try:
+                result.append(rebooter(fh))
+            except (TritonfleetError, OSError) as e:
+                result.append((False, f"{type(e).__name__}: {e}"))
+
+        t = threading.Thread(target=run, name=f"reboot-{name}", daemon=True)
+        self.rebooting[name] = (t, t0, result)
+        self.event("reboot", name, f"{d.why}: rebooting it (deploys/reboot.py; it stays out meanwhile)")
+        t.start()
+
+    def _reboot_over(self, name: str, rec: Record) -> None:
+        t, t0, result = self.rebooting[name]
+        if t.is_alive():
+            return
+        del self.rebooting[name]
+        ok, why = result[0] if result else (False, "the reboot ended without a result")
+        if not ok:
+            self.event("reboot-failed", name, f"the reboot failed: {clean(why, 400)}: it stays out for an operator")
+            return
+        now = time.time()
+        rec.remedied_at = now
+        took = self.latency.observe("remedied", rec.fault_at, now)
+        for fp, a in self.alerts.items():
+            if a.host == name:
+                self.acked[fp] = f"{a.starts_at}@{now:.3f}"
+        self.event("reboot-done", name, f"rebooted in {now - t0:.1f} s" + (f" ({took:.1f} s after the fault)"
+                                                                          if took is not None else "")
                    + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate")
 
     def _hold_with_evidence(self, name: str, rec: Record, d: Decision) -> None:
