@@ -138,7 +138,8 @@ def run(results, args, log) -> int:
         storm._until(lambda: lb.state().serving, "haproxy serving", 60)
         time.sleep(12)  # two scrapes: every target up
         def firing(name: str) -> bool:
-            body = storm._get(f"http://127.0.0.1:{amport}/api/v2/alerts?active=true&filter=host%3D%22{name}%22")
+            query = f"active=true&filter=host%3D%22{name}%22&filter=quarantine%3D%22true%22"
+            body = storm._get(f"http://127.0.0.1:{amport}/api/v2/alerts?{query}")
             return body is not None and bool(json.loads(body))
 
         def release(name: str) -> bool:

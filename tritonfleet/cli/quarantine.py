@@ -93,7 +93,7 @@ def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, to
     start without its token file (missing, empty, or readable by others)."""
     from ..fleet import quarantine
     from ..fleet.quarantine.client import read_token
-    from ..fleet.quarantine.remediation import pyinfra_rebooter
+    from ..fleet.quarantine.remediation import PyinfraRebooter
     from ..fleet.quarantine.server import Caller
     am = alertmanager_url(alertmanager) if alertmanager else ""
     hosts = _hosts(inventory, data, limit)
@@ -101,12 +101,9 @@ def serve_cmd(inventory: str, listen: str, state_dir: str, alertmanager: str, to
     if alertmanager_token_file:
         callers.append(Caller("alertmanager", read_token(alertmanager_token_file), webhook_only=True))
     push_secret = read_token(push_secret_file) if push_secret_file else ""
-    rebooter = None
-    if Path(reboot_deploy).is_file():
-        overrides = dict(d.split("=", 1) for d in data if "=" in d)
-        rebooter = pyinfra_rebooter(str(Path(inventory).resolve()), str(Path(reboot_deploy).resolve()),
-                                    Path(state_dir) / "reboots", overrides,
-                                    timeout=float(hosts[0].get("nvidia_reboot_timeout")) + 600)
+    rebooter = PyinfraRebooter(str(Path(inventory).resolve()), str(Path(reboot_deploy).resolve()),
+                               Path(state_dir).resolve() / "reboots", dict(d.split("=", 1) for d in data if "=" in d),
+                               timeout=float(hosts[0].get("nvidia_reboot_timeout")) + 600)
     rec = quarantine.Receiver(hosts, Path(state_dir), alertmanager=am, echo=lambda text: click.echo(text, nl=True),
                               rebooter=rebooter)
     with contextlib.suppress(KeyboardInterrupt):

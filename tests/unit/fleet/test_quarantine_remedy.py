@@ -279,3 +279,13 @@ def test_a_fault_that_asks_for_a_reboot_is_rebooted_without_a_reset(tmp_path):
         rec.round()
         rec.round()
         assert rebooter.hosts == ["h3"] and not host.ran and out == set()
+
+
+def test_without_the_reboot_deploy_file_the_receiver_only_says_it_needs_a_reboot(tmp_path):
+    clock, host = Clock(), Host()
+    with mock.patch.object(receiver_mod, "time", clock), mock.patch.object(remediation_mod, "time", clock):
+        rec, out, lines = remediating(tmp_path, host)
+        rec.rebooter = remediation_mod.PyinfraRebooter("inv.py", str(tmp_path / "absent.py"), tmp_path / "logs")
+        xid(rec, "h3", 79, clock.t - 1)
+        rec.round()
+        assert out == {"h3"} and not rec.rebooting and any(" h3 needs-reboot: " in line for line in lines)

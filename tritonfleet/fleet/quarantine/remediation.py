@@ -51,18 +51,24 @@ def ssh_runner(fh: FleetHost, script: str) -> tuple[bool, str]:
     return bool(ok), "\n".join([*out.stdout_lines, *out.stderr_lines])
 
 
-def pyinfra_rebooter(inventory: str, deploy: str, logs: Path, data: dict | None = None,
-                     timeout: float = 3600) -> Rebooter:
+class PyinfraRebooter:
     """The reboot as the fleet commands run a deploy: ``pyinfra -y --json --limit HOST INVENTORY
     DEPLOY`` (tritonfleet.fleet.runner.pyinfra_run: a child that dies with the receiver), the
-    deploy file the reboot step's (deploys/reboot.py); its output kept in ``logs``."""
-    def reboot(fh: FleetHost) -> tuple[bool, str]:
-        logs.mkdir(parents=True, exist_ok=True)
-        log = logs / f"reboot-{fh.name}-{now_iso().replace(':', '')}.log"
-        res = run_pyinfra(inventory, deploy, [fh.name], dict(data or {}), log_path=log, timeout=timeout)
+    deploy file the reboot step's (deploys/reboot.py), its output kept in ``logs``. Available only
+    while that file is there (looked at each time: without it the receiver says ``needs-reboot``)."""
+
+    def __init__(self, inventory: str, deploy: str, logs: Path, data: dict | None = None, timeout: float = 3600):
+        self.inventory, self.deploy, self.logs, self.data, self.timeout = inventory, deploy, logs, data or {}, timeout
+
+    def available(self) -> bool:
+        return Path(self.deploy).is_file()
+
+    def __call__(self, fh: FleetHost) -> tuple[bool, str]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"reboot-{fh.name}-{now_iso().replace(':', '')}.log"
+        res = run_pyinfra(self.inventory, self.deploy, [fh.name], dict(self.data), log_path=log, timeout=self.timeout)
         ok = res.rc == 0 and res.reached(fh.name) and fh.name not in res.failed()
         return ok, "" if ok else res.reason(fh.name)
-    return reboot
 
 
 class Remedies:
@@ -103,7 +109,8 @@ class Remedies:
                 self._reset(name, rec, live, hist, d)
             elif d.step == "hold":
                 self._hold_with_evidence(name, rec, d)
-            elif d.step == "reboot" and self.rebooter is not None:
+            elif d.step == "reboot" and self.rebooter is not None and getattr(self.rebooter, "available",
+                                                                              lambda: True)():
                 self._reboot(name, hist, d)
             elif d.step == "reboot":
                 self._once(f"remedy:{name}", "needs-reboot", name,
