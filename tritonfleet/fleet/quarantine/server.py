@@ -4,7 +4,9 @@
 Every request but ``GET /-/healthy`` carries ``Authorization: Bearer <token>`` (``GET
 /v1/quarantine`` is open only with ``public_read``): the operator's token may do everything, the
 webhook's (when it has its own) only ``POST /alerts``; the audit trail names the token that
-matched, never what the body says. A POST is ``application/json`` (a browser's cross-site
+matched, never what the body says. ``POST /v1/hosts/<host>/fault`` (the collectors' direct path,
+with ``push_secret``) takes only that host's own token, the HMAC of its name under the secret
+(tritonfleet.gpu.fault_push.host_token), and no other. A POST is ``application/json`` (a browser's cross-site
 "simple" POST is not) with a ``Content-Length`` of at most ``MAX_BODY``; a body not of the
 expected shape is a 4xx and nothing is queued. Each connection has a socket timeout, the server a
 bound on connections at once, the worker a bounded queue (503 beyond it)."""
