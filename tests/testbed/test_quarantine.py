@@ -19,7 +19,8 @@ through HAProxy while faults go into the hosts' own inputs, never this machine's
   ``quarantine_remediate``: drained, Triton stopped, the stand-in GPU reset over SSH (persistence
   mode off and back), Triton started, back through the warm gate, without a reboot (last: the
   host's remediation history would hold it at a next fault within the hour);
-* the same Xid on another host whose reset fails (the stand-in's ``RESET_FAILS=1``): the receiver
+* an Xid 95 (RESET_GPU in NVIDIA's catalog) on another host whose reset fails (the stand-in's
+  ``RESET_FAILS=1``): the receiver
   reboots it through deploys/reboot.py (a pyinfra process of its own), and it returns through the
   warm gate with a new boot id.
 
@@ -421,7 +422,7 @@ def test_a_reset_that_does_not_clear_it_reboots_the_host_and_it_returns(fleet):
     (fleet.work / "reboot.py").write_text((ROOT / "deploys" / "reboot.py").read_text())
     ssh(b, f"cp -n {GPU_ENV} {GPU_ENV}.before && echo 'RESET_FAILS=1' >> {GPU_ENV}")
     t0 = time.monotonic()
-    inject_xid(b, 63, "Row Remapper: New row marked for remapping, reset gpu to activate.")
+    inject_xid(b, 95, "Uncontained memory error")  # RESET_GPU in NVIDIA's catalog
     try:
         drained = fleet.time_to_drain(b.name, t0)
         until(lambda: fleet.events("reset-failed", b.name), "the failed GPU reset", timeout=120)
@@ -434,7 +435,7 @@ def test_a_reset_that_does_not_clear_it_reboots_the_host_and_it_returns(fleet):
         until(fleet.all_serving, f"{b.name} back", timeout=600)
         back = round(time.monotonic() - t0, 1)
         returned = fleet.events("returned", b.name)[-1]
-        FIGURES["xid63_reset_fails_reboot"] = {"drained_s": drained, "rebooted_s": rebooted, "back_s": back}
+        FIGURES["xid95_reset_fails_reboot"] = {"drained_s": drained, "rebooted_s": rebooted, "back_s": back}
         assert "warm gate passed (first inference:" in returned["text"]
         assert ssh(b, "cat /proc/sys/kernel/random/boot_id").strip() != boot  # rebooted
         assert len(fleet.events("reset", b.name)) == 1 and len(fleet.events("reboot", b.name)) == 1

@@ -43,6 +43,9 @@ def test_the_action_is_the_label_else_the_table_and_a_reboot_wins():
     assert action_of([alert(xid="79", action=RESET_GPU)]) == RESET_GPU  # the catalog's label first
     assert action_of([alert(xid="63"), alert(action=RESTART_BM)]) == RESTART_BM
     assert action_of([alert()]) == ""
+    # a quarantine_xids Xid the catalog says to ignore: the sourced table by its number
+    assert action_of([alert(xid="63", action="IGNORE")]) == RESET_GPU
+    assert action_of([alert(xid="13", action="RESTART_APP")]) == ""
 
 
 @pytest.mark.parametrize(("action", "history", "step"), [
