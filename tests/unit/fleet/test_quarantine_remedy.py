@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from unittest import mock
 
 import pytest
@@ -292,3 +293,30 @@ def test_without_the_reboot_deploy_file_the_receiver_only_says_it_needs_a_reboot
         xid(rec, "h3", 79, clock.t - 1)
         rec.round()
         assert out == {"h3"} and not rec.rebooting and any(" h3 needs-reboot: " in line for line in lines)
+
+
+def test_a_host_does_not_return_while_it_reboots_even_when_its_alerts_resolve(tmp_path):
+    """A rebooting host's collector restarts with the kernel log of the new boot: its alerts
+    resolve before the reboot is over; the host waits for the reboot all the same."""
+    clock, host, release = Clock(), Host(), threading.Event()
+
+    def slow(fh):
+        release.wait(10)
+        return True, ""
+
+    with mock.patch.object(receiver_mod, "time", clock), mock.patch.object(remediation_mod, "time", clock):
+        rec, out, lines = reboot_rig(tmp_path, host, slow)
+        xid(rec, "h3", 79, clock.t - 1)
+        rec.round()
+        assert "h3" in rec.rebooting
+        rec.apply_notification({"alerts": [{"status": "resolved", "fingerprint": "fp", "startsAt": "2027-01-01T00:00:00Z",
+                                             "labels": {"alertname": "GpuXidCritical", "host": "h3",
+                                                        "quarantine": "true", "xid": "79"}}]})
+        for _ in range(3):
+            clock.t += 20
+            rec.round()
+        assert out == {"h3"} and not any(" h3 gate:" in line for line in lines)
+        release.set()
+        wait_reboot(rec, "h3")
+        rec.round()
+        assert out == set() and any(" h3 reboot-done:" in line for line in lines)

@@ -348,8 +348,8 @@ class Receiver(Remedies, Pushes):
                        f"{'; '.join(a.reason for a in alerts)}: not taken out, the circuit breaker of group "
                        f"{group_of(self.hosts[name])} is open: alert only")
         self._remedy_all()
-        for name in p.returns:
-            if time.monotonic() >= self.retry_at.get(name, 0):
+        for name in p.returns:  # not while it reboots: its alerts resolve as its collector restarts
+            if time.monotonic() >= self.retry_at.get(name, 0) and name not in self.rebooting:
                 self._return(name)
         self._reconcile()
         self._breaker()  # after the round's drains: the budget's first hosts of a burst go out
