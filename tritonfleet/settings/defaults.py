@@ -537,10 +537,10 @@ quarantine_refault_window = 3600
 # False: quarantined hosts wait for their alerts to resolve or an operator (docs/operations.md).
 quarantine_remediate = False
 # The quarantine receiver's URL as the GPU hosts reach it (e.g. "http://10.0.0.5:9095"): each
-# host's GPU fault collector POSTs a critical Xid report there at once (the direct path, about a
+# host's GPU fault collector POSTs a critical Xid report there at once (the direct path, under a
 # second from the fault line to out of rotation), beside the Prometheus and Alertmanager path
-# that stays the record and the budget's keeper (docs/operations.md, "The direct path"). None:
-# no direct path. The receiver must then run with `serve --push-secret-file`.
+# that stays the record and the budget's keeper (docs/operations.md, "The direct path"); the
+# receiver runs with `serve --push-secret-file`. None: no direct path.
 quarantine_push_url = None
 # The push secret's file on the control machine (`tritonfleet quarantine token --out` writes one,
 # mode 0600): the telemetry step gives each host the HMAC of its name under it, and the
