@@ -115,11 +115,14 @@ _validated: dict[str, list] = {}
 
 # --------------------------------------------------------------------------- control machine
 
+
 def check_settings() -> None:
     """Every setting of this host: type, range, known name, known GPU class, refused naming the
     value and where it was set (tritonfleet.settings.check). First: no other check reads one before."""
     state = ctx_state.get() if ctx_state.isset() else None
-    origins = settings_check.ValueSources(host.inventory, None, settings_check.group_dirs(cwd=getattr(state, "cwd", None)))
+    origins = settings_check.ValueSources(
+        host.inventory, None, settings_check.group_dirs(cwd=getattr(state, "cwd", None))
+    )
     try:
         settings_check.check_hosts([host], origins, GPU_CLASSES)
     except settings_check.SettingsError as e:
@@ -134,10 +137,10 @@ def check_host_key_policy() -> None:
         raise PreflightError(
             f"{host.name}: ssh_strict_host_key_checking is not set for this host, so pyinfra connected "
             "with its own policy, accept-new (an unknown host key is trusted on first contact). Set "
-            f"it in {GROUP_DATA}/all.py (`ssh_strict_host_key_checking = \"yes\"`, tritonfleet's "
+            f'it in {GROUP_DATA}/all.py (`ssh_strict_host_key_checking = "yes"`, tritonfleet\'s '
             "default; `tritonfleet init` writes that file), check the host's key in known_hosts "
-            f"(ssh-keygen -F {host.data.get('ssh_hostname') or host.name}), then run again")
-
+            f"(ssh-keygen -F {host.data.get('ssh_hostname') or host.name}), then run again"
+        )
 
 
 def check_model_repository() -> None:
@@ -146,12 +149,16 @@ def check_model_repository() -> None:
 
     src = Path(access.get("model_repository"))
     if not src.is_dir():
-        raise PreflightError(f"{host.name}: model_repository {src} is not a directory "
-                             f"(set model_repository in {GROUP_DATA}/, relative to where pyinfra runs)")
+        raise PreflightError(
+            f"{host.name}: model_repository {src} is not a directory "
+            f"(set model_repository in {GROUP_DATA}/, relative to where pyinfra runs)"
+        )
     base = str(access.get("triton_base_dir"))
     if not base.startswith("/") or ".." in PurePosixPath(base).parts:
-        raise PreflightError(f"{host.name}: triton_base_dir {base!r} must be an absolute path without '..' "
-                             f"(set it in {GROUP_DATA}/all.py or the inventory)")
+        raise PreflightError(
+            f"{host.name}: triton_base_dir {base!r} must be an absolute path without '..' "
+            f"(set it in {GROUP_DATA}/all.py or the inventory)"
+        )
 
     def validated(repo: Path, gpus: int | None = None) -> None:
         key = f"{repo.resolve()}|{gpus}"
@@ -159,8 +166,10 @@ def check_model_repository() -> None:
             _validated[key] = validate_repository(repo, gpus=gpus)
         if _validated[key]:
             lines = "\n".join(f"  {p}" for p in _validated[key])
-            raise PreflightError(f"{host.name}: model repository {src} is invalid "
-                                 f"(fix it, then check with `tritonfleet validate {src}`):\n{lines}")
+            raise PreflightError(
+                f"{host.name}: model repository {src} is invalid "
+                f"(fix it, then check with `tritonfleet validate {src}`):\n{lines}"
+            )
 
     validated(src)  # first as it is: nothing is read through a link out of it
     try:
@@ -194,7 +203,8 @@ def check_plan_compute_capability(repo: Path, man: dict | None = None) -> None:
                 f"{host.name}: TensorRT model {declaring[0]!r} declares engines per compute capability "
                 f"(cc_model_filenames), but the host's gpu_class {gpu_class!r} is not one of "
                 f"{', '.join(GPU_CLASSES)}, so which engine it needs is not known: put the host in a "
-                "GPU-class group of the inventory, or set its gpu_class")
+                "GPU-class group of the inventory, or set its gpu_class"
+            )
         return
     cls = str(gpu_class).upper()
     for model, declared in _plans[key].items():
@@ -203,10 +213,11 @@ def check_plan_compute_capability(repo: Path, man: dict | None = None) -> None:
             example = json.dumps({model: {"cc_model_filenames": {cc: f"model_{cls.lower()}.plan"}}})
             raise PreflightError(
                 f"{host.name}: {problem} ({access.get('model_repository')}/{model}/config.pbtxt). Build the "
-                f"engine on a GPU of class {cls} and add `cc_model_filenames {{ key: \"{cc}\" value: "
-                f"\"<its file>\" }}` with the file in each version directory, or give class {cls} its own "
+                f'engine on a GPU of class {cls} and add `cc_model_filenames {{ key: "{cc}" value: '
+                f'"<its file>" }}` with the file in each version directory, or give class {cls} its own '
                 f"model through model_overrides in {GROUP_DATA}/{cls.lower()}.py (e.g. model_overrides = "
-                f"{example})")
+                f"{example})"
+            )
 
 
 _plans: dict[str, dict[str, dict[str, str]]] = {}
@@ -216,27 +227,37 @@ def check_gpu_class_and_driver() -> None:
     gpu_class = host.data.get("gpu_class")
     groups = ", ".join(k.lower() for k in GPU_CLASSES)
     if not gpu_class:
-        raise PreflightError(f"{host.name}: no gpu_class; put the host in a GPU-class group ({groups}) "
-                             "of the inventory (e.g. inventories/prod.py: t4 = [...]), or set gpu_class "
-                             "in its host data")
+        raise PreflightError(
+            f"{host.name}: no gpu_class; put the host in a GPU-class group ({groups}) "
+            "of the inventory (e.g. inventories/prod.py: t4 = [...]), or set gpu_class "
+            "in its host data"
+        )
     if str(gpu_class).upper() not in GPU_CLASSES:
-        raise PreflightError(f"{host.name}: unknown gpu_class {gpu_class!r}; known: {', '.join(GPU_CLASSES)} "
-                             f"(put the host in one of the groups {groups} of the inventory, or add the class "
-                             "to tritonfleet/gpu/rules.py GPU_CLASSES with a group_data file)")
+        raise PreflightError(
+            f"{host.name}: unknown gpu_class {gpu_class!r}; known: {', '.join(GPU_CLASSES)} "
+            f"(put the host in one of the groups {groups} of the inventory, or add the class "
+            "to tritonfleet/gpu/rules.py GPU_CLASSES with a group_data file)"
+        )
     problem = compute_capability_problem(gpu_class, access.get("triton_image"))
     if problem:
-        raise PreflightError(f"{host.name}: {problem}: pick a triton_image of an earlier release for this class "
-                             f"({GROUP_DATA}/{str(gpu_class).lower()}.py) or move these hosts to other GPUs")
+        raise PreflightError(
+            f"{host.name}: {problem}: pick a triton_image of an earlier release for this class "
+            f"({GROUP_DATA}/{str(gpu_class).lower()}.py) or move these hosts to other GPUs"
+        )
     flavour = access.get("nvidia_kernel_module")
     if flavour is not None and flavour not in FLAVOURS:
-        raise PreflightError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} or None "
-                             f"(NVIDIA's default for the branch), not {flavour!r} (set it in "
-                             f"{GROUP_DATA}/{str(gpu_class).lower()}.py or the inventory)")
+        raise PreflightError(
+            f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} or None "
+            f"(NVIDIA's default for the branch), not {flavour!r} (set it in "
+            f"{GROUP_DATA}/{str(gpu_class).lower()}.py or the inventory)"
+        )
     cc = class_compute_capability(gpu_class)
     if flavour == "open" and tuple(int(x) for x in cc.split(".")) < (7, 5):
-        raise PreflightError(f"{host.name}: nvidia_kernel_module = \"open\", but GPU class {gpu_class} (compute "
-                             f"capability {cc}) is older than Turing: NVIDIA's open kernel modules do not support it; "
-                             f"set nvidia_kernel_module = \"proprietary\" in {GROUP_DATA}/{str(gpu_class).lower()}.py")
+        raise PreflightError(
+            f'{host.name}: nvidia_kernel_module = "open", but GPU class {gpu_class} (compute '
+            f"capability {cc}) is older than Turing: NVIDIA's open kernel modules do not support it; "
+            f'set nvidia_kernel_module = "proprietary" in {GROUP_DATA}/{str(gpu_class).lower()}.py'
+        )
     branch = access.get("nvidia_driver_branch")
     if not branch:
         return  # the distro's default: checked with the host's distro (check_driver_branch)
@@ -244,10 +265,12 @@ def check_gpu_class_and_driver() -> None:
     image = access.get("triton_image")
     found = compat.verdict(image, version, gpu_class)
     if not found.ok:
-        raise PreflightError(f"{host.name}: {image} on driver {version} with GPU class {str(gpu_class).upper()}: "
-                             f"{found.reason}. Fix: {found.fix or 'pick a triton_image and branch from docs/driver-sources.md'} "
-                             f"(nvidia_driver_branch, triton_image: {GROUP_DATA}/{str(gpu_class).lower()}.py or the "
-                             "inventory)")
+        raise PreflightError(
+            f"{host.name}: {image} on driver {version} with GPU class {str(gpu_class).upper()}: "
+            f"{found.reason}. Fix: {found.fix or 'pick a triton_image and branch from docs/driver-sources.md'} "
+            f"(nvidia_driver_branch, triton_image: {GROUP_DATA}/{str(gpu_class).lower()}.py or the "
+            "inventory)"
+        )
 
 
 def check_driver_branch() -> None:
@@ -256,8 +279,11 @@ def check_driver_branch() -> None:
     Refused naming the branches that would work."""
     distro = driver_repo(access.current())
     branch = driver_branch(access.current())
-    where = ("nvidia_driver_branch (inventory or " f"{GROUP_DATA}/<class>.py)" if access.get("nvidia_driver_branch")
-             else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)")
+    where = (
+        f"nvidia_driver_branch (inventory or {GROUP_DATA}/<class>.py)"
+        if access.get("nvidia_driver_branch")
+        else f"nvidia_driver_branch_default[{distro!r}] ({GROUP_DATA}/all.py)"
+    )
     try:
         available = nvidia_repos.branches(distro)
     except nvidia_repos.UnknownDistro as e:
@@ -267,18 +293,24 @@ def check_driver_branch() -> None:
     if str(gpu_class or "").upper() not in GPU_CLASSES:
         gpu_class = next(iter(GPU_CLASSES))  # no class to judge by (a deploy of its own calling this alone)
     working = [b for b in available if compat.judge(image, b, gpu_class)[0]]
-    alternatives = (f"branches there that {image} supports: {', '.join(working)}" if working
-                    else f"none of its branches ({', '.join(available)}) supports {image}")
+    alternatives = (
+        f"branches there that {image} supports: {', '.join(working)}"
+        if working
+        else f"none of its branches ({', '.join(available)}) supports {image}"
+    )
     if branch not in available:
         raise PreflightError(
             f"{host.name}: driver branch {branch} is not in {where_from(distro)} (it has "
             f"{', '.join(available)}); {alternatives}. Set {where} to one of them "
-            "(docs/nvidia-repositories.md lists the sources)")
+            "(docs/nvidia-repositories.md lists the sources)"
+        )
     found = compat.verdict(image, access.get("nvidia_driver_version") or branch, gpu_class)
     if not found.ok:
-        raise PreflightError(f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
-                             f"{str(gpu_class).upper()}: {found.reason}; {alternatives}. Set {where}"
-                             + (f", or use {found.fix.split('; or ', 1)[-1]}" if "triton_image" in found.fix else ""))
+        raise PreflightError(
+            f"{host.name}: driver {branch} ({where_from(distro)}) with GPU class "
+            f"{str(gpu_class).upper()}: {found.reason}; {alternatives}. Set {where}"
+            + (f", or use {found.fix.split('; or ', 1)[-1]}" if "triton_image" in found.fix else "")
+        )
     problem = driver_version_problem(access.current(), distro, branch)
     if problem:
         raise PreflightError(f"{host.name}: {problem} (nvidia_driver_version: inventory or {GROUP_DATA}/)")
@@ -292,9 +324,11 @@ def check_test_image() -> None:
     """Say which CUDA test image the GPU verification will pull (when the host does not have it)."""
     image = access.get("cuda_test_image")
     if not memo.fact(DockerImageId, image=image) and not (access.get("image_archives") or {}).get(image):
-        logger.info(f"{host.name}: the GPU verification will pull {image} (cuda_test_image, "
-                    f"{GROUP_DATA}/all.py); NVIDIA deletes end-of-life CUDA tags: if the pull fails, "
-                    "pick a current tag whose CUDA the driver supports")
+        logger.info(
+            f"{host.name}: the GPU verification will pull {image} (cuda_test_image, "
+            f"{GROUP_DATA}/all.py); NVIDIA deletes end-of-life CUDA tags: if the pull fails, "
+            "pick a current tag whose CUDA the driver supports"
+        )
 
 
 def check_registry_secret(images: list[str]) -> None:
@@ -306,7 +340,8 @@ def check_registry_secret(images: list[str]) -> None:
                 f"{host.name}: {image} is pulled from {login_registry(access.current())} as registry_user "
                 f"{access.get('registry_user')!r}, but ${env} is empty on the control machine: export "
                 f"the registry secret in ${env} before running pyinfra (it is read only from the "
-                f"environment; registry_user and registry_password_env are set in {GROUP_DATA}/)")
+                f"environment; registry_user and registry_password_env are set in {GROUP_DATA}/)"
+            )
     env = access.get("mirror_client_password_env")
     for image in pulls(access.current(), [i for i in images if needs_mirror_login(access.current(), i)]):
         why = client_secret_problem(os.environ.get(env))
@@ -316,7 +351,8 @@ def check_registry_secret(images: list[str]) -> None:
                 f"its clients to log in as mirror_client_user {access.get('mirror_client_user')!r} "
                 f"(image_mirror_auth), but ${env} on the control machine {why}: export the mirror's client "
                 f"password there (the one the mirror's deploy hashed; or set image_mirror_auth = False in "
-                f"{GROUP_DATA}/all.py for an open mirror)")
+                f"{GROUP_DATA}/all.py for an open mirror)"
+            )
 
 
 def check_model_origin() -> None:
@@ -331,8 +367,10 @@ def check_model_origin() -> None:
     try:
         model_origin.check(found)
     except (model_origin.OriginError, UsageError) as e:
-        raise PreflightError(f"{host.name}: {e}: make the model origin reachable from this machine and the "
-                             "hosts (or set model_origin = None to push releases over SSH)") from e
+        raise PreflightError(
+            f"{host.name}: {e}: make the model origin reachable from this machine and the "
+            "hosts (or set model_origin = None to push releases over SSH)"
+        ) from e
 
 
 def check_image_mirror() -> None:
@@ -342,22 +380,30 @@ def check_image_mirror() -> None:
     for key, _, upstream in unpinned_images(access.current())[:1]:
         raise PreflightError(
             f"{host.name}: {key} goes through the image mirror {access.get('image_mirror')} but is not pinned by "
-            f"digest: set {key} = \"{upstream}@sha256:<digest>\" in {GROUP_DATA}/all.py (`skopeo inspect "
-            f"docker://{upstream}` prints the digest)")
+            f'digest: set {key} = "{upstream}@sha256:<digest>" in {GROUP_DATA}/all.py (`skopeo inspect '
+            f"docker://{upstream}` prints the digest)"
+        )
 
 
 # --------------------------------------------------------------------------- host (read-only)
+
 
 def prefetch_host(triton: bool = False) -> None:
     """One remote command for what pre-flight, the host layer's steps and the placement of model
     instances on the host's GPUs (its GPU record) read; with ``triton``, what the GPU check and the
     Triton steps read too (deploys/triton.py: a converged host is asked once). In the GPU check's
     mode "changes" its host side (GpuProbe) answers the nvidia-smi facts from one query."""
-    gpu = [(GpuProbe, {"image": access.get("cuda_test_image"), **nvidia_gpus_args(access.current())})] \
-        if triton and (access.get("gpu_verify_container") or "changes") == "changes" \
+    gpu = (
+        [(GpuProbe, {"image": access.get("cuda_test_image"), **nvidia_gpus_args(access.current())})]
+        if triton and (access.get("gpu_verify_container") or "changes") == "changes"
         else [(NvidiaGpus, nvidia_gpus_args(access.current())), (GpuRecord, {})]
-    memo.prefetch(*gpu, *host_layer_facts(access.current()), (DockerImageId, {"image": access.get("cuda_test_image")}),
-                  *(triton_facts(access.current()) if triton else []))
+    )
+    memo.prefetch(
+        *gpu,
+        *host_layer_facts(access.current()),
+        (DockerImageId, {"image": access.get("cuda_test_image")}),
+        *(triton_facts(access.current()) if triton else []),
+    )
 
 
 def check_host() -> None:
@@ -387,8 +433,10 @@ def check_driver_source() -> None:
 def check_secure_boot() -> None:
     problem = secure_boot_problem(access.current())
     if problem:
-        raise PreflightError(problem + " (nvidia_secure_boot_ok, nvidia_secure_boot_unknown_ok: host data "
-                             f"in the inventory, or {GROUP_DATA}/)")
+        raise PreflightError(
+            problem + " (nvidia_secure_boot_ok, nvidia_secure_boot_unknown_ok: host data "
+            f"in the inventory, or {GROUP_DATA}/)"
+        )
 
 
 def check_gpu_found() -> None:
@@ -404,11 +452,16 @@ def check_gpu_found() -> None:
         return
     found = ", ".join(f"GPU {g.index} {g.name!r}" for g in info.gpus) or "no GPU"
     fits = sorted({c for g in info.gpus for c, s in GPU_CLASSES.items() if g.name in s["names"]})
-    fix = (f"move the host to the {fits[0].lower()} group of the inventory" if len(fits) == 1
-           else "put the host in the GPU-class group of the inventory that matches its GPU")
-    raise PreflightError(f"{host.name}: the inventory puts this host in GPU class {cls} "
-                         f"({' or '.join(spec['names'])}), but nvidia-smi on the host reports {found}: "
-                         f"{fix} (or set its gpu_class)")
+    fix = (
+        f"move the host to the {fits[0].lower()} group of the inventory"
+        if len(fits) == 1
+        else "put the host in the GPU-class group of the inventory that matches its GPU"
+    )
+    raise PreflightError(
+        f"{host.name}: the inventory puts this host in GPU class {cls} "
+        f"({' or '.join(spec['names'])}), but nvidia-smi on the host reports {found}: "
+        f"{fix} (or set its gpu_class)"
+    )
 
 
 def check_daemon_json() -> None:
@@ -424,9 +477,11 @@ def check_vendor_keys() -> None:
             continue  # the pinned key is what the host trusts already
         remote = host.get_fact(RemoteKeyFingerprints, url=url, fingerprint=pinned)
         if remote["error"]:
-            raise PreflightError(f"{host.name}: could not fetch the {what} signing key {url} on the host: "
-                                 f"{remote['error']} (check the host's network or proxy, or the URL "
-                                 f"tunable next to {tunable} in {GROUP_DATA}/all.py)")
+            raise PreflightError(
+                f"{host.name}: could not fetch the {what} signing key {url} on the host: "
+                f"{remote['error']} (check the host's network or proxy, or the URL "
+                f"tunable next to {tunable} in {GROUP_DATA}/all.py)"
+            )
         if not remote["trusted"]:
             found = remote["fingerprints"]
             if len(found) > 1:
@@ -434,12 +489,14 @@ def check_vendor_keys() -> None:
                     f"{host.name}: the {what} signing key file at {url} holds {len(found)} primary keys "
                     f"({', '.join(found)}); {tunable} pins {pinned}: {signing_keys.RULE}, so the file is not "
                     "trusted and nothing was installed. Ask the vendor, or serve a file with only the "
-                    f"pinned key (and point the URL tunable next to {tunable} in {GROUP_DATA}/all.py at it)")
+                    f"pinned key (and point the URL tunable next to {tunable} in {GROUP_DATA}/all.py at it)"
+                )
             raise PreflightError(
                 f"{host.name}: the {what} signing key at {url} has fingerprint {', '.join(found)}, but {tunable} "
                 f"pins {pinned}: the key is not trusted and nothing was installed. If the vendor rotated "
                 f"its key, check the new fingerprint against the vendor's documentation and set "
-                f"{tunable} in {GROUP_DATA}/all.py (or your group data)")
+                f"{tunable} in {GROUP_DATA}/all.py (or your group data)"
+            )
 
 
 def check_per_gpu() -> None:
@@ -449,10 +506,12 @@ def check_per_gpu() -> None:
         return
 
     if access.get("lb"):
-        raise PreflightError(f"{host.name}: triton_per_gpu with a load balancer (lb = {access.get('lb')!r}) is not "
-                             "built: the drain and the backends know one Triton port set per host; set "
-                             f"triton_per_gpu = False or lb = None for this host ({GROUP_DATA}/all.py, or the "
-                             "host's inventory data; docs/multi-gpu.md)")
+        raise PreflightError(
+            f"{host.name}: triton_per_gpu with a load balancer (lb = {access.get('lb')!r}) is not "
+            "built: the drain and the backends know one Triton port set per host; set "
+            f"triton_per_gpu = False or lb = None for this host ({GROUP_DATA}/all.py, or the "
+            "host's inventory data; docs/multi-gpu.md)"
+        )
     try:
         per_gpu.check_layout(access.current(), host_gpus(access.current()))
     except ValueError as e:
@@ -460,6 +519,7 @@ def check_per_gpu() -> None:
 
 
 # --------------------------------------------------------------------------- per deploy
+
 
 def _begin() -> None:
     """What every pre-flight entry point does first, as the steps do (tritonfleet_step): the deploy

@@ -44,10 +44,21 @@ def main() -> None:
     raise_nofile()  # one SSH connection a host: the open-file limit's soft value is often 1024
 
 
-for _command in (loadtest.loadtest_cmd, prometheus.prometheus_cmd, fleet.rollout_cmd, fleet.status_cmd,
-                 tune.tune_cmd, validate.validate_cmd, quarantine.quarantine_cmd, init,
-                 bootstrap.bootstrap_cmd, bootstrap.pull_group, bootstrap.converge_cmd, deploy.deploy_cmd,
-                 check.check_cmd):
+for _command in (
+    loadtest.loadtest_cmd,
+    prometheus.prometheus_cmd,
+    fleet.rollout_cmd,
+    fleet.status_cmd,
+    tune.tune_cmd,
+    validate.validate_cmd,
+    quarantine.quarantine_cmd,
+    init,
+    bootstrap.bootstrap_cmd,
+    bootstrap.pull_group,
+    bootstrap.converge_cmd,
+    deploy.deploy_cmd,
+    check.check_cmd,
+):
     main.add_command(_command)
 
 

@@ -21,34 +21,61 @@ ORIGIN_HELP = "the origin directory (served to the hosts over HTTP(S))"
 @click.argument("inventory")
 @click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
 @click.option("--url", required=True, help="the origin's address as the hosts reach it (http:// or https://)")
-@click.option("--out", default="bootstrap", show_default=True,
-              help="where to write <host>/bootstrap.sh and <host>/user-data")
-@click.option("--wheelhouse", required=True, type=click.Path(path_type=Path),
-              help="wheels of the agent's dependencies (pip download), for the hosts' Python")
-@click.option("--wheel", required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="tritonfleet's wheel, the version this machine runs (in a checkout: pip wheel --no-deps -w dist .)")
-@click.option("--sign-key", type=click.Path(path_type=Path),
-              help="the key whose signed release pointers the hosts follow: its public half (key.pub) is enough "
-                   "here, the private key works too (or --release)")
+@click.option(
+    "--out", default="bootstrap", show_default=True, help="where to write <host>/bootstrap.sh and <host>/user-data"
+)
+@click.option(
+    "--wheelhouse",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="wheels of the agent's dependencies (pip download), for the hosts' Python",
+)
+@click.option(
+    "--wheel",
+    required=True,
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="tritonfleet's wheel, the version this machine runs (in a checkout: pip wheel --no-deps -w dist .)",
+)
+@click.option(
+    "--sign-key",
+    type=click.Path(path_type=Path),
+    help="the key whose signed release pointers the hosts follow: its public half (key.pub) is enough "
+    "here, the private key works too (or --release)",
+)
 @click.option("--release", help="pin the hosts to this release (sha256) instead of following pointers")
-@click.option("--reports", "reports_url", default=None,
-              help="where hosts PUT their reports (default: <url>/reports; '' for none)")
+@click.option(
+    "--reports", "reports_url", default=None, help="where hosts PUT their reports (default: <url>/reports; '' for none)"
+)
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
 @click.option("--rekey", is_flag=True, help="make new report keys for the hosts (default: keep those in --out)")
-def bootstrap_cmd(inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, release, reports_url, limit,
-                  data, rekey) -> None:
+def bootstrap_cmd(
+    inventory, origin_dir, url, out, wheelhouse, wheel, sign_key, release, reports_url, limit, data, rekey
+) -> None:
     """Hosts that converge themselves: publish the pinned agent on the origin, and write for every
     host of INVENTORY a plain script and cloud-init user-data that install it, write the host's
     pull configuration and start its systemd timer. The host then needs no command from here.
     """
     from ..fleet.pull import bootstrap
-    written = bootstrap.bootstrap(inventory, PullSite(origin_dir, url), url, Path(out), wheelhouse=wheelhouse,
-                                  wheel=wheel, key=sign_key, release=release, reports_url=reports_url,
-                                  limit=list(limit), data=parse_data(data), rekey=rekey,
-                                  echo=lambda m: click.echo(m, err=True))
-    click.echo(f"bootstrap for {len(written)} host(s) in {out}/<host>/: bootstrap.sh (run as root) and "
-               "user-data (cloud-init)")
+
+    written = bootstrap.bootstrap(
+        inventory,
+        PullSite(origin_dir, url),
+        url,
+        Path(out),
+        wheelhouse=wheelhouse,
+        wheel=wheel,
+        key=sign_key,
+        release=release,
+        reports_url=reports_url,
+        limit=list(limit),
+        data=parse_data(data),
+        rekey=rekey,
+        echo=lambda m: click.echo(m, err=True),
+    )
+    click.echo(
+        f"bootstrap for {len(written)} host(s) in {out}/<host>/: bootstrap.sh (run as root) and user-data (cloud-init)"
+    )
 
 
 @click.group("pull")
@@ -60,9 +87,12 @@ def pull_group() -> None:
 @click.argument("inventory")
 @click.argument("deploy")
 @click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
-@click.option("--sign-key", type=click.Path(path_type=Path),
-              help="sign pointers for the hosts (else: release only): the private key, or key.pub with the private "
-                   "key in ssh-agent")
+@click.option(
+    "--sign-key",
+    type=click.Path(path_type=Path),
+    help="sign pointers for the hosts (else: release only): the private key, or key.pub with the private "
+    "key in ssh-agent",
+)
 @click.option("--include", multiple=True, help="repository paths the release holds (default: deploys, files)")
 @click.option("--limit", multiple=True, help="the hosts to point at the release (a wave; default: all)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
@@ -71,6 +101,7 @@ def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -
     (--limit: a wave of them) at it, without waiting for them. Prints the release id."""
     from ..fleet.pull.release import host_entries, publish_release
     from ..fleet.pull.signing import check_sign_key, publish_desired
+
     origin = PullSite(origin_dir)
     roster.check_deploy_file(deploy)
     if sign_key:
@@ -80,8 +111,14 @@ def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -
         sha = publish_release(origin, hosts, deploy, Path.cwd(), tuple(include) or INCLUDE)
         if sign_key:
             entries, _ = host_entries(hosts, Path.cwd())
-            gen = publish_desired(origin, sign_key, {h.name: sha for h in hosts}, f"publish-{sha[:8]}", entries,
-                                       float(hosts[0].get("pull_pointer_ttl")) if hosts else None)
+            gen = publish_desired(
+                origin,
+                sign_key,
+                {h.name: sha for h in hosts},
+                f"publish-{sha[:8]}",
+                entries,
+                float(hosts[0].get("pull_pointer_ttl")) if hosts else None,
+            )
             click.echo(f"pointed {len(hosts)} host(s) at it (generation {gen})", err=True)
     click.echo(sha)
 
@@ -90,21 +127,35 @@ def publish_cmd(inventory, deploy, origin_dir, sign_key, include, limit, data) -
 @click.argument("inventory")
 @click.argument("deploy")
 @click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
-@click.option("--sign-key", required=True, type=click.Path(path_type=Path),
-              help="the key the hosts trust: the private key, or key.pub with the private key in ssh-agent")
+@click.option(
+    "--sign-key",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="the key the hosts trust: the private key, or key.pub with the private key in ssh-agent",
+)
 @click.option("--include", multiple=True, help="repository paths the release holds (default: deploys, files)")
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--canary", default=1, show_default=True, help="hosts moved first, as a batch of their own")
 @click.option("--batch", default="25%", show_default=True, help="batch size after the canary: N hosts or P%")
-@click.option("--max-fail", default="0", show_default=True, metavar="N|P%",
-              help="failed hosts tolerated before the rollout halts: N hosts or P% of the targets (rounded down)")
-@click.option("--timeout", type=float, default=None,
-              help="seconds a batch's hosts have to report the new release (default: pull_report_timeout)")
+@click.option(
+    "--max-fail",
+    default="0",
+    show_default=True,
+    metavar="N|P%",
+    help="failed hosts tolerated before the rollout halts: N hosts or P% of the targets (rounded down)",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="seconds a batch's hosts have to report the new release (default: pull_report_timeout)",
+)
 @click.option("--poll", type=float, default=1.0, show_default=True, help="seconds between looks at the reports")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, canary, batch, max_fail, timeout, poll,
-                     data, as_json) -> None:
+def pull_rollout_cmd(
+    inventory, deploy, origin_dir, sign_key, include, limit, canary, batch, max_fail, timeout, poll, data, as_json
+) -> None:
     """Roll the current directory's repository out to self-converging hosts: canary first, then
     batches, each published and awaited through the hosts' reports; a failed host goes back to
     the release it ran, more failures than --max-fail halt the rollout.
@@ -115,9 +166,21 @@ def pull_rollout_cmd(inventory, deploy, origin_dir, sign_key, include, limit, ca
     from ..fleet.rollout.report import exit_status, table
 
     echo = (lambda msg: click.echo(msg, err=True)) if as_json else click.echo
-    report = rollout(inventory, deploy, PullSite(origin_dir), sign_key, limit=list(limit), canary=canary,
-                          batch=batch, max_fail=max_fail, data=parse_data(data), timeout=timeout,
-                          include=tuple(include) or INCLUDE, echo=echo, poll=poll)
+    report = rollout(
+        inventory,
+        deploy,
+        PullSite(origin_dir),
+        sign_key,
+        limit=list(limit),
+        canary=canary,
+        batch=batch,
+        max_fail=max_fail,
+        data=parse_data(data),
+        timeout=timeout,
+        include=tuple(include) or INCLUDE,
+        echo=echo,
+        poll=poll,
+    )
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
     sys.exit(exit_status(report))
 
@@ -140,8 +203,12 @@ def refresh_cmd(origin_dir, sign_key, ttl) -> None:
 
 @pull_group.command("rotate-key")
 @click.option("--origin", "origin_dir", required=True, help=ORIGIN_HELP)
-@click.option("--sign-key", required=True, type=click.Path(path_type=Path),
-              help="a key the hosts trust now: it signs the new list")
+@click.option(
+    "--sign-key",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="a key the hosts trust now: it signs the new list",
+)
 @click.option("--new-key", type=click.Path(path_type=Path), help="add this key to the hosts' release signers")
 @click.option("--retire", type=click.Path(path_type=Path), help="remove this key from the hosts' release signers")
 def rotate_key_cmd(origin_dir, sign_key, new_key, retire) -> None:
@@ -159,8 +226,13 @@ def rotate_key_cmd(origin_dir, sign_key, new_key, retire) -> None:
 
 
 @click.command("converge")
-@click.option("--config", "config_path", default=None, type=click.Path(path_type=Path),
-              help="this host's pull configuration (default /etc/tritonfleet/pull.json)")
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="this host's pull configuration (default /etc/tritonfleet/pull.json)",
+)
 @click.option("--force", is_flag=True, help="run the deploy now even when nothing is due")
 @click.option("--install", is_flag=True, help="install and start the systemd timer (the bootstrap's last step)")
 @click.option("--state", "show_state", is_flag=True, help="print this host's last converge state (JSON)")

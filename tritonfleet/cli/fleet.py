@@ -52,8 +52,24 @@ def _drift_text(st: probe.HostStatus) -> str:
 def status_table(rows: list[probe.HostStatus], rollout: dict[str, str] | None = None) -> str:
     """``rollout``: {host: its state in a running rollout} (tritonfleet.fleet.rollout.state); a
     ROLLOUT column when any host has one."""
-    head: tuple[str, ...] = ("HOST", "CLASS", "REACH", "GPU", "DRIVER", "SOURCE", "TOOLKIT", "DOCKER", "IMAGE", "UNIT", "MODELS",
-            "RELEASE", "LAST DEPLOY", "REBOOT", "MODULE", "DRIFT")
+    head: tuple[str, ...] = (
+        "HOST",
+        "CLASS",
+        "REACH",
+        "GPU",
+        "DRIVER",
+        "SOURCE",
+        "TOOLKIT",
+        "DOCKER",
+        "IMAGE",
+        "UNIT",
+        "MODELS",
+        "RELEASE",
+        "LAST DEPLOY",
+        "REBOOT",
+        "MODULE",
+        "DRIFT",
+    )
     table: list[tuple[str, ...]] = [head]
     quarantine = any(st.quarantine for st in rows)
     if quarantine:  # only when the receiver reports a host out: the table is otherwise unchanged
@@ -67,25 +83,43 @@ def status_table(rows: list[probe.HostStatus], rollout: dict[str, str] | None = 
     for st in rows:
         # reported/expected (gpu_count, else the host's GPU record) when something is expected
         count = f"{len(st.gpus)}/{st.gpu_expected}" if st.gpu_expected else str(len(st.gpus))
-        gpu = (f"{count}x {st.gpus[0]}" if st.gpus else (f"0/{st.gpu_expected}" if st.gpu_expected else "-")
-               if st.reachable else "")
+        gpu = (
+            f"{count}x {st.gpus[0]}"
+            if st.gpus
+            else (f"0/{st.gpu_expected}" if st.gpu_expected else "-")
+            if st.reachable
+            else ""
+        )
         n_models = len(st.models_ready) + len(st.models_not_ready)
         unit = st.unit_state or "-"
         if st.instances_expected is not None:  # one Triton per GPU: instances up/expected
             unit = f"{'active' if unit == 'active' else 'DOWN'} {len(probe.up_instances(st))}/{st.instances_expected}"
-        table.append((
-            st.host, st.gpu_class or "-", "yes" if st.reachable else "NO", gpu, st.driver or "-",
-            st.driver_source or "-",
-            st.toolkit or "-", st.docker or "-", (st.image or "-").rsplit("/", 1)[-1], unit,
-            f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-", st.release or "-",
-            _short_time(st.last_deploy), st.reboot if st.reachable else "-", st.module if st.reachable else "-",
-            *([status_line(st.quarantine) if st.quarantine else "-"] if quarantine else []),
-            *([rollout.get(st.host, "-")] if rollout else []),
-            _drift_text(st),
-        ))
+        table.append(
+            (
+                st.host,
+                st.gpu_class or "-",
+                "yes" if st.reachable else "NO",
+                gpu,
+                st.driver or "-",
+                st.driver_source or "-",
+                st.toolkit or "-",
+                st.docker or "-",
+                (st.image or "-").rsplit("/", 1)[-1],
+                unit,
+                f"{len(st.models_ready)}/{n_models} ready" if st.reachable else "-",
+                st.release or "-",
+                _short_time(st.last_deploy),
+                st.reboot if st.reachable else "-",
+                st.module if st.reachable else "-",
+                *([status_line(st.quarantine) if st.quarantine else "-"] if quarantine else []),
+                *([rollout.get(st.host, "-")] if rollout else []),
+                _drift_text(st),
+            )
+        )
     widths = [max(len(str(r[i])) for r in table) for i in range(len(head) - 1)]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + str(r[-1])
-                     for r in table)
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + str(r[-1]) for r in table
+    )
 
 
 class Percent(click.ParamType):
@@ -111,10 +145,16 @@ class Percent(click.ParamType):
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per host")
-@click.option("--pull", "pull_origin", default=None, metavar="ORIGIN",
-              help="self-converging hosts: their reports on this origin directory (no SSH)")
-def status_cmd(inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_json: bool,
-               pull_origin: str | None) -> None:
+@click.option(
+    "--pull",
+    "pull_origin",
+    default=None,
+    metavar="ORIGIN",
+    help="self-converging hosts: their reports on this origin directory (no SSH)",
+)
+def status_cmd(
+    inventory: str, limit: tuple[str, ...], data: tuple[str, ...], as_json: bool, pull_origin: str | None
+) -> None:
     """One row a host: reachable, GPUs, driver, toolkit, Docker, Triton image, unit, models ready,
     live release, last deploy, and drift from what the inventory asks for.
 
@@ -156,8 +196,16 @@ def pull_status(hosts: list, origin_dir: str, as_json: bool) -> int:
         table = [("HOST", "DESIRED", "RUNS", "RESULT", "LAST RUN", "DRIFT")]
         for r in rows:
             age = "-" if r["age_seconds"] is None else f"{r['finished']} ({r['age_seconds'] // 60} min ago)"
-            table.append((r["host"], short(r["desired"]), short(r["release"]), r["result"] or "-", age,
-                          "; ".join(r["drift"]) or "none"))
+            table.append(
+                (
+                    r["host"],
+                    short(r["desired"]),
+                    short(r["release"]),
+                    r["result"] or "-",
+                    age,
+                    "; ".join(r["drift"]) or "none",
+                )
+            )
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
         for row in table:
             click.echo("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1])
@@ -190,45 +238,111 @@ def add_quarantine(hosts: list[roster.FleetHost], rows: list[probe.HostStatus]) 
 @click.argument("inventory", required=False)
 @click.argument("deploy", required=False)
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
-@click.option("--canary", default=1, show_default=True, type=click.IntRange(min=0), help="hosts deployed first, as a batch of their own")
+@click.option(
+    "--canary",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="hosts deployed first, as a batch of their own",
+)
 @click.option("--batch", default="25%", show_default=True, help="batch size after the canary: N hosts or P%")
-@click.option("--max-fail", default="0", show_default=True, metavar="N|P%",
-              help="failed hosts tolerated before the rollout halts: N hosts or P% of the targets (rounded down)")
-@click.option("--dry", is_flag=True,
-              help="probe and plan only (pyinfra --dry on every reachable target): print the batches and what "
-                   "would change, change nothing; exit status 0 when the plan is clean")
-@click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="seconds each host has to pass the health gate after its batch (default: health_timeout)")
+@click.option(
+    "--max-fail",
+    default="0",
+    show_default=True,
+    metavar="N|P%",
+    help="failed hosts tolerated before the rollout halts: N hosts or P% of the targets (rounded down)",
+)
+@click.option(
+    "--dry",
+    is_flag=True,
+    help="probe and plan only (pyinfra --dry on every reachable target): print the batches and what "
+    "would change, change nothing; exit status 0 when the plan is clean",
+)
+@click.option(
+    "--gate-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="seconds each host has to pass the health gate after its batch (default: health_timeout)",
+)
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, passed to pyinfra")
-@click.option("--perf-gate", is_flag=True,
-              help="measure a short fixed load on each canary before and after its update (perf_gate_* "
-                   "tunables); a throughput drop or p95 rise beyond them rolls the canary back and halts")
-@click.option("--stage", is_flag=True,
-              help="before the first batch, fetch the new image and model release onto every target "
-                   "(deploys/stage.py: nothing restarts); a host that cannot stage is left out")
+@click.option(
+    "--perf-gate",
+    is_flag=True,
+    help="measure a short fixed load on each canary before and after its update (perf_gate_* "
+    "tunables); a throughput drop or p95 rise beyond them rolls the canary back and halts",
+)
+@click.option(
+    "--stage",
+    is_flag=True,
+    help="before the first batch, fetch the new image and model release onto every target "
+    "(deploys/stage.py: nothing restarts); a host that cannot stage is left out",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-@click.option("--resume", is_flag=True,
-              help="go on with a rollout whose control process died, from its journal (the newest "
-                   "unfinished one under .tritonfleet/rollouts/, or --journal)")
-@click.option("--journal", "journal", default=None, metavar="PATH",
-              help="with --resume: the rollout's journal (or its log directory)")
-@click.option("--roll-back", "roll_back", is_flag=True,
-              help="with --resume: roll every host the rollout reached back to what it served before")
-@click.option("--canary-weight", "canary_weight", type=Percent(), default=None, metavar="PERCENT",
-              help="traffic canary: HAProxy's weights give the canary hosts PERCENT of their backend's traffic while "
-                   "Prometheus figures are compared with the other hosts' (canary_* tunables); promote, extend or "
-                   "roll back")
-@click.option("--pause", "pause", is_flag=True,
-              help="hold the running rollout (the newest, or --journal) before its next batch or canary verdict")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="go on with a rollout whose control process died, from its journal (the newest "
+    "unfinished one under .tritonfleet/rollouts/, or --journal)",
+)
+@click.option(
+    "--journal",
+    "journal",
+    default=None,
+    metavar="PATH",
+    help="with --resume: the rollout's journal (or its log directory)",
+)
+@click.option(
+    "--roll-back",
+    "roll_back",
+    is_flag=True,
+    help="with --resume: roll every host the rollout reached back to what it served before",
+)
+@click.option(
+    "--canary-weight",
+    "canary_weight",
+    type=Percent(),
+    default=None,
+    metavar="PERCENT",
+    help="traffic canary: HAProxy's weights give the canary hosts PERCENT of their backend's traffic while "
+    "Prometheus figures are compared with the other hosts' (canary_* tunables); promote, extend or "
+    "roll back",
+)
+@click.option(
+    "--pause",
+    "pause",
+    is_flag=True,
+    help="hold the running rollout (the newest, or --journal) before its next batch or canary verdict",
+)
 @click.option("--continue", "unpause", is_flag=True, help="let a paused rollout go on")
-@click.option("--release-holds", "release_holds", is_flag=True,
-              help="remove the driver holds of the targets first (a failed driver change's hold: "
-                   "`tritonfleet status` shows it), so this rollout may move their driver again")
-def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...], canary: int, batch: str,
-                max_fail: str, dry: bool, gate_timeout: float | None, data: tuple[str, ...], perf_gate: bool, stage: bool,
-                as_json: bool, resume: bool,
-                journal: str | None, roll_back: bool, canary_weight: float | None = None, pause: bool = False,
-                unpause: bool = False, release_holds: bool = False) -> None:
+@click.option(
+    "--release-holds",
+    "release_holds",
+    is_flag=True,
+    help="remove the driver holds of the targets first (a failed driver change's hold: "
+    "`tritonfleet status` shows it), so this rollout may move their driver again",
+)
+def rollout_cmd(
+    inventory: str | None,
+    deploy: str | None,
+    limit: tuple[str, ...],
+    canary: int,
+    batch: str,
+    max_fail: str,
+    dry: bool,
+    gate_timeout: float | None,
+    data: tuple[str, ...],
+    perf_gate: bool,
+    stage: bool,
+    as_json: bool,
+    resume: bool,
+    journal: str | None,
+    roll_back: bool,
+    canary_weight: float | None = None,
+    pause: bool = False,
+    unpause: bool = False,
+    release_holds: bool = False,
+) -> None:
     """Roll DEPLOY out over INVENTORY: canary first, then batches in inventory order, each gated on
     health. A failed host is rolled back to what it served before; more failures than --max-fail
     halt the rollout, leaving the hosts not reached yet untouched.
@@ -264,18 +378,29 @@ def rollout_cmd(inventory: str | None, deploy: str | None, limit: tuple[str, ...
         if dry:
             raise RolloutError("--dry plans a new rollout: it does not go with --resume")
         if inventory or deploy or limit or data:
-            raise RolloutError("--resume takes everything from the journal: no INVENTORY, DEPLOY, "
-                               "--limit or --data")
+            raise RolloutError("--resume takes everything from the journal: no INVENTORY, DEPLOY, --limit or --data")
         report = resume_rollout(journal, roll_back=roll_back, echo=echo)
     else:
         if roll_back or journal:
             raise RolloutError("--roll-back and --journal go with --resume")
         if not inventory or not deploy:
             raise RolloutError("INVENTORY and DEPLOY are required (or --resume)")
-        report = rollout(inventory, deploy, limit=list(limit), canary=canary, batch=batch,
-                         max_fail=max_fail, data=parse_data(data), gate_timeout=gate_timeout, echo=echo,
-                         perf_gate=perf_gate, stage=stage, canary_weight=canary_weight, plan_only=dry,
-                         release_holds=release_holds)
+        report = rollout(
+            inventory,
+            deploy,
+            limit=list(limit),
+            canary=canary,
+            batch=batch,
+            max_fail=max_fail,
+            data=parse_data(data),
+            gate_timeout=gate_timeout,
+            echo=echo,
+            perf_gate=perf_gate,
+            stage=stage,
+            canary_weight=canary_weight,
+            plan_only=dry,
+            release_holds=release_holds,
+        )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -70,8 +70,9 @@ def plan(dest: Path, root: Path = SKELETON) -> tuple[list[str], list[str], list[
     return add, differ, same
 
 
-def scaffold(dest: Path, force: bool = False, root: Path = SKELETON,
-             backups: dict[str, Path] | None = None) -> tuple[list[str], list[str], list[str]]:
+def scaffold(
+    dest: Path, force: bool = False, root: Path = SKELETON, backups: dict[str, Path] | None = None
+) -> tuple[list[str], list[str], list[str]]:
     """Write the skeleton into ``dest``; returns (added, overwritten, unchanged). Checks first
     and writes nothing when it refuses. Each overwritten file's previous content is kept first
     (:func:`backup_name`); ``backups`` gets {relative path: where it was kept}."""
@@ -81,17 +82,24 @@ def scaffold(dest: Path, force: bool = False, root: Path = SKELETON,
     existing = sorted(p.name for p in dest.iterdir() if p.name not in IGNORED) if dest.is_dir() else []
     if existing and (add or differ) and not force:
         shown = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
-        what = (f"its {shown} {'differs' if len(differ) == 1 else 'differ'} from tritonfleet's skeleton" if differ
-                else f"it holds {', '.join(existing[:5])}{' ...' if len(existing) > 5 else ''}")
-        raise ScaffoldError(f"{dest} is not empty ({what}): nothing was written. Pick an empty or new "
-                            "directory, or run `tritonfleet init --force` to write the skeleton's files "
-                            "there (other files are kept, and each file of it you edited is kept as "
-                            "<file>.orig)")
+        what = (
+            f"its {shown} {'differs' if len(differ) == 1 else 'differ'} from tritonfleet's skeleton"
+            if differ
+            else f"it holds {', '.join(existing[:5])}{' ...' if len(existing) > 5 else ''}"
+        )
+        raise ScaffoldError(
+            f"{dest} is not empty ({what}): nothing was written. Pick an empty or new "
+            "directory, or run `tritonfleet init --force` to write the skeleton's files "
+            "there (other files are kept, and each file of it you edited is kept as "
+            "<file>.orig)"
+        )
     for rel in add + differ:
         target = dest / rel
         if target.is_dir() or target.is_symlink():  # --force: a directory or link in a file's place
-            raise ScaffoldError(f"{target} is in the way of the skeleton's file {rel}: move it away, then "
-                                "run init again (nothing was written)")
+            raise ScaffoldError(
+                f"{target} is in the way of the skeleton's file {rel}: move it away, then "
+                "run init again (nothing was written)"
+            )
     for rel in differ:  # every edited file kept before anything is overwritten
         kept = backup_name(dest / rel)
         shutil.copy2(dest / rel, kept)
@@ -104,12 +112,15 @@ def scaffold(dest: Path, force: bool = False, root: Path = SKELETON,
     return add, differ, same
 
 
-@click.command("init", short_help="Write a new operator repository: inventory, group data, "
-               "entry points, models.")
+@click.command("init", short_help="Write a new operator repository: inventory, group data, entry points, models.")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--force", is_flag=True, help="Write the skeleton into a directory that is not empty "
-              "(its files that the skeleton has are overwritten, each edited one kept as <file>.orig "
-              "first; others are left alone).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write the skeleton into a directory that is not empty "
+    "(its files that the skeleton has are overwritten, each edited one kept as <file>.orig "
+    "first; others are left alone).",
+)
 def init(directory: Path, force: bool) -> None:
     """Write an operator's repository into DIRECTORY: inventories/prod.py (t4, l4 groups) and its
     group data, deploys/*.py, the runbook's model repository, a README.
@@ -122,14 +133,15 @@ def init(directory: Path, force: bool) -> None:
     except OSError as e:
         raise TritonfleetError(f"{directory}: {e.strerror}: {e.filename or ''}".rstrip(": ")) from None
     if not added and not overwritten:
-        click.echo(f"{directory} already holds tritonfleet's skeleton ({len(same)} files, unchanged): "
-                   "nothing to do")
+        click.echo(f"{directory} already holds tritonfleet's skeleton ({len(same)} files, unchanged): nothing to do")
         return
     for rel in added:
         click.echo(f"  wrote      {rel}")
     for rel in overwritten:
         click.echo(f"  overwrote  {rel} (yours kept as {backups[rel].relative_to(directory).as_posix()})")
-    click.echo(f"{directory}: {len(added)} file(s) written, {len(overwritten)} overwritten, {len(same)} "
-               f"unchanged. Next: put your hosts into {directory}/inventories/prod.py, then see "
-               f"{directory}/README.md (first deploy: pyinfra inventories/prod.py deploys/triton.py, "
-               "run from that directory)")
+    click.echo(
+        f"{directory}: {len(added)} file(s) written, {len(overwritten)} overwritten, {len(same)} "
+        f"unchanged. Next: put your hosts into {directory}/inventories/prod.py, then see "
+        f"{directory}/README.md (first deploy: pyinfra inventories/prod.py deploys/triton.py, "
+        "run from that directory)"
+    )

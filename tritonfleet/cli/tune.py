@@ -15,20 +15,40 @@ from ..inventory.roster import disconnect, load_inventory
 
 @click.command("tune")
 @click.argument("inventory", type=click.Path(dir_okay=False), required=False)
-@click.option("--loadtest", "loadtest_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              metavar="FILE.json",
-              help="Judge a `tritonfleet loadtest --json` run instead of live metrics (INVENTORY, if "
-                   "given, supplies the hosts' thresholds; else tritonfleet's defaults).")
+@click.option(
+    "--loadtest",
+    "loadtest_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    metavar="FILE.json",
+    help="Judge a `tritonfleet loadtest --json` run instead of live metrics (INVENTORY, if "
+    "given, supplies the hosts' thresholds; else tritonfleet's defaults).",
+)
 @click.option("--model", "models", multiple=True, metavar="M", help="Only this model (repeatable).")
-@click.option("--window", default=10.0, show_default=True, type=click.FloatRange(min=0),
-              help="Seconds between the two reads whose difference is judged; 0: totals since "
-                   "each server started.")
+@click.option(
+    "--window",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds between the two reads whose difference is judged; 0: totals since each server started.",
+)
 @click.option("--per-host", is_flag=True, help="A row per host and model instead of per group.")
-@click.option("--limit", multiple=True, metavar="HOST|GROUP",
-              help="Only these hosts or groups (globs; repeatable or comma-separated).")
+@click.option(
+    "--limit",
+    multiple=True,
+    metavar="HOST|GROUP",
+    help="Only these hosts or groups (globs; repeatable or comma-separated).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str, ...], window: float,
-             per_host: bool, limit: tuple[str, ...], as_json: bool) -> None:
+def tune_cmd(
+    inventory: str | None,
+    loadtest_file: str | None,
+    models: tuple[str, ...],
+    window: float,
+    per_host: bool,
+    limit: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Read every host's Triton metrics and judge each model's dynamic batching.
 
     Reports per model mean queue and compute time per request, batch efficiency (inferences
@@ -58,23 +78,24 @@ def tune_cmd(inventory: str | None, loadtest_file: str | None, models: tuple[str
             disconnect(h)
     missing = set(models) - {r.model for r in result}
     if as_json:
-        click.echo(json.dumps({"window_s": seconds, "rows": [r.as_dict() for r in result],
-                               "errors": errors}, indent=2))
+        click.echo(json.dumps({"window_s": seconds, "rows": [r.as_dict() for r in result], "errors": errors}, indent=2))
     else:
         span = f"over {seconds:.1f}s" if seconds else "since each server started"
         click.echo(f"{len(result)} model rows from {len(hosts) - len(errors)} of {len(hosts)} hosts, {span}")
         click.echo(tune.table(result, per_host))
     for e in errors:
-        click.echo(f"error: {e} (check that this machine reaches the host's Triton ports: "
-                   "health_host / ssh_hostname, triton_http_port, triton_metrics_port; or set "
-                   "health_via = \"ssh\")", err=True)
+        click.echo(
+            f"error: {e} (check that this machine reaches the host's Triton ports: "
+            "health_host / ssh_hostname, triton_http_port, triton_metrics_port; or set "
+            'health_via = "ssh")',
+            err=True,
+        )
     for m in sorted(missing):
         click.echo(f"warning: model {m} is loaded on none of the hosts read", err=True)
     sys.exit(1 if errors else 0)
 
 
-def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tuple[str, ...],
-                   as_json: bool) -> None:
+def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tuple[str, ...], as_json: bool) -> None:
     from ..observability import tune
 
     hint = "give the file `tritonfleet loadtest --json` wrote"
@@ -84,16 +105,21 @@ def _from_loadtest(inventory: str | None, path: str, models: set[str], limit: tu
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: {e} ({hint})") from None
     if not isinstance(doc, dict):
-        raise UsageError(f"{path}: a JSON {type(doc).__name__}, not the object `tritonfleet loadtest --json` "
-                         f"writes ({hint})")
+        raise UsageError(
+            f"{path}: a JSON {type(doc).__name__}, not the object `tritonfleet loadtest --json` writes ({hint})"
+        )
     default = tune.default_thresholds()
     by_host: dict[str, tune.Thresholds] = {}
     if inventory:
         by_host = {h.name: tune.Thresholds.of(h) for h in load_inventory(inventory)}
     patterns = [p for item in limit for p in item.split(",") if p]
     if isinstance(doc.get("results"), list):
-        doc["results"] = [r for r in doc["results"] if (not models or r.get("model") in models)
-                          and (not patterns or any(fnmatch.fnmatch(str(r.get("host")), p) for p in patterns))]
+        doc["results"] = [
+            r
+            for r in doc["results"]
+            if (not models or r.get("model") in models)
+            and (not patterns or any(fnmatch.fnmatch(str(r.get("host")), p) for p in patterns))
+        ]
     try:
         result = tune.loadtest_rows(doc, f"loadtest {path}", lambda h: by_host.get(h, default))
     except (ValueError, KeyError, TypeError, AttributeError) as e:

@@ -64,4 +64,5 @@ def check_nofile(hosts: int, what: str = "this run") -> None:
             f"machine's open-file limit is {soft} (hard limit {hard}): raise the hard limit (`ulimit -Hn "
             f"{needed(hosts)}` as root, LimitNOFILE= in a systemd unit, or nofile in "
             f"/etc/security/limits.conf), or run it on fewer hosts at once (--limit, or split the inventory "
-            f"across control machines: docs/scale.md)")
+            f"across control machines: docs/scale.md)"
+        )

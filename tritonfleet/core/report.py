@@ -52,17 +52,19 @@ class Failure:
     found: str
     words: list[str] = field(default_factory=list)
     source: str = ""  # whose words they are ("Triton, in the journal of triton.service")
-    now: str = ""     # what the host runs now
-    fix: str = ""     # the command that fixes or rolls back
-    cause: str = ""   # one line for table cells (default: found)
+    now: str = ""  # what the host runs now
+    fix: str = ""  # the command that fixes or rolls back
+    cause: str = ""  # one line for table cells (default: found)
     time: str = ""
     command: str = ""  # the command that failed, where one did (an apt-get install)
     meaning: str = ""  # what the failure means, where the words alone do not say
 
     def text(self) -> str:
-        out = [f"tritonfleet: {self.host} failed at {self.step}",
-               f"  expected: {self.expected}",
-               f"  found:    {self.found}"]
+        out = [
+            f"tritonfleet: {self.host} failed at {self.step}",
+            f"  expected: {self.expected}",
+            f"  found:    {self.found}",
+        ]
         if self.command:
             out.append(f"  command:  {self.command}")
         if self.words:
@@ -102,16 +104,36 @@ class HostFailure(TritonfleetError, RuntimeError):
 
 def without_host(message: str, host_name: str) -> str:
     prefix = f"{host_name}: "
-    return message[len(prefix):] if message.startswith(prefix) else message
+    return message[len(prefix) :] if message.startswith(prefix) else message
 
 
-def fail(expected: str, found: str, *, fix: str = "", words=(), source: str = "", now: str = "",
-         cause: str = "", step: str = ""):
+def fail(
+    expected: str,
+    found: str,
+    *,
+    fix: str = "",
+    words=(),
+    source: str = "",
+    now: str = "",
+    cause: str = "",
+    step: str = "",
+):
     """Fail the current host (a pyinfra check) with a report; ``step`` defaults to the running
     operation's name."""
     host, state = pyinfra.host, pyinfra.state
-    raise HostFailure(Failure(host.name, step or step_name(state, host), expected,
-                              without_host(found, host.name), trim(words), source, now, fix, cause))
+    raise HostFailure(
+        Failure(
+            host.name,
+            step or step_name(state, host),
+            expected,
+            without_host(found, host.name),
+            trim(words),
+            source,
+            now,
+            fix,
+            cause,
+        )
+    )
 
 
 def trim(lines, keep: int = WORDS_KEEP, width: int = LINE_WIDTH) -> list[str]:
@@ -201,9 +223,11 @@ def record_on_host(host, failure: Failure) -> None:
 def bug_text(exc: BaseException, host_name: str, step: str) -> str:
     """What a bug says next to its traceback (pyinfra prints that for an operation's callback)."""
     said = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return (f"tritonfleet: {host_name} failed at {step} on an unexpected error ({said}): this is a bug in "
-            "tritonfleet, not a fault of the host (the traceback says where); please report it with "
-            "that traceback")
+    return (
+        f"tritonfleet: {host_name} failed at {step} on an unexpected error ({said}): this is a bug in "
+        "tritonfleet, not a fault of the host (the traceback says where); please report it with "
+        "that traceback"
+    )
 
 
 def step_name(state, host) -> str:
@@ -232,9 +256,16 @@ def reported(state, host, function, args, kwargs) -> bool:
         except UsageError as e:  # a setting (ConfigError, PerGpuError, ...): the host's, named
             msg = str(e)
             prefix = f"{host.name}: "
-            emit(host, Failure(host.name, step, "valid settings for this host", msg[len(prefix):]
-                               if msg.startswith(prefix) else msg,
-                               fix="correct the setting named above (group data or --data), then run the deploy again"))
+            emit(
+                host,
+                Failure(
+                    host.name,
+                    step,
+                    "valid settings for this host",
+                    msg[len(prefix) :] if msg.startswith(prefix) else msg,
+                    fix="correct the setting named above (group data or --data), then run the deploy again",
+                ),
+            )
         except Exception as e:
             # a bug: said as one and handed to a rollout; pyinfra prints its traceback and fails the
             # host ("Unexpected error in Python callback", pyinfra.api.operations)
@@ -285,10 +316,16 @@ def operation_failure(state, host, op_hash) -> Failure:
         meta = state.get_op_data_for_host(host, op_hash).operation_meta
         lines = [ln for ln in meta.stderr_lines or meta.stdout_lines if ln.strip()]
     said = lines[-1].strip() if lines else "it failed without output"
-    return Failure(host.name, ", ".join(names) or "an operation", "the operation to succeed", said,
-                   trim(lines[-WORDS_KEEP:]), "the operation's own output",
-                   fix="fix what the output above says (on the host, or in the settings), then run again",
-                   cause=said)
+    return Failure(
+        host.name,
+        ", ".join(names) or "an operation",
+        "the operation to succeed",
+        said,
+        trim(lines[-WORDS_KEEP:]),
+        "the operation's own output",
+        fix="fix what the output above says (on the host, or in the settings), then run again",
+        cause=said,
+    )
 
 
 def write_unreported() -> None:

@@ -29,31 +29,55 @@ OFF_VALUES = ("off", "0", "no", "false")
 @dataclass(frozen=True)
 class Feature:
     name: str
-    replaces: str   # the plain path that runs when it is off
-    where: str      # the module that asks :func:`on`
+    replaces: str  # the plain path that runs when it is off
+    where: str  # the module that asks :func:`on`
 
 
-FEATURES: dict[str, Feature] = {f.name: f for f in (
-    Feature("oporder", "pyinfra's get_operation_order_from_stack (inspect.stack())",
-            "tritonfleet.pyinfra_ext.oporder, installed by pyinfra_ext.install"),
-    Feature("argcache", "pyinfra's all_global_arguments computed on every call",
-            "tritonfleet.pyinfra_ext.argcache, installed by pyinfra_ext.install"),
-    Feature("idle_poll", "paramiko's 0.1 s idle poll of a connection",
-            "tritonfleet.pyinfra_ext.connection.set_idle_poll, from pyinfra_ext.install"),
-    Feature("lock_early", "install() waiting for every host's deploy lock before the deploy's steps load",
-            "tritonfleet.pyinfra_ext.hostlock.gate_host_io, from pyinfra_ext.install"),
-    Feature("posix_spawn", "subprocess.Popen (a fork) for the deploy lock's holders and heartbeat process",
-            "tritonfleet.pyinfra_ext.hostlock.Child"),
-    Feature("quick_exit", "the interpreter's last garbage collections at exit",
-            "tritonfleet.pyinfra_ext.quick_exit"),
-    Feature("jinja_bytecode", "compiling the unit template in every process (no bytecode cache)",
-            "tritonfleet.serving.unit._templates"),
-    Feature("json_repeated", "json.dumps of the warm gate's request body",
-            "tritonfleet.serving.warmup.encode"),
-    Feature("local_cache", "deriving again what a run derives from the model repository: the validator's "
+FEATURES: dict[str, Feature] = {
+    f.name: f
+    for f in (
+        Feature(
+            "oporder",
+            "pyinfra's get_operation_order_from_stack (inspect.stack())",
+            "tritonfleet.pyinfra_ext.oporder, installed by pyinfra_ext.install",
+        ),
+        Feature(
+            "argcache",
+            "pyinfra's all_global_arguments computed on every call",
+            "tritonfleet.pyinfra_ext.argcache, installed by pyinfra_ext.install",
+        ),
+        Feature(
+            "idle_poll",
+            "paramiko's 0.1 s idle poll of a connection",
+            "tritonfleet.pyinfra_ext.connection.set_idle_poll, from pyinfra_ext.install",
+        ),
+        Feature(
+            "lock_early",
+            "install() waiting for every host's deploy lock before the deploy's steps load",
+            "tritonfleet.pyinfra_ext.hostlock.gate_host_io, from pyinfra_ext.install",
+        ),
+        Feature(
+            "posix_spawn",
+            "subprocess.Popen (a fork) for the deploy lock's holders and heartbeat process",
+            "tritonfleet.pyinfra_ext.hostlock.Child",
+        ),
+        Feature(
+            "quick_exit", "the interpreter's last garbage collections at exit", "tritonfleet.pyinfra_ext.quick_exit"
+        ),
+        Feature(
+            "jinja_bytecode",
+            "compiling the unit template in every process (no bytecode cache)",
+            "tritonfleet.serving.unit._templates",
+        ),
+        Feature("json_repeated", "json.dumps of the warm gate's request body", "tritonfleet.serving.warmup.encode"),
+        Feature(
+            "local_cache",
+            "deriving again what a run derives from the model repository: the validator's "
             "verdicts, the TensorRT plan names, rendered configs, the warm gate's plan",
-            "tritonfleet.core.local_cache, tritonfleet.model_repo.verdicts"),
-)}
+            "tritonfleet.core.local_cache, tritonfleet.model_repo.verdicts",
+        ),
+    )
+}
 
 
 def switched_off() -> bool:

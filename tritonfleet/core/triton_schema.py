@@ -57,6 +57,7 @@ def model_config() -> ModuleType:
 if TYPE_CHECKING:  # the checker reads the module tritonclient ships (its types: mc.ModelConfig ...)
     from tritonclient.grpc import model_config_pb2 as mc  # noqa: F401 - what ``import mc`` gives the checker
 else:
+
     def __getattr__(name: str) -> ModuleType:
         """``mc``: the schema module, loaded on first use (importing this module loads nothing)."""
         if name == "mc":

@@ -19,8 +19,9 @@ class SSHTunnel:
     ``channel_timeout``: seconds opening a channel, or sending into one, may wait for the host
     (its dead-link bound); a request through a dead tunnel then fails instead of hanging."""
 
-    def __init__(self, transport: Any, remote_port: int, remote_host: str = "127.0.0.1",
-                 channel_timeout: float = 30) -> None:
+    def __init__(
+        self, transport: Any, remote_port: int, remote_host: str = "127.0.0.1", channel_timeout: float = 30
+    ) -> None:
         self.transport, self.remote = transport, (remote_host, remote_port)
         self.channel_timeout = channel_timeout
         self.sock = socket.socket()
@@ -43,12 +44,13 @@ class SSHTunnel:
             except OSError:
                 continue
             try:
-                chan = self.transport.open_channel("direct-tcpip", self.remote, addr,
-                                                   timeout=self.channel_timeout)
+                chan = self.transport.open_channel("direct-tcpip", self.remote, addr, timeout=self.channel_timeout)
                 chan.settimeout(self.channel_timeout)
             except (SSHException, OSError, EOFError) as e:  # the host refused or the link is gone
-                self.error = (f"the SSH tunnel to {self.remote[0]}:{self.remote[1]} on the host could not open "
-                              f"a channel: {type(e).__name__}: {e}")
+                self.error = (
+                    f"the SSH tunnel to {self.remote[0]}:{self.remote[1]} on the host could not open "
+                    f"a channel: {type(e).__name__}: {e}"
+                )
                 client.close()
                 continue
             self.error = ""

@@ -23,8 +23,25 @@ from ..serving import apikey, per_gpu
 from ..serving.unit import render_unit, unit_context, unit_digest, units_digest
 from ..settings.access import Settings
 
-SECTIONS = ("gpu", "gpu_record", "toolkit", "docker", "active", "unit", "image", "wanted_image", "release", "models",
-            "last", "failure", "kernel", "kmod", "driver_source", "driver_hold", "instances")
+SECTIONS = (
+    "gpu",
+    "gpu_record",
+    "toolkit",
+    "docker",
+    "active",
+    "unit",
+    "image",
+    "wanted_image",
+    "release",
+    "models",
+    "last",
+    "failure",
+    "kernel",
+    "kmod",
+    "driver_source",
+    "driver_hold",
+    "instances",
+)
 
 
 def command(settings: Settings) -> str:
@@ -37,7 +54,7 @@ def command(settings: Settings) -> str:
     parts = {
         # the command the deploy asks the driver with (nvidia_smi_command)
         "gpu": f"{smi_command(settings)} --query-gpu=name,driver_version,index,pci.bus_id,uuid "
-               "--format=csv,noheader 2>&1 | head -n 16",
+        "--format=csv,noheader 2>&1 | head -n 16",
         "gpu_record": f"cat {placement.RECORD} 2>/dev/null",
         "toolkit": "dpkg-query -W -f '${Version}' nvidia-container-toolkit 2>/dev/null",
         "docker": "docker version --format '{{.Server.Version}}' 2>/dev/null",
@@ -45,9 +62,11 @@ def command(settings: Settings) -> str:
         "unit": f"sha256sum /etc/systemd/system/{q(service)}.service 2>/dev/null | cut -c1-16",
         # the reference the container was started with, the image it runs (ID), that image's
         # repository digests; then the image the wanted reference names on the host now
-        "image": (f"c=$(docker inspect --format '{{{{.Config.Image}}}}|{{{{.Image}}}}' {q(container)} 2>/dev/null) "
-                  "&& echo \"$c\" && echo \"digests=$(docker image inspect --format "
-                  "'{{join .RepoDigests \" \"}}' \"${c#*|}\" 2>/dev/null)\""),
+        "image": (
+            f"c=$(docker inspect --format '{{{{.Config.Image}}}}|{{{{.Image}}}}' {q(container)} 2>/dev/null) "
+            '&& echo "$c" && echo "digests=$(docker image inspect --format '
+            '\'{{join .RepoDigests " "}}\' "${c#*|}" 2>/dev/null)"'
+        ),
         "wanted_image": f"docker image inspect --format '{{{{.Id}}}}' {q(str(settings.get('triton_image')))} 2>/dev/null",
         "release": f"readlink {q(base)}/model_repository",
         "models": apikey.curl(settings.get("triton_api_key_file") or "/nonexistent", f"-s -m 5 -X POST {q(url)}"),
@@ -76,17 +95,22 @@ def per_gpu_parts(settings: Settings, addr: str) -> dict[str, str]:
     units = f"$({per_gpu.list_units_command(settings)})"
     return {
         "active": "true",
-        "instances": (f"for u in {units}; do i=${{u##*-gpu}}; i=${{i%.service}}; "
-                      f"s=$(systemctl is-active \"$u\" 2>/dev/null); "
-                      f"r=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
-                      f"http://{addr}:$(({int(settings.get('triton_http_port'))} + {step} * i))/v2/health/ready); "
-                      'echo "$i ${s:-unknown} ${r:-000}"; done'),
-        "unit": (f"( cd /etc/systemd/system && f={units} && [ -n \"$f\" ] && cat $f | sha256sum | cut -c1-16 )"
-                 " 2>/dev/null"),
-        "image": (f"c=$(docker inspect --format '{{{{.Config.Image}}}}|{{{{.Image}}}}' "
-                  f"{q(first.get('triton_container_name'))} 2>/dev/null) "
-                  "&& echo \"$c\" && echo \"digests=$(docker image inspect --format "
-                  "'{{join .RepoDigests \" \"}}' \"${c#*|}\" 2>/dev/null)\""),
+        "instances": (
+            f"for u in {units}; do i=${{u##*-gpu}}; i=${{i%.service}}; "
+            f's=$(systemctl is-active "$u" 2>/dev/null); '
+            f"r=$(curl -s -o /dev/null -m 3 -w '%{{http_code}}' "
+            f"http://{addr}:$(({int(settings.get('triton_http_port'))} + {step} * i))/v2/health/ready); "
+            'echo "$i ${s:-unknown} ${r:-000}"; done'
+        ),
+        "unit": (
+            f'( cd /etc/systemd/system && f={units} && [ -n "$f" ] && cat $f | sha256sum | cut -c1-16 ) 2>/dev/null'
+        ),
+        "image": (
+            f"c=$(docker inspect --format '{{{{.Config.Image}}}}|{{{{.Image}}}}' "
+            f"{q(first.get('triton_container_name'))} 2>/dev/null) "
+            '&& echo "$c" && echo "digests=$(docker image inspect --format '
+            '\'{{join .RepoDigests " "}}\' "${c#*|}" 2>/dev/null)"'
+        ),
     }
 
 
@@ -134,9 +158,9 @@ class HostStatus:
     last_deploy: dict | None = None
     last_failure: dict | None = None  # the report of a failure newer than the last healthy deployment
     kernel: dict | None = None  # tritonfleet.host.boot_kernel.KernelState: running/boot kernel, module, pending reboot
-    reboot: str = "-"           # the pending reboot and its kernel's module, for the table
+    reboot: str = "-"  # the pending reboot and its kernel's module, for the table
     kernel_module: dict | None = None  # tritonfleet.host.kernel_module.ModuleState: installed/loaded flavour
-    module: str = "-"           # the module's flavour, for the table
+    module: str = "-"  # the module's flavour, for the table
     driver_source: str | None = None  # cuda, debian, ubuntu, runfile (+ others on a mixed host); None: none
     # triton_per_gpu: each per-GPU unit on the host {index, state, ready} and how many are expected
     instances: list[dict] = field(default_factory=list)
@@ -193,7 +217,7 @@ def interpret(fh: roster.FleetHost, sections: dict[str, list[str]]) -> HostStatu
     st.unit = (sections["unit"] or [None])[0]
     for line in sections["image"]:
         if line.startswith("digests="):
-            st.image_digests = line[len("digests="):].split()
+            st.image_digests = line[len("digests=") :].split()
         elif "|" in line:
             st.image, _, image_id = line.partition("|")
             st.image_id = image_id if image_id.startswith("sha256:") else None
@@ -211,8 +235,11 @@ def interpret(fh: roster.FleetHost, sections: dict[str, list[str]]) -> HostStatu
             (st.models_ready if m.get("state") == "READY" else st.models_not_ready).append(m.get("name"))
     elif answer or (st.unit_state == "active" and "models" in sections.get(PRINTED, SECTIONS)):
         # a Triton that runs and does not say what it serves
-        st.unknown["models"] = (f"Triton's repository index answered {answer[:120]!r}" if answer
-                                else "Triton's repository index did not answer")
+        st.unknown["models"] = (
+            f"Triton's repository index answered {answer[:120]!r}"
+            if answer
+            else "Triton's repository index did not answer"
+        )
     try:
         st.last_deploy = json.loads(sections["last"][0]) if sections["last"] else None
     except ValueError:
@@ -242,7 +269,9 @@ def per_gpu_state(st: HostStatus, settings: Settings, lines: list[str]) -> None:
         if len(parts) == 3 and parts[0].isdigit():
             st.instances.append({"index": int(parts[0]), "state": parts[1], "ready": parts[2] == "200"})
     try:
-        st.instances_expected = placement.placement_count(settings.get("gpu_count"), st.gpu_recorded, len(st.gpus) or None)
+        st.instances_expected = placement.placement_count(
+            settings.get("gpu_count"), st.gpu_recorded, len(st.gpus) or None
+        )
     except ValueError as e:
         st.instances_expected = None
         st.unknown["Triton instances"] = str(e)
@@ -252,8 +281,13 @@ def per_gpu_state(st: HostStatus, settings: Settings, lines: list[str]) -> None:
 
 
 def up_instances(st: HostStatus) -> list[dict]:
-    return [i for i in st.instances if i["state"] == "active" and i["ready"]
-            and (st.instances_expected is None or i["index"] < st.instances_expected)]
+    return [
+        i
+        for i in st.instances
+        if i["state"] == "active"
+        and i["ready"]
+        and (st.instances_expected is None or i["index"] < st.instances_expected)
+    ]
 
 
 def instance_drift(st: HostStatus) -> list[str]:
@@ -262,12 +296,17 @@ def instance_drift(st: HostStatus) -> list[str]:
         return []
     have = {i["index"]: i for i in st.instances}
     out = []
-    down = [f"GPU {n} ({have[n]['state']}{'' if have[n]['ready'] else ', not ready'})" if n in have
-            else f"GPU {n} (no unit)" for n in range(st.instances_expected)
-            if n not in have or not (have[n]["state"] == "active" and have[n]["ready"])]
+    down = [
+        f"GPU {n} ({have[n]['state']}{'' if have[n]['ready'] else ', not ready'})"
+        if n in have
+        else f"GPU {n} (no unit)"
+        for n in range(st.instances_expected)
+        if n not in have or not (have[n]["state"] == "active" and have[n]["ready"])
+    ]
     if down:
-        out.append(f"triton {st.instances_expected - len(down)}/{st.instances_expected} instances up; "
-                   f"down: {', '.join(down)}")
+        out.append(
+            f"triton {st.instances_expected - len(down)}/{st.instances_expected} instances up; down: {', '.join(down)}"
+        )
     extra = sorted(n for n in have if n >= st.instances_expected)
     if extra:
         out.append(f"per-GPU units of GPUs the host does not have: {', '.join(f'GPU {n}' for n in extra)}")
@@ -295,12 +334,21 @@ def current_failure(lines: list[str], last_deploy: dict | None) -> dict | None:
 def intent(fh: roster.FleetHost, st: HostStatus | None = None) -> dict:
     """What the inventory asks of this host: image, model release (its instances placed on the
     GPUs ``st`` found), unit, driver branch, toolkit."""
-    want = {"image": fh.get("triton_image"), "driver_branch": fh.get("nvidia_driver_branch"),
-            "toolkit": fh.get("container_toolkit_version"), "kernel_module": fh.get("nvidia_kernel_module"),
-            "driver_source": fh.get("nvidia_driver_source")}
+    want = {
+        "image": fh.get("triton_image"),
+        "driver_branch": fh.get("nvidia_driver_branch"),
+        "toolkit": fh.get("container_toolkit_version"),
+        "kernel_module": fh.get("nvidia_kernel_module"),
+        "driver_source": fh.get("nvidia_driver_source"),
+    }
     try:
-        gpus = 1 if per_gpu.enabled(fh) else placement.placement_count(
-            fh.get("gpu_count"), st.gpu_recorded if st else [], len(st.gpus) if st else None)
+        gpus = (
+            1
+            if per_gpu.enabled(fh)
+            else placement.placement_count(
+                fh.get("gpu_count"), st.gpu_recorded if st else [], len(st.gpus) if st else None
+            )
+        )
         _, man, rid = host_repository(fh, gpus=gpus)
         want["release"] = rid
         want["models"] = sorted({p.split("/", 1)[0] for p in man if "/" in p})
@@ -308,8 +356,9 @@ def intent(fh: roster.FleetHost, st: HostStatus | None = None) -> dict:
         want["release_error"] = str(e)
     if per_gpu.enabled(fh):
         try:
-            count = placement.placement_count(fh.get("gpu_count"), st.gpu_recorded if st else [],
-                                             len(st.gpus) if st and st.gpus else None)
+            count = placement.placement_count(
+                fh.get("gpu_count"), st.gpu_recorded if st else [], len(st.gpus) if st and st.gpus else None
+            )
             want["unit"] = units_digest(fh, count)
         except ValueError as e:
             want["unit_error"] = str(e)
@@ -362,12 +411,21 @@ def drift(st: HostStatus, want: dict) -> list[str]:
     out += module_drift(st, want)
     k = st.kernel or {}
     if k.get("boot") and k.get("module") == "no" and (k.get("reboot_required") or k.get("boot") != k.get("running")):
-        out.append(f"{'pending reboot' if k.get('reboot_required') else 'next boot'} into kernel {k['boot']}, which "
-                   "has no NVIDIA module (the host would come back without its GPU)")
+        out.append(
+            f"{'pending reboot' if k.get('reboot_required') else 'next boot'} into kernel {k['boot']}, which "
+            "has no NVIDIA module (the host would come back without its GPU)"
+        )
     if st.gpu_expected and (st.gpus or not st.error):
-        out += [p.split(": ", 1)[1] for p in placement.count_problems(
-            "GPUs", st.gpu_ids or [{"name": g} for g in st.gpus], st.gpu_expected, st.gpu_recorded,
-            st.gpu_expected_from)]
+        out += [
+            p.split(": ", 1)[1]
+            for p in placement.count_problems(
+                "GPUs",
+                st.gpu_ids or [{"name": g} for g in st.gpus],
+                st.gpu_expected,
+                st.gpu_recorded,
+                st.gpu_expected_from,
+            )
+        ]
     names = GPU_CLASSES.get(st.gpu_class or "", {}).get("names", [])
     wrong = [g for g in st.gpus if g not in names]
     if names and wrong:
@@ -383,8 +441,9 @@ def module_drift(st: HostStatus, want: dict) -> list[str]:
         return []
     branch = (st.driver or "").split(".")[0] or str(want.get("driver_branch") or "")
     wanted = want.get("kernel_module") or kernel_module.default_flavour(branch)
-    state = kernel_module.ModuleState(m.get("installed"), m.get("loaded"), m.get("license") or "",
-                                      m.get("version") or "", m.get("proc") or "")
+    state = kernel_module.ModuleState(
+        m.get("installed"), m.get("loaded"), m.get("license") or "", m.get("version") or "", m.get("proc") or ""
+    )
     problem = state.problem(wanted)
     return [f"kernel module: {problem} (want {wanted})"] if problem else []
 
@@ -400,12 +459,16 @@ def image_drift(st: HostStatus, image: str) -> list[str]:
     short = st.image_id[7:19]
     if digest and st.image_digests:
         if not any(d.partition("@")[2] == digest for d in st.image_digests):
-            return [f"image {short} is not {name}@{digest[:19]} (its digests: "
-                    f"{', '.join(d.partition('@')[2][:19] for d in st.image_digests)})"]
+            return [
+                f"image {short} is not {name}@{digest[:19]} (its digests: "
+                f"{', '.join(d.partition('@')[2][:19] for d in st.image_digests)})"
+            ]
         return []
     if st.wanted_image_id and st.wanted_image_id != st.image_id:
-        return [f"image {image} moved: it names {st.wanted_image_id[7:19]} on the host, the container "
-                f"runs {short} (the deploy restarts Triton on it; pin triton_image by digest to stop tags moving)"]
+        return [
+            f"image {image} moved: it names {st.wanted_image_id[7:19]} on the host, the container "
+            f"runs {short} (the deploy restarts Triton on it; pin triton_image by digest to stop tags moving)"
+        ]
     if not st.wanted_image_id:
         return [f"image {image} is not on the host (the container runs {short})"]
     return []
@@ -416,8 +479,7 @@ def probe(fh: roster.FleetHost, with_intent: bool = True, timeout: float = 30) -
         _, text = roster.run(fh, command(fh), timeout=timeout)
     except (roster.FleetError, *CONNECTION_ERRORS) as e:  # cannot reach it (a bug is raised, not hidden)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return HostStatus(fh.name, fh.address, fh.gpu_class, reachable=False, error=msg[:160],
-                          drift=["unreachable"])
+        return HostStatus(fh.name, fh.address, fh.gpu_class, reachable=False, error=msg[:160], drift=["unreachable"])
     st = interpret(fh, parse(text))
     if with_intent:
         st.drift = drift(st, intent(fh, st))

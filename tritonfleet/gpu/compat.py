@@ -83,9 +83,11 @@ def judge(image: str, branch_or_version, gpu_class) -> tuple[bool, str]:
     row = _branch_row(branch) if branch else None
     arch = architecture(cls)
     if row is not None and arch not in row["architectures"]:
-        return False, (f"driver branch R{branch} does not support {arch.capitalize()} GPUs (GPU class {cls}, compute "
-                       f"capability {class_compute_capability(cls)}); it supports "
-                       f"{', '.join(a.capitalize() for a in row['architectures'])}")
+        return False, (
+            f"driver branch R{branch} does not support {arch.capitalize()} GPUs (GPU class {cls}, compute "
+            f"capability {class_compute_capability(cls)}); it supports "
+            f"{', '.join(a.capitalize() for a in row['architectures'])}"
+        )
     return driver_supported(branch_or_version, image, datacenter=True)
 
 
@@ -101,12 +103,13 @@ def fix(image: str, branch_or_version, gpu_class) -> str:
     if release in image_releases():
         newer = [b for b in branch_names() if judge(image, b, cls)[0] and (not branch or int(b) > int(branch))]
         if newer:
-            parts.append(f"a driver branch that runs Triton {release} on {cls}: {newer[0]}"
-                         + (f" (or {', '.join(newer[1:])})" if newer[1:] else ""))
+            parts.append(
+                f"a driver branch that runs Triton {release} on {cls}: {newer[0]}"
+                + (f" (or {', '.join(newer[1:])})" if newer[1:] else "")
+            )
     older = [r for r in image_releases() if branch and judge(_image(r), branch_or_version, cls)[0]]
     if older:
-        parts.append(f"a triton_image that R{branch} runs on {cls}: Triton {older[-1]} ({_image(older[-1])}) "
-                     "or older")
+        parts.append(f"a triton_image that R{branch} runs on {cls}: Triton {older[-1]} ({_image(older[-1])}) or older")
     return "; or ".join(parts)
 
 
@@ -118,8 +121,9 @@ def verdict(image: str, branch_or_version, gpu_class) -> CompatVerdict:
 
 def table() -> list[tuple[str, str, str, bool, str]]:
     """(release, branch, GPU class, runs, reason) for every known image x branch x GPU class."""
-    return [(r, b, cls, *judge(_image(r), b, cls))
-            for r in image_releases() for b in branch_names() for cls in GPU_CLASSES]
+    return [
+        (r, b, cls, *judge(_image(r), b, cls)) for r in image_releases() for b in branch_names() for cls in GPU_CLASSES
+    ]
 
 
 def markdown() -> str:

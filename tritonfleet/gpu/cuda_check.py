@@ -68,7 +68,7 @@ DONE:
 """
 
 #: the program run inside the container (python3, standard library only)
-PROGRAM = r'''
+PROGRAM = r"""
 import ctypes, sys
 
 PTX = @PTX@
@@ -154,7 +154,7 @@ def main():
 
 
 sys.exit(main())
-'''.replace("@PTX@", repr(PTX)).replace("@N@", str(ELEMENTS))
+""".replace("@PTX@", repr(PTX)).replace("@N@", str(ELEMENTS))
 
 #: how long the container may take (image start, PTX compile, one kernel per GPU)
 TIMEOUT = 120
@@ -164,8 +164,10 @@ def command(image: str) -> str:
     """Shell running PROGRAM on every GPU inside ``image`` (its ``python3``), through the
     Container Toolkit like Triton's own container: ``--gpus all``, no network, the program on
     standard input (nothing written on the host)."""
-    return (f"printf '%s' {q(PROGRAM)} | timeout {TIMEOUT} docker run --rm -i --gpus all --network none "
-            f"--entrypoint python3 {q(image)} - 2>&1")
+    return (
+        f"printf '%s' {q(PROGRAM)} | timeout {TIMEOUT} docker run --rm -i --gpus all --network none "
+        f"--entrypoint python3 {q(image)} - 2>&1"
+    )
 
 
 @dataclass(frozen=True)

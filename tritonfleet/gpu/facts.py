@@ -202,8 +202,12 @@ def parse_query(lines, fields=QUERY_FIELDS) -> GpuQuery:
     text = "\n".join(rest).strip()
     invalid = _INVALID_FIELD.search(text)
     if invalid:
-        return GpuQuery(status=STATUS_ERROR, rc=rc, invalid_field=invalid.group(1),
-                        message=f"this driver's nvidia-smi cannot query {invalid.group(1)!r}: {invalid.group(0)}")
+        return GpuQuery(
+            status=STATUS_ERROR,
+            rc=rc,
+            invalid_field=invalid.group(1),
+            message=f"this driver's nvidia-smi cannot query {invalid.group(1)!r}: {invalid.group(0)}",
+        )
     rows = [line.strip() for line in rest if line.strip()]
     gpus: list[Gpu] = []
     bad: list[str] = []
@@ -221,22 +225,24 @@ def parse_query(lines, fields=QUERY_FIELDS) -> GpuQuery:
         if cc is None:
             cc = compute_capability_for(name)
             source = "name table" if cc else None
-        gpus.append(Gpu(
-            index=_int_value(values["index"]) if "index" in values else len(gpus),
-            name=name,
-            uuid=_value(values.get("uuid", "")),
-            pci_bus_id=_value(values.get("pci.bus_id", "")),
-            driver_version=_value(values.get("driver_version", "")),
-            compute_cap=cc,
-            memory_total_mib=_int_value(values.get("memory.total", "")),
-            compute_cap_source=source,
-        ))
+        gpus.append(
+            Gpu(
+                index=_int_value(values["index"]) if "index" in values else len(gpus),
+                name=name,
+                uuid=_value(values.get("uuid", "")),
+                pci_bus_id=_value(values.get("pci.bus_id", "")),
+                driver_version=_value(values.get("driver_version", "")),
+                compute_cap=cc,
+                memory_total_mib=_int_value(values.get("memory.total", "")),
+                compute_cap_source=source,
+            )
+        )
     if bad:
-        return GpuQuery(status=STATUS_ERROR, gpus=gpus, rc=rc,
-                        message="unexpected nvidia-smi output: " + " | ".join(bad)[:500])
+        return GpuQuery(
+            status=STATUS_ERROR, gpus=gpus, rc=rc, message="unexpected nvidia-smi output: " + " | ".join(bad)[:500]
+        )
     if rc not in (None, 0):
-        return GpuQuery(status=STATUS_ERROR, gpus=gpus, rc=rc,
-                        message=f"nvidia-smi exited {rc}: {text[:500]}")
+        return GpuQuery(status=STATUS_ERROR, gpus=gpus, rc=rc, message=f"nvidia-smi exited {rc}: {text[:500]}")
     if not gpus:
         return GpuQuery(status=STATUS_NO_GPU, rc=rc, message="nvidia-smi listed no GPU")
     return GpuQuery(status=STATUS_OK, gpus=gpus, rc=rc)
@@ -262,8 +268,14 @@ def parse_summary(lines) -> dict:
     "memory_total_mib"}]}; versions are None when not shown ("N/A" CUDA included)."""
     lines = [line for line in (lines or []) if line is not None]
     rc, _, rest = _markers(lines)
-    out = {"status": STATUS_OK, "message": "", "nvidia_smi_version": None, "driver_version": None,
-           "cuda_version": None, "gpus": []}
+    out = {
+        "status": STATUS_OK,
+        "message": "",
+        "nvidia_smi_version": None,
+        "driver_version": None,
+        "cuda_version": None,
+        "gpus": [],
+    }
     known = classify(rest)
     if known:
         out["status"], out["message"] = known
@@ -279,9 +291,14 @@ def parse_summary(lines) -> dict:
             continue
         g = _GPU_ROW.match(line)
         if g:
-            gpu = {"index": int(g.group("index")), "name": g.group("name").strip(),
-                   "persistence_mode": g.group("persistence"), "pci_bus_id": g.group("bus"),
-                   "memory_used_mib": None, "memory_total_mib": None}
+            gpu = {
+                "index": int(g.group("index")),
+                "name": g.group("name").strip(),
+                "persistence_mode": g.group("persistence"),
+                "pci_bus_id": g.group("bus"),
+                "memory_used_mib": None,
+                "memory_total_mib": None,
+            }
             nxt = stripped[i + 1] if i + 1 < len(stripped) else ""
             mm = _MEM_ROW.search(nxt)
             if mm:
@@ -291,16 +308,20 @@ def parse_summary(lines) -> dict:
     if out["driver_version"] is None:
         out["status"] = STATUS_ERROR
         text = "\n".join(stripped).strip()
-        out["message"] = ("no nvidia-smi table in the output" + (f" (exit {rc})" if rc else "")
-                          + (f": {text[:300]}" if text else ""))
+        out["message"] = (
+            "no nvidia-smi table in the output" + (f" (exit {rc})" if rc else "") + (f": {text[:300]}" if text else "")
+        )
     return out
 
 
 # --------------------------------------------------------------------------- pyinfra facts
 
+
 def _no_smi(smi: str) -> str:
-    return (f"command -v {smi.split()[0]} >/dev/null 2>&1 || "
-            "{ echo 'tritonfleet: nvidia-smi missing'; echo rc=127; exit 0; }")
+    return (
+        f"command -v {smi.split()[0]} >/dev/null 2>&1 || "
+        "{ echo 'tritonfleet: nvidia-smi missing'; echo rc=127; exit 0; }"
+    )
 
 
 class NvidiaGpus(FactBase):

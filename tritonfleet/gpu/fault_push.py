@@ -46,8 +46,16 @@ def fault_url(base: str, host: str) -> str:
 class Pusher:
     """Pushes the reports whose catalog action (or Xid number) quarantines, each in its own thread."""
 
-    def __init__(self, url: str, host: str, token: str, actions: set[str], xids: set[int] = frozenset(),
-                 say: Callable[[str], None] = print, pauses: tuple[float, ...] = RETRY_PAUSES):
+    def __init__(
+        self,
+        url: str,
+        host: str,
+        token: str,
+        actions: set[str],
+        xids: set[int] = frozenset(),
+        say: Callable[[str], None] = print,
+        pauses: tuple[float, ...] = RETRY_PAUSES,
+    ):
         self.url, self.host, self.token = fault_url(url, host), host, token
         self.actions, self.xids, self.say, self.pauses = set(actions), set(xids), say, pauses
         self.threads: list[threading.Thread] = []
@@ -56,8 +64,9 @@ class Pusher:
         return action in self.actions or xid in self.xids
 
     def body(self, xid: int, pci: str, action: str, seen: float, text: str) -> bytes:
-        return json.dumps({"xid": xid, "pci": pci, "action": action, "seen": round(seen, 3),
-                           "text": text[:300]}).encode()
+        return json.dumps(
+            {"xid": xid, "pci": pci, "action": action, "seen": round(seen, 3), "text": text[:300]}
+        ).encode()
 
     def send(self, data: bytes) -> tuple[bool, str]:
         """One report, tried until it is taken or the tries are spent: (taken, the last answer)."""
@@ -65,8 +74,12 @@ class Pusher:
         for pause in (0.0, *self.pauses):
             if pause:
                 time.sleep(pause)
-            req = urllib.request.Request(self.url, data=data, method="POST", headers={
-                "Content-Type": "application/json", "Authorization": f"Bearer {self.token}"})
+            req = urllib.request.Request(
+                self.url,
+                data=data,
+                method="POST",
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
                     r.read()

@@ -24,10 +24,12 @@ from ..core.shell import q
 
 UDEV_RULE_PATH = "/lib/udev/rules.d/71-nvidia-dev-char.rules"
 # NVIDIA's notice (nvidia-docker#1730), section "Workarounds": the rule as given there
-UDEV_RULE = ('# Managed by tritonfleet: /dev/char symlinks for NVIDIA device nodes, so that a systemctl\n'
-             '# daemon-reload does not cost running containers their GPUs (NVIDIA/nvidia-docker#1730).\n'
-             'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
-             'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
+UDEV_RULE = (
+    "# Managed by tritonfleet: /dev/char symlinks for NVIDIA device nodes, so that a systemctl\n"
+    "# daemon-reload does not cost running containers their GPUs (NVIDIA/nvidia-docker#1730).\n"
+    'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
+    'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
+)
 CREATE_COMMAND = "nvidia-ctk system create-dev-char-symlinks --create-all"
 # nvidiactl is character device 195:255 on every NVIDIA driver (the "nvidia" major, minor 255)
 DEVCHAR_COMMAND = "test -L /dev/char/195:255 && echo present || true"
@@ -39,9 +41,11 @@ def compare_command(container: str, smi: str = "nvidia-smi") -> str:
     """The host's and the container's ``nvidia-smi -L``, in marked sections (one command); ``smi``:
     the command that asks the driver on the host (nvidia_smi_command)."""
     c = q(container)
-    return (f"echo {_MARK_HOST}; {smi} -L 2>&1; echo \"rc=$?\"; echo {_MARK_CTR}; "
-            f"if [ \"$(docker inspect --format '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ]; then "
-            f"docker exec {c} nvidia-smi -L 2>&1; echo \"rc=$?\"; else echo not-running; fi; echo {_MARK_END}")
+    return (
+        f'echo {_MARK_HOST}; {smi} -L 2>&1; echo "rc=$?"; echo {_MARK_CTR}; '
+        f"if [ \"$(docker inspect --format '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ]; then "
+        f'docker exec {c} nvidia-smi -L 2>&1; echo "rc=$?"; else echo not-running; fi; echo {_MARK_END}'
+    )
 
 
 def parse(text: str) -> dict:

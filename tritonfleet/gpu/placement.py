@@ -32,8 +32,10 @@ def _attr(gpu, key: str):
 
 def record_lines(gpus) -> list[str]:
     """The record's lines for ``gpus`` (Gpu objects or dicts with index, pci_bus_id, uuid, name)."""
-    return [f"{_attr(g, 'index')}, {_attr(g, 'pci_bus_id') or '-'}, {_attr(g, 'uuid') or '-'}, {_attr(g, 'name') or '-'}"
-            for g in gpus]
+    return [
+        f"{_attr(g, 'index')}, {_attr(g, 'pci_bus_id') or '-'}, {_attr(g, 'uuid') or '-'}, {_attr(g, 'name') or '-'}"
+        for g in gpus
+    ]
 
 
 def parse_record(lines) -> list[dict]:
@@ -44,8 +46,14 @@ def parse_record(lines) -> list[dict]:
         if len(parts) != 4 or not parts[0].isdigit():
             continue
         index, bus, uuid, name = parts
-        out.append({"index": int(index), "pci_bus_id": None if bus == "-" else bus,
-                    "uuid": None if uuid == "-" else uuid, "name": name})
+        out.append(
+            {
+                "index": int(index),
+                "pci_bus_id": None if bus == "-" else bus,
+                "uuid": None if uuid == "-" else uuid,
+                "name": name,
+            }
+        )
     return out
 
 
@@ -69,17 +77,22 @@ def missing_gpus(found, recorded: list[dict], expected: int) -> list[dict]:
     if recorded:
         have_uuid = {_attr(g, "uuid") for g in found if _attr(g, "uuid")}
         have_bus = {_attr(g, "pci_bus_id") for g in found if _attr(g, "pci_bus_id")}
-        gone = [r for r in recorded
-                if not ((r["uuid"] and r["uuid"] in have_uuid) or (not r["uuid"] and r["pci_bus_id"] in have_bus))]
+        gone = [
+            r
+            for r in recorded
+            if not ((r["uuid"] and r["uuid"] in have_uuid) or (not r["uuid"] and r["pci_bus_id"] in have_bus))
+        ]
         if gone:
             return gone
     have = {_attr(g, "index") for g in found}
-    return [{"index": i, "pci_bus_id": None, "uuid": None, "name": None}
-            for i in range(expected) if i not in have][:max(0, expected - len(list(found)))]
+    return [{"index": i, "pci_bus_id": None, "uuid": None, "name": None} for i in range(expected) if i not in have][
+        : max(0, expected - len(list(found)))
+    ]
 
 
-def count_problems(where: str, found, expected: int | None, recorded: list[dict],
-                   source: str = "gpu_count") -> list[str]:
+def count_problems(
+    where: str, found, expected: int | None, recorded: list[dict], source: str = "gpu_count"
+) -> list[str]:
     """Why the GPUs ``found`` (Gpu objects or dicts) fall short of ``expected``: fewer GPUs (the
     missing ones named by index, bus id and UUID), or a recorded GPU reported as another model.
     [] when all is well (more GPUs than expected is well: the record grows)."""
@@ -87,8 +100,10 @@ def count_problems(where: str, found, expected: int | None, recorded: list[dict]
     errors = []
     if expected is not None and len(found) < expected:
         gone = missing_gpus(found, recorded, expected)
-        errors.append(f"{where}: reports {len(found)} GPU(s), expected {expected} ({source}); missing: "
-                      + ("; ".join(describe(g) for g in gone) if gone else "?"))
+        errors.append(
+            f"{where}: reports {len(found)} GPU(s), expected {expected} ({source}); missing: "
+            + ("; ".join(describe(g) for g in gone) if gone else "?")
+        )
     by_uuid = {r["uuid"]: r for r in recorded if r.get("uuid")}
     for g in found:
         rec = by_uuid.get(_attr(g, "uuid"))
@@ -124,8 +139,10 @@ def placement_count(gpu_count, recorded: list[dict], live: int | None) -> int:
 def policy_for(model: str, default: str, per_model: dict | None) -> str:
     policy = (per_model or {}).get(model, default) or "spread"
     if policy not in POLICIES:
-        raise ValueError(f"placement policy {policy!r} for model {model!r} is not one of {', '.join(POLICIES)} "
-                         "(gpu_placement, gpu_placement_models in group data)")
+        raise ValueError(
+            f"placement policy {policy!r} for model {model!r} is not one of {', '.join(POLICIES)} "
+            "(gpu_placement, gpu_placement_models in group data)"
+        )
     return policy
 
 

@@ -26,8 +26,11 @@ GPU_CLASSES = {
 # R555 are in neither list, so they are refused for 24.08. min_driver is the stricter of the notes'
 # branch and the first branch of the CUDA major version (CUDA 13: R580; compat_data.min_driver).
 TRITON_DRIVER_REQUIREMENTS = {
-    row["release"]: {"cuda": row["cuda"], "min_driver": compat_data.min_driver(row),
-                     "datacenter": dict(row["datacenter"])}
+    row["release"]: {
+        "cuda": row["cuda"],
+        "min_driver": compat_data.min_driver(row),
+        "datacenter": dict(row["datacenter"]),
+    }
     for row in compat_data.images()
 }
 
@@ -69,8 +72,10 @@ def compute_capability_problem(gpu_class: str, image: str) -> str | None:
     have = class_compute_capability(gpu_class)
     if version_tuple(have) >= version_tuple(need):
         return None
-    return (f"{image} (Triton {triton_release(image)}) needs compute capability {need} or later, but GPU class "
-            f"{str(gpu_class).upper()} ({' or '.join(spec['names'])}) is {have}")
+    return (
+        f"{image} (Triton {triton_release(image)}) needs compute capability {need} or later, but GPU class "
+        f"{str(gpu_class).upper()} ({' or '.join(spec['names'])}) is {have}"
+    )
 
 
 # A TensorRT engine (model.plan) runs only on GPUs of the compute capability it was built for. A
@@ -95,10 +100,12 @@ def plan_compute_capability_problem(model: str, cc_model_filenames, gpu_class) -
         return None
     have = ", ".join(sorted(declared, key=version_tuple))
     cls = str(gpu_class).upper()
-    return (f"TensorRT model {model!r} declares engines (cc_model_filenames) for compute capability "
-            f"{have} only, but GPU class {cls} ({' or '.join(GPU_CLASSES[cls]['names'])}) is compute "
-            f"capability {cc}: Triton would load the default engine (default_model_filename, or model.plan), "
-            "which the config does not declare for it")
+    return (
+        f"TensorRT model {model!r} declares engines (cc_model_filenames) for compute capability "
+        f"{have} only, but GPU class {cls} ({' or '.join(GPU_CLASSES[cls]['names'])}) is compute "
+        f"capability {cc}: Triton would load the default engine (default_model_filename, or model.plan), "
+        "which the config does not declare for it"
+    )
 
 
 def version_tuple(v) -> tuple[int, ...]:
@@ -112,8 +119,7 @@ def _gpu_attr(gpu, key: str):
     return getattr(gpu, key, None)
 
 
-def check_gpus(host_name: str, gpu_class: str, gpus, cuda_version, min_cc="6.0",
-               min_cuda="12.0") -> list[str]:
+def check_gpus(host_name: str, gpu_class: str, gpus, cuda_version, min_cc="6.0", min_cuda="12.0") -> list[str]:
     """Problems with ``gpus`` (Gpu objects or dicts with name/compute_cap) for a host of
     ``gpu_class``; [] when all is well.  Each message names the host, what was expected and
     what was found."""
@@ -137,15 +143,18 @@ def check_gpus(host_name: str, gpu_class: str, gpus, cuda_version, min_cc="6.0",
             errors.append(f"{host_name}: GPU {index} is {name!r}, expected {expected}")
             continue
         if not cc:
-            errors.append(f"{host_name}: GPU {index} ({name}) reports no compute capability, "
-                          f"expected {spec['compute_capability']} (>= {min_cc})")
+            errors.append(
+                f"{host_name}: GPU {index} ({name}) reports no compute capability, "
+                f"expected {spec['compute_capability']} (>= {min_cc})"
+            )
             continue
         if version_tuple(cc) < version_tuple(min_cc):
-            errors.append(f"{host_name}: GPU {index} ({name}) has compute capability {cc}, "
-                          f"expected >= {min_cc}")
+            errors.append(f"{host_name}: GPU {index} ({name}) has compute capability {cc}, expected >= {min_cc}")
         elif str(cc) != spec["compute_capability"]:
-            errors.append(f"{host_name}: GPU {index} ({name}) has compute capability {cc}, "
-                          f"expected {spec['compute_capability']} for class {key}")
+            errors.append(
+                f"{host_name}: GPU {index} ({name}) has compute capability {cc}, "
+                f"expected {spec['compute_capability']} for class {key}"
+            )
     if not cuda_version:
         errors.append(f"{host_name}: nvidia-smi shows no CUDA version, expected CUDA >= {min_cuda}")
     elif version_tuple(cuda_version) < version_tuple(min_cuda):
@@ -174,11 +183,16 @@ def driver_supported(branch_or_version, triton_image, datacenter: bool = True) -
     tag = triton_release(triton_image)
     if tag is None or tag not in TRITON_DRIVER_REQUIREMENTS:
         known = ", ".join(sorted(TRITON_DRIVER_REQUIREMENTS))
-        return False, (f"no driver requirements known for Triton release {tag or triton_image!r} "
-                       f"(known: {known}); add them from NVIDIA's release notes to "
-                       "tritonfleet/data/compat/triton_images.toml"
-                       + ("; an image pinned by digest keeps its tag: name:<tag>@sha256:<digest>"
-                          if "@" in str(triton_image) and tag is None else ""))
+        return False, (
+            f"no driver requirements known for Triton release {tag or triton_image!r} "
+            f"(known: {known}); add them from NVIDIA's release notes to "
+            "tritonfleet/data/compat/triton_images.toml"
+            + (
+                "; an image pinned by digest keeps its tag: name:<tag>@sha256:<digest>"
+                if "@" in str(triton_image) and tag is None
+                else ""
+            )
+        )
     req = TRITON_DRIVER_REQUIREMENTS[tag]
     version = _upstream(branch_or_version)
     if not re.fullmatch(r"\d+(\.\d+){0,2}", version):
@@ -188,16 +202,19 @@ def driver_supported(branch_or_version, triton_image, datacenter: bool = True) -
     branch_only = len(parts) == 1
     compat = req["datacenter"] if datacenter else {}
     allowed = ", ".join(f"R{b} >= {m}" for b, m in compat.items())
-    needs = (f"Triton {tag} (CUDA {req['cuda']}) needs driver >= {req['min_driver']}"
-             + (f", or on data-center GPUs {allowed}" if allowed else ""))
+    needs = f"Triton {tag} (CUDA {req['cuda']}) needs driver >= {req['min_driver']}" + (
+        f", or on data-center GPUs {allowed}" if allowed else ""
+    )
     if parts >= version_tuple(req["min_driver"]):
         return True, f"driver {version} >= {req['min_driver']}: {needs}"
     if branch in compat:
         minimum = compat[branch]
         if branch_only:
-            return True, (f"branch R{branch} is supported from {minimum} on (its current releases "
-                          f"are newer); {needs}")
+            return True, (f"branch R{branch} is supported from {minimum} on (its current releases are newer); {needs}")
         if parts >= version_tuple(minimum):
             return True, f"driver {version} >= {minimum} (R{branch} forward compatibility): {needs}"
-        return False, f"driver {version} is older than {minimum}, the first R{branch} release Triton {tag} supports; {needs}"
+        return (
+            False,
+            f"driver {version} is older than {minimum}, the first R{branch} release Triton {tag} supports; {needs}",
+        )
     return False, f"driver {'branch R' + branch if branch_only else version} is not supported: {needs}"

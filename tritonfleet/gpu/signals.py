@@ -71,14 +71,40 @@ SCRAPE_UP = "up"
 
 #: metric -> what writes it
 WRITERS: dict[str, str] = {
-    **{m: COLLECTOR for m in (
-        GPU_INFO, GPU_COUNT, TEMPERATURE, MEMORY_TEMPERATURE, POWER_DRAW, POWER_LIMIT, SM_CLOCK, SM_CLOCK_MAX,
-        CLOCKS_EVENT_REASONS, CLOCKS_EVENT_REASON_ACTIVE, PCIE_GENERATION, PCIE_GENERATION_MAX, PCIE_WIDTH,
-        PCIE_WIDTH_MAX, ECC_MODE, ECC_ERRORS, RETIRED_PAGES, RETIRED_PAGES_PENDING, REMAPPED_ROWS,
-        REMAPPED_ROWS_PENDING, REMAPPED_ROWS_FAILURE, QUERY_SUCCESS, QUERY_DURATION, XID_ERRORS, XID_EVENTS,
-        XID_STANDING, XID_LAST, KERNEL_LOG_READABLE)},
-    **{m: PROBE for m in (PROBE_UP, PROBE_MODELS, PROBE_SUCCESS, PROBE_LATENCY, PROBE_FAILURES,
-                          PROBE_LAST_SUCCESS)},
+    **{
+        m: COLLECTOR
+        for m in (
+            GPU_INFO,
+            GPU_COUNT,
+            TEMPERATURE,
+            MEMORY_TEMPERATURE,
+            POWER_DRAW,
+            POWER_LIMIT,
+            SM_CLOCK,
+            SM_CLOCK_MAX,
+            CLOCKS_EVENT_REASONS,
+            CLOCKS_EVENT_REASON_ACTIVE,
+            PCIE_GENERATION,
+            PCIE_GENERATION_MAX,
+            PCIE_WIDTH,
+            PCIE_WIDTH_MAX,
+            ECC_MODE,
+            ECC_ERRORS,
+            RETIRED_PAGES,
+            RETIRED_PAGES_PENDING,
+            REMAPPED_ROWS,
+            REMAPPED_ROWS_PENDING,
+            REMAPPED_ROWS_FAILURE,
+            QUERY_SUCCESS,
+            QUERY_DURATION,
+            XID_ERRORS,
+            XID_EVENTS,
+            XID_STANDING,
+            XID_LAST,
+            KERNEL_LOG_READABLE,
+        )
+    },
+    **{m: PROBE for m in (PROBE_UP, PROBE_MODELS, PROBE_SUCCESS, PROBE_LATENCY, PROBE_FAILURES, PROBE_LAST_SUCCESS)},
     TEXTFILE_MTIME: NODE_EXPORTER,
     TEXTFILE_SCRAPE_ERROR: NODE_EXPORTER,
     SCRAPE_UP: PROMETHEUS,
@@ -104,22 +130,22 @@ XID_QUARANTINE, XID_SUPPORT, XID_WARNING = "GpuXidCritical", "GpuXidSupport", "G
 XID_ACTIONS: dict[str, str | None] = {
     # the GPU is out of service until it is reset, the machine rebooted or its hardware seen to
     "RESET_GPU": XID_QUARANTINE,
-    "RESTART_BM": XID_QUARANTINE,            # reboot the bare-metal machine
+    "RESTART_BM": XID_QUARANTINE,  # reboot the bare-metal machine
     "RESTART_VM": XID_QUARANTINE,
-    "WORKFLOW_XID_48": XID_QUARANTINE,       # double-bit ECC: "a GPU reset or node reboot is needed"
-    "WORKFLOW_NVLINK_ERR": XID_QUARANTINE,   # Xid 74: "a GPU reset or node reboot is needed"
-    "CHECK_MECHANICALS": XID_QUARANTINE,     # Xid 54: auxiliary power not connected
+    "WORKFLOW_XID_48": XID_QUARANTINE,  # double-bit ECC: "a GPU reset or node reboot is needed"
+    "WORKFLOW_NVLINK_ERR": XID_QUARANTINE,  # Xid 74: "a GPU reset or node reboot is needed"
+    "CHECK_MECHANICALS": XID_QUARANTINE,  # Xid 54: auxiliary power not connected
     # an Xid NVIDIA lists as unused on these GPUs, or says to take to support
     "CONTACT_SUPPORT": XID_SUPPORT,
     # the application's, or advice the rules cannot follow by themselves
     "RESTART_APP": XID_WARNING,
-    "WORKFLOW_XID_45": XID_WARNING,          # a breadcrumb of another Xid's teardown
-    "WORKFLOW_NVLINK5_ERR": XID_WARNING,     # its action depends on a subcode the rules do not decode
+    "WORKFLOW_XID_45": XID_WARNING,  # a breadcrumb of another Xid's teardown
+    "WORKFLOW_NVLINK5_ERR": XID_WARNING,  # its action depends on a subcode the rules do not decode
     "UPDATE_SWFW": XID_WARNING,
     "CHECK_UVM": XID_WARNING,
-    "XID_154": XID_WARNING,                  # names the recovery action of another Xid
-    "NONE_GIVEN": XID_WARNING,               # the catalog's row has no resolution bucket
-    "UNKNOWN": XID_WARNING,                  # not in the catalog (a newer driver's Xid)
+    "XID_154": XID_WARNING,  # names the recovery action of another Xid
+    "NONE_GIVEN": XID_WARNING,  # the catalog's row has no resolution bucket
+    "UNKNOWN": XID_WARNING,  # not in the catalog (a newer driver's Xid)
     "IGNORE": None,
 }
 
@@ -141,8 +167,12 @@ ALERTS: tuple[Alert, ...] = (
     Alert("GpuHardwareSlowdown", (CLOCKS_EVENT_REASON_ACTIVE,), "warning", "5m"),
     Alert("GpuThermalSlowdown", (CLOCKS_EVENT_REASON_ACTIVE,), "warning", "5m"),
     Alert("GpuTemperatureHigh", (TEMPERATURE,), "warning", "5m"),
-    Alert("GpuPcieLinkDegraded", (PCIE_WIDTH, PCIE_WIDTH_MAX, PCIE_GENERATION, PCIE_GENERATION_MAX,
-                                  CLOCKS_EVENT_REASON_ACTIVE), "warning", "10m"),
+    Alert(
+        "GpuPcieLinkDegraded",
+        (PCIE_WIDTH, PCIE_WIDTH_MAX, PCIE_GENERATION, PCIE_GENERATION_MAX, CLOCKS_EVENT_REASON_ACTIVE),
+        "warning",
+        "10m",
+    ),
     Alert("GpuQueryFailing", (QUERY_SUCCESS,), "critical", "1m"),
     Alert("GpuKernelLogUnreadable", (KERNEL_LOG_READABLE,), "warning", "5m"),
     Alert("GpuTelemetryDown", (SCRAPE_UP,), "warning", "2m"),

@@ -103,55 +103,119 @@ FIELDS: tuple[tuple[str, str, str, dict, str], ...] = (
     ("uuid", "id", "", {}, ""),
     ("pci.bus_id", "id", "", {}, ""),
     ("temperature.gpu", "num", S.TEMPERATURE, {}, "Core GPU temperature (temperature.gpu)."),
-    ("temperature.memory", "num", S.MEMORY_TEMPERATURE, {},
-     "HBM memory temperature (temperature.memory; absent where the GPU does not report it)."),
+    (
+        "temperature.memory",
+        "num",
+        S.MEMORY_TEMPERATURE,
+        {},
+        "HBM memory temperature (temperature.memory; absent where the GPU does not report it).",
+    ),
     ("power.draw", "num", S.POWER_DRAW, {}, "Power draw (power.draw)."),
     ("power.limit", "num", S.POWER_LIMIT, {}, "Software power limit (power.limit)."),
     ("clocks.sm", "mhz", S.SM_CLOCK, {}, "Current SM clock (clocks.sm)."),
     ("clocks.max.sm", "mhz", S.SM_CLOCK_MAX, {}, "Maximum SM clock (clocks.max.sm)."),
-    ("clocks_event_reasons.active", "mask", S.CLOCKS_EVENT_REASONS, {},
-     "Bitmask of active clock event reasons (clocks_event_reasons.active, nvml.h's "
-     "nvmlClocksEventReason* bits)."),
-    ("clocks_event_reasons.gpu_idle", "flag", S.CLOCKS_EVENT_REASON_ACTIVE, {"reason": "gpu_idle"},
-     "1 while the clock event reason is active (clocks_event_reasons.<reason>)."),
+    (
+        "clocks_event_reasons.active",
+        "mask",
+        S.CLOCKS_EVENT_REASONS,
+        {},
+        "Bitmask of active clock event reasons (clocks_event_reasons.active, nvml.h's nvmlClocksEventReason* bits).",
+    ),
+    (
+        "clocks_event_reasons.gpu_idle",
+        "flag",
+        S.CLOCKS_EVENT_REASON_ACTIVE,
+        {"reason": "gpu_idle"},
+        "1 while the clock event reason is active (clocks_event_reasons.<reason>).",
+    ),
     ("clocks_event_reasons.hw_slowdown", "flag", S.CLOCKS_EVENT_REASON_ACTIVE, {"reason": "hw_slowdown"}, ""),
-    ("clocks_event_reasons.hw_thermal_slowdown", "flag", S.CLOCKS_EVENT_REASON_ACTIVE,
-     {"reason": "hw_thermal_slowdown"}, ""),
-    ("clocks_event_reasons.hw_power_brake_slowdown", "flag", S.CLOCKS_EVENT_REASON_ACTIVE,
-     {"reason": "hw_power_brake_slowdown"}, ""),
-    ("clocks_event_reasons.sw_thermal_slowdown", "flag", S.CLOCKS_EVENT_REASON_ACTIVE,
-     {"reason": "sw_thermal_slowdown"}, ""),
+    (
+        "clocks_event_reasons.hw_thermal_slowdown",
+        "flag",
+        S.CLOCKS_EVENT_REASON_ACTIVE,
+        {"reason": "hw_thermal_slowdown"},
+        "",
+    ),
+    (
+        "clocks_event_reasons.hw_power_brake_slowdown",
+        "flag",
+        S.CLOCKS_EVENT_REASON_ACTIVE,
+        {"reason": "hw_power_brake_slowdown"},
+        "",
+    ),
+    (
+        "clocks_event_reasons.sw_thermal_slowdown",
+        "flag",
+        S.CLOCKS_EVENT_REASON_ACTIVE,
+        {"reason": "sw_thermal_slowdown"},
+        "",
+    ),
     ("clocks_event_reasons.sw_power_cap", "flag", S.CLOCKS_EVENT_REASON_ACTIVE, {"reason": "sw_power_cap"}, ""),
-    ("pcie.link.gen.current", "num", S.PCIE_GENERATION, {},
-     "Current PCIe link generation (may be reduced while the GPU is idle)."),
-    ("pcie.link.gen.max", "num", S.PCIE_GENERATION_MAX, {},
-     "Highest PCIe link generation of this GPU and system."),
-    ("pcie.link.width.current", "num", S.PCIE_WIDTH, {},
-     "Current PCIe link width (lanes; may be reduced while the GPU is idle)."),
+    (
+        "pcie.link.gen.current",
+        "num",
+        S.PCIE_GENERATION,
+        {},
+        "Current PCIe link generation (may be reduced while the GPU is idle).",
+    ),
+    ("pcie.link.gen.max", "num", S.PCIE_GENERATION_MAX, {}, "Highest PCIe link generation of this GPU and system."),
+    (
+        "pcie.link.width.current",
+        "num",
+        S.PCIE_WIDTH,
+        {},
+        "Current PCIe link width (lanes; may be reduced while the GPU is idle).",
+    ),
     ("pcie.link.width.max", "num", S.PCIE_WIDTH_MAX, {}, "Widest PCIe link of this GPU and system."),
     ("ecc.mode.current", "flag", S.ECC_MODE, {}, "1 when ECC is on (ecc.mode.current)."),
-    ("ecc.errors.corrected.volatile.total", "num", S.ECC_ERRORS,
-     {"type": "corrected", "period": "volatile"},
-     "ECC errors: volatile since the last driver load, aggregate over the GPU's life "
-     "(ecc.errors.<type>.<period>.total)."),
-    ("ecc.errors.uncorrected.volatile.total", "num", S.ECC_ERRORS,
-     {"type": "uncorrected", "period": "volatile"}, ""),
-    ("ecc.errors.corrected.aggregate.total", "num", S.ECC_ERRORS,
-     {"type": "corrected", "period": "aggregate"}, ""),
-    ("ecc.errors.uncorrected.aggregate.total", "num", S.ECC_ERRORS,
-     {"type": "uncorrected", "period": "aggregate"}, ""),
-    ("retired_pages.single_bit_ecc.count", "num", S.RETIRED_PAGES, {"cause": "single_bit_ecc"},
-     "Device memory pages retired (retired_pages.*; GPUs that remap rows retire none)."),
+    (
+        "ecc.errors.corrected.volatile.total",
+        "num",
+        S.ECC_ERRORS,
+        {"type": "corrected", "period": "volatile"},
+        "ECC errors: volatile since the last driver load, aggregate over the GPU's life "
+        "(ecc.errors.<type>.<period>.total).",
+    ),
+    ("ecc.errors.uncorrected.volatile.total", "num", S.ECC_ERRORS, {"type": "uncorrected", "period": "volatile"}, ""),
+    ("ecc.errors.corrected.aggregate.total", "num", S.ECC_ERRORS, {"type": "corrected", "period": "aggregate"}, ""),
+    ("ecc.errors.uncorrected.aggregate.total", "num", S.ECC_ERRORS, {"type": "uncorrected", "period": "aggregate"}, ""),
+    (
+        "retired_pages.single_bit_ecc.count",
+        "num",
+        S.RETIRED_PAGES,
+        {"cause": "single_bit_ecc"},
+        "Device memory pages retired (retired_pages.*; GPUs that remap rows retire none).",
+    ),
     ("retired_pages.double_bit.count", "num", S.RETIRED_PAGES, {"cause": "double_bit_ecc"}, ""),
-    ("retired_pages.pending", "flag", S.RETIRED_PAGES_PENDING, {},
-     "1 when pages are pending retirement at the next reboot (retired_pages.pending)."),
-    ("remapped_rows.correctable", "num", S.REMAPPED_ROWS, {"cause": "correctable"},
-     "Memory rows remapped (remapped_rows.correctable, remapped_rows.uncorrectable)."),
+    (
+        "retired_pages.pending",
+        "flag",
+        S.RETIRED_PAGES_PENDING,
+        {},
+        "1 when pages are pending retirement at the next reboot (retired_pages.pending).",
+    ),
+    (
+        "remapped_rows.correctable",
+        "num",
+        S.REMAPPED_ROWS,
+        {"cause": "correctable"},
+        "Memory rows remapped (remapped_rows.correctable, remapped_rows.uncorrectable).",
+    ),
     ("remapped_rows.uncorrectable", "num", S.REMAPPED_ROWS, {"cause": "uncorrectable"}, ""),
-    ("remapped_rows.pending", "flag", S.REMAPPED_ROWS_PENDING, {},
-     "1 when a row remapping waits for a GPU reset (remapped_rows.pending)."),
-    ("remapped_rows.failure", "flag", S.REMAPPED_ROWS_FAILURE, {},
-     "1 when a row remapping failed in the GPU's life (remapped_rows.failure)."),
+    (
+        "remapped_rows.pending",
+        "flag",
+        S.REMAPPED_ROWS_PENDING,
+        {},
+        "1 when a row remapping waits for a GPU reset (remapped_rows.pending).",
+    ),
+    (
+        "remapped_rows.failure",
+        "flag",
+        S.REMAPPED_ROWS_FAILURE,
+        {},
+        "1 when a row remapping failed in the GPU's life (remapped_rows.failure).",
+    ),
 )
 QUERY = ",".join(f[0] for f in FIELDS)
 FLAGS = {"active": 1.0, "not active": 0.0, "enabled": 1.0, "disabled": 0.0, "yes": 1.0, "no": 0.0}
@@ -223,6 +287,7 @@ def parse_query(text: str) -> list[GpuReading]:
 
 
 # ---- kernel messages ----------------------------------------------------------------------
+
 
 def parse_kmsg_record(record: str) -> tuple[int, str] | None:
     """(microseconds since boot, message) of one ``/dev/kmsg`` record; its dictionary lines
@@ -359,6 +424,7 @@ def boot_time(proc_stat: str = "/proc/stat") -> float:
 
 # ---- the textfile ---------------------------------------------------------------------------
 
+
 def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -373,19 +439,21 @@ def _num(v: float) -> str:
 
 
 HELP = {f[2]: f[4] for f in FIELDS if f[2] and f[4]}
-HELP.update({
-    S.GPU_INFO: "One series per GPU the driver reports, with its index, UUID and bus ids (pci: as Xid lines print it).",
-    S.GPU_COUNT: "GPUs the driver reports.",
-    S.QUERY_SUCCESS: "1 when the last nvidia-smi query answered for every GPU, 0 when it failed.",
-    S.QUERY_DURATION: "Seconds the last nvidia-smi query took.",
-    S.XID_ERRORS: "Xid reports of the driver in the kernel log since the source began, every line (labels: "
-                  "pci as printed, xid, action: the immediate action NVIDIA's Xid catalog recommends).",
-    S.XID_EVENTS: "Distinct Xid reports (a repeated identical line counts once) since the source began.",
-    S.XID_STANDING: "1 while the Xid stands, 0 once a later Xid on the same GPU cancelled it (the catalog's "
-                    "cancelling pairs).",
-    S.XID_LAST: "When the last Xid report of this number was logged (seconds since the epoch).",
-    S.KERNEL_LOG_READABLE: "1 while the kernel-message source can be read.",
-})
+HELP.update(
+    {
+        S.GPU_INFO: "One series per GPU the driver reports, with its index, UUID and bus ids (pci: as Xid lines print it).",
+        S.GPU_COUNT: "GPUs the driver reports.",
+        S.QUERY_SUCCESS: "1 when the last nvidia-smi query answered for every GPU, 0 when it failed.",
+        S.QUERY_DURATION: "Seconds the last nvidia-smi query took.",
+        S.XID_ERRORS: "Xid reports of the driver in the kernel log since the source began, every line (labels: "
+        "pci as printed, xid, action: the immediate action NVIDIA's Xid catalog recommends).",
+        S.XID_EVENTS: "Distinct Xid reports (a repeated identical line counts once) since the source began.",
+        S.XID_STANDING: "1 while the Xid stands, 0 once a later Xid on the same GPU cancelled it (the catalog's "
+        "cancelling pairs).",
+        S.XID_LAST: "When the last Xid report of this number was logged (seconds since the epoch).",
+        S.KERNEL_LOG_READABLE: "1 while the kernel-message source can be read.",
+    }
+)
 COUNTERS = {S.ECC_ERRORS, S.XID_ERRORS, S.XID_EVENTS}
 
 
@@ -433,9 +501,18 @@ def write_atomically(directory: str, name: str, text: str) -> None:
 
 # ---- the collector ------------------------------------------------------------------------
 
+
 class Collector:
-    def __init__(self, textfile_dir: str, smi: str, kmsg: str, interval: float, timeout: float,
-                 catalog: str | None = None, pusher=None):
+    def __init__(
+        self,
+        textfile_dir: str,
+        smi: str,
+        kmsg: str,
+        interval: float,
+        timeout: float,
+        catalog: str | None = None,
+        pusher=None,
+    ):
         self.pusher = pusher  # a fault_push.Pusher: critical Xids straight to the receiver, or None
         self.textfile_dir, self.smi, self.interval, self.timeout = textfile_dir, smi, interval, timeout
         self.log = KernelLog(kmsg)
@@ -450,8 +527,9 @@ class Collector:
     def query(self) -> None:
         t0 = time.monotonic()
         try:
-            res = subprocess.run(query_command(self.smi), capture_output=True, text=True, timeout=self.timeout,
-                                 stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                query_command(self.smi), capture_output=True, text=True, timeout=self.timeout, stdin=subprocess.DEVNULL
+            )
             if res.returncode != 0:
                 raise ValueError(f"exit {res.returncode}: {(res.stdout + res.stderr).strip()[:300]}")
             gpus, ok = parse_query(res.stdout), True
@@ -569,8 +647,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         c = Collector(args.textfile_dir, args.nvidia_smi, args.kmsg, args.interval, args.timeout, pusher=pusher)
     except (OSError, ValueError, KeyError) as e:
-        p.error(f"{X.catalog_path()}: cannot read NVIDIA's Xid catalog ({e}); the GPU telemetry step puts "
-                f"it next to {X.MODULE_FILE}")
+        p.error(
+            f"{X.catalog_path()}: cannot read NVIDIA's Xid catalog ({e}); the GPU telemetry step puts "
+            f"it next to {X.MODULE_FILE}"
+        )
     if args.once:
         c.once()
         return 0 if c.query_ok else 1

@@ -32,15 +32,17 @@ DISTINCT_LIMIT = 4096
 MARK = "NVRM: Xid"
 
 # The driver's Xid report (kernel_rc.c) and the older form without "PCI:" (NVIDIA's Xid document).
-XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
-                 r"(?: GPU-I:\d+)?(?: GPU-CI:\d+)?\): (?P<xid>\d+)(?:,|$)")
+XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+    r"(?: GPU-I:\d+)?(?: GPU-CI:\d+)?\): (?P<xid>\d+)(?:,|$)"
+)
 
 
 @dataclass
 class XidEvent:
-    pci: str       # domain:bus:device, lower case, as the driver prints it
+    pci: str  # domain:bus:device, lower case, as the driver prints it
     xid: int
-    text: str      # the whole message
+    text: str  # the whole message
     usec: int = 0  # microseconds since boot (the record's timestamp)
 
 
@@ -84,8 +86,7 @@ def load_catalog(path: str | None = None) -> Catalog:
     cancels: dict[int, list[int]] = {}
     for pair in data.get("cancels", []):
         cancels.setdefault(int(pair["cancelled_by"]), []).append(int(pair["xid"]))
-    return Catalog({int(r["xid"]): r["action"] for r in data["xids"]},
-                   {k: tuple(v) for k, v in cancels.items()})
+    return Catalog({int(r["xid"]): r["action"] for r in data["xids"]}, {k: tuple(v) for k, v in cancels.items()})
 
 
 NEW, REPEAT = "new", "repeat"
@@ -143,5 +144,15 @@ class Ledger:
 
     def rows(self) -> list[tuple[str, int, str, int, int, float, bool]]:
         """(pci, xid, action, lines, events, last, standing) of every GPU and Xid, sorted."""
-        return [(pci, xid, self.catalog.action(xid), n, self.events[(pci, xid)], self.last[(pci, xid)],
-                 self.standing[(pci, xid)]) for (pci, xid), n in sorted(self.lines.items())]
+        return [
+            (
+                pci,
+                xid,
+                self.catalog.action(xid),
+                n,
+                self.events[(pci, xid)],
+                self.last[(pci, xid)],
+                self.standing[(pci, xid)],
+            )
+            for (pci, xid), n in sorted(self.lines.items())
+        ]

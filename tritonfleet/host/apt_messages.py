@@ -11,20 +11,28 @@ import re
 # apt/dpkg refusing because another process holds a lock (apt-pkg/contrib/fileutl.cc,
 # apt-pkg/deb/debsystem.cc, apt-pkg/acquire.cc; dpkg's own words when apt-mark runs it). Also the
 # shell pattern (grep -E) the lock wait retries on: keep both readings of it the same.
-LOCK_ERRORS = ("Could not get lock|Unable to acquire the dpkg frontend lock|Unable to lock (the )?"
-               "(administration )?directory|frontend lock was locked|status database area is locked")
+LOCK_ERRORS = (
+    "Could not get lock|Unable to acquire the dpkg frontend lock|Unable to lock (the )?"
+    "(administration )?directory|frontend lock was locked|status database area is locked"
+)
 LOCK_RE = re.compile(LOCK_ERRORS)
 LOCK_HELD_RE = re.compile(r"Could not get lock (\S+?)\.? It is held by process (\d+)(?: \(([^)]*)\))?")
-LOCK_FILE_RE = re.compile(r"Could not get lock (\S+?)\.?(?:\s|$)|dpkg frontend lock \(([^)]+)\)|"
-                          r"Unable to lock (?:the )?(?:administration )?directory \(?([^)\s]+)")
+LOCK_FILE_RE = re.compile(
+    r"Could not get lock (\S+?)\.?(?:\s|$)|dpkg frontend lock \(([^)]+)\)|"
+    r"Unable to lock (?:the )?(?:administration )?directory \(?([^)\s]+)"
+)
 DPKG_LOCK_PID_RE = re.compile(r"lock was locked by another process with pid (\d+)")
-WAITED_RE = re.compile(r"^tritonfleet: the apt/dpkg lock on \S+ stayed held by another process for more than "
-                       r"(\d+) s")
+WAITED_RE = re.compile(
+    r"^tritonfleet: the apt/dpkg lock on \S+ stayed held by another process for more than "
+    r"(\d+) s"
+)
 
 INTERRUPTED_RE = re.compile(r"dpkg was interrupted, you must manually run '([^']+)'")
 
 # the sources cannot be read (apt-pkg/sourcelist.cc, apt-pkg/deb/debmetaindex.cc)
-MALFORMED_RE = re.compile(r"Malformed (?:entry|line) (\d+) in (?:(?:list|sources) file|source list) (\S+)(?: \((.*)\))?")
+MALFORMED_RE = re.compile(
+    r"Malformed (?:entry|line) (\d+) in (?:(?:list|sources) file|source list) (\S+)(?: \((.*)\))?"
+)
 TYPE_RE = re.compile(r"Type '([^']*)' is not known on line (\d+) in source list (\S+)")
 CONFLICT_RE = re.compile(r"Conflicting values set for option (\S+) regarding source (\S+) (\S+)(?::|$)")
 SOURCES_UNREADABLE = "The list of sources could not be read"
@@ -48,11 +56,14 @@ FETCH_RE = re.compile(r"^[EW]: Failed to fetch (\S+)\s+(.*)$")
 UNREACHABLE_RE = re.compile(
     r"Could not connect to ([^\s(]+)|Unable to connect to (\S+?):?(?:\s|$)|Temporary failure resolving '([^']+)'|"
     r"Could not resolve '([^']+)'|Connection timed out|Connection failed|Network is unreachable|"
-    r"No route to host|Connection refused|Could not connect to server")
+    r"No route to host|Connection refused|Could not connect to server"
+)
 HTTP_STATUS_RE = re.compile(r"^\s*(\d{3})\s+(.*?)\s*(?:\[IP: [^\]]*\])?\s*$")
 MISMATCH_RE = re.compile(r"Hash Sum mismatch|File has unexpected size|Size mismatch")
-INDEX_FILE_RE = re.compile(r"/(?:In)?Release$|/Release\.gpg$|/Packages(?:\.\w+)?$|/Sources(?:\.\w+)?$|"
-                           r"/Translation-[\w.]+$|/Contents-[\w.-]+$|/by-hash/")
+INDEX_FILE_RE = re.compile(
+    r"/(?:In)?Release$|/Release\.gpg$|/Packages(?:\.\w+)?$|/Sources(?:\.\w+)?$|"
+    r"/Translation-[\w.]+$|/Contents-[\w.-]+$|/by-hash/"
+)
 
 # the solver (apt-pkg/algorithms.cc, apt-private/private-install.cc, apt-private/private-cachefile.cc)
 HELD_BROKEN = "you have held broken packages"
@@ -69,12 +80,16 @@ NO_CANDIDATE_RE = re.compile(r"Package '([^']+)' has no installation candidate")
 
 # dpkg (its own words) and apt running it (apt-pkg/contrib/fileutl.cc)
 DPKG_PROCESSING_RE = re.compile(r"^dpkg: error processing (?:package|archive) (\S+?)(?: \(([^)]*)\))?:\s*$")
-SUBPROCESS_RE = re.compile(r"Sub-process (\S+(?: \S+)?) (?:returned an error code \((\d+)\)|received a segmentation fault"
-                           r"|exited unexpectedly)")
+SUBPROCESS_RE = re.compile(
+    r"Sub-process (\S+(?: \S+)?) (?:returned an error code \((\d+)\)|received a segmentation fault"
+    r"|exited unexpectedly)"
+)
 DPKG_ERROR_RE = re.compile(r"^dpkg: error:? (.*)$|^dpkg: dependency problems")
 
-NOISE_RE = re.compile(r"^(?:Hit|Get|Ign):\d+ |^Reading (?:package lists|state information)|^Building dependency tree|"
-                      r"^Fetched |^\(Reading database|^debconf: |^Need to get |^After this operation|"
-                      r"^\d+ upgraded, \d+ newly installed|^Selecting previously unselected|^Preparing to unpack|"
-                      r"^Unpacking |^Processing triggers|^Setting up |^Removing |^Purging ")
+NOISE_RE = re.compile(
+    r"^(?:Hit|Get|Ign):\d+ |^Reading (?:package lists|state information)|^Building dependency tree|"
+    r"^Fetched |^\(Reading database|^debconf: |^Need to get |^After this operation|"
+    r"^\d+ upgraded, \d+ newly installed|^Selecting previously unselected|^Preparing to unpack|"
+    r"^Unpacking |^Processing triggers|^Setting up |^Removing |^Purging "
+)
 OWN_RE = re.compile(r"^tritonfleet: |^waited \d+ s for the apt/dpkg lock")

@@ -15,7 +15,7 @@ def describe(command: str) -> str:
     """What the command was to achieve (a report's "expected"), from the apt command line."""
     words = _split(command)
     if "apt-get" in words or "apt" in words:
-        verb, args = _verb_args(words[words.index("apt-get" if "apt-get" in words else "apt") + 1:])
+        verb, args = _verb_args(words[words.index("apt-get" if "apt-get" in words else "apt") + 1 :])
         if verb == "update":
             return "apt-get update reads every repository in the host's sources"
         if verb in ("install", "remove", "purge") and args:
@@ -24,7 +24,7 @@ def describe(command: str) -> str:
         if verb:
             return f"apt-get {verb} to succeed"
     if "apt-mark" in words:
-        verb, args = _verb_args(words[words.index("apt-mark") + 1:])
+        verb, args = _verb_args(words[words.index("apt-mark") + 1 :])
         return f"apt-mark {verb} on {joined(args, 6)}" if args else f"apt-mark {verb} on the driver's packages"
     if "dpkg" in words and "--configure" in words:
         return "dpkg --configure -a finishes the interrupted dpkg run"
@@ -59,8 +59,11 @@ def _verb_args(words: list[str]) -> tuple[str, list[str]]:
 
 
 # what every apt-get command of pyinfra's carries: left out of the command the report shows
-BOILERPLATE = ("DEBIAN_FRONTEND=noninteractive ", "-o Dpkg::Options::=\"--force-confdef\" ",
-               "-o Dpkg::Options::=\"--force-confold\" ")
+BOILERPLATE = (
+    "DEBIAN_FRONTEND=noninteractive ",
+    '-o Dpkg::Options::="--force-confdef" ',
+    '-o Dpkg::Options::="--force-confold" ',
+)
 
 
 def shown_command(command: str, width: int = LINE_WIDTH) -> str:
@@ -72,14 +75,23 @@ def shown_command(command: str, width: int = LINE_WIDTH) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def failure(d: AptDiagnosis, *, host: str, step: str, command: str, setting: str = "",
-            available: dict[str, list[str]] | None = None, sources: list[str] | None = None) -> Failure:
+def failure(
+    d: AptDiagnosis,
+    *,
+    host: str,
+    step: str,
+    command: str,
+    setting: str = "",
+    available: dict[str, list[str]] | None = None,
+    sources: list[str] | None = None,
+) -> Failure:
     """The report of a failed apt command. ``setting``: the group-data setting that chose the
     packages or versions (named in the fix); ``available``: versions the host's lists carry, per
     package (apt-cache madison), for a version that is not there; ``sources``: the sources files
     that name the repository in question."""
     found = d.found
     if available:
+
         def shown(versions: list[str]) -> str:
             return ", ".join(versions[:6]) + (" ..." if len(versions) > 6 else "") if versions else "none"
 
@@ -91,14 +103,26 @@ def failure(d: AptDiagnosis, *, host: str, step: str, command: str, setting: str
     fix = d.fix.replace("{setting}", setting or "the setting that names the package or its version")
     if sources:
         fix += f"; the repository is listed in {', '.join(sources)} on the host"
-    now = ("apt changed no package (it stopped before installing or removing anything); no later step ran, so "
-           "Triton is as it was before this run" if not d.changed else
-           "packages may have changed before apt stopped (dpkg --audit on the host lists any left half installed); "
-           "no later step ran, so Triton is as it was before this run")
+    now = (
+        "apt changed no package (it stopped before installing or removing anything); no later step ran, so "
+        "Triton is as it was before this run"
+        if not d.changed
+        else "packages may have changed before apt stopped (dpkg --audit on the host lists any left half installed); "
+        "no later step ran, so Triton is as it was before this run"
+    )
     return Failure(
-        host=host, step=step, expected=describe(command), found=found, words=trim(d.lines),
-        source=f"apt's own words (key lines; all of them: {APT_LOG} on the host)", now=now, fix=fix,
-        cause=f"{d.cause}: {d.found}", command=shown_command(command), meaning=d.meaning)
+        host=host,
+        step=step,
+        expected=describe(command),
+        found=found,
+        words=trim(d.lines),
+        source=f"apt's own words (key lines; all of them: {APT_LOG} on the host)",
+        now=now,
+        fix=fix,
+        cause=f"{d.cause}: {d.found}",
+        command=shown_command(command),
+        meaning=d.meaning,
+    )
 
 
 def madison_command(packages: list[str]) -> str:
@@ -120,5 +144,7 @@ def parse_madison(output) -> dict[str, list[str]]:
 def sources_command(urls: list[str]) -> str:
     """The sources files on the host that name any of ``urls``."""
     pats = " ".join(f"-e {q(u)}" for u in urls[:6] if u)
-    return (f"grep -lsF {pats} /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources "
-            "2>/dev/null; true")
+    return (
+        f"grep -lsF {pats} /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources "
+        "2>/dev/null; true"
+    )

@@ -31,21 +31,25 @@ REBOOT_REQUIRED = "/var/run/reboot-required"
 
 # the NVIDIA module's file names: NVIDIA's, and Debian's renamed build of it
 MODULE_FILES = ("nvidia.ko*", "nvidia-current.ko*")
-_BOOT = ("r=$(uname -r); k=$(ls -1 /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' | sort -V | tail -n 1); "
-         "[ -n \"$k\" ] || k=$r; "
-         "has() { [ -n \"$(find \"/lib/modules/$1\" \\( "
-         + " -o ".join(f"-name '{m}'" for m in MODULE_FILES)
-         + " \\) 2>/dev/null | head -n 1)\" ]; }; ")
+_BOOT = (
+    "r=$(uname -r); k=$(ls -1 /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' | sort -V | tail -n 1); "
+    '[ -n "$k" ] || k=$r; '
+    'has() { [ -n "$(find "/lib/modules/$1" \\( '
+    + " -o ".join(f"-name '{m}'" for m in MODULE_FILES)
+    + ' \\) 2>/dev/null | head -n 1)" ]; }; '
+)
 
 
 def status_command() -> str:
     """One read-only command: running and boot kernel, the module for the boot kernel, a pending
     reboot and the packages that asked for it, DKMS's view of the nvidia module."""
-    return (_BOOT + "echo \"running=$r\"; echo \"boot=$k\"; "
-            "if has \"$k\"; then echo module=yes; else echo module=no; fi; "
-            f"if [ -e {REBOOT_REQUIRED} ]; then echo reboot=yes; else echo reboot=no; fi; "
-            f"echo \"pkgs=$(cat {REBOOT_REQUIRED}.pkgs 2>/dev/null | sort -u | tr '\\n' ' ')\"; "
-            "echo \"dkms=$(dkms status -m nvidia 2>/dev/null | tr '\\n' ';')\"")
+    return (
+        _BOOT + 'echo "running=$r"; echo "boot=$k"; '
+        'if has "$k"; then echo module=yes; else echo module=no; fi; '
+        f"if [ -e {REBOOT_REQUIRED} ]; then echo reboot=yes; else echo reboot=no; fi; "
+        f"echo \"pkgs=$(cat {REBOOT_REQUIRED}.pkgs 2>/dev/null | sort -u | tr '\\n' ' ')\"; "
+        "echo \"dkms=$(dkms status -m nvidia 2>/dev/null | tr '\\n' ';')\""
+    )
 
 
 def ensure_command(header_packages: list[str], install_template: str) -> str:
@@ -56,22 +60,24 @@ def ensure_command(header_packages: list[str], install_template: str) -> str:
     ``module=``."""
     pkgs = " ".join(p.replace("{kernel}", "$k") for p in header_packages)
     install = install_template.replace("@WORDS@", pkgs) if pkgs else "true"
-    return (_BOOT + "echo \"running=$r\"; echo \"boot=$k\"; "
-            "if has \"$k\"; then echo module=yes; exit 0; fi; "
-            "if [ ! -e \"/lib/modules/$k/build\" ]; then "
-            f"echo \"step=install {pkgs}\"; ( {install} ) 2>&1 | tail -n 6 | sed 's/^/out=/'; fi; "
-            "if ! has \"$k\" && command -v dkms >/dev/null 2>&1 && [ -e \"/lib/modules/$k/build\" ]; then "
-            "echo \"step=dkms autoinstall -k $k\"; dkms autoinstall -k \"$k\" 2>&1 | tail -n 6 | sed 's/^/out=/'; fi; "
-            "if has \"$k\"; then echo module=built; else echo module=no; "
-            "echo \"dkms=$(dkms status -m nvidia 2>/dev/null | tr '\\n' ';')\"; "
-            "[ -e \"/lib/modules/$k/build\" ] && echo headers=yes || echo headers=no; fi")
+    return (
+        _BOOT + 'echo "running=$r"; echo "boot=$k"; '
+        'if has "$k"; then echo module=yes; exit 0; fi; '
+        'if [ ! -e "/lib/modules/$k/build" ]; then '
+        f"echo \"step=install {pkgs}\"; ( {install} ) 2>&1 | tail -n 6 | sed 's/^/out=/'; fi; "
+        'if ! has "$k" && command -v dkms >/dev/null 2>&1 && [ -e "/lib/modules/$k/build" ]; then '
+        'echo "step=dkms autoinstall -k $k"; dkms autoinstall -k "$k" 2>&1 | tail -n 6 | sed \'s/^/out=/\'; fi; '
+        'if has "$k"; then echo module=built; else echo module=no; '
+        "echo \"dkms=$(dkms status -m nvidia 2>/dev/null | tr '\\n' ';')\"; "
+        '[ -e "/lib/modules/$k/build" ] && echo headers=yes || echo headers=no; fi'
+    )
 
 
 @dataclass
 class KernelState:
     running: str = ""
     boot: str = ""
-    module: str = ""            # "yes", "built" (by this run), "no", "" (unknown)
+    module: str = ""  # "yes", "built" (by this run), "no", "" (unknown)
     reboot_required: bool = False
     reboot_packages: list[str] = field(default_factory=list)
     dkms: str = ""
@@ -123,12 +129,18 @@ def parse(lines) -> KernelState:
 def refusal(st: KernelState, header_packages: list[str]) -> tuple[str, str, str]:
     """(found, what the host runs now, fix) for a reboot refused for want of a module."""
     pkgs = " ".join(p.replace("{kernel}", st.boot) for p in header_packages) or f"linux-headers-{st.boot}"
-    found = (f"the kernel that will boot, {st.boot} (newest in /boot; running: {st.running}), has no NVIDIA module"
-             + (f" (DKMS: {st.dkms})" if st.dkms else " (DKMS knows no nvidia module)")
-             + ("" if st.headers == "yes" else f"; its headers could not be installed ({pkgs})"))
-    now = (f"not rebooted: it runs kernel {st.running} with the NVIDIA module it had; the driver installed by this "
-           "run loads at the next boot")
-    fix = (f"give {st.boot} the module: install its headers ({q(pkgs)}) and run `dkms autoinstall -k {st.boot}`; or "
-           f"remove that kernel (apt-get remove linux-image-{st.boot}) or make GRUB boot {st.running}; then run the "
-           "deploy again")
+    found = (
+        f"the kernel that will boot, {st.boot} (newest in /boot; running: {st.running}), has no NVIDIA module"
+        + (f" (DKMS: {st.dkms})" if st.dkms else " (DKMS knows no nvidia module)")
+        + ("" if st.headers == "yes" else f"; its headers could not be installed ({pkgs})")
+    )
+    now = (
+        f"not rebooted: it runs kernel {st.running} with the NVIDIA module it had; the driver installed by this "
+        "run loads at the next boot"
+    )
+    fix = (
+        f"give {st.boot} the module: install its headers ({q(pkgs)}) and run `dkms autoinstall -k {st.boot}`; or "
+        f"remove that kernel (apt-get remove linux-image-{st.boot}) or make GRUB boot {st.running}; then run the "
+        "deploy again"
+    )
     return found, now, fix

@@ -16,8 +16,10 @@ HOLD_FILE = "/var/lib/tritonfleet/driver-hold.json"
 def hold_command(hold: dict) -> str:
     """Shell writing ``hold`` to HOLD_FILE (whole, then renamed)."""
     text = json.dumps(hold, sort_keys=True)
-    return (f"mkdir -p {q(str(Path(HOLD_FILE).parent))} && printf '%s\\n' {q(text)} > {HOLD_FILE}.tmp && "
-            f"mv {HOLD_FILE}.tmp {HOLD_FILE}")
+    return (
+        f"mkdir -p {q(str(Path(HOLD_FILE).parent))} && printf '%s\\n' {q(text)} > {HOLD_FILE}.tmp && "
+        f"mv {HOLD_FILE}.tmp {HOLD_FILE}"
+    )
 
 
 RELEASE_COMMAND = f"rm -f {HOLD_FILE}"

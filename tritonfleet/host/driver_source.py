@@ -41,8 +41,12 @@ from . import nvidia_repos
 SOURCES = ("cuda", "debian", "ubuntu")  # detected package sources
 SUPPORTED = ("cuda", "debian")  # what nvidia_driver_source can install
 RUNFILE = "runfile"
-NAMES = {"cuda": "NVIDIA's CUDA repository", "debian": "Debian's own packages (non-free)",
-         "ubuntu": "Ubuntu's own packages", RUNFILE: "NVIDIA's .run installer (files outside any package manager)"}
+NAMES = {
+    "cuda": "NVIDIA's CUDA repository",
+    "debian": "Debian's own packages (non-free)",
+    "ubuntu": "Ubuntu's own packages",
+    RUNFILE: "NVIDIA's .run installer (files outside any package manager)",
+}
 
 RUN_UNINSTALLER = "/usr/bin/nvidia-uninstall"
 RUN_FILES = (RUN_UNINSTALLER, "/usr/bin/nvidia-installer")
@@ -54,8 +58,12 @@ RUN_LOG = "/var/lib/nvidia/log"
 DEBIAN_ONLY_BRANCHES = tuple(sorted({"525", *(b for a in nvidia_repos.archives() for b in nvidia_repos.branches(a))}))
 # packages Debian builds from a source of their own with a driver-like version of another branch
 # (helper_packages of data/distro_archives/)
-HELPERS = frozenset(p for a in nvidia_repos.archives() if "helper_packages" in nvidia_repos.load(a)["facts"]
-                    for p in nvidia_repos.value(a, "helper_packages"))
+HELPERS = frozenset(
+    p
+    for a in nvidia_repos.archives()
+    if "helper_packages" in nvidia_repos.load(a)["facts"]
+    for p in nvidia_repos.value(a, "helper_packages")
+)
 
 _DRIVER_VERSION = re.compile(r"^(\d+:)?(\d{3})\.\d+(\.\d+)?(-|$)")
 _NOT_DRIVER = re.compile(r"^(nvidia-container-|libnvidia-container|libnvidia-egl-)")
@@ -63,7 +71,7 @@ _UBUNTU_NAME = re.compile(r"^linux-(modules|objects|signatures)-nvidia-|-server$
 
 # what the host is read with: its files (DriverFiles fact, probe); dpkg's state is DpkgState
 FILES_COMMAND = (
-    f"for f in {' '.join(RUN_FILES)}; do [ -e \"$f\" ] && echo \"file=$f owner=$(dpkg -S \"$f\" 2>/dev/null "
+    f'for f in {" ".join(RUN_FILES)}; do [ -e "$f" ] && echo "file=$f owner=$(dpkg -S "$f" 2>/dev/null '
     "| grep -v '^diversion' | head -n 1 | cut -d: -f1)\"; done; "
     f"[ -f {RUN_LOG} ] && echo \"runlog=$(head -n 1 {RUN_LOG} | tr -d '\\t')\"; true"
 )
@@ -76,18 +84,21 @@ def parse_files(lines: list[str]) -> dict:
     for line in lines:
         line = line.strip()
         if line.startswith("file="):
-            path, _, owner = line[len("file="):].partition(" owner=")
+            path, _, owner = line[len("file=") :].partition(" owner=")
             files[path.strip()] = owner.strip()
         elif line.startswith("runlog="):
-            runlog = line[len("runlog="):].strip()
+            runlog = line[len("runlog=") :].strip()
     return {"files": files, "runlog": runlog}
 
 
 def is_driver_package(name: str, version: str) -> bool:
     if name.startswith("nvidia-driver-pinning-"):  # NVIDIA's pinning package (version <branch>-1)
         return True
-    return ("nvidia" in name or name.startswith(("libcuda", "cuda-drivers"))) and not _NOT_DRIVER.match(name) \
+    return (
+        ("nvidia" in name or name.startswith(("libcuda", "cuda-drivers")))
+        and not _NOT_DRIVER.match(name)
         and _DRIVER_VERSION.match(version) is not None
+    )
 
 
 def upstream(version: str) -> str:
@@ -118,11 +129,11 @@ class Found:
     ``others``: further sources found next to it (a mixed host); ``packages``: {source: [names]}."""
 
     source: str | None = None
-    version: str | None = None          # upstream release of the main source, when known
+    version: str | None = None  # upstream release of the main source, when known
     others: tuple[str, ...] = ()
     packages: dict = field(default_factory=dict)
-    held: tuple[str, ...] = ()          # held driver packages (any source)
-    run_files: tuple[str, ...] = ()     # .run evidence
+    held: tuple[str, ...] = ()  # held driver packages (any source)
+    run_files: tuple[str, ...] = ()  # .run evidence
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -150,8 +161,9 @@ def detect(installed: dict[str, list[str]], held=(), files: dict | None = None) 
     branches = [upstream(v).split(".")[0] for n, vs in driver.items() if n not in HELPERS for v in vs]
     if branches:
         lead = max(set(branches), key=branches.count)
-        driver = {n: vs for n, vs in driver.items()
-                  if n not in HELPERS or any(upstream(v).split(".")[0] == lead for v in vs)}
+        driver = {
+            n: vs for n, vs in driver.items() if n not in HELPERS or any(upstream(v).split(".")[0] == lead for v in vs)
+        }
     by_source: dict[str, list[str]] = {}
     versions: dict[str, list[str]] = {}
     for name in sorted(driver):
@@ -177,8 +189,14 @@ def detect(installed: dict[str, list[str]], held=(), files: dict | None = None) 
     else:
         version = max(versions[main], key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
     held_driver = tuple(sorted(p for p in held if p in driver))
-    return Found(main, version, tuple(s for s in found if s != main), {s: sorted(v) for s, v in by_source.items()},
-                 held_driver, run_files)
+    return Found(
+        main,
+        version,
+        tuple(s for s in found if s != main),
+        {s: sorted(v) for s, v in by_source.items()},
+        held_driver,
+        run_files,
+    )
 
 
 def conflict(found: Found, wanted: str) -> list[str]:
@@ -196,8 +214,9 @@ def removal_commands(found: Found, wanted: str) -> list[str]:
         if RUN_UNINSTALLER in found.run_files:
             cmds.append(f"{RUN_UNINSTALLER} --silent")
         else:  # backup log without its uninstaller: nothing safe to run automatically
-            cmds.append(f"echo 'the .run install has no {RUN_UNINSTALLER}: remove it by hand "
-                        f"(see {RUN_LOG})' >&2; exit 1")
+            cmds.append(
+                f"echo 'the .run install has no {RUN_UNINSTALLER}: remove it by hand (see {RUN_LOG})' >&2; exit 1"
+            )
     names = sorted({p for s in others if s != RUNFILE for p in found.packages.get(s, [])})
     if names:
         held = [p for p in found.held if p in names]
@@ -210,24 +229,33 @@ def removal_commands(found: Found, wanted: str) -> list[str]:
 def migration_help(host: str, found: Found, wanted: str, branch: str) -> str:
     """Why pre-flight refuses, and the exact ways on."""
     what = "; ".join(
-        f"{NAMES[s]}: " + (", ".join(found.run_files) if s == RUNFILE else
-                          ", ".join(found.packages.get(s, [])[:6])
-                          + (f" and {len(found.packages[s]) - 6} more" if len(found.packages.get(s, [])) > 6 else ""))
-        for s in found.sources)
+        f"{NAMES[s]}: "
+        + (
+            ", ".join(found.run_files)
+            if s == RUNFILE
+            else ", ".join(found.packages.get(s, [])[:6])
+            + (f" and {len(found.packages[s]) - 6} more" if len(found.packages.get(s, [])) > 6 else "")
+        )
+        for s in found.sources
+    )
     steps = "; ".join(removal_commands(found, wanted))
-    same = f"set nvidia_driver_source = \"{found.source}\"" if found.source in SUPPORTED and not found.others else None
-    return (f"{host}: the host already has an NVIDIA driver ({found.summary()}) from {what}, but "
-            f"nvidia_driver_source is {wanted!r} (branch {branch}): installing a second source over it ends "
-            "in a driver/library mismatch or held broken packages. Either set nvidia_driver_migrate = True for "
-            "this host (inventory or inventories/group_data/) and the deploy removes it ("
-            f"{steps}), installs {NAMES[wanted]} and reboots once"
-            + (f"; or {same} to keep what it has" if same else "")
-            + "; or remove it by hand and run again (docs/driver-sources.md)")
+    same = f'set nvidia_driver_source = "{found.source}"' if found.source in SUPPORTED and not found.others else None
+    return (
+        f"{host}: the host already has an NVIDIA driver ({found.summary()}) from {what}, but "
+        f"nvidia_driver_source is {wanted!r} (branch {branch}): installing a second source over it ends "
+        "in a driver/library mismatch or held broken packages. Either set nvidia_driver_migrate = True for "
+        "this host (inventory or inventories/group_data/) and the deploy removes it ("
+        f"{steps}), installs {NAMES[wanted]} and reboots once"
+        + (f"; or {same} to keep what it has" if same else "")
+        + "; or remove it by hand and run again (docs/driver-sources.md)"
+    )
 
 
 # `tritonfleet status` (probe): the driver's packages and the .run files, in one section
-PROBE_COMMAND = ("dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 2>/dev/null "
-                 "| grep -E 'nvidia|libcuda|cuda-drivers'; " + FILES_COMMAND)
+PROBE_COMMAND = (
+    "dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 2>/dev/null "
+    "| grep -E 'nvidia|libcuda|cuda-drivers'; " + FILES_COMMAND
+)
 
 
 def parse_probe(lines: list[str]) -> Found:

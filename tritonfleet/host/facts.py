@@ -43,10 +43,10 @@ class RemoteKeyFingerprints(FactBase):
             "t=$(mktemp -d); "
             f"if ! command -v curl >/dev/null || ! command -v gpg >/dev/null; then "
             "echo 'error=curl and gpg are needed on the host (apt-get install curl gnupg)'; "
-            f"elif curl -fsSL --retry 2 --max-time 60 -o \"$t/key\" {u} 2>\"$t/err\"; then "
+            f'elif curl -fsSL --retry 2 --max-time 60 -o "$t/key" {u} 2>"$t/err"; then '
             f"if {trusted_shell(key, fingerprint)}; then echo trusted=yes; fi; "
-            "for f in $found; do echo \"fpr=$f\"; done; "
-            "else echo \"error=$(head -c 300 \"$t/err\" | tr '\\n' ' ')\"; fi; rm -rf \"$t\"; true"
+            'for f in $found; do echo "fpr=$f"; done; '
+            'else echo "error=$(head -c 300 "$t/err" | tr \'\\n\' \' \')"; fi; rm -rf "$t"; true'
         )
 
     def process(self, output):
@@ -69,8 +69,10 @@ DPKG_QUERY = "dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\t${Version}\\n
 # run was cut (apt then refuses with "dpkg was interrupted, you must manually run 'dpkg
 # --configure -a' to correct the problem")
 DPKG_UPDATES = "/var/lib/dpkg/updates"
-DPKG_JOURNAL = (f"for f in {DPKG_UPDATES}/*; do case \"${{f##*/}}\" in *[!0-9]*) ;; *) "
-                "echo \"dpkg-journal=${f##*/}\";; esac; done 2>/dev/null; true")
+DPKG_JOURNAL = (
+    f'for f in {DPKG_UPDATES}/*; do case "${{f##*/}}" in *[!0-9]*) ;; *) '
+    'echo "dpkg-journal=${f##*/}";; esac; done 2>/dev/null; true'
+)
 # package states a cut dpkg run leaves (dpkg-query's status letter): half-installed, unpacked,
 # half-configured, triggers awaited, triggers pending
 UNSETTLED = "HUFWt"
@@ -118,8 +120,10 @@ class FileState(FactBase):
 
     def command(self, path: str) -> str:
         p = q(path)
-        return (f"[ -f {p} ] && stat -L -c 'mode=%a user=%U group=%G' {p} && "
-                f"sha256sum {p} 2>/dev/null | cut -d' ' -f1 || true")
+        return (
+            f"[ -f {p} ] && stat -L -c 'mode=%a user=%U group=%G' {p} && "
+            f"sha256sum {p} 2>/dev/null | cut -d' ' -f1 || true"
+        )
 
     def process(self, output):
         out: dict = {}
@@ -145,13 +149,11 @@ class UnitState(FactBase):
         return {"running": False, "enabled": False}
 
     def command(self, unit: str) -> str:
-        return (f"systemctl show --property SubState --property UnitFileState {q(unit)} "
-                "2>/dev/null || true")
+        return f"systemctl show --property SubState --property UnitFileState {q(unit)} 2>/dev/null || true"
 
     def process(self, output):
         props = dict(line.strip().split("=", 1) for line in output if "=" in line)
-        return {"running": props.get("SubState") in self.RUNNING,
-                "enabled": props.get("UnitFileState") in self.ENABLED}
+        return {"running": props.get("SubState") in self.RUNNING, "enabled": props.get("UnitFileState") in self.ENABLED}
 
 
 class DockerDaemonJson(FactBase):
@@ -216,18 +218,25 @@ class AptSources(FactBase):
     default = list
 
     def command(self) -> str:
-        return ("for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; "
-                "do [ -f \"$f\" ] && echo \"##FILE $f\" && cat \"$f\" && echo; done; true")
+        return (
+            "for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; "
+            'do [ -f "$f" ] && echo "##FILE $f" && cat "$f" && echo; done; true'
+        )
 
     def process(self, output):
         out, current, stanza = [], "", {}
 
         def flush():
             if stanza and "deb" in stanza.get("types", "").split() and stanza.get("enabled", "yes") != "no":
-                out.append({"file": current, "uris": stanza.get("uris", "").split(),
-                            "suites": stanza.get("suites", "").split(),
-                            "components": stanza.get("components", "").split(),
-                            "signed_by": stanza.get("signed-by", "").strip() or None})
+                out.append(
+                    {
+                        "file": current,
+                        "uris": stanza.get("uris", "").split(),
+                        "suites": stanza.get("suites", "").split(),
+                        "components": stanza.get("components", "").split(),
+                        "signed_by": stanza.get("signed-by", "").strip() or None,
+                    }
+                )
             stanza.clear()
 
         for raw in list(output) + [""]:
@@ -253,8 +262,15 @@ class AptSources(FactBase):
                 opts = dict(o.split("=", 1) for o in inner.split() if "=" in o)
                 rest = after.split()
             if len(rest) >= 2:
-                out.append({"file": current, "uris": [rest[0]], "suites": [rest[1]], "components": rest[2:],
-                            "signed_by": opts.get("signed-by")})
+                out.append(
+                    {
+                        "file": current,
+                        "uris": [rest[0]],
+                        "suites": [rest[1]],
+                        "components": rest[2:],
+                        "signed_by": opts.get("signed-by"),
+                    }
+                )
         return out
 
 

@@ -44,7 +44,7 @@ def depends_command(image: str) -> str:
     host's GPUs and driver (the query's output in $q), the toolkit, Docker and containerd
     packages, daemon.json and the test image."""
     return (
-        "{ echo \"$q\"; cat /proc/sys/kernel/random/boot_id; "
+        '{ echo "$q"; cat /proc/sys/kernel/random/boot_id; '
         "dpkg-query -W -f '${Package}=${Version}\\n' 'nvidia-container-*' 'libnvidia-container*' "
         "docker-ce docker.io 'containerd*' 2>/dev/null; cat /etc/docker/daemon.json 2>/dev/null; "
         f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null; }} "
@@ -53,18 +53,23 @@ def depends_command(image: str) -> str:
 
 
 def _host_part(query: str, smi: str) -> str:
-    host_query = query if smi == "nvidia-smi" or not query.startswith("nvidia-smi ") \
-        else smi + query[len("nvidia-smi"):]
+    host_query = (
+        query if smi == "nvidia-smi" or not query.startswith("nvidia-smi ") else smi + query[len("nvidia-smi") :]
+    )
     # the host's part also reads the GPU record and the kernel module's flavour (installed: modinfo;
     # loaded: /proc)
-    return (f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({host_query} 2>&1); echo \"$q\"; "
-            f"echo {SECTION}; {smi} 2>&1; {kmod.COMMAND}; echo {SECTION}; ")
+    return (
+        f"sed 's/^/{RECORD_PREFIX}/' {RECORD} 2>/dev/null; q=$({host_query} 2>&1); echo \"$q\"; "
+        f"echo {SECTION}; {smi} 2>&1; {kmod.COMMAND}; echo {SECTION}; "
+    )
 
 
 def _cached(image: str, otherwise: str) -> str:
-    return (f"k=$({depends_command(image)}); "
-            f"if [ \"$(head -n 1 {STAMP} 2>/dev/null)\" = \"key=$k\" ]; then tail -n +2 {STAMP}; "
-            f"echo {SECTION}; echo cached; else {otherwise}; fi")
+    return (
+        f"k=$({depends_command(image)}); "
+        f'if [ "$(head -n 1 {STAMP} 2>/dev/null)" = "key=$k" ]; then tail -n +2 {STAMP}; '
+        f"echo {SECTION}; echo cached; else {otherwise}; fi"
+    )
 
 
 def probe_command(image: str, query: str = QUERY, mode: str = "always", smi: str = "nvidia-smi") -> str:
@@ -79,7 +84,7 @@ def probe_command(image: str, query: str = QUERY, mode: str = "always", smi: str
     run = f"{container_prefix(image)}sh -c {inner} 2>&1"
     if mode == "always":
         return f"{_host_part(query, smi)}{run}"
-    return _host_part(query, smi) + _cached(image, f"{run}; echo {SECTION}; echo \"key=$k\"")
+    return _host_part(query, smi) + _cached(image, f'{run}; echo {SECTION}; echo "key=$k"')
 
 
 class GpuProbe(FactBase):
@@ -101,17 +106,24 @@ class GpuProbe(FactBase):
         """[(fact class, kwargs, value)] read from the same answer: the GPU record and the kernel
         module always; NvidiaGpus and the driver version when the query answered (an old driver
         without compute_cap, or one that fails, is read on its own, as before)."""
-        record = [ln[len(RECORD_PREFIX):] for ln in lines if ln.startswith(RECORD_PREFIX)]
+        record = [ln[len(RECORD_PREFIX) :] for ln in lines if ln.startswith(RECORD_PREFIX)]
         rest = [ln for ln in lines if not ln.startswith(RECORD_PREFIX)]
         parts = split_sections(rest, 2)
         query_lines, (_, kmod_lines) = parts[0], kmod.split(parts[1])
-        out: list[tuple] = [(gpufacts.GpuRecord, {}, parse_record(record)),
-                            (Command, {"command": kmod.COMMAND}, "\n".join(kmod_lines) or None)]
+        out: list[tuple] = [
+            (gpufacts.GpuRecord, {}, parse_record(record)),
+            (Command, {"command": kmod.COMMAND}, "\n".join(kmod_lines) or None),
+        ]
         info = gpufacts.parse_query(query_lines)
         if info.ok:
-            out += [(gpufacts.NvidiaGpus, {"smi": smi}, info),
-                    (Command, {"command": gpufacts.driver_version_command(smi)},
-                     "\n".join(g.driver_version or "" for g in info.gpus))]
+            out += [
+                (gpufacts.NvidiaGpus, {"smi": smi}, info),
+                (
+                    Command,
+                    {"command": gpufacts.driver_version_command(smi)},
+                    "\n".join(g.driver_version or "" for g in info.gpus),
+                ),
+            ]
         return out
 
 

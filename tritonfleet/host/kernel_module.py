@@ -30,9 +30,11 @@ FLAVOURS = ("open", "proprietary")
 OPEN_DEFAULT_FROM = 560
 MARK = "kmod:"
 # one read-only command; every line starts with MARK so it can share a command's output
-COMMAND = ("echo \"kmod:license=$(modinfo -F license nvidia 2>/dev/null | head -n 1)\"; "
-           "echo \"kmod:version=$(modinfo -F version nvidia 2>/dev/null | head -n 1)\"; "
-           "echo \"kmod:proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)\"")
+COMMAND = (
+    'echo "kmod:license=$(modinfo -F license nvidia 2>/dev/null | head -n 1)"; '
+    'echo "kmod:version=$(modinfo -F version nvidia 2>/dev/null | head -n 1)"; '
+    'echo "kmod:proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"'
+)
 
 _PROC = re.compile(r"NVRM version:\s*NVIDIA UNIX\s+(?P<open>Open\s+Kernel\s+Module)?", re.IGNORECASE)
 _PROC_VERSION = re.compile(r"\s(\d+\.\d+(?:\.\d+)?)\s")
@@ -78,11 +80,11 @@ def proc_version(text: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class ModuleState:
-    installed: str | None   # flavour of the module modinfo finds (None: none installed, or unknown)
-    loaded: str | None      # flavour of the loaded module (None: none loaded)
-    license: str = ""       # what modinfo said
-    version: str = ""       # the installed module's version (modinfo)
-    proc: str = ""          # /proc/driver/nvidia/version's first line
+    installed: str | None  # flavour of the module modinfo finds (None: none installed, or unknown)
+    loaded: str | None  # flavour of the loaded module (None: none loaded)
+    license: str = ""  # what modinfo said
+    version: str = ""  # the installed module's version (modinfo)
+    proc: str = ""  # /proc/driver/nvidia/version's first line
 
     def summary(self) -> str:
         if not self.installed and not self.loaded:
@@ -110,11 +112,12 @@ def parse(lines) -> ModuleState:
         s = str(line).strip()
         if not s.startswith(MARK):
             continue
-        key, _, val = s[len(MARK):].partition("=")
+        key, _, val = s[len(MARK) :].partition("=")
         if key in got:
             got[key] = val.strip()
-    return ModuleState(from_license(got["license"]), from_proc(got["proc"]), got["license"], got["version"],
-                       got["proc"])
+    return ModuleState(
+        from_license(got["license"]), from_proc(got["proc"]), got["license"], got["version"], got["proc"]
+    )
 
 
 def split(lines) -> tuple[list[str], list[str]]:

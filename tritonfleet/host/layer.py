@@ -95,31 +95,60 @@ KERNEL_MODULE_COMMAND = KMOD_COMMAND
 
 def driver_facts(settings: Settings) -> list[tuple]:
     """What the driver step reads on a converged host: one remote command (memo.prefetch)."""
-    return [(SecureBoot, {}), (LinuxDistribution, {}), (Arch, {}), (KernelVersion, {}), (DpkgState, {}),
-            (KeyringFingerprints, {"path": CUDA_KEYRING}), (FileState, {"path": source_path("cuda")}),
-            (FileState, {"path": NOUVEAU_FILE}), (FileState, {"path": DRIVER_PIN_FILE}),
-            (FileState, {"path": UNATTENDED_FILE}), (UnitState, {"unit": "nvidia-persistenced.service"}),
-            (FileState, {"path": PERSISTENCE_DROPIN}), (AptSources, {}), (DriverFiles, {}),
-            (FileState, {"path": NONFREE_FILE}),
-            (Command, {"command": driver_version_command(settings)}),
-            (Command, {"command": persistence_command(settings)}),
-            (Command, {"command": KERNEL_MODULE_COMMAND})]
+    return [
+        (SecureBoot, {}),
+        (LinuxDistribution, {}),
+        (Arch, {}),
+        (KernelVersion, {}),
+        (DpkgState, {}),
+        (KeyringFingerprints, {"path": CUDA_KEYRING}),
+        (FileState, {"path": source_path("cuda")}),
+        (FileState, {"path": NOUVEAU_FILE}),
+        (FileState, {"path": DRIVER_PIN_FILE}),
+        (FileState, {"path": UNATTENDED_FILE}),
+        (UnitState, {"unit": "nvidia-persistenced.service"}),
+        (FileState, {"path": PERSISTENCE_DROPIN}),
+        (AptSources, {}),
+        (DriverFiles, {}),
+        (FileState, {"path": NONFREE_FILE}),
+        (Command, {"command": driver_version_command(settings)}),
+        (Command, {"command": persistence_command(settings)}),
+        (Command, {"command": KERNEL_MODULE_COMMAND}),
+    ]
 
 
 def docker_facts(settings: Settings) -> list[tuple]:
     """What the Docker step reads on a converged host."""
-    return [(DpkgState, {}), (UnitState, {"unit": "docker.service"}), (LinuxDistribution, {}), (Arch, {}),
-            *([(KeyringFingerprints, {"path": DOCKER_KEYRING}), (FileState, {"path": source_path("docker")}),
-               (FileState, {"path": DOCKER_PIN_FILE})] if settings.get("docker_source") == "docker" else [])]
+    return [
+        (DpkgState, {}),
+        (UnitState, {"unit": "docker.service"}),
+        (LinuxDistribution, {}),
+        (Arch, {}),
+        *(
+            [
+                (KeyringFingerprints, {"path": DOCKER_KEYRING}),
+                (FileState, {"path": source_path("docker")}),
+                (FileState, {"path": DOCKER_PIN_FILE}),
+            ]
+            if settings.get("docker_source") == "docker"
+            else []
+        ),
+    ]
 
 
 def toolkit_facts() -> list[tuple]:
     """What the Container Toolkit step reads on a converged host."""
-    return [(Arch, {}), (DpkgState, {}), (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
-            (FileState, {"path": source_path("nvidia-container-toolkit")}),
-            (FileState, {"path": TOOLKIT_PIN_FILE}), (DockerDaemonJson, {}),
-            (Command, {"command": HOOK_COMMAND}), (FileState, {"path": guard.UDEV_RULE_PATH}),
-            (Command, {"command": guard.DEVCHAR_COMMAND})]
+    return [
+        (Arch, {}),
+        (DpkgState, {}),
+        (KeyringFingerprints, {"path": TOOLKIT_KEYRING}),
+        (FileState, {"path": source_path("nvidia-container-toolkit")}),
+        (FileState, {"path": TOOLKIT_PIN_FILE}),
+        (DockerDaemonJson, {}),
+        (Command, {"command": HOOK_COMMAND}),
+        (FileState, {"path": guard.UDEV_RULE_PATH}),
+        (Command, {"command": guard.DEVCHAR_COMMAND}),
+    ]
 
 
 def host_layer_facts(settings: Settings) -> list[tuple]:
@@ -129,6 +158,7 @@ def host_layer_facts(settings: Settings) -> list[tuple]:
 
 
 # --------------------------------------------------------------------------- driver source
+
 
 def existing_driver() -> driver_source.Found:
     """The driver the host has now and where it came from (read before any operation ran)."""
@@ -141,8 +171,9 @@ def wanted_source(settings: Settings) -> str:
     source = settings.get("nvidia_driver_source")
     if source not in driver_source.SUPPORTED:
         raise ConfigError(
-            f"{host.name}: nvidia_driver_source must be \"cuda\" (NVIDIA's CUDA repository) or \"debian\" "
-            f"(Debian's own packages), not {source!r} (inventory or inventories/group_data/)")
+            f'{host.name}: nvidia_driver_source must be "cuda" (NVIDIA\'s CUDA repository) or "debian" '
+            f"(Debian's own packages), not {source!r} (inventory or inventories/group_data/)"
+        )
     return source
 
 
@@ -156,18 +187,24 @@ def driver_repo(settings: Settings) -> str:
         if archive is None or nvidia_repos.family(archive) != "debian":
             known = ", ".join(a.removesuffix("-archive") for a in nvidia_repos.archives())
             raise ConfigError(
-                f"{host.name}: nvidia_driver_source = \"debian\" installs Debian's own nvidia-driver ({known}), "
-                f"but this host is {distro}: set nvidia_driver_source = \"cuda\" for it (inventory or "
-                "inventories/group_data/)")
+                f'{host.name}: nvidia_driver_source = "debian" installs Debian\'s own nvidia-driver ({known}), '
+                f'but this host is {distro}: set nvidia_driver_source = "cuda" for it (inventory or '
+                "inventories/group_data/)"
+            )
         return archive
     if distro not in nvidia_repos.DISTROS:
         own = nvidia_repos.archive_of(distro)
         raise ConfigError(
             f"{host.name}: tritonfleet has no facts of NVIDIA's CUDA repository for {distro} (known: "
             f"{', '.join(nvidia_repos.DISTROS)}; docs/driver-sources.md says what is known of it)"
-            + (f": set nvidia_driver_source = \"debian\" for this host (its distro's own driver, "
-               f"{nvidia_repos.release(own, nvidia_repos.branches(own)[-1])}) in the inventory or "
-               "inventories/group_data/" if own else ""))
+            + (
+                f': set nvidia_driver_source = "debian" for this host (its distro\'s own driver, '
+                f"{nvidia_repos.release(own, nvidia_repos.branches(own)[-1])}) in the inventory or "
+                "inventories/group_data/"
+                if own
+                else ""
+            )
+        )
     return distro
 
 
@@ -196,6 +233,7 @@ def driver_source_problem(settings: Settings) -> str | None:
 
 # --------------------------------------------------------------------------- driver branch
 
+
 def driver_branch(settings: Settings) -> str:
     """The driver branch for this host: nvidia_driver_branch, else the distro's default."""
     branch = settings.get("nvidia_driver_branch")
@@ -207,7 +245,8 @@ def driver_branch(settings: Settings) -> str:
         raise ConfigError(
             f"{host.name}: no driver branch for {distro}: set nvidia_driver_branch (inventory or "
             f"inventories/group_data/<class>.py), or add {distro} to nvidia_driver_branch_default "
-            "(inventories/group_data/all.py)")
+            "(inventories/group_data/all.py)"
+        )
     return str(defaults[distro])
 
 
@@ -217,8 +256,10 @@ def kernel_module(settings: Settings) -> str:
     flavour = settings.get("nvidia_kernel_module")
     if flavour:
         if flavour not in FLAVOURS:
-            raise ConfigError(f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} "
-                                     f"or None, not {flavour!r} (inventories/group_data/<class>.py)")
+            raise ConfigError(
+                f"{host.name}: nvidia_kernel_module must be one of {', '.join(FLAVOURS)} "
+                f"or None, not {flavour!r} (inventories/group_data/<class>.py)"
+            )
         return str(flavour)
     return default_flavour(driver_branch(settings))
 
@@ -242,13 +283,19 @@ def driver_version_problem(settings: Settings, distro: str, branch: str) -> str 
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", upstream or ""):
         return f"nvidia_driver_version {version!r} is not a driver version (e.g. {shape['example'].split('-')[0]})"
     if upstream.split(".")[0] != branch:
-        return (f"nvidia_driver_version {version} is not a release of branch {branch} "
-                f"(set nvidia_driver_branch = \"{upstream.split('.')[0]}\", or a {branch}.x version)")
-    if "-" in version and not (nvidia_repos.version_matches(distro, version, "metapackage")
-                               or nvidia_repos.version_matches(distro, version, "driver")):
-        return (f"nvidia_driver_version {version} does not have the shape of {distro}'s package versions "
-                f"(driver packages like {shape['example']}): it would pin nothing there; give the upstream "
-                f"release {upstream} and the deploy pins every package of that release")
+        return (
+            f"nvidia_driver_version {version} is not a release of branch {branch} "
+            f'(set nvidia_driver_branch = "{upstream.split(".")[0]}", or a {branch}.x version)'
+        )
+    if "-" in version and not (
+        nvidia_repos.version_matches(distro, version, "metapackage")
+        or nvidia_repos.version_matches(distro, version, "driver")
+    ):
+        return (
+            f"nvidia_driver_version {version} does not have the shape of {distro}'s package versions "
+            f"(driver packages like {shape['example']}): it would pin nothing there; give the upstream "
+            f"release {upstream} and the deploy pins every package of that release"
+        )
     return None
 
 

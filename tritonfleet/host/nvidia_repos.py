@@ -54,8 +54,10 @@ def load(name: str) -> dict:
         path = ARCHIVES / f"{name}.toml"
     if not path.is_file():
         known = ", ".join(DISTROS)
-        raise UnknownDistro(f"no facts about NVIDIA's CUDA repository for {name!r} (known: {known}; "
-                            f"they live in {DATA.relative_to(DATA.parents[2])}/<distro>.toml)")
+        raise UnknownDistro(
+            f"no facts about NVIDIA's CUDA repository for {name!r} (known: {known}; "
+            f"they live in {DATA.relative_to(DATA.parents[2])}/<distro>.toml)"
+        )
     raw = tomllib.loads(path.read_text())
     facts = {}
     for f in raw.get("fact", []):
@@ -172,14 +174,18 @@ def unconfirmed(name: str) -> list[tuple[str, str]]:
 
 
 def table() -> str:
-    rows = ["| distro | branches in NVIDIA's repository | metapackage | pinning package | version shape (driver) |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| distro | branches in NVIDIA's repository | metapackage | pinning package | version shape (driver) |",
+        "|---|---|---|---|---|",
+    ]
     for d in DISTROS:
         bs = branches(d)
         pin = value(d, "pinning_package")
-        rows.append(f"| {d} | {bs[0]}-{bs[-1]} ({', '.join(bs)}) | `{value(d, 'metapackage')['template']}` "
-                    f"(from {value(d, 'metapackage')['unversioned_from']}: `cuda-drivers`) | "
-                    f"`{pin['template']}` from {pin['from_branch']} | `{version_shape(d)['example']}` |")
+        rows.append(
+            f"| {d} | {bs[0]}-{bs[-1]} ({', '.join(bs)}) | `{value(d, 'metapackage')['template']}` "
+            f"(from {value(d, 'metapackage')['unversioned_from']}: `cuda-drivers`) | "
+            f"`{pin['template']}` from {pin['from_branch']} | `{version_shape(d)['example']}` |"
+        )
     return "\n".join(rows)
 
 

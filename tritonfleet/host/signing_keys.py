@@ -36,8 +36,9 @@ def primary_fingerprints_shell(path: str) -> str:
 def trusted_shell(path: str, fingerprint: str) -> str:
     """Shell that sets ``found`` to the primary-key fingerprints of ``path`` (space-separated)
     and exits 0 only when ``path`` holds exactly one primary key, the pinned one."""
-    return (f"found=$(echo $({primary_fingerprints_shell(path)})); "
-            f"[ \"$found\" = {q(normalize_fingerprint(fingerprint))} ]")
+    return (
+        f'found=$(echo $({primary_fingerprints_shell(path)})); [ "$found" = {q(normalize_fingerprint(fingerprint))} ]'
+    )
 
 
 def trusted(found: list[str], fingerprint: str) -> bool:

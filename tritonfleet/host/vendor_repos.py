@@ -36,13 +36,13 @@ def source_path(name: str) -> str:
 class VendorRepo:
     """One vendor repository as a host trusts it."""
 
-    what: str                 # "CUDA repository": in messages and in the apt update's name
-    key_name: str             # the name of the operation that installs its key
-    source: str               # its apt source file: source_path(source)
-    line: str                 # the apt source line (deb [signed-by=keyring] ...)
-    keyring: str              # where the pinned key is installed
-    key_url: str              # where the host fetches the key
-    fingerprint: str          # the pinned fingerprint
+    what: str  # "CUDA repository": in messages and in the apt update's name
+    key_name: str  # the name of the operation that installs its key
+    source: str  # its apt source file: source_path(source)
+    line: str  # the apt source line (deb [signed-by=keyring] ...)
+    keyring: str  # where the pinned key is installed
+    key_url: str  # where the host fetches the key
+    fingerprint: str  # the pinned fingerprint
     fingerprint_tunable: str  # the tunable that pins it
 
     @property
@@ -90,7 +90,8 @@ def docker_distro() -> tuple[str, str]:
     if distro not in ("ubuntu", "debian") or not codename:
         raise ConfigError(
             f"{host.name}: Docker's repository needs Ubuntu or Debian with a VERSION_CODENAME in "
-            f"/etc/os-release (found {d.get('name')!r} {codename!r}); or set docker_source = \"distro\"")
+            f'/etc/os-release (found {d.get("name")!r} {codename!r}); or set docker_source = "distro"'
+        )
     return distro, codename
 
 
@@ -109,30 +110,52 @@ def docker_key_url(settings: Settings) -> str:
 
 
 def cuda(settings: Settings) -> VendorRepo:
-    return VendorRepo("CUDA repository", "CUDA repository signing key (fingerprint checked)", "cuda",
-                      f"deb [signed-by={CUDA_KEYRING}] {cuda_base_url(settings)}/ /", CUDA_KEYRING, cuda_key_url(settings),
-                      settings.get("cuda_repo_key_fingerprint"), "cuda_repo_key_fingerprint")
+    return VendorRepo(
+        "CUDA repository",
+        "CUDA repository signing key (fingerprint checked)",
+        "cuda",
+        f"deb [signed-by={CUDA_KEYRING}] {cuda_base_url(settings)}/ /",
+        CUDA_KEYRING,
+        cuda_key_url(settings),
+        settings.get("cuda_repo_key_fingerprint"),
+        "cuda_repo_key_fingerprint",
+    )
 
 
 def docker(settings: Settings) -> VendorRepo:
     distro, codename = docker_distro()
     url = settings.get("docker_repo_url").rstrip("/")
-    return VendorRepo("Docker repository", "Docker repository signing key (fingerprint checked)", "docker",
-                      f"deb [arch={deb_arch()} signed-by={DOCKER_KEYRING}] {url}/{distro} {codename} stable",
-                      DOCKER_KEYRING, docker_key_url(settings), settings.get("docker_repo_key_fingerprint"),
-                      "docker_repo_key_fingerprint")
+    return VendorRepo(
+        "Docker repository",
+        "Docker repository signing key (fingerprint checked)",
+        "docker",
+        f"deb [arch={deb_arch()} signed-by={DOCKER_KEYRING}] {url}/{distro} {codename} stable",
+        DOCKER_KEYRING,
+        docker_key_url(settings),
+        settings.get("docker_repo_key_fingerprint"),
+        "docker_repo_key_fingerprint",
+    )
 
 
 def container_toolkit(settings: Settings) -> VendorRepo:
     url = settings.get("container_toolkit_repo_url").rstrip("/")
-    return VendorRepo("Container Toolkit repository", "Container Toolkit signing key (fingerprint checked)",
-                      "nvidia-container-toolkit", f"deb [signed-by={TOOLKIT_KEYRING}] {url}/{deb_arch()} /",
-                      TOOLKIT_KEYRING, settings.get("container_toolkit_key_url"),
-                      settings.get("container_toolkit_key_fingerprint"), "container_toolkit_key_fingerprint")
+    return VendorRepo(
+        "Container Toolkit repository",
+        "Container Toolkit signing key (fingerprint checked)",
+        "nvidia-container-toolkit",
+        f"deb [signed-by={TOOLKIT_KEYRING}] {url}/{deb_arch()} /",
+        TOOLKIT_KEYRING,
+        settings.get("container_toolkit_key_url"),
+        settings.get("container_toolkit_key_fingerprint"),
+        "container_toolkit_key_fingerprint",
+    )
 
 
 def repos(settings: Settings) -> list[VendorRepo]:
     """Every vendor repository this host trusts, in the order the deploy installs them."""
     driver = [] if settings.get("nvidia_driver_source") == "debian" else [cuda(settings)]  # Debian's own keyring
-    return [*driver, *([docker(settings)] if settings.get("docker_source") == "docker" else []),
-            container_toolkit(settings)]
+    return [
+        *driver,
+        *([docker(settings)] if settings.get("docker_source") == "docker" else []),
+        container_toolkit(settings),
+    ]

@@ -51,12 +51,28 @@ class InventoryError(FleetError, UsageError):
 #: What running an inventory or group data file (Python, the operator's own) can raise for a
 #: mistake in it: named here so the mistake is reported as one line naming the file and line,
 #: never as a traceback. pyinfra's own inventory errors are added in load_inventory.
-FILE_ERRORS = (SyntaxError, NameError, ImportError, AttributeError, TypeError, ValueError,
-               LookupError, ArithmeticError, AssertionError, OSError, RecursionError)
+FILE_ERRORS = (
+    SyntaxError,
+    NameError,
+    ImportError,
+    AttributeError,
+    TypeError,
+    ValueError,
+    LookupError,
+    ArithmeticError,
+    AssertionError,
+    OSError,
+    RecursionError,
+)
 
 #: Imports that make a file a deploy (steps, operations), not an inventory.
-DEPLOY_MODULES = ("pyinfra.operations", "tritonfleet.steps", "tritonfleet.preflight",
-                  "tritonfleet.pyinfra_ext.install", "pyinfra.api.deploy")
+DEPLOY_MODULES = (
+    "pyinfra.operations",
+    "tritonfleet.steps",
+    "tritonfleet.preflight",
+    "tritonfleet.pyinfra_ext.install",
+    "pyinfra.api.deploy",
+)
 
 
 def deploy_imports(path: str | os.PathLike) -> list[str]:
@@ -65,15 +81,21 @@ def deploy_imports(path: str | os.PathLike) -> list[str]:
     try:
         tree = ast.parse(Path(path).read_bytes(), filename=str(path))
     except SyntaxError as e:
-        raise InventoryError(f"{path}:{e.lineno or '?'}: {e.msg}: not a Python file pyinfra can read "
-                             "(fix the line, or give another file)") from None
+        raise InventoryError(
+            f"{path}:{e.lineno or '?'}: {e.msg}: not a Python file pyinfra can read "
+            "(fix the line, or give another file)"
+        ) from None
     except (OSError, ValueError) as e:
         raise InventoryError(f"{path}: cannot be read: {e}") from None
     found = []
     for node in tree.body:
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                 else [f"{node.module}"] + [f"{node.module}.{a.name}" for a in node.names]
-                 if isinstance(node, ast.ImportFrom) and node.module else [])
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [f"{node.module}"] + [f"{node.module}.{a.name}" for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.module
+            else []
+        )
         for name in names:
             if name.startswith(DEPLOY_MODULES) and name not in found:
                 found.append(name)
@@ -86,9 +108,14 @@ def check_deploy_file(deploy: str | os.PathLike) -> None:
     "No deploy file" ends as hosts that failed)."""
     path = Path(deploy)
     if not path.is_file():
-        raise InventoryError(f"deploy {deploy} not found in {Path.cwd()}" + (
-            " (a directory: give the deploy file in it, e.g. deploys/triton.py)" if path.is_dir() else
-            ": run tritonfleet from the repository's root, or give the deploy's path"))
+        raise InventoryError(
+            f"deploy {deploy} not found in {Path.cwd()}"
+            + (
+                " (a directory: give the deploy file in it, e.g. deploys/triton.py)"
+                if path.is_dir()
+                else ": run tritonfleet from the repository's root, or give the deploy's path"
+            )
+        )
 
 
 def looks_like_inventory(path: str | os.PathLike) -> bool:
@@ -156,8 +183,9 @@ def _state():
     return state
 
 
-def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
-                   limit: Iterable[str] | None = None) -> list[FleetHost]:
+def load_inventory(
+    inventory: str | os.PathLike, data: dict | None = None, limit: Iterable[str] | None = None
+) -> list[FleetHost]:
     """Hosts of ``inventory`` in inventory order, with the data pyinfra would give them
     (``data`` plays the part of ``--data``) over the package's defaults (tritonfleet/settings/defaults.py,
     the lowest layer, as tritonfleet.settings.access reads them in a deploy; pyinfra's own connection
@@ -170,13 +198,17 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
 
     path = Path(inventory)
     if not path.is_file():
-        raise InventoryError(f"inventory {inventory} not found" + (
-            " (a directory: give the inventory file in it, e.g. inventories/prod.py)" if path.is_dir() else ""))
+        raise InventoryError(
+            f"inventory {inventory} not found"
+            + (" (a directory: give the inventory file in it, e.g. inventories/prod.py)" if path.is_dir() else "")
+        )
     steps = deploy_imports(path)
     if steps:
-        raise InventoryError(f"{inventory} is a deploy file, not an inventory (it imports {steps[0]}): give the "
-                             "inventory (e.g. inventories/prod.py) here, and the deploy where the command "
-                             "takes one (tritonfleet rollout INVENTORY DEPLOY)")
+        raise InventoryError(
+            f"{inventory} is a deploy file, not an inventory (it imports {steps[0]}): give the "
+            "inventory (e.g. inventories/prod.py) here, and the deploy where the command "
+            "takes one (tritonfleet rollout INVENTORY DEPLOY)"
+        )
     state = _state()
     quiet_relaxed_host_keys()  # this command's own connections (tritonfleet.pyinfra_ext.connection)
     _pyinfra_checked()
@@ -191,12 +223,15 @@ def load_inventory(inventory: str | os.PathLike, data: dict | None = None,
     except FILE_ERRORS as e:  # compiling them: syntax errors are not wrapped
         raise InventoryError(f"inventory {inventory}: {_file_error(str(inventory), e)}") from None
     if not len(inv):
-        raise InventoryError(f"inventory {inventory} has no hosts: a group is a list of host names or "
-                             "(name, data) pairs, e.g. t4 = [(\"triton-t4-01\", {\"ssh_hostname\": \"10.0.0.11\"})]")
+        raise InventoryError(
+            f"inventory {inventory} has no hosts: a group is a list of host names or "
+            '(name, data) pairs, e.g. t4 = [("triton-t4-01", {"ssh_hostname": "10.0.0.11"})]'
+        )
     check_groups(inv, str(inventory))
     targets = select(list(inv), limit, str(inventory))
-    settings_check.check_hosts(targets, settings_check.ValueSources(inv, str(inventory), settings_check.group_dirs(
-        str(path))), GPU_CLASSES)
+    settings_check.check_hosts(
+        targets, settings_check.ValueSources(inv, str(inventory), settings_check.group_dirs(str(path))), GPU_CLASSES
+    )
     inv.data = {**copy.deepcopy(DEFAULTS), **(inv.data or {})}
     state.init(inv, state.config)
     tune_state(state)  # TCP_NODELAY on every connection run() opens (tritonfleet.pyinfra_ext.connection)
@@ -221,8 +256,9 @@ def check_groups(inv, inventory: str) -> None:
         # (pyinfra lists a connector host's groups twice, "@local" among them: not the operator's doing)
         twice = sorted({g for g in h.groups if h.groups.count(g) > 1}) if not h.name.startswith("@") else []
         if twice:
-            problems.append(f"{h.name} is listed more than once in group {', '.join(twice)}: list it once "
-                            "(its data in one entry)")
+            problems.append(
+                f"{h.name} is listed more than once in group {', '.join(twice)}: list it once (its data in one entry)"
+            )
         if "gpu_class" in (inv.get_host_data(h.name) or {}):
             continue
         classes: dict[str, list[str]] = {}
@@ -232,8 +268,10 @@ def check_groups(inv, inventory: str) -> None:
                 classes.setdefault(str(value).upper(), []).append(g)
         if len(classes) > 1:
             shown = "; ".join(f"{', '.join(gs)}: gpu_class {c!r}" for c, gs in classes.items())
-            problems.append(f"{h.name} is in groups with different GPU classes ({shown}): keep it in one of them, "
-                            "or set gpu_class in its own data")
+            problems.append(
+                f"{h.name} is in groups with different GPU classes ({shown}): keep it in one of them, "
+                "or set gpu_class in its own data"
+            )
     problems += _conflicting_entries(inventory)
     if problems:
         raise InventoryError(f"inventory {inventory}: " + "; ".join(problems))
@@ -261,17 +299,26 @@ def _conflicting_entries(inventory: str) -> list[str]:
                 entry = ast.literal_eval(elt)
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 continue
-            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
+            if (
+                isinstance(entry, tuple)
+                and len(entry) == 2
+                and isinstance(entry[0], str)
+                and isinstance(entry[1], dict)
+            ):
                 seen.setdefault(entry[0], []).append((group, entry[1]))
     out = []
     for name, entries in seen.items():
         for i, (g1, d1) in enumerate(entries):
-            clash = next(((g2, k, d2[k]) for g2, d2 in entries[i + 1:] for k in d1
-                          if g2 != g1 and k in d2 and d1[k] != d2[k]), None)
+            clash = next(
+                ((g2, k, d2[k]) for g2, d2 in entries[i + 1 :] for k in d1 if g2 != g1 and k in d2 and d1[k] != d2[k]),
+                None,
+            )
             if clash:
                 g2, key, other = clash
-                out.append(f"{name} is listed in groups {g1} and {g2} with different {key} ({d1[key]!r} and "
-                           f"{other!r}): give its data in one entry")
+                out.append(
+                    f"{name} is listed in groups {g1} and {g2} with different {key} ({d1[key]!r} and "
+                    f"{other!r}): give its data in one entry"
+                )
                 break
     return out
 
@@ -281,8 +328,11 @@ def select(hosts: list, limit: Iterable[str] | None, inventory: str) -> list:
     if not limit:
         return hosts
     patterns = [p for item in limit for p in str(item).split(",") if p]
-    out = [h for h in hosts if any(fnmatch.fnmatch(h.name, p) or any(fnmatch.fnmatch(g, p) for g in h.groups)
-                                   for p in patterns)]
+    out = [
+        h
+        for h in hosts
+        if any(fnmatch.fnmatch(h.name, p) or any(fnmatch.fnmatch(g, p) for g in h.groups) for p in patterns)
+    ]
     if not out:
         raise InventoryError(f"--limit {','.join(patterns)} matches no host of {inventory}")
     return out
@@ -309,15 +359,17 @@ def run(fh: FleetHost, command: str, timeout: float = 60) -> tuple[bool, str]:
     if not h.connected:
         h.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
     try:
-        ok, out = h.run_shell_command(command, _timeout=timeout, _sudo=bool(fh.get("_sudo")),
-                                      print_output=False, print_input=False)
+        ok, out = h.run_shell_command(
+            command, _timeout=timeout, _sudo=bool(fh.get("_sudo")), print_output=False, print_input=False
+        )
     except CONNECTION_ERRORS:
         if not stale:
             raise
         disconnect(fh)  # that connection died with the host's reboot: one new one, once
         h.connect(reason="tritonfleet", show_errors=False, raise_exceptions=True)
-        ok, out = h.run_shell_command(command, _timeout=timeout, _sudo=bool(fh.get("_sudo")),
-                                      print_output=False, print_input=False)
+        ok, out = h.run_shell_command(
+            command, _timeout=timeout, _sudo=bool(fh.get("_sudo")), print_output=False, print_input=False
+        )
     return ok, "\n".join(out.stdout_lines + out.stderr_lines)
 
 

@@ -92,35 +92,54 @@ def scan(repo: str | os.PathLike) -> tuple[list[Entry], list[Refusal]]:
             try:
                 name.encode("utf-8")
             except UnicodeEncodeError:
-                refuse(here.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), "file-name",
-                       "the name is not UTF-8: rename it")
+                refuse(
+                    here.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                    "file-name",
+                    "the name is not UTF-8: rename it",
+                )
                 continue
             if "\n" in name or "\r" in name:
-                refuse(here.replace("\n", "\\n").replace("\r", "\\r"), "file-name",
-                       "the name holds a line break: rename it")
+                refuse(
+                    here.replace("\n", "\\n").replace("\r", "\\r"),
+                    "file-name",
+                    "the name holds a line break: rename it",
+                )
                 continue
             if not rel and name.startswith(RESERVED_PREFIX):
-                refuse(here, "file-name", f"names starting with {RESERVED_PREFIX} at the top of the repository "
-                                          "are kept for the release record on the host: rename it")
+                refuse(
+                    here,
+                    "file-name",
+                    f"names starting with {RESERVED_PREFIX} at the top of the repository "
+                    "are kept for the release record on the host: rename it",
+                )
                 continue
             if path.is_symlink():
                 target = os.readlink(path)
                 if os.path.isabs(target):
-                    refuse(here, "unsafe-path",
-                           f"symlink to the absolute path {target}: on another machine or checkout it points "
-                           "elsewhere; use a relative link inside the repository, or a copy")
+                    refuse(
+                        here,
+                        "unsafe-path",
+                        f"symlink to the absolute path {target}: on another machine or checkout it points "
+                        "elsewhere; use a relative link inside the repository, or a copy",
+                    )
                     continue
                 real = Path(os.path.realpath(path))
                 if real != root and root not in real.parents:
-                    refuse(here, "unsafe-path",
-                           f"symlink {target} points outside the repository ({real}): copy the file in")
+                    refuse(
+                        here,
+                        "unsafe-path",
+                        f"symlink {target} points outside the repository ({real}): copy the file in",
+                    )
                     continue
             try:
                 st = path.stat()  # follows symlinks
             except FileNotFoundError:
                 if path.is_symlink():
-                    refuse(here, "broken-symlink",
-                           f"symlink to {os.readlink(path)}, which does not exist: fix or remove it")
+                    refuse(
+                        here,
+                        "broken-symlink",
+                        f"symlink to {os.readlink(path)}, which does not exist: fix or remove it",
+                    )
                 else:  # removed while it was read
                     refuse(here, "unreadable", "it went away while the repository was read: run again")
                 continue
@@ -133,15 +152,15 @@ def scan(repo: str | os.PathLike) -> tuple[list[Entry], list[Refusal]]:
             if stat.S_ISDIR(st.st_mode):
                 key = (st.st_dev, st.st_ino)
                 if key in ancestors:
-                    refuse(here, "symlink-cycle",
-                           "symlink to a directory that holds it (a cycle): replace it by a copy")
+                    refuse(
+                        here, "symlink-cycle", "symlink to a directory that holds it (a cycle): replace it by a copy"
+                    )
                     continue
                 visit(path, f"{here}/", ancestors | {key})
             elif stat.S_ISREG(st.st_mode):
                 entries.append(Entry("file", here, path))
             else:
-                refuse(here, "special-file",
-                       "not a regular file or directory (a FIFO, socket or device): remove it")
+                refuse(here, "special-file", "not a regular file or directory (a FIFO, socket or device): remove it")
 
     top = repo.stat()
     visit(repo, "", frozenset({(top.st_dev, top.st_ino)}))

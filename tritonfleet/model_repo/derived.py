@@ -28,7 +28,12 @@ def remembered_key(kind: str, *parts: bytes | str) -> str:
     ships (its file) and protobuf's version. Any of them changed is another key."""
     from google import protobuf  # the package's __init__ only: its version
 
-
     schema = triton_schema.schema_file()
-    return local_cache.digest(kind, *parts, validator_source(), __version__,
-                              schema.read_bytes() if schema is not None else b"", protobuf.__version__)
+    return local_cache.digest(
+        kind,
+        *parts,
+        validator_source(),
+        __version__,
+        schema.read_bytes() if schema is not None else b"",
+        protobuf.__version__,
+    )

@@ -31,8 +31,10 @@ from ..core.shell import q
 from .release import OWN_PREFIX, incoming_dir
 
 OBJECTS_DIR = f"{OWN_PREFIX}objects"
-CREDENTIALS_FIX = ("write AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) there, or set "
-                   "model_origin_auth = 'presigned'")
+CREDENTIALS_FIX = (
+    "write AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) there, or set "
+    "model_origin_auth = 'presigned'"
+)
 
 
 def fetch_list(objects: dict[str, tuple[int, str]], paths: dict[str, str]) -> str:
@@ -45,97 +47,123 @@ def fetch_list(objects: dict[str, tuple[int, str]], paths: dict[str, str]) -> st
 def _credentials(file: str, region: str) -> str:
     """Shell that adds the host's own S3 credentials to curl's config (never its command line):
     curl signs each request itself (``--aws-sigv4``)."""
-    return "\n".join([
-        f"[ -r {q(file)} ] || {{ printf 'error the origin credentials file %s is missing on %s: %s\\n' "
-        f"{q(file)} \"$(hostname)\" {q(CREDENTIALS_FIX)}; exit 2; }}",
-        f". {q(file)}",
-        f"printf 'aws-sigv4 = \"aws:amz:%s:s3\"\\n' {q(region)} >> \"$cfg\"",
-        "printf 'user = \"%s:%s\"\\n' \"$AWS_ACCESS_KEY_ID\" \"$AWS_SECRET_ACCESS_KEY\" >> \"$cfg\"",
-        "[ -z \"${AWS_SESSION_TOKEN:-}\" ] || printf 'header = \"x-amz-security-token: %s\"\\n' "
-        "\"$AWS_SESSION_TOKEN\" >> \"$cfg\"",
-    ])
+    return "\n".join(
+        [
+            f"[ -r {q(file)} ] || {{ printf 'error the origin credentials file %s is missing on %s: %s\\n' "
+            f'{q(file)} "$(hostname)" {q(CREDENTIALS_FIX)}; exit 2; }}',
+            f". {q(file)}",
+            f'printf \'aws-sigv4 = "aws:amz:%s:s3"\\n\' {q(region)} >> "$cfg"',
+            'printf \'user = "%s:%s"\\n\' "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY" >> "$cfg"',
+            '[ -z "${AWS_SESSION_TOKEN:-}" ] || printf \'header = "x-amz-security-token: %s"\\n\' '
+            '"$AWS_SESSION_TOKEN" >> "$cfg"',
+        ]
+    )
 
 
-def fetch_script(base: str, release: str, run: str, parallel: int = 8, retries: int = 3,
-                 connect_timeout: int = 10, stall_seconds: int = 60,
-                 credentials: tuple[str, str] | None = None) -> str:
+def fetch_script(
+    base: str,
+    release: str,
+    run: str,
+    parallel: int = 8,
+    retries: int = 3,
+    connect_timeout: int = 10,
+    stall_seconds: int = 60,
+    credentials: tuple[str, str] | None = None,
+) -> str:
     """Shell (sh) that fetches, verifies and places the objects its stdin lists into the
     incoming directory ``run`` prepared for ``release`` below ``base``. ``credentials``: (file on
     the host, region) for an S3 origin the host signs for itself."""
     rel = f"{base}/releases"
     inc = f"{rel}/{incoming_dir(release, run)}"
-    curl = " ".join([
-        "curl", "--parallel", f"--parallel-max {int(parallel)}", "--fail", "--silent", "--show-error", "--no-progress-meter",
-        "--location", "--continue-at -", f"--retry {int(retries)}", "--retry-connrefused",
-        f"--connect-timeout {int(connect_timeout)}", f"--speed-limit 1 --speed-time {int(stall_seconds)}",
-        "-w 'fetched %{exitcode} %{http_code} %{size_download} %{filename_effective}\\n'",
-        "-K \"$cfg\" 2> \"$err\"",
-    ])
-    return "\n".join([
-        "set -u",
-        "umask 077",
-        f"inc={q(inc)}",
-        f"obj={q(rel + '/' + OBJECTS_DIR)}",
-        "command -v curl >/dev/null 2>&1 || { echo \"error curl is not installed on $(hostname): install it "
-        "(apt-get install curl), or push releases over SSH (model_origin = None)\"; exit 2; }",
-        "[ -d \"$inc\" ] || { echo \"error $inc is missing on $(hostname): the release was not prepared\"; exit 2; }",
-        "mkdir -p \"$obj\" && chmod 700 \"$obj\" || { echo \"error cannot make $obj\"; exit 2; }",
-        # what a fetch killed by SIGKILL left (its list and curl config hold URLs and credentials):
-        # removed when the process that wrote it is gone
-        "for f in \"$obj\"/list.* \"$obj\"/curl.* \"$obj\"/err.*; do [ -e \"$f\" ] || continue; "
-        "p=${f##*.}; kill -0 \"$p\" 2>/dev/null || rm -f \"$f\"; done",
-        # no globbing from here on: a presigned URL's '?', '*' or '[' stays literal where
-        # `set -- $line` splits a line
-        "set -f",
-        "list=\"$obj/list.$$\"; cfg=\"$obj/curl.$$\"; err=\"$obj/err.$$\"",
-        # removed on exit and on the signals that end a run (a lost SSH link: HUP; Ctrl-C; kill)
-        "trap 'rm -f \"$list\" \"$cfg\" \"$err\"' EXIT",
-        "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM; trap 'exit 141' PIPE",
-        "cat > \"$list\"",
-        ": > \"$cfg\"",
-        *([_credentials(*credentials)] if credentials else []),
-        "want=0",
-        # what is there already: a complete object is verified below, a part resumes
-        "while IFS= read -r line; do",
-        "  case \"$line\" in o\\ *) ;; *) continue;; esac",
-        "  set -- $line; f=\"$obj/$2\"",
-        "  if [ \"$3\" = 0 ]; then : > \"$f\"; continue; fi",
-        "  have=$(stat -c %s \"$f\" 2>/dev/null || echo -1)",
-        "  if [ \"$have\" -gt \"$3\" ]; then rm -f \"$f\"; have=-1; fi",
-        "  if [ \"$have\" != \"$3\" ]; then",
-        "    [ \"$have\" -gt 0 ] && echo \"resume $2 $have\"",
-        "    printf 'url = \"%s\"\\noutput = \"%s\"\\n' \"$4\" \"$f\" >> \"$cfg\"; want=$((want + 1))",
-        "  fi",
-        "done < \"$list\"",
-        "if [ \"$want\" -gt 0 ]; then",
-        f"  {curl}",
-        "  echo \"curl $?\"",
-        "  sed 's/^/curlerr /' \"$err\" | head -n 20",
-        "fi",
-        # every object: its size, then its content
-        "bad=0",
-        "while IFS= read -r line; do",
-        "  case \"$line\" in o\\ *) ;; *) continue;; esac",
-        "  set -- $line; f=\"$obj/$2\"",
-        "  have=$(stat -c %s \"$f\" 2>/dev/null || echo -1)",
-        "  if [ \"$have\" != \"$3\" ]; then echo \"short $2 $have\"; bad=1; continue; fi",
-        "  got=$(sha256sum < \"$f\"); got=${got%% *}",
-        "  if [ \"$got\" != \"$2\" ]; then echo \"corrupt $2 $got\"; rm -f \"$f\"; bad=1; continue; fi",
-        "  echo \"verified $2 $3\"",
-        "done < \"$list\"",
-        "[ \"$bad\" = 0 ] || exit 1",
-        # placed only once everything verified: hard links at every path of the release
-        "n=0",
-        "while IFS= read -r line; do",
-        "  case \"$line\" in p\\ *) ;; *) continue;; esac",
-        "  rest=${line#p }; sha=${rest%% *}; path=${rest#* }",
-        "  ln -f -- \"$obj/$sha\" \"$inc/$path\" || { echo \"error cannot place $path in $inc\"; exit 1; }",
-        "  n=$((n + 1))",
-        "done < \"$list\"",
-        "while IFS= read -r line; do case \"$line\" in o\\ *) set -- $line; rm -f \"$obj/$2\";; esac; "
-        "done < \"$list\"",
-        "echo \"placed $n\"",
-    ]) + "\n"
+    curl = " ".join(
+        [
+            "curl",
+            "--parallel",
+            f"--parallel-max {int(parallel)}",
+            "--fail",
+            "--silent",
+            "--show-error",
+            "--no-progress-meter",
+            "--location",
+            "--continue-at -",
+            f"--retry {int(retries)}",
+            "--retry-connrefused",
+            f"--connect-timeout {int(connect_timeout)}",
+            f"--speed-limit 1 --speed-time {int(stall_seconds)}",
+            "-w 'fetched %{exitcode} %{http_code} %{size_download} %{filename_effective}\\n'",
+            '-K "$cfg" 2> "$err"',
+        ]
+    )
+    return (
+        "\n".join(
+            [
+                "set -u",
+                "umask 077",
+                f"inc={q(inc)}",
+                f"obj={q(rel + '/' + OBJECTS_DIR)}",
+                'command -v curl >/dev/null 2>&1 || { echo "error curl is not installed on $(hostname): install it '
+                '(apt-get install curl), or push releases over SSH (model_origin = None)"; exit 2; }',
+                '[ -d "$inc" ] || { echo "error $inc is missing on $(hostname): the release was not prepared"; exit 2; }',
+                'mkdir -p "$obj" && chmod 700 "$obj" || { echo "error cannot make $obj"; exit 2; }',
+                # what a fetch killed by SIGKILL left (its list and curl config hold URLs and credentials):
+                # removed when the process that wrote it is gone
+                'for f in "$obj"/list.* "$obj"/curl.* "$obj"/err.*; do [ -e "$f" ] || continue; '
+                'p=${f##*.}; kill -0 "$p" 2>/dev/null || rm -f "$f"; done',
+                # no globbing from here on: a presigned URL's '?', '*' or '[' stays literal where
+                # `set -- $line` splits a line
+                "set -f",
+                'list="$obj/list.$$"; cfg="$obj/curl.$$"; err="$obj/err.$$"',
+                # removed on exit and on the signals that end a run (a lost SSH link: HUP; Ctrl-C; kill)
+                'trap \'rm -f "$list" "$cfg" "$err"\' EXIT',
+                "trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM; trap 'exit 141' PIPE",
+                'cat > "$list"',
+                ': > "$cfg"',
+                *([_credentials(*credentials)] if credentials else []),
+                "want=0",
+                # what is there already: a complete object is verified below, a part resumes
+                "while IFS= read -r line; do",
+                '  case "$line" in o\\ *) ;; *) continue;; esac',
+                '  set -- $line; f="$obj/$2"',
+                '  if [ "$3" = 0 ]; then : > "$f"; continue; fi',
+                '  have=$(stat -c %s "$f" 2>/dev/null || echo -1)',
+                '  if [ "$have" -gt "$3" ]; then rm -f "$f"; have=-1; fi',
+                '  if [ "$have" != "$3" ]; then',
+                '    [ "$have" -gt 0 ] && echo "resume $2 $have"',
+                '    printf \'url = "%s"\\noutput = "%s"\\n\' "$4" "$f" >> "$cfg"; want=$((want + 1))',
+                "  fi",
+                'done < "$list"',
+                'if [ "$want" -gt 0 ]; then',
+                f"  {curl}",
+                '  echo "curl $?"',
+                "  sed 's/^/curlerr /' \"$err\" | head -n 20",
+                "fi",
+                # every object: its size, then its content
+                "bad=0",
+                "while IFS= read -r line; do",
+                '  case "$line" in o\\ *) ;; *) continue;; esac',
+                '  set -- $line; f="$obj/$2"',
+                '  have=$(stat -c %s "$f" 2>/dev/null || echo -1)',
+                '  if [ "$have" != "$3" ]; then echo "short $2 $have"; bad=1; continue; fi',
+                '  got=$(sha256sum < "$f"); got=${got%% *}',
+                '  if [ "$got" != "$2" ]; then echo "corrupt $2 $got"; rm -f "$f"; bad=1; continue; fi',
+                '  echo "verified $2 $3"',
+                'done < "$list"',
+                '[ "$bad" = 0 ] || exit 1',
+                # placed only once everything verified: hard links at every path of the release
+                "n=0",
+                "while IFS= read -r line; do",
+                '  case "$line" in p\\ *) ;; *) continue;; esac',
+                "  rest=${line#p }; sha=${rest%% *}; path=${rest#* }",
+                '  ln -f -- "$obj/$sha" "$inc/$path" || { echo "error cannot place $path in $inc"; exit 1; }',
+                "  n=$((n + 1))",
+                'done < "$list"',
+                'while IFS= read -r line; do case "$line" in o\\ *) set -- $line; rm -f "$obj/$2";; esac; '
+                'done < "$list"',
+                'echo "placed $n"',
+            ]
+        )
+        + "\n"
+    )
 
 
 @dataclass
@@ -202,12 +230,17 @@ def problems(res: FetchResult, paths: dict[str, str], origin_url: str, key_of) -
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
         return f"{', '.join(names[:3])}{more} (object {key_of(sha)} at {origin_url})"
 
-    out = [f"corrupt: {where(sha)}: its content hashes to {got}, not {sha}; refused and deleted on the host"
-           for sha, got in sorted(res.corrupt.items())]
+    out = [
+        f"corrupt: {where(sha)}: its content hashes to {got}, not {sha}; refused and deleted on the host"
+        for sha, got in sorted(res.corrupt.items())
+    ]
     for sha, have in sorted(res.short.items()):
         failed = res.failed_transfer(sha)
-        how = (f"curl exit {failed[0]}, HTTP {failed[1] or '-'}" if failed
-               else "the origin sent fewer bytes than the manifest says (a truncated object)")
+        how = (
+            f"curl exit {failed[0]}, HTTP {failed[1] or '-'}"
+            if failed
+            else "the origin sent fewer bytes than the manifest says (a truncated object)"
+        )
         out.append(f"incomplete: {where(sha)}: {max(have, 0)} bytes here ({how}); a part resumes on the next run")
     out += [f"error: {e}" for e in res.errors]
     return out

@@ -16,12 +16,16 @@ from .origin_store import EMPTY, OBJECTS, Finding, Origin, OriginError, trimmed_
 
 def _read_fix(status: int, wrote: bool) -> str:
     if status == 404:
-        return ("nothing at that path: model_origin's path is not where the server keeps the objects "
-                + ("(or model_origin_upload_url writes elsewhere)" if wrote else
-                   "(or no release was published there yet: `tritonfleet pull publish`)"))
+        return "nothing at that path: model_origin's path is not where the server keeps the objects " + (
+            "(or model_origin_upload_url writes elsewhere)"
+            if wrote
+            else "(or no release was published there yet: `tritonfleet pull publish`)"
+        )
     if status in (401, 403):
-        return ("the server refuses to read it: the hosts fetch with plain URLs and no login, so allow GET and "
-                "HEAD there for the hosts and this machine (the site's network decides who may)")
+        return (
+            "the server refuses to read it: the hosts fetch with plain URLs and no login, so allow GET and "
+            "HEAD there for the hosts and this machine (the site's network decides who may)"
+        )
     if status >= 500:
         return "the server failed: see its error log"
     return "expected 200: model_origin must be the URL the objects are read from"
@@ -29,8 +33,10 @@ def _read_fix(status: int, wrote: bool) -> str:
 
 def _write_fix(status: int, origin: Origin) -> str:
     if status in (401, 403):
-        return ("the server refuses the upload: check model_origin_upload_user and "
-                f"${origin.upload_password_env}, or the server's access rules for PUT")
+        return (
+            "the server refuses the upload: check model_origin_upload_user and "
+            f"${origin.upload_password_env}, or the server's access rules for PUT"
+        )
     if status in (404, 405, 409, 501):
         return "the server does not accept PUT there: nginx `dav_methods PUT; create_full_put_path on;`"
     if status >= 500:
@@ -58,10 +64,16 @@ class HttpStore:
     @classmethod
     def from_settings(cls, url: str, auth: str, expiry: int, settings: Settings) -> Origin:
         # a plain HTTP server has no signed URLs: the site's network grants access (no .netrc is read)
-        return Origin(cls.kind, url, "host", expiry=expiry, upload_url=trimmed_url(settings.get("model_origin_upload_url")),
-                      upload_user=settings.get("model_origin_upload_user"),
-                      upload_password_env=settings.get("model_origin_upload_password_env"),
-                      credentials_file=str(settings.get("model_origin_credentials_file")))
+        return Origin(
+            cls.kind,
+            url,
+            "host",
+            expiry=expiry,
+            upload_url=trimmed_url(settings.get("model_origin_upload_url")),
+            upload_user=settings.get("model_origin_upload_user"),
+            upload_password_env=settings.get("model_origin_upload_password_env"),
+            credentials_file=str(settings.get("model_origin_credentials_file")),
+        )
 
     @classmethod
     def pull_problem(cls, origin: Origin) -> str | None:
@@ -93,9 +105,11 @@ class HttpStore:
         if self.origin.upload_user and self._auth is None:
             secret = os.environ.get(self.origin.upload_password_env or "")
             if not secret:
-                raise UsageError(f"model_origin_upload_user is {self.origin.upload_user!r} but "
-                                 f"${self.origin.upload_password_env} is empty on the control machine: export the "
-                                 "upload password there (model_origin_upload_password_env names the variable)")
+                raise UsageError(
+                    f"model_origin_upload_user is {self.origin.upload_user!r} but "
+                    f"${self.origin.upload_password_env} is empty on the control machine: export the "
+                    "upload password there (model_origin_upload_password_env names the variable)"
+                )
             self._auth = (self.origin.upload_user, secret)
         return self._auth
 
@@ -165,8 +179,11 @@ class HttpStore:
         except requests.RequestException as e:
             raise self._fail(f"PUT {url}", e) from e
         if r.status_code not in (200, 201, 204):
-            raise self._fail(f"PUT {url}", f"HTTP {r.status_code} {r.text[:200]!r} (the server must accept "
-                                          "PUT there: nginx `dav_methods PUT; create_full_put_path on;`)")
+            raise self._fail(
+                f"PUT {url}",
+                f"HTTP {r.status_code} {r.text[:200]!r} (the server must accept "
+                "PUT there: nginx `dav_methods PUT; create_full_put_path on;`)",
+            )
 
     def put_file(self, path: Path, sha: str) -> None:
         with open(path, "rb") as f:
@@ -175,7 +192,7 @@ class HttpStore:
     def _below(self, key: str) -> str:
         """An origin key (which starts with the URL's path, as an S3 key starts with the prefix)
         relative to the origin's URL."""
-        return key[len(self.origin.prefix):] if key.startswith(self.origin.prefix) else key
+        return key[len(self.origin.prefix) :] if key.startswith(self.origin.prefix) else key
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._put(f"{self.upload}/{self._below(key)}", data)

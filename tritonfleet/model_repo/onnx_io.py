@@ -48,9 +48,20 @@ from ..core.triton_schema import mc
 
 #: ONNX's TensorProto.DataType -> Triton's data type name (the backend's ConvertFromOnnxDataType)
 ONNX_TO_TRITON = {
-    1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
-    6: "TYPE_INT32", 7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16",
-    11: "TYPE_FP64", 12: "TYPE_UINT32", 13: "TYPE_UINT64", 16: "TYPE_BF16",
+    1: "TYPE_FP32",
+    2: "TYPE_UINT8",
+    3: "TYPE_INT8",
+    4: "TYPE_UINT16",
+    5: "TYPE_INT16",
+    6: "TYPE_INT32",
+    7: "TYPE_INT64",
+    8: "TYPE_STRING",
+    9: "TYPE_BOOL",
+    10: "TYPE_FP16",
+    11: "TYPE_FP64",
+    12: "TYPE_UINT32",
+    13: "TYPE_UINT64",
+    16: "TYPE_BF16",
 }
 #: Triton's data type name -> ONNX's as the fleet's release reads a config (r24.08's
 #: ModelConfigDataTypeToOnnxDataType: no BF16, which came later; any other name is an
@@ -124,8 +135,10 @@ def _looks_like_protobuf(path: Path) -> str | None:
     else:
         return "it does not start with a protobuf field tag"
     if tag >> 3 == 0 or tag & 7 not in WIRE_TYPES:
-        return (f"it starts with bytes no protobuf message starts with ({head[:4].hex()}: field number "
-                f"{tag >> 3}, wire type {tag & 7})")
+        return (
+            f"it starts with bytes no protobuf message starts with ({head[:4].hex()}: field number "
+            f"{tag >> 3}, wire type {tag & 7})"
+        )
     return None
 
 
@@ -141,9 +154,11 @@ def read_model(path: str | os.PathLike) -> ModelIO:
     if why:
         raise OnnxReadError(f"not an ONNX model: {why}")
     if size >= PROTOBUF_LIMIT:
-        raise OnnxReadError(f"{size} bytes: protobuf cannot read a message of 2 GiB or more; a model this large "
-                            "keeps its weights in external data files (onnx.save_model(..., "
-                            "save_as_external_data=True), model.onnx as a directory)")
+        raise OnnxReadError(
+            f"{size} bytes: protobuf cannot read a message of 2 GiB or more; a model this large "
+            "keeps its weights in external data files (onnx.save_model(..., "
+            "save_as_external_data=True), model.onnx as a directory)"
+        )
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
@@ -164,21 +179,26 @@ def read_model(path: str | os.PathLike) -> ModelIO:
 
 # ---- the backend's rules -----------------------------------------------------------------------
 
-def compare_dims(model_shape: tuple[int, ...] | list[int], dims: list[int], max_batch_size: int,
-                 compare_exact: bool) -> str | None:
+
+def compare_dims(
+    model_shape: tuple[int, ...] | list[int], dims: list[int], max_batch_size: int, compare_exact: bool
+) -> str | None:
     """Why the backend refuses configured ``dims`` for a model tensor of ``model_shape`` (None:
     it accepts them): onnxruntime_utils.cc ``CompareDimsSupported``."""
     model_shape, dims = list(model_shape), list(dims)
     if max_batch_size > 0:
         if not model_shape or model_shape[0] != -1:
-            return (f"with max_batch_size > 0 the model's first dimension must be -1 (the batch), but the model's "
-                    f"shape is {model_shape}")
+            return (
+                f"with max_batch_size > 0 the model's first dimension must be -1 (the batch), but the model's "
+                f"shape is {model_shape}"
+            )
         full = [-1, *dims]
         batch = " (the batch dimension, then the config's dims)"
     else:
         full, batch = dims, ""
     ok = len(model_shape) == len(full) and all(
-        m == c for m, c in zip(model_shape, full, strict=False) if compare_exact or m != -1)
+        m == c for m, c in zip(model_shape, full, strict=False) if compare_exact or m != -1
+    )
     if ok:
         return None
     return f"the model's shape is {model_shape}, the config's is {full}{batch}"
@@ -222,8 +242,12 @@ def _control_tensors(cfg, mc) -> list[tuple[str, str, str]]:
                 dtype = "TYPE_BOOL"
             else:
                 continue  # the config's own rules refuse it
-            if c.kind in (K.CONTROL_SEQUENCE_START, K.CONTROL_SEQUENCE_END, K.CONTROL_SEQUENCE_READY,
-                          K.CONTROL_SEQUENCE_CORRID):
+            if c.kind in (
+                K.CONTROL_SEQUENCE_START,
+                K.CONTROL_SEQUENCE_END,
+                K.CONTROL_SEQUENCE_READY,
+                K.CONTROL_SEQUENCE_CORRID,
+            ):
                 out.append((K.Kind.Name(c.kind), ci.name, dtype))
     return out
 
@@ -236,43 +260,75 @@ def check(cfg, io: ModelIO, file: str) -> list[Mismatch]:
     for kind, tensors in (("input", io.inputs), ("output", io.outputs), ("input", io.overridable)):
         for t in tensors.values():
             if t.kind != "tensor":
-                out.append(Mismatch((kind,), f"{file}: {kind} '{t.name}' is a {t.kind.replace('_type', '')}, "
-                                             "not a tensor: the onnxruntime backend serves tensors only "
-                                             "(InputOutputInitializerInfos)"))
+                out.append(
+                    Mismatch(
+                        (kind,),
+                        f"{file}: {kind} '{t.name}' is a {t.kind.replace('_type', '')}, "
+                        "not a tensor: the onnxruntime backend serves tensors only "
+                        "(InputOutputInitializerInfos)",
+                    )
+                )
     # how many inputs the model must have (ModelInstanceState constructor, ValidateInputs)
     controls = _control_tensors(cfg, mc) if cfg.HasField("sequence_batching") else []
     kinds = {k for k, _, _ in controls}
-    expected = (sum(1 for t in cfg.input if not t.optional) + len(cfg.batch_input) + len(kinds)
-                + len(cfg.sequence_batching.state))
+    expected = (
+        sum(1 for t in cfg.input if not t.optional)
+        + len(cfg.batch_input)
+        + len(kinds)
+        + len(cfg.sequence_batching.state)
+    )
     if len(io.inputs) != expected:
-        configured = {t.name for t in cfg.input} | {n for _, n, _ in controls} \
-            | {s.input_name for s in cfg.sequence_batching.state} | {n for b in cfg.batch_input for n in b.target_name}
+        configured = (
+            {t.name for t in cfg.input}
+            | {n for _, n, _ in controls}
+            | {s.input_name for s in cfg.sequence_batching.state}
+            | {n for b in cfg.batch_input for n in b.target_name}
+        )
         unlisted = [n for n in io.inputs if n not in configured]
-        out.append(Mismatch(("input",), f"the config expects {expected} input(s), {file} has {len(io.inputs)}"
-                                        + (f"; not in the config: {', '.join(unlisted)}" if unlisted else "")))
+        out.append(
+            Mismatch(
+                ("input",),
+                f"the config expects {expected} input(s), {file} has {len(io.inputs)}"
+                + (f"; not in the config: {', '.join(unlisted)}" if unlisted else ""),
+            )
+        )
     allowed_in = {**io.inputs, **io.overridable}
     for i, t in enumerate(cfg.input):
         if not t.name:
             continue
         if t.optional and mbs != 0:
-            out.append(Mismatch(("input", i, "optional"), f"input '{t.name}' is optional, which the onnxruntime "
-                                                          "backend does not support for a batching model "
-                                                          "(max_batch_size > 0)"))
+            out.append(
+                Mismatch(
+                    ("input", i, "optional"),
+                    f"input '{t.name}' is optional, which the onnxruntime "
+                    "backend does not support for a batching model "
+                    "(max_batch_size > 0)",
+                )
+            )
         out += _one(t, i, "input", allowed_in, mbs, file, compare_exact=False)
     batch_outputs = {name for b in cfg.batch_output for name in b.target_name}
     for i, t in enumerate(cfg.output):
         if t.name:
-            out += _one(t, i, "output", io.outputs, mbs, file, compare_exact=True,
-                        dims=t.name not in batch_outputs)
+            out += _one(t, i, "output", io.outputs, mbs, file, compare_exact=True, dims=t.name not in batch_outputs)
     for i, s in enumerate(cfg.sequence_batching.state):
         model = io.outputs.get(s.output_name)
         at: tuple = ("sequence_batching", 0, "state", i)
         if model is None:
-            out.append(Mismatch(at, f"sequence state output '{s.output_name}' is not an output of {file} (its "
-                                    f"outputs: {', '.join(sorted(io.outputs)) or 'none'})"))
+            out.append(
+                Mismatch(
+                    at,
+                    f"sequence state output '{s.output_name}' is not an output of {file} (its "
+                    f"outputs: {', '.join(sorted(io.outputs)) or 'none'})",
+                )
+            )
         elif TRITON_TO_ONNX.get(mc.DataType.Name(s.data_type)) != model.elem_type:
-            out.append(Mismatch(at, f"sequence state output '{s.output_name}' is {model.triton_type} in {file}, "
-                                    f"not {mc.DataType.Name(s.data_type)}"))
+            out.append(
+                Mismatch(
+                    at,
+                    f"sequence state output '{s.output_name}' is {model.triton_type} in {file}, "
+                    f"not {mc.DataType.Name(s.data_type)}",
+                )
+            )
     for kind, name, dtype in controls:
         model = io.inputs.get(name)
         at = ("sequence_batching", 0, "control_input")
@@ -281,45 +337,75 @@ def check(cfg, io: ModelIO, file: str) -> list[Mismatch]:
             continue
         debatched = list(model.dims[1:] if mbs > 0 else model.dims)
         if debatched != [1]:
-            out.append(Mismatch(at, f"sequence control '{name}' has dims {debatched} in {file} "
-                                    f"{'after the batch dimension ' if mbs > 0 else ''}but dims [1] is expected"))
+            out.append(
+                Mismatch(
+                    at,
+                    f"sequence control '{name}' has dims {debatched} in {file} "
+                    f"{'after the batch dimension ' if mbs > 0 else ''}but dims [1] is expected",
+                )
+            )
         if TRITON_TO_ONNX.get(dtype) != model.elem_type:
-            out.append(Mismatch(at, f"sequence control '{name}' is {model.triton_type} in {file}, but the config's "
-                                    f"{kind} control is {dtype}"))
+            out.append(
+                Mismatch(
+                    at,
+                    f"sequence control '{name}' is {model.triton_type} in {file}, but the config's "
+                    f"{kind} control is {dtype}",
+                )
+            )
     return out
 
 
-def _one(t, i: int, kind: str, provided: dict[str, Tensor], mbs: int, file: str, compare_exact: bool,
-         dims: bool = True) -> list[Mismatch]:
+def _one(
+    t, i: int, kind: str, provided: dict[str, Tensor], mbs: int, file: str, compare_exact: bool, dims: bool = True
+) -> list[Mismatch]:
     model = provided.get(t.name)
     if model is None:
-        return [Mismatch((kind, i, "name"), f"{kind} '{t.name}' is not in {file} (its {kind}s: "
-                                            f"{', '.join(sorted(provided)) or 'none'})")]
+        return [
+            Mismatch(
+                (kind, i, "name"),
+                f"{kind} '{t.name}' is not in {file} (its {kind}s: {', '.join(sorted(provided)) or 'none'})",
+            )
+        ]
     if model.kind != "tensor":
         return []  # refused above
     out = []
     want = mc.DataType.Name(t.data_type)
     if t.data_type != mc.TYPE_INVALID and want not in TRITON_TO_ONNX:
-        out.append(Mismatch((kind, i, "data_type"), f"{kind} '{t.name}': {want} is a data type the onnxruntime "
-                                                    "backend of the fleet's Triton release (24.08) does not "
-                                                    "support (\"unsupported datatype\"; BF16 came later)"))
+        out.append(
+            Mismatch(
+                (kind, i, "data_type"),
+                f"{kind} '{t.name}': {want} is a data type the onnxruntime "
+                "backend of the fleet's Triton release (24.08) does not "
+                'support ("unsupported datatype"; BF16 came later)',
+            )
+        )
     elif t.data_type != mc.TYPE_INVALID and TRITON_TO_ONNX.get(want) != model.elem_type:
-        out.append(Mismatch((kind, i, "data_type"), f"{kind} '{t.name}' is {model.triton_type} in {file}, "
-                                                    f"not {want}"))
+        out.append(Mismatch((kind, i, "data_type"), f"{kind} '{t.name}' is {model.triton_type} in {file}, not {want}"))
     if not dims:
         return out
     config_dims = _dims_of(t)
     if kind == "input" and t.allow_ragged_batch:
         if list(model.dims) != [-1]:
-            out.append(Mismatch((kind, i, "allow_ragged_batch"),
-                                f"input '{t.name}' is ragged (allow_ragged_batch), which needs the model's shape "
-                                f"[-1]; {file} has {list(model.dims)}"))
+            out.append(
+                Mismatch(
+                    (kind, i, "allow_ragged_batch"),
+                    f"input '{t.name}' is ragged (allow_ragged_batch), which needs the model's shape "
+                    f"[-1]; {file} has {list(model.dims)}",
+                )
+            )
         return out
-    why = compare_dims(model.dims, config_dims, mbs, compare_exact) if model.dims else _scalar_dims_problem(
-        config_dims)
+    why = compare_dims(model.dims, config_dims, mbs, compare_exact) if model.dims else _scalar_dims_problem(config_dims)
     if why:
         where = "reshape" if t.HasField("reshape") else "dims"
-        out.append(Mismatch((kind, i, where), f"{kind} '{t.name}' in {file}: {why}"
-                                              + ("" if not compare_exact or -1 not in model.dims else
-                                                 " (an output's dims must equal the model's, -1 where it has -1)")))
+        out.append(
+            Mismatch(
+                (kind, i, where),
+                f"{kind} '{t.name}' in {file}: {why}"
+                + (
+                    ""
+                    if not compare_exact or -1 not in model.dims
+                    else " (an output's dims must equal the model's, -1 where it has -1)"
+                ),
+            )
+        )
     return out

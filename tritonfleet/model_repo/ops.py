@@ -58,22 +58,36 @@ DISK_FULL_HELP = (
 )
 
 
-def _send_files(state, host, root: str, paths: list[str], remote: str, transport: str,
-                base: str = "", release: str = "") -> bool:
+def _send_files(
+    state, host, root: str, paths: list[str], remote: str, transport: str, base: str = "", release: str = ""
+) -> bool:
     try:
         sent = transfer.send(host, Path(root), paths, remote, transport)
     except (transfer.TransferError, OSError) as e:
         text = report.without_host(str(e), host.name).splitlines() or [type(e).__name__]
-        now = (f"the live model release is unchanged and Triton keeps serving it; what was sent stays in "
-               f"{base}/releases/{INCOMING}{release} and the next run sends only the rest")
+        now = (
+            f"the live model release is unchanged and Triton keeps serving it; what was sent stays in "
+            f"{base}/releases/{INCOMING}{release} and the next run sends only the rest"
+        )
         fix = "restore the link to the host, then run the deploy again"
         # tar on the host: "Cannot write: No space left on device", or a short write ("Wrote
         # only 4608 of 10240 bytes") when the disk fills in the middle of a block
         if re.search(r"No space left on device|Disk quota exceeded|tar: .*: Wrote only \d+ of \d+ bytes", str(e)):
             fix = DISK_FULL_HELP.format(host=host.name, base=base, incoming=incoming_dir(release, runid.RUN_ID))
-        report.emit(host, report.Failure(
-            host.name, "Model repository (transfer)", f"release {release} sent to {base}/releases",
-            text[0], report.trim(text[1:]), "the transfer's own words (ssh, tar)", now, fix, cause=text[0]))
+        report.emit(
+            host,
+            report.Failure(
+                host.name,
+                "Model repository (transfer)",
+                f"release {release} sent to {base}/releases",
+                text[0],
+                report.trim(text[1:]),
+                "the transfer's own words (ssh, tar)",
+                now,
+                fix,
+                cause=text[0],
+            ),
+        )
         return False
     logger.info(f"{host.print_prefix}model release: {sent}")
     return True
@@ -81,8 +95,19 @@ def _send_files(state, host, root: str, paths: list[str], remote: str, transport
 
 # --- model origin: the host fetches the objects itself (tritonfleet.model_repo) -------------
 
-def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], origin,
-                   base: str = "", release: str = "", parallel: int = 8, retries: int = 3) -> bool:
+
+def _fetch_objects(
+    state,
+    host,
+    root: str,
+    manifest: dict,
+    paths: list[str],
+    origin,
+    base: str = "",
+    release: str = "",
+    parallel: int = 8,
+    retries: int = 3,
+) -> bool:
     """Make the origin hold ``release`` (uploads what it lacks, once a run), then have the host
     fetch, verify and place the objects of ``paths``; a failure is reported naming each object."""
     from . import fetch
@@ -92,51 +117,95 @@ def _fetch_objects(state, host, root: str, manifest: dict, paths: list[str], ori
     step = "Model repository (fetch from the model origin)"
     try:
         # a pull-mode host only reads: the control machine published at `tritonfleet pull publish`
-        published = (origins.publish(origin, Path(root), manifest, release) if origins.publishes_here()
-                     else origins.published(origin, manifest, release))
+        published = (
+            origins.publish(origin, Path(root), manifest, release)
+            if origins.publishes_here()
+            else origins.published(origin, manifest, release)
+        )
         wanted = {p: manifest[p][1] for p in paths}
         sizes = {manifest[p][1]: int(manifest[p][0]) for p in paths}
         urls = origins.urls(origin, list(sizes))
     except origins.OriginError as e:
-        report.emit(host, report.Failure(
-            host.name, step, f"release {release} at the model origin {origin.url}", str(e), [],
-            "", now + "; nothing was fetched",
-            "make the origin reachable from this machine (model_origin, model_origin_endpoint, credentials), "
-            "then run the deploy again", cause=str(e)[:200]))
+        report.emit(
+            host,
+            report.Failure(
+                host.name,
+                step,
+                f"release {release} at the model origin {origin.url}",
+                str(e),
+                [],
+                "",
+                now + "; nothing was fetched",
+                "make the origin reachable from this machine (model_origin, model_origin_endpoint, credentials), "
+                "then run the deploy again",
+                cause=str(e)[:200],
+            ),
+        )
         return False
     logger.info(f"{host.print_prefix}{published}")
     stdin = fetch.fetch_list({s: (n, urls[s]) for s, n in sizes.items()}, wanted)
     script = fetch.fetch_script(
-        base, release, runid.RUN_ID, parallel, retries,
-        credentials=origins.store_for(origin).host_fetch_config())
-    ok, out = host.run_shell_command(StringCommand(script), print_output=False,
-                                     **{**stream.connector_arguments(), "_stdin": stdin})
+        base, release, runid.RUN_ID, parallel, retries, credentials=origins.store_for(origin).host_fetch_config()
+    )
+    ok, out = host.run_shell_command(
+        StringCommand(script), print_output=False, **{**stream.connector_arguments(), "_stdin": stdin}
+    )
     res = fetch.parse_fetch(out.stdout_lines)
     if ok and res.ok:
         resumed = sum(res.resumed.values())
-        logger.info(f"{host.print_prefix}model release: fetched {len(res.verified)} objects "
-                    f"({res.fetched_bytes / 1e6:.1f} MB this run{f', {resumed / 1e6:.1f} MB resumed' if resumed else ''}) "
-                    f"from {origin.url}, every sha256 verified")
+        logger.info(
+            f"{host.print_prefix}model release: fetched {len(res.verified)} objects "
+            f"({res.fetched_bytes / 1e6:.1f} MB this run{f', {resumed / 1e6:.1f} MB resumed' if resumed else ''}) "
+            f"from {origin.url}, every sha256 verified"
+        )
         return True
-    lines = fetch.problems(res, wanted, origin.url, origin.object_key) or [
-        ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()][-5:] or ["the fetch failed"]
+    lines = (
+        fetch.problems(res, wanted, origin.url, origin.object_key)
+        or [ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()][-5:]
+        or ["the fetch failed"]
+    )
     said = res.curl_said + [ln for ln in out.stderr_lines if ln.strip()]
     corrupt = bool(res.corrupt)
-    fix = ("an object at the origin is not what its name says: delete it there (the next run uploads it again "
-           "from this machine) and run the deploy again" if corrupt else
-           "make the origin reachable from the host (curl on the host, its network, the URL's expiry: "
-           "model_origin_url_expiry), then run the deploy again: what arrived is kept and resumes")
-    report.emit(host, report.Failure(
-        host.name, step, f"every object of release {release} fetched from {origin.url} and its sha256 verified",
-        lines[0], report.trim(lines[1:] + said), "the fetch's own words (curl, sha256sum)",
-        now + ("; the refused objects were deleted on the host" if corrupt else
-               f"; what arrived stays in {base}/releases/{fetch.OBJECTS_DIR}"), fix, cause=lines[0][:200]))
+    fix = (
+        "an object at the origin is not what its name says: delete it there (the next run uploads it again "
+        "from this machine) and run the deploy again"
+        if corrupt
+        else "make the origin reachable from the host (curl on the host, its network, the URL's expiry: "
+        "model_origin_url_expiry), then run the deploy again: what arrived is kept and resumes"
+    )
+    report.emit(
+        host,
+        report.Failure(
+            host.name,
+            step,
+            f"every object of release {release} fetched from {origin.url} and its sha256 verified",
+            lines[0],
+            report.trim(lines[1:] + said),
+            "the fetch's own words (curl, sha256sum)",
+            now
+            + (
+                "; the refused objects were deleted on the host"
+                if corrupt
+                else f"; what arrived stays in {base}/releases/{fetch.OBJECTS_DIR}"
+            ),
+            fix,
+            cause=lines[0][:200],
+        ),
+    )
     return False
 
 
 @operation(is_idempotent=True)
-def model_release(base: str, release: str, local: str, manifest: dict, keep: int,
-                  transport: str = "auto", origin=None, switch: bool = True):
+def model_release(
+    base: str,
+    release: str,
+    local: str,
+    manifest: dict,
+    keep: int,
+    transport: str = "auto",
+    origin=None,
+    switch: bool = True,
+):
     """Make ``release`` (the repository at ``local``, whose manifest is ``manifest``) the live model
     repository below ``base``; keep ``keep`` earlier releases. ``origin``
     (tritonfleet.model_repo.origin.Origin): the host fetches what it lacks from there instead of
@@ -173,9 +242,11 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         return
     plan = make_plan(release, manifest, index)
     how = transfer.choose(host, transport) if plan.send and origin is None else None
-    logger.info(f"{host.print_prefix}model release {release}"
-                f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
-                f"{f' over {how}' if how else ''}{f' from {origin.url}' if origin and plan.send else ''}")
+    logger.info(
+        f"{host.print_prefix}model release {release}"
+        f"{' (rebuilding: files changed on the host)' if plan.repair else ''}: {plan.summary()}"
+        f"{f' over {how}' if how else ''}{f' from {origin.url}' if origin and plan.send else ''}"
+    )
     script = prepare_script(base, plan, manifest, runid.RUN_ID)
     if len(script) <= INLINE_SCRIPT_MAX:
         yield StringCommand(script)
@@ -185,9 +256,16 @@ def model_release(base: str, release: str, local: str, manifest: dict, keep: int
         yield FileUploadCommand(StringIO(script), path)
         yield StringCommand(f"sh {q(path)}; rc=$?; rm -f {q(path)}; exit $rc")
     if plan.send and origin is not None:
-        yield FunctionCommand(_fetch_objects, (local, manifest, plan.send, origin),
-                              {"base": base, "release": release, "parallel": int(access.get("model_origin_parallel")),
-                               "retries": int(access.get("model_origin_retries"))})
+        yield FunctionCommand(
+            _fetch_objects,
+            (local, manifest, plan.send, origin),
+            {
+                "base": base,
+                "release": release,
+                "parallel": int(access.get("model_origin_parallel")),
+                "retries": int(access.get("model_origin_retries")),
+            },
+        )
     elif plan.send:
         remote = wrapped(receive_command(base, release, runid.RUN_ID))
         yield FunctionCommand(_send_files, (local, plan.send, remote, how), {"base": base, "release": release})

@@ -42,8 +42,26 @@ from .http_store import HttpStore
 from .origin_store import AUTHS, EMPTY, OBJECTS, RELEASES, Finding, Origin, OriginError, OriginStore
 from .s3_store import S3Store
 
-__all__ = ["AUTHS", "EMPTY", "OBJECTS", "RELEASES", "STORES", "Finding", "HttpStore", "Origin", "OriginError",
-           "OriginStore", "S3Store", "check", "from_settings", "publish", "published", "store", "store_for", "urls"]
+__all__ = [
+    "AUTHS",
+    "EMPTY",
+    "OBJECTS",
+    "RELEASES",
+    "STORES",
+    "Finding",
+    "HttpStore",
+    "Origin",
+    "OriginError",
+    "OriginStore",
+    "S3Store",
+    "check",
+    "from_settings",
+    "publish",
+    "published",
+    "store",
+    "store_for",
+    "urls",
+]
 
 GROUP_DATA = "inventories/group_data"
 # set by tritonfleet.fleet.converge for the deploy a pull-mode host runs on itself
@@ -74,8 +92,10 @@ def from_settings(settings: Settings) -> Origin | None:
     except (TypeError, ValueError):
         expiry = 0
     if not 60 <= expiry <= 7 * 24 * 3600:
-        raise UsageError(f"model_origin_url_expiry must be seconds between 60 and 604800 (S3's limit for a "
-                         f"presigned URL), not {settings.get('model_origin_url_expiry')!r} {where}")
+        raise UsageError(
+            f"model_origin_url_expiry must be seconds between 60 and 604800 (S3's limit for a "
+            f"presigned URL), not {settings.get('model_origin_url_expiry')!r} {where}"
+        )
     endpoint = settings.get("model_origin_endpoint")
     upload = settings.get("model_origin_upload_url")
     for name, value in (("model_origin_endpoint", endpoint), ("model_origin_upload_url", upload)):
@@ -83,9 +103,11 @@ def from_settings(settings: Settings) -> Origin | None:
             raise UsageError(f"{name} {value!r} must be an http(s):// URL {where}")
     user = settings.get("model_origin_upload_user")
     if kind.login_in_clear(user, upload or url):
-        raise UsageError(f"model_origin_upload_user {user!r} would send its password in clear to {upload or url}: "
-                         "upload over https:// (model_origin_upload_url), or upload without a login on a network "
-                         f"that is the origin's own {where}")
+        raise UsageError(
+            f"model_origin_upload_user {user!r} would send its password in clear to {upload or url}: "
+            "upload over https:// (model_origin_upload_url), or upload without a login on a network "
+            f"that is the origin's own {where}"
+        )
     why = kind.url_problem(url)
     if why:
         raise UsageError(f"model_origin {url!r} must be {kind.shape}: {why} {where}")
@@ -103,8 +125,10 @@ def store_class(origin: Origin) -> Any:
     """The store of ``origin``'s URL scheme (UsageError: no store has it)."""
     kind = origin_stores.store_of(origin.url)
     if kind is None:
-        raise UsageError(f"model origin {origin.url}: no store reads {urlsplit(origin.url).scheme}:// URLs "
-                         f"(model_origin is {origin_stores.shapes()})")
+        raise UsageError(
+            f"model origin {origin.url}: no store reads {urlsplit(origin.url).scheme}:// URLs "
+            f"(model_origin is {origin_stores.shapes()})"
+        )
     return kind
 
 
@@ -126,6 +150,7 @@ def store_for(origin: Origin):
 
 # --------------------------------------------------------------------------- publishing
 
+
 @dataclass
 class Published:
     release: str
@@ -136,9 +161,11 @@ class Published:
     replaced: list[str] = field(default_factory=list)  # at the origin with the wrong size: uploaded again
 
     def __str__(self) -> str:
-        return (f"origin has release {self.release}: {self.uploaded} of {self.objects} objects uploaded "
-                f"({self.uploaded_bytes / 1e6:.1f} MB) in {self.seconds:.1f}s"
-                + (f"; {len(self.replaced)} had the wrong size there and were replaced" if self.replaced else ""))
+        return (
+            f"origin has release {self.release}: {self.uploaded} of {self.objects} objects uploaded "
+            f"({self.uploaded_bytes / 1e6:.1f} MB) in {self.seconds:.1f}s"
+            + (f"; {len(self.replaced)} had the wrong size there and were replaced" if self.replaced else "")
+        )
 
 
 def objects_of(manifest: dict[str, list]) -> dict[str, tuple[int, str]]:
@@ -194,9 +221,11 @@ def published(origin: Origin, manifest: dict[str, list], release: str) -> Publis
     object). Reads only; OriginError naming the fix when it is not there."""
     key = origin.manifest_key(release)
     if not store_for(origin).has(key):
-        raise OriginError(f"model origin {origin.url}: model release {release} is not there ({key}): in pull mode "
-                          "the control machine publishes it with the repository release (`tritonfleet pull publish` "
-                          "or `tritonfleet pull rollout`, with this host in the inventory), and the host only reads it")
+        raise OriginError(
+            f"model origin {origin.url}: model release {release} is not there ({key}): in pull mode "
+            "the control machine publishes it with the repository release (`tritonfleet pull publish` "
+            "or `tritonfleet pull rollout`, with this host in the inventory), and the host only reads it"
+        )
     return Published(release, len(objects_of(manifest)))
 
 
@@ -228,6 +257,7 @@ def urls(origin: Origin, shas: list[str]) -> dict[str, str]:
     out = store_for(origin).urls(sorted(set(shas)))
     bad = [u for u in out.values() if not URL_SAFE.match(u)]
     if bad:
-        raise OriginError(f"model origin {origin.url}: a URL holds characters the host-side fetch cannot pass "
-                          f"to curl: {bad[0][:120]}")
+        raise OriginError(
+            f"model origin {origin.url}: a URL holds characters the host-side fetch cannot pass to curl: {bad[0][:120]}"
+        )
     return out

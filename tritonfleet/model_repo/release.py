@@ -40,8 +40,10 @@ LIST_FILES = f"find . -type f ! -path './{OWN_PREFIX}*' -printf"
 def _listing(file_format: str, dir_format: str) -> str:
     """find over a release directory: its model files and its empty directories (an ensemble's
     version directory holds nothing and must exist all the same)."""
-    return (f"find . -mindepth 1 \\( -type d -empty -printf '{dir_format}' \\) -o "
-            f"\\( -type f ! -path './{OWN_PREFIX}*' -printf '{file_format}' \\)")
+    return (
+        f"find . -mindepth 1 \\( -type d -empty -printf '{dir_format}' \\) -o "
+        f"\\( -type f ! -path './{OWN_PREFIX}*' -printf '{file_format}' \\)"
+    )
 
 
 def incoming_dir(release: str, run: str) -> str:
@@ -67,12 +69,12 @@ def state_command(base: str) -> str:
     release's files whose size or mtime differ from its stat record (no file is read)."""
     b = q(base)
     return (
-        f"cur=$(readlink {b}/model_repository 2>/dev/null); echo \"current=$cur\"; "
-        f"for d in {b}/releases/*/; do [ -f \"$d{MARKER}\" ] && echo \"release=$(basename \"$d\")\"; "
+        f'cur=$(readlink {b}/model_repository 2>/dev/null); echo "current=$cur"; '
+        f'for d in {b}/releases/*/; do [ -f "$d{MARKER}" ] && echo "release=$(basename "$d")"; '
         "done 2>/dev/null; "
-        f"for d in {b}/releases/{INCOMING}*/; do [ -d \"$d\" ] && echo \"incoming=$(basename \"$d\")\"; "
+        f'for d in {b}/releases/{INCOMING}*/; do [ -d "$d" ] && echo "incoming=$(basename "$d")"; '
         "done 2>/dev/null; "
-        f"if [ -n \"$cur\" ] && [ -f {b}/\"$cur\"/{STAT} ]; then cd {b}/\"$cur\" && echo verified=1 && "
+        f'if [ -n "$cur" ] && [ -f {b}/"$cur"/{STAT} ]; then cd {b}/"$cur" && echo verified=1 && '
         f"{stat_listing_command()} | LC_ALL=C comm -3 - {STAT} | sed 's/^\\t*/drift=/' | head -n 200; "
         "fi; true"
     )
@@ -87,13 +89,18 @@ def parse_state(lines) -> dict:
         elif key == "release" and value:
             releases.append(value)
         elif key == "incoming" and value.startswith(INCOMING):
-            incoming.append(value[len(INCOMING):].split(".", 1)[0])
+            incoming.append(value[len(INCOMING) :].split(".", 1)[0])
         elif key == "verified":
             verified = True
         elif key == "drift" and value:
             drift.append(_path_of_stat_line(value))
-    return {"current": current, "releases": sorted(releases), "verified": verified,
-            "drift": sorted(set(drift)), "incoming": sorted(set(incoming))}
+    return {
+        "current": current,
+        "releases": sorted(releases),
+        "verified": verified,
+        "drift": sorted(set(drift)),
+        "incoming": sorted(set(incoming)),
+    }
 
 
 def _path_of_stat_line(line: str) -> str:
@@ -106,11 +113,11 @@ def index_command(base: str, release: str) -> str:
     and what an interrupted transfer of ``release`` left ('size path')."""
     b = q(base)
     return (
-        f"for d in {b}/releases/*/; do r=$(basename \"$d\"); [ -f \"$d{MARKER}\" ] || continue; "
+        f'for d in {b}/releases/*/; do r=$(basename "$d"); [ -f "$d{MARKER}" ] || continue; '
         f"printf 'marker %s ' \"$r\"; tr -d '\\n' < \"$d{MARKER}\"; echo; "
-        f"if [ -f \"$d{STAT}\" ]; then (cd \"$d\" && {stat_listing_command()} | LC_ALL=C comm -3 - {STAT} "
-        "| sed \"s/^\\t*/drift $r /\"); fi; done 2>/dev/null; "
-        f"for d in {_leftovers(base + '/releases', release)}; do [ -d \"$d\" ] || continue; "
+        f'if [ -f "$d{STAT}" ]; then (cd "$d" && {stat_listing_command()} | LC_ALL=C comm -3 - {STAT} '
+        '| sed "s/^\\t*/drift $r /"); fi; done 2>/dev/null; '
+        f'for d in {_leftovers(base + "/releases", release)}; do [ -d "$d" ] || continue; '
         f"(cd \"$d\" && {LIST_FILES} 'incoming %s %P\\n'); break; done; true"
     )
 
@@ -152,9 +159,11 @@ class Plan:
     repair: bool = False  # the release exists but its files drifted: rebuild it beside itself
 
     def summary(self) -> str:
-        return (f"{len(self.send)} files to send ({self.send_bytes / 1e6:.1f} MB), "
-                f"{len(self.link)} hard-linked from earlier releases, "
-                f"{len(self.keep)} kept from an interrupted transfer")
+        return (
+            f"{len(self.send)} files to send ({self.send_bytes / 1e6:.1f} MB), "
+            f"{len(self.link)} hard-linked from earlier releases, "
+            f"{len(self.keep)} kept from an interrupted transfer"
+        )
 
 
 def make_plan(release: str, manifest: dict[str, list], index: dict) -> Plan:
@@ -218,16 +227,22 @@ def prepare_script(base: str, plan: Plan, manifest: dict[str, list], run: str = 
     marker and the expected listing written."""
     rel = f"{base}/releases"
     inc = f"{rel}/{incoming_dir(plan.release, run)}"
-    out = ["set -e", f"mkdir -p {q(rel)}",
-           # the interrupted transfer the plan counted on (the one index_command listed)
-           f"if [ ! -d {q(inc)} ]; then for d in {_leftovers(rel, plan.release)}; do "
-           f"[ -d \"$d\" ] && [ \"$d\" != {q(inc)} ] || continue; mv -T \"$d\" {q(inc)}; break; done; fi",
-           f"mkdir -p {q(inc)}", f"cd {q(inc)}"]
+    out = [
+        "set -e",
+        f"mkdir -p {q(rel)}",
+        # the interrupted transfer the plan counted on (the one index_command listed)
+        f"if [ ! -d {q(inc)} ]; then for d in {_leftovers(rel, plan.release)}; do "
+        f'[ -d "$d" ] && [ "$d" != {q(inc)} ] || continue; mv -T "$d" {q(inc)}; break; done; fi',
+        f"mkdir -p {q(inc)}",
+        f"cd {q(inc)}",
+    ]
     out += [f"rm -f -- {q(p)}" for p in plan.remove]
     # the marker of an earlier release must never be mistaken for this one's before it completes
     out.append(f"rm -f {MARKER} {STAT} {EXPECT} {FOUND}")
-    dirs = sorted({p.rsplit("/", 1)[0] for p in list(plan.link) + plan.send if "/" in p}
-                  | {p.rstrip("/") for p in manifest if is_dir_entry(p)})
+    dirs = sorted(
+        {p.rsplit("/", 1)[0] for p in list(plan.link) + plan.send if "/" in p}
+        | {p.rstrip("/") for p in manifest if is_dir_entry(p)}
+    )
     if dirs:
         out.append("mkdir -p -- " + " ".join(q(d) for d in dirs))
     out += [f"ln -f -- {q(rel + '/' + src)} {q(p)}" for p, src in sorted(plan.link.items())]
@@ -249,8 +264,9 @@ def receive_command(base: str, release: str, run: str = RUN_ID) -> str:
     return f"mkdir -p {inc} && tar -x -f - -C {inc} --no-same-owner"
 
 
-def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] | None = None,
-                  run: str = RUN_ID, switch: bool = True) -> str:
+def finish_script(
+    base: str, release: str, keep: int, manifest: dict[str, list] | None = None, run: str = RUN_ID, switch: bool = True
+) -> str:
     """Shell that checks the incoming release is complete (every file, at its size), records its
     stat listing, makes it a release and switches the live link to it. Triton only ever sees a
     complete release: the link moves by rename, and a drifted release is rebuilt beside itself.
@@ -263,38 +279,42 @@ def finish_script(base: str, release: str, keep: int, manifest: dict[str, list] 
     done = f"releases/{rid}"
     new = f"model_repository.new-{run}"
     empty = [p for p in (manifest or {}) if is_dir_entry(p)]
-    return "\n".join([
-        "set -e",
-        f"cd {b}",
-        f"[ -d {q(inc)} ] || {{ echo {q(inc + ' is missing on')} \"$(hostname)\": the release was not prepared >&2; exit 1; }}",
-        f"cd {q(inc)}",
-        # directories left empty by files removed from an interrupted transfer go; the
-        # release's own empty directories are made again (the listing below checks both)
-        "find . -mindepth 1 -type d -empty -delete",
-        *([f"mkdir -p -- {' '.join(q(p.rstrip('/')) for p in sorted(empty))}"] if empty else []),
-        _listing("%s %P\\n", "d %P/\\n") + f" | LC_ALL=C sort > {FOUND}",
-        f"if ! cmp -s {FOUND} {EXPECT}; then",
-        f"  echo {q(f'release {rid} on')} \"$(hostname)\" {q(f'is incomplete in {base}/{inc} (missing or wrong-size')} "
-        "'files below; the live release is unchanged): run the deploy again' >&2",
-        f"  diff {EXPECT} {FOUND} | sed -n 's/^[<>] //p' | head -n 20 >&2",
-        "  exit 1",
-        "fi",
-        f"rm -f {FOUND} {EXPECT}",
-        "chmod -R a+rX .",
-        f"{stat_listing_command()} > {STAT}",
-        # staging: the release is written to disk before it is called complete. Its batch then
-        # does not pay the writeback (measured on the test hosts: a staged batch 1.12x one whose
-        # release was on the hosts, with 200 MB of the staged release still dirty), and a host
-        # that loses power between staging and its batch has no "complete" release of lost pages
-        *(["find . -type f -exec sync -- {} +"] if not switch else []),
-        f"cd {b}",
-        *([f"rm -rf {q(done)} && mv -T {q(inc)} {q(done)}"] if not switch else []),
-        *(_finish_switch(base, rid, keep, inc, rep, done, new, run) if switch else []),
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -e",
+                f"cd {b}",
+                f'[ -d {q(inc)} ] || {{ echo {q(inc + " is missing on")} "$(hostname)": the release was not prepared >&2; exit 1; }}',
+                f"cd {q(inc)}",
+                # directories left empty by files removed from an interrupted transfer go; the
+                # release's own empty directories are made again (the listing below checks both)
+                "find . -mindepth 1 -type d -empty -delete",
+                *([f"mkdir -p -- {' '.join(q(p.rstrip('/')) for p in sorted(empty))}"] if empty else []),
+                _listing("%s %P\\n", "d %P/\\n") + f" | LC_ALL=C sort > {FOUND}",
+                f"if ! cmp -s {FOUND} {EXPECT}; then",
+                f'  echo {q(f"release {rid} on")} "$(hostname)" {q(f"is incomplete in {base}/{inc} (missing or wrong-size")} '
+                "'files below; the live release is unchanged): run the deploy again' >&2",
+                f"  diff {EXPECT} {FOUND} | sed -n 's/^[<>] //p' | head -n 20 >&2",
+                "  exit 1",
+                "fi",
+                f"rm -f {FOUND} {EXPECT}",
+                "chmod -R a+rX .",
+                f"{stat_listing_command()} > {STAT}",
+                # staging: the release is written to disk before it is called complete. Its batch then
+                # does not pay the writeback (measured on the test hosts: a staged batch 1.12x one whose
+                # release was on the hosts, with 200 MB of the staged release still dirty), and a host
+                # that loses power between staging and its batch has no "complete" release of lost pages
+                *(["find . -type f -exec sync -- {} +"] if not switch else []),
+                f"cd {b}",
+                *([f"rm -rf {q(done)} && mv -T {q(inc)} {q(done)}"] if not switch else []),
+                *(_finish_switch(base, rid, keep, inc, rep, done, new, run) if switch else []),
+            ]
+        )
+        + "\n"
+    )
 
 
-def _finish_switch(base: str, rid: str, keep: int, inc: str, rep: str, done: str, new: str,
-                   run: str) -> list[str]:
+def _finish_switch(base: str, rid: str, keep: int, inc: str, rep: str, done: str, new: str, run: str) -> list[str]:
     return [
         f"if [ -e {q(done)} ]; then",
         # rebuild of a drifted release: the link always points at a complete release
@@ -321,7 +341,7 @@ def switch_script(base: str, release: str, keep: int, run: str = RUN_ID) -> str:
         # prune: keep the newest `keep` releases by switch order, never the live one
         f"{{ tac {b}/releases.log | awk '!seen[$0]++' | tail -n +{keep + 1} | "
         # (only names that are release ids: a damaged log line never removes anything else)
-        f"while read -r r; do case \"$r\" in ''|{q(rid)}|*[!0-9a-f]*) ;; *) rm -rf {b}/releases/\"$r\";; esac; "
+        f'while read -r r; do case "$r" in \'\'|{q(rid)}|*[!0-9a-f]*) ;; *) rm -rf {b}/releases/"$r";; esac; '
         "done; }"
     )
 

@@ -44,7 +44,7 @@ def _cache_path(path: Path) -> tuple[str, bool]:
         if part == "rendered" and i + 1 < len(parts):
             m = _RENDERED_RUN.match(parts[i + 1])
             if m:
-                return str(Path(*parts[:i + 1], m.group(1), *parts[i + 2:])), True
+                return str(Path(*parts[: i + 1], m.group(1), *parts[i + 2 :])), True
     return str(resolved), False
 
 
@@ -161,8 +161,9 @@ def apply_overrides(config_text: str, override: dict) -> str:
     lacks) is never remembered, so it is raised again."""
     from .derived import remembered_key
 
-    key = remembered_key("overrides", config_text, json.dumps(override, sort_keys=True, default=repr),
-                         Path(__file__).read_bytes())
+    key = remembered_key(
+        "overrides", config_text, json.dumps(override, sort_keys=True, default=repr), Path(__file__).read_bytes()
+    )
     path = CACHE_DIR / "overrides" / f"{key}.pbtxt"
     text = local_cache.read(path)
     if text is None:
@@ -217,8 +218,9 @@ def _placed(text: str, model: str, placement: dict | None) -> str:
     (tritonfleet.gpu.placement.place; ``placement``: {"gpus": N, "policy": ..., "models": {...}})."""
     if not placement or int(placement.get("gpus") or 1) <= 1:
         return text
-    return place(text, int(placement["gpus"]), policy_for(model, placement.get("policy") or "spread",
-                                                          placement.get("models")))
+    return place(
+        text, int(placement["gpus"]), policy_for(model, placement.get("policy") or "spread", placement.get("models"))
+    )
 
 
 def _placement_changes(src: Path, placement: dict | None) -> bool:
@@ -246,8 +248,9 @@ def render(src: Path, overrides: dict | None, dest_root: Path | None = None, pla
     overrides = overrides or {}
     if not overrides and not _placement_changes(src, placement):
         return src
-    key = hashlib.sha256(json.dumps([overrides, placement], sort_keys=True).encode()
-                         + str(src.resolve()).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps([overrides, placement], sort_keys=True).encode() + str(src.resolve()).encode()
+    ).hexdigest()[:12]
     root = dest_root or CACHE_DIR / "rendered"
     root.mkdir(parents=True, exist_ok=True)
     _prune_rendered(root)
@@ -267,7 +270,9 @@ def render(src: Path, overrides: dict | None, dest_root: Path | None = None, pla
             except Exception as e:  # protobuf parse errors: name the file
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise ValueError(f"{s}: cannot apply model_overrides[{model!r}]: {e}") from e
-        elif len(parts) == 2 and parts[1] == "config.pbtxt" and _placed(text := s.read_text(), model, placement) != text:
+        elif (
+            len(parts) == 2 and parts[1] == "config.pbtxt" and _placed(text := s.read_text(), model, placement) != text
+        ):
             try:
                 d.write_text(_placed(text, model, placement))
             except Exception as e:
@@ -314,8 +319,10 @@ def placement_of(settings: Settings, gpus: int) -> dict:
     per_model = dict(settings.get("gpu_placement_models") or {})
     for name, p in [("*", policy), *per_model.items()]:
         if p not in POLICIES:
-            raise ValueError(f"gpu_placement{'' if name == '*' else '_models[' + repr(name) + ']'} is {p!r}, "
-                             f"not one of {', '.join(POLICIES)} (group data)")
+            raise ValueError(
+                f"gpu_placement{'' if name == '*' else '_models[' + repr(name) + ']'} is {p!r}, "
+                f"not one of {', '.join(POLICIES)} (group data)"
+            )
     return {"gpus": int(gpus), "policy": policy, "models": per_model}
 
 

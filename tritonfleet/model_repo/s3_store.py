@@ -14,9 +14,11 @@ from ..settings.access import Settings
 from .origin_store import OBJECTS, Finding, Origin, OriginError, trimmed_url
 
 #: what to do when boto3 is missing: the locked, hashed install of README (requirements-s3.lock)
-BOTO3_MISSING = ("model_origin is an s3:// URL, but boto3 is not installed on this machine: install the locked "
-                 "S3 client from tritonfleet's checkout, "
-                 "`pip install --require-hashes --no-deps -r requirements-s3.lock` (README, Install)")
+BOTO3_MISSING = (
+    "model_origin is an s3:// URL, but boto3 is not installed on this machine: install the locked "
+    "S3 client from tritonfleet's checkout, "
+    "`pip install --require-hashes --no-deps -r requirements-s3.lock` (README, Install)"
+)
 
 
 #: an S3 bucket name as S3 accepts it (AWS S3 user guide, "General purpose bucket naming rules"):
@@ -28,8 +30,10 @@ _IP = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 def bucket_problem(bucket: str) -> str | None:
     """Why S3 would refuse ``bucket`` as a bucket name (None: it would not)."""
     if not _BUCKET.match(bucket) or ".." in bucket or _IP.match(bucket):
-        return ("its bucket name must be 3 to 63 lower-case letters, digits, dots or hyphens, a letter or digit at "
-                "each end, not an IP address (S3's bucket naming rules)")
+        return (
+            "its bucket name must be 3 to 63 lower-case letters, digits, dots or hyphens, a letter or digit at "
+            "each end, not an IP address (S3's bucket naming rules)"
+        )
     return None
 
 
@@ -51,29 +55,48 @@ class S3Store:
 
     @classmethod
     def from_settings(cls, url: str, auth: str, expiry: int, settings: Settings) -> Origin:
-        return Origin(cls.kind, url, auth, trimmed_url(settings.get("model_origin_endpoint")),
-                      settings.get("model_origin_region"), expiry,
-                      credentials_file=str(settings.get("model_origin_credentials_file")))
+        return Origin(
+            cls.kind,
+            url,
+            auth,
+            trimmed_url(settings.get("model_origin_endpoint")),
+            settings.get("model_origin_region"),
+            expiry,
+            credentials_file=str(settings.get("model_origin_credentials_file")),
+        )
 
     @classmethod
     def pull_problem(cls, origin: Origin) -> str | None:
         if origin.auth == "presigned":
-            return (f"pull mode: the host fetches from the model origin {origin.url} itself, and only the control "
-                    "machine could sign its URLs: set model_origin_auth = 'host' (the host's own read-only "
-                    "credentials) or use an HTTP origin")
+            return (
+                f"pull mode: the host fetches from the model origin {origin.url} itself, and only the control "
+                "machine could sign its URLs: set model_origin_auth = 'host' (the host's own read-only "
+                "credentials) or use an HTTP origin"
+            )
         return None
 
     def findings(self) -> list[Finding]:
         import boto3
 
         if boto3.session.Session().get_credentials() is None:
-            return [Finding(True, "this machine has no S3 credentials (boto3 found none)",
-                            "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, write ~/.aws/credentials, or give "
-                            "this machine an instance role that may read and write the bucket", hosts=False)]
+            return [
+                Finding(
+                    True,
+                    "this machine has no S3 credentials (boto3 found none)",
+                    "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, write ~/.aws/credentials, or give "
+                    "this machine an instance role that may read and write the bucket",
+                    hosts=False,
+                )
+            ]
         if self.origin.auth == "host":
-            return [Finding(False, "the hosts sign their own requests with the credentials in "
-                            f"{self.origin.credentials_file}: not checked here (no SSH)",
-                            "make sure every host has that file (a fetch names a missing one)")]
+            return [
+                Finding(
+                    False,
+                    "the hosts sign their own requests with the credentials in "
+                    f"{self.origin.credentials_file}: not checked here (no SSH)",
+                    "make sure every host has that file (a fetch names a missing one)",
+                )
+            ]
         return []
 
     def root_url(self) -> str | None:
@@ -81,8 +104,7 @@ class S3Store:
 
     def host_fetch_config(self) -> tuple[str, str] | None:
         """The host signs (``auth = "host"``) with its own credentials file: curl's SigV4."""
-        return ((self.origin.credentials_file, self.origin.region or "us-east-1")
-                if self.origin.auth == "host" else None)
+        return (self.origin.credentials_file, self.origin.region or "us-east-1") if self.origin.auth == "host" else None
 
     def __init__(self, origin: Origin):
         self.origin = origin
@@ -91,10 +113,16 @@ class S3Store:
             from botocore.config import Config
         except ImportError as e:
             raise UsageError(BOTO3_MISSING) from e
-        cfg = Config(signature_version="s3v4", s3={"addressing_style": "path" if origin.endpoint else "auto"},
-                     retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=60)
-        self.client = boto3.client("s3", endpoint_url=origin.endpoint, region_name=origin.region or "us-east-1",
-                                   config=cfg)
+        cfg = Config(
+            signature_version="s3v4",
+            s3={"addressing_style": "path" if origin.endpoint else "auto"},
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=10,
+            read_timeout=60,
+        )
+        self.client = boto3.client(
+            "s3", endpoint_url=origin.endpoint, region_name=origin.region or "us-east-1", config=cfg
+        )
         self._unsigned: Any = None  # boto3's client for plain URLs, made on first use
 
     def _errors(self):
@@ -104,9 +132,11 @@ class S3Store:
         return (BotoCoreError, ClientError, S3UploadFailedError, OSError)
 
     def _fail(self, doing: str, e: Exception) -> OriginError:
-        return OriginError(f"model origin {self.origin.url}"
-                           f"{f' (endpoint {self.origin.endpoint})' if self.origin.endpoint else ''}: {doing} "
-                           f"failed: {e}")
+        return OriginError(
+            f"model origin {self.origin.url}"
+            f"{f' (endpoint {self.origin.endpoint})' if self.origin.endpoint else ''}: {doing} "
+            f"failed: {e}"
+        )
 
     def check(self, write: bool = True) -> None:
         """One listing (the control machine's credentials read the bucket; an upload it is
@@ -121,10 +151,9 @@ class S3Store:
         out: dict[str, int] = {}
         start = f"{self.origin.prefix}{OBJECTS}/"
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.origin.bucket,
-                                                                              Prefix=start):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.origin.bucket, Prefix=start):
                 for item in page.get("Contents", []):
-                    sha = item["Key"][len(start):]
+                    sha = item["Key"][len(start) :]
                     if sha in shas:
                         out[sha] = int(item["Size"])
         except self._errors() as e:
@@ -135,9 +164,12 @@ class S3Store:
         from boto3.s3.transfer import TransferConfig
 
         try:
-            self.client.upload_file(str(path), self.origin.bucket, self.origin.object_key(sha),
-                                    Config=TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20,
-                                                          max_concurrency=4))
+            self.client.upload_file(
+                str(path),
+                self.origin.bucket,
+                self.origin.object_key(sha),
+                Config=TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=4),
+            )
         except self._errors() as e:
             raise self._fail(f"uploading {path}", e) from e
 
@@ -152,26 +184,37 @@ class S3Store:
 
     def put_bytes(self, key: str, data: bytes) -> None:
         try:
-            self.client.put_object(Bucket=self.origin.bucket, Key=key, Body=data,
-                                   ContentType="application/json")
+            self.client.put_object(Bucket=self.origin.bucket, Key=key, Body=data, ContentType="application/json")
         except self._errors() as e:
             raise self._fail(f"writing {key}", e) from e
 
     def urls(self, shas: list[str]) -> dict[str, str]:
         """{sha: URL a host fetches it from}: presigned (expiring) or plain (the host signs)."""
         if self.origin.auth == "presigned":
-            return {s: self.client.generate_presigned_url(
-                "get_object", Params={"Bucket": self.origin.bucket, "Key": self.origin.object_key(s)},
-                ExpiresIn=self.origin.expiry) for s in shas}
+            return {
+                s: self.client.generate_presigned_url(
+                    "get_object",
+                    Params={"Bucket": self.origin.bucket, "Key": self.origin.object_key(s)},
+                    ExpiresIn=self.origin.expiry,
+                )
+                for s in shas
+            }
         if self._unsigned is None:
             import boto3
             from botocore import UNSIGNED
             from botocore.config import Config
 
             self._unsigned = boto3.client(
-                "s3", endpoint_url=self.origin.endpoint, region_name=self.origin.region or "us-east-1",
-                config=Config(signature_version=UNSIGNED,
-                              s3={"addressing_style": "path" if self.origin.endpoint else "auto"}))
-        return {s: self._unsigned.generate_presigned_url(
-            "get_object", Params={"Bucket": self.origin.bucket, "Key": self.origin.object_key(s)})
-            for s in shas}
+                "s3",
+                endpoint_url=self.origin.endpoint,
+                region_name=self.origin.region or "us-east-1",
+                config=Config(
+                    signature_version=UNSIGNED, s3={"addressing_style": "path" if self.origin.endpoint else "auto"}
+                ),
+            )
+        return {
+            s: self._unsigned.generate_presigned_url(
+                "get_object", Params={"Bucket": self.origin.bucket, "Key": self.origin.object_key(s)}
+            )
+            for s in shas
+        }

@@ -71,10 +71,22 @@ HEADER = "tritonfleet-api-key"  # tritonfleet.serving.apikey.HEADER (not importe
 PREFIX = S.PROBE_PREFIX
 
 # ModelConfig.DataType names (Triton's JSON config) -> the KServe v2 datatype of the HTTP protocol
-DATATYPES = {"TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8", "TYPE_UINT16": "UINT16", "TYPE_UINT32": "UINT32",
-             "TYPE_UINT64": "UINT64", "TYPE_INT8": "INT8", "TYPE_INT16": "INT16", "TYPE_INT32": "INT32",
-             "TYPE_INT64": "INT64", "TYPE_FP16": "FP16", "TYPE_FP32": "FP32", "TYPE_FP64": "FP64",
-             "TYPE_STRING": "BYTES", "TYPE_BF16": "BF16"}
+DATATYPES = {
+    "TYPE_BOOL": "BOOL",
+    "TYPE_UINT8": "UINT8",
+    "TYPE_UINT16": "UINT16",
+    "TYPE_UINT32": "UINT32",
+    "TYPE_UINT64": "UINT64",
+    "TYPE_INT8": "INT8",
+    "TYPE_INT16": "INT16",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_FP16": "FP16",
+    "TYPE_FP32": "FP32",
+    "TYPE_FP64": "FP64",
+    "TYPE_STRING": "BYTES",
+    "TYPE_BF16": "BF16",
+}
 
 
 def _dims(values) -> list[int]:
@@ -129,8 +141,9 @@ class Triton:
         headers = {HEADER: self.key} if self.key else {}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(self.url + path, data=body, headers=headers,
-                                     method="POST" if body is not None else "GET")
+        req = urllib.request.Request(
+            self.url + path, data=body, headers=headers, method="POST" if body is not None else "GET"
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
                 return r.status, r.read()
@@ -232,8 +245,7 @@ class Prober:
                 rows[S.PROBE_LATENCY].append(_sample(S.PROBE_LATENCY, labels, round(seconds, 4)))
                 rows[S.PROBE_FAILURES].append(_sample(S.PROBE_FAILURES, labels, self.failures[k]))
                 if k in self.last_ok:
-                    rows[S.PROBE_LAST_SUCCESS].append(
-                        _sample(S.PROBE_LAST_SUCCESS, labels, round(self.last_ok[k], 3)))
+                    rows[S.PROBE_LAST_SUCCESS].append(_sample(S.PROBE_LAST_SUCCESS, labels, round(self.last_ok[k], 3)))
         for k in [k for k in self.failures if k not in seen]:  # models gone: their series go too
             del self.failures[k]
             self.last_ok.pop(k, None)
@@ -269,8 +281,13 @@ def say(text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="One real inference per model on an interval, as textfile metrics")
     p.add_argument("--textfile-dir", required=True, help="the node exporter's --collector.textfile.directory")
-    p.add_argument("--triton", action="append", required=True, metavar="PORT=URL",
-                   help="a Triton instance: its HTTP port (the label) and base URL, e.g. 8000=http://127.0.0.1:8000")
+    p.add_argument(
+        "--triton",
+        action="append",
+        required=True,
+        metavar="PORT=URL",
+        help="a Triton instance: its HTTP port (the label) and base URL, e.g. 8000=http://127.0.0.1:8000",
+    )
     p.add_argument("--key-file", default="", help="the host's key for Triton's restricted APIs")
     p.add_argument("--interval", type=float, default=5.0, help="seconds from one round to the next")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds each request may take")

@@ -90,8 +90,10 @@ def input_specs(config: dict) -> list[InputSpec]:
             continue
         dtype = inp.get("data_type", "")
         if dtype not in DTYPES:
-            raise LoadTestError(f"input {inp.get('name')!r} of model {config.get('name')!r} has data "
-                                f"type {dtype or '(none)'}, which the load test cannot generate")
+            raise LoadTestError(
+                f"input {inp.get('name')!r} of model {config.get('name')!r} has data "
+                f"type {dtype or '(none)'}, which the load test cannot generate"
+            )
         dims = tuple(1 if int(d) < 0 else int(d) for d in inp.get("dims") or [])
         out.append(InputSpec(inp["name"], DTYPES[dtype][0], ((1,) if batching else ()) + dims))
     if not out:
@@ -198,8 +200,16 @@ class Progress:
     started: float = 0.0
 
 
-async def _drive(client, model: str, inputs: list, outputs: list | None, concurrency: int,
-                 duration: float, progress: Progress, timeout: float) -> tuple[list[float], list[str]]:
+async def _drive(
+    client,
+    model: str,
+    inputs: list,
+    outputs: list | None,
+    concurrency: int,
+    duration: float,
+    progress: Progress,
+    timeout: float,
+) -> tuple[list[float], list[str]]:
     failed_request = request_errors()  # (imports the clients' modules: before the clock starts)
     latencies: list[float] = []
     errors: list[str] = []
@@ -269,9 +279,11 @@ def model_config(t: Target, model: str, timeout: float = 10) -> dict:
     with _session(t) as s:
         r = s.get(f"{t.http_url}/v2/models/{model}/config", timeout=timeout)
         if r.status_code != 200:
-            raise LoadTestError(f"{t.name}: {t.http_url}/v2/models/{model}/config -> HTTP "
-                                f"{r.status_code} {r.text.strip()[:200]} (is the model loaded? "
-                                "tritonfleet status shows the models each host serves)")
+            raise LoadTestError(
+                f"{t.name}: {t.http_url}/v2/models/{model}/config -> HTTP "
+                f"{r.status_code} {r.text.strip()[:200]} (is the model loaded? "
+                "tritonfleet status shows the models each host serves)"
+            )
         return r.json()
 
 
@@ -292,17 +304,28 @@ def snapshot(t: Target, model: str, timeout: float = 10) -> Snapshot:
             st = s.get(f"{t.http_url}/v2/models/{model}/stats", timeout=timeout)
             if st.status_code == 200:
                 counters.batches = metrics.batch_sizes(st.json())
-    return Snapshot(counters, metrics.gauge_mean(samples, "nv_gpu_utilization"),
-                    metrics.gauge_mean(samples, "nv_cpu_utilization"))
+    return Snapshot(
+        counters, metrics.gauge_mean(samples, "nv_gpu_utilization"), metrics.gauge_mean(samples, "nv_cpu_utilization")
+    )
 
 
 def _per_request(total: float, n: float) -> float | None:
     return total / n if n else None
 
 
-def run_step(t: Target, model: str, config: dict, concurrency: int, duration: float, protocol: str,
-             *, echo: Callable[[str], None] | None = None, timeout: float = 60,
-             settle: float = 2.0, label: str = "") -> Step:
+def run_step(
+    t: Target,
+    model: str,
+    config: dict,
+    concurrency: int,
+    duration: float,
+    protocol: str,
+    *,
+    echo: Callable[[str], None] | None = None,
+    timeout: float = 60,
+    settle: float = 2.0,
+    label: str = "",
+) -> Step:
     """One step of load on one model of one host, with Triton's counters read around it."""
     settings = TuneThresholds.from_config(config)
     specs = input_specs(config)
@@ -314,8 +337,7 @@ def run_step(t: Target, model: str, config: dict, concurrency: int, duration: fl
 
     async def main() -> tuple[list[float], list[str], float, float]:
         if protocol == "http":
-            client = mod.InferenceServerClient(t.http_url.removeprefix("http://"),
-                                               conn_limit=max(100, concurrency))
+            client = mod.InferenceServerClient(t.http_url.removeprefix("http://"), conn_limit=max(100, concurrency))
         else:
             client = mod.InferenceServerClient(t.grpc_url)
         ticker = None
@@ -351,35 +373,49 @@ def run_step(t: Target, model: str, config: dict, concurrency: int, duration: fl
     n = len(lat)
     lat_ms = [x * 1000 for x in lat]
     return Step(
-        host=t.name, model=model, concurrency=concurrency, protocol=protocol, duration_s=wall,
-        requests=n, errors=len(errs), throughput=n / wall if wall > 0 else 0.0,
-        p50_ms=percentile(lat_ms, 50), p95_ms=percentile(lat_ms, 95), p99_ms=percentile(lat_ms, 99),
+        host=t.name,
+        model=model,
+        concurrency=concurrency,
+        protocol=protocol,
+        duration_s=wall,
+        requests=n,
+        errors=len(errs),
+        throughput=n / wall if wall > 0 else 0.0,
+        p50_ms=percentile(lat_ms, 50),
+        p95_ms=percentile(lat_ms, 95),
+        p99_ms=percentile(lat_ms, 99),
         queue_us_avg=_per_request(d.queue_us, d.requests) if d else None,
         compute_us_avg=_per_request(d.compute_us, d.requests) if d else None,
         compute_input_us_avg=_per_request(d.compute_input_us, d.requests) if d else None,
         compute_infer_us_avg=_per_request(d.compute_infer_us, d.requests) if d else None,
         compute_output_us_avg=_per_request(d.compute_output_us, d.requests) if d else None,
         request_us_avg=_per_request(d.request_us, d.requests) if d else None,
-        triton_requests=d.requests if d else None, triton_failures=d.failures if d else None,
+        triton_requests=d.requests if d else None,
+        triton_failures=d.failures if d else None,
         batch_avg=_per_request(d.inferences, d.executions) if d else None,
         batch_sizes={str(k): v for k, v in sorted(d.batches.items())} if d else {},
-        utilization=util, device=settings.device, max_batch_size=settings.max_batch_size,
+        utilization=util,
+        device=settings.device,
+        max_batch_size=settings.max_batch_size,
         dynamic_batching=settings.dynamic_batching,
-        max_queue_delay_us=settings.max_queue_delay_us, preferred_batch_size=list(settings.preferred),
+        max_queue_delay_us=settings.max_queue_delay_us,
+        preferred_batch_size=list(settings.preferred),
         client_cpu_ms_per_request=cpu / (n + len(errs)) * 1000 if n + len(errs) else None,
         client_core_rate=(n + len(errs)) / cpu if cpu > 0 else None,
         client_busy=cpu / wall if wall > 0 else None,
-        first_error=errs[0] if errs else "", label=label,
+        first_error=errs[0] if errs else "",
+        label=label,
     )
 
 
-async def _tick(p: Progress, host: str, model: str, c: int, duration: float,
-                echo: Callable[[str], None]) -> None:
+async def _tick(p: Progress, host: str, model: str, c: int, duration: float, echo: Callable[[str], None]) -> None:
     while True:
         await asyncio.sleep(1.0)
         el = time.perf_counter() - p.started
-        echo(f"[{host} {model} c={c}] {min(el, duration):.0f}/{duration:.0f}s {p.requests} requests "
-             f"{p.errors} errors {p.requests / el if el else 0:.1f} inf/s")
+        echo(
+            f"[{host} {model} c={c}] {min(el, duration):.0f}/{duration:.0f}s {p.requests} requests "
+            f"{p.errors} errors {p.requests / el if el else 0:.1f} inf/s"
+        )
 
 
 def warm_up(t: Target, model: str, config: dict, protocol: str, requests_: int = 8) -> None:
@@ -388,8 +424,11 @@ def warm_up(t: Target, model: str, config: dict, protocol: str, requests_: int =
     inputs = make_inputs(input_specs(config), protocol)
 
     async def main() -> None:
-        client = (mod.InferenceServerClient(t.http_url.removeprefix("http://")) if protocol == "http"
-                  else mod.InferenceServerClient(t.grpc_url))
+        client = (
+            mod.InferenceServerClient(t.http_url.removeprefix("http://"))
+            if protocol == "http"
+            else mod.InferenceServerClient(t.grpc_url)
+        )
         try:
             for _ in range(requests_):
                 await client.infer(model, inputs)
@@ -406,8 +445,15 @@ class HostRun:
     error: str = ""
 
 
-def run_host(fh: FleetHost, models: list[str] | None, concurrencies: list[int], duration: float,
-             protocol: str = "http", echo: Callable[[str], None] | None = None, warmup: int = 8) -> HostRun:
+def run_host(
+    fh: FleetHost,
+    models: list[str] | None,
+    concurrencies: list[int],
+    duration: float,
+    protocol: str = "http",
+    echo: Callable[[str], None] | None = None,
+    warmup: int = 8,
+) -> HostRun:
     """Every model (``None``: every model the host has ready) at every concurrency on one host.
     A host that cannot be reached or measured gets ``error`` (naming the host and what to fix).
 
@@ -421,15 +467,24 @@ def run_host(fh: FleetHost, models: list[str] | None, concurrencies: list[int], 
     except LoadTestError as e:
         res.error = str(e)
     except (FleetError, ValueError, *CONNECTION_ERRORS) as e:  # requests' errors are OSErrors
-        res.error = (f"{fh.name}: {type(e).__name__}: {e} (check that this machine reaches the host's "
-                     "Triton ports: health_host / ssh_hostname, triton_http_port, triton_grpc_port, "
-                     "triton_metrics_port; or set health_via = \"ssh\")")
+        res.error = (
+            f"{fh.name}: {type(e).__name__}: {e} (check that this machine reaches the host's "
+            "Triton ports: health_host / ssh_hostname, triton_http_port, triton_grpc_port, "
+            'triton_metrics_port; or set health_via = "ssh")'
+        )
     return res
 
 
-def run_target(t: Target, models: list[str] | None, concurrencies: list[int], duration: float,
-               protocol: str = "http", echo: Callable[[str], None] | None = None, warmup: int = 8,
-               label: str = "") -> list[Step]:
+def run_target(
+    t: Target,
+    models: list[str] | None,
+    concurrencies: list[int],
+    duration: float,
+    protocol: str = "http",
+    echo: Callable[[str], None] | None = None,
+    warmup: int = 8,
+    label: str = "",
+) -> list[Step]:
     names = list(models) if models else ready_models(t)
     if not names:
         raise LoadTestError(f"{t.name}: no model is ready on {t.http_url}; nothing to load")
@@ -441,8 +496,10 @@ def run_target(t: Target, models: list[str] | None, concurrencies: list[int], du
         for c in concurrencies:
             step = run_step(t, m, cfg, c, duration, protocol, echo=echo, label=label)
             if echo:
-                echo(f"[{t.name} {m} c={c}] done: {step.requests} requests, {step.errors} errors, "
-                     f"{step.throughput:.1f} inf/s, p95 {_f(step.p95_ms, '.1f')} ms")
+                echo(
+                    f"[{t.name} {m} c={c}] done: {step.requests} requests, {step.errors} errors, "
+                    f"{step.throughput:.1f} inf/s, p95 {_f(step.p95_ms, '.1f')} ms"
+                )
             steps.append(step)
     return steps
 
@@ -455,9 +512,12 @@ def client_summary(steps: list[Step]) -> dict:
     """The load generator's cost over all steps: CPU ms per request and the rate one core drives."""
     n = sum(s.requests + s.errors for s in steps)
     cpu = sum((s.client_cpu_ms_per_request or 0) * (s.requests + s.errors) / 1000 for s in steps)
-    return {"requests": n, "cpu_s": round(cpu, 3),
-            "cpu_ms_per_request": cpu / n * 1000 if n else None,
-            "core_rate": n / cpu if cpu > 0 else None}
+    return {
+        "requests": n,
+        "cpu_s": round(cpu, 3),
+        "cpu_ms_per_request": cpu / n * 1000 if n else None,
+        "core_rate": n / cpu if cpu > 0 else None,
+    }
 
 
 #: a step whose client used more than this share of one core is marked client-bound
@@ -465,15 +525,43 @@ CLIENT_BOUND_BUSY = 0.8
 
 
 def table(steps: list[Step]) -> str:
-    head = ["HOST", "MODEL", "CONC", "REQUESTS", "ERRORS", "INF/S", "P50 MS", "P95 MS", "P99 MS",
-            "QUEUE US", "COMPUTE US", "BATCH", "CLIENT CPU", "LIMIT"]
+    head = [
+        "HOST",
+        "MODEL",
+        "CONC",
+        "REQUESTS",
+        "ERRORS",
+        "INF/S",
+        "P50 MS",
+        "P95 MS",
+        "P99 MS",
+        "QUEUE US",
+        "COMPUTE US",
+        "BATCH",
+        "CLIENT CPU",
+        "LIMIT",
+    ]
     rows = [head]
     for s in steps:
         busy = s.client_busy or 0
-        rows.append([s.label or s.host, s.model, str(s.concurrency), str(s.requests), str(s.errors),
-                     f"{s.throughput:.1f}", _f(s.p50_ms, ".2f"), _f(s.p95_ms, ".2f"), _f(s.p99_ms, ".2f"),
-                     _f(s.queue_us_avg, ".0f"), _f(s.compute_us_avg, ".0f"), _f(s.batch_avg, ".2f"),
-                     f"{busy * 100:.0f}%", "client?" if busy > CLIENT_BOUND_BUSY else "server"])
+        rows.append(
+            [
+                s.label or s.host,
+                s.model,
+                str(s.concurrency),
+                str(s.requests),
+                str(s.errors),
+                f"{s.throughput:.1f}",
+                _f(s.p50_ms, ".2f"),
+                _f(s.p95_ms, ".2f"),
+                _f(s.p99_ms, ".2f"),
+                _f(s.queue_us_avg, ".0f"),
+                _f(s.compute_us_avg, ".0f"),
+                _f(s.batch_avg, ".2f"),
+                f"{busy * 100:.0f}%",
+                "client?" if busy > CLIENT_BOUND_BUSY else "server",
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -493,8 +581,9 @@ def plot(steps: list[Step], path: str, title: str = "") -> None:
     try:
         import matplotlib
     except ImportError as e:
-        raise LoadTestError("--plot needs matplotlib: pip install 'tritonfleet[plot]' "
-                            "(or pip install matplotlib)") from e
+        raise LoadTestError(
+            "--plot needs matplotlib: pip install 'tritonfleet[plot]' (or pip install matplotlib)"
+        ) from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -529,24 +618,47 @@ def stderr_echo(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_child(t: Target, models: list[str] | None, concurrencies: list[int], duration: float,
-              protocol: str, warmup: int, progress: bool, label: str = "") -> list[Step]:
+def run_child(
+    t: Target,
+    models: list[str] | None,
+    concurrencies: list[int],
+    duration: float,
+    protocol: str,
+    warmup: int,
+    progress: bool,
+    label: str = "",
+) -> list[Step]:
     """:func:`run_target` in a fresh interpreter; its progress lines go to this stderr."""
-    job = {"target": asdict(t), "models": models, "concurrencies": concurrencies, "duration": duration,
-           "protocol": protocol, "warmup": warmup, "progress": progress, "label": label}
+    job = {
+        "target": asdict(t),
+        "models": models,
+        "concurrencies": concurrencies,
+        "duration": duration,
+        "protocol": protocol,
+        "warmup": warmup,
+        "progress": progress,
+        "label": label,
+    }
     # generous bound: every step, its warm-up and its counter reads, plus start-up
     n_models = len(models) if models else 16
     limit = n_models * len(concurrencies) * (duration + 90) + 120
     try:
-        res = subprocess.run([sys.executable, "-m", "tritonfleet.observability.loadtest"], input=json.dumps(job),
-                             stdout=subprocess.PIPE, stderr=None, text=True, timeout=limit)
+        res = subprocess.run(
+            [sys.executable, "-m", "tritonfleet.observability.loadtest"],
+            input=json.dumps(job),
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+            timeout=limit,
+        )
     except subprocess.TimeoutExpired as e:
         raise LoadTestError(f"{t.name}: the load did not finish within {limit:.0f}s") from e
     try:
         out = json.loads(res.stdout)
     except ValueError:
-        raise LoadTestError(f"{t.name}: the load generator failed (exit status {res.returncode}): "
-                            f"{res.stdout.strip()[-500:]}") from None
+        raise LoadTestError(
+            f"{t.name}: the load generator failed (exit status {res.returncode}): {res.stdout.strip()[-500:]}"
+        ) from None
     if out.get("error"):
         raise LoadTestError(out["error"])
     return [Step(**s) for s in out["steps"]]
@@ -562,15 +674,27 @@ def _child_main() -> None:
     job = json.loads(sys.stdin.read())
     t = Target(**job["target"])
     try:
-        steps = run_target(t, job["models"], job["concurrencies"], job["duration"], job["protocol"],
-                           stderr_echo if job["progress"] else None, job["warmup"], job["label"])
+        steps = run_target(
+            t,
+            job["models"],
+            job["concurrencies"],
+            job["duration"],
+            job["protocol"],
+            stderr_echo if job["progress"] else None,
+            job["warmup"],
+            job["label"],
+        )
         out: dict = {"steps": [s.as_dict() for s in steps]}
     except LoadTestError as e:
         out = {"error": str(e)}
     except _child_errors() as e:  # reported by the parent
-        out = {"error": (f"{t.name}: {type(e).__name__}: {e} (check that this machine reaches the "
-                         "host's Triton ports: health_host / ssh_hostname, triton_http_port, "
-                         "triton_grpc_port, triton_metrics_port; or set health_via = \"ssh\")")}
+        out = {
+            "error": (
+                f"{t.name}: {type(e).__name__}: {e} (check that this machine reaches the "
+                "host's Triton ports: health_host / ssh_hostname, triton_http_port, "
+                'triton_grpc_port, triton_metrics_port; or set health_via = "ssh")'
+            )
+        }
     print(json.dumps(out))
 
 

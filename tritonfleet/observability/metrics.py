@@ -65,8 +65,10 @@ def metrics_targets(fh: FleetHost) -> list[tuple[str, int | None]]:
         per_gpu.check_layout(fh, n)
         return [(f"{address(fh)}:{per_gpu.ports(fh, i)['triton_metrics_port']}", i) for i in range(n)]
     except ValueError as e:
-        raise FleetError(f"{fh.name}: triton_per_gpu needs the host's gpu_count for one target per GPU ({e}); "
-                         "set gpu_count in its inventory host data or group data") from e
+        raise FleetError(
+            f"{fh.name}: triton_per_gpu needs the host's gpu_count for one target per GPU ({e}); "
+            "set gpu_count in its inventory host data or group data"
+        ) from e
 
 
 @dataclass
@@ -151,8 +153,16 @@ def batch_sizes(stats: dict) -> Counter:
     return out
 
 
-def read_host(fh: FleetHost, http_url: str, metrics_url: str, *, configs: bool = True,
-              models: set[str] | None = None, timeout: float = 5, headers: dict | None = None) -> HostRead:
+def read_host(
+    fh: FleetHost,
+    http_url: str,
+    metrics_url: str,
+    *,
+    configs: bool = True,
+    models: set[str] | None = None,
+    timeout: float = 5,
+    headers: dict | None = None,
+) -> HostRead:
     """Read the host's metrics, and per model its statistics (batch sizes run) and, if
     ``configs``, its live configuration. ``models`` restricts the models read; ``headers`` go
     with every request (the host's API key for restricted statistics and configuration)."""

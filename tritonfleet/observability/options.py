@@ -43,8 +43,7 @@ class Options:
     def check(self) -> None:
         if not JOB_NAME.match(self.job):
             raise InventoryError(f"--job {self.job!r}: letters, digits, '_' and '-' only")
-        for opt, value in (("--scrape-interval", self.scrape_interval),
-                           ("--rate-window", self.rate_window)):
+        for opt, value in (("--scrape-interval", self.scrape_interval), ("--rate-window", self.rate_window)):
             if not DURATION.match(value):
                 raise InventoryError(f"{opt} {value!r} is not a Prometheus duration (e.g. 15s, 5m)")
         if not DURATION.match(self.health_interval):
@@ -54,15 +53,20 @@ class Options:
         if self.quarantine_url and not re.match(r"^https?://[^\s/]+", self.quarantine_url):
             raise InventoryError(f"--quarantine-url {self.quarantine_url!r}: expected http://host:port")
         if self.quarantine_url and not self.alertmanager:
-            raise InventoryError("--quarantine-url without --alertmanager: prometheus.yml would send no alert to "
-                                 "Alertmanager, so nothing is ever quarantined; add --alertmanager HOST:PORT")
+            raise InventoryError(
+                "--quarantine-url without --alertmanager: prometheus.yml would send no alert to "
+                "Alertmanager, so nothing is ever quarantined; add --alertmanager HOST:PORT"
+            )
         if self.quarantine_url and not self.quarantine_token_file:
-            raise InventoryError("--quarantine-url needs the receiver's token file as Alertmanager reads it "
-                                 "(--quarantine-token-file PATH, or quarantine_token_file in group data)")
+            raise InventoryError(
+                "--quarantine-url needs the receiver's token file as Alertmanager reads it "
+                "(--quarantine-token-file PATH, or quarantine_token_file in group data)"
+            )
         if duration_seconds(self.rate_window) < 4 * duration_seconds(self.scrape_interval):
-            raise InventoryError(f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
-                             f"({self.scrape_interval}) for rate() to see enough samples")
-
+            raise InventoryError(
+                f"--rate-window {self.rate_window} must be at least 4 scrape intervals "
+                f"({self.scrape_interval}) for rate() to see enough samples"
+            )
 
     def alertmanager_url(self) -> str:
         """``alertmanager`` as a URL (alertmanager_url, the form ``quarantine serve

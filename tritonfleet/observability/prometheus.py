@@ -51,6 +51,7 @@ TARGET_DIRS = ("targets", "targets/health")
 
 # ---- targets ---------------------------------------------------------------------------------
 
+
 @dataclass
 class ScrapeTarget:
     host: FleetHost
@@ -67,8 +68,10 @@ def targets(hosts: list[FleetHost]) -> tuple[list[ScrapeTarget], list[str]]:
     for h in hosts:
         for target, gpu in metrics.metrics_targets(h):
             if target in seen:
-                raise InventoryError(f"{h.name}: metrics endpoint {target} is also {seen[target]}'s: "
-                                 "set health_host or ssh_hostname so each host has its own address")
+                raise InventoryError(
+                    f"{h.name}: metrics endpoint {target} is also {seen[target]}'s: "
+                    "set health_host or ssh_hostname so each host has its own address"
+                )
             seen[target] = h.name + (f" GPU {gpu}" if gpu is not None else "")
             labels = {"host": h.name}
             if h.gpu_class:
@@ -80,11 +83,15 @@ def targets(hosts: list[FleetHost]) -> tuple[list[ScrapeTarget], list[str]]:
             out.append(ScrapeTarget(h, target, labels))
         bind = h.get("triton_metrics_bind")
         if bind and bind.startswith("127."):
-            warnings.append(f"{h.name}: triton_metrics_bind={bind}: the metrics port listens on "
-                            "loopback only, Prometheus cannot scrape it (widen triton_metrics_bind)")
+            warnings.append(
+                f"{h.name}: triton_metrics_bind={bind}: the metrics port listens on "
+                "loopback only, Prometheus cannot scrape it (widen triton_metrics_bind)"
+            )
         if h.get("health_via") == "ssh":
-            warnings.append(f"{h.name}: health_via=ssh: Prometheus scrapes {metrics.metrics_target(h)} directly; "
-                            "open the metrics port to the Prometheus server")
+            warnings.append(
+                f"{h.name}: health_via=ssh: Prometheus scrapes {metrics.metrics_target(h)} directly; "
+                "open the metrics port to the Prometheus server"
+            )
     return out, warnings
 
 
@@ -109,6 +116,7 @@ def scrape_job(opts: Options, base: str) -> dict:
 
 # ---- rules -----------------------------------------------------------------------------------
 
+
 def _partitions(hosts: list[FleetHost], keys: tuple[str, ...]) -> list[tuple[tuple, str, dict[str, str]]]:
     """[(values of ``keys``, extra matcher, extra labels)]: one entry when every host has the
     same values (no matcher, no labels), else one per distinct set of values, restricted to its
@@ -122,8 +130,9 @@ def _partitions(hosts: list[FleetHost], keys: tuple[str, ...]) -> list[tuple[tup
         groups.setdefault(json.dumps(values), (values, []))[1].append(h.name)
     if len(groups) == 1:
         return [(next(iter(groups.values()))[0], "", {})]
-    return [(values, f", host=~`{host_regex(names)}`", _threshold_labels(keys, values))
-            for values, names in groups.values()]
+    return [
+        (values, f", host=~`{host_regex(names)}`", _threshold_labels(keys, values)) for values, names in groups.values()
+    ]
 
 
 def _threshold_labels(keys: tuple[str, ...], values: tuple) -> dict[str, str]:
@@ -142,22 +151,26 @@ def recording_rules(opts: Options) -> list[dict]:
     compute = " + ".join(rate(f"nv_inference_compute_{p}_duration_us") for p in ("input", "infer", "output"))
     rules = [
         (f"triton_model:requests:rate{w}", rate("nv_inference_request_success")),
-        (f"triton_model:failures:rate{w}",
-         f"sum without (reason) ({rate('nv_inference_request_failure')})"),
-        (f"triton_model:failure_ratio:rate{w}",
-         f"triton_model:failures:rate{w} / (triton_model:failures:rate{w} + triton_model:requests:rate{w})"),
-        (f"triton_model:request_duration_us:mean{w}",
-         f"{rate('nv_inference_request_duration_us')} / {rate('nv_inference_request_success')}"),
-        (f"triton_model:queue_duration_us:mean{w}",
-         f"{rate('nv_inference_queue_duration_us')} / {rate('nv_inference_request_success')}"),
-        (f"triton_model:compute_duration_us:mean{w}",
-         f"({compute}) / {rate('nv_inference_request_success')}"),
-        (f"triton_model:batch_size:mean{w}",
-         f"{rate('nv_inference_count')} / {rate('nv_inference_exec_count')}"),
-        (f"triton_host:gpu_utilization:avg{w}",
-         f"avg without (gpu_uuid) (avg_over_time(nv_gpu_utilization{{{j}}}[{w}]))"),
-        ("triton_gpu:memory_used:ratio",
-         f"nv_gpu_memory_used_bytes{{{j}}} / nv_gpu_memory_total_bytes{{{j}}}"),
+        (f"triton_model:failures:rate{w}", f"sum without (reason) ({rate('nv_inference_request_failure')})"),
+        (
+            f"triton_model:failure_ratio:rate{w}",
+            f"triton_model:failures:rate{w} / (triton_model:failures:rate{w} + triton_model:requests:rate{w})",
+        ),
+        (
+            f"triton_model:request_duration_us:mean{w}",
+            f"{rate('nv_inference_request_duration_us')} / {rate('nv_inference_request_success')}",
+        ),
+        (
+            f"triton_model:queue_duration_us:mean{w}",
+            f"{rate('nv_inference_queue_duration_us')} / {rate('nv_inference_request_success')}",
+        ),
+        (f"triton_model:compute_duration_us:mean{w}", f"({compute}) / {rate('nv_inference_request_success')}"),
+        (f"triton_model:batch_size:mean{w}", f"{rate('nv_inference_count')} / {rate('nv_inference_exec_count')}"),
+        (
+            f"triton_host:gpu_utilization:avg{w}",
+            f"avg without (gpu_uuid) (avg_over_time(nv_gpu_utilization{{{j}}}[{w}]))",
+        ),
+        ("triton_gpu:memory_used:ratio", f"nv_gpu_memory_used_bytes{{{j}}} / nv_gpu_memory_total_bytes{{{j}}}"),
     ]
     return [{"record": name, "expr": expr} for name, expr in rules]
 
@@ -166,88 +179,116 @@ def alerting_rules(opts: Options, hosts: list[FleetHost], models: dict[str, list
     """Alerts; ``models``: model -> hosts expected to serve it (their model repository)."""
     j, w = f'job="{opts.job}"', opts.rate_window
     on = "{{ $labels.host }} ({{ $labels.instance }})"
-    rules = [alert(
-        "TritonDown", f"up{{{j}}} == 0", "2m", "critical",
-        f"Triton on {on} does not answer on its metrics port",
-        "Prometheus cannot scrape the host's Triton metrics endpoint: the container or the host is "
-        "down, or the port is closed. Check `systemctl status triton` and its journal on the host.",
-    )]
+    rules = [
+        alert(
+            "TritonDown",
+            f"up{{{j}}} == 0",
+            "2m",
+            "critical",
+            f"Triton on {on} does not answer on its metrics port",
+            "Prometheus cannot scrape the host's Triton metrics endpoint: the container or the host is "
+            "down, or the port is closed. Check `systemctl status triton` and its journal on the host.",
+        )
+    ]
     everyone = sorted(h.name for h in hosts)
     for model, names in sorted(models.items()):
         sel = "" if sorted(names) == everyone else f", host=~`{host_regex(sorted(names))}`"
-        rules.append(alert(
-            "TritonModelNotReady",
-            f'label_replace((up{{{j}{sel}}} == 1) unless on (instance) '
-            f'nv_inference_request_success{{{j}, model="{model}"}}, "model", "{model}", "", "")',
-            "2m", "critical",
-            f"{model} is not loaded on {on}",
-            "Triton answers but reports no metrics for the model (Triton drops a model's "
-            "nv_inference_request_success when it is not loaded): it failed to load or was unloaded. "
-            f"Check GET /v2/models/{model}/ready and the Triton log.",
-            {"model": model},
-        ))
+        rules.append(
+            alert(
+                "TritonModelNotReady",
+                f"label_replace((up{{{j}{sel}}} == 1) unless on (instance) "
+                f'nv_inference_request_success{{{j}, model="{model}"}}, "model", "{model}", "", "")',
+                "2m",
+                "critical",
+                f"{model} is not loaded on {on}",
+                "Triton answers but reports no metrics for the model (Triton drops a model's "
+                "nv_inference_request_success when it is not loaded): it failed to load or was unloaded. "
+                f"Check GET /v2/models/{model}/ready and the Triton log.",
+                {"model": model},
+            )
+        )
     for (ratio,), sel, extra in _partitions(hosts, ("monitor_failure_ratio",)):
-        rules.append(alert(
-            "TritonModelFailures", f"triton_model:failure_ratio:rate{w}{{{j}{sel}}} > {number(ratio)}",
-            "5m", "warning",
-            f"{{{{ $labels.model }}}} fails {{{{ $value | humanizePercentage }}}} of requests on {on}",
-            f"More than {number(ratio * 100)}% of the model's requests failed over {w} "
-            "(nv_inference_request_failure by reason).",
-            extra,
-        ))
+        rules.append(
+            alert(
+                "TritonModelFailures",
+                f"triton_model:failure_ratio:rate{w}{{{j}{sel}}} > {number(ratio)}",
+                "5m",
+                "warning",
+                f"{{{{ $labels.model }}}} fails {{{{ $value | humanizePercentage }}}} of requests on {on}",
+                f"More than {number(ratio * 100)}% of the model's requests failed over {w} "
+                "(nv_inference_request_failure by reason).",
+                extra,
+            )
+        )
     for (ms,), sel, extra in _partitions(hosts, ("monitor_latency_ms",)):
-        rules.append(alert(
-            "TritonModelSlow", f"triton_model:request_duration_us:mean{w}{{{j}{sel}}} > {number(ms * 1000)}",
-            "10m", "warning",
-            f"{{{{ $labels.model }}}} on {on} takes {{{{ $value | printf \"%.0f\" }}}} us a request",
-            f"The mean request time (queue + compute) over {w} is above {number(ms)} ms. It is a mean from "
-            "Triton's cumulative _us counters (rate(duration) / rate(count)), not a percentile.",
-            extra,
-        ))
+        rules.append(
+            alert(
+                "TritonModelSlow",
+                f"triton_model:request_duration_us:mean{w}{{{j}{sel}}} > {number(ms * 1000)}",
+                "10m",
+                "warning",
+                f'{{{{ $labels.model }}}} on {on} takes {{{{ $value | printf "%.0f" }}}} us a request',
+                f"The mean request time (queue + compute) over {w} is above {number(ms)} ms. It is a mean from "
+                "Triton's cumulative _us counters (rate(duration) / rate(count)), not a percentile.",
+                extra,
+            )
+        )
     for (ratio,), sel, extra in _partitions(hosts, ("monitor_queue_compute_ratio",)):
         factor = "" if ratio == 1 else f"{number(ratio)} * "
-        rules.append(alert(
-            "TritonQueueDominates",
-            f"triton_model:queue_duration_us:mean{w}{{{j}{sel}}} > "
-            f"{factor}triton_model:compute_duration_us:mean{w}",
-            "10m", "warning",
-            f"{{{{ $labels.model }}}} on {on}: requests wait longer in the queue than they compute",
-            "Mean queue time is above the mean compute time. With an idle GPU lower "
-            "max_queue_delay_microseconds (see TritonQueueWhileGpuIdle); with a busy GPU add "
-            "instances or hosts. `tritonfleet tune` shows the figures.",
-            extra,
-        ))
+        rules.append(
+            alert(
+                "TritonQueueDominates",
+                f"triton_model:queue_duration_us:mean{w}{{{j}{sel}}} > "
+                f"{factor}triton_model:compute_duration_us:mean{w}",
+                "10m",
+                "warning",
+                f"{{{{ $labels.model }}}} on {on}: requests wait longer in the queue than they compute",
+                "Mean queue time is above the mean compute time. With an idle GPU lower "
+                "max_queue_delay_microseconds (see TritonQueueWhileGpuIdle); with a busy GPU add "
+                "instances or hosts. `tritonfleet tune` shows the figures.",
+                extra,
+            )
+        )
     for (ratio, low), sel, extra in _partitions(hosts, ("monitor_queue_compute_ratio", "monitor_low_utilization")):
         factor = "" if ratio == 1 else f"{number(ratio)} * "
-        rules.append(alert(
-            "TritonQueueWhileGpuIdle",
-            f"(triton_model:queue_duration_us:mean{w}{{{j}{sel}}} > "
-            f"{factor}triton_model:compute_duration_us:mean{w}) "
-            f"and on (instance) (triton_host:gpu_utilization:avg{w} < {number(low)})",
-            "10m", "warning",
-            f"{{{{ $labels.model }}}} on {on}: queue time dominates while the GPU is under "
-            f"{number(low * 100)}% busy: lower max_queue_delay_microseconds",
-            "Requests wait for the dynamic batcher while the GPU idles: lower the model's "
-            "max_queue_delay_microseconds (config.pbtxt, or model_overrides per GPU class).",
-            extra,
-        ))
+        rules.append(
+            alert(
+                "TritonQueueWhileGpuIdle",
+                f"(triton_model:queue_duration_us:mean{w}{{{j}{sel}}} > "
+                f"{factor}triton_model:compute_duration_us:mean{w}) "
+                f"and on (instance) (triton_host:gpu_utilization:avg{w} < {number(low)})",
+                "10m",
+                "warning",
+                f"{{{{ $labels.model }}}} on {on}: queue time dominates while the GPU is under "
+                f"{number(low * 100)}% busy: lower max_queue_delay_microseconds",
+                "Requests wait for the dynamic batcher while the GPU idles: lower the model's "
+                "max_queue_delay_microseconds (config.pbtxt, or model_overrides per GPU class).",
+                extra,
+            )
+        )
     for (ratio,), sel, extra in _partitions(hosts, ("monitor_gpu_memory_ratio",)):
-        rules.append(alert(
-            "TritonGpuMemoryNearFull", f"triton_gpu:memory_used:ratio{{{j}{sel}}} > {number(ratio)}",
-            "5m", "warning",
-            f"GPU {{{{ $labels.gpu_uuid }}}} on {on} is {{{{ $value | humanizePercentage }}}} full",
-            f"Used GPU memory is above {number(ratio * 100)}% of the total: a further model instance "
-            "or a larger batch may fail to allocate.",
-            extra,
-        ))
+        rules.append(
+            alert(
+                "TritonGpuMemoryNearFull",
+                f"triton_gpu:memory_used:ratio{{{j}{sel}}} > {number(ratio)}",
+                "5m",
+                "warning",
+                f"GPU {{{{ $labels.gpu_uuid }}}} on {on} is {{{{ $value | humanizePercentage }}}} full",
+                f"Used GPU memory is above {number(ratio * 100)}% of the total: a further model instance "
+                "or a larger batch may fail to allocate.",
+                extra,
+            )
+        )
     return rules
 
 
 def rules_file(opts: Options, hosts: list[FleetHost], models: dict[str, list[str]]) -> dict:
-    return {"groups": [
-        {"name": f"{opts.job}.recording", "rules": recording_rules(opts)},
-        {"name": f"{opts.job}.alerts", "rules": alerting_rules(opts, hosts, models)},
-    ]}
+    return {
+        "groups": [
+            {"name": f"{opts.job}.recording", "rules": recording_rules(opts)},
+            {"name": f"{opts.job}.alerts", "rules": alerting_rules(opts, hosts, models)},
+        ]
+    }
 
 
 def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
@@ -256,14 +297,17 @@ def expected_models(hosts: list[FleetHost]) -> dict[str, list[str]]:
     for h in hosts:
         repo = Path(str(h.get("model_repository")))
         if not repo.is_dir():
-            raise InventoryError(f"{h.name}: model_repository {repo} is not a directory (set "
-                             "model_repository in group data, relative to where tritonfleet runs)")
+            raise InventoryError(
+                f"{h.name}: model_repository {repo} is not a directory (set "
+                "model_repository in group data, relative to where tritonfleet runs)"
+            )
         for m in list_models(repo):
             out.setdefault(m, []).append(h.name)
     return out
 
 
 # ---- output ----------------------------------------------------------------------------------
+
 
 @dataclass
 class Generated:
@@ -291,22 +335,27 @@ def generate(hosts: list[FleetHost], opts: Options, only: set[str] | None = None
     base = opts.prometheus_dir.rstrip("/") or "."
     job = scrape_job(opts, base)
     rules = rules_file(opts, hosts, expected_models(hosts))
-    files = {f"targets/{name}": json.dumps(entries, indent=2) + "\n"
-             for name, entries in file_sd(ts, opts.job).items()}
+    files = {f"targets/{name}": json.dumps(entries, indent=2) + "\n" for name, entries in file_sd(ts, opts.job).items()}
     files[f"scrape-{opts.job}.yml"] = yaml_file(
-        [job], "Scrape job for the Triton fleet: paste under scrape_configs: in prometheus.yml.")
+        [job], "Scrape job for the Triton fleet: paste under scrape_configs: in prometheus.yml."
+    )
     files[f"rules/{opts.job}.rules.yml"] = yaml_file(
-        rules, "Recording and alerting rules for the Triton fleet (rule_files: in prometheus.yml).")
-    files["prometheus.yml"] = yaml_file({
-        "global": {"scrape_interval": opts.scrape_interval, "evaluation_interval": opts.scrape_interval},
-        "rule_files": [f"{base}/rules/*.rules.yml"],
-        "scrape_configs": [job],
-    }, "A complete Prometheus configuration for the Triton fleet (or merge its parts into yours).")
+        rules, "Recording and alerting rules for the Triton fleet (rule_files: in prometheus.yml)."
+    )
+    files["prometheus.yml"] = yaml_file(
+        {
+            "global": {"scrape_interval": opts.scrape_interval, "evaluation_interval": opts.scrape_interval},
+            "rule_files": [f"{base}/rules/*.rules.yml"],
+            "scrape_configs": [job],
+        },
+        "A complete Prometheus configuration for the Triton fleet (or merge its parts into yours).",
+    )
     files[f"grafana/{opts.job}-fleet.json"] = json.dumps(dashboard.dashboard(opts), indent=2) + "\n"
     return Generated(files, ts, warnings, rules, opts.job, frozenset(only) if only is not None else None)
 
 
 # ---- writing: only what this command wrote ---------------------------------------------------
+
 
 class ForeignFiles(UsageError):
     """Files in the way that this command did not write (or that were changed since)."""
@@ -324,13 +373,18 @@ def read_record(out: Path) -> dict[str, list[str]]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: unreadable ({e}): it records which files `tritonfleet prometheus` "
-                         "wrote; remove it and run again with --force to take the directory over") from None
+        raise UsageError(
+            f"{path}: unreadable ({e}): it records which files `tritonfleet prometheus` "
+            "wrote; remove it and run again with --force to take the directory over"
+        ) from None
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(h, str) for h in v) for k, v in files.items()):
-        raise UsageError(f"{path}: not the record `tritonfleet prometheus` writes; remove it and run again with "
-                         "--force to take the directory over")
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(h, str) for h in v) for k, v in files.items()
+    ):
+        raise UsageError(
+            f"{path}: not the record `tritonfleet prometheus` writes; remove it and run again with "
+            "--force to take the directory over"
+        )
     return files
 
 
@@ -356,14 +410,24 @@ class ConfigPlan:
     kept: list[str] = field(default_factory=list)  #: messages: foreign files left alone
 
 
-def _plan_targets(gen: Generated, out: Path, folder: str, record: dict[str, list[str]],
-                  wanted: dict[str, str], p: ConfigPlan, force: bool) -> None:
+def _plan_targets(
+    gen: Generated,
+    out: Path,
+    folder: str,
+    record: dict[str, list[str]],
+    wanted: dict[str, str],
+    p: ConfigPlan,
+    force: bool,
+) -> None:
     """The target files of one folder (``targets/``, ``targets/health/``) in :func:`plan`: with
     --limit the named hosts' entries merged into what is there, else this command's own files of
     groups that are gone removed (a foreign one kept, with a warning)."""
     prefix = f"{folder}/{gen.job}-"
-    on_disk = sorted(f"{folder}/{f.name}" for f in (out / folder).glob(f"{gen.job}-*.json")) \
-        if (out / folder).is_dir() else []
+    on_disk = (
+        sorted(f"{folder}/{f.name}" for f in (out / folder).glob(f"{gen.job}-*.json"))
+        if (out / folder).is_dir()
+        else []
+    )
     if gen.only is not None:  # --limit: the named hosts' entries change, every other one stays
         for rel in sorted(set(on_disk) | {r for r in wanted if r.startswith(prefix)}):
             if not rel.startswith(prefix):
@@ -380,8 +444,7 @@ def _plan_targets(gen: Generated, out: Path, folder: str, record: dict[str, list
                     continue  # refused below
                 if rel not in wanted:
                     continue  # a foreign file of no named host: not ours to touch
-            kept = [e for e in entries if not (isinstance(e, dict)
-                                               and (e.get("labels") or {}).get("host") in gen.only)]
+            kept = [e for e in entries if not (isinstance(e, dict) and (e.get("labels") or {}).get("host") in gen.only)]
             new = json.loads(wanted.get(rel, "[]"))
             merged = kept + new
             if merged:
@@ -397,9 +460,11 @@ def _plan_targets(gen: Generated, out: Path, folder: str, record: dict[str, list
             if _owned(out, rel, record):
                 p.remove.append(rel)
             else:
-                p.kept.append(f"{out / rel}: not written by tritonfleet prometheus (or changed since): kept, "
-                              f"and Prometheus still reads it for job {gen.job} (it matches "
-                              f"{prefix}*.json); remove it if its targets are gone")
+                p.kept.append(
+                    f"{out / rel}: not written by tritonfleet prometheus (or changed since): kept, "
+                    f"and Prometheus still reads it for job {gen.job} (it matches "
+                    f"{prefix}*.json); remove it if its targets are gone"
+                )
 
 
 def plan(gen: Generated, out: Path, force: bool = False) -> ConfigPlan:
@@ -414,16 +479,17 @@ def plan(gen: Generated, out: Path, force: bool = False) -> ConfigPlan:
     for rel, content in wanted.items():
         mine = _owned(out, rel, record)
         if mine is False:
-            if (out / rel).is_file() and not (out / rel).is_symlink() \
-                    and (out / rel).read_bytes() == content.encode():
+            if (out / rel).is_file() and not (out / rel).is_symlink() and (out / rel).read_bytes() == content.encode():
                 p.write[rel] = content  # the very content this would write: take it over
                 continue
             foreign.append(rel)
             if not force:
                 continue
             if (out / rel).is_dir() and not (out / rel).is_symlink():
-                raise ForeignFiles(f"{out / rel} is a directory in the place of a file tritonfleet prometheus "
-                                   "writes: move it away (nothing was written)")
+                raise ForeignFiles(
+                    f"{out / rel} is a directory in the place of a file tritonfleet prometheus "
+                    "writes: move it away (nothing was written)"
+                )
             p.replaced.append(rel)
         p.write[rel] = content
     if foreign and not force:
@@ -431,7 +497,8 @@ def plan(gen: Generated, out: Path, force: bool = False) -> ConfigPlan:
         raise ForeignFiles(
             f"{out} holds files tritonfleet prometheus did not write (or that were changed since it wrote "
             f"them), where it would write its own; nothing was written:\n{shown}\nPoint --out at a directory "
-            "of their own, move them away, or give --force to replace them (other files are never removed)")
+            "of their own, move them away, or give --force to replace them (other files are never removed)"
+        )
     return p
 
 
@@ -460,9 +527,11 @@ def write(gen: Generated, out: Path, force: bool = False) -> ConfigPlan:
 
 
 def _write_record(out: Path, files: dict[str, list[str]]) -> None:
-    doc = {"about": "the files `tritonfleet prometheus` wrote here, with the sha256 of their content: it "
-                    "replaces or removes only these, as long as they are unchanged",
-           "files": dict(sorted(files.items()))}
+    doc = {
+        "about": "the files `tritonfleet prometheus` wrote here, with the sha256 of their content: it "
+        "replaces or removes only these, as long as they are unchanged",
+        "files": dict(sorted(files.items())),
+    }
     tmp = out / f".{RECORD}.tmp"
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, out / RECORD)

@@ -22,8 +22,9 @@ def number(v: float) -> str:
     return repr(float(v)).removesuffix(".0") if float(v).is_integer() else repr(float(v))
 
 
-def alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
-          labels: dict | None = None) -> dict:
+def alert(
+    name: str, expr: str, for_: str, severity: str, summary: str, description: str, labels: dict | None = None
+) -> dict:
     """One alerting rule: ``severity`` and ``labels`` as its labels, ``summary`` and ``description``
     as its annotations."""
     return {

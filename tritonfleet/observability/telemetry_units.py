@@ -47,12 +47,14 @@ def sources() -> dict[str, str]:
     tritonfleet.gpu.signals, which both load from their directory, and the collector's
     tritonfleet.gpu.xids with NVIDIA's Xid catalog)."""
     here = Path(__file__).resolve().parent.parent
-    return {COLLECTOR: (here / "gpu" / "telemetry.py").read_text(),
-            PROBE: (here / "observability" / "inference_probe.py").read_text(),
-            SIGNALS: (here / "gpu" / "signals.py").read_text(),
-            XIDS: (here / "gpu" / "xids.py").read_text(),
-            XID_CATALOG: (here / "data" / CATALOG_FILE).read_text(),
-            PUSH: (here / "gpu" / "fault_push.py").read_text()}
+    return {
+        COLLECTOR: (here / "gpu" / "telemetry.py").read_text(),
+        PROBE: (here / "observability" / "inference_probe.py").read_text(),
+        SIGNALS: (here / "gpu" / "signals.py").read_text(),
+        XIDS: (here / "gpu" / "xids.py").read_text(),
+        XID_CATALOG: (here / "data" / CATALOG_FILE).read_text(),
+        PUSH: (here / "gpu" / "fault_push.py").read_text(),
+    }
 
 
 def systemd_word(arg: str, setting: str) -> str:
@@ -60,8 +62,10 @@ def systemd_word(arg: str, setting: str) -> str:
     with spaces whole; ``$`` and ``%`` are doubled to stay literal)."""
     text = str(arg)
     if any(c in text for c in "\"'\\`;") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
-        raise UnitError(f"{setting}: {arg!r} has quotes, backslashes, backticks, ';' or control characters "
-                        "(newlines), which cannot go into a unit's command line (group data)")
+        raise UnitError(
+            f"{setting}: {arg!r} has quotes, backslashes, backticks, ';' or control characters "
+            "(newlines), which cannot go into a unit's command line (group data)"
+        )
     text = text.replace("%", "%%").replace("$", "$$")
     return text if _PLAIN.match(text) else f'"{text}"'
 
@@ -80,7 +84,8 @@ def _num(v: float) -> str:
 def collector_args(settings: Settings, host_name: str = "") -> list[tuple[str, str]]:
     """[(argument, the tunable it comes from)] of the collector's command line."""
     return [
-        (PYTHON, ""), (COLLECTOR, ""),
+        (PYTHON, ""),
+        (COLLECTOR, ""),
         (f"--textfile-dir={settings.get('telemetry_textfile_dir')}", "telemetry_textfile_dir"),
         (f"--nvidia-smi={smi_command(settings)}", "nvidia_smi_command"),
         (f"--kmsg={settings.get('telemetry_kmsg_path')}", "telemetry_kmsg_path"),
@@ -100,9 +105,12 @@ def push_args(settings: Settings, host_name: str) -> list[tuple[str, str]]:
     if not host_name:
         raise UnitError("quarantine_push_url: the collector's command line needs the host's inventory name")
     xids = ",".join(str(int(x)) for x in settings.get("quarantine_xids") or [])
-    return [(f"--push-url={url}", "quarantine_push_url"), (f"--push-host={host_name}", "host name"),
-            (f"--push-token-file={settings.get('quarantine_push_token_path')}", "quarantine_push_token_path"),
-            *([(f"--push-xids={xids}", "quarantine_xids")] if xids else [])]
+    return [
+        (f"--push-url={url}", "quarantine_push_url"),
+        (f"--push-host={host_name}", "host name"),
+        (f"--push-token-file={settings.get('quarantine_push_token_path')}", "quarantine_push_token_path"),
+        *([(f"--push-xids={xids}", "quarantine_xids")] if xids else []),
+    ]
 
 
 def probe_args(settings: Settings, http_ports: list[int]) -> list[tuple[str, str]]:
@@ -112,13 +120,18 @@ def probe_args(settings: Settings, http_ports: list[int]) -> list[tuple[str, str
     addr = bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
     if ":" in addr:
         addr = f"[{addr}]"
-    args = [(PYTHON, ""), (PROBE, ""),
-            (f"--textfile-dir={settings.get('telemetry_textfile_dir')}", "telemetry_textfile_dir")]
+    args = [
+        (PYTHON, ""),
+        (PROBE, ""),
+        (f"--textfile-dir={settings.get('telemetry_textfile_dir')}", "telemetry_textfile_dir"),
+    ]
     args += [(f"--triton={int(p)}=http://{addr}:{int(p)}", "triton_http_port") for p in http_ports]
     if settings.get("triton_restricted_apis"):
         args.append((f"--key-file={settings.get('triton_api_key_file')}", "triton_api_key_file"))
-    args += [(f"--interval={_num(_seconds(settings, 'probe_interval'))}", "probe_interval"),
-             (f"--timeout={_num(_seconds(settings, 'probe_timeout'))}", "probe_timeout")]
+    args += [
+        (f"--interval={_num(_seconds(settings, 'probe_interval'))}", "probe_interval"),
+        (f"--timeout={_num(_seconds(settings, 'probe_timeout'))}", "probe_timeout"),
+    ]
     return args
 
 
@@ -127,8 +140,12 @@ def command_line(args: list[tuple[str, str]]) -> str:
 
 
 def _render(template: str, **values) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(resource("templates"))),
-                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resource("templates"))),
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+    )
     return env.get_template(template).render(**values)
 
 
@@ -146,11 +163,18 @@ def unit_path(name: str) -> str:
 
 def files(settings: Settings, http_ports: list[int], host_name: str = "") -> dict[str, str]:
     """{path on the host: text} of everything the step puts there (scripts, then units)."""
-    return {**sources(), unit_path(COLLECTOR_UNIT): collector_unit(settings, host_name),
-            unit_path(PROBE_UNIT): probe_unit(settings, http_ports)}
+    return {
+        **sources(),
+        unit_path(COLLECTOR_UNIT): collector_unit(settings, host_name),
+        unit_path(PROBE_UNIT): probe_unit(settings, http_ports),
+    }
 
 
 def quarantine_unit(exec_start: list[str], workdir: str, user: str = "") -> str:
     """The receiver's unit (``tritonfleet quarantine unit``)."""
-    return _render("tritonfleet-quarantine.service.j2", workdir=workdir, user=user,
-                   exec_start=" ".join(systemd_word(a, "command") for a in exec_start))
+    return _render(
+        "tritonfleet-quarantine.service.j2",
+        workdir=workdir,
+        user=user,
+        exec_start=" ".join(systemd_word(a, "command") for a in exec_start),
+    )

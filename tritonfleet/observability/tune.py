@@ -43,9 +43,11 @@ class Thresholds:
 
     @classmethod
     def of(cls, fh: FleetHost) -> Thresholds:
-        return cls(float(fh.get("monitor_queue_compute_ratio")),
-                   float(fh.get("monitor_low_utilization")),
-                   float(fh.get("monitor_busy_utilization")))
+        return cls(
+            float(fh.get("monitor_queue_compute_ratio")),
+            float(fh.get("monitor_low_utilization")),
+            float(fh.get("monitor_busy_utilization")),
+        )
 
 
 @dataclass(frozen=True)
@@ -111,13 +113,20 @@ class TuneRow:
 
     def as_dict(self) -> dict:
         return {
-            "name": self.name, "model": self.model, "hosts": self.hosts,
-            "window_s": self.seconds, "requests": self.requests, "requests_per_s": self.rate,
+            "name": self.name,
+            "model": self.model,
+            "hosts": self.hosts,
+            "window_s": self.seconds,
+            "requests": self.requests,
+            "requests_per_s": self.rate,
             "failures": self.counters.failures,
-            "queue_ms": self.queue_ms, "compute_ms": self.compute_ms,
-            "batch_efficiency": self.batch, "largest_batch": self.largest_batch,
+            "queue_ms": self.queue_ms,
+            "compute_ms": self.compute_ms,
+            "batch_efficiency": self.batch,
+            "largest_batch": self.largest_batch,
             "batch_sizes": {str(k): v for k, v in sorted(self.counters.batches.items())},
-            "device": self.settings.device, "utilization": self.utilization,
+            "device": self.settings.device,
+            "utilization": self.utilization,
             "max_batch_size": self.settings.max_batch_size,
             "dynamic_batching": self.settings.dynamic_batching,
             "max_queue_delay_us": self.settings.max_queue_delay_us,
@@ -140,35 +149,44 @@ def advise(row: TuneRow, t: Thresholds) -> list[str]:
     queue_dominates = q > t.queue_compute_ratio * c
     if queue_dominates and u is not None and u < t.low_utilization:
         if s.dynamic_batching and s.max_queue_delay_us > 0:
-            out.append(f"lower max_queue_delay_microseconds (now {s.max_queue_delay_us}): requests "
-                       f"wait {q:.1f} ms in the queue against {c:.1f} ms of compute while the {dev} "
-                       f"is {_pct(u)} busy")
+            out.append(
+                f"lower max_queue_delay_microseconds (now {s.max_queue_delay_us}): requests "
+                f"wait {q:.1f} ms in the queue against {c:.1f} ms of compute while the {dev} "
+                f"is {_pct(u)} busy"
+            )
         else:
-            out.append(f"add instances (instance_group count): requests wait {q:.1f} ms in the "
-                       f"queue against {c:.1f} ms of compute while the {dev} is {_pct(u)} busy, "
-                       "with no queue delay set")
+            out.append(
+                f"add instances (instance_group count): requests wait {q:.1f} ms in the "
+                f"queue against {c:.1f} ms of compute while the {dev} is {_pct(u)} busy, "
+                "with no queue delay set"
+            )
     elif queue_dominates and u is None:
-        out.append(f"requests wait {q:.1f} ms in the queue against {c:.1f} ms of compute; no "
-                   f"{dev} utilization metric to tell an idle {dev} (lower "
-                   "max_queue_delay_microseconds) from a busy one (add instances)")
+        out.append(
+            f"requests wait {q:.1f} ms in the queue against {c:.1f} ms of compute; no "
+            f"{dev} utilization metric to tell an idle {dev} (lower "
+            "max_queue_delay_microseconds) from a busy one (add instances)"
+        )
     if u is not None and u >= t.busy_utilization and s.max_batch_size > 1:
         target = s.preferred[0] if s.preferred else s.max_batch_size
         if not s.dynamic_batching and b < target:
-            out.append(f"enable dynamic_batching: the {dev} is {_pct(u)} busy running batches of "
-                       f"{b:.1f} on average")
+            out.append(f"enable dynamic_batching: the {dev} is {_pct(u)} busy running batches of {b:.1f} on average")
         elif s.dynamic_batching and b < target and not queue_dominates:
-            out.append(f"raise max_queue_delay_microseconds (now {s.max_queue_delay_us}): the {dev} "
-                       f"is {_pct(u)} busy while batches average {b:.1f}"
-                       + (f" (smallest preferred batch size {target})" if s.preferred else "")
-                       + ": a longer wait fills them")
+            out.append(
+                f"raise max_queue_delay_microseconds (now {s.max_queue_delay_us}): the {dev} "
+                f"is {_pct(u)} busy while batches average {b:.1f}"
+                + (f" (smallest preferred batch size {target})" if s.preferred else "")
+                + ": a longer wait fills them"
+            )
     largest = row.largest_batch
     if s.dynamic_batching and s.preferred and largest is not None:
         never = [p for p in s.preferred if p > largest]
         if never:
-            out.append(f"preferred_batch_size {', '.join(map(str, never))} never reached "
-                       f"(largest batch run: {largest}): while no preferred size can be "
-                       "formed, each batch waits the whole max_queue_delay_microseconds; list "
-                       "sizes the load reaches")
+            out.append(
+                f"preferred_batch_size {', '.join(map(str, never))} never reached "
+                f"(largest batch run: {largest}): while no preferred size can be "
+                "formed, each batch waits the whole max_queue_delay_microseconds; list "
+                "sizes the load reaches"
+            )
     return out
 
 
@@ -187,8 +205,9 @@ def api_key_header(h: FleetHost) -> dict:
     return {apikey.HEADER: key} if key else {}
 
 
-def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = None
-               ) -> tuple[list[tuple[HostRead, HostRead | None]], float | None]:
+def read_fleet(
+    hosts: list[FleetHost], window: float, models: set[str] | None = None
+) -> tuple[list[tuple[HostRead, HostRead | None]], float | None]:
     """Each host read once (window 0) or twice, ``window`` seconds apart; (reads, seconds)."""
 
     def connect(h: FleetHost) -> None:  # SSH connections at once; a failure shows below
@@ -227,8 +246,9 @@ def read_fleet(hosts: list[FleetHost], window: float, models: set[str] | None = 
         return list(zip(first, second, strict=True)), time.monotonic() - t0
 
 
-def rows(reads: list[tuple[HostRead, HostRead | None]], seconds: float | None,
-         per_host: bool = False) -> tuple[list[TuneRow], list[str]]:
+def rows(
+    reads: list[tuple[HostRead, HostRead | None]], seconds: float | None, per_host: bool = False
+) -> tuple[list[TuneRow], list[str]]:
     """Rows per (group or host, model) in inventory order, and errors (one per host). A row's
     settings and thresholds are its first host's."""
     errors: list[str] = []
@@ -247,8 +267,11 @@ def rows(reads: list[tuple[HostRead, HostRead | None]], seconds: float | None,
             attr = "cpu_utilization" if settings.device == "cpu" else "gpu_utilization"
             us = [getattr(r, attr) for r in (first, second) if r and getattr(r, attr) is not None]
             if (name, model) not in acc:
-                acc[(name, model)] = (TuneRow(name, model, [], ModelCounters(), settings, None, seconds),
-                                      [], Thresholds.of(h))
+                acc[(name, model)] = (
+                    TuneRow(name, model, [], ModelCounters(), settings, None, seconds),
+                    [],
+                    Thresholds.of(h),
+                )
             row, utils, _ = acc[(name, model)]
             row.hosts.append(h.name)
             row.counters = row.counters + (now - first.models[model] if second else now)
@@ -270,20 +293,46 @@ def _fmt(v: float | None, spec: str) -> str:
 
 def table(rs: list[TuneRow], per_host: bool = False) -> str:
     """The rows as an aligned text table; advice items on lines of their own under each row."""
-    head = ["HOST" if per_host else "GROUP", "MODEL", "HOSTS", "REQUESTS", "REQ/S", "QUEUE MS",
-            "COMPUTE MS", "BATCH", "LARGEST", "UTIL", "QUEUE DELAY US", "ADVICE"]
+    head = [
+        "HOST" if per_host else "GROUP",
+        "MODEL",
+        "HOSTS",
+        "REQUESTS",
+        "REQ/S",
+        "QUEUE MS",
+        "COMPUTE MS",
+        "BATCH",
+        "LARGEST",
+        "UTIL",
+        "QUEUE DELAY US",
+        "ADVICE",
+    ]
     lines = [head]
     for r in rs:
         util = "-" if r.utilization is None else f"{r.settings.device} {_pct(r.utilization)}"
         delay = str(r.settings.max_queue_delay_us) if r.settings.dynamic_batching else "no batcher"
         advice = r.advice or (["-"] if r.requests else ["no requests"])
-        lines.append([r.name, r.model, str(len(r.hosts)), f"{r.requests:.0f}", _fmt(r.rate, ".2f"),
-                      _fmt(r.queue_ms, ".2f"), _fmt(r.compute_ms, ".2f"), _fmt(r.batch, ".2f"),
-                      "-" if r.largest_batch is None else str(r.largest_batch), util, delay, advice[0]])
+        lines.append(
+            [
+                r.name,
+                r.model,
+                str(len(r.hosts)),
+                f"{r.requests:.0f}",
+                _fmt(r.rate, ".2f"),
+                _fmt(r.queue_ms, ".2f"),
+                _fmt(r.compute_ms, ".2f"),
+                _fmt(r.batch, ".2f"),
+                "-" if r.largest_batch is None else str(r.largest_batch),
+                util,
+                delay,
+                advice[0],
+            ]
+        )
         lines += [[""] * (len(head) - 1) + [a] for a in advice[1:]]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) + "  " + line[-1]
-                     for line in lines)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) + "  " + line[-1] for line in lines
+    )
 
 
 # ---- a loadtest run as input ---------------------------------------------------------------------
@@ -296,17 +345,22 @@ CLIENT_BUSY = 0.8
 
 def default_thresholds() -> Thresholds:
     """The thresholds' defaults (tritonfleet/settings/defaults.py)."""
-    return Thresholds(float(d["monitor_queue_compute_ratio"]), float(d["monitor_low_utilization"]),
-                      float(d["monitor_busy_utilization"]))
+    return Thresholds(
+        float(d["monitor_queue_compute_ratio"]),
+        float(d["monitor_low_utilization"]),
+        float(d["monitor_busy_utilization"]),
+    )
 
 
 def _cite(r: dict, source: str) -> str:
     """The figures of one loadtest step, as advice cites them."""
     util = "-" if r.get("utilization") is None else f"{r.get('device', 'gpu')} {_pct(r['utilization'])}"
-    return (f"[{source}: {r['host']} {r['model']} at concurrency {r['concurrency']}: "
-            f"{r['throughput']:.1f} inf/s, p95 {_fmt(r.get('p95_ms'), '.1f')} ms, queue "
-            f"{_fmt(r.get('queue_us_avg'), '.0f')} us vs compute {_fmt(r.get('compute_us_avg'), '.0f')} us "
-            f"per request, mean batch {_fmt(r.get('batch_avg'), '.2f')}, utilization {util}]")
+    return (
+        f"[{source}: {r['host']} {r['model']} at concurrency {r['concurrency']}: "
+        f"{r['throughput']:.1f} inf/s, p95 {_fmt(r.get('p95_ms'), '.1f')} ms, queue "
+        f"{_fmt(r.get('queue_us_avg'), '.0f')} us vs compute {_fmt(r.get('compute_us_avg'), '.0f')} us "
+        f"per request, mean batch {_fmt(r.get('batch_avg'), '.2f')}, utilization {util}]"
+    )
 
 
 def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds]) -> list[TuneRow]:
@@ -323,17 +377,30 @@ def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds
         n = float(r.get("triton_requests") or r["requests"])
         q, c, b = r.get("queue_us_avg"), r.get("compute_us_avg"), r.get("batch_avg")
         counters = ModelCounters(
-            requests=n, failures=float(r.get("triton_failures") or 0),
-            queue_us=(q or 0) * n, compute_infer_us=(c or 0) * n, inferences=n,
+            requests=n,
+            failures=float(r.get("triton_failures") or 0),
+            queue_us=(q or 0) * n,
+            compute_infer_us=(c or 0) * n,
+            inferences=n,
             executions=n / b if b else 0.0,
-            batches=Counter({int(k): v for k, v in (r.get("batch_sizes") or {}).items()}))
-        settings = TuneThresholds(max_batch_size=int(r.get("max_batch_size") or 0),
-                            dynamic_batching=bool(r.get("dynamic_batching")),
-                            max_queue_delay_us=int(r.get("max_queue_delay_us") or 0),
-                            preferred=tuple(sorted(r.get("preferred_batch_size") or [])),
-                            device=r.get("device") or "gpu")
-        row = TuneRow(f"{r['host']} c={r['concurrency']}", r["model"], [r["host"]], counters, settings,
-                  r.get("utilization"), float(r.get("duration_s") or 0) or None)
+            batches=Counter({int(k): v for k, v in (r.get("batch_sizes") or {}).items()}),
+        )
+        settings = TuneThresholds(
+            max_batch_size=int(r.get("max_batch_size") or 0),
+            dynamic_batching=bool(r.get("dynamic_batching")),
+            max_queue_delay_us=int(r.get("max_queue_delay_us") or 0),
+            preferred=tuple(sorted(r.get("preferred_batch_size") or [])),
+            device=r.get("device") or "gpu",
+        )
+        row = TuneRow(
+            f"{r['host']} c={r['concurrency']}",
+            r["model"],
+            [r["host"]],
+            counters,
+            settings,
+            r.get("utilization"),
+            float(r.get("duration_s") or 0) or None,
+        )
         cite = _cite(r, source)
         row.advice = [f"{a} {cite}" for a in advise(row, thresholds(r["host"]))]
         busy = r.get("client_busy")
@@ -342,7 +409,8 @@ def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds
                 f"the load generator used {_pct(busy)} of a core here: this step measured the "
                 f"client's limit, not the server's (one core drives about "
                 f"{_fmt(r.get('client_core_rate'), '.0f')} requests/s); spread the load over more "
-                f"cores or machines {cite}")
+                f"cores or machines {cite}"
+            )
         by_series.setdefault((r["host"], r["model"]), []).append((r, row))
         out.append(row)
     for series in by_series.values():
@@ -356,6 +424,7 @@ def loadtest_rows(doc: dict, source: str, thresholds: Callable[[str], Thresholds
                     f"{a['concurrency']} to {b['concurrency']} while p95 rises {pa:.1f} -> {pb:.1f} ms: "
                     "the server is saturated at about "
                     f"{a['concurrency']} requests in flight; more only queues (add instances or hosts, "
-                    f"or cap client concurrency there) {_cite(b, source)}")
+                    f"or cap client concurrency there) {_cite(b, source)}"
+                )
                 break
     return out

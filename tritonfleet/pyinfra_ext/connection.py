@@ -76,8 +76,12 @@ def tune_socket(sock: Any, interval: int = KEEPALIVE_INTERVAL, count: int = KEEP
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (("TCP_KEEPIDLE", interval), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
-                            ("TCP_USER_TIMEOUT", interval * count * 1000)):
+        for name, value in (
+            ("TCP_KEEPIDLE", interval),
+            ("TCP_KEEPINTVL", interval),
+            ("TCP_KEEPCNT", count),
+            ("TCP_USER_TIMEOUT", interval * count * 1000),
+        ):
             if hasattr(socket, name):  # Linux; other systems keep their defaults
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
     except OSError:
@@ -140,10 +144,10 @@ def quiet_relaxed_host_keys() -> None:
     mode logs its refusal as an error and accept-new in other words: both still show. Added to
     pyinfra's logger by ``pyinfra_patches.install()`` and by tritonfleet's own fleet commands
     (tritonfleet.inventory.roster), never by importing tritonfleet."""
+
     class RelaxedHostKeys(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
-            return not (record.levelno == logging.WARNING
-                        and record.msg == "No host key for %s found in known_hosts")
+            return not (record.levelno == logging.WARNING and record.msg == "No host key for %s found in known_hosts")
 
     log = logging.getLogger("pyinfra")
     if not any(type(f).__name__ == "RelaxedHostKeys" for f in log.filters):

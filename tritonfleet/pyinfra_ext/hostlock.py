@@ -85,14 +85,17 @@ class LockError(TritonfleetError):
 def lock_script(holder: str, wait: int, dead: int) -> str:
     """bash: take the lock (waiting up to ``wait`` s), record ``holder`` in it, then hold it while
     a heartbeat line arrives on stdin at least every ``dead`` seconds."""
-    take = (f"flock -w {int(wait)} 9 || {{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}" if wait > 0
-            else f"{{ echo \"busy $(head -n 1 {LOCK_FILE})\"; exit {BUSY}; }}")
+    take = (
+        f'flock -w {int(wait)} 9 || {{ echo "busy $(head -n 1 {LOCK_FILE})"; exit {BUSY}; }}'
+        if wait > 0
+        else f'{{ echo "busy $(head -n 1 {LOCK_FILE})"; exit {BUSY}; }}'
+    )
     lock_dir = os.path.dirname(LOCK_FILE)
     return (
         f"command -v flock >/dev/null || {{ echo 'noflock'; exit {NO_FLOCK}; }}; "
         f"umask 077; mkdir -p {q(lock_dir)} && chmod 700 {q(lock_dir)} || exit {NO_FILE}; "
         f"exec 9>>{LOCK_FILE} || exit {NO_FILE}; "
-        f"if ! flock -n 9; then echo \"waiting $(head -n 1 {LOCK_FILE})\"; {take}; fi; "
+        f'if ! flock -n 9; then echo "waiting $(head -n 1 {LOCK_FILE})"; {take}; fi; '
         f"printf '%s\\n' {q(holder)} > {LOCK_FILE}; echo locked; "
         f"while read -r -t {int(dead)} _; do :; done"
     )
@@ -191,24 +194,32 @@ class Holder:
             if line == "locked":
                 return ""
             if line.startswith("waiting "):
-                self.waited_for = line[len("waiting "):]
+                self.waited_for = line[len("waiting ") :]
                 if say:
-                    say(f"{self.host.name}: waiting up to {self.wait}s for the deploy lock, held by "
-                        f"{self.waited_for or 'an earlier run'}")
+                    say(
+                        f"{self.host.name}: waiting up to {self.wait}s for the deploy lock, held by "
+                        f"{self.waited_for or 'an earlier run'}"
+                    )
             elif line.startswith("busy "):
-                who = line[len("busy "):] or self.waited_for or "another run"
+                who = line[len("busy ") :] or self.waited_for or "another run"
                 self.release()
-                return (f"{self.host.name}: another run holds the deploy lock ({LOCK_FILE} on the host): "
-                        f"{who}. Waited {self.wait}s for it (deploy_lock_timeout in {GROUP_DATA} or the "
-                        "inventory). Let that run finish (or stop it), then run again")
+                return (
+                    f"{self.host.name}: another run holds the deploy lock ({LOCK_FILE} on the host): "
+                    f"{who}. Waited {self.wait}s for it (deploy_lock_timeout in {GROUP_DATA} or the "
+                    "inventory). Let that run finish (or stop it), then run again"
+                )
             elif line == "noflock":
                 self.release()
-                return (f"{self.host.name}: the host has no `flock` command (util-linux), which the deploy "
-                        "lock needs: install util-linux on the host")
+                return (
+                    f"{self.host.name}: the host has no `flock` command (util-linux), which the deploy "
+                    "lock needs: install util-linux on the host"
+                )
         err = self._stderr()
         self.release()
-        return (f"{self.host.name}: could not take the deploy lock ({LOCK_FILE} on the host): "
-                f"{err or 'the holder process ended'}")
+        return (
+            f"{self.host.name}: could not take the deploy lock ({LOCK_FILE} on the host): "
+            f"{err or 'the holder process ended'}"
+        )
 
     def alive(self) -> bool:
         """Whether the holder still runs (and so still holds the lock on the host)."""
@@ -284,20 +295,32 @@ class Child:
         self._pidfd: int | None = None
         if not speed.on("posix_spawn"):  # the plain way: fork and exec
             self._popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL if stdin is None else stdin,
+                argv,
+                stdin=subprocess.DEVNULL if stdin is None else stdin,
                 stdout=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-                stderr=None if stdin is None else subprocess.PIPE, pass_fds=keep)
+                stderr=None if stdin is None else subprocess.PIPE,
+                pass_fds=keep,
+            )
             self.pid, self.stdout, self.stderr = self._popen.pid, self._popen.stdout, self._popen.stderr
             return
         if stdin is None:
-            self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+            self.pid = os.posix_spawnp(
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                ],
+            )
         else:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
-            actions = [(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-                       (os.POSIX_SPAWN_DUP2, err_w, 2)]
+            actions = [
+                (os.POSIX_SPAWN_DUP2, stdin, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ]
             try:
                 self.pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
             except BaseException:
@@ -384,8 +407,11 @@ def start_beater(fds: list[int], interval: int) -> Child:
     try:
         for fd in fds:
             os.set_inheritable(fd, True)  # closed here right after: only the beater keeps them
-        return Child([sys.executable, "-I", "-S", "-c", BEAT, str(os.getpid()), str(interval), *map(str, fds)],
-                     stdin=None, keep=tuple(fds))
+        return Child(
+            [sys.executable, "-I", "-S", "-c", BEAT, str(os.getpid()), str(interval), *map(str, fds)],
+            stdin=None,
+            keep=tuple(fds),
+        )
     finally:
         for fd in fds:
             os.close(fd)
@@ -430,8 +456,7 @@ def acquire_all(state=None, say=None, wait: bool = True) -> int:
     todo, errors = [], []
     started_already = {lk.host.name for pending, _ in _pending for lk in pending}
     for h in getattr(state, "inventory", []) or []:
-        if not getattr(h, "connected", False) or h.name in _held or h.name in started_already \
-                or not lockable(h):
+        if not getattr(h, "connected", False) or h.name in _held or h.name in started_already or not lockable(h):
             continue
         try:
             todo.append(Holder(h, *_settings(h)))
@@ -467,7 +492,7 @@ def acquire_all(state=None, say=None, wait: bool = True) -> int:
 _pending: list[tuple[list[Holder], Callable[[str], object]]] = []
 _refused: list[LockError] = []
 _gates: list = []  # made by the first acquire_all: threading.Lock as patched by then (gevent: a
-                  # greenlet waiting for it lets the other hosts' greenlets run)
+# greenlet waiting for it lets the other hosts' greenlets run)
 
 
 def wait_all() -> int:
@@ -522,11 +547,13 @@ def check_held(host) -> None:
     now, so this run must send nothing more."""
     lk = _held.get(getattr(host, "name", None))
     if lk is not None and not lk.ending and not lk.alive():
-        raise LockLost(f"{host.name}: the deploy lock's holder on the host ended (its SSH connection or its "
-                       f"heartbeats stopped), so the host is no longer locked ({LOCK_FILE} on the host): the run "
-                       "failed the host before its next command there (the other hosts go on). What it did so far "
-                       "is on the host; check the link to the host (ssh_keepalive_interval, ssh_keepalive_count), "
-                       "then run again")
+        raise LockLost(
+            f"{host.name}: the deploy lock's holder on the host ended (its SSH connection or its "
+            f"heartbeats stopped), so the host is no longer locked ({LOCK_FILE} on the host): the run "
+            "failed the host before its next command there (the other hosts go on). What it did so far "
+            "is on the host; check the link to the host (ssh_keepalive_interval, ssh_keepalive_count), "
+            "then run again"
+        )
 
 
 def rebooting(host) -> None:

@@ -158,14 +158,22 @@ def required(step: str) -> None:
     state = ctx_state.get() if ctx_state.isset() else None
     if state is not None and getattr(state, _MARK, None) is not None:
         return
-    deploy = getattr(state, "current_deploy_filename", None) or getattr(state, "current_exec_filename", None) \
+    deploy = (
+        getattr(state, "current_deploy_filename", None)
+        or getattr(state, "current_exec_filename", None)
         or "the deploy file"
+    )
     # a step is no entry point (tritonfleet.core.exits): it ends the run itself, as install() would
-    raise exit_for(PatchesRefused(NotInstalled(
-        f"{deploy}: the step {step!r} runs, but the deploy file did not call {LINE} before it: without it no "
-        "deploy lock is held on the hosts (another run could change them at the same time), and neither the "
-        "checks of pyinfra's internals nor Ctrl-C's exit status are in force. Add these two lines to the "
-        f"deploy file, the call before its first step:\n    from tritonfleet import pyinfra_patches\n    {LINE}")))
+    raise exit_for(
+        PatchesRefused(
+            NotInstalled(
+                f"{deploy}: the step {step!r} runs, but the deploy file did not call {LINE} before it: without it no "
+                "deploy lock is held on the hosts (another run could change them at the same time), and neither the "
+                "checks of pyinfra's internals nor Ctrl-C's exit status are in force. Add these two lines to the "
+                f"deploy file, the call before its first step:\n    from tritonfleet import pyinfra_patches\n    {LINE}"
+            )
+        )
+    )
 
 
 def tritonfleet_step(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -138,8 +138,9 @@ class FactBatch(FactBase):
     def command(self, commands: tuple[str, ...]) -> str:
         # each command in its own subshell, on its own lines (a trailing comment cannot swallow
         # the rest); the status line starts on a new line whatever the output ended with
-        return "\n".join(f"echo '{SECTION}'\n(\n{c}\n) 2>/dev/null\nprintf '\\n{STATUS} %s\\n' \"$?\""
-                         for c in commands)
+        return "\n".join(
+            f"echo '{SECTION}'\n(\n{c}\n) 2>/dev/null\nprintf '\\n{STATUS} %s\\n' \"$?\"" for c in commands
+        )
 
     def process(self, output):
         results, lines = [], None
@@ -149,7 +150,7 @@ class FactBatch(FactBase):
             elif line.startswith(STATUS) and lines is not None:
                 if lines and lines[-1] == "":
                     lines.pop()  # the newline printed before the status line
-                status = line[len(STATUS):].strip()
+                status = line[len(STATUS) :].strip()
                 # not the number printed after each command (a command's own output imitating the
                 # line): no status, that fact is read on its own
                 results.append((int(status) if status.isascii() and status.isdigit() else -1, lines))

@@ -19,8 +19,11 @@ from . import transfer
 def wrapped(command: str) -> str:
     """``command`` as pyinfra would run it for the current operation (sudo, su, env, shell)."""
     accepted = set(inspect.signature(make_unix_command).parameters)
-    args = {k: v for k, v in (host.current_op_global_arguments or {}).items()
-            if k in CONNECTOR_ARGUMENT_KEYS and k in accepted}
+    args = {
+        k: v
+        for k, v in (host.current_op_global_arguments or {}).items()
+        if k in CONNECTOR_ARGUMENT_KEYS and k in accepted
+    }
     return make_unix_command_for_host(state, host, StringCommand(command), **args).get_raw_value()
 
 
@@ -29,12 +32,21 @@ def _load(state, host, archive: str, remote: str, how: str) -> bool:
         sent = transfer.send_file(host, Path(archive), remote, how)
     except (transfer.TransferError, OSError) as e:
         text = report.without_host(str(e), host.name).splitlines() or [type(e).__name__]
-        report.emit(host, report.Failure(
-            host.name, "Triton image (docker load)", f"image archive {Path(archive).name} loaded into Docker",
-            text[0], report.trim(text[1:]), "the transfer's and docker load's own words",
-            "the image is loaded before any restart: the running Triton container and its unit are unchanged",
-            "check the archive and the link to the host (and `docker load` on the host by hand: "
-            f"ssh {host.name} docker load < {archive}), then run the deploy again", cause=text[0]))
+        report.emit(
+            host,
+            report.Failure(
+                host.name,
+                "Triton image (docker load)",
+                f"image archive {Path(archive).name} loaded into Docker",
+                text[0],
+                report.trim(text[1:]),
+                "the transfer's and docker load's own words",
+                "the image is loaded before any restart: the running Triton container and its unit are unchanged",
+                "check the archive and the link to the host (and `docker load` on the host by hand: "
+                f"ssh {host.name} docker load < {archive}), then run the deploy again",
+                cause=text[0],
+            ),
+        )
         return False
     logger.info(f"{host.print_prefix}docker load: {sent}")
     return True
@@ -74,13 +86,22 @@ def _pull(state, host, image: str, arguments: dict) -> bool:
         return True
     said = [ln for ln in out.stdout_lines + out.stderr_lines if ln.strip()]
     first = next((ln for ln in said if "rror" in ln), said[-1] if said else "docker pull failed")
-    report.emit(host, report.Failure(
-        host.name, f"docker pull {image}", f"image {image} on the host before Triton is restarted",
-        first.strip(), report.trim(said), "Docker's own words",
-        "the image is pulled before any restart: the running Triton container, its unit and the live model "
-        "release are unchanged (no later step ran)",
-        f"check the image name and the registry (reachable from the host? logged in? `docker pull {image}` on the "
-        "host shows it), then run the deploy again", cause=first.strip()))
+    report.emit(
+        host,
+        report.Failure(
+            host.name,
+            f"docker pull {image}",
+            f"image {image} on the host before Triton is restarted",
+            first.strip(),
+            report.trim(said),
+            "Docker's own words",
+            "the image is pulled before any restart: the running Triton container, its unit and the live model "
+            "release are unchanged (no later step ran)",
+            f"check the image name and the registry (reachable from the host? logged in? `docker pull {image}` on the "
+            "host shows it), then run the deploy again",
+            cause=first.strip(),
+        ),
+    )
     return False
 
 

@@ -58,8 +58,10 @@ class Sent:
 
     def __str__(self) -> str:
         rate = self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
-        return (f"sent {self.files} files, {self.bytes / 1e6:.1f} MB in {self.seconds:.1f}s "
-                f"({rate:.0f} MB/s, {self.transport})")
+        return (
+            f"sent {self.files} files, {self.bytes / 1e6:.1f} MB in {self.seconds:.1f}s "
+            f"({rate:.0f} MB/s, {self.transport})"
+        )
 
 
 def _connector_data(host) -> dict:
@@ -78,13 +80,16 @@ def choose(host, wanted: str) -> str:
     """The transport to use for ``host`` ('ssh', 'connection', or 'local' for pyinfra's @local
     connector, i.e. this machine); errors name the fix."""
     if wanted not in TRANSPORTS:
-        raise TransferError(f"{host.name}: bulk_transfer must be one of {', '.join(TRANSPORTS)}, "
-                            f"not {wanted!r} (group data)")
+        raise TransferError(
+            f"{host.name}: bulk_transfer must be one of {', '.join(TRANSPORTS)}, not {wanted!r} (group data)"
+        )
     if is_local_host(host):
         return "local"
     if not is_ssh_host(host):
-        raise TransferError(f"{host.name}: model sync needs pyinfra's ssh connector (or @local); this "
-                            "host uses another one: reach it over SSH in the inventory")
+        raise TransferError(
+            f"{host.name}: model sync needs pyinfra's ssh connector (or @local); this "
+            "host uses another one: reach it over SSH in the inventory"
+        )
     data = _connector_data(host)
     why_not_ssh = None
     if data.get("ssh_password") or data.get("ssh_key_password"):
@@ -94,8 +99,10 @@ def choose(host, wanted: str) -> str:
     elif not shutil.which("ssh"):
         why_not_ssh = "no `ssh` client is installed on this machine"
     if wanted == "ssh" and why_not_ssh:
-        raise TransferError(f"{host.name}: bulk_transfer is 'ssh' but {why_not_ssh}; "
-                            "set bulk_transfer = 'connection' (or 'auto') for this host")
+        raise TransferError(
+            f"{host.name}: bulk_transfer is 'ssh' but {why_not_ssh}; "
+            "set bulk_transfer = 'connection' (or 'auto') for this host"
+        )
     if wanted == "auto":
         return "connection" if why_not_ssh else "ssh"
     return wanted
@@ -114,9 +121,24 @@ def ssh_argv(host, remote_command: str) -> list[str]:
     interval, count = _keepalive(host)
     # LogLevel=ERROR: no "Permanently added ..." warning in a transfer's error output
     # ServerAlive*: a host that stops answering ends the transfer after interval x count seconds
-    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "Compression=no", "-o", "ControlPath=none",
-            "-o", "LogLevel=ERROR", "-o", f"ServerAliveInterval={interval}",
-            "-o", f"ServerAliveCountMax={count}", "-o", f"ConnectTimeout={interval * count}"]
+    argv = [
+        "ssh",
+        "-T",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "Compression=no",
+        "-o",
+        "ControlPath=none",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        f"ServerAliveInterval={interval}",
+        "-o",
+        f"ServerAliveCountMax={count}",
+        "-o",
+        f"ConnectTimeout={interval * count}",
+    ]
     if data.get("ssh_config_file"):
         argv += ["-F", os.path.expanduser(str(data["ssh_config_file"]))]
     if data.get("ssh_known_hosts_file"):
@@ -150,9 +172,26 @@ def _tar_process(root: Path, paths: list[str]) -> subprocess.Popen:
         # manifest hashed)
         # --no-unquote --verbatim-files-from: every name is taken as it is (a backslash or a leading
         # dash in a file name is not an escape or an option)
-        return subprocess.Popen(["tar", "-c", "-h", "-f", "-", "-C", str(root), "--null", "--no-unquote",
-                                 "--verbatim-files-from", "-T", f"/dev/fd/{fd}"], pass_fds=(fd,),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent())
+        return subprocess.Popen(
+            [
+                "tar",
+                "-c",
+                "-h",
+                "-f",
+                "-",
+                "-C",
+                str(root),
+                "--null",
+                "--no-unquote",
+                "--verbatim-files-from",
+                "-T",
+                f"/dev/fd/{fd}",
+            ],
+            pass_fds=(fd,),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent(),
+        )
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -219,13 +258,15 @@ def send(host, root: Path, paths: list[str], remote_command: str, transport: str
     # a local read error truncates the stream (and fails the remote end too): it is the cause;
     # a broken pipe only means the remote end stopped reading
     if tar_rc != 0 and tar_rc != -signal.SIGPIPE and b"Broken pipe" not in tar_err:
-        raise TransferError(f"{host.name}: reading the local files under {root} failed (tar exit {tar_rc}): "
-                            f"{_tail(tar_err)}")
+        raise TransferError(
+            f"{host.name}: reading the local files under {root} failed (tar exit {tar_rc}): {_tail(tar_err)}"
+        )
     if rc != 0:
         raise TransferError(f"{host.name}: the transfer failed (remote exit {rc}): {_tail(err)}")
     if tar_rc != 0:
-        raise TransferError(f"{host.name}: reading the local files under {root} failed (tar exit {tar_rc}): "
-                            f"{_tail(tar_err)}")
+        raise TransferError(
+            f"{host.name}: reading the local files under {root} failed (tar exit {tar_rc}): {_tail(tar_err)}"
+        )
     return Sent(len(paths), size, time.monotonic() - t0, transport)
 
 
@@ -236,16 +277,21 @@ def send_file(host, path: Path, remote_command: str, transport: str) -> Sent:
     t0 = time.monotonic()
     rc, err = _route(host, open(path, "rb"), remote_command, transport)  # noqa: SIM115 - closed by _route
     if rc != 0:
-        raise TransferError(f"{host.name}: streaming {path} into `{remote_command[:80]}` failed "
-                            f"(remote exit {rc}): {_tail(err)}")
+        raise TransferError(
+            f"{host.name}: streaming {path} into `{remote_command[:80]}` failed (remote exit {rc}): {_tail(err)}"
+        )
     return Sent(1, size, time.monotonic() - t0, transport)
 
 
 def _over_openssh(host, source, remote_command: str) -> tuple[int, bytes]:
     try:
-        proc = subprocess.Popen(ssh_argv(host, remote_command), stdin=source,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                preexec_fn=die_with_parent())
+        proc = subprocess.Popen(
+            ssh_argv(host, remote_command),
+            stdin=source,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent(),
+        )
     finally:
         source.close()  # ssh holds its own copy now
     _, err = proc.communicate()
@@ -255,8 +301,7 @@ def _over_openssh(host, source, remote_command: str) -> tuple[int, bytes]:
 def _over_pipe(source, command: str) -> tuple[int, bytes]:
     """The "remote" command on this machine (pyinfra's @local connector)."""
     try:
-        proc = subprocess.Popen(command, shell=True, stdin=source, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(command, shell=True, stdin=source, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     finally:
         source.close()
     _, err = proc.communicate()
@@ -294,8 +339,9 @@ def _over_connection(host, source, remote_command: str) -> tuple[int, bytes]:
         channel.exec_command(remote_command)
     except (SSHException, EOFError, OSError) as e:
         source.close()
-        return -1, (f"no answer from the host (could not start `{remote_command[:60]}`: "
-                    f"{e or type(e).__name__}").encode() + dead + b")"
+        return -1, (
+            f"no answer from the host (could not start `{remote_command[:60]}`: {e or type(e).__name__}"
+        ).encode() + dead + b")"
     silent = ""
     try:
         try:

@@ -25,15 +25,23 @@ HEADER = "tritonfleet-api-key"
 
 #: Triton's restricted API categories (docs/customization_guide/inference_protocols.md,
 #: "Limit Endpoint Access").
-CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
-              "statistics", "trace", "logging")
+CATEGORIES = (
+    "health",
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
 
 
 def curl(key_file: str, args: str) -> str:
     """``curl <args>`` (already shell words) sending the key header read from ``key_file`` on
     the host (an empty header when the file is missing: APIs left open do not look at it)."""
-    return (f"{{ printf '%s: %s\\n' {HEADER} \"$(cat {q(key_file)} 2>/dev/null)\"; }} "
-            f"| curl -H @- {args}")
+    return f"{{ printf '%s: %s\\n' {HEADER} \"$(cat {q(key_file)} 2>/dev/null)\"; }} | curl -H @- {args}"
 
 
 def read_command(key_file: str) -> str:
@@ -48,9 +56,9 @@ def key_command(key_file: str) -> str:
     k = q(key_file)
     return (
         "set -e; umask 077; "
-        f"mkdir -p \"$(dirname {k})\"; "
+        f'mkdir -p "$(dirname {k})"; '
         f"if [ ! -s {k} ]; then t=$(mktemp {q(key_file + '.XXXXXX')}); "
-        f"od -An -N32 -tx1 /dev/urandom | tr -d ' \\n' > \"$t\"; echo >> \"$t\"; mv -f \"$t\" {k}; fi; "
+        f'od -An -N32 -tx1 /dev/urandom | tr -d \' \\n\' > "$t"; echo >> "$t"; mv -f "$t" {k}; fi; '
         f"chown root:root {k}; chmod 0600 {k}"
     )
 
@@ -59,8 +67,10 @@ def flags(apis: list[str], key_ref: str) -> list[str]:
     """tritonserver's restriction flags for ``apis`` with the key ``key_ref`` (a shell reference
     to it, e.g. ``$k``)."""
     group = ",".join(apis)
-    return [f"--http-restricted-api={group}:{HEADER}={key_ref}",
-            f"--grpc-restricted-protocol={group}:{HEADER}={key_ref}"]
+    return [
+        f"--http-restricted-api={group}:{HEADER}={key_ref}",
+        f"--grpc-restricted-protocol={group}:{HEADER}={key_ref}",
+    ]
 
 
 def unit_script(apis: list[str]) -> str:
@@ -68,12 +78,16 @@ def unit_script(apis: list[str]) -> str:
     doubled): reads the key from stdin, then execs tritonserver ("$0" "$@") with the restriction
     flags appended."""
     restrict = " ".join(f'"{f}"' for f in flags(apis, "$k"))
-    script = ('read -r k || true; [ -n "$k" ] || { echo "tritonfleet: no Triton API key on stdin" >&2; exit 2; }; '
-              f'exec "$0" "$@" {restrict}')
+    script = (
+        'read -r k || true; [ -n "$k" ] || { echo "tritonfleet: no Triton API key on stdin" >&2; exit 2; }; '
+        f'exec "$0" "$@" {restrict}'
+    )
     # the script goes into the unit between single quotes, where systemd reads % and backslashes too: a
     # check that stays under `python -O` (an assert would not)
     bad = sorted({c for c in script if c in "'%\\"})
     if bad:
-        raise ValueError(f"Triton's key wrapper would hold {' '.join(bad)}, which the unit's quoting cannot "
-                         f"carry: restricted APIs {apis!r} (unit.restricted_apis lets only Triton's names through)")
+        raise ValueError(
+            f"Triton's key wrapper would hold {' '.join(bad)}, which the unit's quoting cannot "
+            f"carry: restricted APIs {apis!r} (unit.restricted_apis lets only Triton's names through)"
+        )
     return "'" + script.replace("$", "$$") + "'"

@@ -84,15 +84,17 @@ class RuntimeAPI:
         addr = self.address
         for prefix in ("unix@", "ipv4@", "ipv6@", "tcp@"):
             if addr.startswith(prefix):
-                addr = addr[len(prefix):]
+                addr = addr[len(prefix) :]
         if addr.startswith("/") or addr.startswith("."):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             target: object = addr
         else:
             host, _, port = addr.rpartition(":")
             if not host or not port.isdigit():
-                raise DrainError(f"HAProxy runtime API address {self.address!r} is neither a socket path nor "
-                                 "host:port (lb_haproxy_sockets)")
+                raise DrainError(
+                    f"HAProxy runtime API address {self.address!r} is neither a socket path nor "
+                    "host:port (lb_haproxy_sockets)"
+                )
             host = host.strip("[]")
             s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             target = (host, int(port))
@@ -139,17 +141,20 @@ def parse_servers_state(text: str) -> list[dict[str, str]]:
     if header is None:
         raise DrainError(f"unexpected answer to show servers state: {text[:200]!r}")
     names = header[2:].split()
-    return [dict(zip(names, ln.split(), strict=False)) for ln in lines if not ln.startswith("#") and
-            len(ln.split()) >= len(names) // 2]
+    return [
+        dict(zip(names, ln.split(), strict=False))
+        for ln in lines
+        if not ln.startswith("#") and len(ln.split()) >= len(names) // 2
+    ]
 
 
 @dataclass
 class ServerState:
     """One server as HAProxy reports it (summed over every HAProxy instance)."""
 
-    status: str           # show stat's status: UP, DOWN, DRAIN, MAINT, "no check", "UP 1/2", ...
-    sessions: int         # current sessions (scur), summed
-    admin: int            # srv_admin_state bits, or-ed
+    status: str  # show stat's status: UP, DOWN, DRAIN, MAINT, "no check", "UP 1/2", ...
+    sessions: int  # current sessions (scur), summed
+    admin: int  # srv_admin_state bits, or-ed
 
     @property
     def maintenance(self) -> bool:
@@ -238,15 +243,18 @@ class Balancer:
                 unknown = ""
             except InFlightUnknown as e:
                 if not unknown and say is not None:
-                    say(f"the requests in flight cannot be read ({e}): the host counts as busy, read again "
-                        f"until lb_drain_timeout ({timeout:.0f}s); Triton is not restarted meanwhile")
+                    say(
+                        f"the requests in flight cannot be read ({e}): the host counts as busy, read again "
+                        f"until lb_drain_timeout ({timeout:.0f}s); Triton is not restarted meanwhile"
+                    )
                 n, unknown = None, str(e)
             if n == 0:
                 return clock() - t0
             if clock() - t0 >= timeout:
                 if unknown:
-                    raise InFlightUnknown(f"the requests in flight could not be read for {timeout:.0f}s "
-                                          f"(lb_drain_timeout): {unknown}")
+                    raise InFlightUnknown(
+                        f"the requests in flight could not be read for {timeout:.0f}s (lb_drain_timeout): {unknown}"
+                    )
                 raise DrainError(f"{n} request(s) still in flight after {timeout:.0f}s (lb_drain_timeout)")
             sleep(POLL_SECONDS)
 
@@ -258,12 +266,16 @@ class HAProxy(Balancer):
         """``hold``: this balancer is the quarantine's or an operator's: drain() holds the server
         (maintenance) and ready() ends the hold."""
         if not sockets:
-            raise DrainError("lb = 'haproxy' needs lb_haproxy_sockets (the runtime API: a unix socket path or "
-                             "host:port of `stats socket ... level admin`)")
+            raise DrainError(
+                "lb = 'haproxy' needs lb_haproxy_sockets (the runtime API: a unix socket path or "
+                "host:port of `stats socket ... level admin`)"
+            )
         for word in (backend, server):
             if not word or any(c.isspace() or c in "/;" for c in word):
-                raise DrainError(f"HAProxy backend and server names must be plain words, not {word!r} "
-                                 "(lb_haproxy_backend, lb_haproxy_server)")
+                raise DrainError(
+                    f"HAProxy backend and server names must be plain words, not {word!r} "
+                    "(lb_haproxy_backend, lb_haproxy_server)"
+                )
         self.apis = [RuntimeAPI(s, timeout) for s in sockets]
         self.backend, self.server = backend, server
         self.holding = hold
@@ -274,22 +286,34 @@ class HAProxy(Balancer):
     def state(self) -> ServerState:
         status, sessions, admin = [], 0, 0
         for api in self.apis:
-            rows = [r for r in parse_stat(api.command("show stat"))
-                    if r.get("pxname") == self.backend and r.get("svname") == self.server]
+            rows = [
+                r
+                for r in parse_stat(api.command("show stat"))
+                if r.get("pxname") == self.backend and r.get("svname") == self.server
+            ]
             if not rows:
-                raise DrainError(f"HAProxy at {api.address} has no server {self.server!r} in backend "
-                                 f"{self.backend!r} (lb_haproxy_backend / lb_haproxy_server; servers are named "
-                                 "after the inventory host unless lb_haproxy_server says otherwise)")
+                raise DrainError(
+                    f"HAProxy at {api.address} has no server {self.server!r} in backend "
+                    f"{self.backend!r} (lb_haproxy_backend / lb_haproxy_server; servers are named "
+                    "after the inventory host unless lb_haproxy_server says otherwise)"
+                )
             row = rows[0]
-            st = [r for r in parse_servers_state(api.command(f"show servers state {self.backend}"))
-                  if r.get("srv_name") == self.server]
+            st = [
+                r
+                for r in parse_servers_state(api.command(f"show servers state {self.backend}"))
+                if r.get("srv_name") == self.server
+            ]
             # what cannot be read is said, never taken for "no sessions" or "no admin state"
             if not st or not str(st[0].get("srv_admin_state", "")).isdigit():
-                raise DrainError(f"HAProxy at {api.address}: `show servers state {self.backend}` gives no admin "
-                                 f"state for {self.server!r}: {st[0] if st else 'no such line'}")
+                raise DrainError(
+                    f"HAProxy at {api.address}: `show servers state {self.backend}` gives no admin "
+                    f"state for {self.server!r}: {st[0] if st else 'no such line'}"
+                )
             if not str(row.get("scur", "")).isdigit():
-                raise DrainError(f"HAProxy at {api.address}: `show stat` gives no current sessions (scur) for "
-                                 f"{self.backend}/{self.server}: {row.get('scur')!r}")
+                raise DrainError(
+                    f"HAProxy at {api.address}: `show stat` gives no current sessions (scur) for "
+                    f"{self.backend}/{self.server}: {row.get('scur')!r}"
+                )
             adm = int(st[0]["srv_admin_state"])
             scur = int(row["scur"])
             status.append(row.get("status", ""))
@@ -302,8 +326,10 @@ class HAProxy(Balancer):
         for api in self.apis:
             answer = api.command(f"set server {self.backend}/{self.server} state {state}").strip()
             if answer:
-                raise DrainError(f"HAProxy at {api.address} refused `set server {self.backend}/{self.server} "
-                                 f"state {state}`: {answer}")
+                raise DrainError(
+                    f"HAProxy at {api.address} refused `set server {self.backend}/{self.server} "
+                    f"state {state}`: {answer}"
+                )
 
     def drain(self) -> str:
         if self.holding:
@@ -357,8 +383,10 @@ class HAProxy(Balancer):
             if st.maintenance or st.serving:
                 return f"{st.status} after {clock() - t0:.1f}s"
             if clock() - t0 >= timeout:
-                raise DrainError(f"{self.describe()} is ready but HAProxy reports it {st.status!r} after "
-                                 f"{timeout:.0f}s (lb_drain_timeout): its health check does not pass")
+                raise DrainError(
+                    f"{self.describe()} is ready but HAProxy reports it {st.status!r} after "
+                    f"{timeout:.0f}s (lb_drain_timeout): its health check does not pass"
+                )
             sleep(POLL_SECONDS)
 
 
@@ -395,9 +423,11 @@ def metrics_command(instances: list[tuple[str, str]]) -> str:
     curl's exit status and whether the unit runs (``systemctl is-active``)."""
     parts = []
     for service, url in instances:
-        parts.append(f"echo {q(f'{METRICS_MARK} {service} {url}')}; curl -sSf -m 5 {q(url)} 2>&1; rc=$?; "
-                     f"[ $rc = 0 ] || echo \"{METRICS_MARK}-failed $rc $(systemctl is-active "
-                     f"{q(service + '.service')} 2>/dev/null)\"")
+        parts.append(
+            f"echo {q(f'{METRICS_MARK} {service} {url}')}; curl -sSf -m 5 {q(url)} 2>&1; rc=$?; "
+            f'[ $rc = 0 ] || echo "{METRICS_MARK}-failed $rc $(systemctl is-active '
+            f'{q(service + ".service")} 2>/dev/null)"'
+        )
     return "; ".join(parts) + "; true"
 
 
@@ -409,16 +439,18 @@ def read_metrics(lines: list[str]) -> list[str]:
     for line in lines:
         if line.startswith(METRICS_MARK + "-failed"):
             if reads:
-                rc, _, state = line[len(METRICS_MARK) + len("-failed"):].strip().partition(" ")
+                rc, _, state = line[len(METRICS_MARK) + len("-failed") :].strip().partition(" ")
                 reads[-1]["failed"], reads[-1]["state"] = rc, state.strip() or "unknown"
         elif line.startswith(METRICS_MARK + " "):
-            service, _, url = line[len(METRICS_MARK) + 1:].partition(" ")
+            service, _, url = line[len(METRICS_MARK) + 1 :].partition(" ")
             reads.append({"service": service, "url": url, "lines": [], "failed": "", "state": ""})
         elif reads:
             reads[-1]["lines"].append(line)
     if not reads:
-        raise DrainError("Triton's metrics were not read (the command printed nothing it knows): "
-                         + " | ".join(ln.strip() for ln in lines if ln.strip())[:300])
+        raise DrainError(
+            "Triton's metrics were not read (the command printed nothing it knows): "
+            + " | ".join(ln.strip() for ln in lines if ln.strip())[:300]
+        )
     texts, down = [], []
     for r in reads:
         if not r["failed"]:
@@ -428,8 +460,9 @@ def read_metrics(lines: list[str]) -> list[str]:
         if r["state"] in NOT_RUNNING:
             down.append(f"{r['service']}.service is {r['state']}")
             continue
-        raise DrainError(f"Triton's metrics at {r['url']} do not answer ({said}) while {r['service']}.service "
-                         f"is {r['state']}")
+        raise DrainError(
+            f"Triton's metrics at {r['url']} do not answer ({said}) while {r['service']}.service is {r['state']}"
+        )
     if not texts:
         raise TritonNotRunning(f"no Triton runs ({', '.join(down)}): no request can be in flight")
     return texts
@@ -438,8 +471,14 @@ def read_metrics(lines: list[str]) -> list[str]:
 class Hooks(Balancer):
     kind = "hooks"
 
-    def __init__(self, drain_command: str | None, ready_command: str | None, env: dict[str, str],
-                 metrics: Callable[[], str | list[str]], timeout: float = 120.0):
+    def __init__(
+        self,
+        drain_command: str | None,
+        ready_command: str | None,
+        env: dict[str, str],
+        metrics: Callable[[], str | list[str]],
+        timeout: float = 120.0,
+    ):
         if not drain_command or not ready_command:
             raise DrainError("lb = 'hooks' needs both lb_drain_command and lb_ready_command")
         self.drain_command, self.ready_command = drain_command, ready_command
@@ -453,14 +492,20 @@ class Hooks(Balancer):
 
     def _run(self, command: str, what: str) -> str:
         try:
-            res = subprocess.run(command, shell=True, env={**os.environ, **self.env}, capture_output=True,
-                                 text=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                command,
+                shell=True,
+                env={**os.environ, **self.env},
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired as e:
             raise DrainError(f"{what} did not finish within {self.timeout:.0f}s: {command}") from e
         out = (res.stdout + res.stderr).strip()
         if res.returncode != 0:
-            raise DrainError(f"{what} failed (exit {res.returncode}): {command}" +
-                             (f": {out[-500:]}" if out else ""))
+            raise DrainError(f"{what} failed (exit {res.returncode}): {command}" + (f": {out[-500:]}" if out else ""))
         return out
 
     def drain(self) -> str:
@@ -491,8 +536,9 @@ class Hooks(Balancer):
         return "lb_ready_command ran" + (f": {out.splitlines()[-1][:200]}" if out else "")
 
 
-def from_settings(settings: Settings, host_name: str, address: str, metrics: Callable[[], str],
-                  hold: bool = False) -> Balancer | None:
+def from_settings(
+    settings: Settings, host_name: str, address: str, metrics: Callable[[], str], hold: bool = False
+) -> Balancer | None:
     """The host's balancer from its tunables (``settings``), or None when ``lb`` is not set.
     ``hold``: the quarantine's (HAProxy: its drain holds the server in maintenance)."""
     kind = settings.get("lb")
@@ -504,11 +550,21 @@ def from_settings(settings: Settings, host_name: str, address: str, metrics: Cal
         sockets = settings.get("lb_haproxy_sockets") or []
         if isinstance(sockets, str):
             sockets = [sockets]
-        return HAProxy(list(sockets), settings.get("lb_haproxy_backend"), settings.get("lb_haproxy_server") or host_name,
-                       hold=hold)
-    env = {"TRITONFLEET_HOST": host_name, "TRITONFLEET_ADDRESS": address,
-           "TRITONFLEET_HTTP_PORT": str(settings.get("triton_http_port"))}
-    return Hooks(settings.get("lb_drain_command"), settings.get("lb_ready_command"), env, metrics, float(settings.get("lb_drain_timeout")))
+        return HAProxy(
+            list(sockets), settings.get("lb_haproxy_backend"), settings.get("lb_haproxy_server") or host_name, hold=hold
+        )
+    env = {
+        "TRITONFLEET_HOST": host_name,
+        "TRITONFLEET_ADDRESS": address,
+        "TRITONFLEET_HTTP_PORT": str(settings.get("triton_http_port")),
+    }
+    return Hooks(
+        settings.get("lb_drain_command"),
+        settings.get("lb_ready_command"),
+        env,
+        metrics,
+        float(settings.get("lb_drain_timeout")),
+    )
 
 
 def stop_timeouts(exit_timeout: int | float) -> dict[str, int]:

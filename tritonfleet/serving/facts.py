@@ -30,9 +30,7 @@ class DockerImageId(FactBase):
     """The local image ID of a tag (None when the image or docker is missing)."""
 
     def command(self, image: str) -> str:
-        return (
-            f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null || true"
-        )
+        return f"docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null || true"
 
     def process(self, output):
         for line in output:
@@ -54,8 +52,8 @@ class TritonContainer(FactBase):
     def command(self, container: str, unit: str, link: str) -> str:
         return (
             f"s=$(docker inspect --format '{{{{.State.Running}}}} {{{{.Image}}}} {{{{.State.StartedAt}}}}' "
-            f"{q(container)} 2>/dev/null) && set -- $s && echo \"running=$1\" && echo \"image=$2\" && "
-            "echo \"started=$(date -d \"$3\" +%s.%N)\"; "
+            f'{q(container)} 2>/dev/null) && set -- $s && echo "running=$1" && echo "image=$2" && '
+            'echo "started=$(date -d "$3" +%s.%N)"; '
             f"find {q(unit)} {q(link)} -maxdepth 0 -printf '%p=%T@\\n' 2>/dev/null; true"
         )
 
@@ -90,9 +88,11 @@ class DeployHistory(FactBase):
 
     def command(self, base: str) -> str:
         b = q(base)
-        return (f"cat {b}/history.jsonl 2>/dev/null; "
-                f"for f in {b}/units/*.service; do [ -f \"$f\" ] && echo \"unit=$(basename \"$f\" .service)\"; "
-                f"done 2>/dev/null; [ -e {FAILURE_RECORD} ] && echo failure-recorded; true")
+        return (
+            f"cat {b}/history.jsonl 2>/dev/null; "
+            f'for f in {b}/units/*.service; do [ -f "$f" ] && echo "unit=$(basename "$f" .service)"; '
+            f"done 2>/dev/null; [ -e {FAILURE_RECORD} ] && echo failure-recorded; true"
+        )
 
     def process(self, output):
         records, units, failure = [], [], False

@@ -61,11 +61,15 @@ def plan(share: float, canaries: list[str], others: dict[str, int], matched: lis
     matched = [m for m in matched or [] if m not in canaries]
     live = {s: w for s, w in others.items() if w > 0 and s not in canaries and s not in matched}
     if not live:
-        raise ValueError("no other server takes traffic: a canary share needs at least one baseline server"
-                         + (" beside the matched ones" if matched else ""))
+        raise ValueError(
+            "no other server takes traffic: a canary share needs at least one baseline server"
+            + (" beside the matched ones" if matched else "")
+        )
     if share * (len(canaries) + len(matched)) / len(canaries) >= 1:
-        raise ValueError(f"a share of {share * 100:g}% for the canaries and as much for {len(matched)} matched "
-                         "baseline server(s) leaves nothing for the others")
+        raise ValueError(
+            f"a share of {share * 100:g}% for the canaries and as much for {len(matched)} matched "
+            "baseline server(s) leaves nothing for the others"
+        )
     n = len(canaries) + len(matched)  # servers at the canary weight
     total = sum(live.values())
     top = max(live.values())
@@ -107,24 +111,36 @@ class Weights:
         now (``show stat``: UP or no check, not drained, not in maintenance)."""
         out = {}
         for api in self.apis:
-            stat = {r.get("svname"): r for r in parse_stat(api.command("show stat"))
-                    if r.get("pxname") == self.backend and r.get("svname") not in ("FRONTEND", "BACKEND")}
+            stat = {
+                r.get("svname"): r
+                for r in parse_stat(api.command("show stat"))
+                if r.get("pxname") == self.backend and r.get("svname") not in ("FRONTEND", "BACKEND")
+            }
             if not stat:
-                raise DrainError(f"HAProxy at {api.address} has no backend {self.backend!r} or no server in it "
-                                 "(lb_haproxy_backend)")
-            rows = [r for r in parse_servers_state(api.command(f"show servers state {self.backend}"))
-                    if r.get("be_name") == self.backend]
+                raise DrainError(
+                    f"HAProxy at {api.address} has no backend {self.backend!r} or no server in it (lb_haproxy_backend)"
+                )
+            rows = [
+                r
+                for r in parse_servers_state(api.command(f"show servers state {self.backend}"))
+                if r.get("be_name") == self.backend
+            ]
             servers = {}
             for r in rows:
                 name = r.get("srv_name", "")
                 fields = [r.get(k, "") for k in ("srv_admin_state", "srv_uweight", "srv_iweight")]
                 if not name or not all(str(f).isdigit() for f in fields):
-                    raise DrainError(f"HAProxy at {api.address}: `show servers state {self.backend}` gives no "
-                                     f"admin state or weights for server {name!r}: {r}")
+                    raise DrainError(
+                        f"HAProxy at {api.address}: `show servers state {self.backend}` gives no "
+                        f"admin state or weights for server {name!r}: {r}"
+                    )
                 admin, weight, initial = (int(f) for f in fields)
                 status = stat.get(name, {}).get("status", "")
-                servers[name] = {"weight": weight, "initial": initial,
-                                 "serving": not admin and (status.startswith("UP") or status == "no check")}
+                servers[name] = {
+                    "weight": weight,
+                    "initial": initial,
+                    "serving": not admin and (status.startswith("UP") or status == "no check"),
+                }
             out[api.address] = servers
         return out
 
@@ -145,14 +161,17 @@ class Weights:
             for server, w in weights.items():
                 answer = api.command(f"set weight {self.backend}/{server} {int(w)}").strip()
                 if answer:
-                    raise DrainError(f"HAProxy at {api.address} refused `set weight {self.backend}/{server} "
-                                     f"{int(w)}`: {answer}")
+                    raise DrainError(
+                        f"HAProxy at {api.address} refused `set weight {self.backend}/{server} {int(w)}`: {answer}"
+                    )
             now = {s: v["weight"] for s, v in self.read()[api.address].items()}
             wrong = {s: (w, now.get(s)) for s, w in weights.items() if now.get(s) != int(w)}
             if wrong:
-                raise DrainError(f"HAProxy at {api.address} did not take the weights of backend {self.backend} "
-                                 f"(wanted, now): {wrong}; a static-rr backend only accepts 0 and the initial "
-                                 "weight: use balance roundrobin for a canary share")
+                raise DrainError(
+                    f"HAProxy at {api.address} did not take the weights of backend {self.backend} "
+                    f"(wanted, now): {wrong}; a static-rr backend only accepts 0 and the initial "
+                    "weight: use balance roundrobin for a canary share"
+                )
 
     def restore(self, originals: dict[str, int]) -> None:
         """Put the weights read before back (servers that are gone are left out)."""

@@ -55,8 +55,9 @@ def _get(session: requests.Session, url: str, timeout: float) -> tuple[bool, str
     return r.status_code == 200, f"HTTP {r.status_code} {body}".strip()
 
 
-def check_once(http_url: str, metrics_url: str, models: list[str], timeout: float = 5,
-               session: requests.Session | None = None) -> HealthResult:
+def check_once(
+    http_url: str, metrics_url: str, models: list[str], timeout: float = 5, session: requests.Session | None = None
+) -> HealthResult:
     """One pass over every endpoint; on ``session`` (its kept-alive connections) when given."""
     if session is not None:
         return _check(session, http_url, metrics_url, models, timeout)
@@ -86,9 +87,17 @@ def _check(s: requests.Session, http_url: str, metrics_url: str, models: list[st
     return HealthResult(all(c.ok for c in checks), checks)
 
 
-def wait_healthy(http_url: str, metrics_url: str, models: list[str], timeout: float = 180,
-                 request_timeout: float = 5, interval: float = 1.0, watch=None,
-                 watch_every: float = 2.0, session: requests.Session | None = None) -> HealthResult:
+def wait_healthy(
+    http_url: str,
+    metrics_url: str,
+    models: list[str],
+    timeout: float = 180,
+    request_timeout: float = 5,
+    interval: float = 1.0,
+    watch=None,
+    watch_every: float = 2.0,
+    session: requests.Session | None = None,
+) -> HealthResult:
     """Retry until everything answers or ``timeout`` seconds pass. ``watch()`` (the unit and the
     container, see UnitWatch) is asked every ``watch_every`` seconds meanwhile; a Verdict from it
     ends the wait at once (a start that only takes long never gives one). Every attempt on one
@@ -97,8 +106,9 @@ def wait_healthy(http_url: str, metrics_url: str, models: list[str], timeout: fl
     restarting Triton does, is opened again by the session)."""
     if session is None:
         with triton_http.session() as s:
-            return wait_healthy(http_url, metrics_url, models, timeout, request_timeout, interval, watch,
-                                watch_every, s)
+            return wait_healthy(
+                http_url, metrics_url, models, timeout, request_timeout, interval, watch, watch_every, s
+            )
     t0 = time.monotonic()
     last_watch = None
     while True:
@@ -115,9 +125,15 @@ def wait_healthy(http_url: str, metrics_url: str, models: list[str], timeout: fl
         time.sleep(interval)
 
 
-
-def gate(settings: Settings, address: str, models: list[str], transport=None, timeout: float | None = None,
-         watch=None, warm=None) -> HealthResult:
+def gate(
+    settings: Settings,
+    address: str,
+    models: list[str],
+    transport=None,
+    timeout: float | None = None,
+    watch=None,
+    warm=None,
+) -> HealthResult:
     """Wait until the host whose tunables ``settings`` holds is healthy (or ``timeout`` passes, or
     ``watch`` finds a definitive cause). ``address``: its SSH address; ``transport``: its open
     paramiko transport (health_via ssh). ``warm(http_url, session)``: run once healthy (the warm inference
@@ -127,8 +143,15 @@ def gate(settings: Settings, address: str, models: list[str], transport=None, ti
     links = triton_http.endpoints(settings, address, (lambda: transport) if transport is not None else None)
     with links as at, triton_http.session() as s:
         http_url, metrics_url = at.http_url, at.metrics_url
-        res = wait_healthy(http_url, metrics_url, models, settings.get("health_timeout") if timeout is None else timeout,
-                           settings.get("health_request_timeout"), watch=watch, session=s)
+        res = wait_healthy(
+            http_url,
+            metrics_url,
+            models,
+            settings.get("health_timeout") if timeout is None else timeout,
+            settings.get("health_request_timeout"),
+            watch=watch,
+            session=s,
+        )
         said = at.tunnel_error
         if not res.ok and said and res.first_failure is not None:  # why the tunnel's requests failed
             res.first_failure.detail += f" ({said})"
@@ -150,8 +173,9 @@ def instance_failure(failure: Failure, settings: Settings) -> Failure:
     return failure
 
 
-def failure_of(res: HealthResult, host_name: str, models: list[str], watch: UnitWatch, timeout: float,
-               rollout: bool = False) -> Failure:
+def failure_of(
+    res: HealthResult, host_name: str, models: list[str], watch: UnitWatch, timeout: float, rollout: bool = False
+) -> Failure:
     """The report of a failed gate."""
     service = watch.service
     snap = watch.last if res.verdict else (watch.read() or watch.last)
@@ -165,22 +189,32 @@ def failure_of(res: HealthResult, host_name: str, models: list[str], watch: Unit
         start = window[-1] if window else None
         triton = start.cause if start else ""
         found = f"not healthy after {res.seconds:.0f}s (health_timeout): {answer}" + (
-            f"; Triton's first error: {triton}" if triton else "")
-        cause = (f"Triton: {triton}" if triton else answer)
+            f"; Triton's first error: {triton}" if triton else ""
+        )
+        cause = f"Triton: {triton}" if triton else answer
         words = error_words(start.lines) if start else []
     now, fix = serving_now(snap, service, host_name, rollout)
     if snap is None and watch.error:
         now = f"unknown (the host could not be read: {watch.error[:200]})"
     if not fix:
-        fix = "fix the cause above (the model: tritonfleet validate; the unit: journalctl -u " \
-              f"{service}), then run the deploy again"
+        fix = (
+            "fix the cause above (the model: tritonfleet validate; the unit: journalctl -u "
+            f"{service}), then run the deploy again"
+        )
     else:
         fix += f"; then fix the cause above and run the deploy again (journalctl -u {service} shows the whole log)"
-    return Failure(host_name, "health gate",
-                   f"Triton live and ready, models {', '.join(models) or '(none)'} ready, metrics served, "
-                   f"within health_timeout ({timeout:.0f}s)",
-                   found, words, f"Triton's own words (journal of {service}.service, its last start)", now, fix,
-                   cause=f"{cause}, after {res.seconds:.0f}s")
+    return Failure(
+        host_name,
+        "health gate",
+        f"Triton live and ready, models {', '.join(models) or '(none)'} ready, metrics served, "
+        f"within health_timeout ({timeout:.0f}s)",
+        found,
+        words,
+        f"Triton's own words (journal of {service}.service, its last start)",
+        now,
+        fix,
+        cause=f"{cause}, after {res.seconds:.0f}s",
+    )
 
 
 # host name -> {model: milliseconds} of the first inferences its gate sent in this run (the deploy
@@ -208,8 +242,9 @@ def warm_check(repo: str, models: list[str], timeout: float, say, keep=None):
     return run
 
 
-def gate_current_host(settings: Settings, models: list[str], clear_failure: bool = False,
-                      repo: str | None = None) -> HealthResult:
+def gate_current_host(
+    settings: Settings, models: list[str], clear_failure: bool = False, repo: str | None = None
+) -> HealthResult:
     """pyinfra callback: health-gate the host being deployed (its settings: ``settings``); fail it
     with the report. Once healthy, ``clear_failure`` removes the report an earlier failed run left
     on the host (for `tritonfleet status`): part of the check, so a healthy re-run still changes
@@ -227,7 +262,6 @@ def gate_current_host(settings: Settings, models: list[str], clear_failure: bool
         _, out = host.run_shell_command(command, print_output=False, print_input=False)
         return "\n".join(out.stdout_lines)
 
-
     timeout = float(settings.get("health_timeout"))
     gets = instance_gets(settings)
     seconds = 0.0
@@ -236,20 +270,27 @@ def gate_current_host(settings: Settings, models: list[str], clear_failure: bool
         warm = None
         if repo and settings.get("health_warm_inference"):
             who = ": ".join(filter(None, (host.name, per_gpu.label(g))))
-            warm = warm_check(repo, models, max(float(settings.get("health_request_timeout")), 30.0),
-                              lambda text, who=who: logger.info(f"{who}: {text}"),
-                              (lambda ms: WARM_LATENCY.__setitem__(host.name, ms)) if i == 0 else None)
+            warm = warm_check(
+                repo,
+                models,
+                max(float(settings.get("health_request_timeout")), 30.0),
+                lambda text, who=who: logger.info(f"{who}: {text}"),
+                (lambda ms: WARM_LATENCY.__setitem__(host.name, ms)) if i == 0 else None,
+            )
         try:
             res = gate(g, host.data.get("ssh_hostname") or host.name, models, transport, timeout, watch, warm)
         except ConfigError as e:
             raise ConfigError(f"{host.name}: {e}") from e
         if not res.ok:
-            raise HealthError(instance_failure(failure_of(res, host.name, models, watch, timeout,
-                                                          rollout=in_rollout()), g))
+            raise HealthError(
+                instance_failure(failure_of(res, host.name, models, watch, timeout, rollout=in_rollout()), g)
+            )
         seconds += res.seconds
     res.seconds = seconds
-    logger.info(f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
-                + (f", {len(gets)} Triton instances, one per GPU)" if per_gpu.enabled(settings) else ")"))
+    logger.info(
+        f"{host.name}: healthy in {res.seconds:.1f}s ({len(models)} models ready, metrics served"
+        + (f", {len(gets)} Triton instances, one per GPU)" if per_gpu.enabled(settings) else ")")
+    )
     if clear_failure:
         run(f"rm -f {HOST_RECORD}")
     return res

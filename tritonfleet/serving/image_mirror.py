@@ -56,12 +56,14 @@ from ..core.shell import q
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # the manifest kinds a pull of a pinned image meets (Docker's and OCI's media types)
-ACCEPT = ", ".join([
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-])
+ACCEPT = ", ".join(
+    [
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+    ]
+)
 
 
 # --------------------------------------------------------------------------- the mirror host
@@ -81,15 +83,24 @@ def listen_address(mirror: str, listen: str | None, port: int) -> str:
     elif not listen and host.startswith("[") and "]:" in host:
         host = host.rsplit(":", 1)[0]  # [v6]:port
     if host.strip("[]") in ("", "0.0.0.0", "::", "*"):
-        raise ValueError(f"the mirror would listen on every address ({host!r}): set image_mirror_listen to "
-                         "the address the hosts reach it at")
+        raise ValueError(
+            f"the mirror would listen on every address ({host!r}): set image_mirror_listen to "
+            "the address the hosts reach it at"
+        )
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{int(port)}"
 
 
-def registry_config(addr: str, storage: str, upstream: str, user: str | None = None,
-                    cert: str | None = None, key: str | None = None, htpasswd: str | None = None) -> str:
+def registry_config(
+    addr: str,
+    storage: str,
+    upstream: str,
+    user: str | None = None,
+    cert: str | None = None,
+    key: str | None = None,
+    htpasswd: str | None = None,
+) -> str:
     """/etc/docker/registry/config.yml of a pull-through mirror (JSON, which YAML reads): the
     upstream with its login name (never its password: that is ``$REGISTRY_PROXY_PASSWORD`` in the
     unit's environment, see :func:`secret_file_script`), the cache's storage, TLS when given, JSON
@@ -103,15 +114,25 @@ def registry_config(addr: str, storage: str, upstream: str, user: str | None = N
     if cert and key:
         http["tls"] = {"certificate": cert, "key": key}
     auth = {"auth": {"htpasswd": {"realm": REALM, "path": htpasswd}}} if htpasswd else {}
-    return json.dumps({
-        **auth,
-        "version": 0.1,
-        "log": {"level": "info", "formatter": "json", "fields": {"service": "registry-mirror"}},
-        "storage": {"filesystem": {"rootdirectory": storage}, "delete": {"enabled": True},
-                    "cache": {"blobdescriptor": "inmemory"}},
-        "http": http,
-        "proxy": proxy,
-    }, indent=2, sort_keys=True) + "\n"
+    return (
+        json.dumps(
+            {
+                **auth,
+                "version": 0.1,
+                "log": {"level": "info", "formatter": "json", "fields": {"service": "registry-mirror"}},
+                "storage": {
+                    "filesystem": {"rootdirectory": storage},
+                    "delete": {"enabled": True},
+                    "cache": {"blobdescriptor": "inmemory"},
+                },
+                "http": http,
+                "proxy": proxy,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
 
 
 def secret_file_script(path: str, service: str) -> str:
@@ -121,22 +142,28 @@ def secret_file_script(path: str, service: str) -> str:
     changed. The secret is in no command line, no pyinfra plan or diff; printed: ``secret same``,
     ``secret changed`` or ``error <words>``. A value systemd's single quotes cannot hold (a quote,
     a backslash, a line break) is refused."""
-    return "\n".join([
-        "set -u", "umask 077",
-        f"f={q(path)}; t=\"$f.tmp.$$\"",
-        "IFS= read -r s || [ -n \"$s\" ] || { echo 'error no registry secret arrived on stdin'; exit 2; }",
-        "more=; IFS= read -r more || :",
-        "[ -z \"$more\" ] || { echo 'error the registry secret holds a line break'; exit 2; }",
-        "case \"$s\" in *\\'*|*\\\\*|'') echo 'error the registry secret is empty or holds a quote or a backslash, "
-        "which the mirror'\"'\"'s environment file cannot hold'; exit 2;; esac",
-        "trap 'rm -f \"$t\"' EXIT",
-        f"mkdir -p \"$(dirname \"$f\")\" && printf \"{PASSWORD_VAR}='%s'\\n\" \"$s\" > \"$t\" && chown root:root \"$t\" "
-        "&& chmod 600 \"$t\" || { echo \"error cannot write $f\"; exit 1; }",
-        "if cmp -s \"$t\" \"$f\"; then echo 'secret same'; exit 0; fi",
-        "mv -f \"$t\" \"$f\" || { echo \"error cannot write $f\"; exit 1; }",
-        f"systemctl try-restart {q(service)} || {{ echo 'error {service} did not restart with the new secret'; exit 1; }}",
-        "echo 'secret changed'",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -u",
+                "umask 077",
+                f'f={q(path)}; t="$f.tmp.$$"',
+                "IFS= read -r s || [ -n \"$s\" ] || { echo 'error no registry secret arrived on stdin'; exit 2; }",
+                "more=; IFS= read -r more || :",
+                "[ -z \"$more\" ] || { echo 'error the registry secret holds a line break'; exit 2; }",
+                "case \"$s\" in *\\'*|*\\\\*|'') echo 'error the registry secret is empty or holds a quote or a backslash, "
+                "which the mirror'\"'\"'s environment file cannot hold'; exit 2;; esac",
+                "trap 'rm -f \"$t\"' EXIT",
+                f'mkdir -p "$(dirname "$f")" && printf "{PASSWORD_VAR}=\'%s\'\\n" "$s" > "$t" && chown root:root "$t" '
+                '&& chmod 600 "$t" || { echo "error cannot write $f"; exit 1; }',
+                'if cmp -s "$t" "$f"; then echo \'secret same\'; exit 0; fi',
+                'mv -f "$t" "$f" || { echo "error cannot write $f"; exit 1; }',
+                f"systemctl try-restart {q(service)} || {{ echo 'error {service} did not restart with the new secret'; exit 1; }}",
+                "echo 'secret changed'",
+            ]
+        )
+        + "\n"
+    )
 
 
 # the realm the mirror names when it asks a client to log in (WWW-Authenticate: Basic realm=...)
@@ -170,29 +197,35 @@ def htpasswd_script(path: str, user: str, service: str, group: str = "docker-reg
     no command line, plan or diff; printed: ``secret same``, ``secret changed`` or ``error
     <words>`` (exit 2: a secret :func:`client_secret_problem` refuses)."""
     cost = int(HTPASSWD_COST)
-    return "\n".join([
-        "set -u", "umask 027",
-        f"f={q(path)}; u={q(user)}; t=\"$f.tmp.$$\"",
-        "IFS= read -r s || [ -n \"$s\" ] || { echo 'error no mirror client secret arrived on stdin'; exit 2; }",
-        "more=; IFS= read -r more || :",
-        "[ -z \"$more\" ] || { echo 'error the mirror client secret holds a line break'; exit 2; }",
-        "case \"$s\" in ''|*[[:cntrl:]]*) echo 'error the mirror client secret is empty or holds a control "
-        "character'; exit 2;; esac",
-        f"[ \"$(printf '%s' \"$s\" | wc -c)\" -le {SECRET_MAX} ] || {{ echo 'error the mirror client secret is "
-        f"longer than {SECRET_MAX} bytes (bcrypt ignores the rest)'; exit 2; }}",
-        "command -v htpasswd >/dev/null || { echo 'error htpasswd is not installed (apt-get install apache2-utils)'; "
-        "exit 1; }",
-        "trap 'rm -f \"$t\"' EXIT",
-        f"if [ -f \"$f\" ] && [ \"$(stat -c %U:%G:%a \"$f\")\" = root:{group}:640 ] "
-        "&& [ \"$(cut -d: -f1 \"$f\")\" = \"$u\" ] "
-        "&& printf '%s\\n' \"$s\" | htpasswd -v -i \"$f\" \"$u\" >/dev/null 2>&1; then echo 'secret same'; exit 0; fi",
-        f"mkdir -p \"$(dirname \"$f\")\" && printf '%s\\n' \"$s\" | htpasswd -B -C {cost} -i -c \"$t\" \"$u\" "
-        f">/dev/null 2>&1 && chown root:{group} \"$t\" && chmod 640 \"$t\" || {{ echo \"error cannot write $f\"; exit 1; }}",
-        "mv -f \"$t\" \"$f\" || { echo \"error cannot write $f\"; exit 1; }",
-        f"systemctl try-restart {q(service)} || {{ echo 'error {service} did not restart with the new client secret'; "
-        "exit 1; }",
-        "echo 'secret changed'",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -u",
+                "umask 027",
+                f'f={q(path)}; u={q(user)}; t="$f.tmp.$$"',
+                "IFS= read -r s || [ -n \"$s\" ] || { echo 'error no mirror client secret arrived on stdin'; exit 2; }",
+                "more=; IFS= read -r more || :",
+                "[ -z \"$more\" ] || { echo 'error the mirror client secret holds a line break'; exit 2; }",
+                "case \"$s\" in ''|*[[:cntrl:]]*) echo 'error the mirror client secret is empty or holds a control "
+                "character'; exit 2;; esac",
+                f'[ "$(printf \'%s\' "$s" | wc -c)" -le {SECRET_MAX} ] || {{ echo \'error the mirror client secret is '
+                f"longer than {SECRET_MAX} bytes (bcrypt ignores the rest)'; exit 2; }}",
+                "command -v htpasswd >/dev/null || { echo 'error htpasswd is not installed (apt-get install apache2-utils)'; "
+                "exit 1; }",
+                "trap 'rm -f \"$t\"' EXIT",
+                f'if [ -f "$f" ] && [ "$(stat -c %U:%G:%a "$f")" = root:{group}:640 ] '
+                '&& [ "$(cut -d: -f1 "$f")" = "$u" ] '
+                '&& printf \'%s\\n\' "$s" | htpasswd -v -i "$f" "$u" >/dev/null 2>&1; then echo \'secret same\'; exit 0; fi',
+                f'mkdir -p "$(dirname "$f")" && printf \'%s\\n\' "$s" | htpasswd -B -C {cost} -i -c "$t" "$u" '
+                f'>/dev/null 2>&1 && chown root:{group} "$t" && chmod 640 "$t" || {{ echo "error cannot write $f"; exit 1; }}',
+                'mv -f "$t" "$f" || { echo "error cannot write $f"; exit 1; }',
+                f"systemctl try-restart {q(service)} || {{ echo 'error {service} did not restart with the new client secret'; "
+                "exit 1; }",
+                "echo 'secret changed'",
+            ]
+        )
+        + "\n"
+    )
 
 
 def client_auth(user: str | None) -> tuple[str, str]:
@@ -202,13 +235,15 @@ def client_auth(user: str | None) -> tuple[str, str]:
     a command line (curl reads the header from the file: ``-H @file``)."""
     if not user:
         return "", ""
-    return "\n".join([
-        "IFS= read -r s || [ -n \"$s\" ] || { echo 'no mirror client secret arrived on stdin' >&2; exit 2; }",
-        "h=$(mktemp) || exit 1",
-        "trap 'rm -f \"$h\"' EXIT",
-        f"printf 'Authorization: Basic %s\\n' \"$(printf '%s:%s' {q(user)} \"$s\" | base64 -w0)\" > \"$h\" || exit 1",
-        "s=",
-    ]) + "\n", "-H \"@$h\" "
+    return "\n".join(
+        [
+            "IFS= read -r s || [ -n \"$s\" ] || { echo 'no mirror client secret arrived on stdin' >&2; exit 2; }",
+            "h=$(mktemp) || exit 1",
+            "trap 'rm -f \"$h\"' EXIT",
+            f'printf \'Authorization: Basic %s\\n\' "$(printf \'%s:%s\' {q(user)} "$s" | base64 -w0)" > "$h" || exit 1',
+            "s=",
+        ]
+    ) + "\n", '-H "@$h" '
 
 
 def manifest_command(url: str, path: str, reference: str, ca: str | None = None, user: str | None = None) -> str:
@@ -219,9 +254,11 @@ def manifest_command(url: str, path: str, reference: str, ca: str | None = None,
     first request came 0 ms after the restart and was refused)."""
     tls = f" --cacert {q(ca)}" if ca else ""
     prelude, auth = client_auth(user)
-    return (f"{prelude}curl -fsS --max-time 120 --retry 30 --retry-delay 1 --retry-connrefused{tls} {auth}"
-            f"-H {q('Accept: ' + ACCEPT)} "
-            f"{q(f'{url}/v2/{path}/manifests/{reference}')}")
+    return (
+        f"{prelude}curl -fsS --max-time 120 --retry 30 --retry-delay 1 --retry-connrefused{tls} {auth}"
+        f"-H {q('Accept: ' + ACCEPT)} "
+        f"{q(f'{url}/v2/{path}/manifests/{reference}')}"
+    )
 
 
 def parse_manifest(text: str, os_name: str = "linux", arch: str = "amd64") -> tuple[str, list[str]]:
@@ -251,8 +288,17 @@ def layer_link(storage: str, path: str, digest: str) -> str:
     return f"{storage}/docker/registry/v2/repositories/{path}/_layers/sha256/{digest.split(':', 1)[1]}/link"
 
 
-def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | None = None,
-                timeout: int = 3600, attempts: int = 3, stall: int = 60, user: str | None = None) -> str:
+def fill_script(
+    url: str,
+    path: str,
+    blobs: list[str],
+    storage: str,
+    ca: str | None = None,
+    timeout: int = 3600,
+    attempts: int = 3,
+    stall: int = 60,
+    user: str | None = None,
+) -> str:
     """Shell on the mirror host: every blob of ``blobs`` the mirror's store lacks is brought in by
     one request cut at its headers (see the module doc), then waited for until it is committed to
     the store; asked again (up to ``attempts`` requests) when its upload into the store has not
@@ -266,23 +312,25 @@ def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | N
     uploads = f"{storage}/docker/registry/v2/repositories/{path}/_uploads"
     ticks, still_ticks = int(timeout) * 5, int(stall) * 5  # the wait's checks, one every 0.2 s
     out = [
-        "set -u", *prelude.splitlines(), "rc=0",
+        "set -u",
+        *prelude.splitlines(),
+        "rc=0",
         "fill() {",
         "  try=0; why=",
         f"  while [ $try -lt {int(attempts)} ]; do",
-        "    [ -f \"$1\" ] && return 0",
-        f"    curl -s {tls}{auth}--max-filesize 1 --max-time {int(stall)} -o /dev/null \"$2\"",
+        '    [ -f "$1" ] && return 0',
+        f'    curl -s {tls}{auth}--max-filesize 1 --max-time {int(stall)} -o /dev/null "$2"',
         "    n=0; still=0; last=",
-        f"    while [ ! -f \"$1\" ] && [ $n -lt {ticks} ] && [ $still -lt {still_ticks} ]; do",
+        f'    while [ ! -f "$1" ] && [ $n -lt {ticks} ] && [ $still -lt {still_ticks} ]; do',
         f"      now=$(du -sb {q(uploads)} 2>/dev/null | cut -f1)",
-        "      if [ \"$now\" = \"$last\" ]; then still=$((still + 1)); else still=0; last=$now; fi",
+        '      if [ "$now" = "$last" ]; then still=$((still + 1)); else still=0; last=$now; fi',
         "      sleep 0.2; n=$((n + 1))",
         "    done",
         f"    if [ $still -ge {still_ticks} ]; then why={q(f'no byte reached its upload into the store for {int(stall)} s')}; "
         f"else why={q(f'it was not in the store after {int(timeout)} s')}; fi",
         "    try=$((try + 1))",
         "  done",
-        "  [ -f \"$1\" ]",
+        '  [ -f "$1" ]',
         "}",
     ]
     for digest in blobs:
@@ -290,8 +338,9 @@ def fill_script(url: str, path: str, blobs: list[str], storage: str, ca: str | N
         out.append(
             f"if [ -f {q(link)} ]; then echo {q('cached ' + digest)}; else t0=$(date +%s); "
             f"if fill {q(link)} {q(f'{url}/v2/{path}/blobs/{digest}')}; then "
-            f"echo \"filled {digest} $(( $(date +%s) - t0 ))\"; else "
-            f"echo \"failed {digest} after {int(attempts)} requests: $why\"; rc=1; fi; fi")
+            f'echo "filled {digest} $(( $(date +%s) - t0 ))"; else '
+            f'echo "failed {digest} after {int(attempts)} requests: $why"; rc=1; fi; fi'
+        )
     out.append("exit $rc")
     return "\n".join(out) + "\n"
 

@@ -57,15 +57,21 @@ def login_registry(settings: Settings) -> str:
 def needs_login(settings: Settings, image: str) -> bool:
     """Pulling ``image`` needs the registry login (never through the image mirror: the mirror
     logs in to its upstream itself)."""
-    return (bool(settings.get("registry_user")) and registry_of(image) == login_registry(settings)
-            and registry_of(image) != settings.get("image_mirror"))
+    return (
+        bool(settings.get("registry_user"))
+        and registry_of(image) == login_registry(settings)
+        and registry_of(image) != settings.get("image_mirror")
+    )
 
 
 def needs_mirror_login(settings: Settings, image: str) -> bool:
     """Pulling ``image`` goes through the image mirror, which asks its clients to log in
     (``image_mirror_auth``): the host logs in as ``mirror_client_user`` first."""
-    return (bool(settings.get("image_mirror")) and bool(settings.get("image_mirror_auth"))
-            and registry_of(image) == settings.get("image_mirror"))
+    return (
+        bool(settings.get("image_mirror"))
+        and bool(settings.get("image_mirror_auth"))
+        and registry_of(image) == settings.get("image_mirror")
+    )
 
 
 def pulls(settings: Settings, images: list[str]) -> list[str]:
@@ -85,7 +91,7 @@ def split_image(image: str) -> tuple[str, str | None, str | None]:
     slash = ref.rfind("/")
     colon = ref.rfind(":")
     if colon > slash:
-        name, tag = ref[:colon], ref[colon + 1:]
+        name, tag = ref[:colon], ref[colon + 1 :]
     if digest and not re.fullmatch(DIGEST_RE, digest):
         raise ValueError(f"image {image!r}: the digest must be sha256:<64 hex digits>")
     return name, tag, digest or None

@@ -61,9 +61,16 @@ def ports(settings: Settings, index: int) -> dict[str, int]:
 
 def instance_get(settings: Settings, index: int) -> Overlay:
     """The settings of instance ``index``: the host's, with its unit, container, ports and GPU."""
-    return Overlay(settings, {
-        "triton_service": service_name(settings, index), "triton_container_name": container_name(settings, index),
-        "triton_gpus": f"device={int(index)}", "triton_per_gpu_index": int(index), **ports(settings, index)})
+    return Overlay(
+        settings,
+        {
+            "triton_service": service_name(settings, index),
+            "triton_container_name": container_name(settings, index),
+            "triton_gpus": f"device={int(index)}",
+            "triton_per_gpu_index": int(index),
+            **ports(settings, index),
+        },
+    )
 
 
 def instance_gets(settings: Settings, count: int) -> list[Settings]:
@@ -92,12 +99,16 @@ def check_layout(settings: Settings, count: int) -> None:
     for i in range(count):
         for key, port in ports(settings, i).items():
             if not 1 <= port <= 65535:
-                raise PerGpuError(f"triton_per_gpu: GPU {i}'s {key} would be {port}, outside 1..65535 "
-                                  "(lower the ports or triton_per_gpu_port_step in group data)")
+                raise PerGpuError(
+                    f"triton_per_gpu: GPU {i}'s {key} would be {port}, outside 1..65535 "
+                    "(lower the ports or triton_per_gpu_port_step in group data)"
+                )
             if port in seen:
-                raise PerGpuError(f"triton_per_gpu: GPU {i}'s {key} {port} is also {seen[port]} (raise "
-                                  "triton_per_gpu_port_step above the spread of triton_http_port, "
-                                  "triton_grpc_port and triton_metrics_port in group data)")
+                raise PerGpuError(
+                    f"triton_per_gpu: GPU {i}'s {key} {port} is also {seen[port]} (raise "
+                    "triton_per_gpu_port_step above the spread of triton_http_port, "
+                    "triton_grpc_port and triton_metrics_port in group data)"
+                )
             seen[port] = f"GPU {i}'s {key}"
 
 
@@ -108,7 +119,7 @@ def unit_file_re(settings: Settings) -> re.Pattern:
 
 def list_units_command(settings: Settings) -> str:
     """Lists the per-GPU unit files on the host, one name a line, by index."""
-    return (f"ls -1 /etc/systemd/system 2>/dev/null | grep -E {q(unit_file_re(settings).pattern)} | sort -V; true")
+    return f"ls -1 /etc/systemd/system 2>/dev/null | grep -E {q(unit_file_re(settings).pattern)} | sort -V; true"
 
 
 def indexes(settings: Settings, names) -> list[int]:

@@ -11,6 +11,7 @@ from . import apikey
 
 def model_diff(old_man: dict, new_man: dict) -> tuple[list[str], list[str]]:
     """(models to load, models to unload) going from one release manifest to another."""
+
     def by_model(man: dict) -> dict[str, dict]:
         out: dict[str, dict] = {}
         for path, value in man.items():
@@ -29,17 +30,23 @@ def repository_api_commands(settings: Settings, load: list[str], unload: list[st
     url = f"http://{api_address(settings)}:{port or settings.get('triton_http_port')}/v2/repository/models"
     repo = f"{settings.get('triton_base_dir')}/model_repository"
     calls = [(m, "unload") for m in unload] + [(m, "load") for m in load]
-    return "; ".join(
-        # Triton reloads a loaded model (and each version of it) only when its directories look
-        # newer than at the last load; a release switched back to is older, so the model's
-        # directories (never its files: files are shared with other releases) are touched first.
-        (f"find {q(repo + '/' + m)} -type d -exec touch -c {{}} + && " if verb == "load" else "")
-        + apikey.curl(settings.get("triton_api_key_file"),
-                      f"-sS -m 600 --fail-with-body -X POST {q(url + '/' + url_segment(m) + '/' + verb)}") + " >&2 "
-        f"|| {{ echo {q(f'repository API: {verb} of {m} failed (the model that was loaded keeps serving)')} >&2; "
-        "exit 1; }"
-        for m, verb in calls
-    ) or "true"
+    return (
+        "; ".join(
+            # Triton reloads a loaded model (and each version of it) only when its directories look
+            # newer than at the last load; a release switched back to is older, so the model's
+            # directories (never its files: files are shared with other releases) are touched first.
+            (f"find {q(repo + '/' + m)} -type d -exec touch -c {{}} + && " if verb == "load" else "")
+            + apikey.curl(
+                settings.get("triton_api_key_file"),
+                f"-sS -m 600 --fail-with-body -X POST {q(url + '/' + url_segment(m) + '/' + verb)}",
+            )
+            + " >&2 "
+            f"|| {{ echo {q(f'repository API: {verb} of {m} failed (the model that was loaded keeps serving)')} >&2; "
+            "exit 1; }"
+            for m, verb in calls
+        )
+        or "true"
+    )
 
 
 def api_address(settings: Settings) -> str:

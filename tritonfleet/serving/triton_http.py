@@ -46,6 +46,7 @@ def parse(text: str) -> list[Sample]:
 
 # --- where a host's Triton answers ---------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Endpoints:
     """Where one Triton answers, as the control machine reaches it."""
@@ -64,8 +65,9 @@ class Endpoints:
 
 
 @contextlib.contextmanager
-def endpoints(settings: Settings, address: str, transport: Callable[[], Any] | None = None,
-              grpc: bool = False) -> Iterator[Endpoints]:
+def endpoints(
+    settings: Settings, address: str, transport: Callable[[], Any] | None = None, grpc: bool = False
+) -> Iterator[Endpoints]:
     """The Triton endpoints of a host (or of one of its per-GPU instances: ``settings`` holds its
     tunables), closed again on exit. ``health_via = "direct"``: the host's ``health_host``, else
     ``address``. ``health_via = "ssh"``: tunnels over the host's own SSH connection
@@ -82,8 +84,7 @@ def endpoints(settings: Settings, address: str, transport: Callable[[], Any] | N
     ports = [int(settings.get(k)) for k in keys]
     if via == "direct":
         addr = settings.get("health_host") or address
-        yield Endpoints(f"http://{addr}:{ports[0]}", f"http://{addr}:{ports[1]}",
-                        f"{addr}:{ports[2]}" if grpc else "")
+        yield Endpoints(f"http://{addr}:{ports[0]}", f"http://{addr}:{ports[1]}", f"{addr}:{ports[2]}" if grpc else "")
         return
     if via != "ssh":
         raise ConfigError(f"health_via must be 'direct' or 'ssh', not {via!r} (group data)")

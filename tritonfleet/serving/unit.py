@@ -27,8 +27,21 @@ from .per_gpu import instance_gets
 
 MODEL_CONTROL_MODES = ("none", "explicit")
 # unit template values that are the tunable triton_<name> as it is
-UNIT_TUNABLES = ("image", "gpus", "shm_size", "ulimit_memlock", "ulimit_stack", "http_port", "grpc_port",
-                 "metrics_port", "http_bind", "grpc_bind", "metrics_bind", "strict_model_config", "start_timeout")
+UNIT_TUNABLES = (
+    "image",
+    "gpus",
+    "shm_size",
+    "ulimit_memlock",
+    "ulimit_stack",
+    "http_port",
+    "grpc_port",
+    "metrics_port",
+    "http_bind",
+    "grpc_bind",
+    "metrics_bind",
+    "strict_model_config",
+    "start_timeout",
+)
 
 
 def unit_context(settings: Settings) -> dict:
@@ -37,8 +50,10 @@ def unit_context(settings: Settings) -> dict:
     base = settings.get("triton_base_dir")
     mode = settings.get("triton_model_control_mode") or "none"
     if mode not in MODEL_CONTROL_MODES:
-        raise ConfigError(f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
-                                 f"not {mode!r} (group data; poll mode is not for production)")
+        raise ConfigError(
+            f"triton_model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, "
+            f"not {mode!r} (group data; poll mode is not for production)"
+        )
     apis = restricted_apis(settings)
     return {
         **{key: settings.get(f"triton_{key}") for key in UNIT_TUNABLES},
@@ -62,8 +77,10 @@ def stop_context(settings: Settings) -> dict:
     try:
         return stop_timeouts(settings.get("triton_stop_timeout"))
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"triton_stop_timeout must be a whole number of seconds >= 0, not "
-                                 f"{settings.get('triton_stop_timeout')!r} (group data)") from e
+        raise ConfigError(
+            f"triton_stop_timeout must be a whole number of seconds >= 0, not "
+            f"{settings.get('triton_stop_timeout')!r} (group data)"
+        ) from e
 
 
 def restricted_apis(settings: Settings) -> list[str]:
@@ -72,15 +89,19 @@ def restricted_apis(settings: Settings) -> list[str]:
     apis = list(settings.get("triton_restricted_apis", []) or [])
     unknown = [a for a in apis if a not in apikey.CATEGORIES]
     if unknown:
-        raise ConfigError(f"triton_restricted_apis: {', '.join(map(repr, unknown))} is not a Triton API "
-                                 f"category (known: {', '.join(apikey.CATEGORIES)}); fix it in group data "
-                                 "(inventories/group_data/all.py)")
+        raise ConfigError(
+            f"triton_restricted_apis: {', '.join(map(repr, unknown))} is not a Triton API "
+            f"category (known: {', '.join(apikey.CATEGORIES)}); fix it in group data "
+            "(inventories/group_data/all.py)"
+        )
     if apis:
         key, base = str(settings.get("triton_api_key_file") or ""), str(settings.get("triton_base_dir")).rstrip("/")
         if not key.startswith("/") or ".." in key or key.startswith(base + "/") or any(c in key for c in " %$'\\\n\""):
-            raise ConfigError(f"triton_api_key_file {key!r} must be a plain absolute path outside "
-                                     f"triton_base_dir ({base}: the container sees that directory); fix it in "
-                                     "group data (inventories/group_data/all.py)")
+            raise ConfigError(
+                f"triton_api_key_file {key!r} must be a plain absolute path outside "
+                f"triton_base_dir ({base}: the container sees that directory); fix it in "
+                "group data (inventories/group_data/all.py)"
+            )
     return apis
 
 
@@ -91,9 +112,12 @@ def _templates():
     compiled template for the next run in jinja2's bytecode cache in the control machine's cache
     directory, keyed by the template's source and jinja2's version (docs/scale.md, "Speed-only
     features"). With the speed switch off, plain jinja2 compiles it in every process."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined,
-                              bytecode_cache=_bytecode_cache() if _bytecode_usable() else None)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        bytecode_cache=_bytecode_cache() if _bytecode_usable() else None,
+    )
 
 
 def _bytecode_usable() -> bool:
@@ -105,6 +129,7 @@ def _bytecode_usable() -> bool:
 def _bytecode_cache():
     """jinja2's FileSystemBytecodeCache in CACHE_DIR/jinja, where a cache it cannot use (a
     directory it cannot write, a file it cannot read back) only costs a compilation."""
+
     class Cache(jinja2.FileSystemBytecodeCache):
         def load_bytecode(self, bucket) -> None:
             """jinja2's own file (its magic, the pickled checksum of the template's source, the
@@ -120,7 +145,7 @@ def _bytecode_cache():
             if not data.startswith(head):
                 return
             try:
-                bucket.code = marshal.loads(data[len(head):])
+                bucket.code = marshal.loads(data[len(head) :])
             except (EOFError, ValueError, TypeError):
                 bucket.reset()
 

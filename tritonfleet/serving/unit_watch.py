@@ -31,8 +31,11 @@ class Verdict:
 
 def journal_excerpt(lines: list[str], keep: int = 15) -> list[str]:
     """The unit journal's error lines (Triton's E-level log lines, failures), else its tail."""
-    bad = [ln for ln in lines if re.search(r"\]: E\d{4} |\bE\d{4} \d|error|failed|unavailable", ln, re.I)
-           and "| " not in ln]
+    bad = [
+        ln
+        for ln in lines
+        if re.search(r"\]: E\d{4} |\bE\d{4} \d|error|failed|unavailable", ln, re.I) and "| " not in ln
+    ]
     return (bad or lines)[-keep:]
 
 
@@ -68,8 +71,11 @@ SHOW_PROPS = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus"
 
 # Docker's words for causes no restart can cure
 DOCKER_DEFINITIVE = (
-    (r"Unable to find image .* locally|No such image|pull access denied|manifest unknown|"
-     r"repository does not exist", "the image is not on the host (and cannot be pulled)"),
+    (
+        r"Unable to find image .* locally|No such image|pull access denied|manifest unknown|"
+        r"repository does not exist",
+        "the image is not on the host (and cannot be pulled)",
+    ),
     (r"port is already allocated|address already in use|bind: .*in use", "a port Triton publishes is already bound"),
 )
 
@@ -85,15 +91,23 @@ def watch_command(service: str, container: str, base: str, lines: int = 300) -> 
     unit), the container, the live release and the last healthy deployment."""
     unit = q(f"{service}.service")
     props = " ".join(f"-p {p}" for p in SHOW_PROPS)
-    return "; ".join([
-        f"systemctl show {props} {unit} 2>/dev/null", "echo Now=$(date +%s%6N)", f"echo {SECTION}",
-        f"journalctl -u {unit} -n {lines} --no-pager -o json "
-        "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID 2>/dev/null", f"echo {SECTION}",
-        f"docker inspect --format '{{{{.Config.Image}}}} {{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {q(container)} "
-        "2>/dev/null", f"echo {SECTION}",
-        f"readlink {q(base)}/model_repository", f"echo {SECTION}",
-        f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null", "true",
-    ])
+    return "; ".join(
+        [
+            f"systemctl show {props} {unit} 2>/dev/null",
+            "echo Now=$(date +%s%6N)",
+            f"echo {SECTION}",
+            f"journalctl -u {unit} -n {lines} --no-pager -o json "
+            "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID 2>/dev/null",
+            f"echo {SECTION}",
+            f"docker inspect --format '{{{{.Config.Image}}}} {{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {q(container)} "
+            "2>/dev/null",
+            f"echo {SECTION}",
+            f"readlink {q(base)}/model_repository",
+            f"echo {SECTION}",
+            f"tail -n 1 {q(base)}/history.jsonl 2>/dev/null",
+            "true",
+        ]
+    )
 
 
 @dataclass
@@ -144,8 +158,9 @@ class UnitSnapshot:
             return True
         if "failed to load" in start.cause:
             return True
-        return self.show.get("SubState") in ("auto-restart", "failed", "dead", "exited") or \
-            self.show.get("ActiveState") in ("failed", "inactive")
+        return self.show.get("SubState") in ("auto-restart", "failed", "dead", "exited") or self.show.get(
+            "ActiveState"
+        ) in ("failed", "inactive")
 
     @property
     def now(self) -> int:
@@ -159,7 +174,7 @@ class UnitSnapshot:
         restart counter (NRestarts) counts the automatic ones after it, but a restart by hand
         during systemd's wait between two automatic ones does not reset it; so only starts that
         began at ``since`` or later count as well."""
-        starts = self.starts[-(self.restarts + 1):] if self.starts else []
+        starts = self.starts[-(self.restarts + 1) :] if self.starts else []
         return [s for s in starts if s.began >= since]
 
 
@@ -224,7 +239,7 @@ def error_words(lines: list[str], keep: int = 12) -> list[str]:
     m = ERROR_LINE.search(lines[first])
     said = unquote(m.group(1)).splitlines() or [""]
     out = [f"{lines[first][: m.start(1)].strip()} {said[0]}", *said[1:]]
-    for ln in lines[first + 1:]:  # a message written over several journal lines
+    for ln in lines[first + 1 :]:  # a message written over several journal lines
         if TRITON_LINE.search(ln) or len(out) >= keep:
             break
         out.append(ln)
@@ -241,8 +256,11 @@ def assess(snap: UnitSnapshot, service: str = "triton", since: int = 0) -> Verdi
     if snap.show.get("ActiveState") == "failed":
         last = window[-1] if window else Start("")
         why = f"systemd gave up on {service}.service (result: {snap.show.get('Result') or '?'})"
-        return Verdict(why + (f"; {last.cause}" if last.cause else ""), error_words(last.lines),
-                       f"{last.cause} ({why})" if last.cause else why)
+        return Verdict(
+            why + (f"; {last.cause}" if last.cause else ""),
+            error_words(last.lines),
+            f"{last.cause} ({why})" if last.cause else why,
+        )
     for s in ended:
         line, meaning = docker_cause(s.lines)
         if line:
@@ -250,9 +268,12 @@ def assess(snap: UnitSnapshot, service: str = "triton", since: int = 0) -> Verdi
     if len(ended) >= 2:
         a, b = ended[-2], ended[-1]
         if a.cause and a.cause == b.cause:
-            return Verdict(f"{service}.service stopped with the same error on two consecutive starts "
-                           f"(restart counter {snap.restarts}): {b.cause}", error_words(b.lines),
-                           f"{b.cause} (the same error on two starts)")
+            return Verdict(
+                f"{service}.service stopped with the same error on two consecutive starts "
+                f"(restart counter {snap.restarts}): {b.cause}",
+                error_words(b.lines),
+                f"{b.cause} (the same error on two starts)",
+            )
     return None
 
 
@@ -303,23 +324,33 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
     running = snap.show.get("ActiveState") == "active" and snap.show.get("SubState") == "running"
     last_start = snap.starts[-1] if snap.starts else None
     failing = bool(last_start) and (last_start.exiting or "failed to load" in last_start.cause)
-    what = (f"{service}.service is {st}"
-            + (f", systemd restarted it {snap.restarts} time{'s' if snap.restarts != 1 else ''}"
-               if snap.restarts else "")
-            + ("; Triton runs but does not pass the gate" if running and not failing
-               else "; tritonserver failed this start too and exits: nothing is served" if running
-               else "; nothing is served"))
+    what = (
+        f"{service}.service is {st}"
+        + (f", systemd restarted it {snap.restarts} time{'s' if snap.restarts != 1 else ''}" if snap.restarts else "")
+        + (
+            "; Triton runs but does not pass the gate"
+            if running and not failing
+            else "; tritonserver failed this start too and exits: nothing is served"
+            if running
+            else "; nothing is served"
+        )
+    )
     what += f"; live model release {snap.release or 'none'}"
     last = snap.last or {}
     if last.get("release"):
-        what += (f"; last healthy deployment: release {last['release']}, {last.get('image', '?')} "
-                 f"({last.get('time', '?')}, {last.get('action', 'deploy')})")
+        what += (
+            f"; last healthy deployment: release {last['release']}, {last.get('image', '?')} "
+            f"({last.get('time', '?')}, {last.get('action', 'deploy')})"
+        )
         differs = last["release"] != snap.release
         if rollout:
             fix = "the rollout rolls this host back to what it served before"
         else:
-            fix = (("the host served before this deploy; put that deployment back with: "
-                    if differs else "to return to the last healthy deployment: ") + rollback_command(host_name))
+            fix = (
+                "the host served before this deploy; put that deployment back with: "
+                if differs
+                else "to return to the last healthy deployment: "
+            ) + rollback_command(host_name)
     elif snap.last_error:
         what += f"; the last healthy deployment cannot be told ({snap.last_error})"
         fix = ""
@@ -331,4 +362,6 @@ def serving_now(snap: UnitSnapshot | None, service: str, host_name: str, rollout
 
 def watch_instance(settings: Settings, run) -> UnitWatch:
     """The UnitWatch of a host's (or one per-GPU instance's) unit, reading it through ``run``."""
-    return UnitWatch(run, settings.get("triton_service"), settings.get("triton_container_name"), settings.get("triton_base_dir"))
+    return UnitWatch(
+        run, settings.get("triton_service"), settings.get("triton_container_name"), settings.get("triton_base_dir")
+    )

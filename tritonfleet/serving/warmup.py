@@ -33,8 +33,22 @@ from ..model_repo.derived import remembered_key
 from . import triton_http
 
 # ModelConfig.DataType -> the KServe v2 datatype of the HTTP/REST protocol
-DATATYPES = {1: "BOOL", 2: "UINT8", 3: "UINT16", 4: "UINT32", 5: "UINT64", 6: "INT8", 7: "INT16", 8: "INT32",
-             9: "INT64", 10: "FP16", 11: "FP32", 12: "FP64", 13: "BYTES", 14: "BF16"}
+DATATYPES = {
+    1: "BOOL",
+    2: "UINT8",
+    3: "UINT16",
+    4: "UINT32",
+    5: "UINT64",
+    6: "INT8",
+    7: "INT16",
+    8: "INT32",
+    9: "INT64",
+    10: "FP16",
+    11: "FP32",
+    12: "FP64",
+    13: "BYTES",
+    14: "BF16",
+}
 
 
 class Repeated(list):
@@ -111,8 +125,8 @@ class WarmResult:
     ok: bool
     latency_ms: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
-    model: str = ""      # the model that failed
-    answer: str = ""     # Triton's answer to it
+    model: str = ""  # the model that failed
+    answer: str = ""  # Triton's answer to it
     cause: str = ""
 
 
@@ -179,22 +193,39 @@ def warm(http_url: str, repo: Path, models: list[str], timeout: float = 30.0, se
             continue
         t0 = time.monotonic()
         try:
-            r = s.post(f"{http_url}/v2/models/{m}/infer", data=body, timeout=timeout,
-                       headers={"Content-Type": "application/json"})
+            r = s.post(
+                f"{http_url}/v2/models/{m}/infer",
+                data=body,
+                timeout=timeout,
+                headers={"Content-Type": "application/json"},
+            )
         except requests.RequestException as e:
-            return WarmResult(False, res.latency_ms, res.skipped, m, f"no answer ({type(e).__name__}: {e})",
-                              "no answer to its first inference")
+            return WarmResult(
+                False,
+                res.latency_ms,
+                res.skipped,
+                m,
+                f"no answer ({type(e).__name__}: {e})",
+                "no answer to its first inference",
+            )
         ms = (time.monotonic() - t0) * 1000
         text = r.text.strip().replace("\n", " ")[:500]
         if r.status_code != 200:
-            return WarmResult(False, res.latency_ms, res.skipped, m, f"HTTP {r.status_code} {text}",
-                              "its first inference failed")
+            return WarmResult(
+                False, res.latency_ms, res.skipped, m, f"HTTP {r.status_code} {text}", "its first inference failed"
+            )
         try:
             problems = problems_in(plan, r.json().get("outputs") or [])
         except ValueError:
             problems = ["the answer is not JSON"]
         if problems:
-            return WarmResult(False, res.latency_ms, res.skipped, m, "; ".join(problems), "its first inference "
-                              "answered outputs that do not fit its config")
+            return WarmResult(
+                False,
+                res.latency_ms,
+                res.skipped,
+                m,
+                "; ".join(problems),
+                "its first inference answered outputs that do not fit its config",
+            )
         res.latency_ms[m] = round(ms, 1)
     return res

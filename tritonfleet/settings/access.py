@@ -48,8 +48,10 @@ def default(key: str, fallback: Any = _MISSING) -> Any:
         return copy.deepcopy(DEFAULTS[key])
     if fallback is not _MISSING:
         return fallback
-    raise ConfigError(f"'{key}' is not set and is no tunable of tritonfleet (tritonfleet/settings/defaults.py "
-                      "lists every one; `python -m tritonfleet.tunables` prints them)")
+    raise ConfigError(
+        f"'{key}' is not set and is no tunable of tritonfleet (tritonfleet/settings/defaults.py "
+        "lists every one; `python -m tritonfleet.tunables` prints them)"
+    )
 
 
 def get(key: str, default_value: Any = _MISSING) -> Any:

@@ -187,7 +187,7 @@ RULES: dict[str, Rule] = {
     "triton_per_gpu": flag(),
     "triton_per_gpu_port_step": whole(1, 65535),
     # rollout and rollback
-    "rollback_to": mapping(dict_of_dicts(), "{\"release\": ..., \"unit\": ...}"),
+    "rollback_to": mapping(dict_of_dicts(), '{"release": ..., "unit": ...}'),
     "fleet_parallel": whole(1),
     "fleet_workers": whole(0),
     # rollout: capacity, traffic canary, host states
@@ -301,6 +301,7 @@ def known_names() -> set[str]:
 
 # ---- where a value was set -----------------------------------------------------------------
 
+
 def _assigns(path: Path, key: str) -> bool:
     """Whether the Python file ``path`` assigns ``key`` at its top level."""
     try:
@@ -308,8 +309,13 @@ def _assigns(path: Path, key: str) -> bool:
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return False
     for node in tree.body:
-        targets = (node.targets if isinstance(node, ast.Assign)
-                   else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+            else []
+        )
         for t in targets:
             names = t.elts if isinstance(t, ast.Tuple) else [t]
             if any(isinstance(n, ast.Name) and n.id == key for n in names):
@@ -372,6 +378,7 @@ def group_dirs(inventory_file: str | None = None, cwd: str | Path | None = None)
 
 # ---- the check -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SettingProblem:
     host: str
@@ -390,8 +397,13 @@ def _short(value: Any) -> str:
     return text_ if len(text_) <= 80 else text_[:77] + "..."
 
 
-def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
-             gpu_classes: Iterable[str], known: set[str] | None = None) -> list[SettingProblem]:
+def problems(
+    name: str,
+    data: Mapping[str, Any],
+    where: Callable[[str], str],
+    gpu_classes: Iterable[str],
+    known: set[str] | None = None,
+) -> list[SettingProblem]:
     """Every refused setting of one host (``data``: its merged host data, without the package's
     defaults; ``where(key)``: where the value was set)."""
     known = known_names() if known is None else known
@@ -413,26 +425,43 @@ def problems(name: str, data: Mapping[str, Any], where: Callable[[str], str],
             why = None
         else:
             near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-            why = ("is no setting of tritonfleet or pyinfra"
-                   + (f": did you mean {near[0]}?" if near else "")
-                   + " (`python -m tritonfleet.tunables` lists every tunable; data your own deploy "
-                     "code reads goes into extra_host_data)")
+            why = (
+                "is no setting of tritonfleet or pyinfra"
+                + (f": did you mean {near[0]}?" if near else "")
+                + " (`python -m tritonfleet.tunables` lists every tunable; data your own deploy "
+                "code reads goes into extra_host_data)"
+            )
         if why:
             out.append(SettingProblem(name, key, value, where(key), why))
     clear = origin_stores.login_problem(data)
     if clear:
         key, upload = clear
-        out.append(SettingProblem(name, key, upload, where(key),
-                           f"uploads with model_origin_upload_user {data.get('model_origin_upload_user')!r}, whose "
-                           "password would cross the network in clear over http://: upload over https://"))
-    ports = [k for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port")
-             if is_int(data.get(k, DEFAULTS[k]))]
+        out.append(
+            SettingProblem(
+                name,
+                key,
+                upload,
+                where(key),
+                f"uploads with model_origin_upload_user {data.get('model_origin_upload_user')!r}, whose "
+                "password would cross the network in clear over http://: upload over https://",
+            )
+        )
+    ports = [
+        k for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port") if is_int(data.get(k, DEFAULTS[k]))
+    ]
     values = [data.get(k, DEFAULTS[k]) for k in ports]
     if len(ports) == 3 and len(set(values)) < 3:
         k = next(k for k in ports if k in data and values.count(data[k]) > 1)
-        out.append(SettingProblem(name, k, data[k], where(k),
-                           "triton_http_port, triton_grpc_port and triton_metrics_port must differ "
-                           f"(they are {', '.join(str(v) for v in values)})"))
+        out.append(
+            SettingProblem(
+                name,
+                k,
+                data[k],
+                where(k),
+                "triton_http_port, triton_grpc_port and triton_metrics_port must differ "
+                f"(they are {', '.join(str(v) for v in values)})",
+            )
+        )
     return out
 
 
@@ -445,10 +474,12 @@ def _gpu_class_problem(value: Any, gpu_classes: Iterable[str]) -> str | None:
     if value.upper() in classes:
         return None
     near = difflib.get_close_matches(value.upper(), classes, n=1, cutoff=0.5)
-    return (f"is a GPU class tritonfleet has no rules for (known: {', '.join(classes)})"
-            + (f": did you mean {near[0]}?" if near else "")
-            + "; put the host in one of those groups, or add the class to tritonfleet/gpu/rules.py "
-              "GPU_CLASSES")
+    return (
+        f"is a GPU class tritonfleet has no rules for (known: {', '.join(classes)})"
+        + (f": did you mean {near[0]}?" if near else "")
+        + "; put the host in one of those groups, or add the class to tritonfleet/gpu/rules.py "
+        "GPU_CLASSES"
+    )
 
 
 def check_hosts(hosts: Iterable[Any], origins: ValueSources, gpu_classes: Iterable[str]) -> None:

@@ -31,7 +31,7 @@ def parse_reference(image: str) -> tuple[str, str, str | None, str | None]:
     name, tag = ref, None
     slash, colon = ref.rfind("/"), ref.rfind(":")
     if colon > slash:
-        name, tag = ref[:colon], ref[colon + 1:]
+        name, tag = ref[:colon], ref[colon + 1 :]
     first, sep, rest = name.partition("/")
     if sep and ("." in first or ":" in first or first == "localhost"):
         registry, path = first, rest

@@ -35,8 +35,9 @@ def is_int(v: Any) -> bool:
 
 
 def is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and not (isinstance(v, float) and not math.isfinite(v)))
+    return (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and not math.isfinite(v))
+    )
 
 
 def quoted_number(v: Any) -> str:
@@ -52,8 +53,15 @@ def quoted_number(v: Any) -> str:
 
 def whole(lo: int | None = None, hi: int | None = None, none: bool = False, unit: str = "") -> Rule:
     """A whole number in [lo, hi] (``none``: or None)."""
-    span = (f"from {lo} to {hi}" if lo is not None and hi is not None
-            else f">= {lo}" if lo is not None else f"<= {hi}" if hi is not None else "")
+    span = (
+        f"from {lo} to {hi}"
+        if lo is not None and hi is not None
+        else f">= {lo}"
+        if lo is not None
+        else f"<= {hi}"
+        if hi is not None
+        else ""
+    )
     what = f"a whole number{' of ' + unit if unit else ''} {span}".strip() + (" or None" if none else "")
 
     def test(v):
@@ -64,11 +72,13 @@ def whole(lo: int | None = None, hi: int | None = None, none: bool = False, unit
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             return f"must be {what}"
         return None
+
     return Rule(what, test)
 
 
-def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-           none: bool = False, unit: str = "") -> Rule:
+def number(
+    lo: float | None = None, hi: float | None = None, lo_open: bool = False, none: bool = False, unit: str = ""
+) -> Rule:
     """A number (whole or not) in [lo, hi], or (lo, hi] with ``lo_open``."""
     low = (f"> {lo:g}" if lo_open else f">= {lo:g}") if lo is not None else ""
     span = f"{low}{' and ' if low and hi is not None else ''}{f'<= {hi:g}' if hi is not None else ''}"
@@ -84,6 +94,7 @@ def number(lo: float | None = None, hi: float | None = None, lo_open: bool = Fal
         if hi is not None and v > hi:
             return f"must be {what}"
         return None
+
     return Rule(what, test)
 
 
@@ -95,6 +106,7 @@ def seconds(lo_open: bool = True, none: bool = False) -> Rule:
 def flag() -> Rule:
     def test(v):
         return None if isinstance(v, bool) else f"must be True or False{quoted_bool(v)}"
+
     return Rule("True or False", test)
 
 
@@ -108,8 +120,12 @@ def text(none: bool = False, empty: bool = True, digits_ok: bool = False, padded
     """A string (``none``: or None; ``empty``: "" allowed; ``digits_ok``: a whole number too,
     as pyinfra's --data turns "580" into 580; ``padded``: leading or trailing white space allowed,
     which an image reference, for one, never has)."""
-    what = ("a string" + ("" if empty else " (not empty)") + (" or a whole number" if digits_ok else "")
-            + (" or None" if none else ""))
+    what = (
+        "a string"
+        + ("" if empty else " (not empty)")
+        + (" or a whole number" if digits_ok else "")
+        + (" or None" if none else "")
+    )
 
     def test(v):
         if v is None and none:
@@ -127,6 +143,7 @@ def text(none: bool = False, empty: bool = True, digits_ok: bool = False, padded
         if not padded and v != v.strip():
             return f"must be {what} without leading or trailing white space (write {v.strip()!r})"
         return None
+
     return Rule(what, test)
 
 
@@ -136,9 +153,12 @@ def name_list() -> Rule:
 
     def test(v):
         if isinstance(v, dict):
-            return (f"must be {what}: the names only, e.g. extra_host_data = {sorted(map(str, v))!r}, each value "
-                    "set as data of its own (webhook_token = \"...\")")
+            return (
+                f"must be {what}: the names only, e.g. extra_host_data = {sorted(map(str, v))!r}, each value "
+                'set as data of its own (webhook_token = "...")'
+            )
         return text_list().problem(v)
+
     return Rule(what, test)
 
 
@@ -150,6 +170,7 @@ def absolute_path() -> Rule:
         if not isinstance(v, str) or not v.startswith("/") or v != v.strip():
             return f"must be {what}"
         return None
+
     return Rule(what, test)
 
 
@@ -162,9 +183,13 @@ def choice(*values: Any) -> Rule:
             return f"must be {what}"
         if v in values:
             return None
-        near = [c for c in values if isinstance(c, str)
-                and difflib.get_close_matches(str(v), [c], n=1, cutoff=0.6)] if isinstance(v, str) else []
+        near = (
+            [c for c in values if isinstance(c, str) and difflib.get_close_matches(str(v), [c], n=1, cutoff=0.6)]
+            if isinstance(v, str)
+            else []
+        )
         return f"must be {what}" + (f" (did you mean {near[0]!r}?)" if near else "")
+
     return Rule(what, test)
 
 
@@ -175,8 +200,9 @@ def text_list(none: bool = False) -> Rule:
         if v is None and none:
             return None
         if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
-            return f"must be {what}" + (" (write it in brackets: [\"...\"])" if isinstance(v, str) else "")
+            return f"must be {what}" + (' (write it in brackets: ["..."])' if isinstance(v, str) else "")
         return None
+
     return Rule(what, test)
 
 
@@ -192,12 +218,14 @@ def mapping(value: Rule | None = None, what_value: str = "") -> Rule:
                 if why:
                     return f"[{k!r}] = {x!r} {why}"
         return None
+
     return Rule(what, test)
 
 
 def dict_of_dicts() -> Rule:
     def test(v):
         return None if isinstance(v, dict) else "must be a dict"
+
     return Rule("a dict", test)
 
 
@@ -209,6 +237,7 @@ def xid_list() -> Rule:
         if not isinstance(v, (list, tuple)) or not all(is_int(x) and x > 0 for x in v):
             return f"must be {what}" + (" (write it in brackets: [48, 79])" if is_int(v) else "")
         return None
+
     return Rule(what, test)
 
 
@@ -230,6 +259,7 @@ def budget() -> Rule:
         if not m.group(2):  # "25": hosts or a percentage? the text form is for P% only
             return f"must be {what} (write {m.group(1)} without quotes or '{m.group(1)}%')"
         return None
+
     return Rule(what, test)
 
 
@@ -243,7 +273,8 @@ def capacity_limit(none: bool = True) -> Rule:
     """Hosts of a load balancer's backend: a whole number >= 0, or "P%" of its servers with
     0 < P <= 100 (a rollout's rollout_max_unavailable, rollout_min_available)."""
     what = 'a whole number of hosts >= 0 or a percentage of the backend\'s servers like "25%"' + (
-        " or None" if none else "")
+        " or None" if none else ""
+    )
 
     def test(v):
         if v is None and none:
@@ -256,11 +287,12 @@ def capacity_limit(none: bool = True) -> Rule:
         if not m or not 0 < float(m.group(1)) <= 100:
             return f"must be {what}"
         return None
+
     return Rule(what, test)
 
 
 def listen_address(none: bool = False) -> Rule:
-    """"address:port" to listen on (an IPv6 address in brackets; an empty address: every one),
+    """ "address:port" to listen on (an IPv6 address in brackets; an empty address: every one),
     port 0-65535 (0: one the system picks)."""
     what = '"address:port" (e.g. "127.0.0.1:9469")' + (" or None" if none else "")
 
@@ -273,6 +305,7 @@ def listen_address(none: bool = False) -> Rule:
         if not sep or not port.isdigit() or int(port) > 65535 or any(c.isspace() for c in addr):
             return f"must be {what}"
         return None
+
     return Rule(what, test)
 
 
@@ -281,15 +314,20 @@ EVERY_ADDRESS = ("", "0.0.0.0", "::", "[::]", "*")
 
 def named_address() -> Rule:
     """One address (an IP address or a host name, no port) or None; never every address."""
-    what = "one address of the host (e.g. \"10.0.0.5\", no port) or None, never every address (0.0.0.0, ::)"
+    what = 'one address of the host (e.g. "10.0.0.5", no port) or None, never every address (0.0.0.0, ::)'
 
     def test(v):
         if v is None:
             return None
-        if (not isinstance(v, str) or v.strip() in EVERY_ADDRESS or any(c.isspace() for c in v)
-                or not re.fullmatch(r"[A-Za-z0-9.\-]+|\[?[0-9A-Fa-f:.]+\]?", v)):
+        if (
+            not isinstance(v, str)
+            or v.strip() in EVERY_ADDRESS
+            or any(c.isspace() for c in v)
+            or not re.fullmatch(r"[A-Za-z0-9.\-]+|\[?[0-9A-Fa-f:.]+\]?", v)
+        ):
             return f"must be {what}"
         return None
+
     return Rule(what, test)
 
 
@@ -302,6 +340,7 @@ def login_name() -> Rule:
         if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9._@-]{1,64}", v):
             return f"must be {what}"
         return None
+
     return Rule(what, test)
 
 
@@ -323,6 +362,7 @@ def url(*schemes: str, none: bool = False) -> Rule:
         if not URL_SAFE.match(v):
             return f"must be {what} without white space, quotes or backslashes (percent-encode them)"
         return None
+
     return Rule(what, test)
 
 
@@ -333,19 +373,23 @@ def origin_url(none: bool = False) -> Rule:
 
     def test(v):
         if not origin_stores.STORES and v is not None:
-            return ("cannot be checked: no model origin store is loaded (tritonfleet.model_repo.origin fills "
-                    "tritonfleet.settings.origin_stores.STORES)")
+            return (
+                "cannot be checked: no model origin store is loaded (tritonfleet.model_repo.origin fills "
+                "tritonfleet.settings.origin_stores.STORES)"
+            )
         base = url(*origin_stores.schemes(), none=none)
         why = base.problem(v)
         if why is None and isinstance(v, str):
             bad = origin_stores.store_of(v).url_problem(v)
             return f"must be {base.what}: {bad}" if bad else None
         return why
+
     return Rule("a URL of a model origin store" + (" or None" if none else ""), test)
 
 
 #: the characters tritonfleet.model_repo.origin lets through into curl's config file (in double quotes)
 URL_SAFE = re.compile(r"^[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+$")
+
 
 def http_url(none: bool = False) -> Rule:
     """An http:// or https:// URL (the quarantine receiver's, Alertmanager's)."""

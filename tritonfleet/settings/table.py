@@ -33,8 +33,7 @@ def read(path: Path = DEFAULTS_FILE) -> list[tuple[str, str, str]]:
     lines = text.splitlines()
     out = []
     for node in ast.parse(text).body:
-        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id[0].islower()):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id[0].islower():
             comment: list[str] = []
             i = node.lineno - 2
             while i >= 0 and lines[i].startswith("# ") and not lines[i].startswith("# ---"):
@@ -58,7 +57,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m tritonfleet.setti
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Print every tunable of tritonfleet (tritonfleet/settings/defaults.py) with its default and what it "
-                    "does, as the markdown table of docs/tunables.md. Group data sets only what differs.")
+        "does, as the markdown table of docs/tunables.md. Group data sets only what differs.",
+    )
     parser.parse_args(argv)
     print(markdown())
 

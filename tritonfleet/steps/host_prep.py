@@ -67,6 +67,8 @@ TOOLKIT_PACKAGES = [
     "libnvidia-container-tools",
     "libnvidia-container1",
 ]
+
+
 def driver_pinning_package() -> str | None:
     """NVIDIA's pinning package for the branch, where the repository has one."""
     settings = access.current()
@@ -151,8 +153,10 @@ def _hold_command(action: str = "hold") -> str:
     """apt-mark hold|unhold on the installed packages of the driver's set, and nothing else (run
     after the install: it decides on the host which of them are installed then)."""
     names = " ".join(f"-e {q(p)}" for p in driver_package_set())
-    return ("dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\" || $1==\"hi\" {print $2}' "
-            f"| grep -x -F {names} | xargs -r apt-mark {action}")
+    return (
+        "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' | awk '$1==\"ii\" || $1==\"hi\" {print $2}' "
+        f"| grep -x -F {names} | xargs -r apt-mark {action}"
+    )
 
 
 def installed_branches(installed: dict) -> set[str]:
@@ -179,13 +183,16 @@ def _reboot_needed() -> bool:
         return True
     if NO_DRIVER in text:
         said = next((line.strip() for line in raw.splitlines() if NO_DRIVER in line.lower()), NO_DRIVER)
-        logger.warning(f"{host.name}: the NVIDIA driver is installed but not loaded (nouveau bound to the "
-                       f"GPU, or no module yet; `{smi_command(access.current())}` said: {said[:160]}); rebooting once")
+        logger.warning(
+            f"{host.name}: the NVIDIA driver is installed but not loaded (nouveau bound to the "
+            f"GPU, or no module yet; `{smi_command(access.current())}` said: {said[:160]}); rebooting once"
+        )
         return True
     state = kmod.parse((memo.fact(Command, command=KERNEL_MODULE_COMMAND) or "").splitlines())
     if state.loaded and state.installed and state.loaded != state.installed:
-        logger.warning(f"{host.name}: the loaded NVIDIA module is {state.loaded}, the installed one "
-                       f"{state.installed}; rebooting")
+        logger.warning(
+            f"{host.name}: the loaded NVIDIA module is {state.loaded}, the installed one {state.installed}; rebooting"
+        )
         return True
     return False
 
@@ -197,22 +204,32 @@ def debian_nonfree_text() -> str | None:
     needed = nvidia_repos.apt_components(driver_repo(access.current()))["needed"]
     if not needed:
         return None
-    codename = ((memo.fact(LinuxDistribution).get("release_meta") or {}).get("VERSION_CODENAME") or "")
-    archive = [s for s in memo.fact(AptSources)
-               if s["suites"] and s["suites"][0].split("-")[0] == codename and "main" in s["components"]]
+    codename = (memo.fact(LinuxDistribution).get("release_meta") or {}).get("VERSION_CODENAME") or ""
+    archive = [
+        s
+        for s in memo.fact(AptSources)
+        if s["suites"] and s["suites"][0].split("-")[0] == codename and "main" in s["components"]
+    ]
     stanzas = []
     for s in archive:
         missing = [c for c in needed if c not in s["components"]]
         if missing and s["file"] != NONFREE_FILE:
-            lines = ["Types: deb", f"URIs: {' '.join(s['uris'])}", f"Suites: {' '.join(s['suites'])}",
-                     f"Components: {' '.join(missing)}"]
+            lines = [
+                "Types: deb",
+                f"URIs: {' '.join(s['uris'])}",
+                f"Suites: {' '.join(s['suites'])}",
+                f"Components: {' '.join(missing)}",
+            ]
             if s.get("signed_by"):
                 lines.append(f"Signed-By: {s['signed_by']}")
             stanzas.append("\n".join(lines))
     if not stanzas:
         return None
-    return "# Managed by tritonfleet: components NVIDIA's driver needs (contrib, non-free, firmware)\n" \
-        + "\n\n".join(stanzas) + "\n"
+    return (
+        "# Managed by tritonfleet: components NVIDIA's driver needs (contrib, non-free, firmware)\n"
+        + "\n\n".join(stanzas)
+        + "\n"
+    )
 
 
 @tritonfleet_step("NVIDIA driver")
@@ -256,10 +273,16 @@ def _refused() -> bool:
     """Pre-flight refuses these before any host is touched; this guards direct use of the step:
     the host fails with a check, nothing changed. True when refused."""
     for read, what, expected in (
-        (secure_boot_problem, "Secure Boot is enabled or unknown: stop before installing an unloadable driver",
-         "Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load"),
-        (driver_source_problem, "the host's driver comes from another source: stop before mixing two",
-         "no driver, or one from nvidia_driver_source (or nvidia_driver_migrate = True)"),
+        (
+            secure_boot_problem,
+            "Secure Boot is enabled or unknown: stop before installing an unloadable driver",
+            "Secure Boot off, or nvidia_secure_boot_ok for a host whose module will load",
+        ),
+        (
+            driver_source_problem,
+            "the host's driver comes from another source: stop before mixing two",
+            "no driver, or one from nvidia_driver_source (or nvidia_driver_migrate = True)",
+        ),
     ):
         problem = read(access.current())  # in order: the second is read only when the first found nothing
         if problem:
@@ -275,10 +298,10 @@ def _remove_other_source() -> tuple[list[str], set[str]]:
     found, source = existing_driver(), wanted_source(access.current())
     others = driver_source.conflict(found, source)
     if others:
-        server.shell(name=f"remove the driver from {', '.join(driver_source.NAMES[s] for s in others)} "
-                          "(nvidia_driver_migrate)",
-                     commands=aptlock.wrapped(driver_source.removal_commands(found, source),
-                                              setting="nvidia_driver_migrate"))
+        server.shell(
+            name=f"remove the driver from {', '.join(driver_source.NAMES[s] for s in others)} (nvidia_driver_migrate)",
+            commands=aptlock.wrapped(driver_source.removal_commands(found, source), setting="nvidia_driver_migrate"),
+        )
     return others, {p for s in others for p in found.packages.get(s, [])}
 
 
@@ -294,17 +317,32 @@ def _driver_repository() -> None:
         # NVIDIA's repository (left by a migration from it) would offer other builds of the same names
         changed = []
         if memo.fact(FileState, path=vendor_repos.source_path("cuda")) is not None:
-            changed.append(server.shell(name="remove NVIDIA's CUDA repository (nvidia_driver_source = \"debian\")",
-                                        commands=[f"rm -f {q(vendor_repos.source_path('cuda'))}"]))
+            changed.append(
+                server.shell(
+                    name='remove NVIDIA\'s CUDA repository (nvidia_driver_source = "debian")',
+                    commands=[f"rm -f {q(vendor_repos.source_path('cuda'))}"],
+                )
+            )
         if nonfree:
-            changed.append(converged.put(name=f"apt source {' '.join(components['needed'])} (Debian's nvidia-driver)",
-                                         src=StringIO(nonfree), dest=NONFREE_FILE, mode="644"))
+            changed.append(
+                converged.put(
+                    name=f"apt source {' '.join(components['needed'])} (Debian's nvidia-driver)",
+                    src=StringIO(nonfree),
+                    dest=NONFREE_FILE,
+                    mode="644",
+                )
+            )
         if will_change(*changed):
             aptlock.update(name="apt update (Debian's contrib non-free non-free-firmware)")
     else:
-        vendor_source(vendor_repos.cuda(access.current()), also=[
-            (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
-        ] if nonfree else [])
+        vendor_source(
+            vendor_repos.cuda(access.current()),
+            also=[
+                (f"apt source {' '.join(components['needed'])} (NVIDIA's driver needs them)", NONFREE_FILE, nonfree),
+            ]
+            if nonfree
+            else [],
+        )
 
 
 def _kernel_headers_and_nouveau() -> None:
@@ -315,16 +353,21 @@ def _kernel_headers_and_nouveau() -> None:
     kernel_pkgs = [p.format(kernel=kernel) for p in access.get("nvidia_kernel_packages")]
     kernel_pkgs += [p for p in components["packages"] if p not in kernel_pkgs]
     if kernel_pkgs:
-        guard_ops.note("kernel headers and DKMS installed",
-                       converged.packages(name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs,
-                                          setting="nvidia_kernel_packages"))
+        guard_ops.note(
+            "kernel headers and DKMS installed",
+            converged.packages(
+                name=f"kernel headers and DKMS for {kernel}", packages=kernel_pkgs, setting="nvidia_kernel_packages"
+            ),
+        )
 
     nouveau = converged.put(name="blacklist nouveau", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_FILE, mode="644")
     if will_change(nouveau):
         server.shell(
             name="rebuild initramfs (nouveau blacklist changed)",
-            commands=["if command -v update-initramfs >/dev/null; then update-initramfs -u; "
-                      "else echo 'no initramfs-tools: nothing to rebuild'; fi"],
+            commands=[
+                "if command -v update-initramfs >/dev/null; then update-initramfs -u; "
+                "else echo 'no initramfs-tools: nothing to rebuild'; fi"
+            ],
         )
 
 
@@ -338,11 +381,16 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
     pinning = driver_pinning_package()
     other_pins = [p for p in nvidia_repos.pinning_packages(distro) if p in installed and p != pinning]
     if uses_own_pin():
-        converged.put(name=f"pin driver packages to branch {branch}",
-                      src=StringIO(driver_pin_text()), dest=DRIVER_PIN_FILE, mode="644")
+        converged.put(
+            name=f"pin driver packages to branch {branch}",
+            src=StringIO(driver_pin_text()),
+            dest=DRIVER_PIN_FILE,
+            mode="644",
+        )
     elif memo.fact(FileState, path=DRIVER_PIN_FILE) is not None:
-        files.file(name=f"remove own driver pin (NVIDIA's {pinning} pins branch {branch})",
-                   path=DRIVER_PIN_FILE, present=False)
+        files.file(
+            name=f"remove own driver pin (NVIDIA's {pinning} pins branch {branch})", path=DRIVER_PIN_FILE, present=False
+        )
     pkgs = driver_packages()
     # Changing branch: the old branch's held packages would block apt ("held broken packages"),
     # and another branch's pinning package would pin the old branch.
@@ -352,27 +400,41 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
     other_kmod = [] if access.get("nvidia_driver_packages") else other_flavour_packages(installed)
     # the pinned release (nvidia_driver_version) differs from what is installed: moved the same way
     upstream = driver_upstream_version(access.current())
-    moving = bool(upstream) and not other and any(
-        not v.split(":", 1)[-1].startswith(f"{upstream}-")
-        for p in nvidia_repos.driver_packages(distro, branch, flavour)[1:] for v in installed.get(p, []))
+    moving = (
+        bool(upstream)
+        and not other
+        and any(
+            not v.split(":", 1)[-1].startswith(f"{upstream}-")
+            for p in nvidia_repos.driver_packages(distro, branch, flavour)[1:]
+            for v in installed.get(p, [])
+        )
+    )
     switching = bool(other or other_pins or moving or other_kmod)
     if switching:
         # Held packages are never moved as dependencies: release them for this switch only
         # (they are held again below, at the new branch).
-        what = (f"switch from branch {', '.join(other)}" if other
-                else f"switch to the {flavour} kernel modules" if other_kmod else f"move to {upstream or branch}")
-        server.shell(name=f"release driver holds to {what}",
-                     commands=aptlock.wrapped([_hold_command("unhold")]))
+        what = (
+            f"switch from branch {', '.join(other)}"
+            if other
+            else f"switch to the {flavour} kernel modules"
+            if other_kmod
+            else f"move to {upstream or branch}"
+        )
+        server.shell(name=f"release driver holds to {what}", commands=aptlock.wrapped([_hold_command("unhold")]))
         metas = all_metapackages(distro)
         old_meta = [p for p in installed if p in metas and p != pkgs[0].split("=")[0]]
         if old_meta or other_pins:
             whose = "branch's" if other or other_pins or moving else "kernel module flavour's"
-            converged.packages(name=f"remove the other {whose} {', '.join(old_meta + other_pins)}",
-                               packages=old_meta + other_pins, present=False)
+            converged.packages(
+                name=f"remove the other {whose} {', '.join(old_meta + other_pins)}",
+                packages=old_meta + other_pins,
+                present=False,
+            )
     if pinning:
         # installed alone, before the driver: apt reads its preferences from the next command on
-        converged.packages(name=f"NVIDIA's pinning package {pinning}", packages=[pinning],
-                           setting="nvidia_driver_branch")
+        converged.packages(
+            name=f"NVIDIA's pinning package {pinning}", packages=[pinning], setting="nvidia_driver_branch"
+        )
     if switching or others:
         # Lower bounds only: the metapackage is satisfied by the driver already there, and apt
         # leaves installed packages alone: name the installed packages of the set, so apt moves
@@ -385,8 +447,14 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
         also = f", removing {', '.join(p[:-1] for p in remove)}" if remove else ""
         driver = server.shell(
             name=f"NVIDIA driver {', '.join(pkgs)} (and the {len(move)} installed packages of its set{also})",
-            commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
-                                      + " ".join(pkgs + move + remove)], setting=DRIVER_SETTINGS))
+            commands=aptlock.wrapped(
+                [
+                    "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades "
+                    + " ".join(pkgs + move + remove)
+                ],
+                setting=DRIVER_SETTINGS,
+            ),
+        )
     else:
         driver = converged.packages(name=f"NVIDIA driver {', '.join(pkgs)}", packages=pkgs, setting=DRIVER_SETTINGS)
     driver_changes = bool(switching or others) or will_change(driver)
@@ -394,8 +462,12 @@ def _driver_packages(others: list[str], removed: set[str]) -> tuple[str, bool]:
     if access.get("nvidia_hold_packages"):
         if _hold_missing(installed) or driver_changes:
             server.shell(name="hold driver packages (apt-mark hold)", commands=aptlock.wrapped([_hold_command()]))
-        converged.put(name="keep driver packages out of unattended-upgrades",
-                      src=StringIO(UNATTENDED_TEXT), dest=UNATTENDED_FILE, mode="644")
+        converged.put(
+            name="keep driver packages out of unattended-upgrades",
+            src=StringIO(UNATTENDED_TEXT),
+            dest=UNATTENDED_FILE,
+            mode="644",
+        )
     return flavour, driver_changes
 
 
@@ -404,12 +476,20 @@ def _persistence_dropin() -> bool:
     persistence mode on. True when the drop-in changes in this run."""
     persistence_changed = False
     if access.get("nvidia_persistenced"):
-        dropin = converged.put(name="nvidia-persistenced with --persistence-mode (drop-in)",
-                               src=StringIO(PERSISTENCE_DROPIN_TEXT), dest=PERSISTENCE_DROPIN, mode="644")
+        dropin = converged.put(
+            name="nvidia-persistenced with --persistence-mode (drop-in)",
+            src=StringIO(PERSISTENCE_DROPIN_TEXT),
+            dest=PERSISTENCE_DROPIN,
+            mode="644",
+        )
         persistence_changed = will_change(dropin)
         if persistence_changed:
-            guard_ops.note("persistenced drop-in", server.shell(name="systemd daemon-reload (persistenced drop-in changed)",
-                                                                commands=["systemctl daemon-reload"]))
+            guard_ops.note(
+                "persistenced drop-in",
+                server.shell(
+                    name="systemd daemon-reload (persistenced drop-in changed)", commands=["systemctl daemon-reload"]
+                ),
+            )
     return persistence_changed
 
 
@@ -427,8 +507,9 @@ def _reboot_if_needed(driver_changes: bool, flavour: str) -> None:
             reboot_timeout=access.get("nvidia_reboot_timeout"),
             # the kernel that will boot must have the NVIDIA module (built now if it can be)
             header_packages=[p for p in access.get("nvidia_kernel_packages") if "{kernel}" in p],
-            install_template=aptlock.wrap("DEBIAN_FRONTEND=noninteractive apt-get install -y -q @WORDS@")
-            .get_raw_value(),
+            install_template=aptlock.wrap(
+                "DEBIAN_FRONTEND=noninteractive apt-get install -y -q @WORDS@"
+            ).get_raw_value(),
             # a reboot restarts Triton: out of the load balancer first
             before_reboot=lb.drain_command("reboot for the NVIDIA driver") if lb.enabled() else None,
             _if=_reboot_needed,
@@ -439,10 +520,13 @@ def _persistence(persistence_changed: bool) -> None:
     """nvidia-persistenced running (restarted when its drop-in changed), persistence mode on."""
     if access.get("nvidia_persistenced"):
         if persistence_changed and memo.fact(UnitState, unit="nvidia-persistenced.service")["running"]:
-            server.shell(name="restart nvidia-persistenced (persistence mode)",
-                         commands=["systemctl restart nvidia-persistenced.service"])
-        converged.service(name="nvidia-persistenced running and enabled",
-                          service="nvidia-persistenced", running=True, enabled=True)
+            server.shell(
+                name="restart nvidia-persistenced (persistence mode)",
+                commands=["systemctl restart nvidia-persistenced.service"],
+            )
+        converged.service(
+            name="nvidia-persistenced running and enabled", service="nvidia-persistenced", running=True, enabled=True
+        )
         check(name=f"check: persistence mode is on ({smi_command(access.current())} -q)", function=_check_persistence)
 
 
@@ -454,7 +538,8 @@ def _check_persistence():
         raise RuntimeError(
             f"{host.name}: {smi_command(access.current())} -q shows {text or 'no Persistence Mode line'}, expected Persistence Mode "
             f"Enabled: check `systemctl status nvidia-persistenced` and {PERSISTENCE_DROPIN} on the host "
-            "(nvidia_persistenced in inventories/group_data/all.py turns this step off)")
+            "(nvidia_persistenced in inventories/group_data/all.py turns this step off)"
+        )
 
 
 @tritonfleet_step("Docker Engine")
@@ -480,35 +565,49 @@ def docker_engine():
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     if source == "distro":
         # docker.io and what goes with it on this distro (apparmor; Debian 13: docker-cli)
-        engine = converged.packages(name="Docker Engine (distro docker.io)",
-                                    packages=docker_distro_packages(access.current()), update=False)
+        engine = converged.packages(
+            name="Docker Engine (distro docker.io)", packages=docker_distro_packages(access.current()), update=False
+        )
     elif source == "docker":
         vendor_source(vendor_repos.docker(access.current()))
         version = access.get("docker_version")
         if version:
-            pin = converged.put(name=f"pin Docker Engine to {version}", src=StringIO(docker_pin_text(version)),
-                                dest=DOCKER_PIN_FILE, mode="644")
+            pin = converged.put(
+                name=f"pin Docker Engine to {version}",
+                src=StringIO(docker_pin_text(version)),
+                dest=DOCKER_PIN_FILE,
+                mode="644",
+            )
         else:
             pin = files.file(name="Docker Engine not pinned", path=DOCKER_PIN_FILE, present=False)
         engine = converged.packages(
-                                    name="Docker Engine (docker-ce)",
-            packages=["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin",
-                      "docker-compose-plugin"],
+            name="Docker Engine (docker-ce)",
+            packages=["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"],
         )
         # installed at another version (docker_version changed, or upgraded by hand): apt moves it
         # to the pinned one (packages already present are not touched by apt.packages)
         have = memo.fact(DpkgState)["installed"].get("docker-ce")
-        if have and (will_change(pin) or (version and not any(
-                fnmatchcase(v, docker_version_pattern(version)) for v in have))):
-            server.shell(name="move Docker Engine to the pinned version",
-                         commands=aptlock.wrapped(["DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
-                                                   "--allow-downgrades docker-ce docker-ce-cli"], setting="docker_version"))
+        if have and (
+            will_change(pin) or (version and not any(fnmatchcase(v, docker_version_pattern(version)) for v in have))
+        ):
+            server.shell(
+                name="move Docker Engine to the pinned version",
+                commands=aptlock.wrapped(
+                    ["DEBIAN_FRONTEND=noninteractive apt-get install -y -q --allow-downgrades docker-ce docker-ce-cli"],
+                    setting="docker_version",
+                ),
+            )
         if version:
-            check(name=f"check: docker-ce is {version}", function=_check_docker_version,
-                  pattern=docker_version_pattern(version))
+            check(
+                name=f"check: docker-ce is {version}",
+                function=_check_docker_version,
+                pattern=docker_version_pattern(version),
+            )
     else:
-        raise access.ConfigError(f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
-                                 "(group data, inventories/group_data/all.py)")
+        raise access.ConfigError(
+            f"{host.name}: docker_source must be 'docker' or 'distro', not {source!r} "
+            "(group data, inventories/group_data/all.py)"
+        )
     guard_ops.note("Docker Engine installed", engine)
     converged.service(name="docker running and enabled", service="docker", running=True, enabled=True)
     return engine
@@ -521,19 +620,23 @@ def docker_version_pattern(version: str) -> str:
 
 
 def docker_pin_text(version: str) -> str:
-    return ("# Managed by tritonfleet: Docker Engine stays at docker_version.\n"
-            "Package: docker-ce docker-ce-cli docker-ce-rootless-extras\n"
-            f"Pin: version {docker_version_pattern(version)}\nPin-Priority: 1001\n")
+    return (
+        "# Managed by tritonfleet: Docker Engine stays at docker_version.\n"
+        "Package: docker-ce docker-ce-cli docker-ce-rootless-extras\n"
+        f"Pin: version {docker_version_pattern(version)}\nPin-Priority: 1001\n"
+    )
 
 
 def _check_docker_version(pattern: str):
     _, out = host.run_shell_command("dpkg-query -W -f '${Version}' docker-ce 2>&1")
     found = "".join(out.stdout_lines).strip()
     if not fnmatchcase(found, pattern):
-        fail(f"docker-ce at docker_version ({pattern})", f"docker-ce is {found or 'not installed'}: no such "
-             "version in Docker's repository for this distro?",
-             fix="`apt-cache madison docker-ce` lists the versions; set docker_version in group data, then run "
-                 "the deploy again")
+        fail(
+            f"docker-ce at docker_version ({pattern})",
+            f"docker-ce is {found or 'not installed'}: no such version in Docker's repository for this distro?",
+            fix="`apt-cache madison docker-ce` lists the versions; set docker_version in group data, then run "
+            "the deploy again",
+        )
 
 
 @tritonfleet_step("NVIDIA Container Toolkit")
@@ -560,40 +663,58 @@ def container_toolkit():
     aptlock.repair_interrupted(name="finish an interrupted dpkg run (dpkg --configure -a)")
     vendor_source(vendor_repos.container_toolkit(access.current()))
     version = access.get("container_toolkit_version")
-    pin_text = "".join(
-        f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES
+    pin_text = "".join(f"Package: {p}\nPin: version {version}\nPin-Priority: 1001\n\n" for p in TOOLKIT_PACKAGES)
+    converged.put(
+        name=f"pin Container Toolkit packages to {version}", src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644"
     )
-    converged.put(name=f"pin Container Toolkit packages to {version}",
-                  src=StringIO(pin_text), dest=TOOLKIT_PIN_FILE, mode="644")
-    toolkit = converged.packages(name=f"Container Toolkit {version}",
-                                 packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES], allow_downgrades=True,
-                                 setting="container_toolkit_version")
+    toolkit = converged.packages(
+        name=f"Container Toolkit {version}",
+        packages=[f"{p}={version}" for p in TOOLKIT_PACKAGES],
+        allow_downgrades=True,
+        setting="container_toolkit_version",
+    )
     guard_ops.note("Container Toolkit installed", toolkit)
 
     daemon = memo.fact(DockerDaemonJson)
     if daemon is None:
         # (pre-flight refuses this before any host is touched; this guards direct use of the step)
-        check(name="check: daemon.json is not valid JSON", function=_fail,
-              message=DAEMON_JSON_HELP.format(host=host.name), expected="/etc/docker/daemon.json is JSON")
+        check(
+            name="check: daemon.json is not valid JSON",
+            function=_fail,
+            message=DAEMON_JSON_HELP.format(host=host.name),
+            expected="/etc/docker/daemon.json is JSON",
+        )
         return
     # Both decided from what the host shows now: the nvidia runtime is registered once (nvidia-ctk
     # edits daemon.json in place, keeping the operator's keys), and Docker is restarted only then
     # or when the toolkit's hook is new (dockerd finds it on its PATH only at start).
     configured = "nvidia" in (daemon.get("runtimes") or {})
     if not configured:
-        server.shell(name="register the nvidia runtime with Docker (nvidia-ctk, keeps other daemon.json keys)",
-                     commands=["nvidia-ctk runtime configure --runtime=docker"])
+        server.shell(
+            name="register the nvidia runtime with Docker (nvidia-ctk, keeps other daemon.json keys)",
+            commands=["nvidia-ctk runtime configure --runtime=docker"],
+        )
     hook_missing = not memo.fact(Command, command=HOOK_COMMAND)
     if not configured or hook_missing:
-        systemd.service(name="restart Docker (runtime registered or toolkit installed)", service="docker",
-                        running=True, restarted=True)
+        systemd.service(
+            name="restart Docker (runtime registered or toolkit installed)",
+            service="docker",
+            running=True,
+            restarted=True,
+        )
     # /dev/char symlinks for the NVIDIA device nodes, now and at every boot (udev): a daemon-reload
     # then no longer costs running containers their GPUs (tritonfleet.gpu.guard)
-    rule = converged.put(name="udev rule: /dev/char symlinks for NVIDIA devices (nvidia-ctk)",
-                         src=StringIO(guard.UDEV_RULE), dest=guard.UDEV_RULE_PATH, mode="644")
+    rule = converged.put(
+        name="udev rule: /dev/char symlinks for NVIDIA devices (nvidia-ctk)",
+        src=StringIO(guard.UDEV_RULE),
+        dest=guard.UDEV_RULE_PATH,
+        mode="644",
+    )
     if will_change(rule) or not memo.fact(Command, command=guard.DEVCHAR_COMMAND):
-        server.shell(name="create the /dev/char symlinks now (nvidia-ctk system create-dev-char-symlinks --create-all)",
-                     commands=[guard.CREATE_COMMAND])
+        server.shell(
+            name="create the /dev/char symlinks now (nvidia-ctk system create-dev-char-symlinks --create-all)",
+            commands=[guard.CREATE_COMMAND],
+        )
 
 
 def _fail(message: str, expected: str = "a host this step can change safely"):

@@ -68,17 +68,20 @@ def client_secret_problem() -> str | None:
     why = client_auth() and mirror.client_secret_problem(os.environ.get(env))
     if not why:
         return None
-    return (f"the image mirror asks its clients to log in as mirror_client_user {access.get('mirror_client_user')!r} "
-            f"(image_mirror_auth), but ${env} on the control machine {why}: export the mirror's client password "
-            f"there (one line, at most {mirror.SECRET_MAX} bytes; or set image_mirror_auth = False in "
-            "inventories/group_data/all.py for an open mirror)")
+    return (
+        f"the image mirror asks its clients to log in as mirror_client_user {access.get('mirror_client_user')!r} "
+        f"(image_mirror_auth), but ${env} on the control machine {why}: export the mirror's client password "
+        f"there (one line, at most {mirror.SECRET_MAX} bytes; or set image_mirror_auth = False in "
+        "inventories/group_data/all.py for an open mirror)"
+    )
 
 
 def _local_file(name: str) -> str | None:
     path = access.get(name)
     if path and not Path(path).is_file():
-        raise access.ConfigError(f"{host.name}: {name} {path} is not a file on this machine "
-                                 "(inventories/group_data/all.py)")
+        raise access.ConfigError(
+            f"{host.name}: {name} {path} is not a file on this machine (inventories/group_data/all.py)"
+        )
     return path
 
 
@@ -105,64 +108,103 @@ def image_mirror():
     if not runs_mirror():
         return []
     if not access.get("image_mirror"):
-        raise access.ConfigError(f"{host.name} is in the {access.get('image_mirror_group')} group but image_mirror "
-                                 "is not set: set it to the address the hosts pull through (host:port, "
-                                 "inventories/group_data/all.py)")
-    cert, key, ca = _local_file("image_mirror_tls_cert"), _local_file("image_mirror_tls_key"), _local_file("image_mirror_ca")
+        raise access.ConfigError(
+            f"{host.name} is in the {access.get('image_mirror_group')} group but image_mirror "
+            "is not set: set it to the address the hosts pull through (host:port, "
+            "inventories/group_data/all.py)"
+        )
+    cert, key, ca = (
+        _local_file("image_mirror_tls_cert"),
+        _local_file("image_mirror_tls_key"),
+        _local_file("image_mirror_ca"),
+    )
     user = access.get("registry_user")
     # only whether it is there: its value is read when the command that writes it runs
     if user and not os.environ.get(access.get("registry_password_env") or ""):
-        raise access.ConfigError(f"{host.name}: the mirror logs in to {access.get('image_mirror_upstream')} as "
-                                 f"registry_user {user!r}, but ${access.get('registry_password_env')} is empty on "
-                                 "the control machine: export the registry secret there")
+        raise access.ConfigError(
+            f"{host.name}: the mirror logs in to {access.get('image_mirror_upstream')} as "
+            f"registry_user {user!r}, but ${access.get('registry_password_env')} is empty on "
+            "the control machine: export the registry secret there"
+        )
     problem = client_secret_problem()
     if problem:
         raise access.ConfigError(f"{host.name}: {problem}")
     if client_auth():
-        pkgs = converged.packages(name="Debian's registry (docker-registry), curl and htpasswd (apache2-utils)",
-                                  packages=["docker-registry", "curl", "apache2-utils"])
+        pkgs = converged.packages(
+            name="Debian's registry (docker-registry), curl and htpasswd (apache2-utils)",
+            packages=["docker-registry", "curl", "apache2-utils"],
+        )
     else:
-        pkgs = converged.packages(name="Debian's registry (docker-registry) and curl",
-                                  packages=["docker-registry", "curl"])
+        pkgs = converged.packages(
+            name="Debian's registry (docker-registry) and curl", packages=["docker-registry", "curl"]
+        )
     try:
-        addr = mirror.listen_address(access.get("image_mirror"), access.get("image_mirror_listen"),
-                                     int(access.get("image_mirror_port")))
+        addr = mirror.listen_address(
+            access.get("image_mirror"), access.get("image_mirror_listen"), int(access.get("image_mirror_port"))
+        )
     except ValueError as e:
         raise access.ConfigError(f"{host.name}: {e} (inventories/group_data/all.py)") from e
-    text = mirror.registry_config(addr, access.get("image_mirror_storage"),
-                                  access.get("image_mirror_upstream"), user,
-                                  CERT if cert and key else None, KEY if cert and key else None,
-                                  HTPASSWD if client_auth() else None)
-    changed = [converged.put(name=f"registry configuration {CONFIG} (proxy of {access.get('image_mirror_upstream')})",
-                             src=StringIO(text), dest=CONFIG, user="root", group="docker-registry", mode="640")]
+    text = mirror.registry_config(
+        addr,
+        access.get("image_mirror_storage"),
+        access.get("image_mirror_upstream"),
+        user,
+        CERT if cert and key else None,
+        KEY if cert and key else None,
+        HTPASSWD if client_auth() else None,
+    )
+    changed = [
+        converged.put(
+            name=f"registry configuration {CONFIG} (proxy of {access.get('image_mirror_upstream')})",
+            src=StringIO(text),
+            dest=CONFIG,
+            user="root",
+            group="docker-registry",
+            mode="640",
+        )
+    ]
     if cert and key:
         changed.append(converged.put(name=f"mirror TLS certificate {CERT}", src=cert, dest=CERT, mode="644"))
-        changed.append(converged.put(name=f"mirror TLS key {KEY}", src=key, dest=KEY, user="root",
-                                     group="docker-registry", mode="640"))
+        changed.append(
+            converged.put(
+                name=f"mirror TLS key {KEY}", src=key, dest=KEY, user="root", group="docker-registry", mode="640"
+            )
+        )
     if ca:
         changed.append(converged.put(name=f"mirror CA {CA}", src=ca, dest=CA, mode="644"))
-    drop_in = converged.put(name=f"restart the registry when it fails, its upstream password from {SECRET} "
-                                 f"({DROP_IN})", src=StringIO(DROP_IN_TEXT), dest=DROP_IN, mode="644")
+    drop_in = converged.put(
+        name=f"restart the registry when it fails, its upstream password from {SECRET} ({DROP_IN})",
+        src=StringIO(DROP_IN_TEXT),
+        dest=DROP_IN,
+        mode="644",
+    )
     if will_change(drop_in):
         systemd.daemon_reload(name="systemd daemon-reload (registry drop-in)")
     if user:
-        secret_env_file(name=f"upstream password {SECRET} (from ${access.get('registry_password_env')}, on stdin)",
-                        path=SECRET, service="docker-registry", secret_env=access.get("registry_password_env"))
+        secret_env_file(
+            name=f"upstream password {SECRET} (from ${access.get('registry_password_env')}, on stdin)",
+            path=SECRET,
+            service="docker-registry",
+            secret_env=access.get("registry_password_env"),
+        )
     else:
         files.file(name=f"no upstream password ({SECRET})", path=SECRET, present=False)
     if client_auth():
-        mirror_htpasswd(name=f"mirror client {access.get('mirror_client_user')} in {HTPASSWD} (bcrypt of "
-                             f"${access.get('mirror_client_password_env')}, on stdin)",
-                        path=HTPASSWD, user=access.get("mirror_client_user"), service="docker-registry",
-                        secret_env=access.get("mirror_client_password_env"))
+        mirror_htpasswd(
+            name=f"mirror client {access.get('mirror_client_user')} in {HTPASSWD} (bcrypt of "
+            f"${access.get('mirror_client_password_env')}, on stdin)",
+            path=HTPASSWD,
+            user=access.get("mirror_client_user"),
+            service="docker-registry",
+            secret_env=access.get("mirror_client_password_env"),
+        )
     else:
-        files.file(name=f"no mirror client logins ({HTPASSWD}; image_mirror_auth is off)", path=HTPASSWD,
-                   present=False)
+        files.file(name=f"no mirror client logins ({HTPASSWD}; image_mirror_auth is off)", path=HTPASSWD, present=False)
     if will_change(pkgs, drop_in, *changed):
-        systemd.service(name="restart docker-registry (configuration changed)", service="docker-registry",
-                        restarted=True)
-    converged.service(name="docker-registry running and enabled", service="docker-registry", running=True,
-                      enabled=True)
+        systemd.service(
+            name="restart docker-registry (configuration changed)", service="docker-registry", restarted=True
+        )
+    converged.service(name="docker-registry running and enabled", service="docker-registry", running=True, enabled=True)
     return changed
 
 
@@ -186,8 +228,11 @@ def mirror_trust():
     if not access.get("image_mirror") or not ca or (runs_mirror() and not host.data.get("gpu_class")):
         return []
     dest = f"/etc/docker/certs.d/{access.get('image_mirror')}/ca.crt"
-    return [converged.put(name=f"Docker trusts the image mirror ({dest})", src=ca, dest=dest, mode="644",
-                          create_remote_dir=True)]
+    return [
+        converged.put(
+            name=f"Docker trusts the image mirror ({dest})", src=ca, dest=dest, mode="644", create_remote_dir=True
+        )
+    ]
 
 
 @install.tritonfleet_step("Fill the image mirror")
@@ -214,12 +259,18 @@ def mirror_filled():
         registry, path, _, digest = mirrored.parse_reference(image)
         if registry != access.get("image_mirror") or not digest:
             continue  # not through this mirror (pre-flight refuses an unpinned one)
-        out.append(fill(name=f"image mirror holds {path}@{digest[:19]} (fetched once from "
-                             f"{access.get('image_mirror_upstream')})",
-                        url=mirror_url(), path=path, digest=digest, storage=access.get("image_mirror_storage"),
-                        ca=CA if access.get("image_mirror_ca") else None,
-                        upstream=access.get("image_mirror_upstream"),
-                        user=access.get("mirror_client_user") if client_auth() else None,
-                        secret_env=access.get("mirror_client_password_env")))
+        out.append(
+            fill(
+                name=f"image mirror holds {path}@{digest[:19]} (fetched once from "
+                f"{access.get('image_mirror_upstream')})",
+                url=mirror_url(),
+                path=path,
+                digest=digest,
+                storage=access.get("image_mirror_storage"),
+                ca=CA if access.get("image_mirror_ca") else None,
+                upstream=access.get("image_mirror_upstream"),
+                user=access.get("mirror_client_user") if client_auth() else None,
+                secret_env=access.get("mirror_client_password_env"),
+            )
+        )
     return out
-

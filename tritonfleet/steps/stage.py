@@ -80,6 +80,15 @@ def stage_models():
         return []
     base = access.get("triton_base_dir")
     local, man, rid = current_host_repository(access.current())
-    return [model_release(name=f"stage model release {rid} from {origin.url}", base=base, release=rid,
-                          local=str(local), manifest=man, keep=int(access.get("triton_keep_releases")),
-                          origin=origin, switch=False)]
+    return [
+        model_release(
+            name=f"stage model release {rid} from {origin.url}",
+            base=base,
+            release=rid,
+            local=str(local),
+            manifest=man,
+            keep=int(access.get("triton_keep_releases")),
+            origin=origin,
+            switch=False,
+        )
+    ]

@@ -74,11 +74,15 @@ def push_token() -> str | None:
     try:
         secret = Path(path).read_text().strip()
     except OSError as e:
-        raise access.ConfigError(f"{host.name}: quarantine_push_secret_file {path}: {e.strerror} (write one with "
-                                 "`tritonfleet quarantine token --out PATH`, or unset quarantine_push_url)") from e
+        raise access.ConfigError(
+            f"{host.name}: quarantine_push_secret_file {path}: {e.strerror} (write one with "
+            "`tritonfleet quarantine token --out PATH`, or unset quarantine_push_url)"
+        ) from e
     if not secret:
-        raise access.ConfigError(f"{host.name}: quarantine_push_secret_file {path} is empty (write one with "
-                                 "`tritonfleet quarantine token --out PATH`)")
+        raise access.ConfigError(
+            f"{host.name}: quarantine_push_secret_file {path} is empty (write one with "
+            "`tritonfleet quarantine token --out PATH`)"
+        )
     return host_token(secret, host.name)
 
 
@@ -113,64 +117,100 @@ def gpu_telemetry():
     units = [f"{name}.service" for name, _ in _services()]
     paths = [*SHIPPED] + [tu.unit_path(name) for name, _ in _services()]
     # what a converged host is asked, in one remote command
-    memo.prefetch(*[(FileState, {"path": p}) for p in paths], *[(UnitState, {"unit": u}) for u in units],
-                  *([(UnitState, {"unit": f"{NODE_EXPORTER}.service"})] if access.get("telemetry_node_exporter")
-                    else []))
+    memo.prefetch(
+        *[(FileState, {"path": p}) for p in paths],
+        *[(UnitState, {"unit": u}) for u in units],
+        *([(UnitState, {"unit": f"{NODE_EXPORTER}.service"})] if access.get("telemetry_node_exporter") else []),
+    )
     if not enabled(access.current()):
         return remove()
     want = wanted_files()
     token = push_token()
     packages = [NODE_EXPORTER, "python3"] if access.get("telemetry_node_exporter") else ["python3"]
-    converged.packages(name=f"{' and '.join(packages)} (no recommends)", packages=packages, no_recommends=True,
-                       setting="telemetry_node_exporter")
+    converged.packages(
+        name=f"{' and '.join(packages)} (no recommends)",
+        packages=packages,
+        no_recommends=True,
+        setting="telemetry_node_exporter",
+    )
     textfiles = access.get("telemetry_textfile_dir")
     files.directory(name=f"node exporter textfile directory {textfiles}", path=textfiles, present=True)
-    scripts = {p: converged.put(name=f"{p} (tritonfleet's own file)", src=StringIO(want[p]), dest=p, mode="644")
-               for p in SHIPPED}
+    scripts = {
+        p: converged.put(name=f"{p} (tritonfleet's own file)", src=StringIO(want[p]), dest=p, mode="644")
+        for p in SHIPPED
+    }
     if token is not None:  # the direct path: this host's own token, root's only
         token_path = access.get("quarantine_push_token_path")
-        files.directory(name=f"{posixpath.dirname(token_path)} (the push token's)", path=posixpath.dirname(token_path),
-                        present=True)
-        scripts[token_path] = converged.put(name=f"{token_path} (this host's push token)",
-                                            src=StringIO(token + "\n"), dest=token_path, mode="600")
-    unit_ops = {name: converged.put(name=f"systemd unit {name}.service", src=StringIO(want[tu.unit_path(name)]),
-                                    dest=tu.unit_path(name), mode="644")
-                for name, _ in _services()}
+        files.directory(
+            name=f"{posixpath.dirname(token_path)} (the push token's)", path=posixpath.dirname(token_path), present=True
+        )
+        scripts[token_path] = converged.put(
+            name=f"{token_path} (this host's push token)", src=StringIO(token + "\n"), dest=token_path, mode="600"
+        )
+    unit_ops = {
+        name: converged.put(
+            name=f"systemd unit {name}.service",
+            src=StringIO(want[tu.unit_path(name)]),
+            dest=tu.unit_path(name),
+            mode="644",
+        )
+        for name, _ in _services()
+    }
     # daemon-reload only when a unit file really changed (it can cost running GPU containers their
     # devices with the systemd cgroup driver: the GPU-loss guard checks after this step)
     if will_change(*unit_ops.values()):
         systemd.daemon_reload(name="systemd daemon-reload (telemetry units changed)")
         guard_ops.note("telemetry units changed", *unit_ops.values())
     for name, script in _services():
-        reads = [*READS[script], *([access.get("quarantine_push_token_path")] if token and script == tu.COLLECTOR
-                                   else [])]
+        reads = [
+            *READS[script],
+            *([access.get("quarantine_push_token_path")] if token and script == tu.COLLECTOR else []),
+        ]
         if will_change(unit_ops[name], scripts[script], *[scripts[p] for p in reads]):
-            systemd.service(name=f"restart {name} (its unit or script changed)", service=f"{name}.service",
-                            running=True, restarted=True, enabled=True)
+            systemd.service(
+                name=f"restart {name} (its unit or script changed)",
+                service=f"{name}.service",
+                running=True,
+                restarted=True,
+                enabled=True,
+            )
         else:
-            converged.service(name=f"{name} running and enabled", service=f"{name}.service", running=True,
-                              enabled=True)
+            converged.service(name=f"{name} running and enabled", service=f"{name}.service", running=True, enabled=True)
     if access.get("telemetry_node_exporter"):
-        converged.service(name=f"{NODE_EXPORTER} running and enabled", service=f"{NODE_EXPORTER}.service",
-                          running=True, enabled=True)
+        converged.service(
+            name=f"{NODE_EXPORTER} running and enabled", service=f"{NODE_EXPORTER}.service", running=True, enabled=True
+        )
 
 
 def remove() -> None:
     """gpu_telemetry = False: stop, disable and remove what the step put on the host, when it is
     there (a host that never had it changes nothing)."""
     textfiles = access.get("telemetry_textfile_dir")
-    present = [name for name, script in _services()
-               if memo.fact(FileState, path=tu.unit_path(name)) or memo.fact(FileState, path=script)
-               or memo.fact(UnitState, unit=f"{name}.service")["running"]]
+    present = [
+        name
+        for name, script in _services()
+        if memo.fact(FileState, path=tu.unit_path(name))
+        or memo.fact(FileState, path=script)
+        or memo.fact(UnitState, unit=f"{name}.service")["running"]
+    ]
     if not present:
         host.noop("GPU telemetry is off and not on the host")
         return
     commands = [f"systemctl disable --now {q(name + '.service')} 2>/dev/null || true" for name in present]
-    commands.append("rm -f " + " ".join(q(p) for p in (
-        *[tu.unit_path(n) for n, _ in _services()], *SHIPPED, access.get("quarantine_push_token_path"),
-        f"{textfiles}/{COLLECTOR_TEXTFILE}", f"{textfiles}/{PROBE_TEXTFILE}")))
+    commands.append(
+        "rm -f "
+        + " ".join(
+            q(p)
+            for p in (
+                *[tu.unit_path(n) for n, _ in _services()],
+                *SHIPPED,
+                access.get("quarantine_push_token_path"),
+                f"{textfiles}/{COLLECTOR_TEXTFILE}",
+                f"{textfiles}/{PROBE_TEXTFILE}",
+            )
+        )
+    )
     commands.append(f"rmdir {q(tu.LIB_DIR)} 2>/dev/null || true")
-    gone = server.shell(name=f"stop, disable and remove {', '.join(present)} (gpu_telemetry is off)",
-                        commands=commands)
+    gone = server.shell(name=f"stop, disable and remove {', '.join(present)} (gpu_telemetry is off)", commands=commands)
     systemd.daemon_reload(name="systemd daemon-reload (telemetry units removed)")
     guard_ops.note("telemetry units removed", gone)

@@ -62,22 +62,35 @@ def ensure_image(image: str) -> list:
         # streamed into `docker load` on the host (bulk_transfer): no copy on the host's disk
         transport = access.get("bulk_transfer")
         _check_transport(transport)
-        return [docker_load(name=f"docker load {image} from {Path(archive).name}", archive=str(archive),
-                            transport=transport)]
+        return [
+            docker_load(
+                name=f"docker load {image} from {Path(archive).name}", archive=str(archive), transport=transport
+            )
+        ]
     if have:
         return []
     ops = []
     if needs_login(access.current(), image):
-        ops.append(docker_login(name=f"docker login {login_registry(access.current())} as {access.get('registry_user')} "
-                                     f"(secret from ${access.get('registry_password_env')}, on stdin)",
-                                registry=login_registry(access.current()), user=access.get("registry_user"),
-                                secret_env=access.get("registry_password_env")))
+        ops.append(
+            docker_login(
+                name=f"docker login {login_registry(access.current())} as {access.get('registry_user')} "
+                f"(secret from ${access.get('registry_password_env')}, on stdin)",
+                registry=login_registry(access.current()),
+                user=access.get("registry_user"),
+                secret_env=access.get("registry_password_env"),
+            )
+        )
     if needs_mirror_login(access.current(), image):
-        ops.append(docker_login(name=f"docker login {access.get('image_mirror')} (the image mirror) as "
-                                     f"{access.get('mirror_client_user')} (secret from "
-                                     f"${access.get('mirror_client_password_env')}, on stdin)",
-                                registry=access.get("image_mirror"), user=access.get("mirror_client_user"),
-                                secret_env=access.get("mirror_client_password_env")))
+        ops.append(
+            docker_login(
+                name=f"docker login {access.get('image_mirror')} (the image mirror) as "
+                f"{access.get('mirror_client_user')} (secret from "
+                f"${access.get('mirror_client_password_env')}, on stdin)",
+                registry=access.get("image_mirror"),
+                user=access.get("mirror_client_user"),
+                secret_env=access.get("mirror_client_password_env"),
+            )
+        )
     ops.append(docker_pull(name=f"docker pull {image}", image=image))
     return ops
 
@@ -104,26 +117,45 @@ def sync_models() -> list:
         if stale:
             # a transfer of another release was cut (Ctrl-C, lost link, halted rollout) and the
             # host went back to this one: what it left only takes disk space
-            server.shell(name=f"remove interrupted transfers of other releases ({', '.join(stale)})",
-                         commands=[release.discard_incoming_script(base, stale)])
+            server.shell(
+                name=f"remove interrupted transfers of other releases ({', '.join(stale)})",
+                commands=[release.discard_incoming_script(base, stale)],
+            )
         return []
-    why = (f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
-           if live["current"] == rid else f"live: {live['current'] or 'none'}")
+    why = (
+        f"{len(live['drift'])} files changed on the host: {', '.join(live['drift'][:5])}"
+        if live["current"] == rid
+        else f"live: {live['current'] or 'none'}"
+    )
     origin = model_origin()
     if origin is not None:
         # the hosts fetch from the model origin (tritonfleet.model_repo): every host stages the
         # release (complete, not live) before any host switches to it
-        args = {"base": base, "release": rid, "local": str(local), "manifest": man,
-                "keep": int(access.get("triton_keep_releases")), "origin": origin}
-        return [model_release(name=f"stage model release {rid} from {origin.url} ({why})", switch=False, **args),
-                model_release(name=f"model release {rid} ({why})", **args)]
+        args = {
+            "base": base,
+            "release": rid,
+            "local": str(local),
+            "manifest": man,
+            "keep": int(access.get("triton_keep_releases")),
+            "origin": origin,
+        }
+        return [
+            model_release(name=f"stage model release {rid} from {origin.url} ({why})", switch=False, **args),
+            model_release(name=f"model release {rid} ({why})", **args),
+        ]
     transport = access.get("bulk_transfer")
     _check_transport(transport)
-    return [model_release(
-        name=f"model release {rid} ({why})",
-        base=base, release=rid, local=str(local), manifest=man,
-        keep=int(access.get("triton_keep_releases")), transport=transport,
-    )]
+    return [
+        model_release(
+            name=f"model release {rid} ({why})",
+            base=base,
+            release=rid,
+            local=str(local),
+            manifest=man,
+            keep=int(access.get("triton_keep_releases")),
+            transport=transport,
+        )
+    ]
 
 
 def model_origin():
@@ -203,8 +235,10 @@ def api_key() -> tuple[list, str]:
     if have and have.get("mode") == "600" and have.get("user") == "root":
         host.noop(f"Triton API key {path} is there (0600 root)")
         return [], ""
-    op = server.shell(name=f"Triton API key {path} ({'made' if not have else 'mode 0600 root'} on the host)",
-                      commands=[apikey.key_command(path)])
+    op = server.shell(
+        name=f"Triton API key {path} ({'made' if not have else 'mode 0600 root'} on the host)",
+        commands=[apikey.key_command(path)],
+    )
     return [op], "" if have else "API key created"
 
 
@@ -219,10 +253,17 @@ def retire_units(keep: set[str]) -> bool:
         names.insert(0, single)
     for name in names:
         path = f"/etc/systemd/system/{name}"
-        why = ("one Triton per GPU replaces it" if name == single
-               else "triton_per_gpu is off" if not per_gpu.enabled(access.current()) else "its GPU is gone")
-        server.shell(name=f"stop, disable and remove {name} ({why})",
-                     commands=[f"systemctl disable --now {q(name)} 2>/dev/null; rm -f {q(path)}"])
+        why = (
+            "one Triton per GPU replaces it"
+            if name == single
+            else "triton_per_gpu is off"
+            if not per_gpu.enabled(access.current())
+            else "its GPU is gone"
+        )
+        server.shell(
+            name=f"stop, disable and remove {name} ({why})",
+            commands=[f"systemctl disable --now {q(name)} 2>/dev/null; rm -f {q(path)}"],
+        )
     return bool(names)
 
 
@@ -257,7 +298,9 @@ def triton_service(image: list | None = None, models: list | None = None):
     if retire_units(set()):
         systemd.daemon_reload(name="systemd daemon-reload (per-GPU units removed)")
     text = render_unit(unit_context(access.current()))
-    unit = converged.put(name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(access.current()), mode="644")
+    unit = converged.put(
+        name=f"systemd unit {service}.service", src=StringIO(text), dest=unit_path(access.current()), mode="644"
+    )
     # daemon-reload only when the unit really changed (it can cost running GPU containers
     # their devices with the systemd cgroup driver)
     if will_change(unit):
@@ -272,12 +315,16 @@ def triton_service(image: list | None = None, models: list | None = None):
             lb.drain_host(name=f"drain {host.name} in the load balancer before the restart", why=restart)
         systemd.service(name=f"restart {service} ({restart})", service=service, restarted=True)
     elif guard_ops.pending():  # the host layer reloaded systemd while Triton keeps running
-        guard_ops.guard(name="GPU-loss guard: Triton's container still sees the host's GPUs after daemon-reload",
-                        reasons=guard_ops.pending())
+        guard_ops.guard(
+            name="GPU-loss guard: Triton's container still sees the host's GPUs after daemon-reload",
+            reasons=guard_ops.pending(),
+        )
     if not restart and explicit and (will_change(models) or behind["models"]):
         load, unload = model_changes() if will_change(models) else behind["models"]
-        server.shell(name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
-                     commands=[repository_api_commands(access.current(), load, unload)])
+        server.shell(
+            name=f"load changed models without a restart ({', '.join(load + unload) or 'none'})",
+            commands=[repository_api_commands(access.current(), load, unload)],
+        )
     converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
@@ -302,9 +349,15 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
     units = []
     for g in gets:
         text = render_unit(unit_context(g))
-        units.append(converged.put(name=f"systemd unit {g.get('triton_service')}.service (GPU {g.get('triton_per_gpu_index')}, "
-                                        f"HTTP {g.get('triton_http_port')})",
-                                   src=StringIO(text), dest=unit_path(g), mode="644"))
+        units.append(
+            converged.put(
+                name=f"systemd unit {g.get('triton_service')}.service (GPU {g.get('triton_per_gpu_index')}, "
+                f"HTTP {g.get('triton_http_port')})",
+                src=StringIO(text),
+                dest=unit_path(g),
+                mode="644",
+            )
+        )
     if retired or will_change(*units):
         systemd.daemon_reload(name="systemd daemon-reload (per-GPU units changed)")
     image, models = list(image or []), list(models or [])
@@ -321,8 +374,10 @@ def per_gpu_service(image: list | None = None, models: list | None = None):
             systemd.service(name=f"restart {service} ({restart})", service=service, restarted=True)
         if not restart and explicit and (will_change(models) or behind["models"]):
             load, unload = model_changes() if will_change(models) else behind["models"]
-            server.shell(name=f"{service}: load changed models without a restart ({', '.join(load + unload) or 'none'})",
-                         commands=[repository_api_commands(access.current(), load, unload, g.get("triton_http_port"))])
+            server.shell(
+                name=f"{service}: load changed models without a restart ({', '.join(load + unload) or 'none'})",
+                commands=[repository_api_commands(access.current(), load, unload, g.get("triton_http_port"))],
+            )
         converged.service(name=f"{service} running and enabled", service=service, running=True, enabled=True)
 
 
@@ -351,8 +406,10 @@ def running_behind(explicit: bool, settings: Settings) -> dict:
         live = memo.fact(ReleaseState, base=base)["current"]
         loaded = records[-1].get("release") if records else None
         if loaded and live and loaded != live:
-            out["models"] = model_diff(host.get_fact(ReleaseManifest, base=base, release=loaded),
-                                       host.get_fact(ReleaseManifest, base=base, release=live))
+            out["models"] = model_diff(
+                host.get_fact(ReleaseManifest, base=base, release=loaded),
+                host.get_fact(ReleaseManifest, base=base, release=live),
+            )
     return out
 
 
@@ -362,8 +419,14 @@ def record_deployment(action: str = "deploy") -> None:
     base = access.get("triton_base_dir")
     _, _, rid = current_host_repository(access.current())
     gets = instance_gets(access.current())  # [access.current()]: the single unit, whose digest units_digest is too
-    append_record(base, rid, units_digest(access.current(), len(gets)), access.get("triton_image"), action,
-                  unit_files=[unit_path(g) for g in gets] if per_gpu.enabled(access.current()) else None)
+    append_record(
+        base,
+        rid,
+        units_digest(access.current(), len(gets)),
+        access.get("triton_image"),
+        action,
+        unit_files=[unit_path(g) for g in gets] if per_gpu.enabled(access.current()) else None,
+    )
 
 
 def failure_recorded() -> bool:
@@ -386,15 +449,19 @@ def gate_or_roll_back(models: list[str], clear_failure: bool = False, repo: str 
             raise
         from .rollback import rollback
 
-        logger.warning(f"{host.name}: {report.short(200)}; auto_rollback: back to release "
-                       f"{history[-1].get('release')}, {history[-1].get('image')}")
+        logger.warning(
+            f"{host.name}: {report.short(200)}; auto_rollback: back to release "
+            f"{history[-1].get('release')}, {history[-1].get('image')}"
+        )
         try:
             rollback()
         except (PyinfraError, HostFailure) as rb:
             report.now += f"; auto_rollback failed ({str(rb).splitlines()[0] if str(rb) else type(rb).__name__})"
             raise HealthError(report) from e
-        report.now = (f"rolled back on the spot (auto_rollback): serves release {history[-1].get('release')}, "
-                      f"{history[-1].get('image')} again, healthy (before the rollback: {report.now})")
+        report.now = (
+            f"rolled back on the spot (auto_rollback): serves release {history[-1].get('release')}, "
+            f"{history[-1].get('image')} again, healthy (before the rollback: {report.now})"
+        )
         report.fix = "fix the cause above, then run the deploy again"
         raise HealthError(report) from e
 
@@ -423,9 +490,13 @@ def health_gate(record: bool = True):
     """
     local, _, _ = current_host_repository(access.current())
     gate_check = check_with_steps if access.get("auto_rollback") else check
-    gate_check(name="check: health gate (live, ready, every model ready, metrics, first inference)",
-               function=gate_or_roll_back, models=render.model_names(local), clear_failure=failure_recorded(),
-               repo=str(local))
+    gate_check(
+        name="check: health gate (live, ready, every model ready, metrics, first inference)",
+        function=gate_or_roll_back,
+        models=render.model_names(local),
+        clear_failure=failure_recorded(),
+        repo=str(local),
+    )
     if record:
         if lb.enabled():  # healthy: back in the load balancer (a drain of this or a cut run)
             check(name="check: back in the load balancer once healthy", function=lb.ready_now)

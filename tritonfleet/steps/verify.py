@@ -50,8 +50,10 @@ _new_records: dict[str, list[str]] = {}
 def verify_mode() -> str:
     mode = access.get("gpu_verify_container") or "changes"
     if mode not in VERIFY_MODES:
-        raise access.ConfigError(f"{host.name}: gpu_verify_container must be one of {', '.join(VERIFY_MODES)}, "
-                                 f"not {mode!r} (group data, inventories/group_data/all.py)")
+        raise access.ConfigError(
+            f"{host.name}: gpu_verify_container must be one of {', '.join(VERIFY_MODES)}, "
+            f"not {mode!r} (group data, inventories/group_data/all.py)"
+        )
     return mode
 
 
@@ -73,7 +75,7 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
         tail = stdout.pop()
         if stdout and stdout[-1].strip() == SECTION:
             stdout.pop()
-    record = [ln[len(RECORD_PREFIX):] for ln in stdout if ln.startswith(RECORD_PREFIX)]
+    record = [ln[len(RECORD_PREFIX) :] for ln in stdout if ln.startswith(RECORD_PREFIX)]
     stdout = [ln for ln in stdout if not ln.startswith(RECORD_PREFIX)]
     lines = stdout + stderr
     parts = split_sections(lines, 4)
@@ -85,14 +87,20 @@ def _probe_all(image: str, meta: dict | None = None) -> list[tuple[str, gpufacts
     cont_q, cont_sum = container[0], (container[1] if len(container) > 1 else [])
     if meta is not None:
         meta["record"] = record
-        meta.update(key=tail[4:] if tail and tail.startswith("key=") else None, cached=tail == "cached",
-                    container=(cont_q, cont_sum))
+        meta.update(
+            key=tail[4:] if tail and tail.startswith("key=") else None,
+            cached=tail == "cached",
+            container=(cont_q, cont_sum),
+        )
     results = []
     for where, q_lines, s_lines in (("host", host_q, host_sum), ("container", cont_q, cont_sum)):
         info = gpufacts.parse_query(q_lines)
         if info.invalid_field == "compute_cap":  # drivers before R510: look the capability up by name
-            command = gpufacts.query_command(gpufacts.QUERY_FIELDS_NO_CC, smi) if where == "host" \
+            command = (
+                gpufacts.query_command(gpufacts.QUERY_FIELDS_NO_CC, smi)
+                if where == "host"
                 else container_prefix(image) + gpufacts.QUERY_COMMAND_NO_CC
+            )
             _, out2 = host.run_shell_command(f"{command} 2>&1")
             info = gpufacts.parse_query(out2.stdout_lines + out2.stderr_lines, gpufacts.QUERY_FIELDS_NO_CC)
         results.append((where, info, gpufacts.parse_summary(s_lines)))
@@ -133,8 +141,14 @@ def verify_current_host(image: str) -> dict:
     source = "gpu_count" if access.get("gpu_count") not in (None, "") else f"recorded in {RECORD}"
     host_gpus = []
     for where, info, summary in probed:
-        errs = check_gpus(f"{host.name} ({where})", gpu_class, info.gpus, summary.get("cuda_version"),
-                          min_compute_capability(), access.get("gpu_min_cuda_version"))
+        errs = check_gpus(
+            f"{host.name} ({where})",
+            gpu_class,
+            info.gpus,
+            summary.get("cuda_version"),
+            min_compute_capability(),
+            access.get("gpu_min_cuda_version"),
+        )
         if info.status == "ok" or info.gpus:
             errs += count_problems(f"{host.name} ({where})", info.gpus, expected, recorded, source)
         if where == "host":
@@ -160,32 +174,41 @@ def verify_current_host(image: str) -> dict:
         rows[0] += f"  kernel module {module.summary()}"
         problem = module.problem(wanted)
         if problem:
-            errors.append(f"{host.name} (host): kernel module flavour: {problem}, expected {wanted} "
-                          f"(nvidia_kernel_module)")
+            errors.append(
+                f"{host.name} (host): kernel module flavour: {problem}, expected {wanted} (nvidia_kernel_module)"
+            )
     for r in rows:
         logger.info(f"GPU check  {r}")
     if errors:
         host.run_shell_command(f"rm -f {STAMP}")
         found = [e.replace(f"{host.name} (", "(", 1) for e in dict.fromkeys(errors)]
         cont_q, cont_sum = meta.get("container") or ([], [])
-        raise GpuVerificationError(Failure(
-            host.name, "GPU verification",
-            f"GPU class {gpu_class} ({' or '.join(GPU_CLASSES.get(gpu_class, {}).get('names', [])) or '?'}), "
-            + (f"{expected} GPU(s) ({source}), " if expected else "")
-            + f"compute capability >= {min_compute_capability()}, CUDA >= "
-            f"{access.get('gpu_min_cuda_version')}, on the host and in `{container_prefix(image).strip()}`",
-            "; ".join(found), trim(rows + [ln for ln in cont_q if ln.strip() and "," not in ln][:6]),
-            "nvidia-smi (host and container, as the check read it)",
-            "the GPU check runs before the Triton image, models and service are touched: Triton was not "
-            "changed by this run",
-            "fix the driver / Container Toolkit / inventory as the line above says (nvidia-smi on the host; "
-            f"{container_prefix(image)}nvidia-smi; a kernel module flavour: run the driver step, deploys/host.py, "
-            "which installs the configured flavour and reboots when the loaded module differs, or set "
-            "nvidia_kernel_module for this GPU class in inventories/group_data/<class>.py), then run the deploy again"
-            + ("; a GPU that is gone for good: set gpu_count for this host (inventory or group data) to what "
-               f"it has now, or remove {RECORD} so the next verified run records what it finds"
-               if any("missing:" in e for e in found) else ""),
-            cause="; ".join(found)))
+        raise GpuVerificationError(
+            Failure(
+                host.name,
+                "GPU verification",
+                f"GPU class {gpu_class} ({' or '.join(GPU_CLASSES.get(gpu_class, {}).get('names', [])) or '?'}), "
+                + (f"{expected} GPU(s) ({source}), " if expected else "")
+                + f"compute capability >= {min_compute_capability()}, CUDA >= "
+                f"{access.get('gpu_min_cuda_version')}, on the host and in `{container_prefix(image).strip()}`",
+                "; ".join(found),
+                trim(rows + [ln for ln in cont_q if ln.strip() and "," not in ln][:6]),
+                "nvidia-smi (host and container, as the check read it)",
+                "the GPU check runs before the Triton image, models and service are touched: Triton was not "
+                "changed by this run",
+                "fix the driver / Container Toolkit / inventory as the line above says (nvidia-smi on the host; "
+                f"{container_prefix(image)}nvidia-smi; a kernel module flavour: run the driver step, deploys/host.py, "
+                "which installs the configured flavour and reboots when the loaded module differs, or set "
+                "nvidia_kernel_module for this GPU class in inventories/group_data/<class>.py), then run the deploy again"
+                + (
+                    "; a GPU that is gone for good: set gpu_count for this host (inventory or group data) to what "
+                    f"it has now, or remove {RECORD} so the next verified run records what it finds"
+                    if any("missing:" in e for e in found)
+                    else ""
+                ),
+                cause="; ".join(found),
+            )
+        )
     new_record = record_update(host_gpus, recorded)
     if new_record:
         _new_records[host.name] = new_record
@@ -223,8 +246,10 @@ def record_answer():
 
 
 def record_command(lines: list[str]) -> str:
-    return (f"mkdir -p {q(RECORD.rsplit('/', 1)[0])} && printf '%s\\n' {' '.join(q(x) for x in lines)} "
-            f"> {RECORD}.tmp && mv {RECORD}.tmp {RECORD}")
+    return (
+        f"mkdir -p {q(RECORD.rsplit('/', 1)[0])} && printf '%s\\n' {' '.join(q(x) for x in lines)} "
+        f"> {RECORD}.tmp && mv {RECORD}.tmp {RECORD}"
+    )
 
 
 @operation(is_idempotent=False)
@@ -274,7 +299,8 @@ def verify_gpus(load_image: bool = True):
     image = access.get("cuda_test_image")
     if load_image:
         ensure_image(image)
-    check(name=f"check: nvidia-smi on the host and in {image} with --gpus all",
-          function=verify_current_host, image=image)
+    check(
+        name=f"check: nvidia-smi on the host and in {image} with --gpus all", function=verify_current_host, image=image
+    )
     record_answer(name="record the GPU check's answer and what it depends on (gpu_verify_container)")
     record_gpus(name=f"record the host's GPUs ({RECORD}: what gpu_count defaults to)")

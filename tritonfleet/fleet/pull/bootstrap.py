@@ -72,6 +72,7 @@ DIST = "dist"
 
 # --- the agent on the origin ---------------------------------------------------------------------
 
+
 def runtime_closure(top: str = "tritonfleet") -> dict[str, str]:
     """Every distribution ``top`` needs at run time, as installed here ({canonical name:
     version}): its requirements and theirs, extras followed, environment markers evaluated for
@@ -87,8 +88,9 @@ def runtime_closure(top: str = "tritonfleet") -> dict[str, str]:
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            raise UsageError(f"{name} is not installed here: the agent's dependencies are what this machine "
-                             "runs tritonfleet with") from None
+            raise UsageError(
+                f"{name} is not installed here: the agent's dependencies are what this machine runs tritonfleet with"
+            ) from None
         out[canonicalize_name(dist.metadata["Name"])] = dist.version
         for text in dist.requires or []:
             req = Requirement(text)
@@ -106,8 +108,7 @@ def requirements_name(sha: str) -> str:
     return f"requirements-{sha}.txt"
 
 
-def publish_agent(origin: PullSite, wheelhouse: Path, wheel: Path,
-                  echo: Callable[[str], None] | None = None) -> str:
+def publish_agent(origin: PullSite, wheelhouse: Path, wheel: Path, echo: Callable[[str], None] | None = None) -> str:
     """dist/ on the origin: tritonfleet's wheel (``wheel``: the one this machine installed, or
     `pip wheel --no-deps -w dist .` in a checkout) and its dependencies' wheels (from ``wheelhouse``:
     every distribution of ``runtime_closure()`` at the version installed here, e.g. filled with
@@ -120,8 +121,10 @@ def publish_agent(origin: PullSite, wheelhouse: Path, wheel: Path,
     dist.mkdir(parents=True, exist_ok=True)
     project, found, *_ = parse_wheel_filename(wheel.name)
     if project != "tritonfleet" or str(found) != __version__:
-        raise UsageError(f"--wheel {wheel}: not tritonfleet {__version__}'s wheel (this machine runs {__version__}: "
-                         "the hosts get the same version)")
+        raise UsageError(
+            f"--wheel {wheel}: not tritonfleet {__version__}'s wheel (this machine runs {__version__}: "
+            "the hosts get the same version)"
+        )
     files: dict[str, list[Path]] = {"tritonfleet": [wheel]}
     for p in sorted(wheelhouse.glob("*.whl")) if wheelhouse.is_dir() else []:
         project, found, *_ = parse_wheel_filename(p.name)
@@ -129,17 +132,25 @@ def publish_agent(origin: PullSite, wheelhouse: Path, wheel: Path,
             files.setdefault(project, []).append(p)
     missing = sorted(f"{n}=={v}" for n, v in closure.items() if n not in files)
     if missing:
-        raise UsageError(f"wheelhouse {wheelhouse} lacks {len(missing)} of the agent's dependencies: "
-                         f"{' '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}; fill it with "
-                         f"`pip download --only-binary=:all: --no-deps -d {wheelhouse} {' '.join(missing)}` "
-                         "(for the hosts' Python: --python-version/--platform)")
+        raise UsageError(
+            f"wheelhouse {wheelhouse} lacks {len(missing)} of the agent's dependencies: "
+            f"{' '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}; fill it with "
+            f"`pip download --only-binary=:all: --no-deps -d {wheelhouse} {' '.join(missing)}` "
+            "(for the hosts' Python: --python-version/--platform)"
+        )
     # a wheel already on the origin stays as it is: earlier requirements files pin its hash
-    clash = [p.name for ps in files.values() for p in ps
-             if (dist / p.name).is_file() and sha256_file(dist / p.name) != sha256_file(p)]
+    clash = [
+        p.name
+        for ps in files.values()
+        for p in ps
+        if (dist / p.name).is_file() and sha256_file(dist / p.name) != sha256_file(p)
+    ]
     if clash:
-        raise UsageError(f"wheelhouse {wheelhouse}: {', '.join(clash)} differ from the files of the same name on the "
-                         f"origin ({dist}), which earlier bootstrap scripts pin by sha256: use the origin's files, or "
-                         "remove them there once no host's script needs them")
+        raise UsageError(
+            f"wheelhouse {wheelhouse}: {', '.join(clash)} differ from the files of the same name on the "
+            f"origin ({dist}), which earlier bootstrap scripts pin by sha256: use the origin's files, or "
+            "remove them there once no host's script needs them"
+        )
     lines = []
     for name in sorted(files):
         hashes = []
@@ -153,10 +164,14 @@ def publish_agent(origin: PullSite, wheelhouse: Path, wheel: Path,
         lines.append(f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(set(hashes))))
     # every wheel on the origin, so the sets of earlier scripts are found too (pip --find-links)
     links = [f'<a href="{html.escape(w.name)}">{html.escape(w.name)}</a><br>' for w in sorted(dist.glob("*.whl"))]
-    write_atomic(dist / "index.html", ("<!DOCTYPE html><html><body>\n" + "\n".join(links)
-                                            + "\n</body></html>\n").encode())
-    reqs = ("# the self-converging hosts' agent: every file pinned by sha256 (tritonfleet bootstrap)\n"
-            + "\n".join(lines) + "\n").encode()
+    write_atomic(
+        dist / "index.html", ("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n").encode()
+    )
+    reqs = (
+        "# the self-converging hosts' agent: every file pinned by sha256 (tritonfleet bootstrap)\n"
+        + "\n".join(lines)
+        + "\n"
+    ).encode()
     sha = hashlib.sha256(reqs).hexdigest()
     newest = origin.root / DIST / "requirements.txt"
     try:
@@ -166,9 +181,11 @@ def publish_agent(origin: PullSite, wheelhouse: Path, wheel: Path,
     write_atomic(origin.root / DIST / requirements_name(sha), reqs)
     write_atomic(newest, reqs)
     if echo and before and before != sha:
-        echo(f"the agent's requirements changed: {DIST}/{requirements_name(before)} -> {DIST}/{requirements_name(sha)} "
-             "(scripts and user-data written before still install the earlier set, which stays on the origin; "
-             "give new machines the ones written now)")
+        echo(
+            f"the agent's requirements changed: {DIST}/{requirements_name(before)} -> {DIST}/{requirements_name(sha)} "
+            "(scripts and user-data written before still install the earlier set, which stays on the origin; "
+            "give new machines the ones written now)"
+        )
     return sha
 
 
@@ -181,25 +198,42 @@ def check_url(value: str, option: str, what: str) -> None:
     except ValueError:  # a port that is no number, an unclosed [IPv6 address]
         ok = False
     if not ok or any(c.isspace() for c in value):
-        raise UsageError(f"{option} {value!r}: {what} must be an http:// or https:// URL with a host, "
-                         "e.g. http://10.0.0.5:8080")
+        raise UsageError(
+            f"{option} {value!r}: {what} must be an http:// or https:// URL with a host, e.g. http://10.0.0.5:8080"
+        )
 
 
 # --- per host: the script and the user-data -------------------------------------------------------
 
-def host_config(fh, origin_url: str, reports_url: str, signers: bool, release: str | None,
-                min_generation: int = 0, host_data: dict | None = None) -> dict:
+
+def host_config(
+    fh,
+    origin_url: str,
+    reports_url: str,
+    signers: bool,
+    release: str | None,
+    min_generation: int = 0,
+    host_data: dict | None = None,
+) -> dict:
     """/etc/tritonfleet/pull.json for ``fh`` (its tunables from the inventory: a FleetHost is a
     Settings, the package's default where the inventory sets none). ``min_generation``: the
     origin's generation at bootstrap, below which the host follows no pointer; ``host_data``:
     the host's own entry, for a pinned release only (pointers carry it otherwise)."""
-    return {"format": FORMAT, "host": fh.name, "origin": origin_url, "reports": reports_url,
-            "signers": SIGNERS if signers else None, "release": release, "min_generation": min_generation,
-            "host_data": host_data if release else None, "report_key": REPORT_KEY,
-            "poll_interval": int(fh.get("pull_poll_interval")),
-            "converge_interval": int(fh.get("pull_converge_interval")),
-            "download_limit": int(fh.get("pull_download_limit")),
-            "textfile": fh.get("pull_textfile") or ""}
+    return {
+        "format": FORMAT,
+        "host": fh.name,
+        "origin": origin_url,
+        "reports": reports_url,
+        "signers": SIGNERS if signers else None,
+        "release": release,
+        "min_generation": min_generation,
+        "host_data": host_data if release else None,
+        "report_key": REPORT_KEY,
+        "poll_interval": int(fh.get("pull_poll_interval")),
+        "converge_interval": int(fh.get("pull_converge_interval")),
+        "download_limit": int(fh.get("pull_download_limit")),
+        "textfile": fh.get("pull_textfile") or "",
+    }
 
 
 def script(cfg: dict, requirements_sha256: str, signers_text: str | None, report_key: str = "") -> str:
@@ -223,7 +257,7 @@ def script(cfg: dict, requirements_sha256: str, signers_text: str | None, report
         "! command -v curl >/dev/null; then",
         "  apt-get update -q && apt-get install -y -q --no-install-recommends python3-venv curl ca-certificates",
         "fi",
-        'tmp=$(mktemp -d)',
+        "tmp=$(mktemp -d)",
         "trap 'rm -rf \"$tmp\"' EXIT",
         "# the agent's files, each pinned by sha256 (the requirements file itself by the hash below)",
         'curl -fsS --retry 10 --retry-connrefused -o "$tmp/requirements.txt" '
@@ -235,32 +269,61 @@ def script(cfg: dict, requirements_sha256: str, signers_text: str | None, report
         "install -d -m 755 /etc/tritonfleet",
     ]
     if signers_text:
-        lines += [f"cat > {SIGNERS}.tmp <<'TRITONFLEET_EOF'", signers_text.rstrip("\n"), "TRITONFLEET_EOF",
-                  f"mv {SIGNERS}.tmp {SIGNERS}"]
+        lines += [
+            f"cat > {SIGNERS}.tmp <<'TRITONFLEET_EOF'",
+            signers_text.rstrip("\n"),
+            "TRITONFLEET_EOF",
+            f"mv {SIGNERS}.tmp {SIGNERS}",
+        ]
     # root's alone from here: the host's data (pinned release), its report key, its state
     lines += ["umask 077", "install -d -m 700 /etc/tritonfleet/pull /var/lib/tritonfleet/pull"]
     if report_key:
-        lines += [f"cat > {REPORT_KEY}.tmp <<'TRITONFLEET_EOF'", report_key.rstrip("\n"), "TRITONFLEET_EOF",
-                  f"chmod 600 {REPORT_KEY}.tmp", f"mv {REPORT_KEY}.tmp {REPORT_KEY}"]
-    lines += [f"cat > {CONFIG}.tmp <<'TRITONFLEET_EOF'", json.dumps(cfg, indent=1, sort_keys=True), "TRITONFLEET_EOF",
-              f"chmod 600 {CONFIG}.tmp", f"mv {CONFIG}.tmp {CONFIG}",
-              '"$AGENT/bin/tritonfleet" converge --install']
+        lines += [
+            f"cat > {REPORT_KEY}.tmp <<'TRITONFLEET_EOF'",
+            report_key.rstrip("\n"),
+            "TRITONFLEET_EOF",
+            f"chmod 600 {REPORT_KEY}.tmp",
+            f"mv {REPORT_KEY}.tmp {REPORT_KEY}",
+        ]
+    lines += [
+        f"cat > {CONFIG}.tmp <<'TRITONFLEET_EOF'",
+        json.dumps(cfg, indent=1, sort_keys=True),
+        "TRITONFLEET_EOF",
+        f"chmod 600 {CONFIG}.tmp",
+        f"mv {CONFIG}.tmp {CONFIG}",
+        '"$AGENT/bin/tritonfleet" converge --install',
+    ]
     return "\n".join(lines) + "\n"
 
 
 def user_data(host: str, text: str) -> str:
     """cloud-init user-data running ``text`` (the plain script) once, at first boot."""
     path = "/var/lib/tritonfleet/bootstrap.sh"
-    doc = {"write_files": [{"path": path, "permissions": "0700", "owner": "root:root", "content": text}],
-           "runcmd": [["sh", path]]}
-    return (f"#cloud-config\n# tritonfleet bootstrap of {host} (tritonfleet bootstrap)\n"
-            + yaml.safe_dump(doc, sort_keys=False, default_style=None, width=10_000))
+    doc = {
+        "write_files": [{"path": path, "permissions": "0700", "owner": "root:root", "content": text}],
+        "runcmd": [["sh", path]],
+    }
+    return f"#cloud-config\n# tritonfleet bootstrap of {host} (tritonfleet bootstrap)\n" + yaml.safe_dump(
+        doc, sort_keys=False, default_style=None, width=10_000
+    )
 
 
-def bootstrap(inventory: str, origin: PullSite, url: str, out: Path, *, wheelhouse: Path, wheel: Path,
-              key: Path | None, release: str | None, reports_url: str | None = None,
-              limit: list[str] | None = None, data: dict | None = None, rekey: bool = False,
-              echo: Callable[[str], None] | None = None) -> list[Path]:
+def bootstrap(
+    inventory: str,
+    origin: PullSite,
+    url: str,
+    out: Path,
+    *,
+    wheelhouse: Path,
+    wheel: Path,
+    key: Path | None,
+    release: str | None,
+    reports_url: str | None = None,
+    limit: list[str] | None = None,
+    data: dict | None = None,
+    rekey: bool = False,
+    echo: Callable[[str], None] | None = None,
+) -> list[Path]:
     """Publish the agent, make (or keep) every host's report key and enrol it on the origin, and
     write ``out``/<host>/{bootstrap.sh,user-data,report-key} (root's eyes only: 0600 in 0700
     directories) for every host; the directories written."""
@@ -268,17 +331,24 @@ def bootstrap(inventory: str, origin: PullSite, url: str, out: Path, *, wheelhou
     if reports_url:
         check_url(reports_url, "--reports", "where the hosts PUT their reports ('' for none)")
     if key and release:
-        raise UsageError("--sign-key and --release: choose one (--sign-key: hosts follow the release pointers it "
-                         "signs; --release: hosts stay on that one release and no signer is trusted)")
+        raise UsageError(
+            "--sign-key and --release: choose one (--sign-key: hosts follow the release pointers it "
+            "signs; --release: hosts stay on that one release and no signer is trusted)"
+        )
     if not key and not release:
-        raise UsageError("give --sign-key (hosts follow the release pointers it signs: pull-mode rollouts) or "
-                         "--release SHA256 (hosts converge to that one release, pinned)")
+        raise UsageError(
+            "give --sign-key (hosts follow the release pointers it signs: pull-mode rollouts) or "
+            "--release SHA256 (hosts converge to that one release, pinned)"
+        )
     if release and not is_release_id(release):
-        raise UsageError(f"--release {release!r}: a release id is 64 lowercase hex digits (tritonfleet pull publish "
-                         "prints it)")
+        raise UsageError(
+            f"--release {release!r}: a release id is 64 lowercase hex digits (tritonfleet pull publish prints it)"
+        )
     if release and not origin.release(release).is_file():
-        raise UsageError(f"release {release} is not on the origin ({origin.release(release)}): publish it first "
-                         "(tritonfleet pull publish)")
+        raise UsageError(
+            f"release {release} is not on the origin ({origin.release(release)}): publish it first "
+            "(tritonfleet pull publish)"
+        )
     try:
         hosts = roster.load_inventory(inventory, data=data, limit=limit)
     except roster.FleetError as e:
@@ -291,8 +361,15 @@ def bootstrap(inventory: str, origin: PullSite, url: str, out: Path, *, wheelhou
     floor = current_generation(origin)
     written = []
     for fh in hosts:
-        cfg = host_config(fh, url, reports_url if reports_url is not None else f"{url.rstrip('/')}/reports",
-                          bool(signers), release, floor, entries.get(fh.name))
+        cfg = host_config(
+            fh,
+            url,
+            reports_url if reports_url is not None else f"{url.rstrip('/')}/reports",
+            bool(signers),
+            release,
+            floor,
+            entries.get(fh.name),
+        )
         text = script(cfg, reqs_sha, signers, keys[fh.name])
         d = out / fh.name
         _private(d / "bootstrap.sh", text, 0o700)
@@ -323,9 +400,11 @@ def report_keys(hosts: list[str], origin: PullSite, out: Path, rekey: bool = Fal
             if enrolled.get(host) and enrolled[host].split(" ")[:2] != pub.split(" ")[:2]:
                 new[host] = pub  # kept here, enrolled differently: this key is the host's
         elif enrolled.get(host) and not rekey:
-            raise UsageError(f"{host}: its report key is enrolled in {origin.root / HOST_SIGNERS} but not in {path}: "
-                             "give the --out it was bootstrapped with, or --rekey (then give the host its new "
-                             "bootstrap: its reports stop counting until it has it)")
+            raise UsageError(
+                f"{host}: its report key is enrolled in {origin.root / HOST_SIGNERS} but not in {path}: "
+                "give the --out it was bootstrapped with, or --rekey (then give the host its new "
+                "bootstrap: its reports stop counting until it has it)"
+            )
         else:
             new[host] = make_key(path, f"tritonfleet-report {host}")
         keys[host] = path.read_text()
@@ -335,6 +414,7 @@ def report_keys(hosts: list[str], origin: PullSite, out: Path, rekey: bool = Fal
 
 
 # --- on the host: the timer ------------------------------------------------------------------------
+
 
 def units(cfg: dict, agent: str = AGENT) -> dict[str, str]:
     """The service and timer of a self-converging host."""
@@ -347,14 +427,16 @@ def units(cfg: dict, agent: str = AGENT) -> dict[str, str]:
             "[Service]\nType=oneshot\n"
             f"ExecStart={agent}/bin/tritonfleet converge\n"
             # a run may install a driver, pull an image, load models: no start timeout
-            "TimeoutStartSec=infinity\n"),
+            "TimeoutStartSec=infinity\n"
+        ),
         f"{UNIT}.timer": (
             "[Unit]\nDescription=tritonfleet: look for this host's desired release, converge when due\n\n"
             "[Timer]\nOnBootSec=30\n"
             f"OnUnitInactiveSec={poll}\n"
             f"RandomizedDelaySec={max(1, min(poll // 10, 30))}\n"
             "AccuracySec=1\n\n"
-            "[Install]\nWantedBy=timers.target\n"),
+            "[Install]\nWantedBy=timers.target\n"
+        ),
     }
 
 
@@ -362,8 +444,11 @@ def install(cfg: dict, unit_dir: Path = UNIT_DIR, run=subprocess.run) -> None:
     """Write the units, enable the timer, start the first run (not waited for)."""
     for name, text in units(cfg, str(Path(sys.executable).parent.parent)).items():
         write_atomic(unit_dir / name, text.encode())
-    for cmd in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", f"{UNIT}.timer"],
-                ["systemctl", "start", "--no-block", f"{UNIT}.service"]):
+    for cmd in (
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "enable", "--now", f"{UNIT}.timer"],
+        ["systemctl", "start", "--no-block", f"{UNIT}.service"],
+    ):
         res = run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise UsageError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")

@@ -69,7 +69,6 @@ def state_dir() -> Path:
     return STATE_DIR
 
 
-
 def _state_path() -> Path:
     return STATE_DIR / "state.json"
 
@@ -82,8 +81,9 @@ def load_state() -> dict:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
-        raise RunError(f"state {_state_path()} unreadable ({e}): nothing followed until it is removed "
-                       "(the generation floor stays)") from None
+        raise RunError(
+            f"state {_state_path()} unreadable ({e}): nothing followed until it is removed (the generation floor stays)"
+        ) from None
     if not isinstance(state, dict):
         raise RunError(f"state {_state_path()} is not a state object: nothing followed until it is removed")
     return state
@@ -108,8 +108,10 @@ def generation_floor(cfg: dict) -> int:
     except FileNotFoundError:
         kept = 0
     except (OSError, ValueError) as e:
-        raise Refused(f"generation file {_generation_path()} unreadable ({e}): nothing followed until it is "
-                       f"removed (then the bootstrap's floor {pinned} holds)") from None
+        raise Refused(
+            f"generation file {_generation_path()} unreadable ({e}): nothing followed until it is "
+            f"removed (then the bootstrap's floor {pinned} holds)"
+        ) from None
     return max(int(pinned), kept)
 
 
@@ -157,8 +159,10 @@ def fetch_to(url: str, dest: Path, sha256: str, limit: int) -> None:
                 h.update(chunk)
                 out.write(chunk)
         if h.hexdigest() != sha256:
-            raise Refused(f"{url}: sha256 {h.hexdigest()[:16]}..., not {sha256[:16]}...: not the release (or "
-                          "archive) that was signed or pinned; nothing run")
+            raise Refused(
+                f"{url}: sha256 {h.hexdigest()[:16]}..., not {sha256[:16]}...: not the release (or "
+                "archive) that was signed or pinned; nothing run"
+            )
         os.replace(tmp, dest)
     except (urllib.error.URLError, OSError) as e:
         raise RunError(f"{url}: {getattr(e, 'reason', e)}") from None
@@ -203,24 +207,34 @@ def desired(cfg: dict, state: dict, now: float | None = None) -> dict:
         generation = payload.get("generation")
         if not isinstance(generation, int) or isinstance(generation, bool):
             raise Refused(f"{name}: generation {printable(generation)[:40]!r} is not a whole number")
-        want = {"release": payload.get("release"), "generation": generation, "host_data": payload.get("host_data"),
-                "release_size": payload.get("release_size"), "expires": payload.get("expires")}
+        want = {
+            "release": payload.get("release"),
+            "generation": generation,
+            "host_data": payload.get("host_data"),
+            "release_size": payload.get("release_size"),
+            "expires": payload.get("expires"),
+        }
     if not is_release_id(want.get("release")):
-        raise Refused(f"{name}: release {printable(want.get('release'))[:40]!r} is not a release id "
-                      "(64 lowercase hex digits); nothing run")
+        raise Refused(
+            f"{name}: release {printable(want.get('release'))[:40]!r} is not a release id "
+            "(64 lowercase hex digits); nothing run"
+        )
     if want["generation"] < max(floor, int(state.get("generation") or 0)):
-        raise Refused(f"{name} is generation {want['generation']}, older than the "
-                      f"{max(floor, int(state.get('generation') or 0))} this host accepted or was pinned to: an old "
-                      "pointer served again; not followed")
+        raise Refused(
+            f"{name} is generation {want['generation']}, older than the "
+            f"{max(floor, int(state.get('generation') or 0))} this host accepted or was pinned to: an old "
+            "pointer served again; not followed"
+        )
     expires = parse_iso(want.get("expires"))
     if expires is None or expires <= now:
-        raise Stale(f"stale origin: {name} expired at {printable(want.get('expires'))[:40]} (re-sign the "
-                    "live pointers: tritonfleet pull refresh)")
+        raise Stale(
+            f"stale origin: {name} expired at {printable(want.get('expires'))[:40]} (re-sign the "
+            "live pointers: tritonfleet pull refresh)"
+        )
     if want["generation"] > floor:
         keep_generation(want["generation"])
     state["pointer"] = {"etag": hdrs.get("ETag", ""), "last_modified": hdrs.get("Last-Modified", ""), "payload": want}
     return want
-
 
 
 def update_signers(cfg: dict, state: dict) -> str:
@@ -231,8 +245,9 @@ def update_signers(cfg: dict, state: dict) -> str:
     if cfg.get("release") or not cfg.get("signers"):
         return ""
     cache = state.get("signers_doc") or {}
-    headers = {k: v for k, v in (("If-None-Match", cache.get("etag")), ("If-Modified-Since", cache.get("last_modified")))
-               if v}
+    headers = {
+        k: v for k, v in (("If-None-Match", cache.get("etag")), ("If-Modified-Since", cache.get("last_modified"))) if v
+    }
     try:
         status, body, hdrs = fetch(origin_url(cfg, SIGNERS_DOC), headers)
     except NotFound:
@@ -250,13 +265,21 @@ def update_signers(cfg: dict, state: dict) -> str:
     why = verify(path, raw, str(outer.get("signature", "")), namespace=SIGNERS_NAMESPACE)
     if why:
         raise Refused(f"{SIGNERS_DOC}: signature does not verify against {path}: {why}")
-    if type(generation) is not int or not isinstance(keys, list) or not keys or not all(
-            isinstance(k, str) and re.fullmatch(r"[a-z0-9@.-]+ [A-Za-z0-9+/=]+( [^\n\r\x00]*)?", k) for k in keys):
+    if (
+        type(generation) is not int
+        or not isinstance(keys, list)
+        or not keys
+        or not all(
+            isinstance(k, str) and re.fullmatch(r"[a-z0-9@.-]+ [A-Za-z0-9+/=]+( [^\n\r\x00]*)?", k) for k in keys
+        )
+    ):
         raise Refused(f"{SIGNERS_DOC}: malformed (keys: a list of public keys; generation: a whole number)")
     installed = _signers_generation(path)
     if generation < installed:
-        raise Refused(f"{SIGNERS_DOC} is generation {generation}, older than the {installed} installed: an old "
-                      "signers document served again; not installed")
+        raise Refused(
+            f"{SIGNERS_DOC} is generation {generation}, older than the {installed} installed: an old "
+            "signers document served again; not installed"
+        )
     state["signers_doc"] = {"etag": hdrs.get("ETag", ""), "last_modified": hdrs.get("Last-Modified", "")}
     if generation == installed:
         return ""
@@ -324,8 +347,12 @@ def localise(cfg: dict, data: dict) -> dict:
     data = dict(data)
     archives = {}
     for image, ref in (data.get("image_archives") or {}).items():
-        if not is_release_id(ref.get("blob")) or not isinstance(ref.get("name"), str) or \
-                "/" in ref["name"] or ref["name"] in ("", ".", ".."):
+        if (
+            not is_release_id(ref.get("blob"))
+            or not isinstance(ref.get("name"), str)
+            or "/" in ref["name"]
+            or ref["name"] in ("", ".", "..")
+        ):
             raise Refused(f"image archive of {printable(image)[:60]}: not a blob reference; nothing run")
         path = STATE_DIR / "blobs" / f"{ref['blob'][:16]}-{ref['name']}"
         if not path.is_file():
@@ -337,4 +364,3 @@ def localise(cfg: dict, data: dict) -> dict:
     # the health gate reaches Triton on this host: its bind address, or loopback
     data["ssh_hostname"] = bind if bind and bind not in ("0.0.0.0", "::") else "127.0.0.1"
     return data
-

@@ -65,14 +65,17 @@ def load_config(path: Path = CONFIG) -> dict:
     try:
         cfg = json.loads(path.read_text())
     except OSError as e:
-        raise UsageError(f"{path}: {e.strerror}: this host was not bootstrapped for pull mode "
-                         "(tritonfleet bootstrap writes it)") from None
+        raise UsageError(
+            f"{path}: {e.strerror}: this host was not bootstrapped for pull mode (tritonfleet bootstrap writes it)"
+        ) from None
     except ValueError as e:
         raise UsageError(f"{path}: not JSON ({e}): write it again with tritonfleet bootstrap") from None
     missing = [k for k in ("host", "origin") if not cfg.get(k)]
     if missing or (not cfg.get("release") and not cfg.get("signers")):
-        raise UsageError(f"{path}: needs host, origin and a signers file or a pinned release "
-                         f"(missing: {', '.join(missing) or 'signers/release'})")
+        raise UsageError(
+            f"{path}: needs host, origin and a signers file or a pinned release "
+            f"(missing: {', '.join(missing) or 'signers/release'})"
+        )
     return cfg
 
 
@@ -101,15 +104,25 @@ def run_deploy(cfg: dict, root: Path, manifest: dict, data: dict, groups: list[s
     host_file = work / "host.json"
     write_atomic(host_file, json.dumps({"name": cfg["host"], "groups": groups, "data": data}).encode(), 0o600)
     pyinfra = Path(sys.executable).parent / "pyinfra"
-    cmd = [str(pyinfra) if pyinfra.exists() else sys.executable, *([] if pyinfra.exists() else ["-m", "pyinfra"]),
-           "-y", "--json", str(Path(__file__).with_name("local_inventory.py")), manifest["deploy"]]
-    env = dict(os.environ, **{HOST_DATA_ENV: str(host_file), CHANNEL_ENV: str(work / "failures")},
-               PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
+    cmd = [
+        str(pyinfra) if pyinfra.exists() else sys.executable,
+        *([] if pyinfra.exists() else ["-m", "pyinfra"]),
+        "-y",
+        "--json",
+        str(Path(__file__).with_name("local_inventory.py")),
+        manifest["deploy"],
+    ]
+    env = dict(
+        os.environ,
+        **{HOST_DATA_ENV: str(host_file), CHANNEL_ENV: str(work / "failures")},
+        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
+    )
     with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
         out.write(f"$ {' '.join(cmd)}  (in {root / REPO})\n")
         out.flush()
-        res = subprocess.run(cmd, cwd=root / REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=out, text=True)
+        res = subprocess.run(
+            cmd, cwd=root / REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=out, text=True
+        )
         out.write(res.stdout)
     try:
         result = json.loads(res.stdout) if res.stdout.strip() else {}
@@ -156,8 +169,16 @@ def converge(config: Path = CONFIG, force: bool = False, echo=print) -> int:
         try:
             state = load_state()
         except RunError as e:  # fail closed, and leave the file for the operator to look at
-            rep = {"format": FORMAT, "host": cfg["host"], "release": None, "generation": None,
-                   "result": "refused", "error": str(e), "started": None, "finished": iso(now)}
+            rep = {
+                "format": FORMAT,
+                "host": cfg["host"],
+                "release": None,
+                "generation": None,
+                "result": "refused",
+                "error": str(e),
+                "started": None,
+                "finished": iso(now),
+            }
             send_report(cfg, rep)
             echo(f"{cfg['host']}: {describe(rep)}")
             return 1
@@ -174,8 +195,15 @@ def converge(config: Path = CONFIG, force: bool = False, echo=print) -> int:
             echo(f"{stale}: staying on release {short(state['release'])}")
             want = _last(state)
         except Refused as e:
-            return _finish(cfg, state, {"release": state.get("release"), "generation": state.get("generation")},
-                           "refused", str(e), now, echo)
+            return _finish(
+                cfg,
+                state,
+                {"release": state.get("release"), "generation": state.get("generation")},
+                "refused",
+                str(e),
+                now,
+                echo,
+            )
         except RunError as e:
             if not state.get("release"):
                 return _finish(cfg, state, {"release": None, "generation": 0}, "failed", f"origin: {e}", now, echo)
@@ -196,23 +224,38 @@ def converge(config: Path = CONFIG, force: bool = False, echo=print) -> int:
 
 def _last(state: dict) -> dict:
     """What this host ran last, to run again while the origin is unreachable or stale."""
-    return {"release": state["release"], "generation": state.get("generation") or 0,
-            "host_data": state.get("host_data")}
+    return {
+        "release": state["release"],
+        "generation": state.get("generation") or 0,
+        "host_data": state.get("host_data"),
+    }
 
 
 def _run(cfg: dict, state: dict, want: dict, now: float, echo) -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    send_report(cfg, {**_report(cfg, state), "release": want["release"], "generation": want["generation"],
-                      "result": "running", "started": started, "finished": None, "error": ""})
+    send_report(
+        cfg,
+        {
+            **_report(cfg, state),
+            "release": want["release"],
+            "generation": want["generation"],
+            "result": "running",
+            "started": started,
+            "finished": None,
+            "error": "",
+        },
+    )
     logs = state_dir() / "logs"
     logs.mkdir(mode=0o700, exist_ok=True)
     log = logs / f"{started.replace(':', '')}.log"
     try:
         entry = want.get("host_data")
         if not isinstance(entry, dict) or not isinstance(entry.get("data"), dict):
-            raise RunError(f"the pointer for release {short(want['release'])} carries no data for host "
-                           f"{cfg['host']} (publish it again with this tritonfleet: the host's data travels in its "
-                           "own signed pointer)")
+            raise RunError(
+                f"the pointer for release {short(want['release'])} carries no data for host "
+                f"{cfg['host']} (publish it again with this tritonfleet: the host's data travels in its "
+                "own signed pointer)"
+            )
         root = unpack(cfg, want["release"], want.get("release_size"))
         manifest = json.loads((root / MANIFEST).read_text())
         state["host_data"] = entry
@@ -226,8 +269,12 @@ def _run(cfg: dict, state: dict, want: dict, now: float, echo) -> int:
     state["changed"], state["failure"], state["log"] = outcome["changed"], outcome["failure"], str(log)
     rc = _finish(cfg, state, want, "ok" if outcome["ok"] else "failed", outcome["error"], now, echo)
     _prune(logs, KEEP_LOGS, lambda p: p.suffix == ".log")
-    _prune(host_fetch.STATE_DIR / "releases", KEEP_RELEASES, lambda p: p.is_dir() and not p.name.startswith("."),
-           keep_name=want["release"])
+    _prune(
+        host_fetch.STATE_DIR / "releases",
+        KEEP_RELEASES,
+        lambda p: p.is_dir() and not p.name.startswith("."),
+        keep_name=want["release"],
+    )
     return rc
 
 
@@ -235,8 +282,9 @@ def _finish(cfg: dict, state: dict, want: dict, result: str, error: str, started
     finished = time.time()
     if result != "refused":  # a refused offer changes nothing: the host stays on what it ran
         state.update(release=want["release"], generation=want["generation"])
-    state.update(result=result, error=error, started_ts=started, finished_ts=finished,
-                 seconds=round(finished - started, 1))
+    state.update(
+        result=result, error=error, started_ts=started, finished_ts=finished, seconds=round(finished - started, 1)
+    )
     if result != "ok":
         state.setdefault("changed", 0)
     save_state(state)
@@ -254,11 +302,20 @@ def _iso(ts) -> str | None:
 
 
 def _report(cfg: dict, state: dict) -> dict:
-    return {"format": FORMAT, "host": cfg["host"], "release": state.get("release"),
-            "generation": state.get("generation"), "result": state.get("result"), "error": state.get("error", ""),
-            "stale": state.get("stale") or "",
-            "started": _iso(state.get("started_ts")), "finished": _iso(state.get("finished_ts")),
-            "seconds": state.get("seconds"), "changed": state.get("changed"), "failure": state.get("failure")}
+    return {
+        "format": FORMAT,
+        "host": cfg["host"],
+        "release": state.get("release"),
+        "generation": state.get("generation"),
+        "result": state.get("result"),
+        "error": state.get("error", ""),
+        "stale": state.get("stale") or "",
+        "started": _iso(state.get("started_ts")),
+        "finished": _iso(state.get("finished_ts")),
+        "seconds": state.get("seconds"),
+        "changed": state.get("changed"),
+        "failure": state.get("failure"),
+    }
 
 
 def signed_report(cfg: dict, report: dict) -> bytes:
@@ -284,8 +341,12 @@ def send_report(cfg: dict, report: dict) -> None:
     base = cfg.get("reports", origin_url(cfg, "reports"))
     if not base:
         return
-    req = urllib.request.Request(f"{base.rstrip('/')}/{cfg['host']}.json", data=signed_report(cfg, report),
-                                 method="PUT", headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{base.rstrip('/')}/{cfg['host']}.json",
+        data=signed_report(cfg, report),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=FETCH_TIMEOUT):
             pass
@@ -295,8 +356,10 @@ def send_report(cfg: dict, report: dict) -> None:
 
 METRICS = (
     ("tritonfleet_pull_last_run_timestamp_seconds", "When this host's last converge run finished (Unix time)."),
-    ("tritonfleet_pull_last_run_success", "1 when this host's last converge run succeeded, 0 when it failed or "
-                                          "refused what the origin offered."),
+    (
+        "tritonfleet_pull_last_run_success",
+        "1 when this host's last converge run succeeded, 0 when it failed or refused what the origin offered.",
+    ),
     ("tritonfleet_pull_last_run_duration_seconds", "How long this host's last converge run took."),
     ("tritonfleet_pull_last_check_timestamp_seconds", "When this host last looked at its desired release."),
     ("tritonfleet_pull_release_info", "The release this host converged to last (label release: sha256 prefix)."),
@@ -305,10 +368,12 @@ METRICS = (
 
 def textfile(state: dict) -> str:
     """The node exporter textfile (Prometheus text format 0.0.4)."""
-    values = {"tritonfleet_pull_last_run_timestamp_seconds": state.get("finished_ts") or 0,
-              "tritonfleet_pull_last_run_success": 1 if state.get("result") == "ok" else 0,
-              "tritonfleet_pull_last_run_duration_seconds": state.get("seconds") or 0,
-              "tritonfleet_pull_last_check_timestamp_seconds": state.get("checked_ts") or state.get("finished_ts") or 0}
+    values = {
+        "tritonfleet_pull_last_run_timestamp_seconds": state.get("finished_ts") or 0,
+        "tritonfleet_pull_last_run_success": 1 if state.get("result") == "ok" else 0,
+        "tritonfleet_pull_last_run_duration_seconds": state.get("seconds") or 0,
+        "tritonfleet_pull_last_check_timestamp_seconds": state.get("checked_ts") or state.get("finished_ts") or 0,
+    }
     out = []
     for name, help_ in METRICS:
         out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]

@@ -100,13 +100,17 @@ class PullSite:
 
     def __init__(self, root: str | os.PathLike, url: str = ""):
         if URL_LIKE.match(str(root)):  # Path() would fold its '//' into '/'
-            raise UsageError(f"origin {root} is an address: give the origin directory this machine writes (the one "
-                             "served at that address to the hosts), e.g. /srv/tritonfleet-origin")
+            raise UsageError(
+                f"origin {root} is an address: give the origin directory this machine writes (the one "
+                "served at that address to the hosts), e.g. /srv/tritonfleet-origin"
+            )
         self.root = Path(root)
         self.url = url.rstrip("/")
         if not self.root.is_dir():
-            raise UsageError(f"origin {self.root} is not a directory: create it, and serve it to the hosts "
-                             "over HTTP(S) (docs/fleet-operations.md, Pull mode)")
+            raise UsageError(
+                f"origin {self.root} is not a directory: create it, and serve it to the hosts "
+                "over HTTP(S) (docs/fleet-operations.md, Pull mode)"
+            )
 
     def release(self, sha: str) -> Path:
         return self.root / "releases" / f"{sha}.tar.gz"
@@ -130,8 +134,9 @@ class PullSite:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.seek(0)
-                raise PullError(f"origin {self.root} is being published by another run ({f.read().strip() or '?'}): "
-                                "let it finish") from None
+                raise PullError(
+                    f"origin {self.root} is being published by another run ({f.read().strip() or '?'}): let it finish"
+                ) from None
             f.seek(0)
             f.truncate()
             f.write(f"{what}, pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")

@@ -85,12 +85,22 @@ def report_problem(host: str, rep: object) -> str:
     checks = (
         ("host", rep.get("host") == host, f"names host {printable(rep.get('host'))[:40]!r}"),
         ("release", rep.get("release") is None or is_release_id(rep.get("release")), "release is not a release id"),
-        ("generation", rep.get("generation") is None or _int(rep.get("generation")), "generation is not a whole number"),
+        (
+            "generation",
+            rep.get("generation") is None or _int(rep.get("generation")),
+            "generation is not a whole number",
+        ),
         ("result", rep.get("result") in (*RESULTS, "running"), "result is not ok, failed, refused or running"),
-        ("started", rep.get("started") is None or parse_iso(rep.get("started")) is not None,
-         "started is not a time like 2026-01-02T03:04:05Z"),
-        ("finished", rep.get("finished") is None or parse_iso(rep.get("finished")) is not None,
-         "finished is not a time like 2026-01-02T03:04:05Z"),
+        (
+            "started",
+            rep.get("started") is None or parse_iso(rep.get("started")) is not None,
+            "started is not a time like 2026-01-02T03:04:05Z",
+        ),
+        (
+            "finished",
+            rep.get("finished") is None or parse_iso(rep.get("finished")) is not None,
+            "finished is not a time like 2026-01-02T03:04:05Z",
+        ),
         ("error", isinstance(rep.get("error", ""), str), "error is not text"),
         ("stale", isinstance(rep.get("stale", ""), str), "stale is not text"),
         ("changed", rep.get("changed") is None or _int(rep.get("changed")), "changed is not a whole number"),

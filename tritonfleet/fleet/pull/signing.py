@@ -75,33 +75,41 @@ def sign(key: Path, payloads: dict[str, bytes], batch: int = 500, namespace: str
     names = list(payloads)
     with tempfile.TemporaryDirectory(prefix="tritonfleet-sign-") as tmp:
         for start in range(0, len(names), batch):
-            part = names[start:start + batch]
+            part = names[start : start + batch]
             files = []
             for i, name in enumerate(part):
                 p = Path(tmp) / f"{start + i}"
                 p.write_bytes(payloads[name])
                 files.append(p)
-            res = subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", namespace,
-                                  *map(str, files)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                ["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", namespace, *map(str, files)],
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
             if res.returncode != 0:
-                raise PullError(f"signing with {key} failed: {res.stderr.strip()[-400:]} (an unencrypted key, or "
-                                "the public key with the private one in ssh-agent)")
+                raise PullError(
+                    f"signing with {key} failed: {res.stderr.strip()[-400:]} (an unencrypted key, or "
+                    "the public key with the private one in ssh-agent)"
+                )
             for name, p in zip(part, files, strict=True):
                 out[name] = Path(f"{p}.sig").read_text()
     return out
 
 
-def verify(signers: Path, payload: bytes, signature: str, identity: str = SIGNER,
-           namespace: str = NAMESPACE) -> str:
-    """"" when ``signature`` is a valid signature of ``payload`` by a key of ``signers`` for
+def verify(signers: Path, payload: bytes, signature: str, identity: str = SIGNER, namespace: str = NAMESPACE) -> str:
+    """ "" when ``signature`` is a valid signature of ``payload`` by a key of ``signers`` for
     ``identity`` in ``namespace``; else why not (ssh-keygen's words)."""
     if not signature.strip():
         return "not signed"
     with tempfile.NamedTemporaryFile("w", suffix=".sig") as sig:
         sig.write(signature)
         sig.flush()
-        res = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", identity, "-n", namespace,
-                              "-s", sig.name], input=payload, capture_output=True)
+        res = subprocess.run(
+            ["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", identity, "-n", namespace, "-s", sig.name],
+            input=payload,
+            capture_output=True,
+        )
     return "" if res.returncode == 0 else (res.stderr.decode(errors="replace").strip() or "signature refused")
 
 
@@ -124,7 +132,10 @@ def pointer_release(path: Path) -> tuple[dict | None, str]:
     if ptr is None:
         return None, f"pointer {path.parent.name}/{path.name} unreadable (not a signed pointer)"
     if not is_release_id(ptr.get("release")):
-        return None, f"pointer {path.parent.name}/{path.name} names no release id ({printable(ptr.get('release'))[:40]})"
+        return (
+            None,
+            f"pointer {path.parent.name}/{path.name} names no release id ({printable(ptr.get('release'))[:40]})",
+        )
     return ptr, ""
 
 
@@ -136,8 +147,14 @@ def current_generation(origin: PullSite) -> int:
         return 0
 
 
-def publish_desired(origin: PullSite, key: Path, desired: dict[str, str], rollout_id: str,
-                    host_data: dict[str, dict] | None = None, ttl: float | None = None) -> int:
+def publish_desired(
+    origin: PullSite,
+    key: Path,
+    desired: dict[str, str],
+    rollout_id: str,
+    host_data: dict[str, dict] | None = None,
+    ttl: float | None = None,
+) -> int:
     """Point each host of ``desired`` at its release, with its own inventory entry (``host_data``:
     {groups, data}; a host receives only its own) and an expiry ``ttl`` seconds ahead; the
     generation these pointers carry (higher than any before on this origin, so a host never goes
@@ -146,18 +163,30 @@ def publish_desired(origin: PullSite, key: Path, desired: dict[str, str], rollou
         return 0
     bad = {h: r for h, r in desired.items() if not is_release_id(r)}
     if bad:
-        raise PullError(f"not signed: {', '.join(f'{h} -> {printable(r)[:40]!r}' for h, r in bad.items())} "
-                        "(a release id is a sha256)")
+        raise PullError(
+            f"not signed: {', '.join(f'{h} -> {printable(r)[:40]!r}' for h, r in bad.items())} "
+            "(a release id is a sha256)"
+        )
     generation = max(current_generation(origin) + 1, int(time.time() * 1000))
     now = time.time()
     ttl = float(DEFAULTS["pull_pointer_ttl"] if ttl is None else ttl)
     payloads = {}
     for host, release in desired.items():
         size = origin.release(release).stat().st_size if origin.release(release).is_file() else None
-        payloads[host] = json.dumps({
-            "format": FORMAT, "host": host, "release": release, "release_size": size, "generation": generation,
-            "rollout": rollout_id, "published": iso(now), "expires": iso(now + ttl),
-            "host_data": (host_data or {}).get(host)}, sort_keys=True).encode()
+        payloads[host] = json.dumps(
+            {
+                "format": FORMAT,
+                "host": host,
+                "release": release,
+                "release_size": size,
+                "generation": generation,
+                "rollout": rollout_id,
+                "published": iso(now),
+                "expires": iso(now + ttl),
+                "host_data": (host_data or {}).get(host),
+            },
+            sort_keys=True,
+        ).encode()
     sigs = sign(key, payloads)
     write_atomic(origin.root / "desired" / ".generation", f"{generation}\n".encode())
     for host, payload in payloads.items():
@@ -185,6 +214,7 @@ def refresh(origin: PullSite, key: Path, ttl: float | None = None) -> tuple[int,
 
 # --- the release signers: rotation with an overlap ---------------------------------------------------
 
+
 def signers_doc(origin: PullSite) -> dict | None:
     """The origin's current signers document payload (its own file), None when there is none."""
     try:
@@ -210,8 +240,12 @@ def rotate_key(origin: PullSite, key: Path, new: Path | None = None, retire: Pat
         raise UsageError("that leaves the hosts no release signer: add the new key before retiring the old one")
     if public_key(key).split(" ")[:2] not in [k.split(" ")[:2] for k in (current or {}).get("keys") or keys]:
         raise UsageError(f"--sign-key {key} is not a signer the hosts trust now: sign with one of the current keys")
-    payload = {"format": FORMAT, "keys": keys, "generation": int((current or {}).get("generation") or 0) + 1,
-               "published": iso(time.time())}
+    payload = {
+        "format": FORMAT,
+        "keys": keys,
+        "generation": int((current or {}).get("generation") or 0) + 1,
+        "published": iso(time.time()),
+    }
     raw = json.dumps(payload, sort_keys=True).encode()
     sig = sign(key, {"d": raw}, namespace=SIGNERS_NAMESPACE)["d"]
     write_atomic(origin.root / SIGNERS_DOC, json.dumps({"payload": raw.decode(), "signature": sig}).encode())
@@ -222,7 +256,8 @@ def signers_text(keys: list[str], generation: int) -> str:
     """A hosts' allowed-signers file for ``keys`` (the generation of the document it came from on
     its first line, a comment to ssh-keygen)."""
     return f"# tritonfleet release signers, generation {generation}\n" + "".join(
-        f'{SIGNER} namespaces="{NAMESPACE},{SIGNERS_NAMESPACE}" {k}\n' for k in keys)
+        f'{SIGNER} namespaces="{NAMESPACE},{SIGNERS_NAMESPACE}" {k}\n' for k in keys
+    )
 
 
 # --- the hosts' report keys ----------------------------------------------------------------------
@@ -230,14 +265,19 @@ def signers_text(keys: list[str], generation: int) -> str:
 #: a host name that can be a principal of host-signers (a pattern there: no '*', ',' or space)
 _PRINCIPAL_RE = re.compile(r"[A-Za-z0-9._@-]+")
 
+
 def make_key(path: Path, comment: str) -> str:
     """A new ed25519 key pair at ``path`` (private half 0600 in a 0700 directory); its public half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
     for p in (path, Path(f"{path}.pub")):
         p.unlink(missing_ok=True)
-    res = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     if res.returncode != 0:
         raise PullError(f"ssh-keygen could not make {path}: {res.stderr.strip()}")
     os.chmod(path, 0o600)
@@ -262,9 +302,12 @@ def enrol(origin: PullSite, keys: dict[str, str]) -> None:
     """``keys`` ({host: public key}) into the origin's host-signers, replacing those hosts' keys."""
     odd = [h for h in keys if not _PRINCIPAL_RE.fullmatch(h)]
     if odd:  # a principal is a pattern in an allowed-signers file: '*' or ',' would match other hosts
-        raise UsageError(f"host name(s) {', '.join(map(repr, odd))} cannot hold a report key: letters, digits, "
-                         "'.', '_', '-' and '@' only")
+        raise UsageError(
+            f"host name(s) {', '.join(map(repr, odd))} cannot hold a report key: letters, digits, "
+            "'.', '_', '-' and '@' only"
+        )
     have = {**host_signers(origin), **keys}
-    write_atomic(origin.root / HOST_SIGNERS, "".join(
-        f'{h} namespaces="{REPORT_NAMESPACE}" {k}\n' for h, k in sorted(have.items())).encode())
-
+    write_atomic(
+        origin.root / HOST_SIGNERS,
+        "".join(f'{h} namespaces="{REPORT_NAMESPACE}" {k}\n' for h, k in sorted(have.items())).encode(),
+    )

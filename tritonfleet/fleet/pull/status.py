@@ -41,11 +41,22 @@ def status(hosts: list, origin: PullSite, now: float | None = None) -> list[dict
             drift.append(printable(rep["stale"]))
         if rep and want and rep.get("release") != want and rep.get("result") != "running":
             drift.append(f"runs {short(rep.get('release'))}, should run {short(want)}")
-        limit = 2 * float(fh.get("pull_converge_interval", DEFAULTS["pull_converge_interval"])) + \
-            float(fh.get("pull_poll_interval", DEFAULTS["pull_poll_interval"]))
+        limit = 2 * float(fh.get("pull_converge_interval", DEFAULTS["pull_converge_interval"])) + float(
+            fh.get("pull_poll_interval", DEFAULTS["pull_poll_interval"])
+        )
         if age is not None and age > limit:
             drift.append(f"no run for {age / 60:.0f} min (its timer stopped, or it cannot reach the origin)")
-        rows.append({"host": fh.name, "desired": want, "release": rep.get("release"), "result": rep.get("result"),
-                     "finished": finished, "age_seconds": None if age is None else round(age),
-                     "generation": rep.get("generation"), "error": printable(rep.get("error") or ""), "drift": drift})
+        rows.append(
+            {
+                "host": fh.name,
+                "desired": want,
+                "release": rep.get("release"),
+                "result": rep.get("result"),
+                "finished": finished,
+                "age_seconds": None if age is None else round(age),
+                "generation": rep.get("generation"),
+                "error": printable(rep.get("error") or ""),
+                "drift": drift,
+            }
+        )
     return rows

@@ -61,18 +61,38 @@ from __future__ import annotations
 from .actions import balancer, warm_gate
 from .client import ask, fetch_state, read_token, status_line, write_token
 from .planning import (
-           FiringAlert,
-           QuarantineError,
-           Record,
-           RoundPlan,
-           budget_limit,
-           limits,
-           plan,
-           webhook_alerts,
+    FiringAlert,
+    QuarantineError,
+    Record,
+    RoundPlan,
+    budget_limit,
+    limits,
+    plan,
+    webhook_alerts,
 )
 from .receiver import Busy, Receiver
 from .server import Caller, handler_for, parse_listen, serve
 
-__all__ = ["Busy", "Caller", "FiringAlert", "QuarantineError", "Receiver", "Record", "RoundPlan", "ask",
-           "balancer", "budget_limit", "fetch_state", "handler_for", "limits", "parse_listen", "plan", "read_token",
-           "serve", "status_line", "warm_gate", "webhook_alerts", "write_token"]
+__all__ = [
+    "Busy",
+    "Caller",
+    "FiringAlert",
+    "QuarantineError",
+    "Receiver",
+    "Record",
+    "RoundPlan",
+    "ask",
+    "balancer",
+    "budget_limit",
+    "fetch_state",
+    "handler_for",
+    "limits",
+    "parse_listen",
+    "plan",
+    "read_token",
+    "serve",
+    "status_line",
+    "warm_gate",
+    "webhook_alerts",
+    "write_token",
+]

@@ -30,6 +30,7 @@ def _metrics_reader(fh: FleetHost) -> Callable[[], str]:
                 return r.content.decode("utf-8", "replace")
         except requests.RequestException as e:
             raise drain.DrainError(f"Triton's metrics at {url} do not answer: {e}") from e
+
     return read
 
 

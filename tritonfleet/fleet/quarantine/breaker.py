@@ -40,7 +40,9 @@ class Breaker:
         its one fault is its own)."""
         return size > 1 and faulting > self.fraction * size
 
-    def step(self, alerts: Iterable[FiringAlert], hosts: dict[str, FleetHost], now: float) -> tuple[list[str], list[str]]:
+    def step(
+        self, alerts: Iterable[FiringAlert], hosts: dict[str, FleetHost], now: float
+    ) -> tuple[list[str], list[str]]:
         """Open or close each group's breaker for the faults seen now: (groups opened, groups
         closed) by this step."""
         sizes: dict[str, int] = {}
@@ -58,8 +60,9 @@ class Breaker:
                 closed.append(g)
         return opened, closed
 
-    def stale(self, alerts: Iterable[FiringAlert], hosts: dict[str, FleetHost], groups: Iterable[str],
-              now: float) -> list[FiringAlert]:
+    def stale(
+        self, alerts: Iterable[FiringAlert], hosts: dict[str, FleetHost], groups: Iterable[str], now: float
+    ) -> list[FiringAlert]:
         """The alerts of ``groups`` (whose breaker just closed) whose fault is older than the window:
         not to be replayed."""
         groups = set(groups)

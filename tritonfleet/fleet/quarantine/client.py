@@ -47,15 +47,18 @@ def read_token(path: str | Path, private: bool = True) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot read the quarantine token: {e}") from None
     if private and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(f"{path}: the quarantine token is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
-                         f"chmod 600 {path}, or {fix}")
+        raise UsageError(
+            f"{path}: the quarantine token is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
+            f"chmod 600 {path}, or {fix}"
+        )
     if not text or any(c.isspace() for c in text):
         raise UsageError(f"{path}: the quarantine token file is empty or not one token: {fix}")
     return text
 
 
-def _request(url: str, method: str = "GET", body: dict | None = None, timeout: float = 10,
-             token: str = "") -> tuple[int, dict]:
+def _request(
+    url: str, method: str = "GET", body: dict | None = None, timeout: float = 10, token: str = ""
+) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if data else {}
     if token:
@@ -70,22 +73,34 @@ def _request(url: str, method: str = "GET", body: dict | None = None, timeout: f
         except ValueError:
             return e.code, {"error": f"HTTP {e.code}"}
     except (OSError, ValueError, http.client.HTTPException) as e:
-        raise QuarantineError(f"the quarantine receiver at {url} does not answer: {e} (is `tritonfleet quarantine "
-                              "serve` running there? quarantine_url in group data)") from e
+        raise QuarantineError(
+            f"the quarantine receiver at {url} does not answer: {e} (is `tritonfleet quarantine "
+            "serve` running there? quarantine_url in group data)"
+        ) from e
 
 
 def fetch_state(url: str, timeout: float = 5, token: str = "") -> dict:
     status, data = _request(url.rstrip("/") + "/v1/quarantine", timeout=timeout, token=token)
     if status == 401:
-        raise QuarantineError(f"the quarantine receiver at {url} refuses the token (quarantine_token_file in "
-                              "group data, or --token-file: the file the receiver was started with)")
+        raise QuarantineError(
+            f"the quarantine receiver at {url} refuses the token (quarantine_token_file in "
+            "group data, or --token-file: the file the receiver was started with)"
+        )
     if status != 200:
         raise QuarantineError(f"the quarantine receiver at {url} answered HTTP {status}: {data.get('error', '')}")
     return data
 
 
-def ask(url: str, host: str, action: str, reason: str = "", by: str = "", timeout: float = 300,
-        token: str = "", force: bool = False) -> dict:
+def ask(
+    url: str,
+    host: str,
+    action: str,
+    reason: str = "",
+    by: str = "",
+    timeout: float = 300,
+    token: str = "",
+    force: bool = False,
+) -> dict:
     path = f"/v1/hosts/{urllib.parse.quote(host, safe='')}/{action}"
     body: dict = {"reason": reason, "by": by, **({"force": True} if force else {})}
     status, data = _request(url.rstrip("/") + path, "POST", body, timeout=timeout, token=token)
@@ -94,8 +109,10 @@ def ask(url: str, host: str, action: str, reason: str = "", by: str = "", timeou
     if status == 404 and "not a host of the inventory" in str(data.get("error")):
         raise UsageError(f"{host}: {data['error']}")
     if status == 401:
-        raise QuarantineError(f"the quarantine receiver at {url} refuses the token (quarantine_token_file in "
-                              "group data, or --token-file: the file the receiver was started with)")
+        raise QuarantineError(
+            f"the quarantine receiver at {url} refuses the token (quarantine_token_file in "
+            "group data, or --token-file: the file the receiver was started with)"
+        )
     if "error" in data:
         raise QuarantineError(f"{host}: {data['error']}")
     return data
@@ -114,7 +131,9 @@ def status_line(entry: dict) -> str:
 def latency_note(entry: dict) -> str:
     """A host's times since its fault for a table cell: `` (fault -> alert 0.9 s, out 1.2 s)``, ""
     when its fault's time is not known."""
-    parts = [f"{label} {took:.1f} s" for stage, label in (("alert", "alert"), ("drained", "out"),
-                                                           ("remedied", "reset"))
-             if (took := since_fault(entry, stage)) is not None]
+    parts = [
+        f"{label} {took:.1f} s"
+        for stage, label in (("alert", "alert"), ("drained", "out"), ("remedied", "reset"))
+        if (took := since_fault(entry, stage)) is not None
+    ]
     return f" (fault -> {', '.join(parts)})" if parts else ""

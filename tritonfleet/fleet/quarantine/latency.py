@@ -22,15 +22,29 @@ class Latency:
             "tritonfleet_quarantine_event_seconds",
             "Seconds from a fault seen on a host (the collector's timestamp, else the alert's start) to each "
             "stage of its quarantine: alert (received), drained (out of the load balancer), remedied (GPU reset "
-            "or reboot done), returned (back in service)", ["stage"], buckets=BUCKETS, registry=self.registry)
-        self.breaker_open = Gauge("tritonfleet_quarantine_breaker_open",
-                                  "1 while the group's circuit breaker is open (no host is taken out)",
-                                  ["group"], registry=self.registry)
-        self.breaker_trips = Counter("tritonfleet_quarantine_breaker_trips",
-                                     "Times the group's circuit breaker opened", ["group"], registry=self.registry)
-        self.stale = Counter("tritonfleet_quarantine_stale_alerts",
-                             "Alerts not acted on because their fault was older than the breaker's window "
-                             "when it closed", ["group"], registry=self.registry)
+            "or reboot done), returned (back in service)",
+            ["stage"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.breaker_open = Gauge(
+            "tritonfleet_quarantine_breaker_open",
+            "1 while the group's circuit breaker is open (no host is taken out)",
+            ["group"],
+            registry=self.registry,
+        )
+        self.breaker_trips = Counter(
+            "tritonfleet_quarantine_breaker_trips",
+            "Times the group's circuit breaker opened",
+            ["group"],
+            registry=self.registry,
+        )
+        self.stale = Counter(
+            "tritonfleet_quarantine_stale_alerts",
+            "Alerts not acted on because their fault was older than the breaker's window when it closed",
+            ["group"],
+            registry=self.registry,
+        )
         for stage in STAGES:
             self.seconds.labels(stage)
 

@@ -52,7 +52,8 @@ def alert_shape_error(a, api: bool = False) -> str | None:
     if not isinstance(a, dict):
         return f"an alert is {type(a).__name__}, not an object"
     why = _strings(a.get("labels"), "labels") or (
-        _strings(a["annotations"], "annotations") if a.get("annotations") is not None else None)
+        _strings(a["annotations"], "annotations") if a.get("annotations") is not None else None
+    )
     if why:
         return why
     for key in ("fingerprint", "startsAt") + (() if api else ("status",)):
@@ -118,8 +119,9 @@ def limits(hosts: list[FleetHost]) -> dict[str, int]:
             try:
                 values.append(budget_limit(h.get("quarantine_budget"), len(members)))
             except ValueError as e:
-                raise UsageError(f"{h.name}: quarantine_budget {e} (group data: a number of hosts, or "
-                                 "\"P%\" of the host's group)") from e
+                raise UsageError(
+                    f'{h.name}: quarantine_budget {e} (group data: a number of hosts, or "P%" of the host\'s group)'
+                ) from e
         out[g] = min(values)
     return out
 
@@ -145,12 +147,23 @@ class FiringAlert:
         """An alert of a webhook payload or of Alertmanager's API (None: not a quarantine alert
         of a host)."""
         labels = a.get("labels") or {}
-        if not isinstance(labels, dict) or labels.get(QUARANTINE_LABEL[0]) != QUARANTINE_LABEL[1] or not labels.get("host"):
+        if (
+            not isinstance(labels, dict)
+            or labels.get(QUARANTINE_LABEL[0]) != QUARANTINE_LABEL[1]
+            or not labels.get("host")
+        ):
             return None
         fp = str(a.get("fingerprint") or "") or json.dumps(labels, sort_keys=True)
         notes = a.get("annotations") if isinstance(a.get("annotations"), dict) else {}
-        return cls(fp, clean(labels.get("alertname", "?")), clean(labels["host"]), str(a.get("startsAt") or ""),
-                   clean(notes.get("summary") or ""), dict(labels), clean(notes.get("fault_seen") or "", 40))
+        return cls(
+            fp,
+            clean(labels.get("alertname", "?")),
+            clean(labels["host"]),
+            str(a.get("startsAt") or ""),
+            clean(notes.get("summary") or ""),
+            dict(labels),
+            clean(notes.get("fault_seen") or "", 40),
+        )
 
 
 def epoch(text: str) -> float | None:
@@ -168,7 +181,7 @@ def epoch(text: str) -> float | None:
     if "." in text:  # Python reads at most microseconds: the fraction is cut to six digits
         head, _, rest = text.partition(".")
         digits = "".join(c for c in rest if c.isdigit())
-        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
+        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits) :]}"
     try:
         t = datetime.fromisoformat(text)
     except ValueError:
@@ -234,10 +247,16 @@ class RoundPlan:
     breaker: list[tuple[str, list[FiringAlert]]] = field(default_factory=list)
 
 
-def plan(alerts: dict[str, FiringAlert], acked: dict[str, str], records: dict[str, Record],
-         hosts: dict[str, FleetHost], group_limits: dict[str, int], has_balancer: Callable[[FleetHost], bool],
-         out_elsewhere: Callable[[str], int | None] = lambda g: 0,
-         tripped: frozenset[str] | set[str] = frozenset()) -> RoundPlan:
+def plan(
+    alerts: dict[str, FiringAlert],
+    acked: dict[str, str],
+    records: dict[str, Record],
+    hosts: dict[str, FleetHost],
+    group_limits: dict[str, int],
+    has_balancer: Callable[[FleetHost], bool],
+    out_elsewhere: Callable[[str], int | None] = lambda g: 0,
+    tripped: frozenset[str] | set[str] = frozenset(),
+) -> RoundPlan:
     """What a round does (pure): hosts to take out (earliest alert first, while their group is
     within its budget), alerts beyond the budget, hosts to return (not held, no quarantine alert
     firing that was not acknowledged). ``out_elsewhere(group)``: the group's servers out of the

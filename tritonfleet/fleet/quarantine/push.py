@@ -40,11 +40,24 @@ def pushed_alert(host: str, body: dict) -> FiringAlert:
     """The alert a pushed report stands for: ``GpuXidCritical`` of the host, its fault time the
     collector's own (as the Prometheus rule's ``fault_seen`` annotation carries it)."""
     pci, xid, action = clean(body.get("pci", ""), 16), int(body["xid"]), clean(body.get("action", ""), 40)
-    labels = {"alertname": "GpuXidCritical", "host": host, "pci": pci, "xid": str(xid), "action": action,
-              "via": PUSHED, QUARANTINE_LABEL[0]: QUARANTINE_LABEL[1]}
-    return FiringAlert(f"{PUSHED}:{host}:{pci}:{xid}", "GpuXidCritical", host, now_iso(float(body["seen"])),
-                       f"Xid {xid} on {pci} ({action}), pushed by the host's collector", labels,
-                       f"{float(body['seen']):.3f}")
+    labels = {
+        "alertname": "GpuXidCritical",
+        "host": host,
+        "pci": pci,
+        "xid": str(xid),
+        "action": action,
+        "via": PUSHED,
+        QUARANTINE_LABEL[0]: QUARANTINE_LABEL[1],
+    }
+    return FiringAlert(
+        f"{PUSHED}:{host}:{pci}:{xid}",
+        "GpuXidCritical",
+        host,
+        now_iso(float(body["seen"])),
+        f"Xid {xid} on {pci} ({action}), pushed by the host's collector",
+        labels,
+        f"{float(body['seen']):.3f}",
+    )
 
 
 def is_pushed(a: FiringAlert) -> bool:
@@ -92,8 +105,10 @@ class Pushes:
 
     def _standing(self, host: str) -> bool:
         """Whether the Prometheus path has an alert of ``host`` that is not acknowledged."""
-        return any(b.host == host and not is_pushed(b) and not acknowledged(b, self.acked.get(f))
-                   for f, b in self.alerts.items())
+        return any(
+            b.host == host and not is_pushed(b) and not acknowledged(b, self.acked.get(f))
+            for f, b in self.alerts.items()
+        )
 
     def settle_pushes(self) -> None:
         """Each round: a pushed alert gives way to the Prometheus path's alert of its host, and one
@@ -109,7 +124,13 @@ class Pushes:
             self.pushed_at.pop(fp, None)
             self.acked.pop(fp, None)
             self.alert_at.pop(fp, None)
-            self.event("push-confirmed" if confirmed else "push-expired", a.host,
-                       f"{a.reason}: " + ("the Prometheus path's alert of the host takes over" if confirmed else
-                                          f"no alert of the Prometheus path for it within {self.push_ttl:.0f} s: "
-                                          "dropped"))
+            self.event(
+                "push-confirmed" if confirmed else "push-expired",
+                a.host,
+                f"{a.reason}: "
+                + (
+                    "the Prometheus path's alert of the host takes over"
+                    if confirmed
+                    else f"no alert of the Prometheus path for it within {self.push_ttl:.0f} s: dropped"
+                ),
+            )

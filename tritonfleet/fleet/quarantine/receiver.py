@@ -53,8 +53,16 @@ QUEUE_MAX = 64
 
 #: what a bug in the receiver's own code raises (a payload or a state it did not expect): the
 #: worker logs it as an error event and goes on; anything else (MemoryError, the interpreter ending) ends it
-BUGS = (AttributeError, TypeError, LookupError, ValueError, ArithmeticError, RuntimeError, AssertionError,
-        TritonfleetError)
+BUGS = (
+    AttributeError,
+    TypeError,
+    LookupError,
+    ValueError,
+    ArithmeticError,
+    RuntimeError,
+    AssertionError,
+    TritonfleetError,
+)
 
 
 class Busy(QuarantineError):
@@ -76,13 +84,20 @@ class Receiver(Remedies, Pushes):
     """State, the worker that acts on it (one thread: every change to the state happens there),
     and the HTTP API in front of it."""
 
-    def __init__(self, hosts: list[FleetHost], state_dir: Path, alertmanager: str = "",
-                 interval: float | None = None, gate_timeout: float | None = None,
-                 resolve_grace: float | None = None,
-                 echo: Callable[[str], None] = print,
-                 balancer_of: Callable[[FleetHost], drain.Balancer | None] = balancer,
-                 gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate, runner: Runner = ssh_runner,
-                 rebooter: Rebooter | None = None):
+    def __init__(
+        self,
+        hosts: list[FleetHost],
+        state_dir: Path,
+        alertmanager: str = "",
+        interval: float | None = None,
+        gate_timeout: float | None = None,
+        resolve_grace: float | None = None,
+        echo: Callable[[str], None] = print,
+        balancer_of: Callable[[FleetHost], drain.Balancer | None] = balancer,
+        gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate,
+        runner: Runner = ssh_runner,
+        rebooter: Rebooter | None = None,
+    ):
         if not hosts:
             raise UsageError("the inventory has no hosts")
         self.hosts = {h.name: h for h in hosts}
@@ -90,15 +105,20 @@ class Receiver(Remedies, Pushes):
         first = hosts[0]
         self.interval = float(interval if interval is not None else first.get("quarantine_check_interval"))
         self.gate_timeout = float(gate_timeout if gate_timeout is not None else first.get("quarantine_gate_timeout"))
-        self.resolve_grace = float(resolve_grace if resolve_grace is not None
-                                   else first.get("quarantine_resolve_grace"))
+        self.resolve_grace = float(
+            resolve_grace if resolve_grace is not None else first.get("quarantine_resolve_grace")
+        )
         if self.interval <= 0 or self.gate_timeout <= 0 or self.resolve_grace < 0:
-            raise UsageError("quarantine_check_interval and quarantine_gate_timeout must be > 0, "
-                             "quarantine_resolve_grace >= 0 (group data)")
+            raise UsageError(
+                "quarantine_check_interval and quarantine_gate_timeout must be > 0, "
+                "quarantine_resolve_grace >= 0 (group data)"
+            )
         fraction = float(first.get("quarantine_breaker_fraction", DEFAULTS["quarantine_breaker_fraction"]))
         window = float(first.get("quarantine_breaker_window", DEFAULTS["quarantine_breaker_window"]))
         if not 0 < fraction <= 1 or window <= 0:
-            raise UsageError("quarantine_breaker_fraction must be in (0, 1], quarantine_breaker_window > 0 (group data)")
+            raise UsageError(
+                "quarantine_breaker_fraction must be in (0, 1], quarantine_breaker_window > 0 (group data)"
+            )
         self.breaker = Breaker(fraction, window)
         self.remediate = bool(first.get("quarantine_remediate", DEFAULTS["quarantine_remediate"]))
         self.refault_window = float(first.get("quarantine_refault_window", DEFAULTS["quarantine_refault_window"]))
@@ -144,20 +164,27 @@ class Receiver(Remedies, Pushes):
         except FileNotFoundError:
             return
         except (OSError, ValueError) as e:
-            raise UsageError(f"{self.state_file}: cannot read the receiver's state ({e}); move it away to "
-                             "start without it") from e
+            raise UsageError(
+                f"{self.state_file}: cannot read the receiver's state ({e}); move it away to start without it"
+            ) from e
         self.records = {h: Record(**r) for h, r in (data.get("hosts") or {}).items()}
         self.alerts = {fp: FiringAlert(**a) for fp, a in (data.get("alerts") or {}).items()}
         self.acked = dict(data.get("acked") or {})
         for r in list(self.records.values()):
             if r.host not in self.hosts:
-                self.event("forgotten", r.host, f"was {r.state} since {r.since}, but is not in the inventory "
-                                                "any more: no longer tracked")
+                self.event(
+                    "forgotten",
+                    r.host,
+                    f"was {r.state} since {r.since}, but is not in the inventory any more: no longer tracked",
+                )
                 del self.records[r.host]
 
     def _save(self) -> None:
-        data = {"hosts": {h: asdict(r) for h, r in self.records.items()},
-                "alerts": {fp: asdict(a) for fp, a in self.alerts.items()}, "acked": self.acked}
+        data = {
+            "hosts": {h: asdict(r) for h, r in self.records.items()},
+            "alerts": {fp: asdict(a) for fp, a in self.alerts.items()},
+            "acked": self.acked,
+        }
         tmp = self.state_file.with_name(".state.json.tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, self.state_file)
@@ -179,14 +206,32 @@ class Receiver(Remedies, Pushes):
         snap = {
             "time": now_iso(),
             "hosts": {h: {**asdict(r), "state": r.state} for h, r in sorted(self.records.items())},
-            "firing": sorted(({"host": a.host, "alert": a.name, "summary": a.summary, "since": a.starts_at,
-                               "acknowledged": acknowledged(a, self.acked.get(fp))}
-                              for fp, a in self.alerts.items()), key=lambda x: (x["host"], x["alert"])),
-            "budget": {g: {"limit": n, "out": sum(1 for r in self.records.values()
-                                                  if r.host in self.hosts and group_of(self.hosts[r.host]) == g)}
-                       for g, n in sorted(self.limits.items())},
-            "breaker": {g: {"open_since": now_iso(t), "fraction": self.breaker.fraction,
-                            "window": self.breaker.window} for g, t in sorted(self.breaker.open_since.items())},
+            "firing": sorted(
+                (
+                    {
+                        "host": a.host,
+                        "alert": a.name,
+                        "summary": a.summary,
+                        "since": a.starts_at,
+                        "acknowledged": acknowledged(a, self.acked.get(fp)),
+                    }
+                    for fp, a in self.alerts.items()
+                ),
+                key=lambda x: (x["host"], x["alert"]),
+            ),
+            "budget": {
+                g: {
+                    "limit": n,
+                    "out": sum(
+                        1 for r in self.records.values() if r.host in self.hosts and group_of(self.hosts[r.host]) == g
+                    ),
+                }
+                for g, n in sorted(self.limits.items())
+            },
+            "breaker": {
+                g: {"open_since": now_iso(t), "fraction": self.breaker.fraction, "window": self.breaker.window}
+                for g, t in sorted(self.breaker.open_since.items())
+            },
             "events": list(self.events)[-50:],
         }
         with self.lock:
@@ -232,22 +277,28 @@ class Receiver(Remedies, Pushes):
         empty list until the alerts are evaluated again)."""
         if not self.alertmanager:
             return
-        query = urllib.parse.urlencode({"active": "true", "silenced": "false", "inhibited": "false",
-                                        "filter": '{}="{}"'.format(*QUARANTINE_LABEL)})
+        query = urllib.parse.urlencode(
+            {"active": "true", "silenced": "false", "inhibited": "false", "filter": '{}="{}"'.format(*QUARANTINE_LABEL)}
+        )
         url = f"{self.alertmanager}/api/v2/alerts?{query}"
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 data = json.loads(r.read(8 << 20))
             if not isinstance(data, list):
-                raise ValueError(f"the answer is a JSON {type(data).__name__}, not a list of alerts: "
-                                 f"{clean(json.dumps(data), 120)}")
+                raise ValueError(
+                    f"the answer is a JSON {type(data).__name__}, not a list of alerts: {clean(json.dumps(data), 120)}"
+                )
             for raw in data:
                 why = alert_shape_error(raw, api=True)
                 if why:
                     raise ValueError(f"the answer has an alert that is not one: {why}")
         except (OSError, ValueError, http.client.HTTPException) as e:
-            self._once("alertmanager", "error", "-", f"alertmanager: cannot read {url}: {e} (nothing changes: "
-                                                      "the alerts known stand meanwhile)")
+            self._once(
+                "alertmanager",
+                "error",
+                "-",
+                f"alertmanager: cannot read {url}: {e} (nothing changes: the alerts known stand meanwhile)",
+            )
             return
         self.noted.pop("alertmanager", None)
         fresh = {}
@@ -263,8 +314,7 @@ class Receiver(Remedies, Pushes):
             since, reads = self.absent.get(fp, (now, 0))
             self.absent[fp] = (since, reads + 1)
             if reads + 1 >= 2 and now - since >= self.resolve_grace:
-                self.event("resolved", a.host, f"{a.reason} (no longer active in Alertmanager for "
-                                               f"{now - since:.0f} s)")
+                self.event("resolved", a.host, f"{a.reason} (no longer active in Alertmanager for {now - since:.0f} s)")
                 del self.alerts[fp]
                 self.absent.pop(fp, None)
                 self.acked.pop(fp, None)
@@ -307,46 +357,78 @@ class Receiver(Remedies, Pushes):
             size = sum(1 for h in self.hosts.values() if group_of(h) == g)
             self.latency.breaker_open.labels(g).set(1)
             self.latency.breaker_trips.labels(g).inc()
-            self.event("breaker-open", "-", f"CIRCUIT BREAKER OPEN for group {g}: {len(faulting.get(g, ()))} of its "
-                                            f"{size} hosts report a quarantine fault within "
-                                            f"{self.breaker.window:.0f} s (more than "
-                                            f"{self.breaker.fraction:.0%}): no host of it is taken out until it "
-                                            "closes (the alerts only alert; recovered hosts still return)",
-                       group=g)
+            self.event(
+                "breaker-open",
+                "-",
+                f"CIRCUIT BREAKER OPEN for group {g}: {len(faulting.get(g, ()))} of its "
+                f"{size} hosts report a quarantine fault within "
+                f"{self.breaker.window:.0f} s (more than "
+                f"{self.breaker.fraction:.0%}): no host of it is taken out until it "
+                "closes (the alerts only alert; recovered hosts still return)",
+                group=g,
+            )
         for g in closed:
             self.latency.breaker_open.labels(g).set(0)
-            self.event("breaker-closed", "-", f"circuit breaker closed for group {g} (open since "
-                                              f"{now_iso(was_open[g])})", group=g)
+            self.event(
+                "breaker-closed",
+                "-",
+                f"circuit breaker closed for group {g} (open since {now_iso(was_open[g])})",
+                group=g,
+            )
         waiting = [a for a in live if a.host not in self.records]  # a quarantined host's alert is acted on
         for a in self.breaker.stale(waiting, self.hosts, closed, now):
             self.acked[a.fingerprint] = a.starts_at
             self.latency.stale.labels(group_of(self.hosts[a.host])).inc()
-            self.event("stale", a.host, f"{a.reason}: its fault is older than the breaker's window "
-                                        f"({self.breaker.window:.0f} s) as the breaker closes: not acted on "
-                                        "(acknowledged; it counts again when it fires anew)")
+            self.event(
+                "stale",
+                a.host,
+                f"{a.reason}: its fault is older than the breaker's window "
+                f"({self.breaker.window:.0f} s) as the breaker closes: not acted on "
+                "(acknowledged; it counts again when it fires anew)",
+            )
 
     def round(self) -> None:
         self.sync_alertmanager()
         self.settle_pushes()
         self._states.clear()
-        p = plan(self.alerts, self.acked, self.records, self.hosts, self.limits,
-                 lambda fh: self._balancer(fh) is not None, self.out_elsewhere, set(self.breaker.open_since))
+        p = plan(
+            self.alerts,
+            self.acked,
+            self.records,
+            self.hosts,
+            self.limits,
+            lambda fh: self._balancer(fh) is not None,
+            self.out_elsewhere,
+            set(self.breaker.open_since),
+        )
         for a in p.unknown:
             self._once(f"unknown:{a.fingerprint}", "unknown-host", a.host, f"{a.reason}: not a host of the inventory")
         for name, alerts in p.no_balancer:
-            self._once(f"nolb:{name}", "alert-only", name,
-                       f"{'; '.join(a.reason for a in alerts)}: no load balancer (lb) to take it out of")
+            self._once(
+                f"nolb:{name}",
+                "alert-only",
+                name,
+                f"{'; '.join(a.reason for a in alerts)}: no load balancer (lb) to take it out of",
+            )
         for name, alerts in p.quarantine:
             self._quarantine(name, alerts)
         for name, alerts in p.over_budget:
             g = group_of(self.hosts[name])
-            self._once(f"budget:{name}", "over-budget", name,
-                       f"{'; '.join(a.reason for a in alerts)}: not taken out, the quarantine budget of group {g} "
-                       f"({self.limits.get(g, 0)} host(s) at once) is spent: alert only")
+            self._once(
+                f"budget:{name}",
+                "over-budget",
+                name,
+                f"{'; '.join(a.reason for a in alerts)}: not taken out, the quarantine budget of group {g} "
+                f"({self.limits.get(g, 0)} host(s) at once) is spent: alert only",
+            )
         for name, alerts in p.breaker:
-            self._once(f"budget:{name}", "breaker", name,
-                       f"{'; '.join(a.reason for a in alerts)}: not taken out, the circuit breaker of group "
-                       f"{group_of(self.hosts[name])} is open: alert only")
+            self._once(
+                f"budget:{name}",
+                "breaker",
+                name,
+                f"{'; '.join(a.reason for a in alerts)}: not taken out, the circuit breaker of group "
+                f"{group_of(self.hosts[name])} is open: alert only",
+            )
         self._remedy_all()
         for name in p.returns:  # not while it reboots: its alerts resolve as its collector restarts
             if time.monotonic() >= self.retry_at.get(name, 0) and name not in self.rebooting:
@@ -372,8 +454,12 @@ class Receiver(Remedies, Pushes):
             try:
                 serving = self._state(lb).serving
             except drain.DrainError as e:
-                self._once(f"state:{name}", "balancer-unreadable", name,
-                           f"cannot read {lb.describe()}: {e} (no new drain in group {group} meanwhile)")
+                self._once(
+                    f"state:{name}",
+                    "balancer-unreadable",
+                    name,
+                    f"cannot read {lb.describe()}: {e} (no new drain in group {group} meanwhile)",
+                )
                 return None
             self.noted.pop(f"state:{name}", None)
             n += 0 if serving else 1
@@ -388,8 +474,9 @@ class Receiver(Remedies, Pushes):
         got = self._states[key].get(lb.server)
         return got if got is not None else lb.state()  # not there: the single read says why
 
-    def _quarantine(self, name: str, alerts: list[FiringAlert], held: bool = False, held_reason: str = "",
-                    caller: str = "") -> str:
+    def _quarantine(
+        self, name: str, alerts: list[FiringAlert], held: bool = False, held_reason: str = "", caller: str = ""
+    ) -> str:
         fh = self.hosts[name]
         lb = self._balancer(fh)
         if lb is None:
@@ -405,15 +492,27 @@ class Receiver(Remedies, Pushes):
         self._states.clear()
         now = time.time()
         faults = [t for t in (fault_time(a) for a in alerts) if t]
-        rec = self.records[name] = Record(name, now_iso(), reasons, held, held_reason, lb.describe(),
-                                          fault_at=min(faults, default=0.0), drained_at=now,
-                                          alert_at=min((self.alert_at.get(a.fingerprint, now) for a in alerts),
-                                                       default=0.0))
+        rec = self.records[name] = Record(
+            name,
+            now_iso(),
+            reasons,
+            held,
+            held_reason,
+            lb.describe(),
+            fault_at=min(faults, default=0.0),
+            drained_at=now,
+            alert_at=min((self.alert_at.get(a.fingerprint, now) for a in alerts), default=0.0),
+        )
         took = self.latency.observe("drained", rec.fault_at, now)
-        self.event("held" if held else "quarantined", name, f"{'; '.join(reasons)}: {did}"
-                   + (f" ({took:.2f} s after the fault)" if took is not None else ""),
-                   reasons=reasons, group=group_of(fh), **({"caller": caller} if caller else {}),
-                   **({"fault_to_drained": round(took, 3)} if took is not None else {}))
+        self.event(
+            "held" if held else "quarantined",
+            name,
+            f"{'; '.join(reasons)}: {did}" + (f" ({took:.2f} s after the fault)" if took is not None else ""),
+            reasons=reasons,
+            group=group_of(fh),
+            **({"caller": caller} if caller else {}),
+            **({"fault_to_drained": round(took, 3)} if took is not None else {}),
+        )
         return did
 
     def _return(self, name: str, by: str = "") -> tuple[bool, str]:
@@ -442,12 +541,20 @@ class Receiver(Remedies, Pushes):
         self.retry_at.pop(name, None)
         self._came_back(name)
         took = self.latency.observe("returned", rec.fault_at, time.time())
-        self.event("returned", name, f"warm gate passed ({found}); {did or 'it was not drained'}"
-                                     + (f", serving ({seen})" if seen else "")
-                                     + (f"; {took:.1f} s after the fault" if took is not None else ""),
-                   quarantined_since=rec.since, **({"fault_to_returned": round(took, 3)} if took is not None else {}),
-                   **{f"fault_to_{s}": v for s in ("alert", "drained", "remedied")
-                      if (v := since_fault(asdict(rec), s)) is not None})
+        self.event(
+            "returned",
+            name,
+            f"warm gate passed ({found}); {did or 'it was not drained'}"
+            + (f", serving ({seen})" if seen else "")
+            + (f"; {took:.1f} s after the fault" if took is not None else ""),
+            quarantined_since=rec.since,
+            **({"fault_to_returned": round(took, 3)} if took is not None else {}),
+            **{
+                f"fault_to_{s}": v
+                for s in ("alert", "drained", "remedied")
+                if (v := since_fault(asdict(rec), s)) is not None
+            },
+        )
         return True, found
 
     def _reconcile(self) -> None:
@@ -460,9 +567,13 @@ class Receiver(Remedies, Pushes):
                 st = self._state(lb)
                 if st.serving:
                     lb.drain()
-                    self.event("drained-again", name, f"{rec.state} since {rec.since}, but {lb.describe()} served it "
-                                                      "again (a deploy's health gate puts drained servers back): "
-                                                      "drained again; release it to return it")
+                    self.event(
+                        "drained-again",
+                        name,
+                        f"{rec.state} since {rec.since}, but {lb.describe()} served it "
+                        "again (a deploy's health gate puts drained servers back): "
+                        "drained again; release it to return it",
+                    )
                 self.noted.pop(f"state:{name}", None)
             except drain.DrainError as e:
                 self._once(f"state:{name}", "balancer-unreadable", name, f"cannot read {lb.describe()}: {e}")
@@ -484,8 +595,11 @@ class Receiver(Remedies, Pushes):
         ok, found = self._return(name, by=f"released by {who}")
         self._save()
         self._publish()
-        return {"host": name, "ok": ok, "result": ("returned: " if ok else "stays out: warm inference gate failed: ")
-                + found}
+        return {
+            "host": name,
+            "ok": ok,
+            "result": ("returned: " if ok else "stays out: warm inference gate failed: ") + found,
+        }
 
     def hold(self, name: str, reason: str = "", by: str = "", caller: str = "operator", force: bool = False) -> dict:
         """Keep ``name`` out until released: within its group's budget (its own holds and
@@ -509,14 +623,24 @@ class Receiver(Remedies, Pushes):
             out = out_count(self.records, self.hosts).get(g, 0)
             within = elsewhere is not None and out + elsewhere < self.limits.get(g, 0)
             if not within and not force:
-                why = ("its balancer cannot be read" if elsewhere is None else
-                       f"{out + elsewhere} of the {self.limits.get(g, 0)} host(s) it may have out at once are out")
-                self.event("over-budget", name, f"hold by {who} refused: the quarantine budget of group {g} is "
-                                                f"spent ({why})", caller=caller)
+                why = (
+                    "its balancer cannot be read"
+                    if elsewhere is None
+                    else f"{out + elsewhere} of the {self.limits.get(g, 0)} host(s) it may have out at once are out"
+                )
+                self.event(
+                    "over-budget",
+                    name,
+                    f"hold by {who} refused: the quarantine budget of group {g} is spent ({why})",
+                    caller=caller,
+                )
                 self._publish()
-                return {"host": name, "ok": False,
-                        "result": f"not held: the quarantine budget of group {g} is spent ({why}); "
-                                  "--force --reason TEXT holds it all the same"}
+                return {
+                    "host": name,
+                    "ok": False,
+                    "result": f"not held: the quarantine budget of group {g} is spent ({why}); "
+                    "--force --reason TEXT holds it all the same",
+                }
             if not within:
                 reason = f"{reason} (forced beyond the budget of group {g})"
             did = self._quarantine(name, [], held=True, held_reason=reason, caller=caller)
@@ -567,8 +691,7 @@ class Receiver(Remedies, Pushes):
                 continue
             except BUGS as e:  # a bug: logged, its request failed, the worker goes on
                 self.echo(traceback.format_exc().rstrip())
-                self.event("error", "-", f"{kind} failed (a bug: {type(e).__name__}: {clean(e)}); "
-                                         "the receiver goes on")
+                self.event("error", "-", f"{kind} failed (a bug: {type(e).__name__}: {clean(e)}); the receiver goes on")
                 if fut is not None:
                     fut.set_exception(QuarantineError(f"the receiver failed: {type(e).__name__}: {e}"))
                 continue
@@ -591,4 +714,3 @@ class Receiver(Remedies, Pushes):
             self.queue.put_nowait(("stop", (), None))
         if self.worker is not None:
             self.worker.join(timeout=self.gate_timeout + 30)
-

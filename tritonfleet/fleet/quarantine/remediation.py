@@ -46,8 +46,9 @@ def ssh_runner(fh: FleetHost, script: str) -> tuple[bool, str]:
         raise QuarantineError(f"{fh.name}: no SSH connection to remediate it (the receiver's inventory)")
     if not h.connected:
         h.connect(reason="tritonfleet quarantine", show_errors=False, raise_exceptions=True)
-    ok, out = h.run_shell_command(StringCommand(script), print_output=False, print_input=False,
-                                  **({"_sudo": True} if fh.get("_sudo") else {}))
+    ok, out = h.run_shell_command(
+        StringCommand(script), print_output=False, print_input=False, **({"_sudo": True} if fh.get("_sudo") else {})
+    )
     return bool(ok), "\n".join([*out.stdout_lines, *out.stderr_lines])
 
 
@@ -103,19 +104,28 @@ class Remedies:
             if not live:
                 continue
             hist = self.history.setdefault(name, History())
-            d = decide(action_of(live), hist, rec.fault_at or min((fault_time(a) or 0 for a in live), default=0),
-                       self.refault_window)
+            d = decide(
+                action_of(live),
+                hist,
+                rec.fault_at or min((fault_time(a) or 0 for a in live), default=0),
+                self.refault_window,
+            )
             if d.step == "reset":
                 self._reset(name, rec, live, hist, d)
             elif d.step == "hold":
                 self._hold_with_evidence(name, rec, d)
-            elif d.step == "reboot" and self.rebooter is not None and getattr(self.rebooter, "available",
-                                                                              lambda: True)():
+            elif (
+                d.step == "reboot" and self.rebooter is not None and getattr(self.rebooter, "available", lambda: True)()
+            ):
                 self._reboot(name, hist, d)
             elif d.step == "reboot":
-                self._once(f"remedy:{name}", "needs-reboot", name,
-                           f"{d.why}: reboot it, then `tritonfleet quarantine release` (it stays out meanwhile; "
-                           "with deploys/reboot.py in the receiver's directory it reboots the host itself)")
+                self._once(
+                    f"remedy:{name}",
+                    "needs-reboot",
+                    name,
+                    f"{d.why}: reboot it, then `tritonfleet quarantine release` (it stays out meanwhile; "
+                    "with deploys/reboot.py in the receiver's directory it reboots the host itself)",
+                )
             else:
                 self._once(f"remedy:{name}", "no-remedy", name, d.why)
 
@@ -145,9 +155,13 @@ class Remedies:
         for fp, a in self.alerts.items():
             if a.host == name:
                 self.acked[fp] = f"{a.starts_at}@{now:.3f}"
-        self.event("reset-done", name, f"GPU {', '.join(pcis)} reset in {now - t0:.1f} s"
-                   + (f" ({took:.1f} s after the fault)" if took is not None else "")
-                   + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate")
+        self.event(
+            "reset-done",
+            name,
+            f"GPU {', '.join(pcis)} reset in {now - t0:.1f} s"
+            + (f" ({took:.1f} s after the fault)" if took is not None else "")
+            + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate",
+        )
 
     def _reboot(self, name: str, hist: History, d: Decision) -> None:
         """The reboot in a thread of its own (minutes on a real machine: the rounds go on); each
@@ -183,9 +197,13 @@ class Remedies:
         for fp, a in self.alerts.items():
             if a.host == name:
                 self.acked[fp] = f"{a.starts_at}@{now:.3f}"
-        self.event("reboot-done", name, f"rebooted in {now - t0:.1f} s" + (f" ({took:.1f} s after the fault)"
-                                                                          if took is not None else "")
-                   + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate")
+        self.event(
+            "reboot-done",
+            name,
+            f"rebooted in {now - t0:.1f} s"
+            + (f" ({took:.1f} s after the fault)" if took is not None else "")
+            + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate",
+        )
 
     def _hold_with_evidence(self, name: str, rec: Record, d: Decision) -> None:
         ok, out = self._run(self.hosts[name], EVIDENCE_SCRIPT)

@@ -69,8 +69,11 @@ def decide(action: str, history: History, fault_at: float, window: float) -> Dec
     fault is held (a reset that does not last is not tried again and again); a reset that did not
     clear the fault is followed by one reboot; after a reboot nothing more is tried."""
     if history.back_at and 0 <= fault_at - history.back_at <= window:
-        return Decision("hold", f"it faulted again {fault_at - history.back_at:.0f} s after it came back from a "
-                                f"remediation (within {window:.0f} s): held for an operator, evidence collected")
+        return Decision(
+            "hold",
+            f"it faulted again {fault_at - history.back_at:.0f} s after it came back from a "
+            f"remediation (within {window:.0f} s): held for an operator, evidence collected",
+        )
     if history.reboots:
         return Decision("", "a reboot did not clear it: it stays out for an operator")
     if action == RESTART_BM:
@@ -107,8 +110,8 @@ def reset_script(service: str, pcis: list[str]) -> str:
 #: else the kernel log of this boot; to stdout, saved on the control machine
 EVIDENCE_SCRIPT = (
     "if command -v nvidia-bug-report.sh >/dev/null; then\n"
-    "  d=$(mktemp -d) && nvidia-bug-report.sh --safe-mode --output-file \"$d/nvidia-bug-report.log\" >/dev/null 2>&1 "
-    "&& gzip -dc \"$d/nvidia-bug-report.log.gz\"; rc=$?; rm -rf \"$d\"; [ \"$rc\" = 0 ] && exit 0\n"
+    '  d=$(mktemp -d) && nvidia-bug-report.sh --safe-mode --output-file "$d/nvidia-bug-report.log" >/dev/null 2>&1 '
+    '&& gzip -dc "$d/nvidia-bug-report.log.gz"; rc=$?; rm -rf "$d"; [ "$rc" = 0 ] && exit 0\n'
     "fi\n"
     "journalctl -k -b --no-pager\n"
 )

@@ -50,8 +50,9 @@ class _Refused(Exception):
         self.status, self.error = status, error
 
 
-def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], public_read: bool = False,
-                push_secret: str = ""):
+def handler_for(
+    rec: Receiver, request_timeout: float, callers: list[Caller], public_read: bool = False, push_secret: str = ""
+):
     if not callers or any(not c.token for c in callers):
         raise UsageError("the quarantine receiver needs a token (tritonfleet quarantine token --out PATH)")
 
@@ -66,8 +67,10 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
             data = (json.dumps(body, indent=2) if isinstance(body, dict) else body).encode()
             extra = dict(extra or {})
             self.send_response(status)
-            self.send_header("Content-Type", extra.pop("Content-Type", None)
-                             or ("application/json" if isinstance(body, dict) else "text/plain"))
+            self.send_header(
+                "Content-Type",
+                extra.pop("Content-Type", None) or ("application/json" if isinstance(body, dict) else "text/plain"),
+            )
             self.send_header("Content-Length", str(len(data)))
             for k, v in extra.items():
                 self.send_header(k, v)
@@ -130,12 +133,14 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                 if self.path == "/metrics":  # the event latency histograms and the breaker
                     if not public_read:
                         self._caller(webhook=False)
-                    return self._send(200, rec.latency.text().decode(),
-                                      {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+                    return self._send(
+                        200, rec.latency.text().decode(), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+                    )
                 return self._send(404, {"error": f"no such path {self.path[:100]}"})
             except _Refused as e:
-                return self._send(e.status, {"error": e.error}, {"WWW-Authenticate": "Bearer"}
-                                  if e.status == 401 else None)
+                return self._send(
+                    e.status, {"error": e.error}, {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+                )
 
         def do_POST(self):  # noqa: N802 - http.server's name
             try:
@@ -165,8 +170,14 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                 return self._send(200, {"ok": True, "alerts": len(good), "skipped": skipped})
             name, action = urllib.parse.unquote(m.group(1)), m.group(2)
             if name not in rec.hosts:  # answered here: an unknown name never reaches a log line
-                return self._send(404, {"host": clean(name, 64), "ok": False,
-                                        "error": f"{clean(name, 64)} is not a host of the inventory"})
+                return self._send(
+                    404,
+                    {
+                        "host": clean(name, 64),
+                        "ok": False,
+                        "error": f"{clean(name, 64)} is not a host of the inventory",
+                    },
+                )
             for key in ("by", "reason"):
                 if not isinstance(body.get(key, ""), str):
                     raise _Refused(400, f"{key} is not a string")
@@ -247,14 +258,16 @@ def serve(rec: Receiver, listen: str, callers: list[Caller], public_read: bool =
         server = BoundedServer((host, port), handler)
     except OSError as e:
         raise UsageError(f"--listen {listen}: cannot listen there: {e.strerror}") from e
-    web = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="quarantine-http",
-                           daemon=True)
+    web = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="quarantine-http", daemon=True
+    )
     rec.start()
     web.start()
-    rec.echo(f"{now_iso()} - listening on http://{listen} (Alertmanager webhook: POST /alerts; bearer token "
-             f"of {', '.join(c.name for c in callers)}{'; the hosts push faults' if push_secret else ''}); "
-             f"{len(rec.hosts)} hosts, budget "
-             + ", ".join(f"{g}: {n}" for g, n in sorted(rec.limits.items())))
+    rec.echo(
+        f"{now_iso()} - listening on http://{listen} (Alertmanager webhook: POST /alerts; bearer token "
+        f"of {', '.join(c.name for c in callers)}{'; the hosts push faults' if push_secret else ''}); "
+        f"{len(rec.hosts)} hosts, budget " + ", ".join(f"{g}: {n}" for g, n in sorted(rec.limits.items()))
+    )
     try:
         while rec.worker is not None and rec.worker.is_alive():
             rec.worker.join(timeout=1)

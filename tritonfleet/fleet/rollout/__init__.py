@@ -25,6 +25,20 @@ from .journal import Journal, latest_journal
 from .plan import RolloutError, parse_batch, plan_batches
 from .report import HostResult, Report, exit_status, finish, table
 
-__all__ = ["HostResult", "Journal", "PyinfraRun", "Report", "RolloutError", "exit_status", "finish",
-           "latest_journal", "parse_batch", "plan_batches", "pyinfra_command", "resume", "rollout", "run_pyinfra",
-           "table"]
+__all__ = [
+    "HostResult",
+    "Journal",
+    "PyinfraRun",
+    "Report",
+    "RolloutError",
+    "exit_status",
+    "finish",
+    "latest_journal",
+    "parse_batch",
+    "plan_batches",
+    "pyinfra_command",
+    "resume",
+    "rollout",
+    "run_pyinfra",
+    "table",
+]

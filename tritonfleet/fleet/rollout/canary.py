@@ -66,6 +66,7 @@ class CanaryError(TritonfleetError):
 
 # ---- statistics ----------------------------------------------------------------------------------
 
+
 def _log_comb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
@@ -153,7 +154,7 @@ def mann_whitney_greater(x: list[float], y: list[float]) -> float:
     u, ties = _u_statistic(x, y)
     if not ties and m * n <= EXACT_MWU_LIMIT:
         counts = _u_counts(m, n)
-        at_least = sum(counts[math.ceil(u - 1e-9):])
+        at_least = sum(counts[math.ceil(u - 1e-9) :])
         return at_least / math.comb(m + n, m)
     total = m + n
     values = sorted(x + y)
@@ -163,7 +164,7 @@ def mann_whitney_greater(x: list[float], y: list[float]) -> float:
         while j + 1 < total and values[j + 1] == values[i]:
             j += 1
         t = j - i + 1
-        tie_sum += t ** 3 - t
+        tie_sum += t**3 - t
         i = j + 1
     var = m * n / 12 * ((total + 1) - tie_sum / (total * (total - 1)))
     if var <= 0:
@@ -173,6 +174,7 @@ def mann_whitney_greater(x: list[float], y: list[float]) -> float:
 
 
 # ---- settings ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class CanaryPolicy:
@@ -196,8 +198,10 @@ class CanaryPolicy:
         get = settings.get
         url = get("canary_prometheus_url")
         if not url or not str(url).startswith(("http://", "https://")):
-            raise UsageError(f"a traffic canary reads Prometheus: set canary_prometheus_url (http://host:9090), "
-                             f"not {url!r} ({where})")
+            raise UsageError(
+                f"a traffic canary reads Prometheus: set canary_prometheus_url (http://host:9090), "
+                f"not {url!r} ({where})"
+            )
 
         def num(key: str, low: float, high: float | None = None, whole: bool = False):
             v = get(key)
@@ -208,18 +212,29 @@ class CanaryPolicy:
                 raise UsageError(f"{key} must be a {'whole ' if whole else ''}number {rng}, not {v!r} ({where})")
             return int(v) if whole else float(v)
 
-        s = cls(str(url).rstrip("/"), str(get("canary_prometheus_job")), get("canary_model") or None,
-                num("canary_analysis_seconds", 1), num("canary_step_seconds", 0.1),
-                num("canary_max_extensions", 0, whole=True), num("canary_min_requests", 1, whole=True),
-                num("canary_alpha", 1e-9, 0.5), num("canary_max_error_increase", 0, 1),
-                num("canary_max_latency_rise", 0), num("canary_watchdog_ttl", 1))
+        s = cls(
+            str(url).rstrip("/"),
+            str(get("canary_prometheus_job")),
+            get("canary_model") or None,
+            num("canary_analysis_seconds", 1),
+            num("canary_step_seconds", 0.1),
+            num("canary_max_extensions", 0, whole=True),
+            num("canary_min_requests", 1, whole=True),
+            num("canary_alpha", 1e-9, 0.5),
+            num("canary_max_error_increase", 0, 1),
+            num("canary_max_latency_rise", 0),
+            num("canary_watchdog_ttl", 1),
+        )
         if s.analysis_seconds / s.step_seconds < MIN_INTERVALS:
-            raise UsageError(f"canary_analysis_seconds ({s.analysis_seconds:g}) must hold at least {MIN_INTERVALS} "
-                             f"steps of canary_step_seconds ({s.step_seconds:g}) for the latency test ({where})")
+            raise UsageError(
+                f"canary_analysis_seconds ({s.analysis_seconds:g}) must hold at least {MIN_INTERVALS} "
+                f"steps of canary_step_seconds ({s.step_seconds:g}) for the latency test ({where})"
+            )
         return s
 
 
 # ---- figures and the decision --------------------------------------------------------------------
+
 
 @dataclass
 class Side:
@@ -275,20 +290,26 @@ class Figures:
 
     def summary(self) -> str:
         c, b, r = self.canary, self.baseline, self.latency_ref
-        lat = (f"step median {c.median_step_ms:.2f} ms vs {r.median_step_ms:.2f} ms on {', '.join(r.hosts)} "
-               f"({self.latency_rise * 100:+.0f}%, p={self.latency_p:.2g}, {len(c.steps)}/{len(r.steps)} steps; "
-               f"means {c.mean_ms:.2f} and {r.mean_ms:.2f} ms)"
-               if self.latency_rise is not None else "latency: no successful request on a side")
-        return (f"{self.seconds:.0f}s: {c.requests} canary / {b.requests} baseline requests; errors "
-                f"{c.error_ratio * 100:.2f}% vs {b.error_ratio * 100:.2f}% (p={self.error_p:.2g}); {lat}")
+        lat = (
+            f"step median {c.median_step_ms:.2f} ms vs {r.median_step_ms:.2f} ms on {', '.join(r.hosts)} "
+            f"({self.latency_rise * 100:+.0f}%, p={self.latency_p:.2g}, {len(c.steps)}/{len(r.steps)} steps; "
+            f"means {c.mean_ms:.2f} and {r.mean_ms:.2f} ms)"
+            if self.latency_rise is not None
+            else "latency: no successful request on a side"
+        )
+        return (
+            f"{self.seconds:.0f}s: {c.requests} canary / {b.requests} baseline requests; errors "
+            f"{c.error_ratio * 100:.2f}% vs {b.error_ratio * 100:.2f}% (p={self.error_p:.2g}); {lat}"
+        )
 
     def to_json(self) -> dict:
         d = asdict(self)
         for side in ("canary", "baseline", "matched"):
             s = getattr(self, side)
             if s is not None:
-                d[side].update(requests=s.requests, error_ratio=s.error_ratio, mean_ms=s.mean_ms,
-                               median_step_ms=s.median_step_ms)
+                d[side].update(
+                    requests=s.requests, error_ratio=s.error_ratio, mean_ms=s.mean_ms, median_step_ms=s.median_step_ms
+                )
         d["seconds"] = self.seconds
         return d
 
@@ -305,39 +326,50 @@ def decide(f: Figures, s: CanaryPolicy, final: bool) -> tuple[str, str]:
     marginal: list[str] = []
     diff = c.error_ratio - b.error_ratio
     if diff > s.max_error_increase:
-        what = (f"error ratio {c.error_ratio * 100:.2f}% vs baseline {b.error_ratio * 100:.2f}% "
-                f"(+{diff * 100:.2f} points, canary_max_error_increase {s.max_error_increase * 100:.2f}; "
-                f"Fisher p={f.error_p:.2g}, canary_alpha {s.alpha:g})")
+        what = (
+            f"error ratio {c.error_ratio * 100:.2f}% vs baseline {b.error_ratio * 100:.2f}% "
+            f"(+{diff * 100:.2f} points, canary_max_error_increase {s.max_error_increase * 100:.2f}; "
+            f"Fisher p={f.error_p:.2g}, canary_alpha {s.alpha:g})"
+        )
         (regress if f.error_p < s.alpha else marginal).append(what)
     if f.latency_rise is not None and f.latency_rise > s.max_latency_rise:
-        what = (f"request time (median of the step means) {c.median_step_ms:.2f} ms vs {r.median_step_ms:.2f} ms on "
-                f"{', '.join(r.hosts)} "
-                f"(+{f.latency_rise * 100:.0f}%, canary_max_latency_rise {s.max_latency_rise * 100:.0f}%; "
-                f"Mann-Whitney p={f.latency_p:.2g} over {len(c.steps)} and {len(r.steps)} steps)")
+        what = (
+            f"request time (median of the step means) {c.median_step_ms:.2f} ms vs {r.median_step_ms:.2f} ms on "
+            f"{', '.join(r.hosts)} "
+            f"(+{f.latency_rise * 100:.0f}%, canary_max_latency_rise {s.max_latency_rise * 100:.0f}%; "
+            f"Mann-Whitney p={f.latency_p:.2g} over {len(c.steps)} and {len(r.steps)} steps)"
+        )
         enough_steps = len(c.steps) >= MIN_INTERVALS and len(r.steps) >= MIN_INTERVALS
         (regress if f.latency_p < s.alpha and enough_steps else marginal).append(what)
     if regress:
         return ROLL_BACK, "regression: " + "; ".join(regress)
     short = []
     if c.requests < s.min_requests or b.requests < s.min_requests:
-        short.append(f"{c.requests} canary and {b.requests} baseline requests (canary_min_requests "
-                     f"{s.min_requests} each)")
+        short.append(
+            f"{c.requests} canary and {b.requests} baseline requests (canary_min_requests {s.min_requests} each)"
+        )
     if len(c.steps) < MIN_INTERVALS or len(r.steps) < MIN_INTERVALS:
-        short.append(f"{len(c.steps)} canary and {len(r.steps)} baseline steps with requests (at least "
-                     f"{MIN_INTERVALS} each)")
+        short.append(
+            f"{len(c.steps)} canary and {len(r.steps)} baseline steps with requests (at least {MIN_INTERVALS} each)"
+        )
     if short or marginal:
-        why = "; ".join(([f"not enough to judge: {', '.join(short)}"] if short else [])
-                        + [f"marginal, not significant: {m}" for m in marginal])
+        why = "; ".join(
+            ([f"not enough to judge: {', '.join(short)}"] if short else [])
+            + [f"marginal, not significant: {m}" for m in marginal]
+        )
         if not final:
             return EXTEND, why
         if short:
             return ROLL_BACK, f"inconclusive after the last extension: {why}"
         return PROMOTE, f"no significant regression after the last extension ({why})"
-    return PROMOTE, (f"no regression: errors +{max(diff, 0) * 100:.2f} points (p={f.error_p:.2g}), latency "
-                     + (f"{f.latency_rise * 100:+.0f}% (p={f.latency_p:.2g})" if f.latency_rise is not None else "-"))
+    return PROMOTE, (
+        f"no regression: errors +{max(diff, 0) * 100:.2f} points (p={f.error_p:.2g}), latency "
+        + (f"{f.latency_rise * 100:+.0f}% (p={f.latency_p:.2g})" if f.latency_rise is not None else "-")
+    )
 
 
 # ---- Prometheus ----------------------------------------------------------------------------------
+
 
 class Prometheus:
     """The few calls of Prometheus's HTTP API the analysis makes."""
@@ -350,20 +382,28 @@ class Prometheus:
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
         try:
-            r = self.http.get(f"{self.url}/api/v1/query_range", timeout=self.timeout,
-                              params={"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"})
+            r = self.http.get(
+                f"{self.url}/api/v1/query_range",
+                timeout=self.timeout,
+                params={"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
+            )
             body = r.json()
         except (requests.RequestException, ValueError) as e:
             raise CanaryError(f"cannot query Prometheus at {self.url} (canary_prometheus_url): {e}") from e
         if not isinstance(body, dict) or body.get("status") != "success":
-            what = f"{body.get('errorType', '')} {body.get('error', r.status_code)}" if isinstance(body, dict) \
+            what = (
+                f"{body.get('errorType', '')} {body.get('error', r.status_code)}"
+                if isinstance(body, dict)
                 else f"an answer of type {type(body).__name__}"
+            )
             raise CanaryError(f"Prometheus at {self.url} refused {expr!r}: {what}")
         data = body.get("data")
         result = data.get("result") if isinstance(data, dict) else None
         if not isinstance(result, list) or (data.get("resultType", "matrix") != "matrix"):
-            raise CanaryError(f"Prometheus at {self.url} answered {expr!r} without a range result "
-                              "(data.resultType matrix, data.result a list): not a Prometheus query_range answer")
+            raise CanaryError(
+                f"Prometheus at {self.url} answered {expr!r} without a range result "
+                "(data.resultType matrix, data.result a list): not a Prometheus query_range answer"
+            )
         return result
 
 
@@ -389,11 +429,13 @@ def _per_host(result: list) -> dict[str, dict[float, float]]:
                 t, v = pair
                 t, v = float(t), float(v)
             except (TypeError, ValueError) as e:
-                raise CanaryError(f"Prometheus answered a value the analysis cannot read for host {host!r}: "
-                                  f"{str(pair)[:80]} ({e})") from None
+                raise CanaryError(
+                    f"Prometheus answered a value the analysis cannot read for host {host!r}: {str(pair)[:80]} ({e})"
+                ) from None
             if math.isinf(v) or not math.isfinite(t):
-                raise CanaryError(f"Prometheus answered a value the analysis cannot read for host {host!r}: "
-                                  f"{str(pair)[:80]}")
+                raise CanaryError(
+                    f"Prometheus answered a value the analysis cannot read for host {host!r}: {str(pair)[:80]}"
+                )
             points[t] = v
     return out
 
@@ -408,8 +450,15 @@ def _deltas(points: dict[float, float], times: list[float]) -> dict[float, float
     return out
 
 
-def collect(prom: Prometheus, s: CanaryPolicy, canaries: list[str], baseline: list[str], start: float,
-            end: float, matched: list[str] | None = None) -> Figures:
+def collect(
+    prom: Prometheus,
+    s: CanaryPolicy,
+    canaries: list[str],
+    baseline: list[str],
+    start: float,
+    end: float,
+    matched: list[str] | None = None,
+) -> Figures:
     """Both sides' counters over [start, end] (whole steps of canary_step_seconds) and the tests;
     ``matched``: the baseline hosts the latency is compared with (None: every baseline host)."""
     steps = max(1, int((end - start) / s.step_seconds))
@@ -418,11 +467,17 @@ def collect(prom: Prometheus, s: CanaryPolicy, canaries: list[str], baseline: li
     hosts = canaries + baseline
     sel = _selector(s, hosts)
     data = {}
-    for key, metric in (("success", "nv_inference_request_success"), ("failures", "nv_inference_request_failure"),
-                        ("duration_us", "nv_inference_request_duration_us")):
+    for key, metric in (
+        ("success", "nv_inference_request_success"),
+        ("failures", "nv_inference_request_failure"),
+        ("duration_us", "nv_inference_request_duration_us"),
+    ):
         data[key] = _per_host(prom.query_range(f"sum by (host) ({metric}{sel})", start, end, s.step_seconds))
-    up = _per_host(prom.query_range(f'min by (host) (up{{job="{s.job}", host=~`{host_regex(sorted(canaries))}`}})',
-                                    start, end, s.step_seconds))
+    up = _per_host(
+        prom.query_range(
+            f'min by (host) (up{{job="{s.job}", host=~`{host_regex(sorted(canaries))}`}})', start, end, s.step_seconds
+        )
+    )
     fig = Figures(start, end, Side(list(canaries)), Side(list(baseline)), Side(list(matched)) if matched else None)
     sides = [(fig.canary, canaries), (fig.baseline, baseline)] + ([(fig.matched, matched)] if matched else [])
     for side, names in sides:
@@ -435,8 +490,9 @@ def collect(prom: Prometheus, s: CanaryPolicy, canaries: list[str], baseline: li
                 if n > 0 and t in d["duration_us"]:
                     side.steps.append(d["duration_us"][t] / n)
     fig.down = sorted(h for h in canaries if any(v == 0 for v in up.get(h, {}).values()))
-    fig.error_p = fisher_greater(int(round(fig.canary.failures)), fig.canary.requests,
-                                 int(round(fig.baseline.failures)), fig.baseline.requests)
+    fig.error_p = fisher_greater(
+        int(round(fig.canary.failures)), fig.canary.requests, int(round(fig.baseline.failures)), fig.baseline.requests
+    )
     ref = fig.latency_ref
     if fig.canary.steps and ref.steps and statistics.median(ref.steps) > 0:
         fig.latency_rise = statistics.median(fig.canary.steps) / statistics.median(ref.steps) - 1
@@ -453,13 +509,27 @@ class Result:
     decided: float
 
     def to_json(self) -> dict:
-        return {"verdict": self.verdict, "why": self.why, "looks": [f.to_json() for f in self.looks],
-                "started": self.started, "decided": self.decided}
+        return {
+            "verdict": self.verdict,
+            "why": self.why,
+            "looks": [f.to_json() for f in self.looks],
+            "started": self.started,
+            "decided": self.decided,
+        }
 
 
-def analyse(prom: Prometheus, s: CanaryPolicy, canaries: list[str], baseline: list[str], start: float,
-            echo: Callable[[str], None], hold: Callable[[], None] = lambda: None, matched: list[str] | None = None,
-            sleep: Callable[[float], None] | None = None, now: Callable[[], float] = time.time) -> Result:
+def analyse(
+    prom: Prometheus,
+    s: CanaryPolicy,
+    canaries: list[str],
+    baseline: list[str],
+    start: float,
+    echo: Callable[[str], None],
+    hold: Callable[[], None] = lambda: None,
+    matched: list[str] | None = None,
+    sleep: Callable[[float], None] | None = None,
+    now: Callable[[], float] = time.time,
+) -> Result:
     """Look after each window (canary_analysis_seconds from ``start``, then once more per
     extension, each look over everything since ``start``) until a verdict other than extend.
     ``hold`` is called before each verdict is acted on (the rollout's pause). ``sleep`` defaults to
@@ -503,18 +573,26 @@ def lb_counters(rows: list[dict], backend: str) -> dict[str, tuple[int, int]]:
             continue
         vals = [r.get(k) for k in ("stot", *LB_ERROR_FIELDS)]
         if vals[0] in (None, "") or not all(v is None or v == "" or str(v).isdigit() for v in vals):
-            raise CanaryError(f"HAProxy's counters of {backend}/{r.get('svname')} cannot be read: "
-                              f"{dict(zip(('stot', *LB_ERROR_FIELDS), vals, strict=True))}")
+            raise CanaryError(
+                f"HAProxy's counters of {backend}/{r.get('svname')} cannot be read: "
+                f"{dict(zip(('stot', *LB_ERROR_FIELDS), vals, strict=True))}"
+            )
         n, *errs = (int(v) if v else 0 for v in vals)
         out[r["svname"]] = (n, sum(errs))
     return out
 
 
-def lb_verdict(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], canaries: list[str],
-               baseline: list[str], s: CanaryPolicy) -> tuple[bool, str]:
+def lb_verdict(
+    before: dict[str, tuple[int, int]],
+    after: dict[str, tuple[int, int]],
+    canaries: list[str],
+    baseline: list[str],
+    s: CanaryPolicy,
+) -> tuple[bool, str]:
     """(roll back?, why) from HAProxy's counters over the analysis: the canary servers' failure
     ratio (5xx, response and connection errors per session) against the baseline servers', with
     the same limits as Triton's errors (canary_max_error_increase, Fisher's test at canary_alpha)."""
+
     def side(servers: list[str]) -> tuple[int, int]:
         n = f = 0
         for sv in servers:
@@ -532,7 +610,9 @@ def lb_verdict(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, i
     cr, br = cf / cn, (bf / bn if bn else 0.0)
     p = fisher_greater(cf, cn, bf, bn)
     if cr - br > s.max_error_increase and p < s.alpha:
-        return True, (f"HAProxy counted {cf} failure(s) (5xx, response or connection errors) in {cn} session(s) of "
-                      f"the canary, {cr * 100:.2f}% vs {br * 100:.2f}% on the baseline (Fisher p={p:.2g}, "
-                      f"canary_alpha {s.alpha:g}): failures Triton's own counters do not see")
+        return True, (
+            f"HAProxy counted {cf} failure(s) (5xx, response or connection errors) in {cn} session(s) of "
+            f"the canary, {cr * 100:.2f}% vs {br * 100:.2f}% on the baseline (Fisher p={p:.2g}, "
+            f"canary_alpha {s.alpha:g}): failures Triton's own counters do not see"
+        )
     return False, ""

@@ -85,14 +85,29 @@ def start(directory: Path, sockets: list[str], backend: str, original: dict[str,
     heartbeat.touch()
     fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "sockets": list(sockets), "backend": backend, "original": original,
-                   "heartbeat": str(heartbeat), "ttl": float(ttl)}, f)
+        json.dump(
+            {
+                "pid": os.getpid(),
+                "sockets": list(sockets),
+                "backend": backend,
+                "original": original,
+                "heartbeat": str(heartbeat),
+                "ttl": float(ttl),
+            },
+            f,
+        )
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
     with open(directory / "watchdog.log", "a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tritonfleet.fleet.rollout.canary_watchdog", str(spec)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tritonfleet.fleet.rollout.canary_watchdog", str(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
     return Watchdog(spec, proc, heartbeat, ttl)
 
 
@@ -113,8 +128,10 @@ def watch(spec: dict, say=print, clock=time.time, sleep=time.sleep) -> str:
             why = f"the rollout (pid {pid}) has not renewed its heartbeat for {age:.0f}s (canary_watchdog_ttl {ttl:g})"
             break
         sleep(POLL_SECONDS)
-    say(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {why}: putting back the weights of backend {spec['backend']}: "
-        f"{spec['original']}")
+    say(
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')} {why}: putting back the weights of backend {spec['backend']}: "
+        f"{spec['original']}"
+    )
     last = ""
     for _ in range(5):
         try:

@@ -75,7 +75,7 @@ def parse_limit(value, key: str, where: str = "group data") -> Limit | None:
         return None
     text = str(value).strip()
     if isinstance(value, bool):
-        raise CapacityError(f"{key} must be a number of hosts or a percentage like \"25%\", not {value!r} ({where})")
+        raise CapacityError(f'{key} must be a number of hosts or a percentage like "25%", not {value!r} ({where})')
     try:
         if text.endswith("%"):
             pct = float(text[:-1])
@@ -87,8 +87,9 @@ def parse_limit(value, key: str, where: str = "group data") -> Limit | None:
             raise ValueError
         return Limit(text, hosts=n)
     except ValueError:
-        raise CapacityError(f"{key} must be a number of hosts (>= 0) or a percentage like \"25%\", "
-                            f"not {value!r} ({where})") from None
+        raise CapacityError(
+            f'{key} must be a number of hosts (>= 0) or a percentage like "25%", not {value!r} ({where})'
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,9 @@ class CapacityVerdict:
 
     ok: bool
     total: int
-    out: list[str]              # servers out of HAProxy now
-    batch: list[str]            # the batch's servers
-    unavailable_after: int      # out now plus the batch's servers that serve now
+    out: list[str]  # servers out of HAProxy now
+    batch: list[str]  # the batch's servers
+    unavailable_after: int  # out now plus the batch's servers that serve now
     max_unavailable: int | None
     min_available: int | None
     available_after: int
@@ -118,8 +119,11 @@ class CapacityVerdict:
     why: str = ""
 
     def summary(self) -> str:
-        parts = [f"{self.total} server(s), out now {len(self.out)}" + (f" ({', '.join(self.out)})" if self.out else ""),
-                 f"batch {len(self.batch)}", f"out with the batch {self.unavailable_after}"]
+        parts = [
+            f"{self.total} server(s), out now {len(self.out)}" + (f" ({', '.join(self.out)})" if self.out else ""),
+            f"batch {len(self.batch)}",
+            f"out with the batch {self.unavailable_after}",
+        ]
         if self.max_unavailable is not None:
             parts.append(f"max_unavailable {self.max_unavailable}")
         if self.min_available is not None:
@@ -129,8 +133,9 @@ class CapacityVerdict:
         return ", ".join(parts)
 
 
-def judge(serving: dict[str, bool], batch: list[str], rules: Rules,
-          models_of: dict[str, list[str]] | None = None) -> CapacityVerdict:
+def judge(
+    serving: dict[str, bool], batch: list[str], rules: Rules, models_of: dict[str, list[str]] | None = None
+) -> CapacityVerdict:
     """The rules against a backend's state (``serving``: {server: HAProxy sends it requests now})
     with ``batch`` (servers) about to go out. ``models_of``: {server: models its host serves}."""
     models_of = models_of or {}
@@ -143,11 +148,12 @@ def judge(serving: dict[str, bool], batch: list[str], rules: Rules,
     mn = rules.min_available.at_least(total) if rules.min_available else None
     why = []
     if mx is not None and unavailable > mx:
-        why.append(f"{unavailable} of {total} server(s) would be out of HAProxy, max_unavailable "
-                   f"{rules.max_unavailable.text} allows {mx}")
+        why.append(
+            f"{unavailable} of {total} server(s) would be out of HAProxy, max_unavailable "
+            f"{rules.max_unavailable.text} allows {mx}"
+        )
     if mn is not None and available < mn:
-        why.append(f"{available} of {total} server(s) would serve, min_available {rules.min_available.text} "
-                   f"needs {mn}")
+        why.append(f"{available} of {total} server(s) would serve, min_available {rules.min_available.text} needs {mn}")
     per_model = {}
     for model, limit in sorted(rules.models.items()):
         having = [s for s in serving if model in models_of.get(s, [])]
@@ -155,12 +161,17 @@ def judge(serving: dict[str, bool], batch: list[str], rules: Rules,
         after = sum(1 for s in having if serving[s] and s not in going)
         per_model[model] = {"total": len(having), "required": need, "after": after}
         if after < need:
-            why.append(f"{after} of the {len(having)} server(s) serving {model} would serve, "
-                       f"rollout_min_available_models[{model!r}] = {limit.text} needs {need}")
-    return CapacityVerdict(not why, total, out, sorted(batch), unavailable, mx, mn, available, per_model, "; ".join(why))
+            why.append(
+                f"{after} of the {len(having)} server(s) serving {model} would serve, "
+                f"rollout_min_available_models[{model!r}] = {limit.text} needs {need}"
+            )
+    return CapacityVerdict(
+        not why, total, out, sorted(batch), unavailable, mx, mn, available, per_model, "; ".join(why)
+    )
 
 
 # ---- the backend as HAProxy reports it ---------------------------------------------------------
+
 
 class Pool:
     """One HAProxy backend (on every instance in front of it) and the servers of the rollout in it."""
@@ -182,18 +193,26 @@ class Pool:
         only when every instance sends it requests (UP or no check, no admin flag, weight > 0)."""
         merged: dict[str, dict] = {}
         for api in self.apis:
-            stat = {r.get("svname"): r for r in parse_stat(api.command("show stat"))
-                    if r.get("pxname") == self.backend and r.get("svname") not in ("FRONTEND", "BACKEND")}
+            stat = {
+                r.get("svname"): r
+                for r in parse_stat(api.command("show stat"))
+                if r.get("pxname") == self.backend and r.get("svname") not in ("FRONTEND", "BACKEND")
+            }
             if not stat:
-                raise DrainError(f"HAProxy at {api.address} has no backend {self.backend!r} with servers "
-                                 "(lb_haproxy_backend)")
-            state = {r.get("srv_name"): r for r in parse_servers_state(api.command(f"show servers state {self.backend}"))}
+                raise DrainError(
+                    f"HAProxy at {api.address} has no backend {self.backend!r} with servers (lb_haproxy_backend)"
+                )
+            state = {
+                r.get("srv_name"): r for r in parse_servers_state(api.command(f"show servers state {self.backend}"))
+            }
             for name, row in stat.items():
                 st = state.get(name, {})
                 # what cannot be read is said, never taken for "not drained" or a weight
                 if not (str(st.get("srv_admin_state", "")).isdigit() and str(st.get("srv_uweight", "")).isdigit()):
-                    raise DrainError(f"HAProxy at {api.address}: `show servers state {self.backend}` gives no "
-                                     f"admin state or weight for {self.backend}/{name}: {st or 'no such line'}")
+                    raise DrainError(
+                        f"HAProxy at {api.address}: `show servers state {self.backend}` gives no "
+                        f"admin state or weight for {self.backend}/{name}: {st or 'no such line'}"
+                    )
                 admin = int(st["srv_admin_state"])
                 weight = int(st["srv_uweight"])
                 status = row.get("status", "")
@@ -231,16 +250,22 @@ class Watch:
         return max((s.out for s in self.samples), default=0)
 
     def to_json(self) -> dict:
-        return {"pool": self.pool, "total": self.total, "samples": len(self.samples), "max_out": self.max_out,
-                "read_errors": self.errors}
+        return {
+            "pool": self.pool,
+            "total": self.total,
+            "samples": len(self.samples),
+            "max_out": self.max_out,
+            "read_errors": self.errors,
+        }
 
 
 class Sampler:
     """Reads a pool every ``interval`` seconds on a thread while a batch runs; ``on_read`` gets
     each reading ({server: state}) so the rollout can follow its hosts (draining)."""
 
-    def __init__(self, pool: Pool, on_read: Callable[[dict[str, dict]], None] | None = None,
-                 interval: float = SAMPLE_SECONDS):
+    def __init__(
+        self, pool: Pool, on_read: Callable[[dict[str, dict]], None] | None = None, interval: float = SAMPLE_SECONDS
+    ):
         self.pool, self.on_read, self.interval = pool, on_read, interval
         self.watch = Watch(pool.describe())
         self._stop = threading.Event()
@@ -255,7 +280,9 @@ class Sampler:
                 self.watch.errors += 1
             else:
                 self.watch.total = len(state)
-                self.watch.samples.append(CapacitySample(time.time(), sum(1 for v in state.values() if not v["serving"])))
+                self.watch.samples.append(
+                    CapacitySample(time.time(), sum(1 for v in state.values() if not v["serving"]))
+                )
                 if self.on_read:
                     self.on_read(state)
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
@@ -275,9 +302,17 @@ class Sampler:
         self.stop()
 
 
-def wait_for(pool: Pool, batch: list[str], rules: Rules, models_of: dict[str, list[str]], timeout: float,
-             echo: Callable[[str], None], label: str, sleep: Callable[[float], None] | None = None,
-             clock=time.monotonic) -> tuple[CapacityVerdict, float]:
+def wait_for(
+    pool: Pool,
+    batch: list[str],
+    rules: Rules,
+    models_of: dict[str, list[str]],
+    timeout: float,
+    echo: Callable[[str], None],
+    label: str,
+    sleep: Callable[[float], None] | None = None,
+    clock=time.monotonic,
+) -> tuple[CapacityVerdict, float]:
     """Read the pool until the batch may go (returns its verdict and the seconds waited) or
     ``timeout`` passed (the last verdict, not ok). ``sleep``: time.sleep as it is at the call
     (gevent's cooperative one in a rollout, so the metrics endpoint answers meanwhile)."""
@@ -289,7 +324,9 @@ def wait_for(pool: Pool, batch: list[str], rules: Rules, models_of: dict[str, li
         if v.ok or clock() - t0 >= timeout:
             return v, clock() - t0
         if not said:
-            echo(f"[{label}] waiting for capacity in {pool.describe()} (up to {timeout:.0f}s, "
-                 f"rollout_capacity_wait): {v.why}")
+            echo(
+                f"[{label}] waiting for capacity in {pool.describe()} (up to {timeout:.0f}s, "
+                f"rollout_capacity_wait): {v.why}"
+            )
             said = True
         sleep(SAMPLE_SECONDS)

@@ -43,8 +43,9 @@ class DriverChange:
     outcome: dict[str, dict] = field(default_factory=dict)  # host -> what was tried, validations, hold
 
     @classmethod
-    def detect(cls, data: dict, hosts: list[roster.FleetHost], before: dict[str, dict],
-               echo: Callable[[str], None] = print) -> DriverChange | None:
+    def detect(
+        cls, data: dict, hosts: list[roster.FleetHost], before: dict[str, dict], echo: Callable[[str], None] = print
+    ) -> DriverChange | None:
         """The change when the rollout's data or inventory moves any host's driver branch (or asks for
         another Container Toolkit version than it has); None for a Triton or model rollout."""
         wanted, was, image = {}, {}, {}
@@ -53,8 +54,9 @@ class DriverChange:
             branch = str(fh.get("nvidia_driver_branch") or "") or None
             now = branch_of(b.get("driver"))
             toolkit = str(fh.get("container_toolkit_version") or "")
-            moved = (branch and now and branch != now) or \
-                ("container_toolkit_version" in data and toolkit and b.get("toolkit") and toolkit != b.get("toolkit"))
+            moved = (branch and now and branch != now) or (
+                "container_toolkit_version" in data and toolkit and b.get("toolkit") and toolkit != b.get("toolkit")
+            )
             if moved:
                 wanted[fh.name] = branch or now or ""
                 was[fh.name] = now
@@ -70,12 +72,17 @@ class DriverChange:
         failed = {}
         for fh, res in zip(mine, workers.parallel(mine, self._run_check), strict=True):
             entry = self.outcome.setdefault(fh.name, {"from": self.before.get(fh.name), "to": self.wanted[fh.name]})
-            entry.setdefault("validations", []).append({"branch": self.wanted[fh.name], "passed": res.passed,
-                                                        "gpus": res.gpus, "reason": res.reason})
+            entry.setdefault("validations", []).append(
+                {"branch": self.wanted[fh.name], "passed": res.passed, "gpus": res.gpus, "reason": res.reason}
+            )
             if res.passed:
-                self.echo(f"{fh.name}: CUDA validation passed on {res.gpus} GPU(s) (vectorAdd in {self.image[fh.name]})")
+                self.echo(
+                    f"{fh.name}: CUDA validation passed on {res.gpus} GPU(s) (vectorAdd in {self.image[fh.name]})"
+                )
             else:
-                failed[fh.name] = f"CUDA validation failed after the driver change to {self.wanted[fh.name]}: {res.reason}"
+                failed[fh.name] = (
+                    f"CUDA validation failed after the driver change to {self.wanted[fh.name]}: {res.reason}"
+                )
         return failed
 
     def _run_check(self, fh: roster.FleetHost) -> cuda_check.CudaResult:
@@ -85,8 +92,16 @@ class DriverChange:
             return cuda_check.CudaResult(False, 0, f"could not run: {str(e)[:200]}", ())
         return cuda_check.parse(out)
 
-    def revert(self, inventory: str, deploy: str, data: dict, failed: list[roster.FleetHost], results: dict,
-               logs: Path, label: str) -> None:
+    def revert(
+        self,
+        inventory: str,
+        deploy: str,
+        data: dict,
+        failed: list[roster.FleetHost],
+        results: dict,
+        logs: Path,
+        label: str,
+    ) -> None:
         """Each failed host back on the branch it ran before (the rollout's deploy with that branch),
         validated again there, then held: its result says what was tried and why it came back."""
         mine = [fh for fh in failed if fh.name in self.wanted and self.before.get(fh.name)]
@@ -96,17 +111,26 @@ class DriverChange:
         for branch, group in by_branch.items():
             names = [fh.name for fh in group]
             self.echo(f"[{label}] driver: back to branch {branch} on {', '.join(names)}")
-            pyi = workers.run_pyinfra(inventory, deploy, names, {**data, "nvidia_driver_branch": branch},
-                                      log_path=logs / f"driver-revert-{label.replace(' ', '-').replace('/', '-')}.log",
-                                      failure_dir=logs / f"failures-driver-revert-{branch}", settings=group[0])
+            pyi = workers.run_pyinfra(
+                inventory,
+                deploy,
+                names,
+                {**data, "nvidia_driver_branch": branch},
+                log_path=logs / f"driver-revert-{label.replace(' ', '-').replace('/', '-')}.log",
+                failure_dir=logs / f"failures-driver-revert-{branch}",
+                settings=group[0],
+            )
             bad = pyi.failed() if pyi.data else set(names)
             ok = [fh for fh in group if fh.name not in bad]
-            again = DriverChange({fh.name: branch for fh in ok}, {}, {fh.name: self.image[fh.name] for fh in ok},
-                                 self.echo)
+            again = DriverChange(
+                {fh.name: branch for fh in ok}, {}, {fh.name: self.image[fh.name] for fh in ok}, self.echo
+            )
             still = again.validate(ok)
             for fh in group:
                 entry = self.outcome.setdefault(fh.name, {"from": branch, "to": self.wanted[fh.name]})
-                entry["validations"] = entry.get("validations", []) + again.outcome.get(fh.name, {}).get("validations", [])
+                entry["validations"] = entry.get("validations", []) + again.outcome.get(fh.name, {}).get(
+                    "validations", []
+                )
                 tried = self.wanted[fh.name]
                 why = next((v["reason"] for v in entry["validations"] if not v["passed"]), "the deploy failed")
                 r = results[fh.name]
@@ -118,8 +142,12 @@ class DriverChange:
                     entry["revert_failed"] = True
                     r.detail += f"; driver back on {branch} but {still[fh.name]}"
                     continue
-                hold = {"branch": branch, "tried": tried, "reason": why[:300],
-                        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                hold = {
+                    "branch": branch,
+                    "tried": tried,
+                    "reason": why[:300],
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
                 try:
                     roster.run(fh, hold_command(hold))
                 except (roster.FleetError, *CONNECTION_ERRORS) as e:
@@ -150,8 +178,10 @@ def held_out(hosts: list[roster.FleetHost], holds: dict[str, dict | None]) -> di
             continue
         wanted = str(fh.get("nvidia_driver_branch") or "") or None
         if not hold.get("branch") or (wanted and wanted != str(hold["branch"])):
-            out[fh.name] = (f"{describe(hold)}; left out: this rollout would move its driver to {wanted}; "
-                            "release it with --release-holds to try again")
+            out[fh.name] = (
+                f"{describe(hold)}; left out: this rollout would move its driver to {wanted}; "
+                "release it with --release-holds to try again"
+            )
     return out
 
 
@@ -161,7 +191,11 @@ def lines(report: dict) -> list[str]:
         return []
     out = []
     for host, entry in sorted((report.get("hosts") or {}).items()):
-        steps = ", ".join(f"{v['branch']}: {'passed' if v['passed'] else 'FAILED'}" for v in entry.get("validations", []))
+        steps = ", ".join(
+            f"{v['branch']}: {'passed' if v['passed'] else 'FAILED'}" for v in entry.get("validations", [])
+        )
         held = f"; {describe(entry['held'])}" if entry.get("held") else ""
-        out.append(f"driver {host}: {entry.get('from')} -> {entry.get('to')}; CUDA validation {steps or 'not run'}{held}")
+        out.append(
+            f"driver {host}: {entry.get('from')} -> {entry.get('to')}; CUDA validation {steps or 'not run'}{held}"
+        )
     return out

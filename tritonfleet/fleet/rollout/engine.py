@@ -111,27 +111,50 @@ class _Run:
 
 
 def _before_record(st: probe.HostStatus) -> dict:
-    return {"release": st.release, "unit": st.unit, "version": st.version, "reachable": st.reachable,
-            "error": st.error, "driver": getattr(st, "driver", None), "toolkit": getattr(st, "toolkit", None),
-            "hold": getattr(st, "driver_hold", None)}
+    return {
+        "release": st.release,
+        "unit": st.unit,
+        "version": st.version,
+        "reachable": st.reachable,
+        "error": st.error,
+        "driver": getattr(st, "driver", None),
+        "toolkit": getattr(st, "toolkit", None),
+        "hold": getattr(st, "driver_hold", None),
+    }
 
 
-def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, canary: int = 1,
-            batch: str | int = "25%", max_fail: str | int = 0, data: dict | None = None,
-            gate_timeout: float | None = None, echo: Callable[[str], None] = print,
-            perf_gate: bool = False, stage: bool = False, canary_weight: float | None = None,
-            plan_only: bool = False, release_holds: bool = False) -> Report:
+def rollout(
+    inventory: str,
+    deploy: str,
+    *,
+    limit: list[str] | None = None,
+    canary: int = 1,
+    batch: str | int = "25%",
+    max_fail: str | int = 0,
+    data: dict | None = None,
+    gate_timeout: float | None = None,
+    echo: Callable[[str], None] = print,
+    perf_gate: bool = False,
+    stage: bool = False,
+    canary_weight: float | None = None,
+    plan_only: bool = False,
+    release_holds: bool = False,
+) -> Report:
     """``max_fail``: N hosts or P% of the targets; ``plan_only`` (--dry): probe and plan only (pyinfra --dry on
     every reachable target), then stop: no host is changed."""
     data = dict(data or {})
     roster.check_deploy_file(deploy)
     if Path(inventory).is_file() and roster.deploy_imports(inventory) and not roster.deploy_imports(deploy):
-        raise RolloutError(f"the arguments are the wrong way round: {inventory} is a deploy file and {deploy} "
-                           f"is not; the inventory comes first: tritonfleet rollout {deploy} {inventory}")
+        raise RolloutError(
+            f"the arguments are the wrong way round: {inventory} is a deploy file and {deploy} "
+            f"is not; the inventory comes first: tritonfleet rollout {deploy} {inventory}"
+        )
     if roster.looks_like_inventory(deploy):
-        raise RolloutError(f"{deploy} is an inventory (it defines host groups and imports no steps), not a deploy: "
-                           "tritonfleet rollout INVENTORY DEPLOY, e.g. tritonfleet rollout inventories/prod.py "
-                           "deploys/models.py")
+        raise RolloutError(
+            f"{deploy} is an inventory (it defines host groups and imports no steps), not a deploy: "
+            "tritonfleet rollout INVENTORY DEPLOY, e.g. tritonfleet rollout inventories/prod.py "
+            "deploys/models.py"
+        )
     if gate_timeout is not None and not gate_timeout > 0:
         raise RolloutError(f"--gate-timeout must be a number of seconds > 0, not {gate_timeout!r}")
     parse_max_fail(max_fail, 0)  # its form, before anything runs
@@ -147,14 +170,44 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     logs = log_dir()
     report.log_dir = str(logs)
     journal = Journal(logs / JOURNAL)
-    journal.write("start", inventory=inventory, deploy=deploy, limit=list(limit or []), canary=canary,
-                  batch=str(batch), max_fail=max_fail, data=data, gate_timeout=gate_timeout, batches=batches,
-                  hosts=names, cwd=os.getcwd(), pid=os.getpid(), holder=runid.holder(), canary_weight=canary_weight)
-    run = _Run(inventory, deploy, data, batches, canary, max_fail, gate_timeout, report, logs, journal, echo,
-               by_name={h.name: h for h in hosts}, perf_gate=perf_gate, traffic=lb)
-    echo(f"rollout of {deploy} to {len(names)} host(s) of {inventory}: "
-         f"{len(batches)} batch(es) {[len(b) for b in batches]}, canary {min(canary, len(names))}, "
-         f"max {max_fail} failure(s); logs and journal in {logs}")
+    journal.write(
+        "start",
+        inventory=inventory,
+        deploy=deploy,
+        limit=list(limit or []),
+        canary=canary,
+        batch=str(batch),
+        max_fail=max_fail,
+        data=data,
+        gate_timeout=gate_timeout,
+        batches=batches,
+        hosts=names,
+        cwd=os.getcwd(),
+        pid=os.getpid(),
+        holder=runid.holder(),
+        canary_weight=canary_weight,
+    )
+    run = _Run(
+        inventory,
+        deploy,
+        data,
+        batches,
+        canary,
+        max_fail,
+        gate_timeout,
+        report,
+        logs,
+        journal,
+        echo,
+        by_name={h.name: h for h in hosts},
+        perf_gate=perf_gate,
+        traffic=lb,
+    )
+    echo(
+        f"rollout of {deploy} to {len(names)} host(s) of {inventory}: "
+        f"{len(batches)} batch(es) {[len(b) for b in batches]}, canary {min(canary, len(names))}, "
+        f"max {max_fail} failure(s); logs and journal in {logs}"
+    )
     report.halted = lb.start(logs, journal, echo, names)  # the states served; every batch against capacity
     if report.halted:
         return _finish(run, t_start)
@@ -179,8 +232,7 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
 
     # 2. plan on every reachable target: a pre-flight error stops here, with no host touched
     targets = [n for n in names if n not in run.unreachable]
-    dry = workers.run_pyinfra(inventory, deploy, targets, data, dry=True, log_path=logs / "plan.log",
-                              settings=hosts[0])
+    dry = workers.run_pyinfra(inventory, deploy, targets, data, dry=True, log_path=logs / "plan.log", settings=hosts[0])
     if dry.rc != 0:
         report.halted = "planning failed before any host was changed:\n  " + "\n  ".join(plan_error(dry.log))
         return _finish(run, t_start)
@@ -194,7 +246,8 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
         _stage(run, targets)
         if run.failures > max_fail or run.report.staged.get("halt"):
             report.halted = run.report.staged.get("halt") or (
-                f"{run.failures} host(s) could not stage, more than --max-fail {max_fail}: no host was changed")
+                f"{run.failures} host(s) could not stage, more than --max-fail {max_fail}: no host was changed"
+            )
             return _finish(run, t_start)
 
     # 3. batches
@@ -202,8 +255,9 @@ def rollout(inventory: str, deploy: str, *, limit: list[str] | None = None, cana
     return _finish(run, t_start)
 
 
-def _driver_plan(run: _Run, hosts: list[roster.FleetHost], before: dict[str, probe.HostStatus],
-                 release_holds: bool) -> None:
+def _driver_plan(
+    run: _Run, hosts: list[roster.FleetHost], before: dict[str, probe.HostStatus], release_holds: bool
+) -> None:
     """Held hosts (a failed driver change's hold) that this rollout would move again: left out and
     named, unless ``release_holds`` (their holds removed first); then the driver change, if any."""
     holds = {n: run.before[n].get("hold") for n in before}
@@ -218,8 +272,9 @@ def _driver_plan(run: _Run, hosts: list[roster.FleetHost], before: dict[str, pro
         run.unreachable.append(n)  # left out of every batch, as an unreachable host is
         run.results[n].result, run.results[n].detail = "held", why
         run.echo(f"{n}: {why}")
-    run.driver = driver.DriverChange.detect(run.data, [h for h in hosts if h.name not in run.unreachable],
-                                            run.before, run.echo)
+    run.driver = driver.DriverChange.detect(
+        run.data, [h for h in hosts if h.name not in run.unreachable], run.before, run.echo
+    )
     if run.driver:
         moves = ", ".join(f"{n} {run.driver.before.get(n)} -> {b}" for n, b in run.driver.wanted.items())
         run.echo(f"driver change: {moves}; each host is validated with a CUDA kernel after its batch")
@@ -239,8 +294,7 @@ def _show_plan(run: _Run, plan: PyinfraRun) -> None:
         run.echo(f"[{run.label(i)}] would deploy to {', '.join(todo) or 'no reachable host'}")
         for n in todo:
             run.results[n].batch = i
-            run.results[n].detail = (f"dry: {counts[n]} operation(s) would change" if counts.get(n)
-                                     else "dry: no change")
+            run.results[n].detail = f"dry: {counts[n]} operation(s) would change" if counts.get(n) else "dry: no change"
     run.echo(f"dry run: nothing changed (pyinfra --dry's output: {plan.log_path or 'not kept'})")
 
 
@@ -270,16 +324,21 @@ def _batches(run: _Run, first: int) -> None:
         t0 = time.monotonic()
         watch = run.traffic.watch(i, todo, label) if run.traffic else None  # HAProxy read every second
         try:
-            pyi = workers.run_pyinfra(run.inventory, run.deploy, todo, run.data,
-                                      log_path=run.logs / f"batch-{i}.log", failure_dir=run.logs / f"failures-{i}",
-                                      settings=run.by_name[todo[0]],
-                                      on_start=functools.partial(_started, run.journal, i, todo))
+            pyi = workers.run_pyinfra(
+                run.inventory,
+                run.deploy,
+                todo,
+                run.data,
+                log_path=run.logs / f"batch-{i}.log",
+                failure_dir=run.logs / f"failures-{i}",
+                settings=run.by_name[todo[0]],
+                on_start=functools.partial(_started, run.journal, i, todo),
+            )
         finally:
             if watch:
                 watch.stop()
         # why each host failed: the report its step left (structured), else pyinfra's own words
-        reports: dict[str, Failure] = {n: f for n, f in read_channel(run.logs / f"failures-{i}").items()
-                                       if n in todo}
+        reports: dict[str, Failure] = {n: f for n, f in read_channel(run.logs / f"failures-{i}").items() if n in todo}
         why = {n: (reports[n].short(240) if n in reports else pyi.reason(n)) for n in todo}
         failed: dict[str, str] = {n: why[n] for n in pyi.failed() if n in todo}
         if pyi.rc != 0 and not failed and not pyi.data:  # no JSON (every host failed): all of them
@@ -316,10 +375,19 @@ def _batches(run: _Run, first: int) -> None:
                 if n in reports:
                     run.echo(reports[n].text())
             if run.driver:  # the branch they ran before, validated again, held there
-                run.driver.revert(run.inventory, run.deploy, run.data, [run.by_name[n] for n in failed], results,
-                                  run.logs, label)
-            _roll_back(run.inventory, [run.by_name[n] for n in failed], run.before, results, run.data,
-                       run.logs / f"rollback-{i}.log", pyi, run.echo)
+                run.driver.revert(
+                    run.inventory, run.deploy, run.data, [run.by_name[n] for n in failed], results, run.logs, label
+                )
+            _roll_back(
+                run.inventory,
+                [run.by_name[n] for n in failed],
+                run.before,
+                results,
+                run.data,
+                run.logs / f"rollback-{i}.log",
+                pyi,
+                run.echo,
+            )
             if run.driver:
                 run.driver.settle(results)
             if run.traffic:  # when the canary serves the old release again
@@ -328,13 +396,14 @@ def _batches(run: _Run, first: int) -> None:
         if run.traffic:
             run.traffic.after_batch(i, {n: results[n] for n in todo})
         run.failures += len(failed)
-        run.journal.write("batch-done", index=i, results={n: asdict(results[n]) for n in todo},
-                          failures=run.failures)
+        run.journal.write("batch-done", index=i, results={n: asdict(results[n]) for n in todo}, failures=run.failures)
         run.echo(f"[{label}] done in {elapsed:.1f}s: " + ", ".join(f"{n} {results[n].result}" for n in todo))
         if run.failures > run.max_fail:
             left = [n for bb in run.batches[i:] for n in bb if n not in run.unreachable]
-            run.report.halted = (f"{run.failures} failure(s), more than --max-fail {run.max_fail}: halted after "
-                                 f"{label}; {len(left)} host(s) not touched")
+            run.report.halted = (
+                f"{run.failures} failure(s), more than --max-fail {run.max_fail}: halted after "
+                f"{label}; {len(left)} host(s) not touched"
+            )
             return
         if run.traffic and run.traffic.halt:  # a canary verdict halts whatever --max-fail allows
             left = [n for bb in run.batches[i:] for n in bb if n not in run.unreachable]
@@ -362,8 +431,15 @@ def _stage(run: _Run, targets: list[str]) -> None:
     where = f" (image mirror: {', '.join(mirrors)})" if mirrors else ""
     run.echo(f"[stage] fetching the image and model release onto {len(targets)} host(s){where}")
     t0 = time.monotonic()
-    pyi = workers.run_pyinfra(run.inventory, str(STAGE_DEPLOY), hosts, run.data, log_path=run.logs / "stage.log",
-                              failure_dir=run.logs / "failures-stage", settings=run.by_name.get(hosts[0]))
+    pyi = workers.run_pyinfra(
+        run.inventory,
+        str(STAGE_DEPLOY),
+        hosts,
+        run.data,
+        log_path=run.logs / "stage.log",
+        failure_dir=run.logs / "failures-stage",
+        settings=run.by_name.get(hosts[0]),
+    )
     reports = {n: f for n, f in read_channel(run.logs / "failures-stage").items() if n in hosts}
     failed = {n for n in pyi.failed() if n in hosts}
     if pyi.rc != 0 and not pyi.data:  # no result at all: nothing is known to be staged
@@ -379,12 +455,13 @@ def _stage(run: _Run, targets: list[str]) -> None:
         if n in reports:
             run.echo(reports[n].text())
     run.failures += len(failed & set(targets))
-    run.report.staged = {"seconds": round(elapsed, 1), "hosts": sorted(set(targets) - failed),
-                         "failed": sorted(failed)}
+    run.report.staged = {"seconds": round(elapsed, 1), "hosts": sorted(set(targets) - failed), "failed": sorted(failed)}
     bad_mirror = sorted(failed & set(mirrors))
     if bad_mirror:
-        run.report.staged["halt"] = (f"the image mirror could not be filled on {', '.join(bad_mirror)} "
-                                     f"({pyi.reason(bad_mirror[0])}): no host was changed")
+        run.report.staged["halt"] = (
+            f"the image mirror could not be filled on {', '.join(bad_mirror)} "
+            f"({pyi.reason(bad_mirror[0])}): no host was changed"
+        )
     run.journal.write("staged", seconds=elapsed, failed=sorted(failed), hosts=hosts)
     bad = f", failed: {', '.join(sorted(failed))}" if failed else ""
     run.echo(f"[stage] done in {elapsed:.1f}s: {len(set(targets) - failed)} staged{bad}")
@@ -394,15 +471,15 @@ def _gate_all(run: _Run, names: list[str]) -> dict[str, Failure]:
     """The health gate on ``names``; {host: failure report} for those that failed it."""
     hosts = [run.by_name[n] for n in names]
     failed = {}
-    for fh, (res, report_) in zip(hosts, workers.parallel(hosts, lambda fh: _gate(fh, run.gate_timeout)),
-                                  strict=True):
+    for fh, (res, report_) in zip(hosts, workers.parallel(hosts, lambda fh: _gate(fh, run.gate_timeout)), strict=True):
         if not res.ok:
             failed[fh.name] = report_
     return failed
 
 
-def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
-           echo: Callable[[str], None] = print) -> Report:
+def resume(
+    journal_path: str | Path | None = None, *, roll_back: bool = False, echo: Callable[[str], None] = print
+) -> Report:
     """Go on with a rollout whose control process died, from its journal: the batch it was in is
     run again (the deploy converges: what the cut run finished is not redone) and gated, then the
     batches it had not reached. With ``roll_back``: every host the rollout reached goes back to
@@ -419,14 +496,20 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
         raise RolloutError(f"{path}: the journal has no start record: nothing to resume")
     if any(e["event"] == "end" for e in events):
         raise RolloutError(f"{path}: that rollout ended; start a new one instead")
-    if start.get("holder", "").split(" ", 1)[0].endswith("@" + _socket.gethostname()) and \
-            start.get("pid") != os.getpid() and alive(int(start.get("pid", 0))) and \
-            b"tritonfleet" in Path(f"/proc/{start['pid']}/cmdline").read_bytes():
-        raise RolloutError(f"{path}: the rollout that wrote it is still running (pid {start['pid']}): "
-                           "let it finish, or stop it first")
+    if (
+        start.get("holder", "").split(" ", 1)[0].endswith("@" + _socket.gethostname())
+        and start.get("pid") != os.getpid()
+        and alive(int(start.get("pid", 0)))
+        and b"tritonfleet" in Path(f"/proc/{start['pid']}/cmdline").read_bytes()
+    ):
+        raise RolloutError(
+            f"{path}: the rollout that wrote it is still running (pid {start['pid']}): let it finish, or stop it first"
+        )
     if start.get("cwd") and Path(start["cwd"]).resolve() != Path.cwd().resolve():
-        raise RolloutError(f"{path}: resume from the directory that rollout ran in: {start['cwd']} "
-                           "(the inventory, deploy and model repository are relative to it)")
+        raise RolloutError(
+            f"{path}: resume from the directory that rollout ran in: {start['cwd']} "
+            "(the inventory, deploy and model repository are relative to it)"
+        )
     t_start = time.monotonic()
     inventory, deploy, data = start["inventory"], start["deploy"], start.get("data") or {}
     batches = start["batches"]
@@ -439,18 +522,35 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     report.log_dir = str(path.parent)
     traffic.restore_from_journal(events, echo)  # a canary share the crash left set
     lb = traffic.prepare(hosts, batches, int(start["canary"]), start.get("canary_weight"))
-    run = _Run(inventory, deploy, data, batches, int(start["canary"]), int(start["max_fail"]),
-               start.get("gate_timeout"), report, path.parent, journal, echo, by_name=by_name, traffic=lb)
+    run = _Run(
+        inventory,
+        deploy,
+        data,
+        batches,
+        int(start["canary"]),
+        int(start["max_fail"]),
+        start.get("gate_timeout"),
+        report,
+        path.parent,
+        journal,
+        echo,
+        by_name=by_name,
+        traffic=lb,
+    )
     results = run.results
     driver_ev = next((e for e in events if e["event"] == "driver"), None)
     if driver_ev:  # a driver change: its validation and way back go on for the batches left
-        run.driver = driver.DriverChange(driver_ev["wanted"], driver_ev["before"],
-                                         {n: str(by_name[n].get("triton_image")) for n in driver_ev["wanted"]
-                                          if n in by_name}, echo)
+        run.driver = driver.DriverChange(
+            driver_ev["wanted"],
+            driver_ev["before"],
+            {n: str(by_name[n].get("triton_image")) for n in driver_ev["wanted"] if n in by_name},
+            echo,
+        )
     before_ev = next((e for e in events if e["event"] == "before"), None)
     if before_ev is None:
-        raise RolloutError(f"{path}: the rollout died before it had probed the hosts, so it changed "
-                           "nothing: start it again")
+        raise RolloutError(
+            f"{path}: the rollout died before it had probed the hosts, so it changed nothing: start it again"
+        )
     run.before = before_ev["hosts"]
     for n, b in run.before.items():
         results[n].before = b.get("version", "-")
@@ -479,21 +579,37 @@ def resume(journal_path: str | Path | None = None, *, roll_back: bool = False,
     first = min(cut) if cut else (max(done) + 1 if done else 1)
     journal.write("resume", pid=os.getpid(), holder=runid.holder(), roll_back=roll_back, batch=first)
     if cut:
-        echo(f"resuming the rollout of {path.parent}: {run.label(first)} was cut "
-             f"({', '.join(started[first]['hosts'])}; its pyinfra, pid {started[first]['pid']}, died with it)")
+        echo(
+            f"resuming the rollout of {path.parent}: {run.label(first)} was cut "
+            f"({', '.join(started[first]['hosts'])}; its pyinfra, pid {started[first]['pid']}, died with it)"
+        )
     if roll_back:
-        reached = [n for e in events if e["event"] in ("batch", "batch-done")
-                   for n in (e.get("hosts") or list(e.get("results", {})))]
-        targets = [run.by_name[n] for n in dict.fromkeys(reached)
-                   if results[n].result not in ("rolled back", "unreachable")]
+        reached = [
+            n
+            for e in events
+            if e["event"] in ("batch", "batch-done")
+            for n in (e.get("hosts") or list(e.get("results", {})))
+        ]
+        targets = [
+            run.by_name[n] for n in dict.fromkeys(reached) if results[n].result not in ("rolled back", "unreachable")
+        ]
         echo(f"rolling back every host the rollout reached: {', '.join(fh.name for fh in targets) or 'none'}")
         if targets:
-            _roll_back(inventory, targets, run.before, results, data, path.parent / "rollback-resume.log",
-                       PyinfraRun(0, {}, ""), echo)
+            _roll_back(
+                inventory,
+                targets,
+                run.before,
+                results,
+                data,
+                path.parent / "rollback-resume.log",
+                PyinfraRun(0, {}, ""),
+                echo,
+            )
             _versions(targets, results)
         run.report.halted = "rolled back on request (--resume --roll-back)"
-        run.journal.write("batch-done", index=0, results={fh.name: asdict(results[fh.name]) for fh in targets},
-                          failures=run.failures)
+        run.journal.write(
+            "batch-done", index=0, results={fh.name: asdict(results[fh.name]) for fh in targets}, failures=run.failures
+        )
         return _finish(run, t_start)
     if run.failures > run.max_fail:
         run.report.halted = f"{run.failures} failure(s) before the crash, more than --max-fail {run.max_fail}"
@@ -518,8 +634,9 @@ def _gate(fh: roster.FleetHost, timeout: float | None) -> tuple[health.HealthRes
     try:
         if per_gpu.enabled(fh):  # one Triton per GPU: every instance gated, the host as one unit
             st = probe.probe(fh, with_intent=False)
-            gets = per_gpu.instance_gets(fh, placement.placement_count(fh.get("gpu_count"), st.gpu_recorded,
-                                                                         len(st.gpus) or None))
+            gets = per_gpu.instance_gets(
+                fh, placement.placement_count(fh.get("gpu_count"), st.gpu_recorded, len(st.gpus) or None)
+            )
         if fh.get("health_via") == "ssh":
             roster.run(fh, "true")
             transport = fh.pyinfra_host.connector.client.get_transport()
@@ -527,8 +644,9 @@ def _gate(fh: roster.FleetHost, timeout: float | None) -> tuple[health.HealthRes
             watch = unit_watch.watch_instance(g, lambda cmd: roster.run(fh, cmd)[1])
             res = health.gate(g, fh.address, models, transport, limit, watch)
             if not res.ok:
-                return res, health.instance_failure(health.failure_of(res, fh.name, models, watch, limit,
-                                                                      rollout=True), g)
+                return res, health.instance_failure(
+                    health.failure_of(res, fh.name, models, watch, limit, rollout=True), g
+                )
     except (roster.FleetError, ValueError, *CONNECTION_ERRORS) as e:  # a gate that cannot run is a failed gate
         res = health.HealthResult(False, [health.Check(fh.address, False, str(e)[:200])])
     if res.ok:
@@ -536,19 +654,35 @@ def _gate(fh: roster.FleetHost, timeout: float | None) -> tuple[health.HealthRes
     return res, health.failure_of(res, fh.name, models, watch, limit, rollout=True)
 
 
-def _roll_back(inventory: str, failed: list[roster.FleetHost], before: dict, results: dict, data: dict,
-               log_path: Path, run: PyinfraRun, echo) -> None:
+def _roll_back(
+    inventory: str,
+    failed: list[roster.FleetHost],
+    before: dict,
+    results: dict,
+    data: dict,
+    log_path: Path,
+    run: PyinfraRun,
+    echo,
+) -> None:
     targets, wanted = [], {}
-    now = dict(zip([fh.name for fh in failed], workers.parallel(failed, lambda h: probe.probe(h, with_intent=False)),
-                   strict=True))
+    now = dict(
+        zip(
+            [fh.name for fh in failed],
+            workers.parallel(failed, lambda h: probe.probe(h, with_intent=False)),
+            strict=True,
+        )
+    )
     for fh in failed:
         r, st = results[fh.name], before[fh.name]
         if not now[fh.name].reachable:
             r.result = "unreachable"
             # a host of a pyinfra process that gave no result (run.reasons) may have been changed
             never = bool(run.data) and not run.reached(fh.name) and fh.name not in run.reasons
-            r.detail += (" (the deploy never reached it: not changed)" if never
-                         else " (no SSH now: cannot roll back; run deploys/rollback.py once it answers)")
+            r.detail += (
+                " (the deploy never reached it: not changed)"
+                if never
+                else " (no SSH now: cannot roll back; run deploys/rollback.py once it answers)"
+            )
             continue
         if not st.get("release") or not st.get("unit"):
             r.detail += " (no earlier deployment on this host: nothing to roll back to)"
@@ -559,8 +693,15 @@ def _roll_back(inventory: str, failed: list[roster.FleetHost], before: dict, res
         return
     echo(f"rolling back {', '.join(targets)} to what they served before")
     rb_dir = log_path.with_suffix(".failures")
-    rb = workers.run_pyinfra(inventory, str(ROLLBACK_DEPLOY), targets, {**data, "rollback_to": wanted},
-                             log_path=log_path, failure_dir=rb_dir, settings=failed[0])
+    rb = workers.run_pyinfra(
+        inventory,
+        str(ROLLBACK_DEPLOY),
+        targets,
+        {**data, "rollback_to": wanted},
+        log_path=log_path,
+        failure_dir=rb_dir,
+        settings=failed[0],
+    )
     bad = rb.failed() if rb.data else set(targets)
     rb_reports = read_channel(rb_dir)
     for n in targets:

@@ -51,19 +51,25 @@ def judge(before: Measurement, after: Measurement, limits: Limits) -> str:
     """Why ``after`` fails against ``before`` ("" when it passes)."""
     why = []
     if after.errors or not after.requests:
-        why.append(f"{after.errors} of {after.requests + after.errors} requests failed after the update"
-                   + (f" (first: {after.first_error})" if after.first_error else ""))
+        why.append(
+            f"{after.errors} of {after.requests + after.errors} requests failed after the update"
+            + (f" (first: {after.first_error})" if after.first_error else "")
+        )
     if before.throughput > 0:
         drop = 1 - after.throughput / before.throughput
         if drop > limits.max_throughput_drop:
-            why.append(f"throughput {before.throughput:.1f} -> {after.throughput:.1f} inf/s "
-                       f"(-{drop * 100:.0f}%, perf_gate_max_throughput_drop allows "
-                       f"-{limits.max_throughput_drop * 100:.0f}%)")
+            why.append(
+                f"throughput {before.throughput:.1f} -> {after.throughput:.1f} inf/s "
+                f"(-{drop * 100:.0f}%, perf_gate_max_throughput_drop allows "
+                f"-{limits.max_throughput_drop * 100:.0f}%)"
+            )
     if before.p95_ms and after.p95_ms is not None:
         rise = after.p95_ms / before.p95_ms - 1
         if rise > limits.max_p95_rise:
-            why.append(f"p95 {before.p95_ms:.1f} -> {after.p95_ms:.1f} ms (+{rise * 100:.0f}%, "
-                       f"perf_gate_max_p95_rise allows +{limits.max_p95_rise * 100:.0f}%)")
+            why.append(
+                f"p95 {before.p95_ms:.1f} -> {after.p95_ms:.1f} ms (+{rise * 100:.0f}%, "
+                f"perf_gate_max_p95_rise allows +{limits.max_p95_rise * 100:.0f}%)"
+            )
     return "; ".join(why)
 
 
@@ -87,8 +93,9 @@ def measure(fh: FleetHost, model: str | None = None) -> Measurement:
         raise
     except (FleetError, ValueError, *CONNECTION_ERRORS) as e:  # named with the host
         raise PerfGateError(f"{fh.name}: {type(e).__name__}: {e}") from e
-    return Measurement(model, conc, step.duration_s, step.requests, step.errors, step.throughput,
-                       step.p95_ms, step.first_error)
+    return Measurement(
+        model, conc, step.duration_s, step.requests, step.errors, step.throughput, step.p95_ms, step.first_error
+    )
 
 
 class Gate:
@@ -105,8 +112,10 @@ class Gate:
         for fh in hosts:  # one after the other: each measurement has the control machine alone
             m = measure(fh)
             if m.errors or not m.requests:
-                raise PerfGateError(f"{fh.name}: the performance gate's load failed before the update "
-                                    f"({m.errors} errors; first: {m.first_error}); nothing was changed")
+                raise PerfGateError(
+                    f"{fh.name}: the performance gate's load failed before the update "
+                    f"({m.errors} errors; first: {m.first_error}); nothing was changed"
+                )
             self.before[fh.name] = m
             self.echo(f"[perf gate] {fh.name} before: {m.model} at concurrency {m.concurrency}: {m.summary()}")
 
@@ -123,18 +132,27 @@ class Gate:
                 failed[fh.name] = self.verdict[fh.name] = f"performance gate: {e}"
                 continue
             self.after[fh.name] = a
-            why = judge(b, a, Limits(float(fh.get("perf_gate_max_throughput_drop")),
-                                     float(fh.get("perf_gate_max_p95_rise"))))
+            why = judge(
+                b, a, Limits(float(fh.get("perf_gate_max_throughput_drop")), float(fh.get("perf_gate_max_p95_rise")))
+            )
             self.verdict[fh.name] = f"failed: {why}" if why else "passed"
-            self.echo(f"[perf gate] {fh.name} after: {a.model} at concurrency {a.concurrency}: "
-                      f"{a.summary()}: {self.verdict[fh.name]}")
+            self.echo(
+                f"[perf gate] {fh.name} after: {a.model} at concurrency {a.concurrency}: "
+                f"{a.summary()}: {self.verdict[fh.name]}"
+            )
             if why:
                 failed[fh.name] = f"performance gate: {why}"
         return failed
 
     def report(self) -> dict:
-        return {n: {"before": asdict(b), "after": asdict(self.after[n]) if n in self.after else None,
-                    "verdict": self.verdict.get(n, "not measured after")} for n, b in self.before.items()}
+        return {
+            n: {
+                "before": asdict(b),
+                "after": asdict(self.after[n]) if n in self.after else None,
+                "verdict": self.verdict.get(n, "not measured after"),
+            }
+            for n, b in self.before.items()
+        }
 
 
 def lines(perf: dict) -> list[str]:
@@ -143,6 +161,8 @@ def lines(perf: dict) -> list[str]:
     for n, r in perf.items():
         b = Measurement(**r["before"])
         a = Measurement(**r["after"]) if r.get("after") else None
-        out.append(f"perf gate  {n}: {b.model} c={b.concurrency}: before {b.summary()}; after "
-                   f"{a.summary() if a else '-'}: {r['verdict']}")
+        out.append(
+            f"perf gate  {n}: {b.model} c={b.concurrency}: before {b.summary()}; after "
+            f"{a.summary() if a else '-'}: {r['verdict']}"
+        )
     return out

@@ -26,7 +26,9 @@ def parse_batch(batch: str | int, total: int) -> int:
             raise ValueError
         return n
     except ValueError:
-        raise RolloutError(f"--batch must be a number of hosts (>= 1) or a percentage like 25%, not {batch!r}") from None
+        raise RolloutError(
+            f"--batch must be a number of hosts (>= 1) or a percentage like 25%, not {batch!r}"
+        ) from None
 
 
 def parse_max_fail(max_fail: str | int, total: int) -> int:
@@ -44,8 +46,9 @@ def parse_max_fail(max_fail: str | int, total: int) -> int:
             raise ValueError
         return n
     except ValueError:
-        raise RolloutError(f"--max-fail must be a number of hosts (>= 0) or a percentage of the targets like 10%, "
-                           f"not {max_fail!r}") from None
+        raise RolloutError(
+            f"--max-fail must be a number of hosts (>= 0) or a percentage of the targets like 10%, not {max_fail!r}"
+        ) from None
 
 
 def plan_batches(names: list[str], canary: int, batch: str | int) -> list[list[str]]:
@@ -57,7 +60,7 @@ def plan_batches(names: list[str], canary: int, batch: str | int) -> list[list[s
     if head:
         out.append(head)
     size = parse_batch(batch, len(names))
-    out += [rest[i:i + size] for i in range(0, len(rest), size)]
+    out += [rest[i : i + size] for i in range(0, len(rest), size)]
     return out
 
 

@@ -60,24 +60,32 @@ def table(report: Report) -> str:
     rows = [("HOST", "BATCH", "RESULT", "TIME", "BEFORE", "AFTER", "DETAIL")]
     cut = [r for r in report.hosts if len(r.detail) > DETAIL_WIDTH]
     for r in report.hosts:
-        detail = r.detail if len(r.detail) <= DETAIL_WIDTH else f"{r.detail[:DETAIL_WIDTH - 12]}... (below)"
-        rows.append((r.host, str(r.batch or "-"), r.result, f"{r.seconds:.1f}s" if r.batch else "-",
-                     r.before, r.after, detail))
+        detail = r.detail if len(r.detail) <= DETAIL_WIDTH else f"{r.detail[: DETAIL_WIDTH - 12]}... (below)"
+        rows.append(
+            (r.host, str(r.batch or "-"), r.result, f"{r.seconds:.1f}s" if r.batch else "-", r.before, r.after, detail)
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
-             for row in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1] for row in rows]
     lines += [f"{r.host}: {r.detail}" for r in cut]
     lines += perfgate.lines(report.perf)
     lines += traffic.lines(report)
     lines += driver.lines(report.driver)
     verdict = "OK" if report.ok else ("HALTED" if report.halted else "FAILED")
-    lines.append(f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
-                 f"version in {report.seconds:.1f}s")
+    lines.append(
+        f"{verdict}: {sum(r.ok for r in report.hosts)}/{len(report.hosts)} host(s) on the new "
+        f"version in {report.seconds:.1f}s"
+    )
     return "\n".join(lines)
 
 
-def finish(report: Report, journal: Journal, started: float, echo: Callable[[str], None],
-           wind_down: Callable[[Report], None] | None = None, **end) -> Report:
+def finish(
+    report: Report,
+    journal: Journal,
+    started: float,
+    echo: Callable[[str], None],
+    wind_down: Callable[[Report], None] | None = None,
+    **end,
+) -> Report:
     """The end of a rollout, push or pull: its time since ``started`` (time.monotonic), the hosts
     it never reached keep the version they had, the HALTED line, then ``wind_down`` (the push
     rollout's traffic: weights back, its capacity and canary rows) and the journal's ``end``

@@ -80,9 +80,17 @@ class HostStates:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"rollout": self.id, "pid": os.getpid(), "batch": self.batch, "paused": self.paused,
-                    "canary_share": self.canary_share, "ended": self.ended, "listen": self.listen,
-                    "hosts": {h: dict(v) for h, v in self.states.items()}, "time": time.time()}
+            return {
+                "rollout": self.id,
+                "pid": os.getpid(),
+                "batch": self.batch,
+                "paused": self.paused,
+                "canary_share": self.canary_share,
+                "ended": self.ended,
+                "listen": self.listen,
+                "hosts": {h: dict(v) for h, v in self.states.items()},
+                "time": time.time(),
+            }
 
     def write(self) -> None:
         data = json.dumps(self.snapshot(), sort_keys=True)
@@ -115,22 +123,27 @@ class HostStates:
         from prometheus_client.core import GaugeMetricFamily
 
         snap = self.snapshot()
-        state = GaugeMetricFamily("tritonfleet_rollout_host_state",
-                                  "The host's state in the rollout: 1 for its current state, 0 for the others",
-                                  labels=["rollout", "host", "state"])
+        state = GaugeMetricFamily(
+            "tritonfleet_rollout_host_state",
+            "The host's state in the rollout: 1 for its current state, 0 for the others",
+            labels=["rollout", "host", "state"],
+        )
         for host, v in snap["hosts"].items():
             for s in STATES:
                 state.add_metric([self.id, host, s], 1.0 if v["state"] == s else 0.0)
         paused = GaugeMetricFamily("tritonfleet_rollout_paused", "1 while the rollout is paused", labels=["rollout"])
         paused.add_metric([self.id], 1.0 if snap["paused"] else 0.0)
-        batch = GaugeMetricFamily("tritonfleet_rollout_batch", "The batch the rollout is in (1: the first)",
-                                  labels=["rollout"])
+        batch = GaugeMetricFamily(
+            "tritonfleet_rollout_batch", "The batch the rollout is in (1: the first)", labels=["rollout"]
+        )
         batch.add_metric([self.id], float(snap["batch"]))
         out = [state, paused, batch]
         if snap["canary_share"] is not None:
-            share = GaugeMetricFamily("tritonfleet_rollout_canary_share",
-                                      "The part of its backend's traffic HAProxy sends the canary hosts",
-                                      labels=["rollout"])
+            share = GaugeMetricFamily(
+                "tritonfleet_rollout_canary_share",
+                "The part of its backend's traffic HAProxy sends the canary hosts",
+                labels=["rollout"],
+            )
             share.add_metric([self.id], float(snap["canary_share"]))
             out.append(share)
         return out
@@ -149,8 +162,10 @@ class HostStates:
         try:
             self._server, _ = start_http_server(int(port), addr.strip("[]") or "0.0.0.0", registry=registry)
         except OSError as e:
-            return (f"rollout state metrics: cannot listen on {listen} ({e.strerror or e}); the states are in "
-                    f"{self.dir / STATE_FILE} and `tritonfleet status` shows them")
+            return (
+                f"rollout state metrics: cannot listen on {listen} ({e.strerror or e}); the states are in "
+                f"{self.dir / STATE_FILE} and `tritonfleet status` shows them"
+            )
         self.listen = f"{addr}:{self._server.server_port}"
         self.write()
         return f"rollout state metrics on http://{self.listen}/metrics"
@@ -164,6 +179,7 @@ class HostStates:
 
 
 # ---- the read side: status, pause and continue -----------------------------------------------------
+
 
 def unfinished(base: Path | None = None) -> list[dict]:
     """The state of every rollout under ``base`` that has not ended, newest first, each with

@@ -71,14 +71,22 @@ def server_name(fh) -> str:
 def _same(hosts, key: str, where: str):
     values = {repr(h.get(key)): h.get(key) for h in hosts}
     if len(values) > 1:
-        raise UsageError(f"the hosts of {where} differ on {key} ({', '.join(sorted(values))}): one value per "
-                         "HAProxy backend (group data)")
+        raise UsageError(
+            f"the hosts of {where} differ on {key} ({', '.join(sorted(values))}): one value per "
+            "HAProxy backend (group data)"
+        )
     return next(iter(values.values()))
 
 
 class Traffic:
-    def __init__(self, hosts: list, batches: list[list[str]], canary: int, canary_share: float | None,
-                 models_of: Callable[[], dict[str, list[str]]] | None = None):
+    def __init__(
+        self,
+        hosts: list,
+        batches: list[list[str]],
+        canary: int,
+        canary_share: float | None,
+        models_of: Callable[[], dict[str, list[str]]] | None = None,
+    ):
         """``hosts``: the rollout's inventory hosts; ``canary_share`` (0-1): the canary batch's part
         of its backend's traffic, None for a whole-host canary. Raises UsageError for settings
         that cannot work (nothing is written yet)."""
@@ -92,11 +100,14 @@ class Traffic:
                 rules = capacity.Rules(
                     capacity.parse_limit(fh.get("rollout_max_unavailable"), "rollout_max_unavailable", fh.name),
                     capacity.parse_limit(fh.get("rollout_min_available"), "rollout_min_available", fh.name),
-                    self._model_limits(fh))
+                    self._model_limits(fh),
+                )
                 if rules.active:
-                    raise UsageError(f"{fh.name}: capacity rules (rollout_max_unavailable, rollout_min_available) "
-                                     "are checked against HAProxy's state: they need lb = 'haproxy' and "
-                                     "lb_haproxy_sockets (group data)")
+                    raise UsageError(
+                        f"{fh.name}: capacity rules (rollout_max_unavailable, rollout_min_available) "
+                        "are checked against HAProxy's state: they need lb = 'haproxy' and "
+                        "lb_haproxy_sockets (group data)"
+                    )
                 continue
             if key not in self.pools:
                 self.pools[key] = _PoolInfo(capacity.Pool(list(key[0]), key[1]), capacity.Rules())
@@ -105,10 +116,15 @@ class Traffic:
             members = [self.by_name[n] for n in info.hosts]
             where = f"backend {key[1]}"
             info.rules = capacity.Rules(
-                capacity.parse_limit(_same(members, "rollout_max_unavailable", where), "rollout_max_unavailable", where),
+                capacity.parse_limit(
+                    _same(members, "rollout_max_unavailable", where), "rollout_max_unavailable", where
+                ),
                 capacity.parse_limit(_same(members, "rollout_min_available", where), "rollout_min_available", where),
-                {m: capacity.parse_limit(v, f"rollout_min_available_models[{m!r}]", where)
-                 for m, v in (_same(members, "rollout_min_available_models", where) or {}).items()})
+                {
+                    m: capacity.parse_limit(v, f"rollout_min_available_models[{m!r}]", where)
+                    for m, v in (_same(members, "rollout_min_available_models", where) or {}).items()
+                },
+            )
         self.wait = float(hosts[0].get("rollout_capacity_wait")) if hosts else 0.0
         self._models_of = models_of
         self.models: dict[str, list[str]] = {}
@@ -132,25 +148,33 @@ class Traffic:
 
     @staticmethod
     def _model_limits(fh) -> dict:
-        return {m: capacity.parse_limit(v, f"rollout_min_available_models[{m!r}]", fh.name)
-                for m, v in (fh.get("rollout_min_available_models") or {}).items()}
+        return {
+            m: capacity.parse_limit(v, f"rollout_min_available_models[{m!r}]", fh.name)
+            for m, v in (fh.get("rollout_min_available_models") or {}).items()
+        }
 
     def _check_canary(self) -> None:
         if not 0 < self.share < 1:
-            raise UsageError(f"--canary-weight / canary_weight is a percentage of the traffic between 0 and 100 "
-                             f"(exclusive), not {self.share * 100:g}")
+            raise UsageError(
+                f"--canary-weight / canary_weight is a percentage of the traffic between 0 and 100 "
+                f"(exclusive), not {self.share * 100:g}"
+            )
         if not self.canary or not self.batches:
             raise UsageError("a traffic canary needs a canary host: give --canary 1 or more")
         canaries = self.batches[0]
         keys = {_pool_key(self.by_name[n]) for n in canaries}
         if None in keys or len(keys) != 1:
-            raise UsageError(f"a traffic canary's share is set through HAProxy's weights: the canary host(s) "
-                             f"{', '.join(canaries)} need lb = 'haproxy' and one backend (lb_haproxy_sockets, "
-                             "lb_haproxy_backend)")
+            raise UsageError(
+                f"a traffic canary's share is set through HAProxy's weights: the canary host(s) "
+                f"{', '.join(canaries)} need lb = 'haproxy' and one backend (lb_haproxy_sockets, "
+                "lb_haproxy_backend)"
+            )
         self.canary_pool = self.pools[keys.pop()]
         if not [n for n in self.canary_pool.hosts if n not in canaries]:
-            raise UsageError("a traffic canary is compared with baseline hosts of the rollout in the same "
-                             f"backend ({self.canary_pool.pool.backend}): the rollout has none beside the canary")
+            raise UsageError(
+                "a traffic canary is compared with baseline hosts of the rollout in the same "
+                f"backend ({self.canary_pool.pool.backend}): the rollout has none beside the canary"
+            )
         fh = self.by_name[canaries[0]]
         self.settings = canary.CanaryPolicy.from_settings(fh, f"{fh.name}'s data")
 
@@ -180,8 +204,10 @@ class Traffic:
                 return f"capacity: cannot read {info.pool.describe()}: {e}"
             missing = [n for n in info.hosts if server_name(self.by_name[n]) not in now]
             if missing:
-                return (f"capacity: HAProxy's {info.pool.describe()} has no server for {', '.join(missing)} "
-                        f"(servers: {', '.join(sorted(now))}; lb_haproxy_server names a host's server)")
+                return (
+                    f"capacity: HAProxy's {info.pool.describe()} has no server for {', '.join(missing)} "
+                    f"(servers: {', '.join(sorted(now))}; lb_haproxy_server names a host's server)"
+                )
             if not info.rules.active:
                 continue
             every = {s: True for s in now}
@@ -189,9 +215,11 @@ class Traffic:
                 servers = [server_name(self.by_name[n]) for n in b if n in info.hosts and n in targets]
                 v = capacity.judge(every, servers, info.rules, self._server_models(key))
                 if not v.ok:
-                    return (f"capacity: batch {i} ({', '.join(b)}) can never go out, even with every server of "
-                            f"{info.pool.describe()} serving: {v.why}; use a smaller --batch or --canary, or "
-                            "other rollout_* limits; no host was changed")
+                    return (
+                        f"capacity: batch {i} ({', '.join(b)}) can never go out, even with every server of "
+                        f"{info.pool.describe()} serving: {v.why}; use a smaller --batch or --canary, or "
+                        "other rollout_* limits; no host was changed"
+                    )
         return ""
 
     def _server_models(self, key: tuple) -> dict[str, list[str]]:
@@ -208,21 +236,37 @@ class Traffic:
             if not servers or not info.rules.active:
                 continue
             try:
-                v, waited = capacity.wait_for(info.pool, servers, info.rules, self._server_models(key), self.wait,
-                                              self.echo, label)
+                v, waited = capacity.wait_for(
+                    info.pool, servers, info.rules, self._server_models(key), self.wait, self.echo, label
+                )
             except DrainError as e:
                 return f"capacity: cannot read {info.pool.describe()} before {label}: {e}"
             rec = self._record(i, label, info.pool.describe())
-            rec.update({"waited_s": round(waited, 1), "ok": v.ok, "summary": v.summary(), "why": v.why, "total": v.total, "out_before": len(v.out),
-                   "batch_size": len(v.batch), "max_unavailable": v.max_unavailable,
-                   "min_available": v.min_available, "models": v.models})
+            rec.update(
+                {
+                    "waited_s": round(waited, 1),
+                    "ok": v.ok,
+                    "summary": v.summary(),
+                    "why": v.why,
+                    "total": v.total,
+                    "out_before": len(v.out),
+                    "batch_size": len(v.batch),
+                    "max_unavailable": v.max_unavailable,
+                    "min_available": v.min_available,
+                    "models": v.models,
+                }
+            )
             if self.journal:
                 self.journal.write("capacity", **rec)
             if not v.ok:
-                return (f"capacity: {label} waited {waited:.0f}s (rollout_capacity_wait) and would still break a "
-                        f"rule in {info.pool.describe()}: {v.why} ({v.summary()})")
-            self.echo(f"[{label}] capacity of {info.pool.describe()}: {v.summary()}"
-                      + (f" (after waiting {waited:.0f}s)" if waited >= 1 else ""))
+                return (
+                    f"capacity: {label} waited {waited:.0f}s (rollout_capacity_wait) and would still break a "
+                    f"rule in {info.pool.describe()}: {v.why} ({v.summary()})"
+                )
+            self.echo(
+                f"[{label}] capacity of {info.pool.describe()}: {v.summary()}"
+                + (f" (after waiting {waited:.0f}s)" if waited >= 1 else "")
+            )
         if i == 1 and self.share is not None:
             why = self._set_share(todo)
             if why:
@@ -241,18 +285,30 @@ class Traffic:
             others = {s: v["weight"] for s, v in first.items() if s not in servers and v["serving"]}
             # as many baseline hosts of the rollout as canaries, under the canaries' load (latency)
             serving = [n for n in info.hosts if n not in canaries and others.get(server_name(self.by_name[n]))]
-            matched = serving[:len(canaries)] if len(others) > len(canaries) else []
+            matched = serving[: len(canaries)] if len(others) > len(canaries) else []
             if self.share * (len(canaries) + len(matched)) / len(canaries) >= 1:
                 matched = []
             plan = haproxy_weights.plan(self.share, servers, others, [server_name(self.by_name[n]) for n in matched])
             self.matched = matched
             self._originals, self._weights = originals, w
             if self.journal:
-                self.journal.write("weights", backend=info.pool.backend, sockets=info.pool.sockets, original=originals,
-                                   canary=servers, share=self.share, set=plan.weights)
+                self.journal.write(
+                    "weights",
+                    backend=info.pool.backend,
+                    sockets=info.pool.sockets,
+                    original=originals,
+                    canary=servers,
+                    share=self.share,
+                    set=plan.weights,
+                )
             # the dead-man first: from the first weight set on, a rollout that dies is covered
-            self._watchdog = canary_watchdog.start(self.logs or Path("."), list(info.pool.sockets), info.pool.backend,
-                                                   originals, self.settings.watchdog_ttl if self.settings else 60.0)
+            self._watchdog = canary_watchdog.start(
+                self.logs or Path("."),
+                list(info.pool.sockets),
+                info.pool.backend,
+                originals,
+                self.settings.watchdog_ttl if self.settings else 60.0,
+            )
             w.set(plan.weights)
         except OSError as e:
             self._originals = None
@@ -261,12 +317,20 @@ class Traffic:
             self._restore()
             return f"canary: cannot give the canary {self.share * 100:g}% of {info.pool.describe()}: {e}"
         self.states.update(canary_share=plan.share)
-        self.result.update(share_asked=self.share, share=plan.share, weights=plan.weights, original=originals,
-                           share_set=time.time(), matched=self.matched)
-        self.echo(f"[canary] {', '.join(canaries)}: {plan.share * 100:.2f}% of {info.pool.describe()}'s traffic "
-                  f"(weight {plan.canary} each" + (f", as {', '.join(self.matched)} of the old release"
-                                                  if self.matched else "")
-                  + f"; the other servers' weights x{plan.factor})")
+        self.result.update(
+            share_asked=self.share,
+            share=plan.share,
+            weights=plan.weights,
+            original=originals,
+            share_set=time.time(),
+            matched=self.matched,
+        )
+        self.echo(
+            f"[canary] {', '.join(canaries)}: {plan.share * 100:.2f}% of {info.pool.describe()}'s traffic "
+            f"(weight {plan.canary} each"
+            + (f", as {', '.join(self.matched)} of the old release" if self.matched else "")
+            + f"; the other servers' weights x{plan.factor})"
+        )
         return ""
 
     def watch(self, i: int, todo: list[str], label: str) -> _Watching:
@@ -317,8 +381,10 @@ class Traffic:
             for server, name in servers.items():
                 v = now.get(server)
                 if v is not None and v["admin"] & ADMIN_MAINT:
-                    out[name] = (f"deployed; held out of rotation by the quarantine or an operator "
-                                 f"({info.pool.backend}/{server} in MAINT): not readied")
+                    out[name] = (
+                        f"deployed; held out of rotation by the quarantine or an operator "
+                        f"({info.pool.backend}/{server} in MAINT): not readied"
+                    )
         return out
 
     def _lb_counters(self) -> dict[str, tuple[int, int]] | str:
@@ -350,12 +416,21 @@ class Traffic:
         self.states.set(canaries, "analysing")
         s = self.settings
         start = time.time()
-        self.echo(f"[canary analysis] {', '.join(canaries)} against {', '.join(baseline)} from "
-                  f"{s.prometheus_url}: {s.analysis_seconds:g}s windows, up to {s.max_extensions} extension(s)")
+        self.echo(
+            f"[canary analysis] {', '.join(canaries)} against {', '.join(baseline)} from "
+            f"{s.prometheus_url}: {s.analysis_seconds:g}s windows, up to {s.max_extensions} extension(s)"
+        )
         lb_before = self._lb_counters()
-        res = canary.analyse(canary.Prometheus(s.prometheus_url), s, canaries, baseline, start, self.echo,
-                                 hold=lambda: self.states.hold("before the canary's verdict"),
-                                 matched=self.matched)
+        res = canary.analyse(
+            canary.Prometheus(s.prometheus_url),
+            s,
+            canaries,
+            baseline,
+            start,
+            self.echo,
+            hold=lambda: self.states.hold("before the canary's verdict"),
+            matched=self.matched,
+        )
         if res.verdict == canary.PROMOTE:  # what Triton never counts: HAProxy's failures per server
             try:
                 if isinstance(lb_before, str):
@@ -363,14 +438,24 @@ class Traffic:
                 after = self._lb_counters()
                 if isinstance(after, str):
                     raise canary.CanaryError(after)
-                back, why = canary.lb_verdict(lb_before, after, [server_name(self.by_name[n]) for n in canaries],
-                                                  [server_name(self.by_name[n]) for n in baseline], s)
+                back, why = canary.lb_verdict(
+                    lb_before,
+                    after,
+                    [server_name(self.by_name[n]) for n in canaries],
+                    [server_name(self.by_name[n]) for n in baseline],
+                    s,
+                )
             except canary.CanaryError as e:
                 back, why = True, f"the analysis could not read HAProxy's counters: {e}"
             if back:
                 res = canary.Result(canary.ROLL_BACK, why, res.looks, res.started, time.time())
-        self.result.update(res.to_json(), canaries=canaries, baseline=baseline, analysis_start=start,
-                           settings={k: v for k, v in vars(s).items()})
+        self.result.update(
+            res.to_json(),
+            canaries=canaries,
+            baseline=baseline,
+            analysis_start=start,
+            settings={k: v for k, v in vars(s).items()},
+        )
         if self.journal:
             self.journal.write("canary", verdict=res.verdict, why=res.why, looks=[f.to_json() for f in res.looks])
         if res.verdict == canary.PROMOTE:
@@ -414,8 +499,10 @@ class Traffic:
                 self._watchdog.stop()
                 self._watchdog = None
         except DrainError as e:  # the watchdog stays: it tries again once this process is gone
-            self.echo(f"[canary] could not put HAProxy's weights back ({self._originals}): {e}; set them by hand "
-                      "(`set weight <backend>/<server> <weight>`)")
+            self.echo(
+                f"[canary] could not put HAProxy's weights back ({self._originals}): {e}; set them by hand "
+                "(`set weight <backend>/<server> <weight>`)"
+            )
         self.states.update(canary_share=None)
         self._originals = None
 
@@ -461,7 +548,9 @@ def restore_from_journal(events: list[dict], echo: Callable[[str], None]) -> Non
     w = haproxy_weights.Weights(pending["sockets"], pending["backend"])
     try:
         w.restore(pending["original"])
-        echo(f"put back HAProxy's weights of backend {pending['backend']} the canary had changed: {pending['original']}")
+        echo(
+            f"put back HAProxy's weights of backend {pending['backend']} the canary had changed: {pending['original']}"
+        )
     except DrainError as e:
         echo(f"could not put back HAProxy's weights of backend {pending['backend']} ({pending['original']}): {e}")
 
@@ -471,25 +560,39 @@ def lines(report) -> list[str]:
     out = []
     for c in getattr(report, "capacity", None) or []:
         w = c.get("watched")
-        watched = (f"while it ran, at most {w['max_out']} of {w['total']} out ({w['samples']} readings, 1 a second)"
-                   if w else "")
-        parts = [p for p in (c.get("summary", ""), f"waited {c['waited_s']}s" if c.get("waited_s") else "", watched)
-                 if p]
-        out.append(f"capacity  {c['label']} {c['pool']}: {'; '.join(parts)}"
-                   + ("" if c.get("ok", True) else f": REFUSED: {c.get('why', '')}"))
+        watched = (
+            f"while it ran, at most {w['max_out']} of {w['total']} out ({w['samples']} readings, 1 a second)"
+            if w
+            else ""
+        )
+        parts = [
+            p for p in (c.get("summary", ""), f"waited {c['waited_s']}s" if c.get("waited_s") else "", watched) if p
+        ]
+        out.append(
+            f"capacity  {c['label']} {c['pool']}: {'; '.join(parts)}"
+            + ("" if c.get("ok", True) else f": REFUSED: {c.get('why', '')}")
+        )
     cn = getattr(report, "canary", None) or {}
     if cn.get("verdict"):
-        out.append(f"canary    {', '.join(cn.get('canaries', []))}: {cn.get('share', 0) * 100:.2f}% of the traffic "
-                   f"(asked {cn.get('share_asked', 0) * 100:g}%), against {', '.join(cn.get('baseline', []))}")
+        out.append(
+            f"canary    {', '.join(cn.get('canaries', []))}: {cn.get('share', 0) * 100:.2f}% of the traffic "
+            f"(asked {cn.get('share_asked', 0) * 100:g}%), against {', '.join(cn.get('baseline', []))}"
+        )
         for n, look in enumerate(cn.get("looks", []), 1):
             c, b = look["canary"], look["baseline"]
             r = look.get("matched") or b
-            lat = (f"step median {c['median_step_ms']:.2f} ms vs {r['median_step_ms']:.2f} ms on "
-                   f"{', '.join(r['hosts'])} ({look['latency_rise'] * 100:+.0f}%, Mann-Whitney "
-                   f"p={look['latency_p']:.2g})" if look.get("latency_rise") is not None else "no latency figures")
-            out.append(f"  look {n} ({look['seconds']:.0f}s): {c['requests']} vs {b['requests']} requests, errors "
-                       f"{c['error_ratio'] * 100:.2f}% vs {b['error_ratio'] * 100:.2f}% (Fisher p={look['error_p']:.2g}), "
-                       f"{lat}: {look['verdict']}")
+            lat = (
+                f"step median {c['median_step_ms']:.2f} ms vs {r['median_step_ms']:.2f} ms on "
+                f"{', '.join(r['hosts'])} ({look['latency_rise'] * 100:+.0f}%, Mann-Whitney "
+                f"p={look['latency_p']:.2g})"
+                if look.get("latency_rise") is not None
+                else "no latency figures"
+            )
+            out.append(
+                f"  look {n} ({look['seconds']:.0f}s): {c['requests']} vs {b['requests']} requests, errors "
+                f"{c['error_ratio'] * 100:.2f}% vs {b['error_ratio'] * 100:.2f}% (Fisher p={look['error_p']:.2g}), "
+                f"{lat}: {look['verdict']}"
+            )
         out.append(f"  verdict: {cn['verdict']}: {cn.get('why', '')}")
     return out
 
@@ -501,8 +604,7 @@ def prepare(hosts: list, batches: list[list[str]], canary: int, canary_weight: f
     if canary_weight is None and canary and batches and batches[0]:
         first = next((h for h in hosts if h.name == batches[0][0]), None)
         canary_weight = first.get("canary_weight") if first is not None else None
-    if canary_weight is not None and (isinstance(canary_weight, bool)
-                                      or not isinstance(canary_weight, (int, float))):
+    if canary_weight is not None and (isinstance(canary_weight, bool) or not isinstance(canary_weight, (int, float))):
         raise UsageError(f"canary_weight is a percentage of the traffic (0-100), not {canary_weight!r}")
     share = None if canary_weight is None else float(canary_weight) / 100
 

@@ -77,9 +77,17 @@ def pyinfra_command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "pyinfra"]
 
 
-def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: bool = False,
-                log_path: Path | None = None, timeout: float = 7200,
-                failure_dir: Path | None = None, on_start: Callable[[int], None] | None = None) -> PyinfraRun:
+def run_pyinfra(
+    inventory: str,
+    deploy: str,
+    hosts: list[str],
+    data: dict,
+    dry: bool = False,
+    log_path: Path | None = None,
+    timeout: float = 7200,
+    failure_dir: Path | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> PyinfraRun:
     """One pyinfra run. The child dies with this process (SIGKILL from the kernel when the rollout
     dies: tritonfleet.core.procs), so a dead rollout never leaves a deploy running ungated.
     ``failure_dir``: where the run's steps leave each failed host's report (CHANNEL_ENV).
@@ -96,8 +104,15 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, dry: 
     env.pop(CHANNEL_ENV, None)
     if failure_dir is not None:
         env[CHANNEL_ENV] = str(failure_dir)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, preexec_fn=die_with_parent())
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=die_with_parent(),
+    )
     if on_start:
         on_start(proc.pid)
     try:

@@ -79,6 +79,7 @@ def slices(items: list[T], k: int) -> list[list[T]]:
 
 # --- forked workers -------------------------------------------------------------------------------
 
+
 def parallel(hosts: list, fn: Callable[[Any], T], workers: int | None = None) -> list[T]:
     """``fn(host)`` for every host, results in host order: in this process (tritonfleet.inventory.roster's
     parallel) when one worker is enough, else in forked workers, each running its share the same
@@ -106,8 +107,10 @@ def parallel(hosts: list, fn: Callable[[Any], T], workers: int | None = None) ->
                 payload = ("error", f"it ended without a result ({_status(status)})", "")
             if payload[0] != "ok":
                 names = ", ".join(hosts[j].name for j in parts[i][:5])
-                raise WorkerError(f"worker {i + 1}/{len(parts)} (hosts {names}{', ...' if len(parts[i]) > 5 else ''}) "
-                                  f"failed: {payload[1]}\n{payload[2]}".rstrip())
+                raise WorkerError(
+                    f"worker {i + 1}/{len(parts)} (hosts {names}{', ...' if len(parts[i]) > 5 else ''}) "
+                    f"failed: {payload[1]}\n{payload[2]}".rstrip()
+                )
             for j, r in zip(parts[i], payload[1], strict=True):
                 out[j] = r
         pids = []
@@ -150,9 +153,21 @@ def _status(status: int) -> str:
 
 # --- pyinfra runs ---------------------------------------------------------------------------------
 
-def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, *, settings: Settings | None, dry: bool = False,
-                log_path: Path | None = None, timeout: float = 7200, failure_dir: Path | None = None,
-                on_start: Callable[[int], None] | None = None, workers: int | None = None) -> PyinfraRun:
+
+def run_pyinfra(
+    inventory: str,
+    deploy: str,
+    hosts: list[str],
+    data: dict,
+    *,
+    settings: Settings | None,
+    dry: bool = False,
+    log_path: Path | None = None,
+    timeout: float = 7200,
+    failure_dir: Path | None = None,
+    on_start: Callable[[int], None] | None = None,
+    workers: int | None = None,
+) -> PyinfraRun:
     """tritonfleet.fleet.runner.pyinfra_run.run_pyinfra over ``workers`` pyinfra processes (each a slice of
     ``hosts``), merged into one PyinfraRun. ``on_start`` is called with each process's pid.
     ``log_path``: each process logs to <stem>.<n><suffix> beside it; ``log_path`` itself lists
@@ -162,15 +177,32 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, *, se
     parts = slices(hosts, k) if k > 1 else [list(hosts)]
     runs: list[PyinfraRun | None] = [None] * len(parts)
     errors: list[str] = [""] * len(parts)
-    logs = [log_path.with_name(f"{log_path.stem}.{i + 1}{log_path.suffix}") if log_path and k > 1 else log_path
-            for i in range(len(parts))]
+    logs = [
+        log_path.with_name(f"{log_path.stem}.{i + 1}{log_path.suffix}") if log_path and k > 1 else log_path
+        for i in range(len(parts))
+    ]
 
     def one(i: int) -> None:
         try:
-            runs[i] = pyinfra_run.run_pyinfra(inventory, deploy, parts[i], data, dry=dry, log_path=logs[i],
-                                              timeout=timeout, failure_dir=failure_dir, on_start=on_start)
-        except (OSError, ValueError, RuntimeError, subprocess.SubprocessError, pickle.PickleError,
-                TritonfleetError) as e:  # a slice that could not run: its hosts fail with its words
+            runs[i] = pyinfra_run.run_pyinfra(
+                inventory,
+                deploy,
+                parts[i],
+                data,
+                dry=dry,
+                log_path=logs[i],
+                timeout=timeout,
+                failure_dir=failure_dir,
+                on_start=on_start,
+            )
+        except (
+            OSError,
+            ValueError,
+            RuntimeError,
+            subprocess.SubprocessError,
+            pickle.PickleError,
+            TritonfleetError,
+        ) as e:  # a slice that could not run: its hosts fail with its words
             errors[i] = f"{type(e).__name__}: {e}"
 
     if k <= 1:
@@ -187,8 +219,11 @@ def run_pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, *, se
     merged = merge(runs, parts, errors, hosts)
     if log_path:
         try:
-            log_path.write_text("".join(f"# {len(p)} host(s): {lp}\n" for p, lp in zip(parts, logs, strict=True))
-                                + "\n" + "\n".join(lp.read_text() for lp in logs if lp and lp.exists()))
+            log_path.write_text(
+                "".join(f"# {len(p)} host(s): {lp}\n" for p, lp in zip(parts, logs, strict=True))
+                + "\n"
+                + "\n".join(lp.read_text() for lp in logs if lp and lp.exists())
+            )
             merged.log_path = str(log_path)
         except OSError as e:  # the result stands; only the joined log is missing
             merged.log += f"\ncould not write {log_path}: {e}"
@@ -204,8 +239,12 @@ def _exit_status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def merge(runs: list[PyinfraRun | None], parts: list[list[str]], errors: list[str] | None = None,
-          asked: list[str] | None = None) -> PyinfraRun:
+def merge(
+    runs: list[PyinfraRun | None],
+    parts: list[list[str]],
+    errors: list[str] | None = None,
+    asked: list[str] | None = None,
+) -> PyinfraRun:
     """One PyinfraRun from the runs of disjoint slices, matched by slice index (``runs[i]`` is
     ``parts[i]``'s, None when that slice gave no run; ``errors[i]`` then says why): operations
     merged by their hash (the hosts of each outcome together), the failed hosts together, the
@@ -262,17 +301,29 @@ def merge(runs: list[PyinfraRun | None], parts: list[list[str]], errors: list[st
                 have[outcome] += op.get(outcome, [])
         for name, n in (results.get("totals") or {}).items():
             totals[name] = totals.get(name, 0) + int(n)
-    data = {"results": {"operations": list(ops.values()), "failed_hosts": sorted(set(failed)), "totals": totals}} \
-        if ops or failed or any(r is not None and r.data for r in runs) else {}
+    data = (
+        {"results": {"operations": list(ops.values()), "failed_hosts": sorted(set(failed)), "totals": totals}}
+        if ops or failed or any(r is not None and r.data for r in runs)
+        else {}
+    )
     rc = max(rcs, default=0)
     if failed and rc == 0:
         rc = 1
     return PyinfraRun(rc, data, "\n".join(logs), reasons=reasons)
 
 
-def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, settings: Settings | None,
-           dry: bool = False, workers: int | None = None, echo=print,
-           limited: bool = True) -> int:
+def deploy(
+    inventory: str,
+    deploy_file: str,
+    hosts: list[str],
+    data: dict,
+    *,
+    settings: Settings | None,
+    dry: bool = False,
+    workers: int | None = None,
+    echo=print,
+    limited: bool = True,
+) -> int:
     """A deploy (``pyinfra -y``) over worker processes, each its slice of ``hosts``: their
     progress goes to this process's stderr as pyinfra writes it, their results are merged into one
     summary. ``limited``: ``hosts`` are not the whole inventory (one process then gets them as
@@ -292,9 +343,16 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
         for i, part in enumerate(parts):
             limits = [a for h in part for a in ("--limit", h)] if k > 1 or limited else []
             try:
-                procs.append(subprocess.Popen([*cmd, *limits, inventory, deploy_file], stdin=subprocess.DEVNULL,
-                                              stdout=subprocess.PIPE, text=True, env=env,
-                                              preexec_fn=die_with_parent()))
+                procs.append(
+                    subprocess.Popen(
+                        [*cmd, *limits, inventory, deploy_file],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                        env=env,
+                        preexec_fn=die_with_parent(),
+                    )
+                )
             except OSError as e:  # this slice's hosts fail with why; the others run
                 procs.append(None)
                 errors[i] = f"pyinfra could not start: {e}"
@@ -332,9 +390,11 @@ def deploy(inventory: str, deploy_file: str, hosts: list[str], data: dict, *, se
     failures = read_channel(channel)
     shutil.rmtree(channel, ignore_errors=True)
     failed, changed = merged.failed(), merged.changed()
-    echo(f"{len(hosts)} host(s) in {len(parts)} pyinfra process(es): {len(changed - failed)} changed, "
-         f"{len(set(hosts) - changed - failed)} unchanged, {len(failed)} failed"
-         + (f": {', '.join(sorted(failed)[:20])}{' ...' if len(failed) > 20 else ''}" if failed else ""))
+    echo(
+        f"{len(hosts)} host(s) in {len(parts)} pyinfra process(es): {len(changed - failed)} changed, "
+        f"{len(set(hosts) - changed - failed)} unchanged, {len(failed)} failed"
+        + (f": {', '.join(sorted(failed)[:20])}{' ...' if len(failed) > 20 else ''}" if failed else "")
+    )
     for name in sorted(failed):
         echo(failures[name].text() if name in failures else f"{name}: {merged.reason(name)}")
     return merged.rc

@@ -10,7 +10,6 @@ one function and one line there. Read-side only: nothing here imports operations
 the empty object under its own sha256 (content-addressed, so harmless), which proves uploads work.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -21,9 +20,25 @@ from .rows import FAIL, OK, WARN, Row, Wiring, inventory_rows, load_rows
 from .services import load_balancer_rows, prometheus_rows, quarantine_rows
 from .sources import image_mirror_rows, model_origin_rows
 
-__all__ = ["CHECKS", "FAIL", "OK", "WARN", "Row", "Wiring", "exit_status", "image_mirror_rows", "inventory_rows",
-           "load_balancer_rows", "load_rows", "model_origin_rows", "prometheus_rows", "pull_origin_rows",
-           "quarantine_rows", "run", "table"]
+__all__ = [
+    "CHECKS",
+    "FAIL",
+    "OK",
+    "WARN",
+    "Row",
+    "Wiring",
+    "exit_status",
+    "image_mirror_rows",
+    "inventory_rows",
+    "load_balancer_rows",
+    "load_rows",
+    "model_origin_rows",
+    "prometheus_rows",
+    "pull_origin_rows",
+    "quarantine_rows",
+    "run",
+    "table",
+]
 
 
 #: the checks, in the order they run and print: (name, function)

@@ -58,7 +58,9 @@ def grouped(check: str, found: list[tuple[str, str, str, str]]) -> list[Row]:
     by: dict[tuple[str, str, str], list[str]] = {}
     for host, status, what, fix in found:
         by.setdefault((status, what, fix), []).append(host)
-    return [Row(status, check, f"{what} (hosts: {hosts_text(names)})", fix) for (status, what, fix), names in by.items()]
+    return [
+        Row(status, check, f"{what} (hosts: {hosts_text(names)})", fix) for (status, what, fix), names in by.items()
+    ]
 
 
 def distinct(hosts: list[FleetHost], key: Callable[[FleetHost], Any]) -> dict[Any, list[FleetHost]]:
@@ -70,8 +72,9 @@ def distinct(hosts: list[FleetHost], key: Callable[[FleetHost], Any]) -> dict[An
     return out
 
 
-def http_get(url: str, timeout: float, headers: dict[str, str] | None = None,
-             method: str = "GET", limit: int = 2000) -> tuple[int | None, str]:
+def http_get(
+    url: str, timeout: float, headers: dict[str, str] | None = None, method: str = "GET", limit: int = 2000
+) -> tuple[int | None, str]:
     """(HTTP status, body's start) of a request to ``url`` with no proxy; (None, why) when
     nothing answers."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -87,6 +90,7 @@ def http_get(url: str, timeout: float, headers: dict[str, str] | None = None,
 
 # --------------------------------------------------------------------------- inventory
 
+
 def inventory_rows(w: Wiring) -> list[Row]:
     """The inventory and every setting load (tritonfleet.inventory.roster, tritonfleet.settings.check):
     one row a refusal, from the loader's own message."""
@@ -99,8 +103,14 @@ def load_rows(inventory: str, error: TritonfleetError) -> list[Row]:
     """The loader's refusal as rows: one a refused setting (the settings check's lines)."""
     lines = str(error).splitlines()
     if len(lines) > 1 and lines[0].startswith("settings refused"):
-        return [Row(FAIL, "inventory", line.strip(), f"change the setting where the line says ({inventory}, "
-                    "its group data or --data)") for line in lines[1:] if line.strip()]
+        return [
+            Row(
+                FAIL,
+                "inventory",
+                line.strip(),
+                f"change the setting where the line says ({inventory}, its group data or --data)",
+            )
+            for line in lines[1:]
+            if line.strip()
+        ]
     return [Row(FAIL, "inventory", str(error), f"fix {inventory} (or its group data) as the message says")]
-
-

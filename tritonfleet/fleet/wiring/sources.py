@@ -26,6 +26,7 @@ from .rows import (
 
 # --------------------------------------------------------------------------- model origin
 
+
 def model_origin_rows(w: Wiring) -> list[Row]:
     """Each model_origin the hosts name: its tunables, the client (boto3 for s3://), the
     credentials this machine uploads with, the origin answering (a path that does not exist on an
@@ -68,16 +69,30 @@ def _origin_rows(o: origins.Origin, hosts: list[FleetHost], timeout: float) -> l
     if root:
         status, body = http_get(root, timeout, method="HEAD")
         if status in (404, 410) or (status or 0) >= 500:
-            return [*rows, Row(FAIL, "model origin", f"{where}: HEAD {root} answers HTTP {status}: "
-                               f"{'no such path on the server' if status in (404, 410) else 'a server error'}{names}",
-                               "correct model_origin's path (the directory that holds objects/ and releases/), "
-                               "or the server's configuration for it")]
+            return [
+                *rows,
+                Row(
+                    FAIL,
+                    "model origin",
+                    f"{where}: HEAD {root} answers HTTP {status}: "
+                    f"{'no such path on the server' if status in (404, 410) else 'a server error'}{names}",
+                    "correct model_origin's path (the directory that holds objects/ and releases/), "
+                    "or the server's configuration for it",
+                ),
+            ]
     try:
         st.check()  # reads, and takes uploads: the empty object PUT and read back (pre-flight's own check)
     except origins.OriginError as e:
-        return [*rows, Row(FAIL, "model origin", f"{e}{names}",
-                           "as the message says; let this machine write objects/ and releases/ and the hosts read "
-                           "them (nginx: dav_methods PUT; create_full_put_path on; S3: s3:PutObject on the prefix)")]
+        return [
+            *rows,
+            Row(
+                FAIL,
+                "model origin",
+                f"{e}{names}",
+                "as the message says; let this machine write objects/ and releases/ and the hosts read "
+                "them (nginx: dav_methods PUT; create_full_put_path on; S3: s3:PutObject on the prefix)",
+            ),
+        ]
     rows.append(Row(OK, "model origin", f"{where}: answers, and takes uploads{names}"))
     return rows + _published_rows(o, st, hosts, timeout)
 
@@ -90,14 +105,27 @@ def _published_rows(o: origins.Origin, st: Any, hosts: list[FleetHost], timeout:
         try:
             _, manifest, rid = render.host_repository(h, h.get("gpu_count"))
         except (OSError, ValueError, TritonfleetError) as e:
-            return [Row(WARN, "model origin", f"the local model repository cannot be read: {e}",
-                        "tritonfleet validate says what is wrong with it")]
+            return [
+                Row(
+                    WARN,
+                    "model origin",
+                    f"the local model repository cannot be read: {e}",
+                    "tritonfleet validate says what is wrong with it",
+                )
+            ]
         releases.setdefault(rid, (manifest, []))[1].append(h.name)
     rows = []
     for rid, (manifest, names) in releases.items():
         if not _has_manifest(o, st, rid):
-            rows.append(Row(WARN, "model origin", f"release {rid[:12]} of the local model repository is not on "
-                            f"{o.url} yet (hosts: {hosts_text(names)})", "the next deploy uploads it"))
+            rows.append(
+                Row(
+                    WARN,
+                    "model origin",
+                    f"release {rid[:12]} of the local model repository is not on "
+                    f"{o.url} yet (hosts: {hosts_text(names)})",
+                    "the next deploy uploads it",
+                )
+            )
             continue
         wanted = origins.objects_of(manifest)
         try:
@@ -108,12 +136,23 @@ def _published_rows(o: origins.Origin, st: Any, hosts: list[FleetHost], timeout:
         bad = origins.missing(wanted, have)
         if bad:
             shown = ", ".join(f"{wanted[s][1]} ({s[:12]}: {'wrong size' if s in have else 'missing'})" for s in bad[:3])
-            rows.append(Row(FAIL, "model origin", f"release {rid[:12]} is on {o.url}, but {len(bad)} of its "
-                            f"{len(wanted)} objects are missing or the wrong size: {shown}",
-                            "run the deploy again (it uploads what the origin lacks), or restore the objects"))
+            rows.append(
+                Row(
+                    FAIL,
+                    "model origin",
+                    f"release {rid[:12]} is on {o.url}, but {len(bad)} of its "
+                    f"{len(wanted)} objects are missing or the wrong size: {shown}",
+                    "run the deploy again (it uploads what the origin lacks), or restore the objects",
+                )
+            )
         else:
-            rows.append(Row(OK, "model origin", f"release {rid[:12]}: its manifest and all {len(wanted)} objects are "
-                            f"on {o.url} with their sizes"))
+            rows.append(
+                Row(
+                    OK,
+                    "model origin",
+                    f"release {rid[:12]}: its manifest and all {len(wanted)} objects are on {o.url} with their sizes",
+                )
+            )
     return rows
 
 
@@ -138,24 +177,42 @@ def image_mirror_rows(w: Wiring) -> list[Row]:
     for mirror, hosts in distinct(w.hosts, lambda h: h.get("image_mirror")).items():
         for h in hosts:
             for key, value, upstream in unpinned_images(h):
-                found.append((h.name, FAIL, f"{key} {value} goes through the image mirror {mirror} but is not pinned "
-                              "by digest", f"set {key} = \"{upstream}@sha256:<digest>\" in {GROUP_DATA} (`skopeo "
-                              f"inspect docker://{upstream}` prints the digest)"))
+                found.append(
+                    (
+                        h.name,
+                        FAIL,
+                        f"{key} {value} goes through the image mirror {mirror} but is not pinned by digest",
+                        f'set {key} = "{upstream}@sha256:<digest>" in {GROUP_DATA} (`skopeo '
+                        f"inspect docker://{upstream}` prints the digest)",
+                    )
+                )
         m = MIRROR_FORM.match(str(mirror))
         if not m:
-            found += [(h.name, FAIL, f"image_mirror {mirror!r} is not host[:port] (an image reference names the "
-                       "registry without a scheme or path)", f"image_mirror = \"mirror.example:5000\" in {GROUP_DATA}")
-                      for h in hosts]
+            found += [
+                (
+                    h.name,
+                    FAIL,
+                    f"image_mirror {mirror!r} is not host[:port] (an image reference names the "
+                    "registry without a scheme or path)",
+                    f'image_mirror = "mirror.example:5000" in {GROUP_DATA}',
+                )
+                for h in hosts
+            ]
             continue
         name = m.group(1).strip("[]")
         try:
             socket.getaddrinfo(name, None)
             found += [(h.name, OK, f"image_mirror {mirror}: resolves here", "") for h in hosts]
         except OSError as e:
-            found += [(h.name, WARN, f"image_mirror {mirror}: {name} does not resolve on this machine ({e})",
-                       "make sure the hosts resolve it (DNS or /etc/hosts)") for h in hosts]
+            found += [
+                (
+                    h.name,
+                    WARN,
+                    f"image_mirror {mirror}: {name} does not resolve on this machine ({e})",
+                    "make sure the hosts resolve it (DNS or /etc/hosts)",
+                )
+                for h in hosts
+            ]
     if not found:
         return [Row(OK, "image mirror", "image_mirror is not set: the hosts pull from the registry itself")]
     return grouped("image mirror", found)
-
-

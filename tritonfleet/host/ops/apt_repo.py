@@ -25,21 +25,23 @@ def fetch_key_command(url: str, fingerprint: str, keyring: str) -> str:
     it made the same way. Nothing is trusted on a mismatch."""
     fpr = normalize_fingerprint(fingerprint)
     key, made = '"$t/key"', '"$t/keyring"'
-    refuse = (f"not trusted ({signing_keys.RULE}). If the vendor rotated its key, check the new fingerprint "
-              "against the vendor's documentation and set it in group data.")
+    refuse = (
+        f"not trusted ({signing_keys.RULE}). If the vendor rotated its key, check the new fingerprint "
+        "against the vendor's documentation and set it in group data."
+    )
     return (
         "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
-        f"curl -fsSL --retry 3 -o \"$t/key\" {q(url)}; "
+        f'curl -fsSL --retry 3 -o "$t/key" {q(url)}; '
         f"if ! {{ {signing_keys.trusted_shell(key, fpr)}; }}; then "
-        f"echo {q(f'signing key at {url} has primary key(s) ')}\"${{found:-none}}\"{q(f', pinned {fpr}: ' + refuse)} >&2; "
+        f'echo {q(f"signing key at {url} has primary key(s) ")}"${{found:-none}}"{q(f", pinned {fpr}: " + refuse)} >&2; '
         "exit 1; fi; "
         "if head -c 5 \"$t/key\" | grep -q -- '-----'; then "
-        "gpg --batch --yes --dearmor -o \"$t/keyring\" \"$t/key\"; "
-        "else cp \"$t/key\" \"$t/keyring\"; fi; "
+        'gpg --batch --yes --dearmor -o "$t/keyring" "$t/key"; '
+        'else cp "$t/key" "$t/keyring"; fi; '
         f"if ! {{ {signing_keys.trusted_shell(made, fpr)}; }}; then "
-        f"echo {q(f'the keyring made from the signing key at {url} holds primary key(s) ')}\"${{found:-none}}\"{q(f', pinned {fpr}: ' + refuse)} >&2; "
+        f'echo {q(f"the keyring made from the signing key at {url} holds primary key(s) ")}"${{found:-none}}"{q(f", pinned {fpr}: " + refuse)} >&2; '
         "exit 1; fi; "
-        f"install -D -m 0644 \"$t/keyring\" {q(keyring)}"
+        f'install -D -m 0644 "$t/keyring" {q(keyring)}'
     )
 
 

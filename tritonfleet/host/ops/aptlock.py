@@ -81,32 +81,50 @@ def warn_unread(host, lines: list[str]) -> None:
     installed until it can)."""
     said = [ln for ln in lines if ln.startswith("W: ") and ("Failed to fetch" in ln or "GPG error" in ln)]
     if said:
-        logger.warning(f"{host.name}: apt-get update could not read every repository; packages only they carry cannot "
-                       "be installed until they can:\n    " + "\n    ".join(report.trim(said, 6)))
+        logger.warning(
+            f"{host.name}: apt-get update could not read every repository; packages only they carry cannot "
+            "be installed until they can:\n    " + "\n    ".join(report.trim(said, 6))
+        )
 
 
-def report_failure(state, host, diagnosis: apt_diagnosis.AptDiagnosis, command: AptCommand, connector_arguments) -> None:
+def report_failure(
+    state, host, diagnosis: apt_diagnosis.AptDiagnosis, command: AptCommand, connector_arguments
+) -> None:
     """Print the report of a failed apt command, hand it to a rollout and leave it on the host; what
     the host's package lists carry of a missing version, and which sources file names a repository
     in question, are read from the host (best effort: one command each, only now)."""
     available, sources = {}, []
     # as the command ran (sudo, su, env), without what only applies to it (stdin, exit codes, retries)
-    args = {k: v for k, v in (connector_arguments or {}).items()
-            if k not in ("_stdin", "_success_exit_codes", "_retries", "_retry_delay", "_retry_until")}
+    args = {
+        k: v
+        for k, v in (connector_arguments or {}).items()
+        if k not in ("_stdin", "_success_exit_codes", "_retries", "_retry_delay", "_retry_until")
+    }
     with contextlib.suppress(*CONNECTION_ERRORS):  # best effort: the report goes out without it
         if diagnosis.cause == "version not available" and diagnosis.packages:
-            ok, out = host.run_shell_command(apt_report.madison_command(diagnosis.packages), print_output=False,
-                                             print_input=False, **args)
+            ok, out = host.run_shell_command(
+                apt_report.madison_command(diagnosis.packages), print_output=False, print_input=False, **args
+            )
             available = apt_report.parse_madison(out.stdout_lines) if ok else {}
             available = {p: available.get(p, []) for p in diagnosis.packages}
     with contextlib.suppress(*CONNECTION_ERRORS):  # best effort: the report goes out without it
         if diagnosis.urls:
-            ok, out = host.run_shell_command(apt_report.sources_command(diagnosis.urls), print_output=False,
-                                             print_input=False, **args)
+            ok, out = host.run_shell_command(
+                apt_report.sources_command(diagnosis.urls), print_output=False, print_input=False, **args
+            )
             sources = [ln.strip() for ln in out.stdout_lines if ln.strip().startswith("/")] if ok else []
-    report.emit(host, apt_report.failure(
-        diagnosis, host=host.name, step=report.step_name(state, host), command=command.command,
-        setting=command.setting, available=available, sources=sources))
+    report.emit(
+        host,
+        apt_report.failure(
+            diagnosis,
+            host=host.name,
+            step=report.step_name(state, host),
+            command=command.command,
+            setting=command.setting,
+            available=available,
+            sources=sources,
+        ),
+    )
 
 
 def timeout() -> int:
@@ -116,16 +134,19 @@ def timeout() -> int:
     except (TypeError, ValueError):
         value = -1
     if value < 0:
-        raise access.ConfigError(f"{host.name}: apt_lock_timeout must be a number of seconds >= 0, not "
-                                 f"{access.get('apt_lock_timeout')!r} (group data, inventories/group_data/all.py)")
+        raise access.ConfigError(
+            f"{host.name}: apt_lock_timeout must be a number of seconds >= 0, not "
+            f"{access.get('apt_lock_timeout')!r} (group data, inventories/group_data/all.py)"
+        )
     return value
 
 
 def script(command: str, seconds: int) -> str:
     """The shell that runs ``command`` waiting up to ``seconds`` for held apt/dpkg locks."""
     log = apt_diagnosis.APT_LOG
-    return WRAPPER.format(timeout=seconds, command=command, pattern=q(LOCK_ERRORS), log=q(log),
-                          log_dir=q(log.rsplit("/", 1)[0]))
+    return WRAPPER.format(
+        timeout=seconds, command=command, pattern=q(LOCK_ERRORS), log=q(log), log_dir=q(log.rsplit("/", 1)[0])
+    )
 
 
 def wrap(command, seconds: int | None = None, *, require: str = "", setting: str = "", shown: str = ""):
@@ -203,6 +224,5 @@ def repair_interrupted():
         host.noop("dpkg was not interrupted")
         return
     shown = ", ".join(what[:5]) + (f" and {len(what) - 5} more" if len(what) > 5 else "")
-    logger.warning(f"{host.name}: dpkg was interrupted earlier ({shown}): the deploy runs dpkg --configure -a "
-                   "first")
+    logger.warning(f"{host.name}: dpkg was interrupted earlier ({shown}): the deploy runs dpkg --configure -a first")
     yield wrap(REPAIR.format(what=shown.replace('"', "")), shown="dpkg --configure -a")

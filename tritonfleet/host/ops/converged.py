@@ -63,8 +63,13 @@ def put(src, dest: str, user: str | None = None, group: str | None = None, mode=
     digest = _local_sha256(src)
     if digest is not None and not kwargs and mode is not True:
         have = memo.fact(FileState, path=dest)
-        if (have and have["sha256"] == digest and (mode is None or have["mode"] == _mode(mode))
-                and (user is None or have["user"] == user) and (group is None or have["group"] == group)):
+        if (
+            have
+            and have["sha256"] == digest
+            and (mode is None or have["mode"] == _mode(mode))
+            and (user is None or have["user"] == user)
+            and (group is None or have["group"] == group)
+        ):
             host.noop(f"file {dest} is already uploaded")
             return
     if isinstance(src, StringIO):
@@ -79,8 +84,15 @@ def _present(spec: str, installed: dict) -> bool:
 
 
 @operation()
-def packages(packages=None, present: bool = True, latest: bool = False, update: bool = False,
-             upgrade: bool = False, setting: str = "", **kwargs):
+def packages(
+    packages=None,
+    present: bool = True,
+    latest: bool = False,
+    update: bool = False,
+    upgrade: bool = False,
+    setting: str = "",
+    **kwargs,
+):
     """``apt.packages``: no change (and no command) when dpkg, read once per run, already has every package
     (at the pinned version, where one is given) or, with present=False, none. ``setting``: the group-
     data setting(s) that chose the packages or versions; a failed apt-get names it in its report
@@ -114,14 +126,14 @@ def packages(packages=None, present: bool = True, latest: bool = False, update: 
             return
     # every apt-get command waits for a held apt/dpkg lock (unattended-upgrades), with a bound,
     # and a failure is reported with its cause
-    for command in apt.packages._inner(packages=specs, present=present, latest=latest, update=update,
-                                       upgrade=upgrade, **kwargs):
+    for command in apt.packages._inner(
+        packages=specs, present=present, latest=latest, update=update, upgrade=upgrade, **kwargs
+    ):
         yield aptlock.wrap(command, setting=setting)
 
 
 @operation()
-def service(service: str, running: bool = True, enabled: bool | None = None, restarted: bool = False,
-            **kwargs):
+def service(service: str, running: bool = True, enabled: bool | None = None, restarted: bool = False, **kwargs):
     """``systemd.service``: no change when the unit already runs (and is enabled) as asked.
 
     + service: the unit
@@ -143,8 +155,9 @@ def service(service: str, running: bool = True, enabled: bool | None = None, res
         unit = service if "." in service else f"{service}.service"
         have = memo.fact(UnitState, unit=unit)
         if have["running"] == running and (enabled is None or have["enabled"] == enabled):
-            host.noop(f"service {unit} is {'running' if running else 'stopped'}"
-                      + ("" if enabled is None else f" and {'enabled' if enabled else 'disabled'}"))
+            host.noop(
+                f"service {unit} is {'running' if running else 'stopped'}"
+                + ("" if enabled is None else f" and {'enabled' if enabled else 'disabled'}")
+            )
             return
-    yield from systemd.service._inner(service=service, running=running, enabled=enabled,
-                                      restarted=restarted, **kwargs)
+    yield from systemd.service._inner(service=service, running=running, enabled=enabled, restarted=restarted, **kwargs)

@@ -30,27 +30,45 @@ def _boot_id(host) -> str | None:
 def kernel_ready(state, host, header_packages: list[str], install_template: str) -> bool:
     """Before the reboot: the kernel that will boot must have the NVIDIA module (built now when it
     can be: tritonfleet.host.boot_kernel). False (the host fails, not rebooted) when it cannot."""
-    _, out = host.run_shell_command(boot_kernel.ensure_command(header_packages, install_template), print_output=False,
-                                    print_input=False)
+    _, out = host.run_shell_command(
+        boot_kernel.ensure_command(header_packages, install_template), print_output=False, print_input=False
+    )
     st = boot_kernel.parse(out.stdout_lines)
     if st.module == "built":
-        logger.info(f"{host.print_prefix}NVIDIA module built for {st.boot}, the kernel that will boot "
-                    f"({'; '.join(st.steps)})")
+        logger.info(
+            f"{host.print_prefix}NVIDIA module built for {st.boot}, the kernel that will boot ({'; '.join(st.steps)})"
+        )
     if st.has_module:
         return True
     found, now, fix = boot_kernel.refusal(st, header_packages)
     if not st.boot:  # the check itself gave no answer
         found = "could not tell which kernel will boot: " + (" / ".join(out.stderr_lines[-3:]) or "no answer")
-    report.emit(host, report.Failure(
-        host.name, "NVIDIA driver (reboot)", f"an NVIDIA module for the kernel that will boot ({st.boot})", found,
-        words=st.output, source="what was tried (" + ("; ".join(st.steps) or "nothing could be") + ")",
-        now=now, fix=fix, cause=f"reboot refused: kernel {st.boot} has no NVIDIA module"))
+    report.emit(
+        host,
+        report.Failure(
+            host.name,
+            "NVIDIA driver (reboot)",
+            f"an NVIDIA module for the kernel that will boot ({st.boot})",
+            found,
+            words=st.output,
+            source="what was tried (" + ("; ".join(st.steps) or "nothing could be") + ")",
+            now=now,
+            fix=fix,
+            cause=f"reboot refused: kernel {st.boot} has no NVIDIA module",
+        ),
+    )
     return False
 
 
 @operation(is_idempotent=False)
-def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600, header_packages: list | None = None,
-           install_template: str | None = None, before_reboot: FunctionCommand | None = None):
+def reboot(
+    delay: float = 5,
+    interval: float = 1,
+    reboot_timeout: float = 600,
+    header_packages: list | None = None,
+    install_template: str | None = None,
+    before_reboot: FunctionCommand | None = None,
+):
     """Reboot; wait (up to ``reboot_timeout`` seconds) until the host answers with a new boot id. With
     ``install_template`` (an apt-get install command with ``@WORDS@`` for the packages), the kernel that
     will boot is checked first (``kernel_ready``): no NVIDIA module, no reboot. ``before_reboot``: runs
@@ -105,15 +123,20 @@ def reboot(delay: float = 5, interval: float = 1, reboot_timeout: float = 600, h
                     return
                 host.disconnect()  # still the old boot: shutting down
             if time.monotonic() > deadline:
-                report.emit(host, report.Failure(
-                    host.name, "NVIDIA driver (reboot)",
-                    f"the host answers SSH with a new boot id within {reboot_timeout:.0f}s (nvidia_reboot_timeout)",
-                    f"no answer with a new boot id after {reboot_timeout:.0f}s (boot id before: {before[0]})",
-                    now="unknown: the host was rebooted to load the new driver and has not answered since; no later "
+                report.emit(
+                    host,
+                    report.Failure(
+                        host.name,
+                        "NVIDIA driver (reboot)",
+                        f"the host answers SSH with a new boot id within {reboot_timeout:.0f}s (nvidia_reboot_timeout)",
+                        f"no answer with a new boot id after {reboot_timeout:.0f}s (boot id before: {before[0]})",
+                        now="unknown: the host was rebooted to load the new driver and has not answered since; no later "
                         "step ran on it (Triton was not touched by this run)",
-                    fix="look at the host's console (a kernel without the NVIDIA module? a stuck boot?); once it "
+                        fix="look at the host's console (a kernel without the NVIDIA module? a stuck boot?); once it "
                         "answers, run the deploy again (a longer boot: nvidia_reboot_timeout in group data)",
-                    cause=f"did not come back from the reboot within {reboot_timeout:.0f}s"))
+                        cause=f"did not come back from the reboot within {reboot_timeout:.0f}s",
+                    ),
+                )
                 return False
             time.sleep(interval)
 

@@ -22,8 +22,7 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
     config.pbtxt, ``check`` applies every rule of one model, ``problems`` collects what they
     found."""
 
-    def __init__(self, repo: Path | None, gpus: int | None, backends: frozenset[str],
-                 onnx_signatures: bool):
+    def __init__(self, repo: Path | None, gpus: int | None, backends: frozenset[str], onnx_signatures: bool):
         self.repo = repo
         self.gpus = gpus
         self.backends = backends
@@ -55,8 +54,7 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
         except text_format.ParseError as e:
             msg = str(e)
             m = re.match(r"(\d+):(\d+) : (.*)", msg, re.S)
-            self.add(name, "config.pbtxt", e.GetLine() or None, "parse",
-                     (m.group(3) if m else msg).strip())
+            self.add(name, "config.pbtxt", e.GetLine() or None, "parse", (m.group(3) if m else msg).strip())
             return entry
         entry.cfg, entry.lines = cfg, Lines(text)
         return entry
@@ -72,12 +70,16 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
             self.add(model, cf, lines.line(*path) if path else None, rule, message)
 
         for field, line in newer_fields(cfg, lines):
-            self.add(model, cf, line, "newer-field",
-                     f"'{field}' is newer than the fleet's Triton, which refuses the whole file "
-                     "(\"has no field named\"): remove it")
+            self.add(
+                model,
+                cf,
+                line,
+                "newer-field",
+                f"'{field}' is newer than the fleet's Triton, which refuses the whole file "
+                '("has no field named"): remove it',
+            )
         if cfg.name and cfg.name != model:
-            p("name", f"name \"{cfg.name}\" must equal the directory name \"{model}\" (or leave "
-                      "name out)", "name")
+            p("name", f'name "{cfg.name}" must equal the directory name "{model}" (or leave name out)', "name")
 
         platform, backend, err = autocomplete(cfg, entry.dir, model)
         entry.platform, entry.backend = platform, backend
@@ -85,26 +87,38 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
             p("platform", err)
         elif platform == ENSEMBLE:
             if backend:
-                p("platform-backend", f"an ensemble has no backend (found backend \"{backend}\"): "
-                                      "remove it", "backend")
+                p("platform-backend", f'an ensemble has no backend (found backend "{backend}"): remove it', "backend")
         elif not backend:
-            p("platform", f"unknown platform \"{platform}\" (known: "
-                          f"{', '.join([*PLATFORM_BACKEND, ENSEMBLE])}); or name a backend", "platform")
+            p(
+                "platform",
+                f'unknown platform "{platform}" (known: {", ".join([*PLATFORM_BACKEND, ENSEMBLE])}); or name a backend',
+                "platform",
+            )
         elif backend in TYPED_BACKENDS and PLATFORM_BACKEND.get(platform) != backend:
             want = [k for k, v in PLATFORM_BACKEND.items() if v == backend]
-            p("platform-backend", f"platform \"{platform}\" does not go with backend \"{backend}\" "
-                                  f"(use platform {' or '.join(want)}, or drop platform)", "platform")
+            p(
+                "platform-backend",
+                f'platform "{platform}" does not go with backend "{backend}" '
+                f"(use platform {' or '.join(want)}, or drop platform)",
+                "platform",
+            )
         elif backend not in self.backends:
-            p("backend", f"backend \"{backend}\" is not in the Triton image (it has "
-                         f"{', '.join(sorted(self.backends))})", "backend")
+            p(
+                "backend",
+                f'backend "{backend}" is not in the Triton image (it has {", ".join(sorted(self.backends))})',
+                "backend",
+            )
 
         if cfg.max_batch_size < 0:
-            p("max-batch-size", f"max_batch_size {cfg.max_batch_size} must be >= 0 (0: the model "
-                                "does not batch)", "max_batch_size")
+            p(
+                "max-batch-size",
+                f"max_batch_size {cfg.max_batch_size} must be >= 0 (0: the model does not batch)",
+                "max_batch_size",
+            )
         self._batching(cfg, p)
         is_ensemble = platform == ENSEMBLE
         if cfg.HasField("ensemble_scheduling") and not is_ensemble:
-            p("ensemble", "ensemble_scheduling is only for platform \"ensemble\"", "ensemble_scheduling")
+            p("ensemble", 'ensemble_scheduling is only for platform "ensemble"', "ensemble_scheduling")
         if is_ensemble and not cfg.HasField("ensemble_scheduling"):
             p("ensemble", "an ensemble needs ensemble_scheduling with its steps")
         self._tensors(cfg, p, platform)
@@ -118,8 +132,11 @@ class Checker(ConfigRules, FileRules, EnsembleRules):
             if cfg.model_warmup:
                 p("ensemble", "an ensemble takes no model_warmup: remove it", "model_warmup")
         if cfg.model_transaction_policy.decoupled and cfg.response_cache.enable:
-            p("response-cache", "the response cache does not work with a decoupled model: disable "
-                                "response_cache", "response_cache")
+            p(
+                "response-cache",
+                "the response cache does not work with a decoupled model: disable response_cache",
+                "response_cache",
+            )
         self._warmup(cfg, p)
         if entry.dir is not None:
             self._files(entry, p)

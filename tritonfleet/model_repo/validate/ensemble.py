@@ -38,11 +38,11 @@ class EnsembleRules:
         # ensemble tensor -> (data type, dims, batching, who)
         tensors: dict[str, tuple[int, list[int], bool, str]] = {}
         for t in cfg.input:
-            tensors[t.name] = (t.data_type, list(t.reshape.shape if t.HasField("reshape") else t.dims),
-                               mbs > 0, model)
+            tensors[t.name] = (t.data_type, list(t.reshape.shape if t.HasField("reshape") else t.dims), mbs > 0, model)
         for t in cfg.output:
-            tensors.setdefault(t.name, (t.data_type, list(t.reshape.shape if t.HasField("reshape") else t.dims),
-                                        mbs > 0, model))
+            tensors.setdefault(
+                t.name, (t.data_type, list(t.reshape.shape if t.HasField("reshape") else t.dims), mbs > 0, model)
+            )
         written: set[str] = set()
         producers: dict[str, int] = {}
         edges: list[tuple[set[str], set[str]]] = []
@@ -58,44 +58,73 @@ class EnsembleRules:
                 p("ensemble-step", f"{label} needs output_map", *at)
             for t in step.output_map.values():
                 if t in producers:
-                    p("ensemble-tensor", f"{label} writes '{t}', which step {producers[t] + 1} "
-                                         "writes already", *at, "output_map")
+                    p(
+                        "ensemble-tensor",
+                        f"{label} writes '{t}', which step {producers[t] + 1} writes already",
+                        *at,
+                        "output_map",
+                    )
                 producers.setdefault(t, i)
             edges.append((set(step.input_map.values()), set(step.output_map.values())))
             written |= set(step.output_map.values())
             target = self.entries.get(step.model_name)
             if target is None:
-                p("ensemble-step", f"{label}: there is no model '{step.model_name}' in the repository",
-                  *at, "model_name")
+                p(
+                    "ensemble-step",
+                    f"{label}: there is no model '{step.model_name}' in the repository",
+                    *at,
+                    "model_name",
+                )
                 continue
             tcfg = target.cfg
             if tcfg is None:
                 continue  # its own problems are reported for it
             if step.model_version != -1 and step.model_version not in target.loaded_versions:
                 unset = " (0 is what an unset model_version means)" if step.model_version == 0 else ""
-                p("ensemble-step", f"{label}: version {step.model_version} of '{step.model_name}' is "
-                                   f"not loaded{unset}: use model_version: -1 for its latest",
-                  *at, "model_version")
+                p(
+                    "ensemble-step",
+                    f"{label}: version {step.model_version} of '{step.model_name}' is "
+                    f"not loaded{unset}: use model_version: -1 for its latest",
+                    *at,
+                    "model_version",
+                )
             if tcfg.max_batch_size and tcfg.max_batch_size < mbs:
-                p("ensemble-step", f"the ensemble's max_batch_size {mbs} exceeds {step.model_name}'s "
-                                   f"{tcfg.max_batch_size}", "max_batch_size")
+                p(
+                    "ensemble-step",
+                    f"the ensemble's max_batch_size {mbs} exceeds {step.model_name}'s {tcfg.max_batch_size}",
+                    "max_batch_size",
+                )
             t_batch = tcfg.max_batch_size > 0
             t_inputs = {t.name: t for t in tcfg.input}
             t_outputs = {t.name: t for t in tcfg.output}
             for key, value in step.input_map.items():
                 if key not in t_inputs:
-                    p("ensemble-tensor", f"{label}: '{step.model_name}' has no input '{key}' (its "
-                                         f"inputs: {', '.join(t_inputs) or 'none'})", *at, "input_map")
+                    p(
+                        "ensemble-tensor",
+                        f"{label}: '{step.model_name}' has no input '{key}' (its "
+                        f"inputs: {', '.join(t_inputs) or 'none'})",
+                        *at,
+                        "input_map",
+                    )
                     continue
                 self._consistent(tensors, value, t_inputs[key], t_batch, step.model_name, label, p, at)
             for name, t in t_inputs.items():
                 if name not in step.input_map and not t.optional:
-                    p("ensemble-tensor", f"{label}: input '{name}' of '{step.model_name}' is not "
-                                         "mapped", *at, "input_map")
+                    p(
+                        "ensemble-tensor",
+                        f"{label}: input '{name}' of '{step.model_name}' is not mapped",
+                        *at,
+                        "input_map",
+                    )
             for key, value in step.output_map.items():
                 if key not in t_outputs:
-                    p("ensemble-tensor", f"{label}: '{step.model_name}' has no output '{key}' (its "
-                                         f"outputs: {', '.join(t_outputs) or 'none'})", *at, "output_map")
+                    p(
+                        "ensemble-tensor",
+                        f"{label}: '{step.model_name}' has no output '{key}' (its "
+                        f"outputs: {', '.join(t_outputs) or 'none'})",
+                        *at,
+                        "output_map",
+                    )
                     continue
                 self._consistent(tensors, value, t_outputs[key], t_batch, step.model_name, label, p, at)
         # data flow: every ensemble output written, every ensemble input and step tensor read
@@ -115,16 +144,26 @@ class EnsembleRules:
             if t.name not in written:
                 p("ensemble-tensor", f"ensemble output '{t.name}' is written by no step", "output", i)
             elif t.name not in ready:
-                p("ensemble-tensor", f"ensemble output '{t.name}' is never computed: a step before it "
-                                     "reads a tensor no one writes", "output", i)
+                p(
+                    "ensemble-tensor",
+                    f"ensemble output '{t.name}' is never computed: a step before it reads a tensor no one writes",
+                    "output",
+                    i,
+                )
         outputs = {t.name for t in cfg.output}
         for name in sorted((read | written) - outputs - {t.name for t in cfg.input}):
             if name not in written:
-                p("ensemble-tensor", f"'{name}' is read by a step but written by none (not an "
-                                     "ensemble input either)", "ensemble_scheduling")
+                p(
+                    "ensemble-tensor",
+                    f"'{name}' is read by a step but written by none (not an ensemble input either)",
+                    "ensemble_scheduling",
+                )
             elif name not in read:
-                p("ensemble-tensor", f"'{name}' is written by a step but read by none (not an "
-                                     "ensemble output either)", "ensemble_scheduling")
+                p(
+                    "ensemble-tensor",
+                    f"'{name}' is written by a step but read by none (not an ensemble output either)",
+                    "ensemble_scheduling",
+                )
 
     @staticmethod
     def _consistent(tensors, name, t, batching, who, label, p, at) -> None:
@@ -134,8 +173,12 @@ class EnsembleRules:
             return
         dtype, odims, obatch, owho = tensors[name]
         if dtype != t.data_type:
-            p("ensemble-tensor", f"{label}: '{name}' is {mc.DataType.Name(dtype)} in {owho} but "
-                                 f"{mc.DataType.Name(t.data_type)} in {who}", *at)
+            p(
+                "ensemble-tensor",
+                f"{label}: '{name}' is {mc.DataType.Name(dtype)} in {owho} but "
+                f"{mc.DataType.Name(t.data_type)} in {who}",
+                *at,
+            )
             return
 
         def same(a, b):
@@ -144,22 +187,29 @@ class EnsembleRules:
         full_a = ([-1] if obatch else []) + odims
         full_b = ([-1] if batching else []) + dims
         if not same(odims, dims) and not same(full_a, full_b):
-            p("ensemble-tensor", f"{label}: '{name}' has shape {full_a} in {owho} but {full_b} in "
-                                 f"{who}", *at)
+            p("ensemble-tensor", f"{label}: '{name}' has shape {full_a} in {owho} but {full_b} in {who}", *at)
 
     def check_cycles(self) -> None:
-        graph = {n: [s.model_name for s in e.cfg.ensemble_scheduling.step]
-                 for n, e in self.entries.items() if e.cfg is not None and e.platform == ENSEMBLE}
+        graph = {
+            n: [s.model_name for s in e.cfg.ensemble_scheduling.step]
+            for n, e in self.entries.items()
+            if e.cfg is not None and e.platform == ENSEMBLE
+        }
         state: dict[str, int] = {}
 
         def visit(n, trail):
             state[n] = 1
             for m in graph.get(n, []):
                 if state.get(m) == 1:
-                    cycle = trail[trail.index(m):] + [m] if m in trail else [n, m]
+                    cycle = trail[trail.index(m) :] + [m] if m in trail else [n, m]
                     e = self.entries[n]
-                    self.add(n, "config.pbtxt", e.lines.line("ensemble_scheduling"), "ensemble-cycle",
-                             f"ensembles depend on each other in a circle: {' -> '.join(cycle)}")
+                    self.add(
+                        n,
+                        "config.pbtxt",
+                        e.lines.line("ensemble_scheduling"),
+                        "ensemble-cycle",
+                        f"ensembles depend on each other in a circle: {' -> '.join(cycle)}",
+                    )
                 elif m in graph and state.get(m) is None:
                     visit(m, trail + [m])
             state[n] = 2

@@ -40,28 +40,41 @@ class FileRules:
             self.add(model, name, None, "version-dir", why)
         load, absent = versions_to_load(cfg, versions)
         for v in absent:
-            p("version-policy", f"version_policy names version {v}, but there is no {v}/ directory",
-              "version_policy")
+            p("version-policy", f"version_policy names version {v}, but there is no {v}/ directory", "version_policy")
         entry.loaded_versions = tuple(load)
         if not load:
             if not versions:
-                self.add(model, "", None, "version-missing",
-                         "no version directory: add 1/ with the model file in it"
-                         + (" (an ensemble needs an empty 1/ too; keep a placeholder file in it "
-                            "under git)" if entry.platform == ENSEMBLE else ""))
+                self.add(
+                    model,
+                    "",
+                    None,
+                    "version-missing",
+                    "no version directory: add 1/ with the model file in it"
+                    + (
+                        " (an ensemble needs an empty 1/ too; keep a placeholder file in it under git)"
+                        if entry.platform == ENSEMBLE
+                        else ""
+                    ),
+                )
             elif not absent:
                 p("version-policy", "the version_policy selects no version", "version_policy")
         dmf = cfg.default_model_filename
         if dmf and (os.path.isabs(dmf) or ".." in Path(dmf).parts or "/" in dmf):
-            p("unsafe-path", f"default_model_filename \"{dmf}\" must be a plain file name in the "
-                             "version directory", "default_model_filename")
+            p(
+                "unsafe-path",
+                f'default_model_filename "{dmf}" must be a plain file name in the version directory',
+                "default_model_filename",
+            )
             return
         self._referenced_files(entry, p, [versions[v] for v in load])
         if entry.platform == ENSEMBLE:
             return
         if dmf and entry.backend == "python" and not dmf.endswith(".py"):
-            p("model-file", f"default_model_filename \"{dmf}\": the python backend loads only a "
-                            "file whose name ends with .py", "default_model_filename")
+            p(
+                "model-file",
+                f'default_model_filename "{dmf}": the python backend loads only a file whose name ends with .py',
+                "default_model_filename",
+            )
             return
         wanted = None
         if dmf:
@@ -76,23 +89,34 @@ class FileRules:
                 name, kind = wanted
                 path = vdir / name
                 if not path.exists():
-                    self.add(model, f"{versions[v]}/{name}", None, "model-file",
-                             f"version {v} has no {name} (the {entry.backend or entry.platform} "
-                             "backend loads it)")
+                    self.add(
+                        model,
+                        f"{versions[v]}/{name}",
+                        None,
+                        "model-file",
+                        f"version {v} has no {name} (the {entry.backend or entry.platform} backend loads it)",
+                    )
                     continue
                 if kind == "file" and not path.is_file():
-                    self.add(model, f"{versions[v]}/{name}", None, "model-file",
-                             f"{name} must be a file, not a directory")
+                    self.add(
+                        model, f"{versions[v]}/{name}", None, "model-file", f"{name} must be a file, not a directory"
+                    )
                     continue
                 if kind == "dir" and not path.is_dir():
-                    self.add(model, f"{versions[v]}/{name}", None, "model-file",
-                             f"{name} must be a directory (a SavedModel)")
+                    self.add(
+                        model, f"{versions[v]}/{name}", None, "model-file", f"{name} must be a directory (a SavedModel)"
+                    )
                     continue
             if entry.backend == "openvino" and wanted and wanted[0].endswith(".xml"):
                 bin_path = vdir / (wanted[0][:-4] + ".bin")
                 if not bin_path.exists():
-                    self.add(model, f"{versions[v]}/{bin_path.name}", None, "model-file",
-                             f"OpenVINO needs {bin_path.name} next to {wanted[0]}")
+                    self.add(
+                        model,
+                        f"{versions[v]}/{bin_path.name}",
+                        None,
+                        "model-file",
+                        f"OpenVINO needs {bin_path.name} next to {wanted[0]}",
+                    )
             if entry.backend == "python" and wanted and wanted[0].endswith(".py"):
                 self._python_source(model, versions[v], vdir / wanted[0])
             if entry.backend == "onnxruntime" and self.onnx_signatures and wanted:
@@ -110,16 +134,20 @@ class FileRules:
         def inside(rel: str, what: str, *at) -> Path | None:
             path = Path(os.path.normpath(model_dir / rel))
             if os.path.isabs(rel) or (path != model_dir and model_dir not in path.parents):
-                p("unsafe-path", f"{what} \"{rel}\" must name a file inside the model directory", *at)
+                p("unsafe-path", f'{what} "{rel}" must name a file inside the model directory', *at)
                 return None
             return path
 
         def missing(path: Path, rel: str, what: str, *at) -> bool:
             if path.is_file() or path.is_dir():
                 return False
-            self.add(model, rel, lines_of(*at), "referenced-file",
-                     f"{what} names {rel}, which is not in the model directory: add the file or "
-                     "remove the setting")
+            self.add(
+                model,
+                rel,
+                lines_of(*at),
+                "referenced-file",
+                f"{what} names {rel}, which is not in the model directory: add the file or remove the setting",
+            )
             return True
 
         def lines_of(*at):
@@ -147,21 +175,30 @@ class FileRules:
                         need *= d
                     have = path.stat().st_size if path.is_file() else 0
                     if have < need:
-                        self.add(model, rel, lines_of(*at), "referenced-file",
-                                 f"warmup '{w.name}' input '{name}' needs {need} bytes "
-                                 f"({type_name}, dims {list(inp.dims)}); {rel} has {have}")
+                        self.add(
+                            model,
+                            rel,
+                            lines_of(*at),
+                            "referenced-file",
+                            f"warmup '{w.name}' input '{name}' needs {need} bytes "
+                            f"({type_name}, dims {list(inp.dims)}); {rel} has {have}",
+                        )
         for cc, name in sorted(cfg.cc_model_filenames.items()):
             for vname in version_dirs if entry.platform != ENSEMBLE else ():
                 rel = f"{vname}/{name}"
-                path = inside(rel, f"cc_model_filenames[\"{cc}\"]", "cc_model_filenames")
+                path = inside(rel, f'cc_model_filenames["{cc}"]', "cc_model_filenames")
                 if path is not None:
-                    missing(path, rel, f"cc_model_filenames[\"{cc}\"] (the file for GPUs of compute "
-                                       f"capability {cc})", "cc_model_filenames")
+                    missing(
+                        path,
+                        rel,
+                        f'cc_model_filenames["{cc}"] (the file for GPUs of compute capability {cc})',
+                        "cc_model_filenames",
+                    )
         env = cfg.parameters.get("EXECUTION_ENV_PATH")
         if env is not None and entry.backend == "python":
             value = env.string_value
             if value.startswith(MODEL_DIRECTORY_VAR):
-                rel = value[len(MODEL_DIRECTORY_VAR):].lstrip("/")
+                rel = value[len(MODEL_DIRECTORY_VAR) :].lstrip("/")
                 path = inside(rel, "EXECUTION_ENV_PATH", "parameters")
                 if path is not None and rel:
                     missing(path, rel, "parameters EXECUTION_ENV_PATH", "parameters")
@@ -177,8 +214,13 @@ class FileRules:
                 warnings.simplefilter("ignore")
                 compile(source, str(path), "exec", dont_inherit=True)
         except SyntaxError as e:
-            self.add(model, f"{vname}/{path.name}", e.lineno, "python-syntax",
-                     f"the python backend cannot import it: {e.msg}")
+            self.add(
+                model,
+                f"{vname}/{path.name}",
+                e.lineno,
+                "python-syntax",
+                f"the python backend cannot import it: {e.msg}",
+            )
         except ValueError as e:
             self.add(model, f"{vname}/{path.name}", None, "python-syntax", str(e))
 
@@ -193,9 +235,14 @@ class FileRules:
         try:
             io = onnx_io.read_model(path)
         except ImportError as e:
-            self.add(entry.name, rel, None, "unchecked",
-                     f"cannot compare the config with {path.name}: {e} (install tritonfleet with its "
-                     "dependencies: pip install tritonfleet, or pip install onnx)")
+            self.add(
+                entry.name,
+                rel,
+                None,
+                "unchecked",
+                f"cannot compare the config with {path.name}: {e} (install tritonfleet with its "
+                "dependencies: pip install tritonfleet, or pip install onnx)",
+            )
             return
         except onnx_io.OnnxReadError as e:
             self.add(entry.name, rel, None, "onnx-model", str(e))

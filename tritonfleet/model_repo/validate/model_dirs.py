@@ -48,15 +48,19 @@ def list_version_dirs(model_dir: Path) -> tuple[dict[int, str], list[tuple[str, 
         if name.startswith("0"):
             # Triton skips a name with a leading zero ('01', '0abc') without loading it
             if name.isdigit():
-                odd.append((name, f"'{name}' has leading zeros: Triton ignores it (rename it "
-                                  f"{int(name)})"))
+                odd.append((name, f"'{name}' has leading zeros: Triton ignores it (rename it {int(name)})"))
             continue
         m = STOLL_PREFIX.match(name)
         if m:
             # std::stoll reads the leading number and ignores the rest: '1abc' is version 1,
             # '-1' version -1; either clashes with or hides the intended version.
-            odd.append((name, f"'{name}' is read by Triton as version {int(m.group())}: version "
-                              "directories are plain numbers (1, 2, ...)"))
+            odd.append(
+                (
+                    name,
+                    f"'{name}' is read by Triton as version {int(m.group())}: version "
+                    "directories are plain numbers (1, 2, ...)",
+                )
+            )
         # anything else (old/, notes/) Triton ignores, and so do we
     return versions, odd
 
@@ -146,9 +150,14 @@ def autocomplete(cfg: mc.ModelConfig, model_dir: Path | None, model_name: str) -
         return platform, backend, None
     if not backend and not platform and not dmf:
         if "." not in model_name:
-            return "", "", (
-                "no 'platform' or 'backend', and no model file Triton can tell it from in "
-                f"{subdirs[0] + '/' if has_version else 'a version directory'} (model.onnx, "
-                "model.plan, model.pt, model.py, ...): add e.g. backend: \"onnxruntime\"")
+            return (
+                "",
+                "",
+                (
+                    "no 'platform' or 'backend', and no model file Triton can tell it from in "
+                    f"{subdirs[0] + '/' if has_version else 'a version directory'} (model.onnx, "
+                    'model.plan, model.pt, model.py, ...): add e.g. backend: "onnxruntime"'
+                ),
+            )
         backend = model_name.split(".", 1)[1]
     return platform, backend, None

@@ -20,6 +20,7 @@ from .tables import ENSEMBLE, KNOWN_BACKENDS, Problem
 
 # ---- what the repository may contain --------------------------------------------------------
 
+
 def _contents(repo: Path, add: Callable[..., None]) -> None:
     """Every entry tritonfleet.model_repo.contents refuses (the deploy refuses the same ones)."""
     for r in contents.scan(repo)[1]:
@@ -34,22 +35,36 @@ MODEL_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*")
 
 def _check_model_name(name: str, add) -> bool:
     if ".." in name or "/" in name or "\\" in name:
-        add(name, "", None, "model-name",
-            f"model name '{name}' contains '..': newer Triton refuses path traversal in names; "
-            "rename the directory")
+        add(
+            name,
+            "",
+            None,
+            "model-name",
+            f"model name '{name}' contains '..': newer Triton refuses path traversal in names; rename the directory",
+        )
         return False
     if not name.strip() or any(c.isspace() for c in name):
-        add(name, "", None, "model-name",
+        add(
+            name,
+            "",
+            None,
+            "model-name",
             f"model name '{name}' contains white space: Triton cannot start its instances "
-            "(the python stub fails to parse the name); rename the directory")
+            "(the python stub fails to parse the name); rename the directory",
+        )
         return False
     if not MODEL_NAME.fullmatch(name):
         bad = sorted({c for c in name if not (c.isascii() and (c.isalnum() or c in "_.-"))})
-        why = (f"has {', '.join(repr(c) for c in bad)}" if bad else "starts with '-'")
-        add(name, "", None, "model-name",
+        why = f"has {', '.join(repr(c) for c in bad)}" if bad else "starts with '-'"
+        add(
+            name,
+            "",
+            None,
+            "model-name",
             f"model name {name!r} {why}: model names are letters, digits, '_', '.' and '-' (not first), "
             "because the name is part of Triton's URLs (/v2/models/<name>) and of commands run on the "
-            "hosts; rename the directory")
+            "hosts; rename the directory",
+        )
         return False
     return True
 
@@ -86,10 +101,19 @@ def validate_repository(
             continue
         cfg_path = model_dir / "config.pbtxt"
         if not cfg_path.exists():
-            hidden = (" (Triton loads every directory of the repository as a model, hidden ones "
-                      "too: remove it or move it out)" if name.startswith(".") else "")
-            add(name, "config.pbtxt", None, "config-missing",
-                "no config.pbtxt, which --strict-model-config=true requires" + hidden)
+            hidden = (
+                " (Triton loads every directory of the repository as a model, hidden ones "
+                "too: remove it or move it out)"
+                if name.startswith(".")
+                else ""
+            )
+            add(
+                name,
+                "config.pbtxt",
+                None,
+                "config-missing",
+                "no config.pbtxt, which --strict-model-config=true requires" + hidden,
+            )
             checker.load(name, model_dir, None)
             continue
         if not cfg_path.is_file():

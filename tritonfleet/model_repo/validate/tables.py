@@ -10,10 +10,21 @@ from dataclasses import asdict, dataclass
 from .. import contents
 
 #: Backends shipped in the tritonserver <release>-py3 image the fleet runs (/opt/tritonserver/backends).
-KNOWN_BACKENDS = frozenset({
-    "dali", "fil", "identity", "onnxruntime", "openvino", "python", "pytorch", "repeat",
-    "square", "tensorflow", "tensorrt",
-})
+KNOWN_BACKENDS = frozenset(
+    {
+        "dali",
+        "fil",
+        "identity",
+        "onnxruntime",
+        "openvino",
+        "python",
+        "pytorch",
+        "repeat",
+        "square",
+        "tensorflow",
+        "tensorrt",
+    }
+)
 
 #: ModelConfig fields that tritonclient's schema knows and the fleet's tritonserver does not:
 #: the server refuses such a config as a parse error ("has no field named ..."). Field path ->
@@ -30,7 +41,7 @@ RULES = {
     # what a repository may contain (one definition, shared with the deploy: model_repo.contents)
     **contents.RULES,
     "model-name": "model directory names of letters, digits, '_', '.' and '-' only, not starting with '-', "
-                  "without '..'",
+    "without '..'",
     "config-missing": "each model directory (hidden ones too) has a config.pbtxt (strict model config)",
     "encoding": "config.pbtxt is UTF-8 text",
     "parse": "config.pbtxt parses as Triton's ModelConfig (protobuf text format)",
@@ -72,13 +83,13 @@ RULES = {
     "version-missing": "at least one version directory (ensembles too)",
     "model-file": "each loaded version has the model file its backend reads",
     "referenced-file": "every file the configuration names is in the model directory: output "
-                       "label_filename, warmup input_data_file (with enough bytes), "
-                       "cc_model_filenames (in each loaded version), the python backend's "
-                       "EXECUTION_ENV_PATH under $$TRITON_MODEL_DIRECTORY",
+    "label_filename, warmup input_data_file (with enough bytes), "
+    "cc_model_filenames (in each loaded version), the python backend's "
+    "EXECUTION_ENV_PATH under $$TRITON_MODEL_DIRECTORY",
     "python-syntax": "a python backend model.py compiles",
     "onnx-model": "model.onnx is a readable ONNX model",
     "onnx-signature": "inputs and outputs match model.onnx as the onnxruntime backend compares them (names, "
-                      "count, types, dims with the batch dimension, -1 and reshape, sequence controls)",
+    "count, types, dims with the batch dimension, -1 and reshape, sequence controls)",
     "unchecked": "every check the repository needs can run (the onnx package for model.onnx)",
     "ensemble": "ensemble_scheduling exactly on ensembles, without instance groups, optimization, warmup",
     "ensemble-step": "each step names a model of the repository, at a loaded version, batching no less",
@@ -122,9 +133,19 @@ STOLL_PREFIX = re.compile(r"\s*[+-]?[0-9]+")  # what std::stoll accepts at the s
 
 # bytes per element (Triton's GetDataTypeByteSize); TYPE_STRING has no fixed size
 TYPE_BYTES = {
-    "TYPE_BOOL": 1, "TYPE_UINT8": 1, "TYPE_UINT16": 2, "TYPE_UINT32": 4, "TYPE_UINT64": 8,
-    "TYPE_INT8": 1, "TYPE_INT16": 2, "TYPE_INT32": 4, "TYPE_INT64": 8, "TYPE_FP16": 2,
-    "TYPE_FP32": 4, "TYPE_FP64": 8, "TYPE_BF16": 2,
+    "TYPE_BOOL": 1,
+    "TYPE_UINT8": 1,
+    "TYPE_UINT16": 2,
+    "TYPE_UINT32": 4,
+    "TYPE_UINT64": 8,
+    "TYPE_INT8": 1,
+    "TYPE_INT16": 2,
+    "TYPE_INT32": 4,
+    "TYPE_INT64": 8,
+    "TYPE_FP16": 2,
+    "TYPE_FP32": 4,
+    "TYPE_FP64": 8,
+    "TYPE_BF16": 2,
 }
 MODEL_DIRECTORY_VAR = "$$TRITON_MODEL_DIRECTORY"
 

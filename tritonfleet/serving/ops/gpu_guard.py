@@ -35,8 +35,11 @@ def pending() -> list[str]:
 
 
 def _read() -> dict:
-    _, out = host.run_shell_command(compare_command(access.get("triton_container_name"), smi=smi_command(access.current())),
-                                    print_output=False, print_input=False)
+    _, out = host.run_shell_command(
+        compare_command(access.get("triton_container_name"), smi=smi_command(access.current())),
+        print_output=False,
+        print_input=False,
+    )
     return parse("\n".join(out.stdout_lines))
 
 
@@ -49,16 +52,25 @@ def guard_now(reasons: list[str]) -> None:
     service = access.get("triton_service")
     expected = "the running Triton container sees the host's GPUs (docker exec ... nvidia-smi -L)"
     if kind == "host-failed":
-        fail(expected, say, fix="look at the driver on the host (nvidia-smi, dmesg), then run the deploy again",
-             step="GPU-loss guard")
+        fail(
+            expected,
+            say,
+            fix="look at the driver on the host (nvidia-smi, dmesg), then run the deploy again",
+            step="GPU-loss guard",
+        )
     logger.warning(f"{host.print_prefix}GPUs lost after daemon-reload ({why}): {say}; restarting {service} once")
     if lb.enabled():
         lb.drain_now("its container lost the GPUs after a daemon-reload")
-    ok, out = host.run_shell_command(f"systemctl restart {q(service + '.service')}", print_output=False,
-                                     print_input=False)
+    ok, out = host.run_shell_command(
+        f"systemctl restart {q(service + '.service')}", print_output=False, print_input=False
+    )
     if not ok:
-        fail(expected, f"systemctl restart {service} failed: " + " / ".join(out.stderr_lines[-3:]),
-             fix=f"journalctl -u {service} on the host", step="GPU-loss guard")
+        fail(
+            expected,
+            f"systemctl restart {service} failed: " + " / ".join(out.stderr_lines[-3:]),
+            fix=f"journalctl -u {service} on the host",
+            step="GPU-loss guard",
+        )
     deadline = time.monotonic() + float(access.get("health_timeout"))
     while True:
         kind, say = verdict(_read())
@@ -66,11 +78,14 @@ def guard_now(reasons: list[str]) -> None:
             break
         time.sleep(1)
     if kind != "ok":
-        fail(f"{expected} after one restart", say,
-             now=f"{service} was restarted once and its container still does not see the GPUs",
-             fix="check the /dev/char symlinks (nvidia-ctk system create-dev-char-symlinks --create-all) and the "
-                 "driver, then restart the container by hand or run the deploy again",
-             step="GPU-loss guard")
+        fail(
+            f"{expected} after one restart",
+            say,
+            now=f"{service} was restarted once and its container still does not see the GPUs",
+            fix="check the /dev/char symlinks (nvidia-ctk system create-dev-char-symlinks --create-all) and the "
+            "driver, then restart the container by hand or run the deploy again",
+            step="GPU-loss guard",
+        )
     logger.warning(f"{host.print_prefix}{service} restarted: {say}")
     if lb.enabled():
         gate_current_host(access.current(), [])

@@ -44,8 +44,9 @@ rm -f {failure}
 """
 
 
-def append_record(base: str, release: str, unit: str, image: str, action: str,
-                  unit_files: list[str] | None = None) -> None:
+def append_record(
+    base: str, release: str, unit: str, image: str, action: str, unit_files: list[str] | None = None
+) -> None:
     """Record the deployment (``release``, ``unit`` digest, ``image``) the host now serves
     healthily, unless it is the last one recorded already. ``action``: "deploy" or "rollback".
     ``unit_files``: the per-GPU units (triton_per_gpu), snapshot one after the other."""
@@ -55,10 +56,24 @@ def append_record(base: str, release: str, unit: str, image: str, action: str,
     if (last.get("release"), last.get("unit"), last.get("image")) == (release, unit, image):
         host.noop(f"deployment {release} / {image} already recorded")
         return
-    record = {"time": "@TIME@", "action": action, "release": release, "image": image, "image_id": "@IMAGE_ID@",
-              "unit": unit, "by": _operator(), "tritonfleet": __version__}
-    record_healthy(name=f"record healthy deployment (release {release}, {image})", base=base, unit=unit,
-                   image=image, record=record, **({"unit_files": unit_files} if unit_files else {}))
+    record = {
+        "time": "@TIME@",
+        "action": action,
+        "release": release,
+        "image": image,
+        "image_id": "@IMAGE_ID@",
+        "unit": unit,
+        "by": _operator(),
+        "tritonfleet": __version__,
+    }
+    record_healthy(
+        name=f"record healthy deployment (release {release}, {image})",
+        base=base,
+        unit=unit,
+        image=image,
+        record=record,
+        **({"unit_files": unit_files} if unit_files else {}),
+    )
 
 
 @operation(is_idempotent=False)
@@ -83,18 +98,25 @@ def record_healthy(base: str, unit: str, image: str, record: dict, unit_files: l
         record_healthy(name="record the healthy deployment", base=base, unit=path, image=image, record=rec)
     """
     warm = WARM_LATENCY.get(host.name) if state.is_executing else None
-    yield record_command(base, unit, image, {**record, **({"first_inference_ms": warm} if warm else {})},
-                         unit_files)
+    yield record_command(base, unit, image, {**record, **({"first_inference_ms": warm} if warm else {})}, unit_files)
 
 
 def record_command(base: str, unit: str, image: str, record: dict, unit_files: list[str] | None = None) -> str:
     unit_file = q(f"{base}/units/{unit}.service")
-    snapshot = (f"cat {' '.join(q(f) for f in unit_files)} > {unit_file} && chmod 644 {unit_file}" if unit_files
-                else f"install -m 644 {q(unit_path(access.current()))} {unit_file}")
-    return RECORD_SCRIPT.format(b=q(base), snapshot=snapshot, unit_file=unit_file,
-                                image=q(image),
-                                record=q(json.dumps(record, sort_keys=True)), keep=HISTORY_KEEP,
-                                failure=FAILURE_RECORD)
+    snapshot = (
+        f"cat {' '.join(q(f) for f in unit_files)} > {unit_file} && chmod 644 {unit_file}"
+        if unit_files
+        else f"install -m 644 {q(unit_path(access.current()))} {unit_file}"
+    )
+    return RECORD_SCRIPT.format(
+        b=q(base),
+        snapshot=snapshot,
+        unit_file=unit_file,
+        image=q(image),
+        record=q(json.dumps(record, sort_keys=True)),
+        keep=HISTORY_KEEP,
+        failure=FAILURE_RECORD,
+    )
 
 
 def _operator() -> str:

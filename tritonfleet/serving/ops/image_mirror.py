@@ -13,16 +13,37 @@ from ...pyinfra_ext.stream import connector_arguments
 from .. import image_mirror as mirror
 
 
-def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str | None, upstream: str,
-          user: str | None, secret_env: str | None, arguments: dict) -> bool:
+def _fill(
+    state,
+    host,
+    url: str,
+    path: str,
+    digest: str,
+    storage: str,
+    ca: str | None,
+    upstream: str,
+    user: str | None,
+    secret_env: str | None,
+    arguments: dict,
+) -> bool:
     step = f"Image mirror (fill with {path}@{digest[:19]})"
 
     def fail(found: str, words: list[str]) -> bool:
-        report.emit(host, report.Failure(
-            host.name, step, f"every blob of {path}@{digest} in the mirror's store", found, report.trim(words),
-            "the mirror's and curl's own words", "the hosts still serve their image; nothing was pulled",
-            f"check the mirror ({url}) and its upstream (journalctl -u docker-registry on {host.name}), then run "
-            "again", cause=found[:200]))
+        report.emit(
+            host,
+            report.Failure(
+                host.name,
+                step,
+                f"every blob of {path}@{digest} in the mirror's store",
+                found,
+                report.trim(words),
+                "the mirror's and curl's own words",
+                "the hosts still serve their image; nothing was pulled",
+                f"check the mirror ({url}) and its upstream (journalctl -u docker-registry on {host.name}), then run "
+                "again",
+                cause=found[:200],
+            ),
+        )
         return False
 
     if user:
@@ -33,8 +54,9 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
         arguments = {**arguments, "_stdin": secret}
     reference, blobs = digest, []
     for _ in range(2):  # an index names the platform's manifest: one more step
-        ok, out = host.run_shell_command(mirror.manifest_command(url, path, reference, ca, user), print_output=False,
-                                         **arguments)
+        ok, out = host.run_shell_command(
+            mirror.manifest_command(url, path, reference, ca, user), print_output=False, **arguments
+        )
         if not ok:
             return fail(f"the mirror did not give the manifest {path}@{reference}", out.stderr_lines)
         try:
@@ -45,19 +67,30 @@ def _fill(state, host, url: str, path: str, digest: str, storage: str, ca: str |
             blobs = found
             break
         reference = found[0]
-    ok, out = host.run_shell_command(mirror.fill_script(url, path, blobs, storage, ca, user=user), print_output=False,
-                                     **arguments)
+    ok, out = host.run_shell_command(
+        mirror.fill_script(url, path, blobs, storage, ca, user=user), print_output=False, **arguments
+    )
     res = mirror.parse_fill(out.stdout_lines)
     if not ok or res["failed"]:
         return fail(f"{len(res['failed'])} blob(s) did not reach the mirror's store", res["failed"] + out.stderr_lines)
-    logger.info(f"{host.print_prefix}image mirror: {path}@{digest[:19]}: {len(res['filled'])} blob(s) fetched "
-                f"from {upstream}, {len(res['cached'])} already there")
+    logger.info(
+        f"{host.print_prefix}image mirror: {path}@{digest[:19]}: {len(res['filled'])} blob(s) fetched "
+        f"from {upstream}, {len(res['cached'])} already there"
+    )
     return True
 
 
 @operation(is_idempotent=False)
-def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, upstream: str = "",
-         user: str | None = None, secret_env: str | None = None):
+def fill(
+    url: str,
+    path: str,
+    digest: str,
+    storage: str,
+    ca: str | None = None,
+    upstream: str = "",
+    user: str | None = None,
+    secret_env: str | None = None,
+):
     """Bring every blob of ``path@digest`` into the mirror's store (one fetch from the upstream);
     with ``user``, logged in to the mirror as that client.
 
@@ -82,5 +115,6 @@ def fill(url: str, path: str, digest: str, storage: str, ca: str | None = None, 
         fill(name="fill the mirror", url=url, path="nvidia/tritonserver", digest=digest, storage="/var/lib/registry",
              user="tritonfleet", secret_env="TRITONFLEET_MIRROR_PASSWORD")
     """
-    yield FunctionCommand(_fill, (url, path, digest, storage, ca, upstream, user, secret_env,
-                                  connector_arguments()), {})
+    yield FunctionCommand(
+        _fill, (url, path, digest, storage, ca, upstream, user, secret_env, connector_arguments()), {}
+    )

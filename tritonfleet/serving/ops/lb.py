@@ -73,7 +73,8 @@ def _instances() -> list[tuple[str, str]]:
     _, out = host.run_shell_command(per_gpu.list_units_command(settings), print_output=False, print_input=False)
     instances = [per_gpu.instance_get(settings, i) for i in per_gpu.indexes(settings, out.stdout_lines)]
     return [(i.get("triton_service"), _metrics_url(i)) for i in instances] or [
-        (settings.get("triton_service"), _metrics_url(settings))]
+        (settings.get("triton_service"), _metrics_url(settings))
+    ]
 
 
 def _metrics_reader():
@@ -97,8 +98,9 @@ def _metrics_reader():
 def _host_shell(command: str) -> str:
     """``command`` on the current host (as root where the host's data says _sudo); its output."""
     try:
-        ok, out = host.run_shell_command(command, _sudo=bool(host.data.get("_sudo")), print_output=False,
-                                         print_input=False)
+        ok, out = host.run_shell_command(
+            command, _sudo=bool(host.data.get("_sudo")), print_output=False, print_input=False
+        )
     except CONNECTION_ERRORS as e:
         raise drain.DrainError(f"the host did not answer ({type(e).__name__}: {e})") from e
     if not ok:
@@ -108,8 +110,10 @@ def _host_shell(command: str) -> str:
 
 def marker_write_command(run: str) -> str:
     d = q(MARKER.rsplit("/", 1)[0])
-    return (f"umask 077 && mkdir -p {d} && printf '%s\\n' {q(run)} > {q(MARKER + '.tmp')} && "
-            f"mv -f {q(MARKER + '.tmp')} {q(MARKER)}")
+    return (
+        f"umask 077 && mkdir -p {d} && printf '%s\\n' {q(run)} > {q(MARKER + '.tmp')} && "
+        f"mv -f {q(MARKER + '.tmp')} {q(MARKER)}"
+    )
 
 
 def marker_read_command() -> str:
@@ -126,8 +130,9 @@ def _key() -> tuple[int, str]:
 
 def balancer() -> drain.Balancer | None:
     try:
-        return drain.from_settings(access.current(), host.name, host.data.get("ssh_hostname") or host.name,
-                                   _metrics_reader())
+        return drain.from_settings(
+            access.current(), host.name, host.data.get("ssh_hostname") or host.name, _metrics_reader()
+        )
     except drain.DrainError as e:
         raise access.ConfigError(f"{host.name}: {e}") from e
 
@@ -147,8 +152,10 @@ def drain_now(why: str) -> None:
         logger.info(f"{host.print_prefix}{did} ({why})")
         waited = lb.wait_idle(timeout, say=lambda text: logger.warning(f"{host.print_prefix}{text}"))
         note = getattr(lb, "note", "")
-        logger.info(f"{host.print_prefix}no request in flight ({lb.describe()}) after {waited:.1f}s"
-                    + (f": {note}" if note else ""))
+        logger.info(
+            f"{host.print_prefix}no request in flight ({lb.describe()}) after {waited:.1f}s"
+            + (f": {note}" if note else "")
+        )
     except drain.DrainError as e:
         back = ""
         try:  # Triton is not touched: the host goes back in (only what this drain took out)
@@ -156,16 +163,24 @@ def drain_now(why: str) -> None:
         except drain.DrainError as e2:
             back = f"putting it back failed too: {e2}"
         if isinstance(e, drain.InFlightUnknown):
-            fix = ("make Triton's metrics readable on the host (`curl -sf " + _metrics_url(access.current()) + "`: "
-                   "triton_metrics_port, triton_metrics_bind), then run the deploy again; a host whose requests in "
-                   "flight cannot be read is never restarted under them")
+            fix = (
+                "make Triton's metrics readable on the host (`curl -sf " + _metrics_url(access.current()) + "`: "
+                "triton_metrics_port, triton_metrics_bind), then run the deploy again; a host whose requests in "
+                "flight cannot be read is never restarted under them"
+            )
         else:
-            fix = ("check the load balancer (HAProxy: `show stat`, `show servers state`; hooks: run lb_drain_command "
-                   "by hand) or raise lb_drain_timeout for long requests, then run the deploy again")
-        fail(f"{host.name} out of the load balancer ({lb.describe()}) and idle within lb_drain_timeout "
-             f"({timeout:.0f}s) before Triton restarts ({why})", str(e),
-             now="Triton was not restarted and serves as before" + (f"; {back}" if back else ""),
-             fix=fix, step="load balancer drain")
+            fix = (
+                "check the load balancer (HAProxy: `show stat`, `show servers state`; hooks: run lb_drain_command "
+                "by hand) or raise lb_drain_timeout for long requests, then run the deploy again"
+            )
+        fail(
+            f"{host.name} out of the load balancer ({lb.describe()}) and idle within lb_drain_timeout "
+            f"({timeout:.0f}s) before Triton restarts ({why})",
+            str(e),
+            now="Triton was not restarted and serves as before" + (f"; {back}" if back else ""),
+            fix=fix,
+            step="load balancer drain",
+        )
 
 
 def gate_and_ready() -> None:
@@ -192,8 +207,10 @@ def _readiable(lb: drain.Balancer) -> tuple[bool, str]:
             if _key() in _TOOK_OUT:  # held since this run drained it: the holder's ready ends both
                 _TOOK_OUT.discard(_key())
                 _host_shell(marker_remove_command())
-            return False, (f"{lb.held()}: not readied (the holder puts it back: `tritonfleet quarantine release`, "
-                           f"or `set server {lb.backend}/{lb.server} state ready`)")
+            return False, (
+                f"{lb.held()}: not readied (the holder puts it back: `tritonfleet quarantine release`, "
+                f"or `set server {lb.backend}/{lb.server} state ready`)"
+            )
         if not st.drained:
             return False, ""
     if _key() in _TOOK_OUT:
@@ -202,8 +219,10 @@ def _readiable(lb: drain.Balancer) -> tuple[bool, str]:
     if mark:
         return True, f"drained by a deploy that was cut before it put it back ({mark[:160]})"
     if lb.kind == "haproxy":
-        return False, (f"{lb.describe()} is drained, not by a deploy (no {MARKER} on the host): an operator's "
-                       "drain, left as it is: not readied")
+        return False, (
+            f"{lb.describe()} is drained, not by a deploy (no {MARKER} on the host): an operator's "
+            "drain, left as it is: not readied"
+        )
     return False, ""
 
 
@@ -227,11 +246,14 @@ def ready_now() -> None:
             if seen:
                 logger.info(f"{host.print_prefix}{lb.describe()} serves again ({seen})")
     except drain.DrainError as e:
-        fail(f"{host.name} back in the load balancer ({lb.describe()}) after a healthy start", str(e),
-             now="Triton is healthy but the load balancer sends it no requests",
-             fix="put the host back by hand (HAProxy: `set server <backend>/<server> state ready`; hooks: run "
-                 "lb_ready_command) once the cause is fixed, or run the deploy again",
-             step="load balancer ready")
+        fail(
+            f"{host.name} back in the load balancer ({lb.describe()}) after a healthy start",
+            str(e),
+            now="Triton is healthy but the load balancer sends it no requests",
+            fix="put the host back by hand (HAProxy: `set server <backend>/<server> state ready`; hooks: run "
+            "lb_ready_command) once the cause is fixed, or run the deploy again",
+            step="load balancer ready",
+        )
 
 
 @operation(is_idempotent=False)

@@ -31,12 +31,15 @@ class SecretStdinCommand(StringCommand):
     def execute(self, state, host, connector_arguments):
         secret = os.environ.get(self.secret_env)
         if not secret:
-            raise MissingSecret(f"{host.name}: ${self.secret_env} is empty on the control machine; "
-                                "export the registry secret there (it is never read from files or argv)")
+            raise MissingSecret(
+                f"{host.name}: ${self.secret_env} is empty on the control machine; "
+                "export the registry secret there (it is never read from files or argv)"
+            )
         connector_arguments.update(self.connector_arguments)
         connector_arguments["_stdin"] = secret
-        return host.run_shell_command(self, print_output=state.print_output, print_input=state.print_input,
-                                      **connector_arguments)
+        return host.run_shell_command(
+            self, print_output=state.print_output, print_input=state.print_input, **connector_arguments
+        )
 
 
 @operation(is_idempotent=False)
@@ -58,8 +61,15 @@ def docker_login(registry: str, user: str, secret_env: str):
 
         docker_login(name="log in to nvcr.io", registry="nvcr.io", user="$oauthtoken", secret_env="NGC_API_KEY")
     """
-    yield SecretStdinCommand("docker", "login", "--username", QuoteString(user), "--password-stdin",
-                             QuoteString(registry), secret_env=secret_env)
+    yield SecretStdinCommand(
+        "docker",
+        "login",
+        "--username",
+        QuoteString(user),
+        "--password-stdin",
+        QuoteString(registry),
+        secret_env=secret_env,
+    )
 
 
 @operation(is_idempotent=False)
