@@ -33,12 +33,15 @@ to bench/results/<time>.{md,json}.
         # no test host, no TRITONFLEET_TESTBED) [--against TREE]: another checkout's collector too
     .venv/bin/python bench/run.py storm [--storm-hosts 200] [--storm-budget 10%] [--storm-recover 5]
         # 200 hosts fault at once behind a real HAProxy, Prometheus, Alertmanager and the quarantine
-        # receiver (bench/storm.py; no test host; not part of all)
+        # receiver (bench/storm.py; no test host; not part of all) [--storm-path push|prometheus]
     .venv/bin/python bench/run.py driver-change [--driver-runs 1] [--driver-branches 570,580]
         # a converged host's driver branch moved by `tritonfleet rollout` and back, each move's
         # reboot-to-serving time by its parts (bench/driver_change.py; not part of all)
     .venv/bin/python bench/run.py fanout [--fanout-hosts 6] [--fanout-mb 150] [--fanout-mbit 100]
         # a release to a wave with every link capped: direct from the origin vs the fan-out
+    .venv/bin/python bench/run.py fast-path [--fast-path-runs 20] [--fast-path-push on|off]
+        # one host's real GPU fault collector: fault line -> out of HAProxy at the default
+        # intervals, the direct path or Prometheus alone (bench/fastpath.py; no test host)
     .venv/bin/python bench/run.py canary [--errors 10] [--latency 10] [--identical 20] [--capacity]
         # traffic canary and capacity rules (bench/canary.py; not part of all)
 
@@ -592,7 +595,7 @@ def bench_fanout(results: Results, args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["noop", "parallel", "sync", "bare", "bare-pull", "driver-change", "scale", "replay-check", "dataplane",
-                                       "canary", "mirror-fill", "noop-installed", "xid-noise", "storm", "fanout", "all"])
+                                       "canary", "mirror-fill", "noop-installed", "xid-noise", "storm", "fanout", "fast-path", "all"])
     ap.add_argument("--dataplane-hosts", default="1,3", help="dataplane: host counts for the model data plane")
     ap.add_argument("--dataplane-sizes", default="100,500", help="dataplane: release sizes (MB)")
     ap.add_argument("--dataplane-rollout-mb", type=int, default=200, help="dataplane: weights in the rollouts' release")
@@ -643,6 +646,11 @@ def main() -> int:
     ap.add_argument("--storm-recover", type=int, default=5, help="storm: drained hosts whose fault then clears")
     ap.add_argument("--storm-rate", type=float, default=100, help="storm: the client's requests a second")
     ap.add_argument("--storm-check-inter", default="2s", help="storm: HAProxy's health check interval")
+    ap.add_argument("--fast-path-runs", type=int, default=20, help="fast-path: faults on the one host, one at a time")
+    ap.add_argument("--fast-path-push", default="on", choices=["on", "off"],
+                    help="fast-path: the collector pushes its fault to the receiver (on) or Prometheus alone (off)")
+    ap.add_argument("--storm-path", default="push", choices=["push", "prometheus"],
+                    help="storm: the hosts push their fault to the receiver too (the direct path), or not")
     ap.add_argument("--storm-settle", type=float, default=15,
                     help="storm: seconds after the last alert before the recovered hosts' faults clear")
     ap.add_argument("--keep", action="store_true", help="keep the generated model repository")
@@ -682,6 +690,8 @@ def main() -> int:
         return bench_module(results, args, "mirror-fill", "mirror_fill")
     if args.what == "storm":  # no testbed host; its own table (not part of all)
         return bench_module(results, args, "storm", "storm")
+    if args.what == "fast-path":  # no testbed host; its own table (not part of all)
+        return bench_module(results, args, "fast-path", "fastpath")
     if args.what == "noop-installed":  # no testbed host; its own table (not part of all)
         return bench_module(results, args, "noop-installed", "noop_installed")
     if args.what == "canary":  # about an hour of rollouts under a client's load (not part of all)

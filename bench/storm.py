@@ -3,8 +3,10 @@ components and an operator's default intervals.
 
 * **Hosts**: one process of small HTTP servers on loopback, one port a host (``backends`` below):
   each answers Triton's readiness (``/v2/health/ready``, HAProxy's check), the client's requests,
-  and ``/metrics`` with the GPU fault collector's Xid series (tritonfleet.gpu.signals) while the
-  host's fault file exists (its content: the collector's timestamp of the fault).
+  and ``/metrics`` with the GPU fault collector's Xid series (its own ``render``, NVIDIA's action
+  label included) while the host's fault file exists (its content: the collector's timestamp of
+  the fault). With ``--storm-path push`` (the default) each host's fault is also pushed to the
+  receiver the moment its file is there, with the collector's own code (``collectors`` below).
 * **Load balancer**: Debian's HAProxy with one server a host (tests/support/haproxy.py).
 * **Alerting**: Debian's Prometheus and Alertmanager with the files `tritonfleet prometheus
   --alertmanager --quarantine-url` writes for the inventory (its defaults: the health scrape and
@@ -46,16 +48,20 @@ ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-a
 # ---- the fake hosts (a process of their own: python bench/storm.py backends N PORTS FAULTS) ----
 
 def _metrics(fault: Path) -> bytes:
-    from tritonfleet.gpu import signals as S
+    """What the host's node exporter serves of the GPU fault collector: the real collector's
+    textfile where one runs (bench/fastpath.py), else the collector's own rendering of an Xid 79
+    (RESTART_BM in NVIDIA's catalog) seen at the fault file's time, while that file exists."""
+    from tritonfleet.gpu import telemetry
 
-    lines = [f"{S.QUERY_SUCCESS} 1"]
+    textfile = fault.with_name(fault.name + ".d") / telemetry.TEXTFILE
+    with contextlib.suppress(OSError):
+        return textfile.read_bytes()
     try:
         seen = float(fault.read_text())
+        rows = [("0000:00:1e", 79, "RESTART_BM", 1, 1, seen, True)]
     except (OSError, ValueError):
-        return ("\n".join(lines) + "\n").encode()
-    labels = '{pci="0000:00:1e",xid="79"}'
-    lines += [f"{S.XID_ERRORS}{labels} 1", f"{S.XID_LAST}{labels} {seen:.3f}"]
-    return ("\n".join(lines) + "\n").encode()
+        rows = []
+    return telemetry.render([], True, 0.04, rows, True).encode()
 
 
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fault: Path) -> None:
@@ -90,6 +96,33 @@ async def _backends(n: int, ports_file: Path, faults: Path) -> None:
     tmp.write_text(json.dumps(ports))
     os.replace(tmp, ports_file)
     await asyncio.Event().wait()
+
+
+def _collectors(names: list[str], faults: Path, url: str, secret: str) -> None:
+    """Each host's GPU fault collector as far as the direct path goes: its source polled as the
+    collector polls a file (every 0.25 s, KernelLog.wait), and the fault pushed with the
+    collector's own code (tritonfleet.gpu.fault_push.Pusher, the host's own token) the moment it
+    is there."""
+    from tritonfleet.gpu import fault_push
+
+    def one(h: str) -> None:
+        p = fault_push.Pusher(url, h, fault_push.host_token(secret, h), {"RESTART_BM"},
+                              say=lambda t: print(f"{h}: {t}", flush=True))
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                seen = float((faults / h).read_text())
+                p.push(79, "0000:00:1e", "RESTART_BM", seen, "NVRM: Xid (PCI:0000:00:1e): 79, GPU has fallen off the bus.")
+                for t in p.threads:
+                    t.join()
+                return
+            time.sleep(0.25)
+
+    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    threading.Event().wait()
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -205,6 +238,8 @@ def run(results, args, log) -> int:
                       inter=args.storm_check_inter)
         stack.callback(hap.stop)
         token_file = quarantine.write_token(work / "token")
+        push = args.storm_path == "push"
+        secret = quarantine.read_token(quarantine.write_token(work / "push.secret")) if push else ""
         rport, amport, pport = free_port(), free_port(), free_port()
         url = f"http://127.0.0.1:{rport}"
         common = {"ssh_hostname": "127.0.0.1", "health_host": "127.0.0.1", "lb": "haproxy",
@@ -223,6 +258,9 @@ def run(results, args, log) -> int:
         settings_used = {"health scrape and evaluation": "5s (tritonfleet prometheus --health-interval default)",
                          "alertmanager": "group_wait 0s, group_interval 10s (the generated quarantine route)",
                          "receiver rounds": "5 s (quarantine_check_interval), and one a notification",
+                         "path": ("direct: each host's fault pushed (fault_push.Pusher, the source polled every "
+                                  "0.25 s) beside Prometheus and Alertmanager" if push else
+                                  "Prometheus and Alertmanager only"),
                          "haproxy check inter": args.storm_check_inter, "budget": budget,
                          "breaker": "quarantine_breaker_fraction 0.5, quarantine_breaker_window 300 s (defaults)"}
         start([PROMETHEUS, f"--config.file={cfg / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
@@ -246,13 +284,16 @@ def run(results, args, log) -> int:
         stack.callback(rec.stop.set)
         server = threading.Thread(target=quarantine.serve, daemon=True,
                                   args=(rec, f"127.0.0.1:{rport}",
-                                        [quarantine.Caller("operator", quarantine.read_token(token_file))]))
+                                        [quarantine.Caller("operator", quarantine.read_token(token_file))], False,
+                                        secret))
 
         rc = 0
         _until(lambda: _get(f"http://127.0.0.1:{pport}/-/ready"), "prometheus", 60)
         _until(lambda: _get(f"http://127.0.0.1:{amport}/-/ready"), "alertmanager", 60)
         server.start()
         _until(lambda: _get(url + "/-/healthy"), "receiver", 30)
+        if push:
+            start([sys.executable, __file__, "collectors", json.dumps(names), str(faults), url, secret], "collectors")
 
         def targets_up() -> bool:
             body = _get(f"http://127.0.0.1:{pport}/api/v1/query?query=count(up%7Bjob%3D~%22.*-health%22%7D%3D%3D1)")
@@ -323,3 +364,5 @@ def run(results, args, log) -> int:
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "backends":
     asyncio.run(_backends(int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])))
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "collectors":
+    _collectors(json.loads(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5])

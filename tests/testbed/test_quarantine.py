@@ -18,7 +18,11 @@ through HAProxy while faults go into the hosts' own inputs, never this machine's
 * a reset-eligible Xid (63, "reset gpu to activate"; in ``quarantine_xids`` here) with
   ``quarantine_remediate``: drained, Triton stopped, the stand-in GPU reset over SSH (persistence
   mode off and back), Triton started, back through the warm gate, without a reboot (last: the
-  host's remediation history would hold it at a next fault within the hour).
+  host's remediation history would hold it at a next fault within the hour);
+* an Xid 95 (RESET_GPU in NVIDIA's catalog) on another host whose reset fails (the stand-in's
+  ``RESET_FAILS=1``): the receiver
+  reboots it through deploys/reboot.py (a pyinfra process of its own), and it returns through the
+  warm gate with a new boot id.
 
 The wiring is the documented one, authentication on: `tritonfleet quarantine token` writes the
 receiver's token, alertmanager.yml's webhook sends it (credentials_file), `serve --token-file`
@@ -237,8 +241,11 @@ def fleet(deployed, tmp_path_factory):
                 prom = Prometheus(cfg / "prometheus.yml", work / "prom-data", work / "prometheus.log")
                 stops.append(prom.stop)
                 state_dir = work / "quarantine"
+                # the reboot's deploy file is there only while the reboot test runs (the others
+                # leave a reboot's fault to an operator: needs-reboot)
                 stops.append(_stopper(_start([TRITONFLEET, "quarantine", "serve", inv, "--listen", f"127.0.0.1:{q_port}",
-                                     "--state-dir", str(state_dir), "--alertmanager", am, "--token-file", str(token)],
+                                     "--state-dir", str(state_dir), "--alertmanager", am, "--token-file", str(token),
+                                     "--reboot-deploy", str(work / "reboot.py")],
                                     work / "receiver.log", cwd=ROOT, env=env())))
                 until(lambda: _ready(f"{am}/-/ready") and prom.ready() and _ready(f"{receiver}/-/healthy"),
                       "alertmanager, prometheus and the receiver up", timeout=60)
@@ -407,3 +414,32 @@ def test_a_reset_eligible_xid_is_reset_and_the_host_returns_without_a_reboot(fle
         assert "its fault's recommended action is a GPU reset (RESET_GPU)" in reset["text"]
     finally:
         ssh(a, "rm -f /run/nvidia-standin/reset.env /run/nvidia-standin/last-reset")
+
+
+def test_a_reset_that_does_not_clear_it_reboots_the_host_and_it_returns(fleet):
+    b = fleet.hosts[1]  # not the reset test's host: its history would hold it at a new fault
+    boot = ssh(b, "cat /proc/sys/kernel/random/boot_id").strip()
+    (fleet.work / "reboot.py").write_text((ROOT / "deploys" / "reboot.py").read_text())
+    ssh(b, f"cp -n {GPU_ENV} {GPU_ENV}.before && echo 'RESET_FAILS=1' >> {GPU_ENV}")
+    t0 = time.monotonic()
+    inject_xid(b, 95, "Uncontained memory error")  # RESET_GPU in NVIDIA's catalog
+    try:
+        drained = fleet.time_to_drain(b.name, t0)
+        until(lambda: fleet.events("reset-failed", b.name), "the failed GPU reset", timeout=120)
+        until(lambda: fleet.events("reboot", b.name), "the reboot started", timeout=60)
+        until(lambda: fleet.events("reboot-done", b.name) or fleet.events("reboot-failed", b.name), "the reboot",
+              timeout=900)
+        assert fleet.events("reboot-done", b.name), fleet.events("reboot-failed", b.name)
+        rebooted = round(time.monotonic() - t0, 1)
+        ssh(b, f"mkdir -p {FAULTS} && : > {KMSG}")  # /run is new after the reboot: the source again, empty
+        until(fleet.all_serving, f"{b.name} back", timeout=600)
+        back = round(time.monotonic() - t0, 1)
+        returned = fleet.events("returned", b.name)[-1]
+        FIGURES["xid95_reset_fails_reboot"] = {"drained_s": drained, "rebooted_s": rebooted, "back_s": back}
+        assert "warm gate passed (first inference:" in returned["text"]
+        assert ssh(b, "cat /proc/sys/kernel/random/boot_id").strip() != boot  # rebooted
+        assert len(fleet.events("reset", b.name)) == 1 and len(fleet.events("reboot", b.name)) == 1
+        assert not fleet.events("needs-reboot", b.name)
+    finally:
+        (fleet.work / "reboot.py").unlink(missing_ok=True)
+        ssh(b, f"mkdir -p {FAULTS} && touch {KMSG}; [ -e {GPU_ENV}.before ] && mv -f {GPU_ENV}.before {GPU_ENV}; true")

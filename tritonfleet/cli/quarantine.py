@@ -102,6 +102,22 @@ def quarantine_cmd() -> None:
     is_flag=True,
     help="GET /v1/quarantine without a token (it names the fleet's hosts and why they are out).",
 )
+@click.option(
+    "--push-secret-file",
+    default=None,
+    metavar="PATH",
+    help="The direct path: the hosts' collectors POST critical Xids to /v1/hosts/HOST/fault, each "
+    "with the HMAC of its name under this secret (quarantine_push_secret_file; the telemetry "
+    "step gives each host its token).",
+)
+@click.option(
+    "--reboot-deploy",
+    default="deploys/reboot.py",
+    show_default=True,
+    metavar="PATH",
+    help="With quarantine_remediate: the deploy file run (pyinfra, one host) to reboot a host whose GPU "
+    "fault a reset did not clear; when it is not there, the receiver only says `needs-reboot`.",
+)
 @click.option("--limit", multiple=True, help="host or group names (globs; repeat or comma-separate)")
 @click.option("--data", "data", multiple=True, metavar="KEY=VALUE", help="override data, as pyinfra's --data")
 def serve_cmd(
@@ -112,6 +128,8 @@ def serve_cmd(
     token_file: str | None,
     alertmanager_token_file: str | None,
     public_read: bool,
+    push_secret_file: str | None,
+    reboot_deploy: str,
     limit: tuple[str, ...],
     data: tuple[str, ...],
 ) -> None:
@@ -122,6 +140,7 @@ def serve_cmd(
     start without its token file (missing, empty, or readable by others)."""
     from ..fleet import quarantine
     from ..fleet.quarantine.client import read_token
+    from ..fleet.quarantine.remediation import PyinfraRebooter
     from ..fleet.quarantine.server import Caller
 
     am = alertmanager_url(alertmanager) if alertmanager else ""
@@ -129,9 +148,19 @@ def serve_cmd(
     callers = [Caller("operator", read_token(token_file or str(hosts[0].get("quarantine_token_file"))))]
     if alertmanager_token_file:
         callers.append(Caller("alertmanager", read_token(alertmanager_token_file), webhook_only=True))
-    rec = quarantine.Receiver(hosts, Path(state_dir), alertmanager=am, echo=lambda text: click.echo(text, nl=True))
+    push_secret = read_token(push_secret_file) if push_secret_file else ""
+    rebooter = PyinfraRebooter(
+        str(Path(inventory).resolve()),
+        str(Path(reboot_deploy).resolve()),
+        Path(state_dir).resolve() / "reboots",
+        dict(d.split("=", 1) for d in data if "=" in d),
+        timeout=float(hosts[0].get("nvidia_reboot_timeout")) + 600,
+    )
+    rec = quarantine.Receiver(
+        hosts, Path(state_dir), alertmanager=am, echo=lambda text: click.echo(text, nl=True), rebooter=rebooter
+    )
     with contextlib.suppress(KeyboardInterrupt):
-        quarantine.serve(rec, listen, callers, public_read)
+        quarantine.serve(rec, listen, callers, public_read, push_secret)
 
 
 @quarantine_cmd.command("token")
@@ -164,6 +193,7 @@ def token_cmd(out: str) -> None:
 @click.option("--alertmanager", default="", metavar="HOST:PORT|URL")
 @click.option("--token-file", default="", metavar="PATH", help="written into the unit's serve line")
 @click.option("--alertmanager-token-file", default="", metavar="PATH", help="written into the unit's serve line")
+@click.option("--push-secret-file", default="", metavar="PATH", help="written into the unit's serve line")
 @click.option(
     "--user",
     default="",
@@ -177,6 +207,7 @@ def unit_cmd(
     alertmanager: str,
     token_file: str,
     alertmanager_token_file: str,
+    push_secret_file: str,
     user: str,
 ) -> None:
     """Print a systemd unit that runs `tritonfleet quarantine serve` from this directory.
@@ -201,6 +232,8 @@ def unit_cmd(
         args.append(f"--token-file={Path(token_file).resolve()}")
     if alertmanager_token_file:
         args.append(f"--alertmanager-token-file={Path(alertmanager_token_file).resolve()}")
+    if push_secret_file:
+        args.append(f"--push-secret-file={Path(push_secret_file).resolve()}")
     click.echo(quarantine_unit(args, workdir, user), nl=False)  # a UnitError ends it in the group (exit 2)
 
 

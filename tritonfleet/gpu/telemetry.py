@@ -84,6 +84,7 @@ def _sibling(module: str, copy: str, what: str):
 
 S = _sibling("signals", "gpu_signals.py", "the health-signal spec")
 X = _sibling("xids", "gpu_xids.py", "the Xid ledger")
+P = _sibling("fault_push", "gpu_fault_push.py", "the direct path to the quarantine receiver")
 XID, XidEvent, parse_xid = X.XID, X.XidEvent, X.parse_xid
 #: at most this much of a file source, and this many records of /dev/kmsg, in one read
 READ_BYTES = 1 << 20
@@ -503,8 +504,16 @@ def write_atomically(directory: str, name: str, text: str) -> None:
 
 class Collector:
     def __init__(
-        self, textfile_dir: str, smi: str, kmsg: str, interval: float, timeout: float, catalog: str | None = None
+        self,
+        textfile_dir: str,
+        smi: str,
+        kmsg: str,
+        interval: float,
+        timeout: float,
+        catalog: str | None = None,
+        pusher=None,
     ):
+        self.pusher = pusher  # a fault_push.Pusher: critical Xids straight to the receiver, or None
         self.textfile_dir, self.smi, self.interval, self.timeout = textfile_dir, smi, interval, timeout
         self.log = KernelLog(kmsg)
         self.btime = boot_time()
@@ -548,10 +557,13 @@ class Collector:
                     continue
                 changed = True
                 if kind == X.NEW:
-                    new.append(text)
-        for text in new:
+                    new.append((text, self.btime + usec / 1e6))
+        for text, when in new:
             ev = parse_xid(text)
-            say(f"Xid {ev.xid} on {ev.pci} ({self.xids.catalog.action(ev.xid)}): {ev.text[:300]}")
+            action = self.xids.catalog.action(ev.xid)
+            if self.pusher is not None:  # before the log line: the direct path waits for nothing
+                self.pusher.push(ev.xid, ev.pci, action, when, ev.text)
+            say(f"Xid {ev.xid} on {ev.pci} ({action}): {ev.text[:300]}")
         if time.monotonic() - self.summarised >= REPEAT_SUMMARY_S:
             self.summarised = time.monotonic()
             with self.lock:
@@ -613,13 +625,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=5.0, help="seconds between driver queries")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds a driver query may take")
     p.add_argument("--once", action="store_true", help="read, query and write once, then exit")
+    p.add_argument("--push-url", default="", help="the quarantine receiver: critical Xids POSTed there at once")
+    p.add_argument("--push-host", default="", help="this host's inventory name (the receiver's)")
+    p.add_argument("--push-token-file", default="", help="this host's push token (fault_push.host_token)")
+    p.add_argument("--push-xids", default="", help="Xid numbers pushed whatever their action (comma-separated)")
     args = p.parse_args(argv)
     if args.interval <= 0 or args.timeout <= 0:
         p.error("--interval and --timeout must be > 0")
     if not os.path.isdir(args.textfile_dir):
         p.error(f"--textfile-dir {args.textfile_dir} is not a directory")
+    pusher = None
+    if args.push_url:
+        if not args.push_host or not args.push_token_file:
+            p.error("--push-url needs --push-host and --push-token-file")
+        try:
+            token = P.read_token(args.push_token_file)
+            extra = {int(x) for x in args.push_xids.split(",") if x.strip()}
+        except (OSError, ValueError) as e:
+            p.error(f"--push-token-file {args.push_token_file} or --push-xids: {e}")
+        pusher = P.Pusher(args.push_url, args.push_host, token, set(S.xid_actions(S.XID_QUARANTINE)), extra, say)
     try:
-        c = Collector(args.textfile_dir, args.nvidia_smi, args.kmsg, args.interval, args.timeout)
+        c = Collector(args.textfile_dir, args.nvidia_smi, args.kmsg, args.interval, args.timeout, pusher=pusher)
     except (OSError, ValueError, KeyError) as e:
         p.error(
             f"{X.catalog_path()}: cannot read NVIDIA's Xid catalog ({e}); the GPU telemetry step puts "

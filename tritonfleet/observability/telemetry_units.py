@@ -16,6 +16,7 @@ import jinja2
 
 from .. import resource
 from ..gpu.facts import smi_command
+from ..gpu.fault_push import MODULE_FILE as PUSH_FILE
 from ..gpu.signals import SPEC_FILE
 from ..gpu.xids import CATALOG_FILE, MODULE_FILE
 from ..settings.access import ConfigError, Settings
@@ -28,6 +29,8 @@ SIGNALS = f"{LIB_DIR}/{SPEC_FILE}"
 #: the collector's Xid ledger (tritonfleet.gpu.xids) and NVIDIA's Xid catalog it reads
 XIDS = f"{LIB_DIR}/{MODULE_FILE}"
 XID_CATALOG = f"{LIB_DIR}/{CATALOG_FILE}"
+#: the collector's direct path to the quarantine receiver (tritonfleet.gpu.fault_push)
+PUSH = f"{LIB_DIR}/{PUSH_FILE}"
 COLLECTOR_UNIT = "tritonfleet-gpu-telemetry"
 PROBE_UNIT = "tritonfleet-inference-probe"
 PYTHON = "/usr/bin/python3"
@@ -50,6 +53,7 @@ def sources() -> dict[str, str]:
         SIGNALS: (here / "gpu" / "signals.py").read_text(),
         XIDS: (here / "gpu" / "xids.py").read_text(),
         XID_CATALOG: (here / "data" / CATALOG_FILE).read_text(),
+        PUSH: (here / "gpu" / "fault_push.py").read_text(),
     }
 
 
@@ -77,7 +81,7 @@ def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
 
 
-def collector_args(settings: Settings) -> list[tuple[str, str]]:
+def collector_args(settings: Settings, host_name: str = "") -> list[tuple[str, str]]:
     """[(argument, the tunable it comes from)] of the collector's command line."""
     return [
         (PYTHON, ""),
@@ -87,6 +91,25 @@ def collector_args(settings: Settings) -> list[tuple[str, str]]:
         (f"--kmsg={settings.get('telemetry_kmsg_path')}", "telemetry_kmsg_path"),
         (f"--interval={_num(_seconds(settings, 'telemetry_interval'))}", "telemetry_interval"),
         (f"--timeout={_num(_seconds(settings, 'telemetry_smi_timeout'))}", "telemetry_smi_timeout"),
+        *push_args(settings, host_name),
+    ]
+
+
+def push_args(settings: Settings, host_name: str) -> list[tuple[str, str]]:
+    """The collector's direct path (``quarantine_push_url``): where it pushes, as whom (the host's
+    inventory name), with which token file, and the Xid numbers pushed whatever their action; none
+    when it is not set."""
+    url = settings.get("quarantine_push_url")
+    if not url:
+        return []
+    if not host_name:
+        raise UnitError("quarantine_push_url: the collector's command line needs the host's inventory name")
+    xids = ",".join(str(int(x)) for x in settings.get("quarantine_xids") or [])
+    return [
+        (f"--push-url={url}", "quarantine_push_url"),
+        (f"--push-host={host_name}", "host name"),
+        (f"--push-token-file={settings.get('quarantine_push_token_path')}", "quarantine_push_token_path"),
+        *([(f"--push-xids={xids}", "quarantine_xids")] if xids else []),
     ]
 
 
@@ -126,8 +149,8 @@ def _render(template: str, **values) -> str:
     return env.get_template(template).render(**values)
 
 
-def collector_unit(settings: Settings) -> str:
-    return _render(f"{COLLECTOR_UNIT}.service.j2", exec_start=command_line(collector_args(settings)))
+def collector_unit(settings: Settings, host_name: str = "") -> str:
+    return _render(f"{COLLECTOR_UNIT}.service.j2", exec_start=command_line(collector_args(settings, host_name)))
 
 
 def probe_unit(settings: Settings, http_ports: list[int]) -> str:
@@ -138,11 +161,11 @@ def unit_path(name: str) -> str:
     return f"/etc/systemd/system/{name}.service"
 
 
-def files(settings: Settings, http_ports: list[int]) -> dict[str, str]:
+def files(settings: Settings, http_ports: list[int], host_name: str = "") -> dict[str, str]:
     """{path on the host: text} of everything the step puts there (scripts, then units)."""
     return {
         **sources(),
-        unit_path(COLLECTOR_UNIT): collector_unit(settings),
+        unit_path(COLLECTOR_UNIT): collector_unit(settings, host_name),
         unit_path(PROBE_UNIT): probe_unit(settings, http_ports),
     }
 

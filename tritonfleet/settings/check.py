@@ -269,6 +269,10 @@ RULES: dict[str, Rule] = {
     "quarantine_breaker_window": seconds(),
     "quarantine_refault_window": seconds(),
     "quarantine_remediate": flag(),
+    "quarantine_push_url": http_url(none=True),
+    "quarantine_push_secret_file": text(empty=False),
+    "quarantine_push_token_path": text(empty=False),
+    "quarantine_push_ttl": seconds(),
     # the settings check itself
     "extra_host_data": name_list(),
     # pull mode

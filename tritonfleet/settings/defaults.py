@@ -568,6 +568,22 @@ quarantine_refault_window = 3600
 # a fault the reset does not clear, or one that asks for a reboot, is said and the host stays out.
 # False: quarantined hosts wait for their alerts to resolve or an operator (docs/operations.md).
 quarantine_remediate = False
+# The quarantine receiver's URL as the GPU hosts reach it (e.g. "http://10.0.0.5:9095"): each
+# host's GPU fault collector POSTs a critical Xid report there at once (the direct path, under a
+# second from the fault line to out of rotation), beside the Prometheus and Alertmanager path
+# that stays the record and the budget's keeper (docs/operations.md, "The direct path"); the
+# receiver runs with `serve --push-secret-file`. None: no direct path.
+quarantine_push_url = None
+# The push secret's file on the control machine (`tritonfleet quarantine token --out` writes one,
+# mode 0600): the telemetry step gives each host the HMAC of its name under it, and the
+# receiver's `serve --push-secret-file` checks it, so a host can report faults of itself only.
+quarantine_push_secret_file = "/etc/tritonfleet/quarantine-push.secret"
+# Where each host keeps its own push token (mode 0600, root's; the collector reads it).
+quarantine_push_token_path = "/etc/tritonfleet/gpu-push.token"
+# Seconds a pushed fault stands at the receiver without the Prometheus path's alert for the same
+# host: once that alert arrives it takes over (the record); a push nothing confirms within this
+# long is dropped, and the host returns through the warm gate like any other.
+quarantine_push_ttl = 120
 # --- Settings check (tritonfleet/settings/check.py) ----------------------------------------
 # Names of host data that tritonfleet does not read (your own deploy code's): the settings check,
 # which refuses any other name that is no tunable, no gpu_class and no pyinfra setting (a

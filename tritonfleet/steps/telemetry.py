@@ -19,12 +19,15 @@ package stays: it may serve other collectors).
 
 from __future__ import annotations
 
+import posixpath
 from io import StringIO
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.operations import files, server, systemd
 
 from ..core.shell import q
+from ..gpu.fault_push import host_token
 from ..gpu.telemetry import TEXTFILE as COLLECTOR_TEXTFILE
 from ..host.facts import FileState, UnitState
 from ..host.ops import converged
@@ -40,8 +43,8 @@ from ..settings.access import Settings
 
 NODE_EXPORTER = "prometheus-node-exporter"
 #: the files the step puts under /usr/local/lib/tritonfleet, and what each script reads of them
-SHIPPED = (tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.XIDS, tu.XID_CATALOG)
-READS = {tu.COLLECTOR: (tu.SIGNALS, tu.XIDS, tu.XID_CATALOG), tu.PROBE: (tu.SIGNALS,)}
+SHIPPED = (tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.XIDS, tu.XID_CATALOG, tu.PUSH)
+READS = {tu.COLLECTOR: (tu.SIGNALS, tu.XIDS, tu.XID_CATALOG, tu.PUSH), tu.PROBE: (tu.SIGNALS,)}
 
 
 def enabled(settings: Settings) -> bool:
@@ -56,9 +59,31 @@ def http_ports() -> list[int]:
 
 def wanted_files() -> dict[str, str]:
     try:
-        return tu.files(access.current(), http_ports())
+        return tu.files(access.current(), http_ports(), host.name)
     except tu.UnitError as e:
         raise access.ConfigError(f"{host.name}: {e}") from e
+
+
+def push_token() -> str | None:
+    """This host's token of the collector's direct path (``quarantine_push_url``): the HMAC of its
+    name under the receiver's push secret, read on the control machine; None when there is no
+    direct path."""
+    if not access.get("quarantine_push_url"):
+        return None
+    path = access.get("quarantine_push_secret_file")
+    try:
+        secret = Path(path).read_text().strip()
+    except OSError as e:
+        raise access.ConfigError(
+            f"{host.name}: quarantine_push_secret_file {path}: {e.strerror} (write one with "
+            "`tritonfleet quarantine token --out PATH`, or unset quarantine_push_url)"
+        ) from e
+    if not secret:
+        raise access.ConfigError(
+            f"{host.name}: quarantine_push_secret_file {path} is empty (write one with "
+            "`tritonfleet quarantine token --out PATH`)"
+        )
+    return host_token(secret, host.name)
 
 
 def _services() -> list[tuple[str, str]]:
@@ -78,7 +103,8 @@ def gpu_telemetry():
 
     Tunables: ``gpu_telemetry``, ``telemetry_node_exporter``, ``telemetry_textfile_dir``,
     ``telemetry_interval``, ``telemetry_smi_timeout``, ``telemetry_kmsg_path``, ``probe_interval``,
-    ``probe_timeout``.
+    ``probe_timeout``; the collector's direct path to the quarantine receiver:
+    ``quarantine_push_url``, ``quarantine_push_secret_file``, ``quarantine_push_token_path``.
 
     **Example:**
 
@@ -99,6 +125,7 @@ def gpu_telemetry():
     if not enabled(access.current()):
         return remove()
     want = wanted_files()
+    token = push_token()
     packages = [NODE_EXPORTER, "python3"] if access.get("telemetry_node_exporter") else ["python3"]
     converged.packages(
         name=f"{' and '.join(packages)} (no recommends)",
@@ -112,6 +139,14 @@ def gpu_telemetry():
         p: converged.put(name=f"{p} (tritonfleet's own file)", src=StringIO(want[p]), dest=p, mode="644")
         for p in SHIPPED
     }
+    if token is not None:  # the direct path: this host's own token, root's only
+        token_path = access.get("quarantine_push_token_path")
+        files.directory(
+            name=f"{posixpath.dirname(token_path)} (the push token's)", path=posixpath.dirname(token_path), present=True
+        )
+        scripts[token_path] = converged.put(
+            name=f"{token_path} (this host's push token)", src=StringIO(token + "\n"), dest=token_path, mode="600"
+        )
     unit_ops = {
         name: converged.put(
             name=f"systemd unit {name}.service",
@@ -127,7 +162,11 @@ def gpu_telemetry():
         systemd.daemon_reload(name="systemd daemon-reload (telemetry units changed)")
         guard_ops.note("telemetry units changed", *unit_ops.values())
     for name, script in _services():
-        if will_change(unit_ops[name], scripts[script], *[scripts[p] for p in READS[script]]):
+        reads = [
+            *READS[script],
+            *([access.get("quarantine_push_token_path")] if token and script == tu.COLLECTOR else []),
+        ]
+        if will_change(unit_ops[name], scripts[script], *[scripts[p] for p in reads]):
             systemd.service(
                 name=f"restart {name} (its unit or script changed)",
                 service=f"{name}.service",
@@ -165,6 +204,7 @@ def remove() -> None:
             for p in (
                 *[tu.unit_path(n) for n, _ in _services()],
                 *SHIPPED,
+                access.get("quarantine_push_token_path"),
                 f"{textfiles}/{COLLECTOR_TEXTFILE}",
                 f"{textfiles}/{PROBE_TEXTFILE}",
             )

@@ -315,6 +315,9 @@ q_gpu() {
 reset_gpus() {
     [ "$(id -u)" = 0 ] || { echo "Unable to reset GPU: Insufficient Permissions"; exit 4; }
     if [ -n "$GPU_MISSING" ]; then echo "Unable to reset GPU: GPU is lost."; exit 15; fi
+    # the tests' switch for a reset that does not take (RESET_FAILS=1 in gpu.env): exit status 255,
+    # "other error" (RETURN VALUE); the words are the stand-in's own, not NVIDIA's
+    if [ "${RESET_FAILS:-0}" = 1 ]; then echo "Unable to reset GPU $PCI_BUS_ID: Unknown Error"; exit 255; fi
     if [ "$PERSISTENCE_MODE" = On ]; then
         echo "Unable to reset this GPU because it's being used by some other process (persistence mode is on)."
         exit 255

@@ -131,7 +131,7 @@ class Rig:
     """Four inventory hosts (one group, budget 25%) served by one tritonserver behind a real
     HAProxy; a receiver on loopback with its state in a temporary directory."""
 
-    def __init__(self, tmp: Path, srv, repo: Path, budget="25%"):
+    def __init__(self, tmp: Path, srv, repo: Path, budget="25%", push_secret: str = ""):
         self.hap = HAProxy(tmp, [(h, f"127.0.0.1:{srv.http_port}") for h in HOSTS], inter="200ms")
         self.tmp = tmp
         data = {"health_host": "127.0.0.1", "ssh_hostname": "127.0.0.1", "triton_http_port": srv.http_port,
@@ -151,7 +151,7 @@ class Rig:
         self.listen = f"127.0.0.1:{free_port()}"
         self.url = f"http://{self.listen}"
         self.thread = threading.Thread(target=quarantine.serve, daemon=True, args=(
-            self.rec, self.listen, [quarantine.Caller("operator", self.token)]))
+            self.rec, self.listen, [quarantine.Caller("operator", self.token)], False, push_secret))
         self.thread.start()
         until(lambda: self._healthy(), "receiver up")
         for h in HOSTS:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from unittest import mock
 
 import pytest
@@ -43,6 +44,9 @@ def test_the_action_is_the_label_else_the_table_and_a_reboot_wins():
     assert action_of([alert(xid="79", action=RESET_GPU)]) == RESET_GPU  # the catalog's label first
     assert action_of([alert(xid="63"), alert(action=RESTART_BM)]) == RESTART_BM
     assert action_of([alert()]) == ""
+    # a quarantine_xids Xid the catalog says to ignore: the sourced table by its number
+    assert action_of([alert(xid="63", action="IGNORE")]) == RESET_GPU
+    assert action_of([alert(xid="13", action="RESTART_APP")]) == ""
 
 
 @pytest.mark.parametrize(("action", "history", "step"), [
@@ -214,3 +218,105 @@ def test_a_fault_that_asks_for_a_reboot_runs_nothing_and_without_remediation_not
         xid(rec, "h3", 63, clock.t - 1)
         rec.round()
         assert out == {"h3"} and not host.ran
+
+
+def test_the_stand_ins_switch_fails_the_reset_and_triton_is_started_again(standin, tmp_path):
+    res, calls = run_reset(standin, tmp_path, RESET_FAILS="1")
+    assert res.returncode == 255 and "Unable to reset GPU" in res.stdout, res.stdout + res.stderr
+    assert calls == ["stop tritonserver", "start tritonserver"]
+    assert not (tmp_path / "root/run/nvidia-standin/last-reset").exists()
+
+
+class Rebooter:
+    def __init__(self, ok: bool = True):
+        self.ok, self.hosts = ok, []
+
+    def __call__(self, fh):
+        self.hosts.append(fh.name)
+        return (True, "") if self.ok else (False, "no operation ran on it")
+
+
+def reboot_rig(tmp_path, host: Host, rebooter: Rebooter):
+    rec, out, lines = remediating(tmp_path, host)
+    rec.rebooter = rebooter
+    return rec, out, lines
+
+
+def wait_reboot(rec, name: str) -> None:
+    rec.rebooting[name][0].join(10)
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_a_reset_that_fails_is_followed_by_one_reboot_then_the_warm_gate(tmp_path, ok):
+    clock, host, rebooter = Clock(), Host(reset_ok=False), Rebooter(ok)
+    with mock.patch.object(receiver_mod, "time", clock), mock.patch.object(remediation_mod, "time", clock):
+        rec, out, lines = reboot_rig(tmp_path, host, rebooter)
+        xid(rec, "h2", 63, clock.t - 1)
+        rec.round()  # out, the reset fails
+        rec.round()  # the reboot starts (its own thread: the rounds go on)
+        assert "h2" in rec.rebooting and out == {"h2"}
+        wait_reboot(rec, "h2")
+        clock.t += 90
+        rec.round()  # over: acknowledged up to the reboot (ok), or said and out for an operator
+        rec.round()
+        for _ in range(3):
+            clock.t += 5
+            rec.round()
+        assert rebooter.hosts == ["h2"] and len(host.ran) == 1  # one reset, one reboot, never again
+        if ok:
+            assert out == set() and any(" h2 reboot-done: rebooted in 90.0 s" in line for line in lines)
+            assert rec.history["h2"].back_at  # a fault within the refault window now holds it
+            assert 'tritonfleet_quarantine_event_seconds_count{stage="remedied"} 1.0' in rec.latency.text().decode()
+        else:
+            assert out == {"h2"} and any(" h2 reboot-failed: the reboot failed: no operation ran" in line
+                                         for line in lines)
+        assert not any(" h2 needs-reboot" in line for line in lines)
+
+
+def test_a_fault_that_asks_for_a_reboot_is_rebooted_without_a_reset(tmp_path):
+    clock, host, rebooter = Clock(), Host(), Rebooter()
+    with mock.patch.object(receiver_mod, "time", clock), mock.patch.object(remediation_mod, "time", clock):
+        rec, out, lines = reboot_rig(tmp_path, host, rebooter)
+        xid(rec, "h3", 79, clock.t - 1)
+        rec.round()
+        wait_reboot(rec, "h3")
+        rec.round()
+        rec.round()
+        assert rebooter.hosts == ["h3"] and not host.ran and out == set()
+
+
+def test_without_the_reboot_deploy_file_the_receiver_only_says_it_needs_a_reboot(tmp_path):
+    clock, host = Clock(), Host()
+    with mock.patch.object(receiver_mod, "time", clock), mock.patch.object(remediation_mod, "time", clock):
+        rec, out, lines = remediating(tmp_path, host)
+        rec.rebooter = remediation_mod.PyinfraRebooter("inv.py", str(tmp_path / "absent.py"), tmp_path / "logs")
+        xid(rec, "h3", 79, clock.t - 1)
+        rec.round()
+        assert out == {"h3"} and not rec.rebooting and any(" h3 needs-reboot: " in line for line in lines)
+
+
+def test_a_host_does_not_return_while_it_reboots_even_when_its_alerts_resolve(tmp_path):
+    """A rebooting host's collector restarts with the kernel log of the new boot: its alerts
+    resolve before the reboot is over; the host waits for the reboot all the same."""
+    clock, host, release = Clock(), Host(), threading.Event()
+
+    def slow(fh):
+        release.wait(10)
+        return True, ""
+
+    with mock.patch.object(receiver_mod, "time", clock), mock.patch.object(remediation_mod, "time", clock):
+        rec, out, lines = reboot_rig(tmp_path, host, slow)
+        xid(rec, "h3", 79, clock.t - 1)
+        rec.round()
+        assert "h3" in rec.rebooting
+        rec.apply_notification({"alerts": [{"status": "resolved", "fingerprint": "fp", "startsAt": "2027-01-01T00:00:00Z",
+                                             "labels": {"alertname": "GpuXidCritical", "host": "h3",
+                                                        "quarantine": "true", "xid": "79"}}]})
+        for _ in range(3):
+            clock.t += 20
+            rec.round()
+        assert out == {"h3"} and not any(" h3 gate:" in line for line in lines)
+        release.set()
+        wait_reboot(rec, "h3")
+        rec.round()
+        assert out == set() and any(" h3 reboot-done:" in line for line in lines)

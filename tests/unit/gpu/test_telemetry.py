@@ -256,14 +256,15 @@ def test_interval_settings_are_checked():
 def test_the_host_scripts_need_nothing_but_pythons_standard_library(tmp_path):
     """They run with the host's python3 (3.10 or newer), where tritonfleet is not installed; the
     health-signal spec they read (tritonfleet.gpu.signals) and the collector's Xid ledger
-    (tritonfleet.gpu.xids, with NVIDIA's Xid catalog) are shipped next to them, stdlib-only too."""
+    (tritonfleet.gpu.xids, with NVIDIA's Xid catalog) and its direct path to the quarantine
+    receiver (tritonfleet.gpu.fault_push) are shipped next to them, stdlib-only too."""
     import ast
 
-    from tritonfleet.gpu import signals, xids
+    from tritonfleet.gpu import fault_push, signals, xids
     from tritonfleet.observability import inference_probe
 
     spec = "tritonfleet.gpu.signals"  # the one tritonfleet module they load (the host's copy: SPEC_FILE)
-    for module in (t, inference_probe, signals, xids):
+    for module in (t, inference_probe, signals, xids, fault_push):
         tree = ast.parse(Path(module.__file__).read_text())
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module.split(".")[0] for n in ast.walk(tree)
@@ -275,7 +276,7 @@ def test_the_host_scripts_need_nothing_but_pythons_standard_library(tmp_path):
         assert loaded <= {spec}, loaded
         siblings = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
                     and getattr(n.func, "id", "") == "_sibling"}
-        assert siblings <= {"signals", "xids"}, siblings
+        assert siblings <= {"signals", "xids", "fault_push"}, siblings
     assert Path(tu.SIGNALS).name == signals.SPEC_FILE and tu.sources()[tu.SIGNALS] == Path(signals.__file__).read_text()
     # and they run from a copy alone, away from the package, with the system's python3 (as on a host)
     for path, text in tu.sources().items():

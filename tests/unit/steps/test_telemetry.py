@@ -12,13 +12,14 @@ import hashlib
 import pytest
 
 from tests.support.fakehost import run_fake
+from tritonfleet.gpu.fault_push import host_token
 from tritonfleet.observability import telemetry_units as tu
 from tritonfleet.pyinfra_ext.memo import SECTION, STATUS
 from tritonfleet.settings.access import ConfigError
 from tritonfleet.settings.defaults import DEFAULTS
 from tritonfleet.steps.telemetry import gpu_telemetry
 
-PATHS = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.XIDS, tu.XID_CATALOG, tu.unit_path(tu.COLLECTOR_UNIT), tu.unit_path(tu.PROBE_UNIT)]
+PATHS = [tu.COLLECTOR, tu.PROBE, tu.SIGNALS, tu.XIDS, tu.XID_CATALOG, tu.PUSH, tu.unit_path(tu.COLLECTOR_UNIT), tu.unit_path(tu.PROBE_UNIT)]
 UNITS = [f"{tu.COLLECTOR_UNIT}.service", f"{tu.PROBE_UNIT}.service", "prometheus-node-exporter.service"]
 
 
@@ -105,6 +106,32 @@ def test_a_changed_xid_catalog_restarts_only_the_collector():
     run = changes(cmds)
     assert host.connector.uploads.keys() == {tu.XID_CATALOG}
     assert [c for c in run if c.startswith("systemctl")] == [f"systemctl restart {tu.COLLECTOR_UNIT}.service"]
+
+
+def test_the_direct_path_gives_the_host_its_own_token_and_the_collector_its_arguments(tmp_path):
+    """quarantine_push_url: the host's push token (the HMAC of its name under the control machine's
+    secret, mode 600) and the collector's --push-* arguments; a converged host is restarted by neither."""
+    secret = tmp_path / "push.secret"
+    secret.write_text("s3cret\n")
+    data = {"quarantine_push_url": "http://10.0.0.5:9095", "quarantine_push_secret_file": str(secret),
+            "quarantine_xids": [63]}
+    want = tu.files(DEFAULTS, [DEFAULTS["triton_http_port"]])
+    host, cmds, state = run_fake(gpu_telemetry, converged(want), data)
+    assert not state.failed_hosts
+    token_path = DEFAULTS["quarantine_push_token_path"]
+    assert host.connector.uploads[token_path] == host_token("s3cret", host.name) + "\n"
+    unit = host.connector.uploads[tu.unit_path(tu.COLLECTOR_UNIT)]
+    assert (f"--push-url=http://10.0.0.5:9095 --push-host={host.name} --push-token-file={token_path} "
+            "--push-xids=63") in unit
+    assert f"chmod 600 {token_path}" in " ".join(changes(cmds))
+    assert [c for c in changes(cmds) if c.startswith("systemctl restart")] == [
+        f"systemctl restart {tu.COLLECTOR_UNIT}.service"]
+
+
+def test_the_direct_path_without_its_secret_names_the_host_file_and_fix(tmp_path):
+    with pytest.raises(ConfigError, match=r"quarantine_push_secret_file .*missing.*tritonfleet quarantine token"):
+        run_fake(gpu_telemetry, {}, {"quarantine_push_url": "http://10.0.0.5:9095",
+                                     "quarantine_push_secret_file": str(tmp_path / "missing")})
 
 
 def test_a_changed_setting_rewrites_the_unit_and_reloads_once():

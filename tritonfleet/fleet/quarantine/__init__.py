@@ -41,7 +41,8 @@ rewritten atomically, so a restarted receiver knows what it did. ``GET /v1/quara
 it (``tritonfleet status`` and ``tritonfleet quarantine list`` read it from ``quarantine_url``).
 
 HTTP: ``POST /alerts`` (Alertmanager), ``GET /v1/quarantine``, ``GET /metrics``, ``POST /v1/hosts/<host>/release``,
-``POST /v1/hosts/<host>/hold`` (JSON ``{"reason": ..., "force": ...}``), ``GET /-/healthy``. Every
+``POST /v1/hosts/<host>/hold`` (JSON ``{"reason": ..., "force": ...}``), ``POST /v1/hosts/<host>/fault``
+(a host's collector pushing a critical Xid, with the host's own token: ``push``), ``GET /-/healthy``. Every
 request but the last needs the bearer token of ``--token-file`` (tritonfleet.fleet.quarantine.server);
 the budget also counts the servers HAProxy already has out, and an Alertmanager answer that is not
 a list of alerts changes nothing.
@@ -49,7 +50,8 @@ a list of alerts changes nothing.
 The package: ``planning`` (the budget and what a round does, pure), ``breaker`` (the circuit
 breaker, pure), ``latency`` (the histograms), ``remedy`` (a GPU reset, a reboot or a hold decided for a
 quarantined host, and the reset's commands), ``remediation`` (the receiver running them over SSH
-with ``quarantine_remediate``), ``actions`` (a host's balancer and
+with ``quarantine_remediate``, the reboot as a pyinfra process of deploys/reboot.py), ``push`` (the
+direct path: a host's pushed fault as an alert until the Prometheus path's takes over), ``actions`` (a host's balancer and
 its warm gate), ``receiver`` (the state and the worker), ``server`` (the HTTP API and ``serve``),
 ``client`` (what ``status`` and ``tritonfleet quarantine`` ask the receiver).
 """

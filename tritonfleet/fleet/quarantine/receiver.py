@@ -42,7 +42,8 @@ from .planning import (
     plan,
     webhook_alerts,
 )
-from .remediation import Remedies, Runner, ssh_runner
+from .push import Pushes, is_pushed
+from .remediation import Rebooter, Remedies, Runner, ssh_runner
 
 RETRY_MIN_SECONDS = 10.0
 #: requests and notifications waiting for the worker; beyond it the API answers 503 (a flood
@@ -79,7 +80,7 @@ def _who(caller: str, by: str) -> str:
     return f"{caller or 'an operator'}" + (f" (says {by})" if by else "")
 
 
-class Receiver(Remedies):
+class Receiver(Remedies, Pushes):
     """State, the worker that acts on it (one thread: every change to the state happens there),
     and the HTTP API in front of it."""
 
@@ -95,6 +96,7 @@ class Receiver(Remedies):
         balancer_of: Callable[[FleetHost], drain.Balancer | None] = balancer,
         gate: Callable[[FleetHost, float], tuple[bool, str]] = warm_gate,
         runner: Runner = ssh_runner,
+        rebooter: Rebooter | None = None,
     ):
         if not hosts:
             raise UsageError("the inventory has no hosts")
@@ -120,8 +122,9 @@ class Receiver(Remedies):
         self.breaker = Breaker(fraction, window)
         self.remediate = bool(first.get("quarantine_remediate", DEFAULTS["quarantine_remediate"]))
         self.refault_window = float(first.get("quarantine_refault_window", DEFAULTS["quarantine_refault_window"]))
-        self.runner, self.history = runner, {}
+        self.runner, self.history, self.rebooter, self.rebooting = runner, {}, rebooter, {}
         self.latency = Latency()
+        self._init_pushes(first)
         self.alert_at: dict[str, float] = {}  # when each alert reached the receiver (epoch seconds)
         self._states: dict[tuple, dict[str, drain.ServerState]] = {}  # a round's reads of HAProxy
         self.alertmanager = alertmanager.rstrip("/")
@@ -305,7 +308,7 @@ class Receiver(Remedies):
                 fresh[a.fingerprint] = a
         now = time.monotonic()
         for fp, a in list(self.alerts.items()):
-            if fp in fresh:
+            if fp in fresh or is_pushed(a):  # a pushed alert is not Alertmanager's: settle_pushes
                 self.absent.pop(fp, None)
                 continue
             since, reads = self.absent.get(fp, (now, 0))
@@ -386,6 +389,7 @@ class Receiver(Remedies):
 
     def round(self) -> None:
         self.sync_alertmanager()
+        self.settle_pushes()
         self._states.clear()
         p = plan(
             self.alerts,
@@ -426,8 +430,8 @@ class Receiver(Remedies):
                 f"{group_of(self.hosts[name])} is open: alert only",
             )
         self._remedy_all()
-        for name in p.returns:
-            if time.monotonic() >= self.retry_at.get(name, 0):
+        for name in p.returns:  # not while it reboots: its alerts resolve as its collector restarts
+            if time.monotonic() >= self.retry_at.get(name, 0) and name not in self.rebooting:
                 self._return(name)
         self._reconcile()
         self._breaker()  # after the round's drains: the budget's first hosts of a burst go out
@@ -672,11 +676,13 @@ class Receiver(Remedies):
                 result: int | dict | None = None
                 if kind == "alerts":
                     result = self.apply_notification(*args)
+                elif kind == "faults":
+                    result = self.apply_pushes()
                 elif kind == "release":
                     result = self.release(*args)
                 elif kind == "hold":
                     result = self.hold(*args)
-                if kind in ("alerts", "round"):
+                if kind in ("alerts", "faults", "round"):
                     self.round()
             except (QuarantineError, drain.DrainError, OSError) as e:
                 self.event("error", "-", f"{kind} failed: {clean(e, 500)}")

@@ -8,6 +8,7 @@ for a reboot, is said (``needs-reboot``) and the host stays out; a host that fau
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +17,14 @@ from pyinfra.api import StringCommand
 
 from ...core.errors import TritonfleetError
 from ...inventory.roster import FleetHost
+from ..runner.pyinfra_run import run_pyinfra
 from .latency import Latency
 from .planning import FiringAlert, QuarantineError, Record, acknowledged, clean, fault_time, now_iso
 from .remedy import EVIDENCE_SCRIPT, Decision, History, action_of, decide, reset_script
 
 Runner = Callable[[FleetHost, str], tuple[bool, str]]
+#: reboots a host and waits for it (True, "") or says why it failed (False, why)
+Rebooter = Callable[[FleetHost], tuple[bool, str]]
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
 
 
@@ -48,6 +52,26 @@ def ssh_runner(fh: FleetHost, script: str) -> tuple[bool, str]:
     return bool(ok), "\n".join([*out.stdout_lines, *out.stderr_lines])
 
 
+class PyinfraRebooter:
+    """The reboot as the fleet commands run a deploy: ``pyinfra -y --json --limit HOST INVENTORY
+    DEPLOY`` (tritonfleet.fleet.runner.pyinfra_run: a child that dies with the receiver), the
+    deploy file the reboot step's (deploys/reboot.py), its output kept in ``logs``. Available only
+    while that file is there (looked at each time: without it the receiver says ``needs-reboot``)."""
+
+    def __init__(self, inventory: str, deploy: str, logs: Path, data: dict | None = None, timeout: float = 3600):
+        self.inventory, self.deploy, self.logs, self.data, self.timeout = inventory, deploy, logs, data or {}, timeout
+
+    def available(self) -> bool:
+        return Path(self.deploy).is_file()
+
+    def __call__(self, fh: FleetHost) -> tuple[bool, str]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"reboot-{fh.name}-{now_iso().replace(':', '')}.log"
+        res = run_pyinfra(self.inventory, self.deploy, [fh.name], dict(self.data), log_path=log, timeout=self.timeout)
+        ok = res.rc == 0 and res.reached(fh.name) and fh.name not in res.failed()
+        return ok, "" if ok else res.reason(fh.name)
+
+
 class Remedies:
     """The remediation part of the Receiver (mixed into it: its records, alerts, events)."""
 
@@ -61,6 +85,8 @@ class Remedies:
     acked: dict[str, str]
     state_dir: Path
     latency: Latency
+    rebooter: Rebooter | None
+    rebooting: dict[str, tuple[threading.Thread, float, list]]
     event: Callable[..., None]
     _once: Callable[[str, str, str, str], None]
 
@@ -69,6 +95,9 @@ class Remedies:
         if not self.remediate:
             return
         for name, rec in list(self.records.items()):
+            if name in self.rebooting:
+                self._reboot_over(name, rec)
+                continue
             if rec.held:
                 continue
             live = [a for fp, a in self.alerts.items() if a.host == name and not acknowledged(a, self.acked.get(fp))]
@@ -85,12 +114,17 @@ class Remedies:
                 self._reset(name, rec, live, hist, d)
             elif d.step == "hold":
                 self._hold_with_evidence(name, rec, d)
+            elif (
+                d.step == "reboot" and self.rebooter is not None and getattr(self.rebooter, "available", lambda: True)()
+            ):
+                self._reboot(name, hist, d)
             elif d.step == "reboot":
                 self._once(
                     f"remedy:{name}",
                     "needs-reboot",
                     name,
-                    f"{d.why}: reboot it, then `tritonfleet quarantine release` (it stays out meanwhile)",
+                    f"{d.why}: reboot it, then `tritonfleet quarantine release` (it stays out meanwhile; "
+                    "with deploys/reboot.py in the receiver's directory it reboots the host itself)",
                 )
             else:
                 self._once(f"remedy:{name}", "no-remedy", name, d.why)
@@ -125,6 +159,48 @@ class Remedies:
             "reset-done",
             name,
             f"GPU {', '.join(pcis)} reset in {now - t0:.1f} s"
+            + (f" ({took:.1f} s after the fault)" if took is not None else "")
+            + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate",
+        )
+
+    def _reboot(self, name: str, hist: History, d: Decision) -> None:
+        """The reboot in a thread of its own (minutes on a real machine: the rounds go on); each
+        round looks whether it is over (``_reboot_over``). Once only: ``hist.reboots``."""
+        fh, result, t0 = self.hosts[name], [], time.time()
+        hist.reboots.append(t0)
+        rebooter = self.rebooter
+        assert rebooter is not None
+
+        def run() -> None:
+            try:
+                result.append(rebooter(fh))
+            except (TritonfleetError, OSError) as e:
+                result.append((False, f"{type(e).__name__}: {e}"))
+
+        t = threading.Thread(target=run, name=f"reboot-{name}", daemon=True)
+        self.rebooting[name] = (t, t0, result)
+        self.event("reboot", name, f"{d.why}: rebooting it (deploys/reboot.py; it stays out meanwhile)")
+        t.start()
+
+    def _reboot_over(self, name: str, rec: Record) -> None:
+        t, t0, result = self.rebooting[name]
+        if t.is_alive():
+            return
+        del self.rebooting[name]
+        ok, why = result[0] if result else (False, "the reboot ended without a result")
+        if not ok:
+            self.event("reboot-failed", name, f"the reboot failed: {clean(why, 400)}: it stays out for an operator")
+            return
+        now = time.time()
+        rec.remedied_at = now
+        took = self.latency.observe("remedied", rec.fault_at, now)
+        for fp, a in self.alerts.items():
+            if a.host == name:
+                self.acked[fp] = f"{a.starts_at}@{now:.3f}"
+        self.event(
+            "reboot-done",
+            name,
+            f"rebooted in {now - t0:.1f} s"
             + (f" ({took:.1f} s after the fault)" if took is not None else "")
             + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate",
         )

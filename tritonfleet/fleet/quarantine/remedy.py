@@ -35,12 +35,14 @@ ACTIONS = {
 
 
 def action_of(alerts: list[FiringAlert]) -> str:
-    """The strongest recommended action among a host's alerts: a reboot over a reset over none."""
+    """The strongest recommended action among a host's alerts: a reboot over a reset over none.
+    The catalog's label first; where it names no remediation (an Xid an operator quarantines by
+    ``quarantine_xids`` that the catalog says to ignore, 63 among them), ``ACTIONS`` by number."""
     found = set()
     for a in alerts:
         act = (a.labels or {}).get("action", "")
-        if not act and str((a.labels or {}).get("xid", "")).isdigit():
-            act = ACTIONS.get(int(a.labels["xid"]), "")
+        if act not in (RESET_GPU, RESTART_BM) and str((a.labels or {}).get("xid", "")).isdigit():
+            act = ACTIONS.get(int(a.labels["xid"]), act)
         found.add(act)
     return RESTART_BM if RESTART_BM in found else RESET_GPU if RESET_GPU in found else ""
 

@@ -4,7 +4,9 @@
 Every request but ``GET /-/healthy`` carries ``Authorization: Bearer <token>`` (``GET
 /v1/quarantine`` is open only with ``public_read``): the operator's token may do everything, the
 webhook's (when it has its own) only ``POST /alerts``; the audit trail names the token that
-matched, never what the body says. A POST is ``application/json`` (a browser's cross-site
+matched, never what the body says. ``POST /v1/hosts/<host>/fault`` (the collectors' direct path,
+with ``push_secret``) takes only that host's own token, the HMAC of its name under the secret
+(tritonfleet.gpu.fault_push.host_token), and no other. A POST is ``application/json`` (a browser's cross-site
 "simple" POST is not) with a ``Content-Length`` of at most ``MAX_BODY``; a body not of the
 expected shape is a 4xx and nothing is queued. Each connection has a socket timeout, the server a
 bound on connections at once, the worker a bounded queue (503 beyond it)."""
@@ -20,7 +22,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ...core.errors import UsageError
+from ...gpu.fault_push import host_token
 from .planning import QuarantineError, clean, now_iso, webhook_alerts
+from .push import fault_body_error
 from .receiver import Busy, Receiver, UnknownHost
 
 MAX_BODY = 1 << 20
@@ -46,7 +50,9 @@ class _Refused(Exception):
         self.status, self.error = status, error
 
 
-def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], public_read: bool = False):
+def handler_for(
+    rec: Receiver, request_timeout: float, callers: list[Caller], public_read: bool = False, push_secret: str = ""
+):
     if not callers or any(not c.token for c in callers):
         raise UsageError("the quarantine receiver needs a token (tritonfleet quarantine token --out PATH)")
 
@@ -83,6 +89,15 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
             if found is None or (found.webhook_only and not webhook):
                 raise _Refused(401, "a valid bearer token is needed (Authorization: Bearer <token>)")
             return found
+
+        def _host_caller(self, name: str) -> str:
+            """A host's collector pushing a fault of itself: its token is the HMAC of its name under
+            the push secret (tritonfleet.gpu.fault_push.host_token); 401 otherwise."""
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            want = host_token(push_secret, name).encode() if push_secret and name in rec.hosts else b""
+            if not want or scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), want):
+                raise _Refused(401, "a valid bearer token is needed (the host's push token)")
+            return f"collector of {name}"
 
         def _body(self) -> dict:
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
@@ -139,9 +154,11 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                 self.close_connection = True  # the caller stopped sending: nothing was queued
 
         def _post(self) -> None:
-            m = re.match(r"^/v1/hosts/([^/]+)/(release|hold)$", self.path)
+            m = re.match(r"^/v1/hosts/([^/]+)/(release|hold|fault)$", self.path)
             if self.path != "/alerts" and not m:
                 raise _Refused(404, f"no such path {self.path[:100]}")
+            if m is not None and m.group(2) == "fault":
+                return self._fault(urllib.parse.unquote(m.group(1)))
             caller = self._caller(webhook=self.path == "/alerts")
             body = self._body()
             if m is None:
@@ -184,6 +201,17 @@ def handler_for(rec: Receiver, request_timeout: float, callers: list[Caller], pu
                 return self._send(504, {"host": name, "ok": False, "error": "the receiver did not finish in time"})
             return self._send(200 if result.get("ok") else 409, result)
 
+        def _fault(self, name: str) -> None:
+            """The direct path: stored for the worker, answered at once (202)."""
+            caller = self._host_caller(name)
+            body = self._body()
+            why = fault_body_error(body)
+            if why:
+                raise _Refused(400, why)
+            if not rec.push_fault(name, body, caller):
+                raise Busy("the receiver is busy (too many pushed faults waiting): try again")
+            return self._send(202, {"ok": True, "host": name})
+
     return Handler
 
 
@@ -221,11 +249,11 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def serve(rec: Receiver, listen: str, callers: list[Caller], public_read: bool = False) -> None:
+def serve(rec: Receiver, listen: str, callers: list[Caller], public_read: bool = False, push_secret: str = "") -> None:
     """Run until SIGTERM/Ctrl-C, or until the worker ends (only when the interpreter does: a bug
     is an error event and the worker goes on)."""
     host, port = parse_listen(listen)
-    handler = handler_for(rec, rec.gate_timeout + 60, callers, public_read)
+    handler = handler_for(rec, rec.gate_timeout + 60, callers, public_read, push_secret)
     try:
         server = BoundedServer((host, port), handler)
     except OSError as e:
@@ -237,8 +265,8 @@ def serve(rec: Receiver, listen: str, callers: list[Caller], public_read: bool =
     web.start()
     rec.echo(
         f"{now_iso()} - listening on http://{listen} (Alertmanager webhook: POST /alerts; bearer token "
-        f"of {', '.join(c.name for c in callers)}); {len(rec.hosts)} hosts, budget "
-        + ", ".join(f"{g}: {n}" for g, n in sorted(rec.limits.items()))
+        f"of {', '.join(c.name for c in callers)}{'; the hosts push faults' if push_secret else ''}); "
+        f"{len(rec.hosts)} hosts, budget " + ", ".join(f"{g}: {n}" for g, n in sorted(rec.limits.items()))
     )
     try:
         while rec.worker is not None and rec.worker.is_alive():
