@@ -25,7 +25,7 @@ from tritonfleet.settings.defaults import DEFAULTS
 SKELETON_FILES = {
     ".gitignore", "README.md",
     "deploys/host.py", "deploys/models.py", "deploys/rollback.py", "deploys/telemetry.py", "deploys/triton.py",
-    "deploys/verify.py", "deploys/stage.py", "deploys/mirror.py",
+    "deploys/verify.py", "deploys/stage.py", "deploys/mirror.py", "deploys/reboot.py",
     "inventories/prod.py", "inventories/group_data/all.py", "inventories/group_data/t4.py",
     "inventories/group_data/l4.py",
     "files/model_repository/resnet50_onnx/config.pbtxt", "files/model_repository/resnet50_onnx/1/model.onnx",

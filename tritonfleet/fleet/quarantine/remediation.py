@@ -169,7 +169,8 @@ class Remedies:
         fh, result, t0 = self.hosts[name], [], time.time()
         hist.reboots.append(t0)
         rebooter = self.rebooter
-        assert rebooter is not None
+        if rebooter is None:  # _decide reboots only with a rebooter: a bug if not
+            raise RuntimeError(f"{name}: a reboot without a rebooter (serve --reboot-deploy)")
 
         def run() -> None:
             try:
