@@ -149,6 +149,12 @@ class Remedies:
         if not ok:
             self.event("reset-failed", name, f"the GPU reset failed: {clean(out[-400:], 400)} (a reboot next)")
             return
+        self._remedied(name, rec, "reset-done", f"GPU {', '.join(pcis)} reset", t0)
+
+    def _remedied(self, name: str, rec: Record, kind: str, what: str, t0: float) -> None:
+        """A reset or reboot that cleared the fault: its time recorded (the histogram's
+        ``remedied`` stage), the host's alerts acknowledged up to now (a fault seen later counts
+        again), so the next round sends it back through the warm gate."""
         now = time.time()
         rec.remedied_at = now
         took = self.latency.observe("remedied", rec.fault_at, now)
@@ -156,9 +162,9 @@ class Remedies:
             if a.host == name:
                 self.acked[fp] = f"{a.starts_at}@{now:.3f}"
         self.event(
-            "reset-done",
+            kind,
             name,
-            f"GPU {', '.join(pcis)} reset in {now - t0:.1f} s"
+            f"{what} in {now - t0:.1f} s"
             + (f" ({took:.1f} s after the fault)" if took is not None else "")
             + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate",
         )
@@ -192,19 +198,7 @@ class Remedies:
         if not ok:
             self.event("reboot-failed", name, f"the reboot failed: {clean(why, 400)}: it stays out for an operator")
             return
-        now = time.time()
-        rec.remedied_at = now
-        took = self.latency.observe("remedied", rec.fault_at, now)
-        for fp, a in self.alerts.items():
-            if a.host == name:
-                self.acked[fp] = f"{a.starts_at}@{now:.3f}"
-        self.event(
-            "reboot-done",
-            name,
-            f"rebooted in {now - t0:.1f} s"
-            + (f" ({took:.1f} s after the fault)" if took is not None else "")
-            + "; its alerts acknowledged up to now (a fault seen later counts): back through the warm gate",
-        )
+        self._remedied(name, rec, "reboot-done", "rebooted", t0)
 
     def _hold_with_evidence(self, name: str, rec: Record, d: Decision) -> None:
         ok, out = self._run(self.hosts[name], EVIDENCE_SCRIPT)
