@@ -157,8 +157,12 @@ def test_no_credentials_are_left_behind_by_a_killed_fetch(tmp_path):
             if (objdir / f"curl.{proc.pid}").exists() and not (objdir / f"curl.{dead}").exists():
                 break
             time.sleep(0.05)
-        time.sleep(0.3)  # curl is connected and waiting
+        for _ in range(200):  # curl is running (connected and waiting): on a loaded machine it takes a while
+            if subprocess.run(["pgrep", "-s", str(proc.pid), "-x", "curl"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
         assert (objdir / f"curl.{proc.pid}").exists() and not (objdir / f"curl.{dead}").exists()
         os.killpg(proc.pid, signal.SIGHUP)  # what the loss of the SSH session sends
-        proc.wait(timeout=20)
+        proc.wait(timeout=60)
     assert sorted(p.name for p in objdir.iterdir()) == [], proc.returncode
