@@ -92,7 +92,7 @@ def test_five_percent_canary_of_an_identical_release_is_promoted(deployed, prome
             Runtime([hap.socket], "triton", h.name).wait_serving(30)
         before = {h.name: success_count(h.address, "text_classifier_onnx") for h in hosts}
         proc = start_rollout(tmp_path / "rollouts", "--canary-weight", "5", "--batch", "2", *lb_data(
-            hap.socket, prom, port, canary_analysis_seconds=20, canary_min_requests=300,
+            hap.socket, prom, port, canary_analysis_seconds=30, canary_min_requests=300,
             canary_max_extensions=0))
         wait_for_state(tmp_path / "rollouts", canary.name, "analysing", 120, proc)
         client = Client(hap.url, 10_000, threads=12, max_seconds=300).start()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.testbed import TRITONFLEET, env, ssh
+from tests.support.testbed import TRITONFLEET, env, pyinfra, ssh
 from tritonfleet import ROOT
 from tritonfleet.fleet.pull.origin import RESULTS, PullSite
 from tritonfleet.fleet.pull.reports import Reports
@@ -93,6 +93,10 @@ def pull_fleet(deployed, tmp_path_factory):
     testbed, _, _ = deployed
     by_name = {h.name: h for h in testbed.hosts if h.name in (HOST, OTHER)}
     assert sorted(by_name) == sorted((HOST, OTHER)), [h.name for h in testbed.hosts]
+    # the two hosts as the session's deploy made them: the part's earlier tests (GPU resets, drains,
+    # canaries) may have left something a deploy puts back, and the first test asserts a no-op
+    res, _ = pyinfra("deploys/triton.py", "--limit", HOST, "--limit", OTHER)
+    assert res.returncode == 0, res.stderr[-3000:]
     tmp = tmp_path_factory.mktemp("pull")
     (tmp / "origin").mkdir()
     key = tmp / "release-key"

@@ -387,7 +387,9 @@ def test_three_of_four_faulty_with_a_25_percent_budget_drains_exactly_one(fleet)
         reboot_log(a)
         ecc_clear(b)
         fix_model(c)
-    until(lambda: not fleet.firing() and fleet.all_serving(), "every host back", timeout=120)
+    # (a clean-up wait, not a figure: three hosts' alerts resolve and the drained one returns through its
+    # warm gate; on the loaded machine of a CI run with four other parts this took over 120 s once)
+    until(lambda: not fleet.firing() and fleet.all_serving(), "every host back", timeout=300)
 
 
 def test_a_reset_eligible_xid_is_reset_and_the_host_returns_without_a_reboot(fleet):
