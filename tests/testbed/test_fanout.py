@@ -168,12 +168,20 @@ def test_a_rollout_through_the_fanout(deployed, origin, tmp_path):
     args = ["rollout", INVENTORY, "deploys/models.py", "--stage", "--canary", "0", "--batch", "100%", "--json",
             "--limit", ",".join(h.name for h in targets), "--data", f"model_repository={repo}",
             "--data", f"model_origin={origin.url}", "--data", "model_fanout=True", "--data", "model_fanout_seed_minutes=1"]
-    res = tritonfleet(*args, timeout=1500)
-    report = json.loads(res.stdout)
-    assert res.returncode == 0 and report["ok"], json.dumps(report, indent=1)[-4000:] + res.stderr[-3000:]
-    for h in targets:
-        assert live_release(h) != before[h.name]
-    assert sum(origin.served(mark).values()) <= 1.1 * 8_000_000
+    try:
+        res = tritonfleet(*args, timeout=1500)
+        report = json.loads(res.stdout)
+        assert res.returncode == 0 and report["ok"], json.dumps(report, indent=1)[-4000:] + res.stderr[-3000:]
+        for h in targets:
+            assert live_release(h) != before[h.name]
+        assert sum(origin.served(mark).values()) <= 1.1 * 8_000_000
+    finally:
+        # the session's hosts as they were: their swarms (still seeding) stopped and gone, so that no
+        # later test finds the fan-out's files appear under the releases
+        swarms = "/opt/triton/releases/.tritonfleet-swarm"
+        for h in targets:
+            ssh(h, f'for f in {swarms}/*/pid; do [ -e "$f" ] && kill -s TERM -- "-$(cat "$f")" 2>/dev/null; done; '
+                   f"sleep 1; rm -rf {swarms}; true", check=False)
     # back to the session's release
     res, _ = pyinfra("deploys/models.py", *[a for h in targets for a in ("--limit", h.name)])
     assert res.returncode == 0, res.stderr[-3000:]
