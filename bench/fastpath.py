@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -54,27 +53,9 @@ def run(results, args, log) -> int:
     work = WORK / f"fastpath-{time.strftime('%Y%m%d-%H%M%S')}"
     faults = work / "faults"
     faults.mkdir(parents=True)
-    procs: list[subprocess.Popen] = []
     stack = contextlib.ExitStack()
-
-    def stop_procs() -> None:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-
-    stack.callback(stop_procs)
     with stack:
-        def start(cmd: list[str], name: str) -> subprocess.Popen:
-            p = subprocess.Popen(cmd, stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-            procs.append(p)
-            return p
-
+        start = storm.process_starter(work, stack)  # whatever was started is stopped, however the run ends
         ports_file = work / "ports.json"
         start([sys.executable, storm.__file__, "backends", str(n), str(ports_file), str(faults)], "backends")
         ports = storm._until(lambda: json.loads(ports_file.read_text()) if ports_file.exists() else None, "hosts", 60)

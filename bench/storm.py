@@ -135,6 +135,32 @@ def _get(url: str, timeout: float = 3) -> bytes | None:
         return None
 
 
+def process_starter(work: Path, stack: contextlib.ExitStack):
+    """``start(cmd, name)``: a process in a session of its own, its output in ``work/<name>.log``;
+    every one started is stopped (TERM, then KILL after 20 s) when ``stack`` closes."""
+    procs: list[subprocess.Popen] = []
+
+    def stop() -> None:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+    stack.callback(stop)
+
+    def start(cmd: list[str], name: str) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        procs.append(p)
+        return p
+
+    return start
+
+
 def _until(check, what: str, timeout: float, step: float = 0.2):
     deadline = time.monotonic() + timeout
     while True:
@@ -207,28 +233,9 @@ def run(results, args, log) -> int:
     work = WORK / f"storm-{time.strftime('%Y%m%d-%H%M%S')}"
     faults = work / "faults"
     faults.mkdir(parents=True)
-    procs: list[subprocess.Popen] = []
     stack = contextlib.ExitStack()
-
-    def stop_procs() -> None:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-
-    stack.callback(stop_procs)  # whatever was started, however the run ends
     with stack:
-
-        def start(cmd: list[str], name: str) -> subprocess.Popen:
-            p = subprocess.Popen(cmd, stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-            procs.append(p)
-            return p
-
+        start = process_starter(work, stack)  # whatever was started is stopped, however the run ends
         ports_file = work / "ports.json"
         start([sys.executable, __file__, "backends", str(n), str(ports_file), str(faults)], "backends")
         ports = _until(lambda: json.loads(ports_file.read_text()) if ports_file.exists() else None, "fake hosts", 60)
