@@ -7,8 +7,9 @@ summary; --out writes {host: [[seconds, command], ...]} as JSON, with the run's 
 (``phases``: seconds from TRITONFLEET_BENCH_T0, the launcher's clock when it started this
 process: ``start`` pyinfra's CLI about to run (interpreter and imports), ``connect`` each SSH
 handshake, ``commands`` each remote command, ``http`` each HTTP request to a host's Triton,
-``main_done`` the CLI's end) and the HTTP connections opened (``http_connections``). Measures
-only; changes nothing in pyinfra's behaviour.
+``lock`` when the deploy lock's holders were started and each wait for them to hold their
+locks, ``main_done`` the CLI's end) and the HTTP connections opened (``http_connections``).
+Measures only; changes nothing in pyinfra's behaviour.
 """
 
 from __future__ import annotations
@@ -23,6 +24,52 @@ T0 = float(os.environ.get("TRITONFLEET_BENCH_T0") or time.time())
 
 def _at() -> float:
     return round(time.time() - T0, 4)
+
+
+class _LockTimer:
+    """Times the deploy lock (tritonfleet.pyinfra_ext.hostlock) once the deploy file imports it:
+    ``acquire_all``'s start (the holders started) and every ``wait_all`` that waited for holders,
+    without importing anything of tritonfleet before the run does."""
+
+    NAME = "tritonfleet.pyinfra_ext.hostlock"
+
+    def __init__(self, phases: dict):
+        self.phases = phases
+        phases["lock"] = {"started": [], "waits": []}
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.NAME:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        loader, lock = spec.loader, self.phases["lock"]
+
+        class Loader:
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                acquire_all, wait_all = module.acquire_all, module.wait_all
+
+                def timed_acquire(*args, **kwargs):
+                    lock["started"].append(_at())
+                    return acquire_all(*args, **kwargs)
+
+                def timed_wait():
+                    pending, start = bool(module._pending), _at()
+                    try:
+                        return wait_all()
+                    finally:
+                        if pending:
+                            lock["waits"].append([start, _at()])
+
+                module.acquire_all, module.wait_all = timed_acquire, timed_wait
+
+        spec.loader = Loader()
+        return spec
 
 
 def main(argv: list[str]) -> int:
@@ -87,6 +134,7 @@ def main(argv: list[str]) -> int:
         return original_new_conn(self, *args, **kwargs)
 
     requests.Session.request = timed_request
+    sys.meta_path.insert(0, _LockTimer(phases))
     urllib3.connectionpool.HTTPConnectionPool._new_conn = counted_new_conn
     phases["start"] = _at()
     sys.argv = ["pyinfra", *argv]

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 
-def _venv(root: Path, venv: Path, log) -> Path:
+def venv(root: Path, venv: Path, log) -> Path:
     """The installed virtualenv (made once; remade when the lock or the package changed)."""
     stamp = venv / "tritonfleet-installed.stamp"
     want = f"{(root / 'requirements-runtime.lock').stat().st_mtime_ns} {_tree_mtime(root / 'tritonfleet')}"
@@ -54,14 +54,14 @@ def run(results, args, log) -> int:
     import scale
     from run import ROOT, WORK, Row
 
-    venvs = {"installed": _venv(ROOT, WORK / "installed-venv", log), "development": ROOT / ".venv"}
+    venvs = {"installed": venv(ROOT, WORK / "installed-venv", log), "development": ROOT / ".venv"}
     dists = {name: _distributions(v) for name, v in venvs.items()}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in venvs}
     fleet = scale.Fleet(1)
     try:
         for i in range(args.runs):
-            for name, venv in venvs.items():  # alternately, so that a change of load hits both
-                cmd = [str(venv / "bin" / "pyinfra"), "-y", "bench/fake_inventory.py", "deploys/triton.py"]
+            for name, where in venvs.items():  # alternately, so that a change of load hits both
+                cmd = [str(where / "bin" / "pyinfra"), "-y", "bench/fake_inventory.py", "deploys/triton.py"]
                 r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
                 res = subprocess.run(cmd, cwd=ROOT, env=fleet.env, capture_output=True, text=True,
                                      stdin=subprocess.DEVNULL, timeout=300)

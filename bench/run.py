@@ -222,14 +222,16 @@ CPU: dict[str, list[float]] = {}
 PHASES: dict[str, list[dict]] = {}
 
 
-def profiled_noop(limit: list[str], tag: str, deploy_file: str = "deploys/triton.py") -> tuple[float, int]:
+def profiled_noop(limit: list[str], tag: str, deploy_file: str = "deploys/triton.py",
+                  python: Path | None = None) -> tuple[float, int]:
     """Wall time of a full-deploy run (a new process, as an operator runs it) and the number
     of remote commands per host; fails if any operation other than the checks changed. Records
-    the CPU the run cost on this machine and on the test hosts (CPU[tag prefix])."""
+    the CPU the run cost on this machine and on the test hosts (CPU[tag prefix]). ``python``: the
+    interpreter of the virtualenv that runs it (this checkout's by default)."""
     out = WORK / f"profile-{tag}.json"
     h0, c0 = hosts_cpu_seconds(), children_cpu_seconds()
     launched = time.time()
-    dt, res = sh([str(BIN / "python"), str(BENCH / "cmdprofile.py"), "--out", str(out), "--",
+    dt, res = sh([str(python or BIN / "python"), str(BENCH / "cmdprofile.py"), "--out", str(out), "--",
                   "-y", *limit_args(limit), INVENTORY, deploy_file], check=False,
                  env=dict(os.environ, TRITONFLEET_BENCH_T0=repr(launched)))
     if res.returncode != 0:
@@ -262,6 +264,13 @@ def phase_rows(runs: list[dict]) -> list[Row]:
 
     rows = [Row("  phase: interpreter start + imports (pyinfra, tritonfleet)", med([r["start"] for r in runs])),
             Row("  phase: SSH handshake", med([sum(b - a for a, b in r["connect"]) for r in runs]))]
+    locks = [r for r in runs if r.get("lock", {}).get("started")]
+    if locks:
+        rows.append(Row("  phase: the deploy lock's holder, started to held (its own OpenSSH connection)",
+                        med([max(b for _, b in r["lock"]["waits"] or [[0, r["lock"]["started"][0]]])
+                             - r["lock"]["started"][0] for r in locks])))
+        rows.append(Row("  phase: of it, the deploy waiting for the lock (nothing else to do)",
+                        med([sum(b - a for a, b in r["lock"]["waits"]) for r in locks])))
     for row in rows:
         row.note = f"median of {len(runs)} runs"
     n_cmds = min(len(r["commands"]) for r in runs)
@@ -273,8 +282,9 @@ def phase_rows(runs: list[dict]) -> list[Row]:
     for i in range(n_http):
         rows.append(Row(f"  phase: HTTP {runs[0]['http'][i][2]}", med([r["http"][i][1] - r["http"][i][0] for r in runs])))
     busy = [sum(b - a for a, b in r["connect"]) + sum(c[1] - c[0] for c in r["commands"])
-            + sum(h[1] - h[0] for h in r["http"]) for r in runs]
-    rows.append(Row("  phase: control side between (facts parsed, operations planned and run)",
+            + sum(h[1] - h[0] for h in r["http"]) + sum(b - a for a, b in r.get("lock", {}).get("waits", []))
+            for r in runs]
+    rows.append(Row("  phase: control side between (deploy file, facts parsed, operations planned and run)",
                     med([r["main_done"] - r["start"] - b for r, b in zip(runs, busy, strict=True)])))
     rows.append(Row("  phase: exit (after the last line)", med([r["wall"] - r["main_done"] for r in runs])))
     rows.append(Row("HTTP connections per host in a no-op run (tritonfleet)",
@@ -299,21 +309,27 @@ def bench_noop(results: Results, runs: int) -> None:
     playbook = [str(ANSIBLE), "-l", h.name, str(BENCH / "ansible" / "triton.yml")]
     log("Ansible warm-up run (installs what its modules need on the host, e.g. python3-apt)")
     sh(playbook, env=env, timeout=1800)
-    ours, theirs, commands = Row("full deploy no-op, 1 host: tritonfleet (pyinfra)", target="<= 0.75 s"), \
-        Row("same steps, Ansible playbook (pipelining, ControlPersist)"), None
-    for i in range(runs):
-        dt, commands = profiled_noop([h.name], f"noop-{i}")
+    import noop_installed
+
+    installed = noop_installed.venv(ROOT, WORK / "installed-venv", log) / "bin" / "python"
+    ours = Row("full deploy no-op, 1 host: tritonfleet as installed (runtime lock + the package)", target="<= 0.75 s")
+    dev = Row("  same, this checkout's development virtualenv (test and bench tools too)")
+    theirs, commands = Row("same steps, Ansible playbook (pipelining, ControlPersist)"), None
+    for i in range(runs):  # the two virtualenvs and Ansible alternately, so that a change of load hits each
+        dt, commands = profiled_noop([h.name], f"noop-{i}", python=installed)
         ours.values.append(dt)
+        dev.values.append(profiled_noop([h.name], f"noopdev-{i}")[0])
         dt, res = sh(playbook, env=env, check=False, timeout=1800)
         recap = re.search(r"changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", res.stdout)
         if res.returncode != 0 or not recap or recap.group(1) != "0":
             raise SystemExit(f"[bench] the Ansible run was not a clean no-op:\n{res.stdout[-4000:]}")
         theirs.values.append(dt)
-        log(f"  run {i + 1}: tritonfleet {ours.values[-1]:.2f}s, Ansible {dt:.2f}s")
+        log(f"  run {i + 1}: tritonfleet {ours.values[-1]:.2f}s (development {dev.values[-1]:.2f}s), Ansible {dt:.2f}s")
     ours.met = ours.median <= 0.75
     results.add(ours)
     for row in phase_rows(PHASES["noop"]):
         results.add(row)
+    results.add(dev)
     results.add(theirs)
     results.add(ratio_row("ratio Ansible / tritonfleet", theirs, ours, ">= 15x", lambda r: r >= 15))
     results.add(Row("remote commands per host in a no-op run (tritonfleet)", [commands], unit="",

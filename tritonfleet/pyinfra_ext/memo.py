@@ -132,15 +132,33 @@ def _command_text(command) -> str:
 
 
 class FactBatch(FactBase):
-    """Several fact commands in one: [(exit status, stdout lines)], one per command, in order."""
+    """Several fact commands in one: [(exit status, stdout lines)], one per command, in order.
+
+    The commands run side by side on the host, each into its own file of a private temporary
+    directory (``mktemp -d``: 0700, root's), and their answers are printed in order once all
+    ended: the answer is byte for byte the one of running them one after the other, which the
+    host does when it cannot make the directory. Each command is read-only (a fact), so none
+    waits for another; the host's time is then its slowest fact, not their sum (about 30
+    facts of a converged host's no-op, each a few processes: docs/scale.md)."""
 
     default = list
 
     def command(self, commands: tuple[str, ...]) -> str:
-        # each command in its own subshell, on its own lines (a trailing comment cannot swallow
-        # the rest); the status line starts on a new line whatever the output ended with
+        # each command a function of its own that runs in a subshell, on its own lines (a
+        # trailing comment cannot swallow the rest); the status line starts on a new line
+        # whatever the output ended with
+        names = " ".join(f"_tf{i}" for i in range(len(commands)))
+        status = f"printf '\\n{STATUS} %s\\n' \"$?\""
         return "\n".join(
-            f"echo '{SECTION}'\n(\n{c}\n) 2>/dev/null\nprintf '\\n{STATUS} %s\\n' \"$?\"" for c in commands
+            [
+                *(f"_tf{i}() (\n{c}\n)" for i, c in enumerate(commands)),
+                "if _tfd=$(mktemp -d 2>/dev/null); then",
+                f'for _tff in {names}; do {{ "$_tff" 2>/dev/null; {status}; }} >"$_tfd/$_tff" & done; wait',
+                f"for _tff in {names}; do echo '{SECTION}'; cat \"$_tfd/$_tff\"; done; rm -rf \"$_tfd\"",
+                "else",
+                f"for _tff in {names}; do echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; done",
+                "fi",
+            ]
         )
 
     def process(self, output):

@@ -25,7 +25,7 @@ UNITS = [f"{tu.COLLECTOR_UNIT}.service", f"{tu.PROBE_UNIT}.service", "prometheus
 
 def changes(cmds: list[str]) -> list[str]:
     """Commands that change the host (not the reads)."""
-    reads = ("[ -f ", "! (test -e", "dpkg-query -W", "if command -v", "systemctl show", "echo '@@tritonfleet-fact",
+    reads = ("[ -f ", "! (test -e", "dpkg-query -W", "if command -v", "systemctl show", "_tf0() (",
              "if [ -n \"$TMPDIR\"")
     return [c for c in cmds if not c.startswith(reads) and "##PYINFRA_NOCMD##" not in c]
 
