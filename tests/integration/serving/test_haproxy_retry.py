@@ -1,0 +1,86 @@
+"""A model that fails while Triton stays ready, behind Debian's HAProxy 2.6 with the backend lines
+docs/operations.md recommends (``haproxy_config.TRAFFIC_LINES``): two real tritonservers on
+loopback, a client sending 20 inferences a second through HAProxy while one server's model fails
+(the stand-in backend's switch: HTTP 500, as Triton answers an internal error). With the lines, at
+most 2 client requests fail (HAProxy sends the 500s again, to the other server); without them,
+about every other request fails until something else takes the server out. HAProxy's mark-down is not a drain or a hold: tritonfleet reads it as a server down by its
+checks, and the quarantine's hold still puts it in maintenance."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+from tests.support.haproxy import HAProxy
+from tests.support.tritonproc import copy_repository, local_server
+from tests.testbed.test_drain import RATE, Client
+from tritonfleet.serving import drain
+
+MODEL = "text_classifier_onnx"
+FAILING_S = 6.0  # seconds the model fails, client running
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Two tritonservers, each with its own fault directory (the switch of one is not the other's)."""
+    work = tmp_path_factory.mktemp("retry")
+    mp = pytest.MonkeyPatch()
+    with contextlib.ExitStack() as stack:
+        out = []
+        for name in ("a", "b"):
+            (work / name).mkdir()
+            faults = work / name / "faults"
+            faults.mkdir()
+            mp.setenv("TRITONFLEET_TESTBED_FAULT_DIR", str(faults))
+            repo = copy_repository(work / name / "repo", kind_cpu=True)
+            srv = stack.enter_context(local_server(repo, work / name))
+            out.append((name, srv, faults / MODEL))
+        mp.undo()
+        yield out
+
+
+def run(tmp_path, servers, recommended: bool) -> tuple[Client, list[str], dict]:
+    """The client through HAProxy while server a's model fails; (the client, a's states seen, a's
+    `show stat` row)."""
+    (_, a, switch), (_, b, _) = servers
+    seen: list[str] = []
+    with HAProxy(tmp_path, [("a", f"127.0.0.1:{a.http_port}"), ("b", f"127.0.0.1:{b.http_port}")],
+                 inter="500ms", recommended=recommended) as hap:
+        lb = drain.HAProxy([hap.socket], "triton", "a")
+        for name in ("a", "b"):
+            drain.HAProxy([hap.socket], "triton", name).wait_serving(30)
+        with Client(hap.url) as client:
+            time.sleep(1)
+            switch.touch()
+            try:
+                t_end = time.monotonic() + FAILING_S
+                while time.monotonic() < t_end:
+                    st = lb.state()
+                    seen.append(st.status)
+                    assert not st.maintenance and not st.drained, st  # HAProxy's own mark-down is neither
+                    time.sleep(0.1)
+                if recommended:
+                    # the quarantine's hold works on a server HAProxy marked down
+                    assert lb.hold() == "haproxy triton/a held in maintenance" and lb.state().maintenance
+            finally:
+                switch.unlink()
+        row = next(r for r in drain.parse_stat(hap.command("show stat")) if r.get("svname") == "a")
+    return client, seen, row
+
+
+def test_a_failing_model_costs_at_most_2_requests_with_the_recommended_backend(tmp_path, servers):
+    client, seen, row = run(tmp_path, servers, recommended=True)
+    assert client.sent >= RATE * FAILING_S * 0.8, client.sent
+    assert len(client.failed) <= 2, (len(client.failed), client.sent, client.failed[:5])
+    # HAProxy sent a's failures again to b (retried, redispatched): counted on a, never answered
+    assert int(row["wredis"]) >= 10, row
+
+
+def test_without_the_recommended_lines_the_failing_server_costs_many_requests(tmp_path, servers):
+    client, seen, row = run(tmp_path, servers, recommended=False)
+    assert len(client.failed) >= 10, (len(client.failed), client.sent)
+    assert all("HTTP 500" in f for f in client.failed), client.failed[:3]
+    assert all(s.startswith("UP") for s in seen), seen  # its check (ready) never sees the failure
+    assert int(row["wredis"]) == 0 and int(row["hrsp_5xx"]) == len(client.failed), row
