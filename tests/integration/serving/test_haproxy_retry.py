@@ -3,19 +3,22 @@ docs/operations.md recommends (``haproxy_config.TRAFFIC_LINES``): two real trito
 loopback, a client sending 20 inferences a second through HAProxy while one server's model fails
 (the stand-in backend's switch: HTTP 500, as Triton answers an internal error). With the lines, at
 most 2 client requests fail (HAProxy sends the 500s again, to the other server); without them,
-about every other request fails until something else takes the server out. HAProxy's mark-down is not a drain or a hold: tritonfleet reads it as a server down by its
+about every other request fails until something else takes the server out; a request too big to
+be sent again is limited by the observe line to 2 failures a flap. HAProxy's mark-down is not a drain or a hold: tritonfleet reads it as a server down by its
 checks, and the quarantine's hold still puts it in maintenance."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 
 import pytest
+import requests
 
 from tests.support.haproxy import HAProxy
 from tests.support.tritonproc import copy_repository, local_server
-from tests.testbed.test_drain import RATE, Client
+from tests.testbed.test_drain import BODY, RATE, Client
 from tritonfleet.serving import drain
 
 MODEL = "text_classifier_onnx"
@@ -84,3 +87,31 @@ def test_without_the_recommended_lines_the_failing_server_costs_many_requests(tm
     assert all("HTTP 500" in f for f in client.failed), client.failed[:3]
     assert all(s.startswith("UP") for s in seen), seen  # its check (ready) never sees the failure
     assert int(row["wredis"]) == 0 and int(row["hrsp_5xx"]) == len(client.failed), row
+
+
+def test_a_body_too_big_to_send_again_costs_2_requests_a_flap(tmp_path, servers):
+    """A request over HAProxy's buffer (tune.bufsize, 16384 bytes by default: configuration.txt) is
+    never sent again; for it the observe line is what limits the failures: 2 errors in a row mark
+    the server down until its check passes ``rise`` times (2 failures per flap)."""
+    (_, a, switch), (_, b, _) = servers
+    big = json.dumps(BODY) + " " * 20000  # JSON whitespace: the same inference, over the buffer
+    codes: list[int] = []
+    with HAProxy(tmp_path, [("a", f"127.0.0.1:{a.http_port}"), ("b", f"127.0.0.1:{b.http_port}")],
+                 inter="500ms", recommended=True) as hap:
+        for name in ("a", "b"):
+            drain.HAProxy([hap.socket], "triton", name).wait_serving(30)
+        url = f"{hap.url}/v2/models/{MODEL}/infer"
+        switch.touch()
+        try:
+            t_end = time.monotonic() + FAILING_S
+            while time.monotonic() < t_end:
+                codes.append(requests.post(url, data=big, headers={"Content-Type": "application/json"},
+                                           timeout=30).status_code)
+                time.sleep(1 / RATE)
+        finally:
+            switch.unlink()
+    flaps = (tmp_path / "haproxy.log").read_text().count("Server triton/a is DOWN, reason: Health analyze")
+    failed = codes.count(500)
+    assert set(codes) <= {200, 500}, codes
+    assert flaps >= 1 and failed <= 2 * flaps, (failed, flaps, len(codes))
+    assert failed < len(codes) / 4, (failed, len(codes))  # without the line: about every other one
