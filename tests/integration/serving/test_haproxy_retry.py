@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -19,6 +21,7 @@ import requests
 from tests.support.haproxy import HAProxy
 from tests.support.tritonproc import copy_repository, local_server
 from tests.testbed.test_drain import BODY, RATE, Client
+from tests.unit.serving.test_haproxy_config import DOC, block
 from tritonfleet.serving import drain
 
 MODEL = "text_classifier_onnx"
@@ -126,3 +129,14 @@ def test_a_body_too_big_to_send_again_costs_2_requests_a_flap(tmp_path, servers)
     assert down and not down[0].maintenance and not down[0].drained and not down[0].serving, down
     assert flaps >= 1 and failed <= 2 * flaps, (failed, flaps, len(codes))
     assert failed < len(codes) / 4, (failed, len(codes))  # without the line: about every other one
+
+
+def test_the_docs_backend_is_valid_for_debians_haproxy(tmp_path):
+    """What operators copy from docs/operations.md parses in HAProxy 2.6 (``haproxy -c``)."""
+    text = "\n".join(block(DOC.read_text())).replace("/run/haproxy/admin.sock", str(tmp_path / "admin.sock"))
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(text + "\n")
+    exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    res = subprocess.run([exe, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "WARNING" not in res.stdout + res.stderr, res.stdout + res.stderr
