@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tritonfleet.serving.haproxy_config import traffic_lines
+
 CONFIG = """\
 global
   stats socket {sock} mode 600 level admin
@@ -73,8 +75,10 @@ class HAProxy:
 
     def __init__(self, directory: Path, servers: list[tuple[str, str]], backend: str = "triton",
                  check: str = "/v2/health/ready", inter: str = "1s", balance: str = "roundrobin",
-                 extra: list[str] | None = None):
-        """``balance``: the backend's algorithm; ``extra``: more lines for the backend."""
+                 extra: list[str] | None = None, recommended: bool = False):
+        """``balance``: the backend's algorithm; ``extra``: more lines for the backend;
+        ``recommended``: the backend lines docs/operations.md recommends for Triton
+        (``haproxy_config.TRAFFIC_LINES``: retries elsewhere, failing servers marked down)."""
         exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
         assert Path(exe).exists(), "haproxy is not installed (bash scripts/setup installs it)"
         self.dir = directory
@@ -82,9 +86,10 @@ class HAProxy:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.backend = backend
+        extra = [*(traffic_lines() if recommended else []), *(extra or [])]
         cfg = directory / "haproxy.cfg"
         cfg.write_text(CONFIG.format(sock=self.socket, port=self.port, backend=backend, check=check, inter=inter,
-                                     balance=balance, extra="".join(f"  {line}\n" for line in extra or []),
+                                     balance=balance, extra="".join(f"  {line}\n" for line in extra),
                                      servers="\n".join(f"  server {n} {a}" for n, a in servers)))
         self.log = open(directory / "haproxy.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=self.log, stderr=subprocess.STDOUT,
