@@ -112,6 +112,7 @@ def test_a_host_whose_swarm_fails_pulls_through_the_mirror(wave):
     targets, mirror, digest = wave["targets"], wave["mirror"], wave["digest"]
     for h in targets:
         forget(h, mirror, digest)
+    since = time.time() - 1
     blocked = targets[0]
     ssh(blocked, "setsid timeout 600 python3 -m http.server --bind 127.0.0.1 5079 </dev/null >/dev/null 2>&1 & "
                  "echo $! > /tmp/imgfan-block.pid; sleep 1")
@@ -125,3 +126,6 @@ def test_a_host_whose_swarm_fails_pulls_through_the_mirror(wave):
     assert sum("loaded by digest" in ln for ln in fan) == len(targets) - 1, "\n".join(fan)
     for h in targets:
         assert has_image(h, f"{mirror}/{REPO}@{digest}"), h.name
+    # the mirror sent the image once: to the host that pulled through it (its log counts blobs)
+    sent = mirror_blob_bytes(wave["mirror_host"], since)
+    assert 0.9 * wave["image_size"] <= sent <= 1.1 * wave["image_size"], (sent, wave["image_size"])
