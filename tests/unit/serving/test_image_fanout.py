@@ -4,6 +4,7 @@ blobs, every blob checked first), and the parsers (tritonfleet.serving.image_fan
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import subprocess
@@ -84,8 +85,42 @@ def test_the_load_input_names_every_manifest_and_blob():
     assert text.splitlines() == [f"m sha256:{'1' * 64} e30=", f"b {'a' * 64}", f"b {'b' * 64}"]
 
 
-def test_the_load_script_refuses_a_manifest_that_does_not_hash_to_its_digest(tmp_path):
+def test_the_load_script_without_the_registry_binary_says_so_and_exits_0(tmp_path):
     """Run with sh up to its first check: a missing registry binary is said, never fatal."""
     script = fan.load_script(str(tmp_path), "nvidia/tritonserver", "sha256:" + "1" * 64, "m/x@sha256:1", 5079)
     out = subprocess.run(["sh", "-c", script], input="m sha256:" + "1" * 64 + " e30=\n", capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("imgfan-skip no registry binary")
+
+
+def load(tmp_path: Path, monkeypatch, stdin: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The load script with a stand-in registry binary (it only leaves a mark when started) and its
+    scratch directory under tmp_path; returns the run and the mark's path."""
+    mark = tmp_path / "registry-started"
+    binary = tmp_path / "docker-registry"
+    binary.write_text(f"#!/bin/sh\ntouch {mark}\n")
+    binary.chmod(0o755)
+    monkeypatch.setattr(fan, "REGISTRY_BIN", str(binary))
+    monkeypatch.setattr(fan, "HOST_BASE", str(tmp_path))
+    (tmp_path / "objects").mkdir()
+    script = fan.load_script(str(tmp_path / "objects"), "nvidia/tritonserver", "sha256:" + "1" * 64, "m/x@sha256:1", 5079)
+    return subprocess.run(["sh", "-c", script], input=stdin, capture_output=True, text=True), mark
+
+
+def test_the_load_script_refuses_a_manifest_that_does_not_hash_to_its_digest(tmp_path, monkeypatch):
+    """A manifest whose bytes are not those of its digest stops the load before any registry
+    starts: nothing unchecked reaches Docker (the staging's pull through the mirror follows)."""
+    said = "sha256:" + hashlib.sha256(b'{"schemaVersion": 2}').hexdigest()
+    out, mark = load(tmp_path, monkeypatch, f"m {said} {base64.b64encode(b'{}').decode()}\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"imgfan-skip manifest {said} does not hash to its digest"
+    assert not mark.exists()
+    assert not list(tmp_path.glob("store.*")), "the scratch directory is removed"
+
+
+def test_the_load_script_refuses_a_blob_the_swarm_did_not_bring(tmp_path, monkeypatch):
+    text = b'{"schemaVersion": 2}'
+    digest = "sha256:" + hashlib.sha256(text).hexdigest()
+    out, mark = load(tmp_path, monkeypatch, f"m {digest} {base64.b64encode(text).decode()}\nb {'c' * 64}\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"imgfan-skip blob {'c' * 64} did not arrive"
+    assert not mark.exists()
