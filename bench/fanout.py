@@ -9,7 +9,8 @@ release of S MB (``--fanout-mb``, 4 shards of random bytes, new each run) staged
 bench/deploys/stage_models_only.py. Figures: the wall time of the staging run, the origin's bytes
 from nginx's own access log (GET bodies), each host's received bytes (its interface's counter),
 for 1 host and for N hosts, direct and through the fan-out; and a model on paper for 500 hosts
-from them.
+from them. The image's part (``--fanout-image-mb``, on one more test host: the image mirror) is
+bench/fanout_image.py; ``--fanout-parts`` picks the parts.
 """
 
 from __future__ import annotations
@@ -129,28 +130,69 @@ def measure(hosts: list, web, mb: int, mode: str, seed: int, extra: tuple[str, .
     return row
 
 
-def paper(rows: list[dict], mbit: int, n: int) -> dict:
+def paper(rows: list[dict], images: list[dict], mbit: int, n: int) -> dict:
     """500 hosts on 10 GbE from the measured figures: a host's rate is the cap times the link
     efficiency measured alone; the wave's time is one host's times the measured wave/alone ratio
     (the swarm's upload capacity grows with its hosts, so that ratio is taken as constant, not
-    measured beyond N); direct: the origin's link carries every host's copy."""
-    def pick(mode, hosts):
-        return next(r for r in rows if r["mode"] == mode and r["hosts"] == hosts)
+    measured beyond N); direct: the origin's (the mirror's) link carries every host's copy. The
+    image adds what does not move with the link, each scaled from its measured rate: the mirror's
+    seed step (every blob's sha256, the torrent's SHA-1) and each host's load (the throwaway
+    registry, Docker's pull from it with the layers' extraction)."""
+    def pick(table, mode, hosts):
+        return next(r for r in table if r["mode"] == mode and r["hosts"] == hosts and not r.get("warmup"))
 
-    one, wave = pick("fanout", 1), pick("fanout", n)
-    d1 = pick("direct", 1)
-    rate = one["release_mb"] * 8 / max(one["data_seconds"], 1e-9)  # Mbit/s a host got alone
-    efficiency = min(1.0, rate / mbit)
-    ratio = wave["data_seconds"] / one["data_seconds"]
-    gbe10 = 10_000 * efficiency / 8  # MB/s a host gets on 10 GbE at the measured efficiency
-    out = {"link_efficiency_alone": round(efficiency, 2), "wave_over_alone": round(ratio, 2),
-           "wave_over_alone_whole_run": round(wave["seconds"] / one["seconds"], 2),
-           "direct_wave_over_alone": round(pick("direct", n)["data_seconds"] / d1["data_seconds"], 2)}
-    for name, mb in (("release_10gb", 10_000), ("image_16gb", 16_000)):
-        out[f"{name}_500_fanout_s"] = round(mb / gbe10 * ratio)
-        out[f"{name}_500_direct_s"] = round(500 * mb / gbe10)
-    out["origin_bytes_500_fanout_x"] = max(r["origin_ratio"] for r in rows if r["mode"] == "fanout")
+    out: dict = {}
+    release = None
+    if rows:
+        one, wave = pick(rows, "fanout", 1), pick(rows, "fanout", n)
+        d1 = pick(rows, "direct", 1)
+        rate = one["release_mb"] * 8 / max(one["data_seconds"], 1e-9)  # Mbit/s a host got alone
+        efficiency = min(1.0, rate / mbit)
+        ratio = wave["data_seconds"] / one["data_seconds"]
+        gbe10 = 10_000 * efficiency / 8  # MB/s a host gets on 10 GbE at the measured efficiency
+        out.update({"link_efficiency_alone": round(efficiency, 2), "wave_over_alone": round(ratio, 2),
+                    "wave_over_alone_whole_run": round(wave["seconds"] / one["seconds"], 2),
+                    "direct_wave_over_alone": round(pick(rows, "direct", n)["data_seconds"] / d1["data_seconds"], 2)})
+        release = round(10_000 / gbe10 * ratio)
+        out["release_10gb_500_fanout_s"] = release
+        out["release_10gb_500_direct_s"] = round(500 * 10_000 / gbe10)
+        out["origin_bytes_500_fanout_x"] = max(r["origin_ratio"] for r in rows if r["mode"] == "fanout")
+    if images:
+        one, wave = pick(images, "fanout", 1), pick(images, "fanout", n)
+        mb = one["image_mb"]
+        efficiency = min(1.0, mb * 8 / max(one["swarm_s_max"], 1e-9) / mbit)
+        ratio = wave["swarm_s_max"] / one["swarm_s_max"]
+        seed_rate = mb / max(wave["seed_s"], one["seed_s"])  # MB/s: the slower of the two runs
+        # the load on a host with its own CPUs and disk (the one-host row); the wave's slowest host
+        # shared this machine's 2 CPUs and one disk with the others, printed beside it
+        load_rate = mb / one["load_s_max"]
+        load_rate_shared = mb / wave["load_s_max"]
+        gbe10 = 10_000 * efficiency / 8
+        seed, move, load = 16_000 / seed_rate, 16_000 / gbe10 * ratio, 16_000 / load_rate
+        out.update({"image_link_efficiency_alone": round(efficiency, 2), "image_wave_over_alone": round(ratio, 2),
+                    "image_seed_mb_s": round(seed_rate, 1), "image_load_mb_s": round(load_rate, 1),
+                    "image_load_mb_s_wave_sharing_cpus": round(load_rate_shared, 1),
+                    "image_16gb_500_seed_s": round(seed), "image_16gb_500_swarm_s": round(move),
+                    "image_16gb_500_load_s": round(load), "image_16gb_500_fanout_s": round(seed + move + load),
+                    "image_16gb_500_fanout_s_at_the_shared_load_rate": round(seed + move + 16_000 / load_rate_shared),
+                    "image_16gb_500_direct_s": round(500 * 16_000 / (10_000 / 8)),
+                    "mirror_bytes_500_fanout_x": wave["mirror_sent_ratio"]})
+        if release is not None:
+            total = release + round(seed + move + load)
+            out["release_and_image_500_s"] = total
+            out["release_and_image_500_under_5_min"] = total <= 300
     return out
+
+
+def testbed_hosts(need: int) -> list:
+    """The first ``need`` test hosts (brought up when fewer run)."""
+    from tritonfleet_testbed import hosts as tb
+
+    state = tb.State.load()
+    if len([h for h in state.hosts if h.pid]) < need:
+        sh([TRITONFLEET, "testbed", "up", "--hosts", str(need)], timeout=3600)
+        state = tb.State.load()
+    return state.hosts[:need]
 
 
 def run(args) -> list[dict]:
@@ -158,11 +200,7 @@ def run(args) -> list[dict]:
     from tritonfleet_testbed.origin_servers import Nginx
 
     n, mb, mbit = args.fanout_hosts, args.fanout_mb, args.fanout_mbit
-    state = tb.State.load()
-    if len([h for h in state.hosts if h.pid]) < n:
-        sh([TRITONFLEET, "testbed", "up", "--hosts", str(n)], timeout=3600)
-        state = tb.State.load()
-    hosts = state.hosts[:n]
+    hosts = testbed_hosts(n)
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     rows: list[dict] = []

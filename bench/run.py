@@ -38,7 +38,9 @@ to bench/results/<time>.{md,json}.
         # a converged host's driver branch moved by `tritonfleet rollout` and back, each move's
         # reboot-to-serving time by its parts (bench/driver_change.py; not part of all)
     .venv/bin/python bench/run.py fanout [--fanout-hosts 6] [--fanout-mb 150] [--fanout-mbit 100]
-        # a release to a wave with every link capped: direct from the origin vs the fan-out
+        [--fanout-image-mb 300] [--fanout-image-layers 4] [--fanout-parts release,image]
+        # a release and an image to a wave with every link capped: direct from the origin (the
+        # image: through the mirror, on one more host) vs the fan-out
     .venv/bin/python bench/run.py fast-path [--fast-path-runs 20] [--fast-path-push on|off]
         # one host's real GPU fault collector: fault line -> out of HAProxy at the default
         # intervals, the direct path or Prometheus alone (bench/fastpath.py; no test host)
@@ -598,11 +600,25 @@ def bench_dataplane(results: Results, args) -> int:
 def bench_fanout(results: Results, args) -> int:
     sys.path.insert(0, str(BENCH))
     import fanout
+    import fanout_image
 
-    rows = fanout.run(args)
+    from tritonfleet_testbed import hosts as tb
+
+    parts = args.fanout_parts.split(",")
+    rows = fanout.run(args) if "release" in parts else []
+    images = []
+    if "image" in parts:  # the wave's hosts and one more, the image mirror
+        hosts = fanout.testbed_hosts(args.fanout_hosts + 1)
+        images = fanout_image.run(hosts, args.fanout_hosts, args.fanout_image_mb, args.fanout_image_layers,
+                                  args.fanout_mbit, tb.BRIDGE, tb.GATEWAY)
     results.meta["fanout"] = rows
-    results.meta["paper_500"] = fanout.paper(rows, args.fanout_mbit, args.fanout_hosts)
-    stamp = _save_results("fanout", results.meta, fanout.table(rows, args.fanout_mbit))
+    results.meta["fanout_image"] = images
+    if images:
+        results.meta["image_goals"] = fanout_image.goals(images)
+    results.meta["paper_500"] = fanout.paper(rows, images, args.fanout_mbit, args.fanout_hosts)
+    text = (fanout.table(rows, args.fanout_mbit) if rows else "") + (
+        "\n" + fanout_image.table(images, args.fanout_mbit) if images else "")
+    stamp = _save_results("fanout", results.meta, text)
     print(json.dumps(results.meta["paper_500"], indent=1))
     log(f"table in bench/results/fanout-{stamp}.md")
     return 0
@@ -624,6 +640,9 @@ def main() -> int:
     ap.add_argument("--fanout-hosts", type=int, default=6, help="fanout: hosts of the wave")
     ap.add_argument("--fanout-mb", type=int, default=150, help="fanout: the release's size (MB)")
     ap.add_argument("--fanout-mbit", type=int, default=100, help="fanout: every link's cap (Mbit/s)")
+    ap.add_argument("--fanout-parts", default="release,image", help="fanout: which parts (release, image)")
+    ap.add_argument("--fanout-image-mb", type=int, default=300, help="fanout: the image's size (MB)")
+    ap.add_argument("--fanout-image-layers", type=int, default=4, help="fanout: the image's layers")
     ap.add_argument("--errors", type=int, default=10, help="canary: runs of a release with 2%% errors")
     ap.add_argument("--latency", type=int, default=10, help="canary: runs of a release 50%% slower")
     ap.add_argument("--identical", type=int, default=20, help="canary: runs of a release that serves the same")

@@ -28,10 +28,15 @@ from tests.support.cases import (
 OPS = case_files("op_cases")
 FACTS = case_files("fact_cases")
 LATER = "cases after the mirror/lock hardening lands"
+# a Python callback that runs its host scripts itself (no command a case could list): the scripts
+# are tested in tests/unit/serving/test_image_fanout.py and tests/testbed/test_image_fanout.py
+CALLBACK = "its commands come from a callback at run time"
 # operations and facts without cases yet, and why
 WITHOUT_CASES = {
     "tritonfleet.serving.ops.image_mirror:fill": LATER,
     "tritonfleet.model_repo.ops:model_release": LATER,
+    "tritonfleet.serving.ops.image_fanout:image_seeded": CALLBACK,
+    "tritonfleet.serving.ops.image_fanout:image_from_swarm": CALLBACK,
     "tritonfleet.model_repo.ops:ReleaseIndex": LATER,
     "tritonfleet.model_repo.facts:ReleaseState": LATER,
     "tritonfleet.model_repo.facts:ReleaseManifest": LATER,

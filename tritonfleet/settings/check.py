@@ -158,6 +158,9 @@ RULES: dict[str, Rule] = {
     "model_fanout_seed_minutes": whole(0),
     "model_fanout_stall_seconds": whole(1),
     "model_fanout_wait_seconds": whole(1),
+    "image_fanout": flag(),
+    "image_fanout_port": PORT,
+    "image_fanout_local_port": PORT,
     "fanout_zone": text(none=True, empty=False),
     "fanout_seed": choice(None, True, False),
     # image mirror

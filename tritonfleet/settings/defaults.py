@@ -253,6 +253,19 @@ fanout_zone = None
 # Per host: True makes it a seed, False never one; None: the zone's first host by name seeds when
 # no host of the zone says True.
 fanout_seed = None
+# Staging (`rollout --stage`) with an image mirror shares the pinned Triton image's blobs between
+# the wave's hosts (BitTorrent: aria2c; the mirror host, which holds every blob after its fill, is
+# the one seed and runs Debian's opentracker), each blob checked by its digest, then loads them
+# into Docker by digest through a throwaway registry on 127.0.0.1, so the mirror sends each blob
+# about once per wave instead of once per host (docs/model-origin.md#the-image). A host whose
+# swarm fails pulls through the mirror as before. Uses model_fanout_seed_minutes, _stall_seconds,
+# _wait_seconds and _piece_kb; fanout_zone and fanout_seed do not apply (one seed: the mirror).
+# The push deploy is unchanged.
+image_fanout = False
+# Port each host's aria2c listens on for the image's swarm (TCP; beside model_fanout_port).
+image_fanout_port = 6882
+# Port of the throwaway registry on each GPU host's 127.0.0.1 while Docker loads the image from it.
+image_fanout_local_port = 5079
 
 # --- Image mirror: a pull-through cache for the Triton image (docs/model-origin.md) ------------
 # "host:port" of a pull-through registry the hosts pull through (None: pull from the image's own

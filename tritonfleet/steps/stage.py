@@ -31,7 +31,9 @@ from ..model_repo.ops import model_release
 from ..model_repo.render import current_host_repository
 from ..preflight import triton_layer
 from ..pyinfra_ext.install import tritonfleet_step
-from ..settings import access
+from ..serving import image_fanout
+from ..serving.ops.image_fanout import image_from_swarm, image_seeded
+from ..settings import access, mirrored
 from .triton import ensure_image, model_origin
 
 
@@ -106,13 +108,57 @@ def preflight() -> None:
         triton_layer()
 
 
+def image_fanout_target() -> tuple[str, str] | None:
+    """(repository path, digest) of the Triton image when staging shares its blobs through the
+    wave's swarm: ``image_fanout`` on and the image pinned and pulled through the image mirror."""
+    if not access.get("image_fanout") or not access.get("image_mirror"):
+        return None
+    registry, path, _, digest = mirrored.parse_reference(access.get("triton_image"))
+    if registry != access.get("image_mirror") or not digest:
+        return None
+    return path, digest
+
+
+def _installed(packages: list[str], extra: str = "") -> object:
+    """The Debian packages (and ``extra`` shell) the image fan-out needs on this host."""
+    cmd = " && ".join(
+        f"{{ dpkg -s {p} >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+        f"--no-install-recommends {p}; }}"
+        for p in packages
+    )
+    return server.shell(
+        name=f"image fan-out: {', '.join(packages)}{' and the registry binary' if extra else ''} installed",
+        commands=aptlock.wrapped([cmd + (f" && {{ {extra}; }}" if extra else "")]),
+    )
+
+
+def _image_swarm_ops(path: str, digest: str) -> list:
+    """A GPU host's part of the image fan-out (run after its logins, before its pull)."""
+    return [
+        _installed(["aria2"], image_fanout.registry_install()),
+        image_from_swarm(
+            name=f"image fan-out: {path}@{digest[:19]} from the wave's swarm",
+            path=path,
+            digest=digest,
+            mirror_ref=access.get("triton_image"),
+            port=int(access.get("image_fanout_port")),
+            local_port=int(access.get("image_fanout_local_port")),
+            seed_minutes=float(access.get("model_fanout_seed_minutes")),
+            stall_seconds=int(access.get("model_fanout_stall_seconds")),
+            wait_seconds=int(access.get("model_fanout_wait_seconds")),
+        ),
+    ]
+
+
 @tritonfleet_step("Stage the Triton image")
 def stage_image():
     """The new Triton image on the host, nothing restarted (a rollout's ``--stage``).
 
-    Changes: the image in Docker's store; nothing on the image mirror's own hosts.
+    Changes: the image in Docker's store; nothing on the image mirror's own hosts, unless
+    ``image_fanout``: there the image's torrent, made from the mirror's store, seeded.
 
-    Tunables: ``triton_image``, ``image_mirror_group``.
+    Tunables: ``triton_image``, ``image_mirror_group``, ``image_fanout``, ``image_fanout_port``,
+    ``image_fanout_local_port``.
 
     **Example:**
 
@@ -122,9 +168,28 @@ def stage_image():
 
         stage_image()
     """
+    target = image_fanout_target()
     if mirror_only():
-        return []
-    return ensure_image(access.get("triton_image"))
+        if target is None:
+            return []
+        path, digest = target
+        tracker = f"http://{access.get('image_mirror').rsplit(':', 1)[0]}:{swarm.TRACKER_PORT}/announce"
+        return [
+            _installed(["aria2", "opentracker"]),
+            image_seeded(
+                name=f"image fan-out: the mirror seeds {path}@{digest[:19]}",
+                storage=access.get("image_mirror_storage"),
+                path=path,
+                digest=digest,
+                tracker=tracker,
+                piece=int(access.get("model_fanout_piece_kb")) * 1024,
+                port=int(access.get("image_fanout_port")),
+                seed_minutes=float(access.get("model_fanout_seed_minutes")),
+            ),
+        ]
+    if target is None:
+        return ensure_image(access.get("triton_image"))
+    return ensure_image(access.get("triton_image"), before_pull=lambda: _image_swarm_ops(*target))
 
 
 @tritonfleet_step("Stage the model release")

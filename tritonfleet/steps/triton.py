@@ -46,10 +46,11 @@ def _archive_image_id(path: str) -> str:
     return image_id(Path(path))
 
 
-def ensure_image(image: str) -> list:
+def ensure_image(image: str, before_pull=None) -> list:
     """Make ``image`` present: `docker load` of a configured archive, or a pull. Returns the ops
     that changed something (for restart gating). Runs before any restart, so a failed pull or load
-    leaves the running container serving."""
+    leaves the running container serving. ``before_pull()``: the operations that bring the image's
+    layers another way first (staging's image fan-out), after the logins, before the pull."""
     archives = access.get("image_archives") or {}
     have = memo.fact(DockerImageId, image=image)
     if image in archives:
@@ -91,6 +92,8 @@ def ensure_image(image: str) -> list:
                 secret_env=access.get("mirror_client_password_env"),
             )
         )
+    if before_pull is not None:
+        ops += before_pull()
     ops.append(docker_pull(name=f"docker pull {image}", image=image))
     return ops
 

@@ -292,3 +292,44 @@ def test_the_fill_logs_in_to_the_mirror_with_the_secret_on_stdin_only(monkeypatc
     state, cmds, _ = _fill_run(monkeypatch, None)
     assert state.failed_hosts and not any("/manifests/" in c for c in cmds)
     assert "$TRITONFLEET_MIRROR_PASSWORD on the control machine is empty" in caplog.text + capfd.readouterr().err
+
+
+FANOUT_MARKS = ("aria2", "opentracker", "tritonfleet-image-fanout", "imgfan", "docker-registry")
+
+
+def _image_commands(step, monkeypatch, **data) -> list[str]:
+    from tests.support.fakehost import run_fake
+
+    monkeypatch.setenv("TRITONFLEET_MIRROR_PASSWORD", CLIENT_SECRET)
+    base = {"image_mirror": "mirror.local:5000", "triton_image": f"nvcr.io/nvidia/tritonserver:24.08-py3@{DIGEST}"}
+    _, cmds, state = run_fake(step, {}, {**base, **data})
+    assert not state.failed_hosts
+    return [str(c) for c in cmds]
+
+
+def test_the_push_deploy_sends_the_same_image_commands_whatever_image_fanout_says(monkeypatch):
+    """deploys/triton.py's image step (triton_image) never passes the image fan-out: its commands
+    are the same byte for byte with image_fanout off (the default), off by name, and on."""
+    from tritonfleet.steps.triton import triton_image
+
+    default = _image_commands(triton_image, monkeypatch)
+    assert default == _image_commands(triton_image, monkeypatch, image_fanout=False)
+    assert default == _image_commands(triton_image, monkeypatch, image_fanout=True)
+    assert not [c for c in default if any(m in c for m in FANOUT_MARKS)], default
+
+
+def test_staging_with_image_fanout_off_sends_what_the_push_deploy_sends_and_on_adds_the_fanout(monkeypatch):
+    """stage_image with image_fanout off: the push deploy's image commands exactly (login, pull
+    through the mirror); on: the fan-out's packages before the same pull."""
+    from tritonfleet.steps.stage import stage_image
+    from tritonfleet.steps.triton import triton_image
+
+    push = _image_commands(triton_image, monkeypatch)
+    off = _image_commands(stage_image, monkeypatch)
+    def changes(cmds):  # what changes the host (the reads differ: the push step batches its facts)
+        return [c for c in cmds if c.startswith(("docker login", "docker pull"))]
+
+    assert changes(off) == changes(push) and len(changes(push)) == 2
+    assert not [c for c in off if any(m in c for m in FANOUT_MARKS)], off
+    on = _image_commands(stage_image, monkeypatch, image_fanout=True)
+    assert any("aria2" in c for c in on) and changes(on) == changes(push)
