@@ -154,7 +154,7 @@ class FactBatch(FactBase):
                 *(f"_tf{i}() (\n{c}\n)" for i, c in enumerate(commands)),
                 "if _tfd=$(mktemp -d 2>/dev/null); then",
                 f'for _tff in {names}; do {{ "$_tff" 2>/dev/null; {status}; }} >"$_tfd/$_tff" & done; wait',
-                f"for _tff in {names}; do echo '{SECTION}'; cat \"$_tfd/$_tff\"; done; rm -rf \"$_tfd\"",
+                f'for _tff in {names}; do echo \'{SECTION}\'; cat "$_tfd/$_tff"; done; rm -rf "$_tfd"',
                 "else",
                 f"for _tff in {names}; do echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; done",
                 "fi",

@@ -38,7 +38,7 @@ HOST_BASE = "/var/lib/tritonfleet-image-fanout"  # on the GPU hosts: the swarm, 
 REGISTRY_BIN = f"{HOST_BASE}/registry/usr/bin/docker-registry"
 
 # the mirror host's program: tritonfleet.model_repo.torrent's source, then this
-_SEED_MAIN = r'''
+_SEED_MAIN = r"""
 import base64 as _b64, hashlib as _h, json as _j, os as _os, sys as _sys
 
 def _main(store, path, digest, work, tracker, piece, os_name="linux", arch="amd64"):
@@ -96,7 +96,7 @@ def _main(store, path, digest, work, tracker, piece, os_name="linux", arch="amd6
     print("imgfan-torrent", t.info_hash, _b64.b64encode(meta).decode())
 
 _main(*_sys.argv[1:6], int(_sys.argv[6]))
-'''
+"""
 
 
 def seed_program() -> str:
@@ -119,31 +119,34 @@ def seed_script(
         "--check-integrity=true --bt-hash-check-seed=true --bt-seed-unverified=false --auto-file-renaming=false "
         "--summary-interval=0 --console-log-level=warn --bt-tracker-interval=5 --seed-ratio=0.0"
     )
-    return "\n".join(
-        [
-            "set -u",
-            "umask 022",
-            "for p in python3 aria2c opentracker; do command -v $p >/dev/null 2>&1 || "
-            '{ echo "imgfan-skip $p is not installed on the mirror host"; exit 0; }; done',
-            f"mkdir -p {q(work)} || {{ echo 'imgfan-skip cannot make {work}'; exit 0; }}",
-            # the seeds of other images: stopped (they hold the port), their links removed
-            f'for d in {q(work)}/*; do [ -d "$d" ] && [ "$d" != {q(top)} ] || continue; '
-            'p=$(cat "$d/pid" 2>/dev/null); [ -n "$p" ] && kill -s TERM -- "-$p" 2>/dev/null; rm -rf "$d"; done',
-            f"out=$(python3 -c {q(seed_program())} {q(storage)} {q(path)} {q(digest)} {q(work)} {q(tracker)} "
-            f"{int(piece)}) || {{ echo 'imgfan-skip the torrent could not be made'; exit 0; }}",
-            'printf \'%s\\n\' "$out"',
-            'case "$out" in *imgfan-skip*) exit 0;; esac',
-            "ih=$(printf '%s\\n' \"$out\" | sed -n 's/^imgfan-torrent \\([0-9a-f]*\\) .*/\\1/p')",
-            f"printf '%s\\n' \"$ih\" > {swarm_whitelist()}.new && mv {swarm_whitelist()}.new {swarm_whitelist()} "
-            "&& systemctl restart opentracker || { echo 'imgfan-skip the tracker did not start'; exit 0; }",
-            f'p=$(cat {q(top)}/pid 2>/dev/null); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then echo imgfan-seeding; else',
-            f"  setsid timeout {life} aria2c --dir={q(top)} {fixed} --listen-port={int(port)} "
-            f"--seed-time={float(seed_minutes)} --log={q(top + '/log')} --log-level=notice {q(top + '/t.torrent')} "
-            f"< /dev/null > {q(top + '/out')} 2>&1 &",
-            f"  echo $! > {q(top)}/pid; echo imgfan-seeding",
-            "fi",
-        ]
-    ) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -u",
+                "umask 022",
+                "for p in python3 aria2c opentracker; do command -v $p >/dev/null 2>&1 || "
+                '{ echo "imgfan-skip $p is not installed on the mirror host"; exit 0; }; done',
+                f"mkdir -p {q(work)} || {{ echo 'imgfan-skip cannot make {work}'; exit 0; }}",
+                # the seeds of other images: stopped (they hold the port), their links removed
+                f'for d in {q(work)}/*; do [ -d "$d" ] && [ "$d" != {q(top)} ] || continue; '
+                'p=$(cat "$d/pid" 2>/dev/null); [ -n "$p" ] && kill -s TERM -- "-$p" 2>/dev/null; rm -rf "$d"; done',
+                f"out=$(python3 -c {q(seed_program())} {q(storage)} {q(path)} {q(digest)} {q(work)} {q(tracker)} "
+                f"{int(piece)}) || {{ echo 'imgfan-skip the torrent could not be made'; exit 0; }}",
+                "printf '%s\\n' \"$out\"",
+                'case "$out" in *imgfan-skip*) exit 0;; esac',
+                "ih=$(printf '%s\\n' \"$out\" | sed -n 's/^imgfan-torrent \\([0-9a-f]*\\) .*/\\1/p')",
+                f"printf '%s\\n' \"$ih\" > {swarm_whitelist()}.new && mv {swarm_whitelist()}.new {swarm_whitelist()} "
+                "&& systemctl restart opentracker || { echo 'imgfan-skip the tracker did not start'; exit 0; }",
+                f'p=$(cat {q(top)}/pid 2>/dev/null); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then echo imgfan-seeding; else',
+                f"  setsid timeout {life} aria2c --dir={q(top)} {fixed} --listen-port={int(port)} "
+                f"--seed-time={float(seed_minutes)} --log={q(top + '/log')} --log-level=notice {q(top + '/t.torrent')} "
+                f"< /dev/null > {q(top + '/out')} 2>&1 &",
+                f"  echo $! > {q(top)}/pid; echo imgfan-seeding",
+                "fi",
+            ]
+        )
+        + "\n"
+    )
 
 
 def swarm_whitelist() -> str:
@@ -184,54 +187,57 @@ def load_script(objects: str, path: str, digest: str, mirror_ref: str, port: int
     then sends the manifest only), then forgets the 127.0.0.1 reference. Prints ``imgfan-loaded``
     or ``imgfan-skip <why>``; exits 0 either way."""
     local = f"127.0.0.1:{int(port)}/{path}@{digest}"
-    return "\n".join(
-        [
-            "set -u",
-            "umask 077",
-            f"reg={q(REGISTRY_BIN)}",
-            '[ -x "$reg" ] || { echo "imgfan-skip no registry binary at $reg"; cat >/dev/null; exit 0; }',
-            f"st=$(mktemp -d {q(HOST_BASE + '/store.XXXXXX')}) || {{ echo 'imgfan-skip no scratch directory'; exit 0; }}",
-            "rp=",
-            "trap '[ -n \"$rp\" ] && kill \"$rp\" 2>/dev/null; rm -rf \"$st\"' EXIT",
-            'S="$st/docker/registry/v2"',
-            f'R="$S/repositories/{path}"',
-            'put() { h=$1; two=$(printf %.2s "$h"); mkdir -p "$S/blobs/sha256/$two/$h" && ln -f "$2" "$S/blobs/sha256/$two/$h/data"; }',
-            "while read -r kind d rest; do",
-            '  case "$kind" in',
-            '  m) h=${d#sha256:}; printf %s "$rest" | base64 -d > "$st/m.$h" || exit 0',
-            '     [ "$(sha256sum < "$st/m.$h" | cut -d" " -f1)" = "$h" ] || { echo "imgfan-skip manifest $d does not hash to its digest"; exit 0; }',
-            '     put "$h" "$st/m.$h" && mkdir -p "$R/_manifests/revisions/sha256/$h" && printf "sha256:%s" "$h" > "$R/_manifests/revisions/sha256/$h/link" || exit 0;;',
-            f'  b) [ -f {q(objects)}/"$d" ] || {{ echo "imgfan-skip blob $d did not arrive"; exit 0; }}',
-            f'     put "$d" {q(objects)}/"$d" && mkdir -p "$R/_layers/sha256/$d" && printf "sha256:%s" "$d" > "$R/_layers/sha256/$d/link" || exit 0;;',
-            "  esac",
-            "done",
-            'chmod -R go+rX "$st"',
-            "printf 'version: 0.1\\nlog: {level: error}\\nstorage: {filesystem: {rootdirectory: %s}, maintenance: "
-            "{uploadpurging: {enabled: false}, readonly: {enabled: true}}}\\nhttp: {addr: 127.0.0.1:%s, secret: %s}\\n' "
-            f'"$st" {int(port)} "$(head -c 12 /dev/urandom | base64)" > "$st/config.yml"',
-            '"$reg" serve "$st/config.yml" > "$st/log" 2>&1 &',
-            "rp=$!",
-            "n=0; until curl -fsS -o /dev/null " + q(f"http://127.0.0.1:{int(port)}/v2/") + "; do",
-            '  n=$((n + 1)); [ $n -lt 60 ] && kill -0 "$rp" 2>/dev/null || '
-            '{ echo "imgfan-skip the local registry did not start: $(tail -c 300 "$st/log")"; exit 0; }; sleep 0.5',
-            "done",
-            f"docker pull -q {q(local)} > \"$st/pull\" 2>&1 || "
-            '{ echo "imgfan-skip docker refused the local copy: $(tail -c 300 "$st/pull")"; exit 0; }',
-            f"docker pull -q {q(mirror_ref)} > \"$st/pull\" 2>&1; ok=$?",
-            f"docker rmi {q(local)} > /dev/null 2>&1",
-            '[ $ok = 0 ] || { echo "imgfan-skip the pull through the mirror failed: $(tail -c 300 "$st/pull")"; exit 0; }',
-            # what was loaded is in Docker now: the objects' links go (the swarm's own files keep seeding)
-            f"rm -f {q(objects)}/*",
-            "echo imgfan-loaded",
-        ]
-    ) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -u",
+                "umask 077",
+                f"reg={q(REGISTRY_BIN)}",
+                '[ -x "$reg" ] || { echo "imgfan-skip no registry binary at $reg"; cat >/dev/null; exit 0; }',
+                f"st=$(mktemp -d {q(HOST_BASE + '/store.XXXXXX')}) || {{ echo 'imgfan-skip no scratch directory'; exit 0; }}",
+                "rp=",
+                'trap \'[ -n "$rp" ] && kill "$rp" 2>/dev/null; rm -rf "$st"\' EXIT',
+                'S="$st/docker/registry/v2"',
+                f'R="$S/repositories/{path}"',
+                'put() { h=$1; two=$(printf %.2s "$h"); mkdir -p "$S/blobs/sha256/$two/$h" && ln -f "$2" "$S/blobs/sha256/$two/$h/data"; }',
+                "while read -r kind d rest; do",
+                '  case "$kind" in',
+                '  m) h=${d#sha256:}; printf %s "$rest" | base64 -d > "$st/m.$h" || exit 0',
+                '     [ "$(sha256sum < "$st/m.$h" | cut -d" " -f1)" = "$h" ] || { echo "imgfan-skip manifest $d does not hash to its digest"; exit 0; }',
+                '     put "$h" "$st/m.$h" && mkdir -p "$R/_manifests/revisions/sha256/$h" && printf "sha256:%s" "$h" > "$R/_manifests/revisions/sha256/$h/link" || exit 0;;',
+                f'  b) [ -f {q(objects)}/"$d" ] || {{ echo "imgfan-skip blob $d did not arrive"; exit 0; }}',
+                f'     put "$d" {q(objects)}/"$d" && mkdir -p "$R/_layers/sha256/$d" && printf "sha256:%s" "$d" > "$R/_layers/sha256/$d/link" || exit 0;;',
+                "  esac",
+                "done",
+                'chmod -R go+rX "$st"',
+                "printf 'version: 0.1\\nlog: {level: error}\\nstorage: {filesystem: {rootdirectory: %s}, maintenance: "
+                "{uploadpurging: {enabled: false}, readonly: {enabled: true}}}\\nhttp: {addr: 127.0.0.1:%s, secret: %s}\\n' "
+                f'"$st" {int(port)} "$(head -c 12 /dev/urandom | base64)" > "$st/config.yml"',
+                '"$reg" serve "$st/config.yml" > "$st/log" 2>&1 &',
+                "rp=$!",
+                "n=0; until curl -fsS -o /dev/null " + q(f"http://127.0.0.1:{int(port)}/v2/") + "; do",
+                '  n=$((n + 1)); [ $n -lt 60 ] && kill -0 "$rp" 2>/dev/null || '
+                '{ echo "imgfan-skip the local registry did not start: $(tail -c 300 "$st/log")"; exit 0; }; sleep 0.5',
+                "done",
+                f'docker pull -q {q(local)} > "$st/pull" 2>&1 || '
+                '{ echo "imgfan-skip docker refused the local copy: $(tail -c 300 "$st/pull")"; exit 0; }',
+                f'docker pull -q {q(mirror_ref)} > "$st/pull" 2>&1; ok=$?',
+                f"docker rmi {q(local)} > /dev/null 2>&1",
+                '[ $ok = 0 ] || { echo "imgfan-skip the pull through the mirror failed: $(tail -c 300 "$st/pull")"; exit 0; }',
+                # what was loaded is in Docker now: the objects' links go (the swarm's own files keep seeding)
+                f"rm -f {q(objects)}/*",
+                "echo imgfan-loaded",
+            ]
+        )
+        + "\n"
+    )
 
 
 def registry_install() -> str:
     """Shell on a GPU host: Debian's ``docker-registry`` binary unpacked below HOST_BASE (no
     package installed, so no registry service on the GPU hosts)."""
     return (
-        f"[ -x {q(REGISTRY_BIN)} ] || {{ t=$(mktemp -d) && cd \"$t\" && apt-get download -q docker-registry "
+        f'[ -x {q(REGISTRY_BIN)} ] || {{ t=$(mktemp -d) && cd "$t" && apt-get download -q docker-registry '
         f"&& mkdir -p {q(HOST_BASE + '/registry')} && dpkg-deb -x docker-registry_*.deb {q(HOST_BASE + '/registry')}; "
         'rc=$?; cd / && rm -rf "$t"; exit $rc; }'
     )

@@ -119,15 +119,16 @@ def image_fanout_target() -> tuple[str, str] | None:
     return path, digest
 
 
-def _installed(packages: list[str], extra: str = "") -> object:
-    """The Debian packages (and ``extra`` shell) the image fan-out needs on this host."""
+def _installed(packages: list[str], extra: str = "", label: str = "image fan-out") -> object:
+    """The Debian packages (and ``extra`` shell) a fan-out needs on this host, each installed
+    where missing."""
     cmd = " && ".join(
         f"{{ dpkg -s {p} >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
         f"--no-install-recommends {p}; }}"
         for p in packages
     )
     return server.shell(
-        name=f"image fan-out: {', '.join(packages)}{' and the registry binary' if extra else ''} installed",
+        name=f"{label}: {', '.join(packages)}{' and the registry binary' if extra else ''} installed",
         commands=aptlock.wrapped([cmd + (f" && {{ {extra}; }}" if extra else "")]),
     )
 
@@ -220,21 +221,7 @@ def stage_models():
     fan = fanout_for(origin, local, man, rid)
     ops = []
     if fan is not None:
-        need = ["aria2"] + (["opentracker"] if fan.tracker_host == host.name else [])
-        ops.append(
-            server.shell(
-                name=f"fan-out: {', '.join(need)} installed",
-                commands=aptlock.wrapped(
-                    [
-                        " && ".join(
-                            f"{{ dpkg -s {p} >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
-                            f"--no-install-recommends {p}; }}"
-                            for p in need
-                        )
-                    ]
-                ),
-            )
-        )
+        ops.append(_installed(["aria2"] + (["opentracker"] if fan.tracker_host == host.name else []), label="fan-out"))
     return ops + [
         model_release(
             name=f"stage model release {rid} from {origin.url}",

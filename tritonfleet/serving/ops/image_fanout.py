@@ -79,7 +79,9 @@ def image_seeded(storage: str, path: str, digest: str, tracker: str, piece: int,
 def _load(state, host, path: str, digest: str, mirror_ref: str, options: dict) -> bool:
     seed = SEEDED.get(digest)
     if seed is None:
-        logger.warning(f"{host.print_prefix}image fan-out: the mirror host seeds nothing in this run; pulling through the mirror")
+        logger.warning(
+            f"{host.print_prefix}image fan-out: the mirror host seeds nothing in this run; pulling through the mirror"
+        )
         return True
     t0 = time.monotonic()
     files = list(seed["blobs"])
