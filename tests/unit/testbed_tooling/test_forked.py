@@ -66,3 +66,32 @@ def test_the_parents_server_stays_the_parents():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def _answer() -> int:
+    return 42
+
+
+def _fail() -> int:
+    raise RuntimeError("in the child")
+
+
+def test_a_child_reaped_by_another_waiter_still_gives_its_result(monkeypatch):
+    # what the test process's event loop does when a child exits while it runs (libev reaps every
+    # child): the child's status is gone before forked() asks for it
+    from tests.support import forked as mod
+
+    real = mod.os.waitpid
+
+    def reaped_first(pid, options):
+        real(pid, 0)  # someone else waited for it
+        raise ChildProcessError(10, "No child processes")
+
+    monkeypatch.setattr(mod.os, "waitpid", reaped_first)
+    assert forked(_answer) == 42
+    try:
+        forked(_fail)
+    except AssertionError as e:
+        assert "failed in the child" in str(e)
+    else:
+        raise AssertionError("a child whose function raised was taken for a success")
