@@ -19,7 +19,6 @@ with its layer extraction, the manifest from the mirror).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -42,16 +41,9 @@ def tx_bytes(h) -> int:
 
 def mirror_blob_bytes(mirror_host, since: float) -> int:
     """Blob bodies the mirror's registry sent since ``since`` (its JSON log, in journald)."""
-    out = host_ssh(mirror_host, f"journalctl -u docker-registry -o cat --since=@{int(since)} --no-pager")
-    total = 0
-    for line in out.splitlines():
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if "/blobs/" in str(d.get("http.request.uri", "")) and d.get("http.request.method") == "GET":
-            total += int(d.get("http.response.written", 0))
-    return total
+    from tritonfleet_testbed.origin_servers import log_blob_bytes
+
+    return log_blob_bytes(host_ssh(mirror_host, f"journalctl -u docker-registry -o cat --since=@{int(since)} --no-pager"))
 
 
 def forget(wave: list, mirror_host, mirror: str, digest: str) -> None:

@@ -52,6 +52,20 @@ def _stop(proc: subprocess.Popen | None) -> None:
             proc.wait()
 
 
+
+def log_blob_bytes(log: str) -> int:
+    """Bytes of blob bodies a Distribution registry sent, read from its JSON log lines (one
+    ``GET .../blobs/...`` line each with ``http.response.written``); other lines are skipped."""
+    total = 0
+    for line in log.splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if "/blobs/" in str(d.get("http.request.uri", "")) and d.get("http.request.method") == "GET":
+            total += int(d.get("http.response.written", 0))
+    return total
+
 class Nginx:
     """nginx serving ``root`` on address:port: GET/HEAD for everyone, PUT (the control machine's
     uploads, nginx's dav module) too; one access-log line per request with the body bytes sent."""
@@ -243,17 +257,9 @@ class Registry:
 
     def blob_bytes(self, since: int = 0) -> int:
         """Bytes of blob bodies this registry sent since ``mark()`` (its own log)."""
-        total = 0
         with open(self.logfile, "rb") as f:
             f.seek(since)
-            for line in f.read().decode(errors="replace").splitlines():
-                try:
-                    d = json.loads(line)
-                except ValueError:
-                    continue
-                if "/blobs/" in str(d.get("http.request.uri", "")) and d.get("http.request.method") == "GET":
-                    total += int(d.get("http.response.written", 0))
-        return total
+            return log_blob_bytes(f.read().decode(errors="replace"))
 
     def push(self, archive: Path, ref: str, creds: tuple[str, str] | None = None) -> str:
         """Push a docker-save archive (gzip) as <this registry>/<ref>; returns the manifest digest."""

@@ -7,7 +7,6 @@ staging run (no Triton needed: Docker only, installed here when missing)."""
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -19,7 +18,7 @@ from tests.support.testbed import pyinfra, ssh, write_inventory
 from tritonfleet.model_repo import swarm
 from tritonfleet.serving import image_fanout as fan
 from tritonfleet_testbed import hosts
-from tritonfleet_testbed.origin_servers import Registry, free_port, tls_files
+from tritonfleet_testbed.origin_servers import Registry, free_port, log_blob_bytes, tls_files
 
 DEPLOY = "bench/deploys/stage_image_only.py"
 REPO = "nvidia/tritonserver"
@@ -76,16 +75,7 @@ def forget(h, mirror: str, digest: str) -> None:
 
 def mirror_blob_bytes(mirror_host, since: float) -> int:
     """Bytes of blob bodies the mirror sent since ``since`` (its own JSON log, in journald)."""
-    out = ssh(mirror_host, f"journalctl -u docker-registry -o cat --since=@{int(since)} --no-pager")
-    total = 0
-    for line in out.splitlines():
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if "/blobs/" in str(d.get("http.request.uri", "")) and d.get("http.request.method") == "GET":
-            total += int(d.get("http.response.written", 0))
-    return total
+    return log_blob_bytes(ssh(mirror_host, f"journalctl -u docker-registry -o cat --since=@{int(since)} --no-pager"))
 
 
 def has_image(h, ref: str) -> bool:
