@@ -27,7 +27,7 @@ def _seed(state, host, storage: str, path: str, digest: str, tracker: str, optio
     t0 = time.monotonic()
     script = fan.seed_script(storage, path, digest, tracker, **options)
     ok, out = host.run_shell_command(StringCommand(script), print_output=False, **connector_arguments())
-    got = fan.parse_seed(out.stdout_lines) if ok else {"skip": " ".join(out.stderr_lines[-2:])[:300]}
+    got: dict = fan.parse_seed(out.stdout_lines) if ok else {"skip": " ".join(out.stderr_lines[-2:])[:300]}
     if "skip" in got:
         logger.warning(f"{host.print_prefix}image fan-out: no seed ({got['skip']}); the hosts pull through the mirror")
         return True
