@@ -197,44 +197,9 @@ def measure_rollouts(results: list[dict], testbed, size: int, s3, env: dict, run
 
 # --- the image through the mirror ---------------------------------------------------------------
 
-def synthetic_image(path: Path, mb: int, layers: int = 4) -> Path:
-    """A docker-save archive of ``layers`` layers of random bytes (gzip level 1)."""
-    import gzip
-    import hashlib
-    import io
-    import tarfile
-
-    work = path.parent / "layers"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    diff_ids, names = [], []
-    for i in range(layers):
-        lt = work / f"layer{i}.tar"
-        with tarfile.open(lt, "w") as tf:
-            data = os.urandom(mb * 1_000_000 // layers)
-            info = tarfile.TarInfo(f"opt/data-{i}.bin")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        diff_ids.append("sha256:" + hashlib.sha256(lt.read_bytes()).hexdigest())
-        names.append(lt)
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["true"]},
-                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
-    chex = hashlib.sha256(config).hexdigest()
-    manifest = [{"Config": f"{chex}.json", "RepoTags": ["nvcr.io/nvidia/bench:1"],
-                 "Layers": [f"l{i}/layer.tar" for i in range(layers)]}]
-    with gzip.open(path, "wb", compresslevel=1) as gz, tarfile.open(fileobj=gz, mode="w") as tf:
-        for name, data in ((f"{chex}.json", config), ("manifest.json", json.dumps(manifest).encode())):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        for i, lt in enumerate(names):
-            tf.add(str(lt), f"l{i}/layer.tar")
-    shutil.rmtree(work)
-    return path
-
-
 def measure_image(results: list[dict], testbed, mb: int, upstream, mirror: str, mirror_host) -> None:
     from tritonfleet.serving import image_mirror
+    from tritonfleet_testbed.origin_servers import synthetic_image
 
     archive = synthetic_image(WORK / "image.tar.gz", mb)
     digest = upstream.push(archive, "nvidia/bench:1")

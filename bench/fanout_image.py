@@ -59,7 +59,6 @@ def forget(wave: list, mirror_host, mirror: str, digest: str) -> None:
 
 def setup(wave: list, mirror_host, upstream, mb: int, layers: int) -> dict:
     """Docker on the wave, the image in the upstream, the mirror on ``mirror_host``; the inventory."""
-    import dataplane
 
     from tritonfleet_testbed.origin_servers import free_port, tls_files
 
@@ -69,7 +68,9 @@ def setup(wave: list, mirror_host, upstream, mb: int, layers: int) -> dict:
     for h in wave:
         host_ssh(h, "command -v docker >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
                     "--no-install-recommends docker.io >/dev/null")
-    archive = dataplane.synthetic_image(WORK / "image.tar.gz", mb, layers)
+    from tritonfleet_testbed.origin_servers import synthetic_image
+
+    archive = synthetic_image(WORK / "image.tar.gz", mb, layers)
     digest = upstream.push(archive, f"{REPO}:bench")
     archive.unlink()
     size = sum(p.stat().st_size for p in (upstream.storage / "docker/registry/v2/blobs").rglob("data"))

@@ -1,6 +1,6 @@
 """What filling the image mirror costs the upstream a blob (`bench/run.py mirror-fill`;
 docs/scale.md). No test host: Debian's registry twice on loopback, an upstream and a pull-through
-mirror of it, and a synthetic image pushed to the upstream (bench/dataplane.py's, ``--fill-mb`` in
+mirror of it, and a synthetic image pushed to the upstream (tritonfleet_testbed.origin_servers's, ``--fill-mb`` in
 ``--fill-layers`` layers).
 
 Each run empties the mirror's store and fills it from the upstream, counting the blob bytes the
@@ -32,7 +32,6 @@ HELD = ('curl -s --limit-rate 1K -o /dev/null "$2" & pid=$!; while [ ! -f "$1" ]
 
 
 def run(results, args, log) -> int:
-    import dataplane
     from run import WORK, Row
 
     from tritonfleet.serving import image_mirror
@@ -41,7 +40,9 @@ def run(results, args, log) -> int:
     work = WORK / "mirror-fill"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    img = dataplane.synthetic_image(work / "image.tar.gz", args.fill_mb, layers=args.fill_layers)
+    from tritonfleet_testbed.origin_servers import synthetic_image
+
+    img = synthetic_image(work / "image.tar.gz", args.fill_mb, layers=args.fill_layers)
     figures: dict[str, list[dict]] = {"the fill as deployed": [], "a trickling request held open": []}
     results.meta["mirror_fill"] = figures
     with Registry(work / "upstream") as up:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,7 @@ from tests.support.testbed import pyinfra, ssh, write_inventory
 from tritonfleet.model_repo import swarm
 from tritonfleet.serving import image_fanout as fan
 from tritonfleet_testbed import hosts
-from tritonfleet_testbed.origin_servers import Registry, free_port, log_blob_bytes, tls_files
+from tritonfleet_testbed.origin_servers import Registry, free_port, log_blob_bytes, synthetic_image, tls_files
 
 DEPLOY = "bench/deploys/stage_image_only.py"
 REPO = "nvidia/tritonserver"
@@ -35,7 +34,9 @@ def wave(testbed, tmp_path_factory):
                "--no-install-recommends docker.io >/dev/null", timeout=900)
     with pytest.MonkeyPatch.context() as env, Registry(work / "upstream", hosts.GATEWAY) as upstream:
         env.setenv("TRITONFLEET_MIRROR_PASSWORD", f"mirror-client-{random.randrange(1 << 30)}")
-        digest = upstream.push(Path(testbed.images["triton"]), f"{REPO}:24.08-py3")
+        # an image of its own (random layers): the session's hosts hold the stand-in Triton image's
+        # layers from other tests, and Docker would take those instead of any byte of the mirror's
+        digest = upstream.push(synthetic_image(work / "image.tar.gz", 120, layers=2), f"{REPO}:24.08-py3")
         tls = tls_files(work / "tls", mirror_host.address)
         mirror = f"{mirror_host.address}:{free_port()}"
         groups: dict[str, list[str]] = {"image_mirror": [mirror_host.name]}
@@ -139,13 +140,17 @@ def test_a_peer_serving_corrupt_image_bytes_is_refused_and_the_blobs_taken_elsew
     """A test host outside the wave joins the image's swarm with other bytes at the blobs' sizes,
     serving them unchecked (aria2c --bt-seed-unverified): the wave's hosts refuse its pieces
     (aria2c's SHA-1 of each piece, then each blob's sha256), take them from the mirror's seed and
-    each other, and load the pinned image by digest; nothing falls back to the mirror's pull. The
+    each other, and load the pinned image by digest; with honest peers beside it nothing falls back to the
+    mirror's pull (with none, on a three-host testbed, the one host may wait out its swarm and pull). The
     mirror host's link is slowed meanwhile (tc on its end), so the corrupt peer is the faster
     source and the wave asks it for pieces."""
     targets, mirror, digest, mirror_host = wave["targets"], wave["mirror"], wave["digest"], wave["mirror_host"]
     bad, members = targets[-1], targets[:-1]
     for h in targets:
         forget(h, mirror, digest)
+    # what staging installs on the mirror host first (this test may run without the others)
+    ssh(mirror_host, "command -v aria2c >/dev/null && command -v opentracker >/dev/null || DEBIAN_FRONTEND=noninteractive "
+                     "apt-get install -y -q --no-install-recommends aria2 opentracker >/dev/null", timeout=900)
     # the torrent the staging run seeds: made on the mirror host by the same script, seeding started
     script = fan.seed_script(STORAGE, REPO, digest, wave["tracker"], piece=1 << 20, port=6882, seed_minutes=1)
     seed = fan.parse_seed(ssh(mirror_host, script).splitlines())
@@ -168,11 +173,16 @@ def test_a_peer_serving_corrupt_image_bytes_is_refused_and_the_blobs_taken_elsew
     assert res.returncode == 0, res.stderr[-5000:]
     fan_lines = [ln for ln in res.stderr.splitlines() if "image fan-out" in ln]
     print(f"\nthe corrupt peer sent {bad_sent} B", *fan_lines, sep="\n")
-    assert sum("loaded by digest" in ln for ln in fan_lines) == len(members), "\n".join(fan_lines)
-    for h in members:
+    for h in members:  # Docker checked every layer it took by its digest
         assert has_image(h, f"{mirror}/{REPO}@{digest}"), h.name
     assert bad_sent > 10_000_000, "the corrupt peer served (almost) nothing: the test did not test"
-    assert mirror_blob_bytes(mirror_host, since) <= 0.1 * wave["image_size"]
+    loaded = sum("loaded by digest" in ln for ln in fan_lines)
+    if len(members) > 1:  # honest peers beside it: the wave loads from the swarm, the mirror sends no blob
+        assert loaded == len(members), "\n".join(fan_lines)
+        assert mirror_blob_bytes(mirror_host, since) <= 0.1 * wave["image_size"]
+    else:  # the corrupt peer and the slowed seed alone (aria2c bans no peer): it may wait, then pull
+        fell_back = sum("pulling through the mirror" in ln for ln in fan_lines)
+        assert loaded + fell_back == 1, "\n".join(fan_lines)
 
 
 def test_the_seed_and_a_peer_going_away_mid_wave_the_hosts_pull_through_the_mirror(wave):
