@@ -148,9 +148,10 @@ def test_a_peer_serving_corrupt_image_bytes_is_refused_and_the_blobs_taken_elsew
     bad, members = targets[-1], targets[:-1]
     for h in targets:
         forget(h, mirror, digest)
-    # what staging installs on the mirror host first (this test may run without the others)
-    ssh(mirror_host, "command -v aria2c >/dev/null && command -v opentracker >/dev/null || DEBIAN_FRONTEND=noninteractive "
-                     "apt-get install -y -q --no-install-recommends aria2 opentracker >/dev/null", timeout=900)
+    # what staging installs first, and the corrupt peer's aria2c (this test may run without the others)
+    for h, pkgs in ((mirror_host, "aria2 opentracker"), (bad, "aria2")):
+        ssh(h, f"dpkg -s {pkgs} >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+               f"--no-install-recommends {pkgs} >/dev/null", timeout=900)
     # the torrent the staging run seeds: made on the mirror host by the same script, seeding started
     script = fan.seed_script(STORAGE, REPO, digest, wave["tracker"], piece=1 << 20, port=6882, seed_minutes=1)
     seed = fan.parse_seed(ssh(mirror_host, script).splitlines())
@@ -175,7 +176,8 @@ def test_a_peer_serving_corrupt_image_bytes_is_refused_and_the_blobs_taken_elsew
     print(f"\nthe corrupt peer sent {bad_sent} B", *fan_lines, sep="\n")
     for h in members:  # Docker checked every layer it took by its digest
         assert has_image(h, f"{mirror}/{REPO}@{digest}"), h.name
-    assert bad_sent > 10_000_000, "the corrupt peer served (almost) nothing: the test did not test"
+    # more than two 1 MiB pieces of other bytes offered (and refused): 66-84 MB on 6 hosts, 7.6 MB on 3
+    assert bad_sent > 2_000_000, "the corrupt peer served (almost) nothing: the test did not test"
     loaded = sum("loaded by digest" in ln for ln in fan_lines)
     if len(members) > 1:  # honest peers beside it: the wave loads from the swarm, the mirror sends no blob
         assert loaded == len(members), "\n".join(fan_lines)
