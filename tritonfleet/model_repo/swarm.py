@@ -176,6 +176,11 @@ TRACKER_WHITELIST = "/etc/opentracker/whitelist.txt"  # Debian's opentracker.con
 TRACKER_PORT = 6969  # opentracker's own default, which Debian's configuration keeps
 
 
+def announce_url(address: str) -> str:
+    """The announce URL of the opentracker a fan-out runs on the host at ``address``."""
+    return f"http://{address}:{TRACKER_PORT}/announce"
+
+
 @dataclass
 class Wave:
     """The hosts of one staging run, filled while the deploy's operations are made (one entry a

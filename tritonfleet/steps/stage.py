@@ -87,7 +87,7 @@ def fanout_for(origin, local, manifest: dict, release: str) -> swarm.Fanout | No
     if tracker is None:
         first = _wave_hosts()[0] if _wave_hosts() else host
         tracker_host = first.name
-        tracker = f"http://{first.data.get('ssh_hostname') or first.name}:{swarm.TRACKER_PORT}/announce"
+        tracker = swarm.announce_url(first.data.get("ssh_hostname") or first.name)
     return swarm.Fanout(
         torrent=t,
         origin=origin,
@@ -174,7 +174,7 @@ def stage_image():
         if target is None:
             return []
         path, digest = target
-        tracker = f"http://{access.get('image_mirror').rsplit(':', 1)[0]}:{swarm.TRACKER_PORT}/announce"
+        tracker = swarm.announce_url(access.get("image_mirror").rsplit(":", 1)[0])
         return [
             _installed(["aria2", "opentracker"]),
             image_seeded(
