@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from ..core.shell import q
 from .fetch import OBJECTS_DIR
 from .release import OWN_PREFIX
-from .torrent import seeds
+from .torrent import NAME, seeds
 
 SWARM_DIR = f"{OWN_PREFIX}swarm"
 # aria2c's options that never change: no DHT or local discovery (the tracker names the peers), no
@@ -63,16 +63,25 @@ def swarm_script(
     stall_seconds: int,
     wait_seconds: int,
     log_level: str = "notice",
+    layout: str = f"{NAME}/",
+    web_user: str | None = None,
+    ca: str | None = None,
 ) -> str:
     """Shell (sh) that takes what it can of the objects its stdin lists from the swarm
     ``info_hash`` (``select``: their 1-based indices in the torrent) into the objects directory
-    of the fetch below ``base``."""
+    of the fetch below ``base``. ``layout``: where the torrent puts an object, before its sha256
+    (tritonfleet.model_repo.torrent.make's name and prefix). ``web_user``: the torrent's web seed
+    asks for a login: the password is stdin's first line, kept for aria2c in a 0600 file until
+    its download ends (never a command line); ``ca``: the CA file that signed the web seed's
+    certificate."""
     rel = f"{base}/releases"
     sw = f"{rel}/{SWARM_DIR}/{info_hash}"
     life = int(wait_seconds + seed_minutes * 60 + 60)
     files = ",".join(str(i) for i in sorted(select))
+    login = ' --conf-path="$sw/login.conf"' if web_user else ""
+    login += f" --ca-certificate={q(ca)}" if ca else ""
     aria = (
-        f'aria2c --dir="$sw" {FIXED} --listen-port={int(port)} --seed-time={float(seed_minutes)} '
+        f'aria2c --dir="$sw" {FIXED} --listen-port={int(port)} --seed-time={float(seed_minutes)}{login} '
         f"--bt-stop-timeout={int(stall_seconds)} --select-file={files} "
         f'--on-bt-download-complete="$sw/hook" --log="$sw/log" --log-level={log_level} "$sw/t.torrent"'
     )
@@ -85,6 +94,16 @@ def swarm_script(
                 f"obj={q(rel + '/' + OBJECTS_DIR)}",
                 "command -v aria2c >/dev/null 2>&1 || { echo 'swarm-skip aria2c is not installed'; cat > /dev/null; exit 0; }",
                 'mkdir -p "$sw" "$obj" && chmod 700 "$obj" || { echo "swarm-skip cannot make $sw"; exit 0; }',
+                *(
+                    [
+                        # the web seed's login for aria2c (its conf file: option=value lines), 0600
+                        "IFS= read -r s || [ -n \"$s\" ] || { echo 'swarm-skip no web seed login on stdin'; exit 0; }",
+                        f'(umask 077; printf \'http-user=%s\\nhttp-passwd=%s\\n\' {q(web_user)} "$s" > "$sw/login.conf")',
+                        "s=",
+                    ]
+                    if web_user
+                    else []
+                ),
                 # a process that is there and not a zombie (this shell reaps its child only now and then)
                 'alive() { kill -0 "$1" 2>/dev/null && ! grep -q \'^State:.*Z\' "/proc/$1/status" 2>/dev/null; }',
                 # a swarm stopped: its process group (aria2c with it), TERM then KILL after 5 s
@@ -100,14 +119,14 @@ def swarm_script(
                 'while IFS= read -r line; do [ "$line" = -- ] && break; printf \'%s\\n\' "$line" >> "$sw/t.b64"; done',
                 'cat > "$list"',
                 'base64 -d "$sw/t.b64" > "$sw/t.torrent" || { echo \'swarm-skip the torrent did not decode\'; exit 0; }',
-                'printf \'#!/bin/sh\\n: > "%s/done"\\n\' "$sw" > "$sw/hook"; chmod 755 "$sw/hook"',
+                'printf \'#!/bin/sh\\n: > "%s/done"; rm -f "%s/login.conf"\\n\' "$sw" "$sw" > "$sw/hook"; chmod 755 "$sw/hook"',
                 # a swarm of this release still running (a run again while it seeds) is used as it is
                 'p=$(cat "$sw/pid" 2>/dev/null)',
                 'if [ -n "$p" ] && [ ! -e "$sw/exit" ] && kill -0 "$p" 2>/dev/null; then :; else',
                 '  rm -f "$sw/done" "$sw/exit"',
                 '  cat > "$sw/run" <<EOF',
                 f"timeout --foreground {life} {aria}",
-                'echo \\$? > "$sw/exit"',
+                'echo \\$? > "$sw/exit"; rm -f "$sw/login.conf"',
                 "EOF",
                 # its own session: it outlives this command, and the group is stopped as one
                 '  setsid sh "$sw/run" < /dev/null > "$sw/out" 2>&1 &',
@@ -129,7 +148,7 @@ def swarm_script(
                 'echo "swarm-end $end"',
                 "while IFS= read -r line; do",
                 '  case "$line" in o\\ *) ;; *) continue;; esac',
-                '  set -- $line; f="$sw/sha256/$2"',
+                f'  set -- $line; f="$sw/{layout}$2"',
                 '  have=$(stat -c %s "$f" 2>/dev/null || echo -1)',
                 '  if [ "$have" = "$3" ] && [ "$(sha256sum < "$f" | cut -d\' \' -f1)" = "$2" ]; then',
                 '    ln -f "$f" "$obj/$2" && echo "swarm $2 $3" && continue',

@@ -72,9 +72,11 @@ def _chunks(objects: list[tuple[str, int]], open_object, piece: int) -> Iterable
         yield h.digest()
 
 
-def make(objects: dict[str, int], open_object, piece_bytes: int) -> Torrent:
+def make(objects: dict[str, int], open_object, piece_bytes: int, name: str = NAME, prefix: str = "") -> Torrent:
     """The torrent of ``objects`` ({sha256: size}; empty ones are left out: every host makes
-    those itself); ``open_object(sha)`` opens an object's content for reading."""
+    those itself); ``open_object(sha)`` opens an object's content for reading. ``name`` and
+    ``prefix`` lay the files out as ``<name>/<prefix><sha256>`` (a release: ``sha256/<hex>``, as
+    the origin's ``objects/``; an image: ``blobs/sha256:<hex>``, as a registry's blob URLs)."""
     if piece_bytes < 16 * 1024 or piece_bytes & (piece_bytes - 1):
         raise ValueError(f"a piece is a power of two of at least 16 KiB, not {piece_bytes}")
     files = sorted((sha, int(size)) for sha, size in objects.items() if int(size) > 0)
@@ -82,10 +84,10 @@ def make(objects: dict[str, int], open_object, piece_bytes: int) -> Torrent:
         raise ValueError("a torrent needs at least one non-empty object")
     pieces = b"".join(_chunks(files, open_object, piece_bytes))
     info = {
-        "name": NAME,
+        "name": name,
         "piece length": piece_bytes,
         "pieces": pieces,
-        "files": [{"length": size, "path": [sha]} for sha, size in files],
+        "files": [{"length": size, "path": [prefix + sha]} for sha, size in files],
     }
     return Torrent(info, hashlib.sha1(bencode(info)).hexdigest(), tuple(sha for sha, _ in files))
 

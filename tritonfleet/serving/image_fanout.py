@@ -1,17 +1,22 @@
-"""The Triton image's layers shared between a wave's hosts (BitTorrent, the image mirror its one
-seed), then loaded into Docker by digest: pure shell text and parsers (the operations:
-tritonfleet.serving.ops.image_fanout; why and the measurements: docs/model-origin.md#the-image).
+"""The Triton image's layers shared between a wave's hosts (BitTorrent, the image mirror's registry
+the web seed of one host a zone), then loaded into Docker by digest: pure shell text and parsers
+(the operations: tritonfleet.serving.ops.image_fanout; why and the measurements:
+docs/model-origin.md#the-image).
 
-**On the mirror host** (:func:`seed_script`, once per image digest): the pinned manifest is read
-from the mirror's own store (the fill put it and every blob there) and checked against the pinned
-digest; every blob it names is checked against its own digest and hard linked as
-``<storage>/tritonfleet-image-seed/<manifest hex>/sha256/<blob hex>``; the torrent of those files
-is made there (tritonfleet.model_repo.torrent's own code, sent with the script: the same layout as
-a release's torrent, files named by digest) and aria2c seeds it; Debian's opentracker on the
-mirror host names the peers. The mirror never serves what is not in its store, checked.
+**On the mirror host** (:func:`seed_script`): the pinned manifest is read from the mirror's own
+store (the fill put it and every blob there) and checked against the pinned digest; every blob it
+names is checked against its own digest; the torrent of those blobs is made from the store
+(tritonfleet.model_repo.torrent's own code, sent with the script), laid out as the registry's blob
+URLs (``blobs/sha256:<hex>``) so that BEP 19's web seed ``<mirror>/v2/<path>/`` is the registry
+itself; Debian's opentracker on the mirror host names the peers. The mirror uploads nothing but
+what its registry serves: to each zone's seed host once (its web seed), and to a host that falls
+back to a pull.
 
 **On each GPU host** whose image is missing: the swarm (tritonfleet.model_repo.swarm's script,
-its own directory) brings the blobs, each checked against its sha256 before use; then
+its own directory) brings the blobs, each checked against its sha256 before use; the seed hosts
+(one a zone, as the release's: tritonfleet.model_repo.torrent.seeds) read the registry through the
+web seed as the mirror's client (aria2c's ``http-user``/``http-passwd`` in a 0600 file, removed
+when the download ends; the mirror's CA), the others only their peers. Then
 :func:`load_script` lays them out as a throwaway Distribution registry on 127.0.0.1 (Debian's
 ``docker-registry`` binary, unpacked, no service), with the manifest the control machine read on
 the mirror host and checked again here, and ``docker pull 127.0.0.1:<port>/<path>@<digest>``:
@@ -33,7 +38,10 @@ from pathlib import Path
 from ..core.shell import q
 from ..model_repo import torrent
 
-SEED_DIR = "tritonfleet-image-seed"  # below the mirror's storage: the same filesystem, so hard links
+SEED_DIR = "tritonfleet-image-seed"  # below the mirror's storage: the torrent of each image digest
+# where a blob is in the image's torrent (the program's BLOBS and prefix): the registry's blob URL
+# below /v2/<path>/, so the registry is the torrent's web seed
+SWARM_LAYOUT = "blobs/sha256:"
 HOST_BASE = "/var/lib/tritonfleet-image-fanout"  # on the GPU hosts: the swarm, the registry binary
 REGISTRY_BIN = f"{HOST_BASE}/registry/usr/bin/docker-registry"
 
@@ -41,7 +49,7 @@ REGISTRY_BIN = f"{HOST_BASE}/registry/usr/bin/docker-registry"
 _SEED_MAIN = r"""
 import base64 as _b64, hashlib as _h, json as _j, os as _os, sys as _sys
 
-def _main(store, path, digest, work, tracker, piece, os_name="linux", arch="amd64"):
+def _main(store, path, digest, work, tracker, piece, web_seed, os_name="linux", arch="amd64"):
     def blob(d):
         return _os.path.join(store, "docker/registry/v2/blobs/sha256", d[7:9], d[7:], "data")
 
@@ -76,16 +84,12 @@ def _main(store, path, digest, work, tracker, piece, os_name="linux", arch="amd6
             continue
         break
     blobs = [doc["config"]["digest"]] + [layer["digest"] for layer in doc["layers"]]
+    sizes = {b[7:]: checked(b)[0] for b in dict.fromkeys(blobs)}
+    # laid out as the registry's blob URLs: <web seed>blobs/sha256:<hex>, the web seed the
+    # registry's /v2/<path>/ (BEP 19), so the wave's seeds read the mirror's own blobs
+    t = make(sizes, lambda s: open(blob("sha256:" + s), "rb"), piece, name=BLOBS, prefix="sha256:")
     top = _os.path.join(work, digest[7:])
-    objs = _os.path.join(top, NAME)
-    _os.makedirs(objs, exist_ok=True)
-    sizes = {}
-    for b in dict.fromkeys(blobs):
-        sizes[b[7:]], _ = checked(b)
-        dst = _os.path.join(objs, b[7:])
-        if not _os.path.exists(dst):
-            _os.link(blob(b), dst)
-    t = make(sizes, lambda s: open(_os.path.join(objs, s), "rb"), piece)
+    _os.makedirs(top, exist_ok=True)
     meta = t.metainfo(tracker)
     with open(_os.path.join(top, "t.torrent"), "wb") as f:
         f.write(meta)
@@ -94,8 +98,10 @@ def _main(store, path, digest, work, tracker, piece, os_name="linux", arch="amd6
     for s in t.files:
         print("imgfan-blob", s, sizes[s])
     print("imgfan-torrent", t.info_hash, _b64.b64encode(meta).decode())
+    print("imgfan-seed-torrent", _b64.b64encode(t.metainfo(tracker, web_seed)).decode())
 
-_main(*_sys.argv[1:6], int(_sys.argv[6]))
+BLOBS = "blobs"
+_main(*_sys.argv[1:6], int(_sys.argv[6]), _sys.argv[7])
 """
 
 
@@ -104,45 +110,34 @@ def seed_program() -> str:
     return Path(torrent.__file__).read_text() + _SEED_MAIN
 
 
-def seed_script(
-    storage: str, path: str, digest: str, tracker: str, *, piece: int, port: int, seed_minutes: float
-) -> str:
-    """Shell on the mirror host: the image ``path@digest``'s torrent made from the store (once an
-    image digest: what is made is kept), every other image's seeding stopped, this one's seeded by
-    aria2c for ``seed_minutes`` and named by the tracker (opentracker on this host, its whitelist
-    this swarm). Output: :func:`parse_seed`'s lines."""
+def seed_script(storage: str, path: str, digest: str, tracker: str, web_seed: str, *, piece: int) -> str:
+    """Shell on the mirror host: the image ``path@digest``'s torrent made from the store (every
+    blob checked against its digest first), the tracker (opentracker on this host) told of this
+    swarm. The mirror uploads nothing itself: each zone's seed host reads the blobs from its
+    registry through ``web_seed`` (``<mirror>/v2/<path>/``), once a wave, and the rest of the wave
+    from each other. Output: :func:`parse_seed`'s lines."""
     work = f"{storage}/{SEED_DIR}"
     top = f"{work}/{digest.split(':', 1)[1]}"
-    life = int(seed_minutes * 60 + 3600)  # the wave's downloads, then its seeding
-    fixed = (
-        "--enable-dht=false --enable-dht6=false --bt-enable-lpd=false --enable-peer-exchange=true "
-        "--check-integrity=true --bt-hash-check-seed=true --bt-seed-unverified=false --auto-file-renaming=false "
-        "--summary-interval=0 --console-log-level=warn --bt-tracker-interval=5 --seed-ratio=0.0"
-    )
     return (
         "\n".join(
             [
                 "set -u",
                 "umask 022",
-                "for p in python3 aria2c opentracker; do command -v $p >/dev/null 2>&1 || "
+                "for p in python3 opentracker; do command -v $p >/dev/null 2>&1 || "
                 '{ echo "imgfan-skip $p is not installed on the mirror host"; exit 0; }; done',
                 f"mkdir -p {q(work)} || {{ echo 'imgfan-skip cannot make {work}'; exit 0; }}",
-                # the seeds of other images: stopped (they hold the port), their links removed
+                # other images' torrents removed (and the aria2c seed an earlier version ran, stopped)
                 f'for d in {q(work)}/*; do [ -d "$d" ] && [ "$d" != {q(top)} ] || continue; '
                 'p=$(cat "$d/pid" 2>/dev/null); [ -n "$p" ] && kill -s TERM -- "-$p" 2>/dev/null; rm -rf "$d"; done',
+                f'p=$(cat {q(top)}/pid 2>/dev/null); [ -n "$p" ] && kill -s TERM -- "-$p" 2>/dev/null; rm -f {q(top)}/pid',
                 f"out=$(python3 -c {q(seed_program())} {q(storage)} {q(path)} {q(digest)} {q(work)} {q(tracker)} "
-                f"{int(piece)}) || {{ echo 'imgfan-skip the torrent could not be made'; exit 0; }}",
+                f"{int(piece)} {q(web_seed)}) || {{ echo 'imgfan-skip the torrent could not be made'; exit 0; }}",
                 "printf '%s\\n' \"$out\"",
                 'case "$out" in *imgfan-skip*) exit 0;; esac',
                 "ih=$(printf '%s\\n' \"$out\" | sed -n 's/^imgfan-torrent \\([0-9a-f]*\\) .*/\\1/p')",
                 f"printf '%s\\n' \"$ih\" > {swarm_whitelist()}.new && mv {swarm_whitelist()}.new {swarm_whitelist()} "
                 "&& systemctl restart opentracker || { echo 'imgfan-skip the tracker did not start'; exit 0; }",
-                f'p=$(cat {q(top)}/pid 2>/dev/null); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then echo imgfan-seeding; else',
-                f"  setsid timeout {life} aria2c --dir={q(top)} {fixed} --listen-port={int(port)} "
-                f"--seed-time={float(seed_minutes)} --log={q(top + '/log')} --log-level=notice {q(top + '/t.torrent')} "
-                f"< /dev/null > {q(top + '/out')} 2>&1 &",
-                f"  echo $! > {q(top)}/pid; echo imgfan-seeding",
-                "fi",
+                "echo imgfan-ready",
             ]
         )
         + "\n"
@@ -155,7 +150,8 @@ def swarm_whitelist() -> str:
 
 def parse_seed(lines) -> dict:
     """{"skip": why} or {"manifests": [(digest, bytes)...], "blobs": {hex: size}, "info_hash": ...,
-    "torrent": bytes} from :func:`seed_script`'s output."""
+    "torrent": bytes, "seed_torrent": bytes (the same swarm, with the registry as its web seed)}
+    from :func:`seed_script`'s output."""
     out: dict = {"manifests": [], "blobs": {}}
     for line in lines:
         kind, _, rest = line.strip().partition(" ")
@@ -168,7 +164,9 @@ def parse_seed(lines) -> dict:
             out["blobs"][parts[0]] = int(parts[1])
         elif kind == "imgfan-torrent" and len(parts) == 2:
             out["info_hash"], out["torrent"] = parts[0], base64.b64decode(parts[1])
-    if "torrent" not in out or not out["manifests"] or not out["blobs"]:
+        elif kind == "imgfan-seed-torrent" and len(parts) == 1:
+            out["seed_torrent"] = base64.b64decode(parts[0])
+    if "torrent" not in out or "seed_torrent" not in out or not out["manifests"] or not out["blobs"]:
         return {"skip": "the mirror host's answer was incomplete"}
     return out
 

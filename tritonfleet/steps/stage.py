@@ -32,8 +32,9 @@ from ..model_repo.render import current_host_repository
 from ..preflight import triton_layer
 from ..pyinfra_ext.install import tritonfleet_step
 from ..serving import image_fanout
-from ..serving.ops.image_fanout import image_from_swarm, image_seeded
+from ..serving.ops.image_fanout import WebSeed, image_from_swarm, image_seeded
 from ..settings import access, mirrored
+from .mirror import mirror_url
 from .triton import ensure_image, model_origin
 
 
@@ -42,8 +43,10 @@ def mirror_only() -> bool:
     return access.get("image_mirror_group") in host.groups and not host.data.get("gpu_class")
 
 
-# the hosts of this staging run (filled as each host's operations are made, read when they run)
+# the hosts of this staging run (filled as each host's operations are made, read when they run):
+# the release's wave, and the image fan-out's
 WAVE = swarm.Wave()
+IMAGE_WAVE = swarm.Wave()
 _TORRENTS: dict[tuple[str, str, int], torrent.Torrent] = {}
 
 
@@ -134,7 +137,17 @@ def _installed(packages: list[str], extra: str = "", label: str = "image fan-out
 
 
 def _image_swarm_ops(path: str, digest: str) -> list:
-    """A GPU host's part of the image fan-out (run after its logins, before its pull)."""
+    """A GPU host's part of the image fan-out (run after its logins, before its pull): one host a
+    zone (``fanout_zone``, ``fanout_seed``) reads the mirror's registry as its web seed."""
+    IMAGE_WAVE.add(host.name, digest, access.get("fanout_zone"), access.get("fanout_seed"))
+    auth = bool(access.get("image_mirror_auth"))
+    ca = f"/etc/docker/certs.d/{access.get('image_mirror')}/ca.crt" if access.get("image_mirror_ca") else None
+    web = WebSeed(
+        IMAGE_WAVE,
+        access.get("mirror_client_user") if auth else None,
+        access.get("mirror_client_password_env") if auth else None,
+        ca,
+    )
     return [
         _installed(["aria2"], image_fanout.registry_install()),
         image_from_swarm(
@@ -147,6 +160,7 @@ def _image_swarm_ops(path: str, digest: str) -> list:
             seed_minutes=float(access.get("model_fanout_seed_minutes")),
             stall_seconds=int(access.get("model_fanout_stall_seconds")),
             wait_seconds=int(access.get("model_fanout_wait_seconds")),
+            web=web,
         ),
     ]
 
@@ -156,10 +170,11 @@ def stage_image():
     """The new Triton image on the host, nothing restarted (a rollout's ``--stage``).
 
     Changes: the image in Docker's store; nothing on the image mirror's own hosts, unless
-    ``image_fanout``: there the image's torrent, made from the mirror's store, seeded.
+    ``image_fanout``: there the image's torrent, made from the mirror's store (its registry the web
+    seed of one host a zone), and the tracker.
 
     Tunables: ``triton_image``, ``image_mirror_group``, ``image_fanout``, ``image_fanout_port``,
-    ``image_fanout_local_port``.
+    ``image_fanout_local_port``, ``fanout_zone``, ``fanout_seed``.
 
     **Example:**
 
@@ -176,16 +191,15 @@ def stage_image():
         path, digest = target
         tracker = swarm.announce_url(access.get("image_mirror").rsplit(":", 1)[0])
         return [
-            _installed(["aria2", "opentracker"]),
+            _installed(["opentracker"]),
             image_seeded(
-                name=f"image fan-out: the mirror seeds {path}@{digest[:19]}",
+                name=f"image fan-out: the mirror's torrent of {path}@{digest[:19]}",
                 storage=access.get("image_mirror_storage"),
                 path=path,
                 digest=digest,
                 tracker=tracker,
+                web_seed=f"{mirror_url()}/v2/{path}/",
                 piece=int(access.get("model_fanout_piece_kb")) * 1024,
-                port=int(access.get("image_fanout_port")),
-                seed_minutes=float(access.get("model_fanout_seed_minutes")),
             ),
         ]
     if target is None:

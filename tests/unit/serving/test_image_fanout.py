@@ -39,9 +39,12 @@ def store(root: Path, index: bool = False) -> tuple[str, dict[str, bytes]]:
     return digest, {digests[k][7:]: v for k, v in blobs.items()}
 
 
+WEB_SEED = "https://10.0.0.9:5000/v2/nvidia/tritonserver/"
+
+
 def seed(root: Path, digest: str) -> dict:
     out = subprocess.run([sys.executable, "-c", fan.seed_program(), str(root), "nvidia/tritonserver", digest,
-                          str(root / fan.SEED_DIR), "http://10.0.0.9:6969/announce", "16384"],
+                          str(root / fan.SEED_DIR), "http://10.0.0.9:6969/announce", "16384", WEB_SEED],
                          capture_output=True, text=True, check=True)
     return fan.parse_seed(out.stdout.splitlines())
 
@@ -51,17 +54,20 @@ def test_the_mirror_makes_the_torrent_of_the_pinned_images_blobs_from_its_store(
     got = seed(tmp_path, digest)
     assert got["blobs"] == {h: len(v) for h, v in blobs.items()}
     assert [d for d, _ in got["manifests"]][0] == digest and len(got["manifests"]) == 2
-    # the same torrent as the control machine's own code makes of the same files
-    want = torrent.make({h: len(v) for h, v in blobs.items()}, lambda h: __import__("io").BytesIO(blobs[h]), 16384)
+    # the same torrent as the control machine's own code makes of the same files, laid out as the
+    # registry's blob URLs below the web seed (SWARM_LAYOUT: where the hosts' swarm finds a blob)
+    name, prefix = fan.SWARM_LAYOUT.split("/")
+    want = torrent.make({h: len(v) for h, v in blobs.items()}, lambda h: __import__("io").BytesIO(blobs[h]), 16384,
+                        name=name, prefix=prefix)
     assert got["info_hash"] == want.info_hash
     assert got["torrent"] == want.metainfo("http://10.0.0.9:6969/announce")
-    # seeded from hard links of the store's own files
-    top = tmp_path / fan.SEED_DIR / digest[7:] / "sha256"
-    for h in blobs:
-        assert (top / h).stat().st_ino == (tmp_path / "docker/registry/v2/blobs/sha256" / h[:2] / h / "data").stat().st_ino
+    assert got["seed_torrent"] == want.metainfo("http://10.0.0.9:6969/announce", WEB_SEED)
+    for h in blobs:  # BEP 19: the web seed, the torrent's name, the file's path: the registry's blob URL
+        path = want.info["name"] + "/" + want.info["files"][want.files.index(h)]["path"][0]
+        assert WEB_SEED + path == f"https://10.0.0.9:5000/v2/nvidia/tritonserver/blobs/sha256:{h}"
 
 
-def test_a_blob_the_store_holds_damaged_is_never_seeded(tmp_path):
+def test_a_blob_the_store_holds_damaged_is_never_in_a_torrent(tmp_path):
     digest, blobs = store(tmp_path)
     h = next(h for h, v in blobs.items() if len(v) == 5000)
     (tmp_path / "docker/registry/v2/blobs/sha256" / h[:2] / h / "data").write_bytes(b"y" * 5000)
@@ -70,7 +76,7 @@ def test_a_blob_the_store_holds_damaged_is_never_seeded(tmp_path):
     assert not (tmp_path / fan.SEED_DIR / digest[7:] / "t.torrent").exists()
 
 
-def test_an_image_the_store_lacks_is_not_seeded(tmp_path):
+def test_an_image_the_store_lacks_has_no_torrent(tmp_path):
     got = seed(tmp_path, "sha256:" + "a" * 64)
     assert "skip" in got and "has no sha256:" in got["skip"]
 

@@ -1,5 +1,6 @@
 """The image fan-out as operations (the step: tritonfleet.steps.stage; the host scripts and why:
-tritonfleet.serving.image_fanout): the mirror host's seed, then each GPU host's swarm and load.
+tritonfleet.serving.image_fanout): the mirror host's torrent, then each GPU host's swarm (a zone's
+seed host with the mirror's registry as its web seed) and load.
 
 What the mirror host answers (the torrent, the checked manifests, the blobs) is kept here, in the
 run's process, for the GPU hosts' operations that follow it (pyinfra runs an operation on every
@@ -10,7 +11,9 @@ missing, so the fan-out never fails a host.
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
@@ -23,9 +26,19 @@ from .. import image_fanout as fan
 SEEDED: dict[str, dict] = {}
 
 
-def _seed(state, host, storage: str, path: str, digest: str, tracker: str, options: dict) -> bool:
+@dataclass(frozen=True)
+class WebSeed:
+    """How a zone's seed host reads the mirror's registry (its torrent's web seed)."""
+
+    wave: swarm.Wave  # the staging run's image wave: who seeds (one a zone)
+    user: str | None  # the mirror's client login (None: an open mirror)
+    secret_env: str | None  # the control machine's variable holding its password
+    ca: str | None  # the mirror's CA on the host
+
+
+def _seed(state, host, storage: str, path: str, digest: str, tracker: str, web_seed: str, options: dict) -> bool:
     t0 = time.monotonic()
-    script = fan.seed_script(storage, path, digest, tracker, **options)
+    script = fan.seed_script(storage, path, digest, tracker, web_seed, **options)
     ok, out = host.run_shell_command(StringCommand(script), print_output=False, **connector_arguments())
     got: dict = fan.parse_seed(out.stdout_lines) if ok else {"skip": " ".join(out.stderr_lines[-2:])[:300]}
     if "skip" in got:
@@ -40,22 +53,21 @@ def _seed(state, host, storage: str, path: str, digest: str, tracker: str, optio
 
 
 @operation(is_idempotent=False)
-def image_seeded(storage: str, path: str, digest: str, tracker: str, piece: int, port: int, seed_minutes: float):
-    """The mirror host seeds the image ``path@digest`` from its store (its torrent made once an
-    image digest, every blob checked against its digest first).
+def image_seeded(storage: str, path: str, digest: str, tracker: str, web_seed: str, piece: int):
+    """The mirror host makes the torrent of the image ``path@digest`` from its store (every blob
+    checked against its digest first) with its registry as the web seed, and its tracker answers
+    for it; the zones' seed hosts then read the blobs from the registry once.
 
     + storage: the mirror's storage root (``image_mirror_storage``)
     + path: the image's repository path
     + digest: the pinned manifest digest
     + tracker: the announce URL (opentracker on this host)
+    + web_seed: the registry's ``<mirror>/v2/<path>/`` URL
     + piece: the torrent's piece size in bytes
-    + port: aria2c's listening port
-    + seed_minutes: how long it seeds
 
-    Changes: ``<storage>/tritonfleet-image-seed``, the tracker's whitelist, a seeding aria2c.
+    Changes: ``<storage>/tritonfleet-image-seed``, the tracker's whitelist.
 
-    Tunables: ``image_fanout``, ``image_fanout_port``, ``image_mirror_storage``, ``model_fanout_piece_kb``,
-    ``model_fanout_seed_minutes``.
+    Tunables: ``image_fanout``, ``image_mirror_storage``, ``model_fanout_piece_kb``.
 
     **Example:**
 
@@ -67,24 +79,32 @@ def image_seeded(storage: str, path: str, digest: str, tracker: str, piece: int,
             path="nvidia/tritonserver",
             digest="sha256:...",
             tracker="http://10.0.0.9:6969/announce",
+            web_seed="https://10.0.0.9:5000/v2/nvidia/tritonserver/",
             piece=1 << 20,
-            port=6882,
-            seed_minutes=10,
         )
     """
-    options = {"piece": piece, "port": port, "seed_minutes": seed_minutes}
-    yield FunctionCommand(_seed, (storage, path, digest, tracker, options), {})
+    yield FunctionCommand(_seed, (storage, path, digest, tracker, web_seed, {"piece": piece}), {})
 
 
-def _load(state, host, path: str, digest: str, mirror_ref: str, options: dict) -> bool:
+def _load(state, host, path: str, digest: str, mirror_ref: str, web: WebSeed, options: dict) -> bool:
     seed = SEEDED.get(digest)
     if seed is None:
         logger.warning(
-            f"{host.print_prefix}image fan-out: the mirror host seeds nothing in this run; pulling through the mirror"
+            f"{host.print_prefix}image fan-out: the mirror host made no torrent in this run; pulling through the mirror"
         )
         return True
     t0 = time.monotonic()
     files = list(seed["blobs"])
+    seeds = host.name in web.wave.seeds()
+    login = ""
+    if seeds and web.user:
+        secret = os.environ.get(web.secret_env or "") or ""
+        login = secret.splitlines()[0] + "\n" if secret else ""
+        if not login:
+            logger.warning(
+                f"{host.print_prefix}image fan-out: no ${web.secret_env} for the web seed; pulling through the mirror"
+            )
+            return True
     script = swarm.swarm_script(
         fan.HOST_BASE,
         seed["info_hash"],
@@ -93,11 +113,15 @@ def _load(state, host, path: str, digest: str, mirror_ref: str, options: dict) -
         seed_minutes=options["seed_minutes"],
         stall_seconds=options["stall_seconds"],
         wait_seconds=options["wait_seconds"],
+        layout=fan.SWARM_LAYOUT,
+        web_user=web.user if seeds else None,
+        ca=web.ca if seeds else None,
     )
+    meta = seed["seed_torrent"] if seeds else seed["torrent"]
     _, out = host.run_shell_command(
         StringCommand(script),
         print_output=False,
-        **{**connector_arguments(), "_stdin": swarm.swarm_input(seed["torrent"], seed["blobs"])},
+        **{**connector_arguments(), "_stdin": login + swarm.swarm_input(meta, seed["blobs"])},
     )
     res = swarm.parse_swarm(out.stdout_lines)
     if res.skipped or res.missed:
@@ -116,8 +140,9 @@ def _load(state, host, path: str, digest: str, mirror_ref: str, options: dict) -
         why = next((ln.removeprefix("imgfan-skip ") for ln in lines if ln.startswith("imgfan-skip")), "no answer")
         logger.warning(f"{host.print_prefix}image fan-out: {why}; pulling through the mirror")
         return True
+    role = "seed, from the mirror's registry (web seed) and peers" if seeds else "from peers"
     logger.info(
-        f"{host.print_prefix}image fan-out (from the swarm {seed['info_hash'][:12]}): {len(res.got)} blobs "
+        f"{host.print_prefix}image fan-out (the swarm {seed['info_hash'][:12]}, {role}): {len(res.got)} blobs "
         f"({res.bytes / 1e6:.1f} MB) verified in {t1 - t0:.1f} s and loaded by digest in {time.monotonic() - t1:.1f} s"
     )
     return True
@@ -133,8 +158,10 @@ def image_from_swarm(
     seed_minutes: float,
     stall_seconds: int,
     wait_seconds: int,
+    web: WebSeed,
 ):
-    """The image's blobs from the wave's swarm (the mirror host its seed), each checked, loaded
+    """The image's blobs from the wave's swarm (its zone's seed host reads the mirror's registry
+    as the web seed, the others their peers), each checked, loaded
     into Docker by digest through a throwaway registry on 127.0.0.1, then ``mirror_ref`` pulled
     (the manifest only). Never fails the host: what is missing, the pull through the mirror takes.
 
@@ -146,11 +173,14 @@ def image_from_swarm(
     + seed_minutes: how long the host serves the blobs to the rest of the wave
     + stall_seconds: no byte for this long: the swarm is given up
     + wait_seconds: the swarm's longest wait
+    + web: the wave (who seeds) and the seed's login to the mirror and its CA
 
     Changes: the image in Docker's store; the swarm's files below /var/lib/tritonfleet-image-fanout.
 
     Tunables: ``image_fanout``, ``image_fanout_port``, ``image_fanout_local_port``,
-    ``model_fanout_seed_minutes``, ``model_fanout_stall_seconds``, ``model_fanout_wait_seconds``.
+    ``model_fanout_seed_minutes``, ``model_fanout_stall_seconds``, ``model_fanout_wait_seconds``,
+    ``fanout_zone``, ``fanout_seed``, ``image_mirror_auth``, ``mirror_client_user``,
+    ``mirror_client_password_env``, ``image_mirror_ca``.
 
     **Example:**
 
@@ -166,6 +196,7 @@ def image_from_swarm(
             seed_minutes=10,
             stall_seconds=30,
             wait_seconds=1800,
+            web=WebSeed(wave, "tritonfleet", "TRITONFLEET_MIRROR_PASSWORD", None),
         )
     """
     options = {
@@ -175,4 +206,4 @@ def image_from_swarm(
         "stall_seconds": stall_seconds,
         "wait_seconds": wait_seconds,
     }
-    yield FunctionCommand(_load, (path, digest, mirror_ref, options), {})
+    yield FunctionCommand(_load, (path, digest, mirror_ref, web, options), {})
