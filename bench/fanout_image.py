@@ -1,6 +1,7 @@
 """`bench/run.py fanout`'s image part: an image of M MB to a wave of test hosts with every link
-capped, pulled through the image mirror directly and through the image fan-out (image_fanout: the
-mirror host seeds the image's blobs, the wave's hosts serve each other, each loads by digest).
+capped, pulled through the image mirror directly and through the image fan-out (image_fanout: one
+wave host reads the blobs from the mirror's registry as its web seed, the wave's hosts serve each
+other, each loads by digest).
 
 Conditions: the first N test hosts the wave (Docker installed unmeasured), the next one the image
 mirror (deploys/mirror.py: Debian's registry proxying an upstream registry on the bridge), every
@@ -8,11 +9,11 @@ host's link capped both ways and the bridge capped (bench/fanout.py's caps: the 
 host, capped like the others). A new image of M MB (``--fanout-image-mb``, ``--fanout-image-layers``
 layers of random bytes, gzip level 1) pushed to the upstream; an unmeasured staging run first
 installs aria2, opentracker and the registry binary and fills the mirror. Each row: every wave host
-without the image and without a swarm, the mirror's seed stopped, then
+without the image and without a swarm, then
 bench/deploys/stage_image_only.py on the row's hosts and the mirror host. Figures: the run's wall
 time; the mirror's bytes two ways, its registry's own log (blob bodies it sent: the pulls) and its
-link's transmit counter (everything it sent: the pulls, the seed's BitTorrent upload, SSH); each
-host's received bytes; from the run's log, the mirror's seed step (the blobs checked, the torrent
+link's transmit counter (everything it sent: the pulls, the web seed's reads, SSH); each host's
+received bytes; from the run's log, the mirror's torrent step (the blobs checked, the torrent
 made) and, per host, the swarm's time and the load's (the throwaway registry, Docker's pull from it
 with its layer extraction, the manifest from the mirror).
 """
@@ -47,7 +48,7 @@ def mirror_blob_bytes(mirror_host, since: float) -> int:
 
 
 def forget(wave: list, mirror_host, mirror: str, digest: str) -> None:
-    """No image and no swarm on the wave's hosts; the mirror's seed stopped (its torrent kept)."""
+    """No image and no swarm on the wave's hosts (and no aria2c seed an earlier version left on the mirror)."""
     for h in wave:
         host_ssh(h, f"docker rmi -f {mirror}/{REPO}@{digest} >/dev/null 2>&1; "
                     "for f in /var/lib/tritonfleet-image-fanout/releases/.tritonfleet-swarm/*/pid; do [ -e \"$f\" ] && "
@@ -121,7 +122,7 @@ def measure(every: list, count: int, mirror_host, site: dict, mode: str, warmup:
     blobs = mirror_blob_bytes(mirror_host, since)
     swarm = [float(m.group(1)) for m in re.finditer(r"verified in ([\d.]+) s and loaded", text)]
     load = [float(m.group(1)) for m in re.finditer(r"loaded by digest in ([\d.]+) s", text)]
-    seed = [float(m.group(1)) for m in re.finditer(r"image fan-out: \S+ seeded .*? in ([\d.]+) s", text)]
+    seed = [float(m.group(1)) for m in re.finditer(r"image fan-out: \S+ torrent made .*? in ([\d.]+) s", text)]
     fallback = sum("pulling through the mirror" in ln for ln in text.splitlines())
     if mode == "fanout" and len(load) != len(wave):
         log(f"  only {len(load)} of {len(wave)} hosts loaded from the swarm ({fallback} fell back)")
@@ -172,7 +173,7 @@ def goals(rows: list[dict]) -> list[dict]:
 
     n = max(r["hosts"] for r in rows)
     fan_n, fan_1, dir_1, dir_n = pick("fanout", n), pick("fanout", 1), pick("direct", 1), pick("direct", n)
-    out = [{"goal": f"mirror bytes for the image to {n} hosts <= 1.1x the image (its link's counter: pulls, seed, SSH)",
+    out = [{"goal": f"mirror bytes for the image to {n} hosts <= 1.1x the image (its link's counter: pulls, web seed, SSH)",
             "measured": fan_n["mirror_sent_ratio"], "met": fan_n["mirror_sent_ratio"] <= 1.1},
            {"goal": "the same, its registry's blob bodies only", "measured": fan_n["mirror_blob_ratio"],
             "met": fan_n["mirror_blob_ratio"] <= 1.1}]

@@ -42,12 +42,15 @@ def _seed(state, host, storage: str, path: str, digest: str, tracker: str, web_s
     ok, out = host.run_shell_command(StringCommand(script), print_output=False, **connector_arguments())
     got: dict = fan.parse_seed(out.stdout_lines) if ok else {"skip": " ".join(out.stderr_lines[-2:])[:300]}
     if "skip" in got:
-        logger.warning(f"{host.print_prefix}image fan-out: no seed ({got['skip']}); the hosts pull through the mirror")
+        logger.warning(
+            f"{host.print_prefix}image fan-out: no torrent ({got['skip']}); the hosts pull through the mirror"
+        )
         return True
     SEEDED[digest] = got
     logger.info(
-        f"{host.print_prefix}image fan-out: {path}@{digest[:19]} seeded (swarm {got['info_hash'][:12]}, "
-        f"{len(got['blobs'])} blobs, {sum(got['blobs'].values()) / 1e6:.1f} MB) in {time.monotonic() - t0:.1f} s"
+        f"{host.print_prefix}image fan-out: {path}@{digest[:19]} torrent made (swarm {got['info_hash'][:12]}, "
+        f"{len(got['blobs'])} blobs, {sum(got['blobs'].values()) / 1e6:.1f} MB; the registry its web seed) "
+        f"in {time.monotonic() - t0:.1f} s"
     )
     return True
 
