@@ -254,13 +254,14 @@ fanout_zone = None
 # no host of the zone says True.
 fanout_seed = None
 # Staging (`rollout --stage`) with an image mirror shares the pinned Triton image's blobs between
-# the wave's hosts (BitTorrent: aria2c; the mirror host, which holds every blob after its fill, is
-# the one seed and runs Debian's opentracker), each blob checked by its digest, then loads them
-# into Docker by digest through a throwaway registry on 127.0.0.1, so the mirror sends each blob
-# about once per wave instead of once per host (docs/model-origin.md#the-image). A host whose
-# swarm fails pulls through the mirror as before. Uses model_fanout_seed_minutes, _stall_seconds,
-# _wait_seconds and _piece_kb; fanout_zone and fanout_seed do not apply (one seed: the mirror).
-# The push deploy is unchanged.
+# the wave's hosts (BitTorrent: aria2c, Debian's opentracker on the mirror host): one host a zone
+# (fanout_zone, fanout_seed, as for the release) reads the blobs from the mirror's registry as its
+# web seed (as the mirror's client: its login and CA), the others from their peers; each blob is
+# checked by its digest, then loaded into Docker by digest through a throwaway registry on
+# 127.0.0.1, so the mirror sends each blob about once per zone a wave instead of once per host
+# (docs/model-origin.md#the-image). A host whose swarm fails pulls through the mirror as before.
+# Uses model_fanout_seed_minutes, _stall_seconds, _wait_seconds and _piece_kb. The push deploy is
+# unchanged.
 image_fanout = False
 # Port each host's aria2c listens on for the image's swarm (TCP; beside model_fanout_port).
 image_fanout_port = 6882

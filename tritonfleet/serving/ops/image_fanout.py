@@ -77,7 +77,7 @@ def image_seeded(storage: str, path: str, digest: str, tracker: str, web_seed: s
     .. code:: python
 
         image_seeded(
-            name="the mirror seeds the image",
+            name="the mirror makes the image's torrent",
             storage="/var/lib/docker-registry",
             path="nvidia/tritonserver",
             digest="sha256:...",
