@@ -32,6 +32,21 @@ def test_pieces_are_the_sha1_of_the_objects_laid_end_to_end(blobs, piece):
     assert hashlib.sha1(torrent.bencode(t.info)).hexdigest() == t.info_hash
 
 
+@given(st.lists(st.binary(min_size=1, max_size=2000), min_size=1, max_size=4),
+       st.sampled_from([("sha256", ""), ("blobs", "sha256:")]))
+def test_a_layout_names_the_files_and_not_the_pieces(blobs, layout):
+    """An image's torrent (``blobs/sha256:<hex>``, the registry's blob URLs) and a release's
+    (``sha256/<hex>``) of the same bytes: the same pieces, the same files in the same order, each
+    path the layout's; only the name and paths (so the info hash) differ."""
+    objs = {hashlib.sha256(b).hexdigest(): b for b in blobs}
+    name, prefix = layout
+    plain = torrent.make({s: len(b) for s, b in objs.items()}, lambda s: io.BytesIO(objs[s]), 16384)
+    laid = torrent.make({s: len(b) for s, b in objs.items()}, lambda s: io.BytesIO(objs[s]), 16384, name, prefix)
+    assert laid.info["pieces"] == plain.info["pieces"] and laid.files == plain.files
+    assert laid.info["name"] == name and [f["path"] for f in laid.info["files"]] == [[prefix + s] for s in laid.files]
+    assert (laid.info_hash == plain.info_hash) == (layout == ("sha256", ""))
+
+
 def test_web_seed_only_from_a_plain_object_url():
     sha = "ab" * 32
     assert torrent.web_seed(f"http://o:8080/models/objects/sha256/{sha}", sha) == "http://o:8080/models/objects/"
