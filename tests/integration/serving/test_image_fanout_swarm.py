@@ -14,8 +14,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -92,12 +92,13 @@ def test_the_seed_reads_the_registry_once_and_the_wave_each_other(tmp_path, imag
                 return
             time.sleep(0.001)
 
-    threads = [threading.Thread(target=watch)] + [threading.Thread(target=one, args=(n,)) for n in names]
-    for th in threads:
-        th.start()
-        time.sleep(0.2)
-    for th in threads:
-        th.join()
+    with ThreadPoolExecutor(len(names) + 1) as pool:  # the watcher first, the hosts 0.2 s apart
+        jobs = [pool.submit(watch)]
+        for n in names:
+            time.sleep(0.2)
+            jobs.append(pool.submit(one, n))
+        for job in jobs:
+            job.result()
     for name in names:
         r = results[name]
         assert r.end == "done" and r.got == seed["blobs"] and not r.missed, (name, r)
