@@ -37,8 +37,9 @@ from pathlib import Path
 
 from ..core.shell import q
 from ..model_repo import torrent
+from ..model_repo.swarm import TRACKER_WHITELIST as WHITELIST
 
-SEED_DIR = "tritonfleet-image-seed"  # below the mirror's storage: the torrent of each image digest
+SEED_DIR = "tritonfleet-image-seed"  # below the mirror's storage: what an earlier version seeded from (removed)
 # where a blob is in the image's torrent (the program's BLOBS and prefix): the registry's blob URL
 # below /v2/<path>/, so the registry is the torrent's web seed
 SWARM_LAYOUT = "blobs/sha256:"
@@ -49,7 +50,7 @@ REGISTRY_BIN = f"{HOST_BASE}/registry/usr/bin/docker-registry"
 _SEED_MAIN = r"""
 import base64 as _b64, hashlib as _h, json as _j, os as _os, sys as _sys
 
-def _main(store, path, digest, work, tracker, piece, web_seed, os_name="linux", arch="amd64"):
+def _main(store, path, digest, tracker, piece, web_seed, os_name="linux", arch="amd64"):
     def blob(d):
         return _os.path.join(store, "docker/registry/v2/blobs/sha256", d[7:9], d[7:], "data")
 
@@ -88,11 +89,7 @@ def _main(store, path, digest, work, tracker, piece, web_seed, os_name="linux", 
     # laid out as the registry's blob URLs: <web seed>blobs/sha256:<hex>, the web seed the
     # registry's /v2/<path>/ (BEP 19), so the wave's seeds read the mirror's own blobs
     t = make(sizes, lambda s: open(blob("sha256:" + s), "rb"), piece, name=BLOBS, prefix="sha256:")
-    top = _os.path.join(work, digest[7:])
-    _os.makedirs(top, exist_ok=True)
     meta = t.metainfo(tracker)
-    with open(_os.path.join(top, "t.torrent"), "wb") as f:
-        f.write(meta)
     for md, text in manifests:
         print("imgfan-manifest", md, _b64.b64encode(text).decode())
     for s in t.files:
@@ -101,7 +98,7 @@ def _main(store, path, digest, work, tracker, piece, web_seed, os_name="linux", 
     print("imgfan-seed-torrent", _b64.b64encode(t.metainfo(tracker, web_seed)).decode())
 
 BLOBS = "blobs"
-_main(*_sys.argv[1:6], int(_sys.argv[6]), _sys.argv[7])
+_main(*_sys.argv[1:5], int(_sys.argv[5]), _sys.argv[6])
 """
 
 
@@ -116,8 +113,7 @@ def seed_script(storage: str, path: str, digest: str, tracker: str, web_seed: st
     swarm. The mirror uploads nothing itself: each zone's seed host reads the blobs from its
     registry through ``web_seed`` (``<mirror>/v2/<path>/``), once a wave, and the rest of the wave
     from each other. Output: :func:`parse_seed`'s lines."""
-    work = f"{storage}/{SEED_DIR}"
-    top = f"{work}/{digest.split(':', 1)[1]}"
+    legacy = f"{storage}/{SEED_DIR}"
     return (
         "\n".join(
             [
@@ -125,27 +121,21 @@ def seed_script(storage: str, path: str, digest: str, tracker: str, web_seed: st
                 "umask 022",
                 "for p in python3 opentracker; do command -v $p >/dev/null 2>&1 || "
                 '{ echo "imgfan-skip $p is not installed on the mirror host"; exit 0; }; done',
-                f"mkdir -p {q(work)} || {{ echo 'imgfan-skip cannot make {work}'; exit 0; }}",
-                # other images' torrents removed (and the aria2c seed an earlier version ran, stopped)
-                f'for d in {q(work)}/*; do [ -d "$d" ] && [ "$d" != {q(top)} ] || continue; '
-                'p=$(cat "$d/pid" 2>/dev/null); [ -n "$p" ] && kill -s TERM -- "-$p" 2>/dev/null; rm -rf "$d"; done',
-                f'p=$(cat {q(top)}/pid 2>/dev/null); [ -n "$p" ] && kill -s TERM -- "-$p" 2>/dev/null; rm -f {q(top)}/pid',
-                f"out=$(python3 -c {q(seed_program())} {q(storage)} {q(path)} {q(digest)} {q(work)} {q(tracker)} "
+                # an earlier version seeded from here with aria2c: its seeds stopped, its links removed
+                f'for d in {q(legacy)}/*; do [ -d "$d" ] || continue; p=$(cat "$d/pid" 2>/dev/null); '
+                '[ -n "$p" ] && kill -s TERM -- "-$p" 2>/dev/null; rm -rf "$d"; done',
+                f"out=$(python3 -c {q(seed_program())} {q(storage)} {q(path)} {q(digest)} {q(tracker)} "
                 f"{int(piece)} {q(web_seed)}) || {{ echo 'imgfan-skip the torrent could not be made'; exit 0; }}",
                 "printf '%s\\n' \"$out\"",
                 'case "$out" in *imgfan-skip*) exit 0;; esac',
                 "ih=$(printf '%s\\n' \"$out\" | sed -n 's/^imgfan-torrent \\([0-9a-f]*\\) .*/\\1/p')",
-                f"printf '%s\\n' \"$ih\" > {swarm_whitelist()}.new && mv {swarm_whitelist()}.new {swarm_whitelist()} "
+                f"printf '%s\\n' \"$ih\" > {WHITELIST}.new && mv {WHITELIST}.new {WHITELIST} "
                 "&& systemctl restart opentracker || { echo 'imgfan-skip the tracker did not start'; exit 0; }",
                 "echo imgfan-ready",
             ]
         )
         + "\n"
     )
-
-
-def swarm_whitelist() -> str:
-    return "/etc/opentracker/whitelist.txt"  # Debian's opentracker.conf: access.whitelist
 
 
 def parse_seed(lines) -> dict:

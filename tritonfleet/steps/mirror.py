@@ -56,6 +56,13 @@ def mirror_url() -> str:
     return f"{'https' if tls else 'http'}://{access.get('image_mirror')}"
 
 
+def client_ca_path() -> str | None:
+    """Where Docker on each host reads the mirror's CA (``image_mirror_ca``), or None without one."""
+    if not access.get("image_mirror") or not access.get("image_mirror_ca"):
+        return None
+    return f"/etc/docker/certs.d/{access.get('image_mirror')}/ca.crt"
+
+
 def client_auth() -> bool:
     """The mirror asks its clients to log in (``image_mirror_auth``)."""
     return bool(access.get("image_mirror_auth"))
@@ -224,10 +231,9 @@ def mirror_trust():
 
         mirror_trust()
     """
-    ca = _local_file("image_mirror_ca")
-    if not access.get("image_mirror") or not ca or (runs_mirror() and not host.data.get("gpu_class")):
+    ca, dest = _local_file("image_mirror_ca"), client_ca_path()
+    if not dest or not ca or (runs_mirror() and not host.data.get("gpu_class")):
         return []
-    dest = f"/etc/docker/certs.d/{access.get('image_mirror')}/ca.crt"
     return [
         converged.put(
             name=f"Docker trusts the image mirror ({dest})", src=ca, dest=dest, mode="644", create_remote_dir=True

@@ -34,7 +34,7 @@ from ..pyinfra_ext.install import tritonfleet_step
 from ..serving import image_fanout
 from ..serving.ops.image_fanout import WebSeed, image_from_swarm, image_seeded
 from ..settings import access, mirrored
-from .mirror import mirror_url
+from .mirror import client_auth, client_ca_path, mirror_url
 from .triton import ensure_image, model_origin
 
 
@@ -140,13 +140,12 @@ def _image_swarm_ops(path: str, digest: str) -> list:
     """A GPU host's part of the image fan-out (run after its logins, before its pull): one host a
     zone (``fanout_zone``, ``fanout_seed``) reads the mirror's registry as its web seed."""
     IMAGE_WAVE.add(host.name, digest, access.get("fanout_zone"), access.get("fanout_seed"))
-    auth = bool(access.get("image_mirror_auth"))
-    ca = f"/etc/docker/certs.d/{access.get('image_mirror')}/ca.crt" if access.get("image_mirror_ca") else None
+    auth = client_auth()
     web = WebSeed(
         IMAGE_WAVE,
         access.get("mirror_client_user") if auth else None,
         access.get("mirror_client_password_env") if auth else None,
-        ca,
+        client_ca_path(),
     )
     return [
         _installed(["aria2"], image_fanout.registry_install()),

@@ -40,7 +40,7 @@ def image(tmp_path_factory):
         digest = reg.push(synthetic_image(work / "image.tar.gz", 12, layers=3), f"{PATH}:1", creds=(USER, PASSWORD))
         web_seed = f"http://{reg.host}/v2/{PATH}/"
         out = subprocess.run([sys.executable, "-c", fan.seed_program(), str(reg.storage), PATH, digest,
-                              str(work / "seed"), tracker.url, str(256 * 1024), web_seed],
+                              tracker.url, str(256 * 1024), web_seed],
                              capture_output=True, text=True, check=True, timeout=120)
         seed = fan.parse_seed(out.stdout.splitlines())
         assert "skip" not in seed, seed

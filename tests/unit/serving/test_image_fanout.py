@@ -44,7 +44,7 @@ WEB_SEED = "https://10.0.0.9:5000/v2/nvidia/tritonserver/"
 
 def seed(root: Path, digest: str) -> dict:
     out = subprocess.run([sys.executable, "-c", fan.seed_program(), str(root), "nvidia/tritonserver", digest,
-                          str(root / fan.SEED_DIR), "http://10.0.0.9:6969/announce", "16384", WEB_SEED],
+                          "http://10.0.0.9:6969/announce", "16384", WEB_SEED],
                          capture_output=True, text=True, check=True)
     return fan.parse_seed(out.stdout.splitlines())
 

@@ -21,6 +21,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from ...model_repo import swarm
 from ...pyinfra_ext.stream import connector_arguments
 from .. import image_fanout as fan
+from .. import image_mirror as mirror
 
 # digest -> what the mirror host answered (tritonfleet.serving.image_fanout.parse_seed)
 SEEDED: dict[str, dict] = {}
@@ -101,13 +102,16 @@ def _load(state, host, path: str, digest: str, mirror_ref: str, web: WebSeed, op
     seeds = host.name in web.wave.seeds()
     login = ""
     if seeds and web.user:
-        secret = os.environ.get(web.secret_env or "") or ""
-        login = secret.splitlines()[0] + "\n" if secret else ""
-        if not login:
+        # the mirror's client password, read now and sent on stdin (as the fill's)
+        secret = os.environ.get(web.secret_env or "")
+        problem = mirror.client_secret_problem(secret)
+        if problem or not secret:
             logger.warning(
-                f"{host.print_prefix}image fan-out: no ${web.secret_env} for the web seed; pulling through the mirror"
+                f"{host.print_prefix}image fan-out: ${web.secret_env} on the control machine {problem} "
+                "(the web seed's login); pulling through the mirror"
             )
             return True
+        login = secret + "\n"
     script = swarm.swarm_script(
         fan.HOST_BASE,
         seed["info_hash"],
