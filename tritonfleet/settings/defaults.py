@@ -572,9 +572,10 @@ quarantine_breaker_fraction = 0.5
 # Seconds of the breaker's window: the faults counted are those seen within it; once the breaker
 # closes, an alert whose fault is older than it is not acted on (acknowledged, with an event).
 quarantine_breaker_window = 300
-# Seconds after a host came back from a GPU reset or a reboot within which a new fault holds it
-# for an operator (its evidence collected: the driver's bug report, else the kernel log) instead
-# of remediating it again (docs/operations.md, "Remediation").
+# Seconds after a quarantined host came back into service (after a GPU reset, a reboot, its
+# alerts resolving or an operator's release) within which a new fault holds it for an operator
+# (its evidence collected: the driver's bug report, else the kernel log) instead of remediating
+# it again (docs/operations.md, "Remediation"). Read with quarantine_remediate only.
 quarantine_refault_window = 3600
 # True: the quarantine receiver remediates a host whose fault's recommended action is a GPU
 # reset (drain, stop Triton's unit, `nvidia-smi -r` with persistence mode handled, start it,

@@ -50,7 +50,8 @@ def action_of(alerts: list[FiringAlert]) -> str:
 @dataclass
 class History:
     """A host's remediation record (epoch seconds): resets and reboots done for the fault it is
-    out for now, and when it last came back after one."""
+    out for now, and when it last came back into service (whatever cleared its fault: a
+    remediation, its alerts resolving, an operator's release)."""
 
     resets: list[float] = field(default_factory=list)
     reboots: list[float] = field(default_factory=list)
@@ -65,14 +66,14 @@ class Decision:
 
 def decide(action: str, history: History, fault_at: float, window: float) -> Decision:
     """The next step for a host out for a fault seen at ``fault_at`` whose recommended action is
-    ``action``. A host that came back from a remediation less than ``window`` seconds before this
-    fault is held (a reset that does not last is not tried again and again); a reset that did not
+    ``action``. A host that came back into service less than ``window`` seconds before this
+    fault is held (a fix that does not last is not tried again and again); a reset that did not
     clear the fault is followed by one reboot; after a reboot nothing more is tried."""
     if history.back_at and 0 <= fault_at - history.back_at <= window:
         return Decision(
             "hold",
-            f"it faulted again {fault_at - history.back_at:.0f} s after it came back from a "
-            f"remediation (within {window:.0f} s): held for an operator, evidence collected",
+            f"it faulted again {fault_at - history.back_at:.0f} s after it came back into service "
+            f"(within {window:.0f} s): held for an operator, evidence collected",
         )
     if history.reboots:
         return Decision("", "a reboot did not clear it: it stays out for an operator")
