@@ -495,6 +495,26 @@ def test_gpu_profile():
 
 # ---------------------------------------------------------------- nvidia-persistenced
 
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name (which may hold spaces), or [] when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _started(pid: int) -> str:
+    f = _stat(pid)
+    return f[19] if f else ""  # starttime: with the pid, a process's identity (pids are reused)
+
+
+def _running(pid: int, started: str) -> bool:
+    """That very process still runs: not gone, not another process on its reused pid, not a zombie
+    (killed, waiting for this machine's init to reap it, which a loaded machine does late)."""
+    f = _stat(pid)
+    return bool(f) and f[19] == started and f[0] != "Z"
+
+
 def test_nvidia_persistenced(extracted, tmp_path):
     script = extracted["nvidia-persistenced_570.133.07-1_amd64"] / "usr/bin/nvidia-persistenced"
     root = host_root(tmp_path, "L4")
@@ -505,15 +525,15 @@ def test_nvidia_persistenced(extracted, tmp_path):
     pid = int(pidfile.read_text())
     try:
         os.kill(pid, 0)
-        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        children = [(int(c), _started(int(c))) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     finally:
         os.kill(pid, signal.SIGTERM)
     for _ in range(50):
-        if not pidfile.exists() and not any(Path(f"/proc/{c}").exists() for c in children):
+        if not pidfile.exists() and not any(_running(c, t) for c, t in children):
             break
         time.sleep(0.1)
     assert not pidfile.exists()
-    assert children and not any(Path(f"/proc/{c}").exists() for c in children)  # its sleep went with it
+    assert children and not any(_running(c, t) for c, t in children)  # its sleep went with it
     # the packaged unit's --no-persistence-mode: the daemon runs, persistence mode stays off
     for flag, mode in (("--no-persistence-mode", "Disabled"), ("--persistence-mode", "Enabled")):
         p = subprocess.run(["dash", str(script), flag], capture_output=True, text=True, env=env, timeout=20)
