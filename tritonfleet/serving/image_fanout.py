@@ -40,9 +40,10 @@ from ..model_repo import torrent
 from ..model_repo.swarm import TRACKER_WHITELIST as WHITELIST
 
 SEED_DIR = "tritonfleet-image-seed"  # below the mirror's storage: what an earlier version seeded from (removed)
-# where a blob is in the image's torrent (the program's BLOBS and prefix): the registry's blob URL
-# below /v2/<path>/, so the registry is the torrent's web seed
-SWARM_LAYOUT = "blobs/sha256:"
+# where a blob is in the image's torrent (its name, then each file's prefix before the blob's hex):
+# the registry's blob URL below /v2/<path>/, so the registry is the torrent's web seed
+SWARM_NAME, SWARM_PREFIX = "blobs", "sha256:"
+SWARM_LAYOUT = f"{SWARM_NAME}/{SWARM_PREFIX}"
 HOST_BASE = "/var/lib/tritonfleet-image-fanout"  # on the GPU hosts: the swarm, the registry binary
 REGISTRY_BIN = f"{HOST_BASE}/registry/usr/bin/docker-registry"
 
@@ -88,7 +89,7 @@ def _main(store, path, digest, tracker, piece, web_seed, os_name="linux", arch="
     sizes = {b[7:]: checked(b)[0] for b in dict.fromkeys(blobs)}
     # laid out as the registry's blob URLs: <web seed>blobs/sha256:<hex>, the web seed the
     # registry's /v2/<path>/ (BEP 19), so the wave's seeds read the mirror's own blobs
-    t = make(sizes, lambda s: open(blob("sha256:" + s), "rb"), piece, name=BLOBS, prefix="sha256:")
+    t = make(sizes, lambda s: open(blob("sha256:" + s), "rb"), piece, name=_NAME, prefix=_PREFIX)
     meta = t.metainfo(tracker)
     for md, text in manifests:
         print("imgfan-manifest", md, _b64.b64encode(text).decode())
@@ -97,14 +98,14 @@ def _main(store, path, digest, tracker, piece, web_seed, os_name="linux", arch="
     print("imgfan-torrent", t.info_hash, _b64.b64encode(meta).decode())
     print("imgfan-seed-torrent", _b64.b64encode(t.metainfo(tracker, web_seed)).decode())
 
-BLOBS = "blobs"
 _main(*_sys.argv[1:5], int(_sys.argv[5]), _sys.argv[6])
 """
 
 
 def seed_program() -> str:
     """The Python program the mirror host runs (its python3, the standard library only)."""
-    return Path(torrent.__file__).read_text() + _SEED_MAIN
+    layout = f"\n_NAME, _PREFIX = {SWARM_NAME!r}, {SWARM_PREFIX!r}\n"  # SWARM_LAYOUT's two halves
+    return Path(torrent.__file__).read_text() + layout + _SEED_MAIN
 
 
 def seed_script(storage: str, path: str, digest: str, tracker: str, web_seed: str, *, piece: int) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tritonfleet.core import procs
 from tritonfleet.gpu import facts as gpu
 from tritonfleet.gpu.rules import check_gpus
 from tritonfleet.host import nvidia_repos as vendorfacts
@@ -495,24 +496,18 @@ def test_gpu_profile():
 
 # ---------------------------------------------------------------- nvidia-persistenced
 
-def _stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command's name (which may hold spaces), or [] when gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
 def _started(pid: int) -> str:
-    f = _stat(pid)
-    return f[19] if f else ""  # starttime: with the pid, a process's identity (pids are reused)
+    """/proc/PID/stat's starttime ("" when gone): with the pid, a process's identity (pids are reused)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
 
 
 def _running(pid: int, started: str) -> bool:
-    """That very process still runs: not gone, not another process on its reused pid, not a zombie
-    (killed, waiting for this machine's init to reap it, which a loaded machine does late)."""
-    f = _stat(pid)
-    return bool(f) and f[19] == started and f[0] != "Z"
+    """That very process still runs: not another process on its reused pid, and alive, a zombie
+    (killed, waiting for this machine's init to reap it, which a loaded machine does late) not."""
+    return bool(started) and _started(pid) == started and procs.alive(pid)
 
 
 def test_nvidia_persistenced(extracted, tmp_path):
