@@ -44,8 +44,10 @@ PERSISTENCE_FILE="$ROOT/run/nvidia-standin/persistence-mode"
 mkdir -p "${PERSISTENCE_FILE%/*}" && echo "$persistence" > "$PERSISTENCE_FILE"
 [ -n "$user" ] && chown "$user" "$RUN_DIR" 2>/dev/null
 (
-    # its sleep goes with it (outside systemd's cgroup, e.g. in the fast tests, it was left behind)
-    trap 'kill $! 2>/dev/null; rm -f "$RUN_DIR/nvidia-persistenced.pid" "$PERSISTENCE_FILE"; exit 0' TERM INT
+    # its sleep goes with it (outside systemd's cgroup, e.g. in the fast tests, it was left behind);
+    # KILL, not TERM: a TERM reaching the sleep between dash's fork and its exec is lost (dash's
+    # own handler is still installed there), which left 1 sleep in 300 on a loaded machine
+    trap 'kill -KILL $! 2>/dev/null; rm -f "$RUN_DIR/nvidia-persistenced.pid" "$PERSISTENCE_FILE"; exit 0' TERM INT
     while :; do sleep 3600 & wait $!; done
 ) </dev/null >/dev/null 2>&1 &
 echo $! > "$RUN_DIR/nvidia-persistenced.pid"
