@@ -4,7 +4,6 @@ temporary directory, started in the foreground and stopped by its process id."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import socket
@@ -94,11 +93,22 @@ class HAProxy:
         self.log = open(directory / "haproxy.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
+        # ready when the runtime API accepts a connection: the socket's file is there a moment
+        # before HAProxy listens on it (bound, renamed into place, listened on later), and a
+        # connection in between is refused (CI, a loaded machine: "[Errno 111] Connection refused")
         deadline = time.monotonic() + 10
-        while not os.path.exists(self.socket):
+        while not self._accepts():
             assert self.proc.poll() is None, (directory / "haproxy.log").read_text()
             assert time.monotonic() < deadline, "haproxy did not open its runtime API socket"
             time.sleep(0.05)
+
+    def _accepts(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(self.socket)
+            except OSError:
+                return False
+        return True
 
     def command(self, line: str) -> str:
         from tritonfleet.serving.drain import RuntimeAPI
