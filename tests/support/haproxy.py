@@ -93,9 +93,9 @@ class HAProxy:
         self.log = open(directory / "haproxy.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
-        # ready when the runtime API accepts a connection: the socket's file is there a moment
-        # before HAProxy listens on it (bound, renamed into place, listened on later), and a
-        # connection in between is refused (CI, a loaded machine: "[Errno 111] Connection refused")
+        # ready when the runtime API accepts a connection, not when its file appears: HAProxy binds
+        # the socket (the file appears) and listens on it in a later step of its start, and a
+        # connection in between is refused (CI on a loaded machine: "[Errno 111] Connection refused")
         deadline = time.monotonic() + 10
         while not self._accepts():
             assert self.proc.poll() is None, (directory / "haproxy.log").read_text()
