@@ -115,8 +115,10 @@ def _keepalive(host) -> tuple[int, int]:
         raise TransferError(f"{host.name}: {e}") from e
 
 
-def ssh_argv(host, remote_command: str) -> list[str]:
-    """OpenSSH client command line reaching ``host`` the way pyinfra's connection does."""
+def ssh_argv(host, remote_command: str, kex_first: str | None = None) -> list[str]:
+    """OpenSSH client command line reaching ``host`` the way pyinfra's connection does.
+    ``kex_first``: key exchange algorithms OpenSSH offers first, before its own default list
+    (``KexAlgorithms=^...``: the server still picks from all of them)."""
     data = _connector_data(host)
     interval, count = _keepalive(host)
     # LogLevel=ERROR: no "Permanently added ..." warning in a transfer's error output
@@ -139,6 +141,8 @@ def ssh_argv(host, remote_command: str) -> list[str]:
         "-o",
         f"ConnectTimeout={interval * count}",
     ]
+    if kex_first:
+        argv += ["-o", f"KexAlgorithms=^{kex_first}"]
     if data.get("ssh_config_file"):
         argv += ["-F", os.path.expanduser(str(data["ssh_config_file"]))]
     if data.get("ssh_known_hosts_file"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import time
 from types import SimpleNamespace
@@ -156,3 +157,24 @@ def test_health_tunnels_bound_their_channels():
     finally:
         tun.close()
     assert opened[:2] == [("open", 6), ("settimeout", 6)]
+
+
+def _resolved_kex(argv: list[str]) -> list[str]:
+    """The key exchange list OpenSSH itself makes of ``argv``'s options (``ssh -G``: the resolved
+    configuration, nothing is connected)."""
+    opts = argv[1 : argv.index("--")]
+    out = subprocess.run(["ssh", "-G", *opts, "10.0.0.5"], capture_output=True, text=True, check=True).stdout
+    return next(ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("kexalgorithms ")).split(",")
+
+
+def test_the_lock_holder_offers_curve25519_first_and_transfers_keep_openssh_s_default():
+    from tritonfleet.pyinfra_ext import hostlock
+
+    host = ssh_host()
+    holder = hostlock.Holder(host, wait=5, interval=5, count=3, holder="test")
+    first = hostlock.HOLDER_KEX_FIRST.split(",")
+    default = _resolved_kex(transfer.ssh_argv(host, "tar -x"))
+    # curve25519 first, then the rest of OpenSSH's own list in its order (a server without
+    # curve25519 picks from it)
+    assert _resolved_kex(holder.argv("ssh")) == first + [a for a in default if a not in first]
+    assert set(first) <= set(default)  # this OpenSSH knows them
