@@ -505,8 +505,9 @@ def _started(pid: int) -> str:
 
 
 def _running(pid: int, started: str) -> bool:
-    """That very process still runs: not another process on its reused pid, and alive, a zombie
-    (killed, waiting for this machine's init to reap it, which a loaded machine does late) not."""
+    """That very process still runs: not another process on its reused pid, and alive (a zombie,
+    ended and not reaped yet, counts as ended). The daemon's sleep outliving it was a lost TERM,
+    fixed in the stand-in (its trap sends KILL), not a zombie or a reused pid."""
     return bool(started) and _started(pid) == started and procs.alive(pid)
 
 
