@@ -7,8 +7,8 @@ summary; --out writes {host: [[seconds, command], ...]} as JSON, with the run's 
 (``phases``: seconds from TRITONFLEET_BENCH_T0, the launcher's clock when it started this
 process: ``start`` pyinfra's CLI about to run (interpreter and imports), ``connect`` each SSH
 handshake, ``commands`` each remote command, ``http`` each HTTP request to a host's Triton,
-``lock`` when the deploy lock's holders were started and each wait for them to hold their
-locks, ``main_done`` the CLI's end) and the HTTP connections opened (``http_connections``).
+``lock`` when the deploy lock's holders were started (as pyinfra connects, from config.py, then
+by the deploy file's install()) and each wait for them to hold their locks, ``main_done`` the CLI's end) and the HTTP connections opened (``http_connections``).
 Measures only; changes nothing in pyinfra's behaviour.
 """
 
@@ -53,10 +53,15 @@ class _LockTimer:
             def exec_module(self, module):
                 loader.exec_module(module)
                 acquire_all, wait_all = module.acquire_all, module.wait_all
+                start_connecting = module.start_connecting
 
                 def timed_acquire(*args, **kwargs):
                     lock["started"].append(_at())
                     return acquire_all(*args, **kwargs)
+
+                def timed_start_connecting(*args, **kwargs):  # a repository's config.py: as pyinfra connects
+                    lock["started"].append(_at())
+                    return start_connecting(*args, **kwargs)
 
                 def timed_wait():
                     pending, start = bool(module._pending), _at()
@@ -67,6 +72,7 @@ class _LockTimer:
                             lock["waits"].append([start, _at()])
 
                 module.acquire_all, module.wait_all = timed_acquire, timed_wait
+                module.start_connecting = timed_start_connecting
 
         spec.loader = Loader()
         return spec

@@ -411,7 +411,7 @@ LAZY_EDGES = {
     ("tritonfleet.model_repo.render", "tritonfleet.core.triton_schema"): "H, D: Triton's config schema (protobuf)",
     ("tritonfleet.model_repo.render", "tritonfleet.model_repo.derived"): "H, D: the remembered keys (protobuf)",
     ("tritonfleet.model_repo.origin", "tritonfleet.model_repo.release"): "H: the release layout",
-    ("tritonfleet.pyinfra_ext.compat", "tritonfleet.pyinfra_ext.hostlock"): "H: the deploy lock and gevent's pipe",
+    ("tritonfleet.pyinfra_ext.probes", "tritonfleet.pyinfra_ext.hostlock"): "H: the deploy lock and gevent's pipe",
     ("tritonfleet.serving.unit", "tritonfleet.serving.drain"): "H: the drain and its requests",
     ("tritonfleet.model_repo.ops", "tritonfleet.model_repo.fetch"): "D: only a release from a model origin",
     ("tritonfleet.model_repo.ops", "tritonfleet.model_repo.origin"): "D: only a release from a model origin",

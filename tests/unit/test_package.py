@@ -23,7 +23,7 @@ from tritonfleet.settings import access as config
 from tritonfleet.settings.defaults import DEFAULTS
 
 SKELETON_FILES = {
-    ".gitignore", "README.md",
+    ".gitignore", "README.md", "config.py",
     "deploys/host.py", "deploys/models.py", "deploys/rollback.py", "deploys/telemetry.py", "deploys/triton.py",
     "deploys/verify.py", "deploys/stage.py", "deploys/mirror.py", "deploys/reboot.py",
     "inventories/prod.py", "inventories/group_data/all.py", "inventories/group_data/t4.py",

@@ -57,6 +57,11 @@ FEATURES: dict[str, Feature] = {
             "tritonfleet.pyinfra_ext.hostlock.gate_host_io, from pyinfra_ext.install",
         ),
         Feature(
+            "lock_connecting",
+            "the deploy lock's holders started by install(), once pyinfra has connected to every host",
+            "tritonfleet.pyinfra_ext.connecting.lock_on_connect",
+        ),
+        Feature(
             "posix_spawn",
             "subprocess.Popen (a fork) for the deploy lock's holders and heartbeat process",
             "tritonfleet.pyinfra_ext.hostlock.Child",

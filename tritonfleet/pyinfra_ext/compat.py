@@ -36,11 +36,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-import io
 import json
-import marshal
-import pickle
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -48,11 +44,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from jinja2.bccache import bc_magic
-from paramiko.packet import Packetizer
-from pyinfra.context import ContextManager
-
 from ..core.errors import TritonfleetError
+from . import probes
 
 RECORD = Path(__file__).with_name("internals.json")
 
@@ -68,6 +61,11 @@ FEATURES: dict[str, tuple[str, str]] = {
         SPEED,
         "the deploy lock taken while the deploy's steps load, pyinfra's first command to a "
         "host waiting for it (tritonfleet.pyinfra_ext.hostlock; off: install() waits for it)",
+    ),
+    "lock_connecting": (
+        SPEED,
+        "the deploy lock's holders started as pyinfra connects, from a repository's config.py "
+        "(tritonfleet.pyinfra_ext.connecting; off: install() starts them)",
     ),
     "jinja_bytecode": (
         SPEED,
@@ -142,91 +140,6 @@ class Internal:
         return "pyinfra" if top == "pyinfra_cli" else top
 
 
-def _has_dry_flag(cli) -> str:
-    """pyinfra's command has a ``--dry`` flag named ``dry`` (hostlock reads it from sys.argv)."""
-    opts = [p for p in getattr(cli, "params", []) if getattr(p, "name", None) == "dry"]
-    if not opts or opts[0].opts != ["--dry"] or not getattr(opts[0], "is_flag", False):
-        return "its command has no flag spelled exactly --dry"
-    return ""
-
-
-def _inner_takes(*params: str) -> Callable[[object], str]:
-    def probe(inner) -> str:
-        have = set(inspect.signature(inner).parameters)
-        missing = sorted(set(params) - have)
-        return f"its parameters lost {', '.join(missing)}" if missing else ""
-
-    return probe
-
-
-def _context_manager(obj) -> str:
-    """``pyinfra.context.ctx_*``: a ContextManager (its source is recorded on its own) with the
-    methods tritonfleet calls."""
-    if not isinstance(obj, ContextManager):
-        return f"it is a {type(obj).__name__}, not a pyinfra.context.ContextManager"
-    missing = [m for m in ("get", "set", "isset", "use") if not callable(getattr(obj, m, None))]
-    return f"it has no {', '.join(missing)}" if missing else ""
-
-
-def _argument_names(keys) -> str:
-    """``CONNECTOR_ARGUMENT_KEYS``: the names of the global arguments that reach the connector,
-    each one a ``_``-prefixed string (tritonfleet.pyinfra_ext.stream hands them on by name)."""
-    if not isinstance(keys, (list, tuple, set, frozenset)) or not all(
-        isinstance(k, str) and k.startswith("_") for k in keys
-    ):
-        return "it is no longer a collection of the connector arguments' names"
-    return "" if {"_sudo", "_sudo_user", "_env", "_chdir"} <= set(keys) else "it lost _sudo, _sudo_user, _env or _chdir"
-
-
-def _paramiko_idle_poll(transport_cls) -> str:
-    """paramiko's transport sets its socket's timeout to ``_active_check_timeout`` once, in
-    ``__init__``, and its packetizer sends keepalives from the read loop's timeouts: so a longer
-    timeout means fewer idle wake-ups and keepalives still on time (tritonfleet.pyinfra_ext.connection)."""
-    if not isinstance(getattr(transport_cls, "_active_check_timeout", None), (int, float)):
-        return "Transport has no _active_check_timeout"
-    if "self.sock.settimeout(self._active_check_timeout)" not in inspect.getsource(transport_cls.__init__):
-        return "Transport.__init__ no longer sets its socket's timeout to _active_check_timeout"
-    read_all = inspect.getsource(Packetizer.read_all)
-    if "socket.timeout" not in read_all or "_check_keepalive" not in read_all:
-        return "Packetizer.read_all no longer sends keepalives from its read timeouts"
-    return ""
-
-
-def _host_io_only(host_cls) -> str:
-    """pyinfra's Host reaches its host through four methods, each handing its arguments to the
-    connector (hostlock.gate_host_io makes those wait for the deploy lock): none other calls one."""
-    from .hostlock import HOST_IO
-
-    for name in HOST_IO:
-        method = inspect.unwrap(getattr(host_cls, name, None) or (lambda: None))
-        if f"self.connector.{name}(" not in inspect.getsource(method):
-            return f"Host.{name} no longer hands its arguments to self.connector.{name}"
-    allowed = {*HOST_IO, "connect", "disconnect", "check_can_rsync"}
-    calls = set(re.findall(r"self\.connector\.(\w+)\(", inspect.getsource(inspect.getmodule(host_cls))))
-    other = sorted(calls - allowed)
-    return f"Host calls its connector's {', '.join(other)} too" if other else ""
-
-
-def _jinja_bytecode_format(bucket_cls) -> str:
-    """jinja2 writes a cache entry as its magic, the template's checksum pickled (protocol 2), then
-    the code marshalled: tritonfleet.serving.unit reads that prefix back without unpickling."""
-    bucket = bucket_cls(None, "k", "checksum")
-    bucket.code = compile("x = 1", "<check>", "exec")
-    f = io.BytesIO()
-    try:
-        bucket.write_bytecode(f)
-    except (AttributeError, TypeError, ValueError, OSError, pickle.PickleError) as e:  # a changed bucket
-        return f"Bucket.write_bytecode failed ({type(e).__name__}: {e})"
-    data, head = f.getvalue(), bc_magic + pickle.dumps("checksum", 2)
-    if not data.startswith(head):
-        return "a cache entry no longer begins with bc_magic and the checksum pickled with protocol 2"
-    try:
-        code = marshal.loads(data[len(head) :])
-    except (EOFError, ValueError, TypeError):
-        code = None
-    return "" if code == bucket.code else "a cache entry's code is no longer the marshalled code after that"
-
-
 INTERNALS: tuple[Internal, ...] = (
     Internal(
         "pyinfra.api.util:get_operation_order_from_stack",
@@ -264,21 +177,47 @@ INTERNALS: tuple[Internal, ...] = (
         "idle_poll",
         "tritonfleet/pyinfra_ext/connection.py raises a tuned connection's socket timeout from "
         "_active_check_timeout to 1 s",
-        probe=_paramiko_idle_poll,
+        probe=probes.paramiko_idle_poll,
     ),
     Internal(
         "pyinfra.api.host:Host",
         "lock_early",
         "tritonfleet/pyinfra_ext/hostlock.py gate_host_io: every command, upload, download and rsync of a run "
         "goes through Host.run_shell_command, put_file, get_file and rsync",
-        probe=_host_io_only,
+        probe=probes.host_io_only,
+    ),
+    Internal(
+        "pyinfra.api.host:Host.connect",
+        "lock_connecting",
+        "tritonfleet/pyinfra_ext/connecting.py starts the holders from host_before_connect and ends "
+        "a host's from host_connect_error",
+        probe=probes.calls_before_connect,
+    ),
+    Internal(
+        "pyinfra.api.connect:connect_all",
+        "lock_connecting",
+        "tritonfleet/pyinfra_ext/connecting.py starts the holders of the hosts connect_all connects",
+        probe=probes.connects_limit,
+    ),
+    Internal(
+        "pyinfra_cli.cli:_main",
+        "lock_connecting",
+        "tritonfleet/pyinfra_ext/connecting.py adds its callback right after the State's init, "
+        "which the command calls after config.py and before it connects",
+        probe=probes.inits_then_connects,
+    ),
+    Internal(
+        "pyinfra_cli.cli:cli",
+        "lock_connecting",
+        "tritonfleet/pyinfra_ext/connecting.py reads the deploy files from the command's operations",
+        probe=probes.has_operations,
     ),
     Internal(
         "jinja2.bccache:Bucket",
         "jinja_bytecode",
         "tritonfleet/serving/unit.py _bytecode_cache reads an entry as bc_magic, the checksum pickled "
         "with protocol 2, the code marshalled",
-        probe=_jinja_bytecode_format,
+        probe=probes.jinja_bytecode_format,
     ),
     Internal(
         "pyinfra_cli.main:main",
@@ -291,7 +230,7 @@ INTERNALS: tuple[Internal, ...] = (
         "dry_flag",
         "tritonfleet/pyinfra_ext/hostlock.py: enabled() takes no lock when `--dry` is in sys.argv: pyinfra's flag for a run that "
         "executes nothing",
-        probe=_has_dry_flag,
+        probe=probes.has_dry_flag,
     ),
     Internal(
         "pyinfra_cli.cli:_main",
@@ -356,7 +295,7 @@ INTERNALS: tuple[Internal, ...] = (
         "pyinfra.operations.files:put._inner",
         "converged",
         "its parameters",
-        probe=_inner_takes("src", "dest", "user", "group", "mode"),
+        probe=probes.inner_takes("src", "dest", "user", "group", "mode"),
     ),
     Internal(
         "pyinfra.operations.apt:packages._inner",
@@ -368,7 +307,7 @@ INTERNALS: tuple[Internal, ...] = (
         "pyinfra.operations.apt:packages._inner",
         "converged",
         "its parameters",
-        probe=_inner_takes("packages", "present", "latest", "update", "upgrade"),
+        probe=probes.inner_takes("packages", "present", "latest", "update", "upgrade"),
     ),
     Internal(
         "pyinfra.operations.systemd:service._inner",
@@ -379,7 +318,7 @@ INTERNALS: tuple[Internal, ...] = (
         "pyinfra.operations.systemd:service._inner",
         "converged",
         "its parameters",
-        probe=_inner_takes("service", "running", "enabled", "restarted"),
+        probe=probes.inner_takes("service", "running", "enabled", "restarted"),
     ),
     Internal(
         "pyinfra.api.arguments:ConnectorArguments",
@@ -391,7 +330,7 @@ INTERNALS: tuple[Internal, ...] = (
         "stream",
         "tritonfleet/pyinfra_ext/stream.py wrapped(): the current operation's global arguments that are "
         "connector arguments, by name",
-        probe=_argument_names,
+        probe=probes.argument_names,
     ),
     Internal(
         "pyinfra.connectors.util:make_unix_command",
@@ -461,20 +400,20 @@ INTERNALS: tuple[Internal, ...] = (
         "context",
         "tritonfleet/core/report.py, preflight.py, inventory/roster.py (its own State), pyinfra_ext/connection.py, "
         "hostlock.py and install.py read (or set) the current State",
-        probe=_context_manager,
+        probe=probes.context_manager,
     ),
     Internal(
         "pyinfra.context:ctx_config",
         "context",
         "tritonfleet/core/report.py (a failure's rollback command under a copy of the config) and "
         "inventory/roster.py (its own Config)",
-        probe=_context_manager,
+        probe=probes.context_manager,
     ),
     Internal(
         "pyinfra.context:ctx_host",
         "context",
         "tritonfleet/core/report.py: the rollback command built with the failed host as the current one",
-        probe=_context_manager,
+        probe=probes.context_manager,
     ),
     Internal(
         "pyinfra.context:ContextObject",

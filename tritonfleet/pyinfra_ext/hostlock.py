@@ -467,9 +467,8 @@ def acquire_all(state=None, say=None, wait: bool = True) -> int:
     if say is None:
         say = logger.warning
     todo, errors = [], []
-    started_already = {lk.host.name for pending, _ in _pending for lk in pending}
     for h in getattr(state, "inventory", []) or []:
-        if not getattr(h, "connected", False) or h.name in _held or h.name in started_already or not lockable(h):
+        if not getattr(h, "connected", False) or _started(h) or not lockable(h):
             continue
         try:
             todo.append(Holder(h, *_settings(h)))
@@ -479,6 +478,50 @@ def acquire_all(state=None, say=None, wait: bool = True) -> int:
         raise LockError("\n".join(errors) + f" (set it in {GROUP_DATA} or the inventory)")
     if not todo:
         return wait_all() if wait else len(_held)
+    _start_all(todo, say)
+    return wait_all() if wait else len(_held)
+
+
+def _started(host) -> bool:
+    return host.name in _held or any(lk.host.name == host.name for pending, _ in _pending for lk in pending)
+
+
+def start_connecting(hosts, say=None) -> int:
+    """Start the holders of ``hosts`` before pyinfra has connected to them (tritonfleet.pyinfra_ext.
+    connecting: pyinfra's ``host_before_connect``), so that the locks are taken while pyinfra
+    connects and the deploy file loads; :func:`wait_all` waits for them as for any others.
+    Only the holders that need nothing of pyinfra's connection (their own OpenSSH client, or this
+    machine's shell) and whose settings are valid: any other host is left to :func:`acquire_all`,
+    which starts it, or names what is wrong, once pyinfra has connected. Returns how many started."""
+    todo = []
+    for h in hosts:
+        if _started(h) or not lockable(h):
+            continue
+        try:
+            if transfer.choose(h, "auto") == "connection":  # the holder runs on pyinfra's connection
+                continue
+            todo.append(Holder(h, *_settings(h)))
+        except (ValueError, transfer.TransferError):
+            continue  # acquire_all names it, after pyinfra connected
+    if todo:
+        _start_all(todo, say or logger.warning)
+    return len(todo)
+
+
+def forget(host) -> None:
+    """End the holder started for ``host`` and not waited for yet: pyinfra could not connect to
+    it, so the run leaves the host alone (and must not keep its lock, nor stop on it)."""
+    for entry in list(_pending):
+        for lk in [lk for lk in entry[0] if lk.host.name == host.name]:
+            entry[0].remove(lk)
+            lk.release()
+        if not entry[0]:
+            _pending.remove(entry)
+
+
+def _start_all(todo: list[Holder], say) -> None:
+    """Start ``todo``'s holders, then one heartbeat process for all of them; :func:`wait_all`
+    waits for them."""
     _refused.clear()  # a new run's locks (a process runs one; tests run several)
     started = []
     try:
@@ -497,7 +540,6 @@ def acquire_all(state=None, say=None, wait: bool = True) -> int:
     if not _gates:
         _gates.append(threading.Lock())
     _pending.append((todo, say))
-    return wait_all() if wait else len(_held)
 
 
 # Holders started and not waited for yet (acquire_all(wait=False)), and the run's refusal once a

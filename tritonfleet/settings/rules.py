@@ -255,7 +255,7 @@ def budget() -> Rule:
             return None if v >= 0 else f"must be {what}"
         m = _BUDGET.match(v) if isinstance(v, str) else None
         if not m or (m.group(2) and int(m.group(1)) > 100):
-            return f"must be {what}"
+            return f"must be {what}{quoted_number(v)}"  # "-1" as text: the hint, as every number's rule gives
         if not m.group(2):  # "25": hosts or a percentage? the text form is for P% only
             return f"must be {what} (write {m.group(1)} without quotes or '{m.group(1)}%')"
         return None

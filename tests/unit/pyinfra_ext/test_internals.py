@@ -25,7 +25,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from tritonfleet.pyinfra_ext import compat
+from tritonfleet.pyinfra_ext import compat, probes
 
 PYPROJECT = Path(__file__).parents[3] / "pyproject.toml"
 RECORD = compat.load_record()
@@ -125,7 +125,8 @@ def test_every_feature_is_speed_or_behaviour_and_has_internals():
     assert {i.feature for i in compat.INTERNALS} == set(compat.FEATURES)
     assert {kind for kind, _ in compat.FEATURES.values()} == {compat.SPEED, compat.BEHAVIOUR}
     assert {f for f, (kind, _) in compat.FEATURES.items() if kind == compat.SPEED} == {"oporder", "argcache", "lock_early",
-                                                                                       "idle_poll", "jinja_bytecode"}
+                                                                                       "lock_connecting", "idle_poll",
+                                                                                       "jinja_bytecode"}
 
 
 def test_operation_order_is_read_from_pyinfra_operation_module():
@@ -318,16 +319,16 @@ def test_idle_poll_tuning_follows_the_check(monkeypatch):
     class Changed(paramiko.Transport):
         _active_check_timeout = None
 
-    why = compat._paramiko_idle_poll(Changed)
+    why = probes.paramiko_idle_poll(Changed)
     assert "no _active_check_timeout" in why
-    assert compat._paramiko_idle_poll(paramiko.Transport) == ""
+    assert probes.paramiko_idle_poll(paramiko.Transport) == ""
 
 
 def test_the_dry_flag_probe():
     import click
 
-    assert compat._has_dry_flag(click.Command("pyinfra", params=[click.Option(["--dry"], is_flag=True)])) == ""
-    assert "--dry" in compat._has_dry_flag(click.Command("pyinfra", params=[click.Option(["--dry-run", "dry"],
+    assert probes.has_dry_flag(click.Command("pyinfra", params=[click.Option(["--dry"], is_flag=True)])) == ""
+    assert "--dry" in probes.has_dry_flag(click.Command("pyinfra", params=[click.Option(["--dry-run", "dry"],
                                                                                           is_flag=True)]))
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritonfleet.core import local_cache, speed
-from tritonfleet.pyinfra_ext import compat
+from tritonfleet.pyinfra_ext import compat, probes
 
 
 @pytest.fixture
@@ -100,13 +100,13 @@ def test_a_changed_jinja2_bytecode_format_turns_the_cache_off(monkeypatch):
 
     from tritonfleet.serving import unit
 
-    assert compat._jinja_bytecode_format(jinja2.bccache.Bucket) == ""
+    assert probes.jinja_bytecode_format(jinja2.bccache.Bucket) == ""
 
     class Changed(jinja2.bccache.Bucket):
         def write_bytecode(self, f):
             f.write(jinja2.bccache.bc_magic + json.dumps(self.checksum).encode())  # JSON, not pickle
 
-    assert "checksum" in compat._jinja_bytecode_format(Changed)
+    assert "checksum" in probes.jinja_bytecode_format(Changed)
     monkeypatch.setattr(jinja2.bccache, "Bucket", Changed)
     monkeypatch.delenv(speed.ENV, raising=False)
     res = compat.check({"jinja_bytecode"})
