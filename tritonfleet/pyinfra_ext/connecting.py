@@ -37,6 +37,7 @@ from ..core import speed
 from . import compat, hostlock
 
 FEATURE = "lock_connecting"
+_STARTED = "_tritonfleet_lock_on_connect_started"  # on the State: the holders were started
 
 
 def installs(path: Path) -> bool:
@@ -71,20 +72,19 @@ class _LockOnConnect(BaseStateCallback):
     process for all of them, as install() starts them); ends a host's holder when pyinfra cannot
     connect to it."""
 
-    def __init__(self) -> None:
-        self.started = False
-
-    def host_before_connect(self, state, host) -> None:
-        if self.started:
+    @staticmethod
+    def host_before_connect(state, host) -> None:
+        if getattr(state, _STARTED, False):
             return
-        self.started = True
+        setattr(state, _STARTED, True)
         hosts = [h for h in state.inventory if state.is_host_in_limit(h)]  # as pyinfra's connect_all
         try:
             hostlock.start_connecting(hosts)
         except OSError as e:  # a holder could not be spawned: install() starts (and reports) them as before
             logger.debug(f"tritonfleet: the deploy lock was not started while connecting ({e}); install() starts it")
 
-    def host_connect_error(self, state, host, error) -> None:
+    @staticmethod
+    def host_connect_error(state, host, error) -> None:
         hostlock.forget(host)
 
 
