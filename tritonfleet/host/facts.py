@@ -4,6 +4,7 @@ Secure Boot, the driver's files. Each reads, never fails hard."""
 from __future__ import annotations
 
 import json
+import re
 
 from pyinfra.api import FactBase
 
@@ -154,6 +155,102 @@ class UnitState(FactBase):
     def process(self, output):
         props = dict(line.strip().split("=", 1) for line in output if "=" in line)
         return {"running": props.get("SubState") in self.RUNNING, "enabled": props.get("UnitFileState") in self.ENABLED}
+
+
+# a path or unit name that one line of stat's, sha256sum's or systemctl's answer names unambiguously
+# (no space, quote, backslash or newline): only those are read together; any other on its own
+_JOINABLE_PATH = re.compile(r"^/[A-Za-z0-9._/+:@=-]+$")
+_JOINABLE_UNIT = re.compile(r"^[A-Za-z0-9:_.@-]+$")
+HASHES = "@@tritonfleet-hashes@@"
+
+
+class FileStates(FactBase):
+    """:class:`FileState` of many files in one command, as memo.prefetch reads them together (a
+    batch's ``together``): one ``stat`` and one ``sha256sum`` for all of them instead of a ``stat``,
+    a ``sha256sum`` and a ``cut`` a file (on a converged host's no-op, 11 files: the batch's 31
+    facts took 150-170 ms on a 2-CPU test host, 115-125 ms with these and :class:`UnitStates`:
+    docs/scale.md). Each file's answer is its own FileState's, parsed by FileState: only regular
+    files (``[ -f ]``, a shell builtin, as FileState tests) are stat'ed and hashed."""
+
+    @staticmethod
+    def joinable(path: str) -> bool:
+        return bool(_JOINABLE_PATH.match(path))
+
+    @staticmethod
+    def gather(kwargs_list: list[dict]) -> dict:
+        return {"paths": tuple(k["path"] for k in kwargs_list)}
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        ps = " ".join(q(p) for p in paths)
+        return (
+            f'set --; for p in {ps}; do [ -f "$p" ] && set -- "$@" "$p"; done; '
+            f"if [ $# -gt 0 ]; then stat -L -c '%n|mode=%a user=%U group=%G' -- \"$@\" 2>/dev/null; "
+            f'echo {HASHES}; sha256sum -- "$@" 2>/dev/null; fi; true'
+        )
+
+    def process(self, output):
+        stats: dict[str, str] = {}
+        hashes: dict[str, str] = {}
+        seen_hashes = False
+        for line in output:
+            if line == HASHES:
+                seen_hashes = True
+            elif seen_hashes:
+                digest, sep, path = line.partition("  ")
+                if sep:
+                    hashes[path] = digest
+            else:
+                path, sep, rest = line.partition("|")
+                if sep:
+                    stats[path] = rest
+        return {"stats": stats, "hashes": hashes}
+
+    @staticmethod
+    def derived(value, paths: tuple[str, ...]) -> list[tuple]:
+        one = FileState()
+        return [
+            (FileState, {"path": p}, one.process([value["stats"].get(p, ""), value["hashes"].get(p, "")]))
+            for p in paths
+        ]
+
+
+class UnitStates(FactBase):
+    """:class:`UnitState` of many units in one ``systemctl show`` (a batch's ``together``, as
+    :class:`FileStates`): systemctl prints one block of properties a unit, in the order asked,
+    separated by an empty line. An answer with another number of blocks is refused (ValueError):
+    memo.prefetch then reads each unit on its own."""
+
+    @staticmethod
+    def joinable(unit: str) -> bool:
+        return bool(_JOINABLE_UNIT.match(unit))
+
+    @staticmethod
+    def gather(kwargs_list: list[dict]) -> dict:
+        return {"units": tuple(k["unit"] for k in kwargs_list)}
+
+    def command(self, units: tuple[str, ...]) -> str:
+        names = " ".join(q(u) for u in units)
+        return f"systemctl show --property SubState --property UnitFileState {names} 2>/dev/null || true"
+
+    def process(self, output):
+        blocks: list[list[str]] = [[]]
+        for line in output:
+            if line.strip():
+                blocks[-1].append(line)
+            elif blocks[-1]:
+                blocks.append([])
+        return [b for b in blocks if b]
+
+    @staticmethod
+    def derived(value, units: tuple[str, ...]) -> list[tuple]:
+        if len(value) != len(units):
+            raise ValueError(f"systemctl show answered {len(value)} units of {len(units)}")
+        one = UnitState()
+        return [(UnitState, {"unit": u}, one.process(block)) for u, block in zip(units, value, strict=True)]
+
+
+FileState.together = FileStates  # type: ignore[attr-defined]
+UnitState.together = UnitStates  # type: ignore[attr-defined]
 
 
 class DockerDaemonJson(FactBase):

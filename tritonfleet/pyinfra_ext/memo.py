@@ -17,6 +17,12 @@ A fact class may also answer other facts from its own output (``derived(value, *
 class, kwargs, value)]; tritonfleet.host.gpu_probe.GpuProbe answers the nvidia-smi facts from its
 one query): those are remembered with it, unless already read, and forgotten with it. What it
 may answer so (``derives(**kwargs)``: [(fact class, kwargs)]) a batch with it leaves out.
+
+A fact class may name a fact that reads many of its kind in one command (``together``: a class
+with ``joinable(**kwargs)``, which of them may be read so, ``gather([kwargs])``, its own kwargs
+for them, and ``derived``, each one's answer): a batch reads two or more of them as that one fact,
+in the place of the first (tritonfleet.host.facts.FileStates: one ``stat`` and one ``sha256sum``
+for every file instead of three programs a file).
 """
 
 from __future__ import annotations
@@ -179,9 +185,31 @@ class FactBatch(FactBase):
         return results
 
 
+def _together(specs: tuple, facts: dict) -> list[tuple]:
+    """``specs`` with the facts not remembered yet whose class reads many of its kind together
+    (``together``) replaced by one spec of that reading, in the place of the first of them, where
+    two or more are left (one alone stays as it is)."""
+    groups: dict = {}
+    for cls, kwargs in specs:
+        together = getattr(cls, "together", None)
+        key = (cls, _freeze(kwargs))
+        if together is not None and key not in facts and together.joinable(**kwargs):
+            groups.setdefault(cls, {}).setdefault(key, kwargs)
+    out, placed = [], set()
+    for cls, kwargs in specs:
+        group = groups.get(cls)
+        if group is None or len(group) < 2 or (cls, _freeze(kwargs)) not in group:
+            out.append((cls, kwargs))
+        elif cls not in placed:
+            placed.add(cls)
+            out.append((cls.together, cls.together.gather(list(group.values()))))
+    return out
+
+
 def prefetch(*specs: tuple) -> None:
     """Read every ``(FactClass, kwargs)`` of ``specs`` not remembered yet, in one remote command."""
     host, facts = _facts()
+    specs = _together(specs, facts)
     todo = []
     # answered by another fact of the batch (its ``derived``), or read on its own if it was not
     covered = {

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.fakehost import run_fake
 from tritonfleet.gpu.fault_push import host_token
+from tritonfleet.host.facts import HASHES
 from tritonfleet.observability import telemetry_units as tu
 from tritonfleet.pyinfra_ext.memo import SECTION, STATUS
 from tritonfleet.settings.access import ConfigError
@@ -41,8 +42,12 @@ def batch(answers: list[list[str]]) -> list[str]:
 def converged(files: dict[str, str], running=True) -> dict:
     state = ["SubState=running", "UnitFileState=enabled"] if running else ["SubState=dead", "UnitFileState=disabled"]
     file_answers = [["mode=644 user=root group=root", hashlib.sha256(files[p].encode()).hexdigest()] for p in PATHS]
+    # the batch reads the files together (FileStates: one stat, one sha256sum) and the units together
+    files_together = [f"{p}|{mode}" for p, (mode, _) in zip(PATHS, file_answers, strict=True)] + [
+        HASHES, *[f"{digest}  {p}" for p, (_, digest) in zip(PATHS, file_answers, strict=True)]]
+    units_together = [line for u in UNITS for line in ["", *state]][1:]
     return {
-        "echo '@@tritonfleet-fact@@'": batch(file_answers + [state] * len(UNITS)),
+        "echo '@@tritonfleet-fact@@'": batch([files_together, units_together]),
         # each fact again on its own, after a change made the run forget what it read
         **{f"[ -f {p} ]": a for p, a in zip(PATHS, file_answers, strict=True)},
         **{f"--property Id --property SubState {u}": [f"Id={u}", state[0]] for u in UNITS},  # pyinfra's own
