@@ -14,6 +14,7 @@ Measures only; changes nothing in pyinfra's behaviour.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -102,6 +103,7 @@ def main(argv: list[str]) -> int:
 
     original_connect = paramiko.SSHClient.connect  # the handshake (pyinfra's connect wraps it)
 
+    @functools.wraps(original_connect)  # its signature stays paramiko's (tritonfleet's compat reads it)
     def timed_connect(self, *args, **kwargs):
         start = _at()
         try:
@@ -109,6 +111,7 @@ def main(argv: list[str]) -> int:
         finally:
             phases["connect"].append([start, _at()])
 
+    @functools.wraps(original)
     def timed(self, command, *args, **kwargs):
         t0, start = time.perf_counter(), _at()
         try:

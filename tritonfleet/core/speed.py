@@ -57,9 +57,10 @@ FEATURES: dict[str, Feature] = {
             "tritonfleet.pyinfra_ext.hostlock.gate_host_io, from pyinfra_ext.install",
         ),
         Feature(
-            "lock_connecting",
-            "the deploy lock's holders started by install(), once pyinfra has connected to every host",
-            "tritonfleet.pyinfra_ext.connecting.lock_on_connect",
+            "connect_early",
+            "the deploy lock's holders started by install() once pyinfra has connected, TCP_NODELAY set "
+            "after the handshake",
+            "tritonfleet.pyinfra_ext.connecting.connect_early",
         ),
         Feature(
             "posix_spawn",

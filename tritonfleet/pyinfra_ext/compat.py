@@ -62,10 +62,11 @@ FEATURES: dict[str, tuple[str, str]] = {
         "the deploy lock taken while the deploy's steps load, pyinfra's first command to a "
         "host waiting for it (tritonfleet.pyinfra_ext.hostlock; off: install() waits for it)",
     ),
-    "lock_connecting": (
+    "connect_early": (
         SPEED,
-        "the deploy lock's holders started as pyinfra connects, from a repository's config.py "
-        "(tritonfleet.pyinfra_ext.connecting; off: install() starts them)",
+        "as pyinfra connects, from a repository's config.py: the deploy lock's holders started, "
+        "TCP_NODELAY before the handshake (tritonfleet.pyinfra_ext.connecting; off: install() "
+        "starts the holders, TCP_NODELAY is set after the handshake)",
     ),
     "jinja_bytecode": (
         SPEED,
@@ -188,27 +189,48 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         "pyinfra.api.host:Host.connect",
-        "lock_connecting",
+        "connect_early",
         "tritonfleet/pyinfra_ext/connecting.py starts the holders from host_before_connect and ends "
         "a host's from host_connect_error",
         probe=probes.calls_before_connect,
     ),
     Internal(
         "pyinfra.api.connect:connect_all",
-        "lock_connecting",
+        "connect_early",
         "tritonfleet/pyinfra_ext/connecting.py starts the holders of the hosts connect_all connects",
         probe=probes.connects_limit,
     ),
     Internal(
         "pyinfra_cli.cli:_main",
-        "lock_connecting",
+        "connect_early",
         "tritonfleet/pyinfra_ext/connecting.py adds its callback right after the State's init, "
         "which the command calls after config.py and before it connects",
         probe=probes.inits_then_connects,
     ),
     Internal(
+        "paramiko.client:SSHClient.connect",
+        "connect_early",
+        "tritonfleet/pyinfra_ext/connection.py nodelay_from_handshake: paramiko's connect builds its "
+        "transport with the transport_factory it is given",
+        probe=probes.takes_transport_factory,
+    ),
+    Internal(
+        "pyinfra.connectors.ssh:SSHConnector._connect",
+        "connect_early",
+        "tritonfleet/pyinfra_ext/connection.py nodelay_from_handshake: the connector's connect passes "
+        "what its make_paramiko_kwargs returns to its client's connect",
+        probe=probes.connects_with_own_kwargs,
+    ),
+    Internal(
+        "pyinfra.connectors.sshuserclient.client:SSHClient.connect",
+        "connect_early",
+        "tritonfleet/pyinfra_ext/connection.py nodelay_from_handshake: pyinfra's SSH client hands its "
+        "keyword arguments on to paramiko's connect",
+        probe=probes.hands_kwargs_on,
+    ),
+    Internal(
         "pyinfra_cli.cli:cli",
-        "lock_connecting",
+        "connect_early",
         "tritonfleet/pyinfra_ext/connecting.py reads the deploy files from the command's operations",
         probe=probes.has_operations,
     ),

@@ -1,26 +1,29 @@
-"""The deploy lock taken while pyinfra connects: a repository's ``config.py`` calls :func:`lock_on_connect`.
+"""What a repository's ``config.py`` starts as pyinfra connects (:func:`connect_early`): the deploy
+lock's holders, and TCP_NODELAY from the handshake on.
 
 pyinfra's command line runs the ``config.py`` of the directory it runs in before it loads the
 inventory and connects (``pyinfra_cli.cli._set_config``; pyinfra's docs: "config.py"), then
 initialises its State (``State.init``, which sets up the state callbacks: a callback added before
 is dropped, so one is added right after it) and connects; its ``Host.connect`` calls each state
-callback's ``host_before_connect`` first. Started there, the hosts'
-lock holders (tritonfleet.pyinfra_ext.hostlock: an OpenSSH client each) connect while pyinfra's own
-connection does and while the deploy file imports its steps, instead of after both: measured on a
-converged test host, the deploy then waits 0.00-0.02 s for its lock instead of 0.10-0.12 s
-(docs/scale.md, "A converged host's no-op"). Nothing else changes: the deploy file's
-``pyinfra_patches.install()`` still gates every command until every lock is held (it adopts the
-holders started here and starts any that were not), and a lock another run keeps still stops the
-run before its first command.
+callback's ``host_before_connect`` first. There:
 
-Only a run that would take the lock anyway starts holders here: pyinfra's command line (not
-``--dry``), running deploy files of which at least one calls ``pyinfra_patches.install()`` (read
-from the files' syntax, not run). ``pyinfra inventories/prod.py exec -- uptime``, ``fact`` and
-``--dry`` runs from the same directory take no lock, as before. A host pyinfra then cannot connect
-to has its holder ended (``host_connect_error``): the run leaves it alone, as pyinfra does.
-Speed-only (``lock_connecting``, tritonfleet.core.speed): ``TRITONFLEET_SPEED=off``, or a pyinfra
-whose connect no longer calls the callbacks this relies on (tritonfleet.pyinfra_ext.compat), leaves
-the holders to ``install()``, as before.
+* the hosts' lock holders (tritonfleet.pyinfra_ext.hostlock: an OpenSSH client each) start as
+  pyinfra begins to connect, and connect while pyinfra's own connection does and while the
+  deploy file imports its steps, instead of after both (the deploy's wait for its lock on a
+  converged host's no-op: 0.12 s to 0.03 s). ``pyinfra_patches.install()`` still gates every
+  command until every lock is held (it adopts the holders started here and starts any that were
+  not), and a lock another run keeps still stops the run before its first command;
+* pyinfra's connection gets TCP_NODELAY before its handshake, not after it
+  (tritonfleet.pyinfra_ext.connection.nodelay_from_handshake: 66-71 ms to 24-27 ms a connect).
+
+Only a run of deploy files of which at least one calls ``pyinfra_patches.install()`` (read from
+the files' syntax, not run) is touched, and only one that takes the lock (pyinfra's command line,
+not ``--dry``) starts holders. ``pyinfra inventories/prod.py exec -- uptime``, ``fact`` and
+``--dry`` runs from the same directory take no lock, as before. A host pyinfra then cannot
+connect to has its holder ended (``host_connect_error``): the run leaves it alone, as pyinfra
+does. Speed-only (``connect_early``, tritonfleet.core.speed): ``TRITONFLEET_SPEED=off``, or a
+pyinfra or paramiko whose connect no longer works as this relies on (tritonfleet.pyinfra_ext.compat),
+leaves the holders to ``install()`` and TCP_NODELAY to after the handshake, as before.
 """
 
 from __future__ import annotations
@@ -29,15 +32,16 @@ import ast
 from pathlib import Path
 
 import click
+import pyinfra
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 
 from ..core import speed
-from . import compat, hostlock
+from . import compat, connection, hostlock
 
-FEATURE = "lock_connecting"
-_STARTED = "_tritonfleet_lock_on_connect_started"  # on the State: the holders were started
+FEATURE = "connect_early"
+_EARLY = "_tritonfleet_connect_early"  # on the State: {"lock": the run takes it, "started": holders started}
 
 
 def installs(path: Path) -> bool:
@@ -67,16 +71,18 @@ def deploy_files(operations) -> list[Path]:
     return [Path(op) for op in ops]
 
 
-class _LockOnConnect(BaseStateCallback):
-    """Starts every host's holder as pyinfra begins to connect to the first of them (one heartbeat
-    process for all of them, as install() starts them); ends a host's holder when pyinfra cannot
-    connect to it."""
+class _OnConnect(BaseStateCallback):
+    """As pyinfra connects to each host: TCP_NODELAY from its handshake on; the deploy lock's holders
+    of every host started as it begins with the first (one heartbeat process for all of them, as
+    install() starts them); a host pyinfra cannot connect to has its holder ended."""
 
     @staticmethod
     def host_before_connect(state, host) -> None:
-        if getattr(state, _STARTED, False):
+        connection.nodelay_from_handshake(host)
+        early = getattr(state, _EARLY, {})
+        if not early.get("lock") or early.get("started"):
             return
-        setattr(state, _STARTED, True)
+        early["started"] = True
         hosts = [h for h in state.inventory if state.is_host_in_limit(h)]  # as pyinfra's connect_all
         try:
             hostlock.start_connecting(hosts)
@@ -88,10 +94,12 @@ class _LockOnConnect(BaseStateCallback):
         hostlock.forget(host)
 
 
-def lock_on_connect() -> bool:
-    """From a repository's ``config.py``: start the deploy lock's holders as pyinfra connects, for a
-    run that takes the lock (see the module's docstring). Returns whether it will."""
-    if not hostlock.enabled() or not speed.on(FEATURE) or not ctx_state.isset():
+def connect_early() -> bool:
+    """From a repository's ``config.py``: for a run of deploy files that call
+    ``pyinfra_patches.install()``, tune each connection as pyinfra makes it and, where the run takes
+    the deploy lock, start the lock's holders as pyinfra connects (see the module's docstring).
+    Returns whether it will."""
+    if not pyinfra.is_cli or not speed.on(FEATURE) or not ctx_state.isset():
         return False
     ctx = click.get_current_context(silent=True)
     files = deploy_files(ctx.params.get("operations") if ctx is not None else None)
@@ -100,14 +108,15 @@ def lock_on_connect() -> bool:
     if compat.check({FEATURE}).mismatches:  # speed only: the plain path (install()) is always right
         return False
     state = ctx_state.get()
+    setattr(state, _EARLY, {"lock": hostlock.enabled(), "started": False})
     if getattr(state, "initialised", False):
-        state.add_callback_handler(_LockOnConnect())
+        state.add_callback_handler(_OnConnect())
         return True
     init = state.init  # State.init sets up the callback handlers (and drops any added before)
 
-    def init_then_lock(*args, **kwargs):
+    def init_then_register(*args, **kwargs):
         init(*args, **kwargs)
-        state.add_callback_handler(_LockOnConnect())
+        state.add_callback_handler(_OnConnect())
 
-    state.init = init_then_lock  # this State only: pyinfra's CLI calls it once, before it connects
+    state.init = init_then_register  # this State only: pyinfra's CLI calls it once, before it connects
     return True

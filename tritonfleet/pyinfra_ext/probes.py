@@ -138,3 +138,24 @@ def jinja_bytecode_format(bucket_cls) -> str:
     except (EOFError, ValueError, TypeError):
         code = None
     return "" if code == bucket.code else "a cache entry's code is no longer the marshalled code after that"
+
+
+def takes_transport_factory(connect) -> str:
+    """paramiko's ``SSHClient.connect`` takes ``transport_factory`` (paramiko 3.2 and later)."""
+    return "" if "transport_factory" in inspect.signature(connect).parameters else "it takes no transport_factory"
+
+
+def connects_with_own_kwargs(connect) -> str:
+    """pyinfra's ``SSHConnector._connect`` connects with what its ``make_paramiko_kwargs`` returns."""
+    src = inspect.getsource(connect)
+    if "self.make_paramiko_kwargs()" not in src or "self.client.connect(hostname, **kwargs)" not in src:
+        return "it no longer connects with what make_paramiko_kwargs returns"
+    return ""
+
+
+def hands_kwargs_on(connect) -> str:
+    """pyinfra's ``SSHClient.connect`` puts its keyword arguments into what it hands to paramiko."""
+    src = inspect.getsource(connect)
+    if "config.update(kwargs)" not in src or "super().connect(hostname, **config)" not in src:
+        return "it no longer hands its keyword arguments on to paramiko's connect"
+    return ""

@@ -1,17 +1,20 @@
 """Which runs a repository's config.py starts the deploy lock for (tritonfleet.pyinfra_ext.connecting),
 and the probes of the pyinfra internals it relies on. The lock itself through pyinfra's command
-line: tests/integration/pyinfra_ext/test_lock_on_connect.py."""
+line: tests/integration/pyinfra_ext/test_connect_early.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import paramiko
 import pyinfra
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyinfra.api.connect import connect_all
 from pyinfra.api.host import Host
+from pyinfra.connectors.ssh import SSHConnector
+from pyinfra.connectors.sshuserclient.client import SSHClient as PyinfraSSHClient
 from pyinfra_cli import cli as pyinfra_cli
 from pyinfra_cli.exceptions import CliError
 
@@ -74,7 +77,7 @@ def test_deploy_files_are_the_runs_pyinfra_itself_runs_as_deploy_files(tmp_path,
 
 def test_nothing_is_started_outside_pyinfras_command_line(monkeypatch):
     monkeypatch.setattr(pyinfra, "is_cli", False)
-    assert connecting.lock_on_connect() is False
+    assert connecting.connect_early() is False
 
 
 def test_the_probes_accept_the_installed_pyinfra_and_refuse_a_changed_one():
@@ -82,6 +85,11 @@ def test_the_probes_accept_the_installed_pyinfra_and_refuse_a_changed_one():
     assert probes.connects_limit(connect_all) == ""
     assert probes.inits_then_connects(pyinfra_cli._main) == ""
     assert probes.has_operations(pyinfra_cli.cli) == ""
+    assert probes.takes_transport_factory(paramiko.SSHClient.connect) == ""
+    assert probes.connects_with_own_kwargs(SSHConnector._connect) == ""
+    assert probes.hands_kwargs_on(PyinfraSSHClient.connect) == ""
+    assert "transport_factory" in probes.takes_transport_factory(lambda self, hostname, port=22: None)
+    assert "make_paramiko_kwargs" in probes.connects_with_own_kwargs(lambda self: self.client.connect("h"))
 
     def connect(self):
         self.connector.connect()
@@ -101,3 +109,51 @@ def test_the_probes_accept_the_installed_pyinfra_and_refuse_a_changed_one():
 
     assert "in that order" in probes.inits_then_connects(main)
     assert "operations" in probes.has_operations(object())
+
+
+def test_the_handshake_runs_with_tcp_nodelay_set_first():
+    """nodelay_transport sets TCP_NODELAY on the connected socket before paramiko's Transport
+    (whose handshake starts later, on start_client) takes it; a socket that is no TCP socket is
+    left as it is."""
+    import socket
+
+    import paramiko
+
+    from tritonfleet.pyinfra_ext.connection import nodelay_transport
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        try:
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+            transport = nodelay_transport(client)
+            assert isinstance(transport, paramiko.Transport) and not transport.is_active()
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        finally:
+            client.close()
+            peer.close()
+    a, b = socket.socketpair()
+    with a, b:
+        assert isinstance(nodelay_transport(a), paramiko.Transport)
+
+
+def test_only_an_ssh_connectors_connect_gets_the_factory_and_an_inventorys_own_is_kept():
+    from types import SimpleNamespace
+
+    from pyinfra.connectors.ssh import SSHConnector
+
+    from tritonfleet.pyinfra_ext import connection
+
+    def connector(extra):
+        c = object.__new__(SSHConnector)
+        c.make_paramiko_kwargs = lambda: {"hostname": "h", "_pyinfra_ssh_paramiko_connect_kwargs": extra}
+        return c
+
+    host = SimpleNamespace(connector=connector(None))
+    assert connection.nodelay_from_handshake(host)
+    assert host.connector.make_paramiko_kwargs()["transport_factory"] is connection.nodelay_transport
+    assert not connection.nodelay_from_handshake(host)  # once a connector
+    own = SimpleNamespace(connector=connector({"transport_factory": object}))
+    assert connection.nodelay_from_handshake(own)
+    assert "transport_factory" not in own.connector.make_paramiko_kwargs()  # the inventory's wins
+    assert not connection.nodelay_from_handshake(SimpleNamespace(connector=SimpleNamespace()))  # @local, @docker

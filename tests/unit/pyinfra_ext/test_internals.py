@@ -125,7 +125,7 @@ def test_every_feature_is_speed_or_behaviour_and_has_internals():
     assert {i.feature for i in compat.INTERNALS} == set(compat.FEATURES)
     assert {kind for kind, _ in compat.FEATURES.values()} == {compat.SPEED, compat.BEHAVIOUR}
     assert {f for f, (kind, _) in compat.FEATURES.items() if kind == compat.SPEED} == {"oporder", "argcache", "lock_early",
-                                                                                       "lock_connecting", "idle_poll",
+                                                                                       "connect_early", "idle_poll",
                                                                                        "jinja_bytecode"}
 
 
