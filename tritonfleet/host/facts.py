@@ -164,7 +164,25 @@ _JOINABLE_UNIT = re.compile(r"^[A-Za-z0-9:_.@-]+$")
 HASHES = "@@tritonfleet-hashes@@"
 
 
-class FileStates(FactBase):
+class _Together:
+    """What memo.prefetch asks of a fact that reads many of one fact's kind (its ``together``):
+    ``joinable(**kwargs)``, whether that fact's argument ``ARG`` is a name ``NAMES`` matches, and
+    ``gather([kwargs])``, this fact's own argument ``ARGS``: all of them, in order."""
+
+    ARG: str
+    ARGS: str
+    NAMES: re.Pattern
+
+    @classmethod
+    def joinable(cls, **kwargs) -> bool:
+        return bool(cls.NAMES.match(kwargs[cls.ARG]))
+
+    @classmethod
+    def gather(cls, kwargs_list: list[dict]) -> dict:
+        return {cls.ARGS: tuple(k[cls.ARG] for k in kwargs_list)}
+
+
+class FileStates(_Together, FactBase):
     """:class:`FileState` of many files in one command, as memo.prefetch reads them together (a
     batch's ``together``): one ``stat`` and one ``sha256sum`` for all of them instead of a ``stat``,
     a ``sha256sum`` and a ``cut`` a file (on a converged host's no-op, 11 files: the batch's 31
@@ -172,13 +190,7 @@ class FileStates(FactBase):
     docs/scale.md). Each file's answer is its own FileState's, parsed by FileState: only regular
     files (``[ -f ]``, a shell builtin, as FileState tests) are stat'ed and hashed."""
 
-    @staticmethod
-    def joinable(path: str) -> bool:
-        return bool(_JOINABLE_PATH.match(path))
-
-    @staticmethod
-    def gather(kwargs_list: list[dict]) -> dict:
-        return {"paths": tuple(k["path"] for k in kwargs_list)}
+    ARG, ARGS, NAMES = "path", "paths", _JOINABLE_PATH
 
     def command(self, paths: tuple[str, ...]) -> str:
         ps = " ".join(q(p) for p in paths)
@@ -214,19 +226,13 @@ class FileStates(FactBase):
         ]
 
 
-class UnitStates(FactBase):
+class UnitStates(_Together, FactBase):
     """:class:`UnitState` of many units in one ``systemctl show`` (a batch's ``together``, as
     :class:`FileStates`): systemctl prints one block of properties a unit, in the order asked,
     separated by an empty line. An answer with another number of blocks is refused (ValueError):
     memo.prefetch then reads each unit on its own."""
 
-    @staticmethod
-    def joinable(unit: str) -> bool:
-        return bool(_JOINABLE_UNIT.match(unit))
-
-    @staticmethod
-    def gather(kwargs_list: list[dict]) -> dict:
-        return {"units": tuple(k["unit"] for k in kwargs_list)}
+    ARG, ARGS, NAMES = "unit", "units", _JOINABLE_UNIT
 
     def command(self, units: tuple[str, ...]) -> str:
         names = " ".join(q(u) for u in units)

@@ -61,7 +61,7 @@ def test_files_read_together_answer_as_each_file_read_alone(tmp_path_factory, fi
         paths.append(str(p))
     if repeat_first:
         paths.append(paths[0])
-    assert all(FileStates.joinable(p) for p in paths), paths
+    assert all(FileStates.joinable(path=p) for p in paths), paths
     alone = {p: FileState().process(sh(FileState().command(p))) for p in paths}
     together = FileStates().process(sh(FileStates().command(tuple(paths))))
     answered = {kw["path"]: value for cls, kw, value in FileStates.derived(together, tuple(paths)) if cls is FileState}
@@ -72,7 +72,7 @@ def test_files_read_together_answer_as_each_file_read_alone(tmp_path_factory, fi
 
 @pytest.mark.parametrize("path", ["/etc/a file", "/etc/it's", "/etc/back\\slash", "etc/relative", "/etc/new\nline"])
 def test_a_path_its_line_could_not_name_is_read_on_its_own(path):
-    assert not FileStates.joinable(path)
+    assert not FileStates.joinable(path=path)
 
 
 def test_units_are_answered_in_the_order_asked_and_a_short_answer_is_refused():
@@ -83,7 +83,7 @@ def test_units_are_answered_in_the_order_asked_and_a_short_answer_is_refused():
     ]
     with pytest.raises(ValueError):
         UnitStates.derived(value, ("a.service", "b.service", "c.service"))
-    assert not UnitStates.joinable("a unit.service") and UnitStates.joinable("triton-gpu0.service")
+    assert not UnitStates.joinable(unit="a unit.service") and UnitStates.joinable(unit="triton-gpu0.service")
 
 
 class Other:
