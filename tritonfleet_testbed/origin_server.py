@@ -144,9 +144,9 @@ def agent_wheelhouse(cache: Path = CACHE) -> Path:
     return d
 
 
-# what tritonfleet's wheel is built from (the skeleton's deploys/, inventories/ and files/ are
+# what tritonfleet's wheel is built from (the skeleton's config.py, deploys/, inventories/ and files/ are
 # links into the checkout's own), as tests/testbed/test_wheel.py builds it
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "tritonfleet", "deploys", "inventories", "files")
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "config.py", "tritonfleet", "deploys", "inventories", "files")
 
 
 def build_wheel(out: Path, sources: tuple[str, ...] = WHEEL_SOURCES) -> Path:
