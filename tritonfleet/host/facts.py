@@ -115,16 +115,17 @@ class DpkgState(FactBase):
         return {"installed": installed, "held": sorted(held), "interrupted": interrupted}
 
 
+STAT_FORMAT = "mode=%a user=%U group=%G"  # stat's answer for a file: FileState's and FileStates' alike
+UNIT_SHOW = "systemctl show --property SubState --property UnitFileState"  # UnitState's and UnitStates'
+
+
 class FileState(FactBase):
     """Mode (octal string), owner, group and sha256 of a regular file; None when it is missing
     (one remote command: what pyinfra's files.put needs three for)."""
 
     def command(self, path: str) -> str:
         p = q(path)
-        return (
-            f"[ -f {p} ] && stat -L -c 'mode=%a user=%U group=%G' {p} && "
-            f"sha256sum {p} 2>/dev/null | cut -d' ' -f1 || true"
-        )
+        return f"[ -f {p} ] && stat -L -c '{STAT_FORMAT}' {p} && sha256sum {p} 2>/dev/null | cut -d' ' -f1 || true"
 
     def process(self, output):
         out: dict = {}
@@ -150,7 +151,7 @@ class UnitState(FactBase):
         return {"running": False, "enabled": False}
 
     def command(self, unit: str) -> str:
-        return f"systemctl show --property SubState --property UnitFileState {q(unit)} 2>/dev/null || true"
+        return f"{UNIT_SHOW} {q(unit)} 2>/dev/null || true"
 
     def process(self, output):
         props = dict(line.strip().split("=", 1) for line in output if "=" in line)
@@ -196,7 +197,7 @@ class FileStates(_Together, FactBase):
         ps = " ".join(q(p) for p in paths)
         return (
             f'set --; for p in {ps}; do [ -f "$p" ] && set -- "$@" "$p"; done; '
-            f"if [ $# -gt 0 ]; then stat -L -c '%n|mode=%a user=%U group=%G' -- \"$@\" 2>/dev/null; "
+            f"if [ $# -gt 0 ]; then stat -L -c '%n|{STAT_FORMAT}' -- \"$@\" 2>/dev/null; "
             f'echo {HASHES}; sha256sum -- "$@" 2>/dev/null; fi; true'
         )
 
@@ -236,7 +237,7 @@ class UnitStates(_Together, FactBase):
 
     def command(self, units: tuple[str, ...]) -> str:
         names = " ".join(q(u) for u in units)
-        return f"systemctl show --property SubState --property UnitFileState {names} 2>/dev/null || true"
+        return f"{UNIT_SHOW} {names} 2>/dev/null || true"
 
     def process(self, output):
         blocks: list[list[str]] = [[]]

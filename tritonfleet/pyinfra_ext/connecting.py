@@ -109,9 +109,6 @@ def connect_early() -> bool:
         return False
     state = ctx_state.get()
     setattr(state, _EARLY, {"lock": hostlock.enabled(), "started": False})
-    if getattr(state, "initialised", False):
-        state.add_callback_handler(_OnConnect())
-        return True
     init = state.init  # State.init sets up the callback handlers (and drops any added before)
 
     def init_then_register(*args, **kwargs):

@@ -466,9 +466,9 @@ def acquire_all(state=None, say=None, wait: bool = True) -> int:
         state = ctx_state.get()
     if say is None:
         say = logger.warning
-    todo, errors = [], []
+    todo, errors, started = [], [], _started()
     for h in getattr(state, "inventory", []) or []:
-        if not getattr(h, "connected", False) or _started(h) or not lockable(h):
+        if not getattr(h, "connected", False) or h.name in started or not lockable(h):
             continue
         try:
             todo.append(Holder(h, *_settings(h)))
@@ -482,8 +482,9 @@ def acquire_all(state=None, say=None, wait: bool = True) -> int:
     return wait_all() if wait else len(_held)
 
 
-def _started(host) -> bool:
-    return host.name in _held or any(lk.host.name == host.name for pending, _ in _pending for lk in pending)
+def _started() -> set[str]:
+    """The hosts whose holder this run started already (held, or not waited for yet)."""
+    return {*_held, *(lk.host.name for pending, _ in _pending for lk in pending)}
 
 
 def start_connecting(hosts, say=None) -> int:
@@ -493,9 +494,9 @@ def start_connecting(hosts, say=None) -> int:
     Only the holders that need nothing of pyinfra's connection (their own OpenSSH client, or this
     machine's shell) and whose settings are valid: any other host is left to :func:`acquire_all`,
     which starts it, or names what is wrong, once pyinfra has connected. Returns how many started."""
-    todo = []
+    todo, started = [], _started()
     for h in hosts:
-        if _started(h) or not lockable(h):
+        if h.name in started or not lockable(h):
             continue
         try:
             if transfer.choose(h, "auto") == "connection":  # the holder runs on pyinfra's connection
