@@ -63,7 +63,7 @@ from .host.layer import (
 from .model_repo import origin as model_origin
 from .model_repo.render import RepositoryError, current_host_repository
 from .model_repo.verdicts import plan_cc_filenames, validate_repository
-from .pyinfra_ext import install, memo
+from .pyinfra_ext import hostlock, install, memo
 from .pyinfra_ext.transfer import is_ssh_host
 from .serving import per_gpu
 from .serving.image_mirror import client_secret_problem
@@ -487,7 +487,7 @@ def check_image_mirror() -> None:
 # --------------------------------------------------------------------------- host (read-only)
 
 
-def prefetch_host(triton: bool = False) -> None:
+def prefetch_host(triton: bool = False, first: str | None = None) -> tuple[int, list[str]] | None:
     """One remote command for what pre-flight, the host layer's steps and the placement of model
     instances on the host's GPUs (its GPU record) read; with ``triton``, what the GPU check and the
     Triton steps read too (deploys/triton.py: a converged host is asked once). In the GPU check's
@@ -499,11 +499,12 @@ def prefetch_host(triton: bool = False) -> None:
         if triton and (access.get("gpu_verify_container") or "changes") == "changes"
         else [(NvidiaGpus, nvidia_gpus_args(access.current())), (GpuRecord, {})]
     )
-    memo.prefetch(
+    return memo.prefetch(
         *gpu,
         *host_layer_facts(access.current()),
         (DockerImageId, {"image": access.get("cuda_test_image")}),
         *(triton_facts(access.current()) if triton else []),
+        first=first,
     )
 
 
@@ -624,20 +625,25 @@ def check_per_gpu() -> None:
 # --------------------------------------------------------------------------- per deploy
 
 
-def _begin() -> None:
+def _begin(read=None) -> None:
     """What every pre-flight entry point does first, as the steps do (tritonfleet_step): the deploy
-    file installed the patches, so the deploy lock is held."""
-    install.required("pre-flight")
+    file installed the patches, so the deploy lock is held. ``read``: install.required's."""
+    install.required("pre-flight", read)
+
+
+def _read_host() -> str | None:
+    """run_all's one read of the host, the deploy lock's state first (install.required)."""
+    seen = prefetch_host(triton=True, first=hostlock.seen_command())
+    return hostlock.parse_seen(seen[1] if seen else None)
 
 
 @entry_point
 def run_all() -> None:
-    """deploys/triton.py: everything."""
-    _begin()
+    """deploys/triton.py: everything. The checks before the read read nothing from the host."""
     check_settings()
     check_host_key_policy()
     check_gpu_class_and_driver()
-    prefetch_host(triton=True)  # the GPU record places model instances (check_model_repository)
+    _begin(read=_read_host)  # the GPU record places model instances (check_model_repository)
     check_model_repository()
     check_model_origin()
     check_image_mirror()

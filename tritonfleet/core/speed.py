@@ -63,6 +63,11 @@ FEATURES: dict[str, Feature] = {
             "tritonfleet.pyinfra_ext.connecting.connect_early",
         ),
         Feature(
+            "read_while_locking",
+            "pre-flight's first read of a host (its one batch of facts) sent once the host's deploy lock is held",
+            "tritonfleet.pyinfra_ext.hostlock.read_before_lock, from pre-flight's run_all",
+        ),
+        Feature(
             "posix_spawn",
             "subprocess.Popen (a fork) for the deploy lock's holders and heartbeat process",
             "tritonfleet.pyinfra_ext.hostlock.Child",

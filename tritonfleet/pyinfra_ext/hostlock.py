@@ -72,6 +72,11 @@ from .connection import keepalive
 # block every deploy, or pre-create it; in /run (a tmpfs: gone at a reboot) only root creates it
 LOCK_FILE = "/run/tritonfleet/deploy.lock"
 BUSY, NO_FLOCK, NO_FILE = 75, 72, 71
+# the holder's first try for the lock waits this long (seconds) before it says whom it waits for:
+# a run's read of the host before its lock (pre-flight's facts, :func:`seen_command`) holds the
+# lock shared for a few milliseconds, and must not read as another run holding it (with
+# deploy_lock_timeout = 0 a holder that found the lock taken at once gave up at once)
+FIRST_TRY = 1
 # the holder's OpenSSH connection offers curve25519 first, the key exchange pyinfra's own
 # connection (paramiko) makes: OpenSSH 9's default, sntrup761x25519, made the holder's start to
 # "locked" 65 ms slower on a testbed host (median 250 against 185 ms, 6 runs each, 2026-12-06), and
@@ -101,10 +106,46 @@ def lock_script(holder: str, wait: int, dead: int) -> str:
         f"command -v flock >/dev/null || {{ echo 'noflock'; exit {NO_FLOCK}; }}; "
         f"umask 077; mkdir -p {q(lock_dir)} && chmod 700 {q(lock_dir)} || exit {NO_FILE}; "
         f"exec 9>>{LOCK_FILE} || exit {NO_FILE}; "
-        f'if ! flock -n 9; then echo "waiting $(head -n 1 {LOCK_FILE})"; {take}; fi; '
+        f'if ! flock -w {FIRST_TRY} 9; then echo "waiting $(head -n 1 {LOCK_FILE})"; {take}; fi; '
+        f"_tfprev=; IFS= read -r _tfprev < {LOCK_FILE} || :; printf 'prev %s\\n' \"$_tfprev\"; "
         f"printf '%s\\n' {q(holder)} > {LOCK_FILE}; echo locked; "
         f"while read -r -t {int(dead)} _; do :; done"
     )
+
+
+# --------------------------------------------------------------------------- read while locking
+#
+# A run's first read of a host (pre-flight's one batch of facts) may be sent while the host's
+# holder is still connecting, and is kept only if no other run held the lock from that read until
+# this run's holder took it; else it is read again under the lock. The read starts with
+# seen_command: a shared flock tried at once (refused while any run holds the lock: the read is
+# then not kept) and the holder line in the file then (every holder of every version writes its
+# own line, unique to its run, when it takes the lock). The holder prints the line it found when
+# it took the lock ("prev ..."): the same line means no run took the lock in between, and none held
+# it when the read began, so the read saw the host as no run was changing it.
+
+SEEN = "@@tritonfleet-lock-seen@@"
+
+
+def seen_command() -> str:
+    """sh (dash too): ``SEEN free <line>`` when no run holds the deploy lock (the holder line in the
+    lock file, empty when there is none), else ``SEEN held`` (held, unreadable, no flock)."""
+    return (
+        f"if [ ! -e {LOCK_FILE} ]; then echo '{SEEN} free'; "
+        f"elif command -v flock >/dev/null 2>&1 && {{ flock -n -s 8 && {{ _tfl=; IFS= read -r _tfl <&8 || :; "
+        f"printf '{SEEN} free %s\\n' \"$_tfl\"; }}; }} 8<{LOCK_FILE}; then :; "
+        f"else echo '{SEEN} held'; fi"
+    )
+
+
+def parse_seen(lines: list[str] | None) -> str | None:
+    """The holder line :func:`seen_command` found with the lock free, else None."""
+    for line in lines or ():
+        if line == f"{SEEN} free":
+            return ""
+        if line.startswith(f"{SEEN} free "):
+            return line[len(SEEN) + len(" free ") :]
+    return None
 
 
 def remote_command(host, script: str) -> str:
@@ -126,6 +167,7 @@ class Holder:
         self.channel = None
         self.beat_fd: int | None = None
         self.waited_for = ""
+        self.previous: str | None = None  # the holder line the lock file had when this holder took it
         self.ending = False  # the host reboots: its holder's end is expected (reacquire follows)
 
     def _script(self) -> str:
@@ -206,6 +248,8 @@ class Holder:
             line = line.rstrip("\n")
             if line == "locked":
                 return ""
+            if line.startswith("prev "):
+                self.previous = line[len("prev ") :]
             if line.startswith("waiting "):
                 self.waited_for = line[len("waiting ") :]
                 if say:
@@ -622,7 +666,7 @@ def rebooting(host) -> None:
 def _gated(method):
     @functools.wraps(method)
     def gated(self, *args, **kwargs):
-        if _pending or _refused:
+        if (_pending and getattr(self, "name", None) not in _reading) or _refused:
             wait_or_exit()
         if _held:
             check_held(self)
@@ -630,6 +674,36 @@ def _gated(method):
 
     gated._tritonfleet_lock_gate = True  # type: ignore[attr-defined]
     return gated
+
+
+_reading: set[str] = set()  # hosts whose read before the lock (read_before_lock) is under way
+
+
+def pending(host) -> bool:
+    """Whether ``host``'s holder was started and has not taken its lock yet."""
+    name = getattr(host, "name", None)
+    return name not in _held and any(lk.host.name == name for todo, _ in _pending for lk in todo)
+
+
+def read_before_lock(host, read: Callable[[], str | None]) -> bool | None:
+    """Run ``read`` (read-only commands to ``host``, the first :func:`seen_command`; it returns
+    what :func:`parse_seen` made of that) past the gate while ``host``'s holder is still taking the
+    lock, then wait for every lock (:func:`wait_or_exit`). True: what ``read`` read stands (no run
+    held the lock from that read until this run's holder took it); False: it does not (read it
+    again); None: ``read`` did not run (no holder pending for the host, or the speed switch off):
+    the locks are held, read as usual. Speed-only (``read_while_locking``): the same commands
+    reach the host either way, only sooner."""
+    if not pending(host) or not speed.on("read_while_locking"):
+        wait_or_exit()
+        return None
+    _reading.add(host.name)
+    try:
+        seen = read()
+    finally:
+        _reading.discard(host.name)
+    wait_or_exit()
+    lk = _held.get(host.name)
+    return seen is not None and lk is not None and lk.previous == seen
 
 
 def wait_or_exit() -> None:

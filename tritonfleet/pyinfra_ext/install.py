@@ -47,12 +47,12 @@ import pyinfra
 from gevent.event import Event
 from pyinfra import logger
 from pyinfra.api import deploy
-from pyinfra.context import ctx_state
+from pyinfra.context import ctx_host, ctx_state
 
 from ..core import open_files, report, speed
 from ..core.errors import TritonfleetError
 from ..core.exits import entry_point, exit_for
-from . import argcache, compat, hostlock, interrupt, oporder, quick_exit
+from . import argcache, compat, hostlock, interrupt, memo, oporder, quick_exit
 from .connection import quiet_relaxed_host_keys, set_idle_poll, tune_state
 
 _MARK = "_tritonfleet_patches"
@@ -145,14 +145,31 @@ def _install() -> None:
     report.report_operation_errors()
 
 
-def required(step: str) -> None:
+def required(step: str, read: Callable[[], str | None] | None = None) -> None:
     """Every step of the package calls this first: in a pyinfra CLI run (the runs that take the
     deploy lock) whose deploy file did not call :func:`install` before its first step, the step
     refuses, while pyinfra still loads the deploy file: nothing has run on any host. The Python
     API (tests with the @fake connector, tritonfleet's own fleet commands) takes no lock and is
     left alone. A run whose locks install() started waits here until every host's is held (or
-    stops, naming the hosts whose lock another run keeps)."""
-    hostlock.wait_or_exit()  # no step runs before the run holds every host's deploy lock
+    stops, naming the hosts whose lock another run keeps).
+
+    ``read``: the step's first read of the host (read-only; its first command hostlock's
+    ``seen_command``, whose answer, parsed, it returns): sent while the host's lock is still being
+    taken where it can be, and read again under the lock unless it stands
+    (hostlock.read_before_lock); else read once the locks are held."""
+    _refuse_unless_installed(step)
+    if read is None:
+        hostlock.wait_or_exit()  # no step runs before the run holds every host's deploy lock
+        return
+    current = ctx_host.get()
+    stands = hostlock.read_before_lock(current, read)  # every host's lock held once it returns
+    if stands is False:
+        memo.forget(current)  # another run held the lock in between: what it read is stale
+    if not stands:
+        read()
+
+
+def _refuse_unless_installed(step: str) -> None:
     if not pyinfra.is_cli:
         return
     state = ctx_state.get() if ctx_state.isset() else None

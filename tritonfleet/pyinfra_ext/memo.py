@@ -149,20 +149,27 @@ class FactBatch(FactBase):
 
     default = list
 
-    def command(self, commands: tuple[str, ...]) -> str:
+    def command(self, commands: tuple[str, ...], first: str | None = None) -> str:
         # each command a function of its own that runs in a subshell, on its own lines (a
         # trailing comment cannot swallow the rest); the status line starts on a new line
-        # whatever the output ended with
+        # whatever the output ended with. ``first``: a command that runs, and ends, before any
+        # of the others starts; its answer comes first
         names = " ".join(f"_tf{i}" for i in range(len(commands)))
         status = f"printf '\\n{STATUS} %s\\n' \"$?\""
+        funcs = [f"_tf{i}() (\n{c}\n)" for i, c in enumerate(commands)]
+        alone, every = [], names
+        if first is not None:
+            funcs.insert(0, f"_tfa() (\n{first}\n)")
+            alone, every = [f'{{ _tfa 2>/dev/null; {status}; }} >"$_tfd/_tfa"'], f"_tfa {names}"
         return "\n".join(
             [
-                *(f"_tf{i}() (\n{c}\n)" for i, c in enumerate(commands)),
+                *funcs,
                 "if _tfd=$(mktemp -d 2>/dev/null); then",
+                *alone,
                 f'for _tff in {names}; do {{ "$_tff" 2>/dev/null; {status}; }} >"$_tfd/$_tff" & done; wait',
-                f'for _tff in {names}; do echo \'{SECTION}\'; cat "$_tfd/$_tff"; done; rm -rf "$_tfd"',
+                f'for _tff in {every}; do echo \'{SECTION}\'; cat "$_tfd/$_tff"; done; rm -rf "$_tfd"',
                 "else",
-                f"for _tff in {names}; do echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; done",
+                f"for _tff in {every}; do echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; done",
                 "fi",
             ]
         )
@@ -206,8 +213,10 @@ def _together(specs: tuple, facts: dict) -> list[tuple]:
     return out
 
 
-def prefetch(*specs: tuple) -> None:
-    """Read every ``(FactClass, kwargs)`` of ``specs`` not remembered yet, in one remote command."""
+def prefetch(*specs: tuple, first: str | None = None) -> tuple[int, list[str]] | None:
+    """Read every ``(FactClass, kwargs)`` of ``specs`` not remembered yet, in one remote command.
+    ``first``: a command that runs before them in that command, alone (FactBatch); its answer
+    (exit status, lines) is returned (None when nothing was read)."""
     host, facts = _facts()
     specs = _together(specs, facts)
     todo = []
@@ -226,9 +235,15 @@ def prefetch(*specs: tuple) -> None:
         if fact_obj.requires_command(**kwargs):
             continue  # pyinfra wraps those in its own guard: read on their own
         todo.append((key, (fact_obj, _command_text(fact_obj.command(**kwargs)), kwargs)))
-    if len(todo) < 2:
-        return
-    answers = host.get_fact(FactBatch, commands=tuple(c for _, (_, c, _) in todo))
+    if len(todo) < (1 if first is not None else 2):
+        return None
+    commands = tuple(c for _, (_, c, _) in todo)
+    if first is None:
+        answers = host.get_fact(FactBatch, commands=commands)
+        head = None
+    else:
+        answers = host.get_fact(FactBatch, commands=commands, first=first)
+        head, answers = (answers[0], answers[1:]) if answers else (None, [])
     for (key, (fact_obj, _, kwargs)), (status, lines) in zip(todo, answers, strict=False):
         if status != 0:
             continue
@@ -237,3 +252,4 @@ def prefetch(*specs: tuple) -> None:
             _derive(facts, type(fact_obj), facts[key], kwargs)
         except (ValueError, LookupError, TypeError, AttributeError):  # an answer its parser refuses:
             continue  # read on its own later, where pyinfra reports it
+    return head

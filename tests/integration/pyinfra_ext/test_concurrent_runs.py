@@ -86,6 +86,7 @@ def test_the_lock_goes_when_no_heartbeat_arrives(lockfile):
     script = hostlock.lock_script("silent", 0, 2)
     proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout.readline() == b"prev \n"  # the line it found: none, a new lock file
         assert proc.stdout.readline() == b"locked\n"
         assert held(lockfile)
         wait_free(lockfile, 15)  # our end of stdin is still open: only the silence frees it
@@ -393,16 +394,22 @@ def test_under_gevent_a_host_waiting_for_its_lock_does_not_stop_the_others(lockf
 @settings(max_examples=25, deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=80))
 def test_the_holder_line_reaches_the_lock_file_unchanged(tmp_path_factory, text):
+    # and the next holder, and a read of the free lock (hostlock.seen_command), find it unchanged
     path = tmp_path_factory.mktemp("lock") / "l"
     orig = hostlock.LOCK_FILE
     hostlock.LOCK_FILE = str(path)
     try:
-        script = hostlock.lock_script(text, 0, 1)
+        script, after = hostlock.lock_script(text, 0, 1), hostlock.lock_script("next", 0, 1)
+        seen = hostlock.seen_command()
     finally:
         hostlock.LOCK_FILE = orig
     res = subprocess.run(["bash", "-c", script], input=b"", capture_output=True, timeout=20)
-    assert res.stdout == b"locked\n", res.stderr
+    assert res.stdout == b"prev \nlocked\n", res.stderr
     assert path.read_bytes() == text.encode() + b"\n"
+    read = subprocess.run(["/bin/sh", "-c", seen], capture_output=True, timeout=20)
+    assert hostlock.parse_seen(read.stdout.decode().splitlines()) == text
+    res = subprocess.run(["bash", "-c", after], input=b"", capture_output=True, timeout=20)
+    assert res.stdout == b"prev " + text.encode() + b"\nlocked\n", res.stderr
 
 
 # --------------------------------------------------------------------------- per-run names

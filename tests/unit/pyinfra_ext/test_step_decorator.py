@@ -49,3 +49,32 @@ def test_a_step_sends_what_a_plain_deploy_sends():
         sent.append((names, [str(c) for c in cmds]))
     assert sent[0] == sent[1] and sent[0][0] == [["My step | say hello"], ["My step | and again"]]
     assert ran == ["hello", "hello"]
+
+
+@pytest.mark.parametrize(
+    ("stands", "reads", "forgotten"),
+    [
+        (True, 1, 0),  # read while the lock was taken, and it stands: not read again
+        (False, 2, 1),  # another run held the lock in between: forgotten, read again under the lock
+        (None, 1, 0),  # no holder pending (or the speed switch off): read once the locks are held
+    ],
+)
+def test_a_first_read_is_read_again_unless_it_stands(monkeypatch, stands, reads, forgotten):
+    """install.required(step, read): what hostlock.read_before_lock answers decides whether the
+    read is kept; a read that does not stand is forgotten (memo) and read again, after the lock."""
+    from tritonfleet.pyinfra_ext import hostlock, install, memo
+
+    calls: list = []
+    read = lambda: calls.append("read") or "line"  # noqa: E731
+
+    def read_before_lock(host, r):
+        if stands is not None:
+            r()
+        return stands
+
+    monkeypatch.setattr(hostlock, "read_before_lock", read_before_lock)
+    monkeypatch.setattr(memo, "forget", lambda host=None: calls.append("forget"))
+    run_fake(lambda: install.required("pre-flight", read), {})
+    assert calls.count("read") == reads and calls.count("forget") == forgotten
+    if forgotten:
+        assert calls == ["read", "forget", "read"]
