@@ -82,7 +82,7 @@ VOLATILE = [
     (re.compile(r"/tmp/pyinfra-[0-9a-f]+"), "/tmp/pyinfra-@@TMP@@"),
     (re.compile(r"\b(tritonfleet-run|run_id|runid)=[0-9A-Za-z._:-]+"), r"\1=@@RUN@@"),
     # the deploy lock's holder line (tritonfleet.core.runid.holder): user@machine, pid, start, run id, argv
-    (re.compile(r"\S+@\S+ pid \d+, started [0-9-]+ [0-9:]+ UTC, run [0-9A-Za-z-]+: [^'\"]*"), "@@HOLDER@@"),
+    (re.compile(r"\S+@\S+ pid \d+, started [0-9-]+ [0-9:]+ UTC, run [0-9A-Za-z-]+: [^'\"\n]*"), "@@HOLDER@@"),
     # Ansible (bench/ansible/triton.yml): its remote temp directory's name (time, pid, random:
     # ansible/plugins/shell/__init__.py mkdtemp), the modules' zip entry time (AnsiballZ's
     # date_time, the build time), a copy task's local temp file for `content:` (its

@@ -8,10 +8,12 @@ connected to every host by then, and has read no fact yet). ``acquire_all(wait=F
 every host's holder and returns; the deploy file goes on importing its steps while the holders
 connect (speed-only ``lock_early``, docs/scale.md: time a run otherwise spends idle), and
 :func:`wait_all` waits for them: called by pyinfra's every way to a host (``gate_host_io``) and
-by every step of the package, so no command reaches any host before every lock is held:
+by every step of the package, so no command reaches any host before every lock is held, but
+one read-only command that is kept only if no other run held the lock in between
+(:func:`read_before_lock`, below):
 
     bash: mkdir -p -m 700 /run/tritonfleet; exec 9>>LOCK; flock 9 (waiting up to
-          deploy_lock_timeout); write who holds it;
+          deploy_lock_timeout); print the line it found, then write who holds it;
           then read heartbeats from the control machine, one every ssh_keepalive_interval
 
 The holder ends, and the kernel releases the lock, when the run ends or can no longer hold it:

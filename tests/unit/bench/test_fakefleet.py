@@ -195,6 +195,10 @@ def test_normalise_masks_volatile_parts():
     assert ff.normalise("echo fake-0001", "fake-0001", "127.0.0.1") == "echo @@HOST@@"
     # the address is replaced whole even where the name is part of it
     assert ff.normalise("ping 127.0.0.12", "12", "127.0.0.12") == "ping @@ADDR@@"
+    # the deploy lock's holder line, in an answer too (the line the holder found, the read's): the
+    # line alone, not what follows it
+    line = "ops@ctl1 pid 42, started 2026-12-07 00:50:01 UTC, run 20261207T005001-42-1: pyinfra -y inv.py d.py"
+    assert ff.normalise(f"prev {line}\nlocked\n", "h", "127.0.0.1") == "prev @@HOLDER@@\nlocked\n"
 
 
 def test_addresses_per_testbed():
