@@ -236,10 +236,17 @@ def no_change(res: subprocess.CompletedProcess) -> None:
             raise SystemExit(f"[bench] not a no-op: {name} changed\n{res.stderr[-3000:]}")
 
 
+# seconds between an Ansible run and the next run of ours: the playbook's end leaves the control
+# machine and the test host busy for a moment (its last module's process, its ControlPersist
+# connection): the run right after it took 0.77-1.22 s, against 0.77-1.10 s for the same
+# installation profiled one run later (2026-12-07 00:49, 7 runs each)
+SETTLE = 3
+
+
 def plain_noop(limit: list[str], python: Path) -> float:
     """Wall time of a full-deploy run as an operator starts it (the virtualenv's ``pyinfra``
     command), with nothing of the bench's inside it: no command counted, no phase timed
-    (bench/cmdprofile.py's wrappers cost 30-50 ms of a run: docs/scale.md)."""
+    (bench/cmdprofile.py's wrappers and its meta path finder are in the profiled runs only)."""
     dt, res = sh([str(python.parent / "pyinfra"), "-y", *limit_args(limit), INVENTORY, "deploys/triton.py"],
                  check=False)
     no_change(res)
@@ -343,6 +350,7 @@ def bench_noop(results: Results, runs: int) -> None:
         if res.returncode != 0 or not recap or recap.group(1) != "0":
             raise SystemExit(f"[bench] the Ansible run was not a clean no-op:\n{res.stdout[-4000:]}")
         theirs.values.append(dt)
+        time.sleep(SETTLE)
         log(f"  run {i + 1}: tritonfleet {ours.values[-1]:.2f}s (profiled {profiled.values[-1]:.2f}s, "
             f"development {dev.values[-1]:.2f}s), Ansible {dt:.2f}s")
     ours.met = ours.median <= 0.75

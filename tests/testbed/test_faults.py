@@ -544,11 +544,15 @@ def test_two_deploys_at_once_on_one_host(deployed):
         assert holder in err and "deploy_lock_timeout" in err and "no host was changed" in err
         assert "Beginning operation run" not in err
 
-        # a second run with the default wait: it waits for the first, then runs
-        res, data = pyinfra("deploys/models.py", "--limit", h.name)
+        # a second run with the default wait: it waits for the first, then runs. A full deploy: its
+        # pre-flight read goes out while its own holder waits (hostlock.read_before_lock), finds
+        # the lock held, and is read again once the first run is done (two reads, the second
+        # under the lock: --debug prints each command)
+        res, data = pyinfra("deploys/triton.py", "--limit", h.name, "--debug")
         ended = time.monotonic()
         assert res.returncode == 0, res.stderr[-3000:]
         assert f"{h.name}: waiting up to 600s for the deploy lock, held by {holder}" in res.stderr
+        assert res.stderr.count("_tfa() (") == 2, "pre-flight's read of a held lock was not read again"
         assert first.poll() is not None, "the second run went on while the first still held the lock"
         assert first.returncode == 0, first.stdout.read()[-3000:]
         assert ended > 0
