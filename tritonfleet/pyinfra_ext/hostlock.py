@@ -117,14 +117,12 @@ def lock_script(holder: str, wait: int, dead: int) -> str:
 
 # --------------------------------------------------------------------------- read while locking
 #
-# A run's first read of a host (pre-flight's one batch of facts) may be sent while the host's
-# holder is still connecting, and is kept only if no other run held the lock from that read until
-# this run's holder took it; else it is read again under the lock. The read starts with
-# seen_command: a shared flock tried at once (refused while any run holds the lock: the read is
-# then not kept) and the holder line in the file then (every holder of every version writes its
-# own line, unique to its run, when it takes the lock). The holder prints the line it found when
-# it took the lock ("prev ..."): the same line means no run took the lock in between, and none held
-# it when the read began, so the read saw the host as no run was changing it.
+# A run's first read of a host (pre-flight's facts) may go out while the host's holder connects;
+# it is kept only if no other run held the lock from that read until this run's holder took it,
+# else read again under the lock. It starts with seen_command: a shared flock tried at once
+# (refused while any run holds the lock) and the holder line then in the file (every holder, of
+# every version, writes its run's own line as it takes the lock). The holder prints the line it
+# found ("prev ..."): the same line means no run took the lock since the read began, and none held it then.
 
 SEEN = "@@tritonfleet-lock-seen@@"
 

@@ -188,7 +188,10 @@ def choice(*values: Any) -> Rule:
             if isinstance(v, str)
             else []
         )
-        return f"must be {what}" + (f" (did you mean {near[0]!r}?)" if near else "")
+        if near:
+            return f"must be {what} (did you mean {near[0]!r}?)"
+        # a number of the list written as text gets the hint every number's rule gives
+        return f"must be {what}" + (quoted_number(v) if any(is_number(c) for c in values) else "")
 
     return Rule(what, test)
 

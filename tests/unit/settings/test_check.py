@@ -10,7 +10,7 @@ import shutil
 import string
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.forked import forked
@@ -86,6 +86,7 @@ def test_ports_are_whole_numbers_from_1_to_65535(key, n):
     st.text(alphabet=string.ascii_letters, min_size=1, max_size=8),
     st.integers(-5, 70000).map(str),  # a number written as text
     st.booleans()))
+@example("model_fanout_piece_kb", "0")  # a list of numbers (choice) gave no hint once
 def test_a_word_or_a_quoted_number_where_a_number_belongs_is_refused(key, value):
     if not any(isinstance(DEFAULTS[key], t) and not isinstance(DEFAULTS[key], bool) for t in (int, float)):
         return
