@@ -153,21 +153,26 @@ class FactBatch(FactBase):
         # each command a function of its own that runs in a subshell, on its own lines (a
         # trailing comment cannot swallow the rest); the status line starts on a new line
         # whatever the output ended with. ``first``: a command that runs, and ends, before any
-        # of the others starts; its answer comes first
+        # of the others starts; its answer comes first. Each answer's file starts with its
+        # section line, so that one ``cat`` prints them all in order (a ``cat`` a fact, after the
+        # slowest fact, was 15-20 ms of a converged host's batch on a test host, 2026-12-07)
         names = " ".join(f"_tf{i}" for i in range(len(commands)))
         status = f"printf '\\n{STATUS} %s\\n' \"$?\""
         funcs = [f"_tf{i}() (\n{c}\n)" for i, c in enumerate(commands)]
         alone, every = [], names
         if first is not None:
             funcs.insert(0, f"_tfa() (\n{first}\n)")
-            alone, every = [f'{{ _tfa 2>/dev/null; {status}; }} >"$_tfd/_tfa"'], f"_tfa {names}"
+            alone = [f'{{ echo \'{SECTION}\'; _tfa 2>/dev/null; {status}; }} >"$_tfd/_tfa"']
+            every = f"_tfa {names}"
+        files = " ".join(f'"$_tfd/{name}"' for name in every.split())
         return "\n".join(
             [
                 *funcs,
                 "if _tfd=$(mktemp -d 2>/dev/null); then",
                 *alone,
-                f'for _tff in {names}; do {{ "$_tff" 2>/dev/null; {status}; }} >"$_tfd/$_tff" & done; wait',
-                f'for _tff in {every}; do echo \'{SECTION}\'; cat "$_tfd/$_tff"; done; rm -rf "$_tfd"',
+                f"for _tff in {names}; do {{ echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; }} "
+                '>"$_tfd/$_tff" & done; wait',
+                f'cat {files}; rm -rf "$_tfd"',
                 "else",
                 f"for _tff in {every}; do echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; done",
                 "fi",

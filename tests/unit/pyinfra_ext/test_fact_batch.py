@@ -103,7 +103,7 @@ def test_the_first_command_ends_before_any_other_starts():
     assert all(float(lines[0]) >= ended for _, lines in answers[1:]), answers
 
 
-def test_without_a_first_command_the_batch_is_as_before():
-    # the other batches' command text (and so the replay answers keyed on it) is unchanged
+def test_without_a_first_command_the_batch_has_no_first_part():
+    # first=None is the batch of the commands alone, as every other batch of a run is sent
     assert FactBatch().command(("echo a", "echo b")) == FactBatch().command(("echo a", "echo b"), first=None)
     assert "_tfa" not in FactBatch().command(("echo a", "echo b"))
