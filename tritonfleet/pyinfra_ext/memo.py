@@ -162,7 +162,7 @@ class FactBatch(FactBase):
         alone, every = [], names
         if first is not None:
             funcs.insert(0, f"_tfa() (\n{first}\n)")
-            alone = [f'{{ echo \'{SECTION}\'; _tfa 2>/dev/null; {status}; }} >"$_tfd/_tfa"']
+            alone = [f"{{ echo '{SECTION}'; _tfa 2>/dev/null; {status}; }} >\"$_tfd/_tfa\""]
             every = f"_tfa {names}"
         files = " ".join(f'"$_tfd/{name}"' for name in every.split())
         return "\n".join(
