@@ -34,6 +34,8 @@ def test_bare_to_serving_and_idempotent(deployed):
         out = infer_resnet(h.address)
         assert out.shape == (1, 1000)
         assert success_count(h.address, "resnet50_onnx") >= 1
+        # the SSH sessions step: root's manager is kept between sessions (loginctl enable-linger)
+        assert ssh(h, "loginctl show-user root -p Linger").strip() == "Linger=yes", h.name
 
     t0 = time.monotonic()
     res2, data2 = pyinfra("deploys/triton.py")

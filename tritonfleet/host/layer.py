@@ -88,6 +88,26 @@ def persistence_modes(text: str) -> list[str]:
     return _PERSISTENCE_LINE.findall(text or "")
 
 
+# The SSH login user (the one sudo was run by, when the deploy uses sudo) and whether logind
+# keeps its systemd manager between sessions (loginctl(1) enable-linger: a file of that name in
+# /var/lib/systemd/linger). One line: "linger <user>", "none <user>", or "no-logind" where no
+# logind runs (/run/systemd/users is its directory of logged-in users), so no manager is started
+# for a session and there is nothing to keep.
+LINGER_COMMAND = (
+    'u="${SUDO_USER:-$(id -un)}"; if ! command -v loginctl >/dev/null || [ ! -d /run/systemd/users ]; '
+    'then echo no-logind; elif [ -e "/var/lib/systemd/linger/$u" ]; then echo "linger $u"; else echo "none $u"; fi'
+)
+
+
+def linger_state(answer: str | None) -> tuple[str, str]:
+    """(state, user) from :data:`LINGER_COMMAND`'s line; state "linger", "none" or "no-logind"
+    ("no-logind" too for an answer that is none of these: nothing is changed on a guess)."""
+    state, _, user = (answer or "").strip().partition(" ")
+    if state in ("linger", "none") and user and " " not in user:
+        return state, user
+    return "no-logind", ""
+
+
 HOOK_COMMAND = "command -v nvidia-container-runtime-hook || true"
 # the installed module's licence and the loaded module's /proc line (tritonfleet.host.kernel_module)
 KERNEL_MODULE_COMMAND = KMOD_COMMAND
@@ -151,10 +171,15 @@ def toolkit_facts() -> list[tuple]:
     ]
 
 
+def session_facts(settings: Settings) -> list[tuple]:
+    """What the SSH sessions step reads on a converged host."""
+    return [(Command, {"command": LINGER_COMMAND})] if settings.get("ssh_user_linger") else []
+
+
 def host_layer_facts(settings: Settings) -> list[tuple]:
     """Everything the host layer reads on a converged host: pre-flight reads it in one remote
     command (memo.prefetch), and the steps find it there."""
-    return [*driver_facts(settings), *docker_facts(settings), *toolkit_facts()]
+    return [*session_facts(settings), *driver_facts(settings), *docker_facts(settings), *toolkit_facts()]
 
 
 # --------------------------------------------------------------------------- driver source

@@ -103,6 +103,7 @@ RULES: dict[str, Rule] = {
     "nvidia_kernel_packages": text_list(),
     "nvidia_hold_packages": flag(),
     "nvidia_persistenced": flag(),
+    "ssh_user_linger": flag(),
     "nvidia_secure_boot_ok": flag(),
     "nvidia_secure_boot_unknown_ok": flag(),
     "nvidia_reboot_if_needed": flag(),

@@ -491,3 +491,28 @@ def test_pinned_release_change_moves_the_whole_set():
     assert re.search(r"apt-get install -y -q --allow-downgrades cuda-drivers-570=570\.124\.06-1 nvidia-kernel-dkms nvidia-driver "
                      r"libcuda1\b", run)
     assert "Pin: version 570.124.06-*" in host.connector.uploads["/etc/apt/preferences.d/tritonfleet-nvidia-driver"]
+
+
+# --------------------------------------------------------------------------- SSH sessions (linger)
+
+LINGER_KEY = "/var/lib/systemd/linger/"  # a substring of LINGER_COMMAND: the fake host's answer to it
+
+
+@pytest.mark.parametrize("answer, user", [("none root", "root"), ("none deploy-bot", "deploy-bot"),
+                                          ("linger root", None), ("no-logind", None), ("", None),
+                                          ("none two words", None)])
+def test_ssh_sessions_enables_linger_only_for_a_user_without_it(answer, user):
+    from tritonfleet.steps.sessions import ssh_sessions
+
+    _, cmds, state = run_fake(ssh_sessions, {LINGER_KEY: answer}, DATA)
+    assert not state.failed_hosts
+    changes = [c for c in cmds if "loginctl enable-linger" in c]
+    assert changes == ([f"loginctl enable-linger {user}"] if user else []), cmds
+
+
+def test_ssh_sessions_off_reads_and_changes_nothing():
+    from tritonfleet.steps.sessions import ssh_sessions
+
+    _, cmds, state = run_fake(ssh_sessions, {LINGER_KEY: "none root"}, {**DATA, "ssh_user_linger": False})
+    assert not state.failed_hosts
+    assert not any("linger" in c for c in cmds), cmds
