@@ -16,7 +16,7 @@ from pyinfra.facts.server import Arch, Command, KernelVersion, LinuxDistribution
 
 from ..gpu import facts as gpu_facts
 from ..gpu import guard
-from ..pyinfra_ext import memo
+from ..pyinfra_ext import memo, transfer
 from ..settings.access import ConfigError, Settings
 from . import driver_source, nvidia_repos
 from .facts import (
@@ -171,9 +171,16 @@ def toolkit_facts() -> list[tuple]:
     ]
 
 
+def keeps_sessions(settings: Settings) -> bool:
+    """Whether the SSH sessions step acts on the current host: ``ssh_user_linger``, and the deploy
+    reaches the host over a connection with a login (not pyinfra's @local connector, which pull
+    mode's runs on the host itself use: no session, nothing to keep)."""
+    return bool(settings.get("ssh_user_linger")) and not transfer.is_local_host(host)
+
+
 def session_facts(settings: Settings) -> list[tuple]:
     """What the SSH sessions step reads on a converged host."""
-    return [(Command, {"command": LINGER_COMMAND})] if settings.get("ssh_user_linger") else []
+    return [(Command, {"command": LINGER_COMMAND})] if keeps_sessions(settings) else []
 
 
 def host_layer_facts(settings: Settings) -> list[tuple]:

@@ -10,7 +10,7 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
 from ..core.shell import q
-from ..host.layer import LINGER_COMMAND, linger_state, session_facts
+from ..host.layer import LINGER_COMMAND, keeps_sessions, linger_state, session_facts
 from ..pyinfra_ext import memo
 from ..pyinfra_ext.install import tritonfleet_step
 from ..settings import access
@@ -26,7 +26,8 @@ def ssh_sessions():
     waits for it. On the test hosts an ``ssh host true`` after 13 s without a session took
     328-392 ms, and 252-269 ms with linger; in a full deploy after such a pause the one read took
     0.14 s against 0.11 s, the lock's holder 0.28 s against 0.26 s (docs/scale.md). A host
-    without logind (no ``loginctl``, or logind not running) has no manager to keep: nothing is done.
+    without logind (no ``loginctl``, or logind not running) has no manager to keep, and a run on
+    the host itself (pyinfra's @local connector, pull mode) opens no session: nothing is done there.
 
     Changes: ``/var/lib/systemd/linger/<user>`` (through ``loginctl enable-linger <user>``, which
     also starts the manager), for the user the deploy logs in as (the one sudo was run by).
@@ -41,7 +42,7 @@ def ssh_sessions():
 
         ssh_sessions()
     """
-    if not access.get("ssh_user_linger"):
+    if not keeps_sessions(access.current()):
         return
     memo.prefetch(*session_facts(access.current()))
     state, user = linger_state(memo.fact(Command, command=LINGER_COMMAND))

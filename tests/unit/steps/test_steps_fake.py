@@ -516,3 +516,20 @@ def test_ssh_sessions_off_reads_and_changes_nothing():
     _, cmds, state = run_fake(ssh_sessions, {LINGER_KEY: "none root"}, {**DATA, "ssh_user_linger": False})
     assert not state.failed_hosts
     assert not any("linger" in c for c in cmds), cmds
+
+
+def test_ssh_sessions_leave_a_run_on_the_host_itself_alone():
+    """Pull mode runs the deploy on the host through pyinfra's @local connector: no SSH session,
+    so no fact read and nothing changed; a host reached over a connection is acted on."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.context import ctx_host
+
+    from tritonfleet.host.layer import keeps_sessions, session_facts
+
+    inventory = Inventory(([("@local", {}), ("@fake/gpu1", {})], {}))
+    State(inventory, Config())
+    for name, acts in (("@local", False), ("@fake/gpu1", True)):
+        with ctx_host.use(inventory.get_host(name)):
+            assert keeps_sessions({"ssh_user_linger": True}) is acts, name
+            assert bool(session_facts({"ssh_user_linger": True})) is acts, name
+            assert not keeps_sessions({"ssh_user_linger": False}) and not session_facts({"ssh_user_linger": False})
