@@ -236,10 +236,10 @@ def no_change(res: subprocess.CompletedProcess) -> None:
             raise SystemExit(f"[bench] not a no-op: {name} changed\n{res.stderr[-3000:]}")
 
 
-# seconds between an Ansible run and the next run of ours: the playbook's end leaves the control
-# machine and the test host busy for a moment (its last module's process, its ControlPersist
-# connection): the run right after it took 0.77-1.22 s, against 0.77-1.10 s for the same
-# installation profiled one run later (2026-12-07 00:49, 7 runs each)
+# seconds between an Ansible run and the next run of ours (the playbook's last module process was
+# still seen running as it ended). The first run of a round was slower than the next anyway
+# (0.77-1.22 s against 0.77-1.10 s, 2026-12-07 00:49, 7 runs each), cause not found: not the
+# host's user manager (the playbook's ControlPersist connection keeps root's session: docs/scale.md)
 SETTLE = 3
 
 

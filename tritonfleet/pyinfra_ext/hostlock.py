@@ -140,11 +140,10 @@ def seen_command() -> str:
 
 def parse_seen(lines: list[str] | None) -> str | None:
     """The holder line :func:`seen_command` found with the lock free, else None."""
+    free = f"{SEEN} free"
     for line in lines or ():
-        if line == f"{SEEN} free":
-            return ""
-        if line.startswith(f"{SEEN} free "):
-            return line[len(SEEN) + len(" free ") :]
+        if line == free or line.startswith(f"{free} "):
+            return line[len(free) + 1 :]
     return None
 
 
@@ -682,7 +681,7 @@ _reading: set[str] = set()  # hosts whose read before the lock (read_before_lock
 def pending(host) -> bool:
     """Whether ``host``'s holder was started and has not taken its lock yet."""
     name = getattr(host, "name", None)
-    return name not in _held and any(lk.host.name == name for todo, _ in _pending for lk in todo)
+    return name not in _held and name in _started()
 
 
 def read_before_lock(host, read: Callable[[], str | None]) -> bool | None:

@@ -156,20 +156,17 @@ class FactBatch(FactBase):
         # of the others starts; its answer comes first. Each answer's file starts with its
         # section line, so that one ``cat`` prints them all in order (a ``cat`` a fact, after the
         # slowest fact, was 15-20 ms of a converged host's batch on a test host, 2026-12-07)
-        names = " ".join(f"_tf{i}" for i in range(len(commands)))
         status = f"printf '\\n{STATUS} %s\\n' \"$?\""
-        funcs = [f"_tf{i}() (\n{c}\n)" for i, c in enumerate(commands)]
-        alone, every = [], names
-        if first is not None:
-            funcs.insert(0, f"_tfa() (\n{first}\n)")
-            alone = [f"{{ echo '{SECTION}'; _tfa 2>/dev/null; {status}; }} >\"$_tfd/_tfa\""]
-            every = f"_tfa {names}"
-        files = " ".join(f'"$_tfd/{name}"' for name in every.split())
+        own = {f"_tf{i}": c for i, c in enumerate(commands)}
+        alone = {} if first is None else {"_tfa": first}
+        funcs = [f"{name}() (\n{c}\n)" for name, c in {**alone, **own}.items()]
+        names, every = " ".join(own), " ".join([*alone, *own])
+        files = " ".join(f'"$_tfd/{name}"' for name in [*alone, *own])
         return "\n".join(
             [
                 *funcs,
                 "if _tfd=$(mktemp -d 2>/dev/null); then",
-                *alone,
+                *(f"{{ echo '{SECTION}'; {name} 2>/dev/null; {status}; }} >\"$_tfd/{name}\"" for name in alone),
                 f"for _tff in {names}; do {{ echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; }} "
                 '>"$_tfd/$_tff" & done; wait',
                 f'cat {files}; rm -rf "$_tfd"',
