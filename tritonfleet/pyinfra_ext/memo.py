@@ -159,19 +159,19 @@ class FactBatch(FactBase):
         status = f"printf '\\n{STATUS} %s\\n' \"$?\""
         own = {f"_tf{i}": c for i, c in enumerate(commands)}
         alone = {} if first is None else {"_tfa": first}
-        funcs = [f"{name}() (\n{c}\n)" for name, c in {**alone, **own}.items()]
-        names, every = " ".join(own), " ".join([*alone, *own])
-        files = " ".join(f'"$_tfd/{name}"' for name in [*alone, *own])
+        every = {**alone, **own}  # in the order their answers are printed
+        funcs = [f"{name}() (\n{c}\n)" for name, c in every.items()]
+        files = " ".join(f'"$_tfd/{name}"' for name in every)
         return "\n".join(
             [
                 *funcs,
                 "if _tfd=$(mktemp -d 2>/dev/null); then",
                 *(f"{{ echo '{SECTION}'; {name} 2>/dev/null; {status}; }} >\"$_tfd/{name}\"" for name in alone),
-                f"for _tff in {names}; do {{ echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; }} "
+                f"for _tff in {' '.join(own)}; do {{ echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; }} "
                 '>"$_tfd/$_tff" & done; wait',
                 f'cat {files}; rm -rf "$_tfd"',
                 "else",
-                f"for _tff in {every}; do echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; done",
+                f"for _tff in {' '.join(every)}; do echo '{SECTION}'; \"$_tff\" 2>/dev/null; {status}; done",
                 "fi",
             ]
         )
