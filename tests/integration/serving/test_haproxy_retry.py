@@ -95,7 +95,8 @@ def test_without_the_recommended_lines_the_failing_server_costs_many_requests(tm
 def test_a_body_too_big_to_send_again_costs_2_requests_a_flap(tmp_path, servers):
     """A request over HAProxy's buffer (tune.bufsize, 16384 bytes by default: configuration.txt) is
     never sent again; for it the observe line is what limits the failures: 2 errors in a row mark
-    the server down until its check passes ``rise`` times (2 failures per flap)."""
+    the server down until its check passes ``rise`` times (2 failures per flap, and 1 more when the
+    loop ends inside a flap)."""
     (_, a, switch), (_, b, _) = servers
     big = json.dumps(BODY) + " " * 20000  # JSON whitespace: the same inference, over the buffer
     codes: list[int] = []
@@ -127,7 +128,9 @@ def test_a_body_too_big_to_send_again_costs_2_requests_a_flap(tmp_path, servers)
     assert set(codes) <= {200, 500}, codes
     # HAProxy's own mark-down: down by its checks, neither a drain nor a hold, not serving
     assert down and not down[0].maintenance and not down[0].drained and not down[0].serving, down
-    assert flaps >= 1 and failed <= 2 * flaps, (failed, flaps, len(codes))
+    # each mark-down took 2 failures; the loop may end after the first failure of the next flap,
+    # which HAProxy had no second error to mark down on yet (seen: 15 failed, 7 mark-downs)
+    assert flaps >= 1 and failed <= 2 * flaps + 1, (failed, flaps, len(codes))
     assert failed < len(codes) / 4, (failed, len(codes))  # without the line: about every other one
 
 
