@@ -631,7 +631,7 @@ def _begin(read=None) -> None:
     install.required("pre-flight", read)
 
 
-def _read_host() -> str | None:
+def _read_host() -> hostlock.Seen | None:
     """run_all's one read of the host, the deploy lock's state first (install.required)."""
     seen = prefetch_host(triton=True, first=hostlock.seen_command())
     return hostlock.parse_seen(seen[1] if seen else None)

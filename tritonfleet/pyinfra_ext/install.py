@@ -145,7 +145,7 @@ def _install() -> None:
     report.report_operation_errors()
 
 
-def required(step: str, read: Callable[[], str | None] | None = None) -> None:
+def required(step: str, read: Callable[[], hostlock.Seen | None] | None = None) -> None:
     """Every step of the package calls this first: in a pyinfra CLI run (the runs that take the
     deploy lock) whose deploy file did not call :func:`install` before its first step, the step
     refuses, while pyinfra still loads the deploy file: nothing has run on any host. The Python

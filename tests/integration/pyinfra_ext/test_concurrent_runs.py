@@ -407,7 +407,7 @@ def test_the_holder_line_reaches_the_lock_file_unchanged(tmp_path_factory, text)
     assert res.stdout == b"prev \nlocked\n", res.stderr
     assert path.read_bytes() == text.encode() + b"\n"
     read = subprocess.run(["/bin/sh", "-c", seen], capture_output=True, timeout=20)
-    assert hostlock.parse_seen(read.stdout.decode().splitlines()) == text
+    assert hostlock.parse_seen(read.stdout.decode().splitlines()) == hostlock.Seen(True, text)
     res = subprocess.run(["bash", "-c", after], input=b"", capture_output=True, timeout=20)
     assert res.stdout == b"prev " + text.encode() + b"\nlocked\n", res.stderr
 

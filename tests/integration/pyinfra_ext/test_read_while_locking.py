@@ -1,6 +1,6 @@
 """Pre-flight's first read of a host sent while the host's deploy lock is still being taken
 (hostlock.read_before_lock, speed-only ``read_while_locking``): kept only if no other run held the
-lock from that read until this run's holder took it. On this machine (real flock, real bash for
+lock from that read until this run's holder took it, or this run's holder held it during the read. On this machine (real flock, real bash for
 the holder, this machine's ``sh`` for the read, as pyinfra's commands run), with a lock file of the
 test's own. The same through a whole run over SSH is bench/run.py noop and the testbed's deploy-lock
 tests."""
@@ -33,7 +33,7 @@ def local_host(name="gpu1"):
     return SimpleNamespace(name=name, data={})
 
 
-def seen() -> str | None:
+def seen() -> hostlock.Seen | None:
     """The read's first command, run by this machine's sh, as the batch runs it."""
     out = subprocess.run(["/bin/sh", "-c", hostlock.seen_command()], capture_output=True, text=True, timeout=30)
     return hostlock.parse_seen(out.stdout.splitlines())
@@ -56,10 +56,10 @@ def another_run_takes_and_releases() -> str:
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     start=st.sampled_from(["absent", "empty", "a line"]),
-    held_during_read=st.booleans(),
+    held_during_read=st.sampled_from(["no run", "another run", "this run"]),
     runs_between=st.integers(0, 2),
 )
-def test_a_read_stands_exactly_when_no_run_held_the_lock_from_it_to_this_runs_holder(
+def test_a_read_stands_exactly_when_no_other_run_held_the_lock_from_it_to_this_runs_holder(
     lockfile, start, held_during_read, runs_between
 ):
     if lockfile.exists():
@@ -67,32 +67,44 @@ def test_a_read_stands_exactly_when_no_run_held_the_lock_from_it_to_this_runs_ho
     if start != "absent":
         lockfile.parent.mkdir(parents=True, exist_ok=True)
         lockfile.write_text("" if start == "empty" else "ops@old pid 1, run r0\n")
+    ours = holder()
+    if held_during_read == "this run":  # this run's holder took the lock before the read went out
+        for _ in range(runs_between):
+            another_run_takes_and_releases()
+        assert ours.acquire() == ""
+        line = seen()
+        try:
+            assert line == hostlock.Seen(False, ours.holder)
+            assert hostlock.stands(line, ours)
+        finally:
+            ours.release()
+        return
     keeper = None
-    if held_during_read:  # another run holds the lock while this run reads, and lets go after
+    if held_during_read == "another run":  # another run holds the lock while this run reads, and lets go after
         keeper = holder()
         assert keeper.acquire() == ""
     line = seen()
     if keeper is not None:
-        assert line is None  # held: what the read saw may be half of that run's change
+        # held: what the read saw may be half of that run's change
+        assert line == hostlock.Seen(False, keeper.holder)
         keeper.release()
     for _ in range(runs_between):
         another_run_takes_and_releases()
-    ours = holder()
     try:
         assert ours.acquire() == ""
-        stands = line is not None and ours.previous == line
-        assert stands == (not held_during_read and runs_between == 0)
+        assert hostlock.stands(line, ours) == (held_during_read == "no run" and runs_between == 0)
     finally:
         ours.release()
 
 
 def test_the_read_names_the_line_the_holder_finds(lockfile):
-    assert seen() == ""  # no lock file yet: no run ever held it
+    assert seen() == hostlock.Seen(True, "")  # no lock file yet: no run ever held it
     first = holder()
     assert first.acquire() == ""
     assert first.previous == ""
+    assert seen() == hostlock.Seen(False, first.holder)  # held: the line its holder wrote
     first.release()
-    assert seen() == first.holder
+    assert seen() == hostlock.Seen(True, first.holder)
     second = holder()
     assert second.acquire() == ""
     assert second.previous == first.holder
@@ -115,7 +127,8 @@ def test_a_read_cannot_see_the_lock_file_does_not_stand(lockfile):
     ours = holder()
     try:
         assert ours.acquire() == ""
-        assert line is None or line != ours.previous  # a reader that cannot look never stands
+        assert line is None or line.line == ""  # it could not look: no line (held, or no file it can see)
+        assert not hostlock.stands(line, ours)  # a reader that cannot look never stands
     finally:
         ours.release()
 
@@ -171,6 +184,20 @@ def test_read_sent_while_the_holder_connects_stands(run_state, monkeypatch):
     assert hostlock.read_before_lock(host, read) is True
     assert reads == [True]
     assert not hostlock.pending(host) and host.name in hostlock._held
+
+
+def test_read_sent_after_this_runs_holder_took_the_lock_stands(run_state, lockfile):
+    # the holder connected before the read went out (the deploy file's imports outlasted its
+    # connection): the read finds the lock held by this run's own line, and is not sent again
+    host = local_host()
+    hostlock._start_all([hostlock.Holder(host, 5, 1, 5)], None)
+    lk = next(lk for todo, _ in hostlock._pending for lk in todo)
+    deadline = time.monotonic() + 20
+    while not (lockfile.exists() and lockfile.read_text() == f"{lk.holder}\n"):
+        assert time.monotonic() < deadline, "the holder never wrote its line"
+        time.sleep(0.01)
+    assert hostlock.pending(host)  # held on the host; this run has not read its "locked" yet
+    assert hostlock.read_before_lock(host, seen) is True
 
 
 def test_read_does_not_stand_when_another_run_took_the_lock_in_between(run_state, monkeypatch):
