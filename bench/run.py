@@ -253,6 +253,19 @@ def plain_noop(limit: list[str], python: Path) -> float:
     return dt
 
 
+def floor_noop(limit: list[str], python: Path) -> float:
+    """Wall time of pyinfra doing nothing against the same host: bench/deploys/nothing.py as its
+    config and its deploy file (pyinfra starts, reads the inventory, connects, runs no operation,
+    exits). No deploy can be faster on this machine at this minute, so the no-op's figure is read
+    beside it: this shared VM's speed changes between runs and days, the difference much less."""
+    nothing = str(BENCH / "deploys" / "nothing.py")
+    dt, res = sh([str(python.parent / "pyinfra"), "-y", "--config", nothing, *limit_args(limit), INVENTORY,
+                  nothing], check=False)
+    if res.returncode != 0 or f"[{limit[0]}] Connected" not in res.stdout + res.stderr:
+        raise SystemExit(f"[bench] pyinfra's empty run failed or did not connect:\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
+    return dt
+
+
 def profiled_noop(limit: list[str], tag: str, deploy_file: str = "deploys/triton.py",
                   python: Path | None = None) -> tuple[float, int]:
     """Wall time of a full-deploy run (a new process, as an operator runs it) and the number
@@ -339,9 +352,11 @@ def bench_noop(results: Results, runs: int) -> None:
     ours = Row("full deploy no-op, 1 host: tritonfleet as installed (runtime lock + the package)", target="<= 0.75 s")
     profiled = Row("  same, run under bench/cmdprofile.py (the phases below come from these runs)")
     dev = Row("  same, this checkout's development virtualenv (test and bench tools too)")
+    floor = Row("  pyinfra's floor: no operation at all, same host and installation (bench/deploys/nothing.py)")
     theirs, commands = Row("same steps, Ansible playbook (pipelining, ControlPersist)"), None
     for i in range(runs):  # each way and Ansible alternately, so that a change of load hits each
         ours.values.append(plain_noop([h.name], installed))
+        floor.values.append(floor_noop([h.name], installed))
         dt, commands = profiled_noop([h.name], f"noop-{i}", python=installed)
         profiled.values.append(dt)
         dev.values.append(profiled_noop([h.name], f"noopdev-{i}")[0])
@@ -351,10 +366,15 @@ def bench_noop(results: Results, runs: int) -> None:
             raise SystemExit(f"[bench] the Ansible run was not a clean no-op:\n{res.stdout[-4000:]}")
         theirs.values.append(dt)
         time.sleep(SETTLE)
-        log(f"  run {i + 1}: tritonfleet {ours.values[-1]:.2f}s (profiled {profiled.values[-1]:.2f}s, "
-            f"development {dev.values[-1]:.2f}s), Ansible {dt:.2f}s")
+        log(f"  run {i + 1}: tritonfleet {ours.values[-1]:.2f}s (pyinfra's floor {floor.values[-1]:.2f}s, profiled "
+            f"{profiled.values[-1]:.2f}s, development {dev.values[-1]:.2f}s), Ansible {dt:.2f}s")
     ours.met = ours.median <= 0.75
     results.add(ours)
+    results.add(floor)
+    above = Row("  the no-op above pyinfra's floor (each run's plain no-op less its floor run)",
+                [a - b for a, b in zip(ours.values, floor.values, strict=True)])
+    above.note = "what tritonfleet's steps, facts and health gate add: the part this code decides"
+    results.add(above)
     results.add(profiled)
     for row in phase_rows(PHASES["noop"]):
         results.add(row)
