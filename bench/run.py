@@ -254,11 +254,11 @@ def plain_noop(limit: list[str], python: Path) -> float:
 
 
 def floor_noop(limit: list[str], python: Path) -> float:
-    """Wall time of pyinfra doing nothing against the same host: bench/deploys/nothing.py as its
+    """Wall time of pyinfra doing nothing against the same host: bench/floor/nothing.py as its
     config and its deploy file (pyinfra starts, reads the inventory, connects, runs no operation,
     exits). No deploy can be faster on this machine at this minute, so the no-op's figure is read
     beside it: this shared VM's speed changes between runs and days, the difference much less."""
-    nothing = str(BENCH / "deploys" / "nothing.py")
+    nothing = str(BENCH / "floor" / "nothing.py")
     dt, res = sh([str(python.parent / "pyinfra"), "-y", "--config", nothing, *limit_args(limit), INVENTORY,
                   nothing], check=False)
     if res.returncode != 0 or f"[{limit[0]}] Connected" not in res.stdout + res.stderr:
@@ -352,7 +352,7 @@ def bench_noop(results: Results, runs: int) -> None:
     ours = Row("full deploy no-op, 1 host: tritonfleet as installed (runtime lock + the package)", target="<= 0.75 s")
     profiled = Row("  same, run under bench/cmdprofile.py (the phases below come from these runs)")
     dev = Row("  same, this checkout's development virtualenv (test and bench tools too)")
-    floor = Row("  pyinfra's floor: no operation at all, same host and installation (bench/deploys/nothing.py)")
+    floor = Row("  pyinfra's floor: no operation at all, same host and installation (bench/floor/nothing.py)")
     theirs, commands = Row("same steps, Ansible playbook (pipelining, ControlPersist)"), None
     for i in range(runs):  # each way and Ansible alternately, so that a change of load hits each
         ours.values.append(plain_noop([h.name], installed))

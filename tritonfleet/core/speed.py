@@ -70,7 +70,7 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "posix_spawn",
             "subprocess.Popen (a fork) for the deploy lock's holders and heartbeat process",
-            "tritonfleet.pyinfra_ext.hostlock.Child",
+            "tritonfleet.pyinfra_ext.children.Child",
         ),
         Feature(
             "quick_exit", "the interpreter's last garbage collections at exit", "tritonfleet.pyinfra_ext.quick_exit"

@@ -272,9 +272,9 @@ def test_gate_host_io_gates_exactly_pyinfras_ways_to_a_host_once(monkeypatch):
 
 BEATER = """
 import os, sys, time
-from tritonfleet.pyinfra_ext import hostlock
+from tritonfleet.pyinfra_ext import children
 r, w = os.pipe()
-p = hostlock.start_beater([w], 30)  # a beat every 30 s: its own check of its parent comes late
+p = children.start_beater([w], 30)  # a beat every 30 s: its own check of its parent comes late
 print(p.pid, flush=True)
 time.sleep(600)
 """

@@ -167,11 +167,11 @@ def test_the_lock_processes_are_forked_by_popen_when_off(off):
     import select
     import subprocess
 
-    from tritonfleet.pyinfra_ext import hostlock
+    from tritonfleet.pyinfra_ext import children
 
     read, write = os.pipe()
     try:
-        child = hostlock.Child(["sh", "-c", "read x; echo got $x; echo said >&2; exit 3"], stdin=read)
+        child = children.Child(["sh", "-c", "read x; echo got $x; echo said >&2; exit 3"], stdin=read)
     finally:
         os.close(read)
     assert isinstance(child._popen, subprocess.Popen)
@@ -182,7 +182,7 @@ def test_the_lock_processes_are_forked_by_popen_when_off(off):
     child.close()
 
     beat_r, beat_w = os.pipe()
-    beater = hostlock.start_beater([beat_w], 1)
+    beater = children.start_beater([beat_w], 1)
     try:
         assert isinstance(beater._popen, subprocess.Popen)
         assert select.select([beat_r], [], [], 15)[0] and os.read(beat_r, 1) == b"\n"  # its first beat
