@@ -175,9 +175,11 @@ def test_rollout_halts_on_an_unhealthy_canary_and_rolls_it_back(deployed, tmp_pa
     bad = break_model_at_load(repository_copy(tmp_path / "bad"))
     canary, rest = testbed.hosts[0], testbed.hosts[1:]
     before = {h.name: (live_release(h), container_started(h), len(history(h))) for h in testbed.hosts}
-    # health_timeout stays at its default (180 s): the gate stops as soon as Triton failed twice
+    # the gate stops as soon as Triton failed twice, long before health_timeout (18 s here on a quiet
+    # machine); 600 s, not the default 180 s: a CI run with five parts side by side on 2 CPUs
+    # (load average 16) waited out 180 s before the second failed start, and reported the timeout
     res, report = rollout("deploys/models.py", "--canary", "1", "--batch", "50%",
-                          "--data", f"model_repository={bad}")
+                          "--data", f"model_repository={bad}", "--data", "health_timeout=600")
     assert res.returncode == 1, res.stdout + res.stderr[-3000:]
     assert "canary" in report["halted"] or "halted after" in report["halted"], report["halted"]
     rows = by_host(report)
