@@ -298,6 +298,20 @@ class Holder:
             return not (self.channel.closed or self.channel.exit_status_ready())
         return bool(self.procs) and self.procs[0].poll() is None
 
+    def last_words(self) -> str:
+        """How an ended holder ended, for the report: its exit (the OpenSSH client's 255 is its
+        connection; 0 is the lock script's own end, no heartbeat having reached it for
+        ssh_keepalive_interval x ssh_keepalive_count seconds) and the end of what it said."""
+        if self.channel is not None or not self.procs:
+            return "on pyinfra's own connection"
+        code = self.procs[0].returncode
+        what = {
+            255: "exit 255: its SSH connection failed",
+            0: f"exit 0: no heartbeat reached it for {self.interval * self.count}s",
+        }.get(code, f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}")
+        said = " ".join(_available(self.procs[0].stderr).decode(errors="replace").split())
+        return what + (f"; it said: {said[-300:]}" if said else "")
+
     def end(self) -> None:
         """Send the holder's processes SIGKILL without waiting for them (release waits)."""
         for p in self.procs:
@@ -489,6 +503,18 @@ class LockLost(TritonfleetError, OSError):
     nothing more) while the other hosts go on."""
 
 
+def _available(f) -> bytes:
+    """What a pipe holds now, without waiting (a process the holder started may keep it open)."""
+    if f is None:
+        return b""
+    fd = f.fileno()
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 65536) or b""
+    except (BlockingIOError, OSError):
+        return b""
+
+
 def check_held(host) -> None:
     """LockLost when the holder of ``host``'s lock has ended (its SSH connection died, its
     heartbeats stopped) while the run still holds it as taken: another run may hold the lock by
@@ -497,7 +523,7 @@ def check_held(host) -> None:
     if lk is not None and not lk.ending and not lk.alive():
         raise LockLost(
             f"{host.name}: the deploy lock's holder on the host ended (its SSH connection or its "
-            f"heartbeats stopped), so the host is no longer locked ({LOCK_FILE} on the host): the run "
+            f"heartbeats stopped; the holder: {lk.last_words()}), so the host is no longer locked ({LOCK_FILE} on the host): the run "
             "failed the host before its next command there (the other hosts go on). What it did so far "
             "is on the host; check the link to the host (ssh_keepalive_interval, ssh_keepalive_count), "
             "then run again"

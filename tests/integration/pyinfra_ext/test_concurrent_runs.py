@@ -547,6 +547,7 @@ def test_a_holder_that_ends_stops_the_run_before_its_next_command(own_lock_files
         said = str(stop.value)
         assert isinstance(stop.value, hostlock.LockLost)
         assert said.startswith("gpu0: the deploy lock's holder on the host ended"), said
+        assert "the holder: killed by signal 9" in said, said  # how it ended, for the diagnosis
         assert "before its next command" in said and "run again" in said
         assert gated(hosts[1], "other") is True
         assert sent == [("gpu0", "before"), ("gpu1", "other")]
