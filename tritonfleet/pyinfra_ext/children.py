@@ -163,6 +163,19 @@ def cooperative(f):
     return FileObjectPosix(f.fileno(), "rb", close=False) if is_module_patched("threading") else f
 
 
+def available(f) -> bytes:
+    """What a child's pipe ``f`` holds now, without waiting (a process the child started may keep
+    the pipe open after the child itself ended)."""
+    if f is None:
+        return b""
+    fd = f.fileno()
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 65536) or b""
+    except OSError:  # BlockingIOError included: nothing there yet
+        return b""
+
+
 def start_beater(fds: list[int], interval: int) -> Child:
     """One process sending heartbeats down every pipe end in ``fds`` (closed here once it has
     them): one process for a whole run's holders, instead of one per host. Started with

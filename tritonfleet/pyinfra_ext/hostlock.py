@@ -66,7 +66,7 @@ from ..core.exits import exit_for
 from ..core.shell import q
 from ..settings.defaults import DEFAULTS
 from . import transfer
-from .children import Child, cooperative, start_beater
+from .children import Child, available, cooperative, start_beater
 from .connection import keepalive
 
 # in a directory of root's own (0700, made by the lock's command): in world-writable /run/lock,
@@ -305,11 +305,15 @@ class Holder:
         if self.channel is not None or not self.procs:
             return "on pyinfra's own connection"
         code = self.procs[0].returncode
-        what = {
-            255: "exit 255: its SSH connection failed",
-            0: f"exit 0: no heartbeat reached it for {self.interval * self.count}s",
-        }.get(code, f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}")
-        said = " ".join(_available(self.procs[0].stderr).decode(errors="replace").split())
+        if code == 255:
+            what = "exit 255: its SSH connection failed"
+        elif code == 0:
+            what = f"exit 0: no heartbeat reached it for {self.interval * self.count}s"
+        elif code is not None and code < 0:
+            what = f"killed by signal {-code}"
+        else:
+            what = f"exit {code}"
+        said = " ".join(available(self.procs[0].stderr).decode(errors="replace").split())
         return what + (f"; it said: {said[-300:]}" if said else "")
 
     def end(self) -> None:
@@ -501,18 +505,6 @@ class LockLost(TritonfleetError, OSError):
     """A host's lock holder ended while the run went on: the host is no longer locked. An
     OSError, as a lost connection is: pyinfra fails that host at the command (and sends it
     nothing more) while the other hosts go on."""
-
-
-def _available(f) -> bytes:
-    """What a pipe holds now, without waiting (a process the holder started may keep it open)."""
-    if f is None:
-        return b""
-    fd = f.fileno()
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 65536) or b""
-    except (BlockingIOError, OSError):
-        return b""
 
 
 def check_held(host) -> None:
